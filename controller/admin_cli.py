@@ -1,0 +1,279 @@
+"""`mqmeta admin --controllers ADDRS COMMAND [--json]`: gRPC admin calls.
+
+--json prints one JSON document on stdout; otherwise a readable table. Errors go to
+stderr as one sentence with exit status 2 (see mqmeta.cli).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable
+from typing import Any
+
+from google.protobuf import json_format
+from rich.console import Console
+from rich.table import Table
+
+from mqmeta.client import ControllerClient
+from mqmeta.errors import InvalidArgument
+from mqmeta.pb import controller_pb2 as pb
+
+Json = dict[str, Any]
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
+    return value
+
+
+def _broker_id(text: str) -> int:
+    return _count(text)
+
+
+def _leaf(sub, name: str, help_text: str, handler: Callable) -> argparse.ArgumentParser:
+    parser = sub.add_parser(name, help=help_text)
+    parser.add_argument("--json", action="store_true", help="print one JSON document")
+    parser.set_defaults(handler=handler)
+    return parser
+
+
+def _broker_set_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--cluster", default="DefaultCluster")
+    parser.add_argument("--broker-name", required=True)
+
+
+def add_admin_commands(admin: argparse.ArgumentParser) -> None:
+    admin.add_argument("--controllers", required=True, help="HOST:PORT[,HOST:PORT...]")
+    admin.add_argument("--timeout", type=float, default=5.0, help="seconds for the whole call")
+    sub = admin.add_subparsers(dest="admin_command", required=True, parser_class=type(admin))
+
+    _leaf(sub, "cluster-status", "controller nodes, leader, term, commit index", cluster_status)
+    _leaf(sub, "broker-sets", "every registered broker set", broker_sets).add_argument(
+        "--cluster", default="")
+    _broker_set_flags(_leaf(sub, "sync-state", "master, epochs and SyncStateSet", sync_state))
+    elect = _leaf(sub, "elect-master", "elect a master (optionally a preferred broker)", elect_master)
+    _broker_set_flags(elect)
+    elect.add_argument("--broker-id", type=_broker_id, default=0, help="preferred broker id")
+    clean = _leaf(sub, "clean-broker", "remove broker ids (or a whole set) from metadata",
+                  clean_broker)
+    _broker_set_flags(clean)
+    clean.add_argument("--broker-id", type=_broker_id, action="append", default=[])
+    clean.add_argument("--force", action="store_true", help="also clean brokers that are alive")
+
+    topic = sub.add_parser("topic", help="create, update, delete, list topics; show a route")
+    topic_sub = topic.add_subparsers(dest="topic_command", required=True, parser_class=type(admin))
+    for name, handler in (("create", topic_create), ("update", topic_update)):
+        p = _leaf(topic_sub, name, f"{name} a topic", handler)
+        p.add_argument("name")
+        p.add_argument("--queues", type=_count, default=0, help="queues per broker set")
+        p.add_argument("--cluster", default="")
+        p.add_argument("--broker-name", action="append", default=[], dest="broker_names")
+        p.add_argument("--perm", default="", choices=["", "RW", "R", "W"])
+        p.add_argument("--message-type", default="",
+                       choices=["", "NORMAL", "FIFO", "DELAY", "TRANSACTION"])
+    _leaf(topic_sub, "delete", "delete a topic", topic_delete).add_argument("name")
+    _leaf(topic_sub, "list", "list topics", topic_list)
+    _leaf(topic_sub, "route", "the route of a topic", topic_route).add_argument("name")
+
+    group = sub.add_parser("group", help="create, update, delete, list subscription groups")
+    group_sub = group.add_subparsers(dest="group_command", required=True, parser_class=type(admin))
+    for name, handler in (("create", group_create), ("update", group_update)):
+        p = _leaf(group_sub, name, f"{name} a subscription group", handler)
+        p.add_argument("name")
+        p.add_argument("--subscription", action="append", default=[],
+                       help="TOPIC or TOPIC:TAG_EXPRESSION (repeat)")
+        p.add_argument("--consume-from", default="",
+                       choices=["", "LAST_OFFSET", "FIRST_OFFSET", "TIMESTAMP"])
+        p.add_argument("--consume-timestamp-ms", type=int, default=0)
+        p.add_argument("--retry-max-times", type=int, default=0)
+        p.add_argument("--retry-policy", default="", choices=["", "EXPONENTIAL", "FIXED"])
+    _leaf(group_sub, "delete", "delete a group", group_delete).add_argument("name")
+    _leaf(group_sub, "list", "list groups", group_list)
+
+    config = sub.add_parser("config", help="read or change run-time controller configuration")
+    config_sub = config.add_subparsers(dest="config_command", required=True,
+                                       parser_class=type(admin))
+    _leaf(config_sub, "get", "show the configuration", config_get)
+    _leaf(config_sub, "set", "change KEY=VALUE pairs", config_set).add_argument(
+        "pairs", nargs="+", metavar="KEY=VALUE")
+
+
+def run_admin(args: argparse.Namespace) -> int:
+    with ControllerClient(args.controllers, timeout_s=args.timeout) as client:
+        document, rows = args.handler(client, args)
+    if args.json:
+        print(json.dumps(document, indent=2, sort_keys=True))
+    else:
+        _print_rows(rows)
+    return 0
+
+
+def _print_rows(rows: list[Json] | Json) -> None:
+    console = Console()
+    if isinstance(rows, dict):
+        rows = [rows]
+    if not rows:
+        console.print("(none)")
+        return
+    table = Table(*rows[0].keys())
+    for row in rows:
+        table.add_row(*(_cell(v) for v in row.values()))
+    console.print(table)
+
+
+def _cell(value: Any) -> str:
+    return json.dumps(value) if isinstance(value, (list, dict)) else str(value)
+
+
+def _dict(message: Any) -> Json:
+    return json_format.MessageToDict(message, preserving_proto_field_name=True,
+                                     always_print_fields_with_no_presence=True)
+
+
+# Handlers: (client, args) -> (json document, table rows) ------------------------------
+
+
+def cluster_status(client: ControllerClient, args):
+    meta = client.call("GetMetadata", pb.GetMetadataRequest())
+    nodes = [{"id": n.id, "grpc": n.grpc, "raft": n.raft, "role": n.role, "healthy": n.healthy}
+             for n in meta.nodes]
+    document = {"leader": meta.leader_id, "leader_grpc": meta.leader_grpc, "term": meta.term,
+                "commit_index": meta.commit_index, "last_applied": meta.last_applied,
+                "answered_by": meta.node_id, "state_digest": meta.state_digest, "nodes": nodes}
+    return document, nodes
+
+
+def _replica_document(info: pb.ReplicaInfo) -> Json:
+    return {"cluster": info.cluster, "broker_name": info.broker_name,
+            "master_broker_id": info.master_broker_id, "master_address": info.master_address,
+            "master_epoch": info.master_epoch, "sync_state_set": list(info.sync_state_set),
+            "sync_state_set_epoch": info.sync_state_set_epoch,
+            "replicas": [{"broker_id": r.broker_id, "address": r.address, "alive": r.alive,
+                          "election_priority": r.election_priority} for r in info.replicas]}
+
+
+def _ref(args) -> pb.BrokerSetRef:
+    return pb.BrokerSetRef(cluster=args.cluster, broker_name=args.broker_name)
+
+
+def sync_state(client: ControllerClient, args):
+    data = client.call("GetSyncStateData", _ref(args))
+    document = _replica_document(data.replica_info)
+    return document, document["replicas"]
+
+
+def broker_sets(client: ControllerClient, args):
+    reply = client.call("ListBrokerSets", pb.ListBrokerSetsRequest(cluster=args.cluster))
+    sets = [_replica_document(s) for s in reply.broker_sets]
+    rows = [{k: v for k, v in s.items() if k != "replicas"} for s in sets]
+    return {"broker_sets": sets}, rows
+
+
+def elect_master(client: ControllerClient, args):
+    info = client.call("ElectMaster", pb.ElectMasterRequest(
+        cluster=args.cluster, broker_name=args.broker_name, trigger=pb.ELECT_TRIGGER_ADMIN,
+        preferred_broker_id=args.broker_id))
+    document = _replica_document(info)
+    return document, {k: v for k, v in document.items() if k != "replicas"}
+
+
+def clean_broker(client: ControllerClient, args):
+    reply = client.call("CleanBrokerData", pb.CleanBrokerDataRequest(
+        cluster=args.cluster, broker_name=args.broker_name, broker_ids=args.broker_id,
+        force=args.force))
+    document = {"cleaned_broker_ids": list(reply.cleaned_broker_ids),
+                "broker_set_removed": reply.broker_set_removed}
+    return document, document
+
+
+def _topic_spec(args) -> pb.TopicSpec:
+    return pb.TopicSpec(name=args.name, cluster=args.cluster, queue_count=args.queues,
+                        broker_names=args.broker_names, perm=args.perm,
+                        message_type=args.message_type)
+
+
+def topic_create(client: ControllerClient, args):
+    topic = _dict(client.call("CreateTopic", _topic_spec(args)))
+    return topic, topic
+
+
+def topic_update(client: ControllerClient, args):
+    topic = _dict(client.call("UpdateTopic", _topic_spec(args)))
+    return topic, topic
+
+
+def topic_delete(client: ControllerClient, args):
+    client.call("DeleteTopic", pb.NameRequest(name=args.name))
+    return {"deleted": args.name}, {"deleted": args.name}
+
+
+def topic_list(client: ControllerClient, args):
+    topics = [_dict(t) for t in client.call("ListTopics", pb.ListTopicsRequest()).topics]
+    return {"topics": topics}, topics
+
+
+def topic_route(client: ControllerClient, args):
+    route = _dict(client.call("GetTopicRoute", pb.NameRequest(name=args.name)))
+    rows = [{"broker_name": b["broker_name"], "master_broker_id": b["master_broker_id"],
+             "master_address": b["master_address"], "master_epoch": b["master_epoch"],
+             "addresses": b["addresses"]} for b in route["brokers"]]
+    return route, rows
+
+
+def _subscriptions(items: list[str]) -> list[pb.Subscription]:
+    subs = []
+    for item in items:
+        topic, _, expression = item.partition(":")
+        if not topic:
+            raise InvalidArgument(f"--subscription {item!r} needs a topic: TOPIC[:EXPRESSION]")
+        subs.append(pb.Subscription(topic=topic, expression=expression or "*"))
+    return subs
+
+
+def _group_spec(args) -> pb.GroupSpec:
+    return pb.GroupSpec(name=args.name, subscriptions=_subscriptions(args.subscription),
+                        consume_from=args.consume_from,
+                        consume_timestamp_ms=args.consume_timestamp_ms,
+                        retry_max_times=args.retry_max_times, retry_policy=args.retry_policy)
+
+
+def group_create(client: ControllerClient, args):
+    group = _dict(client.call("CreateGroup", _group_spec(args)))
+    return group, group
+
+
+def group_update(client: ControllerClient, args):
+    group = _dict(client.call("UpdateGroup", _group_spec(args)))
+    return group, group
+
+
+def group_delete(client: ControllerClient, args):
+    client.call("DeleteGroup", pb.NameRequest(name=args.name))
+    return {"deleted": args.name}, {"deleted": args.name}
+
+
+def group_list(client: ControllerClient, args):
+    groups = [_dict(g) for g in client.call("ListGroups", pb.ListGroupsRequest()).groups]
+    return {"groups": groups}, groups
+
+
+def config_get(client: ControllerClient, args):
+    values = dict(client.call("GetConfig", pb.GetConfigRequest()).values)
+    return values, [{"key": k, "value": v} for k, v in sorted(values.items())]
+
+
+def config_set(client: ControllerClient, args):
+    changes = {}
+    for pair in args.pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise InvalidArgument(f"{pair!r} is not KEY=VALUE")
+        changes[key] = value
+    values = dict(client.call("UpdateConfig", pb.UpdateConfigRequest(values=changes)).values)
+    return values, [{"key": k, "value": v} for k, v in sorted(values.items())]

@@ -1,0 +1,273 @@
+"""The controller node's domain operations, independent of gRPC.
+
+Rules for where a call is served:
+- Calls that depend on liveness (register, heartbeat, elect, alter SyncStateSet,
+  sync-state data, clean broker data) are served by the leader only; a follower
+  raises NotLeader with the leader's gRPC address.
+- Every other write may go to any node: pysyncobj forwards it to the leader.
+- Reads are linearizable: they wait for a barrier entry to be applied locally first.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from typing import Any
+
+from controller.liveness import Heartbeat, Liveness
+from controller.raft_node import ControllerRaft, Peer, Proposer, RaftSettings
+from controller.state_machine import (
+    ControllerState,
+    Rejected,
+    broker_route,
+    replica_view,
+    topic_route,
+)
+from mqmeta.errors import MqmetaError, NotFound, NotLeader, error_from_code
+
+log = logging.getLogger(__name__)
+Json = dict[str, Any]
+
+SCAN_INTERVAL_S = 0.1
+WATCH_QUEUE_MAX = 1024
+
+
+def now_ms() -> int:
+    return int(time.monotonic() * 1000)
+
+
+def wall_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class WatchHub:
+    """Fans applied events out to watch streams; a slow watcher is cut off, not waited on."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._subscribers: list[tuple[str, str, queue.Queue]] = []
+
+    def subscribe(self, cluster: str, broker_name: str) -> queue.Queue:
+        q: queue.Queue = queue.Queue(maxsize=WATCH_QUEUE_MAX)
+        with self._lock:
+            self._subscribers.append((cluster, broker_name, q))
+        return q
+
+    def unsubscribe(self, q: queue.Queue) -> None:
+        with self._lock:
+            self._subscribers = [s for s in self._subscribers if s[2] is not q]
+
+    def publish(self, index: int, events: list[Json]) -> None:
+        with self._lock:
+            subscribers = list(self._subscribers)
+        for cluster, broker_name, q in subscribers:
+            for event in events:
+                if cluster and event.get("cluster") not in (cluster, ""):
+                    continue
+                if broker_name and event.get("broker_name", broker_name) != broker_name:
+                    continue
+                try:
+                    q.put_nowait(dict(event, index=index))
+                except queue.Full:
+                    self.unsubscribe(q)
+                    q.queue.clear()
+                    q.put_nowait(None)  # tells the stream to end; the client resubscribes
+                    break
+
+
+class ControllerCore:
+    def __init__(self, node_id: str, peers: list[Peer], data_dir, settings: RaftSettings) -> None:
+        self.node_id = node_id
+        self.peers = peers
+        self.self_peer = next(p for p in peers if p.id == node_id)
+        self.settings = settings
+        self.watch_hub = WatchHub()
+        self.liveness = Liveness()
+        self.raft = ControllerRaft(node_id, self.self_peer.raft, peers, data_dir, settings,
+                                   self.watch_hub.publish)
+        self.proposer = Proposer(self.raft, settings)
+        self._grpc_by_raft = {p.raft: p.grpc for p in peers}
+        self._stop = threading.Event()
+        self._electing: set[tuple[str, str]] = set()
+        self._scanner = threading.Thread(target=self._scan_loop, name="liveness", daemon=True)
+        self._scanner.start()
+
+    # Plumbing ---------------------------------------------------------------------
+    @property
+    def state(self) -> ControllerState:
+        return self.raft.state
+
+    def config(self) -> Json:
+        return self.state.config()
+
+    def leader_grpc(self) -> str:
+        return self._grpc_by_raft.get(self.raft.leader_raft_address(), "")
+
+    def require_leader(self) -> None:
+        if not self.raft.is_leader():
+            leader = self.leader_grpc()
+            where = f"the leader is {leader}" if leader else "no leader is known yet"
+            raise NotLeader(f"controller {self.node_id} is not the leader; {where}", leader=leader)
+
+    def propose(self, command: Json, timeout_s: float = 5.0) -> Json:
+        result = self.proposer.propose(command, timeout_s)
+        if not result.get("ok"):
+            raise error_from_code(result["code"], result["message"])
+        return result
+
+    def read_barrier(self, timeout_s: float = 5.0) -> ControllerState:
+        self.proposer.propose({"type": "barrier"}, timeout_s)
+        return self.state
+
+    def close(self) -> None:
+        self._stop.set()
+        self._scanner.join(timeout=2)
+        self.proposer.stop()
+        self.raft.close()
+
+    # Liveness-dependent calls (leader only) -----------------------------------------
+    def _alive(self, cluster: str, broker_name: str) -> Json:
+        bs = self.state.broker_set(cluster, broker_name)
+        ids = [int(i) for i in bs["replicas"]] if bs else []
+        beats = self.liveness.alive(cluster, broker_name, ids, now_ms(),
+                                    self.config()["broker_dead_after_ms"])
+        return {str(i): {"epoch": b.epoch, "max_offset": b.max_offset, "priority": b.priority}
+                for i, b in beats.items()}
+
+    def register_broker(self, request: Json) -> Json:
+        self.require_leader()
+        result = self.propose(dict(request, type="register_broker", now_ms=wall_ms()))
+        key = (request["cluster"], request["broker_name"], result["broker_id"])
+        self.liveness.record(key, Heartbeat(seen_ms=now_ms(),
+                                            priority=request.get("election_priority", 0)))
+        return result
+
+    def heartbeat(self, request: Json) -> Json:
+        self.require_leader()
+        bs = self.state.broker_set(request["cluster"], request["broker_name"])
+        if bs is None or str(request["broker_id"]) not in bs["replicas"]:
+            raise NotFound(f"broker {request['broker_id']} of {request['cluster']}/"
+                           f"{request['broker_name']} is not registered; register first")
+        self.liveness.record(
+            (request["cluster"], request["broker_name"], request["broker_id"]),
+            Heartbeat(seen_ms=now_ms(), epoch=request["epoch"], max_offset=request["max_offset"],
+                      confirm_offset=request["confirm_offset"],
+                      priority=request["election_priority"]))
+        return {"master_broker_id": bs["master_broker_id"], "master_epoch": bs["master_epoch"],
+                "sync_state_set_epoch": bs["sync_state_set_epoch"],
+                "lease_ms": self.config()["lease_ms"]}
+
+    def elect_master(self, request: Json) -> Json:
+        self.require_leader()
+        command = dict(request, type="elect_master", now_ms=wall_ms(),
+                       alive=self._alive(request["cluster"], request["broker_name"]))
+        result = self.proposer.propose(command, 5.0)
+        if not result.get("ok"):
+            raise error_from_code(result["code"], result["message"])
+        return self._with_alive(result["replica_info"])
+
+    def alter_sync_state_set(self, request: Json) -> Json:
+        self.require_leader()
+        command = dict(request, type="alter_sync_state_set", now_ms=wall_ms(),
+                       alive=self._alive(request["cluster"], request["broker_name"]))
+        return self._with_alive(self.propose(command)["replica_info"])
+
+    def clean_broker_data(self, request: Json) -> Json:
+        self.require_leader()
+        command = dict(request, type="clean_broker_data", now_ms=wall_ms(),
+                       alive=self._alive(request["cluster"], request["broker_name"]))
+        result = self.propose(command)
+        for broker_id in result["cleaned_broker_ids"]:
+            self.liveness.forget((request["cluster"], request["broker_name"], broker_id))
+        return result
+
+    def replica_info(self, cluster: str, broker_name: str) -> Json:
+        self.require_leader()
+        state = self.read_barrier()
+        bs = state.broker_set(cluster, broker_name)
+        if bs is None or not bs["replicas"]:
+            raise NotFound(f"broker set {cluster}/{broker_name} is not registered; "
+                           "check the cluster and broker name")
+        return self._with_alive(replica_view(bs))
+
+    def _with_alive(self, view: Json) -> Json:
+        alive = self._alive(view["cluster"], view["broker_name"]) if self.raft.is_leader() else {}
+        for broker_id, replica in view["replicas"].items():
+            replica["alive"] = broker_id in alive
+        return view
+
+    def broker_sets(self, cluster: str) -> list[Json]:
+        state = self.read_barrier()
+        return [self._with_alive(replica_view(bs)) for bs in state.broker_sets(cluster)]
+
+    # Calls any node serves ----------------------------------------------------------
+    def topic_route(self, name: str) -> Json:
+        state = self.read_barrier()
+        try:
+            return topic_route(state, name)
+        except Rejected as rejected:
+            raise error_from_code(rejected.code, rejected.message) from None
+
+    def cluster_routes(self, cluster: str) -> list[Json]:
+        return [broker_route(bs) for bs in self.read_barrier().broker_sets(cluster)]
+
+    def metadata(self) -> Json:
+        status = self.raft.status()
+        leader_raft = self.raft.leader_raft_address()
+        nodes = []
+        for peer in self.peers:
+            if peer.id == self.node_id:
+                healthy = True
+            else:
+                healthy = status.get(f"partner_node_status_server_{peer.raft}") == 2
+            role = "leader" if peer.raft == leader_raft else ("follower" if leader_raft else "unknown")
+            nodes.append({"id": peer.id, "grpc": peer.grpc, "raft": peer.raft, "role": role,
+                          "healthy": healthy})
+        leader = next((p for p in self.peers if p.raft == leader_raft), None)
+        return {"node_id": self.node_id, "leader_id": leader.id if leader else "",
+                "leader_grpc": leader.grpc if leader else "", "term": status["raft_term"],
+                "commit_index": status["commit_idx"], "last_applied": status["last_applied"],
+                "nodes": nodes, "state_digest": self.state.digest}
+
+    # The controller's own elections --------------------------------------------------
+    def _scan_loop(self) -> None:
+        while not self._stop.wait(SCAN_INTERVAL_S):
+            try:
+                self._scan_once()
+            except MqmetaError as exc:
+                log.warning("liveness scan: %s", exc)
+            except Exception:  # the scanner must survive anything one round throws
+                log.exception("liveness scan failed")
+
+    def _scan_once(self) -> None:
+        now = now_ms()
+        is_leader = self.raft.is_leader()
+        self.liveness.on_leadership(is_leader, now)
+        dead_after_ms = self.config()["broker_dead_after_ms"]
+        if not is_leader or self.liveness.in_grace(now, dead_after_ms):
+            return
+        for bs in self.state.broker_sets():
+            key = (bs["cluster"], bs["broker_name"])
+            master = bs["master_broker_id"]
+            if key in self._electing or bs["master_epoch"] == 0:
+                continue
+            alive = self._alive(*key)
+            if master and str(master) in alive:
+                continue
+            if not master and not any(str(i) in alive for i in bs["sync_state_set"]):
+                continue
+            self._electing.add(key)
+            threading.Thread(target=self._elect_dead, args=(key,), daemon=True).start()
+
+    def _elect_dead(self, key: tuple[str, str]) -> None:
+        try:
+            info = self.elect_master({"cluster": key[0], "broker_name": key[1],
+                                      "trigger": "controller"})
+            log.info("elected master %s of %s/%s at epoch %s", info["master_broker_id"],
+                     key[0], key[1], info["master_epoch"])
+        except MqmetaError as exc:
+            log.warning("could not elect a master for %s/%s: %s", key[0], key[1], exc)
+        finally:
+            self._electing.discard(key)

@@ -1,0 +1,239 @@
+"""`mqmeta local up`: a whole cluster on this machine, in the foreground.
+
+The layout (ports, ids, the generated Raft secret) is written once to DIR/layout.json,
+so running the command again on the same DIR restarts the same cluster from its data.
+Once every node answers, DIR/cluster.json says where everything is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from mqmeta.client import ControllerClient
+from mqmeta.errors import InvalidArgument, MqmetaError, Unavailable
+from mqmeta.pb import controller_pb2 as pb
+
+READY_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 10.0
+CONTROLLERS_MAX = 7
+
+
+def free_ports(count: int) -> list[int]:
+    sockets = []
+    try:
+        for _ in range(count):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            sockets.append(s)
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+@dataclass
+class NodeLayout:
+    id: str
+    grpc: str
+    raft: str
+    data_dir: str          # relative to the cluster directory
+    namesrv: str = ""      # embedded deployment: this node's nameserver address
+
+
+@dataclass
+class Layout:
+    embedded: bool
+    controllers: list[NodeLayout]
+    namesrv: list[str]
+
+    @staticmethod
+    def create(count: int, embedded: bool) -> Layout:
+        ports = free_ports(count * 3 + 1)
+        nodes = [NodeLayout(id=f"c{i + 1}", grpc=f"127.0.0.1:{ports[3 * i]}",
+                            raft=f"127.0.0.1:{ports[3 * i + 1]}", data_dir=f"controllers/c{i + 1}",
+                            namesrv=f"127.0.0.1:{ports[3 * i + 2]}" if embedded else "")
+                 for i in range(count)]
+        namesrv = [n.namesrv for n in nodes] if embedded else [f"127.0.0.1:{ports[-1]}"]
+        return Layout(embedded, nodes, namesrv)
+
+    def peer_flags(self) -> list[str]:
+        flags = []
+        for node in self.controllers:
+            flags += ["--peer", f"{node.id}={node.raft}/{node.grpc}"]
+        return flags
+
+    @property
+    def controller_addresses(self) -> str:
+        return ",".join(n.grpc for n in self.controllers)
+
+
+def load_or_create_layout(root: Path, count: int, embedded: bool) -> Layout:
+    path = root / "layout.json"
+    if path.exists():
+        data = json.loads(path.read_text())
+        layout = Layout(data["embedded"], [NodeLayout(**n) for n in data["controllers"]],
+                        data["namesrv"])
+        if len(layout.controllers) != count or layout.embedded != embedded:
+            raise InvalidArgument(
+                f"{root} already holds a cluster of {len(layout.controllers)} controllers "
+                f"(embedded={layout.embedded}); use the same flags or another --data-dir")
+        return layout
+    layout = Layout.create(count, embedded)
+    root.mkdir(parents=True, exist_ok=True)
+    _write_json(path, asdict(layout))
+    return layout
+
+
+def ensure_secret(root: Path) -> Path:
+    path = root / "secret"
+    if not path.exists():
+        path.write_text(secrets.token_urlsafe(32))
+        path.chmod(0o600)
+    return path
+
+
+def _write_json(path: Path, document: Any) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(document, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def controller_command(root: Path, layout: Layout, node: NodeLayout) -> list[str]:
+    base = [sys.executable, "-m", "mqmeta.cli"]
+    flags = ["--id", node.id, "--grpc", node.grpc, "--raft", node.raft,
+             "--data-dir", str(root / node.data_dir),
+             "--secret-file", str(root / "secret"), *layout.peer_flags()]
+    if layout.embedded:
+        return [*base, "namesrv", "--listen", node.namesrv, "--embed-controller", *flags]
+    return [*base, "controller", *flags]
+
+
+def namesrv_command(layout: Layout) -> list[str]:
+    return [sys.executable, "-m", "mqmeta.cli", "namesrv", "--listen", layout.namesrv[0],
+            "--controllers", layout.controller_addresses]
+
+
+class Supervisor:
+    """Starts child processes with their logs in DIR/logs and stops them all together."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        (root / "logs").mkdir(parents=True, exist_ok=True)
+        self.children: dict[str, subprocess.Popen] = {}
+
+    def start(self, name: str, command: list[str]) -> subprocess.Popen:
+        log_file = open(self.root / "logs" / f"{name}.log", "ab")
+        env = dict(os.environ, MQMETA_LOG_LEVEL=os.environ.get("MQMETA_LOG_LEVEL", "INFO"))
+        proc = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, env=env,
+                                stdin=subprocess.DEVNULL)
+        log_file.close()
+        self.children[name] = proc
+        return proc
+
+    def dead(self) -> list[str]:
+        return [name for name, p in self.children.items() if p.poll() is not None]
+
+    def stop_all(self) -> None:
+        for proc in self.children.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        for proc in self.children.values():
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def wait_ready(controllers: str, namesrv: list[str], timeout_s: float = READY_TIMEOUT_S) -> None:
+    """Every controller agrees on a leader and every nameserver reports SERVING."""
+    deadline = time.monotonic() + timeout_s
+    addresses = controllers.split(",")
+    while time.monotonic() < deadline:
+        if all(_leader_known(a) for a in addresses) and all(_serving(a) for a in namesrv):
+            return
+        time.sleep(0.1)
+    raise Unavailable(f"the cluster did not become ready within {timeout_s:.0f}s; see the logs")
+
+
+def _leader_known(address: str) -> bool:
+    try:
+        with ControllerClient([address], timeout_s=1.0) as client:
+            return bool(client.call("GetMetadata", pb.GetMetadataRequest()).leader_id)
+    except MqmetaError:
+        return False
+
+
+def _serving(address: str) -> bool:
+    with grpc.insecure_channel(address) as channel:
+        try:
+            reply = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(service=""), timeout=1.0)
+        except grpc.RpcError:
+            return False
+    return reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def local_up(args: argparse.Namespace) -> int:
+    if not 1 <= args.controllers <= CONTROLLERS_MAX or args.controllers % 2 == 0:
+        raise InvalidArgument(f"--controllers must be odd, from 1 to {CONTROLLERS_MAX}")
+    root = args.data_dir.resolve()
+    layout = load_or_create_layout(root, args.controllers, args.embedded)
+    ensure_secret(root)
+    supervisor = Supervisor(root)
+    stop = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
+    try:
+        for node in layout.controllers:
+            supervisor.start(node.id, controller_command(root, layout, node))
+        if not layout.embedded:
+            supervisor.start("namesrv", namesrv_command(layout))
+        wait_ready(layout.controller_addresses, layout.namesrv)
+        _write_json(root / "cluster.json", cluster_document(root, layout, supervisor))
+        print(f"mqmeta local cluster ready: controllers {layout.controller_addresses}; "
+              f"nameserver {','.join(layout.namesrv)}; see {root / 'cluster.json'}", flush=True)
+        _supervise(supervisor, stop)
+    finally:
+        supervisor.stop_all()
+    return 0
+
+
+def _supervise(supervisor: Supervisor, stop: threading.Event) -> None:
+    reported: set[str] = set()
+    while not stop.wait(0.5):
+        for name in supervisor.dead():
+            if name not in reported:
+                reported.add(name)
+                print(f"mqmeta local: {name} exited with status "
+                      f"{supervisor.children[name].returncode}; see logs/{name}.log",
+                      file=sys.stderr, flush=True)
+
+
+def cluster_document(root: Path, layout: Layout, supervisor: Supervisor) -> dict[str, Any]:
+    controllers = [{"id": n.id, "grpc": n.grpc, "raft": n.raft,
+                    "pid": supervisor.children[n.id].pid, "data_dir": str(root / n.data_dir)}
+                   for n in layout.controllers]
+    if layout.embedded:
+        namesrv = [{"grpc": n.namesrv, "pid": supervisor.children[n.id].pid}
+                   for n in layout.controllers]
+    else:
+        namesrv = [{"grpc": layout.namesrv[0], "pid": supervisor.children["namesrv"].pid}]
+    return {"controllers": controllers, "namesrv": namesrv, "brokers": [],
+            "tiered_store": None, "embedded": layout.embedded}

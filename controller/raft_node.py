@@ -1,0 +1,260 @@
+"""The thin shell that runs the pure state machine on pysyncobj.
+
+One Raft entry carries a batch of commands (group commit): the proposer takes
+whatever callers are waiting when the previous batch is still in flight, so one
+sequential caller pays one round trip, and sixteen concurrent callers share one.
+pysyncobj runs with appendEntriesUseBatch=False, so every entry is sent at once.
+
+Effects happen in one order per entry: apply (pure) -> applied-entry log -> wake the
+callers and the watchers.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
+
+from controller.applied_log import AppliedLog
+from controller.state_machine import ControllerState, apply, command_digest
+from mqmeta.errors import DeadlineExceeded, InvalidArgument, Unavailable
+
+log = logging.getLogger(__name__)
+
+Json = dict[str, Any]
+EventSink = Callable[[int, list[Json]], None]
+
+
+@dataclass(frozen=True)
+class Peer:
+    id: str
+    raft: str
+    grpc: str
+
+
+@dataclass(frozen=True)
+class RaftSettings:
+    heartbeat_ms: int = 50
+    election_min_ms: int = 300
+    election_max_ms: int = 600
+    leader_fallback_ms: int = 1000
+    connection_retry_ms: int = 300
+    compaction_min_entries: int = 5000
+    compaction_min_time_s: int = 300
+    batch_commands_max: int = 512
+    inflight_batches_max: int = 2
+    queue_commands_max: int = 20_000
+    proposal_timeout_ms: int = 5000
+    secret: str | None = None
+
+    def validate(self) -> None:
+        if self.election_min_ms <= 3 * self.heartbeat_ms:
+            raise InvalidArgument("election_min_ms must exceed 3 x heartbeat_ms")
+        if self.election_max_ms <= self.election_min_ms:
+            raise InvalidArgument("election_max_ms must exceed election_min_ms")
+        if self.leader_fallback_ms <= self.heartbeat_ms:
+            raise InvalidArgument("leader_fallback_ms must exceed heartbeat_ms")
+        for name in ("batch_commands_max", "inflight_batches_max", "queue_commands_max"):
+            if getattr(self, name) < 1:
+                raise InvalidArgument(f"{name} must be at least 1")
+
+
+def _syncobj_conf(settings: RaftSettings, data_dir: Path) -> SyncObjConf:
+    return SyncObjConf(
+        password=settings.secret or None,
+        appendEntriesUseBatch=False,
+        appendEntriesPeriod=settings.heartbeat_ms / 1000,
+        raftMinTimeout=settings.election_min_ms / 1000,
+        raftMaxTimeout=settings.election_max_ms / 1000,
+        leaderFallbackTimeout=settings.leader_fallback_ms / 1000,
+        connectionTimeout=max(settings.election_max_ms / 1000, 1.0),
+        connectionRetryTime=settings.connection_retry_ms / 1000,
+        logCompactionMinEntries=settings.compaction_min_entries,
+        logCompactionMinTime=settings.compaction_min_time_s,
+        journalFile=str(data_dir / "raft.journal"),
+        fullDumpFile=str(data_dir / "raft.snapshot"),
+        commandsWaitLeader=True,
+        dynamicMembershipChange=False,
+    )
+
+
+class ControllerRaft(SyncObj):
+    """pysyncobj node whose replicated state is a ControllerState."""
+
+    def __init__(self, node_id: str, raft_address: str, peers: list[Peer], data_dir: Path,
+                 settings: RaftSettings, on_events: EventSink) -> None:
+        settings.validate()
+        data_dir.mkdir(parents=True, exist_ok=True)
+        # Attributes set before SyncObj.__init__ are runtime-only (not in snapshots).
+        self._node_id = node_id
+        self._applied_log = AppliedLog(data_dir / "applied.jsonl", node_id)
+        self._on_events = on_events
+        self._state = ControllerState()
+        others = [p.raft for p in peers if p.raft != raft_address]
+        super().__init__(raft_address, others, _syncobj_conf(settings, data_dir))
+        # _state is the replicated data: let pysyncobj include it in snapshots.
+        self._SyncObj__properies.discard("_state")
+
+    @property
+    def state(self) -> ControllerState:
+        return self._state
+
+    def _entry_position(self) -> tuple[int, int]:
+        index = self._SyncObj__raftLastApplied + 1
+        entries = self._SyncObj__getEntries(index, 1)
+        return index, (entries[0][2] if entries else -1)
+
+    @replicated
+    def _apply_entry(self, payload: str) -> list[Json]:
+        index, term = self._entry_position()
+        commands = json.loads(payload)
+        results, events, effects = [], [], {}
+        for command in commands:
+            result, command_events, changes = apply(self._state, command, index)
+            results.append(result)
+            events.extend(command_events)
+            effects.update(changes)
+        types = sorted({c.get("type", "") for c in commands})
+        self._applied_log.append({
+            "index": index, "term": term,
+            "command_type": types[0] if len(types) == 1 else "batch",
+            "command_digest": command_digest(commands), "state_digest": self._state.digest,
+            "commands": commands, "effects": effects,
+        })
+        if events:
+            self._on_events(index, events)
+        return results
+
+    def leader_raft_address(self) -> str:
+        leader = self._getLeader()
+        return leader.address if leader is not None else ""
+
+    def is_leader(self) -> bool:
+        return self._isLeader()
+
+    def status(self) -> Json:
+        return self.getStatus()
+
+    def close(self) -> None:
+        self.destroy()
+        self._applied_log.close()
+
+
+class _Batch:
+    def __init__(self, futures: list[Future]) -> None:
+        self.futures = futures
+        self.started = time.monotonic()
+        self.done = False
+
+
+class Proposer:
+    """Group commit: batches waiting commands into one Raft entry, with bounds."""
+
+    def __init__(self, raft: ControllerRaft, settings: RaftSettings) -> None:
+        self._raft = raft
+        self._settings = settings
+        self._lock = threading.Condition()
+        self._queue: deque[tuple[Json, Future]] = deque()
+        self._inflight: deque[_Batch] = deque()
+        self._stopped = False
+        self._thread = threading.Thread(target=self._run, name="proposer", daemon=True)
+        self._thread.start()
+
+    def submit(self, command: Json) -> Future:
+        future: Future = Future()
+        with self._lock:
+            if self._stopped:
+                raise Unavailable("this controller node is shutting down; try another node")
+            if len(self._queue) >= self._settings.queue_commands_max:
+                raise Unavailable("controller proposal queue is full; retry with backoff")
+            self._queue.append((command, future))
+            self._lock.notify()
+        return future
+
+    def propose(self, command: Json, timeout_s: float) -> Json:
+        """Submits and waits; raises DeadlineExceeded when the outcome is unknown."""
+        future = self.submit(command)
+        try:
+            return future.result(timeout=timeout_s)
+        except TimeoutError:
+            raise DeadlineExceeded(
+                f"the controller did not commit {command.get('type')} within {timeout_s:.1f}s "
+                "(no quorum or leader election in progress); its outcome is unknown"
+            ) from None
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopped = True
+            self._lock.notify_all()
+        self._thread.join(timeout=2)
+
+    def _run(self) -> None:
+        timeout_s = self._settings.proposal_timeout_ms / 1000
+        while True:
+            with self._lock:
+                while not self._stopped and not self._ready_to_send():
+                    self._expire_inflight(timeout_s)
+                    self._lock.wait(timeout=0.05)
+                if self._stopped:
+                    self._fail_all()
+                    return
+                take = min(len(self._queue), self._settings.batch_commands_max)
+                items = [self._queue.popleft() for _ in range(take)]
+                batch = _Batch([f for _, f in items])
+                self._inflight.append(batch)
+            payload = json.dumps([c for c, _ in items], separators=(",", ":"))
+            self._raft._apply_entry(payload, callback=lambda res, err, b=batch: self._done(b, res, err))
+
+    def _ready_to_send(self) -> bool:
+        return bool(self._queue) and len(self._inflight) < self._settings.inflight_batches_max
+
+    def _expire_inflight(self, timeout_s: float) -> None:
+        # pysyncobj may never call back for a command lost in a leader change.
+        now = time.monotonic()
+        while self._inflight and now - self._inflight[0].started > timeout_s:
+            batch = self._inflight.popleft()
+            batch.done = True
+            _fail(batch.futures, DeadlineExceeded("the commit of this write timed out; "
+                                                  "its outcome is unknown"))
+
+    def _done(self, batch: _Batch, results: list[Json] | None, error: int) -> None:
+        with self._lock:
+            if batch.done:
+                return
+            batch.done = True
+            self._inflight.remove(batch)
+            self._lock.notify()
+        if error == FAIL_REASON.SUCCESS and results is not None:
+            for future, result in zip(batch.futures, results, strict=True):
+                future.set_result(result)
+        else:
+            _fail(batch.futures, Unavailable(_fail_reason_text(error)))
+
+    def _fail_all(self) -> None:
+        _fail([f for _, f in self._queue], Unavailable("controller node stopped"))
+        self._queue.clear()
+
+
+def _fail(futures: list[Future], error: Exception) -> None:
+    for future in futures:
+        if not future.done():
+            future.set_exception(error)
+
+
+def _fail_reason_text(error: int) -> str:
+    names = {FAIL_REASON.QUEUE_FULL: "the Raft queue is full",
+             FAIL_REASON.MISSING_LEADER: "there is no Raft leader",
+             FAIL_REASON.DISCARDED: "the entry was discarded by a new leader",
+             FAIL_REASON.NOT_LEADER: "the node lost leadership",
+             FAIL_REASON.LEADER_CHANGED: "the leader changed"}
+    reason = names.get(error, f"pysyncobj failure {error}")
+    return f"the write was not committed: {reason}; its outcome may be unknown, retry"

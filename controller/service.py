@@ -1,0 +1,303 @@
+"""gRPC ControllerService: validates requests, calls ControllerCore, maps errors.
+
+Protobuf <-> dict translation lives here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import queue
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+
+from controller.core import ControllerCore
+from controller.state_machine import Rejected, replica_view, validate_int, validate_name
+from mqmeta.errors import InvalidArgument, MqmetaError, Unavailable, abort_with
+from mqmeta.pb import controller_pb2 as pb
+from mqmeta.pb import controller_pb2_grpc as pb_grpc
+
+log = logging.getLogger(__name__)
+Json = dict[str, Any]
+
+TRIGGERS = {pb.ELECT_TRIGGER_UNSPECIFIED: "admin", pb.ELECT_TRIGGER_ADMIN: "admin",
+            pb.ELECT_TRIGGER_BROKER: "broker", pb.ELECT_TRIGGER_CONTROLLER: "controller"}
+
+
+def rpc(method: Callable) -> Callable:
+    """Maps every domain error (and any bug) to a gRPC status with a clear message."""
+
+    @functools.wraps(method)
+    def wrapper(self, request, context):
+        try:
+            return method(self, request, context)
+        except Rejected as rejected:
+            abort_with(context, InvalidArgument(rejected.message, code=rejected.code))
+        except MqmetaError as error:
+            abort_with(context, error)
+        except grpc.RpcError:
+            raise
+        except Exception as exc:  # a bug: report it without leaking internals
+            log.exception("%s failed", method.__name__)
+            context.abort(grpc.StatusCode.INTERNAL, f"internal error in {method.__name__}: {exc}")
+
+    return wrapper
+
+
+def replica_info_pb(view: Json) -> pb.ReplicaInfo:
+    replicas = [
+        pb.Replica(broker_id=int(i), address=r["address"],
+                   election_priority=r["election_priority"], alive=r.get("alive", False))
+        for i, r in sorted(view["replicas"].items(), key=lambda kv: int(kv[0]))
+    ]
+    return pb.ReplicaInfo(
+        cluster=view["cluster"], broker_name=view["broker_name"],
+        master_broker_id=view["master_broker_id"], master_address=view["master_address"],
+        master_epoch=view["master_epoch"], sync_state_set=view["sync_state_set"],
+        sync_state_set_epoch=view["sync_state_set_epoch"], replicas=replicas)
+
+
+def topic_pb(topic: Json) -> pb.Topic:
+    return pb.Topic(name=topic["name"], cluster=topic["cluster"], queue_count=topic["queue_count"],
+                    broker_names=topic["broker_names"], perm=topic["perm"],
+                    message_type=topic["message_type"], version=topic["version"])
+
+
+def group_pb(group: Json) -> pb.Group:
+    return pb.Group(
+        name=group["name"],
+        subscriptions=[pb.Subscription(**s) for s in group["subscriptions"]],
+        consume_from=group["consume_from"], consume_timestamp_ms=group["consume_timestamp_ms"],
+        retry_max_times=group["retry_max_times"], retry_policy=group["retry_policy"],
+        version=group["version"])
+
+
+def route_pb(route: Json) -> pb.TopicRoute:
+    return pb.TopicRoute(topic=route["topic"], message_type=route["message_type"],
+                         queues=[pb.QueueRoute(**q) for q in route["queues"]],
+                         brokers=[broker_route_pb(b) for b in route["brokers"]])
+
+
+def broker_route_pb(route: Json) -> pb.BrokerRoute:
+    return pb.BrokerRoute(**route)
+
+
+def config_pb(config: Json) -> pb.ControllerConfig:
+    return pb.ControllerConfig(values={k: _config_text(v) for k, v in config.items()})
+
+
+def _config_text(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _broker_set_ref(request) -> tuple[str, str]:
+    return (validate_name("cluster", request.cluster),
+            validate_name("broker name", request.broker_name))
+
+
+def _broker_id(value: int, allow_zero: bool = False) -> int:
+    return validate_int("broker_id", value, 0 if allow_zero else 1, 2**62)
+
+
+class ControllerServicer(pb_grpc.ControllerServiceServicer):
+    def __init__(self, core: ControllerCore) -> None:
+        self.core = core
+
+    @rpc
+    def RegisterBroker(self, request, context):
+        cluster, broker_name = _broker_set_ref(request)
+        result = self.core.register_broker({
+            "cluster": cluster, "broker_name": broker_name,
+            "broker_id": _broker_id(request.broker_id, allow_zero=True),
+            "check_code": request.check_code, "address": request.address,
+            "election_priority": request.election_priority})
+        view = self.core._with_alive(result["replica_info"])
+        return pb.RegisterBrokerResponse(broker_id=result["broker_id"],
+                                         replica_info=replica_info_pb(view))
+
+    @rpc
+    def GetNextBrokerId(self, request, context):
+        cluster, broker_name = _broker_set_ref(request)
+        bs = self.core.read_barrier().broker_set(cluster, broker_name)
+        return pb.NextBrokerIdResponse(next_broker_id=bs["next_broker_id"] if bs else 1)
+
+    @rpc
+    def Heartbeat(self, request, context):
+        cluster, broker_name = _broker_set_ref(request)
+        reply = self.core.heartbeat({
+            "cluster": cluster, "broker_name": broker_name,
+            "broker_id": _broker_id(request.broker_id), "epoch": request.epoch,
+            "max_offset": request.max_offset, "confirm_offset": request.confirm_offset,
+            "election_priority": request.election_priority})
+        return pb.HeartbeatResponse(**reply)
+
+    @rpc
+    def GetReplicaInfo(self, request, context):
+        return replica_info_pb(self.core.replica_info(*_broker_set_ref(request)))
+
+    @rpc
+    def ElectMaster(self, request, context):
+        cluster, broker_name = _broker_set_ref(request)
+        trigger = TRIGGERS.get(request.trigger)
+        if trigger is None:
+            raise InvalidArgument(f"unknown election trigger {request.trigger}")
+        view = self.core.elect_master({
+            "cluster": cluster, "broker_name": broker_name, "trigger": trigger,
+            "requester_broker_id": _broker_id(request.requester_broker_id, allow_zero=True),
+            "preferred_broker_id": _broker_id(request.preferred_broker_id, allow_zero=True)})
+        return replica_info_pb(view)
+
+    @rpc
+    def AlterSyncStateSet(self, request, context):
+        cluster, broker_name = _broker_set_ref(request)
+        if not request.new_sync_state_set:
+            raise InvalidArgument("new_sync_state_set must list at least the master")
+        view = self.core.alter_sync_state_set({
+            "cluster": cluster, "broker_name": broker_name,
+            "master_broker_id": _broker_id(request.master_broker_id),
+            "master_epoch": request.master_epoch,
+            "sync_state_set_epoch": request.sync_state_set_epoch,
+            "new_sync_state_set": [_broker_id(i) for i in request.new_sync_state_set]})
+        return replica_info_pb(view)
+
+    @rpc
+    def GetSyncStateData(self, request, context):
+        view = self.core.replica_info(*_broker_set_ref(request))
+        info = replica_info_pb(view)
+        in_set = set(view["sync_state_set"])
+        return pb.SyncStateData(
+            replica_info=info,
+            in_sync_replicas=[r for r in info.replicas if r.broker_id in in_set],
+            out_of_sync_replicas=[r for r in info.replicas if r.broker_id not in in_set])
+
+    @rpc
+    def CleanBrokerData(self, request, context):
+        cluster, broker_name = _broker_set_ref(request)
+        result = self.core.clean_broker_data({
+            "cluster": cluster, "broker_name": broker_name,
+            "broker_ids": [_broker_id(i) for i in request.broker_ids], "force": request.force})
+        return pb.CleanBrokerDataResponse(cleaned_broker_ids=result["cleaned_broker_ids"],
+                                          broker_set_removed=result["broker_set_removed"])
+
+    @rpc
+    def GetMetadata(self, request, context):
+        meta = self.core.metadata()
+        nodes = [pb.ControllerNode(**n) for n in meta.pop("nodes")]
+        return pb.ControllerMetadata(nodes=nodes, **meta)
+
+    @rpc
+    def ListBrokerSets(self, request, context):
+        cluster = validate_name("cluster", request.cluster) if request.cluster else ""
+        return pb.ListBrokerSetsResponse(
+            broker_sets=[replica_info_pb(v) for v in self.core.broker_sets(cluster)])
+
+    def _put_topic(self, request, mode: str):
+        result = self.core.propose({
+            "type": "put_topic", "mode": mode, "name": request.name, "cluster": request.cluster,
+            "queue_count": request.queue_count, "broker_names": list(request.broker_names),
+            "perm": request.perm, "message_type": request.message_type})
+        return topic_pb(result["topic"])
+
+    @rpc
+    def CreateTopic(self, request, context):
+        return self._put_topic(request, "create")
+
+    @rpc
+    def UpdateTopic(self, request, context):
+        return self._put_topic(request, "update")
+
+    @rpc
+    def DeleteTopic(self, request, context):
+        self.core.propose({"type": "delete_topic", "name": request.name})
+        return pb.DeleteResponse(name=request.name)
+
+    @rpc
+    def ListTopics(self, request, context):
+        return pb.ListTopicsResponse(topics=[topic_pb(t) for t in self.core.read_barrier().topics()])
+
+    @rpc
+    def GetTopicRoute(self, request, context):
+        return route_pb(self.core.topic_route(request.name))
+
+    def _put_group(self, request, mode: str):
+        result = self.core.propose({
+            "type": "put_group", "mode": mode, "name": request.name,
+            "subscriptions": [{"topic": s.topic, "expression": s.expression}
+                              for s in request.subscriptions],
+            "consume_from": request.consume_from,
+            "consume_timestamp_ms": request.consume_timestamp_ms,
+            "retry_max_times": request.retry_max_times, "retry_policy": request.retry_policy})
+        return group_pb(result["group"])
+
+    @rpc
+    def CreateGroup(self, request, context):
+        return self._put_group(request, "create")
+
+    @rpc
+    def UpdateGroup(self, request, context):
+        return self._put_group(request, "update")
+
+    @rpc
+    def DeleteGroup(self, request, context):
+        self.core.propose({"type": "delete_group", "name": request.name})
+        return pb.DeleteResponse(name=request.name)
+
+    @rpc
+    def ListGroups(self, request, context):
+        return pb.ListGroupsResponse(groups=[group_pb(g) for g in self.core.read_barrier().groups()])
+
+    @rpc
+    def GetConfig(self, request, context):
+        return config_pb(self.core.read_barrier().config())
+
+    @rpc
+    def UpdateConfig(self, request, context):
+        result = self.core.propose({"type": "update_config", "values": dict(request.values)})
+        return config_pb(result["config"])
+
+    def Watch(self, request, context):
+        try:
+            cluster = validate_name("cluster", request.cluster) if request.cluster else ""
+            broker_name = (validate_name("broker name", request.broker_name)
+                           if request.broker_name else "")
+            subscription = self.core.watch_hub.subscribe(cluster, broker_name)
+        except Rejected as rejected:
+            abort_with(context, InvalidArgument(rejected.message))
+            return
+        try:
+            yield from self._watch_stream(subscription, cluster, broker_name, context)
+        finally:
+            self.core.watch_hub.unsubscribe(subscription)
+
+    def _watch_stream(self, subscription: queue.Queue, cluster: str, broker_name: str, context):
+        try:
+            state = self.core.read_barrier()
+        except MqmetaError as error:
+            abort_with(context, error)
+            return
+        index = self.core.raft.status()["last_applied"]
+        for bs in state.broker_sets(cluster):
+            if not broker_name or bs["broker_name"] == broker_name:
+                yield _event_pb({"kind": "snapshot", "index": index, "cluster": bs["cluster"],
+                                 "broker_name": bs["broker_name"], "replica_info": bs}, snapshot=True)
+        while context.is_active():
+            try:
+                event = subscription.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            if event is None:
+                abort_with(context, Unavailable("watch stream fell behind; resubscribe"))
+                return
+            yield _event_pb(event)
+
+
+def _event_pb(event: Json, snapshot: bool = False) -> pb.WatchEvent:
+    info = event.get("replica_info")
+    if info is not None and snapshot:
+        info = replica_view(info)
+    return pb.WatchEvent(
+        index=event["index"], kind=event["kind"], cluster=event.get("cluster", ""),
+        broker_name=event.get("broker_name", ""), name=event.get("name", ""),
+        replica_info=replica_info_pb(info) if info is not None else None)

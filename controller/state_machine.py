@@ -1,0 +1,587 @@
+"""The controller's replicated state and the pure function that changes it.
+
+`apply(state, command, index)` is the only way state changes. It uses no clock, no
+I/O and no randomness: everything it needs (the time, which brokers the leader sees
+alive) arrives inside the command, so every node that applies the same log reaches
+the same state, and a test can drive it without a network.
+
+State is a flat map of keys to JSON values:
+  brokerset/{cluster}/{broker_name}, topic/{name}, group/{name}, config
+The state digest is the sum (mod 2**256) of sha256(key, canonical value) over all
+keys, so it is kept up to date per changed key instead of re-hashing everything.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import re
+from collections.abc import Callable, Iterable
+from typing import Any
+
+Json = dict[str, Any]
+
+DIGEST_MODULUS = 2**256
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9_%|-]{1,127}$")
+QUEUE_COUNT_MAX = 1024
+PERMS = ("RW", "R", "W")
+MESSAGE_TYPES = ("NORMAL", "FIFO", "DELAY", "TRANSACTION")
+CONSUME_FROM = ("LAST_OFFSET", "FIRST_OFFSET", "TIMESTAMP")
+RETRY_POLICIES = ("EXPONENTIAL", "FIXED")
+RETRY_MAX_TIMES_MAX = 64
+ADDRESS_PATTERN = re.compile(r"^[A-Za-z0-9.\-_\[\]:]+:\d{1,5}$")
+
+# name -> (type, default, minimum, maximum); bool entries ignore min/max.
+CONFIG_SCHEMA: dict[str, tuple[type, Any, int, int]] = {
+    "enable_unclean_master_election": (bool, False, 0, 0),
+    "broker_heartbeat_interval_ms": (int, 1000, 50, 60_000),
+    "broker_dead_after_ms": (int, 3000, 200, 600_000),
+    "lease_ms": (int, 2000, 100, 600_000),
+    "lease_margin_ms": (int, 500, 0, 600_000),
+    "default_cluster": (str, "DefaultCluster", 0, 0),
+    "default_queue_count": (int, 8, 1, QUEUE_COUNT_MAX),
+}
+
+
+class Rejected(Exception):
+    """A command that the state machine refuses; carries a domain code."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def canonical_json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def _entry_hash(key: str, value: Json) -> int:
+    data = key.encode() + b"\0" + canonical_json(value).encode()
+    return int.from_bytes(hashlib.sha256(data).digest(), "big")
+
+
+def command_digest(command: Json) -> str:
+    return hashlib.sha256(canonical_json(command).encode()).hexdigest()
+
+
+class ControllerState:
+    """The replicated data plus its running digest. Picklable for snapshots."""
+
+    def __init__(self) -> None:
+        self.entries: dict[str, Json] = {}
+        self._hashes: dict[str, int] = {}
+        self._digest_sum = 0
+
+    @property
+    def digest(self) -> str:
+        return format(self._digest_sum, "064x")
+
+    def get(self, key: str) -> Json | None:
+        return self.entries.get(key)
+
+    def commit(self, changes: dict[str, Json | None]) -> None:
+        for key, value in changes.items():
+            old = self._hashes.pop(key, None)
+            if old is not None:
+                self._digest_sum = (self._digest_sum - old) % DIGEST_MODULUS
+                del self.entries[key]
+            if value is not None:
+                h = _entry_hash(key, value)
+                self.entries[key] = value
+                self._hashes[key] = h
+                self._digest_sum = (self._digest_sum + h) % DIGEST_MODULUS
+
+    def recompute_digest(self) -> str:
+        """Full re-hash; the audit and tests compare it with the running digest."""
+        total = sum(_entry_hash(k, v) for k, v in self.entries.items()) % DIGEST_MODULUS
+        return format(total, "064x")
+
+    def with_prefix(self, prefix: str) -> Iterable[tuple[str, Json]]:
+        return ((k, v) for k, v in sorted(self.entries.items()) if k.startswith(prefix))
+
+    # Reads used by the service ------------------------------------------------
+    def config(self) -> Json:
+        stored = self.entries.get("config", {})
+        return {name: stored.get(name, spec[1]) for name, spec in CONFIG_SCHEMA.items()}
+
+    def broker_set(self, cluster: str, broker_name: str) -> Json | None:
+        return self.entries.get(broker_set_key(cluster, broker_name))
+
+    def broker_sets(self, cluster: str = "") -> list[Json]:
+        prefix = f"brokerset/{cluster}/" if cluster else "brokerset/"
+        return [v for _, v in self.with_prefix(prefix) if v["replicas"]]
+
+    def topics(self) -> list[Json]:
+        return [v for _, v in self.with_prefix("topic/")]
+
+    def groups(self) -> list[Json]:
+        return [v for _, v in self.with_prefix("group/")]
+
+
+def broker_set_key(cluster: str, broker_name: str) -> str:
+    return f"brokerset/{cluster}/{broker_name}"
+
+
+# Validation shared with the service layer -----------------------------------------
+
+
+def validate_name(kind: str, value: Any) -> str:
+    if not isinstance(value, str) or not NAME_PATTERN.match(value):
+        raise Rejected(
+            "INVALID_ARGUMENT",
+            f"{kind} {value!r} is malformed: use 1-127 characters from A-Z a-z 0-9 _ - % |",
+        )
+    return value
+
+
+def validate_address(value: Any) -> str:
+    if not isinstance(value, str) or not ADDRESS_PATTERN.match(value):
+        raise Rejected("INVALID_ARGUMENT", f"address {value!r} is malformed: use HOST:PORT")
+    return value
+
+
+def validate_choice(kind: str, value: Any, choices: tuple[str, ...], default: str) -> str:
+    if value in ("", None):
+        return default
+    if value not in choices:
+        raise Rejected("INVALID_ARGUMENT", f"{kind} {value!r} is not one of {', '.join(choices)}")
+    return str(value)
+
+
+def validate_int(kind: str, value: Any, minimum: int, maximum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
+        raise Rejected(
+            "INVALID_ARGUMENT", f"{kind} must be a whole number from {minimum} to {maximum}"
+        )
+    return value
+
+
+def parse_config_value(name: str, raw: Any) -> Any:
+    spec = CONFIG_SCHEMA.get(name)
+    if spec is None:
+        known = ", ".join(sorted(CONFIG_SCHEMA))
+        raise Rejected("INVALID_ARGUMENT", f"unknown configuration key {name!r}; known: {known}")
+    kind, _, minimum, maximum = spec
+    text = str(raw).strip().lower() if not isinstance(raw, (bool, int)) else raw
+    if kind is bool:
+        if text in (True, "true", "1", "yes"):
+            return True
+        if text in (False, "false", "0", "no"):
+            return False
+        raise Rejected("INVALID_ARGUMENT", f"{name} must be true or false, not {raw!r}")
+    if kind is int:
+        try:
+            number = int(text)
+        except (TypeError, ValueError):
+            raise Rejected("INVALID_ARGUMENT", f"{name} must be a whole number, not {raw!r}")
+        return validate_int(name, number, minimum, maximum)
+    return validate_name(name, str(raw))
+
+
+def validate_config_relations(config: Json) -> None:
+    if config["broker_dead_after_ms"] < 3 * config["broker_heartbeat_interval_ms"]:
+        raise Rejected(
+            "INVALID_ARGUMENT",
+            "broker_dead_after_ms must be at least 3 x broker_heartbeat_interval_ms, "
+            "or one lost heartbeat would declare a broker dead",
+        )
+    if config["lease_ms"] + config["lease_margin_ms"] >= config["broker_dead_after_ms"]:
+        raise Rejected(
+            "INVALID_ARGUMENT",
+            "lease_ms + lease_margin_ms must be below broker_dead_after_ms, so that an "
+            "isolated master's lease expires before a replacement can be elected",
+        )
+
+
+# Command handlers ---------------------------------------------------------------
+# Each takes (state, command, index) and returns (result, changes, events). They must
+# not mutate state: they copy what they change and return it in `changes`.
+
+Handler = Callable[[ControllerState, Json, int], tuple[Json, dict[str, Json | None], list[Json]]]
+
+
+def _require_broker_set(state: ControllerState, command: Json) -> Json:
+    cluster = validate_name("cluster", command.get("cluster"))
+    broker_name = validate_name("broker name", command.get("broker_name"))
+    bs = state.broker_set(cluster, broker_name)
+    if bs is None or not bs["replicas"]:
+        raise Rejected(
+            "BROKER_SET_NOT_FOUND",
+            f"broker set {cluster}/{broker_name} is not registered; "
+            "check the cluster and broker name",
+        )
+    return copy.deepcopy(bs)
+
+
+def replica_view(bs: Json) -> Json:
+    """The replica info a broker or admin sees for a broker set."""
+    master = bs["master_broker_id"]
+    master_replica = bs["replicas"].get(str(master)) if master else None
+    return {
+        "cluster": bs["cluster"],
+        "broker_name": bs["broker_name"],
+        "master_broker_id": master,
+        "master_address": master_replica["address"] if master_replica else "",
+        "master_epoch": bs["master_epoch"],
+        "sync_state_set": list(bs["sync_state_set"]),
+        "sync_state_set_epoch": bs["sync_state_set_epoch"],
+        "replicas": {k: dict(v) for k, v in bs["replicas"].items()},
+    }
+
+
+def _broker_set_event(kind: str, bs: Json) -> Json:
+    return {"kind": kind, "cluster": bs["cluster"], "broker_name": bs["broker_name"],
+            "replica_info": replica_view(bs)}
+
+
+def _alive_ids(command: Json) -> dict[int, Json]:
+    alive = command.get("alive") or {}
+    return {int(k): v for k, v in alive.items()}
+
+
+def _barrier(state: ControllerState, command: Json, index: int):
+    return {"ok": True}, {}, []
+
+
+def _register_broker(state: ControllerState, command: Json, index: int):
+    cluster = validate_name("cluster", command.get("cluster"))
+    broker_name = validate_name("broker name", command.get("broker_name"))
+    address = validate_address(command.get("address"))
+    check_code = command.get("check_code")
+    if not isinstance(check_code, str) or not 1 <= len(check_code) <= 128:
+        raise Rejected("INVALID_ARGUMENT", "check_code must be 1-128 characters identifying the broker")
+    priority = validate_int("election_priority", command.get("election_priority", 0), 0, 1_000_000)
+    requested = validate_int("broker_id", command.get("broker_id", 0), 0, 2**62)
+    key = broker_set_key(cluster, broker_name)
+    bs = copy.deepcopy(state.get(key)) or {
+        "cluster": cluster, "broker_name": broker_name, "next_broker_id": 1,
+        "replicas": {}, "master_broker_id": 0, "master_epoch": 0,
+        "sync_state_set": [], "sync_state_set_epoch": 0,
+    }
+    replicas = bs["replicas"]
+    if requested == 0:
+        same = [int(i) for i, r in replicas.items() if r["check_code"] == check_code]
+        broker_id = same[0] if same else bs["next_broker_id"]
+    else:
+        broker_id = requested
+        held = replicas.get(str(broker_id))
+        if held is not None and held["check_code"] != check_code:
+            raise Rejected(
+                "BROKER_ID_INVALID",
+                f"broker id {broker_id} of {cluster}/{broker_name} belongs to another broker "
+                "(check code differs); register with broker id 0 to get a new one",
+            )
+    before = replicas.get(str(broker_id))
+    replicas[str(broker_id)] = {"address": address, "check_code": check_code,
+                                "election_priority": priority}
+    bs["next_broker_id"] = max(bs["next_broker_id"], broker_id + 1)
+    events = []
+    if before != replicas[str(broker_id)]:
+        events.append(_broker_set_event("broker", bs))
+    return {"ok": True, "broker_id": broker_id, "replica_info": replica_view(bs)}, {key: bs}, events
+
+
+def _election_candidates(bs: Json, command: Json, unclean: bool) -> list[int]:
+    alive = _alive_ids(command)
+    registered = {int(i) for i in bs["replicas"]}
+    in_set = [i for i in bs["sync_state_set"] if i in alive and i in registered]
+    if not bs["sync_state_set"] or (not in_set and unclean):
+        return sorted(i for i in registered if i in alive)
+    return in_set
+
+
+def _election_order(bs: Json, command: Json, pool: list[int]) -> list[int]:
+    alive = _alive_ids(command)
+
+    def rank(broker_id: int) -> tuple[int, int, int, int]:
+        info = alive.get(broker_id, {})
+        priority = info.get("priority", bs["replicas"][str(broker_id)]["election_priority"])
+        return (-int(info.get("epoch", -1)), -int(info.get("max_offset", -1)),
+                int(priority), broker_id)
+
+    return sorted(pool, key=rank)
+
+
+def _elect_master(state: ControllerState, command: Json, index: int):
+    bs = _require_broker_set(state, command)
+    key = broker_set_key(bs["cluster"], bs["broker_name"])
+    unclean = bool(state.config()["enable_unclean_master_election"])
+    alive = _alive_ids(command)
+    current = bs["master_broker_id"]
+    preferred = validate_int("preferred_broker_id", command.get("preferred_broker_id", 0), 0, 2**62)
+    if preferred:
+        _check_preferred(bs, preferred, alive, unclean)
+        if preferred == current:
+            return {"ok": True, "changed": False, "replica_info": replica_view(bs)}, {}, []
+        new_master = preferred
+    elif current and current in alive:
+        return {"ok": True, "changed": False, "replica_info": replica_view(bs)}, {}, []
+    else:
+        pool = _election_candidates(bs, command, unclean)
+        requester = command.get("requester_broker_id", 0)
+        if not bs["sync_state_set"] and command.get("trigger") == "broker" and requester in pool:
+            new_master = requester  # first election: the requester wins
+        elif pool:
+            new_master = _election_order(bs, command, pool)[0]
+        else:
+            return _no_master(bs, key, current)
+    bs["master_broker_id"] = new_master
+    bs["master_epoch"] += 1
+    bs["sync_state_set"] = [new_master]
+    bs["sync_state_set_epoch"] += 1
+    result = {"ok": True, "changed": True, "replica_info": replica_view(bs)}
+    return result, {key: bs}, [_broker_set_event("role", bs)]
+
+
+def _check_preferred(bs: Json, preferred: int, alive: dict[int, Json], unclean: bool) -> None:
+    name = f"{bs['cluster']}/{bs['broker_name']}"
+    if str(preferred) not in bs["replicas"]:
+        raise Rejected("INVALID_ARGUMENT", f"broker id {preferred} is not registered in {name}")
+    if preferred not in alive:
+        raise Rejected("MASTER_NOT_AVAILABLE", f"broker id {preferred} of {name} is not alive")
+    if bs["sync_state_set"] and preferred not in bs["sync_state_set"] and not unclean:
+        raise Rejected(
+            "MASTER_NOT_AVAILABLE",
+            f"broker id {preferred} is not in the SyncStateSet {bs['sync_state_set']} of {name}; "
+            "electing it could lose acknowledged messages (enable_unclean_master_election)",
+        )
+
+
+def _no_master(bs: Json, key: str, current: int):
+    """No eligible replica: clear a dead master and bump the epoch to fence it."""
+    changes: dict[str, Json | None] = {}
+    events = []
+    if current:
+        bs["master_broker_id"] = 0
+        bs["master_epoch"] += 1
+        changes[key] = bs
+        events.append(_broker_set_event("role", bs))
+    result = {"ok": False, "code": "MASTER_NOT_AVAILABLE",
+              "message": f"no alive in-sync replica can become master of "
+                         f"{bs['cluster']}/{bs['broker_name']}",
+              "replica_info": replica_view(bs)}
+    return result, changes, events
+
+
+def _alter_sync_state_set(state: ControllerState, command: Json, index: int):
+    bs = _require_broker_set(state, command)
+    key = broker_set_key(bs["cluster"], bs["broker_name"])
+    name = f"{bs['cluster']}/{bs['broker_name']}"
+    master = command.get("master_broker_id")
+    if master != bs["master_broker_id"] or command.get("master_epoch") != bs["master_epoch"]:
+        raise Rejected(
+            "FENCED_MASTER_EPOCH",
+            f"master {master} at epoch {command.get('master_epoch')} is not the current master "
+            f"of {name} (master {bs['master_broker_id']} at epoch {bs['master_epoch']})",
+        )
+    if command.get("sync_state_set_epoch") != bs["sync_state_set_epoch"]:
+        raise Rejected(
+            "FENCED_SYNC_STATE_SET_EPOCH",
+            f"SyncStateSet epoch {command.get('sync_state_set_epoch')} is stale for {name} "
+            f"(current {bs['sync_state_set_epoch']}); re-read the replica info and retry",
+        )
+    new_set = sorted({int(i) for i in command.get("new_sync_state_set") or []})
+    if master not in new_set:
+        raise Rejected("INVALID_ARGUMENT", f"the master {master} must stay in the SyncStateSet")
+    alive = _alive_ids(command)
+    for member in new_set:
+        if str(member) not in bs["replicas"]:
+            raise Rejected("INVALID_ARGUMENT", f"broker id {member} is not registered in {name}")
+        if member not in alive:
+            raise Rejected("MASTER_NOT_AVAILABLE", f"broker id {member} of {name} is not alive")
+    if new_set == sorted(bs["sync_state_set"]):
+        return {"ok": True, "changed": False, "replica_info": replica_view(bs)}, {}, []
+    bs["sync_state_set"] = new_set
+    bs["sync_state_set_epoch"] += 1
+    result = {"ok": True, "changed": True, "replica_info": replica_view(bs)}
+    return result, {key: bs}, [_broker_set_event("sync_state_set", bs)]
+
+
+def _clean_broker_data(state: ControllerState, command: Json, index: int):
+    bs = _require_broker_set(state, command)
+    key = broker_set_key(bs["cluster"], bs["broker_name"])
+    registered = sorted(int(i) for i in bs["replicas"])
+    targets = sorted({int(i) for i in command.get("broker_ids") or []}) or registered
+    unknown = [t for t in targets if t not in registered]
+    if unknown:
+        raise Rejected("INVALID_ARGUMENT", f"broker ids {unknown} are not registered in "
+                                           f"{bs['cluster']}/{bs['broker_name']}")
+    alive = [t for t in targets if t in _alive_ids(command)]
+    if alive and not command.get("force"):
+        raise Rejected("BROKER_ALIVE", f"broker ids {alive} are alive; stop them first "
+                                       "or pass force to clean them anyway")
+    for target in targets:
+        del bs["replicas"][str(target)]
+    new_set = [i for i in bs["sync_state_set"] if i not in targets]
+    if new_set != bs["sync_state_set"]:
+        bs["sync_state_set"] = new_set
+        bs["sync_state_set_epoch"] += 1
+    if bs["master_broker_id"] in targets:
+        bs["master_broker_id"] = 0
+        bs["master_epoch"] += 1  # a cleaned master that comes back is fenced
+    # The record stays (with no replicas) so epochs never move backwards.
+    result = {"ok": True, "cleaned_broker_ids": targets, "broker_set_removed": not bs["replicas"]}
+    return result, {key: bs}, [_broker_set_event("role", bs)]
+
+
+def _topic_spec(state: ControllerState, command: Json) -> Json:
+    config = state.config()
+    cluster = validate_name("cluster", command.get("cluster") or config["default_cluster"])
+    queue_count = command.get("queue_count") or config["default_queue_count"]
+    broker_names = sorted(set(command.get("broker_names") or []))
+    for broker_name in broker_names:
+        validate_name("broker name", broker_name)
+        bs = state.broker_set(cluster, broker_name)
+        if bs is None or not bs["replicas"]:
+            raise Rejected("BROKER_SET_NOT_FOUND",
+                           f"broker set {cluster}/{broker_name} is not registered")
+    return {
+        "name": validate_name("topic name", command.get("name")),
+        "cluster": cluster,
+        "queue_count": validate_int("queue count", queue_count, 1, QUEUE_COUNT_MAX),
+        "broker_names": broker_names,
+        "perm": validate_choice("perm", command.get("perm"), PERMS, "RW"),
+        "message_type": validate_choice("message type", command.get("message_type"),
+                                        MESSAGE_TYPES, "NORMAL"),
+    }
+
+
+def _put_topic(state: ControllerState, command: Json, index: int):
+    topic = _topic_spec(state, command)
+    return _put_named(state, "topic", topic, command.get("mode", "create"), index)
+
+
+def _put_named(state: ControllerState, kind: str, value: Json, mode: str, index: int):
+    key = f"{kind}/{value['name']}"
+    exists = state.get(key) is not None
+    if mode == "create" and exists:
+        raise Rejected(f"{kind.upper()}_EXISTS", f"{kind} {value['name']} already exists; "
+                                                 f"use update to change it")
+    if mode == "update" and not exists:
+        raise Rejected(f"{kind.upper()}_NOT_FOUND", f"{kind} {value['name']} does not exist")
+    if mode not in ("create", "update"):
+        raise Rejected("INVALID_ARGUMENT", f"mode {mode!r} is not create or update")
+    value["version"] = index
+    event = {"kind": kind, "name": value["name"], "cluster": value.get("cluster", "")}
+    return {"ok": True, kind: value}, {key: value}, [event]
+
+
+def _delete_named(kind: str) -> Handler:
+    def handler(state: ControllerState, command: Json, index: int):
+        name = validate_name(f"{kind} name", command.get("name"))
+        key = f"{kind}/{name}"
+        if state.get(key) is None:
+            raise Rejected(f"{kind.upper()}_NOT_FOUND", f"{kind} {name} does not exist")
+        event = {"kind": kind, "name": name, "cluster": state.get(key).get("cluster", "")}
+        return {"ok": True, "name": name}, {key: None}, [event]
+
+    return handler
+
+
+def _put_group(state: ControllerState, command: Json, index: int):
+    subscriptions = []
+    for sub in command.get("subscriptions") or []:
+        expression = sub.get("expression") or "*"
+        if not isinstance(expression, str) or len(expression) > 1024:
+            raise Rejected("INVALID_ARGUMENT", "a tag expression must be at most 1024 characters")
+        subscriptions.append({"topic": validate_name("topic name", sub.get("topic")),
+                              "expression": expression})
+    consume_from = validate_choice("consume_from", command.get("consume_from"), CONSUME_FROM,
+                                   "LAST_OFFSET")
+    timestamp = command.get("consume_timestamp_ms", 0)
+    if consume_from == "TIMESTAMP":
+        validate_int("consume_timestamp_ms", timestamp, 1, 2**62)
+    retry = command.get("retry_max_times")
+    group = {
+        "name": validate_name("group name", command.get("name")),
+        "subscriptions": sorted(subscriptions, key=lambda s: (s["topic"], s["expression"])),
+        "consume_from": consume_from,
+        "consume_timestamp_ms": timestamp if consume_from == "TIMESTAMP" else 0,
+        "retry_max_times": 16 if retry in (None, 0) else
+        validate_int("retry_max_times", retry, 0, RETRY_MAX_TIMES_MAX),
+        "retry_policy": validate_choice("retry_policy", command.get("retry_policy"),
+                                        RETRY_POLICIES, "EXPONENTIAL"),
+    }
+    return _put_named(state, "group", group, command.get("mode", "create"), index)
+
+
+def _update_config(state: ControllerState, command: Json, index: int):
+    values = command.get("values")
+    if not isinstance(values, dict) or not values:
+        raise Rejected("INVALID_ARGUMENT", "give at least one KEY=VALUE to change")
+    merged = state.config()
+    for name, raw in sorted(values.items()):
+        merged[name] = parse_config_value(name, raw)
+    validate_config_relations(merged)
+    return {"ok": True, "config": merged}, {"config": merged}, [{"kind": "config"}]
+
+
+HANDLERS: dict[str, Handler] = {
+    "barrier": _barrier,
+    "register_broker": _register_broker,
+    "elect_master": _elect_master,
+    "alter_sync_state_set": _alter_sync_state_set,
+    "clean_broker_data": _clean_broker_data,
+    "put_topic": _put_topic,
+    "delete_topic": _delete_named("topic"),
+    "put_group": _put_group,
+    "delete_group": _delete_named("group"),
+    "update_config": _update_config,
+}
+
+
+def apply(state: ControllerState, command: Json, index: int) -> tuple[Json, list[Json], dict]:
+    """Applies one command. Returns (result, events, changes); state is updated in place.
+
+    A rejected command changes nothing and returns {"ok": False, "code", "message"}.
+    """
+    handler = HANDLERS.get(command.get("type", ""))
+    if handler is None:
+        return {"ok": False, "code": "INVALID_ARGUMENT",
+                "message": f"unknown command type {command.get('type')!r}"}, [], {}
+    try:
+        result, changes, events = handler(state, command, index)
+    except Rejected as rejected:
+        return {"ok": False, "code": rejected.code, "message": rejected.message}, [], {}
+    state.commit(changes)
+    _assert_invariants(changes)
+    return result, events, changes
+
+
+def _assert_invariants(changes: dict[str, Json | None]) -> None:
+    """M3: a master is always in its SyncStateSet. A violation is a bug: crash."""
+    for key, value in changes.items():
+        if value is not None and key.startswith("brokerset/"):
+            master = value["master_broker_id"]
+            assert not master or master in value["sync_state_set"], (key, value)
+
+
+# Derived reads ----------------------------------------------------------------------
+
+
+def topic_route(state: ControllerState, name: str) -> Json:
+    """The route of a topic: its queues per broker set and each set's addresses."""
+    topic = state.get(f"topic/{validate_name('topic name', name)}")
+    if topic is None:
+        raise Rejected("TOPIC_NOT_FOUND", f"topic {name} does not exist")
+    names = topic["broker_names"] or [bs["broker_name"] for bs in state.broker_sets(topic["cluster"])]
+    queues, brokers = [], []
+    for broker_name in names:
+        bs = state.broker_set(topic["cluster"], broker_name)
+        if bs is None or not bs["replicas"]:
+            continue
+        queues.append({"broker_name": broker_name, "read_queue_count": topic["queue_count"],
+                       "write_queue_count": topic["queue_count"], "perm": topic["perm"]})
+        brokers.append(broker_route(bs))
+    return {"topic": topic["name"], "message_type": topic["message_type"],
+            "queues": queues, "brokers": brokers}
+
+
+def broker_route(bs: Json) -> Json:
+    view = replica_view(bs)
+    return {"cluster": bs["cluster"], "broker_name": bs["broker_name"],
+            "master_broker_id": view["master_broker_id"], "master_address": view["master_address"],
+            "master_epoch": bs["master_epoch"],
+            "addresses": {int(i): r["address"] for i, r in bs["replicas"].items()}}

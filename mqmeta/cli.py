@@ -1,0 +1,109 @@
+"""The `mqmeta` command: one front door, a subcommand per part.
+
+Errors reach the user as one sentence on stderr and exit status 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+from mqmeta.errors import MqmetaError
+
+EXIT_BAD_INPUT = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # argparse's own errors: one sentence, exit 2
+        self.exit(EXIT_BAD_INPUT, f"mqmeta: error: {message} (see --help)\n")
+
+
+def _add_node_flags(parser: argparse.ArgumentParser, required: bool) -> None:
+    parser.add_argument("--config", type=Path, help="TOML file with any of these flags as keys")
+    parser.add_argument("--id", dest="node_id", help="this controller node's id, e.g. c1")
+    parser.add_argument("--grpc", help="gRPC address HOST:PORT of this node")
+    parser.add_argument("--raft", help="Raft address HOST:PORT of this node")
+    parser.add_argument("--peer", action="append", default=[],
+                        help="another node as ID=RAFT_HOST:PORT/GRPC_HOST:PORT (repeat)")
+    parser.add_argument("--data-dir", type=Path, help="where this node keeps its journal and logs")
+    parser.add_argument("--secret-file", type=Path,
+                        help="file holding the Raft secret (authenticates and encrypts peers)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="mqmeta", description=__doc__)
+    parser.add_argument("--log-level", default=os.environ.get("MQMETA_LOG_LEVEL", "WARNING"))
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    controller = sub.add_parser("controller", help="run one standalone controller node")
+    _add_node_flags(controller, required=True)
+
+    namesrv = sub.add_parser("namesrv", help="run a nameserver (optionally embedding a controller)")
+    namesrv.add_argument("--listen", required=True, help="nameserver gRPC address HOST:PORT")
+    namesrv.add_argument("--controllers", help="controller addresses (standalone nameserver)")
+    namesrv.add_argument("--embed-controller", action="store_true",
+                         help="also run a controller node in this process")
+    _add_node_flags(namesrv, required=False)
+
+    local = sub.add_parser("local", help="run a whole cluster on this machine")
+    local_sub = local.add_subparsers(dest="local_command", required=True, parser_class=_Parser)
+    up = local_sub.add_parser("up", help="start the cluster in the foreground")
+    up.add_argument("--data-dir", type=Path, default=Path("mqmeta-data"))
+    up.add_argument("--controllers", type=int, default=3, help="controller nodes (odd, 1-7)")
+    up.add_argument("--embedded", action="store_true",
+                    help="run the controllers inside the nameservers (one per controller)")
+
+    admin = sub.add_parser("admin", help="gRPC admin calls")
+    from controller.admin_cli import add_admin_commands
+
+    add_admin_commands(admin)
+    return parser
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(level=level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        _setup_logging(args.log_level)
+    except ValueError:
+        print(f"mqmeta: error: unknown --log-level {args.log_level!r}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    try:
+        return _dispatch(args)
+    except MqmetaError as error:
+        print(f"mqmeta: error: {error.message}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        return 130
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    if args.command == "controller":
+        from controller.run import run_controller
+
+        return run_controller(args)
+    if args.command == "namesrv":
+        from controller.run import run_namesrv
+
+        return run_namesrv(args)
+    if args.command == "local":
+        from controller.local import local_up
+
+        return local_up(args)
+    if args.command == "admin":
+        from controller.admin_cli import run_admin
+
+        return run_admin(args)
+    raise AssertionError(args.command)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

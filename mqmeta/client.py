@@ -1,0 +1,109 @@
+"""Client library for the controller: finds the leader and retries there transparently.
+
+Every call has a deadline (default 5 s overall, 2 s per attempt). A NOT_LEADER answer
+names the leader, and the next attempt goes there; an unreachable node is skipped.
+Retries make writes at-least-once: creates answer ALREADY_EXISTS when retried after
+an outcome the client could not see, and the other writes are idempotent or fenced.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import grpc
+
+from mqmeta.errors import (
+    DeadlineExceeded,
+    InvalidArgument,
+    MqmetaError,
+    NotLeader,
+    Unavailable,
+    from_rpc_error,
+)
+from mqmeta.pb import controller_pb2 as pb
+from mqmeta.pb import controller_pb2_grpc as pb_grpc
+
+CALL_TIMEOUT_S = 5.0
+ATTEMPT_TIMEOUT_S = 2.0
+RETRY_PAUSE_S = 0.05
+
+
+def parse_addresses(text: str) -> list[str]:
+    addresses = [a.strip() for a in text.split(",") if a.strip()]
+    if not addresses:
+        raise InvalidArgument("give at least one controller address as HOST:PORT")
+    for address in addresses:
+        host, _, port = address.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise InvalidArgument(f"controller address {address!r} is malformed: use HOST:PORT")
+    return addresses
+
+
+class ControllerClient:
+    def __init__(self, addresses: list[str] | str, timeout_s: float = CALL_TIMEOUT_S) -> None:
+        self.addresses = parse_addresses(addresses) if isinstance(addresses, str) else addresses
+        self.timeout_s = timeout_s
+        self._lock = threading.Lock()
+        self._channels: dict[str, grpc.Channel] = {}
+        self._stubs: dict[str, pb_grpc.ControllerServiceStub] = {}
+        self._target = self.addresses[0]
+
+    def _stub(self, address: str) -> pb_grpc.ControllerServiceStub:
+        with self._lock:
+            stub = self._stubs.get(address)
+            if stub is None:
+                channel = grpc.insecure_channel(address)
+                self._channels[address] = channel
+                stub = self._stubs[address] = pb_grpc.ControllerServiceStub(channel)
+            return stub
+
+    def _next_target(self, failed: str) -> str:
+        candidates = self.addresses
+        index = candidates.index(failed) if failed in candidates else -1
+        return candidates[(index + 1) % len(candidates)]
+
+    def call(self, method: str, request: Any, timeout_s: float | None = None) -> Any:
+        deadline = time.monotonic() + (timeout_s or self.timeout_s)
+        target = self._target
+        last_error: MqmetaError | None = None
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise DeadlineExceeded(
+                    f"no controller answered {method} in time "
+                    f"(tried {', '.join(self.addresses)}): {last_error or 'no answer'}")
+            try:
+                reply = getattr(self._stub(target), method)(
+                    request, timeout=min(remaining, ATTEMPT_TIMEOUT_S))
+                self._target = target
+                return reply
+            except grpc.RpcError as rpc_error:
+                error = from_rpc_error(rpc_error)
+            if not isinstance(error, Unavailable | NotLeader):
+                raise error
+            last_error = error
+            if isinstance(error, NotLeader) and error.leader:
+                target = error.leader
+            else:
+                target = self._next_target(target)
+                time.sleep(min(RETRY_PAUSE_S, max(0.0, deadline - time.monotonic())))
+
+    def watch(self, cluster: str = "", broker_name: str = "", timeout_s: float | None = None):
+        """Server stream of WatchEvents from one node (the current target)."""
+        request = pb.WatchRequest(cluster=cluster, broker_name=broker_name)
+        return self._stub(self._target).Watch(request, timeout=timeout_s)
+
+    def close(self) -> None:
+        with self._lock:
+            for channel in self._channels.values():
+                channel.close()
+            self._channels.clear()
+            self._stubs.clear()
+
+    def __enter__(self) -> ControllerClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,438 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class ElectTrigger(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ELECT_TRIGGER_UNSPECIFIED: _ClassVar[ElectTrigger]
+    ELECT_TRIGGER_BROKER: _ClassVar[ElectTrigger]
+    ELECT_TRIGGER_ADMIN: _ClassVar[ElectTrigger]
+    ELECT_TRIGGER_CONTROLLER: _ClassVar[ElectTrigger]
+ELECT_TRIGGER_UNSPECIFIED: ElectTrigger
+ELECT_TRIGGER_BROKER: ElectTrigger
+ELECT_TRIGGER_ADMIN: ElectTrigger
+ELECT_TRIGGER_CONTROLLER: ElectTrigger
+
+class BrokerSetRef(_message.Message):
+    __slots__ = ("cluster", "broker_name")
+    CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    BROKER_NAME_FIELD_NUMBER: _ClassVar[int]
+    cluster: str
+    broker_name: str
+    def __init__(self, cluster: _Optional[str] = ..., broker_name: _Optional[str] = ...) -> None: ...
+
+class Replica(_message.Message):
+    __slots__ = ("broker_id", "address", "election_priority", "alive")
+    BROKER_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    ELECTION_PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    ALIVE_FIELD_NUMBER: _ClassVar[int]
+    broker_id: int
+    address: str
+    election_priority: int
+    alive: bool
+    def __init__(self, broker_id: _Optional[int] = ..., address: _Optional[str] = ..., election_priority: _Optional[int] = ..., alive: _Optional[bool] = ...) -> None: ...
+
+class ReplicaInfo(_message.Message):
+    __slots__ = ("cluster", "broker_name", "master_broker_id", "master_address", "master_epoch", "sync_state_set", "sync_state_set_epoch", "replicas")
+    CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    BROKER_NAME_FIELD_NUMBER: _ClassVar[int]
+    MASTER_BROKER_ID_FIELD_NUMBER: _ClassVar[int]
+    MASTER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    MASTER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    SYNC_STATE_SET_FIELD_NUMBER: _ClassVar[int]
+    SYNC_STATE_SET_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    cluster: str
+    broker_name: str
+    master_broker_id: int
+    master_address: str
+    master_epoch: int
+    sync_state_set: _containers.RepeatedScalarFieldContainer[int]
+    sync_state_set_epoch: int
+    replicas: _containers.RepeatedCompositeFieldContainer[Replica]
+    def __init__(self, cluster: _Optional[str] = ..., broker_name: _Optional[str] = ..., master_broker_id: _Optional[int] = ..., master_address: _Optional[str] = ..., master_epoch: _Optional[int] = ..., sync_state_set: _Optional[_Iterable[int]] = ..., sync_state_set_epoch: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[Replica, _Mapping]]] = ...) -> None: ...
+
+class RegisterBrokerRequest(_message.Message):
+    __slots__ = ("cluster", "broker_name", "broker_id", "check_code", "address", "election_priority")
+    CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    BROKER_NAME_FIELD_NUMBER: _ClassVar[int]
+    BROKER_ID_FIELD_NUMBER: _ClassVar[int]
+    CHECK_CODE_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    ELECTION_PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    cluster: str
+    broker_name: str
+    broker_id: int
+    check_code: str
+    address: str
+    election_priority: int
+    def __init__(self, cluster: _Optional[str] = ..., broker_name: _Optional[str] = ..., broker_id: _Optional[int] = ..., check_code: _Optional[str] = ..., address: _Optional[str] = ..., election_priority: _Optional[int] = ...) -> None: ...
+
+class RegisterBrokerResponse(_message.Message):
+    __slots__ = ("broker_id", "replica_info")
+    BROKER_ID_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_INFO_FIELD_NUMBER: _ClassVar[int]
+    broker_id: int
+    replica_info: ReplicaInfo
+    def __init__(self, broker_id: _Optional[int] = ..., replica_info: _Optional[_Union[ReplicaInfo, _Mapping]] = ...) -> None: ...
+
+class NextBrokerIdResponse(_message.Message):
+    __slots__ = ("next_broker_id",)
+    NEXT_BROKER_ID_FIELD_NUMBER: _ClassVar[int]
+    next_broker_id: int
+    def __init__(self, next_broker_id: _Optional[int] = ...) -> None: ...
+
+class HeartbeatRequest(_message.Message):
+    __slots__ = ("cluster", "broker_name", "broker_id", "epoch", "max_offset", "confirm_offset", "election_priority")
+    CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    BROKER_NAME_FIELD_NUMBER: _ClassVar[int]
+    BROKER_ID_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    MAX_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    CONFIRM_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    ELECTION_PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    cluster: str
+    broker_name: str
+    broker_id: int
+    epoch: int
+    max_offset: int
+    confirm_offset: int
+    election_priority: int
+    def __init__(self, cluster: _Optional[str] = ..., broker_name: _Optional[str] = ..., broker_id: _Optional[int] = ..., epoch: _Optional[int] = ..., max_offset: _Optional[int] = ..., confirm_offset: _Optional[int] = ..., election_priority: _Optional[int] = ...) -> None: ...
+
+class HeartbeatResponse(_message.Message):
+    __slots__ = ("master_broker_id", "master_epoch", "sync_state_set_epoch", "lease_ms")
+    MASTER_BROKER_ID_FIELD_NUMBER: _ClassVar[int]
+    MASTER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    SYNC_STATE_SET_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    LEASE_MS_FIELD_NUMBER: _ClassVar[int]
+    master_broker_id: int
+    master_epoch: int
+    sync_state_set_epoch: int
+    lease_ms: int
+    def __init__(self, master_broker_id: _Optional[int] = ..., master_epoch: _Optional[int] = ..., sync_state_set_epoch: _Optional[int] = ..., lease_ms: _Optional[int] = ...) -> None: ...
+
+class ElectMasterRequest(_message.Message):
+    __slots__ = ("cluster", "broker_name", "trigger", "requester_broker_id", "preferred_broker_id")
+    CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    BROKER_NAME_FIELD_NUMBER: _ClassVar[int]
+    TRIGGER_FIELD_NUMBER: _ClassVar[int]
+    REQUESTER_BROKER_ID_FIELD_NUMBER: _ClassVar[int]
+    PREFERRED_BROKER_ID_FIELD_NUMBER: _ClassVar[int]
+    cluster: str
+    broker_name: str
+    trigger: ElectTrigger
+    requester_broker_id: int
+    preferred_broker_id: int
+    def __init__(self, cluster: _Optional[str] = ..., broker_name: _Optional[str] = ..., trigger: _Optional[_Union[ElectTrigger, str]] = ..., requester_broker_id: _Optional[int] = ..., preferred_broker_id: _Optional[int] = ...) -> None: ...
+
+class AlterSyncStateSetRequest(_message.Message):
+    __slots__ = ("cluster", "broker_name", "master_broker_id", "master_epoch", "sync_state_set_epoch", "new_sync_state_set")
+    CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    BROKER_NAME_FIELD_NUMBER: _ClassVar[int]
+    MASTER_BROKER_ID_FIELD_NUMBER: _ClassVar[int]
+    MASTER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    SYNC_STATE_SET_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    NEW_SYNC_STATE_SET_FIELD_NUMBER: _ClassVar[int]
+    cluster: str
+    broker_name: str
+    master_broker_id: int
+    master_epoch: int
+    sync_state_set_epoch: int
+    new_sync_state_set: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, cluster: _Optional[str] = ..., broker_name: _Optional[str] = ..., master_broker_id: _Optional[int] = ..., master_epoch: _Optional[int] = ..., sync_state_set_epoch: _Optional[int] = ..., new_sync_state_set: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class SyncStateData(_message.Message):
+    __slots__ = ("replica_info", "in_sync_replicas", "out_of_sync_replicas")
+    REPLICA_INFO_FIELD_NUMBER: _ClassVar[int]
+    IN_SYNC_REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    OUT_OF_SYNC_REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    replica_info: ReplicaInfo
+    in_sync_replicas: _containers.RepeatedCompositeFieldContainer[Replica]
+    out_of_sync_replicas: _containers.RepeatedCompositeFieldContainer[Replica]
+    def __init__(self, replica_info: _Optional[_Union[ReplicaInfo, _Mapping]] = ..., in_sync_replicas: _Optional[_Iterable[_Union[Replica, _Mapping]]] = ..., out_of_sync_replicas: _Optional[_Iterable[_Union[Replica, _Mapping]]] = ...) -> None: ...
+
+class CleanBrokerDataRequest(_message.Message):
+    __slots__ = ("cluster", "broker_name", "broker_ids", "force")
+    CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    BROKER_NAME_FIELD_NUMBER: _ClassVar[int]
+    BROKER_IDS_FIELD_NUMBER: _ClassVar[int]
+    FORCE_FIELD_NUMBER: _ClassVar[int]
+    cluster: str
+    broker_name: str
+    broker_ids: _containers.RepeatedScalarFieldContainer[int]
+    force: bool
+    def __init__(self, cluster: _Optional[str] = ..., broker_name: _Optional[str] = ..., broker_ids: _Optional[_Iterable[int]] = ..., force: _Optional[bool] = ...) -> None: ...
+
+class CleanBrokerDataResponse(_message.Message):
+    __slots__ = ("cleaned_broker_ids", "broker_set_removed")
+    CLEANED_BROKER_IDS_FIELD_NUMBER: _ClassVar[int]
+    BROKER_SET_REMOVED_FIELD_NUMBER: _ClassVar[int]
+    cleaned_broker_ids: _containers.RepeatedScalarFieldContainer[int]
+    broker_set_removed: bool
+    def __init__(self, cleaned_broker_ids: _Optional[_Iterable[int]] = ..., broker_set_removed: _Optional[bool] = ...) -> None: ...
+
+class GetMetadataRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ControllerNode(_message.Message):
+    __slots__ = ("id", "grpc", "raft", "role", "healthy")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    GRPC_FIELD_NUMBER: _ClassVar[int]
+    RAFT_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    HEALTHY_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    grpc: str
+    raft: str
+    role: str
+    healthy: bool
+    def __init__(self, id: _Optional[str] = ..., grpc: _Optional[str] = ..., raft: _Optional[str] = ..., role: _Optional[str] = ..., healthy: _Optional[bool] = ...) -> None: ...
+
+class ControllerMetadata(_message.Message):
+    __slots__ = ("node_id", "leader_id", "leader_grpc", "term", "commit_index", "last_applied", "nodes", "state_digest")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    LEADER_ID_FIELD_NUMBER: _ClassVar[int]
+    LEADER_GRPC_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_INDEX_FIELD_NUMBER: _ClassVar[int]
+    LAST_APPLIED_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    STATE_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    leader_id: str
+    leader_grpc: str
+    term: int
+    commit_index: int
+    last_applied: int
+    nodes: _containers.RepeatedCompositeFieldContainer[ControllerNode]
+    state_digest: str
+    def __init__(self, node_id: _Optional[str] = ..., leader_id: _Optional[str] = ..., leader_grpc: _Optional[str] = ..., term: _Optional[int] = ..., commit_index: _Optional[int] = ..., last_applied: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[ControllerNode, _Mapping]]] = ..., state_digest: _Optional[str] = ...) -> None: ...
+
+class ListBrokerSetsRequest(_message.Message):
+    __slots__ = ("cluster",)
+    CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    cluster: str
+    def __init__(self, cluster: _Optional[str] = ...) -> None: ...
+
+class ListBrokerSetsResponse(_message.Message):
+    __slots__ = ("broker_sets",)
+    BROKER_SETS_FIELD_NUMBER: _ClassVar[int]
+    broker_sets: _containers.RepeatedCompositeFieldContainer[ReplicaInfo]
+    def __init__(self, broker_sets: _Optional[_Iterable[_Union[ReplicaInfo, _Mapping]]] = ...) -> None: ...
+
+class TopicSpec(_message.Message):
+    __slots__ = ("name", "cluster", "queue_count", "broker_names", "perm", "message_type")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_COUNT_FIELD_NUMBER: _ClassVar[int]
+    BROKER_NAMES_FIELD_NUMBER: _ClassVar[int]
+    PERM_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_TYPE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    cluster: str
+    queue_count: int
+    broker_names: _containers.RepeatedScalarFieldContainer[str]
+    perm: str
+    message_type: str
+    def __init__(self, name: _Optional[str] = ..., cluster: _Optional[str] = ..., queue_count: _Optional[int] = ..., broker_names: _Optional[_Iterable[str]] = ..., perm: _Optional[str] = ..., message_type: _Optional[str] = ...) -> None: ...
+
+class Topic(_message.Message):
+    __slots__ = ("name", "cluster", "queue_count", "broker_names", "perm", "message_type", "version")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_COUNT_FIELD_NUMBER: _ClassVar[int]
+    BROKER_NAMES_FIELD_NUMBER: _ClassVar[int]
+    PERM_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_TYPE_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    cluster: str
+    queue_count: int
+    broker_names: _containers.RepeatedScalarFieldContainer[str]
+    perm: str
+    message_type: str
+    version: int
+    def __init__(self, name: _Optional[str] = ..., cluster: _Optional[str] = ..., queue_count: _Optional[int] = ..., broker_names: _Optional[_Iterable[str]] = ..., perm: _Optional[str] = ..., message_type: _Optional[str] = ..., version: _Optional[int] = ...) -> None: ...
+
+class NameRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class DeleteResponse(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class ListTopicsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListTopicsResponse(_message.Message):
+    __slots__ = ("topics",)
+    TOPICS_FIELD_NUMBER: _ClassVar[int]
+    topics: _containers.RepeatedCompositeFieldContainer[Topic]
+    def __init__(self, topics: _Optional[_Iterable[_Union[Topic, _Mapping]]] = ...) -> None: ...
+
+class QueueRoute(_message.Message):
+    __slots__ = ("broker_name", "read_queue_count", "write_queue_count", "perm")
+    BROKER_NAME_FIELD_NUMBER: _ClassVar[int]
+    READ_QUEUE_COUNT_FIELD_NUMBER: _ClassVar[int]
+    WRITE_QUEUE_COUNT_FIELD_NUMBER: _ClassVar[int]
+    PERM_FIELD_NUMBER: _ClassVar[int]
+    broker_name: str
+    read_queue_count: int
+    write_queue_count: int
+    perm: str
+    def __init__(self, broker_name: _Optional[str] = ..., read_queue_count: _Optional[int] = ..., write_queue_count: _Optional[int] = ..., perm: _Optional[str] = ...) -> None: ...
+
+class BrokerRoute(_message.Message):
+    __slots__ = ("cluster", "broker_name", "master_broker_id", "master_address", "master_epoch", "addresses")
+    class AddressesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: str
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[str] = ...) -> None: ...
+    CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    BROKER_NAME_FIELD_NUMBER: _ClassVar[int]
+    MASTER_BROKER_ID_FIELD_NUMBER: _ClassVar[int]
+    MASTER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    MASTER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    ADDRESSES_FIELD_NUMBER: _ClassVar[int]
+    cluster: str
+    broker_name: str
+    master_broker_id: int
+    master_address: str
+    master_epoch: int
+    addresses: _containers.ScalarMap[int, str]
+    def __init__(self, cluster: _Optional[str] = ..., broker_name: _Optional[str] = ..., master_broker_id: _Optional[int] = ..., master_address: _Optional[str] = ..., master_epoch: _Optional[int] = ..., addresses: _Optional[_Mapping[int, str]] = ...) -> None: ...
+
+class TopicRoute(_message.Message):
+    __slots__ = ("topic", "message_type", "queues", "brokers")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_TYPE_FIELD_NUMBER: _ClassVar[int]
+    QUEUES_FIELD_NUMBER: _ClassVar[int]
+    BROKERS_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    message_type: str
+    queues: _containers.RepeatedCompositeFieldContainer[QueueRoute]
+    brokers: _containers.RepeatedCompositeFieldContainer[BrokerRoute]
+    def __init__(self, topic: _Optional[str] = ..., message_type: _Optional[str] = ..., queues: _Optional[_Iterable[_Union[QueueRoute, _Mapping]]] = ..., brokers: _Optional[_Iterable[_Union[BrokerRoute, _Mapping]]] = ...) -> None: ...
+
+class Subscription(_message.Message):
+    __slots__ = ("topic", "expression")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    EXPRESSION_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    expression: str
+    def __init__(self, topic: _Optional[str] = ..., expression: _Optional[str] = ...) -> None: ...
+
+class GroupSpec(_message.Message):
+    __slots__ = ("name", "subscriptions", "consume_from", "consume_timestamp_ms", "retry_max_times", "retry_policy")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIPTIONS_FIELD_NUMBER: _ClassVar[int]
+    CONSUME_FROM_FIELD_NUMBER: _ClassVar[int]
+    CONSUME_TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
+    RETRY_MAX_TIMES_FIELD_NUMBER: _ClassVar[int]
+    RETRY_POLICY_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    subscriptions: _containers.RepeatedCompositeFieldContainer[Subscription]
+    consume_from: str
+    consume_timestamp_ms: int
+    retry_max_times: int
+    retry_policy: str
+    def __init__(self, name: _Optional[str] = ..., subscriptions: _Optional[_Iterable[_Union[Subscription, _Mapping]]] = ..., consume_from: _Optional[str] = ..., consume_timestamp_ms: _Optional[int] = ..., retry_max_times: _Optional[int] = ..., retry_policy: _Optional[str] = ...) -> None: ...
+
+class Group(_message.Message):
+    __slots__ = ("name", "subscriptions", "consume_from", "consume_timestamp_ms", "retry_max_times", "retry_policy", "version")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIPTIONS_FIELD_NUMBER: _ClassVar[int]
+    CONSUME_FROM_FIELD_NUMBER: _ClassVar[int]
+    CONSUME_TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
+    RETRY_MAX_TIMES_FIELD_NUMBER: _ClassVar[int]
+    RETRY_POLICY_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    subscriptions: _containers.RepeatedCompositeFieldContainer[Subscription]
+    consume_from: str
+    consume_timestamp_ms: int
+    retry_max_times: int
+    retry_policy: str
+    version: int
+    def __init__(self, name: _Optional[str] = ..., subscriptions: _Optional[_Iterable[_Union[Subscription, _Mapping]]] = ..., consume_from: _Optional[str] = ..., consume_timestamp_ms: _Optional[int] = ..., retry_max_times: _Optional[int] = ..., retry_policy: _Optional[str] = ..., version: _Optional[int] = ...) -> None: ...
+
+class ListGroupsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListGroupsResponse(_message.Message):
+    __slots__ = ("groups",)
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    groups: _containers.RepeatedCompositeFieldContainer[Group]
+    def __init__(self, groups: _Optional[_Iterable[_Union[Group, _Mapping]]] = ...) -> None: ...
+
+class GetConfigRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ControllerConfig(_message.Message):
+    __slots__ = ("values",)
+    class ValuesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    values: _containers.ScalarMap[str, str]
+    def __init__(self, values: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class UpdateConfigRequest(_message.Message):
+    __slots__ = ("values",)
+    class ValuesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    values: _containers.ScalarMap[str, str]
+    def __init__(self, values: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class WatchRequest(_message.Message):
+    __slots__ = ("cluster", "broker_name")
+    CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    BROKER_NAME_FIELD_NUMBER: _ClassVar[int]
+    cluster: str
+    broker_name: str
+    def __init__(self, cluster: _Optional[str] = ..., broker_name: _Optional[str] = ...) -> None: ...
+
+class WatchEvent(_message.Message):
+    __slots__ = ("index", "kind", "cluster", "broker_name", "name", "replica_info")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    BROKER_NAME_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_INFO_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    kind: str
+    cluster: str
+    broker_name: str
+    name: str
+    replica_info: ReplicaInfo
+    def __init__(self, index: _Optional[int] = ..., kind: _Optional[str] = ..., cluster: _Optional[str] = ..., broker_name: _Optional[str] = ..., name: _Optional[str] = ..., replica_info: _Optional[_Union[ReplicaInfo, _Mapping]] = ...) -> None: ...
