@@ -11,8 +11,10 @@ callers and the watchers.
 
 from __future__ import annotations
 
+import gzip
 import json
 import logging
+import zlib
 import threading
 import time
 from collections import deque
@@ -26,7 +28,7 @@ from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
 
 from controller.applied_log import AppliedLog
 from controller.state_machine import ControllerState, apply, command_digest
-from mqmeta.errors import DeadlineExceeded, InvalidArgument, Unavailable
+from mqmeta.errors import CorruptData, DeadlineExceeded, InvalidArgument, Unavailable
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +89,29 @@ def _syncobj_conf(settings: RaftSettings, data_dir: Path) -> SyncObjConf:
     )
 
 
+SNAPSHOT_READ_BYTES = 1 << 20
+
+
+def verify_snapshot(path: Path) -> None:
+    """Reads the whole gzip snapshot so its CRC32 is checked before pysyncobj loads it.
+
+    pysyncobj logs a failed snapshot load and carries on with an empty state on top of
+    a compacted journal, which would silently serve wrong metadata. We refuse instead.
+    """
+    if not path.exists():
+        return
+    try:
+        with gzip.open(path, "rb") as snapshot:
+            while snapshot.read(SNAPSHOT_READ_BYTES):
+                pass
+    except (OSError, EOFError, zlib.error) as exc:
+        raise CorruptData(
+            f"Raft snapshot {path} is corrupt ({exc}); this node refuses to start with it. "
+            "Move the node's data directory aside and restart it empty: it will copy the "
+            "state from the leader (only do so while a majority of the other nodes is healthy)"
+        ) from None
+
+
 class ControllerRaft(SyncObj):
     """pysyncobj node whose replicated state is a ControllerState."""
 
@@ -94,6 +119,7 @@ class ControllerRaft(SyncObj):
                  settings: RaftSettings, on_events: EventSink) -> None:
         settings.validate()
         data_dir.mkdir(parents=True, exist_ok=True)
+        verify_snapshot(data_dir / "raft.snapshot")
         # Attributes set before SyncObj.__init__ are runtime-only (not in snapshots).
         self._node_id = node_id
         self._applied_log = AppliedLog(data_dir / "applied.jsonl", node_id)

@@ -60,7 +60,7 @@ def run_controller(args: argparse.Namespace) -> int:
 
 
 def run_namesrv(args: argparse.Namespace) -> int:
-    parse_addresses(args.listen)
+    parse_addresses(args.listen, "--listen address")
     if args.embed_controller:
         node = start_controller(controller_config(args), namesrv_address=args.listen)
     elif args.controllers:

@@ -40,8 +40,8 @@ class ControllerConfig:
     raft_settings: RaftSettings = field(default_factory=RaftSettings)
 
     def validate(self) -> None:
-        parse_addresses(self.grpc)
-        parse_addresses(self.raft)
+        parse_addresses(self.grpc, "--grpc address")
+        parse_addresses(self.raft, "--raft address")
         ids = [p.id for p in self.peers]
         if len(ids) != len(set(ids)):
             raise InvalidArgument(f"peer ids must be unique, got {ids}")
@@ -62,8 +62,8 @@ def parse_peer(text: str) -> Peer:
     raft, slash, grpc_address = rest.partition("/")
     if not sep or not slash or not node_id:
         raise InvalidArgument(f"peer {text!r} is malformed: use ID=RAFT_HOST:PORT/GRPC_HOST:PORT")
-    parse_addresses(raft)
-    parse_addresses(grpc_address)
+    parse_addresses(raft, "peer Raft address")
+    parse_addresses(grpc_address, "peer gRPC address")
     return Peer(node_id, raft, grpc_address)
 
 

@@ -30,14 +30,14 @@ ATTEMPT_TIMEOUT_S = 2.0
 RETRY_PAUSE_S = 0.05
 
 
-def parse_addresses(text: str) -> list[str]:
+def parse_addresses(text: str, what: str = "controller address") -> list[str]:
     addresses = [a.strip() for a in text.split(",") if a.strip()]
     if not addresses:
-        raise InvalidArgument("give at least one controller address as HOST:PORT")
+        raise InvalidArgument(f"give at least one {what} as HOST:PORT")
     for address in addresses:
         host, _, port = address.rpartition(":")
         if not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise InvalidArgument(f"controller address {address!r} is malformed: use HOST:PORT")
+            raise InvalidArgument(f"{what} {address!r} is malformed: use HOST:PORT")
     return addresses
 
 

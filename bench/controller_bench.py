@@ -1,0 +1,1082 @@
+#!/usr/bin/env python
+"""Benchmark of a real 3-node mqmeta controller cluster, with a raw pysyncobj baseline.
+
+    .venv/bin/python bench/controller_bench.py [--quick]
+
+Prints ONE JSON document on stdout; progress goes to stderr. Phases:
+
+1. a 3-node controller cluster as separate processes (controller.local: Layout,
+   ensure_secret, Supervisor, controller_command, wait_ready) in a temporary directory;
+2. sequential write latency: one ControllerClient, N CreateTopic calls (unique names);
+3. concurrent throughput: 16 clients for a fixed time, once as 16 threads of this
+   process and once as 16 processes; the faster one is reported as the headline;
+4. raw pysyncobj baseline: a 3-process cluster of a trivial @replicated counter, with the
+   controller's own SyncObjConf (controller.raft_node._syncobj_conf, so
+   appendEntriesUseBatch=False, its timings, password and journal) and with the pysyncobj
+   defaults (appendEntriesUseBatch=True); sequential sync calls and async throughput
+   from the leader;
+5. leader failover: kill -9 the leader, time until the first committed write through the
+   survivors, restart the killed node from its data and wait until the cluster is healthy.
+
+Every loop is bounded in count and time, everything listens on 127.0.0.1 only, and every
+child process is stopped on exit (also on exceptions, SIGTERM and Ctrl-C). A watchdog
+ends the run (with the JSON gathered so far) if it overruns its time budget.
+
+Experiment knobs (not used by default): --raft-setting KEY=VALUE passes RaftSettings
+through the controller's --config TOML; --grpc-workers N and --profile-leader start the
+nodes through a small launcher in this file instead of `python -m mqmeta.cli`, which
+sets controller.server.GRPC_WORKERS_MAX or samples every thread's stack.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import multiprocessing as mp
+import os
+import platform
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+BENCH_FILE = Path(__file__).resolve()
+CLIENTS = 16
+TARGETS = {"seq_p50_ms_max": 3.0, "concurrent_writes_per_s_min": 5000.0,
+           "concurrent_vs_raw_min": 0.30, "failover_p99_s_max": 1.5}
+
+
+def log(message: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+# Statistics ---------------------------------------------------------------------------
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """Linear interpolation between closest ranks (numpy's default)."""
+    if not values:
+        return None
+    data = sorted(values)
+    pos = (len(data) - 1) * q / 100.0
+    low = int(pos)
+    high = min(low + 1, len(data) - 1)
+    return data[low] + (data[high] - data[low]) * (pos - low)
+
+
+def latency_summary(seconds: list[float]) -> dict[str, Any]:
+    ms = [s * 1000.0 for s in seconds]
+    if not ms:
+        return {"count": 0}
+    return {"count": len(ms), "p50_ms": _r(percentile(ms, 50)), "p90_ms": _r(percentile(ms, 90)),
+            "p99_ms": _r(percentile(ms, 99)), "mean_ms": _r(sum(ms) / len(ms)),
+            "min_ms": _r(min(ms)), "max_ms": _r(max(ms))}
+
+
+def _r(value: float | None, digits: int = 3) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return None if not a or not b else round(a / b, 3)
+
+
+# Process CPU accounting (Linux /proc) ---------------------------------------------------
+
+CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def cpu_seconds(pid: int) -> float | None:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime + stime
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+class CpuMeter:
+    """CPU% of named processes over a window (100% = one core)."""
+
+    def __init__(self, pids: dict[str, int]) -> None:
+        self.pids = pids
+        self.start = {n: cpu_seconds(p) for n, p in pids.items()}
+        self.t0 = time.monotonic()
+
+    def stop(self) -> dict[str, float | None]:
+        elapsed = max(1e-6, time.monotonic() - self.t0)
+        out: dict[str, float | None] = {}
+        for name, pid in self.pids.items():
+            end, begin = cpu_seconds(pid), self.start.get(name)
+            out[name] = None if end is None or begin is None else round(100 * (end - begin) / elapsed, 1)
+        return out
+
+
+def machine_busy() -> tuple[float, float] | None:
+    try:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+    return float(sum(fields) - idle), float(sum(fields))
+
+
+def machine_busy_percent(before: tuple[float, float] | None) -> float | None:
+    after = machine_busy()
+    if before is None or after is None or after[1] == before[1]:
+        return None
+    return round(100 * (after[0] - before[0]) / (after[1] - before[1]), 1)
+
+
+# Node launcher for experiments (`controller_bench.py _node ... -- <mqmeta args>`) --------
+
+
+def node_launcher(argv: list[str]) -> int:
+    """Runs `mqmeta <args>` in this process after applying the experiment knobs."""
+    split = argv.index("--")
+    opts, mqmeta_args = argv[:split], argv[split + 1:]
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--grpc-workers", type=int, default=0)
+    parser.add_argument("--profile-out", default="")
+    parser.add_argument("--switch-interval", type=float, default=0.0)
+    known = parser.parse_args(opts)
+    if known.switch_interval:
+        sys.setswitchinterval(known.switch_interval)
+    import controller.server as server_module
+
+    if known.grpc_workers:
+        server_module.GRPC_WORKERS_MAX = known.grpc_workers
+    if known.profile_out:
+        sampler = StackSampler(Path(known.profile_out))
+        sampler.start()
+        signal.signal(signal.SIGUSR1, lambda *_: sampler.toggle())
+    from mqmeta.cli import main
+
+    return main(mqmeta_args)
+
+
+class StackSampler:
+    """Poor man's py-spy for a node: SIGUSR1 starts a window, the next SIGUSR1 ends it and
+    writes (a) CPU seconds per OS thread from /proc/self/task (gRPC's C threads included)
+    and (b) on-CPU samples of Python stacks: a thread's stack is counted only when
+    /proc says that thread is running (state R) at the sampling instant."""
+
+    INTERVAL_S = 0.005
+    SAMPLES_MAX = 100_000
+
+    def __init__(self, out: Path) -> None:
+        self.out = out
+        self.active = threading.Event()
+        self.leaf: collections.Counter = collections.Counter()
+        self.inclusive: collections.Counter = collections.Counter()
+        self.running: collections.Counter = collections.Counter()
+        self.samples = 0
+        self.started = 0.0
+        self.cpu0: dict[int, tuple[str, float]] = {}
+
+    def start(self) -> None:
+        threading.Thread(target=self._run, name="stack-sampler", daemon=True).start()
+
+    def toggle(self) -> None:
+        if self.active.is_set():
+            self.active.clear()
+            self._dump()
+        else:
+            self.leaf.clear()
+            self.inclusive.clear()
+            self.running.clear()
+            self.samples = 0
+            self.cpu0 = self._task_cpu()
+            self.started = time.monotonic()
+            self.active.set()
+
+    @staticmethod
+    def _task_cpu() -> dict[int, tuple[str, float]]:
+        out = {}
+        for task in Path("/proc/self/task").iterdir():
+            try:
+                text = (task / "stat").read_text()
+            except OSError:
+                continue
+            comm = text[text.index("(") + 1:text.rindex(")")]
+            fields = text.rsplit(")", 1)[1].split()
+            out[int(task.name)] = (comm, (int(fields[11]) + int(fields[12])) / CLK_TCK)
+        return out
+
+    @staticmethod
+    def _task_state(tid: int) -> str:
+        try:
+            return Path(f"/proc/self/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return "?"
+
+    def _run(self) -> None:
+        me = threading.get_ident()
+        for _ in range(10**9):
+            if not self.active.wait(1.0):
+                continue
+            if self.samples >= self.SAMPLES_MAX:
+                time.sleep(0.1)
+                continue
+            threads = {t.ident: t for t in threading.enumerate()}
+            for ident, frame in sys._current_frames().items():
+                thread = threads.get(ident)
+                if ident == me or thread is None or thread.native_id is None:
+                    continue
+                if self._task_state(thread.native_id) != "R":
+                    continue
+                name = thread.name.rstrip("0123456789_-")
+                stack = []
+                f, depth = frame, 0
+                while f is not None and depth < 60:
+                    stack.append(f"{Path(f.f_code.co_filename).name}:{f.f_code.co_name}")
+                    f, depth = f.f_back, depth + 1
+                self.leaf[(name, stack[0])] += 1
+                for entry in set(stack):
+                    self.inclusive[(name, entry)] += 1
+                self.running[name] += 1
+            self.samples += 1
+            time.sleep(self.INTERVAL_S)
+
+    def _dump(self) -> None:
+        seconds = time.monotonic() - self.started
+        cpu1 = self._task_cpu()
+        names = {t.native_id: t.name.rstrip("0123456789_-") for t in threading.enumerate()}
+        per_thread: collections.Counter = collections.Counter()
+        for tid, (comm, cpu) in cpu1.items():
+            delta = cpu - self.cpu0.get(tid, (comm, 0.0))[1]
+            per_thread[names.get(tid, "C:" + comm)] += delta
+        doc = {"samples": self.samples, "seconds": round(seconds, 2),
+               "cpu_percent_by_thread": {k: round(100 * v / seconds, 1)
+                                         for k, v in per_thread.most_common() if v > 0},
+               "on_cpu_samples_by_thread": dict(self.running.most_common()),
+               "leaf": [[t, f, n] for (t, f), n in self.leaf.most_common(50)],
+               "inclusive": [[t, f, n] for (t, f), n in self.inclusive.most_common(150)]}
+        self.out.write_text(json.dumps(doc, indent=1))
+
+
+# The controller cluster -----------------------------------------------------------------
+
+
+class Cluster:
+    def __init__(self, root: Path, args: argparse.Namespace) -> None:
+        from controller.local import Layout, Supervisor, ensure_secret
+
+        self.root = root
+        self.args = args
+        self.layout = Layout.create(3, False)
+        ensure_secret(root)
+        self.supervisor = Supervisor(root)
+        self.by_id = {n.id: n for n in self.layout.controllers}
+        self.config_file = self._write_config()
+
+    def _write_config(self) -> Path | None:
+        if not self.args.raft_setting:
+            return None
+        lines = ["[raft_settings]"]
+        for item in self.args.raft_setting:
+            key, _, value = item.partition("=")
+            lines.append(f"{key.strip()} = {int(value)}")
+        path = self.root / "bench-config.toml"
+        path.write_text("\n".join(lines) + "\n")
+        return path
+
+    def command(self, node_id: str) -> list[str]:
+        from controller.local import controller_command
+
+        cmd = controller_command(self.root, self.layout, self.by_id[node_id])
+        if self.config_file is not None:
+            cmd += ["--config", str(self.config_file)]
+        wrap = []
+        if self.args.grpc_workers:
+            wrap += ["--grpc-workers", str(self.args.grpc_workers)]
+        if self.args.switch_interval:
+            wrap += ["--switch-interval", str(self.args.switch_interval)]
+        if self.args.profile_leader:
+            wrap += ["--profile-out", str(self.root / f"profile-{node_id}.json")]
+        if wrap:
+            assert cmd[1:3] == ["-m", "mqmeta.cli"], cmd
+            cmd = [cmd[0], str(BENCH_FILE), "_node", *wrap, "--", *cmd[3:]]
+        return cmd
+
+    def start(self) -> None:
+        from controller.local import wait_ready
+
+        for node in self.layout.controllers:
+            self.supervisor.start(node.id, self.command(node.id))
+        wait_ready(self.layout.controller_addresses, [], timeout_s=30.0)
+
+    def restart(self, node_id: str) -> None:
+        self.supervisor.start(node_id, self.command(node_id))
+
+    def pids(self) -> dict[str, int]:
+        return {name: p.pid for name, p in self.supervisor.children.items() if p.poll() is None}
+
+    def grpc(self, node_id: str) -> str:
+        return self.by_id[node_id].grpc
+
+    def all_grpc(self) -> list[str]:
+        return [n.grpc for n in self.layout.controllers]
+
+    def metadata(self, node_id: str, timeout_s: float = 1.0):
+        from mqmeta.client import ControllerClient
+        from mqmeta.pb import controller_pb2 as pb
+
+        with ControllerClient([self.grpc(node_id)], timeout_s=timeout_s) as client:
+            return client.call("GetMetadata", pb.GetMetadataRequest())
+
+    def leader_id(self, timeout_s: float = 10.0) -> str:
+        from mqmeta.errors import MqmetaError
+
+        deadline = time.monotonic() + timeout_s
+        for _ in range(1000):
+            for node_id in self.by_id:
+                if self.supervisor.children[node_id].poll() is not None:
+                    continue
+                try:
+                    meta = self.metadata(node_id)
+                except MqmetaError:
+                    continue
+                if meta.leader_id:
+                    return meta.leader_id
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        raise RuntimeError(f"no controller leader within {timeout_s}s")
+
+    def wait_healthy(self, timeout_s: float, caught_up: str = "") -> float:
+        """Every node answers, agrees on one leader that sees all nodes healthy, and
+        `caught_up` (if given) has applied what the leader had committed."""
+        from mqmeta.errors import MqmetaError
+
+        t0 = time.monotonic()
+        deadline = t0 + timeout_s
+        target_commit = None
+        for _ in range(10_000):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the cluster was not healthy within {timeout_s}s")
+            try:
+                metas = {n: self.metadata(n, timeout_s=0.5) for n in self.by_id}
+            except MqmetaError:
+                time.sleep(0.05)
+                continue
+            leaders = {m.leader_id for m in metas.values()}
+            if len(leaders) == 1 and "" not in leaders:
+                leader = metas[leaders.pop()]
+                if all(n.healthy for n in leader.nodes):
+                    if target_commit is None:
+                        target_commit = leader.commit_index
+                    if not caught_up or metas[caught_up].last_applied >= target_commit:
+                        return time.monotonic() - t0
+            time.sleep(0.05)
+        raise RuntimeError("wait_healthy: iteration bound reached")
+
+    def stop(self) -> None:
+        self.supervisor.stop_all()
+
+
+# Write helpers ---------------------------------------------------------------------------
+
+
+def topic_request(prefix: str, i: int):
+    from mqmeta.pb import controller_pb2 as pb
+
+    return pb.TopicSpec(name=f"{prefix}-{i}", queue_count=4)
+
+
+def config_request(i: int):
+    from mqmeta.pb import controller_pb2 as pb
+
+    return pb.UpdateConfigRequest(values={"default_queue_count": str(8 + i % 2)})
+
+
+def sequential_writes(addresses: list[str], count: int, prefix: str, warmup: int,
+                      time_limit_s: float) -> dict[str, Any]:
+    from mqmeta.client import ControllerClient
+
+    latencies: list[float] = []
+    with ControllerClient(addresses, timeout_s=5.0) as client:
+        for i in range(warmup):
+            client.call("CreateTopic", topic_request(prefix + "w", i))
+        t_start = time.perf_counter()
+        limit = t_start + time_limit_s
+        for i in range(count):
+            t0 = time.perf_counter()
+            client.call("CreateTopic", topic_request(prefix, i))
+            latencies.append(time.perf_counter() - t0)
+            if t0 > limit:
+                break
+        elapsed = time.perf_counter() - t_start
+    out = latency_summary(latencies)
+    out["writes_per_s"] = _r(len(latencies) / elapsed, 1)
+    out["elapsed_s"] = _r(elapsed)
+    return out
+
+
+def _client_loop(addresses: list[str], prefix: str, start_at: float, warm_until: float,
+                 end_at: float, max_calls: int, op: str = "write") -> tuple[list[float], int, int]:
+    """Writes until end_at; returns (latencies counted in the window, errors, total calls).
+
+    start_at/warm_until/end_at are time.time() values so that processes share them."""
+    import grpc
+
+    from mqmeta.client import ControllerClient
+    from mqmeta.errors import MqmetaError
+
+    latencies: list[float] = []
+    errors = 0
+    calls = 0
+    with ControllerClient(addresses, timeout_s=5.0) as client:
+        client.call("GetMetadata", _metadata_request())  # connect before the clock starts
+        if op == "health":  # the gRPC server's own ceiling: a trivial RPC, no Raft
+            from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+            health = health_pb2_grpc.HealthStub(client._channels[client._target])
+            check = health_pb2.HealthCheckRequest(service="")
+
+            def call(i: int) -> None:
+                health.Check(check, timeout=5.0)
+        else:
+            def call(i: int) -> None:
+                client.call("CreateTopic", topic_request(prefix, i))
+        while time.time() < start_at:
+            time.sleep(min(0.01, max(0.0, start_at - time.time())))
+        for i in range(max_calls):
+            now = time.time()
+            if now >= end_at:
+                break
+            t0 = time.perf_counter()
+            try:
+                call(i)
+            except (MqmetaError, grpc.RpcError):
+                errors += 1
+                continue
+            finally:
+                calls += 1
+            if now >= warm_until and time.time() <= end_at:
+                latencies.append(time.perf_counter() - t0)
+    return latencies, errors, calls
+
+
+def _commit_index(address: str) -> int | None:
+    from mqmeta.client import ControllerClient
+    from mqmeta.errors import MqmetaError
+
+    try:
+        with ControllerClient([address], timeout_s=1.0) as client:
+            return client.call("GetMetadata", _metadata_request()).commit_index
+    except MqmetaError:
+        return None
+
+
+def _metadata_request():
+    from mqmeta.pb import controller_pb2 as pb
+
+    return pb.GetMetadataRequest()
+
+
+def _client_process(addresses, prefix, start_at, warm_until, end_at, max_calls, op,
+                    queue) -> None:
+    try:
+        queue.put(("ok", _client_loop(addresses, prefix, start_at, warm_until, end_at, max_calls,
+                                      op)))
+    except BaseException as exc:  # report, never hang the parent
+        queue.put(("error", repr(exc)))
+
+
+def concurrent_writes(cluster: Cluster, addresses: list[str], mode: str, clients: int,
+                      duration_s: float, warmup_s: float, tag: str,
+                      op: str = "write") -> dict[str, Any]:
+    max_calls = 200_000
+    results: list[tuple[list[float], int, int]] = []
+    failures: list[str] = []
+    procs: list[Any] = []
+    lead = 1.0 if mode == "threads" else 6.0  # processes need time to import grpc
+    start_at = time.time() + lead
+    warm_until = start_at + warmup_s
+    end_at = warm_until + duration_s
+    if mode == "threads":
+        lock = threading.Lock()
+
+        def run(k: int) -> None:
+            try:
+                r = _client_loop(addresses, f"{tag}-t{k}", start_at, warm_until, end_at, max_calls,
+                                 op)
+                with lock:
+                    results.append(r)
+            except BaseException as exc:
+                with lock:
+                    failures.append(repr(exc))
+
+        threads = [threading.Thread(target=run, args=(k,), daemon=True) for k in range(clients)]
+        for t in threads:
+            t.start()
+    else:
+        ctx = mp.get_context("spawn")
+        queue = ctx.Queue()
+        procs = [ctx.Process(target=_client_process, daemon=True,
+                             args=(addresses, f"{tag}-p{k}", start_at, warm_until, end_at,
+                                   max_calls, op, queue)) for k in range(clients)]
+        for p in procs:
+            p.start()
+        BENCH_CHILDREN.extend(procs)
+    # measure the server side over the counted window only
+    while time.time() < warm_until:
+        time.sleep(0.01)
+    meter = CpuMeter(cluster.pids() | ({"bench": os.getpid()} if mode == "threads" else {}))
+    busy0 = machine_busy()
+    leader = addresses[0]
+    commit0 = _commit_index(leader)
+    while time.time() < end_at:
+        time.sleep(0.01)
+    commit1 = _commit_index(leader)
+    cpu = meter.stop()
+    busy = machine_busy_percent(busy0)
+    deadline = time.monotonic() + 15.0
+    if mode == "threads":
+        for t in threads:
+            t.join(timeout=max(0.1, deadline - time.monotonic()))
+        if any(t.is_alive() for t in threads):
+            failures.append("some client threads did not finish in time")
+    else:
+        import queue as queue_module
+
+        for _ in procs:
+            try:
+                status, payload = queue.get(timeout=max(0.1, deadline - time.monotonic()))
+            except queue_module.Empty:
+                failures.append("a client process did not report in time")
+                break
+            if status == "ok":
+                results.append(payload)
+            else:
+                failures.append(payload)
+        for p in procs:
+            p.join(timeout=1.0)
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=1.0)
+    latencies = [x for r in results for x in r[0]]
+    entries = None if commit0 is None or commit1 is None else commit1 - commit0
+    out = {"mode": mode, "op": op, "clients": clients, "duration_s": duration_s,
+           "writes_per_s": _r(len(latencies) / duration_s, 1),
+           "raft_entries_per_s": None if entries is None else _r(entries / duration_s, 1),
+           "commands_per_raft_entry": _r(len(latencies) / entries, 2) if entries else None,
+           "errors": sum(r[1] for r in results), "calls_total": sum(r[2] for r in results),
+           "cpu_percent": cpu, "machine_busy_percent": busy}
+    out.update({k: v for k, v in latency_summary(latencies).items() if k != "count"})
+    out["writes_counted"] = len(latencies)
+    if failures:
+        out["failures"] = failures[:5]
+    return out
+
+
+# Raw pysyncobj baseline --------------------------------------------------------------
+
+
+def _raw_conf(kind: str, secret: str, data_dir: str):
+    from pysyncobj import SyncObjConf
+
+    if kind == "controller_conf":
+        from controller.raft_node import RaftSettings, _syncobj_conf
+
+        return _syncobj_conf(RaftSettings(secret=secret), Path(data_dir))
+    if kind == "controller_conf_no_password":
+        from controller.raft_node import RaftSettings, _syncobj_conf
+
+        return _syncobj_conf(RaftSettings(secret=None), Path(data_dir))
+    if kind == "pysyncobj_defaults":
+        return SyncObjConf()
+    raise ValueError(kind)
+
+
+def _raw_node(index: int, addresses: list[str], kind: str, secret: str, data_dir: str,
+              conn) -> None:
+    """One node of the raw cluster; obeys commands from the parent over a Pipe."""
+    from pysyncobj import SyncObj, SyncObjException, replicated
+
+    class Counter(SyncObj):
+        def __init__(self) -> None:
+            others = [a for i, a in enumerate(addresses) if i != index]
+            super().__init__(addresses[index], others, _raw_conf(kind, secret, data_dir))
+            self.value = 0
+
+        @replicated
+        def inc(self) -> int:
+            self.value += 1
+            return self.value
+
+    Path(data_dir).mkdir(parents=True, exist_ok=True)
+    node = Counter()
+    try:
+        for _ in range(100_000):
+            if not conn.poll(60.0):
+                return  # the parent is gone
+            msg = conn.recv()
+            op = msg[0]
+            if op == "stop":
+                conn.send(("ok", None))
+                return
+            if op == "status":
+                leader = node._getLeader()
+                conn.send(("ok", {"leader": leader.address if leader else "",
+                                  "is_leader": node._isLeader()}))
+            elif op == "seq":
+                _, count, warmup, time_limit = msg
+                lat: list[float] = []
+                errors = 0
+                limit = time.perf_counter() + time_limit
+                for i in range(warmup + count):
+                    t0 = time.perf_counter()
+                    try:
+                        node.inc(sync=True, timeout=2.0)
+                    except SyncObjException:
+                        errors += 1
+                        continue
+                    if i >= warmup:
+                        lat.append(time.perf_counter() - t0)
+                    if t0 > limit:
+                        break
+                conn.send(("ok", {"latencies": lat, "errors": errors}))
+            elif op == "async":
+                _, duration, warmup, window = msg
+                conn.send(("ok", _raw_async(node, duration, warmup, window)))
+            else:
+                conn.send(("error", f"unknown op {op}"))
+    finally:
+        node.destroy()
+
+
+def _raw_async(node, duration: float, warmup: float, window: int) -> dict[str, Any]:
+    """Keeps `window` async calls outstanding; counts completions in the window."""
+    from pysyncobj import FAIL_REASON
+
+    slots = threading.BoundedSemaphore(window)
+    done: list[tuple[float, float]] = []
+    errors = collections.Counter()
+
+    def callback(result, error, t0):
+        if error == FAIL_REASON.SUCCESS:
+            done.append((time.perf_counter(), time.perf_counter() - t0))
+        else:
+            errors[int(error)] += 1
+        slots.release()
+
+    start = time.perf_counter()
+    warm_until = start + warmup
+    end = warm_until + duration
+    issued = 0
+    for _ in range(5_000_000):
+        if time.perf_counter() >= end:
+            break
+        if not slots.acquire(timeout=1.0):
+            continue
+        t0 = time.perf_counter()
+        node.inc(callback=lambda r, e, t0=t0: callback(r, e, t0))
+        issued += 1
+    counted = [lat for t, lat in list(done) if warm_until <= t <= end]
+    out = {"window": window, "issued": issued, "writes_per_s": _r(len(counted) / duration, 1),
+           "errors": dict(errors)}
+    out.update({k: v for k, v in latency_summary(counted).items() if k != "count"})
+    return out
+
+
+class RawCluster:
+    def __init__(self, root: Path, kind: str, secret: str) -> None:
+        from controller.local import free_ports
+
+        self.kind = kind
+        self.addresses = [f"127.0.0.1:{p}" for p in free_ports(3)]
+        ctx = mp.get_context("spawn")
+        self.conns = []
+        self.procs = []
+        for i in range(3):
+            parent, child = ctx.Pipe()
+            p = ctx.Process(target=_raw_node, daemon=True, name=f"raw-{kind}-{i}",
+                            args=(i, self.addresses, kind, secret, str(root / f"raw-{kind}-{i}"),
+                                  child))
+            p.start()
+            BENCH_CHILDREN.append(p)
+            self.procs.append(p)
+            self.conns.append(parent)
+
+    def ask(self, i: int, msg: tuple, timeout_s: float) -> Any:
+        self.conns[i].send(msg)
+        if not self.conns[i].poll(timeout_s):
+            raise RuntimeError(f"raw node {i} did not answer {msg[0]} within {timeout_s}s")
+        status, payload = self.conns[i].recv()
+        if status != "ok":
+            raise RuntimeError(payload)
+        return payload
+
+    def wait_leader(self, timeout_s: float) -> int:
+        deadline = time.monotonic() + timeout_s
+        for _ in range(10_000):
+            if time.monotonic() > deadline:
+                break
+            statuses = [self.ask(i, ("status",), 30.0) for i in range(3)]
+            leaders = {s["leader"] for s in statuses}
+            if len(leaders) == 1 and "" not in leaders:
+                for i, s in enumerate(statuses):
+                    if s["is_leader"]:
+                        return i
+            time.sleep(0.05)
+        raise RuntimeError(f"raw cluster {self.kind}: no leader within {timeout_s}s")
+
+    def pids(self) -> dict[str, int]:
+        return {f"raw{i}": p.pid for i, p in enumerate(self.procs)}
+
+    def stop(self) -> None:
+        for i, p in enumerate(self.procs):
+            if p.is_alive():
+                try:
+                    self.ask(i, ("stop",), 3.0)
+                except (RuntimeError, OSError, EOFError):
+                    pass
+        for p in self.procs:
+            p.join(timeout=3.0)
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=2.0)
+
+
+def raw_baseline(root: Path, kind: str, secret: str, args: argparse.Namespace) -> dict[str, Any]:
+    raw = RawCluster(root, kind, secret)
+    try:
+        leader = raw.wait_leader(30.0)
+        seq = raw.ask(leader, ("seq", args.seq_count, 50, args.seq_time_limit), 120.0)
+        out: dict[str, Any] = {"conf": kind, "leader": leader}
+        out["sequential"] = latency_summary(seq["latencies"])
+        out["sequential"]["errors"] = seq["errors"]
+        best = None
+        for window in args.raw_windows:
+            meter = CpuMeter(raw.pids())
+            res = raw.ask(leader, ("async", args.raw_duration, args.warmup, window),
+                          args.raw_duration + args.warmup + 60.0)
+            res["cpu_percent"] = meter.stop()
+            out.setdefault("async_by_window", []).append(res)
+            if best is None or (res["writes_per_s"] or 0) > (best["writes_per_s"] or 0):
+                best = res
+        out["async_best"] = best
+        return out
+    finally:
+        raw.stop()
+
+
+# Failover ---------------------------------------------------------------------------------
+
+
+def failover_round(cluster: Cluster, round_no: int, per_call_timeout_s: float) -> dict[str, Any]:
+    from mqmeta.client import ControllerClient
+    from mqmeta.errors import MqmetaError
+
+    leader = cluster.leader_id()
+    survivors = [n for n in cluster.by_id if n != leader]
+    client = ControllerClient([cluster.grpc(n) for n in survivors], timeout_s=per_call_timeout_s)
+    attempts = errors = 0
+    try:
+        import grpc
+
+        for n in survivors:  # connect the client's channels before the clock starts
+            client._stub(cluster.grpc(n))
+            grpc.channel_ready_future(client._channels[cluster.grpc(n)]).result(timeout=5.0)
+        proc = cluster.supervisor.children[leader]
+        t0 = time.monotonic()
+        proc.kill()
+        committed_at = None
+        last_error = ""
+        for i in range(10_000):
+            if time.monotonic() - t0 > 20.0:
+                break
+            attempts += 1
+            try:
+                client.call("UpdateConfig", config_request(round_no + i))
+                committed_at = time.monotonic()
+                break
+            except MqmetaError as exc:
+                errors += 1
+                last_error = exc.message[:160]
+        proc.wait(timeout=5.0)
+    finally:
+        client.close()
+    sample = None if committed_at is None else committed_at - t0
+    new_leader = cluster.leader_id()
+    cluster.restart(leader)
+    healthy_s = cluster.wait_healthy(30.0, caught_up=leader)
+    out = {"round": round_no, "killed": leader, "new_leader": new_leader,
+           "failover_s": _r(sample, 4), "attempts": attempts, "failed_attempts": errors,
+           "restart_to_healthy_s": _r(healthy_s, 2)}
+    if sample is None:
+        out["last_error"] = last_error
+    return out
+
+
+# Orchestration ------------------------------------------------------------------------------
+
+BENCH_CHILDREN: list[Any] = []
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="short run (< 60 s)")
+    p.add_argument("--keep", action="store_true", help="keep the temporary directory")
+    p.add_argument("--only", default="", help="comma list of phases: seq,concurrent,ceiling,raw,failover")
+    p.add_argument("--modes", default="threads,processes", help="concurrent client modes")
+    p.add_argument("--raft-setting", action="append", default=[],
+                   help="KEY=INT RaftSettings override passed via the controller's --config")
+    p.add_argument("--grpc-workers", type=int, default=0, help="override GRPC_WORKERS_MAX")
+    p.add_argument("--switch-interval", type=float, default=0.0,
+                   help="sys.setswitchinterval() in the controller processes (seconds)")
+    p.add_argument("--profile-leader", action="store_true",
+                   help="sample the leader's thread stacks during the concurrent phase")
+    p.add_argument("--raw-conf", default="", help="comma list of raw baseline confs")
+    p.add_argument("--clients", type=int, default=CLIENTS)
+    args = p.parse_args(argv)
+    q = args.quick
+    args.seq_count = 300 if q else 1500
+    args.seq_time_limit = 8.0 if q else 20.0
+    args.duration = 2.0 if q else 5.0
+    args.warmup = 0.3 if q else 0.5
+    args.raw_duration = 2.0 if q else 4.0
+    args.raw_windows = [64] if q else [16, 256]
+    args.failover_rounds = 3 if q else 10
+    args.failover_call_timeout_s = 0.3
+    args.budget_s = 58.0 if q else 178.0
+    args.raw_confs = (args.raw_conf.split(",") if args.raw_conf
+                      else ["controller_conf", "pysyncobj_defaults"])
+    phases = {"seq", "concurrent", "ceiling", "raw", "failover"}
+    args.phases = set(args.only.split(",")) if args.only else phases
+    return args
+
+
+def run(args: argparse.Namespace, root: Path, result: dict[str, Any]) -> None:
+    t_begin = time.monotonic()
+    cluster = Cluster(root, args)
+    CLUSTERS.append(cluster)
+    log(f"starting 3 controllers in {root}")
+    t0 = time.monotonic()
+    cluster.start()
+    result["cluster"] = {"start_to_ready_s": _r(time.monotonic() - t0, 2),
+                         "nodes": {n.id: n.grpc for n in cluster.layout.controllers},
+                         "raft_settings_overrides": args.raft_setting,
+                         "grpc_workers": args.grpc_workers or "default (64)"}
+    leader = cluster.leader_id()
+    order = [cluster.grpc(leader)] + [cluster.grpc(n) for n in cluster.by_id if n != leader]
+    result["cluster"]["leader"] = leader
+    tag = f"b{int(time.time())}"
+
+    if "seq" in args.phases:
+        log(f"sequential: {args.seq_count} CreateTopic writes through the leader {leader}")
+        result["sequential"] = sequential_writes(order, args.seq_count, f"{tag}-seq", 30,
+                                                 args.seq_time_limit)
+        result["sequential"]["target"] = "leader"
+        follower_first = order[1:] + order[:1]
+        count = max(100, args.seq_count // 5)
+        log(f"sequential: {count} writes through a follower (pysyncobj forwards them)")
+        result["sequential_via_follower"] = sequential_writes(
+            follower_first, count, f"{tag}-seqf", 10, args.seq_time_limit / 2)
+        log(f"sequential p50 {result['sequential']['p50_ms']} ms, "
+            f"{result['sequential']['writes_per_s']} writes/s")
+
+    if "concurrent" in args.phases:
+        runs = []
+        for mode in args.modes.split(","):
+            log(f"concurrent: {args.clients} clients as {mode} for {args.duration}s")
+            if args.profile_leader:
+                _signal_profile(cluster, leader)
+            r = concurrent_writes(cluster, order, mode, args.clients, args.duration,
+                                  args.warmup, f"{tag}-c{mode[0]}")
+            if args.profile_leader:
+                _signal_profile(cluster, leader)
+                time.sleep(0.5)
+                r["profile_file"] = str(root / f"profile-{leader}.json")
+                if args.keep:
+                    pass
+                try:
+                    r["profile"] = json.loads(Path(r["profile_file"]).read_text())
+                except (OSError, ValueError):
+                    pass
+            log(f"concurrent {mode}: {r['writes_per_s']} writes/s p50 {r.get('p50_ms')} ms "
+                f"cpu {r['cpu_percent']}")
+            runs.append(r)
+        best = max(runs, key=lambda r: r["writes_per_s"] or 0)
+        result["concurrent"] = {"mode_used": best["mode"], "best": best, "runs": runs,
+                                "why": "the client mode with the higher rate shows more of the "
+                                       "server's capacity"}
+
+    if "ceiling" in args.phases:
+        log(f"gRPC ceiling: {args.clients} threads calling Health.Check (no Raft) on the leader")
+        r = concurrent_writes(cluster, order, "threads", args.clients, args.duration,
+                              args.warmup, f"{tag}-h", op="health")
+        for key in ("raft_entries_per_s", "commands_per_raft_entry"):
+            r.pop(key, None)
+        r["calls_per_s"] = r.pop("writes_per_s")
+        r["what"] = ("the same client threads against a trivial RPC of the leader's gRPC server: "
+                     "an upper bound for any write path through this server and client")
+        result["grpc_ceiling"] = r
+        log(f"gRPC ceiling: {r['calls_per_s']} calls/s p50 {r.get('p50_ms')} ms "
+            f"cpu {r['cpu_percent']}")
+
+    if "raw" in args.phases:
+        secret = (root / "secret").read_text().strip()
+        result["raw_pysyncobj"] = {}
+        for kind in args.raw_confs:
+            log(f"raw pysyncobj baseline: {kind}")
+            r = raw_baseline(root, kind, secret, args)
+            result["raw_pysyncobj"][kind] = r
+            log(f"raw {kind}: seq p50 {r['sequential'].get('p50_ms')} ms, async "
+                f"{r['async_best']['writes_per_s']} writes/s (window {r['async_best']['window']})")
+
+    if "failover" in args.phases:
+        rounds = []
+        samples = []
+        for k in range(args.failover_rounds):
+            remaining = args.budget_s - (time.monotonic() - t_begin)
+            if remaining < 12.0:
+                log(f"failover: stopping after {k} rounds to stay within the time budget")
+                result["failover_truncated"] = True
+                break
+            r = failover_round(cluster, k, args.failover_call_timeout_s)
+            rounds.append(r)
+            if r["failover_s"] is not None:
+                samples.append(r["failover_s"])
+            log(f"failover {k + 1}/{args.failover_rounds}: killed {r['killed']}, first commit "
+                f"after {r['failover_s']} s, new leader {r['new_leader']}, healthy again in "
+                f"{r['restart_to_healthy_s']} s")
+        result["failover"] = {
+            "rounds": len(rounds), "samples_s": samples,
+            "failed_rounds": sum(1 for r in rounds if r["failover_s"] is None),
+            "p50_s": _r(percentile(samples, 50), 4), "p99_s": _r(percentile(samples, 99), 4),
+            "max_s": _r(max(samples), 4) if samples else None, "detail": rounds,
+            "per_call_timeout_s": args.failover_call_timeout_s}
+
+
+def _signal_profile(cluster: Cluster, node_id: str) -> None:
+    proc = cluster.supervisor.children[node_id]
+    if proc.poll() is None:
+        os.kill(proc.pid, signal.SIGUSR1)
+
+
+def summarize(result: dict[str, Any]) -> None:
+    seq = result.get("sequential", {})
+    conc = result.get("concurrent", {}).get("best", {})
+    raw = result.get("raw_pysyncobj", {})
+    fo = result.get("failover", {})
+    ratios: dict[str, Any] = {}
+    for kind, r in raw.items():
+        ratios[f"concurrent_vs_raw_async_{kind}"] = _ratio(conc.get("writes_per_s"),
+                                                           r["async_best"]["writes_per_s"])
+        ratios[f"seq_p50_vs_raw_sync_p50_{kind}"] = _ratio(seq.get("p50_ms"),
+                                                           r["sequential"].get("p50_ms"))
+    result["ratios"] = ratios
+    met: dict[str, Any] = {}
+    if seq:
+        met["seq_p50_le_3ms"] = seq["p50_ms"] is not None and seq["p50_ms"] <= 3.0
+    if conc:
+        met["concurrent_ge_5000_writes_per_s"] = (conc["writes_per_s"] or 0) >= 5000
+        for kind in raw:
+            ratio = ratios.get(f"concurrent_vs_raw_async_{kind}")
+            met[f"concurrent_ge_30pct_of_raw_{kind}"] = ratio is not None and ratio >= 0.30
+    if fo:
+        met["failover_p99_le_1_5s"] = (fo["p99_s"] is not None and fo["p99_s"] <= 1.5
+                                       and fo["failed_rounds"] == 0)
+    result["targets"] = TARGETS
+    result["targets_met"] = met
+
+
+CLUSTERS: list[Cluster] = []
+
+
+def cleanup() -> None:
+    for cluster in CLUSTERS:
+        try:
+            cluster.stop()
+        except Exception as exc:  # keep cleaning the rest
+            log(f"cleanup: {exc!r}")
+    for p in BENCH_CHILDREN:
+        try:
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=2.0)
+        except Exception:
+            pass
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["_node"]:
+        return node_launcher(argv[1:])
+    args = parse_args(argv)
+    import grpc
+    import pysyncobj  # noqa: F401
+    from pysyncobj.version import VERSION
+
+    root = Path(tempfile.mkdtemp(prefix="mqmeta-bench-"))
+    result: dict[str, Any] = {
+        "bench": "mqmeta controller", "quick": args.quick,
+        "env": {"python": platform.python_version(), "cpus": os.cpu_count(),
+                "grpcio": grpc.__version__, "pysyncobj": VERSION, "host": "127.0.0.1"}}
+    t0 = time.monotonic()
+    printed = threading.Event()
+
+    def emit(status: str) -> None:
+        if printed.is_set():
+            return
+        printed.set()
+        result["status"] = status
+        result["elapsed_s"] = _r(time.monotonic() - t0, 1)
+        try:
+            summarize(result)
+        except Exception as exc:
+            result["summary_error"] = repr(exc)
+        print(json.dumps(result, indent=2), flush=True)
+
+    def watchdog() -> None:
+        log(f"time budget of {args.budget_s}s exceeded: stopping")
+        emit("time budget exceeded")
+        cleanup()
+        if not args.keep:
+            shutil.rmtree(root, ignore_errors=True)
+        os._exit(3)
+
+    timer = threading.Timer(args.budget_s + 15.0, watchdog)
+    timer.daemon = True
+    timer.start()
+
+    def on_term(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, on_term)
+    status = 0
+    try:
+        run(args, root, result)
+        emit("ok")
+    except KeyboardInterrupt as exc:
+        result["error"] = f"interrupted: {exc}"
+        emit("interrupted")
+        status = 130
+    except Exception as exc:
+        result["error"] = repr(exc)
+        result["traceback"] = traceback.format_exc()[-3000:]
+        log(traceback.format_exc())
+        emit("error")
+        status = 1
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        log("stopping every process")
+        cleanup()
+        timer.cancel()
+        if args.keep:
+            log(f"kept {root}")
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,133 @@
+"""The `mqmeta` command as an operator uses it, in real subprocesses.
+
+Properties checked:
+- `mqmeta local up` starts a whole cluster, writes cluster.json once it answers,
+  stops every child on SIGTERM, and a second run on the same DIR keeps the data;
+- admin commands print the documented JSON documents;
+- every kind of bad input exits 2 with one sentence on stderr and no traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+
+from mqmeta.pb import namesrv_pb2 as ns_pb
+from mqmeta.pb import namesrv_pb2_grpc as ns_grpc
+
+pytestmark = [pytest.mark.timeout(120)]
+MQMETA = [sys.executable, "-m", "mqmeta.cli"]
+
+
+def run(*args: str, timeout: float = 30) -> subprocess.CompletedProcess:
+    return subprocess.run([*MQMETA, *args], capture_output=True, text=True, timeout=timeout)
+
+
+def start_local(data_dir: Path) -> tuple[subprocess.Popen, dict]:
+    (data_dir / "cluster.json").unlink(missing_ok=True)
+    output = data_dir.parent / "local-up.out"
+    with open(output, "ab") as sink:
+        proc = subprocess.Popen([*MQMETA, "local", "up", "--data-dir", str(data_dir)],
+                                stdout=sink, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60
+    while not (data_dir / "cluster.json").exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            proc.wait()
+            pytest.fail(f"local up did not get ready: {output.read_text()}")
+        time.sleep(0.2)
+    return proc, json.loads((data_dir / "cluster.json").read_text())
+
+
+def stop_local(proc: subprocess.Popen, document: dict) -> None:
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 0
+    for child in document["controllers"] + document["namesrv"]:
+        with pytest.raises(ProcessLookupError):
+            os.kill(child["pid"], 0)  # every child is gone
+
+
+@pytest.mark.cluster
+def test_local_up_runs_restarts_and_stops_cleanly(tmp_path):
+    data_dir = tmp_path / "local"
+    proc, document = start_local(data_dir)
+    try:
+        assert [c["id"] for c in document["controllers"]] == ["c1", "c2", "c3"]
+        assert set(document) >= {"controllers", "namesrv", "brokers", "tiered_store"}
+        addresses = ",".join(c["grpc"] for c in document["controllers"])
+        status = run("admin", "--controllers", addresses, "cluster-status", "--json")
+        assert status.returncode == 0, status.stderr
+        parsed = json.loads(status.stdout)
+        assert parsed["leader"] in {"c1", "c2", "c3"} and parsed["term"] >= 1
+        assert {n["id"] for n in parsed["nodes"]} == {"c1", "c2", "c3"}
+        assert all(n["healthy"] for n in parsed["nodes"])
+        created = run("admin", "--controllers", addresses, "topic", "create", "Kept",
+                      "--queues", "4", "--json")
+        assert created.returncode == 0, created.stderr
+        assert json.loads(created.stdout)["queue_count"] == 4
+        with grpc.insecure_channel(document["namesrv"][0]["grpc"]) as channel:
+            route = ns_grpc.NameServerStub(channel).QueryRoute(
+                ns_pb.QueryRouteRequest(topic="Kept"), timeout=10)
+        assert route.topic == "Kept"
+    finally:
+        stop_local(proc, document)
+    proc, again = start_local(data_dir)  # same DIR: same cluster, same data
+    try:
+        assert [c["grpc"] for c in again["controllers"]] == [
+            c["grpc"] for c in document["controllers"]]
+        addresses = ",".join(c["grpc"] for c in again["controllers"])
+        listed = run("admin", "--controllers", addresses, "topic", "list", "--json")
+        assert listed.returncode == 0, listed.stderr
+        assert [t["name"] for t in json.loads(listed.stdout)["topics"]] == ["Kept"]
+    finally:
+        stop_local(proc, again)
+
+
+def assert_bad_input(result: subprocess.CompletedProcess, fragment: str) -> None:
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr
+    lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
+    assert lines and lines[-1].startswith("mqmeta: error:"), result.stderr
+    assert fragment in result.stderr, result.stderr
+
+
+def test_bad_input_without_a_cluster_exits_2():
+    unreachable = "127.0.0.1:1"
+    assert_bad_input(run("admin", "--controllers", unreachable, "--timeout", "1",
+                         "topic", "list"), "no controller answered")
+    assert_bad_input(run("admin", "--controllers", "nohost", "topic", "list"), "HOST:PORT")
+    assert_bad_input(run("admin", "--controllers", unreachable, "topic", "create", "T",
+                         "--queues", "-3"), "must be at least 1")
+    assert_bad_input(run("admin", "--controllers", unreachable, "config", "set", "novalue"),
+                     "KEY=VALUE")
+    assert_bad_input(run("admin", "topic", "list"), "--controllers")
+    assert_bad_input(run("controller", "--id", "c1"), "needs --grpc")
+    assert_bad_input(run("local", "up", "--controllers", "2"), "must be odd")
+    assert_bad_input(run("namesrv", "--listen", "127.0.0.1:1"), "--controllers")
+    assert_bad_input(run("namesrv", "--listen", "nowhere"), "--listen address")
+
+
+@pytest.mark.cluster
+def test_bad_input_against_a_cluster_exits_2(cluster):
+    addresses = cluster.addresses
+    assert_bad_input(run("admin", "--controllers", addresses, "topic", "create", "bad name"),
+                     "malformed")
+    assert_bad_input(run("admin", "--controllers", addresses, "config", "set", "nope=1"),
+                     "unknown configuration key")
+    assert_bad_input(run("admin", "--controllers", addresses, "config", "set",
+                         "broker_dead_after_ms=100"), "broker_dead_after_ms")
+    assert_bad_input(run("admin", "--controllers", addresses, "sync-state", "--broker-name",
+                         "missing"), "not registered")
+    assert_bad_input(run("admin", "--controllers", addresses, "topic", "delete", "Nope"),
+                     "does not exist")
+    ok = run("admin", "--controllers", addresses, "sync-state", "--broker-name", "missing",
+             "--json")
+    assert ok.stdout == "", "errors never print a partial JSON document"

@@ -1,0 +1,293 @@
+"""Real 3-node controller clusters on loopback (separate processes, real gRPC, real files).
+
+Properties checked:
+- a write sent to a follower commits and is visible on every node (forwarding, barrier reads);
+- kill -9 of the leader elects a new one and loses no acknowledged write;
+- a minority cannot commit or serve a linearizable read;
+- a dead master is replaced automatically, by the election policy's order;
+- the watch stream delivers role changes as they commit;
+- the embedded-nameserver deployment serves routes;
+- gRPC health checking and reflection answer;
+- every node's applied-entry log agrees entry by entry (R1) and in state digest (R2).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from controller.applied_log import parse_line
+from mqmeta.errors import DeadlineExceeded, MqmetaError, Unavailable
+from mqmeta.pb import controller_pb2 as pb
+from mqmeta.pb import namesrv_pb2 as ns_pb
+from mqmeta.pb import namesrv_pb2_grpc as ns_grpc
+from tests.brokers import FAST_LIVENESS, FakeBroker
+
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(90)]
+
+
+def topic_names(cluster, node_id: str) -> set[str]:
+    with cluster.client([node_id]) as client:
+        return {t.name for t in client.call("ListTopics", pb.ListTopicsRequest()).topics}
+
+
+def create_topics(client, prefix: str, count: int) -> list[str]:
+    names = [f"{prefix}{i}" for i in range(count)]
+    for name in names:
+        client.call("CreateTopic", pb.TopicSpec(name=name, queue_count=2))
+    return names
+
+
+def wait_same_digest(cluster, node_ids: list[str], timeout_s: float = 10.0) -> str:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        metas = [cluster.metadata(n) for n in node_ids]
+        if len({(m.last_applied, m.state_digest) for m in metas}) == 1:
+            return metas[0].state_digest
+        if time.monotonic() > deadline:
+            pytest.fail(f"nodes did not converge: {[(m.node_id, m.last_applied, m.state_digest[:8]) for m in metas]}")
+        time.sleep(0.1)
+
+
+def test_write_through_follower_is_visible_on_every_node(cluster):
+    follower = cluster.followers()[0]
+    with cluster.client([follower]) as client:
+        client.call("CreateTopic", pb.TopicSpec(name="ViaFollower", queue_count=3))
+    for node in cluster.layout.controllers:
+        # Each ListTopics waits for a barrier: no node can miss the committed write.
+        assert "ViaFollower" in topic_names(cluster, node.id)
+
+
+def test_kill_leader_elects_new_leader_and_keeps_acknowledged_writes(cluster):
+    with cluster.client() as client:
+        acked = create_topics(client, "before", 20)
+    leader = cluster.leader_id()
+    cluster.kill(leader)
+    new_leader = cluster.leader_id(exclude=leader)
+    assert new_leader != leader
+    survivors = [n.id for n in cluster.layout.controllers if n.id != leader]
+    with cluster.client(survivors) as client:
+        acked += create_topics(client, "after", 5)
+    for node in survivors:
+        assert set(acked) <= topic_names(cluster, node)
+    cluster.restart(leader)  # the old leader rejoins and catches up
+    cluster.wait_ready()
+    assert set(acked) <= topic_names(cluster, leader)
+    wait_same_digest(cluster, [n.id for n in cluster.layout.controllers])
+
+
+def test_minority_cannot_commit_or_read(cluster):
+    leader = cluster.leader_id()
+    lone = cluster.followers()[0]
+    for node in cluster.layout.controllers:
+        if node.id != lone:
+            cluster.kill(node.id)
+    with cluster.client([lone], timeout_s=3.0) as client:
+        with pytest.raises((DeadlineExceeded, Unavailable)):
+            client.call("CreateTopic", pb.TopicSpec(name="MinorityWrite", queue_count=1))
+        with pytest.raises((DeadlineExceeded, Unavailable)):
+            client.call("ListTopics", pb.ListTopicsRequest())
+    cluster.start_node(leader)  # majority again
+    with cluster.client([lone], timeout_s=20.0) as client:
+        client.call("CreateTopic", pb.TopicSpec(name="MajorityWrite", queue_count=1))
+    assert "MajorityWrite" in topic_names(cluster, lone)
+
+
+@pytest.fixture
+def fast_liveness(cluster):
+    with cluster.client() as client:
+        client.call("UpdateConfig", pb.UpdateConfigRequest(values=FAST_LIVENESS))
+    return cluster
+
+
+def make_broker_set(cluster, offsets: list[int]) -> list[FakeBroker]:
+    brokers = [FakeBroker(cluster.addresses, "broker-a", i + 1, max_offset=o)
+               for i, o in enumerate(offsets)]
+    for broker in brokers:
+        broker.register()
+        broker.start_heartbeats()
+    with cluster.client() as client:
+        first = client.call("ElectMaster", pb.ElectMasterRequest(
+            cluster="DefaultCluster", broker_name="broker-a", trigger=pb.ELECT_TRIGGER_BROKER,
+            requester_broker_id=brokers[0].broker_id))
+        assert first.master_broker_id == brokers[0].broker_id  # first election: requester wins
+        info = client.call("AlterSyncStateSet", pb.AlterSyncStateSetRequest(
+            cluster="DefaultCluster", broker_name="broker-a",
+            master_broker_id=first.master_broker_id, master_epoch=first.master_epoch,
+            sync_state_set_epoch=first.sync_state_set_epoch,
+            new_sync_state_set=[b.broker_id for b in brokers]))
+        assert sorted(info.sync_state_set) == sorted(b.broker_id for b in brokers)
+    return brokers
+
+
+def replica_info(cluster) -> pb.ReplicaInfo:
+    with cluster.client() as client:
+        return client.call("GetReplicaInfo", pb.BrokerSetRef(cluster="DefaultCluster",
+                                                             broker_name="broker-a"))
+
+
+def test_dead_master_is_replaced_by_the_most_advanced_in_sync_replica(fast_liveness):
+    cluster = fast_liveness
+    brokers = make_broker_set(cluster, offsets=[100, 50, 80])
+    try:
+        before = replica_info(cluster)
+        assert before.master_broker_id == brokers[0].broker_id
+        brokers[0].stop_heartbeats()  # the master goes silent
+        deadline = time.monotonic() + 6
+        info = before
+        while time.monotonic() < deadline and info.master_broker_id == before.master_broker_id:
+            time.sleep(0.1)
+            info = replica_info(cluster)
+        assert info.master_broker_id == brokers[2].broker_id, "highest max_offset must win"
+        assert info.master_epoch == before.master_epoch + 1
+        assert list(info.sync_state_set) == [brokers[2].broker_id]
+        alive = {r.broker_id: r.alive for r in info.replicas}
+        assert alive[brokers[0].broker_id] is False and alive[brokers[2].broker_id] is True
+    finally:
+        for broker in brokers:
+            broker.close()
+
+
+def test_watch_stream_delivers_role_change(fast_liveness):
+    cluster = fast_liveness
+    brokers = make_broker_set(cluster, offsets=[10, 10, 10])
+    follower = cluster.followers()[0]
+    try:
+        with cluster.client([follower]) as watcher:
+            stream = watcher.watch(cluster="DefaultCluster", broker_name="broker-a", timeout_s=15)
+            snapshot = next(stream)
+            assert snapshot.kind == "snapshot"
+            assert snapshot.replica_info.master_broker_id == brokers[0].broker_id
+            with cluster.client() as admin:
+                admin.call("ElectMaster", pb.ElectMasterRequest(
+                    cluster="DefaultCluster", broker_name="broker-a",
+                    trigger=pb.ELECT_TRIGGER_ADMIN, preferred_broker_id=brokers[1].broker_id))
+            for event in stream:
+                if event.kind == "role":
+                    assert event.replica_info.master_broker_id == brokers[1].broker_id
+                    assert event.replica_info.master_epoch == snapshot.replica_info.master_epoch + 1
+                    break
+            stream.cancel()
+    finally:
+        for broker in brokers:
+            broker.close()
+
+
+def test_embedded_nameserver_serves_routes(cluster_factory):
+    cluster = cluster_factory(embedded=True).start()
+    broker = FakeBroker(cluster.addresses, "broker-a", 1)
+    try:
+        broker.register()
+        with cluster.client() as client:
+            client.call("ElectMaster", pb.ElectMasterRequest(
+                cluster="DefaultCluster", broker_name="broker-a",
+                trigger=pb.ELECT_TRIGGER_BROKER, requester_broker_id=broker.broker_id))
+            client.call("CreateTopic", pb.TopicSpec(name="Routed", queue_count=4))
+        for address in cluster.layout.namesrv:
+            with grpc.insecure_channel(address) as channel:
+                route = ns_grpc.NameServerStub(channel).QueryRoute(
+                    ns_pb.QueryRouteRequest(topic="Routed"), timeout=5)
+                assert [q.write_queue_count for q in route.queues] == [4]
+                assert route.brokers[0].master_address == broker.address
+                assert route.brokers[0].master_epoch == 1
+                with pytest.raises(grpc.RpcError) as missing:
+                    ns_grpc.NameServerStub(channel).QueryRoute(
+                        ns_pb.QueryRouteRequest(topic="NoSuchTopic"), timeout=5)
+                assert missing.value.code() == grpc.StatusCode.NOT_FOUND
+    finally:
+        broker.close()
+
+
+def test_health_and_reflection_answer(cluster):
+    address = cluster.layout.controllers[0].grpc
+    with grpc.insecure_channel(address) as channel:
+        health = health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(service="mqmeta.v1.ControllerService"), timeout=5)
+        assert health.status == health_pb2.HealthCheckResponse.SERVING
+        stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+        replies = stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(
+            list_services="")]), timeout=5)
+        services = {s.name for r in replies for s in r.list_services_response.service}
+    assert "mqmeta.v1.ControllerService" in services
+    assert "grpc.health.v1.Health" in services
+
+
+def test_applied_entry_logs_agree_across_nodes(cluster):
+    with cluster.client() as client:
+        create_topics(client, "audit", 15)
+        client.call("UpdateConfig", pb.UpdateConfigRequest(values={"default_queue_count": "4"}))
+    wait_same_digest(cluster, [n.id for n in cluster.layout.controllers])
+    by_node = {}
+    for node in cluster.layout.controllers:
+        lines = cluster.applied_log(node.id).read_text().splitlines()
+        records = [parse_line(line, node.id) for line in lines]  # checks every crc32
+        by_node[node.id] = {r["index"]: (r["term"], r["command_digest"], r["state_digest"])
+                            for r in records}
+    reference = by_node[cluster.layout.controllers[0].id]
+    assert len(reference) >= 16
+    for node_id, entries in by_node.items():
+        assert entries == reference, f"{node_id} disagrees with the first node"
+
+
+def test_bad_requests_get_precise_statuses(cluster):
+    cases = [
+        ("CreateTopic", pb.TopicSpec(name="bad name!"), grpc.StatusCode.INVALID_ARGUMENT),
+        ("CreateTopic", pb.TopicSpec(name="T", queue_count=-1), grpc.StatusCode.INVALID_ARGUMENT),
+        ("GetReplicaInfo", pb.BrokerSetRef(cluster="DefaultCluster", broker_name="nope"),
+         grpc.StatusCode.NOT_FOUND),
+        ("GetTopicRoute", pb.NameRequest(name="Missing"), grpc.StatusCode.NOT_FOUND),
+        ("UpdateConfig", pb.UpdateConfigRequest(values={"no_such_key": "1"}),
+         grpc.StatusCode.INVALID_ARGUMENT),
+        ("AlterSyncStateSet", pb.AlterSyncStateSetRequest(
+            cluster="DefaultCluster", broker_name="nope", master_broker_id=1,
+            new_sync_state_set=[1]), grpc.StatusCode.NOT_FOUND),
+    ]
+    leader = cluster.node(cluster.leader_id()).grpc
+    with grpc.insecure_channel(leader) as channel:
+        from mqmeta.pb import controller_pb2_grpc as pb_grpc
+
+        stub = pb_grpc.ControllerServiceStub(channel)
+        for method, request, status in cases:
+            with pytest.raises(grpc.RpcError) as failure:
+                getattr(stub, method)(request, timeout=5)
+            assert failure.value.code() == status, (method, failure.value.details())
+            assert failure.value.details(), "every error carries a message"
+
+
+def test_follower_answers_not_leader_with_leader_address(cluster):
+    leader = cluster.node(cluster.leader_id()).grpc
+    follower = cluster.node(cluster.followers()[0]).grpc
+    from mqmeta.pb import controller_pb2_grpc as pb_grpc
+
+    with grpc.insecure_channel(follower) as channel:
+        with pytest.raises(grpc.RpcError) as failure:
+            pb_grpc.ControllerServiceStub(channel).Heartbeat(pb.HeartbeatRequest(
+                cluster="DefaultCluster", broker_name="b", broker_id=1), timeout=5)
+    trailing = dict(failure.value.trailing_metadata())
+    assert trailing["mqmeta-error-code"] == "NOT_LEADER"
+    assert trailing["mqmeta-leader"] == leader
+
+
+def test_fenced_alter_sync_state_set_is_refused(fast_liveness):
+    cluster = fast_liveness
+    brokers = make_broker_set(cluster, offsets=[1, 1, 1])
+    try:
+        info = replica_info(cluster)
+        with cluster.client() as client:
+            with pytest.raises(MqmetaError) as stale:
+                client.call("AlterSyncStateSet", pb.AlterSyncStateSetRequest(
+                    cluster="DefaultCluster", broker_name="broker-a",
+                    master_broker_id=info.master_broker_id, master_epoch=info.master_epoch - 1,
+                    sync_state_set_epoch=info.sync_state_set_epoch,
+                    new_sync_state_set=[info.master_broker_id]))
+        assert stale.value.code == "FENCED_MASTER_EPOCH"
+        assert json.dumps(list(replica_info(cluster).sync_state_set)) == json.dumps(
+            list(info.sync_state_set)), "a fenced call must change nothing"
+    finally:
+        for broker in brokers:
+            broker.close()

@@ -1,0 +1,158 @@
+"""kill -9 durability of the controller, and the pysyncobj problems of REFERENCE.md section 5.
+
+Properties checked:
+- kill -9 of ALL nodes in the middle of a write stream, restart in another order:
+  every acknowledged write is there, every node converges to one state digest, and no
+  node's Raft term went backwards (term/vote durability, pysyncobj #84).
+- the same across log compaction: a restart from snapshot + journal keeps everything.
+- a commit-index side file pointing past the journal end (pysyncobj #197) does not
+  make a node apply phantom entries: it restarts, catches up and agrees.
+- a corrupt snapshot is detected by its checksum and the node refuses to start with a
+  clear message instead of serving an empty state (pysyncobj swallows this error).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+import time
+
+import pytest
+from pysyncobj import pickle as syncobj_pickle
+
+from mqmeta.errors import MqmetaError
+from mqmeta.pb import controller_pb2 as pb
+from tests.test_cluster import topic_names, wait_same_digest
+
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(120)]
+
+
+class Writer(threading.Thread):
+    """Writes topics as fast as it can; remembers which ones were acknowledged."""
+
+    def __init__(self, cluster, prefix: str) -> None:
+        super().__init__(daemon=True)
+        self.client = cluster.client(timeout_s=1.0)
+        self.prefix = prefix
+        self.acked: list[str] = []
+        self.attempts = 0
+        self.stop_event = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop_event.is_set() and self.attempts < 100_000:
+            name = f"{self.prefix}{self.attempts}"
+            self.attempts += 1
+            try:
+                self.client.call("CreateTopic", pb.TopicSpec(name=name, queue_count=1))
+                self.acked.append(name)
+            except MqmetaError:
+                pass  # unacknowledged: may or may not be there, both are fine
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        self.join(timeout=10)
+        self.client.close()
+
+
+def kill_all_mid_stream(cluster, prefix: str, write_s: float = 1.5) -> list[str]:
+    writers = [Writer(cluster, f"{prefix}w{i}-") for i in range(4)]
+    for writer in writers:
+        writer.start()
+    time.sleep(write_s)
+    procs = [cluster.supervisor.children[n.id] for n in cluster.layout.controllers]
+    for proc in procs:  # as close to simultaneous as we can: signal all, then reap
+        proc.kill()
+    for proc in procs:
+        proc.wait()
+    acked = [name for writer in writers for name in (writer.stop() or writer.acked)]
+    assert len(acked) > 20, "the write stream must have been running when the nodes died"
+    return acked
+
+
+def terms(cluster) -> dict[str, int]:
+    return {n.id: cluster.metadata(n.id).term for n in cluster.layout.controllers}
+
+
+def test_kill_all_nodes_mid_write_stream_loses_nothing_acknowledged(cluster):
+    terms_before = terms(cluster)
+    acked = kill_all_mid_stream(cluster, "crash")
+    for node in reversed(cluster.layout.controllers):
+        cluster.start_node(node.id)
+    cluster.wait_ready()
+    ids = [n.id for n in cluster.layout.controllers]
+    wait_same_digest(cluster, ids)
+    for node_id in ids:
+        missing = set(acked) - topic_names(cluster, node_id)
+        assert not missing, f"{node_id} lost {len(missing)} acknowledged writes: {sorted(missing)[:5]}"
+    for node_id, term in terms(cluster).items():
+        assert term >= terms_before[node_id], "a Raft term went backwards after restart"
+
+
+def test_restart_from_snapshot_and_journal_keeps_everything(cluster_factory):
+    cluster = cluster_factory(raft_settings={"compaction_min_entries": 20,
+                                             "compaction_min_time_s": 1}).start()
+    with cluster.client() as client:
+        acked = [f"snap{i}" for i in range(60)]
+        for name in acked:
+            client.call("CreateTopic", pb.TopicSpec(name=name, queue_count=1))
+    ids = [n.id for n in cluster.layout.controllers]
+    deadline = time.monotonic() + 20
+    snapshots = [cluster.root / cluster.node(i).data_dir / "raft.snapshot" for i in ids]
+    while not all(p.exists() for p in snapshots) and time.monotonic() < deadline:
+        with cluster.client() as client:  # compaction runs on the tick after enough entries
+            client.call("UpdateConfig", pb.UpdateConfigRequest(values={"default_queue_count": "2"}))
+        time.sleep(0.2)
+    assert all(p.exists() for p in snapshots), "log compaction never wrote a snapshot"
+    acked += kill_all_mid_stream(cluster, "aftersnap", write_s=1.0)
+    cluster.start()
+    wait_same_digest(cluster, ids)
+    for node_id in ids:
+        assert set(acked) <= topic_names(cluster, node_id)
+
+
+def test_commit_index_side_file_past_journal_end_is_harmless(cluster):
+    with cluster.client() as client:
+        for i in range(10):
+            client.call("CreateTopic", pb.TopicSpec(name=f"side{i}", queue_count=1))
+    victim = cluster.followers()[0]
+    cluster.kill(victim)
+    meta_path = cluster.root / cluster.node(victim).data_dir / "raft.journal.meta"
+    meta = syncobj_pickle.loads(meta_path.read_bytes())
+    meta["raftCommitIndex"] = 10_000  # far beyond anything in the journal
+    meta_path.write_bytes(syncobj_pickle.dumps(meta))
+    cluster.start_node(victim)
+    cluster.wait_ready()
+    with cluster.client() as client:
+        client.call("CreateTopic", pb.TopicSpec(name="sideAfter", queue_count=1))
+    ids = [n.id for n in cluster.layout.controllers]
+    wait_same_digest(cluster, ids)
+    assert {f"side{i}" for i in range(10)} | {"sideAfter"} <= topic_names(cluster, victim)
+    last = max(int(line.split('"index":')[1].split(",")[0])
+               for line in cluster.applied_log(victim).read_text().splitlines())
+    assert last < 1000, "the node applied entries that were never in any journal"
+
+
+def test_corrupt_snapshot_is_refused_with_a_clear_message(cluster_factory):
+    cluster = cluster_factory(raft_settings={"compaction_min_entries": 10,
+                                             "compaction_min_time_s": 1}).start()
+    victim = cluster.followers()[0]
+    snapshot = cluster.root / cluster.node(victim).data_dir / "raft.snapshot"
+    deadline = time.monotonic() + 20
+    with cluster.client() as client:
+        i = 0
+        while not snapshot.exists() and time.monotonic() < deadline:
+            client.call("CreateTopic", pb.TopicSpec(name=f"c{i}", queue_count=1))
+            i += 1
+    assert snapshot.exists()
+    cluster.kill(victim)
+    data = bytearray(snapshot.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    snapshot.write_bytes(bytes(data))
+    proc = cluster.start_node(victim)
+    try:
+        code = proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        pytest.fail("a node with a corrupt snapshot kept running")
+    log_text = (cluster.root / "logs" / f"{victim}.log").read_text()
+    assert code == 2
+    assert "is corrupt" in log_text and "Traceback" not in log_text
