@@ -14,9 +14,9 @@ from __future__ import annotations
 import gzip
 import json
 import logging
-import zlib
 import threading
 import time
+import zlib
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future

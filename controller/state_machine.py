@@ -175,7 +175,7 @@ def parse_config_value(name: str, raw: Any) -> Any:
         try:
             number = int(text)
         except (TypeError, ValueError):
-            raise Rejected("INVALID_ARGUMENT", f"{name} must be a whole number, not {raw!r}")
+            raise Rejected("INVALID_ARGUMENT", f"{name} must be a whole number, not {raw!r}") from None
         return validate_int(name, number, minimum, maximum)
     return validate_name(name, str(raw))
 
@@ -472,9 +472,10 @@ def _delete_named(kind: str) -> Handler:
     def handler(state: ControllerState, command: Json, index: int):
         name = validate_name(f"{kind} name", command.get("name"))
         key = f"{kind}/{name}"
-        if state.get(key) is None:
+        existing = state.get(key)
+        if existing is None:
             raise Rejected(f"{kind.upper()}_NOT_FOUND", f"{kind} {name} does not exist")
-        event = {"kind": kind, "name": name, "cluster": state.get(key).get("cluster", "")}
+        event = {"kind": kind, "name": name, "cluster": existing.get("cluster", "")}
         return {"ok": True, "name": name}, {key: None}, [event]
 
     return handler

@@ -10,6 +10,7 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 from mqmeta.errors import MqmetaError
 
@@ -17,7 +18,7 @@ EXIT_BAD_INPUT = 2
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # argparse's own errors: one sentence, exit 2
+    def error(self, message: str) -> NoReturn:  # argparse's own errors: one sentence, exit 2
         self.exit(EXIT_BAD_INPUT, f"mqmeta: error: {message} (see --help)\n")
 
 

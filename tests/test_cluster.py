@@ -50,7 +50,8 @@ def wait_same_digest(cluster, node_ids: list[str], timeout_s: float = 10.0) -> s
         if len({(m.last_applied, m.state_digest) for m in metas}) == 1:
             return metas[0].state_digest
         if time.monotonic() > deadline:
-            pytest.fail(f"nodes did not converge: {[(m.node_id, m.last_applied, m.state_digest[:8]) for m in metas]}")
+            seen = [(m.node_id, m.last_applied, m.state_digest[:8]) for m in metas]
+            pytest.fail(f"nodes did not converge: {seen}")
         time.sleep(0.1)
 
 
