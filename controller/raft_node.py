@@ -11,12 +11,10 @@ callers and the watchers.
 
 from __future__ import annotations
 
-import gzip
 import json
 import logging
 import threading
 import time
-import zlib
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -24,11 +22,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pysyncobj.syncobj
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
+from pysyncobj.journal import MemoryJournal
 
 from controller.applied_log import AppliedLog
+from controller.journal import DurableJournal, reconcile_with_snapshot
 from controller.state_machine import ControllerState, apply, command_digest
-from mqmeta.errors import CorruptData, DeadlineExceeded, InvalidArgument, Unavailable
+from mqmeta.errors import DeadlineExceeded, InvalidArgument, Unavailable
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +57,7 @@ class RaftSettings:
     inflight_batches_max: int = 2
     queue_commands_max: int = 20_000
     proposal_timeout_ms: int = 5000
+    journal_fsync: bool = True
     secret: str | None = None
 
     def validate(self) -> None:
@@ -86,30 +88,24 @@ def _syncobj_conf(settings: RaftSettings, data_dir: Path) -> SyncObjConf:
         fullDumpFile=str(data_dir / "raft.snapshot"),
         commandsWaitLeader=True,
         dynamicMembershipChange=False,
+        # In-thread snapshots: a forked snapshot writer outlives a kill -9 of the node
+        # and can replace a newer snapshot with its older one after the restart.
+        useFork=False,
     )
 
 
-SNAPSHOT_READ_BYTES = 1 << 20
+_JOURNAL_FSYNC: dict[str, bool] = {}
 
 
-def verify_snapshot(path: Path) -> None:
-    """Reads the whole gzip snapshot so its CRC32 is checked before pysyncobj loads it.
+def _create_journal(journal_file: str | None):
+    """Replaces pysyncobj's createJournal (see controller/journal.py for why)."""
+    if journal_file is None:
+        return MemoryJournal()
+    return DurableJournal(Path(journal_file), fsync=_JOURNAL_FSYNC.get(journal_file, True))
 
-    pysyncobj logs a failed snapshot load and carries on with an empty state on top of
-    a compacted journal, which would silently serve wrong metadata. We refuse instead.
-    """
-    if not path.exists():
-        return
-    try:
-        with gzip.open(path, "rb") as snapshot:
-            while snapshot.read(SNAPSHOT_READ_BYTES):
-                pass
-    except (OSError, EOFError, zlib.error) as exc:
-        raise CorruptData(
-            f"Raft snapshot {path} is corrupt ({exc}); this node refuses to start with it. "
-            "Move the node's data directory aside and restart it empty: it will copy the "
-            "state from the leader (only do so while a majority of the other nodes is healthy)"
-        ) from None
+
+# The seam: pysyncobj's SyncObj looks createJournal up in its module at construction.
+pysyncobj.syncobj.createJournal = _create_journal
 
 
 class ControllerRaft(SyncObj):
@@ -119,7 +115,9 @@ class ControllerRaft(SyncObj):
                  settings: RaftSettings, on_events: EventSink) -> None:
         settings.validate()
         data_dir.mkdir(parents=True, exist_ok=True)
-        verify_snapshot(data_dir / "raft.snapshot")
+        journal = data_dir / "raft.journal"
+        reconcile_with_snapshot(journal, data_dir / "raft.snapshot")
+        _JOURNAL_FSYNC[str(journal)] = settings.journal_fsync
         # Attributes set before SyncObj.__init__ are runtime-only (not in snapshots).
         self._node_id = node_id
         self._applied_log = AppliedLog(data_dir / "applied.jsonl", node_id)

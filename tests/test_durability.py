@@ -13,12 +13,13 @@ Properties checked:
 
 from __future__ import annotations
 
+import json
 import subprocess
 import threading
 import time
+import zlib
 
 import pytest
-from pysyncobj import pickle as syncobj_pickle
 
 from mqmeta.errors import MqmetaError
 from mqmeta.pb import controller_pb2 as pb
@@ -117,9 +118,11 @@ def test_commit_index_side_file_past_journal_end_is_harmless(cluster):
     victim = cluster.followers()[0]
     cluster.kill(victim)
     meta_path = cluster.root / cluster.node(victim).data_dir / "raft.journal.meta"
-    meta = syncobj_pickle.loads(meta_path.read_bytes())
-    meta["raftCommitIndex"] = 10_000  # far beyond anything in the journal
-    meta_path.write_bytes(syncobj_pickle.dumps(meta))
+    meta = json.loads(meta_path.read_text())
+    meta.pop("crc32")
+    meta["commit_index"] = 10_000  # far beyond anything in the journal
+    meta["crc32"] = zlib.crc32(json.dumps(meta, sort_keys=True).encode())
+    meta_path.write_text(json.dumps(meta))
     cluster.start_node(victim)
     cluster.wait_ready()
     with cluster.client() as client:
