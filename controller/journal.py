@@ -196,6 +196,8 @@ class DurableJournal:
     def deleteEntriesFrom(self, entryFrom: int) -> None:  # noqa: N802, N803
         if entryFrom >= len(self._entries):
             return
+        log.info("%s: dropping %d entries from index %d (they conflict with the leader's log)",
+                 self.path, len(self._entries) - entryFrom, self._entries[entryFrom][1])
         cut = self._offsets[entryFrom]
         os.ftruncate(self._fd, cut)
         os.fsync(self._fd)

@@ -54,7 +54,7 @@ class RaftSettings:
     compaction_min_entries: int = 5000
     compaction_min_time_s: int = 300
     batch_commands_max: int = 512
-    inflight_batches_max: int = 2
+    inflight_batches_max: int = 1
     queue_commands_max: int = 20_000
     proposal_timeout_ms: int = 5000
     journal_fsync: bool = True
@@ -157,6 +157,50 @@ class ControllerRaft(SyncObj):
         if events:
             self._on_events(index, events)
         return results
+
+    # Raft fixes around pysyncobj 0.3.17 ---------------------------------------------
+    # On every successful ack pysyncobj sets the follower's next index to (acked + 1),
+    # even when later entries are already on their way, so the leader resends them; and
+    # a follower that receives entries it already holds truncates its log there and
+    # writes them again. A kill -9 between that truncation and the rewrite drops entries
+    # the follower had acknowledged. Raft's rule: truncate only on a term conflict.
+
+    def _SyncObj__onMessageReceived(self, node, message):  # noqa: N802
+        kind = message.get("type") if isinstance(message, dict) else None
+        if kind == "next_node_idx" and message.get("success") and not message.get("reset"):
+            next_index = self._SyncObj__raftNextIndex
+            before = next_index.get(node)
+            SyncObj._SyncObj__onMessageReceived(self, node, message)
+            if before is not None and next_index.get(node, before) < before:
+                next_index[node] = before  # a success never moves the leader backwards
+            return
+        if kind == "append_entries" and message.get("entries") and "transmission" not in message:
+            message = self._skip_held_entries(node, message)
+            if message is None:
+                return
+        SyncObj._SyncObj__onMessageReceived(self, node, message)
+
+    def _skip_held_entries(self, node, message: dict) -> dict | None:
+        """Drops the leading entries this node already holds with the same term."""
+        if message["term"] != self._SyncObj__raftCurrentTerm:
+            return message  # a new term: let pysyncobj update term and leader first
+        journal = self._SyncObj__raftLog
+        entries = message["entries"]
+        first_index = journal[0][1]
+        held = 0
+        for _, index, term in entries:
+            position = index - first_index
+            if position < 0 or position >= len(journal) or journal[position][2] != term:
+                break
+            held += 1  # same index and term: by Log Matching, the same entry
+        if held == 0:
+            return message
+        if held < len(entries):
+            _, index, term = entries[held - 1]
+            return dict(message, entries=entries[held:], prevLogIdx=index, prevLogTerm=term)
+        # Everything resent is already here: acknowledge it, truncate nothing.
+        self._SyncObj__sendNextNodeIdx(node, nextNodeIdx=entries[-1][1] + 1, success=True)
+        return None
 
     def leader_raft_address(self) -> str:
         leader = self._getLeader()

@@ -49,6 +49,7 @@ class ControllerClient:
         self._channels: dict[str, grpc.Channel] = {}
         self._stubs: dict[str, pb_grpc.ControllerServiceStub] = {}
         self._target = self.addresses[0]
+        self._leader_known = False
 
     def _stub(self, address: str) -> pb_grpc.ControllerServiceStub:
         with self._lock:
@@ -64,8 +65,26 @@ class ControllerClient:
         index = candidates.index(failed) if failed in candidates else -1
         return candidates[(index + 1) % len(candidates)]
 
+    def _discover_leader(self, deadline: float) -> None:
+        """Points the client at the leader once, so writes skip the follower's forwarding."""
+        self._leader_known = True
+        for address in self.addresses:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            try:
+                meta = self._stub(address).GetMetadata(
+                    pb.GetMetadataRequest(), timeout=min(remaining, ATTEMPT_TIMEOUT_S / 4))
+            except grpc.RpcError:
+                continue
+            if meta.leader_grpc:
+                self._target = meta.leader_grpc
+                return
+
     def call(self, method: str, request: Any, timeout_s: float | None = None) -> Any:
         deadline = time.monotonic() + (timeout_s or self.timeout_s)
+        if not self._leader_known and len(self.addresses) > 1:
+            self._discover_leader(deadline)
         target = self._target
         last_error: MqmetaError | None = None
         while True:
@@ -84,6 +103,7 @@ class ControllerClient:
             if not isinstance(error, Unavailable | NotLeader):
                 raise error
             last_error = error
+            self._leader_known = False  # the next call looks for the leader again
             if isinstance(error, NotLeader) and error.leader:
                 target = error.leader
             else:
