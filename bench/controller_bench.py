@@ -3,29 +3,40 @@
 
     .venv/bin/python bench/controller_bench.py [--quick]
 
-Prints ONE JSON document on stdout; progress goes to stderr. Phases:
+Prints ONE JSON document on stdout; progress goes to stderr. Phases (--only picks some):
 
-1. a 3-node controller cluster as separate processes (controller.local: Layout,
-   ensure_secret, Supervisor, controller_command, wait_ready) in a temporary directory;
-2. sequential write latency: one ControllerClient, N CreateTopic calls (unique names);
-3. concurrent throughput: 16 clients for a fixed time, once as 16 threads of this
-   process and once as 16 processes; the faster one is reported as the headline;
-4. raw pysyncobj baseline: a 3-process cluster of a trivial @replicated counter, with the
-   controller's own SyncObjConf (controller.raft_node._syncobj_conf, so
-   appendEntriesUseBatch=False, its timings, password and journal) and with the pysyncobj
-   defaults (appendEntriesUseBatch=True); sequential sync calls and async throughput
-   from the leader;
-5. leader failover: kill -9 the leader, time until the first committed write through the
-   survivors, restart the killed node from its data and wait until the cluster is healthy.
+seq         one ControllerClient, N CreateTopic writes (unique names) through the leader,
+            then a few through a follower (pysyncobj forwards them); plus the bare gRPC
+            round trip (Health.Check) for reference;
+concurrent  16 clients writing for a fixed time, as 16 threads of this process and as
+            16 processes; the faster one is the headline ("mode_used"); with CPU per
+            process, CPU ms per write, Raft entries/s and commands per entry;
+ceiling     the same 16 threads calling Health.Check on the leader: what the gRPC
+            server and client alone can do on this machine, without any Raft;
+raw         pysyncobj baseline, 3 processes with a trivial @replicated counter: the
+            controller's SyncObjConf (controller.raft_node._syncobj_conf:
+            appendEntriesUseBatch=False, its timings, password and journal) and the
+            pysyncobj defaults (appendEntriesUseBatch=True); sync calls one at a time
+            and async calls with a window of outstanding calls, from the leader;
+failover    K times: kill -9 the leader, time to the first committed write through the
+            survivors (per-call timeout 0.25 s), restart the node from its data, wait
+            until the cluster is healthy.
 
-Every loop is bounded in count and time, everything listens on 127.0.0.1 only, and every
-child process is stopped on exit (also on exceptions, SIGTERM and Ctrl-C). A watchdog
-ends the run (with the JSON gathered so far) if it overruns its time budget.
+Targets are compared, never tuned for: seq p50 <= 3 ms; concurrent >= 5000 writes/s and
+>= 30% of the raw pysyncobj rate; failover p99 <= 1.5 s. The machine is shared: the
+JSON reports the CPU that other processes used during each measured window.
 
-Experiment knobs (not used by default): --raft-setting KEY=VALUE passes RaftSettings
-through the controller's --config TOML; --grpc-workers N and --profile-leader start the
-nodes through a small launcher in this file instead of `python -m mqmeta.cli`, which
-sets controller.server.GRPC_WORKERS_MAX or samples every thread's stack.
+Every loop is bounded in count and time, everything listens on 127.0.0.1, and every
+child process is stopped on exit (also on exceptions, SIGTERM and Ctrl-C); a watchdog
+ends the run with the JSON gathered so far if it overruns its budget.
+
+Experiments (off by default): --raft-setting KEY=INT (RaftSettings via the controller's
+--config TOML), --no-secret, --raw-conf (extra raw confs, see RAW_CONFS), --raw-windows;
+and, through a launcher in this file that runs `mqmeta` in-process (`_node ... --`):
+--grpc-workers N (controller.server.GRPC_WORKERS_MAX), --switch-interval S,
+--patch-next-index (pysyncobj nextIndex fix, also applied to the raw nodes),
+--profile-leader [--profile-tick] (per-thread CPU, on-CPU stack samples, Raft message
+counts of the leader during the concurrent phase).
 """
 
 from __future__ import annotations
@@ -92,12 +103,25 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
-def cpu_seconds(pid: int) -> float | None:
+def cpu_seconds(pid: int, which: str = "all") -> float | None:
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime + stime
     except (OSError, IndexError, ValueError):
         return None
+    user, system = int(fields[11]) / CLK_TCK, int(fields[12]) / CLK_TCK
+    return {"all": user + system, "user": user, "system": system}[which]
+
+
+def context_switches(pid: int) -> int | None:
+    total = 0
+    try:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            for line in (task / "status").read_text().splitlines():
+                if line.endswith("ctxt_switches:") or "ctxt_switches:" in line:
+                    total += int(line.split()[1])
+    except (OSError, ValueError):
+        return None
+    return total
 
 
 class CpuMeter:
@@ -106,7 +130,20 @@ class CpuMeter:
     def __init__(self, pids: dict[str, int]) -> None:
         self.pids = pids
         self.start = {n: cpu_seconds(p) for n, p in pids.items()}
+        self.start_sys = {n: cpu_seconds(p, "system") for n, p in pids.items()}
+        self.start_cs = {n: context_switches(p) for n, p in pids.items()}
         self.t0 = time.monotonic()
+
+    def detail(self, name: str) -> dict[str, Any]:
+        """System-time share and context switches per second of one process so far."""
+        pid = self.pids[name]
+        elapsed = max(1e-6, time.monotonic() - self.t0)
+        sys1, cs1 = cpu_seconds(pid, "system"), context_switches(pid)
+        sys0, cs0 = self.start_sys.get(name), self.start_cs.get(name)
+        return {"system_cpu_percent": None if sys1 is None or sys0 is None
+                else round(100 * (sys1 - sys0) / elapsed, 1),
+                "context_switches_per_s": None if cs1 is None or cs0 is None
+                else round((cs1 - cs0) / elapsed)}
 
     def stop(self) -> dict[str, float | None]:
         elapsed = max(1e-6, time.monotonic() - self.t0)
@@ -133,6 +170,33 @@ def machine_busy_percent(before: tuple[float, float] | None) -> float | None:
     return round(100 * (after[0] - before[0]) / (after[1] - before[1]), 1)
 
 
+def patch_pysyncobj_next_index() -> None:
+    """Experiment: never move a follower's nextIndex backwards on a successful ack.
+
+    pysyncobj 0.3.17 sets nextIndex = acked + 1 on every successful `next_node_idx`, even
+    when it has already sent entries beyond that, so with several appends in flight the
+    next append re-sends them and the follower truncates and re-writes entries it holds."""
+    from pysyncobj import SyncObj
+
+    original = SyncObj._SyncObj__onMessageReceived
+    if getattr(original, "_bench_patched", False):
+        return
+
+    def on_message(self, node, message):
+        if (isinstance(message, dict) and message.get("type") == "next_node_idx"
+                and message.get("success") and not message.get("reset")):
+            before = self._SyncObj__raftNextIndex.get(node)
+            original(self, node, message)
+            after = self._SyncObj__raftNextIndex.get(node)
+            if before is not None and after is not None and after < before:
+                self._SyncObj__raftNextIndex[node] = before
+            return None
+        return original(self, node, message)
+
+    on_message._bench_patched = True
+    SyncObj._SyncObj__onMessageReceived = on_message
+
+
 # Node launcher for experiments (`controller_bench.py _node ... -- <mqmeta args>`) --------
 
 
@@ -144,7 +208,11 @@ def node_launcher(argv: list[str]) -> int:
     parser.add_argument("--grpc-workers", type=int, default=0)
     parser.add_argument("--profile-out", default="")
     parser.add_argument("--switch-interval", type=float, default=0.0)
+    parser.add_argument("--profile-tick", action="store_true")
+    parser.add_argument("--patch-next-index", action="store_true")
     known = parser.parse_args(opts)
+    if known.patch_next_index:
+        patch_pysyncobj_next_index()
     if known.switch_interval:
         sys.setswitchinterval(known.switch_interval)
     import controller.server as server_module
@@ -154,10 +222,119 @@ def node_launcher(argv: list[str]) -> int:
     if known.profile_out:
         sampler = StackSampler(Path(known.profile_out))
         sampler.start()
-        signal.signal(signal.SIGUSR1, lambda *_: sampler.toggle())
+        tick = (TickProfiler(Path(known.profile_out).with_suffix(".tick.txt"))
+                if known.profile_tick else None)
+
+        messages = MessageCounter(Path(known.profile_out).with_suffix(".messages.json"))
+
+        def toggle(*_: object) -> None:
+            sampler.toggle()
+            messages.toggle()
+            if tick is not None:
+                tick.toggle()
+
+        signal.signal(signal.SIGUSR1, toggle)
     from mqmeta.cli import main
 
     return main(mqmeta_args)
+
+
+class MessageCounter:
+    """Counts the Raft messages this node sends: how many, of which type, how many log
+    entries they carry, and how many of those entries were sent before (resends)."""
+
+    def __init__(self, out: Path) -> None:
+        from pysyncobj.transport import TCPTransport
+
+        self.out = out
+        self.active = False
+        self.by_type: collections.Counter = collections.Counter()
+        self.entries = 0
+        self.resent = 0
+        self.bytes = 0
+        self.sent_max: dict[Any, int] = {}
+        self.started = 0.0
+        original = TCPTransport.send
+        counter = self
+
+        def send(transport, node, message):
+            if counter.active:
+                counter.record(node, message)
+            return original(transport, node, message)
+
+        TCPTransport.send = send
+
+    def record(self, node, message) -> None:
+        kind = message.get("type", "?")
+        entries = message.get("entries") or []
+        self.by_type[kind] += 1
+        self.entries += len(entries)
+        self.bytes += sum(len(e[0]) for e in entries)
+        top = self.sent_max.get(node.id, 0)
+        self.resent += sum(1 for e in entries if e[1] <= top)
+        if entries:
+            self.sent_max[node.id] = max(top, entries[-1][1])
+
+    def toggle(self) -> None:
+        if not self.active:
+            self.by_type.clear()
+            self.entries = self.resent = self.bytes = 0
+            self.started = time.monotonic()
+            self.active = True
+            return
+        self.active = False
+        seconds = time.monotonic() - self.started
+        self.out.write_text(json.dumps({
+            "seconds": round(seconds, 2), "messages_by_type": dict(self.by_type),
+            "entries_sent": self.entries, "entries_resent": self.resent,
+            "entry_bytes_sent": self.bytes}, indent=1))
+
+
+class TickProfiler:
+    """cProfile of pysyncobj's tick thread (Raft I/O, apply, callbacks) in thread CPU time."""
+
+    def __init__(self, out: Path) -> None:
+        import cProfile
+
+        from pysyncobj import SyncObj
+
+        self.out = out
+        self.active = False
+        self.profile = cProfile.Profile(time.thread_time)
+        self.ticks = 0
+        original = SyncObj._onTick
+        profiler = self
+
+        def on_tick(obj, time_to_wait=0.0):
+            if not profiler.active:
+                return original(obj, time_to_wait)
+            profiler.ticks += 1
+            profiler.profile.enable()
+            try:
+                return original(obj, time_to_wait)
+            finally:
+                profiler.profile.disable()
+
+        SyncObj._onTick = on_tick
+
+    def toggle(self) -> None:
+        import cProfile
+        import io
+        import pstats
+
+        if not self.active:
+            self.profile = cProfile.Profile(time.thread_time)
+            self.ticks = 0
+            self.active = True
+            return
+        self.active = False
+        time.sleep(0.1)
+        text = io.StringIO()
+        text.write(f"ticks profiled: {self.ticks}\n")
+        stats = pstats.Stats(self.profile, stream=text)
+        stats.sort_stats("tottime").print_stats(35)
+        stats.sort_stats("cumulative").print_stats(45)
+        self.out.write_text(text.getvalue())
 
 
 class StackSampler:
@@ -292,6 +469,9 @@ class Cluster:
         cmd = controller_command(self.root, self.layout, self.by_id[node_id])
         if self.config_file is not None:
             cmd += ["--config", str(self.config_file)]
+        if self.args.no_secret:  # experiment: pysyncobj without password (no Fernet)
+            i = cmd.index("--secret-file")
+            del cmd[i:i + 2]
         wrap = []
         if self.args.grpc_workers:
             wrap += ["--grpc-workers", str(self.args.grpc_workers)]
@@ -299,6 +479,10 @@ class Cluster:
             wrap += ["--switch-interval", str(self.args.switch_interval)]
         if self.args.profile_leader:
             wrap += ["--profile-out", str(self.root / f"profile-{node_id}.json")]
+        if self.args.profile_tick:
+            wrap += ["--profile-tick"]
+        if self.args.patch_next_index:
+            wrap += ["--patch-next-index"]
         if wrap:
             assert cmd[1:3] == ["-m", "mqmeta.cli"], cmd
             cmd = [cmd[0], str(BENCH_FILE), "_node", *wrap, "--", *cmd[3:]]
@@ -361,7 +545,7 @@ class Cluster:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the cluster was not healthy within {timeout_s}s")
             try:
-                metas = {n: self.metadata(n, timeout_s=0.5) for n in self.by_id}
+                metas = {n: self.metadata(n, timeout_s=0.2) for n in self.by_id}
             except MqmetaError:
                 time.sleep(0.05)
                 continue
@@ -418,6 +602,28 @@ def sequential_writes(addresses: list[str], count: int, prefix: str, warmup: int
     return out
 
 
+def sequential_health(address: str, count: int) -> dict[str, Any]:
+    """One client, Health.Check on the leader: the gRPC round trip with no Raft."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    latencies = []
+    with grpc.insecure_channel(address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        request = health_pb2.HealthCheckRequest(service="")
+        for i in range(count + 20):
+            t0 = time.perf_counter()
+            stub.Check(request, timeout=2.0)
+            if i >= 20:
+                latencies.append(time.perf_counter() - t0)
+    out = latency_summary(latencies)
+    out["what"] = "Health.Check round trips from one client to the leader (no Raft)"
+    return out
+
+
+BATCH_WRITES = 32
+
+
 def _client_loop(addresses: list[str], prefix: str, start_at: float, warm_until: float,
                  end_at: float, max_calls: int, op: str = "write") -> tuple[list[float], int, int]:
     """Writes until end_at; returns (latencies counted in the window, errors, total calls).
@@ -441,6 +647,16 @@ def _client_loop(addresses: list[str], prefix: str, start_at: float, warm_until:
 
             def call(i: int) -> None:
                 health.Check(check, timeout=5.0)
+        elif op == "batch":  # WriteBatch: BATCH_WRITES independent writes per RPC
+            from mqmeta.pb import controller_pb2 as pb
+
+            def call(i: int) -> None:
+                ops = [pb.WriteOp(create_topic=topic_request(f"{prefix}b{i}-", k))
+                       for k in range(BATCH_WRITES)]
+                results = client.call("Write", pb.WriteBatch(writes=ops)).results
+                failed = [r.error_code for r in results if r.error_code]
+                if failed:
+                    raise MqmetaError(f"{len(failed)} writes of a batch failed: {failed[:3]}")
         else:
             def call(i: int) -> None:
                 client.call("CreateTopic", topic_request(prefix, i))
@@ -459,7 +675,8 @@ def _client_loop(addresses: list[str], prefix: str, start_at: float, warm_until:
             finally:
                 calls += 1
             if now >= warm_until and time.time() <= end_at:
-                latencies.append(time.perf_counter() - t0)
+                # every write of a batch waited as long as its batch
+                latencies.extend([time.perf_counter() - t0] * (BATCH_WRITES if op == "batch" else 1))
     return latencies, errors, calls
 
 
@@ -528,15 +745,29 @@ def concurrent_writes(cluster: Cluster, addresses: list[str], mode: str, clients
     # measure the server side over the counted window only
     while time.time() < warm_until:
         time.sleep(0.01)
-    meter = CpuMeter(cluster.pids() | ({"bench": os.getpid()} if mode == "threads" else {}))
+    ours = cluster.pids()
+    if mode == "threads":
+        ours["bench"] = os.getpid()
+    else:
+        ours.update({f"client{k}": p.pid for k, p in enumerate(procs)})
+    meter = CpuMeter(ours)
     busy0 = machine_busy()
     leader = addresses[0]
     commit0 = _commit_index(leader)
     while time.time() < end_at:
         time.sleep(0.01)
     commit1 = _commit_index(leader)
+    leader_node = next((n for n in cluster.by_id if cluster.grpc(n) == leader), "")
+    leader_detail = meter.detail(leader_node) if leader_node in ours else {}
     cpu = meter.stop()
     busy = machine_busy_percent(busy0)
+    clients_cpu = [v for k, v in cpu.items() if k.startswith("client") and v is not None]
+    cpu = {k: v for k, v in cpu.items() if not k.startswith("client")}
+    if clients_cpu:
+        cpu["clients_total"] = round(sum(clients_cpu), 1)
+    foreign = None
+    if busy is not None:
+        foreign = round(max(0.0, busy * (os.cpu_count() or 1) - sum(v or 0 for v in cpu.values())), 1)
     deadline = time.monotonic() + 15.0
     if mode == "threads":
         for t in threads:
@@ -568,9 +799,19 @@ def concurrent_writes(cluster: Cluster, addresses: list[str], mode: str, clients
            "raft_entries_per_s": None if entries is None else _r(entries / duration_s, 1),
            "commands_per_raft_entry": _r(len(latencies) / entries, 2) if entries else None,
            "errors": sum(r[1] for r in results), "calls_total": sum(r[2] for r in results),
-           "cpu_percent": cpu, "machine_busy_percent": busy}
+           "cpu_percent": cpu, "machine_busy_percent": busy,
+           "other_processes_cpu_percent": foreign, "leader": leader_node,
+           "leader_process": leader_detail}
     out.update({k: v for k, v in latency_summary(latencies).items() if k != "count"})
     out["writes_counted"] = len(latencies)
+    # CPU cost per write: much less sensitive to other load on the machine than writes/s
+    if latencies and cpu.get(leader_node) is not None:
+        per = 10.0 * duration_s / len(latencies)  # cpu% -> CPU ms per write
+        nodes = [cpu.get(n) or 0.0 for n in cluster.by_id]
+        out["cpu_ms_per_write"] = {"leader": _r(cpu[leader_node] * per),
+                                   "all_controllers": _r(sum(nodes) * per),
+                                   "clients": _r((cpu.get("bench") or cpu.get("clients_total")
+                                                  or 0.0) * per)}
     if failures:
         out["failures"] = failures[:5]
     return out
@@ -579,26 +820,49 @@ def concurrent_writes(cluster: Cluster, addresses: list[str], mode: str, clients
 # Raw pysyncobj baseline --------------------------------------------------------------
 
 
+RAW_CONFS = {
+    "controller_conf": "controller.raft_node._syncobj_conf(RaftSettings(secret=<the cluster "
+                       "secret>)) in a process that imported controller.raft_node, so with "
+                       "whatever journal the controller installs (see 'journal')",
+    "pysyncobj_defaults": "SyncObjConf() with no arguments: appendEntriesUseBatch=True, "
+                          "appendEntriesPeriod=0.1 s, memory journal, no password",
+    # experiments (--raw-conf):
+    "controller_conf_no_password": "controller_conf without the password (no encryption)",
+    "controller_conf_no_fsync": "controller_conf with the controller journal's fsync off",
+    "controller_conf_stock_journal": "controller_conf with pysyncobj's own FileJournal",
+}
+
+
 def _raw_conf(kind: str, secret: str, data_dir: str):
     from pysyncobj import SyncObjConf
 
-    if kind == "controller_conf":
-        from controller.raft_node import RaftSettings, _syncobj_conf
-
-        return _syncobj_conf(RaftSettings(secret=secret), Path(data_dir))
-    if kind == "controller_conf_no_password":
-        from controller.raft_node import RaftSettings, _syncobj_conf
-
-        return _syncobj_conf(RaftSettings(secret=None), Path(data_dir))
     if kind == "pysyncobj_defaults":
         return SyncObjConf()
-    raise ValueError(kind)
+    if kind not in RAW_CONFS:
+        raise ValueError(f"unknown raw conf {kind}; known: {sorted(RAW_CONFS)}")
+    import pysyncobj.syncobj
+
+    import controller.raft_node as raft_node  # may install the controller's journal
+
+    conf = raft_node._syncobj_conf(
+        raft_node.RaftSettings(secret=None if kind == "controller_conf_no_password" else secret),
+        Path(data_dir))
+    if kind == "controller_conf_no_fsync" and hasattr(raft_node, "_JOURNAL_FSYNC"):
+        raft_node._JOURNAL_FSYNC[str(conf.journalFile)] = False
+    if kind == "controller_conf_stock_journal":
+        from pysyncobj.journal import createJournal
+
+        pysyncobj.syncobj.createJournal = createJournal
+    return conf
 
 
 def _raw_node(index: int, addresses: list[str], kind: str, secret: str, data_dir: str,
-              conn) -> None:
+              conn, patch_next_index: bool = False) -> None:
     """One node of the raw cluster; obeys commands from the parent over a Pipe."""
     from pysyncobj import SyncObj, SyncObjException, replicated
+
+    if patch_next_index:
+        patch_pysyncobj_next_index()
 
     class Counter(SyncObj):
         def __init__(self) -> None:
@@ -613,6 +877,18 @@ def _raw_node(index: int, addresses: list[str], kind: str, secret: str, data_dir
 
     Path(data_dir).mkdir(parents=True, exist_ok=True)
     node = Counter()
+    # count journal writes: with pysyncobj's resends a follower truncates and re-adds
+    # entries it already holds, and each re-add is a journal write (an fsync if durable)
+    journal_ops: collections.Counter = collections.Counter()
+    journal = node._SyncObj__raftLog
+    for method in ("add", "deleteEntriesFrom"):
+        original = getattr(journal, method)
+
+        def counted(*a, _original=original, _name=method):
+            journal_ops[_name] += 1
+            return _original(*a)
+
+        setattr(journal, method, counted)
     try:
         for _ in range(100_000):
             if not conn.poll(60.0):
@@ -625,7 +901,11 @@ def _raw_node(index: int, addresses: list[str], kind: str, secret: str, data_dir
             if op == "status":
                 leader = node._getLeader()
                 conn.send(("ok", {"leader": leader.address if leader else "",
-                                  "is_leader": node._isLeader()}))
+                                  "is_leader": node._isLeader(),
+                                  "journal": type(node._SyncObj__raftLog).__module__ + "."
+                                  + type(node._SyncObj__raftLog).__name__,
+                                  "journal_ops": dict(journal_ops),
+                                  "last_applied": node._SyncObj__raftLastApplied}))
             elif op == "seq":
                 _, count, warmup, time_limit = msg
                 lat: list[float] = []
@@ -687,7 +967,7 @@ def _raw_async(node, duration: float, warmup: float, window: int) -> dict[str, A
 
 
 class RawCluster:
-    def __init__(self, root: Path, kind: str, secret: str) -> None:
+    def __init__(self, root: Path, kind: str, secret: str, patch_next_index: bool = False) -> None:
         from controller.local import free_ports
 
         self.kind = kind
@@ -699,7 +979,7 @@ class RawCluster:
             parent, child = ctx.Pipe()
             p = ctx.Process(target=_raw_node, daemon=True, name=f"raw-{kind}-{i}",
                             args=(i, self.addresses, kind, secret, str(root / f"raw-{kind}-{i}"),
-                                  child))
+                                  child, patch_next_index))
             p.start()
             BENCH_CHILDREN.append(p)
             self.procs.append(p)
@@ -713,6 +993,9 @@ class RawCluster:
         if status != "ok":
             raise RuntimeError(payload)
         return payload
+
+    def journal(self, i: int) -> str:
+        return self.ask(i, ("status",), 30.0)["journal"]
 
     def wait_leader(self, timeout_s: float) -> int:
         deadline = time.monotonic() + timeout_s
@@ -745,24 +1028,45 @@ class RawCluster:
                 p.join(timeout=2.0)
 
 
+# Outstanding async calls: with appendEntriesUseBatch=True an entry waits for the next
+# appendEntriesPeriod (0.1 s by default), so only a big window shows that conf's rate.
+RAW_WINDOWS = {"controller_conf": [16, 64, 256], "controller_conf_no_password": [16, 64, 256],
+               "pysyncobj_defaults": [2000, 20000]}
+RAW_WINDOWS_QUICK = {"controller_conf": [64], "controller_conf_no_password": [64],
+                     "pysyncobj_defaults": [20000]}
+
+
 def raw_baseline(root: Path, kind: str, secret: str, args: argparse.Namespace) -> dict[str, Any]:
-    raw = RawCluster(root, kind, secret)
+    raw = RawCluster(root, kind, secret, args.patch_next_index)
     try:
         leader = raw.wait_leader(30.0)
-        seq = raw.ask(leader, ("seq", args.seq_count, 50, args.seq_time_limit), 120.0)
-        out: dict[str, Any] = {"conf": kind, "leader": leader}
+        seq = raw.ask(leader, ("seq", args.seq_count, 10, args.raw_seq_time_limit), 120.0)
+        out: dict[str, Any] = {"conf": kind, "what": RAW_CONFS.get(kind, ""), "leader": leader,
+                               "journal": raw.journal(leader)}
         out["sequential"] = latency_summary(seq["latencies"])
         out["sequential"]["errors"] = seq["errors"]
         best = None
-        for window in args.raw_windows:
+        for window in args.raw_windows or (RAW_WINDOWS_QUICK if args.quick else RAW_WINDOWS)[kind]:
             meter = CpuMeter(raw.pids())
             res = raw.ask(leader, ("async", args.raw_duration, args.warmup, window),
                           args.raw_duration + args.warmup + 60.0)
             res["cpu_percent"] = meter.stop()
+            if res["writes_per_s"]:
+                res["cpu_ms_per_write"] = {
+                    "leader": _r(10.0 * res["cpu_percent"][f"raw{leader}"] / res["writes_per_s"]),
+                    "all_nodes": _r(10.0 * sum(v or 0 for v in res["cpu_percent"].values())
+                                    / res["writes_per_s"])}
             out.setdefault("async_by_window", []).append(res)
             if best is None or (res["writes_per_s"] or 0) > (best["writes_per_s"] or 0):
                 best = res
         out["async_best"] = best
+        statuses = [raw.ask(i, ("status",), 10.0) for i in range(3)]
+        out["journal_writes"] = {
+            f"raw{i}{' (leader)' if i == leader else ''}": {
+                "entries_applied": st["last_applied"],
+                "journal_adds": st["journal_ops"].get("add", 0),
+                "journal_truncations": st["journal_ops"].get("deleteEntriesFrom", 0)}
+            for i, st in enumerate(statuses)}
         return out
     finally:
         raw.stop()
@@ -779,6 +1083,9 @@ def failover_round(cluster: Cluster, round_no: int, per_call_timeout_s: float) -
     survivors = [n for n in cluster.by_id if n != leader]
     client = ControllerClient([cluster.grpc(n) for n in survivors], timeout_s=per_call_timeout_s)
     attempts = errors = 0
+    error_codes: collections.Counter = collections.Counter()
+    last_error = ""
+    committed_at = None
     try:
         import grpc
 
@@ -786,10 +1093,13 @@ def failover_round(cluster: Cluster, round_no: int, per_call_timeout_s: float) -
             client._stub(cluster.grpc(n))
             grpc.channel_ready_future(client._channels[cluster.grpc(n)]).result(timeout=5.0)
         proc = cluster.supervisor.children[leader]
+        elected: dict[str, Any] = {}
+        stop_watch = threading.Event()
         t0 = time.monotonic()
         proc.kill()
-        committed_at = None
-        last_error = ""
+        watcher = threading.Thread(target=_watch_election, daemon=True,
+                                   args=(cluster, survivors, leader, t0, elected, stop_watch))
+        watcher.start()
         for i in range(10_000):
             if time.monotonic() - t0 > 20.0:
                 break
@@ -801,7 +1111,10 @@ def failover_round(cluster: Cluster, round_no: int, per_call_timeout_s: float) -
             except MqmetaError as exc:
                 errors += 1
                 last_error = exc.message[:160]
+                error_codes[exc.code] += 1
         proc.wait(timeout=5.0)
+        watcher.join(timeout=max(0.1, 12.0 - (time.monotonic() - t0)))
+        stop_watch.set()
     finally:
         client.close()
     sample = None if committed_at is None else committed_at - t0
@@ -809,11 +1122,33 @@ def failover_round(cluster: Cluster, round_no: int, per_call_timeout_s: float) -
     cluster.restart(leader)
     healthy_s = cluster.wait_healthy(30.0, caught_up=leader)
     out = {"round": round_no, "killed": leader, "new_leader": new_leader,
-           "failover_s": _r(sample, 4), "attempts": attempts, "failed_attempts": errors,
+           "failover_s": _r(sample, 4), "new_leader_known_s": _r(elected.get("at"), 4),
+           "attempts": attempts, "failed_attempts": errors,
+           "failed_attempt_codes": dict(error_codes),
            "restart_to_healthy_s": _r(healthy_s, 2)}
     if sample is None:
         out["last_error"] = last_error
     return out
+
+
+def _watch_election(cluster: Cluster, survivors: list[str], killed: str, t0: float,
+                    elected: dict[str, Any], stop: threading.Event) -> None:
+    """Records when a survivor first names a new leader (polls every 20 ms, <= 10 s)."""
+    from mqmeta.errors import MqmetaError
+
+    for _ in range(500):
+        if stop.is_set() or time.monotonic() - t0 > 10.0:
+            return
+        for node in survivors:
+            try:
+                meta = cluster.metadata(node, timeout_s=0.2)
+            except MqmetaError:
+                continue
+            if meta.leader_id and meta.leader_id != killed:
+                elected["at"] = time.monotonic() - t0
+                elected["leader"] = meta.leader_id
+                return
+        time.sleep(0.02)
 
 
 # Orchestration ------------------------------------------------------------------------------
@@ -825,31 +1160,43 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="short run (< 60 s)")
     p.add_argument("--keep", action="store_true", help="keep the temporary directory")
-    p.add_argument("--only", default="", help="comma list of phases: seq,concurrent,ceiling,raw,failover")
+    p.add_argument("--only", default="",
+                   help="comma list of phases: seq,concurrent,batched,ceiling,raw,failover")
     p.add_argument("--modes", default="threads,processes", help="concurrent client modes")
     p.add_argument("--raft-setting", action="append", default=[],
                    help="KEY=INT RaftSettings override passed via the controller's --config")
+    p.add_argument("--no-secret", action="store_true",
+                   help="experiment: start the controllers without --secret-file")
     p.add_argument("--grpc-workers", type=int, default=0, help="override GRPC_WORKERS_MAX")
     p.add_argument("--switch-interval", type=float, default=0.0,
                    help="sys.setswitchinterval() in the controller processes (seconds)")
     p.add_argument("--profile-leader", action="store_true",
                    help="sample the leader's thread stacks during the concurrent phase")
+    p.add_argument("--profile-tick", action="store_true",
+                   help="with --profile-leader: also cProfile pysyncobj's tick thread "
+                        "(slows it down a lot)")
+    p.add_argument("--patch-next-index", action="store_true",
+                   help="experiment: patch pysyncobj's nextIndex regression in the controllers "
+                        "and the raw nodes")
     p.add_argument("--raw-conf", default="", help="comma list of raw baseline confs")
     p.add_argument("--clients", type=int, default=CLIENTS)
+    p.add_argument("--duration", type=float, default=0.0, help="concurrent phase seconds")
+    p.add_argument("--raw-windows", default="", help="comma list of async windows (all confs)")
     args = p.parse_args(argv)
     q = args.quick
     args.seq_count = 300 if q else 1500
     args.seq_time_limit = 8.0 if q else 20.0
-    args.duration = 2.0 if q else 5.0
+    args.raw_seq_time_limit = 2.0 if q else 3.0  # pysyncobj defaults: ~100 ms per call
+    args.duration = args.duration or (2.0 if q else 5.0)
     args.warmup = 0.3 if q else 0.5
     args.raw_duration = 2.0 if q else 4.0
-    args.raw_windows = [64] if q else [16, 256]
+    args.raw_windows = [int(w) for w in args.raw_windows.split(",")] if args.raw_windows else []
     args.failover_rounds = 3 if q else 10
-    args.failover_call_timeout_s = 0.3
+    args.failover_call_timeout_s = 0.25
     args.budget_s = 58.0 if q else 178.0
     args.raw_confs = (args.raw_conf.split(",") if args.raw_conf
                       else ["controller_conf", "pysyncobj_defaults"])
-    phases = {"seq", "concurrent", "ceiling", "raw", "failover"}
+    phases = {"seq", "concurrent", "batched", "ceiling", "raw", "failover"}
     args.phases = set(args.only.split(",")) if args.only else phases
     return args
 
@@ -864,13 +1211,23 @@ def run(args: argparse.Namespace, root: Path, result: dict[str, Any]) -> None:
     result["cluster"] = {"start_to_ready_s": _r(time.monotonic() - t0, 2),
                          "nodes": {n.id: n.grpc for n in cluster.layout.controllers},
                          "raft_settings_overrides": args.raft_setting,
-                         "grpc_workers": args.grpc_workers or "default (64)"}
-    leader = cluster.leader_id()
-    order = [cluster.grpc(leader)] + [cluster.grpc(n) for n in cluster.by_id if n != leader]
+                         "grpc_workers": args.grpc_workers or "default (64)",
+                         "raft_secret": not args.no_secret,
+                         "experiments": {k: getattr(args, k) for k in (
+                             "switch_interval", "patch_next_index", "profile_leader")
+                             if getattr(args, k)}}
+    def leader_first() -> tuple[str, list[str]]:
+        leader = cluster.leader_id()
+        return leader, [cluster.grpc(leader)] + [cluster.grpc(n) for n in cluster.by_id
+                                                  if n != leader]
+
+    leader, order = leader_first()
     result["cluster"]["leader"] = leader
     tag = f"b{int(time.time())}"
 
     if "seq" in args.phases:
+        leader, order = leader_first()
+        result["grpc_floor_sequential"] = sequential_health(order[0], 300 if args.quick else 1000)
         log(f"sequential: {args.seq_count} CreateTopic writes through the leader {leader}")
         result["sequential"] = sequential_writes(order, args.seq_count, f"{tag}-seq", 30,
                                                  args.seq_time_limit)
@@ -884,6 +1241,7 @@ def run(args: argparse.Namespace, root: Path, result: dict[str, Any]) -> None:
             f"{result['sequential']['writes_per_s']} writes/s")
 
     if "concurrent" in args.phases:
+        leader, order = leader_first()
         runs = []
         for mode in args.modes.split(","):
             log(f"concurrent: {args.clients} clients as {mode} for {args.duration}s")
@@ -897,19 +1255,34 @@ def run(args: argparse.Namespace, root: Path, result: dict[str, Any]) -> None:
                 r["profile_file"] = str(root / f"profile-{leader}.json")
                 if args.keep:
                     pass
-                try:
-                    r["profile"] = json.loads(Path(r["profile_file"]).read_text())
-                except (OSError, ValueError):
-                    pass
+                for key, suffix in (("profile", ".json"), ("raft_messages", ".messages.json")):
+                    try:
+                        r[key] = json.loads(Path(r["profile_file"]).with_suffix(suffix)
+                                            .read_text())
+                    except (OSError, ValueError):
+                        pass
             log(f"concurrent {mode}: {r['writes_per_s']} writes/s p50 {r.get('p50_ms')} ms "
                 f"cpu {r['cpu_percent']}")
             runs.append(r)
         best = max(runs, key=lambda r: r["writes_per_s"] or 0)
+        why = ["the mode with the higher rate shows more of the server's capacity"]
+        for r in runs:
+            client_cpu = r["cpu_percent"].get("bench", r["cpu_percent"].get("clients_total"))
+            why.append(f"{r['mode']}: {r['writes_per_s']} writes/s, client CPU {client_cpu}% "
+                       f"(100 = one core), leader CPU "
+                       f"{r['cpu_percent'].get(r['leader'])}%")
         result["concurrent"] = {"mode_used": best["mode"], "best": best, "runs": runs,
-                                "why": "the client mode with the higher rate shows more of the "
-                                       "server's capacity"}
+                                "why": "; ".join(why)}
 
+    if "batched" in args.phases:
+        log(f"batched: {args.clients} threads, WriteBatch of {BATCH_WRITES} writes per call")
+        r = concurrent_writes(cluster, order, "threads", args.clients, args.duration,
+                              1.0 if args.quick else 2.0, f"{tag}-batch", op="batch")
+        r["writes_per_call"] = BATCH_WRITES
+        result["concurrent_batched"] = r
+        log(f"batched: {r['writes_per_s']} writes/s p50 {r.get('p50_ms')} ms")
     if "ceiling" in args.phases:
+        leader, order = leader_first()
         log(f"gRPC ceiling: {args.clients} threads calling Health.Check (no Raft) on the leader")
         r = concurrent_writes(cluster, order, "threads", args.clients, args.duration,
                               args.warmup, f"{tag}-h", op="health")
@@ -941,12 +1314,18 @@ def run(args: argparse.Namespace, root: Path, result: dict[str, Any]) -> None:
                 log(f"failover: stopping after {k} rounds to stay within the time budget")
                 result["failover_truncated"] = True
                 break
-            r = failover_round(cluster, k, args.failover_call_timeout_s)
+            try:
+                r = failover_round(cluster, k, args.failover_call_timeout_s)
+            except RuntimeError as exc:  # the cluster did not recover: report, stop here
+                result["failover_error"] = str(exc)
+                log(f"failover round {k + 1}: {exc}")
+                break
             rounds.append(r)
             if r["failover_s"] is not None:
                 samples.append(r["failover_s"])
             log(f"failover {k + 1}/{args.failover_rounds}: killed {r['killed']}, first commit "
-                f"after {r['failover_s']} s, new leader {r['new_leader']}, healthy again in "
+                f"after {r['failover_s']} s (leader known after {r['new_leader_known_s']} s), "
+                f"new leader {r['new_leader']}, healthy again in "
                 f"{r['restart_to_healthy_s']} s")
         result["failover"] = {
             "rounds": len(rounds), "samples_s": samples,
@@ -973,8 +1352,17 @@ def summarize(result: dict[str, Any]) -> None:
                                                            r["async_best"]["writes_per_s"])
         ratios[f"seq_p50_vs_raw_sync_p50_{kind}"] = _ratio(seq.get("p50_ms"),
                                                            r["sequential"].get("p50_ms"))
+    batched = result.get("concurrent_batched", {})
+    for kind, r in raw.items():
+        ratios[f"batched_vs_raw_async_{kind}"] = _ratio(batched.get("writes_per_s"),
+                                                        r["async_best"]["writes_per_s"])
     result["ratios"] = ratios
     met: dict[str, Any] = {}
+    if batched:
+        met["batched_ge_5000_writes_per_s"] = (batched["writes_per_s"] or 0) >= 5000
+        for kind in raw:
+            ratio = ratios.get(f"batched_vs_raw_async_{kind}")
+            met[f"batched_ge_30pct_of_raw_{kind}"] = ratio is not None and ratio >= 0.30
     if seq:
         met["seq_p50_le_3ms"] = seq["p50_ms"] is not None and seq["p50_ms"] <= 3.0
     if conc:
@@ -1020,6 +1408,12 @@ def main(argv: list[str]) -> int:
         "bench": "mqmeta controller", "quick": args.quick,
         "env": {"python": platform.python_version(), "cpus": os.cpu_count(),
                 "grpcio": grpc.__version__, "pysyncobj": VERSION, "host": "127.0.0.1"}}
+    busy0 = machine_busy()
+    time.sleep(0.5 if args.quick else 1.0)
+    result["env"]["machine_busy_percent_before_start"] = machine_busy_percent(busy0)
+    result["env"]["loadavg_before_start"] = os.getloadavg()
+    result["env"]["note"] = ("cpu_percent: 100 = one core; machine_busy_percent: all cores; "
+                             "other_processes_cpu_percent: load this benchmark did not create")
     t0 = time.monotonic()
     printed = threading.Event()
 
@@ -1051,6 +1445,7 @@ def main(argv: list[str]) -> int:
         raise KeyboardInterrupt(f"signal {signum}")
 
     signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, on_term)  # also when started with SIGINT ignored (`cmd &`)
     status = 0
     try:
         run(args, root, result)

@@ -25,7 +25,7 @@ from controller.state_machine import (
     replica_view,
     topic_route,
 )
-from mqmeta.errors import MqmetaError, NotFound, NotLeader, error_from_code
+from mqmeta.errors import DeadlineExceeded, MqmetaError, NotFound, NotLeader, error_from_code
 
 log = logging.getLogger(__name__)
 Json = dict[str, Any]
@@ -116,6 +116,25 @@ class ControllerCore:
         if not result.get("ok"):
             raise error_from_code(result["code"], result["message"])
         return result
+
+    def propose_many(self, commands: list[Json], timeout_s: float = 5.0) -> list[Json | MqmetaError]:
+        """Independent writes sharing the group commit; one result or error each."""
+        futures = [self.proposer.submit(c) for c in commands]
+        deadline = time.monotonic() + timeout_s
+        outcomes: list[Json | MqmetaError] = []
+        for future, command in zip(futures, commands, strict=True):
+            try:
+                result = future.result(timeout=max(0.0, deadline - time.monotonic()))
+            except TimeoutError:
+                outcomes.append(DeadlineExceeded(f"{command['type']} was not committed within "
+                                                 f"{timeout_s:.1f}s; its outcome is unknown"))
+                continue
+            except MqmetaError as error:
+                outcomes.append(error)
+                continue
+            ok = result.get("ok")
+            outcomes.append(result if ok else error_from_code(result["code"], result["message"]))
+        return outcomes
 
     def read_barrier(self, timeout_s: float = 5.0) -> ControllerState:
         self.proposer.propose({"type": "barrier"}, timeout_s)

@@ -193,20 +193,13 @@ class ControllerServicer(pb_grpc.ControllerServiceServicer):
         return pb.ListBrokerSetsResponse(
             broker_sets=[replica_info_pb(v) for v in self.core.broker_sets(cluster)])
 
-    def _put_topic(self, request, mode: str):
-        result = self.core.propose({
-            "type": "put_topic", "mode": mode, "name": request.name, "cluster": request.cluster,
-            "queue_count": request.queue_count, "broker_names": list(request.broker_names),
-            "perm": request.perm, "message_type": request.message_type})
-        return topic_pb(result["topic"])
-
     @rpc
     def CreateTopic(self, request, context):
-        return self._put_topic(request, "create")
+        return topic_pb(self.core.propose(_topic_command(request, "create"))["topic"])
 
     @rpc
     def UpdateTopic(self, request, context):
-        return self._put_topic(request, "update")
+        return topic_pb(self.core.propose(_topic_command(request, "update"))["topic"])
 
     @rpc
     def DeleteTopic(self, request, context):
@@ -221,23 +214,13 @@ class ControllerServicer(pb_grpc.ControllerServiceServicer):
     def GetTopicRoute(self, request, context):
         return route_pb(self.core.topic_route(request.name))
 
-    def _put_group(self, request, mode: str):
-        result = self.core.propose({
-            "type": "put_group", "mode": mode, "name": request.name,
-            "subscriptions": [{"topic": s.topic, "expression": s.expression}
-                              for s in request.subscriptions],
-            "consume_from": request.consume_from,
-            "consume_timestamp_ms": request.consume_timestamp_ms,
-            "retry_max_times": request.retry_max_times, "retry_policy": request.retry_policy})
-        return group_pb(result["group"])
-
     @rpc
     def CreateGroup(self, request, context):
-        return self._put_group(request, "create")
+        return group_pb(self.core.propose(_group_command(request, "create"))["group"])
 
     @rpc
     def UpdateGroup(self, request, context):
-        return self._put_group(request, "update")
+        return group_pb(self.core.propose(_group_command(request, "update"))["group"])
 
     @rpc
     def DeleteGroup(self, request, context):
@@ -256,6 +239,16 @@ class ControllerServicer(pb_grpc.ControllerServiceServicer):
     def UpdateConfig(self, request, context):
         result = self.core.propose({"type": "update_config", "values": dict(request.values)})
         return config_pb(result["config"])
+
+    @rpc
+    def Write(self, request, context):
+        count = len(request.writes)
+        if not 1 <= count <= WRITE_BATCH_MAX:
+            raise InvalidArgument(f"a write batch holds 1 to {WRITE_BATCH_MAX} writes, not {count}")
+        commands = [_write_command(i, op) for i, op in enumerate(request.writes)]
+        timeout_s = min(5.0, context.time_remaining() or 5.0)
+        outcomes = self.core.propose_many(commands, timeout_s)
+        return pb.WriteResults(results=[_write_result(o) for o in outcomes])
 
     def Watch(self, request, context):
         try:
@@ -291,6 +284,54 @@ class ControllerServicer(pb_grpc.ControllerServiceServicer):
                 abort_with(context, Unavailable("watch stream fell behind; resubscribe"))
                 return
             yield _event_pb(event)
+
+
+WRITE_BATCH_MAX = 1024
+
+
+def _topic_command(spec: pb.TopicSpec, mode: str) -> Json:
+    return {"type": "put_topic", "mode": mode, "name": spec.name, "cluster": spec.cluster,
+            "queue_count": spec.queue_count, "broker_names": list(spec.broker_names),
+            "perm": spec.perm, "message_type": spec.message_type}
+
+
+def _group_command(spec: pb.GroupSpec, mode: str) -> Json:
+    return {"type": "put_group", "mode": mode, "name": spec.name,
+            "subscriptions": [{"topic": s.topic, "expression": s.expression}
+                              for s in spec.subscriptions],
+            "consume_from": spec.consume_from, "consume_timestamp_ms": spec.consume_timestamp_ms,
+            "retry_max_times": spec.retry_max_times, "retry_policy": spec.retry_policy}
+
+
+def _write_command(position: int, op: pb.WriteOp) -> Json:
+    kind = op.WhichOneof("op")
+    if kind == "create_topic":
+        return _topic_command(op.create_topic, "create")
+    if kind == "update_topic":
+        return _topic_command(op.update_topic, "update")
+    if kind == "create_group":
+        return _group_command(op.create_group, "create")
+    if kind == "update_group":
+        return _group_command(op.update_group, "update")
+    if kind == "delete_topic":
+        return {"type": "delete_topic", "name": op.delete_topic}
+    if kind == "delete_group":
+        return {"type": "delete_group", "name": op.delete_group}
+    if kind == "update_config":
+        return {"type": "update_config", "values": dict(op.update_config.values)}
+    raise InvalidArgument(f"write #{position} names no operation")
+
+
+def _write_result(outcome: Json | MqmetaError) -> pb.WriteResult:
+    if isinstance(outcome, MqmetaError):
+        return pb.WriteResult(error_code=outcome.code, message=outcome.message)
+    if "topic" in outcome:
+        return pb.WriteResult(topic=topic_pb(outcome["topic"]))
+    if "group" in outcome:
+        return pb.WriteResult(group=group_pb(outcome["group"]))
+    if "config" in outcome:
+        return pb.WriteResult(config=config_pb(outcome["config"]))
+    return pb.WriteResult(deleted=outcome["name"])
 
 
 def _event_pb(event: Json, snapshot: bool = False) -> pb.WatchEvent:

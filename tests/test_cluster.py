@@ -310,3 +310,28 @@ def test_followers_never_truncate_entries_they_hold(cluster):
         text = (cluster.root / "logs" / f"{node.id}.log").read_text()
         assert "truncating already-applied" not in text, f"{node.id} rewrote applied entries"
         assert "dropping" not in text, f"{node.id} truncated entries it held"
+
+
+def test_write_batch_commits_each_write_independently(cluster):
+    ops = [pb.WriteOp(create_topic=pb.TopicSpec(name="B1", queue_count=2)),
+           pb.WriteOp(create_topic=pb.TopicSpec(name="B2", queue_count=3)),
+           pb.WriteOp(create_topic=pb.TopicSpec(name="B1", queue_count=2)),   # duplicate
+           pb.WriteOp(create_topic=pb.TopicSpec(name="bad name")),           # malformed
+           pb.WriteOp(create_group=pb.GroupSpec(name="G1", subscriptions=[
+               pb.Subscription(topic="B1", expression="TagA || TagB")])),
+           pb.WriteOp(delete_topic="B2"),
+           pb.WriteOp(update_config=pb.UpdateConfigRequest(values={"default_queue_count": "3"}))]
+    with cluster.client() as client:
+        results = client.call("Write", pb.WriteBatch(writes=ops)).results
+        assert [r.error_code for r in results] == [
+            "", "", "TOPIC_EXISTS", "INVALID_ARGUMENT", "", "", ""]
+        assert results[1].topic.queue_count == 3 and results[5].deleted == "B2"
+        assert results[3].message, "a failed write says why"
+        assert results[6].config.values["default_queue_count"] == "3"
+        names = {t.name for t in client.call("ListTopics", pb.ListTopicsRequest()).topics}
+        assert names == {"B1"}
+        for bad in (pb.WriteBatch(), pb.WriteBatch(writes=[pb.WriteOp()] * 1025),
+                    pb.WriteBatch(writes=[pb.WriteOp()])):
+            with pytest.raises(MqmetaError) as refused:
+                client.call("Write", bad)
+            assert refused.value.code == "INVALID_ARGUMENT"

@@ -413,6 +413,52 @@ class UpdateConfigRequest(_message.Message):
     values: _containers.ScalarMap[str, str]
     def __init__(self, values: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
+class WriteOp(_message.Message):
+    __slots__ = ("create_topic", "update_topic", "delete_topic", "create_group", "update_group", "delete_group", "update_config")
+    CREATE_TOPIC_FIELD_NUMBER: _ClassVar[int]
+    UPDATE_TOPIC_FIELD_NUMBER: _ClassVar[int]
+    DELETE_TOPIC_FIELD_NUMBER: _ClassVar[int]
+    CREATE_GROUP_FIELD_NUMBER: _ClassVar[int]
+    UPDATE_GROUP_FIELD_NUMBER: _ClassVar[int]
+    DELETE_GROUP_FIELD_NUMBER: _ClassVar[int]
+    UPDATE_CONFIG_FIELD_NUMBER: _ClassVar[int]
+    create_topic: TopicSpec
+    update_topic: TopicSpec
+    delete_topic: str
+    create_group: GroupSpec
+    update_group: GroupSpec
+    delete_group: str
+    update_config: UpdateConfigRequest
+    def __init__(self, create_topic: _Optional[_Union[TopicSpec, _Mapping]] = ..., update_topic: _Optional[_Union[TopicSpec, _Mapping]] = ..., delete_topic: _Optional[str] = ..., create_group: _Optional[_Union[GroupSpec, _Mapping]] = ..., update_group: _Optional[_Union[GroupSpec, _Mapping]] = ..., delete_group: _Optional[str] = ..., update_config: _Optional[_Union[UpdateConfigRequest, _Mapping]] = ...) -> None: ...
+
+class WriteBatch(_message.Message):
+    __slots__ = ("writes",)
+    WRITES_FIELD_NUMBER: _ClassVar[int]
+    writes: _containers.RepeatedCompositeFieldContainer[WriteOp]
+    def __init__(self, writes: _Optional[_Iterable[_Union[WriteOp, _Mapping]]] = ...) -> None: ...
+
+class WriteResult(_message.Message):
+    __slots__ = ("error_code", "message", "topic", "group", "config", "deleted")
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_FIELD_NUMBER: _ClassVar[int]
+    DELETED_FIELD_NUMBER: _ClassVar[int]
+    error_code: str
+    message: str
+    topic: Topic
+    group: Group
+    config: ControllerConfig
+    deleted: str
+    def __init__(self, error_code: _Optional[str] = ..., message: _Optional[str] = ..., topic: _Optional[_Union[Topic, _Mapping]] = ..., group: _Optional[_Union[Group, _Mapping]] = ..., config: _Optional[_Union[ControllerConfig, _Mapping]] = ..., deleted: _Optional[str] = ...) -> None: ...
+
+class WriteResults(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[WriteResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[WriteResult, _Mapping]]] = ...) -> None: ...
+
 class WatchRequest(_message.Message):
     __slots__ = ("cluster", "broker_name")
     CLUSTER_FIELD_NUMBER: _ClassVar[int]

@@ -139,6 +139,11 @@ class ControllerServiceStub:
                 request_serializer=mqmeta_dot_pb_dot_controller__pb2.UpdateConfigRequest.SerializeToString,
                 response_deserializer=mqmeta_dot_pb_dot_controller__pb2.ControllerConfig.FromString,
                 _registered_method=True)
+        self.Write = channel.unary_unary(
+                '/mqmeta.v1.ControllerService/Write',
+                request_serializer=mqmeta_dot_pb_dot_controller__pb2.WriteBatch.SerializeToString,
+                response_deserializer=mqmeta_dot_pb_dot_controller__pb2.WriteResults.FromString,
+                _registered_method=True)
         self.Watch = channel.unary_stream(
                 '/mqmeta.v1.ControllerService/Watch',
                 request_serializer=mqmeta_dot_pb_dot_controller__pb2.WatchRequest.SerializeToString,
@@ -275,6 +280,13 @@ class ControllerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Write(self, request, context):
+        """Many independent writes in one call (bulk loads, high-throughput clients).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Watch(self, request, context):
         """Pushes role, SyncStateSet and route changes as this node applies them. The first
         event is a "snapshot" of every matching broker set.
@@ -390,6 +402,11 @@ def add_ControllerServiceServicer_to_server(servicer, server):
                     servicer.UpdateConfig,
                     request_deserializer=mqmeta_dot_pb_dot_controller__pb2.UpdateConfigRequest.FromString,
                     response_serializer=mqmeta_dot_pb_dot_controller__pb2.ControllerConfig.SerializeToString,
+            ),
+            'Write': grpc.unary_unary_rpc_method_handler(
+                    servicer.Write,
+                    request_deserializer=mqmeta_dot_pb_dot_controller__pb2.WriteBatch.FromString,
+                    response_serializer=mqmeta_dot_pb_dot_controller__pb2.WriteResults.SerializeToString,
             ),
             'Watch': grpc.unary_stream_rpc_method_handler(
                     servicer.Watch,
@@ -964,6 +981,33 @@ class ControllerService:
             '/mqmeta.v1.ControllerService/UpdateConfig',
             mqmeta_dot_pb_dot_controller__pb2.UpdateConfigRequest.SerializeToString,
             mqmeta_dot_pb_dot_controller__pb2.ControllerConfig.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Write(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mqmeta.v1.ControllerService/Write',
+            mqmeta_dot_pb_dot_controller__pb2.WriteBatch.SerializeToString,
+            mqmeta_dot_pb_dot_controller__pb2.WriteResults.FromString,
             options,
             channel_credentials,
             insecure,
