@@ -23,14 +23,14 @@ from typing import Any
 Json = dict[str, Any]
 
 DIGEST_MODULUS = 2**256
-NAME_PATTERN = re.compile(r"^[A-Za-z0-9_%|-]{1,127}$")
+NAME_PATTERN = re.compile(r"[A-Za-z0-9_%|-]{1,127}")
 QUEUE_COUNT_MAX = 1024
 PERMS = ("RW", "R", "W")
 MESSAGE_TYPES = ("NORMAL", "FIFO", "DELAY", "TRANSACTION")
 CONSUME_FROM = ("LAST_OFFSET", "FIRST_OFFSET", "TIMESTAMP")
 RETRY_POLICIES = ("EXPONENTIAL", "FIXED")
 RETRY_MAX_TIMES_MAX = 64
-ADDRESS_PATTERN = re.compile(r"^[A-Za-z0-9.\-_\[\]:]+:\d{1,5}$")
+ADDRESS_PATTERN = re.compile(r"[A-Za-z0-9.\-_\[\]:]+:\d{1,5}")
 
 # name -> (type, default, minimum, maximum); bool entries ignore min/max.
 CONFIG_SCHEMA: dict[str, tuple[type, Any, int, int]] = {
@@ -128,7 +128,7 @@ def broker_set_key(cluster: str, broker_name: str) -> str:
 
 
 def validate_name(kind: str, value: Any) -> str:
-    if not isinstance(value, str) or not NAME_PATTERN.match(value):
+    if not isinstance(value, str) or not NAME_PATTERN.fullmatch(value):
         raise Rejected(
             "INVALID_ARGUMENT",
             f"{kind} {value!r} is malformed: use 1-127 characters from A-Z a-z 0-9 _ - % |",
@@ -137,7 +137,7 @@ def validate_name(kind: str, value: Any) -> str:
 
 
 def validate_address(value: Any) -> str:
-    if not isinstance(value, str) or not ADDRESS_PATTERN.match(value):
+    if not isinstance(value, str) or not ADDRESS_PATTERN.fullmatch(value):
         raise Rejected("INVALID_ARGUMENT", f"address {value!r} is malformed: use HOST:PORT")
     return value
 
@@ -172,6 +172,8 @@ def parse_config_value(name: str, raw: Any) -> Any:
             return False
         raise Rejected("INVALID_ARGUMENT", f"{name} must be true or false, not {raw!r}")
     if kind is int:
+        if isinstance(raw, bool):
+            raise Rejected("INVALID_ARGUMENT", f"{name} must be a whole number, not {raw!r}")
         try:
             number = int(text)
         except (TypeError, ValueError):
@@ -283,11 +285,20 @@ def _register_broker(state: ControllerState, command: Json, index: int):
     return {"ok": True, "broker_id": broker_id, "replica_info": replica_view(bs)}, {key: bs}, events
 
 
+def _first_election(bs: Json) -> bool:
+    """No replica can hold acknowledged data yet: never elected, or every replica cleaned.
+
+    An empty SyncStateSet alone is not enough: cleaning its members leaves out-of-sync
+    replicas whose election would lose acknowledged messages.
+    """
+    return bs["master_epoch"] == 0 or bool(bs.get("all_replicas_cleaned"))
+
+
 def _election_candidates(bs: Json, command: Json, unclean: bool) -> list[int]:
     alive = _alive_ids(command)
     registered = {int(i) for i in bs["replicas"]}
     in_set = [i for i in bs["sync_state_set"] if i in alive and i in registered]
-    if not bs["sync_state_set"] or (not in_set and unclean):
+    if _first_election(bs) or (not in_set and unclean):
         return sorted(i for i in registered if i in alive)
     return in_set
 
@@ -321,7 +332,7 @@ def _elect_master(state: ControllerState, command: Json, index: int):
     else:
         pool = _election_candidates(bs, command, unclean)
         requester = command.get("requester_broker_id", 0)
-        if not bs["sync_state_set"] and command.get("trigger") == "broker" and requester in pool:
+        if _first_election(bs) and command.get("trigger") == "broker" and requester in pool:
             new_master = requester  # first election: the requester wins
         elif pool:
             new_master = _election_order(bs, command, pool)[0]
@@ -329,6 +340,7 @@ def _elect_master(state: ControllerState, command: Json, index: int):
             return _no_master(bs, key, current)
     bs["master_broker_id"] = new_master
     bs["master_epoch"] += 1
+    bs.pop("all_replicas_cleaned", None)
     bs["sync_state_set"] = [new_master]
     bs["sync_state_set_epoch"] += 1
     result = {"ok": True, "changed": True, "replica_info": replica_view(bs)}
@@ -421,6 +433,8 @@ def _clean_broker_data(state: ControllerState, command: Json, index: int):
     if bs["master_broker_id"] in targets:
         bs["master_broker_id"] = 0
         bs["master_epoch"] += 1  # a cleaned master that comes back is fenced
+    if not bs["replicas"]:
+        bs["all_replicas_cleaned"] = True  # fresh replicas may then elect from scratch
     # The record stays (with no replicas) so epochs never move backwards.
     result = {"ok": True, "cleaned_broker_ids": targets, "broker_set_removed": not bs["replicas"]}
     return result, {key: bs}, [_broker_set_event("role", bs)]
@@ -449,6 +463,12 @@ def _topic_spec(state: ControllerState, command: Json) -> Json:
 
 
 def _put_topic(state: ControllerState, command: Json, index: int):
+    existing = state.get(f"topic/{command.get('name')}")
+    if command.get("mode") == "update" and existing is not None:
+        # proto3 cannot tell "unset" from empty: an update keeps what it leaves empty.
+        fields = ("cluster", "queue_count", "broker_names", "perm", "message_type")
+        command = dict(command, **{f: existing[f] for f in fields
+                                   if command.get(f) in ("", 0, [], None)})
     topic = _topic_spec(state, command)
     return _put_named(state, "topic", topic, command.get("mode", "create"), index)
 
@@ -465,7 +485,7 @@ def _put_named(state: ControllerState, kind: str, value: Json, mode: str, index:
         raise Rejected("INVALID_ARGUMENT", f"mode {mode!r} is not create or update")
     value["version"] = index
     event = {"kind": kind, "name": value["name"], "cluster": value.get("cluster", "")}
-    return {"ok": True, kind: value}, {key: value}, [event]
+    return {"ok": True, kind: copy.deepcopy(value)}, {key: value}, [event]
 
 
 def _delete_named(kind: str) -> Handler:
@@ -516,7 +536,7 @@ def _update_config(state: ControllerState, command: Json, index: int):
     for name, raw in sorted(values.items()):
         merged[name] = parse_config_value(name, raw)
     validate_config_relations(merged)
-    return {"ok": True, "config": merged}, {"config": merged}, [{"kind": "config"}]
+    return {"ok": True, "config": dict(merged)}, {"config": merged}, [{"kind": "config"}]
 
 
 HANDLERS: dict[str, Handler] = {
