@@ -3,7 +3,8 @@
 It is the audit's view of a controller node (R1/R2 and the M1-M4 replay). Each line:
   {"index", "term", "node_id", "command_type", "command_digest", "state_digest",
    "commands", "effects", "crc32"}
-where crc32 covers the canonical JSON of every other field. After a crash the
+where command_digest is the SHA-256 of the Raft entry's bytes (the JSON list of commands)
+and crc32 covers the canonical JSON of every other field. After a crash the
 torn last line (if any) is cut off, and entries the node replays from its Raft
 journal are not written twice.
 """
@@ -81,8 +82,9 @@ class AppliedLog:
         if record["index"] <= self.last_index:
             return  # replayed after a restart: already on disk
         record["node_id"] = self.node_id
-        record["crc32"] = line_crc(record)
-        self._file.write(canonical_json(record).encode() + b"\n")
+        body = canonical_json(record).encode()  # serialized once: crc32 covers exactly this
+        line = body[:-1] + b',"crc32":' + str(zlib.crc32(body)).encode() + b"}\n"
+        self._file.write(line)
         self._file.flush()  # in the page cache: survives kill -9 of this process
         self.last_index = record["index"]
 

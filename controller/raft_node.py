@@ -11,6 +11,7 @@ callers and the watchers.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import threading
@@ -28,7 +29,7 @@ from pysyncobj.journal import MemoryJournal
 
 from controller.applied_log import AppliedLog
 from controller.journal import DurableJournal, reconcile_with_snapshot
-from controller.state_machine import ControllerState, apply, command_digest
+from controller.state_machine import ControllerState, apply
 from mqmeta.errors import DeadlineExceeded, InvalidArgument, Unavailable
 
 log = logging.getLogger(__name__)
@@ -151,7 +152,8 @@ class ControllerRaft(SyncObj):
         self._applied_log.append({
             "index": index, "term": term,
             "command_type": types[0] if len(types) == 1 else "batch",
-            "command_digest": command_digest(commands), "state_digest": self._state.digest,
+            "command_digest": hashlib.sha256(payload.encode()).hexdigest(),
+            "state_digest": self._state.digest,
             "commands": commands, "effects": effects,
         })
         if events:

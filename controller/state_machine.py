@@ -73,6 +73,9 @@ class ControllerState:
         self.entries: dict[str, Json] = {}
         self._hashes: dict[str, int] = {}
         self._digest_sum = 0
+        # keys by their first segment (brokerset, topic, ...): scans of one kind must not
+        # walk every topic (the liveness scan lists broker sets ten times a second)
+        self._keys_by_kind: dict[str, set[str]] = {}
 
     @property
     def digest(self) -> str:
@@ -84,14 +87,17 @@ class ControllerState:
     def commit(self, changes: dict[str, Json | None]) -> None:
         for key, value in changes.items():
             old = self._hashes.pop(key, None)
+            kind_keys = self._keys_by_kind.setdefault(key.split("/", 1)[0], set())
             if old is not None:
                 self._digest_sum = (self._digest_sum - old) % DIGEST_MODULUS
                 del self.entries[key]
+                kind_keys.discard(key)
             if value is not None:
                 h = _entry_hash(key, value)
                 self.entries[key] = value
                 self._hashes[key] = h
                 self._digest_sum = (self._digest_sum + h) % DIGEST_MODULUS
+                kind_keys.add(key)
 
     def recompute_digest(self) -> str:
         """Full re-hash; the audit and tests compare it with the running digest."""
@@ -99,7 +105,8 @@ class ControllerState:
         return format(total, "064x")
 
     def with_prefix(self, prefix: str) -> Iterable[tuple[str, Json]]:
-        return ((k, v) for k, v in sorted(self.entries.items()) if k.startswith(prefix))
+        keys = self._keys_by_kind.get(prefix.split("/", 1)[0], ())
+        return ((k, self.entries[k]) for k in sorted(k for k in keys if k.startswith(prefix)))
 
     # Reads used by the service ------------------------------------------------
     def config(self) -> Json:
