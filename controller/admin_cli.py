@@ -66,6 +66,10 @@ def add_admin_commands(admin: argparse.ArgumentParser) -> None:
     clean.add_argument("--broker-id", type=_broker_id, action="append", default=[])
     clean.add_argument("--force", action="store_true", help="also clean brokers that are alive")
 
+    _broker_set_flags(_leaf(sub, "ha-status", "each replica's role, offsets and slaves",
+                            ha_status))
+    _broker_set_flags(_leaf(sub, "broker-epoch", "each replica's epoch cache", broker_epoch))
+
     topic = sub.add_parser("topic", help="create, update, delete, list topics; show a route")
     topic_sub = topic.add_subparsers(dest="topic_command", required=True, parser_class=type(admin))
     for name, handler in (("create", topic_create), ("update", topic_update)):
@@ -277,3 +281,41 @@ def config_set(client: ControllerClient, args):
         changes[key] = value
     values = dict(client.call("UpdateConfig", pb.UpdateConfigRequest(values=changes)).values)
     return values, [{"key": k, "value": v} for k, v in sorted(values.items())]
+
+
+def _each_replica(client: ControllerClient, args, method: str, request: Any) -> list[Json]:
+    """Asks every replica of a broker set directly; an unreachable one is reported as such."""
+    import grpc
+
+    from mqmeta.pb import broker_pb2_grpc
+
+    info = client.call("GetReplicaInfo", _ref(args))
+    answers = []
+    for replica in info.replicas:
+        with grpc.insecure_channel(replica.address) as channel:
+            stub = broker_pb2_grpc.BrokerServiceStub(channel)
+            try:
+                answers.append(_dict(getattr(stub, method)(request, timeout=args.timeout)))
+            except grpc.RpcError as error:
+                answers.append({"broker_id": replica.broker_id, "address": replica.address,
+                                "error": error.details() or str(error.code())})
+    return answers
+
+
+def ha_status(client: ControllerClient, args):
+    from mqmeta.pb import broker_pb2
+
+    replicas = _each_replica(client, args, "GetHaStatus", broker_pb2.HaStatusRequest())
+    rows = [{k: r.get(k) for k in ("broker_id", "role", "master_epoch", "max_offset",
+                                     "confirm_offset", "sync_state_set", "writable", "error")}
+            for r in replicas]
+    return {"broker_name": args.broker_name, "replicas": replicas}, rows
+
+
+def broker_epoch(client: ControllerClient, args):
+    from mqmeta.pb import broker_pb2
+
+    replicas = _each_replica(client, args, "GetEpochCache", broker_pb2.EpochCacheRequest())
+    rows = [{k: r.get(k) for k in ("broker_id", "entries", "max_offset", "confirm_offset",
+                                     "error")} for r in replicas]
+    return {"broker_name": args.broker_name, "replicas": replicas}, rows

@@ -37,7 +37,6 @@ log = logging.getLogger(__name__)
 FILE_MAGIC = b"MQMJRNL1"
 RECORD_HEADER = struct.Struct("<IIQQ")
 RECORD_COMMAND_MAX = 256 << 20
-SNAPSHOT_READ_BYTES = 1 << 20
 
 Entry = tuple[bytes, int, int]  # command, raft index, term
 
@@ -248,7 +247,8 @@ def read_snapshot_tail(path: Path) -> tuple[Entry, Entry] | None:
         return None
     try:
         with gzip.open(path, "rb") as snapshot:
-            data = syncobj_pickle.load(snapshot)
+            raw = snapshot.read()  # to the end: only then is the gzip CRC-32 checked
+        data = syncobj_pickle.loads(raw)
     except Exception as exc:  # gzip/zlib/pickle each raise their own kinds
         raise CorruptData(
             f"Raft snapshot {path} is corrupt ({type(exc).__name__}: {exc}); this node refuses "

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -56,20 +56,38 @@ class NodeLayout:
 
 
 @dataclass
+class BrokerLayout:
+    name: str              # process name: {broker_name}-{replica}
+    broker_name: str
+    grpc: str
+    data_dir: str          # relative to the cluster directory
+
+
+def broker_set_name(index: int) -> str:
+    return "broker-" + "abcdefghijklmnopqrstuvwxyz"[index]
+
+
+@dataclass
 class Layout:
     embedded: bool
     controllers: list[NodeLayout]
     namesrv: list[str]
+    brokers: list[BrokerLayout] = field(default_factory=list)
 
     @staticmethod
-    def create(count: int, embedded: bool) -> Layout:
-        ports = free_ports(count * 3 + 1)
+    def create(count: int, embedded: bool, broker_sets: int = 0, replicas: int = 0) -> Layout:
+        ports = free_ports(count * 3 + 1 + broker_sets * replicas)
         nodes = [NodeLayout(id=f"c{i + 1}", grpc=f"127.0.0.1:{ports[3 * i]}",
                             raft=f"127.0.0.1:{ports[3 * i + 1]}", data_dir=f"controllers/c{i + 1}",
                             namesrv=f"127.0.0.1:{ports[3 * i + 2]}" if embedded else "")
                  for i in range(count)]
-        namesrv = [n.namesrv for n in nodes] if embedded else [f"127.0.0.1:{ports[-1]}"]
-        return Layout(embedded, nodes, namesrv)
+        namesrv = [n.namesrv for n in nodes] if embedded else [f"127.0.0.1:{ports[3 * count]}"]
+        broker_ports = iter(ports[3 * count + 1:])
+        brokers = [BrokerLayout(name=f"{broker_set_name(s)}-{r + 1}", broker_name=broker_set_name(s),
+                                grpc=f"127.0.0.1:{next(broker_ports)}",
+                                data_dir=f"brokers/{broker_set_name(s)}-{r + 1}")
+                   for s in range(broker_sets) for r in range(replicas)]
+        return Layout(embedded, nodes, namesrv, brokers)
 
     def peer_flags(self) -> list[str]:
         flags = []
@@ -82,18 +100,21 @@ class Layout:
         return ",".join(n.grpc for n in self.controllers)
 
 
-def load_or_create_layout(root: Path, count: int, embedded: bool) -> Layout:
+def load_or_create_layout(root: Path, count: int, embedded: bool, broker_sets: int = 0,
+                          replicas: int = 0) -> Layout:
     path = root / "layout.json"
     if path.exists():
         data = json.loads(path.read_text())
         layout = Layout(data["embedded"], [NodeLayout(**n) for n in data["controllers"]],
-                        data["namesrv"])
-        if len(layout.controllers) != count or layout.embedded != embedded:
+                        data["namesrv"], [BrokerLayout(**b) for b in data.get("brokers", [])])
+        if (len(layout.controllers) != count or layout.embedded != embedded
+                or len(layout.brokers) != broker_sets * replicas):
             raise InvalidArgument(
                 f"{root} already holds a cluster of {len(layout.controllers)} controllers "
-                f"(embedded={layout.embedded}); use the same flags or another --data-dir")
+                f"(embedded={layout.embedded}) and {len(layout.brokers)} brokers; use the same "
+                "flags or another --data-dir")
         return layout
-    layout = Layout.create(count, embedded)
+    layout = Layout.create(count, embedded, broker_sets, replicas)
     root.mkdir(parents=True, exist_ok=True)
     _write_json(path, asdict(layout))
     return layout
@@ -121,6 +142,34 @@ def controller_command(root: Path, layout: Layout, node: NodeLayout) -> list[str
     if layout.embedded:
         return [*base, "namesrv", "--listen", node.namesrv, "--embed-controller", *flags]
     return [*base, "controller", *flags]
+
+
+def broker_command(root: Path, layout: Layout, broker: BrokerLayout) -> list[str]:
+    return [sys.executable, "-m", "mqmeta.cli", "broker", "--broker-name", broker.broker_name,
+            "--listen", broker.grpc, "--controllers", layout.controller_addresses,
+            "--data-dir", str(root / broker.data_dir)]
+
+
+def wait_brokers_ready(brokers: list[BrokerLayout], timeout_s: float = READY_TIMEOUT_S) -> dict:
+    """Every broker registered with a role, and every broker set with a writable master."""
+    from mqmeta.pb import broker_pb2, broker_pb2_grpc
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        statuses = {}
+        for broker in brokers:
+            with grpc.insecure_channel(broker.grpc) as channel:
+                try:
+                    statuses[broker.name] = broker_pb2_grpc.BrokerServiceStub(channel).GetHaStatus(
+                        broker_pb2.HaStatusRequest(), timeout=1.0)
+                except grpc.RpcError:
+                    break
+        if len(statuses) == len(brokers) and all(s.role != "FENCED" for s in statuses.values()):
+            writable = {s.broker_name for s in statuses.values() if s.writable}
+            if writable == {b.broker_name for b in brokers}:
+                return statuses
+        time.sleep(0.1)
+    raise Unavailable(f"the brokers did not become ready within {timeout_s:.0f}s; see the logs")
 
 
 def namesrv_command(layout: Layout) -> list[str]:
@@ -193,8 +242,11 @@ def _serving(address: str) -> bool:
 def local_up(args: argparse.Namespace) -> int:
     if not 1 <= args.controllers <= CONTROLLERS_MAX or args.controllers % 2 == 0:
         raise InvalidArgument(f"--controllers must be odd, from 1 to {CONTROLLERS_MAX}")
+    if not 0 <= args.broker_sets <= 26 or not 1 <= args.replicas <= 5:
+        raise InvalidArgument("--broker-sets must be 0 to 26 and --replicas 1 to 5")
     root = args.data_dir.resolve()
-    layout = load_or_create_layout(root, args.controllers, args.embedded)
+    layout = load_or_create_layout(root, args.controllers, args.embedded, args.broker_sets,
+                                   args.replicas)
     ensure_secret(root)
     supervisor = Supervisor(root)
     stop = threading.Event()
@@ -206,7 +258,15 @@ def local_up(args: argparse.Namespace) -> int:
         if not layout.embedded:
             supervisor.start("namesrv", namesrv_command(layout))
         wait_ready(layout.controller_addresses, layout.namesrv)
-        _write_json(root / "cluster.json", cluster_document(root, layout, supervisor))
+        for broker in layout.brokers:
+            supervisor.start(broker.name, broker_command(root, layout, broker))
+        statuses = wait_brokers_ready(layout.brokers) if layout.brokers else {}
+        document = cluster_document(root, layout, supervisor)
+        document["brokers"] = [{"cluster": statuses[b.name].cluster, "broker_name": b.broker_name,
+                                "broker_id": statuses[b.name].broker_id, "grpc": b.grpc,
+                                "pid": supervisor.children[b.name].pid,
+                                "data_dir": str(root / b.data_dir)} for b in layout.brokers]
+        _write_json(root / "cluster.json", document)
         print(f"mqmeta local cluster ready: controllers {layout.controller_addresses}; "
               f"nameserver {','.join(layout.namesrv)}; see {root / 'cluster.json'}", flush=True)
         _supervise(supervisor, stop)

@@ -56,6 +56,14 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--controllers", type=int, default=3, help="controller nodes (odd, 1-7)")
     up.add_argument("--embedded", action="store_true",
                     help="run the controllers inside the nameservers (one per controller)")
+    up.add_argument("--broker-sets", type=int, default=1, help="broker sets (0-26)")
+    up.add_argument("--replicas", type=int, default=3, help="brokers per set (1-5)")
+
+    from broker_agent.service import add_broker_parser
+    from mqmeta.data_cli import add_data_parsers
+
+    add_broker_parser(sub)
+    add_data_parsers(sub)
 
     admin = sub.add_parser("admin", help="gRPC admin calls")
     from controller.admin_cli import add_admin_commands
@@ -99,6 +107,14 @@ def _dispatch(args: argparse.Namespace) -> int:
         from controller.local import local_up
 
         return local_up(args)
+    if args.command == "broker":
+        from broker_agent.service import run_broker
+
+        return run_broker(args)
+    if args.command in ("produce", "consume"):
+        from mqmeta import data_cli
+
+        return data_cli.run_produce(args) if args.command == "produce" else data_cli.run_consume(args)
     if args.command == "admin":
         from controller.admin_cli import run_admin
 

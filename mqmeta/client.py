@@ -1,7 +1,10 @@
 """Client library for the controller: finds the leader and retries there transparently.
 
 Every call has a deadline (default 5 s overall, 2 s per attempt). A NOT_LEADER answer
-names the leader, and the next attempt goes there; an unreachable node is skipped.
+names the leader, and the next attempt goes there when that address is one of the
+configured ones (otherwise the next configured address: they may be proxies or NAT
+addresses that differ from what the controllers advertise); an unreachable node is
+skipped.
 Retries make writes at-least-once: creates answer ALREADY_EXISTS when retried after
 an outcome the client could not see, and the other writes are idempotent or fenced.
 """
@@ -77,7 +80,7 @@ class ControllerClient:
                     pb.GetMetadataRequest(), timeout=min(remaining, ATTEMPT_TIMEOUT_S / 4))
             except grpc.RpcError:
                 continue
-            if meta.leader_grpc:
+            if meta.leader_grpc in self.addresses:
                 self._target = meta.leader_grpc
                 return
 
@@ -104,8 +107,8 @@ class ControllerClient:
                 raise error
             last_error = error
             self._leader_known = False  # the next call looks for the leader again
-            if isinstance(error, NotLeader) and error.leader:
-                target = error.leader
+            if isinstance(error, NotLeader) and error.leader in self.addresses:
+                target = error.leader  # only configured endpoints: they may be proxies
             else:
                 target = self._next_target(target)
                 time.sleep(min(RETRY_PAUSE_S, max(0.0, deadline - time.monotonic())))

@@ -61,6 +61,12 @@ class NotLeader(MqmetaError):
     default_code = "NOT_LEADER"
 
 
+class NotMaster(FailedPrecondition):
+    """A write reached a slave or a fenced master; `leader` is the master when known."""
+
+    default_code = "NOT_MASTER"
+
+
 class Unavailable(MqmetaError):
     status = grpc.StatusCode.UNAVAILABLE
     default_code = "UNAVAILABLE"
@@ -90,6 +96,7 @@ _BY_STATUS: dict[grpc.StatusCode, type[MqmetaError]] = {
 
 _BY_CODE: dict[str, type[MqmetaError]] = {
     "NOT_LEADER": NotLeader,
+    "NOT_MASTER": NotMaster,
     "FENCED_MASTER_EPOCH": FencedEpoch,
     "FENCED_SYNC_STATE_SET_EPOCH": FencedEpoch,
 }
@@ -115,6 +122,8 @@ _CODE_CLASSES: dict[str, type[MqmetaError]] = {
     "GROUP_EXISTS": AlreadyExists,
     "MASTER_NOT_AVAILABLE": FailedPrecondition,
     "BROKER_ALIVE": FailedPrecondition,
+    "IN_SYNC_REPLICAS_NOT_ENOUGH": FailedPrecondition,
+    "FLUSH_SLAVE_TIMEOUT": DeadlineExceeded,
 }
 
 

@@ -16,9 +16,12 @@ from typing import Any
 from controller.local import (
     Layout,
     Supervisor,
+    broker_command,
     controller_command,
     ensure_secret,
     load_or_create_layout,
+    namesrv_command,
+    wait_brokers_ready,
     wait_ready,
 )
 from mqmeta.client import ControllerClient
@@ -31,9 +34,11 @@ FAST_RAFT = {"heartbeat_ms": 50, "election_min_ms": 300, "election_max_ms": 600,
 
 class Cluster:
     def __init__(self, root: Path, count: int = 3, embedded: bool = False,
-                 raft_settings: dict[str, Any] | None = None) -> None:
+                 raft_settings: dict[str, Any] | None = None, broker_sets: int = 0,
+                 replicas: int = 0, broker_flags: list[str] | None = None) -> None:
         self.root = root
-        self.layout: Layout = load_or_create_layout(root, count, embedded)
+        self.layout: Layout = load_or_create_layout(root, count, embedded, broker_sets, replicas)
+        self.broker_flags = list(broker_flags or [])
         ensure_secret(root)
         self.supervisor = Supervisor(root)
         self.raft_settings = dict(FAST_RAFT, **(raft_settings or {}))
@@ -42,12 +47,76 @@ class Cluster:
         self._config_file.write_text("\n".join(lines) + "\n")
 
     # Lifecycle --------------------------------------------------------------------
-    def start(self, wait: bool = True) -> Cluster:
+    def start(self, wait: bool = True, brokers: bool = True) -> Cluster:
         for node in self.layout.controllers:
             self.start_node(node.id)
         if wait:
             self.wait_ready()
+        if self.layout.brokers:
+            self.configure_controller()
+            if not self.layout.embedded:
+                self.supervisor.start("namesrv", namesrv_command(self.layout))
+            if brokers:
+                for broker in self.layout.brokers:
+                    self.start_broker(broker.name)
+                if wait:
+                    wait_brokers_ready(self.layout.brokers)
         return self
+
+    def configure_controller(self, values: dict[str, str] | None = None) -> None:
+        """Fast liveness for tests: heartbeat 200 ms, dead after 1 s, lease 500 ms."""
+        from mqmeta.pb import controller_pb2
+
+        values = values or {"broker_heartbeat_interval_ms": "200", "broker_dead_after_ms": "1000",
+                            "lease_ms": "500", "lease_margin_ms": "200"}
+        with self.client() as client:
+            client.call("UpdateConfig", controller_pb2.UpdateConfigRequest(values=values))
+
+    def start_broker(self, name: str, controllers: str = "") -> subprocess.Popen:
+        """controllers: other addresses to reach the controllers by (e.g. cuttable proxies)."""
+        broker = self.broker(name)
+        command = broker_command(self.root, self.layout, broker) + self.broker_flags
+        if controllers:
+            command[command.index("--controllers") + 1] = controllers
+        return self.supervisor.start(name, command)
+
+    def restart_broker(self, name: str) -> None:
+        if self.is_running(name):
+            self.kill(name)
+        self.start_broker(name)
+
+    def broker(self, name: str):
+        return next(b for b in self.layout.brokers if b.name == name)
+
+    def broker_status(self, name: str, timeout_s: float = 2.0):
+        import grpc
+
+        from mqmeta.pb import broker_pb2, broker_pb2_grpc
+
+        with grpc.insecure_channel(self.broker(name).grpc) as channel:
+            return broker_pb2_grpc.BrokerServiceStub(channel).GetHaStatus(
+                broker_pb2.HaStatusRequest(), timeout=timeout_s)
+
+    def master_of(self, broker_name: str, timeout_s: float = 15.0, exclude: str = "") -> str:
+        """The process name of the writable master of a broker set."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for broker in self.layout.brokers:
+                if broker.broker_name != broker_name or broker.name == exclude:
+                    continue
+                if not self.is_running(broker.name):
+                    continue
+                try:
+                    if self.broker_status(broker.name, 1.0).writable:
+                        return broker.name
+                except Exception:
+                    pass
+            time.sleep(0.05)
+        raise Unavailable(f"no writable master of {broker_name} within {timeout_s}s")
+
+    @property
+    def namesrv(self) -> str:
+        return ",".join(self.layout.namesrv)
 
     def start_node(self, node_id: str) -> subprocess.Popen:
         node = self.node(node_id)

@@ -123,3 +123,26 @@ def test_corrupt_snapshot_is_refused(tmp_path):
     snapshot_path.write_bytes(bytes(data))
     with pytest.raises(CorruptData, match="refuses to start"):
         reconcile_with_snapshot(journal_path, snapshot_path)
+
+
+def test_a_flip_anywhere_in_the_snapshot_is_refused(tmp_path):
+    """Reading must reach the gzip trailer: pickle alone stops early and misses the CRC."""
+    journal_path, snapshot_path = tmp_path / "raft.journal", tmp_path / "raft.snapshot"
+    items = entries(4)
+    filled(journal_path, items)._destroy()
+    write_snapshot(snapshot_path, last=items[3], previous=items[2])
+    original = snapshot_path.read_bytes()
+    content = gzip.decompress(original)
+    refused = 0
+    for position in range(10, len(original) - 8):  # past the header, before the trailer
+        data = bytearray(original)
+        data[position] ^= 0x01
+        snapshot_path.write_bytes(bytes(data))
+        try:
+            reconcile_with_snapshot(journal_path, snapshot_path)
+        except CorruptData:
+            refused += 1
+            continue
+        # accepted: only allowed when the flip hit deflate padding and changed nothing
+        assert gzip.decompress(bytes(data)) == content, f"flip at {position} was used"
+    assert refused > (len(original) - 18) * 0.9

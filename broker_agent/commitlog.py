@@ -1,0 +1,468 @@
+"""The commit log: records appended to segment files, addressed by global byte offset.
+
+A segment file is named by the commit offset of its first byte (`{base:020d}.log`,
+Kafka style); the next segment starts exactly where the previous one ends, so commit
+offsets have no gaps and mean the same on every replica whatever its segment size. A
+record never spans two segments: a batch that does not fit rolls to a new one.
+
+Crash safety:
+- an append is one pwrite per segment it touches, then fdatasync; a segment is made
+  durable before the next one is created, so only the last segment can end torn;
+- recovery scans every record (CRC-32 each). In the last segment, a bad record with no
+  valid record after it is a torn tail (an append the crash interrupted: the bytes may
+  be short, zero-filled or half-written, which a checksum cannot tell from a flipped
+  bit) and is cut off with a warning. A bad record anywhere else, or followed by a
+  valid record, raises CorruptData naming the file and offset: it is never dropped
+  silently nor served;
+- truncation deletes the later segments newest first, then cuts the segment holding
+  the offset, fsyncing as it goes, so a crash leaves a gap-free prefix of the old log;
+- retention deletes segments oldest first, leaving a gap-free suffix.
+
+Every read checks each record's CRC. A sparse in-memory list of record starts (one
+every MARK_INTERVAL_BYTES) makes "is this offset a record boundary?" exact and cheap.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import os
+import re
+import threading
+from collections import OrderedDict
+from pathlib import Path
+
+from broker_agent.epoch_file import fsync_dir
+from broker_agent.records import (
+    PREFIX_BYTES,
+    RECORD_BYTES_MIN,
+    RECORD_MAGIC,
+    RECORD_VERSION,
+    StoredRecord,
+    TornRecord,
+    check_record,
+    decode_record,
+    peek_length,
+    split_records,
+)
+from mqmeta.errors import CorruptData, FailedPrecondition, InvalidArgument
+
+log = logging.getLogger(__name__)
+
+SEGMENT_BYTES_DEFAULT = 64 << 20
+SEGMENT_BYTES_MIN = 4 << 10
+SEGMENT_BYTES_MAX = 1 << 30
+READ_BYTES_MAX = 16 << 20
+APPEND_BYTES_MAX = 64 << 20
+APPEND_RECORDS_MAX = 16_384
+MARK_INTERVAL_BYTES = 4096
+OPEN_SEGMENTS_MAX = 16
+_SEGMENT_NAME = re.compile(r"(\d{20})\.log")
+
+
+class _Segment:
+    __slots__ = ("base", "path", "size", "marks", "fd")
+
+    def __init__(self, base: int, path: Path) -> None:
+        self.base = base
+        self.path = path
+        self.size = 0
+        self.marks: list[int] = []  # commit offsets of some record starts, sorted
+        self.fd: int | None = None
+
+    @property
+    def end(self) -> int:
+        return self.base + self.size
+
+    def add_mark(self, offset: int) -> None:
+        if not self.marks or offset - self.marks[-1] >= MARK_INTERVAL_BYTES:
+            self.marks.append(offset)
+
+    def cut_marks(self, offset: int) -> None:
+        del self.marks[bisect.bisect_left(self.marks, offset):]
+
+
+def record_pieces(data: bytes, offset: int, records: list[StoredRecord]) -> list[bytes]:
+    """The bytes of each of `records`, decoded from `data` that starts at commit `offset`."""
+    return [bytes(data[r.commit_offset - offset:r.end_offset - offset]) for r in records]
+
+
+def _valid_record_after(data: bytes, pos: int) -> bool:
+    needle = RECORD_MAGIC + bytes([RECORD_VERSION])
+    start = data.find(needle, pos + 1)
+    while start != -1:
+        try:
+            check_record(data, start, start)
+            return True
+        except (TornRecord, CorruptData):
+            start = data.find(needle, start + 1)
+    return False
+
+
+class CommitLog:
+    """Segmented, checksummed, append-only log; every method is thread-safe."""
+
+    def __init__(self, directory: Path | str, segment_bytes: int = SEGMENT_BYTES_DEFAULT,
+                 fsync: bool = True) -> None:
+        if not SEGMENT_BYTES_MIN <= segment_bytes <= SEGMENT_BYTES_MAX:
+            raise InvalidArgument(f"segment_bytes {segment_bytes} is outside "
+                                  f"[{SEGMENT_BYTES_MIN}, {SEGMENT_BYTES_MAX}]")
+        self.directory = Path(directory)
+        self.segment_bytes = segment_bytes
+        self.fsync = fsync
+        self._lock = threading.Lock()
+        self._open: OrderedDict[int, _Segment] = OrderedDict()  # segments holding an fd
+        self._closed = False
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._segments = self._recover()
+
+    # Recovery ---------------------------------------------------------------------------
+    def _recover(self) -> list[_Segment]:
+        bases = sorted(int(m.group(1)) for name in os.listdir(self.directory)
+                       if (m := _SEGMENT_NAME.fullmatch(name)))
+        if not bases:
+            return [self._create_segment(0)]
+        segments: list[_Segment] = []
+        for i, base in enumerate(bases):
+            segment = _Segment(base, self._path(base))
+            if segments and segments[-1].end != base:
+                raise CorruptData(f"{segment.path}: starts at {base} but the previous segment "
+                                  f"ends at {segments[-1].end}; the log has a gap")
+            self._scan(segment, last=i == len(bases) - 1)
+            segments.append(segment)
+        return segments
+
+    def _scan(self, segment: _Segment, last: bool) -> None:
+        data = segment.path.read_bytes()
+        pos = 0
+        while pos < len(data):
+            try:
+                length = check_record(data, pos, segment.base + pos)
+            except (TornRecord, CorruptData) as exc:
+                if last and not _valid_record_after(data, pos):
+                    log.warning("%s: cutting off a torn tail of %d bytes at commit offset %d (%s)",
+                                segment.path, len(data) - pos, segment.base + pos, exc)
+                    self._cut_file(segment.path, pos)
+                    break
+                raise CorruptData(f"{segment.path}: {exc}; "
+                                  + ("valid records follow it" if last else "it is not the last "
+                                     "segment") + "; refusing to open this commit log") from None
+            segment.add_mark(segment.base + pos)
+            pos += length
+        segment.size = pos
+
+    def _cut_file(self, path: Path, size: int) -> None:
+        with open(path, "r+b") as f:
+            f.truncate(size)
+            if self.fsync:
+                os.fsync(f.fileno())
+
+    # Segments and file descriptors -------------------------------------------------------
+    def _path(self, base: int) -> Path:
+        return self.directory / f"{base:020d}.log"
+
+    def _create_segment(self, base: int) -> _Segment:
+        segment = _Segment(base, self._path(base))
+        fd = os.open(segment.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        os.close(fd)
+        if self.fsync:
+            fsync_dir(self.directory)
+        return segment
+
+    def _fd(self, segment: _Segment) -> int:
+        if segment.fd is None:
+            segment.fd = os.open(segment.path, os.O_RDWR)
+            self._open[segment.base] = segment
+            while len(self._open) > OPEN_SEGMENTS_MAX:
+                oldest = next(iter(self._open.values()))
+                self._close_fd(oldest)
+        else:
+            self._open.move_to_end(segment.base)
+        return segment.fd
+
+    def _close_fd(self, segment: _Segment) -> None:
+        if segment.fd is not None:
+            os.close(segment.fd)
+            segment.fd = None
+        self._open.pop(segment.base, None)
+
+    def _segment_for(self, offset: int) -> _Segment:
+        i = bisect.bisect_right(self._segments, offset, key=lambda s: s.base) - 1
+        return self._segments[max(i, 0)]
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise FailedPrecondition(f"commit log {self.directory} is closed")
+
+    def _pread(self, segment: _Segment, offset: int, length: int) -> bytes:
+        data = os.pread(self._fd(segment), length, offset - segment.base)
+        if len(data) != length:
+            raise CorruptData(f"{segment.path}: read {len(data)} of {length} bytes at commit "
+                              f"offset {offset}; the file is shorter than the log says")
+        return data
+
+    # Offsets -------------------------------------------------------------------------------
+    @property
+    def min_offset(self) -> int:
+        with self._lock:
+            return self._segments[0].base
+
+    @property
+    def max_offset(self) -> int:
+        """The next write position: the end of the last good record."""
+        with self._lock:
+            return self._segments[-1].end
+
+    def segment_paths(self) -> list[Path]:
+        with self._lock:
+            return [s.path for s in self._segments]
+
+    def is_boundary(self, offset: int) -> bool:
+        """Whether a record starts at `offset` (max_offset counts as one)."""
+        with self._lock:
+            return self._is_boundary(offset)
+
+    def _is_boundary(self, offset: int) -> bool:
+        if offset == self._segments[-1].end:
+            return True
+        if not self._segments[0].base <= offset < self._segments[-1].end:
+            return False
+        segment = self._segment_for(offset)
+        pos = segment.marks[bisect.bisect_right(segment.marks, offset) - 1]
+        while pos < offset:
+            pos += self._length_at(segment, pos)
+        return pos == offset
+
+    def _length_at(self, segment: _Segment, offset: int) -> int:
+        try:
+            return peek_length(self._pread(segment, offset, PREFIX_BYTES), 0, offset)
+        except (TornRecord, CorruptData) as exc:
+            raise CorruptData(f"{segment.path}: {exc}; never served") from None
+
+    def _require_boundary(self, offset: int) -> None:
+        if isinstance(offset, bool) or not isinstance(offset, int):
+            raise InvalidArgument(f"offset {offset!r} is not an integer")
+        if not self._segments[0].base <= offset <= self._segments[-1].end:
+            raise InvalidArgument(f"offset {offset} is outside the log [{self._segments[0].base}, "
+                                  f"{self._segments[-1].end}]")
+        if not self._is_boundary(offset):
+            raise InvalidArgument(f"offset {offset} is not the start of a record")
+
+    # Appends -------------------------------------------------------------------------------
+    def append(self, encoded_records: list[bytes], expected_offset: int | None = None) -> list[int]:
+        """Appends whole encoded records; returns their commit offsets. Durable on return
+        (when fsync): one write and one fdatasync per segment touched. With
+        `expected_offset`, the log must end there (FailedPrecondition otherwise)."""
+        if not 0 < len(encoded_records) <= APPEND_RECORDS_MAX:
+            if not encoded_records:
+                return []
+            raise InvalidArgument(f"{len(encoded_records)} records in one append; the limit is "
+                                  f"{APPEND_RECORDS_MAX}")
+        total = sum(len(r) for r in encoded_records)
+        if total > APPEND_BYTES_MAX:
+            raise InvalidArgument(f"an append of {total} bytes; the limit is {APPEND_BYTES_MAX}")
+        for record in encoded_records:
+            try:
+                length = check_record(record, 0, -1)  # the checksum is checked when writing too
+            except TornRecord as exc:
+                raise InvalidArgument(f"not a whole record: {exc}") from None
+            if length != len(record):
+                raise InvalidArgument(f"an encoded record is {len(record)} bytes but says {length}")
+        with self._lock:
+            self._check_open()
+            if expected_offset is not None and expected_offset != self._segments[-1].end:
+                raise FailedPrecondition(f"replicated data starts at {expected_offset} but this "
+                                         f"log ends at {self._segments[-1].end}")
+            return self._append_locked(encoded_records)
+
+    def append_raw(self, offset: int, data: bytes) -> int:
+        """A slave's append of bytes copied from its master; returns the new max_offset.
+
+        `offset` must be this log's max_offset (FailedPrecondition otherwise) and `data`
+        whole valid records (CorruptData otherwise); nothing is written unless all are.
+        """
+        if len(data) > APPEND_BYTES_MAX:
+            raise InvalidArgument(f"{len(data)} bytes in one append; the limit is {APPEND_BYTES_MAX}")
+        records = split_records(data, offset)
+        if not records:
+            with self._lock:
+                if offset != self._segments[-1].end:
+                    raise FailedPrecondition(f"replicated data starts at {offset} but this log "
+                                             f"ends at {self._segments[-1].end}")
+                return offset
+        offsets = self.append(record_pieces(data, offset, records), expected_offset=offset)
+        assert offsets == [r.commit_offset for r in records], (offsets, records)
+        return offsets[-1] + records[-1].size
+
+    def _append_locked(self, records: list[bytes]) -> list[int]:
+        offsets: list[int] = []
+        undo: list[tuple[_Segment, int]] = []
+        created: list[_Segment] = []
+        try:
+            active = self._segments[-1]
+            pending: list[bytes] = []
+            pending_bytes = 0
+            for record in records:
+                used = active.size + pending_bytes
+                if used > 0 and used + len(record) > self.segment_bytes:
+                    self._write(active, pending, undo)  # durable before the next segment exists
+                    active = self._create_segment(active.end)
+                    self._segments.append(active)
+                    created.append(active)
+                    pending, pending_bytes = [], 0
+                offsets.append(active.end + pending_bytes)
+                pending.append(record)
+                pending_bytes += len(record)
+            self._write(active, pending, undo)
+        except BaseException:
+            self._undo(undo, created)
+            raise
+        return offsets
+
+    def _write(self, segment: _Segment, records: list[bytes], undo: list[tuple[_Segment, int]]) -> None:
+        if not records:
+            return
+        undo.append((segment, segment.size))
+        data = memoryview(b"".join(records))
+        fd = self._fd(segment)
+        written = 0
+        while written < len(data):
+            written += os.pwrite(fd, data[written:], segment.size + written)
+        if self.fsync:
+            os.fdatasync(fd)
+        position = segment.end
+        for record in records:
+            segment.add_mark(position)
+            position += len(record)
+        segment.size += len(data)
+
+    def _undo(self, undo: list[tuple[_Segment, int]], created: list[_Segment]) -> None:
+        """Puts the files back as they were before a failed append (e.g. disk full)."""
+        try:
+            for segment in reversed(created):
+                self._close_fd(segment)
+                segment.path.unlink(missing_ok=True)
+                self._segments.remove(segment)
+            for segment, size in reversed(undo):
+                if segment in self._segments:
+                    os.ftruncate(self._fd(segment), size)
+                    segment.size = size
+                    segment.cut_marks(segment.base + size)
+        except BaseException:
+            self._closed = True  # the in-memory view may no longer match the files
+            log.exception("%s: could not undo a failed append; closing the log", self.directory)
+            raise
+
+    # Reads ---------------------------------------------------------------------------------
+    def read(self, offset: int, max_bytes: int) -> bytes:
+        """Whole records from `offset` (a record start, or max_offset for b""), at most
+        `max_bytes` unless the first record alone is larger, never past the end of the
+        segment holding `offset`. Each record's checksum is checked."""
+        if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or \
+                not 1 <= max_bytes <= READ_BYTES_MAX:
+            raise InvalidArgument(f"max_bytes {max_bytes!r} is outside [1, {READ_BYTES_MAX}]")
+        with self._lock:
+            self._check_open()
+            self._require_boundary(offset)
+            if offset == self._segments[-1].end:
+                return b""
+            segment = self._segment_for(offset)
+            buf = self._pread(segment, offset, min(max(max_bytes, PREFIX_BYTES), segment.end - offset))
+            pos = 0
+            while pos < len(buf):
+                try:
+                    pos += check_record(buf, pos, offset + pos)
+                except TornRecord:
+                    break
+                except CorruptData as exc:
+                    raise CorruptData(f"{segment.path}: {exc}; never served") from None
+            if pos > 0:
+                return buf[:pos]
+            buf = self._pread(segment, offset, self._length_at(segment, offset))
+            try:
+                check_record(buf, 0, offset)
+            except (TornRecord, CorruptData) as exc:
+                raise CorruptData(f"{segment.path}: {exc}; never served") from None
+            return buf
+
+    def read_record(self, offset: int) -> StoredRecord:
+        """The record starting at `offset`, checksum verified (CorruptData otherwise)."""
+        with self._lock:
+            self._check_open()
+            self._require_boundary(offset)
+            if offset == self._segments[-1].end:
+                raise InvalidArgument(f"offset {offset} is the end of the log; no record there")
+            segment = self._segment_for(offset)
+            return self._decode_at(segment, offset, self._length_at(segment, offset))
+
+    def read_record_at(self, offset: int, size: int) -> StoredRecord:
+        """The record of `size` bytes at `offset`, as an index entry names it; checksum
+        verified, and CorruptData when the bytes there are not such a record."""
+        with self._lock:
+            self._check_open()
+            if not (self._segments[0].base <= offset and RECORD_BYTES_MIN <= size
+                    and offset + size <= self._segments[-1].end):
+                raise InvalidArgument(f"record [{offset}, {offset + size}) is outside the log "
+                                      f"[{self._segments[0].base}, {self._segments[-1].end})")
+            segment = self._segment_for(offset)
+            if offset + size > segment.end:
+                raise CorruptData(f"{segment.path}: an index entry names [{offset}, "
+                                  f"{offset + size}), which crosses the segment end {segment.end}")
+            record = self._decode_at(segment, offset, size)
+            if record.size != size:
+                raise CorruptData(f"{segment.path}: record at {offset} is {record.size} bytes, "
+                                  f"not {size} as indexed")
+            return record
+
+    def _decode_at(self, segment: _Segment, offset: int, size: int) -> StoredRecord:
+        try:
+            return decode_record(self._pread(segment, offset, size), 0, offset)
+        except (TornRecord, CorruptData) as exc:
+            raise CorruptData(f"{segment.path}: {exc}; never served") from None
+
+    # Truncation and retention ----------------------------------------------------------------
+    def truncate(self, offset: int) -> None:
+        """Drops every record at or after `offset` (a record start). Crash-safe: later
+        segments go newest first, then the holding segment is cut and fsynced."""
+        with self._lock:
+            self._check_open()
+            self._require_boundary(offset)
+            if offset == self._segments[-1].end:
+                return
+            while self._segments[-1].base > offset:
+                segment = self._segments.pop()
+                self._close_fd(segment)
+                segment.path.unlink()
+                if self.fsync:
+                    fsync_dir(self.directory)
+            segment = self._segments[-1]
+            fd = self._fd(segment)
+            os.ftruncate(fd, offset - segment.base)
+            if self.fsync:
+                os.fsync(fd)
+            segment.size = offset - segment.base
+            segment.cut_marks(offset)
+            log.info("%s: truncated to %d", self.directory, offset)
+
+    def delete_segments_before(self, offset: int) -> int:
+        """Deletes whole segments that end at or before `offset`, oldest first, never the
+        last one; returns how many went. min_offset moves to the first one kept."""
+        with self._lock:
+            self._check_open()
+            if not 0 <= offset <= self._segments[-1].end:
+                raise InvalidArgument(f"offset {offset} is outside [0, {self._segments[-1].end}]")
+            deleted = 0
+            while len(self._segments) > 1 and self._segments[0].end <= offset:
+                segment = self._segments.pop(0)
+                self._close_fd(segment)
+                segment.path.unlink()
+                if self.fsync:
+                    fsync_dir(self.directory)
+                deleted += 1
+            return deleted
+
+    def close(self) -> None:
+        with self._lock:
+            for segment in list(self._open.values()):
+                self._close_fd(segment)
+            self._closed = True

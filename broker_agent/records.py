@@ -1,0 +1,311 @@
+"""Messages and their binary commit-log record format.
+
+One record is laid out as (little-endian):
+
+    magic b"MQ" | version u8 | total_length u32 | crc32 u32
+    | epoch u64 | store_timestamp_ms u64 | queue_id u32 | queue_offset u64 | producer_seq u64
+    | topic, msg_id, producer_id, tags, keys, properties: u16 length + bytes each
+    | body: u32 length + bytes
+
+`total_length` counts the whole record; the CRC-32 covers every byte after the CRC
+field, and the field lengths must add up to exactly `total_length`, so a flipped
+length byte shows up as a checksum or layout error. Properties are encoded as
+u16 count, then (u16 length + UTF-8 key, u16 length + UTF-8 value) pairs sorted by key.
+
+A record's commit offset is not stored in it: it is the record's byte position in the
+commit log, so replicated bytes mean the same thing on every replica.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import struct
+import zlib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+
+from mqmeta.errors import CorruptData, InvalidArgument
+
+RECORD_MAGIC = b"MQ"
+RECORD_VERSION = 1
+_PREFIX = struct.Struct("<2sBII")  # magic, version, total length, crc32
+_FIXED = struct.Struct("<QQIQQ")  # epoch, store ms, queue id, queue offset, producer seq
+_U16 = struct.Struct("<H")
+_U32 = struct.Struct("<I")
+PREFIX_BYTES = _PREFIX.size
+_CRC_START = PREFIX_BYTES  # the CRC covers everything after the CRC field
+
+TOPIC_BYTES_MAX = 127
+MSG_ID_CHARS = 32
+PRODUCER_ID_BYTES_MAX = 255
+TAGS_BYTES_MAX = 1024
+KEYS_BYTES_MAX = 4096
+PROPERTIES_BYTES_MAX = 32 << 10
+RECORD_BODY_MAX = 4 << 20
+QUEUE_ID_MAX = (1 << 16) - 1
+U64_MAX = (1 << 64) - 1
+
+RECORD_BYTES_MIN = PREFIX_BYTES + _FIXED.size + 6 * _U16.size + _U32.size + 1 + MSG_ID_CHARS
+RECORD_BYTES_MAX = (PREFIX_BYTES + _FIXED.size + 6 * _U16.size + _U32.size + TOPIC_BYTES_MAX
+                    + MSG_ID_CHARS + PRODUCER_ID_BYTES_MAX + TAGS_BYTES_MAX + KEYS_BYTES_MAX
+                    + PROPERTIES_BYTES_MAX + RECORD_BODY_MAX)
+
+TOPIC_PATTERN = re.compile(r"[A-Za-z0-9_%|-]{1,127}")  # also a safe file name (index files)
+_MSG_ID_PATTERN = re.compile(r"[0-9a-f]{32}")
+
+
+class TornRecord(Exception):
+    """Fewer bytes are present than the record's header says: an interrupted append."""
+
+
+@dataclass(frozen=True)
+class Message:
+    """What a producer sends. `properties` takes no part in hashing (a dict is mutable)."""
+
+    topic: str
+    queue_id: int
+    body: bytes
+    tags: str = ""
+    keys: str = ""
+    properties: Mapping[str, str] = field(default_factory=dict, hash=False)
+    producer_id: str = ""
+    producer_seq: int = 0
+
+
+@dataclass(frozen=True)
+class StoredRecord:
+    """A record read back from the commit log; `size` includes the header."""
+
+    commit_offset: int
+    size: int
+    epoch: int
+    store_timestamp_ms: int
+    topic: str
+    queue_id: int
+    queue_offset: int
+    msg_id: str
+    producer_id: str
+    producer_seq: int
+    tags: str
+    keys: str
+    properties: Mapping[str, str] = field(hash=False)
+    body: bytes
+
+    @property
+    def end_offset(self) -> int:
+        return self.commit_offset + self.size
+
+    @property
+    def body_digest(self) -> str:
+        return hashlib.sha256(self.body).hexdigest()
+
+
+def make_msg_id(broker_address_or_name: str, commit_offset: int, epoch: int = 0) -> str:
+    """A 32-hex-char id, deterministic in (broker, commit offset, epoch).
+
+    The epoch is mixed in because after a slave truncates a divergent tail, the same
+    commit offset is reused by a different message of a later epoch.
+    """
+    seed = f"{broker_address_or_name}\x00{commit_offset}\x00{epoch}".encode()
+    return hashlib.sha256(seed).hexdigest()[:MSG_ID_CHARS]
+
+
+def _text(kind: str, value: str, limit: int) -> bytes:
+    if not isinstance(value, str):
+        raise InvalidArgument(f"{kind} must be a string, not {type(value).__name__}")
+    data = value.encode("utf-8")
+    if len(data) > limit:
+        raise InvalidArgument(f"{kind} is {len(data)} bytes; the limit is {limit}")
+    return data
+
+
+def _encode_properties(properties: Mapping[str, str]) -> bytes:
+    parts = [_U16.pack(len(properties))]
+    for key in sorted(properties):
+        for text in (key, properties[key]):
+            data = _text("a property key or value", text, PROPERTIES_BYTES_MAX)
+            parts.append(_U16.pack(len(data)))
+            parts.append(data)
+    encoded = b"".join(parts)
+    if len(encoded) > PROPERTIES_BYTES_MAX:
+        raise InvalidArgument(f"properties encode to {len(encoded)} bytes; the limit is "
+                              f"{PROPERTIES_BYTES_MAX}")
+    return encoded
+
+
+def _check_uint(kind: str, value: int, maximum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= maximum:
+        raise InvalidArgument(f"{kind} {value!r} is not an integer in [0, {maximum}]")
+
+
+def validate_topic(topic: str) -> None:
+    if not isinstance(topic, str) or not TOPIC_PATTERN.fullmatch(topic):
+        raise InvalidArgument(f"topic {topic!r} is malformed: use 1-{TOPIC_BYTES_MAX} characters "
+                              "from A-Z a-z 0-9 _ - % |")
+
+
+def encode_record(message: Message, epoch: int, store_timestamp_ms: int, queue_offset: int,
+                  msg_id: str) -> bytes:
+    """The record bytes for `message`; InvalidArgument when a field is past its limit."""
+    validate_topic(message.topic)
+    _check_uint("queue_id", message.queue_id, QUEUE_ID_MAX)
+    _check_uint("epoch", epoch, U64_MAX)
+    _check_uint("store_timestamp_ms", store_timestamp_ms, U64_MAX)
+    _check_uint("queue_offset", queue_offset, U64_MAX)
+    _check_uint("producer_seq", message.producer_seq, U64_MAX)
+    if not isinstance(msg_id, str) or not _MSG_ID_PATTERN.fullmatch(msg_id):
+        raise InvalidArgument(f"msg_id {msg_id!r} is not {MSG_ID_CHARS} lowercase hex characters")
+    if not isinstance(message.body, bytes | bytearray | memoryview):
+        raise InvalidArgument(f"body must be bytes, not {type(message.body).__name__}")
+    body = bytes(message.body)
+    if len(body) > RECORD_BODY_MAX:
+        raise InvalidArgument(f"body is {len(body)} bytes; the limit is {RECORD_BODY_MAX}")
+    fields = [
+        message.topic.encode(),
+        msg_id.encode(),
+        _text("producer_id", message.producer_id, PRODUCER_ID_BYTES_MAX),
+        _text("tags", message.tags, TAGS_BYTES_MAX),
+        _text("keys", message.keys, KEYS_BYTES_MAX),
+        _encode_properties(message.properties),
+    ]
+    parts = [_FIXED.pack(epoch, store_timestamp_ms, message.queue_id, queue_offset,
+                         message.producer_seq)]
+    for data in fields:
+        parts.append(_U16.pack(len(data)))
+        parts.append(data)
+    parts.append(_U32.pack(len(body)))
+    parts.append(body)
+    payload = b"".join(parts)
+    total = PREFIX_BYTES + len(payload)
+    return _PREFIX.pack(RECORD_MAGIC, RECORD_VERSION, total, zlib.crc32(payload)) + payload
+
+
+def peek_length(buf: bytes | bytearray | memoryview, pos: int, commit_offset: int) -> int:
+    """The total length the header at `pos` announces (magic, version and bounds checked)."""
+    available = len(buf) - pos
+    if available < PREFIX_BYTES:
+        head = bytes(buf[pos:pos + 3])
+        if (RECORD_MAGIC + bytes([RECORD_VERSION])).startswith(head):
+            raise TornRecord(f"record at commit offset {commit_offset}: only {available} "
+                             f"of {PREFIX_BYTES} header bytes present")
+        raise CorruptData(f"record at commit offset {commit_offset}: bad magic {head!r}")
+    magic, version, total, _ = _PREFIX.unpack_from(buf, pos)
+    if magic != RECORD_MAGIC or version != RECORD_VERSION:
+        raise CorruptData(f"record at commit offset {commit_offset}: bad magic/version "
+                          f"{magic!r}/{version}")
+    if not RECORD_BYTES_MIN <= total <= RECORD_BYTES_MAX:
+        raise CorruptData(f"record at commit offset {commit_offset}: impossible length {total}")
+    return int(total)
+
+
+def check_record(buf: bytes | bytearray | memoryview, pos: int, commit_offset: int) -> int:
+    """The length of the whole, checksum-valid record at `pos`, without parsing its fields.
+
+    Raises TornRecord when the buffer ends before the record does, CorruptData when the
+    magic, version, length or checksum is wrong.
+    """
+    total = peek_length(buf, pos, commit_offset)
+    available = len(buf) - pos
+    crc = _U32.unpack_from(buf, pos + PREFIX_BYTES - _U32.size)[0]
+    if available < total:
+        raise TornRecord(f"record at commit offset {commit_offset}: {available} of {total} "
+                         "bytes present")
+    if zlib.crc32(memoryview(buf)[pos + _CRC_START:pos + total]) != crc:
+        raise CorruptData(f"record at commit offset {commit_offset}: checksum mismatch")
+    return int(total)
+
+
+class _Reader:
+    """Parses the variable part of one checksum-valid record; layout errors are CorruptData."""
+
+    def __init__(self, buf: memoryview, pos: int, end: int, commit_offset: int) -> None:
+        self.buf, self.pos, self.end, self.commit_offset = buf, pos, end, commit_offset
+
+    def _take(self, length: int) -> bytes:
+        if self.pos + length > self.end:
+            raise CorruptData(f"record at commit offset {self.commit_offset}: a field runs past "
+                              "the record's end")
+        data = bytes(self.buf[self.pos:self.pos + length])
+        self.pos += length
+        return data
+
+    def u16_bytes(self) -> bytes:
+        return self._take(_U16.unpack(self._take(_U16.size))[0])
+
+    def u32_bytes(self) -> bytes:
+        return self._take(_U32.unpack(self._take(_U32.size))[0])
+
+    def text(self, kind: str, limit: int) -> str:
+        data = self.u16_bytes()
+        if len(data) > limit:
+            raise CorruptData(f"record at commit offset {self.commit_offset}: {kind} is "
+                              f"{len(data)} bytes (limit {limit})")
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError:
+            raise CorruptData(f"record at commit offset {self.commit_offset}: {kind} is not "
+                              "UTF-8") from None
+
+
+def _decode_properties(data: bytes, commit_offset: int) -> dict[str, str]:
+    reader = _Reader(memoryview(data), 0, len(data), commit_offset)
+    (count,) = _U16.unpack(reader._take(_U16.size))
+    properties: dict[str, str] = {}
+    for _ in range(count):
+        key = reader.text("a property key", PROPERTIES_BYTES_MAX)
+        properties[key] = reader.text("a property value", PROPERTIES_BYTES_MAX)
+    if reader.pos != len(data):
+        raise CorruptData(f"record at commit offset {commit_offset}: trailing property bytes")
+    return properties
+
+
+def decode_record(buf: bytes | bytearray | memoryview, pos: int, commit_offset: int) -> StoredRecord:
+    """The record at `pos` of `buf`, found at `commit_offset` in the log.
+
+    Raises TornRecord (the buffer ends inside the record) or CorruptData (bad magic,
+    length, checksum or layout).
+    """
+    total = check_record(buf, pos, commit_offset)
+    view = memoryview(buf)
+    epoch, stored_ms, queue_id, queue_offset, producer_seq = _FIXED.unpack_from(view, pos + PREFIX_BYTES)
+    reader = _Reader(view, pos + PREFIX_BYTES + _FIXED.size, pos + total, commit_offset)
+    topic = reader.text("topic", TOPIC_BYTES_MAX)
+    msg_id = reader.text("msg_id", MSG_ID_CHARS)
+    producer_id = reader.text("producer_id", PRODUCER_ID_BYTES_MAX)
+    tags = reader.text("tags", TAGS_BYTES_MAX)
+    keys = reader.text("keys", KEYS_BYTES_MAX)
+    properties = _decode_properties(reader.u16_bytes(), commit_offset)
+    body = reader.u32_bytes()
+    if reader.pos != pos + total:
+        raise CorruptData(f"record at commit offset {commit_offset}: fields end at "
+                          f"{reader.pos - pos} of {total} bytes")
+    if not TOPIC_PATTERN.fullmatch(topic) or not _MSG_ID_PATTERN.fullmatch(msg_id):
+        raise CorruptData(f"record at commit offset {commit_offset}: malformed topic {topic!r} "
+                          f"or msg_id {msg_id!r}")
+    if len(body) > RECORD_BODY_MAX or queue_id > QUEUE_ID_MAX:
+        raise CorruptData(f"record at commit offset {commit_offset}: body or queue id past "
+                          "its limit")
+    return StoredRecord(commit_offset=commit_offset, size=total, epoch=epoch,
+                        store_timestamp_ms=stored_ms, topic=topic, queue_id=queue_id,
+                        queue_offset=queue_offset, msg_id=msg_id, producer_id=producer_id,
+                        producer_seq=producer_seq, tags=tags, keys=keys, properties=properties,
+                        body=body)
+
+
+def iter_records(buf: bytes | bytearray | memoryview, base_offset: int) -> Iterator[StoredRecord]:
+    """Each record of a byte range made of whole records starting at commit offset
+    `base_offset`; raises TornRecord or CorruptData at the first bad one."""
+    pos = 0
+    while pos < len(buf):
+        record = decode_record(buf, pos, base_offset + pos)
+        yield record
+        pos += record.size
+
+
+def split_records(data: bytes | bytearray | memoryview, base_offset: int) -> list[StoredRecord]:
+    """Every record of `data`, which must be whole valid records (else CorruptData)."""
+    try:
+        return list(iter_records(data, base_offset))
+    except TornRecord as exc:
+        raise CorruptData(f"data does not end on a record boundary: {exc}") from None

@@ -1,0 +1,185 @@
+"""gRPC BrokerService over a BrokerAgent, and the `mqmeta broker` process."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+from broker_agent import replication
+from broker_agent.agent import BrokerAgent, BrokerConfig
+from broker_agent.ha import Role
+from broker_agent.records import Message
+from controller.server import _add_health_and_reflection, _grpc_server, serve_until_signal
+from controller.service import rpc
+from controller.state_machine import validate_int, validate_name
+from mqmeta.client import parse_addresses
+from mqmeta.errors import InvalidArgument, NotFound
+from mqmeta.pb import broker_pb2 as bpb
+from mqmeta.pb import broker_pb2_grpc as bpb_grpc
+
+log = logging.getLogger(__name__)
+
+PULL_COUNT_MAX = 1024
+BROKER_SERVICE = bpb.DESCRIPTOR.services_by_name["BrokerService"].full_name
+
+
+def _message(m: bpb.Message) -> Message:
+    validate_name("topic", m.topic)
+    validate_int("queue_id", m.queue_id, 0, 1023)
+    return Message(topic=m.topic, queue_id=m.queue_id, body=m.body, tags=m.tags, keys=m.keys,
+                   properties=dict(m.properties), producer_id=m.producer_id,
+                   producer_seq=m.producer_seq)
+
+
+def _stored(record) -> bpb.StoredMessage:
+    return bpb.StoredMessage(
+        msg_id=record.msg_id, topic=record.topic, queue_id=record.queue_id,
+        queue_offset=record.queue_offset, commit_offset=record.commit_offset, epoch=record.epoch,
+        store_timestamp_ms=record.store_timestamp_ms, body=record.body, tags=record.tags,
+        keys=record.keys, properties=dict(record.properties), producer_id=record.producer_id,
+        producer_seq=record.producer_seq)
+
+
+class BrokerServicer(bpb_grpc.BrokerServiceServicer):
+    def __init__(self, agent: BrokerAgent) -> None:
+        self.agent = agent
+
+    @rpc
+    def Send(self, request, context):
+        messages = [_message(m) for m in request.messages]
+        results, epoch = self.agent.send(messages)
+        return bpb.SendResponse(master_epoch=epoch, results=[
+            bpb.SendResult(msg_id=r.msg_id, topic=r.topic, queue_id=r.queue_id,
+                           queue_offset=r.queue_offset, commit_offset=r.commit_offset)
+            for r in results])
+
+    @rpc
+    def Pull(self, request, context):
+        validate_name("topic", request.topic)
+        validate_int("queue_id", request.queue_id, 0, 1023)
+        validate_int("queue_offset", request.queue_offset, 0, 2**62)
+        count = validate_int("max_count", request.max_count or 32, 1, PULL_COUNT_MAX)
+        self.agent.require_master()
+        with self.agent.lock:
+            confirm = self.agent.confirm
+        records = self.agent.store.get_messages(request.topic, request.queue_id,
+                                                request.queue_offset, count, confirm)
+        next_offset = records[-1].queue_offset + 1 if records else request.queue_offset
+        readable = self.agent.store.readable_queue_max_offset(request.topic, request.queue_id,
+                                                              confirm)
+        return bpb.PullResponse(messages=[_stored(r) for r in records],
+                                next_queue_offset=next_offset, max_queue_offset=readable)
+
+    @rpc
+    def CommitOffset(self, request, context):
+        validate_name("group", request.group)
+        validate_name("topic", request.topic)
+        validate_int("queue_id", request.queue_id, 0, 1023)
+        validate_int("offset", request.offset, 0, 2**62)
+        self.agent.commit_consumer_offset(request.group, request.topic, request.queue_id,
+                                          request.offset)
+        return bpb.CommitOffsetResponse()
+
+    @rpc
+    def QueryOffset(self, request, context):
+        validate_name("group", request.group)
+        validate_name("topic", request.topic)
+        self.agent.require_master()
+        offset = self.agent.store.consumer_offset(request.group, request.topic, request.queue_id)
+        return bpb.QueryOffsetResponse(offset=-1 if offset is None else offset)
+
+    @rpc
+    def GetEpochCache(self, request, context):
+        agent = self.agent
+        with agent.lock:
+            return bpb.EpochCache(
+                broker_name=agent.config.broker_name, broker_id=agent.broker_id,
+                entries=[bpb.EpochEntry(epoch=e, start_offset=s)
+                         for e, s in agent.store.epochs.entries],
+                max_offset=agent.store.max_offset, confirm_offset=agent.confirm)
+
+    @rpc
+    def GetHaStatus(self, request, context):
+        return ha_status(self.agent)
+
+    @rpc
+    def HaFetch(self, request, context):
+        if request.broker_name != self.agent.config.broker_name:
+            raise NotFound(f"this broker serves {self.agent.config.broker_name}, "
+                           f"not {request.broker_name}")
+        return replication.serve_fetch(self.agent, request)
+
+
+def ha_status(agent: BrokerAgent) -> bpb.HaStatus:
+    from broker_agent.agent import now_ms
+
+    with agent.lock:
+        now = now_ms()
+        max_offset = agent.store.max_offset
+        slaves = [bpb.SlaveStatus(broker_id=i, acked_offset=p.acked_offset,
+                                  in_sync=i in agent.sync_state_set,
+                                  lag_bytes=max(0, max_offset - p.acked_offset),
+                                  last_fetch_ms_ago=now - p.last_fetch_ms)
+                  for i, p in sorted(agent.tracker.slaves.items())] if agent.role == Role.MASTER else []
+        return bpb.HaStatus(
+            cluster=agent.config.cluster, broker_name=agent.config.broker_name,
+            broker_id=agent.broker_id, role=agent.role.value, master_epoch=agent.master_epoch,
+            master_broker_id=agent.master_broker_id, master_address=agent.master_address,
+            max_offset=max_offset, confirm_offset=agent.confirm,
+            sync_state_set=agent.sync_state_set, sync_state_set_epoch=agent.sync_state_set_epoch,
+            slaves=slaves, lease_valid=agent.lease.valid(now), writable=agent.writable(now))
+
+
+def add_broker_parser(sub) -> None:
+    broker = sub.add_parser("broker", help="run one broker agent")
+    broker.add_argument("--cluster", default="DefaultCluster")
+    broker.add_argument("--broker-name", required=True)
+    broker.add_argument("--listen", required=True, help="gRPC address HOST:PORT")
+    broker.add_argument("--controllers", required=True, help="HOST:PORT[,HOST:PORT...]")
+    broker.add_argument("--data-dir", type=Path, required=True)
+    broker.add_argument("--election-priority", type=int, default=0)
+    broker.add_argument("--in-sync-replicas", type=int, default=1)
+    broker.add_argument("--min-in-sync-replicas", type=int, default=1)
+    broker.add_argument("--no-all-ack", action="store_true",
+                        help="acknowledge at in_sync_replicas copies instead of the whole set")
+    broker.add_argument("--ha-max-time-slave-not-catchup-ms", type=int, default=15_000)
+    broker.add_argument("--send-timeout-ms", type=int, default=3000)
+    broker.add_argument("--segment-bytes", type=int, default=64 << 20)
+
+
+def run_broker(args: argparse.Namespace) -> int:
+    validate_name_arg("--cluster", args.cluster)
+    validate_name_arg("--broker-name", args.broker_name)
+    config = BrokerConfig(
+        cluster=args.cluster, broker_name=args.broker_name,
+        listen=parse_addresses(args.listen, "--listen address")[0],
+        controllers=parse_addresses(args.controllers), data_dir=args.data_dir,
+        election_priority=args.election_priority, in_sync_replicas=args.in_sync_replicas,
+        min_in_sync_replicas=args.min_in_sync_replicas,
+        all_ack_in_sync_state_set=not args.no_all_ack,
+        ha_max_time_slave_not_catchup_ms=args.ha_max_time_slave_not_catchup_ms,
+        send_timeout_ms=args.send_timeout_ms, segment_bytes=args.segment_bytes)
+    agent = BrokerAgent(config)
+    server = _grpc_server(config.listen)
+    bpb_grpc.add_BrokerServiceServicer_to_server(BrokerServicer(agent), server)
+    _add_health_and_reflection(server, [BROKER_SERVICE])
+    server.start()
+    agent.start()
+
+    class _Node:
+        def stop(self) -> None:
+            server.stop(grace=1).wait()
+            agent.stop()
+
+    serve_until_signal(_Node())  # type: ignore[arg-type]
+    return 0
+
+
+def validate_name_arg(flag: str, value: str) -> None:
+    from controller.state_machine import Rejected
+
+    try:
+        validate_name(flag, value)
+    except Rejected as rejected:
+        raise InvalidArgument(rejected.message) from None

@@ -1,0 +1,678 @@
+"""The broker's message store: commit log + per-queue index + epoch file + consumer offsets.
+
+Layout under `directory`:
+
+    commitlog/{base:020d}.log       the records (the source of truth)
+    epochs.json                     (epoch, start offset) entries
+    index/{topic}/{queue_id}        per-queue index: header, then 12-byte entries
+                                    (commit offset u64, size u32), RocketMQ ConsumeQueue style
+    index/checkpoint.json           how far the index files are complete and durable, with
+                                    the consumer offsets as of that point
+    truncate.json                   a truncation in progress (present only during one)
+
+The index and the consumer offsets are derived from the commit log. Index entries are
+kept in memory and appended to their files lazily: every `index_checkpoint_bytes` of
+log, on truncate and on close, the dirty index files are fsynced and then the
+checkpoint is written (temp + fsync + rename). At open, entries at or past the
+checkpoint are dropped and rebuilt by scanning the log from there; a missing or
+corrupt checkpoint or index file means a full rebuild from the log.
+
+Consumer offsets are records of the system topic %CONSUMER_OFFSET% (queue 0), so they
+replicate with the data and follow truncation.
+
+Order of effects, each chosen so that a crash between two steps is recovered at open:
+- master append: the epoch entry (begin_epoch) is durable before any record of it;
+- slave append: new epoch entries first, then the records. A crash between leaves an
+  entry starting at or past the log's end: past it, it is dropped at open; at it, it
+  names an epoch without records, which the next truncation to the consistent point
+  drops;
+- truncate: write truncate.json, then the epoch file, then the commit log, then the
+  index files and checkpoint, then delete truncate.json. At open an intent found is
+  redone (every step is idempotent) before the index is loaded, so the epoch file never
+  keeps an entry for records that are gone and the log never keeps records whose epoch
+  entry is gone.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import logging
+import os
+import shutil
+import struct
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from broker_agent.commitlog import APPEND_BYTES_MAX, SEGMENT_BYTES_DEFAULT, CommitLog, record_pieces
+from broker_agent.epoch_file import (
+    EpochFile,
+    dump_checksummed,
+    epoch_covering,
+    fsync_dir,
+    load_checksummed,
+    write_atomically,
+)
+from broker_agent.records import (
+    QUEUE_ID_MAX,
+    TOPIC_PATTERN,
+    Message,
+    StoredRecord,
+    encode_record,
+    iter_records,
+    make_msg_id,
+    split_records,
+    validate_topic,
+)
+from mqmeta.errors import CorruptData, FailedPrecondition, FencedEpoch, InvalidArgument
+
+log = logging.getLogger(__name__)
+
+CONSUMER_OFFSET_TOPIC = "%CONSUMER_OFFSET%"
+PUT_BATCH_MAX = 1024
+PUT_BATCH_BYTES_MAX = 32 << 20
+GET_COUNT_MAX = 1024
+GET_BYTES_DEFAULT = 8 << 20
+GET_BYTES_MAX = 64 << 20
+QUEUES_MAX = 1 << 20
+CONSUMER_OFFSET_KEYS_MAX = 1 << 20
+INDEX_CHECKPOINT_BYTES_DEFAULT = 16 << 20
+SCAN_READ_BYTES = 4 << 20
+BROKER_NAME_BYTES_MAX = 255
+OFFSET_MAX = (1 << 63) - 1
+
+_INDEX_MAGIC = b"MQIX"
+_INDEX_HEADER = struct.Struct("<4sIQ")  # magic, version, queue offset of the first entry
+_INDEX_ENTRY = struct.Struct("<QI")  # commit offset, size
+
+QueueKey = tuple[str, int]
+ConsumerKey = tuple[str, str, int]  # group, topic, queue id
+
+
+@dataclass(frozen=True)
+class PutResult:
+    msg_id: str
+    topic: str
+    queue_id: int
+    queue_offset: int
+    commit_offset: int
+
+
+def _check_int(kind: str, value: object, minimum: int, maximum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
+        raise InvalidArgument(f"{kind} {value!r} is not an integer in [{minimum}, {maximum}]")
+    return value
+
+
+def _consumer_offset_body(group: str, topic: str, queue_id: int, offset: int) -> bytes:
+    return json.dumps({"group": group, "offset": offset, "queue_id": queue_id, "topic": topic},
+                      sort_keys=True, separators=(",", ":")).encode()
+
+
+def _parse_consumer_offset(record: StoredRecord) -> tuple[ConsumerKey, int]:
+    try:
+        body = json.loads(record.body)
+        key = (body["group"], body["topic"], body["queue_id"])
+        offset = body["offset"]
+    except (ValueError, UnicodeDecodeError, KeyError, TypeError):
+        key, offset = None, None
+    if key is None or not (isinstance(key[0], str) and isinstance(key[1], str)
+                           and type(key[2]) is int and type(offset) is int and offset >= 0):
+        raise CorruptData(f"consumer offset record at {record.commit_offset} has a malformed "
+                          f"body {record.body[:200]!r}")
+    return key, offset
+
+
+class _QueueIndex:
+    """One queue's entries in memory (12 bytes each), mirrored lazily to its file."""
+
+    def __init__(self, topic: str, queue_id: int, base: int, path: Path) -> None:
+        self.topic, self.queue_id, self.base, self.path = topic, queue_id, base, path
+        self.entries = bytearray()
+        self.flushed = 0  # entries durable in the file
+        self.dirty = True  # the file needs writing (or cutting) and an fsync
+
+    @property
+    def count(self) -> int:
+        return len(self.entries) // _INDEX_ENTRY.size
+
+    @property
+    def max_offset(self) -> int:
+        return self.base + self.count
+
+    def entry(self, i: int) -> tuple[int, int]:
+        commit_offset, size = _INDEX_ENTRY.unpack_from(self.entries, i * _INDEX_ENTRY.size)
+        return commit_offset, size
+
+    def append(self, commit_offset: int, size: int) -> None:
+        self.entries += _INDEX_ENTRY.pack(commit_offset, size)
+        self.dirty = True
+
+    def first_at_or_after(self, commit_offset: int) -> int:
+        return bisect.bisect_left(range(self.count), commit_offset, key=lambda i: self.entry(i)[0])
+
+    def count_ending_by(self, end_offset: int) -> int:
+        return bisect.bisect_right(range(self.count), end_offset, key=lambda i: sum(self.entry(i)))
+
+    def cut(self, commit_offset: int) -> None:
+        """Drops the entries at or after `commit_offset`."""
+        keep = self.first_at_or_after(commit_offset)
+        if keep < self.count:
+            del self.entries[keep * _INDEX_ENTRY.size:]
+            self.flushed = min(self.flushed, keep)
+            self.dirty = True
+
+    def flush(self, fsync: bool) -> bool:
+        """Writes the unflushed entries (and cuts stale ones); True when it made the file."""
+        if not self.dirty:
+            return False
+        created = not self.path.exists()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            size = _INDEX_ENTRY.size
+            if created:
+                os.pwrite(fd, _INDEX_HEADER.pack(_INDEX_MAGIC, 1, self.base), 0)
+            os.pwrite(fd, bytes(self.entries[self.flushed * size:]),
+                      _INDEX_HEADER.size + self.flushed * size)
+            os.ftruncate(fd, _INDEX_HEADER.size + len(self.entries))
+            if fsync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        self.flushed = self.count
+        self.dirty = False
+        return created
+
+
+class MessageStore:
+    """The broker's storage; every public method is thread-safe (one lock)."""
+
+    def __init__(self, directory: Path | str, segment_bytes: int = SEGMENT_BYTES_DEFAULT,
+                 fsync: bool = True, broker_name: str = "b", *,
+                 index_checkpoint_bytes: int = INDEX_CHECKPOINT_BYTES_DEFAULT) -> None:
+        if not isinstance(broker_name, str) or not 0 < len(broker_name.encode()) <= BROKER_NAME_BYTES_MAX:
+            raise InvalidArgument(f"broker_name {broker_name!r} must be 1-{BROKER_NAME_BYTES_MAX} bytes")
+        _check_int("index_checkpoint_bytes", index_checkpoint_bytes, 1, 1 << 40)
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.broker_name = broker_name
+        self.fsync = fsync
+        self.index_checkpoint_bytes = index_checkpoint_bytes
+        self._lock = threading.Lock()
+        self._closed = False
+        self._index_dir = self.directory / "index"
+        self._checkpoint_path = self._index_dir / "checkpoint.json"
+        self._intent_path = self.directory / "truncate.json"
+        self._queues: dict[QueueKey, _QueueIndex] = {}
+        self._consumer_offsets: dict[ConsumerKey, int] = {}
+        self._checkpoint_offset = 0
+        self._checkpoint_consumer_offsets: dict[ConsumerKey, int] = {}
+        self.log = CommitLog(self.directory / "commitlog", segment_bytes, fsync)
+        try:
+            self.epochs = EpochFile(self.directory / "epochs.json", fsync)
+            self._open()
+        except BaseException:
+            self.log.close()
+            raise
+
+    # Opening ---------------------------------------------------------------------------------
+    def _open(self) -> None:
+        intent = self._read_intent()
+        if intent is not None:
+            log.warning("%s: finishing a truncation to %d that a crash interrupted",
+                        self.directory, intent)
+            self._truncate_durable(intent)
+        max_offset = self.log.max_offset
+        if any(start > max_offset for _, start in self.epochs.entries):
+            log.warning("%s: dropping epoch entries that start past the log's end %d (a crash "
+                        "came between writing them and their records)", self.directory, max_offset)
+            self.epochs.truncate_from(max_offset + 1)
+        if max_offset > self.log.min_offset and not self.epochs.entries:
+            raise CorruptData(f"{self.directory}: the commit log holds records but the epoch file "
+                              "has no entry; refusing to guess which master wrote them")
+        trusted = self._load_index()
+        self._scan_into_index(trusted)
+        self._write_checkpoint()
+        if intent is not None:
+            self._remove_intent()
+
+    def _read_intent(self) -> int | None:
+        if not self._intent_path.exists():
+            return None
+        body = load_checksummed(self._intent_path)
+        offset = body.get("offset")
+        if type(offset) is not int or offset < 0:
+            raise CorruptData(f"{self._intent_path}: no valid offset")
+        return offset
+
+    def _remove_intent(self) -> None:
+        self._intent_path.unlink(missing_ok=True)
+        if self.fsync:
+            fsync_dir(self.directory)
+
+    def _load_index(self) -> int:
+        """Loads the durable part of the index; returns the offset to rebuild from."""
+        checkpoint = self._read_checkpoint()
+        queues = self._load_queue_files(checkpoint[2]) if checkpoint is not None else None
+        if checkpoint is not None and checkpoint[0] < self.log.min_offset:
+            queues = None  # retention deleted records the index never saw
+        if checkpoint is None or queues is None:
+            if self._index_dir.exists():
+                log.warning("%s: the index is incomplete; rebuilding it from the commit log",
+                            self.directory)
+                shutil.rmtree(self._index_dir)
+            self._queues, self._consumer_offsets = {}, {}
+            self._checkpoint_offset = self.log.min_offset
+            self._checkpoint_consumer_offsets = {}
+            return self.log.min_offset
+        indexed_offset, consumer_offsets, _ = checkpoint
+        trusted = min(indexed_offset, self.log.max_offset)
+        self._queues = queues
+        for queue in queues.values():
+            queue.cut(trusted)
+        if indexed_offset <= self.log.max_offset:
+            self._consumer_offsets = dict(consumer_offsets)
+        else:  # the log was cut below the checkpoint: replay the offsets it still holds
+            self._consumer_offsets = self._replay_consumer_offsets({}, self.log.min_offset, trusted)
+        self._checkpoint_offset = trusted
+        self._checkpoint_consumer_offsets = dict(self._consumer_offsets)
+        return trusted
+
+    def _read_checkpoint(self) -> tuple[int, dict[ConsumerKey, int], list[Any]] | None:
+        """(indexed offset, consumer offsets, queue list), or None when missing or unusable
+        (the index is derived data: it is rebuilt, never trusted when in doubt)."""
+        if not self._checkpoint_path.exists():
+            return None
+        try:
+            body = load_checksummed(self._checkpoint_path)
+            indexed_offset = body["indexed_offset"]
+            offsets = {(g, t, q): o for g, t, q, o in body["consumer_offsets"]}  # type: ignore[attr-defined]
+            queues = body["queues"]
+            if type(indexed_offset) is not int or not isinstance(queues, list):
+                raise TypeError("indexed_offset or queues")
+        except (CorruptData, KeyError, TypeError, ValueError) as exc:
+            log.warning("%s: unusable (%s); the index will be rebuilt", self._checkpoint_path, exc)
+            return None
+        return indexed_offset, offsets, queues
+
+    def _load_queue_files(self, listed: list[Any]) -> dict[QueueKey, _QueueIndex] | None:
+        queues: dict[QueueKey, _QueueIndex] = {}
+        try:
+            for topic, queue_id, base, count in listed:
+                if not TOPIC_PATTERN.fullmatch(topic) or type(queue_id) is not int \
+                        or type(base) is not int or type(count) is not int:
+                    raise ValueError(f"bad queue {topic!r}/{queue_id!r}")
+                queue = self._load_queue_file(topic, queue_id, base, count)
+                if queue is None:
+                    return None
+                queues[(topic, queue_id)] = queue
+        except (TypeError, ValueError) as exc:
+            log.warning("%s: unusable queue list (%s)", self._checkpoint_path, exc)
+            return None
+        names = {(topic, str(queue_id)) for topic, queue_id in queues}
+        for path in self._index_dir.glob("*/*"):
+            if (path.parent.name, path.name) not in names:
+                path.unlink()  # written after the checkpoint: rebuilt from the log
+        return queues
+
+    def _load_queue_file(self, topic: str, queue_id: int, base: int, count: int) -> _QueueIndex | None:
+        path = self._index_dir / topic / str(queue_id)
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            log.warning("%s: missing although the checkpoint lists it", path)
+            return None
+        size = _INDEX_ENTRY.size
+        if len(data) < _INDEX_HEADER.size or _INDEX_HEADER.unpack_from(data) != (_INDEX_MAGIC, 1, base) \
+                or len(data) < _INDEX_HEADER.size + count * size:
+            log.warning("%s: header or length does not match the checkpoint", path)
+            return None
+        queue = _QueueIndex(topic, queue_id, base, path)
+        queue.entries = bytearray(data[_INDEX_HEADER.size:_INDEX_HEADER.size + count * size])
+        queue.flushed = count
+        queue.dirty = len(data) != _INDEX_HEADER.size + count * size
+        return queue
+
+    def _scan_into_index(self, start: int) -> None:
+        """Indexes the records in [start, max_offset), checking each one's epoch entry."""
+        end = self.log.max_offset
+        if start < end:
+            log.info("%s: indexing the commit log from %d to %d", self.directory, start, end)
+        entries = self.epochs.entries
+        offset = start
+        while offset < end:
+            data = self.log.read(offset, SCAN_READ_BYTES)
+            for record in iter_records(data, offset):
+                covering = epoch_covering(entries, record.commit_offset)
+                if covering != record.epoch:
+                    raise CorruptData(
+                        f"{self.directory}: the record at {record.commit_offset} has epoch "
+                        f"{record.epoch} but the epoch file says {covering} for that offset")
+                self._index_record(record.topic, record.queue_id, record.queue_offset,
+                                   record.commit_offset, record.size)
+                if record.topic == CONSUMER_OFFSET_TOPIC:
+                    key, value = _parse_consumer_offset(record)
+                    self._consumer_offsets[key] = value
+            offset += len(data)
+
+    def _index_record(self, topic: str, queue_id: int, queue_offset: int, commit_offset: int,
+                      size: int) -> None:
+        queue = self._queues.get((topic, queue_id))
+        if queue is None:
+            queue = _QueueIndex(topic, queue_id, queue_offset, self._index_dir / topic / str(queue_id))
+            self._queues[(topic, queue_id)] = queue
+        elif queue_offset != queue.max_offset:
+            raise CorruptData(f"{self.directory}: the record at {commit_offset} has queue offset "
+                              f"{queue_offset} in {topic}/{queue_id}, which expects {queue.max_offset}")
+        queue.append(commit_offset, size)
+
+    def _replay_consumer_offsets(self, start_from: dict[ConsumerKey, int], start: int,
+                                 end: int) -> dict[ConsumerKey, int]:
+        """`start_from` updated with the consumer offset records in [start, end)."""
+        offsets = dict(start_from)
+        queue = self._queues.get((CONSUMER_OFFSET_TOPIC, 0))
+        if queue is None:
+            return offsets
+        for i in range(queue.first_at_or_after(max(start, self.log.min_offset)), queue.count):
+            commit_offset, size = queue.entry(i)
+            if commit_offset >= end:
+                break
+            key, value = _parse_consumer_offset(self.log.read_record_at(commit_offset, size))
+            offsets[key] = value
+        return offsets
+
+    # Checkpoint ----------------------------------------------------------------------------------
+    def _write_checkpoint(self) -> None:
+        self._index_dir.mkdir(parents=True, exist_ok=True)
+        made_dirs: set[Path] = set()
+        for queue in self._queues.values():
+            if queue.flush(self.fsync):
+                made_dirs.add(queue.path.parent)
+        if self.fsync:
+            for directory in made_dirs:
+                fsync_dir(directory)
+            fsync_dir(self._index_dir)
+        indexed_offset = self.log.max_offset
+        body: dict[str, object] = {
+            "indexed_offset": indexed_offset,
+            "queues": [[q.topic, q.queue_id, q.base, q.count] for q in self._queues.values()],
+            "consumer_offsets": [[g, t, q, o] for (g, t, q), o in sorted(self._consumer_offsets.items())],
+        }
+        write_atomically(self._checkpoint_path, dump_checksummed(body), self.fsync)
+        self._checkpoint_offset = indexed_offset
+        self._checkpoint_consumer_offsets = dict(self._consumer_offsets)
+
+    def _maybe_checkpoint(self) -> None:
+        if self.log.max_offset - self._checkpoint_offset >= self.index_checkpoint_bytes:
+            self._write_checkpoint()
+
+    def checkpoint(self) -> None:
+        """Makes the index and consumer offsets durable up to max_offset (fast reopen)."""
+        with self._lock:
+            self._check_open()
+            self._write_checkpoint()
+
+    # Writes ----------------------------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._closed:
+            raise FailedPrecondition(f"message store {self.directory} is closed")
+
+    def _check_epoch(self, epoch: int) -> None:
+        last = self.epochs.last_epoch
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 1:
+            raise InvalidArgument(f"epoch {epoch!r} is not a positive integer")
+        if epoch < last:
+            raise FencedEpoch(f"epoch {epoch} is older than this store's epoch {last}")
+        if epoch > last:
+            raise FailedPrecondition(f"epoch {epoch} has not begun in this store (its last epoch "
+                                     f"is {last}); call begin_epoch first")
+
+    def begin_epoch(self, epoch: int) -> None:
+        """Starts writing as master of `epoch`: appends (epoch, max_offset) to the epoch file."""
+        with self._lock:
+            self._check_open()
+            self.epochs.append(epoch, self.log.max_offset)
+
+    def put_messages(self, messages: list[Message], epoch: int, now_ms: int) -> list[PutResult]:
+        """Appends `messages` (one commit-log write, durable on return when fsync) at the
+        next offset of each queue; `epoch` must be the store's current epoch."""
+        if not 0 < len(messages) <= PUT_BATCH_MAX:
+            raise InvalidArgument(f"a put carries 1 to {PUT_BATCH_MAX} messages, not {len(messages)}")
+        for message in messages:
+            if not isinstance(message, Message):
+                raise InvalidArgument(f"expected a Message, got {type(message).__name__}")
+            if message.topic == CONSUMER_OFFSET_TOPIC:
+                raise InvalidArgument(f"{CONSUMER_OFFSET_TOPIC} is written by commit_consumer_offset only")
+        with self._lock:
+            self._check_open()
+            self._check_epoch(epoch)
+            return self._put_locked(messages, epoch, now_ms)
+
+    def _put_locked(self, messages: list[Message], epoch: int, now_ms: int) -> list[PutResult]:
+        position = self.log.max_offset
+        next_offsets: dict[QueueKey, int] = {}
+        encoded: list[bytes] = []
+        results: list[PutResult] = []
+        for message in messages:
+            key = (message.topic, message.queue_id)
+            queue_offset = next_offsets.get(key)
+            if queue_offset is None:
+                queue = self._queues.get(key)
+                queue_offset = queue.max_offset if queue is not None else 0
+            msg_id = make_msg_id(self.broker_name, position, epoch)
+            record = encode_record(message, epoch, now_ms, queue_offset, msg_id)
+            if position + len(record) - self.log.max_offset > PUT_BATCH_BYTES_MAX:
+                raise InvalidArgument(f"a put of more than {PUT_BATCH_BYTES_MAX} bytes")
+            encoded.append(record)
+            results.append(PutResult(msg_id, message.topic, message.queue_id, queue_offset, position))
+            next_offsets[key] = queue_offset + 1
+            position += len(record)
+        if len(self._queues) + len(next_offsets.keys() - self._queues.keys()) > QUEUES_MAX:
+            raise FailedPrecondition(f"this store already holds {len(self._queues)} queues; the "
+                                     f"limit is {QUEUES_MAX}")
+        offsets = self.log.append(encoded)
+        assert offsets == [r.commit_offset for r in results], (offsets, results)
+        for result, record in zip(results, encoded, strict=True):
+            self._index_record(result.topic, result.queue_id, result.queue_offset,
+                               result.commit_offset, len(record))
+        self._maybe_checkpoint()
+        return results
+
+    def commit_consumer_offset(self, group: str, topic: str, queue_id: int, offset: int,
+                               epoch: int, now_ms: int) -> PutResult:
+        """Records `group`'s next offset in topic/queue_id as a %CONSUMER_OFFSET% record."""
+        if not isinstance(group, str) or not TOPIC_PATTERN.fullmatch(group):
+            raise InvalidArgument(f"group {group!r} is malformed: use 1-127 characters from "
+                                  "A-Z a-z 0-9 _ - % |")
+        validate_topic(topic)
+        _check_int("queue_id", queue_id, 0, QUEUE_ID_MAX)
+        _check_int("offset", offset, 0, OFFSET_MAX)
+        key = (group, topic, queue_id)
+        body = _consumer_offset_body(group, topic, queue_id, offset)
+        with self._lock:
+            self._check_open()
+            self._check_epoch(epoch)
+            if key not in self._consumer_offsets and \
+                    len(self._consumer_offsets) >= CONSUMER_OFFSET_KEYS_MAX:
+                raise FailedPrecondition(f"{CONSUMER_OFFSET_KEYS_MAX} consumer offsets already kept")
+            (result,) = self._put_locked([Message(CONSUMER_OFFSET_TOPIC, 0, body)], epoch, now_ms)
+            self._consumer_offsets[key] = offset
+            return result
+
+    def append_replicated(self, offset: int, data: bytes) -> int:
+        """A slave's append of bytes read from its master at `offset` (which must be this
+        store's max_offset); indexes them and returns the new max_offset. Nothing is
+        written unless every record is valid and continues this store's epochs and queues."""
+        if len(data) > APPEND_BYTES_MAX:
+            raise InvalidArgument(f"{len(data)} bytes in one append; the limit is {APPEND_BYTES_MAX}")
+        records = split_records(data, offset)
+        with self._lock:
+            self._check_open()
+            if offset != self.log.max_offset:
+                raise FailedPrecondition(f"replicated data starts at {offset} but this store ends "
+                                         f"at {self.log.max_offset}")
+            new_epochs, consumer_offsets = self._plan_replicated(records)
+            for epoch, start in new_epochs:
+                self.epochs.append(epoch, start)  # the epoch file leads the log
+            if records:  # split_records decoded and checked them: append() re-checks CRCs only
+                written = self.log.append(record_pieces(data, offset, records), expected_offset=offset)
+                assert written == [r.commit_offset for r in records], (written, records)
+            end = self.log.max_offset
+            for record in records:
+                self._index_record(record.topic, record.queue_id, record.queue_offset,
+                                   record.commit_offset, record.size)
+            self._consumer_offsets.update(consumer_offsets)
+            self._maybe_checkpoint()
+            return end
+
+    def _plan_replicated(self, records: Iterable[StoredRecord]
+                         ) -> tuple[list[tuple[int, int]], dict[ConsumerKey, int]]:
+        last_epoch = self.epochs.last_epoch
+        new_epochs: list[tuple[int, int]] = []
+        next_offsets: dict[QueueKey, int] = {}
+        consumer_offsets: dict[ConsumerKey, int] = {}
+        for record in records:
+            if record.epoch == 0:
+                raise CorruptData(f"replicated record at {record.commit_offset} has epoch 0")
+            if record.epoch < last_epoch:
+                raise FailedPrecondition(
+                    f"replicated record at {record.commit_offset} has epoch {record.epoch}, older "
+                    f"than this store's epoch {last_epoch}: truncate to the consistent point first")
+            if record.epoch > last_epoch:
+                new_epochs.append((record.epoch, record.commit_offset))
+                last_epoch = record.epoch
+            key = (record.topic, record.queue_id)
+            expected = next_offsets.get(key)
+            if expected is None:
+                queue = self._queues.get(key)
+                expected = queue.max_offset if queue is not None else record.queue_offset
+            if record.queue_offset != expected:
+                raise CorruptData(f"replicated record at {record.commit_offset} has queue offset "
+                                  f"{record.queue_offset} in {record.topic}/{record.queue_id}, "
+                                  f"which expects {expected}")
+            next_offsets[key] = expected + 1
+            if record.topic == CONSUMER_OFFSET_TOPIC:
+                consumer_key, value = _parse_consumer_offset(record)
+                consumer_offsets[consumer_key] = value
+        return new_epochs, consumer_offsets
+
+    def truncate(self, offset: int) -> None:
+        """Drops every record at or after `offset` (a record start), their index entries,
+        the epoch entries starting at or after it, and recomputes consumer offsets.
+        Crash-safe: see the module docstring for the order."""
+        _check_int("offset", offset, 0, OFFSET_MAX)
+        with self._lock:
+            self._check_open()
+            if not self.log.is_boundary(offset) or offset < self.log.min_offset:
+                raise InvalidArgument(f"offset {offset} is not a record start in "
+                                      f"[{self.log.min_offset}, {self.log.max_offset}]")
+            write_atomically(self._intent_path, dump_checksummed({"offset": offset}), self.fsync)
+            self._truncate_durable(offset)
+            for queue in self._queues.values():
+                queue.cut(offset)
+            if offset >= self._checkpoint_offset:
+                self._consumer_offsets = self._replay_consumer_offsets(
+                    self._checkpoint_consumer_offsets, self._checkpoint_offset, offset)
+            else:
+                self._consumer_offsets = self._replay_consumer_offsets({}, self.log.min_offset, offset)
+            self._write_checkpoint()
+            self._remove_intent()
+
+    def _truncate_durable(self, offset: int) -> None:
+        self.epochs.truncate_from(offset)
+        if offset < self.log.max_offset:
+            self.log.truncate(offset)
+
+    # Reads -------------------------------------------------------------------------------------------
+    def read_bytes(self, offset: int, max_bytes: int) -> bytes:
+        """Whole records from `offset` for a slave (see CommitLog.read)."""
+        return self.log.read(offset, max_bytes)
+
+    def get_messages(self, topic: str, queue_id: int, queue_offset: int, max_count: int,
+                     max_commit_offset: int, *, max_bytes: int = GET_BYTES_DEFAULT) -> list[StoredRecord]:
+        """Up to `max_count` records of topic/queue_id from `queue_offset`, only those
+        ending at or before `max_commit_offset` (the confirm offset), at most `max_bytes`
+        (but at least one record). Each record's checksum is verified (CorruptData)."""
+        _check_int("queue_id", queue_id, 0, QUEUE_ID_MAX)
+        _check_int("queue_offset", queue_offset, 0, OFFSET_MAX)
+        _check_int("max_count", max_count, 1, GET_COUNT_MAX)
+        _check_int("max_commit_offset", max_commit_offset, 0, OFFSET_MAX)
+        _check_int("max_bytes", max_bytes, 1, GET_BYTES_MAX)
+        with self._lock:
+            self._check_open()
+            queue = self._queues.get((topic, queue_id))
+            if queue is None:
+                return []
+            min_offset = self._queue_min_offset(queue)
+            if queue_offset < min_offset:
+                raise InvalidArgument(f"queue offset {queue_offset} of {topic}/{queue_id} is below "
+                                      f"its minimum {min_offset} (deleted)", code="OFFSET_TOO_SMALL")
+            records: list[StoredRecord] = []
+            total = 0
+            first = queue_offset - queue.base
+            for i in range(first, min(queue.count, first + max_count)):
+                commit_offset, size = queue.entry(i)
+                if commit_offset + size > max_commit_offset or (records and total + size > max_bytes):
+                    break
+                record = self.log.read_record_at(commit_offset, size)
+                if (record.topic, record.queue_id, record.queue_offset) != (topic, queue_id, queue.base + i):
+                    raise CorruptData(f"{self.directory}: the index entry {topic}/{queue_id}/"
+                                      f"{queue.base + i} points at a record of {record.topic}/"
+                                      f"{record.queue_id}/{record.queue_offset}")
+                records.append(record)
+                total += size
+            return records
+
+    def _queue_min_offset(self, queue: _QueueIndex) -> int:
+        return queue.base + queue.first_at_or_after(self.log.min_offset)
+
+    def queue_max_offset(self, topic: str, queue_id: int) -> int:
+        """The next queue offset of topic/queue_id (0 for an unknown queue)."""
+        with self._lock:
+            queue = self._queues.get((topic, queue_id))
+            return queue.max_offset if queue is not None else 0
+
+    def queue_min_offset(self, topic: str, queue_id: int) -> int:
+        """The first queue offset still readable (its record not deleted by retention)."""
+        with self._lock:
+            queue = self._queues.get((topic, queue_id))
+            return self._queue_min_offset(queue) if queue is not None else 0
+
+    def readable_queue_max_offset(self, topic: str, queue_id: int, max_commit_offset: int) -> int:
+        """The queue offset after the last record ending at or before `max_commit_offset`."""
+        with self._lock:
+            queue = self._queues.get((topic, queue_id))
+            return queue.base + queue.count_ending_by(max_commit_offset) if queue is not None else 0
+
+    def queues(self) -> list[QueueKey]:
+        """Every (topic, queue id) with an index, the system topic included."""
+        with self._lock:
+            return sorted(self._queues)
+
+    def consumer_offset(self, group: str, topic: str, queue_id: int) -> int | None:
+        """The latest committed offset of group on topic/queue_id, or None."""
+        with self._lock:
+            return self._consumer_offsets.get((group, topic, queue_id))
+
+    @property
+    def max_offset(self) -> int:
+        return self.log.max_offset
+
+    @property
+    def min_offset(self) -> int:
+        return self.log.min_offset
+
+    def close(self) -> None:
+        """Makes the index durable and closes the files; idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            try:
+                self._write_checkpoint()
+            finally:
+                self._closed = True
+                self.log.close()

@@ -1,0 +1,201 @@
+"""Producer and consumer for the broker data plane.
+
+Routes come from a nameserver. A write answered NOT_MASTER (or a master that cannot
+be reached) refreshes the route and is retried on the current master until the
+call's deadline. A retried send may store a message twice (at-least-once); every
+message carries producer id + sequence so a checker can tell.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from mqmeta.client import parse_addresses
+from mqmeta.errors import (
+    DeadlineExceeded,
+    MqmetaError,
+    NotFound,
+    NotMaster,
+    Unavailable,
+    from_rpc_error,
+)
+from mqmeta.pb import broker_pb2 as bpb
+from mqmeta.pb import broker_pb2_grpc as bpb_grpc
+from mqmeta.pb import controller_pb2 as cpb
+from mqmeta.pb import namesrv_pb2 as npb
+from mqmeta.pb import namesrv_pb2_grpc as npb_grpc
+
+CALL_TIMEOUT_S = 10.0
+ATTEMPT_TIMEOUT_S = 4.0
+RETRY_PAUSE_S = 0.05
+
+
+class _Channels:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._channels: dict[str, grpc.Channel] = {}
+
+    def get(self, address: str) -> grpc.Channel:
+        with self._lock:
+            channel = self._channels.get(address)
+            if channel is None:
+                channel = self._channels[address] = grpc.insecure_channel(address)
+            return channel
+
+    def close(self) -> None:
+        with self._lock:
+            for channel in self._channels.values():
+                channel.close()
+            self._channels.clear()
+
+
+@dataclass(frozen=True)
+class QueueRef:
+    broker_name: str
+    queue_id: int
+
+
+class RouteCache:
+    def __init__(self, namesrv: list[str] | str, channels: _Channels) -> None:
+        self.namesrv = parse_addresses(namesrv, "nameserver address") if isinstance(
+            namesrv, str) else namesrv
+        self._channels = channels
+        self._routes: dict[str, cpb.TopicRoute] = {}
+
+    def route(self, topic: str, refresh: bool = False) -> cpb.TopicRoute:
+        if refresh or topic not in self._routes:
+            self._routes[topic] = self._query(topic)
+        return self._routes[topic]
+
+    def _query(self, topic: str) -> cpb.TopicRoute:
+        last: MqmetaError | None = None
+        for address in self.namesrv:
+            try:
+                stub = npb_grpc.NameServerStub(self._channels.get(address))
+                return stub.QueryRoute(npb.QueryRouteRequest(topic=topic), timeout=ATTEMPT_TIMEOUT_S)
+            except grpc.RpcError as rpc_error:
+                last = from_rpc_error(rpc_error)
+                if isinstance(last, NotFound):
+                    raise NotFound(f"topic {topic} does not exist; create it with "
+                                   f"`mqmeta admin --controllers ... topic create {topic}`") from None
+        raise Unavailable(f"no nameserver answered ({', '.join(self.namesrv)}): {last}")
+
+    def master(self, topic: str, broker_name: str) -> str:
+        for broker in self.route(topic).brokers:
+            if broker.broker_name == broker_name and broker.master_address:
+                return broker.master_address
+        raise Unavailable(f"broker set {broker_name} of topic {topic} has no master right now")
+
+    def queues(self, topic: str) -> list[QueueRef]:
+        return [QueueRef(q.broker_name, i) for q in self.route(topic).queues
+                for i in range(q.write_queue_count)]
+
+
+def _call_master(routes: RouteCache, channels: _Channels, topic: str, broker_name: str,
+                 method: str, request: Any, timeout_s: float) -> Any:
+    """Calls the current master of a broker set, following role changes."""
+    deadline = time.monotonic() + timeout_s
+    last: MqmetaError | None = None
+    refresh = False
+    while time.monotonic() < deadline:
+        try:
+            if refresh:
+                routes.route(topic, refresh=True)
+            address = routes.master(topic, broker_name)
+            stub = bpb_grpc.BrokerServiceStub(channels.get(address))
+            return getattr(stub, method)(
+                request, timeout=min(ATTEMPT_TIMEOUT_S, max(0.05, deadline - time.monotonic())))
+        except grpc.RpcError as rpc_error:
+            last = from_rpc_error(rpc_error)
+        except Unavailable as error:
+            last = error
+        if not isinstance(last, NotMaster | Unavailable):
+            raise last
+        refresh = True
+        time.sleep(RETRY_PAUSE_S)
+    raise DeadlineExceeded(f"{method} to {broker_name} did not succeed in {timeout_s:.1f}s: {last}")
+
+
+class Producer:
+    def __init__(self, namesrv: list[str] | str, timeout_s: float = CALL_TIMEOUT_S) -> None:
+        self._channels = _Channels()
+        self.routes = RouteCache(namesrv, self._channels)
+        self.timeout_s = timeout_s
+        self.producer_id = uuid.uuid4().hex[:16]
+        self._sequence = 0
+        self._next_queue = 0
+
+    def next_queue(self, topic: str) -> QueueRef:
+        queues = self.routes.queues(topic)
+        if not queues:
+            raise Unavailable(f"topic {topic} has no writable queue (no broker set yet)")
+        self._next_queue += 1
+        return queues[self._next_queue % len(queues)]
+
+    def send(self, topic: str, bodies: list[bytes], queue: QueueRef | None = None,
+             tags: str = "", keys: list[str] | None = None) -> list[bpb.SendResult]:
+        """Sends a batch to one queue; returns when the broker set acknowledged it."""
+        queue = queue or self.next_queue(topic)
+        messages = []
+        for i, body in enumerate(bodies):
+            self._sequence += 1
+            messages.append(bpb.Message(topic=topic, queue_id=queue.queue_id, body=body, tags=tags,
+                                        keys=(keys[i] if keys else ""),
+                                        producer_id=self.producer_id, producer_seq=self._sequence))
+        reply = _call_master(self.routes, self._channels, topic, queue.broker_name, "Send",
+                             bpb.SendRequest(messages=messages), self.timeout_s)
+        return list(reply.results)
+
+    def close(self) -> None:
+        self._channels.close()
+
+
+class Consumer:
+    """Pulls every queue of a topic from its committed offsets; commits as it goes."""
+
+    def __init__(self, namesrv: list[str] | str, topic: str, group: str,
+                 timeout_s: float = CALL_TIMEOUT_S) -> None:
+        self._channels = _Channels()
+        self.routes = RouteCache(namesrv, self._channels)
+        self.topic = topic
+        self.group = group
+        self.timeout_s = timeout_s
+        self._offsets: dict[QueueRef, int] = {}
+
+    def _call(self, queue: QueueRef, method: str, request: Any) -> Any:
+        return _call_master(self.routes, self._channels, self.topic, queue.broker_name, method,
+                            request, self.timeout_s)
+
+    def _offset(self, queue: QueueRef) -> int:
+        if queue not in self._offsets:
+            reply = self._call(queue, "QueryOffset", bpb.QueryOffsetRequest(
+                group=self.group, topic=self.topic, queue_id=queue.queue_id))
+            self._offsets[queue] = max(0, reply.offset)
+        return self._offsets[queue]
+
+    def poll(self, max_count: int = 256) -> list[bpb.StoredMessage]:
+        received: list[bpb.StoredMessage] = []
+        for queue in self.routes.queues(self.topic):
+            offset = self._offset(queue)
+            reply = self._call(queue, "Pull", bpb.PullRequest(
+                topic=self.topic, queue_id=queue.queue_id, queue_offset=offset,
+                max_count=max_count))
+            if reply.messages:
+                received.extend(reply.messages)
+                self._offsets[queue] = reply.next_queue_offset
+                self._call(queue, "CommitOffset", bpb.CommitOffsetRequest(
+                    group=self.group, topic=self.topic, queue_id=queue.queue_id,
+                    offset=reply.next_queue_offset))
+        return received
+
+    def refresh(self) -> None:
+        self.routes.route(self.topic, refresh=True)
+
+    def close(self) -> None:
+        self._channels.close()

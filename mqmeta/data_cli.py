@@ -1,0 +1,150 @@
+"""`mqmeta produce` and `mqmeta consume`: the data plane from the command line.
+
+--record writes one JSON line per acknowledged (produce) or received (consume)
+message: {"msg_id", "value", "queue_id", "queue_offset"} (consume adds "broker_name").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import uuid
+from pathlib import Path
+
+from mqmeta.broker_client import Consumer, Producer
+from mqmeta.errors import MqmetaError
+
+SIZE_MAX = 4 << 20
+COUNT_MAX = 10_000_000
+
+
+def _positive(kind: str, maximum: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{kind} {text!r} is not a whole number") from None
+        if not 1 <= value <= maximum:
+            raise argparse.ArgumentTypeError(f"{kind} must be from 1 to {maximum}")
+        return value
+
+    return parse
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{value} must be positive")
+    return value
+
+
+def add_data_parsers(sub) -> None:
+    produce = sub.add_parser("produce", help="send messages and report what was acknowledged")
+    produce.add_argument("--namesrv", required=True, help="HOST:PORT[,HOST:PORT...]")
+    produce.add_argument("--topic", required=True)
+    produce.add_argument("--count", type=_positive("--count", COUNT_MAX), required=True)
+    produce.add_argument("--size", type=_positive("--size", SIZE_MAX), default=64,
+                         help="body bytes (at least the value's length)")
+    produce.add_argument("--rate", type=_positive_float, help="messages per second at most")
+    produce.add_argument("--batch", type=_positive("--batch", 1024), default=1)
+    produce.add_argument("--record", type=Path, help="JSON line per acknowledged message")
+    produce.add_argument("--json", action="store_true")
+
+    consume = sub.add_parser("consume", help="receive messages of a topic as a group")
+    consume.add_argument("--namesrv", required=True)
+    consume.add_argument("--topic", required=True)
+    consume.add_argument("--group", required=True)
+    consume.add_argument("--until-idle", type=_positive_float, default=5.0,
+                         help="stop after this many seconds without a new message")
+    consume.add_argument("--record", type=Path, help="JSON line per received message")
+    consume.add_argument("--json", action="store_true")
+
+
+def run_produce(args: argparse.Namespace) -> int:
+    run_id = uuid.uuid4().hex[:8]
+    producer = Producer(args.namesrv)
+    record = open(args.record, "a") if args.record else None
+    sent = acked = failed = 0
+    start = time.monotonic()
+    try:
+        for first in range(0, args.count, args.batch):
+            values = [f"{run_id}-{i}" for i in range(first, min(args.count, first + args.batch))]
+            if args.rate:
+                _pace(start, first, args.rate)
+            bodies = [v.encode().ljust(args.size, b".") for v in values]
+            sent += len(values)
+            try:
+                results = producer.send(args.topic, bodies)
+            except MqmetaError as error:
+                if "does not exist" in error.message:
+                    raise
+                failed += len(values)
+                print(f"mqmeta produce: {len(values)} not acknowledged: {error.message}",
+                      file=sys.stderr)
+                continue
+            acked += len(results)
+            if record:
+                for value, result in zip(values, results, strict=True):
+                    record.write(json.dumps({"msg_id": result.msg_id, "value": value,
+                                             "queue_id": result.queue_id,
+                                             "queue_offset": result.queue_offset}) + "\n")
+                record.flush()
+    finally:
+        producer.close()
+        if record:
+            record.close()
+    summary = {"sent": sent, "acked": acked, "failed": failed,
+               "elapsed_s": round(time.monotonic() - start, 3)}
+    print(json.dumps(summary) if args.json else
+          f"sent {sent}, acknowledged {acked}, failed {failed} in {summary['elapsed_s']} s")
+    return 0 if failed == 0 else 1
+
+
+def _pace(start: float, sent: int, rate: float) -> None:
+    due = start + sent / rate
+    delay = due - time.monotonic()
+    if delay > 0:
+        time.sleep(delay)
+
+
+def run_consume(args: argparse.Namespace) -> int:
+    consumer = Consumer(args.namesrv, args.topic, args.group)
+    record = open(args.record, "a") if args.record else None
+    received = 0
+    start = last_new = time.monotonic()
+    try:
+        while time.monotonic() - last_new < args.until_idle:
+            try:
+                messages = consumer.poll()
+            except MqmetaError as error:
+                if "does not exist" in error.message:
+                    raise
+                print(f"mqmeta consume: {error.message}; retrying", file=sys.stderr)
+                consumer.refresh()
+                time.sleep(0.2)
+                continue
+            if not messages:
+                time.sleep(0.05)
+                continue
+            last_new = time.monotonic()
+            received += len(messages)
+            if record:
+                for m in messages:
+                    value = m.body.decode(errors="replace").rstrip(".")
+                    record.write(json.dumps({"msg_id": m.msg_id, "value": value,
+                                             "queue_id": m.queue_id,
+                                             "queue_offset": m.queue_offset}) + "\n")
+                record.flush()
+    finally:
+        consumer.close()
+        if record:
+            record.close()
+    summary = {"received": received, "elapsed_s": round(time.monotonic() - start, 3)}
+    print(json.dumps(summary) if args.json else f"received {received} in {summary['elapsed_s']} s")
+    return 0
+

@@ -1,0 +1,269 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Message(_message.Message):
+    __slots__ = ("topic", "queue_id", "body", "tags", "keys", "properties", "producer_id", "producer_seq")
+    class PropertiesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    BODY_FIELD_NUMBER: _ClassVar[int]
+    TAGS_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    PROPERTIES_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_SEQ_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    queue_id: int
+    body: bytes
+    tags: str
+    keys: str
+    properties: _containers.ScalarMap[str, str]
+    producer_id: str
+    producer_seq: int
+    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., body: _Optional[bytes] = ..., tags: _Optional[str] = ..., keys: _Optional[str] = ..., properties: _Optional[_Mapping[str, str]] = ..., producer_id: _Optional[str] = ..., producer_seq: _Optional[int] = ...) -> None: ...
+
+class SendRequest(_message.Message):
+    __slots__ = ("messages",)
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    messages: _containers.RepeatedCompositeFieldContainer[Message]
+    def __init__(self, messages: _Optional[_Iterable[_Union[Message, _Mapping]]] = ...) -> None: ...
+
+class SendResult(_message.Message):
+    __slots__ = ("msg_id", "topic", "queue_id", "queue_offset", "commit_offset")
+    MSG_ID_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    msg_id: str
+    topic: str
+    queue_id: int
+    queue_offset: int
+    commit_offset: int
+    def __init__(self, msg_id: _Optional[str] = ..., topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., queue_offset: _Optional[int] = ..., commit_offset: _Optional[int] = ...) -> None: ...
+
+class SendResponse(_message.Message):
+    __slots__ = ("results", "master_epoch")
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    MASTER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[SendResult]
+    master_epoch: int
+    def __init__(self, results: _Optional[_Iterable[_Union[SendResult, _Mapping]]] = ..., master_epoch: _Optional[int] = ...) -> None: ...
+
+class PullRequest(_message.Message):
+    __slots__ = ("topic", "queue_id", "queue_offset", "max_count")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    MAX_COUNT_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    queue_id: int
+    queue_offset: int
+    max_count: int
+    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., queue_offset: _Optional[int] = ..., max_count: _Optional[int] = ...) -> None: ...
+
+class StoredMessage(_message.Message):
+    __slots__ = ("msg_id", "topic", "queue_id", "queue_offset", "commit_offset", "epoch", "store_timestamp_ms", "body", "tags", "keys", "properties", "producer_id", "producer_seq")
+    class PropertiesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    MSG_ID_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    STORE_TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
+    BODY_FIELD_NUMBER: _ClassVar[int]
+    TAGS_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    PROPERTIES_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_SEQ_FIELD_NUMBER: _ClassVar[int]
+    msg_id: str
+    topic: str
+    queue_id: int
+    queue_offset: int
+    commit_offset: int
+    epoch: int
+    store_timestamp_ms: int
+    body: bytes
+    tags: str
+    keys: str
+    properties: _containers.ScalarMap[str, str]
+    producer_id: str
+    producer_seq: int
+    def __init__(self, msg_id: _Optional[str] = ..., topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., queue_offset: _Optional[int] = ..., commit_offset: _Optional[int] = ..., epoch: _Optional[int] = ..., store_timestamp_ms: _Optional[int] = ..., body: _Optional[bytes] = ..., tags: _Optional[str] = ..., keys: _Optional[str] = ..., properties: _Optional[_Mapping[str, str]] = ..., producer_id: _Optional[str] = ..., producer_seq: _Optional[int] = ...) -> None: ...
+
+class PullResponse(_message.Message):
+    __slots__ = ("messages", "next_queue_offset", "max_queue_offset")
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    NEXT_QUEUE_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    MAX_QUEUE_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    messages: _containers.RepeatedCompositeFieldContainer[StoredMessage]
+    next_queue_offset: int
+    max_queue_offset: int
+    def __init__(self, messages: _Optional[_Iterable[_Union[StoredMessage, _Mapping]]] = ..., next_queue_offset: _Optional[int] = ..., max_queue_offset: _Optional[int] = ...) -> None: ...
+
+class CommitOffsetRequest(_message.Message):
+    __slots__ = ("group", "topic", "queue_id", "offset")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    topic: str
+    queue_id: int
+    offset: int
+    def __init__(self, group: _Optional[str] = ..., topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., offset: _Optional[int] = ...) -> None: ...
+
+class CommitOffsetResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class QueryOffsetRequest(_message.Message):
+    __slots__ = ("group", "topic", "queue_id")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    topic: str
+    queue_id: int
+    def __init__(self, group: _Optional[str] = ..., topic: _Optional[str] = ..., queue_id: _Optional[int] = ...) -> None: ...
+
+class QueryOffsetResponse(_message.Message):
+    __slots__ = ("offset",)
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    offset: int
+    def __init__(self, offset: _Optional[int] = ...) -> None: ...
+
+class EpochEntry(_message.Message):
+    __slots__ = ("epoch", "start_offset")
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    START_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    start_offset: int
+    def __init__(self, epoch: _Optional[int] = ..., start_offset: _Optional[int] = ...) -> None: ...
+
+class EpochCacheRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class EpochCache(_message.Message):
+    __slots__ = ("broker_name", "broker_id", "entries", "max_offset", "confirm_offset")
+    BROKER_NAME_FIELD_NUMBER: _ClassVar[int]
+    BROKER_ID_FIELD_NUMBER: _ClassVar[int]
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    MAX_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    CONFIRM_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    broker_name: str
+    broker_id: int
+    entries: _containers.RepeatedCompositeFieldContainer[EpochEntry]
+    max_offset: int
+    confirm_offset: int
+    def __init__(self, broker_name: _Optional[str] = ..., broker_id: _Optional[int] = ..., entries: _Optional[_Iterable[_Union[EpochEntry, _Mapping]]] = ..., max_offset: _Optional[int] = ..., confirm_offset: _Optional[int] = ...) -> None: ...
+
+class HaStatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class SlaveStatus(_message.Message):
+    __slots__ = ("broker_id", "acked_offset", "in_sync", "lag_bytes", "last_fetch_ms_ago")
+    BROKER_ID_FIELD_NUMBER: _ClassVar[int]
+    ACKED_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    IN_SYNC_FIELD_NUMBER: _ClassVar[int]
+    LAG_BYTES_FIELD_NUMBER: _ClassVar[int]
+    LAST_FETCH_MS_AGO_FIELD_NUMBER: _ClassVar[int]
+    broker_id: int
+    acked_offset: int
+    in_sync: bool
+    lag_bytes: int
+    last_fetch_ms_ago: int
+    def __init__(self, broker_id: _Optional[int] = ..., acked_offset: _Optional[int] = ..., in_sync: _Optional[bool] = ..., lag_bytes: _Optional[int] = ..., last_fetch_ms_ago: _Optional[int] = ...) -> None: ...
+
+class HaStatus(_message.Message):
+    __slots__ = ("cluster", "broker_name", "broker_id", "role", "master_epoch", "master_broker_id", "master_address", "max_offset", "confirm_offset", "sync_state_set", "sync_state_set_epoch", "slaves", "lease_valid", "writable")
+    CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    BROKER_NAME_FIELD_NUMBER: _ClassVar[int]
+    BROKER_ID_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    MASTER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    MASTER_BROKER_ID_FIELD_NUMBER: _ClassVar[int]
+    MASTER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    MAX_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    CONFIRM_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    SYNC_STATE_SET_FIELD_NUMBER: _ClassVar[int]
+    SYNC_STATE_SET_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    SLAVES_FIELD_NUMBER: _ClassVar[int]
+    LEASE_VALID_FIELD_NUMBER: _ClassVar[int]
+    WRITABLE_FIELD_NUMBER: _ClassVar[int]
+    cluster: str
+    broker_name: str
+    broker_id: int
+    role: str
+    master_epoch: int
+    master_broker_id: int
+    master_address: str
+    max_offset: int
+    confirm_offset: int
+    sync_state_set: _containers.RepeatedScalarFieldContainer[int]
+    sync_state_set_epoch: int
+    slaves: _containers.RepeatedCompositeFieldContainer[SlaveStatus]
+    lease_valid: bool
+    writable: bool
+    def __init__(self, cluster: _Optional[str] = ..., broker_name: _Optional[str] = ..., broker_id: _Optional[int] = ..., role: _Optional[str] = ..., master_epoch: _Optional[int] = ..., master_broker_id: _Optional[int] = ..., master_address: _Optional[str] = ..., max_offset: _Optional[int] = ..., confirm_offset: _Optional[int] = ..., sync_state_set: _Optional[_Iterable[int]] = ..., sync_state_set_epoch: _Optional[int] = ..., slaves: _Optional[_Iterable[_Union[SlaveStatus, _Mapping]]] = ..., lease_valid: _Optional[bool] = ..., writable: _Optional[bool] = ...) -> None: ...
+
+class HaFetchRequest(_message.Message):
+    __slots__ = ("cluster", "broker_name", "broker_id", "master_epoch", "fetch_offset", "epoch_entries", "handshake", "max_bytes", "wait_ms")
+    CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    BROKER_NAME_FIELD_NUMBER: _ClassVar[int]
+    BROKER_ID_FIELD_NUMBER: _ClassVar[int]
+    MASTER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    FETCH_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    HANDSHAKE_FIELD_NUMBER: _ClassVar[int]
+    MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    cluster: str
+    broker_name: str
+    broker_id: int
+    master_epoch: int
+    fetch_offset: int
+    epoch_entries: _containers.RepeatedCompositeFieldContainer[EpochEntry]
+    handshake: bool
+    max_bytes: int
+    wait_ms: int
+    def __init__(self, cluster: _Optional[str] = ..., broker_name: _Optional[str] = ..., broker_id: _Optional[int] = ..., master_epoch: _Optional[int] = ..., fetch_offset: _Optional[int] = ..., epoch_entries: _Optional[_Iterable[_Union[EpochEntry, _Mapping]]] = ..., handshake: _Optional[bool] = ..., max_bytes: _Optional[int] = ..., wait_ms: _Optional[int] = ...) -> None: ...
+
+class HaFetchResponse(_message.Message):
+    __slots__ = ("master_epoch", "master_max_offset", "confirm_offset", "truncate_to", "data_offset", "data", "epoch_entries")
+    MASTER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    MASTER_MAX_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    CONFIRM_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATE_TO_FIELD_NUMBER: _ClassVar[int]
+    DATA_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    master_epoch: int
+    master_max_offset: int
+    confirm_offset: int
+    truncate_to: int
+    data_offset: int
+    data: bytes
+    epoch_entries: _containers.RepeatedCompositeFieldContainer[EpochEntry]
+    def __init__(self, master_epoch: _Optional[int] = ..., master_max_offset: _Optional[int] = ..., confirm_offset: _Optional[int] = ..., truncate_to: _Optional[int] = ..., data_offset: _Optional[int] = ..., data: _Optional[bytes] = ..., epoch_entries: _Optional[_Iterable[_Union[EpochEntry, _Mapping]]] = ...) -> None: ...
