@@ -177,6 +177,35 @@ def test_suspended_master_is_replaced_and_rejoins_as_slave(cluster_factory):
     check_no_loss(acked, consume_all(cluster, "g2", len(acked)))
 
 
+class DirectSender(threading.Thread):
+    """Sends to one broker address only, as fast as it answers; records ack times."""
+
+    def __init__(self, address: str) -> None:
+        super().__init__(daemon=True)
+        self.address = address
+        self.acks: list[float] = []
+        self.stop_event = threading.Event()
+
+    def run(self) -> None:
+        from mqmeta.pb import broker_pb2, broker_pb2_grpc
+
+        with grpc.insecure_channel(self.address) as channel:
+            stub = broker_pb2_grpc.BrokerServiceStub(channel)
+            for i in range(100_000):
+                if self.stop_event.is_set():
+                    break
+                try:
+                    stub.Send(broker_pb2.SendRequest(messages=[broker_pb2.Message(
+                        topic="Orders", queue_id=1, body=f"direct-{i}".encode())]), timeout=3)
+                    self.acks.append(time.monotonic())
+                except grpc.RpcError:
+                    time.sleep(0.01)
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        self.join(timeout=10)
+
+
 def test_master_cut_from_controllers_stops_writing_within_its_lease(cluster_factory):
     cluster = broker_cluster(cluster_factory, start_brokers=False)
     cuts = [TcpCut(n.grpc) for n in cluster.layout.controllers]
@@ -188,6 +217,9 @@ def test_master_cut_from_controllers_stops_writing_within_its_lease(cluster_fact
             cluster.start_broker(broker.name)
         wait_in_sync(cluster, 3)
         direct = Producer(cluster.namesrv)  # keeps writing to whoever the route names
+        hammer = DirectSender(cluster.broker(first).grpc)  # keeps writing to the old master
+        hammer.start()
+        time.sleep(0.3)
         cut_at = time.monotonic()
         for cut in cuts:
             cut.cut()
@@ -201,9 +233,14 @@ def test_master_cut_from_controllers_stops_writing_within_its_lease(cluster_fact
         new = cluster.master_of("broker-a", exclude=first, timeout_s=15)
         new_epoch = cluster.broker_status(new).master_epoch
         results = direct.send("Orders", [b"after-partition"])
+        new_first_ack = time.monotonic()
         assert results, "the new master accepts writes"
         old = cluster.broker_status(first)
         assert old.master_epoch < new_epoch and not old.writable
+        hammer.stop()
+        assert hammer.acks, "the old master was acknowledging writes before the cut"
+        assert max(hammer.acks) < new_first_ack, "two masters acknowledged writes at once"
+        assert max(hammer.acks) - cut_at < 0.5 + 0.3, "the old master acked past its lease"
         direct.close()
     finally:
         for cut in cuts:
@@ -264,3 +301,54 @@ def test_flipped_byte_stops_the_replica_at_recovery(cluster_factory):
         pytest.fail("a broker with a corrupt record kept running")
     text = (cluster.root / "logs" / f"{slave}.log").read_text()
     assert code == 2 and "refusing to open this commit log" in text and "Traceback" not in text
+
+
+def test_unconfirmed_record_of_an_old_master_is_cut_when_it_rejoins(cluster_factory):
+    """RocketMQ #6662: a record only the old master holds was never acknowledged, so the
+    new master's history wins and the old master cuts it instead of serving it."""
+    from mqmeta.pb import broker_pb2, broker_pb2_grpc
+
+    cluster = broker_cluster(cluster_factory)
+    old = wait_in_sync(cluster, 3)
+    slaves = [b.name for b in cluster.layout.brokers if b.name != old]
+    for slave in slaves:
+        cluster.pause(slave)
+    time.sleep(0.3)  # let fetches already in flight (long-poll <= 100 ms) return empty
+    outcome: dict = {}
+
+    def send_once() -> None:  # one attempt, no retry on another master
+        with grpc.insecure_channel(cluster.broker(old).grpc) as channel:
+            try:
+                broker_pb2_grpc.BrokerServiceStub(channel).Send(broker_pb2.SendRequest(messages=[
+                    broker_pb2.Message(topic="Orders", queue_id=0, body=b"unconfirmed")]),
+                    timeout=10)
+                outcome["acked"] = True
+            except grpc.RpcError as error:
+                outcome["error"] = error.code()
+
+    sender = threading.Thread(target=send_once)
+    sender.start()
+    time.sleep(0.4)  # stored on the old master, waiting for acks; before the set can shrink
+    stored_until = cluster.broker_status(old).max_offset
+    cluster.pause(old)
+    for slave in slaves:
+        cluster.resume(slave)
+    new = cluster.master_of("broker-a", exclude=old, timeout_s=15)
+    producer = Producer(cluster.namesrv)
+    producer.send("Orders", [b"on-the-new-master"])
+    producer.close()
+    cluster.resume(old)
+    sender.join(timeout=15)
+    assert "acked" not in outcome, "the old master acknowledged a write it could not replicate"
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        status, master = cluster.broker_status(old), cluster.broker_status(new)
+        if status.role == "SLAVE" and status.max_offset == master.max_offset:
+            break
+        time.sleep(0.1)
+    assert status.role == "SLAVE" and status.max_offset == master.max_offset
+    log_text = (cluster.root / "logs" / f"{old}.log").read_text()
+    assert "to the consistent point" in log_text, "the old master never cut its tail"
+    assert stored_until > 0
+    bodies = [m.body for m in consume_all(cluster, "g3", 1)]
+    assert b"on-the-new-master" in bodies and b"unconfirmed" not in bodies

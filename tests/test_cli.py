@@ -77,6 +77,10 @@ def test_local_up_runs_restarts_and_stops_cleanly(tmp_path):
             route = ns_grpc.NameServerStub(channel).QueryRoute(
                 ns_pb.QueryRouteRequest(topic="Kept"), timeout=10)
         assert route.topic == "Kept"
+        brokers = document["brokers"]
+        assert len(brokers) == 3 and {b["broker_name"] for b in brokers} == {"broker-a"}
+        assert sorted(b["broker_id"] for b in brokers) == [1, 2, 3]
+        produce_and_consume(tmp_path, document, addresses)
     finally:
         stop_local(proc, document)
     proc, again = start_local(data_dir)  # same DIR: same cluster, same data
@@ -89,6 +93,31 @@ def test_local_up_runs_restarts_and_stops_cleanly(tmp_path):
         assert [t["name"] for t in json.loads(listed.stdout)["topics"]] == ["Kept"]
     finally:
         stop_local(proc, again)
+
+
+def produce_and_consume(tmp_path: Path, document: dict, addresses: str) -> None:
+    namesrv = document["namesrv"][0]["grpc"]
+    sent_file, received_file = tmp_path / "sent.jsonl", tmp_path / "received.jsonl"
+    produced = run("produce", "--namesrv", namesrv, "--topic", "Kept", "--count", "50",
+                   "--size", "100", "--batch", "5", "--record", str(sent_file), "--json")
+    assert produced.returncode == 0, produced.stderr
+    assert json.loads(produced.stdout) | {"elapsed_s": 0} == {
+        "sent": 50, "acked": 50, "failed": 0, "elapsed_s": 0}
+    consumed = run("consume", "--namesrv", namesrv, "--topic", "Kept", "--group", "cli",
+                   "--until-idle", "2", "--record", str(received_file), "--json")
+    assert consumed.returncode == 0, consumed.stderr
+    assert json.loads(consumed.stdout)["received"] == 50
+    sent = [json.loads(line) for line in sent_file.read_text().splitlines()]
+    received = [json.loads(line) for line in received_file.read_text().splitlines()]
+    assert {r["value"] for r in sent} == {r["value"] for r in received}
+    assert set(sent[0]) == {"msg_id", "value", "queue_id", "queue_offset"}
+    status = run("admin", "--controllers", addresses, "ha-status", "--broker-name", "broker-a",
+                 "--json")
+    assert status.returncode == 0, status.stderr
+    roles = sorted(r["role"] for r in json.loads(status.stdout)["replicas"])
+    assert roles == ["MASTER", "SLAVE", "SLAVE"]
+    missing = run("produce", "--namesrv", namesrv, "--topic", "NoSuchTopic", "--count", "1")
+    assert missing.returncode == 2 and "does not exist" in missing.stderr
 
 
 def assert_bad_input(result: subprocess.CompletedProcess, fragment: str) -> None:
@@ -113,6 +142,13 @@ def test_bad_input_without_a_cluster_exits_2():
     assert_bad_input(run("local", "up", "--controllers", "2"), "must be odd")
     assert_bad_input(run("namesrv", "--listen", "127.0.0.1:1"), "--controllers")
     assert_bad_input(run("namesrv", "--listen", "nowhere"), "--listen address")
+    assert_bad_input(run("produce", "--namesrv", unreachable, "--topic", "T", "--count", "0"),
+                     "must be from 1")
+    assert_bad_input(run("produce", "--namesrv", unreachable, "--topic", "T", "--count", "1",
+                         "--size", "999999999"), "--size must be")
+    assert_bad_input(run("consume", "--namesrv", unreachable, "--topic", "T"), "--group")
+    assert_bad_input(run("broker", "--broker-name", "bad name", "--listen", "127.0.0.1:1",
+                         "--controllers", unreachable, "--data-dir", "/tmp/x"), "malformed")
 
 
 @pytest.mark.cluster
