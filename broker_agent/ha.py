@@ -87,6 +87,10 @@ class SyncStateTracker:
         if fetch_offset >= master_max_offset:
             progress.last_caught_up_ms = now_ms
 
+    def _caught_up_recently(self, broker_id: int, now_ms: int) -> bool:
+        progress = self.slaves.get(broker_id)
+        return progress is not None and now_ms - progress.last_caught_up_ms <= self.max_not_catchup_ms
+
     def acked(self) -> dict[int, int]:
         return {i: p.acked_offset for i, p in self.slaves.items()}
 
@@ -99,16 +103,18 @@ class SyncStateTracker:
         offset and the start of the current epoch (it holds everything acknowledged).
         """
         members = set(current_set) | {master_id}
+        removed = set()
         for broker_id in sorted(members - {master_id}):
-            progress = self.slaves.get(broker_id)
-            caught_up_ms = progress.last_caught_up_ms if progress else 0
-            if now_ms - caught_up_ms > self.max_not_catchup_ms:
+            if not self._caught_up_recently(broker_id, now_ms):
                 members.discard(broker_id)
+                removed.add(broker_id)
         for broker_id, progress in sorted(self.slaves.items()):
-            if broker_id in members or broker_id not in registered:
+            if broker_id in members or broker_id in removed or broker_id not in registered:
                 continue
-            recent = now_ms - progress.last_fetch_ms <= self.max_not_catchup_ms
-            if recent and progress.acked_offset >= max(confirm, epoch_start_offset):
+            # A lagging member holds the confirm offset down to its own ack, so reaching
+            # the confirm offset alone proves nothing: it must also have caught up lately.
+            if (self._caught_up_recently(broker_id, now_ms)
+                    and progress.acked_offset >= max(confirm, epoch_start_offset)):
                 members.add(broker_id)
         new_set = sorted(members)
         return None if new_set == sorted(set(current_set) | {master_id}) else new_set
