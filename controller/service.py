@@ -12,10 +12,17 @@ from collections.abc import Callable
 from typing import Any
 
 import grpc
+from google.protobuf import json_format
 
 from controller.core import ControllerCore
-from controller.state_machine import Rejected, replica_view, validate_int, validate_name
-from mqmeta.errors import InvalidArgument, MqmetaError, Unavailable, abort_with
+from controller.state_machine import (
+    Rejected,
+    replica_view,
+    tiered_key,
+    validate_int,
+    validate_name,
+)
+from mqmeta.errors import InvalidArgument, MqmetaError, NotFound, Unavailable, abort_with
 from mqmeta.pb import controller_pb2 as pb
 from mqmeta.pb import controller_pb2_grpc as pb_grpc
 
@@ -250,6 +257,49 @@ class ControllerServicer(pb_grpc.ControllerServiceServicer):
         outcomes = self.core.propose_many(commands, timeout_s)
         return pb.WriteResults(results=[_write_result(o) for o in outcomes])
 
+    def _tiered(self, command: Json) -> pb.TieredCheckpoint:
+        return tiered_checkpoint_pb(self.core.propose(command)["checkpoint"])
+
+    @rpc
+    def TieredUploadStart(self, request, context):
+        cluster, broker_name = _broker_set_ref(request)
+        return self._tiered({
+            "type": "tiered_upload_start", "cluster": cluster, "broker_name": broker_name,
+            "master_broker_id": request.master_broker_id, "master_epoch": request.master_epoch,
+            "upload_id": request.upload_id, "base_offset": request.base_offset,
+            "end_offset": request.end_offset})
+
+    @rpc
+    def TieredCommit(self, request, context):
+        cluster, broker_name = _broker_set_ref(request)
+        return self._tiered({
+            "type": "tiered_commit", "cluster": cluster, "broker_name": broker_name,
+            "master_broker_id": request.master_broker_id, "master_epoch": request.master_epoch,
+            "upload_id": request.upload_id,
+            "segments": [json_format.MessageToDict(seg, preserving_proto_field_name=True,
+                                                   always_print_fields_with_no_presence=True)
+                         for seg in request.segments],
+            "epochs": [[e.epoch, e.start_offset] for e in request.epochs]})
+
+    @rpc
+    def TieredForgetAbandoned(self, request, context):
+        cluster, broker_name = _broker_set_ref(request)
+        return self._tiered({
+            "type": "tiered_forget_abandoned", "cluster": cluster, "broker_name": broker_name,
+            "master_broker_id": request.master_broker_id, "master_epoch": request.master_epoch,
+            "upload_ids": list(request.upload_ids)})
+
+    @rpc
+    def GetTieredCheckpoint(self, request, context):
+        cluster, broker_name = _broker_set_ref(request)
+        state = self.core.read_barrier()
+        checkpoint = state.get(tiered_key(cluster, broker_name))
+        if checkpoint is None:
+            if state.broker_set(cluster, broker_name) is None:
+                raise NotFound(f"broker set {cluster}/{broker_name} is not registered")
+            return pb.TieredCheckpoint(cluster=cluster, broker_name=broker_name)
+        return tiered_checkpoint_pb(checkpoint)
+
     def Watch(self, request, context):
         try:
             cluster = validate_name("cluster", request.cluster) if request.cluster else ""
@@ -287,6 +337,24 @@ class ControllerServicer(pb_grpc.ControllerServiceServicer):
 
 
 WRITE_BATCH_MAX = 1024
+_INT_SEGMENT_FIELDS = ("base_offset", "end_offset", "size", "record_count", "first_epoch",
+                       "last_epoch")
+
+
+def tiered_checkpoint_pb(checkpoint: Json) -> pb.TieredCheckpoint:
+    inflight = checkpoint.get("inflight") or {}
+    return pb.TieredCheckpoint(
+        cluster=checkpoint["cluster"], broker_name=checkpoint["broker_name"],
+        uploaded_offset=checkpoint["uploaded_offset"],
+        checkpoint_epoch=checkpoint["checkpoint_epoch"],
+        segments=[pb.TieredSegment(key=s.get("key", ""), sha256=s.get("sha256", ""),
+                                   **{f: int(s.get(f, 0)) for f in _INT_SEGMENT_FIELDS})
+                  for s in checkpoint["segments"]],
+        epochs=[pb.TieredEpoch(epoch=e, start_offset=o) for e, o in checkpoint["epochs"]],
+        inflight_upload_id=inflight.get("upload_id", ""),
+        inflight_base_offset=inflight.get("base_offset", 0),
+        inflight_end_offset=inflight.get("end_offset", 0),
+        abandoned_upload_ids=checkpoint["abandoned"])
 
 
 def _topic_command(spec: pb.TopicSpec, mode: str) -> Json:

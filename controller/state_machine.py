@@ -546,7 +546,99 @@ def _update_config(state: ControllerState, command: Json, index: int):
     return {"ok": True, "config": dict(merged)}, {"config": merged}, [{"kind": "config"}]
 
 
+# Tiered storage checkpoints ------------------------------------------------------------
+# One record per broker set: what is durably in the tiered store (uploaded_offset and the
+# segment list, contiguous from the first upload), and the upload in flight. Uploads are
+# two-phase (start, then commit) and fenced by the master epoch; the checkpoint only
+# moves forward (T4), and abandoned uploads are listed for garbage collection.
+
+ABANDONED_UPLOADS_MAX = 256
+SEGMENTS_PER_COMMIT_MAX = 1024
+
+
+def tiered_key(cluster: str, broker_name: str) -> str:
+    return f"tiered/{cluster}/{broker_name}"
+
+
+def _tiered_fenced(state: ControllerState, command: Json) -> tuple[Json, str, Json]:
+    bs = _require_broker_set(state, command)
+    master = command.get("master_broker_id")
+    epoch = command.get("master_epoch")
+    if master != bs["master_broker_id"] or epoch != bs["master_epoch"] or not master:
+        raise Rejected(
+            "FENCED_MASTER_EPOCH",
+            f"broker {master} at epoch {epoch} is not the master of "
+            f"{bs['cluster']}/{bs['broker_name']} (master {bs['master_broker_id']} at epoch "
+            f"{bs['master_epoch']}); only the current master uploads")
+    key = tiered_key(bs["cluster"], bs["broker_name"])
+    checkpoint = copy.deepcopy(state.get(key)) or {
+        "cluster": bs["cluster"], "broker_name": bs["broker_name"], "uploaded_offset": 0,
+        "checkpoint_epoch": 0, "segments": [], "epochs": [], "inflight": None, "abandoned": []}
+    return bs, key, checkpoint
+
+
+def _tiered_upload_start(state: ControllerState, command: Json, index: int):
+    bs, key, checkpoint = _tiered_fenced(state, command)
+    upload_id = validate_name("upload id", command.get("upload_id"))
+    base = validate_int("base_offset", command.get("base_offset"), 0, 2**62)
+    end = validate_int("end_offset", command.get("end_offset"), 1, 2**62)
+    if base != checkpoint["uploaded_offset"] or end <= base:
+        raise Rejected("TIERED_RANGE_INVALID",
+                       f"an upload must start at the checkpoint {checkpoint['uploaded_offset']} "
+                       f"and end after it, not [{base}, {end})")
+    previous = checkpoint["inflight"]
+    if previous and previous["upload_id"] != upload_id:
+        checkpoint["abandoned"] = (checkpoint["abandoned"] + [previous["upload_id"]])[
+            -ABANDONED_UPLOADS_MAX:]
+    checkpoint["inflight"] = {"upload_id": upload_id, "master_epoch": bs["master_epoch"],
+                              "base_offset": base, "end_offset": end}
+    result = {"ok": True, "checkpoint": copy.deepcopy(checkpoint)}
+    return result, {key: checkpoint}, []
+
+
+def _tiered_commit(state: ControllerState, command: Json, index: int):
+    bs, key, checkpoint = _tiered_fenced(state, command)
+    inflight = checkpoint["inflight"]
+    upload_id = command.get("upload_id")
+    if not inflight or inflight["upload_id"] != upload_id or \
+            inflight["master_epoch"] != bs["master_epoch"]:
+        raise Rejected("TIERED_UPLOAD_UNKNOWN",
+                       f"upload {upload_id!r} is not the upload in flight of this master epoch; "
+                       "start it again")
+    segments = command.get("segments") or []
+    if not 1 <= len(segments) <= SEGMENTS_PER_COMMIT_MAX:
+        raise Rejected("INVALID_ARGUMENT", f"a commit lists 1 to {SEGMENTS_PER_COMMIT_MAX} segments")
+    position = inflight["base_offset"]
+    for segment in segments:
+        if segment.get("base_offset") != position or segment.get("end_offset", 0) <= position:
+            raise Rejected("TIERED_RANGE_INVALID",
+                           f"segments must cover [{inflight['base_offset']}, "
+                           f"{inflight['end_offset']}) without gaps or overlaps")
+        position = segment["end_offset"]
+    if position != inflight["end_offset"]:
+        raise Rejected("TIERED_RANGE_INVALID", f"segments end at {position}, the upload at "
+                                               f"{inflight['end_offset']}")
+    checkpoint["segments"] = checkpoint["segments"] + [dict(s) for s in segments]
+    checkpoint["uploaded_offset"] = position
+    checkpoint["checkpoint_epoch"] = bs["master_epoch"]
+    checkpoint["epochs"] = [list(e) for e in command.get("epochs") or []]
+    checkpoint["inflight"] = None
+    event = {"kind": "tiered", "cluster": bs["cluster"], "broker_name": bs["broker_name"]}
+    return {"ok": True, "checkpoint": copy.deepcopy(checkpoint)}, {key: checkpoint}, [event]
+
+
+def _tiered_forget_abandoned(state: ControllerState, command: Json, index: int):
+    """The uploader deleted the objects of these abandoned uploads."""
+    bs, key, checkpoint = _tiered_fenced(state, command)
+    done = set(command.get("upload_ids") or [])
+    checkpoint["abandoned"] = [u for u in checkpoint["abandoned"] if u not in done]
+    return {"ok": True, "checkpoint": copy.deepcopy(checkpoint)}, {key: checkpoint}, []
+
+
 HANDLERS: dict[str, Handler] = {
+    "tiered_upload_start": _tiered_upload_start,
+    "tiered_commit": _tiered_commit,
+    "tiered_forget_abandoned": _tiered_forget_abandoned,
     "barrier": _barrier,
     "register_broker": _register_broker,
     "elect_master": _elect_master,

@@ -459,6 +459,108 @@ class WriteResults(_message.Message):
     results: _containers.RepeatedCompositeFieldContainer[WriteResult]
     def __init__(self, results: _Optional[_Iterable[_Union[WriteResult, _Mapping]]] = ...) -> None: ...
 
+class TieredSegment(_message.Message):
+    __slots__ = ("key", "base_offset", "end_offset", "size", "sha256", "record_count", "first_epoch", "last_epoch")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    BASE_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    END_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    RECORD_COUNT_FIELD_NUMBER: _ClassVar[int]
+    FIRST_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    LAST_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    base_offset: int
+    end_offset: int
+    size: int
+    sha256: str
+    record_count: int
+    first_epoch: int
+    last_epoch: int
+    def __init__(self, key: _Optional[str] = ..., base_offset: _Optional[int] = ..., end_offset: _Optional[int] = ..., size: _Optional[int] = ..., sha256: _Optional[str] = ..., record_count: _Optional[int] = ..., first_epoch: _Optional[int] = ..., last_epoch: _Optional[int] = ...) -> None: ...
+
+class TieredEpoch(_message.Message):
+    __slots__ = ("epoch", "start_offset")
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    START_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    start_offset: int
+    def __init__(self, epoch: _Optional[int] = ..., start_offset: _Optional[int] = ...) -> None: ...
+
+class TieredCheckpoint(_message.Message):
+    __slots__ = ("cluster", "broker_name", "uploaded_offset", "checkpoint_epoch", "segments", "epochs", "inflight_upload_id", "inflight_base_offset", "inflight_end_offset", "abandoned_upload_ids")
+    CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    BROKER_NAME_FIELD_NUMBER: _ClassVar[int]
+    UPLOADED_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    EPOCHS_FIELD_NUMBER: _ClassVar[int]
+    INFLIGHT_UPLOAD_ID_FIELD_NUMBER: _ClassVar[int]
+    INFLIGHT_BASE_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    INFLIGHT_END_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    ABANDONED_UPLOAD_IDS_FIELD_NUMBER: _ClassVar[int]
+    cluster: str
+    broker_name: str
+    uploaded_offset: int
+    checkpoint_epoch: int
+    segments: _containers.RepeatedCompositeFieldContainer[TieredSegment]
+    epochs: _containers.RepeatedCompositeFieldContainer[TieredEpoch]
+    inflight_upload_id: str
+    inflight_base_offset: int
+    inflight_end_offset: int
+    abandoned_upload_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, cluster: _Optional[str] = ..., broker_name: _Optional[str] = ..., uploaded_offset: _Optional[int] = ..., checkpoint_epoch: _Optional[int] = ..., segments: _Optional[_Iterable[_Union[TieredSegment, _Mapping]]] = ..., epochs: _Optional[_Iterable[_Union[TieredEpoch, _Mapping]]] = ..., inflight_upload_id: _Optional[str] = ..., inflight_base_offset: _Optional[int] = ..., inflight_end_offset: _Optional[int] = ..., abandoned_upload_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class TieredUploadStartRequest(_message.Message):
+    __slots__ = ("cluster", "broker_name", "master_broker_id", "master_epoch", "upload_id", "base_offset", "end_offset")
+    CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    BROKER_NAME_FIELD_NUMBER: _ClassVar[int]
+    MASTER_BROKER_ID_FIELD_NUMBER: _ClassVar[int]
+    MASTER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    UPLOAD_ID_FIELD_NUMBER: _ClassVar[int]
+    BASE_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    END_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    cluster: str
+    broker_name: str
+    master_broker_id: int
+    master_epoch: int
+    upload_id: str
+    base_offset: int
+    end_offset: int
+    def __init__(self, cluster: _Optional[str] = ..., broker_name: _Optional[str] = ..., master_broker_id: _Optional[int] = ..., master_epoch: _Optional[int] = ..., upload_id: _Optional[str] = ..., base_offset: _Optional[int] = ..., end_offset: _Optional[int] = ...) -> None: ...
+
+class TieredCommitRequest(_message.Message):
+    __slots__ = ("cluster", "broker_name", "master_broker_id", "master_epoch", "upload_id", "segments", "epochs")
+    CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    BROKER_NAME_FIELD_NUMBER: _ClassVar[int]
+    MASTER_BROKER_ID_FIELD_NUMBER: _ClassVar[int]
+    MASTER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    UPLOAD_ID_FIELD_NUMBER: _ClassVar[int]
+    SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    EPOCHS_FIELD_NUMBER: _ClassVar[int]
+    cluster: str
+    broker_name: str
+    master_broker_id: int
+    master_epoch: int
+    upload_id: str
+    segments: _containers.RepeatedCompositeFieldContainer[TieredSegment]
+    epochs: _containers.RepeatedCompositeFieldContainer[TieredEpoch]
+    def __init__(self, cluster: _Optional[str] = ..., broker_name: _Optional[str] = ..., master_broker_id: _Optional[int] = ..., master_epoch: _Optional[int] = ..., upload_id: _Optional[str] = ..., segments: _Optional[_Iterable[_Union[TieredSegment, _Mapping]]] = ..., epochs: _Optional[_Iterable[_Union[TieredEpoch, _Mapping]]] = ...) -> None: ...
+
+class TieredForgetRequest(_message.Message):
+    __slots__ = ("cluster", "broker_name", "master_broker_id", "master_epoch", "upload_ids")
+    CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    BROKER_NAME_FIELD_NUMBER: _ClassVar[int]
+    MASTER_BROKER_ID_FIELD_NUMBER: _ClassVar[int]
+    MASTER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    UPLOAD_IDS_FIELD_NUMBER: _ClassVar[int]
+    cluster: str
+    broker_name: str
+    master_broker_id: int
+    master_epoch: int
+    upload_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, cluster: _Optional[str] = ..., broker_name: _Optional[str] = ..., master_broker_id: _Optional[int] = ..., master_epoch: _Optional[int] = ..., upload_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
 class WatchRequest(_message.Message):
     __slots__ = ("cluster", "broker_name")
     CLUSTER_FIELD_NUMBER: _ClassVar[int]

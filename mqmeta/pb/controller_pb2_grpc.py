@@ -144,6 +144,26 @@ class ControllerServiceStub:
                 request_serializer=mqmeta_dot_pb_dot_controller__pb2.WriteBatch.SerializeToString,
                 response_deserializer=mqmeta_dot_pb_dot_controller__pb2.WriteResults.FromString,
                 _registered_method=True)
+        self.TieredUploadStart = channel.unary_unary(
+                '/mqmeta.v1.ControllerService/TieredUploadStart',
+                request_serializer=mqmeta_dot_pb_dot_controller__pb2.TieredUploadStartRequest.SerializeToString,
+                response_deserializer=mqmeta_dot_pb_dot_controller__pb2.TieredCheckpoint.FromString,
+                _registered_method=True)
+        self.TieredCommit = channel.unary_unary(
+                '/mqmeta.v1.ControllerService/TieredCommit',
+                request_serializer=mqmeta_dot_pb_dot_controller__pb2.TieredCommitRequest.SerializeToString,
+                response_deserializer=mqmeta_dot_pb_dot_controller__pb2.TieredCheckpoint.FromString,
+                _registered_method=True)
+        self.TieredForgetAbandoned = channel.unary_unary(
+                '/mqmeta.v1.ControllerService/TieredForgetAbandoned',
+                request_serializer=mqmeta_dot_pb_dot_controller__pb2.TieredForgetRequest.SerializeToString,
+                response_deserializer=mqmeta_dot_pb_dot_controller__pb2.TieredCheckpoint.FromString,
+                _registered_method=True)
+        self.GetTieredCheckpoint = channel.unary_unary(
+                '/mqmeta.v1.ControllerService/GetTieredCheckpoint',
+                request_serializer=mqmeta_dot_pb_dot_controller__pb2.BrokerSetRef.SerializeToString,
+                response_deserializer=mqmeta_dot_pb_dot_controller__pb2.TieredCheckpoint.FromString,
+                _registered_method=True)
         self.Watch = channel.unary_stream(
                 '/mqmeta.v1.ControllerService/Watch',
                 request_serializer=mqmeta_dot_pb_dot_controller__pb2.WatchRequest.SerializeToString,
@@ -287,6 +307,30 @@ class ControllerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def TieredUploadStart(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def TieredCommit(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def TieredForgetAbandoned(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetTieredCheckpoint(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Watch(self, request, context):
         """Pushes role, SyncStateSet and route changes as this node applies them. The first
         event is a "snapshot" of every matching broker set.
@@ -407,6 +451,26 @@ def add_ControllerServiceServicer_to_server(servicer, server):
                     servicer.Write,
                     request_deserializer=mqmeta_dot_pb_dot_controller__pb2.WriteBatch.FromString,
                     response_serializer=mqmeta_dot_pb_dot_controller__pb2.WriteResults.SerializeToString,
+            ),
+            'TieredUploadStart': grpc.unary_unary_rpc_method_handler(
+                    servicer.TieredUploadStart,
+                    request_deserializer=mqmeta_dot_pb_dot_controller__pb2.TieredUploadStartRequest.FromString,
+                    response_serializer=mqmeta_dot_pb_dot_controller__pb2.TieredCheckpoint.SerializeToString,
+            ),
+            'TieredCommit': grpc.unary_unary_rpc_method_handler(
+                    servicer.TieredCommit,
+                    request_deserializer=mqmeta_dot_pb_dot_controller__pb2.TieredCommitRequest.FromString,
+                    response_serializer=mqmeta_dot_pb_dot_controller__pb2.TieredCheckpoint.SerializeToString,
+            ),
+            'TieredForgetAbandoned': grpc.unary_unary_rpc_method_handler(
+                    servicer.TieredForgetAbandoned,
+                    request_deserializer=mqmeta_dot_pb_dot_controller__pb2.TieredForgetRequest.FromString,
+                    response_serializer=mqmeta_dot_pb_dot_controller__pb2.TieredCheckpoint.SerializeToString,
+            ),
+            'GetTieredCheckpoint': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetTieredCheckpoint,
+                    request_deserializer=mqmeta_dot_pb_dot_controller__pb2.BrokerSetRef.FromString,
+                    response_serializer=mqmeta_dot_pb_dot_controller__pb2.TieredCheckpoint.SerializeToString,
             ),
             'Watch': grpc.unary_stream_rpc_method_handler(
                     servicer.Watch,
@@ -1008,6 +1072,114 @@ class ControllerService:
             '/mqmeta.v1.ControllerService/Write',
             mqmeta_dot_pb_dot_controller__pb2.WriteBatch.SerializeToString,
             mqmeta_dot_pb_dot_controller__pb2.WriteResults.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def TieredUploadStart(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mqmeta.v1.ControllerService/TieredUploadStart',
+            mqmeta_dot_pb_dot_controller__pb2.TieredUploadStartRequest.SerializeToString,
+            mqmeta_dot_pb_dot_controller__pb2.TieredCheckpoint.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def TieredCommit(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mqmeta.v1.ControllerService/TieredCommit',
+            mqmeta_dot_pb_dot_controller__pb2.TieredCommitRequest.SerializeToString,
+            mqmeta_dot_pb_dot_controller__pb2.TieredCheckpoint.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def TieredForgetAbandoned(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mqmeta.v1.ControllerService/TieredForgetAbandoned',
+            mqmeta_dot_pb_dot_controller__pb2.TieredForgetRequest.SerializeToString,
+            mqmeta_dot_pb_dot_controller__pb2.TieredCheckpoint.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetTieredCheckpoint(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mqmeta.v1.ControllerService/GetTieredCheckpoint',
+            mqmeta_dot_pb_dot_controller__pb2.BrokerSetRef.SerializeToString,
+            mqmeta_dot_pb_dot_controller__pb2.TieredCheckpoint.FromString,
             options,
             channel_credentials,
             insecure,
