@@ -62,6 +62,9 @@ class BrokerConfig:
     fetch_wait_ms: int = 100
     segment_bytes: int = 64 << 20
     fsync: bool = True
+    tiered_url: str = ""                 # empty = no tiered storage
+    tiered_upload_bytes: int = 4 << 20
+    tiered_upload_interval_ms: int = 2000
     extra: dict[str, Any] = field(default_factory=dict)
 
     def validate(self) -> None:
@@ -138,12 +141,20 @@ class BrokerAgent:
         self.tracker = SyncStateTracker(config.ha_max_time_slave_not_catchup_ms)
         self.fetch_session = 0
         self.stopping = threading.Event()
+        self.tiered: Any = None
         self.refresh_needed = threading.Event()
         self._threads: list[threading.Thread] = []
 
     # Lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
         self.confirm = 0
+        if self.config.tiered_url:
+            from broker_agent.tiered import TieredConfig, TieredUploader
+
+            self.tiered = TieredUploader(self, TieredConfig(
+                self.config.tiered_url, self.config.tiered_upload_bytes,
+                self.config.tiered_upload_interval_ms))
+            self.tiered.start()
         for target, name in ((self._controller_loop, "controller"), (self._watch_loop, "watch")):
             thread = threading.Thread(target=target, name=name, daemon=True)
             thread.start()

@@ -146,6 +146,10 @@ def add_broker_parser(sub) -> None:
     broker.add_argument("--ha-max-time-slave-not-catchup-ms", type=int, default=15_000)
     broker.add_argument("--send-timeout-ms", type=int, default=3000)
     broker.add_argument("--segment-bytes", type=int, default=64 << 20)
+    broker.add_argument("--tiered-store", default="",
+                        help="tiered storage location: a directory or an fsspec URL")
+    broker.add_argument("--tiered-upload-bytes", type=int, default=4 << 20)
+    broker.add_argument("--tiered-upload-interval-ms", type=int, default=2000)
 
 
 def run_broker(args: argparse.Namespace) -> int:
@@ -159,7 +163,14 @@ def run_broker(args: argparse.Namespace) -> int:
         min_in_sync_replicas=args.min_in_sync_replicas,
         all_ack_in_sync_state_set=not args.no_all_ack,
         ha_max_time_slave_not_catchup_ms=args.ha_max_time_slave_not_catchup_ms,
-        send_timeout_ms=args.send_timeout_ms, segment_bytes=args.segment_bytes)
+        send_timeout_ms=args.send_timeout_ms, segment_bytes=args.segment_bytes,
+        tiered_url=args.tiered_store, tiered_upload_bytes=args.tiered_upload_bytes,
+        tiered_upload_interval_ms=args.tiered_upload_interval_ms)
+    if config.tiered_url:
+        from broker_agent.tiered import TieredConfig
+
+        TieredConfig(config.tiered_url, config.tiered_upload_bytes,
+                     config.tiered_upload_interval_ms).validate()
     agent = BrokerAgent(config)
     server = _grpc_server(config.listen)
     bpb_grpc.add_BrokerServiceServicer_to_server(BrokerServicer(agent), server)

@@ -69,6 +69,8 @@ def add_admin_commands(admin: argparse.ArgumentParser) -> None:
     _broker_set_flags(_leaf(sub, "ha-status", "each replica's role, offsets and slaves",
                             ha_status))
     _broker_set_flags(_leaf(sub, "broker-epoch", "each replica's epoch cache", broker_epoch))
+    _broker_set_flags(_leaf(sub, "tiered-status", "what the tiered store holds, and the lag",
+                            tiered_status))
 
     topic = sub.add_parser("topic", help="create, update, delete, list topics; show a route")
     topic_sub = topic.add_subparsers(dest="topic_command", required=True, parser_class=type(admin))
@@ -319,3 +321,28 @@ def broker_epoch(client: ControllerClient, args):
     rows = [{k: r.get(k) for k in ("broker_id", "entries", "max_offset", "confirm_offset",
                                      "error")} for r in replicas]
     return {"broker_name": args.broker_name, "replicas": replicas}, rows
+
+
+def tiered_status(client: ControllerClient, args):
+    """The controller's checkpoint beside the master's confirm offset."""
+    import grpc
+
+    from mqmeta.pb import broker_pb2, broker_pb2_grpc
+
+    checkpoint = client.call("GetTieredCheckpoint", _ref(args))
+    info = client.call("GetReplicaInfo", _ref(args))
+    confirm = None
+    if info.master_address:
+        with grpc.insecure_channel(info.master_address) as channel:
+            try:
+                confirm = broker_pb2_grpc.BrokerServiceStub(channel).GetHaStatus(
+                    broker_pb2.HaStatusRequest(), timeout=args.timeout).confirm_offset
+            except grpc.RpcError:
+                confirm = None
+    document = {"broker_name": args.broker_name, "uploaded_offset": checkpoint.uploaded_offset,
+                "confirm_offset": confirm, "checkpoint_epoch": checkpoint.checkpoint_epoch,
+                "segments": len(checkpoint.segments),
+                "lag_bytes": None if confirm is None else max(0, confirm - checkpoint.uploaded_offset),
+                "inflight_upload_id": checkpoint.inflight_upload_id,
+                "abandoned_uploads": len(checkpoint.abandoned_upload_ids)}
+    return document, document

@@ -147,7 +147,12 @@ def controller_command(root: Path, layout: Layout, node: NodeLayout) -> list[str
 def broker_command(root: Path, layout: Layout, broker: BrokerLayout) -> list[str]:
     return [sys.executable, "-m", "mqmeta.cli", "broker", "--broker-name", broker.broker_name,
             "--listen", broker.grpc, "--controllers", layout.controller_addresses,
-            "--data-dir", str(root / broker.data_dir)]
+            "--data-dir", str(root / broker.data_dir), "--tiered-store", str(tiered_dir(root))]
+
+
+def tiered_dir(root: Path) -> Path:
+    """The embedded default tiered store: a local directory beside the cluster's data."""
+    return root / "tiered"
 
 
 def wait_brokers_ready(brokers: list[BrokerLayout], timeout_s: float = READY_TIMEOUT_S) -> dict:
@@ -295,5 +300,6 @@ def cluster_document(root: Path, layout: Layout, supervisor: Supervisor) -> dict
                    for n in layout.controllers]
     else:
         namesrv = [{"grpc": layout.namesrv[0], "pid": supervisor.children["namesrv"].pid}]
+    tiered = {"url": str(tiered_dir(root))} if layout.brokers else None
     return {"controllers": controllers, "namesrv": namesrv, "brokers": [],
-            "tiered_store": None, "embedded": layout.embedded}
+            "tiered_store": tiered, "embedded": layout.embedded}

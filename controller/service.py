@@ -12,7 +12,6 @@ from collections.abc import Callable
 from typing import Any
 
 import grpc
-from google.protobuf import json_format
 
 from controller.core import ControllerCore
 from controller.state_machine import (
@@ -276,8 +275,8 @@ class ControllerServicer(pb_grpc.ControllerServiceServicer):
             "type": "tiered_commit", "cluster": cluster, "broker_name": broker_name,
             "master_broker_id": request.master_broker_id, "master_epoch": request.master_epoch,
             "upload_id": request.upload_id,
-            "segments": [json_format.MessageToDict(seg, preserving_proto_field_name=True,
-                                                   always_print_fields_with_no_presence=True)
+            "segments": [{"key": seg.key, "sha256": seg.sha256,
+                          **{f: getattr(seg, f) for f in _INT_SEGMENT_FIELDS}}
                          for seg in request.segments],
             "epochs": [[e.epoch, e.start_offset] for e in request.epochs]})
 

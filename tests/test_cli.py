@@ -116,6 +116,14 @@ def produce_and_consume(tmp_path: Path, document: dict, addresses: str) -> None:
     assert status.returncode == 0, status.stderr
     roles = sorted(r["role"] for r in json.loads(status.stdout)["replicas"])
     assert roles == ["MASTER", "SLAVE", "SLAVE"]
+    tiered = run("admin", "--controllers", addresses, "tiered-status", "--broker-name",
+                 "broker-a", "--json")
+    assert tiered.returncode == 0, tiered.stderr
+    status_doc = json.loads(tiered.stdout)
+    assert {"uploaded_offset", "confirm_offset", "checkpoint_epoch", "segments",
+            "lag_bytes"} <= set(status_doc)
+    assert status_doc["uploaded_offset"] <= status_doc["confirm_offset"]
+    assert status_doc["lag_bytes"] == status_doc["confirm_offset"] - status_doc["uploaded_offset"]
     missing = run("produce", "--namesrv", namesrv, "--topic", "NoSuchTopic", "--count", "1")
     assert missing.returncode == 2 and "does not exist" in missing.stderr
 

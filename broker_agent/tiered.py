@@ -1,0 +1,210 @@
+"""The tiered uploader: the master copies confirmed commit-log ranges to the tiered store.
+
+Rules (REFERENCE.md section 2; RocketMQ never finished this, Kafka KIP-405 is the model):
+- only the current master uploads, and only bytes below its confirm offset (T1); a
+  stalled slave stalls the confirm offset and so the upload;
+- uploads are batched by size (`upload_bytes`) and by age (`upload_interval_ms`);
+- each upload is two-phase and fenced by the master epoch: a marker object naming what
+  it will write -> "upload started" in the controller -> the objects (segment, per-queue
+  index, epoch lineage) -> re-read and verify -> commit the checkpoint in the controller.
+  A stale master's start or commit is refused there;
+- demotion stops the uploader at once: it re-checks role and epoch between steps and
+  commits nothing once they changed;
+- a new master resumes from the controller's checkpoint only if its own epoch lineage
+  agrees with the uploaded range's lineage (KAFKA-15241); otherwise it refuses;
+- objects of abandoned uploads (listed by the controller) are deleted, then forgotten.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from broker_agent.epoch_file import consistent_point
+from broker_agent.ha import Role
+from broker_agent.records import split_records
+from broker_agent.tiered_backend import open_backend
+from broker_agent.tiered_layout import (
+    build_epoch_lineage,
+    build_index_segments,
+    build_segment,
+    upload_marker_key,
+    verify_segment,
+)
+from mqmeta.errors import FailedPrecondition, InvalidArgument, MqmetaError
+from mqmeta.pb import controller_pb2 as cpb
+
+if TYPE_CHECKING:
+    from broker_agent.agent import BrokerAgent
+
+log = logging.getLogger(__name__)
+
+STEP_INTERVAL_S = 0.1
+ERROR_PAUSE_S = 1.0
+
+
+@dataclass(frozen=True)
+class TieredConfig:
+    url: str
+    upload_bytes: int = 4 << 20
+    upload_interval_ms: int = 2000
+
+    def validate(self) -> None:
+        if not 1 << 10 <= self.upload_bytes <= 256 << 20:
+            raise InvalidArgument("tiered upload bytes must be from 1 KiB to 256 MiB")
+        if not 10 <= self.upload_interval_ms <= 3_600_000:
+            raise InvalidArgument("tiered upload interval must be from 10 ms to 1 hour")
+
+
+class Demoted(Exception):
+    """The role or epoch changed during an upload: stop, commit nothing."""
+
+
+class TieredUploader:
+    def __init__(self, agent: BrokerAgent, config: TieredConfig) -> None:
+        config.validate()
+        self.agent = agent
+        self.config = config
+        self.backend = open_backend(config.url)
+        self.checkpoint: cpb.TieredCheckpoint | None = None
+        self.checkpoint_epoch = 0
+        self.refused = ""  # why this master will not upload (lineage disagreement)
+        self.last_upload = time.monotonic()
+        self._thread = threading.Thread(target=self._loop, name="tiered", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self.agent.stopping.wait(STEP_INTERVAL_S):
+            try:
+                self.step()
+            except Demoted:
+                log.info("tiered upload stopped: this broker is no longer the master")
+                self.checkpoint = None
+            except MqmetaError as error:
+                log.warning("tiered upload: %s", error)
+                self.checkpoint = None
+                self.agent.stopping.wait(ERROR_PAUSE_S)
+
+    # One step ---------------------------------------------------------------------------
+    def _role(self) -> tuple[int, int]:
+        """(master epoch, confirm offset) while master; Demoted otherwise."""
+        with self.agent.lock:
+            if self.agent.role != Role.MASTER:
+                raise Demoted()
+            return self.agent.master_epoch, self.agent.confirm
+
+    def _still(self, epoch: int) -> None:
+        if self._role()[0] != epoch:
+            raise Demoted()
+
+    def step(self) -> None:
+        with self.agent.lock:
+            if self.agent.role != Role.MASTER:
+                self.checkpoint = None
+                return
+        epoch, confirm = self._role()
+        if self.checkpoint is None or self.checkpoint_epoch != epoch:
+            self._resume(epoch)
+        if self.refused or self.checkpoint is None:
+            return
+        uploaded = self.checkpoint.uploaded_offset
+        pending = confirm - uploaded
+        due = time.monotonic() - self.last_upload >= self.config.upload_interval_ms / 1000
+        if pending > 0 and (pending >= self.config.upload_bytes or due):
+            self._upload(epoch, uploaded, min(confirm, uploaded + self.config.upload_bytes))
+
+    def _resume(self, epoch: int) -> None:
+        """Promotion: adopt the controller's checkpoint if this log agrees with it."""
+        checkpoint = self._controller("GetTieredCheckpoint", cpb.BrokerSetRef(
+            cluster=self.agent.config.cluster, broker_name=self.agent.config.broker_name))
+        lineage = [(e.epoch, e.start_offset) for e in checkpoint.epochs]
+        store = self.agent.store
+        agreed = consistent_point(lineage, store.epochs.entries, store.max_offset,
+                                  checkpoint.uploaded_offset) if checkpoint.uploaded_offset else 0
+        if agreed < checkpoint.uploaded_offset:
+            self.refused = (f"the tiered store holds [0, {checkpoint.uploaded_offset}) but this "
+                            f"master's log agrees with it only up to {agreed}; not uploading")
+            log.error("%s", self.refused)
+            return
+        self.refused = ""
+        self.checkpoint, self.checkpoint_epoch = checkpoint, epoch
+        self._collect_garbage(epoch)
+
+    def _controller(self, method: str, request):
+        return self.agent.controller.call(method, request)
+
+    def _upload(self, epoch: int, base: int, limit: int) -> None:
+        agent, store = self.agent, self.agent.store
+        cluster, name = agent.config.cluster, agent.config.broker_name
+        data = store.read_bytes(base, limit - base)
+        end = base + len(data)
+        if not data or end > limit:
+            raise FailedPrecondition(f"cannot read whole records in [{base}, {limit})")
+        with agent.lock:
+            assert end <= agent.confirm, "T1: never upload beyond the confirm offset"
+        segment, meta = build_segment(data, base, cluster=cluster, broker_name=name)
+        indexes = build_index_segments(split_records(data, base), cluster=cluster,
+                                       broker_name=name)
+        epochs = [(e, s) for e, s in store.epochs.entries if s < end]
+        lineage_key, lineage = build_epoch_lineage(epochs, end, cluster=cluster, broker_name=name)
+        upload_id = uuid.uuid4().hex
+        keys = [meta.key, *indexes, lineage_key]
+        self.backend.put(upload_marker_key(cluster, name, upload_id),
+                         json.dumps({"keys": keys, "epoch": epoch}).encode())
+        self._controller("TieredUploadStart", cpb.TieredUploadStartRequest(
+            cluster=cluster, broker_name=name, master_broker_id=agent.broker_id,
+            master_epoch=epoch, upload_id=upload_id, base_offset=base, end_offset=end))
+        for key, body in [(meta.key, segment), *indexes.items(), (lineage_key, lineage)]:
+            self._still(epoch)
+            self._put_over_garbage(key, body)
+        verify_segment(self.backend, meta, epochs)
+        self._still(epoch)
+        self.checkpoint = self._controller("TieredCommit", cpb.TieredCommitRequest(
+            cluster=cluster, broker_name=name, master_broker_id=agent.broker_id,
+            master_epoch=epoch, upload_id=upload_id,
+            segments=[cpb.TieredSegment(
+                key=meta.key, base_offset=meta.base_offset, end_offset=meta.end_offset,
+                size=meta.size, sha256=meta.sha256, record_count=meta.record_count,
+                first_epoch=meta.first_epoch, last_epoch=meta.last_epoch)],
+            epochs=[cpb.TieredEpoch(epoch=e, start_offset=s) for e, s in epochs]))
+        self.last_upload = time.monotonic()
+        log.info("uploaded [%d, %d) to %s", base, end, meta.key)
+
+    def _put_over_garbage(self, key: str, body: bytes) -> None:
+        """Objects are immutable; a different object at a key above the checkpoint can only
+        be left by an abandoned upload (only the fenced master writes there): replace it."""
+        try:
+            self.backend.put(key, body)
+        except FailedPrecondition:
+            assert self.checkpoint is not None
+            assert key not in {s.key for s in self.checkpoint.segments}, key
+            log.warning("replacing %s left by an abandoned upload", key)
+            self.backend.delete(key)
+            self.backend.put(key, body)
+
+    def _collect_garbage(self, epoch: int) -> None:
+        """Deletes what abandoned uploads wrote, except objects a committed segment uses."""
+        assert self.checkpoint is not None
+        abandoned = list(self.checkpoint.abandoned_upload_ids)
+        if not abandoned:
+            return
+        cluster, name = self.agent.config.cluster, self.agent.config.broker_name
+        committed = {s.key for s in self.checkpoint.segments}
+        for upload_id in abandoned:
+            marker = upload_marker_key(cluster, name, upload_id)
+            if self.backend.exists(marker):
+                for key in json.loads(self.backend.get(marker))["keys"]:
+                    if key not in committed and "/commitlog/" in key:
+                        self.backend.delete(key)
+                self.backend.delete(marker)
+        self.checkpoint = self._controller("TieredForgetAbandoned", cpb.TieredForgetRequest(
+            cluster=cluster, broker_name=name, master_broker_id=self.agent.broker_id,
+            master_epoch=epoch, upload_ids=abandoned))
+        log.info("deleted the objects of abandoned uploads %s", abandoned)

@@ -1,0 +1,440 @@
+"""The tiered-storage backend: a small object store of immutable, whole objects.
+
+Every backend keeps the same promises (`TieredBackend`):
+- a `put` is atomic: a reader sees the whole object or nothing at its key, never a
+  prefix of it, even when the writer crashes half-way;
+- objects are immutable: putting different bytes at an existing key raises
+  FailedPrecondition, putting the same bytes again is a no-op (so a retried or
+  resumed upload is harmless, and a second uploader cannot silently replace data);
+- keys are '/'-separated relative paths of safe characters (InvalidArgument
+  otherwise); a key never contains TEMP_MARK, which names in-flight temporaries, so
+  `list` never returns one;
+- limits: an object is at most OBJECT_BYTES_MAX bytes, a listing at most
+  LIST_KEYS_MAX keys (FailedPrecondition beyond: list a narrower prefix);
+- errors of the filesystem or of fsspec never leak: a missing key is NotFound, any
+  other I/O failure Unavailable.
+
+LocalBackend writes POSIX files with temp + fsync + link + directory fsync; the
+hard link publishes the object without ever replacing an existing one, so the
+immutability check has no race between two local writers.
+
+FsspecBackend serves any fsspec URL. Where the filesystem renames atomically
+(memory, local, and the other non-object stores) it writes `key + TEMP_MARK + uuid`
+and moves it into place. Object stores (s3, gs, azure, ...) cannot rename: a move
+there is copy + delete. Their single PUT is already all-or-nothing (an object,
+multipart ones included, becomes visible only when complete), so the object is
+written directly with fsspec's `mode="create"`, which implementations may map to a
+conditional put-if-absent. For any filesystem that offers neither, the commit
+protocol above this layer keeps partial objects unreachable: a reader follows only
+keys named by a committed upload record, and checks their length and sha256
+(tiered_layout.verify_segment) before trusting them. FsspecBackend checks
+immutability by reading before writing, which races between two concurrent
+writers; only one uploader per broker set is allowed to write (the caller's job).
+It promises no durability beyond the filesystem's own: local paths go to
+LocalBackend (open_backend does that) for fsync.
+"""
+
+from __future__ import annotations
+
+import builtins
+import errno
+import os
+import re
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Protocol
+
+import fsspec
+
+from broker_agent.epoch_file import fsync_dir
+from mqmeta.errors import FailedPrecondition, InvalidArgument, MqmetaError, NotFound, Unavailable
+
+OBJECT_BYTES_MAX = 1 << 30
+LIST_KEYS_MAX = 100_000
+KEY_CHARS_MAX = 1024  # S3's limit on a key
+KEY_SEGMENT_CHARS_MAX = 255  # a POSIX file name
+TEMP_MARK = ".tmp-"
+_COMPARE_CHUNK_BYTES = 8 << 20
+_KEY_SEGMENT = re.compile(r"[A-Za-z0-9_.=%|-]+")
+_LOCAL_SCHEMES = ("file", "local")
+# Object stores: no atomic rename, but a PUT is all-or-nothing.
+_OBJECT_STORE_SCHEMES = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "oss",
+                                   "oci", "ocilake", "tos", "tosfs"})
+
+
+class TieredBackend(Protocol):
+    """An object store of immutable whole objects under '/'-separated keys."""
+
+    def put(self, key: str, data: bytes) -> None:
+        """Stores `data` at `key` atomically; the same bytes again is a no-op,
+        different bytes FailedPrecondition."""
+        ...
+
+    def get(self, key: str) -> bytes:
+        """The whole object; NotFound when missing."""
+        ...
+
+    def get_range(self, key: str, start: int, length: int) -> bytes:
+        """Up to `length` bytes from `start` (fewer only at the object's end);
+        InvalidArgument when `start` is past the end."""
+        ...
+
+    def exists(self, key: str) -> bool:
+        ...
+
+    def list(self, prefix: str) -> builtins.list[str]:
+        """The sorted keys starting with `prefix` (a plain string prefix, "" for all)."""
+        ...
+
+    def delete(self, key: str) -> None:
+        """Removes the object; a missing key is fine."""
+        ...
+
+    def size(self, key: str) -> int:
+        """The object's length in bytes; NotFound when missing."""
+        ...
+
+
+def validate_key(key: str) -> str:
+    """`key` when it is a safe relative '/'-separated path, else InvalidArgument."""
+    if not isinstance(key, str) or not 0 < len(key) <= KEY_CHARS_MAX:
+        raise InvalidArgument(f"key {key!r} must be a string of 1-{KEY_CHARS_MAX} characters")
+    if TEMP_MARK in key:
+        raise InvalidArgument(f"key {key!r} contains {TEMP_MARK!r}, which names temporary files")
+    for segment in key.split("/"):
+        if segment in ("", ".", "..") or len(segment) > KEY_SEGMENT_CHARS_MAX \
+                or not _KEY_SEGMENT.fullmatch(segment):
+            raise InvalidArgument(
+                f"key {key!r} is malformed: use '/'-separated relative segments of 1-"
+                f"{KEY_SEGMENT_CHARS_MAX} characters from A-Z a-z 0-9 _ . = % | - "
+                "(no empty, '.' or '..' segment, no leading '/')")
+    return key
+
+
+def _validate_prefix(prefix: str) -> str:
+    """A list prefix: "" or a key prefix, whose last segment may be partial or empty."""
+    if not isinstance(prefix, str):
+        raise InvalidArgument(f"prefix {prefix!r} must be a string")
+    if prefix:
+        head, _, tail = prefix.rpartition("/")
+        if head:
+            validate_key(head)
+        if (tail and not _KEY_SEGMENT.fullmatch(tail)) or TEMP_MARK in tail:
+            raise InvalidArgument(f"prefix {prefix!r} is malformed (see validate_key)")
+    return prefix
+
+
+def _check_data(key: str, data: bytes) -> bytes:
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise InvalidArgument(f"data for {key!r} must be bytes, not {type(data).__name__}")
+    if len(data) > OBJECT_BYTES_MAX:
+        raise InvalidArgument(f"object {key!r} would be {len(data)} bytes; the limit is "
+                              f"{OBJECT_BYTES_MAX}")
+    return bytes(data)
+
+
+def _check_range(start: int, length: int) -> None:
+    for kind, value in (("start", start), ("length", length)):
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= OBJECT_BYTES_MAX:
+            raise InvalidArgument(f"{kind} {value!r} is not an integer in [0, {OBJECT_BYTES_MAX}]")
+
+
+def _refuse_overwrite(key: str) -> FailedPrecondition:
+    return FailedPrecondition(f"object {key!r} already exists with different bytes; tiered objects "
+                              "are immutable (delete it first if it is known garbage)")
+
+
+@contextmanager
+def _translated(action: str, key: str) -> Iterator[None]:
+    """Maps dependency and OS errors to the project's errors."""
+    try:
+        yield
+    except MqmetaError:
+        raise
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        raise NotFound(f"tiered object {key!r} not found") from None
+    except Exception as exc:  # any fsspec implementation's own errors too
+        raise Unavailable(f"tiered storage could not {action} {key!r}: "
+                          f"{type(exc).__name__}: {exc}") from exc
+
+
+class LocalBackend:
+    """Objects as POSIX files under `root` (created when missing)."""
+
+    def __init__(self, root: Path | str, fsync: bool = True) -> None:
+        self.root = Path(root)
+        self.fsync = fsync
+        with _translated("create the root directory", str(self.root)):
+            self.root.mkdir(parents=True, exist_ok=True)
+
+    def __repr__(self) -> str:
+        return f"LocalBackend({str(self.root)!r})"
+
+    def _path(self, key: str) -> Path:
+        return self.root / validate_key(key)
+
+    def _make_parents(self, path: Path) -> None:
+        """mkdir -p, fsyncing each new directory's parent so the entry is durable."""
+        missing = []
+        parent = path.parent
+        while parent != self.root and not parent.is_dir():
+            missing.append(parent)
+            parent = parent.parent
+        for directory in reversed(missing):
+            try:
+                directory.mkdir()
+            except FileExistsError:
+                continue  # a concurrent put made it
+            if self.fsync:
+                fsync_dir(directory.parent)
+
+    def _write_temp(self, tmp: Path, data: bytes) -> None:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            if self.fsync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def put(self, key: str, data: bytes) -> None:
+        path = self._path(key)
+        data = _check_data(key, data)
+        with _translated("write", key):
+            same = self._same_object(path, data)
+            if same is None:
+                self._make_parents(path)
+                same = self._publish(path, data)
+            if not same:
+                raise _refuse_overwrite(key)
+
+    def _publish(self, path: Path, data: bytes) -> bool | None:
+        """Writes a temporary file and hard-links it at `path`; when another writer got
+        there first, whether its object holds the same bytes."""
+        tmp = path.with_name(path.name + TEMP_MARK + uuid.uuid4().hex)
+        try:
+            self._write_temp(tmp, data)
+            os.link(tmp, path)  # never replaces an existing file, unlike rename
+            return True
+        except FileExistsError:
+            return self._same_object(path, data)
+        finally:
+            tmp.unlink(missing_ok=True)
+            if self.fsync:
+                fsync_dir(path.parent)
+
+    def _same_object(self, path: Path, data: bytes) -> bool | None:
+        """None when there is no file at `path`, else whether it holds exactly `data`."""
+        try:
+            f = open(path, "rb")
+        except FileNotFoundError:
+            return None
+        with f:
+            if os.fstat(f.fileno()).st_size != len(data):
+                return False
+            for pos in range(0, len(data), _COMPARE_CHUNK_BYTES):
+                if f.read(_COMPARE_CHUNK_BYTES) != data[pos:pos + _COMPARE_CHUNK_BYTES]:
+                    return False
+            return True
+
+    def get(self, key: str) -> bytes:
+        path = self._path(key)
+        with _translated("read", key), open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size > OBJECT_BYTES_MAX:
+                raise FailedPrecondition(f"object {key!r} is {size} bytes, past the "
+                                         f"{OBJECT_BYTES_MAX}-byte limit; not written by us")
+            return f.read()
+
+    def get_range(self, key: str, start: int, length: int) -> bytes:
+        _check_range(start, length)
+        path = self._path(key)
+        with _translated("read", key), open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if start > size:
+                raise InvalidArgument(f"start {start} is past the end of {key!r} ({size} bytes)")
+            return os.pread(f.fileno(), min(length, size - start), start)
+
+    def exists(self, key: str) -> bool:
+        path = self._path(key)
+        with _translated("look up", key):
+            return path.is_file()
+
+    def size(self, key: str) -> int:
+        path = self._path(key)
+        with _translated("look up", key):
+            if not path.is_file():
+                raise NotFound(f"tiered object {key!r} not found")
+            return path.stat().st_size
+
+    def delete(self, key: str) -> None:
+        path = self._path(key)
+        with _translated("delete", key):
+            try:
+                path.unlink()
+            except FileNotFoundError:
+                return
+            if self.fsync:
+                fsync_dir(path.parent)
+
+    def list(self, prefix: str) -> builtins.list[str]:
+        _validate_prefix(prefix)
+        directory = self.root / prefix.rpartition("/")[0]
+        keys: builtins.list[str] = []
+        with _translated("list", prefix):
+            for dirpath, dirnames, filenames in os.walk(directory, onerror=_raise_unless_missing):
+                dirnames.sort()
+                relative = Path(dirpath).relative_to(self.root).as_posix()
+                for name in filenames:
+                    key = name if relative == "." else f"{relative}/{name}"
+                    if key.startswith(prefix) and TEMP_MARK not in name:
+                        keys.append(key)
+                        _check_list_size(prefix, len(keys))
+        return sorted(keys)
+
+
+def _raise_unless_missing(error: OSError) -> None:
+    if error.errno not in (errno.ENOENT, errno.ENOTDIR):  # nothing listed under a file
+        raise error
+
+
+def _check_list_size(prefix: str, count: int) -> None:
+    if count > LIST_KEYS_MAX:
+        raise FailedPrecondition(f"more than {LIST_KEYS_MAX} keys start with {prefix!r}; list a "
+                                 "narrower prefix")
+
+
+class FsspecBackend:
+    """Objects under an fsspec URL (`memory://root`, `file:///dir`, `s3://bucket/dir`, ...)."""
+
+    def __init__(self, url: str, **storage_options: Any) -> None:
+        scheme = _scheme_of(url)
+        if scheme is None:
+            raise InvalidArgument(f"{url!r} is not a URL (scheme://path); use open_backend for paths")
+        with _translated("open", url):
+            try:
+                fs, root = fsspec.core.url_to_fs(url, **storage_options)
+            except ImportError as exc:
+                raise InvalidArgument(f"the {scheme}:// filesystem needs a package that is not "
+                                      f"installed ({exc})") from None
+        self.url = url
+        self.fs = fs
+        self.root = str(root).rstrip("/")
+        self.direct_put = scheme in _OBJECT_STORE_SCHEMES
+
+    def __repr__(self) -> str:
+        return f"FsspecBackend({self.url!r})"
+
+    def _path(self, key: str) -> str:
+        return f"{self.root}/{validate_key(key)}"
+
+    def put(self, key: str, data: bytes) -> None:
+        path = self._path(key)
+        data = _check_data(key, data)
+        with _translated("write", key):
+            if self.fs.isfile(path):
+                self._settle(key, path, data)
+            elif self.direct_put:
+                try:
+                    self.fs.pipe_file(path, data, mode="create")
+                except FileExistsError:
+                    self._settle(key, path, data)
+            else:
+                self._publish(path, data)
+
+    def _publish(self, path: str, data: bytes) -> None:
+        tmp = path + TEMP_MARK + uuid.uuid4().hex
+        self.fs.makedirs(self.fs._parent(path), exist_ok=True)
+        try:
+            self.fs.pipe_file(tmp, data)
+            self.fs.mv(tmp, path)
+        finally:
+            if self.fs.exists(tmp):
+                self.fs.rm_file(tmp)
+
+    def _settle(self, key: str, path: str, data: bytes) -> None:
+        """Returns when the object at `path` holds exactly `data`."""
+        if self.fs.size(path) != len(data) or bytes(self.fs.cat_file(path)) != data:
+            raise _refuse_overwrite(key)
+
+    def get(self, key: str) -> bytes:
+        path = self._path(key)
+        with _translated("read", key):
+            size = self.fs.size(path)
+            if size > OBJECT_BYTES_MAX:
+                raise FailedPrecondition(f"object {key!r} is {size} bytes, past the "
+                                         f"{OBJECT_BYTES_MAX}-byte limit; not written by us")
+            return bytes(self.fs.cat_file(path))
+
+    def get_range(self, key: str, start: int, length: int) -> bytes:
+        _check_range(start, length)
+        path = self._path(key)
+        with _translated("read", key):
+            data = bytes(self.fs.cat_file(path, start=start, end=start + length)) if length else b""
+            if len(data) < length and start > self.fs.size(path):
+                raise InvalidArgument(f"start {start} is past the end of {key!r}")
+            return data
+
+    def exists(self, key: str) -> bool:
+        path = self._path(key)
+        with _translated("look up", key):
+            return bool(self.fs.isfile(path))
+
+    def size(self, key: str) -> int:
+        path = self._path(key)
+        with _translated("look up", key):
+            if not self.fs.isfile(path):
+                raise NotFound(f"tiered object {key!r} not found")
+            return int(self.fs.size(path))
+
+    def delete(self, key: str) -> None:
+        path = self._path(key)
+        with _translated("delete", key):
+            try:
+                self.fs.rm_file(path)
+            except FileNotFoundError:
+                return
+
+    def list(self, prefix: str) -> builtins.list[str]:
+        _validate_prefix(prefix)
+        directory = f"{self.root}/{prefix.rpartition('/')[0]}".rstrip("/")
+        keys: builtins.list[str] = []
+        with _translated("list", prefix):
+            self.fs.invalidate_cache(directory)  # another process may have written
+            for path in self.fs.find(directory, detail=False):
+                key = str(path)[len(self.root) + 1:]
+                if key.startswith(prefix) and TEMP_MARK not in key:
+                    keys.append(key)
+                    _check_list_size(prefix, len(keys))
+        return sorted(keys)
+
+
+def _scheme_of(url_or_path: str) -> str | None:
+    scheme, sep, _ = url_or_path.partition("://")
+    return scheme.lower() if sep else None
+
+
+def open_backend(url_or_path: str) -> TieredBackend:
+    """LocalBackend for a plain path or file:// URL, FsspecBackend for another fsspec scheme."""
+    if not isinstance(url_or_path, str) or not url_or_path.strip():
+        raise InvalidArgument(f"tiered storage location {url_or_path!r} is empty")
+    if "::" in url_or_path:
+        raise InvalidArgument(f"chained fsspec URLs such as {url_or_path!r} are not supported: "
+                              "caching layers break atomic publication")
+    scheme = _scheme_of(url_or_path)
+    if scheme is None:
+        return LocalBackend(Path(url_or_path))
+    if scheme in _LOCAL_SCHEMES:
+        path = url_or_path.partition("://")[2]
+        if not path:
+            raise InvalidArgument(f"{url_or_path!r} names no directory")
+        return LocalBackend(Path(path))
+    if scheme not in fsspec.available_protocols():
+        raise InvalidArgument(f"tiered storage location {url_or_path!r} has the unknown scheme "
+                              f"{scheme!r}: use a path, file://, memory://, or another fsspec "
+                              "scheme such as s3:// or gs://")
+    return FsspecBackend(url_or_path)

@@ -1,0 +1,186 @@
+"""Tiered storage under failover, with real controller, nameserver and broker processes.
+
+Properties checked (DESIGN.md T1-T4):
+- T1: the uploaded offset never exceeds the master's confirm offset, sampled all along
+  while a slave is paused (its stall holds the confirm offset, and so the upload);
+- kill -9 of the master in the middle of uploading: the new master resumes from the
+  controller's checkpoint; the committed segments tile [0, uploaded) with no gap or
+  overlap (T3) and each equals the replicas' bytes for the same offsets (T2);
+- the checkpoint never moves backwards across failovers (T4);
+- the whole broker set killed and restarted: uploads continue from the checkpoint.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from broker_agent.tiered_backend import LocalBackend
+from broker_agent.tiered_layout import SegmentMeta, find_gaps_and_overlaps
+from mqmeta.broker_client import Producer
+from mqmeta.errors import MqmetaError
+from mqmeta.pb import controller_pb2 as pb
+from tests.test_broker_failover import wait_in_sync
+
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(120)]
+
+FLAGS = ["--ha-max-time-slave-not-catchup-ms", "1500", "--send-timeout-ms", "3000",
+         "--tiered-upload-bytes", "8192", "--tiered-upload-interval-ms", "200"]
+
+
+def tiered_cluster(cluster_factory):
+    cluster = cluster_factory(broker_sets=1, replicas=3, broker_flags=FLAGS).start()
+    with cluster.client() as client:
+        client.call("CreateTopic", pb.TopicSpec(name="Orders", queue_count=4))
+    return cluster
+
+
+def checkpoint(cluster) -> pb.TieredCheckpoint:
+    with cluster.client() as client:
+        return client.call("GetTieredCheckpoint", pb.BrokerSetRef(cluster="DefaultCluster",
+                                                                  broker_name="broker-a"))
+
+
+class Load(threading.Thread):
+    def __init__(self, cluster) -> None:
+        super().__init__(daemon=True)
+        self.producer = Producer(cluster.namesrv, timeout_s=8.0)
+        self.stop_event = threading.Event()
+        self.acked = 0
+
+    def run(self) -> None:
+        for i in range(100_000):
+            if self.stop_event.is_set():
+                break
+            try:
+                self.producer.send("Orders", [f"v{i}-{k}".encode() * 8 for k in range(4)])
+                self.acked += 4
+            except MqmetaError:
+                pass
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        self.join(timeout=20)
+        self.producer.close()
+
+
+def wait_uploaded(cluster, at_least: int, timeout_s: float = 30.0) -> pb.TieredCheckpoint:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        current = checkpoint(cluster)
+        if current.uploaded_offset >= at_least:
+            return current
+        time.sleep(0.1)
+    pytest.fail(f"uploads did not reach {at_least} (at {checkpoint(cluster).uploaded_offset})")
+
+
+def replica_bytes(store_dir: Path, base: int, end: int) -> bytes:
+    """Bytes [base, end) of a replica's commit log, read straight from its segment files."""
+    out = bytearray()
+    for path in sorted(store_dir.rglob("*.log")):
+        start = int(path.stem)
+        data = path.read_bytes()
+        lo, hi = max(base, start), min(end, start + len(data))
+        if lo < hi:
+            out += data[lo - start:hi - start]
+    return bytes(out)
+
+
+def check_tiered_equals_replicas(cluster, current: pb.TieredCheckpoint) -> None:
+    metas = [SegmentMeta(key=s.key, base_offset=s.base_offset, end_offset=s.end_offset,
+                         size=s.size, sha256=s.sha256, record_count=s.record_count,
+                         first_epoch=s.first_epoch, last_epoch=s.last_epoch)
+             for s in current.segments]
+    assert metas and metas[0].base_offset == 0
+    assert find_gaps_and_overlaps(metas) == [], "T3: gaps or overlaps in the tiered range"
+    assert metas[-1].end_offset == current.uploaded_offset
+    backend = LocalBackend(cluster.root / "tiered")
+    tiered = b"".join(backend.get(m.key) for m in metas)
+    for broker in cluster.layout.brokers:
+        if cluster.is_running(broker.name):
+            store = cluster.root / broker.data_dir / "store"
+            assert replica_bytes(store, 0, current.uploaded_offset) == tiered, (
+                f"T2: the tiered bytes differ from {broker.name}'s log")
+
+
+def test_upload_never_passes_the_confirm_offset(cluster_factory):
+    cluster = tiered_cluster(cluster_factory)
+    master = wait_in_sync(cluster, 3)
+    load = Load(cluster)
+    load.start()
+    violations, samples = [], 0
+    slave = next(b.name for b in cluster.layout.brokers if b.name != master)
+    try:
+        wait_uploaded(cluster, 1)
+        end = time.monotonic() + 4.0
+        paused = False
+        while time.monotonic() < end:
+            if not paused and time.monotonic() > end - 3.0:
+                cluster.pause(slave)  # the confirm offset (and so the upload) must stall
+                paused = True
+            uploaded = checkpoint(cluster).uploaded_offset
+            confirm = cluster.broker_status(master).confirm_offset  # read after: >= then
+            samples += 1
+            if uploaded > confirm:
+                violations.append((uploaded, confirm))
+            time.sleep(0.02)
+    finally:
+        cluster.resume(slave)
+        load.stop()
+    assert samples > 30 and not violations, f"T1 violated: {violations[:5]}"
+    assert checkpoint(cluster).uploaded_offset > 0
+
+
+def test_kill_master_mid_upload_new_master_resumes_from_the_checkpoint(cluster_factory):
+    cluster = tiered_cluster(cluster_factory)
+    old = wait_in_sync(cluster, 3)
+    old_id = cluster.broker_status(old).broker_id
+    load = Load(cluster)
+    load.start()
+    try:
+        before = wait_uploaded(cluster, 20_000)
+        cluster.kill(old)  # uploads every 200 ms: likely in the middle of one
+        cluster.master_of("broker-a", exclude=old, timeout_s=15)
+        after = wait_uploaded(cluster, before.uploaded_offset + 20_000)
+        assert after.checkpoint_epoch > before.checkpoint_epoch, "the new master uploaded"
+        assert after.uploaded_offset >= before.uploaded_offset, "T4: never backwards"
+        with cluster.client() as client:  # the old master's late commit
+            with pytest.raises(MqmetaError) as late:
+                client.call("TieredCommit", pb.TieredCommitRequest(
+                    cluster="DefaultCluster", broker_name="broker-a",
+                    master_broker_id=old_id,
+                    master_epoch=before.checkpoint_epoch, upload_id="late",
+                    segments=[before.segments[-1]]))
+        assert late.value.code == "FENCED_MASTER_EPOCH"
+    finally:
+        load.stop()
+    time.sleep(1.0)  # let the survivors flush what they were sent
+    check_tiered_equals_replicas(cluster, checkpoint(cluster))
+
+
+def test_whole_broker_set_restart_continues_uploads(cluster_factory):
+    cluster = tiered_cluster(cluster_factory)
+    wait_in_sync(cluster, 3)
+    load = Load(cluster)
+    load.start()
+    try:
+        before = wait_uploaded(cluster, 10_000)
+    finally:
+        load.stop()
+    for broker in cluster.layout.brokers:
+        cluster.kill(broker.name)
+    for broker in cluster.layout.brokers:
+        cluster.start_broker(broker.name)
+    wait_in_sync(cluster, 3, timeout_s=30)
+    load = Load(cluster)
+    load.start()
+    try:
+        after = wait_uploaded(cluster, before.uploaded_offset + 10_000)
+    finally:
+        load.stop()
+    assert after.uploaded_offset > before.uploaded_offset
+    time.sleep(1.0)
+    check_tiered_equals_replicas(cluster, checkpoint(cluster))
