@@ -65,6 +65,7 @@ class BrokerConfig:
     tiered_url: str = ""                 # empty = no tiered storage
     tiered_upload_bytes: int = 4 << 20
     tiered_upload_interval_ms: int = 2000
+    local_retention_bytes: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 
     def validate(self) -> None:
@@ -153,7 +154,7 @@ class BrokerAgent:
 
             self.tiered = TieredUploader(self, TieredConfig(
                 self.config.tiered_url, self.config.tiered_upload_bytes,
-                self.config.tiered_upload_interval_ms))
+                self.config.tiered_upload_interval_ms, self.config.local_retention_bytes))
             self.tiered.start()
         for target, name in ((self._controller_loop, "controller"), (self._watch_loop, "watch")):
             thread = threading.Thread(target=target, name=name, daemon=True)

@@ -82,6 +82,11 @@ def _fetch_once(agent: BrokerAgent, session: int, stub, handshake: bool) -> bool
             return handshake
         if reply.master_epoch > agent.master_epoch:
             agent.request_refresh()
+        if reply.offset_moved_to_tiered:
+            from broker_agent.tiered import bootstrap_from_tiered
+
+            bootstrap_from_tiered(agent, reply.min_offset, lambda: _current(agent, session))
+            return True  # handshake again from the new end
         if reply.truncate_to >= 0:
             log.warning("truncating from %d to the consistent point %d (master epoch %d)",
                         store.max_offset, reply.truncate_to, reply.master_epoch)
@@ -107,6 +112,8 @@ def serve_fetch(agent: BrokerAgent, request: bpb.HaFetchRequest) -> bpb.HaFetchR
                                      mine, store.max_offset, request.fetch_offset)
             if point < request.fetch_offset:
                 return _reply(agent, truncate_to=point)
+        if request.fetch_offset < store.min_offset:
+            return _reply(agent, moved=True)  # retention deleted it here: tiered store
         if request.broker_id in agent.registered_ids:
             agent.on_slave_fetch(request.broker_id, request.fetch_offset)
         deadline = time.monotonic() + wait_s
@@ -128,8 +135,9 @@ def _check_master(agent: BrokerAgent, request: bpb.HaFetchRequest) -> None:
 
 
 def _reply(agent: BrokerAgent, truncate_to: int = -1, data_offset: int = 0,
-           data: bytes = b"") -> bpb.HaFetchResponse:
+           data: bytes = b"", moved: bool = False) -> bpb.HaFetchResponse:
     return bpb.HaFetchResponse(
         master_epoch=agent.master_epoch, master_max_offset=agent.store.max_offset,
         confirm_offset=agent.confirm, truncate_to=truncate_to, data_offset=data_offset,
-        data=data, epoch_entries=_entries(agent.store.epochs.entries))
+        data=data, epoch_entries=_entries(agent.store.epochs.entries),
+        min_offset=agent.store.min_offset, offset_moved_to_tiered=moved)

@@ -150,6 +150,8 @@ def add_broker_parser(sub) -> None:
                         help="tiered storage location: a directory or an fsspec URL")
     broker.add_argument("--tiered-upload-bytes", type=int, default=4 << 20)
     broker.add_argument("--tiered-upload-interval-ms", type=int, default=2000)
+    broker.add_argument("--local-retention-bytes", type=int, default=0,
+                        help="keep at least this many bytes locally once uploaded (0 = keep all)")
 
 
 def run_broker(args: argparse.Namespace) -> int:
@@ -165,12 +167,16 @@ def run_broker(args: argparse.Namespace) -> int:
         ha_max_time_slave_not_catchup_ms=args.ha_max_time_slave_not_catchup_ms,
         send_timeout_ms=args.send_timeout_ms, segment_bytes=args.segment_bytes,
         tiered_url=args.tiered_store, tiered_upload_bytes=args.tiered_upload_bytes,
-        tiered_upload_interval_ms=args.tiered_upload_interval_ms)
+        tiered_upload_interval_ms=args.tiered_upload_interval_ms,
+        local_retention_bytes=args.local_retention_bytes)
     if config.tiered_url:
         from broker_agent.tiered import TieredConfig
 
         TieredConfig(config.tiered_url, config.tiered_upload_bytes,
-                     config.tiered_upload_interval_ms).validate()
+                     config.tiered_upload_interval_ms, config.local_retention_bytes).validate()
+    elif config.local_retention_bytes:
+        raise InvalidArgument("--local-retention-bytes needs --tiered-store: local segments are "
+                              "deleted only once they are in the tiered store")
     agent = BrokerAgent(config)
     server = _grpc_server(config.listen)
     bpb_grpc.add_BrokerServiceServicer_to_server(BrokerServicer(agent), server)

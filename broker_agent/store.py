@@ -582,6 +582,15 @@ class MessageStore:
             self._write_checkpoint()
             self._remove_intent()
 
+    def delete_before(self, offset: int) -> int:
+        """Retention: deletes whole segments ending at or before `offset` (their range is
+        already in the tiered store). Checkpoints first, so that the index and consumer
+        offsets never need the deleted bytes again. Returns how many segments went."""
+        with self._lock:
+            self._check_open()
+            self._write_checkpoint()
+            return self.log.delete_segments_before(offset)
+
     def _truncate_durable(self, offset: int) -> None:
         self.epochs.truncate_from(offset)
         if offset < self.log.max_offset:

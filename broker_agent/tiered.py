@@ -17,6 +17,7 @@ Rules (REFERENCE.md section 2; RocketMQ never finished this, Kafka KIP-405 is th
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import threading
@@ -36,7 +37,7 @@ from broker_agent.tiered_layout import (
     upload_marker_key,
     verify_segment,
 )
-from mqmeta.errors import FailedPrecondition, InvalidArgument, MqmetaError
+from mqmeta.errors import CorruptData, FailedPrecondition, InvalidArgument, MqmetaError
 from mqmeta.pb import controller_pb2 as cpb
 
 if TYPE_CHECKING:
@@ -53,12 +54,15 @@ class TieredConfig:
     url: str
     upload_bytes: int = 4 << 20
     upload_interval_ms: int = 2000
+    local_retention_bytes: int = 0  # 0 = keep every local segment
 
     def validate(self) -> None:
         if not 1 << 10 <= self.upload_bytes <= 256 << 20:
             raise InvalidArgument("tiered upload bytes must be from 1 KiB to 256 MiB")
         if not 10 <= self.upload_interval_ms <= 3_600_000:
             raise InvalidArgument("tiered upload interval must be from 10 ms to 1 hour")
+        if self.local_retention_bytes < 0:
+            raise InvalidArgument("local retention bytes must be 0 (keep all) or positive")
 
 
 class Demoted(Exception):
@@ -176,6 +180,17 @@ class TieredUploader:
             epochs=[cpb.TieredEpoch(epoch=e, start_offset=s) for e, s in epochs]))
         self.last_upload = time.monotonic()
         log.info("uploaded [%d, %d) to %s", base, end, meta.key)
+        self._apply_retention()
+
+    def _apply_retention(self) -> None:
+        """Local segments go only once committed to the tiered store and past retention."""
+        if not self.config.local_retention_bytes or self.checkpoint is None:
+            return
+        store = self.agent.store
+        cutoff = min(self.checkpoint.uploaded_offset,
+                     store.max_offset - self.config.local_retention_bytes)
+        if cutoff > store.min_offset and store.delete_before(cutoff):
+            log.info("local retention: the log now starts at %d", store.min_offset)
 
     def _put_over_garbage(self, key: str, body: bytes) -> None:
         """Objects are immutable; a different object at a key above the checkpoint can only
@@ -208,3 +223,57 @@ class TieredUploader:
             cluster=cluster, broker_name=name, master_broker_id=self.agent.broker_id,
             master_epoch=epoch, upload_ids=abandoned))
         log.info("deleted the objects of abandoned uploads %s", abandoned)
+
+
+def bootstrap_from_tiered(agent: BrokerAgent, master_min_offset: int, still_current) -> None:
+    """A slave whose next offset the master no longer holds copies the tiered range.
+
+    Segments are verified (size and sha256) and appended like replicated bytes, so the
+    store rebuilds its index, epoch entries and consumer offsets from the records.
+    Stopping half-way is safe: the next handshake starts from wherever the log ends.
+    """
+    if not agent.config.tiered_url:
+        raise FailedPrecondition("the master no longer holds this slave's next offset and this "
+                                 "broker has no --tiered-store to bootstrap from")
+    backend = open_backend(agent.config.tiered_url)
+    checkpoint = agent.controller.call("GetTieredCheckpoint", cpb.BrokerSetRef(
+        cluster=agent.config.cluster, broker_name=agent.config.broker_name))
+    store = agent.store
+    if checkpoint.uploaded_offset < master_min_offset:
+        raise FailedPrecondition(f"the tiered store ends at {checkpoint.uploaded_offset} but the "
+                                 f"master's log starts at {master_min_offset}: cannot bootstrap")
+    start = store.max_offset
+    for segment in sorted(checkpoint.segments, key=lambda s: s.base_offset):
+        if segment.end_offset <= store.max_offset:
+            continue
+        if not still_current():
+            return
+        if segment.base_offset > store.max_offset:
+            raise FailedPrecondition(f"the tiered store has no segment at {store.max_offset}")
+        data = backend.get(segment.key)
+        if len(data) != segment.size or hashlib.sha256(data).hexdigest() != segment.sha256:
+            raise CorruptData(f"tiered segment {segment.key} does not match its checksum")
+        offset = store.max_offset
+        for piece in _pieces(data[offset - segment.base_offset:], BOOTSTRAP_APPEND_BYTES):
+            store.append_replicated(offset, piece)
+            offset += len(piece)
+    log.info("bootstrapped [%d, %d) from the tiered store", start, store.max_offset)
+
+
+BOOTSTRAP_APPEND_BYTES = 4 << 20
+
+
+def _pieces(data: bytes, size: int) -> list[bytes]:
+    """Splits whole records into runs of at most `size` bytes (a larger record alone)."""
+    from broker_agent.records import peek_length
+
+    pieces, start, position = [], 0, 0
+    while position < len(data):
+        length = peek_length(data, position, position)
+        if position > start and position + length - start > size:
+            pieces.append(data[start:position])
+            start = position
+        position += length
+    if start < len(data):
+        pieces.append(data[start:])
+    return pieces

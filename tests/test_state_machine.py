@@ -168,6 +168,8 @@ def test_handlers_are_the_covered_command_types():
         "barrier", "register_broker", "elect_master", "alter_sync_state_set",
         "clean_broker_data", "put_topic", "delete_topic", "put_group", "delete_group",
         "update_config",
+        # covered by tests/test_tiered_checkpoint.py
+        "tiered_upload_start", "tiered_commit", "tiered_forget_abandoned",
     }
 
 

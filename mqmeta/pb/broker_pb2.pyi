@@ -251,7 +251,7 @@ class HaFetchRequest(_message.Message):
     def __init__(self, cluster: _Optional[str] = ..., broker_name: _Optional[str] = ..., broker_id: _Optional[int] = ..., master_epoch: _Optional[int] = ..., fetch_offset: _Optional[int] = ..., epoch_entries: _Optional[_Iterable[_Union[EpochEntry, _Mapping]]] = ..., handshake: _Optional[bool] = ..., max_bytes: _Optional[int] = ..., wait_ms: _Optional[int] = ...) -> None: ...
 
 class HaFetchResponse(_message.Message):
-    __slots__ = ("master_epoch", "master_max_offset", "confirm_offset", "truncate_to", "data_offset", "data", "epoch_entries")
+    __slots__ = ("master_epoch", "master_max_offset", "confirm_offset", "truncate_to", "data_offset", "data", "epoch_entries", "min_offset", "offset_moved_to_tiered")
     MASTER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     MASTER_MAX_OFFSET_FIELD_NUMBER: _ClassVar[int]
     CONFIRM_OFFSET_FIELD_NUMBER: _ClassVar[int]
@@ -259,6 +259,8 @@ class HaFetchResponse(_message.Message):
     DATA_OFFSET_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
     EPOCH_ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    MIN_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_MOVED_TO_TIERED_FIELD_NUMBER: _ClassVar[int]
     master_epoch: int
     master_max_offset: int
     confirm_offset: int
@@ -266,4 +268,6 @@ class HaFetchResponse(_message.Message):
     data_offset: int
     data: bytes
     epoch_entries: _containers.RepeatedCompositeFieldContainer[EpochEntry]
-    def __init__(self, master_epoch: _Optional[int] = ..., master_max_offset: _Optional[int] = ..., confirm_offset: _Optional[int] = ..., truncate_to: _Optional[int] = ..., data_offset: _Optional[int] = ..., data: _Optional[bytes] = ..., epoch_entries: _Optional[_Iterable[_Union[EpochEntry, _Mapping]]] = ...) -> None: ...
+    min_offset: int
+    offset_moved_to_tiered: bool
+    def __init__(self, master_epoch: _Optional[int] = ..., master_max_offset: _Optional[int] = ..., confirm_offset: _Optional[int] = ..., truncate_to: _Optional[int] = ..., data_offset: _Optional[int] = ..., data: _Optional[bytes] = ..., epoch_entries: _Optional[_Iterable[_Union[EpochEntry, _Mapping]]] = ..., min_offset: _Optional[int] = ..., offset_moved_to_tiered: _Optional[bool] = ...) -> None: ...
