@@ -63,8 +63,14 @@ class BrokerServicer(bpb_grpc.BrokerServiceServicer):
         self.agent.require_master()
         with self.agent.lock:
             confirm = self.agent.confirm
-        records = self.agent.store.get_messages(request.topic, request.queue_id,
-                                                request.queue_offset, count, confirm)
+        try:
+            records = self.agent.store.get_messages(request.topic, request.queue_id,
+                                                    request.queue_offset, count, confirm)
+        except InvalidArgument as error:
+            if error.code != "OFFSET_TOO_SMALL" or self.agent.tiered is None:
+                raise
+            records = self.agent.tiered.read_queue(request.topic, request.queue_id,
+                                                   request.queue_offset, count)
         next_offset = records[-1].queue_offset + 1 if records else request.queue_offset
         readable = self.agent.store.readable_queue_max_offset(request.topic, request.queue_id,
                                                               confirm)

@@ -17,6 +17,7 @@ Rules (REFERENCE.md section 2; RocketMQ never finished this, Kafka KIP-405 is th
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
 import logging
@@ -28,12 +29,14 @@ from typing import TYPE_CHECKING
 
 from broker_agent.epoch_file import consistent_point
 from broker_agent.ha import Role
-from broker_agent.records import split_records
+from broker_agent.records import StoredRecord, decode_record, split_records
 from broker_agent.tiered_backend import open_backend
 from broker_agent.tiered_layout import (
+    broker_prefix,
     build_epoch_lineage,
     build_index_segments,
     build_segment,
+    parse_index_segment,
     upload_marker_key,
     verify_segment,
 )
@@ -191,6 +194,38 @@ class TieredUploader:
                      store.max_offset - self.config.local_retention_bytes)
         if cutoff > store.min_offset and store.delete_before(cutoff):
             log.info("local retention: the log now starts at %d", store.min_offset)
+
+    def read_queue(self, topic: str, queue_id: int, queue_offset: int,
+                   max_count: int) -> list[StoredRecord]:
+        """Records of one queue that only the tiered store still holds (retention cut them
+        locally). Only entries inside the committed range count, and each record read
+        must be the one its index entry names."""
+        checkpoint = self.checkpoint
+        if checkpoint is None:
+            raise FailedPrecondition("the tiered store is not ready on this master yet; retry")
+        cluster, name = self.agent.config.cluster, self.agent.config.broker_name
+        prefix = f"{broker_prefix(cluster, name)}index/{topic}/{queue_id}/"
+        keys = self.backend.list(prefix)
+        firsts = [int(k.rsplit("/", 1)[1].split(".")[0]) for k in keys]
+        start = max(0, bisect.bisect_right(firsts, queue_offset) - 1)
+        segments = sorted(checkpoint.segments, key=lambda s: s.base_offset)
+        bases = [s.base_offset for s in segments]
+        records: list[StoredRecord] = []
+        for key, first in zip(keys[start:], firsts[start:], strict=True):
+            for offset, commit, size in parse_index_segment(self.backend.get(key), queue_id, first):
+                if offset < queue_offset or commit + size > checkpoint.uploaded_offset:
+                    continue
+                segment = segments[bisect.bisect_right(bases, commit) - 1]
+                data = self.backend.get_range(segment.key, commit - segment.base_offset, size)
+                record = decode_record(data, 0, commit)
+                if (record.topic, record.queue_id, record.queue_offset) != (topic, queue_id, offset):
+                    raise CorruptData(f"tiered index {key} names {topic}/{queue_id}@{offset} at "
+                                      f"{commit}, but that record is {record.topic}/"
+                                      f"{record.queue_id}@{record.queue_offset}")
+                records.append(record)
+                if len(records) >= max_count:
+                    return records
+        return records
 
     def _put_over_garbage(self, key: str, body: bytes) -> None:
         """Objects are immutable; a different object at a key above the checkpoint can only

@@ -238,6 +238,12 @@ def test_empty_slave_bootstraps_from_the_tiered_store(cluster_factory):
     assert len(on_master) == end - master_min
     assert replica_bytes(slave_store, master_min, end) == on_master
     check_tiered_equals_replicas(cluster, checkpoint(cluster))
+    # A new consumer group starts at queue offset 0, which only the tiered store holds now.
+    from tests.test_broker_failover import consume_all
+
+    seen = consume_all(cluster, "fresh", load.acked)
+    assert len({m.body for m in seen}) >= load.acked, "messages missing from an early range"
+    assert min(m.commit_offset for m in seen) < master_min, "nothing came from the tiered store"
 
 
 def _master_min_offset(cluster, master: str) -> int:
