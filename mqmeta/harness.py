@@ -56,6 +56,8 @@ class Cluster:
             self.configure_controller()
             if not self.layout.embedded:
                 self.supervisor.start("namesrv", namesrv_command(self.layout))
+                if wait:
+                    wait_ready(self.addresses, self.layout.namesrv)
             if brokers:
                 for broker in self.layout.brokers:
                     self.start_broker(broker.name)
