@@ -582,6 +582,18 @@ class MessageStore:
             self._write_checkpoint()
             self._remove_intent()
 
+    def index_entries_between(self, start: int, end: int
+                              ) -> dict[QueueKey, list[tuple[int, int, int]]]:
+        """(queue offset, commit offset, size) of each queue's records in [start, end)."""
+        with self._lock:
+            self._check_open()
+            found: dict[QueueKey, list[tuple[int, int, int]]] = {}
+            for key, queue in self._queues.items():
+                low, high = queue.first_at_or_after(start), queue.first_at_or_after(end)
+                if low < high:
+                    found[key] = [(queue.base + i, *queue.entry(i)) for i in range(low, high)]
+            return found
+
     def delete_before(self, offset: int) -> int:
         """Retention: deletes whole segments ending at or before `offset` (their range is
         already in the tiered store). Checkpoints first, so that the index and consumer

@@ -27,18 +27,18 @@ import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from broker_agent.epoch_file import consistent_point
+from broker_agent.epoch_file import consistent_point, epoch_covering
 from broker_agent.ha import Role
-from broker_agent.records import StoredRecord, decode_record, split_records
+from broker_agent.records import StoredRecord, decode_record
 from broker_agent.tiered_backend import open_backend
 from broker_agent.tiered_layout import (
     broker_prefix,
     build_epoch_lineage,
-    build_index_segments,
-    build_segment,
+    build_index_objects,
+    describe_segment,
     parse_index_segment,
     upload_marker_key,
-    verify_segment,
+    verify_stored,
 )
 from mqmeta.errors import CorruptData, FailedPrecondition, InvalidArgument, MqmetaError
 from mqmeta.pb import controller_pb2 as cpb
@@ -49,6 +49,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 STEP_INTERVAL_S = 0.1
+UPLOAD_BYTES_MAX = 16 << 20  # CommitLog.read's limit: one upload is one read
 ERROR_PAUSE_S = 1.0
 
 
@@ -60,8 +61,9 @@ class TieredConfig:
     local_retention_bytes: int = 0  # 0 = keep every local segment
 
     def validate(self) -> None:
-        if not 1 << 10 <= self.upload_bytes <= 256 << 20:
-            raise InvalidArgument("tiered upload bytes must be from 1 KiB to 256 MiB")
+        if not 1 << 10 <= self.upload_bytes <= UPLOAD_BYTES_MAX:
+            raise InvalidArgument(f"tiered upload bytes must be from 1 KiB to {UPLOAD_BYTES_MAX} "
+                                  "(one read of the commit log)")
         if not 10 <= self.upload_interval_ms <= 3_600_000:
             raise InvalidArgument("tiered upload interval must be from 10 ms to 1 hour")
         if self.local_retention_bytes < 0:
@@ -156,10 +158,15 @@ class TieredUploader:
             raise FailedPrecondition(f"cannot read whole records in [{base}, {limit})")
         with agent.lock:
             assert end <= agent.confirm, "T1: never upload beyond the confirm offset"
-        segment, meta = build_segment(data, base, cluster=cluster, broker_name=name)
-        indexes = build_index_segments(split_records(data, base), cluster=cluster,
-                                       broker_name=name)
+        # The store's reads check every record's CRC, and its index and epoch file already
+        # describe these bytes: no record is decoded again here (that cost 88% of an upload).
+        entries = store.index_entries_between(base, end)
         epochs = [(e, s) for e, s in store.epochs.entries if s < end]
+        meta = describe_segment(data, base, sum(len(rows) for rows in entries.values()),
+                                epoch_covering(epochs, base), epochs[-1][0],
+                                cluster=cluster, broker_name=name)
+        segment = data
+        indexes = build_index_objects(entries, cluster=cluster, broker_name=name)
         lineage_key, lineage = build_epoch_lineage(epochs, end, cluster=cluster, broker_name=name)
         upload_id = uuid.uuid4().hex
         keys = [meta.key, *indexes, lineage_key]
@@ -171,7 +178,7 @@ class TieredUploader:
         for key, body in [(meta.key, segment), *indexes.items(), (lineage_key, lineage)]:
             self._still(epoch)
             self._put_over_garbage(key, body)
-        verify_segment(self.backend, meta, epochs)
+        verify_stored(self.backend, meta)
         self._still(epoch)
         self.checkpoint = self._controller("TieredCommit", cpb.TieredCommitRequest(
             cluster=cluster, broker_name=name, master_broker_id=agent.broker_id,

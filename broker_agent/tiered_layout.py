@@ -347,6 +347,40 @@ def build_index_segments(records: Iterable[StoredRecord], *, cluster: str,
     return objects
 
 
+def build_index_objects(entries: dict[tuple[str, int], list[tuple[int, int, int]]], *,
+                        cluster: str, broker_name: str) -> dict[str, bytes]:
+    """Index objects from a store's own index: {(topic, queue): [(queue offset, commit
+    offset, size)]}, the same objects build_index_segments makes by decoding records."""
+    objects: dict[str, bytes] = {}
+    for (topic, queue_id), rows in sorted(entries.items()):
+        first = rows[0][0]
+        if [r[0] for r in rows] != list(range(first, first + len(rows))):
+            raise CorruptData(f"index entries of {topic}/{queue_id} are not consecutive")
+        body = _INDEX_HEADER.pack(INDEX_MAGIC, INDEX_VERSION, queue_id, first, len(rows)) + \
+            b"".join(_INDEX_ENTRY.pack(commit, size) for _, commit, size in rows)
+        objects[index_key(cluster, broker_name, topic, queue_id, first)] = \
+            body + _INDEX_TRAILER.pack(zlib.crc32(body))
+    return objects
+
+
+def describe_segment(data: bytes, base_offset: int, record_count: int, first_epoch: int,
+                     last_epoch: int, *, cluster: str, broker_name: str) -> SegmentMeta:
+    """The meta of bytes that came from this broker's own store (whose reads already check
+    every record's CRC): a SHA-256 pass, no decoding. build_segment is the checking twin."""
+    end_offset = base_offset + len(data)
+    return SegmentMeta(key=segment_key(cluster, broker_name, base_offset, end_offset),
+                       base_offset=base_offset, end_offset=end_offset, size=len(data),
+                       sha256=hashlib.sha256(data).hexdigest(), record_count=record_count,
+                       first_epoch=first_epoch, last_epoch=last_epoch)
+
+
+def verify_stored(backend: TieredBackend, meta: SegmentMeta) -> None:
+    """After a put: the object is exactly the bytes hashed (size and SHA-256)."""
+    data = backend.get(meta.key)
+    if len(data) != meta.size or hashlib.sha256(data).hexdigest() != meta.sha256:
+        raise CorruptData(f"{meta.key}: the stored object is not what was uploaded")
+
+
 def parse_index_segment(data: bytes, queue_id: int,
                         first_queue_offset: int) -> list[tuple[int, int, int]]:
     """(queue offset, commit offset, size) of each entry of an index object made by

@@ -1,0 +1,922 @@
+#!/usr/bin/env python
+"""Benchmark of the tiered uploader: upload throughput in-process, and promotion to first upload.
+
+    .venv/bin/python bench/tiered_bench.py [--quick] [--only upload,promotion,defaults]
+
+Prints ONE JSON document on stdout; progress goes to stderr. Phases:
+
+upload      in-process, no cluster. A real MessageStore (fsync=True) filled with ~256 MiB
+            (64 MiB with --quick) of 1 KiB-body messages over 4 queues (begin_epoch(1),
+            put_messages in batches of 256). Then the uploader's path
+            (broker_agent.tiered.TieredUploader._upload without the controller RPCs) is
+            timed range by range for ranges of 4 MiB and of 64 MiB:
+                store.read_bytes -> describe_segment (SHA-256 only) -> LocalBackend(fsync=True)
+                .put -> build_index_objects(store.index_entries_between) + put -> marker +
+                epoch lineage puts -> verify_stored (size + SHA-256)
+            with the time of every step. Baseline in the same run: shutil.copyfile of the
+            store's commit-log segment files to another directory, without and with fsync
+            (file + directory). Target: upload >= 50 % of the copy rate.
+            store.read_bytes serves at most READ_BYTES_MAX (16 MiB) per call, so a 64 MiB
+            range is read in <= 16 MiB pieces here (the uploader itself calls read_bytes
+            once for the whole range: the JSON records what that call does at 64 MiB).
+promotion   a real cluster: 3 controllers, a nameserver, one broker set of 3 replicas with
+            the flags of tests/test_tiered.py (upload every 8 KiB / 200 ms), topic with 4
+            queues, a producer thread sending continuously. Once uploads happen, K rounds
+            (5; 2 with --quick): kill -9 the master, then measure
+              (a) fault -> a surviving broker reports writable (role MASTER of a newer
+                  epoch and a valid lease; the time it first reports role MASTER, when
+                  its uploader starts, is recorded too),
+              (b) fault -> the checkpoint's checkpoint_epoch increases (first commit of the
+                  new master),
+              (c) (b) - (a): promotion -> first upload committed (it came out slightly
+                  negative in some runs: on 2 busy cores the status poll of the new
+                  master can lag its first commit by a few tens of ms);
+            each survivor and the checkpoint are polled every 10 ms over their own
+            channels, so the times are good to ~10-20 ms; the new master's own log gives
+            (c) too ('master at epoch N' -> first 'uploaded [' line, ms timestamps);
+            restart the killed broker and wait for a SyncStateSet of 3 between rounds.
+defaults    (full run only) the same rounds (4) with the broker defaults for uploads
+            (--tiered-upload-bytes 4 MiB, --tiered-upload-interval-ms 2000), to check how
+            the upload interval bounds (c): before rounds 1 and 3 every survivor's process
+            is at least 3 s old (older than the interval), rounds 2 and 4 follow the
+            previous restore at once. Each round records the survivors' process ages.
+
+Every loop is bounded in count and time, everything listens on 127.0.0.1, every child
+process is stopped and the temporary directory removed on exit (also on exceptions,
+SIGTERM and Ctrl-C); a watchdog ends the run with the JSON gathered so far if it
+overruns its budget. Rates are MiB/s (2^20 bytes per second).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+# The broker processes run `python -m mqmeta.cli` and import broker_agent: make the repo
+# importable for them whatever the working directory.
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [str(REPO)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+
+MiB = 1 << 20
+CLUSTER_NAME = "DefaultCluster"
+BROKER_NAME = "broker-a"
+TOPIC = "Orders"
+QUEUES = 4
+BODY_BYTES = 1024
+PUT_BATCH = 256
+UPLOAD_SIZES = {"4MiB": 4 * MiB, "64MiB": 64 * MiB}
+TEST_FLAGS = ["--ha-max-time-slave-not-catchup-ms", "1500", "--send-timeout-ms", "3000",
+              "--tiered-upload-bytes", "8192", "--tiered-upload-interval-ms", "200"]
+DEFAULT_FLAGS = ["--ha-max-time-slave-not-catchup-ms", "1500", "--send-timeout-ms", "3000"]
+TARGETS = {"upload_vs_copy_min": 0.50}
+COPY_TRIALS = 3
+POLL_S = 0.01  # status and checkpoint polling period of the failover watchers
+
+
+def log(message: str) -> None:
+    print(f"[tiered-bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+# Statistics -----------------------------------------------------------------------------
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """Linear interpolation between closest ranks (numpy's default)."""
+    if not values:
+        return None
+    data = sorted(values)
+    pos = (len(data) - 1) * q / 100.0
+    low = int(pos)
+    high = min(low + 1, len(data) - 1)
+    return data[low] + (data[high] - data[low]) * (pos - low)
+
+
+def _r(value: float | None, digits: int = 3) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return None if not a or not b else round(a / b, 4)
+
+
+def summary_s(samples: list[float]) -> dict[str, Any]:
+    return {"samples_s": [_r(s, 3) for s in samples], "count": len(samples),
+            "p50_s": _r(percentile(samples, 50)), "max_s": _r(max(samples)) if samples else None,
+            "min_s": _r(min(samples)) if samples else None}
+
+
+def mib_per_s(nbytes: int, seconds: float) -> float | None:
+    return _r(nbytes / MiB / seconds, 2) if seconds > 0 else None
+
+
+# Phase 1: upload throughput in-process ---------------------------------------------------
+
+
+def fill_store(store_dir: Path, target_bytes: int, deadline: float) -> tuple[Any, dict[str, Any]]:
+    from broker_agent.records import Message
+    from broker_agent.store import MessageStore
+
+    store = MessageStore(store_dir, fsync=True, broker_name=BROKER_NAME)
+    store.begin_epoch(1)
+    body = bytes(range(256)) * (BODY_BYTES // 256)
+    count = 0
+    t0 = time.perf_counter()
+    max_batches = target_bytes // (PUT_BATCH * BODY_BYTES) + 16
+    for _ in range(max_batches):
+        if store.max_offset >= target_bytes or time.monotonic() > deadline:
+            break
+        now_ms = int(time.time() * 1000)
+        store.put_messages([Message(topic=TOPIC, queue_id=(count + i) % QUEUES, body=body)
+                            for i in range(PUT_BATCH)], 1, now_ms)
+        count += PUT_BATCH
+    elapsed = time.perf_counter() - t0
+    size = store.max_offset
+    return store, {"messages": count, "body_bytes": BODY_BYTES, "queues": QUEUES,
+                   "batch": PUT_BATCH, "log_bytes": size,
+                   "record_bytes_avg": _r(size / count, 1) if count else None,
+                   "fill_s": _r(elapsed, 3), "fill_mib_per_s": mib_per_s(size, elapsed),
+                   "commitlog_files": len(list((store_dir / "commitlog").glob("*.log")))}
+
+
+def read_range(store: Any, base: int, limit: int) -> bytes:
+    """What the uploader reads for [base, limit): one store.read_bytes call when the range
+    fits READ_BYTES_MAX (as TieredUploader._upload does; it ends early at a commit-log
+    segment end), else consecutive reads of at most READ_BYTES_MAX."""
+    from broker_agent.commitlog import READ_BYTES_MAX
+
+    if limit - base <= READ_BYTES_MAX:
+        return store.read_bytes(base, limit - base)
+    parts: list[bytes] = []
+    position = base
+    for _ in range((limit - base) // 1024 + 2):  # bounded: every read returns >= 1 record
+        if position >= limit:
+            break
+        piece = store.read_bytes(position, min(READ_BYTES_MAX, limit - position))
+        if not piece:
+            break
+        parts.append(piece)
+        position += len(piece)
+    return b"".join(parts)
+
+
+STEPS = ["read", "build_segment", "put_marker_and_segment", "build_index", "put_index",
+         "put_lineage", "verify"]
+
+
+def upload_run(store: Any, backend_dir: Path, range_bytes: int, deadline: float) -> dict[str, Any]:
+    """The upload path of TieredUploader._upload over the whole log, range by range."""
+    import uuid
+
+    from broker_agent.epoch_file import epoch_covering
+    from broker_agent.tiered_backend import LocalBackend
+    from broker_agent.tiered_layout import (
+        build_epoch_lineage,
+        build_index_objects,
+        describe_segment,
+        upload_marker_key,
+        verify_stored,
+    )
+
+    backend = LocalBackend(backend_dir, fsync=True)
+    steps = dict.fromkeys(STEPS, 0.0)
+    end_of_log = store.max_offset
+    position, uploads, index_objects, records = 0, 0, 0, 0
+    per_upload: list[float] = []
+    cpu0 = time.process_time()
+    wall0 = time.perf_counter()
+    truncated = False
+    for _ in range(end_of_log // 4096 + 2):  # bounded
+        if position >= end_of_log:
+            break
+        if time.monotonic() > deadline:
+            truncated = True
+            break
+        start = time.perf_counter()
+        t = start
+        data = read_range(store, position, min(end_of_log, position + range_bytes))
+        end = position + len(data)
+        now = time.perf_counter()
+        steps["read"] += now - t
+        t = now
+        # the uploader's path (broker_agent/tiered.py): the store's index and epochs describe
+        # the bytes; one SHA-256 pass, no record decoding
+        entries = store.index_entries_between(position, end)
+        epochs = [(e, s) for e, s in store.epochs.entries if s < end]
+        meta = describe_segment(data, position, sum(len(r) for r in entries.values()),
+                                epoch_covering(epochs, position), epochs[-1][0],
+                                cluster=CLUSTER_NAME, broker_name=BROKER_NAME)
+        segment = data
+        now = time.perf_counter()
+        steps["build_segment"] += now - t
+        t = now
+        lineage_key, lineage = build_epoch_lineage(epochs, end, cluster=CLUSTER_NAME,
+                                                   broker_name=BROKER_NAME)
+        backend.put(upload_marker_key(CLUSTER_NAME, BROKER_NAME, uuid.uuid4().hex),
+                    json.dumps({"keys": [meta.key, lineage_key], "epoch": 1}).encode())
+        backend.put(meta.key, segment)
+        now = time.perf_counter()
+        steps["put_marker_and_segment"] += now - t
+        t = now
+        indexes = build_index_objects(entries, cluster=CLUSTER_NAME, broker_name=BROKER_NAME)
+        now = time.perf_counter()
+        steps["build_index"] += now - t
+        t = now
+        for key, body in indexes.items():
+            backend.put(key, body)
+        now = time.perf_counter()
+        steps["put_index"] += now - t
+        t = now
+        backend.put(lineage_key, lineage)
+        now = time.perf_counter()
+        steps["put_lineage"] += now - t
+        t = now
+        verify_stored(backend, meta)
+        now = time.perf_counter()
+        steps["verify"] += now - t
+        per_upload.append(now - start)
+        records += meta.record_count
+        index_objects += len(indexes)
+        uploads += 1
+        position = end
+        del data, segment, indexes, entries
+    wall = time.perf_counter() - wall0
+    cpu = time.process_time() - cpu0
+    total = sum(steps.values())
+    return {"range_bytes": range_bytes, "uploads": uploads, "bytes": position,
+            "records": records, "index_objects": index_objects, "elapsed_s": _r(wall, 3),
+            "mib_per_s": mib_per_s(position, wall), "cpu_s": _r(cpu, 3),
+            "cpu_share_of_wall": _r(cpu / wall, 3) if wall else None,
+            "per_upload_p50_s": _r(percentile(per_upload, 50), 4),
+            "per_upload_max_s": _r(max(per_upload), 4) if per_upload else None,
+            "steps_s": {k: _r(v, 3) for k, v in steps.items()},
+            "steps_share": {k: _r(v / total, 3) if total else None for k, v in steps.items()},
+            "dominant_step": max(steps, key=steps.get) if total else None,
+            "truncated_by_deadline": truncated}
+
+
+def decode_breakdown(store: Any, sample_bytes: int) -> dict[str, Any]:
+    """Where build_segment / build_index / verify spend their time, on a sample range:
+    the record decode (split_records: checksum + parse of every field, one object per
+    record), sha256, the message-id check (one sha256 per record) and the lineage check."""
+    import hashlib
+
+    from broker_agent.epoch_file import epoch_covering
+    from broker_agent.records import split_records
+    from broker_agent.tiered_layout import _check_records
+
+    data = read_range(store, 0, min(store.max_offset, sample_bytes))
+    timings: dict[str, float] = {}
+    t = time.perf_counter()
+    records = split_records(data, 0)
+    timings["split_records"] = time.perf_counter() - t
+    t = time.perf_counter()
+    hashlib.sha256(data).hexdigest()
+    timings["sha256"] = time.perf_counter() - t
+    t = time.perf_counter()
+    _check_records(records, BROKER_NAME)
+    timings["check_msg_ids_and_epochs"] = time.perf_counter() - t
+    epochs = list(store.epochs.entries)
+    t = time.perf_counter()
+    for record in records:
+        epoch_covering(epochs, record.commit_offset)
+    timings["epoch_covering_per_record"] = time.perf_counter() - t
+    return {"sample_bytes": len(data), "records": len(records),
+            "seconds": {k: _r(v, 4) for k, v in timings.items()},
+            "mib_per_s": {k: mib_per_s(len(data), v) for k, v in timings.items()},
+            "us_per_record": {k: _r(v / len(records) * 1e6, 2) for k, v in timings.items()},
+            "note": ("one upload decodes every record 3 times (build_segment, "
+                     "split_records for build_index_segments, verify_segment) and computes "
+                     "2 message-id sha256 per record (build_segment and verify)")}
+
+
+def copy_baseline(store_dir: Path, dest: Path, fsync: bool) -> dict[str, Any]:
+    from broker_agent.epoch_file import fsync_dir
+
+    files = sorted((store_dir / "commitlog").glob("*.log"))
+    dest.mkdir(parents=True, exist_ok=True)
+    total = 0
+    t0 = time.perf_counter()
+    for path in files:
+        target = dest / path.name
+        shutil.copyfile(path, target)
+        if fsync:
+            fd = os.open(target, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        total += path.stat().st_size
+    if fsync:
+        fsync_dir(dest)
+    elapsed = time.perf_counter() - t0
+    return {"files": len(files), "bytes": total, "elapsed_s": _r(elapsed, 3),
+            "mib_per_s": mib_per_s(total, elapsed), "fsync": fsync}
+
+
+def upload_phase(root: Path, args: argparse.Namespace, deadline: float,
+                 out: dict[str, Any]) -> dict[str, Any]:
+    from broker_agent.commitlog import READ_BYTES_MAX, SEGMENT_BYTES_DEFAULT
+    from mqmeta.errors import MqmetaError
+
+    target = (64 if args.quick else 256) * MiB
+    out["loadavg_before"] = os.getloadavg()
+    log(f"upload: filling a MessageStore (fsync=True) with {target // MiB} MiB")
+    store, out["store"] = fill_store(root / "store", target, deadline)
+    try:
+        out["store"]["commitlog_segment_bytes"] = SEGMENT_BYTES_DEFAULT
+        log(f"upload: {out['store']['log_bytes'] / MiB:.1f} MiB, {out['store']['messages']} "
+            f"messages in {out['store']['fill_s']} s")
+        # What the uploader's single read_bytes call does for a range past READ_BYTES_MAX.
+        try:
+            got = store.read_bytes(0, min(64 * MiB, store.max_offset))
+            single = {"ok": True, "bytes": len(got)}
+            del got
+        except MqmetaError as exc:
+            single = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+        out["uploader_single_read_of_64MiB"] = dict(single, read_bytes_max=READ_BYTES_MAX)
+        # Baseline first (the store's files are in the page cache for every variant).
+        for fsync in (False, True):
+            name = "copy_fsync" if fsync else "copy"
+            trials = []
+            for i in range(COPY_TRIALS):
+                dest = root / f"{name}-{i}"
+                trials.append(copy_baseline(root / "store", dest, fsync))
+                shutil.rmtree(dest, ignore_errors=True)
+            best = sorted(trials, key=lambda c: c["elapsed_s"])[len(trials) // 2]  # median
+            out[name] = dict(best, trials_mib_per_s=[c["mib_per_s"] for c in trials],
+                             reported="median of the trials")
+            log(f"upload: baseline {name}: {out[name]['mib_per_s']} MiB/s")
+        out["decode_breakdown"] = decode_breakdown(store, 16 * MiB)
+        runs: dict[str, Any] = {}
+        out["upload"] = runs  # filled as it goes (an interrupted run keeps what it has)
+        for label, size in UPLOAD_SIZES.items():
+            log(f"upload: ranges of {label}")
+            backend_dir = root / f"tiered-{label}"
+            runs[label] = upload_run(store, backend_dir, size, deadline)
+            shutil.rmtree(backend_dir, ignore_errors=True)
+            log(f"upload: {label}: {runs[label]['mib_per_s']} MiB/s, dominant step "
+                f"{runs[label]['dominant_step']} ({runs[label]['steps_share']})")
+        ratios = {}
+        for label, run in runs.items():
+            ratios[f"{label}_vs_copy"] = _ratio(run["mib_per_s"], out["copy"]["mib_per_s"])
+            ratios[f"{label}_vs_copy_fsync"] = _ratio(run["mib_per_s"],
+                                                      out["copy_fsync"]["mib_per_s"])
+        out["ratios"] = ratios
+        out["loadavg_after"] = os.getloadavg()
+        out["peak_rss_mib"] = _r(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+    finally:
+        store.close()
+        shutil.rmtree(root / "store", ignore_errors=True)
+    return out
+
+
+# Phase 2: promotion to first upload ------------------------------------------------------
+
+CLUSTERS: list[Any] = []
+
+
+class Load(threading.Thread):
+    """A producer sending small batches continuously; remembers when acks arrived."""
+
+    def __init__(self, namesrv: str, max_sends: int = 200_000) -> None:
+        super().__init__(daemon=True, name="load")
+        from mqmeta.broker_client import Producer
+
+        self.producer = Producer(namesrv, timeout_s=5.0)
+        self.stop_event = threading.Event()
+        self.max_sends = max_sends
+        self.acked = 0
+        self.failed = 0
+        self.last_ack = 0.0
+        self.lock = threading.Lock()
+        # (send started, acked) monotonic times of each acknowledged send (bounded below)
+        self.acks: list[tuple[float, float]] = []
+
+    def run(self) -> None:
+        from mqmeta.errors import MqmetaError
+
+        for i in range(self.max_sends):
+            if self.stop_event.is_set():
+                break
+            started = time.monotonic()
+            try:
+                self.producer.send(TOPIC, [f"v{i}-{k}".encode() * 8 for k in range(4)])
+                now = time.monotonic()
+                with self.lock:
+                    self.acked += 4
+                    self.last_ack = now
+                    if len(self.acks) < 400_000:
+                        self.acks.append((started, now))
+            except MqmetaError:
+                self.failed += 1
+                self.stop_event.wait(0.02)
+
+    def first_ack_after(self, t: float) -> float | None:
+        """When the first send started after `t` was acknowledged (a send in flight at `t`
+        may still be acknowledged by the old master)."""
+        import bisect
+
+        with self.lock:
+            i = bisect.bisect_right(self.acks, (t, float("inf")))
+            return self.acks[i][1] if i < len(self.acks) else None
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        self.join(timeout=15)
+        self.producer.close()
+
+
+def get_checkpoint(client: Any, timeout_s: float = 2.0):
+    from mqmeta.pb import controller_pb2 as pb
+
+    return client.call("GetTieredCheckpoint", pb.BrokerSetRef(cluster=CLUSTER_NAME,
+                                                              broker_name=BROKER_NAME),
+                       timeout_s=timeout_s)
+
+
+def wait_in_sync(cluster: Any, members: int, timeout_s: float) -> str:
+    """The master once its SyncStateSet has `members` brokers (bounded)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            master = cluster.master_of(BROKER_NAME, timeout_s=min(5.0, max(
+                0.5, deadline - time.monotonic())))
+            if len(cluster.broker_status(master).sync_state_set) == members:
+                return master
+        except Exception:  # MqmetaError, gRPC errors while a broker restarts
+            pass
+        time.sleep(0.1)
+    raise TimeoutError(f"the SyncStateSet never reached {members} members in {timeout_s}s")
+
+
+def wait_uploads(client: Any, at_least_commits: int, timeout_s: float) -> Any:
+    """Waits until `at_least_commits` checkpoint commits have happened (by segment count)."""
+    deadline = time.monotonic() + timeout_s
+    current = get_checkpoint(client)
+    start = len(current.segments)
+    while time.monotonic() < deadline:
+        current = get_checkpoint(client)
+        if len(current.segments) >= start + at_least_commits and current.uploaded_offset > 0:
+            return current
+        time.sleep(0.05)
+    raise TimeoutError(f"no {at_least_commits} uploads within {timeout_s}s "
+                       f"(uploaded {current.uploaded_offset})")
+
+
+def failover_round(cluster: Any, client: Any, load: Load, started_at: dict[str, float],
+                   timeout_s: float, settle_age_s: float = 0.0) -> dict[str, Any]:
+    """kill -9 the master; (a) fault -> new master writable, (b) fault -> first commit
+    of the new master, (c) = (b) - (a)."""
+    old = wait_in_sync(cluster, 3, timeout_s=30)
+    old_status = cluster.broker_status(old)
+    survivors = [b.name for b in cluster.layout.brokers if b.name != old]
+    # settle_age_s: wait until every survivor's process is that old (its uploader's age
+    # clock, last_upload, starts with the process)
+    youngest = max(started_at[n] for n in survivors)
+    settle = max(0.3, settle_age_s - (time.monotonic() - youngest))
+    # and let a steady state of uploads run so the kill lands anywhere in the upload cycle
+    time.sleep(min(settle, 10.0))
+    before = get_checkpoint(client)
+    result: dict[str, Any] = {"old_master": old, "old_epoch": old_status.master_epoch,
+                              "survivor_process_ages_at_fault_s": {
+                                  n: _r(time.monotonic() - started_at[n], 2) for n in survivors},
+                              "checkpoint_epoch_before": before.checkpoint_epoch,
+                              "uploaded_before": before.uploaded_offset}
+    found: dict[str, Any] = {}
+    found_lock = threading.Lock()
+    stop = threading.Event()
+
+    def watch_survivor(name: str) -> None:
+        """Polls one survivor over its own channel: when it first reports role MASTER of a
+        newer epoch (the uploader runs from then on) and when it is writable (MASTER and a
+        valid lease: it accepts sends)."""
+        import grpc
+
+        from mqmeta.pb import broker_pb2, broker_pb2_grpc
+
+        deadline = time.monotonic() + timeout_s
+        with grpc.insecure_channel(cluster.broker(name).grpc) as channel:
+            stub = broker_pb2_grpc.BrokerServiceStub(channel)
+            while time.monotonic() < deadline and not stop.is_set() and "writable_at" not in found:
+                try:
+                    status = stub.GetHaStatus(broker_pb2.HaStatusRequest(), timeout=0.5)
+                except grpc.RpcError:
+                    time.sleep(POLL_S)
+                    continue
+                now = time.monotonic()
+                if status.role == "MASTER" and status.master_epoch > old_status.master_epoch:
+                    with found_lock:
+                        found.setdefault("master_role_at", now)
+                        if status.writable and "writable_at" not in found:
+                            found["writable_at"] = now
+                            found["new_master"] = name
+                            found["new_epoch"] = status.master_epoch
+                            return
+                time.sleep(POLL_S)
+
+    def watch_checkpoint() -> None:
+        from mqmeta.client import ControllerClient
+
+        deadline = time.monotonic() + timeout_s
+        with ControllerClient([n.grpc for n in cluster.layout.controllers],
+                              timeout_s=2.0) as own:
+            while time.monotonic() < deadline and not stop.is_set():
+                try:
+                    current = get_checkpoint(own, 1.0)
+                except Exception:
+                    time.sleep(0.02)
+                    continue
+                if current.checkpoint_epoch > before.checkpoint_epoch:
+                    found["committed_at"] = time.monotonic()
+                    found["checkpoint_epoch"] = current.checkpoint_epoch
+                    found["uploaded_after"] = current.uploaded_offset
+                    found["first_new_segment"] = next(
+                        ([s.base_offset, s.end_offset] for s in current.segments
+                         if s.base_offset >= before.uploaded_offset), None)
+                    return
+                time.sleep(POLL_S)
+
+    watchers = [threading.Thread(target=watch_survivor, args=(name,), daemon=True)
+                for name in survivors]
+    watchers.append(threading.Thread(target=watch_checkpoint, daemon=True))
+    fault = time.monotonic()
+    cluster.kill(old)
+    for w in watchers:
+        w.start()
+    for w in watchers:
+        w.join(timeout_s + 5)
+    stop.set()
+    result.update({k: v for k, v in found.items() if not k.endswith("_at")})
+    if "writable_at" in found:
+        result["fault_to_writable_s"] = _r(found["writable_at"] - fault, 4)
+    if "committed_at" in found:
+        result["fault_to_first_commit_s"] = _r(found["committed_at"] - fault, 4)
+    if "master_role_at" in found:
+        result["fault_to_master_role_s"] = _r(found["master_role_at"] - fault, 4)
+    if "writable_at" in found and "committed_at" in found:
+        result["promotion_to_first_commit_s"] = _r(found["committed_at"] - found["writable_at"], 4)
+    if "master_role_at" in found and "committed_at" in found:
+        result["master_role_to_first_commit_s"] = _r(found["committed_at"]
+                                                     - found["master_role_at"], 4)
+    if "new_master" in found and found["new_master"] in started_at:
+        # the uploader's age clock (last_upload) starts with the process
+        result["new_master_process_age_at_promotion_s"] = _r(
+            found["writable_at"] - started_at[found["new_master"]], 3)
+    first_ack = load.first_ack_after(fault)
+    if first_ack is not None:  # of a send started after the fault
+        result["fault_to_first_send_ack_s"] = _r(first_ack - fault, 4)
+    if "new_master" in found:
+        result.update(broker_log_promotion_to_upload(cluster, found["new_master"],
+                                                     found["new_epoch"]) or {})
+    if "new_epoch" in found and "checkpoint_epoch" in found:
+        result["commit_by_new_master"] = found["checkpoint_epoch"] == found["new_epoch"]
+    # restore: restart the killed broker, wait for a SyncStateSet of 3
+    t = time.monotonic()
+    cluster.start_broker(old)
+    started_at[old] = time.monotonic()
+    wait_in_sync(cluster, 3, timeout_s=30)
+    result["restart_to_in_sync_s"] = _r(time.monotonic() - t, 3)
+    return result
+
+
+ROUND_KEYS = ("fault_to_master_role_s", "fault_to_writable_s", "fault_to_first_commit_s",
+              "promotion_to_first_commit_s", "master_role_to_first_commit_s",
+              "master_log_to_upload_log_s", "fault_to_first_send_ack_s")
+
+
+def summarize_rounds(out: dict[str, Any]) -> None:
+    rounds_done = out.get("rounds", [])
+    for key in ROUND_KEYS:
+        out[key] = summary_s([r[key] for r in rounds_done if r.get(key) is not None])
+    out["failed_rounds"] = sum(1 for r in rounds_done
+                               if r.get("promotion_to_first_commit_s") is None)
+
+
+def broker_log_promotion_to_upload(cluster: Any, name: str, epoch: int) -> dict[str, Any] | None:
+    """From the new master's own log (asctime, ms): 'master at epoch N' -> the first
+    'uploaded [' line after it (logged right after TieredCommit returned)."""
+    from datetime import datetime
+
+    path = cluster.root / "logs" / f"{name}.log"
+
+    def stamp(line: str) -> float | None:
+        try:
+            return datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+        except ValueError:
+            return None
+
+    for _ in range(20):  # bounded: the lines may still be on their way to the file
+        try:
+            lines = path.read_text(errors="replace").splitlines()
+        except OSError:
+            return None
+        promoted = uploaded = None
+        for line in lines:
+            if promoted is None and f"master at epoch {epoch} from offset" in line:
+                promoted = stamp(line)
+            elif promoted is not None and "uploaded [" in line:
+                uploaded = stamp(line)
+                break
+        if promoted is not None and uploaded is not None:
+            return {"master_log_to_upload_log_s": _r(uploaded - promoted, 3)}
+        time.sleep(0.05)
+    return None
+
+
+def promotion_phase(root: Path, flags: list[str], rounds: int, label: str,
+                    deadline: float, out: dict[str, Any],
+                    settle_every_other_s: float = 0.0) -> dict[str, Any]:
+    from controller.state_machine import CONFIG_SCHEMA
+    from mqmeta.harness import Cluster
+    from mqmeta.pb import controller_pb2 as pb
+
+    liveness = ("broker_heartbeat_interval_ms", "broker_dead_after_ms", "lease_ms")
+    out.update({
+        "broker_flags": flags, "rounds_planned": rounds,
+        "controller_liveness": {
+            "used": "mqmeta.harness.Cluster.configure_controller: heartbeat 200 ms, dead after "
+                    "1000 ms, lease 500 ms (margin 200 ms)",
+            "controller_defaults_ms": {k: CONFIG_SCHEMA[k][1] for k in liveness}}})
+    t0 = time.monotonic()
+    cluster = Cluster(root, broker_sets=1, replicas=3, broker_flags=flags)
+    CLUSTERS.append(cluster)
+    log(f"{label}: starting 3 controllers, a nameserver and 3 brokers in {root}")
+    out["loadavg_before"] = os.getloadavg()
+    try:
+        started = time.monotonic()
+        cluster.start()
+        started_at = {b.name: started for b in cluster.layout.brokers}
+        with cluster.client() as client:
+            client.call("CreateTopic", pb.TopicSpec(name=TOPIC, queue_count=QUEUES))
+            master = wait_in_sync(cluster, 3, timeout_s=30)
+            out["start_to_in_sync_s"] = _r(time.monotonic() - t0, 2)
+            load = Load(cluster.namesrv)
+            load.start()
+            try:
+                t = time.monotonic()
+                first = wait_uploads(client, 2, timeout_s=30)
+                out["load_to_two_uploads_s"] = _r(time.monotonic() - t, 3)
+                log(f"{label}: uploads running (uploaded {first.uploaded_offset}, "
+                    f"master {master})")
+                results: list[dict[str, Any]] = []
+                out["rounds"] = results  # filled as it goes
+                for i in range(rounds):
+                    if time.monotonic() > deadline:
+                        log(f"{label}: out of time before round {i + 1}")
+                        break
+                    log(f"{label}: round {i + 1}/{rounds}: kill -9 the master")
+                    settle = settle_every_other_s if i % 2 == 0 else 0.0
+                    r = failover_round(cluster, client, load, started_at, timeout_s=30,
+                                       settle_age_s=settle)
+                    results.append(r)
+                    log(f"{label}: round {i + 1}: writable {r.get('fault_to_writable_s')} s, "
+                        f"first commit {r.get('fault_to_first_commit_s')} s, promotion->commit "
+                        f"{r.get('promotion_to_first_commit_s')} s, restored "
+                        f"{r.get('restart_to_in_sync_s')} s")
+                final = get_checkpoint(client)
+                out["final_uploaded_offset"] = final.uploaded_offset
+                out["final_segments"] = len(final.segments)
+            finally:
+                load.stop()
+                out["load"] = {"acked_messages": load.acked, "failed_sends": load.failed}
+        out["loadavg_after"] = os.getloadavg()
+        out["poll_interval_s"] = POLL_S
+        summarize_rounds(out)
+    finally:
+        log(f"{label}: stopping the cluster")
+        cluster.stop()
+        CLUSTERS.remove(cluster)
+        shutil.rmtree(root, ignore_errors=True)
+    return out
+
+
+# Run -------------------------------------------------------------------------------------
+
+
+def run(args: argparse.Namespace, root: Path, result: dict[str, Any], t_start: float) -> None:
+    budget_end = t_start + args.budget_s
+    if "upload" in args.phases:
+        # leave time for the cluster phases
+        share = 0.35 if args.quick else 0.40
+        upload_phase(root / "upload", args, time.monotonic() + args.budget_s * share,
+                     result.setdefault("phase1_upload", {}))
+    if "promotion" in args.phases:
+        rounds = args.rounds or (2 if args.quick else 5)
+        out = result.setdefault("phase2_promotion", {"upload_bytes": 8192,
+                                                     "upload_interval_ms": 200})
+        promotion_phase(root / "cluster", TEST_FLAGS, rounds, "promotion",
+                        budget_end - (25 if "defaults" in args.phases else 8), out)
+    if "defaults" in args.phases:
+        # rounds 1, 3: every survivor older than interval + 1 s before the kill; rounds 2, 4:
+        # right after the previous restore (the restarted broker is often the one promoted)
+        out = result.setdefault("phase2_defaults", {"upload_bytes": 4 << 20,
+                                                    "upload_interval_ms": 2000})
+        promotion_phase(root / "cluster-defaults", DEFAULT_FLAGS, args.default_rounds,
+                        "defaults", budget_end - 8, out, settle_every_other_s=3.0)
+
+
+def summarize(result: dict[str, Any]) -> None:
+    from broker_agent.tiered import STEP_INTERVAL_S, TieredConfig
+
+    defaults = TieredConfig(url="x")
+    result["default_settings"] = {
+        "tiered_upload_bytes": defaults.upload_bytes,
+        "tiered_upload_interval_ms": defaults.upload_interval_ms,
+        "uploader_step_interval_ms": int(STEP_INTERVAL_S * 1000),
+        "used_in_phase2_promotion": {"tiered_upload_bytes": 8192,
+                                     "tiered_upload_interval_ms": 200}}
+    met: dict[str, Any] = {}
+    findings: list[str] = []
+    p1 = result.get("phase1_upload", {})
+    for label in UPLOAD_SIZES:
+        ratio = p1.get("ratios", {}).get(f"{label}_vs_copy")
+        ratio_f = p1.get("ratios", {}).get(f"{label}_vs_copy_fsync")
+        if ratio is not None:
+            met[f"upload_{label}_ge_50pct_of_copy"] = ratio >= TARGETS["upload_vs_copy_min"]
+        if ratio_f is not None:
+            met[f"upload_{label}_ge_50pct_of_copy_fsync"] = ratio_f >= TARGETS["upload_vs_copy_min"]
+    runs = p1.get("upload", {})
+    if runs:
+        parts = []
+        for label, run_ in runs.items():
+            share = run_["steps_share"]
+            decode = sum(share[k] or 0 for k in ("build_segment", "build_index", "verify"))
+            parts.append(f"{label}: {run_['mib_per_s']} MiB/s, {decode:.0%} of the time in "
+                         f"build_segment+build_index+verify (record decoding), puts "
+                         f"{(share['put_marker_and_segment'] or 0) + (share['put_index'] or 0):.0%}")
+        findings.append("upload: " + "; ".join(parts) + f"; plain copy {p1['copy']['mib_per_s']} "
+                        f"MiB/s, copy+fsync {p1['copy_fsync']['mib_per_s']} MiB/s")
+    single = p1.get("uploader_single_read_of_64MiB")
+    if single and not single["ok"]:
+        findings.append("TieredUploader._upload reads its range with ONE store.read_bytes call, "
+                        f"which accepts at most {single['read_bytes_max']} bytes: with "
+                        "--tiered-upload-bytes above 16 MiB (TieredConfig allows up to 256 MiB) "
+                        "every upload of a range over 16 MiB raises (" + single["error"][:80]
+                        + "), i.e. every size-triggered one and any age-triggered one once more "
+                        "than 16 MiB is pending; the uploader retries the same range about every "
+                        "1.1 s, so it stalls for good once the backlog passes 16 MiB (code "
+                        "reading; the error is measured here)")
+    for key in ("phase2_promotion", "phase2_defaults"):
+        p2 = result.get(key)
+        if not p2 or not p2.get("rounds"):
+            continue
+        summarize_rounds(p2)
+        c = p2["promotion_to_first_commit_s"]
+        interval_s = p2["upload_interval_ms"] / 1000
+        below = [s for s in c["samples_s"] if s is not None and s < interval_s]
+        p2["promotion_to_first_commit_vs_interval"] = {
+            "upload_interval_s": interval_s, "samples_below_interval": len(below),
+            "samples": c["count"],
+            "per_round_commit_s_and_new_master_process_age_s": [
+                [r.get("promotion_to_first_commit_s"), r.get("new_master_process_age_at_promotion_s")]
+                for r in p2.get("rounds", [])]}
+        role = p2.get("master_role_to_first_commit_s", {})
+        old_young: dict[str, list[float]] = {"older": [], "younger": []}
+        for r in p2.get("rounds", []):
+            age, value = r.get("new_master_process_age_at_promotion_s"), \
+                r.get("promotion_to_first_commit_s")
+            if age is not None and value is not None:
+                old_young["older" if age >= interval_s + 1.0 else "younger"].append(value)
+        p2["promotion_to_first_commit_by_new_master_age"] = {
+            "older_than_interval_plus_1s": summary_s(old_young["older"]),
+            "younger": summary_s(old_young["younger"])}
+        findings.append(f"{key}: promotion->first commit p50 "
+                        f"{_r(percentile(old_young['older'], 50))} s "
+                        f"when the new master's process was older than interval + 1 s "
+                        f"({len(old_young['older'])} rounds), "
+                        f"{_r(percentile(old_young['younger'], 50))}"
+                        f" s when younger ({len(old_young['younger'])} rounds)")
+        findings.append(f"{key}: role MASTER->first commit p50 {role.get('p50_s')} s (max "
+                        f"{role.get('max_s')})")
+        findings.append(f"{key}: fault->writable p50 {p2['fault_to_writable_s']['p50_s']} s "
+                        f"(max {p2['fault_to_writable_s']['max_s']}), fault->first commit p50 "
+                        f"{p2['fault_to_first_commit_s']['p50_s']} s (max "
+                        f"{p2['fault_to_first_commit_s']['max_s']}), promotion->first commit "
+                        f"p50 {c['p50_s']} s (max {c['max_s']}) with an upload interval of "
+                        f"{interval_s} s; {len(below)}/{c['count']} samples below the interval")
+    result["uploader_interval_note"] = (
+        "TieredUploader.step uploads when pending >= upload_bytes or when upload_interval_ms "
+        "has passed since self.last_upload; last_upload is set when the uploader is "
+        "constructed (broker start) and after each of its own commits, and is not reset on "
+        "promotion. A slave promoted more than one interval after its start is therefore "
+        "already 'due': promotion -> first upload is bounded below by the 100 ms step, the "
+        "GetTieredCheckpoint resume RPC and the upload itself (UploadStart + puts + verify + "
+        "Commit), not by the interval; the interval bounds it only for a broker promoted "
+        "within one interval of its own start (or when pending is 0). "
+        "See promotion_to_first_commit_vs_interval for the measured samples: [promotion -> "
+        "first commit, age of the new master's process at promotion] per round (the age is "
+        "counted from the process launch; the uploader is built a little later).")
+    result["targets"] = TARGETS
+    result["targets_met"] = met
+    result["findings"] = findings
+
+
+def cleanup() -> None:
+    for cluster in list(CLUSTERS):
+        try:
+            cluster.stop()
+        except Exception as exc:  # keep cleaning the rest
+            log(f"cleanup: {exc!r}")
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="short run (< 60 s)")
+    p.add_argument("--keep", action="store_true", help="keep the temporary directory")
+    p.add_argument("--only", default="", help="comma list of phases: upload,promotion,defaults")
+    p.add_argument("--rounds", type=int, default=0, help="failover rounds (default 5, quick 2)")
+    p.add_argument("--default-rounds", type=int, default=4)
+    args = p.parse_args(argv)
+    phases = {"upload", "promotion"} | (set() if args.quick else {"defaults"})
+    args.phases = set(args.only.split(",")) if args.only else phases
+    args.budget_s = 50.0 if args.quick else 165.0
+    return args
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    root = Path(tempfile.mkdtemp(prefix="mqmeta-tiered-bench-"))
+    result: dict[str, Any] = {
+        "bench": "mqmeta tiered uploader", "quick": args.quick,
+        "env": {"python": platform.python_version(), "cpus": os.cpu_count(),
+                "host": "127.0.0.1", "tmp": str(root.parent),
+                "loadavg_before_start": os.getloadavg()},
+        "units": "MiB/s = 2^20 bytes per second; times in seconds (monotonic clock)"}
+    t0 = time.monotonic()
+    printed = threading.Event()
+    emit_lock = threading.Lock()
+
+    def emit(status: str) -> None:
+        with emit_lock:
+            if printed.is_set():
+                return
+            printed.set()
+            result["status"] = status
+            result["elapsed_s"] = _r(time.monotonic() - t0, 1)
+            try:
+                summarize(result)
+            except Exception as exc:
+                result["summary_error"] = repr(exc)
+            print(json.dumps(result, indent=2), flush=True)
+
+    def watchdog() -> None:
+        log(f"time budget of {args.budget_s}s exceeded: stopping")
+        emit("time budget exceeded")
+        cleanup()
+        if not args.keep:
+            shutil.rmtree(root, ignore_errors=True)
+        os._exit(3)
+
+    timer = threading.Timer(args.budget_s + 4.0, watchdog)
+    timer.daemon = True
+    timer.start()
+
+    def on_term(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, on_term)
+    status = 0
+    try:
+        run(args, root, result, t0)
+        emit("ok")
+    except KeyboardInterrupt as exc:
+        result["error"] = f"interrupted: {exc}"
+        emit("interrupted")
+        status = 130
+    except Exception as exc:
+        result["error"] = repr(exc)
+        result["traceback"] = traceback.format_exc()[-3000:]
+        log(traceback.format_exc())
+        emit("error")
+        status = 1
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        log("stopping every process")
+        cleanup()
+        timer.cancel()
+        if args.keep:
+            log(f"kept {root}")
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
