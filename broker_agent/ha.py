@@ -63,7 +63,9 @@ def confirm_offset(master_id: int, master_max_offset: int, acked: dict[int, int]
 class SlaveProgress:
     acked_offset: int = 0
     last_fetch_ms: int = 0
-    last_caught_up_ms: int = 0  # last time acked_offset reached the master's max offset
+    last_caught_up_ms: int = 0  # as of when the slave held everything the master had
+    sent_max_offset: int = -1   # the master's log end when it last answered this slave
+    sent_ms: int = 0
 
 
 @dataclass
@@ -81,11 +83,23 @@ class SyncStateTracker:
 
     def on_fetch(self, broker_id: int, fetch_offset: int, master_max_offset: int,
                  now_ms: int) -> None:
+        """Under steady writes a fetch never equals the master's end of that instant; as
+        in Kafka, reaching the end the master had when it last answered proves the slave
+        was caught up as of that answer."""
         progress = self.slaves.setdefault(broker_id, SlaveProgress(last_caught_up_ms=0))
         progress.acked_offset = fetch_offset
         progress.last_fetch_ms = now_ms
         if fetch_offset >= master_max_offset:
             progress.last_caught_up_ms = now_ms
+        elif 0 <= progress.sent_max_offset <= fetch_offset:
+            progress.last_caught_up_ms = max(progress.last_caught_up_ms, progress.sent_ms)
+
+    def on_answer(self, broker_id: int, master_max_offset: int, now_ms: int) -> None:
+        """The master answered this slave's fetch while its log ended at master_max_offset."""
+        progress = self.slaves.get(broker_id)
+        if progress is not None:
+            progress.sent_max_offset = master_max_offset
+            progress.sent_ms = now_ms
 
     def _caught_up_recently(self, broker_id: int, now_ms: int) -> bool:
         progress = self.slaves.get(broker_id)

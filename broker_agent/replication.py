@@ -121,6 +121,9 @@ def serve_fetch(agent: BrokerAgent, request: bpb.HaFetchRequest) -> bpb.HaFetchR
             agent.lock.wait(timeout=deadline - time.monotonic())
             _check_master(agent, request)
         data = store.read_bytes(request.fetch_offset, max_bytes)
+        if request.broker_id in agent.registered_ids:
+            agent.tracker.on_answer(request.broker_id, store.max_offset,
+                                    int(time.monotonic() * 1000))  # the agent's clock
         return _reply(agent, data_offset=request.fetch_offset, data=data)
 
 

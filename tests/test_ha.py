@@ -63,6 +63,27 @@ def test_a_slow_but_alive_member_is_not_readded_by_its_own_low_confirm():
                         epoch_start_offset=0, registered={1, 2, 3}) is None
 
 
+def test_a_slave_keeping_up_with_steady_writes_stays_caught_up():
+    """Under steady writes no fetch ever equals the master's end of that instant: reaching
+    the end the master had when it last answered must count (Kafka's rule)."""
+    tracker = SyncStateTracker(max_not_catchup_ms=1000)
+    tracker.on_fetch(2, 0, master_max_offset=0, now_ms=0)
+    master_end = 0
+    for now in range(100, 5000, 100):  # the master grows 100 bytes between fetches
+        tracker.on_answer(2, master_end, now_ms=now - 50)
+        master_end += 100
+        tracker.on_fetch(2, master_end - 100, master_max_offset=master_end, now_ms=now)
+    assert tracker.plan(now_ms=5000, master_id=1, current_set=[1, 2], confirm=0,
+                        epoch_start_offset=0, registered={1, 2}) is None, "evicted while keeping up"
+    lagging = SyncStateTracker(max_not_catchup_ms=1000)  # fetches but never reaches it
+    lagging.on_fetch(2, 0, master_max_offset=0, now_ms=0)
+    for now in range(100, 5000, 100):
+        lagging.on_answer(2, now * 10, now_ms=now - 50)
+        lagging.on_fetch(2, now, master_max_offset=now * 10, now_ms=now)
+    assert lagging.plan(now_ms=5000, master_id=1, current_set=[1, 2], confirm=0,
+                        epoch_start_offset=0, registered={1, 2}) == [1]
+
+
 def test_sync_state_set_expands_only_with_everything_confirmed_and_the_epoch_start():
     tracker = tracker_with({2: (100, 5000, 5000), 3: (80, 5000, 5000)})
     grow = dict(now_ms=5000, master_id=1, current_set=[1, 2], registered={1, 2, 3})
