@@ -51,20 +51,32 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import os
 import platform
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-import traceback
 import uuid
 from pathlib import Path
 from typing import Any
+
+if __package__:  # imported as bench.X: benchlib sits next to this file (sys.path[0] when run)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchlib import (
+    CpuMeter,
+    _r,
+    _ratio,
+    latency_summary,
+    machine_busy,
+    machine_busy_percent,
+    make_log,
+    run_main,
+    seconds_summary,
+    stop_clusters,
+)
 
 BENCH_FILE = Path(__file__).resolve()
 REPO = BENCH_FILE.parent.parent
@@ -87,98 +99,7 @@ CALLS_MAX_PER_THREAD = 1_000_000
 PROBE_ATTEMPTS_MAX = 100_000
 
 
-def log(message: str) -> None:
-    print(f"[broker-bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
-
-
-# Statistics ---------------------------------------------------------------------------
-
-
-def percentile(values: list[float], q: float) -> float | None:
-    """Linear interpolation between closest ranks (numpy's default)."""
-    if not values:
-        return None
-    data = sorted(values)
-    pos = (len(data) - 1) * q / 100.0
-    low = int(pos)
-    high = min(low + 1, len(data) - 1)
-    return data[low] + (data[high] - data[low]) * (pos - low)
-
-
-def _r(value: float | None, digits: int = 3) -> float | None:
-    return None if value is None else round(value, digits)
-
-
-def _ratio(a: float | None, b: float | None) -> float | None:
-    return None if not a or not b else round(a / b, 3)
-
-
-def latency_summary(seconds: list[float]) -> dict[str, Any]:
-    ms = [s * 1000.0 for s in seconds]
-    if not ms:
-        return {"count": 0}
-    return {"count": len(ms), "p50_ms": _r(percentile(ms, 50)), "p90_ms": _r(percentile(ms, 90)),
-            "p99_ms": _r(percentile(ms, 99)), "mean_ms": _r(sum(ms) / len(ms)),
-            "max_ms": _r(max(ms))}
-
-
-def seconds_summary(samples: list[float]) -> dict[str, Any]:
-    return {"samples_s": [_r(s, 3) for s in samples], "count": len(samples),
-            "p50_s": _r(percentile(samples, 50)), "p99_s": _r(percentile(samples, 99)),
-            "max_s": _r(max(samples)) if samples else None,
-            "min_s": _r(min(samples)) if samples else None}
-
-
-# Process CPU accounting (Linux /proc) ---------------------------------------------------
-
-CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-
-
-def cpu_seconds(pid: int, which: str = "all") -> float | None:
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError, ValueError):
-        return None
-    user, system = int(fields[11]) / CLK_TCK, int(fields[12]) / CLK_TCK
-    return {"all": user + system, "user": user, "system": system}[which]
-
-
-class CpuMeter:
-    """CPU% of named processes over a window (100% = one core)."""
-
-    def __init__(self, pids: dict[str, int]) -> None:
-        self.pids = pids
-        self.start = {n: cpu_seconds(p) for n, p in pids.items()}
-        self.start_sys = {n: cpu_seconds(p, "system") for n, p in pids.items()}
-        self.t0 = time.monotonic()
-        self.system_percent: dict[str, float | None] = {}
-
-    def stop(self) -> dict[str, float | None]:
-        elapsed = max(1e-6, time.monotonic() - self.t0)
-        out: dict[str, float | None] = {}
-        for name, pid in self.pids.items():
-            end, begin = cpu_seconds(pid), self.start.get(name)
-            out[name] = None if end is None or begin is None else round(100 * (end - begin) / elapsed, 1)
-            end, begin = cpu_seconds(pid, "system"), self.start_sys.get(name)
-            self.system_percent[name] = (None if end is None or begin is None
-                                         else round(100 * (end - begin) / elapsed, 1))
-        return out
-
-
-def machine_busy() -> tuple[float, float] | None:
-    try:
-        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    except (OSError, ValueError):
-        return None
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
-    return float(sum(fields) - idle), float(sum(fields))
-
-
-def machine_busy_percent(before: tuple[float, float] | None) -> float | None:
-    after = machine_busy()
-    if before is None or after is None or after[1] == before[1]:
-        return None
-    return round(100 * (after[0] - before[0]) / (after[1] - before[1]), 1)
+log = make_log("broker-bench")
 
 
 def wait_quiet(max_wait_s: float, threshold: float = 25.0) -> dict[str, Any]:
@@ -351,7 +272,7 @@ def throughput_run(cluster, threads: int, batch: int, warmup_s: float, duration_
         "messages_acked": total, "msgs_per_s": round(total / duration_s, 1),
         "mb_per_s": round(total * BODY_BYTES / duration_s / 1e6, 2),
         "batches_per_s": round(len(all_lats) / duration_s, 1),
-        "batch_ack_latency": latency_summary(all_lats),
+        "batch_ack_latency": latency_summary(all_lats, with_min=False),
         "errors": dict(err), "hung_threads": hung,
         "cpu_percent": cpu, "cpu_percent_system_part": meter.system_percent,
         "machine_busy_percent": busy,
@@ -418,7 +339,7 @@ def raw_append(root: Path, batch: int, duration_s: float, fsync: bool) -> dict[s
         return {"batch": batch, "fsync": fsync, "duration_s": round(elapsed, 3),
                 "messages": total, "msgs_per_s": round(total / elapsed, 1),
                 "mb_per_s": round(total * BODY_BYTES / elapsed / 1e6, 2),
-                "put_latency": latency_summary(lats),
+                "put_latency": latency_summary(lats, with_min=False),
                 "cpu_percent": round(100 * cpu / elapsed, 1),
                 "bytes_per_record": round(store.max_offset / max(1, total), 1)}
     finally:
@@ -795,11 +716,7 @@ def cleanup() -> None:
                 proc.wait(timeout=5)
         except Exception:
             pass
-    for cluster in CLUSTERS:
-        try:
-            cluster.stop()
-        except Exception as exc:  # keep cleaning the rest
-            log(f"cleanup: {exc!r}")
+    stop_clusters(CLUSTERS, log)
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -1099,66 +1016,8 @@ def main(argv: list[str]) -> int:
     result["env"]["note"] = ("cpu_percent: 100 = one core; machine_busy_percent: all cores; "
                              "other_processes_cpu_percent: machine CPU not charged to this "
                              "run's processes (other users, and kernel I/O / softirq work)")
-    t0 = time.monotonic()
-    printed = threading.Event()
-    emit_lock = threading.Lock()
-
-    def emit(status: str) -> None:
-        with emit_lock:
-            if printed.is_set():
-                return
-            printed.set()
-            result["status"] = status
-            result["elapsed_s"] = _r(time.monotonic() - t0, 1)
-            try:
-                summarize(result)
-            except Exception as exc:
-                result["summary_error"] = repr(exc)
-            print(json.dumps(result, indent=2, default=str), flush=True)
-
-    def watchdog() -> None:
-        log(f"time budget of {args.budget_s}s exceeded: stopping")
-        result["error"] = "time budget exceeded"
-        emit("time budget exceeded")
-        cleanup()
-        if not args.keep:
-            shutil.rmtree(root, ignore_errors=True)
-        os._exit(3)
-
-    timer = threading.Timer(args.budget_s + 5.0, watchdog)
-    timer.daemon = True
-    timer.start()
-
-    def on_term(signum, frame):
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    signal.signal(signal.SIGTERM, on_term)
-    signal.signal(signal.SIGINT, on_term)  # also when started with SIGINT ignored (`cmd &`)
-    status = 0
-    try:
-        run(args, root, result, t0)
-        emit("ok")
-    except KeyboardInterrupt as exc:
-        result["error"] = f"interrupted: {exc}"
-        emit("interrupted")
-        status = 130
-    except Exception as exc:
-        result["error"] = repr(exc)
-        result["traceback"] = traceback.format_exc()[-3000:]
-        log(traceback.format_exc())
-        emit("error")
-        status = 1
-    finally:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        log("stopping every process")
-        cleanup()
-        timer.cancel()
-        if args.keep:
-            log(f"kept {root}")
-        else:
-            shutil.rmtree(root, ignore_errors=True)
-    return status
+    return run_main(args, root, result, lambda t0: run(args, root, result, t0), summarize, cleanup,
+                    log, watchdog_grace_s=5.0, json_default=str, watchdog_sets_error=True)
 
 
 if __name__ == "__main__":

@@ -47,15 +47,29 @@ import json
 import multiprocessing as mp
 import os
 import platform
-import shutil
 import signal
 import sys
 import tempfile
 import threading
 import time
-import traceback
 from pathlib import Path
 from typing import Any
+
+if __package__:  # imported as bench.X: benchlib sits next to this file (sys.path[0] when run)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchlib import (
+    CLK_TCK,
+    CpuMeter,
+    _r,
+    _ratio,
+    latency_summary,
+    machine_busy,
+    machine_busy_percent,
+    make_log,
+    percentile,
+    run_main,
+    stop_clusters,
+)
 
 BENCH_FILE = Path(__file__).resolve()
 CLIENTS = 16
@@ -63,111 +77,7 @@ TARGETS = {"seq_p50_ms_max": 3.0, "concurrent_writes_per_s_min": 5000.0,
            "concurrent_vs_raw_min": 0.30, "failover_p99_s_max": 1.5}
 
 
-def log(message: str) -> None:
-    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
-
-
-# Statistics ---------------------------------------------------------------------------
-
-
-def percentile(values: list[float], q: float) -> float | None:
-    """Linear interpolation between closest ranks (numpy's default)."""
-    if not values:
-        return None
-    data = sorted(values)
-    pos = (len(data) - 1) * q / 100.0
-    low = int(pos)
-    high = min(low + 1, len(data) - 1)
-    return data[low] + (data[high] - data[low]) * (pos - low)
-
-
-def latency_summary(seconds: list[float]) -> dict[str, Any]:
-    ms = [s * 1000.0 for s in seconds]
-    if not ms:
-        return {"count": 0}
-    return {"count": len(ms), "p50_ms": _r(percentile(ms, 50)), "p90_ms": _r(percentile(ms, 90)),
-            "p99_ms": _r(percentile(ms, 99)), "mean_ms": _r(sum(ms) / len(ms)),
-            "min_ms": _r(min(ms)), "max_ms": _r(max(ms))}
-
-
-def _r(value: float | None, digits: int = 3) -> float | None:
-    return None if value is None else round(value, digits)
-
-
-def _ratio(a: float | None, b: float | None) -> float | None:
-    return None if not a or not b else round(a / b, 3)
-
-
-# Process CPU accounting (Linux /proc) ---------------------------------------------------
-
-CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-
-
-def cpu_seconds(pid: int, which: str = "all") -> float | None:
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError, ValueError):
-        return None
-    user, system = int(fields[11]) / CLK_TCK, int(fields[12]) / CLK_TCK
-    return {"all": user + system, "user": user, "system": system}[which]
-
-
-def context_switches(pid: int) -> int | None:
-    total = 0
-    try:
-        for task in Path(f"/proc/{pid}/task").iterdir():
-            for line in (task / "status").read_text().splitlines():
-                if line.endswith("ctxt_switches:") or "ctxt_switches:" in line:
-                    total += int(line.split()[1])
-    except (OSError, ValueError):
-        return None
-    return total
-
-
-class CpuMeter:
-    """CPU% of named processes over a window (100% = one core)."""
-
-    def __init__(self, pids: dict[str, int]) -> None:
-        self.pids = pids
-        self.start = {n: cpu_seconds(p) for n, p in pids.items()}
-        self.start_sys = {n: cpu_seconds(p, "system") for n, p in pids.items()}
-        self.start_cs = {n: context_switches(p) for n, p in pids.items()}
-        self.t0 = time.monotonic()
-
-    def detail(self, name: str) -> dict[str, Any]:
-        """System-time share and context switches per second of one process so far."""
-        pid = self.pids[name]
-        elapsed = max(1e-6, time.monotonic() - self.t0)
-        sys1, cs1 = cpu_seconds(pid, "system"), context_switches(pid)
-        sys0, cs0 = self.start_sys.get(name), self.start_cs.get(name)
-        return {"system_cpu_percent": None if sys1 is None or sys0 is None
-                else round(100 * (sys1 - sys0) / elapsed, 1),
-                "context_switches_per_s": None if cs1 is None or cs0 is None
-                else round((cs1 - cs0) / elapsed)}
-
-    def stop(self) -> dict[str, float | None]:
-        elapsed = max(1e-6, time.monotonic() - self.t0)
-        out: dict[str, float | None] = {}
-        for name, pid in self.pids.items():
-            end, begin = cpu_seconds(pid), self.start.get(name)
-            out[name] = None if end is None or begin is None else round(100 * (end - begin) / elapsed, 1)
-        return out
-
-
-def machine_busy() -> tuple[float, float] | None:
-    try:
-        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    except (OSError, ValueError):
-        return None
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
-    return float(sum(fields) - idle), float(sum(fields))
-
-
-def machine_busy_percent(before: tuple[float, float] | None) -> float | None:
-    after = machine_busy()
-    if before is None or after is None or after[1] == before[1]:
-        return None
-    return round(100 * (after[0] - before[0]) / (after[1] - before[1]), 1)
+log = make_log("bench")
 
 
 def patch_pysyncobj_next_index() -> None:
@@ -750,7 +660,7 @@ def concurrent_writes(cluster: Cluster, addresses: list[str], mode: str, clients
         ours["bench"] = os.getpid()
     else:
         ours.update({f"client{k}": p.pid for k, p in enumerate(procs)})
-    meter = CpuMeter(ours)
+    meter = CpuMeter(ours, switches=True)
     busy0 = machine_busy()
     leader = addresses[0]
     commit0 = _commit_index(leader)
@@ -1047,7 +957,7 @@ def raw_baseline(root: Path, kind: str, secret: str, args: argparse.Namespace) -
         out["sequential"]["errors"] = seq["errors"]
         best = None
         for window in args.raw_windows or (RAW_WINDOWS_QUICK if args.quick else RAW_WINDOWS)[kind]:
-            meter = CpuMeter(raw.pids())
+            meter = CpuMeter(raw.pids(), switches=True)
             res = raw.ask(leader, ("async", args.raw_duration, args.warmup, window),
                           args.raw_duration + args.warmup + 60.0)
             res["cpu_percent"] = meter.stop()
@@ -1381,11 +1291,7 @@ CLUSTERS: list[Cluster] = []
 
 
 def cleanup() -> None:
-    for cluster in CLUSTERS:
-        try:
-            cluster.stop()
-        except Exception as exc:  # keep cleaning the rest
-            log(f"cleanup: {exc!r}")
+    stop_clusters(CLUSTERS, log)
     for p in BENCH_CHILDREN:
         try:
             if p.is_alive():
@@ -1414,63 +1320,8 @@ def main(argv: list[str]) -> int:
     result["env"]["loadavg_before_start"] = os.getloadavg()
     result["env"]["note"] = ("cpu_percent: 100 = one core; machine_busy_percent: all cores; "
                              "other_processes_cpu_percent: load this benchmark did not create")
-    t0 = time.monotonic()
-    printed = threading.Event()
-
-    def emit(status: str) -> None:
-        if printed.is_set():
-            return
-        printed.set()
-        result["status"] = status
-        result["elapsed_s"] = _r(time.monotonic() - t0, 1)
-        try:
-            summarize(result)
-        except Exception as exc:
-            result["summary_error"] = repr(exc)
-        print(json.dumps(result, indent=2), flush=True)
-
-    def watchdog() -> None:
-        log(f"time budget of {args.budget_s}s exceeded: stopping")
-        emit("time budget exceeded")
-        cleanup()
-        if not args.keep:
-            shutil.rmtree(root, ignore_errors=True)
-        os._exit(3)
-
-    timer = threading.Timer(args.budget_s + 15.0, watchdog)
-    timer.daemon = True
-    timer.start()
-
-    def on_term(signum, frame):
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    signal.signal(signal.SIGTERM, on_term)
-    signal.signal(signal.SIGINT, on_term)  # also when started with SIGINT ignored (`cmd &`)
-    status = 0
-    try:
-        run(args, root, result)
-        emit("ok")
-    except KeyboardInterrupt as exc:
-        result["error"] = f"interrupted: {exc}"
-        emit("interrupted")
-        status = 130
-    except Exception as exc:
-        result["error"] = repr(exc)
-        result["traceback"] = traceback.format_exc()[-3000:]
-        log(traceback.format_exc())
-        emit("error")
-        status = 1
-    finally:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        log("stopping every process")
-        cleanup()
-        timer.cancel()
-        if args.keep:
-            log(f"kept {root}")
-        else:
-            shutil.rmtree(root, ignore_errors=True)
-    return status
+    return run_main(args, root, result, lambda t0: run(args, root, result), summarize, cleanup,
+                    log, watchdog_grace_s=15.0)
 
 
 if __name__ == "__main__":

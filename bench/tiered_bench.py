@@ -55,14 +55,16 @@ import os
 import platform
 import resource
 import shutil
-import signal
 import sys
 import tempfile
 import threading
 import time
-import traceback
 from pathlib import Path
 from typing import Any
+
+if __package__:  # imported as bench.X: benchlib sits next to this file (sys.path[0] when run)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchlib import _r, _ratio, make_log, percentile, run_main, seconds_summary, stop_clusters
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
@@ -88,36 +90,7 @@ COPY_TRIALS = 3
 POLL_S = 0.01  # status and checkpoint polling period of the failover watchers
 
 
-def log(message: str) -> None:
-    print(f"[tiered-bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
-
-
-# Statistics -----------------------------------------------------------------------------
-
-
-def percentile(values: list[float], q: float) -> float | None:
-    """Linear interpolation between closest ranks (numpy's default)."""
-    if not values:
-        return None
-    data = sorted(values)
-    pos = (len(data) - 1) * q / 100.0
-    low = int(pos)
-    high = min(low + 1, len(data) - 1)
-    return data[low] + (data[high] - data[low]) * (pos - low)
-
-
-def _r(value: float | None, digits: int = 3) -> float | None:
-    return None if value is None else round(value, digits)
-
-
-def _ratio(a: float | None, b: float | None) -> float | None:
-    return None if not a or not b else round(a / b, 4)
-
-
-def summary_s(samples: list[float]) -> dict[str, Any]:
-    return {"samples_s": [_r(s, 3) for s in samples], "count": len(samples),
-            "p50_s": _r(percentile(samples, 50)), "max_s": _r(max(samples)) if samples else None,
-            "min_s": _r(min(samples)) if samples else None}
+log = make_log("tiered-bench")
 
 
 def mib_per_s(nbytes: int, seconds: float) -> float | None:
@@ -373,9 +346,9 @@ def upload_phase(root: Path, args: argparse.Namespace, deadline: float,
                 f"{runs[label]['dominant_step']} ({runs[label]['steps_share']})")
         ratios = {}
         for label, run in runs.items():
-            ratios[f"{label}_vs_copy"] = _ratio(run["mib_per_s"], out["copy"]["mib_per_s"])
+            ratios[f"{label}_vs_copy"] = _ratio(run["mib_per_s"], out["copy"]["mib_per_s"], 4)
             ratios[f"{label}_vs_copy_fsync"] = _ratio(run["mib_per_s"],
-                                                      out["copy_fsync"]["mib_per_s"])
+                                                      out["copy_fsync"]["mib_per_s"], 4)
         out["ratios"] = ratios
         out["loadavg_after"] = os.getloadavg()
         out["peak_rss_mib"] = _r(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
@@ -602,7 +575,7 @@ ROUND_KEYS = ("fault_to_master_role_s", "fault_to_writable_s", "fault_to_first_c
 def summarize_rounds(out: dict[str, Any]) -> None:
     rounds_done = out.get("rounds", [])
     for key in ROUND_KEYS:
-        out[key] = summary_s([r[key] for r in rounds_done if r.get(key) is not None])
+        out[key] = seconds_summary([r[key] for r in rounds_done if r.get(key) is not None], with_p99=False)
     out["failed_rounds"] = sum(1 for r in rounds_done
                                if r.get("promotion_to_first_commit_s") is None)
 
@@ -793,8 +766,8 @@ def summarize(result: dict[str, Any]) -> None:
             if age is not None and value is not None:
                 old_young["older" if age >= interval_s + 1.0 else "younger"].append(value)
         p2["promotion_to_first_commit_by_new_master_age"] = {
-            "older_than_interval_plus_1s": summary_s(old_young["older"]),
-            "younger": summary_s(old_young["younger"])}
+            "older_than_interval_plus_1s": seconds_summary(old_young["older"], with_p99=False),
+            "younger": seconds_summary(old_young["younger"], with_p99=False)}
         findings.append(f"{key}: promotion->first commit p50 "
                         f"{_r(percentile(old_young['older'], 50))} s "
                         f"when the new master's process was older than interval + 1 s "
@@ -827,11 +800,7 @@ def summarize(result: dict[str, Any]) -> None:
 
 
 def cleanup() -> None:
-    for cluster in list(CLUSTERS):
-        try:
-            cluster.stop()
-        except Exception as exc:  # keep cleaning the rest
-            log(f"cleanup: {exc!r}")
+    stop_clusters(CLUSTERS, log)
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -857,65 +826,8 @@ def main(argv: list[str]) -> int:
                 "host": "127.0.0.1", "tmp": str(root.parent),
                 "loadavg_before_start": os.getloadavg()},
         "units": "MiB/s = 2^20 bytes per second; times in seconds (monotonic clock)"}
-    t0 = time.monotonic()
-    printed = threading.Event()
-    emit_lock = threading.Lock()
-
-    def emit(status: str) -> None:
-        with emit_lock:
-            if printed.is_set():
-                return
-            printed.set()
-            result["status"] = status
-            result["elapsed_s"] = _r(time.monotonic() - t0, 1)
-            try:
-                summarize(result)
-            except Exception as exc:
-                result["summary_error"] = repr(exc)
-            print(json.dumps(result, indent=2), flush=True)
-
-    def watchdog() -> None:
-        log(f"time budget of {args.budget_s}s exceeded: stopping")
-        emit("time budget exceeded")
-        cleanup()
-        if not args.keep:
-            shutil.rmtree(root, ignore_errors=True)
-        os._exit(3)
-
-    timer = threading.Timer(args.budget_s + 4.0, watchdog)
-    timer.daemon = True
-    timer.start()
-
-    def on_term(signum, frame):
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    signal.signal(signal.SIGTERM, on_term)
-    signal.signal(signal.SIGINT, on_term)
-    status = 0
-    try:
-        run(args, root, result, t0)
-        emit("ok")
-    except KeyboardInterrupt as exc:
-        result["error"] = f"interrupted: {exc}"
-        emit("interrupted")
-        status = 130
-    except Exception as exc:
-        result["error"] = repr(exc)
-        result["traceback"] = traceback.format_exc()[-3000:]
-        log(traceback.format_exc())
-        emit("error")
-        status = 1
-    finally:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        log("stopping every process")
-        cleanup()
-        timer.cancel()
-        if args.keep:
-            log(f"kept {root}")
-        else:
-            shutil.rmtree(root, ignore_errors=True)
-    return status
+    return run_main(args, root, result, lambda t0: run(args, root, result, t0), summarize, cleanup,
+                    log, watchdog_grace_s=4.0)
 
 
 if __name__ == "__main__":
