@@ -38,6 +38,7 @@ from mqmeta.pb import controller_pb2 as cpb
 log = logging.getLogger(__name__)
 
 SEND_BATCH_MAX = 1024
+PENDING_GRACE_MS = 7000  # longer than the controller's proposal timeout (5 s)
 CONTROLLER_CALL_TIMEOUT_S = 1.0
 
 
@@ -135,6 +136,8 @@ class BrokerAgent:
         self.sync_state_set: list[int] = []
         self.sync_state_set_epoch = 0
         self.pending_sync_state_set: list[int] | None = None
+        self.pending_base_epoch = 0
+        self.pending_failed_ms = 0
         self.registered_ids: set[int] = set()
         self.confirm = 0
         self.lease = Lease(lease_ms=2000)
@@ -148,7 +151,6 @@ class BrokerAgent:
 
     # Lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
-        self.confirm = 0
         if self.config.tiered_url:
             from broker_agent.tiered import TieredConfig, TieredUploader
 
@@ -236,10 +238,14 @@ class BrokerAgent:
             max_offset=self.store.max_offset, confirm_offset=confirm,
             election_priority=self.config.election_priority))
         with self.lock:
-            self.lease.renew(sent_ms, reply.lease_ms or None)
             stale = (reply.master_broker_id != self.master_broker_id
                      or reply.master_epoch != self.master_epoch
                      or reply.sync_state_set_epoch != self.sync_state_set_epoch)
+            if self.role == Role.MASTER and (reply.master_broker_id != self.broker_id
+                                             or reply.master_epoch != self.master_epoch):
+                self.lease.revoke()  # the controller names another master: stop writing now
+            else:
+                self.lease.renew(sent_ms, reply.lease_ms or None)
             self.lock.notify_all()
         if stale:
             self.refresh_needed.set()
@@ -270,6 +276,9 @@ class BrokerAgent:
             if info.master_epoch < self.master_epoch:
                 return
             self.registered_ids = {r.broker_id for r in info.replicas}
+            if (self.pending_sync_state_set is not None
+                    and info.sync_state_set_epoch > self.pending_base_epoch):
+                self.pending_sync_state_set = None  # the set moved on: count what it is now
             if info.sync_state_set_epoch >= self.sync_state_set_epoch:
                 self.sync_state_set = sorted(info.sync_state_set)
                 self.sync_state_set_epoch = info.sync_state_set_epoch
@@ -334,6 +343,9 @@ class BrokerAgent:
 
     def _manage_sync_state_set(self) -> None:
         with self.lock:
+            if (self.pending_sync_state_set is not None and self.pending_failed_ms
+                    and now_ms() - self.pending_failed_ms > PENDING_GRACE_MS):
+                self.pending_sync_state_set = None  # it never committed
             if self.role != Role.MASTER or self.pending_sync_state_set is not None:
                 return
             epoch_start = self.store.epochs.entries[-1][1] if self.store.epochs.entries else 0
@@ -342,6 +354,8 @@ class BrokerAgent:
             if plan is None:
                 return
             self.pending_sync_state_set = plan
+            self.pending_base_epoch = self.sync_state_set_epoch
+            self.pending_failed_ms = 0
             request = cpb.AlterSyncStateSetRequest(
                 cluster=self.config.cluster, broker_name=self.config.broker_name,
                 master_broker_id=self.broker_id, master_epoch=self.master_epoch,
@@ -349,13 +363,15 @@ class BrokerAgent:
         try:
             info = self.controller.call("AlterSyncStateSet", request)
             log.info("SyncStateSet %s -> %s", request.new_sync_state_set, list(info.sync_state_set))
-            with self.lock:
+            with self.lock:  # adopt, then stop counting the union: no window in between
+                self.apply_replica_info(info)
                 self.pending_sync_state_set = None
-            self.apply_replica_info(info)
         except MqmetaError as exc:
-            log.info("SyncStateSet change %s refused: %s", list(plan), exc)
+            # The change may still commit (a timed-out proposal): keep counting the union
+            # until a refresh shows the set moved on, or for at most PENDING_GRACE_MS.
+            log.info("SyncStateSet change %s not confirmed: %s", list(plan), exc)
             with self.lock:
-                self.pending_sync_state_set = None
+                self.pending_failed_ms = now_ms()
             self.request_refresh()
 
     # Data plane ------------------------------------------------------------------------------

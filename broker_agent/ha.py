@@ -49,8 +49,8 @@ def confirm_offset(master_id: int, master_max_offset: int, acked: dict[int, int]
     """What every counted replica durably holds: min over the set, master included.
 
     `counted` is the SyncStateSet, or the union of the old and new sets while a
-    change is in flight (RocketMQ #5663). A member that never acked holds nothing
-    beyond what it had when this master took over (its acked entry says so).
+    change is in flight (RocketMQ #5663). A member that has not acked in this master
+    epoch is credited with nothing (0).
     """
     offsets = [master_max_offset]
     for broker_id in counted:
@@ -79,7 +79,6 @@ class SyncStateTracker:
         """A new master epoch: slaves are credited with nothing past the epoch start."""
         self.slaves = {m: SlaveProgress(acked_offset=0, last_fetch_ms=now_ms,
                                         last_caught_up_ms=now_ms) for m in members}
-        self._epoch_start = start_offset
 
     def on_fetch(self, broker_id: int, fetch_offset: int, master_max_offset: int,
                  now_ms: int) -> None:

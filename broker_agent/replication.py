@@ -59,6 +59,10 @@ def follow(agent: BrokerAgent, session: int) -> None:
                 log.warning("replication from %s: %s", address, error)
                 handshake = True
                 agent.stopping.wait(RETRY_PAUSE_S)
+            except Exception:  # e.g. OSError from the store: report, pause, go on
+                log.exception("replication from %s failed", address)
+                handshake = True
+                agent.stopping.wait(1.0)
     finally:
         channel.close()
 
@@ -77,16 +81,17 @@ def _fetch_once(agent: BrokerAgent, session: int, stub, handshake: bool) -> bool
         epoch_entries=_entries(store.epochs.entries) if handshake else [],
         max_bytes=agent.config.fetch_max_bytes, wait_ms=agent.config.fetch_wait_ms)
     reply = stub.HaFetch(request, timeout=agent.config.fetch_wait_ms / 1000 + 2.0)
+    if reply.offset_moved_to_tiered:
+        from broker_agent.tiered import bootstrap_from_tiered
+
+        # Not under the agent lock: it downloads; it re-checks the session per append.
+        bootstrap_from_tiered(agent, reply.min_offset, lambda: _current(agent, session))
+        return True  # handshake again from the new end
     with agent.lock:
         if not _current(agent, session):
             return handshake
         if reply.master_epoch > agent.master_epoch:
             agent.request_refresh()
-        if reply.offset_moved_to_tiered:
-            from broker_agent.tiered import bootstrap_from_tiered
-
-            bootstrap_from_tiered(agent, reply.min_offset, lambda: _current(agent, session))
-            return True  # handshake again from the new end
         if reply.truncate_to >= 0:
             log.warning("truncating from %d to the consistent point %d (master epoch %d)",
                         store.max_offset, reply.truncate_to, reply.master_epoch)

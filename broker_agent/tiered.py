@@ -100,6 +100,10 @@ class TieredUploader:
                 log.warning("tiered upload: %s", error)
                 self.checkpoint = None
                 self.agent.stopping.wait(ERROR_PAUSE_S)
+            except Exception:  # the uploader must outlive any one failed step
+                log.exception("tiered upload step failed")
+                self.checkpoint = None
+                self.agent.stopping.wait(ERROR_PAUSE_S)
 
     # One step ---------------------------------------------------------------------------
     def _role(self) -> tuple[int, int]:
@@ -119,8 +123,8 @@ class TieredUploader:
                 self.checkpoint = None
                 return
         epoch, confirm = self._role()
-        if self.checkpoint is None or self.checkpoint_epoch != epoch:
-            self._resume(epoch)
+        if self.checkpoint_epoch != epoch or (self.checkpoint is None and not self.refused):
+            self._resume(epoch)  # a refusal is re-examined only when the epoch changes
         if self.refused or self.checkpoint is None:
             return
         uploaded = self.checkpoint.uploaded_offset
@@ -137,6 +141,7 @@ class TieredUploader:
         store = self.agent.store
         agreed = consistent_point(lineage, store.epochs.entries, store.max_offset,
                                   checkpoint.uploaded_offset) if checkpoint.uploaded_offset else 0
+        self.checkpoint_epoch = epoch
         if agreed < checkpoint.uploaded_offset:
             self.refused = (f"the tiered store holds [0, {checkpoint.uploaded_offset}) but this "
                             f"master's log agrees with it only up to {agreed}; not uploading")
@@ -156,8 +161,11 @@ class TieredUploader:
         end = base + len(data)
         if not data or end > limit:
             raise FailedPrecondition(f"cannot read whole records in [{base}, {limit})")
+        self._still(epoch)
         with agent.lock:
-            assert end <= agent.confirm, "T1: never upload beyond the confirm offset"
+            if end > agent.confirm:  # T1: never upload beyond the confirm offset
+                raise FailedPrecondition(f"[{base}, {end}) is past the confirm offset "
+                                         f"{agent.confirm}")
         # The store's reads check every record's CRC, and its index and epoch file already
         # describe these bytes: no record is decoded again here (that cost 88% of an upload).
         entries = store.index_entries_between(base, end)
@@ -292,12 +300,15 @@ def bootstrap_from_tiered(agent: BrokerAgent, master_min_offset: int, still_curr
             return
         if segment.base_offset > store.max_offset:
             raise FailedPrecondition(f"the tiered store has no segment at {store.max_offset}")
-        data = backend.get(segment.key)
+        data = backend.get(segment.key)  # without the agent lock: it may be large and slow
         if len(data) != segment.size or hashlib.sha256(data).hexdigest() != segment.sha256:
             raise CorruptData(f"tiered segment {segment.key} does not match its checksum")
         offset = store.max_offset
         for piece in _pieces(data[offset - segment.base_offset:], BOOTSTRAP_APPEND_BYTES):
-            store.append_replicated(offset, piece)
+            with agent.lock:
+                if not still_current():
+                    return
+                store.append_replicated(offset, piece)
             offset += len(piece)
     log.info("bootstrapped [%d, %d) from the tiered store", start, store.max_offset)
 

@@ -167,6 +167,7 @@ class Consumer:
         self.group = group
         self.timeout_s = timeout_s
         self._offsets: dict[QueueRef, int] = {}
+        self._uncommitted: set[QueueRef] = set()
 
     def _call(self, queue: QueueRef, method: str, request: Any) -> Any:
         return _call_master(self.routes, self._channels, self.topic, queue.broker_name, method,
@@ -180,19 +181,38 @@ class Consumer:
         return self._offsets[queue]
 
     def poll(self, max_count: int = 256) -> list[bpb.StoredMessage]:
+        """What every queue has past this consumer's offsets. A queue that fails is skipped
+        (what other queues returned is never thrown away); the error is raised only when
+        nothing was received. Offsets are committed after the caller has the messages."""
+        self._commit_pending()
         received: list[bpb.StoredMessage] = []
+        failure: MqmetaError | None = None
         for queue in self.routes.queues(self.topic):
-            offset = self._offset(queue)
-            reply = self._call(queue, "Pull", bpb.PullRequest(
-                topic=self.topic, queue_id=queue.queue_id, queue_offset=offset,
-                max_count=max_count))
+            try:
+                reply = self._call(queue, "Pull", bpb.PullRequest(
+                    topic=self.topic, queue_id=queue.queue_id, queue_offset=self._offset(queue),
+                    max_count=max_count))
+            except MqmetaError as error:
+                failure = error
+                continue
             if reply.messages:
                 received.extend(reply.messages)
                 self._offsets[queue] = reply.next_queue_offset
-                self._call(queue, "CommitOffset", bpb.CommitOffsetRequest(
-                    group=self.group, topic=self.topic, queue_id=queue.queue_id,
-                    offset=reply.next_queue_offset))
+                self._uncommitted.add(queue)
+        if failure is not None and not received:
+            raise failure
         return received
+
+    def _commit_pending(self) -> None:
+        for queue in sorted(self._uncommitted, key=lambda q: (q.broker_name, q.queue_id)):
+            self._call(queue, "CommitOffset", bpb.CommitOffsetRequest(
+                group=self.group, topic=self.topic, queue_id=queue.queue_id,
+                offset=self._offsets[queue]))
+            self._uncommitted.discard(queue)
+
+    def commit(self) -> None:
+        """Commits the offsets of everything poll() returned so far."""
+        self._commit_pending()
 
     def refresh(self) -> None:
         self.routes.route(self.topic, refresh=True)

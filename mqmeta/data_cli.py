@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 import uuid
 from pathlib import Path
 
 from mqmeta.broker_client import Consumer, Producer
-from mqmeta.errors import MqmetaError
+from mqmeta.errors import InvalidArgument, MqmetaError
 
 SIZE_MAX = 4 << 20
 COUNT_MAX = 10_000_000
@@ -38,7 +39,7 @@ def _positive_float(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if value <= 0:
+    if not math.isfinite(value) or value <= 0:
         raise argparse.ArgumentTypeError(f"{value} must be positive")
     return value
 
@@ -68,7 +69,7 @@ def add_data_parsers(sub) -> None:
 def run_produce(args: argparse.Namespace) -> int:
     run_id = uuid.uuid4().hex[:8]
     producer = Producer(args.namesrv)
-    record = open(args.record, "a") if args.record else None
+    record = _open_record(args.record)
     sent = acked = failed = 0
     start = time.monotonic()
     try:
@@ -105,6 +106,15 @@ def run_produce(args: argparse.Namespace) -> int:
     return 0 if failed == 0 else 1
 
 
+def _open_record(path: Path | None):
+    if path is None:
+        return None
+    try:
+        return open(path, "a")
+    except OSError as exc:
+        raise InvalidArgument(f"cannot write --record {path}: {exc.strerror}") from None
+
+
 def _pace(start: float, sent: int, rate: float) -> None:
     due = start + sent / rate
     delay = due - time.monotonic()
@@ -114,7 +124,7 @@ def _pace(start: float, sent: int, rate: float) -> None:
 
 def run_consume(args: argparse.Namespace) -> int:
     consumer = Consumer(args.namesrv, args.topic, args.group)
-    record = open(args.record, "a") if args.record else None
+    record = _open_record(args.record)
     received = 0
     start = last_new = time.monotonic()
     try:
@@ -141,6 +151,10 @@ def run_consume(args: argparse.Namespace) -> int:
                                              "queue_offset": m.queue_offset}) + "\n")
                 record.flush()
     finally:
+        try:
+            consumer.commit()  # what was received and recorded is marked consumed
+        except MqmetaError as error:
+            print(f"mqmeta consume: offsets not committed: {error.message}", file=sys.stderr)
         consumer.close()
         if record:
             record.close()

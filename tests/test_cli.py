@@ -155,6 +155,10 @@ def test_bad_input_without_a_cluster_exits_2():
     assert_bad_input(run("produce", "--namesrv", unreachable, "--topic", "T", "--count", "1",
                          "--size", "999999999"), "--size must be")
     assert_bad_input(run("consume", "--namesrv", unreachable, "--topic", "T"), "--group")
+    assert_bad_input(run("consume", "--namesrv", unreachable, "--topic", "T", "--group", "g",
+                         "--until-idle", "nan"), "must be positive")
+    assert_bad_input(run("produce", "--namesrv", unreachable, "--topic", "T", "--count", "1",
+                         "--record", "/nonexistent/dir/sent.jsonl"), "cannot write --record")
     assert_bad_input(run("broker", "--broker-name", "bad name", "--listen", "127.0.0.1:1",
                          "--controllers", unreachable, "--data-dir", "/tmp/x"), "malformed")
 
