@@ -310,7 +310,7 @@ class BrokerAgent:
         if self.store.epochs.last_epoch < self.master_epoch:
             self.store.begin_epoch(self.master_epoch)
         others = [i for i in self.sync_state_set if i != self.broker_id]
-        self.tracker.reset(now_ms(), others, max_offset)
+        self.tracker.reset(now_ms(), others)
         self.pending_sync_state_set = None
         self.confirm = max_offset if not others else min(self.confirm, max_offset)
         self.role = Role.MASTER

@@ -75,7 +75,7 @@ class SyncStateTracker:
     max_not_catchup_ms: int
     slaves: dict[int, SlaveProgress] = field(default_factory=dict)
 
-    def reset(self, now_ms: int, members: list[int], start_offset: int) -> None:
+    def reset(self, now_ms: int, members: list[int]) -> None:
         """A new master epoch: slaves are credited with nothing past the epoch start."""
         self.slaves = {m: SlaveProgress(acked_offset=0, last_fetch_ms=now_ms,
                                         last_caught_up_ms=now_ms) for m in members}

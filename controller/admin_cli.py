@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from google.protobuf import json_format
+from google.protobuf.descriptor import FieldDescriptor
 from rich.console import Console
 from rich.table import Table
 
@@ -137,9 +138,30 @@ def _cell(value: Any) -> str:
     return json.dumps(value) if isinstance(value, (list, dict)) else str(value)
 
 
+_INT64_TYPES = {FieldDescriptor.TYPE_INT64, FieldDescriptor.TYPE_UINT64,
+                FieldDescriptor.TYPE_SINT64, FieldDescriptor.TYPE_FIXED64,
+                FieldDescriptor.TYPE_SFIXED64}
+
+
 def _dict(message: Any) -> Json:
-    return json_format.MessageToDict(message, preserving_proto_field_name=True,
-                                     always_print_fields_with_no_presence=True)
+    """A message as JSON for scripts: protobuf renders int64 as strings; we keep numbers."""
+    document = json_format.MessageToDict(message, preserving_proto_field_name=True,
+                                         always_print_fields_with_no_presence=True)
+    return _numbers(message.DESCRIPTOR, document)
+
+
+def _numbers(descriptor: Any, document: Json) -> Json:
+    for field in descriptor.fields:
+        value = document.get(field.name)
+        if value is None:
+            continue
+        if field.type in _INT64_TYPES:
+            document[field.name] = [int(v) for v in value] if isinstance(value, list) else int(value)
+        elif field.message_type is not None and not field.message_type.GetOptions().map_entry:
+            items = value if isinstance(value, list) else [value]
+            for item in items:
+                _numbers(field.message_type, item)
+    return document
 
 
 # Handlers: (client, args) -> (json document, table rows) ------------------------------
@@ -204,14 +226,8 @@ def _topic_spec(args) -> pb.TopicSpec:
                         message_type=args.message_type)
 
 
-def topic_create(client: ControllerClient, args):
-    topic = _dict(client.call("CreateTopic", _topic_spec(args)))
-    return topic, topic
 
 
-def topic_update(client: ControllerClient, args):
-    topic = _dict(client.call("UpdateTopic", _topic_spec(args)))
-    return topic, topic
 
 
 def topic_delete(client: ControllerClient, args):
@@ -249,14 +265,8 @@ def _group_spec(args) -> pb.GroupSpec:
                         retry_max_times=args.retry_max_times, retry_policy=args.retry_policy)
 
 
-def group_create(client: ControllerClient, args):
-    group = _dict(client.call("CreateGroup", _group_spec(args)))
-    return group, group
 
 
-def group_update(client: ControllerClient, args):
-    group = _dict(client.call("UpdateGroup", _group_spec(args)))
-    return group, group
 
 
 def group_delete(client: ControllerClient, args):
@@ -346,3 +356,17 @@ def tiered_status(client: ControllerClient, args):
                 "inflight_upload_id": checkpoint.inflight_upload_id,
                 "abandoned_uploads": len(checkpoint.abandoned_upload_ids)}
     return document, document
+
+
+def _put(method: str, spec: Callable[[Any], Any]) -> Callable:
+    def handler(client: ControllerClient, args):
+        document = _dict(client.call(method, spec(args)))
+        return document, document
+
+    return handler
+
+
+topic_create = _put("CreateTopic", _topic_spec)
+topic_update = _put("UpdateTopic", _topic_spec)
+group_create = _put("CreateGroup", _group_spec)
+group_update = _put("UpdateGroup", _group_spec)

@@ -161,7 +161,7 @@ class ControllerCore:
         key = (request["cluster"], request["broker_name"], result["broker_id"])
         self.liveness.record(key, Heartbeat(seen_ms=now_ms(),
                                             priority=request.get("election_priority", 0)))
-        return result
+        return dict(result, replica_info=self._with_alive(result["replica_info"]))
 
     def heartbeat(self, request: Json) -> Json:
         self.require_leader()

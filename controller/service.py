@@ -119,9 +119,8 @@ class ControllerServicer(pb_grpc.ControllerServiceServicer):
             "broker_id": _broker_id(request.broker_id, allow_zero=True),
             "check_code": request.check_code, "address": request.address,
             "election_priority": request.election_priority})
-        view = self.core._with_alive(result["replica_info"])
         return pb.RegisterBrokerResponse(broker_id=result["broker_id"],
-                                         replica_info=replica_info_pb(view))
+                                         replica_info=replica_info_pb(result["replica_info"]))
 
     @rpc
     def GetNextBrokerId(self, request, context):

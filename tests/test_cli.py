@@ -73,6 +73,7 @@ def test_local_up_runs_restarts_and_stops_cleanly(tmp_path):
                       "--queues", "4", "--json")
         assert created.returncode == 0, created.stderr
         assert json.loads(created.stdout)["queue_count"] == 4
+        assert isinstance(json.loads(created.stdout)["version"], int), "int64 stays a number"
         with grpc.insecure_channel(document["namesrv"][0]["grpc"]) as channel:
             route = ns_grpc.NameServerStub(channel).QueryRoute(
                 ns_pb.QueryRouteRequest(topic="Kept"), timeout=10)
