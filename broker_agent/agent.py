@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from broker_agent.confirm_log import ConfirmLog
 from broker_agent.ha import Lease, Role, SyncStateTracker, confirm_offset
 from broker_agent.records import Message
 from broker_agent.store import MessageStore
@@ -118,6 +119,11 @@ def _write_json_atomically(path: Path, document: dict[str, Any]) -> None:
         os.close(fd)
 
 
+def wall_ms() -> int:
+    """Wall-clock time for the confirm log: the audit lines up brokers' lines by it."""
+    return int(time.time() * 1000)
+
+
 class BrokerAgent:
     def __init__(self, config: BrokerConfig) -> None:
         config.validate()
@@ -127,6 +133,7 @@ class BrokerAgent:
                                   fsync=config.fsync, broker_name=config.broker_name)
         self.controller = ControllerClient(config.controllers, timeout_s=CONTROLLER_CALL_TIMEOUT_S)
         self.identity = Identity(config.data_dir)
+        self.confirm_log = ConfirmLog(config.data_dir / "confirm.log", config.broker_name)
         self.broker_id = 0
         self.lock = threading.Condition()
         self.role = Role.FENCED
@@ -172,6 +179,8 @@ class BrokerAgent:
         for thread in self._threads:
             thread.join(timeout=3)
         self.controller.close()
+        with self.lock:
+            self.confirm_log.close()
         self.store.close()
 
     # Controller interaction --------------------------------------------------------------
@@ -211,6 +220,8 @@ class BrokerAgent:
                     next_heartbeat = time.monotonic() + self.heartbeat_interval_ms / 1000
                     self._heartbeat()
                 self._manage_sync_state_set()
+                with self.lock:
+                    self.confirm_log.flush_due(wall_ms())
             except NotFound:
                 registered = False  # cleaned from the metadata: register again
             except MqmetaError as exc:
@@ -314,6 +325,7 @@ class BrokerAgent:
         self.pending_sync_state_set = None
         self.confirm = max_offset if not others else min(self.confirm, max_offset)
         self.role = Role.MASTER
+        self.note_confirm(force=True)
         log.info("master at epoch %d from offset %d", self.master_epoch, max_offset)
 
     def request_refresh(self) -> None:
@@ -334,7 +346,14 @@ class BrokerAgent:
                                   self._counted_set())
         if computed > self.confirm:
             self.confirm = computed
+            self.note_confirm()
             self.lock.notify_all()
+
+    def note_confirm(self, force: bool = False) -> None:
+        """With the lock held: the confirm log's view of this broker (see confirm_log.py)."""
+        acked = self.tracker.acked() if self.role == Role.MASTER else {}
+        self.confirm_log.note(wall_ms(), self.broker_id, self.role.value, self.master_epoch,
+                              self.confirm, self.store.max_offset, acked, force)
 
     def on_slave_fetch(self, broker_id: int, fetch_offset: int) -> None:
         with self.lock:

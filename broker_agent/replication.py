@@ -101,6 +101,7 @@ def _fetch_once(agent: BrokerAgent, session: int, stub, handshake: bool) -> bool
             # fsynced (the next fetch acknowledges it); epoch entries follow from the records
             store.append_replicated(reply.data_offset, reply.data)
         agent.confirm = min(reply.confirm_offset, store.max_offset)
+        agent.note_confirm()
     return False
 
 

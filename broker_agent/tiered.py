@@ -166,6 +166,7 @@ class TieredUploader:
             if end > agent.confirm:  # T1: never upload beyond the confirm offset
                 raise FailedPrecondition(f"[{base}, {end}) is past the confirm offset "
                                          f"{agent.confirm}")
+            agent.note_confirm(force=True)  # the audit's T1 evidence precedes the upload
         # The store's reads check every record's CRC, and its index and epoch file already
         # describe these bytes: no record is decoded again here (that cost 88% of an upload).
         entries = store.index_entries_between(base, end)

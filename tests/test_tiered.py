@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from broker_agent.confirm_log import read_confirm_log
 from broker_agent.tiered_backend import LocalBackend
 from broker_agent.tiered_layout import SegmentMeta, find_gaps_and_overlaps
 from mqmeta.broker_client import Producer
@@ -112,6 +113,20 @@ def check_tiered_equals_replicas(cluster, current: pb.TieredCheckpoint) -> None:
     assert compared >= 2, "T2 must be checked against at least two replicas"
 
 
+def check_confirm_logs_cover_uploads(cluster, current: pb.TieredCheckpoint) -> None:
+    """The audit's T1 evidence: each committed segment ends at or below a confirm offset that a
+    master of an epoch no later than the segment's logged before (confirm.log)."""
+    lines = []
+    for broker in cluster.layout.brokers:
+        lines += read_confirm_log(cluster.root / broker.data_dir / "confirm.log")
+    masters = [r for r in lines if r["role"] == "MASTER"]
+    assert masters, "masters write confirm.log lines"
+    for segment in current.segments:
+        covering = [r["confirm_offset"] for r in masters if r["epoch"] <= segment.last_epoch]
+        assert covering and max(covering) >= segment.end_offset, \
+            f"no confirm.log line covers the segment ending at {segment.end_offset}"
+
+
 def test_upload_never_passes_the_confirm_offset(cluster_factory):
     cluster = tiered_cluster(cluster_factory)
     master = wait_in_sync(cluster, 3)
@@ -165,6 +180,7 @@ def test_kill_master_mid_upload_new_master_resumes_from_the_checkpoint(cluster_f
         load.stop()
     time.sleep(1.0)  # let the survivors flush what they were sent
     check_tiered_equals_replicas(cluster, checkpoint(cluster))
+    check_confirm_logs_cover_uploads(cluster, checkpoint(cluster))
 
 
 def test_whole_broker_set_restart_continues_uploads(cluster_factory):

@@ -1,0 +1,41 @@
+"""The confirm log (the audit's record of confirm offsets): lines verify, writes coalesce but a
+forced line is written at once, a torn final line is skipped and a corrupt one is reported."""
+
+from __future__ import annotations
+
+import pytest
+
+from broker_agent.confirm_log import MASTER_INTERVAL_MS, ConfirmLog, read_confirm_log
+from mqmeta.errors import CorruptData
+
+
+def test_lines_coalesce_within_the_interval_and_forced_lines_are_written(tmp_path):
+    path = tmp_path / "confirm.log"
+    log = ConfirmLog(path, "broker-a")
+    log.note(1000, 1, "MASTER", 2, 100, 150, {2: 100, 3: 120})
+    log.note(1010, 1, "MASTER", 2, 110, 150, {})        # within the interval: pending
+    log.note(1020, 1, "MASTER", 2, 120, 150, {}, force=True)
+    log.note(1030, 1, "MASTER", 2, 130, 150, {})        # pending
+    log.flush_due(1030 + MASTER_INTERVAL_MS)            # due now
+    log.note(2000, 1, "MASTER", 2, 130, 150, {})        # unchanged: nothing new
+    log.close()
+    records = read_confirm_log(path)
+    assert [r["confirm_offset"] for r in records] == [100, 120, 130]
+    assert records[0]["acked"] == {"2": 100, "3": 120}
+    assert records[0]["broker_name"] == "broker-a" and records[0]["epoch"] == 2
+
+
+def test_a_torn_final_line_is_skipped_and_a_corrupt_line_is_reported(tmp_path):
+    path = tmp_path / "confirm.log"
+    log = ConfirmLog(path, "broker-a")
+    for i in range(3):
+        log.note(1000 * (i + 1), 1, "SLAVE", 2, 10 * i, 50, {})
+    log.close()
+    good = path.read_bytes()
+    path.write_bytes(good + b'{"t_ms": 4000, "bro')
+    assert len(read_confirm_log(path)) == 3
+    lines = good.split(b"\n")
+    lines[1] = lines[1].replace(b'"confirm_offset":10', b'"confirm_offset":99')
+    path.write_bytes(b"\n".join(lines))
+    with pytest.raises(CorruptData, match="confirm.log:2: checksum mismatch"):
+        read_confirm_log(path)
