@@ -84,6 +84,9 @@ def add_admin_commands(admin: argparse.ArgumentParser) -> None:
         p.add_argument("--perm", default="", choices=["", "RW", "R", "W"])
         p.add_argument("--message-type", default="",
                        choices=["", "NORMAL", "FIFO", "DELAY", "TRANSACTION"])
+        if name == "update":
+            p.add_argument("--if-queues", type=_count, default=0,
+                           help="update only while the topic has this many queues (compare-and-set)")
     _leaf(topic_sub, "delete", "delete a topic", topic_delete).add_argument("name")
     _leaf(topic_sub, "list", "list topics", topic_list)
     _leaf(topic_sub, "route", "the route of a topic", topic_route).add_argument("name")
@@ -223,7 +226,8 @@ def clean_broker(client: ControllerClient, args):
 def _topic_spec(args) -> pb.TopicSpec:
     return pb.TopicSpec(name=args.name, cluster=args.cluster, queue_count=args.queues,
                         broker_names=args.broker_names, perm=args.perm,
-                        message_type=args.message_type)
+                        message_type=args.message_type,
+                        if_queue_count=getattr(args, "if_queues", 0))
 
 
 

@@ -358,7 +358,8 @@ def tiered_checkpoint_pb(checkpoint: Json) -> pb.TieredCheckpoint:
 def _topic_command(spec: pb.TopicSpec, mode: str) -> Json:
     return {"type": "put_topic", "mode": mode, "name": spec.name, "cluster": spec.cluster,
             "queue_count": spec.queue_count, "broker_names": list(spec.broker_names),
-            "perm": spec.perm, "message_type": spec.message_type}
+            "perm": spec.perm, "message_type": spec.message_type,
+            "if_queue_count": spec.if_queue_count}
 
 
 def _group_command(spec: pb.GroupSpec, mode: str) -> Json:

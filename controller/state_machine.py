@@ -471,6 +471,12 @@ def _topic_spec(state: ControllerState, command: Json) -> Json:
 
 def _put_topic(state: ControllerState, command: Json, index: int):
     existing = state.get(f"topic/{command.get('name')}")
+    expected = command.get("if_queue_count") or 0
+    if expected and command.get("mode") != "update":
+        raise Rejected("INVALID_ARGUMENT", "if_queue_count is a condition of updates only")
+    if expected and existing is not None and existing["queue_count"] != expected:
+        raise Rejected("TOPIC_CHANGED", f"topic {existing['name']} has queue_count "
+                                        f"{existing['queue_count']}, not {expected}; read it again")
     if command.get("mode") == "update" and existing is not None:
         # proto3 cannot tell "unset" from empty: an update keeps what it leaves empty.
         fields = ("cluster", "queue_count", "broker_names", "perm", "message_type")

@@ -120,6 +120,7 @@ _CODE_CLASSES: dict[str, type[MqmetaError]] = {
     "GROUP_NOT_FOUND": NotFound,
     "TOPIC_EXISTS": AlreadyExists,
     "GROUP_EXISTS": AlreadyExists,
+    "TOPIC_CHANGED": FailedPrecondition,
     "MASTER_NOT_AVAILABLE": FailedPrecondition,
     "BROKER_ALIVE": FailedPrecondition,
     "IN_SYNC_REPLICAS_NOT_ENOUGH": FailedPrecondition,

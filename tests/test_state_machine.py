@@ -640,6 +640,19 @@ def test_topic_update_keeps_what_it_leaves_empty():
     assert (updated["queue_count"], updated["message_type"], updated["perm"]) == (16, "FIFO", "R")
 
 
+def test_conditional_topic_update_is_a_compare_and_set_on_queue_count():
+    ctl = Controller()
+    ctl.ok("put_topic", name="t", queue_count=4)
+    assert ctl.ok("put_topic", name="t", mode="update", queue_count=5,
+                  if_queue_count=4)["topic"]["queue_count"] == 5
+    ctl.rejected("TOPIC_CHANGED", "put_topic", name="t", mode="update", queue_count=6,
+                 if_queue_count=4)
+    ctl.rejected("INVALID_ARGUMENT", "put_topic", name="u", queue_count=6, if_queue_count=4)
+    ctl.rejected("TOPIC_NOT_FOUND", "put_topic", name="u", mode="update", queue_count=6,
+                 if_queue_count=4)
+    assert ctl.state.get("topic/t")["queue_count"] == 5
+
+
 def test_results_are_copies_not_the_stored_state():
     ctl = Controller()
     result = ctl.ok("put_topic", name="t")

@@ -229,20 +229,22 @@ class ListBrokerSetsResponse(_message.Message):
     def __init__(self, broker_sets: _Optional[_Iterable[_Union[ReplicaInfo, _Mapping]]] = ...) -> None: ...
 
 class TopicSpec(_message.Message):
-    __slots__ = ("name", "cluster", "queue_count", "broker_names", "perm", "message_type")
+    __slots__ = ("name", "cluster", "queue_count", "broker_names", "perm", "message_type", "if_queue_count")
     NAME_FIELD_NUMBER: _ClassVar[int]
     CLUSTER_FIELD_NUMBER: _ClassVar[int]
     QUEUE_COUNT_FIELD_NUMBER: _ClassVar[int]
     BROKER_NAMES_FIELD_NUMBER: _ClassVar[int]
     PERM_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_TYPE_FIELD_NUMBER: _ClassVar[int]
+    IF_QUEUE_COUNT_FIELD_NUMBER: _ClassVar[int]
     name: str
     cluster: str
     queue_count: int
     broker_names: _containers.RepeatedScalarFieldContainer[str]
     perm: str
     message_type: str
-    def __init__(self, name: _Optional[str] = ..., cluster: _Optional[str] = ..., queue_count: _Optional[int] = ..., broker_names: _Optional[_Iterable[str]] = ..., perm: _Optional[str] = ..., message_type: _Optional[str] = ...) -> None: ...
+    if_queue_count: int
+    def __init__(self, name: _Optional[str] = ..., cluster: _Optional[str] = ..., queue_count: _Optional[int] = ..., broker_names: _Optional[_Iterable[str]] = ..., perm: _Optional[str] = ..., message_type: _Optional[str] = ..., if_queue_count: _Optional[int] = ...) -> None: ...
 
 class Topic(_message.Message):
     __slots__ = ("name", "cluster", "queue_count", "broker_names", "perm", "message_type", "version")
