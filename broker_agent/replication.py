@@ -20,6 +20,7 @@ import grpc
 
 from broker_agent.epoch_file import consistent_point
 from broker_agent.ha import Role
+from mqmeta.dialmap import dial
 from mqmeta.errors import FencedEpoch, MqmetaError, NotMaster, from_rpc_error
 from mqmeta.pb import broker_pb2 as bpb
 from mqmeta.pb import broker_pb2_grpc as bpb_grpc
@@ -41,7 +42,7 @@ def follow(agent: BrokerAgent, session: int) -> None:
     """The slave's fetch loop; ends when the agent starts another session."""
     with agent.lock:
         address = agent.master_address
-    channel = grpc.insecure_channel(address)
+    channel = grpc.insecure_channel(dial(address))
     stub = bpb_grpc.BrokerServiceStub(channel)
     handshake = True
     try:

@@ -26,10 +26,13 @@ from typing import Any
 import pysyncobj.syncobj
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
 from pysyncobj.journal import MemoryJournal
+from pysyncobj.monotonic import monotonic as monotonic_time
+from pysyncobj.transport import CONNECTION_STATE, TCPTransport
 
 from controller.applied_log import AppliedLog
 from controller.journal import DurableJournal, reconcile_with_snapshot
 from controller.state_machine import ControllerState, apply
+from mqmeta.dialmap import dial
 from mqmeta.errors import DeadlineExceeded, InvalidArgument, Unavailable
 
 log = logging.getLogger(__name__)
@@ -109,6 +112,25 @@ def _create_journal(journal_file: str | None):
 pysyncobj.syncobj.createJournal = _create_journal
 
 
+class _DialingTransport(TCPTransport):
+    """pysyncobj's TCP transport, connecting through the dial map (mqmeta/dialmap.py) so that
+    the chaos suite's proxies sit on every Raft link; peers keep their real addresses as
+    identities, so which side connects and who is who do not change."""
+
+    def _connectIfNecessarySingle(self, node):  # noqa: N802 - pysyncobj's name
+        connection = self._connections.get(node)
+        if connection is not None and connection.state != CONNECTION_STATE.DISCONNECTED:
+            return True
+        if not self._shouldConnect(node):
+            return False
+        last = self._lastConnectAttempt.get(node)
+        if last is not None and monotonic_time() - last < self._syncObj.conf.connectionRetryTime:
+            return False
+        self._lastConnectAttempt[node] = monotonic_time()
+        host, _, port = dial(node.address).rpartition(":")
+        return self._connections[node].connect(host, int(port))
+
+
 class ControllerRaft(SyncObj):
     """pysyncobj node whose replicated state is a ControllerState."""
 
@@ -125,7 +147,8 @@ class ControllerRaft(SyncObj):
         self._on_events = on_events
         self._state = ControllerState()
         others = [p.raft for p in peers if p.raft != raft_address]
-        super().__init__(raft_address, others, _syncobj_conf(settings, data_dir))
+        super().__init__(raft_address, others, _syncobj_conf(settings, data_dir),
+                         transportClass=_DialingTransport)
         # _state is the replicated data: let pysyncobj include it in snapshots.
         self._SyncObj__properies.discard("_state")
 

@@ -17,6 +17,7 @@ from typing import Any
 import grpc
 
 from mqmeta.client import parse_addresses
+from mqmeta.dialmap import dial
 from mqmeta.errors import (
     DeadlineExceeded,
     MqmetaError,
@@ -45,7 +46,7 @@ class _Channels:
         with self._lock:
             channel = self._channels.get(address)
             if channel is None:
-                channel = self._channels[address] = grpc.insecure_channel(address)
+                channel = self._channels[address] = grpc.insecure_channel(dial(address))
             return channel
 
     def close(self) -> None:

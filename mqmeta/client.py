@@ -17,6 +17,7 @@ from typing import Any
 
 import grpc
 
+from mqmeta.dialmap import dial
 from mqmeta.errors import (
     DeadlineExceeded,
     InvalidArgument,
@@ -58,7 +59,7 @@ class ControllerClient:
         with self._lock:
             stub = self._stubs.get(address)
             if stub is None:
-                channel = grpc.insecure_channel(address)
+                channel = grpc.insecure_channel(dial(address))
                 self._channels[address] = channel
                 stub = self._stubs[address] = pb_grpc.ControllerServiceStub(channel)
             return stub
