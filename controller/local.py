@@ -190,9 +190,11 @@ class Supervisor:
         (root / "logs").mkdir(parents=True, exist_ok=True)
         self.children: dict[str, subprocess.Popen] = {}
 
-    def start(self, name: str, command: list[str]) -> subprocess.Popen:
+    def start(self, name: str, command: list[str],
+              extra_env: dict[str, str] | None = None) -> subprocess.Popen:
         log_file = open(self.root / "logs" / f"{name}.log", "ab")
-        env = dict(os.environ, MQMETA_LOG_LEVEL=os.environ.get("MQMETA_LOG_LEVEL", "INFO"))
+        env = dict(os.environ, MQMETA_LOG_LEVEL=os.environ.get("MQMETA_LOG_LEVEL", "INFO"),
+                   **(extra_env or {}))
         proc = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, env=env,
                                 stdin=subprocess.DEVNULL)
         log_file.close()

@@ -69,6 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
     from controller.admin_cli import add_admin_commands
 
     add_admin_commands(admin)
+    from chaos.cli import add_chaos_parsers
+
+    add_chaos_parsers(sub)
     return parser
 
 
@@ -119,6 +122,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         from controller.admin_cli import run_admin
 
         return run_admin(args)
+    if args.command == "chaos":
+        from chaos.cli import run_chaos
+
+        return run_chaos(args)
     raise AssertionError(args.command)
 
 

@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,8 @@ class Cluster:
         ensure_secret(root)
         self.supervisor = Supervisor(root)
         self.raft_settings = dict(FAST_RAFT, **(raft_settings or {}))
+        # Extra environment per process name (the chaos suite gives each its dial map).
+        self.process_env: Callable[[str], dict[str, str]] = lambda name: {}
         self._config_file = root / "raft.toml"
         lines = ["[raft_settings]"] + [f"{k} = {v}" for k, v in self.raft_settings.items()]
         self._config_file.write_text("\n".join(lines) + "\n")
@@ -55,7 +58,7 @@ class Cluster:
         if self.layout.brokers:
             self.configure_controller()
             if not self.layout.embedded:
-                self.supervisor.start("namesrv", namesrv_command(self.layout))
+                self.start_namesrv()
                 if wait:
                     wait_ready(self.addresses, self.layout.namesrv)
             if brokers:
@@ -74,13 +77,17 @@ class Cluster:
         with self.client() as client:
             client.call("UpdateConfig", controller_pb2.UpdateConfigRequest(values=values))
 
+    def start_namesrv(self) -> subprocess.Popen:
+        return self.supervisor.start("namesrv", namesrv_command(self.layout),
+                                     self.process_env("namesrv"))
+
     def start_broker(self, name: str, controllers: str = "") -> subprocess.Popen:
         """controllers: other addresses to reach the controllers by (e.g. cuttable proxies)."""
         broker = self.broker(name)
         command = broker_command(self.root, self.layout, broker) + self.broker_flags
         if controllers:
             command[command.index("--controllers") + 1] = controllers
-        return self.supervisor.start(name, command)
+        return self.supervisor.start(name, command, self.process_env(name))
 
     def restart_broker(self, name: str) -> None:
         if self.is_running(name):
@@ -124,7 +131,7 @@ class Cluster:
         node = self.node(node_id)
         command = controller_command(self.root, self.layout, node) + ["--config",
                                                                       str(self._config_file)]
-        return self.supervisor.start(node_id, command)
+        return self.supervisor.start(node_id, command, self.process_env(node_id))
 
     def wait_ready(self, timeout_s: float = 30.0) -> None:
         alive = [n.grpc for n in self.layout.controllers if self.is_running(n.id)]

@@ -1,0 +1,133 @@
+"""`mqmeta chaos toxiproxy | run | matrix` (flag names and defaults as OpenChaos's)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from mqmeta.errors import InvalidArgument
+
+EXIT_FAILED = 1
+
+
+def add_chaos_parsers(sub) -> None:
+    chaos = sub.add_parser("chaos", help="chaos runs: faults, workloads, checkers, audit")
+    chaos_sub = chaos.add_subparsers(dest="chaos_command", required=True, parser_class=type(chaos))
+    from chaos.toxiproxy import add_toxiproxy_arguments
+
+    add_toxiproxy_arguments(chaos_sub.add_parser(
+        "toxiproxy", help="serve the Toxiproxy HTTP API (a Toxiproxy-compatible fault proxy)"))
+    run = chaos_sub.add_parser("run", help="one run of a fault against a workload")
+    run.add_argument("--fault", required=True, help="an OpenChaos fault name, or all-kill")
+    _add_run_flags(run)
+    run.add_argument("--output-dir", type=Path, required=True)
+    matrix = chaos_sub.add_parser("matrix", help="many runs, one table")
+    matrix.add_argument("--faults", required=True, help="comma-separated fault names")
+    matrix.add_argument("--runs", type=int, default=1, help="runs per fault")
+    _add_run_flags(matrix)
+    matrix.add_argument("--output-dir", type=Path, required=True)
+    matrix.add_argument("--json", action="store_true", help="print the table as one JSON document")
+
+
+def _add_run_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-c", "--concurrency", type=int, default=4, help="client threads (4)")
+    parser.add_argument("-r", "--rate", type=float, default=20.0, help="operations per second (20)")
+    parser.add_argument("-t", "--time", type=float, default=60.0, help="time limit in s (60)")
+    parser.add_argument("-i", "--interval", type=float, default=30.0, help="fault interval in s (30)")
+    parser.add_argument("--fault-target", default="all", choices=["controllers", "brokers", "all"])
+    parser.add_argument("--workload", default="queue", choices=["queue", "metadata"])
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-audit", action="store_true", help="skip the Spark audit")
+
+
+def _config(args: argparse.Namespace, fault: str, output_dir: Path):
+    from chaos.runner import RunConfig
+
+    config = RunConfig(fault=fault, output_dir=output_dir, concurrency=args.concurrency,
+                       rate_per_s=args.rate, time_limit_s=args.time, interval_s=args.interval,
+                       fault_target=args.fault_target, workload=args.workload, seed=args.seed,
+                       audit=not args.no_audit)
+    config.validate()
+    return config
+
+
+def run_chaos(args: argparse.Namespace) -> int:
+    if args.chaos_command == "toxiproxy":
+        from chaos.toxiproxy import run_toxiproxy
+
+        return run_toxiproxy(args)
+    if args.chaos_command == "run":
+        return _run_one(args)
+    return _run_matrix(args)
+
+
+def _run_one(args: argparse.Namespace) -> int:
+    from chaos.runner import run
+
+    config = _config(args, args.fault, args.output_dir)
+    outcome = run(config)
+    summary = {k: outcome.result.get(k) for k in ("passed", "failures")}
+    queue = outcome.result.get("queue")
+    if queue:
+        summary["queue"] = {k: queue[k] for k in ("enqueueSuccessCount", "dequeueSuccessCount",
+                                                  "lostMessageCount", "duplicateMessageCount",
+                                                  "recoveredMessageCount", "isValid")}
+    summary["linearizable"] = outcome.result.get("linearizable")
+    summary["audit"] = outcome.result["audit"]
+    summary["output_dir"] = str(config.output_dir)
+    print(json.dumps(summary, indent=2))
+    return 0 if outcome.passed else EXIT_FAILED
+
+
+def _run_matrix(args: argparse.Namespace) -> int:
+    from chaos.faults import FAULT_NAMES
+    from chaos.runner import run
+
+    faults = [f.strip() for f in args.faults.split(",") if f.strip()]
+    unknown = [f for f in faults if f not in FAULT_NAMES]
+    if not faults or unknown:
+        raise InvalidArgument(f"--faults: unknown {', '.join(unknown) or '(none given)'}; "
+                              f"choose from {', '.join(FAULT_NAMES)}")
+    if not 1 <= args.runs <= 100:
+        raise InvalidArgument("--runs must be between 1 and 100")
+    configs = [_config(args, fault, args.output_dir / f"{fault}-{i + 1}")
+               for fault in faults for i in range(args.runs)]
+    rows = []
+    for config in configs:
+        outcome = run(config)
+        rows.append(_row(config.fault, config.output_dir, outcome.result, outcome.passed))
+        print(f"{config.fault} run {config.output_dir.name}: "
+              f"{'passed' if outcome.passed else 'FAILED ' + '; '.join(outcome.failures)}",
+              file=sys.stderr)
+    _print_table(rows, args.json)
+    return 0 if all(r["passed"] for r in rows) else EXIT_FAILED
+
+
+def _row(fault: str, out: Path, result: dict, passed: bool) -> dict:
+    queue = result.get("queue") or {}
+    rtos = [r["rtoTime"] for r in (result.get("rto") or {}).get("results", [])
+            if r.get("rtoTime") is not None]
+    return {"fault": fault, "run": out.name, "passed": passed,
+            "acked": queue.get("enqueueSuccessCount"), "lost": queue.get("lostMessageCount"),
+            "duplicated": queue.get("duplicateMessageCount"),
+            "recovered": queue.get("recoveredMessageCount"),
+            "max_rto_ms": max(rtos) if rtos else None,
+            "linearizable": result.get("linearizable"),
+            "audit": (result.get("audit") or {}).get("passed")}
+
+
+def _print_table(rows: list[dict], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="chaos matrix")
+    for column in rows[0]:
+        table.add_column(column)
+    for row in rows:
+        table.add_row(*("-" if v is None else str(v) for v in row.values()))
+    Console().print(table)

@@ -1,0 +1,233 @@
+"""The OpenChaos fault set (REFERENCE.md section 3), plus all-kill, on controllers and/or brokers.
+
+minor = floor(n/2) nodes, major = a majority, random = one node, fixed = the first node,
+leader = the controller leader (controllers), the broker set's master (brokers), or both
+(all). Each fault has inject() and heal(); the runner loops wait -> inject -> wait -> heal.
+
+- kill: kill -9, heal restarts the process; all-kill kills every process (nameserver
+  included) and restarts all of them;
+- suspend: SIGSTOP, heal SIGCONT;
+- partition: every proxy between the sides disabled (see net.py); majorities-ring is
+  Jepsen's (each node sees a majority, no two the same one; TCP links are two-way, so a
+  link either side refuses is cut); bridge: two halves that only one node joins;
+- delay: latency 100 ms +- 50 ms on both streams of every link of the target nodes;
+- loss: Toxiproxy has no packet loss; each new connection of the target nodes' links is
+  black-holed with probability 0.3 and closed after 500 ms (a timeout toxic with
+  toxicity 0.3), which is what a lossy link looks like to TCP peers.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from chaos.net import NAMESRV, ProxiedNetwork
+from mqmeta.harness import Cluster
+
+FAULT_NAMES = (
+    "noop", "minor-kill", "major-kill", "random-kill", "fixed-kill", "leader-kill",
+    "random-partition", "fixed-partition", "leader-partition", "partition-majorities-ring",
+    "bridge", "random-delay", "random-loss", "minor-suspend", "major-suspend",
+    "random-suspend", "leader-suspend", "fixed-suspend", "all-kill",
+)
+TARGETS = ("controllers", "brokers", "all")
+DELAY_MS, DELAY_JITTER_MS = 100, 50
+LOSS_TOXICITY, LOSS_TIMEOUT_MS = 0.3, 500
+LEADER_WAIT_S = 10.0
+
+
+@dataclass
+class FaultContext:
+    cluster: Cluster
+    network: ProxiedNetwork
+    target: str
+    rng: random.Random
+    broker_set: str = "broker-a"
+
+    @property
+    def nodes(self) -> list[str]:
+        controllers = [n.id for n in self.cluster.layout.controllers]
+        brokers = [b.name for b in self.cluster.layout.brokers]
+        return {"controllers": controllers, "brokers": brokers, "all": controllers + brokers}[self.target]
+
+    def leaders(self) -> list[str]:
+        leaders = []
+        if self.target in ("controllers", "all"):
+            leaders.append(self.cluster.leader_id(timeout_s=LEADER_WAIT_S))
+        if self.target in ("brokers", "all"):
+            leaders.append(self.cluster.master_of(self.broker_set, timeout_s=LEADER_WAIT_S))
+        return leaders
+
+    def is_controller(self, node: str) -> bool:
+        return any(n.id == node for n in self.cluster.layout.controllers)
+
+
+@dataclass
+class Fault:
+    name: str
+    context: FaultContext
+    affected: list[str] = field(default_factory=list)
+    _heal: Callable[[], None] | None = None
+
+    def inject(self) -> str:
+        """Applies the fault; returns what it did (for the history's extraInfo)."""
+        kind = self.name.rsplit("-", 1)[-1] if self.name not in ("bridge", "all-kill") else self.name
+        if self.name == "partition-majorities-ring":
+            kind = "ring"
+        action = _ACTIONS.get(kind)
+        if action is None:
+            return "noop"
+        return action(self)
+
+    def heal(self) -> None:
+        if self._heal is not None:
+            heal, self._heal = self._heal, None
+            heal()
+
+
+def _choose(fault: Fault) -> list[str]:
+    nodes, rng, context = fault.context.nodes, fault.context.rng, fault.context
+    prefix = fault.name.split("-", 1)[0]
+    if prefix == "minor":
+        return rng.sample(nodes, len(nodes) // 2)
+    if prefix == "major":
+        return rng.sample(nodes, len(nodes) // 2 + 1)
+    if prefix == "fixed":
+        return nodes[:1] if fault.name.endswith(("kill", "suspend")) else nodes[:len(nodes) // 2]
+    if prefix == "leader":
+        return context.leaders()
+    if fault.name.endswith("partition"):  # random-partition: a random minority
+        return rng.sample(nodes, len(nodes) // 2)
+    return rng.sample(nodes, 1)
+
+
+def _kill(fault: Fault) -> str:
+    chosen = _choose(fault)
+    cluster = fault.context.cluster
+    for node in chosen:
+        if cluster.is_running(node):
+            cluster.kill(node)
+    fault.affected = chosen
+    fault._heal = lambda: _restart(fault.context, chosen)
+    return f"killed {','.join(chosen)}"
+
+
+def _restart(context: FaultContext, nodes: list[str]) -> None:
+    cluster = context.cluster
+    for node in nodes:
+        if cluster.is_running(node):
+            continue
+        if node == NAMESRV:
+            cluster.start_namesrv()
+        elif context.is_controller(node):
+            cluster.start_node(node)
+        else:
+            cluster.start_broker(node)
+
+
+def _all_kill(fault: Fault) -> str:
+    cluster = fault.context.cluster
+    everything = [n.id for n in cluster.layout.controllers]
+    if not cluster.layout.embedded:
+        everything.append(NAMESRV)
+    everything += [b.name for b in cluster.layout.brokers]
+    for node in everything:
+        if cluster.is_running(node):
+            cluster.kill(node)
+    fault.affected = everything
+    fault._heal = lambda: _restart(fault.context, everything)
+    return "killed every process"
+
+
+def _suspend(fault: Fault) -> str:
+    chosen = _choose(fault)
+    for node in chosen:
+        fault.context.cluster.pause(node)
+    fault.affected = chosen
+
+    def heal() -> None:
+        for node in chosen:
+            fault.context.cluster.resume(node)
+
+    fault._heal = heal
+    return f"suspended {','.join(chosen)}"
+
+
+def _partition(fault: Fault) -> str:
+    chosen = _choose(fault)
+    rest = [n for n in fault.context.nodes if n not in chosen]
+    fault.context.network.cut((a, b) for a in chosen for b in rest)
+    fault.affected = chosen
+    fault._heal = fault.context.network.heal
+    return f"isolated {','.join(chosen)} from {','.join(rest)}"
+
+
+def majorities_ring(nodes: list[str], rng: random.Random) -> set[frozenset[str]]:
+    """Jepsen's majorities ring, made symmetric (a TCP link is either up or cut): nodes in a
+    shuffled ring see the neighbours within distance d on both sides, with 2d + 1 a majority,
+    so every node sees a majority and no two the same one. Under 4 nodes no symmetric ring
+    exists: then, as in Jepsen's one-way version once made two-way, every link is cut."""
+    ring = list(nodes)
+    rng.shuffle(ring)
+    n = len(ring)
+    d = (n // 2 + 1) // 2
+    if 2 * d + 1 >= n:
+        return {frozenset((a, b)) for a in ring for b in ring if a != b}
+    position = {node: i for i, node in enumerate(ring)}
+
+    def ring_distance(a: str, b: str) -> int:
+        k = abs(position[a] - position[b])
+        return min(k, n - k)
+
+    return {frozenset((a, b)) for a in ring for b in ring if a != b and ring_distance(a, b) > d}
+
+
+def bridge(nodes: list[str], rng: random.Random) -> set[frozenset[str]]:
+    """Two halves that cannot talk to each other; one node in between talks to both."""
+    shuffled = list(nodes)
+    rng.shuffle(shuffled)
+    middle = len(shuffled) // 2
+    left, right = shuffled[:middle], shuffled[middle + 1:]
+    return {frozenset((a, b)) for a in left for b in right}
+
+
+def _ring_or_bridge(fault: Fault) -> str:
+    build = majorities_ring if fault.name == "partition-majorities-ring" else bridge
+    pairs = build(fault.context.nodes, fault.context.rng)
+    fault.context.network.cut(tuple(sorted(p)) for p in pairs)  # type: ignore[misc]
+    fault.affected = sorted({n for p in pairs for n in p})
+    fault._heal = fault.context.network.heal
+    return "cut " + ",".join("-".join(sorted(p)) for p in sorted(pairs, key=sorted))
+
+
+def _delay(fault: Fault) -> str:
+    nodes = fault.context.nodes
+    fault.context.network.add_toxic(fault.context.network.touching(nodes), "latency",
+                                    {"latency": DELAY_MS, "jitter": DELAY_JITTER_MS})
+    fault.affected = nodes
+    fault._heal = fault.context.network.heal
+    return f"latency {DELAY_MS}+-{DELAY_JITTER_MS} ms on {','.join(nodes)}"
+
+
+def _loss(fault: Fault) -> str:
+    nodes = fault.context.nodes
+    fault.context.network.add_toxic(fault.context.network.touching(nodes), "timeout",
+                                    {"timeout": LOSS_TIMEOUT_MS}, toxicity=LOSS_TOXICITY)
+    fault.affected = nodes
+    fault._heal = fault.context.network.heal
+    return f"black-holed {LOSS_TOXICITY:.0%} of connections on {','.join(nodes)}"
+
+
+_ACTIONS: dict[str, Callable[[Fault], str]] = {
+    "kill": _kill, "suspend": _suspend, "partition": _partition, "ring": _ring_or_bridge,
+    "bridge": _ring_or_bridge, "delay": _delay, "loss": _loss, "all-kill": _all_kill,
+}
+
+
+def make_fault(name: str, context: FaultContext) -> Fault:
+    if name not in FAULT_NAMES:
+        from mqmeta.errors import InvalidArgument
+
+        raise InvalidArgument(f"unknown fault {name!r}; choose one of {', '.join(FAULT_NAMES)}")
+    return Fault(name, context)

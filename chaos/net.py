@@ -1,0 +1,133 @@
+"""The chaos cluster's network: a Toxiproxy proxy on every link, one per (source, destination).
+
+Links (each a proxy named ``SOURCE__DESTINATION``):
+- controller -> controller, Raft (both directions; pysyncobj dials from one side only);
+- broker -> controller and nameserver -> controller, gRPC;
+- broker -> broker of the same set, gRPC (a slave fetching from its master);
+- client -> nameserver, client -> controller, client -> broker (the workloads' process).
+
+Every process keeps the real addresses as identities and dials through its own dial map
+(`mqmeta/dialmap.py`), written here as `ROOT/dial/SOURCE.json`. A partition between
+nodes A and B disables every proxy between them (both directions): existing connections
+are closed and new ones refused. Clients are never partitioned from the cluster (like
+OpenChaos's clients): an isolated master stays reachable to producers, which is exactly
+the case that its lease must make safe.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from toxiproxy import Toxiproxy
+
+from mqmeta.harness import Cluster
+
+CLIENT = "client"
+NAMESRV = "namesrv"
+PROXY_SEPARATOR = "__"
+
+
+@dataclass(frozen=True)
+class Link:
+    source: str
+    destination: str
+    upstream: str   # the real address dialled
+    listen: str = ""  # the proxy's address, once created
+
+    @property
+    def name(self) -> str:
+        return f"{self.source}{PROXY_SEPARATOR}{self.destination}"
+
+
+def _links(cluster: Cluster) -> list[Link]:
+    layout = cluster.layout
+    controllers = layout.controllers
+    links = [Link(a.id, b.id, b.raft) for a, b in itertools.permutations(controllers, 2)]
+    for broker in layout.brokers:
+        links += [Link(broker.name, c.id, c.grpc) for c in controllers]
+        links += [Link(broker.name, other.name, other.grpc) for other in layout.brokers
+                  if other.broker_name == broker.broker_name and other.name != broker.name]
+    if not layout.embedded:
+        links += [Link(NAMESRV, c.id, c.grpc) for c in controllers]
+        links += [Link(CLIENT, NAMESRV, address) for address in layout.namesrv]
+    links += [Link(CLIENT, c.id, c.grpc) for c in controllers]
+    links += [Link(CLIENT, b.name, b.grpc) for b in layout.brokers]
+    return links
+
+
+class ProxiedNetwork:
+    """Creates the proxies on a Toxiproxy server and the per-process dial maps."""
+
+    def __init__(self, cluster: Cluster, toxiproxy_url: str) -> None:
+        self.cluster = cluster
+        host, _, port = toxiproxy_url.removeprefix("http://").rstrip("/").rpartition(":")
+        self.server = Toxiproxy()
+        self.server.update_api_consumer(host, int(port))
+        self.links: list[Link] = []
+
+    def create(self) -> None:
+        """One proxy per link (existing ones of the same name are replaced); dial maps."""
+        self.server.destroy_all()
+        created = []
+        for link in _links(self.cluster):
+            proxy = self.server.create(upstream=link.upstream, name=link.name,
+                                       listen="127.0.0.1:0")
+            created.append(Link(link.source, link.destination, link.upstream, proxy.listen))
+        self.links = created
+        dial_dir = self.cluster.root / "dial"
+        dial_dir.mkdir(exist_ok=True)
+        for source in {link.source for link in created}:
+            mapping = {link.upstream: link.listen for link in created if link.source == source}
+            (dial_dir / f"{source}.json").write_text(json.dumps(mapping, indent=1, sort_keys=True))
+        self.cluster.process_env = self.env_for
+
+    def env_for(self, process_name: str) -> dict[str, str]:
+        path = self.cluster.root / "dial" / f"{process_name}.json"
+        return {"MQMETA_DIAL_MAP": str(path)} if path.exists() else {}
+
+    def client_map(self) -> dict[str, str]:
+        return {link.upstream: link.listen for link in self.links if link.source == CLIENT}
+
+    # Faults ----------------------------------------------------------------------------
+    def between(self, nodes_a: Iterable[str], nodes_b: Iterable[str]) -> list[Link]:
+        a, b = set(nodes_a), set(nodes_b)
+        return [link for link in self.links
+                if (link.source in a and link.destination in b)
+                or (link.source in b and link.destination in a)]
+
+    def touching(self, nodes: Iterable[str]) -> list[Link]:
+        chosen = set(nodes)
+        return [link for link in self.links
+                if link.source in chosen or link.destination in chosen]
+
+    def cut(self, pairs: Iterable[tuple[str, str]]) -> int:
+        """Disables every proxy between each pair of nodes; returns how many."""
+        names = set()
+        for a, b in pairs:
+            names |= {link.name for link in self.between([a], [b])}
+        for name in sorted(names):
+            proxy = self.server.get_proxy(name)
+            if proxy is not None:
+                proxy.disable()
+        return len(names)
+
+    def add_toxic(self, links: Iterable[Link], toxic_type: str, attributes: dict[str, int],
+                  toxicity: float = 1.0) -> int:
+        """The same toxic on both streams of each link."""
+        count = 0
+        for link in links:
+            proxy = self.server.get_proxy(link.name)
+            if proxy is None:
+                continue
+            for stream in ("upstream", "downstream"):
+                proxy.add_toxic(type=toxic_type, stream=stream, toxicity=toxicity,
+                                attributes=attributes)
+            count += 1
+        return count
+
+    def heal(self) -> None:
+        """Every proxy enabled, every toxic removed (Toxiproxy's /reset)."""
+        self.server.reset()

@@ -1,0 +1,265 @@
+"""One chaos run: cluster behind proxies, a workload, a fault loop, the checkers, the audit.
+
+OpenChaos's loop: for `time_limit_s`, wait `interval_s` -> inject -> wait `interval_s` -> heal.
+Then the workload stops producing, the consumer drains, every process is stopped, and:
+  DIR/history.tsv   the OpenChaos history (requests, responses, fault start/end);
+  DIR/result.json   every checker's result, the faults applied, the audit's verdict;
+  DIR/latency.png   time vs latency, fault windows shaded;
+  DIR/cluster/      every node's data dir (what the audit reads);
+  DIR/audit/        the Spark audit's report.json and report.html.
+A run passes when nothing acknowledged was lost or unexpected, per-key order held, the
+service answered again after every fault, the metadata history is linearizable (metadata
+workload), and the audit passed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from chaos import checkers
+from chaos.faults import FAULT_NAMES, TARGETS, FaultContext, make_fault
+from chaos.history import FaultEvent, FaultPhase, HistoryRecorder
+from chaos.net import ProxiedNetwork
+from chaos.workloads import TOPIC, MetadataWorkload, QueueWorkload, WorkloadConfig
+from mqmeta import dialmap
+from mqmeta.errors import InvalidArgument, MqmetaError
+from mqmeta.harness import Cluster
+from mqmeta.pb import controller_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+BROKER_FLAGS = ["--ha-max-time-slave-not-catchup-ms", "1500", "--send-timeout-ms", "3000",
+                "--tiered-upload-bytes", "65536", "--tiered-upload-interval-ms", "500"]
+TOXIPROXY_START_TIMEOUT_S = 10.0
+AUDIT_TIMEOUT_S = 600.0
+HEAL_SETTLE_S = 2.0
+
+AuditFunction = Callable[[Path, Path], int]
+
+
+@dataclass
+class RunConfig:
+    fault: str
+    output_dir: Path
+    concurrency: int = 4
+    rate_per_s: float = 20.0
+    time_limit_s: float = 60.0
+    interval_s: float = 30.0
+    fault_target: str = "all"
+    workload: str = "queue"
+    seed: int = 0
+    drain_s: float = 30.0
+    audit: bool = True
+    toxiproxy_url: str = ""
+
+    def validate(self) -> None:
+        if self.fault not in FAULT_NAMES:
+            raise InvalidArgument(f"unknown fault {self.fault!r}; choose one of {', '.join(FAULT_NAMES)}")
+        if self.fault_target not in TARGETS:
+            raise InvalidArgument(f"--fault-target must be one of {', '.join(TARGETS)}")
+        if self.workload not in ("queue", "metadata"):
+            raise InvalidArgument("--workload must be queue or metadata")
+        if not 1 <= self.concurrency <= 64:
+            raise InvalidArgument("-c (concurrency) must be between 1 and 64")
+        if not 0.1 <= self.rate_per_s <= 2000:
+            raise InvalidArgument("-r (rate per second) must be between 0.1 and 2000")
+        if not 1 <= self.time_limit_s <= 24 * 3600:
+            raise InvalidArgument("-t (time limit, s) must be between 1 and 86400")
+        if not 0.5 <= self.interval_s <= self.time_limit_s:
+            raise InvalidArgument("-i (fault interval, s) must be at least 0.5 and at most -t")
+
+
+@dataclass
+class RunResult:
+    passed: bool
+    result: dict[str, Any]
+    output_dir: Path
+    failures: list[str] = field(default_factory=list)
+
+
+class _ToxiproxyProcess:
+    """The embedded Toxiproxy-compatible server, as its own process (its own GIL)."""
+
+    def __init__(self, root: Path) -> None:
+        from controller.local import free_ports
+
+        self.address = f"127.0.0.1:{free_ports(1)[0]}"
+        log_file = open(root / "toxiproxy.log", "ab")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "mqmeta.cli", "chaos", "toxiproxy", "--listen", self.address],
+            stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        log_file.close()
+        self._wait()
+
+    def _wait(self) -> None:
+        import socket
+
+        host, _, port = self.address.rpartition(":")
+        deadline = time.monotonic() + TOXIPROXY_START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise MqmetaError(f"the fault proxy exited at start (status {self.process.returncode})")
+            try:
+                socket.create_connection((host, int(port)), timeout=0.5).close()
+                return
+            except OSError:
+                time.sleep(0.05)
+        raise MqmetaError(f"the fault proxy did not listen on {self.address} in time")
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.address}"
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+def run(config: RunConfig, audit: AuditFunction | None = None) -> RunResult:
+    config.validate()
+    out = config.output_dir
+    out.mkdir(parents=True, exist_ok=True)
+    proxy = None
+    url = config.toxiproxy_url or os.environ.get("TOXIPROXY_URL", "")
+    if not url:
+        proxy = _ToxiproxyProcess(out)
+        url = proxy.url
+    cluster = Cluster(out / "cluster", count=3, broker_sets=1, replicas=3, broker_flags=BROKER_FLAGS)
+    network = ProxiedNetwork(cluster, url)
+    recorder = HistoryRecorder()
+    faults: list[dict[str, Any]] = []
+    try:
+        network.create()
+        dialmap.install(network.client_map())
+        cluster.start()
+        _execute(config, cluster, network, recorder, faults)
+    finally:
+        try:
+            network.heal()
+        except Exception:  # the proxy may be gone; the cluster still has to stop
+            log.exception("could not heal the network")
+        cluster.stop()
+        dialmap.install({})
+        if proxy is not None:
+            proxy.stop()
+    return _conclude(config, recorder, faults, audit)
+
+
+def _execute(config: RunConfig, cluster: Cluster, network: ProxiedNetwork,
+             recorder: HistoryRecorder, faults: list[dict[str, Any]]) -> None:
+    workload: QueueWorkload | MetadataWorkload
+    wconfig = WorkloadConfig(config.concurrency, config.rate_per_s)
+    if config.workload == "queue":
+        with cluster.client() as client:
+            client.call("CreateTopic", pb.TopicSpec(name=TOPIC, queue_count=4))
+        workload = QueueWorkload(cluster.namesrv, recorder, wconfig, ["broker-a"])
+    else:
+        workload = MetadataWorkload([n.grpc for n in cluster.layout.controllers], recorder, wconfig,
+                                    config.seed)
+        with cluster.client() as client:
+            workload.prepare(lambda spec: client.call("CreateTopic", spec))
+    context = FaultContext(cluster, network, config.fault_target, random.Random(config.seed))
+    workload.start()
+    try:
+        _fault_loop(config, context, recorder, faults)
+    finally:
+        workload.stop(config.drain_s)
+
+
+def _fault_loop(config: RunConfig, context: FaultContext, recorder: HistoryRecorder,
+                faults: list[dict[str, Any]]) -> None:
+    end = time.monotonic() + config.time_limit_s
+    while time.monotonic() + config.interval_s <= end:
+        time.sleep(config.interval_s)
+        fault = make_fault(config.fault, context)
+        start_ms = int(time.time() * 1000)
+        try:
+            what = fault.inject()
+        except MqmetaError as error:  # e.g. no leader to pick right now: this round is skipped
+            what = f"not injected: {error.message}"
+        recorder.record(FaultEvent(config.fault, FaultPhase.START, start_ms, what))
+        time.sleep(min(config.interval_s, max(0.0, end - time.monotonic())))
+        fault.heal()
+        end_ms = int(time.time() * 1000)
+        recorder.record(FaultEvent(config.fault, FaultPhase.END, end_ms))
+        faults.append({"fault": config.fault, "start_ms": start_ms, "end_ms": end_ms, "what": what,
+                       "affected": fault.affected})
+    time.sleep(min(HEAL_SETTLE_S, max(0.0, end - time.monotonic())))
+
+
+def _conclude(config: RunConfig, recorder: HistoryRecorder, faults: list[dict[str, Any]],
+              audit: AuditFunction | None) -> RunResult:
+    from chaos.linearizability import check_linearizability
+    from chaos.plot import latency_png
+
+    out = config.output_dir
+    history = recorder.events()
+    recorder.write(out / "history.tsv")
+    latency_png(history, out / "latency.png")
+    result: dict[str, Any] = {"config": {k: str(v) if isinstance(v, Path) else v
+                                         for k, v in asdict(config).items()},
+                              "faults": faults}
+    failures = []
+    if config.workload == "queue":
+        result.update(queue=checkers.check_queue(history), recovery=checkers.check_recovery(history),
+                      rto=checkers.check_rto(history), order=checkers.check_order(history),
+                      latency_buckets=checkers.latency_buckets(history), linearizable=None)
+        failures += _queue_failures(result)
+    else:
+        verdict = check_linearizability(history)
+        result.update(linearizability=verdict, linearizable=verdict["linearizable"],
+                      rto=checkers.check_rto(history, operation="write"))
+        if verdict["linearizable"] is not True:
+            failures.append(f"linearizability: {verdict['linearizable']} "
+                            f"(key {verdict.get('failing_key')})")
+    result["audit"] = _audit(config, audit)
+    if result["audit"]["passed"] is False:
+        failures.append(f"audit failed (see {result['audit']['report']})")
+    result["passed"] = not failures
+    result["failures"] = failures
+    (out / "result.json").write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+    return RunResult(not failures, result, out, failures)
+
+
+def _queue_failures(result: dict[str, Any]) -> list[str]:
+    queue, order = result["queue"], result["order"]
+    failures = []
+    if not queue["isValid"]:
+        failures.append(f"queue: {queue['lostMessageCount']} lost, "
+                        f"{queue.get('unexpectedMessageCount', 0)} unexpected")
+    if not order["isOrder"]:
+        failures.append(f"order broken for sharding key {order.get('wrongShardingKey')}")
+    if queue["enqueueSuccessCount"] == 0:
+        failures.append("no enqueue succeeded: the run proves nothing")
+    never = [r for r in result["rto"]["results"]
+             if r["isUnavailableInFaultInterval"] and not r["recovered"]]
+    if never:
+        failures.append(f"{len(never)} fault interval(s) never recovered")
+    return failures
+
+
+def _audit(config: RunConfig, audit: AuditFunction | None) -> dict[str, Any]:
+    report = config.output_dir / "audit"
+    if not config.audit:
+        return {"passed": None, "report": None, "exit_code": None}
+    if audit is not None:
+        code = audit(config.output_dir, report)
+    else:
+        code = subprocess.run([sys.executable, "-m", "mqmeta.cli", "audit", str(config.output_dir),
+                               "--report", str(report)], stdin=subprocess.DEVNULL,
+                              stdout=subprocess.DEVNULL, timeout=AUDIT_TIMEOUT_S).returncode
+    return {"passed": code == 0, "report": str(report / "report.json"), "exit_code": code}

@@ -1,0 +1,97 @@
+"""The chaos suite's fault shapes and proxied links, without processes.
+
+- majorities ring: every node still sees a majority (itself included) and no two nodes see
+  the same majority; for 3 nodes that cuts every link;
+- bridge: two halves cannot talk, the bridge node talks to everyone;
+- every link kind of the cluster gets a proxy: Raft both ways, broker -> controller,
+  slave -> master, nameserver -> controller, client -> nameserver/controller/broker;
+- bad run settings are refused with a sentence (CLI exit 2).
+"""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+
+import pytest
+
+from chaos.faults import FAULT_NAMES, bridge, majorities_ring
+from chaos.net import _links
+from chaos.runner import RunConfig
+from mqmeta.errors import InvalidArgument
+from mqmeta.harness import Cluster
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _sees(node: str, nodes: list[str], cut: set[frozenset[str]]) -> frozenset[str]:
+    return frozenset([node] + [other for other in nodes
+                               if other != node and frozenset((node, other)) not in cut])
+
+
+@pytest.mark.parametrize("count", [5, 7])
+def test_majorities_ring_gives_each_node_its_own_majority(count):
+    nodes = [f"n{i}" for i in range(count)]
+    for seed in range(20):
+        cut = majorities_ring(nodes, random.Random(seed))
+        views = [_sees(n, nodes, cut) for n in nodes]
+        assert all(len(v) > count // 2 for v in views), "every node sees a majority"
+        assert len(set(views)) == count, "no two nodes see the same majority"
+
+
+def test_majorities_ring_of_three_cuts_every_link():
+    nodes = ["a", "b", "c"]
+    assert majorities_ring(nodes, random.Random(1)) == {
+        frozenset(p) for p in (("a", "b"), ("b", "c"), ("a", "c"))}
+
+
+def test_bridge_splits_two_halves_joined_by_one_node():
+    nodes = [f"n{i}" for i in range(5)]
+    cut = bridge(nodes, random.Random(3))
+    touched = {n for pair in cut for n in pair}
+    bridges = [n for n in nodes if n not in touched]
+    assert len(bridges) == 1 and len(cut) == 4  # 2 x 2 pairs across the halves
+    left = {n for n in nodes if n != bridges[0] and frozenset((n, nodes[0])) not in cut}
+    assert all(frozenset((a, b)) not in cut for a in left for b in left)
+
+
+def test_every_link_kind_gets_its_own_proxy(tmp_path):
+    cluster = Cluster(tmp_path / "c", count=3, broker_sets=1, replicas=3)
+    links = _links(cluster)
+    pairs = {(link.source, link.destination) for link in links}
+    assert len(pairs) == len(links), "one proxy per (source, destination)"
+    controllers = {n.id: n for n in cluster.layout.controllers}
+    assert ("c1", "c2") in pairs and ("c2", "c1") in pairs
+    raft = next(link for link in links if (link.source, link.destination) == ("c1", "c2"))
+    assert raft.upstream == controllers["c2"].raft
+    assert {("broker-a-1", "c1"), ("broker-a-2", "broker-a-1"), ("namesrv", "c3"),
+            ("client", "namesrv"), ("client", "c1"), ("client", "broker-a-3")} <= pairs
+    assert not any(link.source == link.destination for link in links)
+    assert len(links) == 6 + 9 + 6 + 3 + 1 + 3 + 3
+
+
+def test_run_settings_are_validated(tmp_path):
+    good = dict(fault="noop", output_dir=tmp_path, time_limit_s=10, interval_s=5)
+    RunConfig(**good).validate()
+    for bad, message in (({"fault": "meteor"}, "unknown fault"),
+                         ({"fault_target": "clients"}, "fault-target"),
+                         ({"interval_s": 20}, "interval"),
+                         ({"concurrency": 0}, "concurrency"),
+                         ({"workload": "kv"}, "workload")):
+        with pytest.raises(InvalidArgument, match=message):
+            RunConfig(**dict(good, **bad)).validate()
+    assert "all-kill" in FAULT_NAMES and len(FAULT_NAMES) == 19
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["chaos", "run", "--fault", "meteor", "--output-dir", "x"], "unknown fault"),
+    (["chaos", "matrix", "--faults", "noop,meteor", "--output-dir", "x"], "unknown meteor"),
+    (["chaos", "run", "--fault", "noop", "-t", "5", "-i", "9", "--output-dir", "x"], "interval"),
+])
+def test_chaos_cli_rejects_bad_input_with_exit_2(argv, message, tmp_path):
+    done = subprocess.run([sys.executable, "-m", "mqmeta.cli", *argv], capture_output=True,
+                          text=True, cwd=tmp_path, timeout=30)
+    assert done.returncode == 2, done.stderr
+    assert message in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "x").exists(), "nothing is started or written on bad input"
