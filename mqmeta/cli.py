@@ -72,6 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
     from chaos.cli import add_chaos_parsers
 
     add_chaos_parsers(sub)
+    from spark.cli import add_audit_parser
+
+    add_audit_parser(sub)
     return parser
 
 
@@ -126,6 +129,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         from chaos.cli import run_chaos
 
         return run_chaos(args)
+    if args.command == "audit":
+        from spark.cli import run_audit
+
+        return run_audit(args)
     raise AssertionError(args.command)
 
 

@@ -1,0 +1,1 @@
+"""The Spark audit of every replicated log (issue P4)."""

@@ -1,0 +1,454 @@
+"""B1-B4 (broker replicas) and T1-T4 (tiered storage) as DataFrame computations.
+
+Torn tails (decided here, documented in the README): a broker's recovery cuts a bad
+record that no valid record follows in its last segment (a crash interrupted the
+append; the bytes may be short, zero-filled or half-written). So B3 flags invalid
+bytes anywhere except past a replica's last valid record in its last segment; those
+are counted in a note. Everything before the replica's last valid record end is
+flagged, whether it fails its CRC or stops short.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import functions as F
+
+from spark.checks import CheckResult, _result
+from spark.data import AuditData
+
+_SAMPLE_COLUMNS = ["broker_set", "replica", "file", "offset", "length", "crc_valid", "truncated"]
+
+
+def _end() -> Column:
+    return F.col("offset") + F.col("length")
+
+
+def replica_ranges(data: AuditData) -> list[dict[str, Any]]:
+    """Per replica: the first offset it holds (retention may have cut the start), where its
+    last valid record ends, and whether bytes follow that (a torn tail). A few rows."""
+    rows = (
+        data.records.groupBy("broker_set", "replica")
+        .agg(
+            F.min("file_base").alias("min_offset"),
+            F.max(F.when(F.col("crc_valid"), _end())).alias("valid_end"),
+            F.max(_end()).alias("end"),
+        )
+        .collect()
+    )
+    return [row.asDict() for row in rows]
+
+
+def confirm_bounds(data: AuditData) -> dict[str, int]:
+    """Per broker set, the highest confirm offset any master recorded (a few rows)."""
+    rows = (
+        data.confirm.filter(F.col("valid") & (F.col("role") == "MASTER"))
+        .groupBy("broker_set")
+        .agg(F.max("confirm_offset").alias("bound"))
+        .collect()
+    )
+    return {row["broker_set"]: int(row["bound"]) for row in rows}
+
+
+def _holders(ranges: list[dict[str, Any]], offset: Column, end: Column) -> Column:
+    """How many replicas of the row's broker set hold [offset, end) (valid records there)."""
+    total: Column = F.lit(0)
+    for item in ranges:
+        holds = (
+            (F.col("broker_set") == item["broker_set"])
+            & (offset >= item["min_offset"])
+            & (end <= F.lit(item["valid_end"] or 0))
+        )
+        total = total + F.when(holds, 1).otherwise(0)
+    return total
+
+
+def _bound_column(bounds: dict[str, int]) -> Column:
+    column: Column = F.lit(-1)
+    for broker_set, bound in bounds.items():
+        column = F.when(F.col("broker_set") == broker_set, F.lit(bound)).otherwise(column)
+    return column
+
+
+def _details(records: DataFrame, keys: DataFrame) -> DataFrame:
+    """The records at the sampled (broker set, offset) keys, for the report."""
+    return records.join(F.broadcast(keys.select("broker_set", "offset")), ["broker_set", "offset"]).select(
+        *_SAMPLE_COLUMNS, F.col("record_digest").alias("digest")
+    )
+
+
+def check_b1(data: AuditData) -> CheckResult:
+    bounds = confirm_bounds(data)
+    notes = [f"{s}: compared below confirm offset {b}" for s, b in sorted(bounds.items())]
+    if not bounds:
+        notes.append("no confirm log found: nothing is known to be confirmed, B1 compared nothing")
+    ranges = replica_ranges(data)
+    below = data.records.filter(_end() <= _bound_column(bounds))
+    grouped = below.groupBy("broker_set", "offset").agg(
+        F.count(F.lit(1)).alias("holders"),
+        F.min("record_digest").alias("d_min"),
+        F.max("record_digest").alias("d_max"),
+        F.max("length").alias("length"),
+        F.min("length").alias("l_min"),
+    )
+    expected = _holders(ranges, F.col("offset"), F.col("offset") + F.col("length"))
+    bad = grouped.filter(
+        (F.col("d_min") != F.col("d_max"))
+        | (F.col("l_min") != F.col("length"))
+        | (F.col("holders") < expected)
+    )
+    examined = below.count()
+    found = bad.count()
+    result = _result("B1", examined, [], notes)
+    result.violation_count, result.passed = found, found == 0
+    if found:
+        keys = bad.orderBy("broker_set", "offset").limit(20)
+        result.samples = [
+            r.asDict() for r in _details(data.records, keys).orderBy("offset").limit(20).collect()
+        ]
+    result.samples += _bad_confirm_lines(data)
+    result.violation_count += len(result.samples) - min(found, 20)
+    result.passed = result.violation_count == 0
+    return result
+
+
+def _bad_confirm_lines(data: AuditData) -> list[dict[str, Any]]:
+    bad = data.confirm.filter(~F.col("valid") & ~F.col("torn_tail")).select(
+        F.col("node").alias("replica"), "file", "line_no", "byte_offset", "problem"
+    )
+    return [row.asDict() for row in bad.limit(20).collect()]
+
+
+def _file_spans(data: AuditData) -> DataFrame:
+    return data.records.groupBy("broker_set", "replica", "file", "file_base", "last_file").agg(
+        F.sum("length").alias("bytes"),
+        F.max(F.when(F.col("crc_valid"), _end())).alias("valid_end"),
+        F.min(F.when(~F.col("crc_valid") & ~F.col("truncated"), F.col("offset"))).alias("corrupt_at"),
+        F.min(F.when(F.col("truncated"), F.col("offset"))).alias("truncated_at"),
+    )
+
+
+def check_b2(data: AuditData) -> CheckResult:
+    spans = _file_spans(data)
+    window = Window.partitionBy("broker_set", "replica").orderBy("file_base")
+    spans = spans.withColumn("prev_end", F.lag(F.col("file_base") + F.col("bytes")).over(window))
+    between = spans.filter(F.col("prev_end").isNotNull() & (F.col("file_base") != F.col("prev_end"))).select(
+        F.when(F.col("file_base") > F.col("prev_end"), "gap").otherwise("overlap").alias("kind"),
+        "broker_set",
+        "replica",
+        "file",
+        F.col("file_base").alias("offset"),
+        "prev_end",
+    )
+    # Bytes that frame no record before a valid record (or in a segment another follows):
+    # a hole in the offsets. A framed record with a bad checksum is B3's alone.
+    holes = (
+        _not_torn(data.records, spans)
+        .filter(~F.col("framed"))
+        .select(F.lit("no whole record").alias("kind"), "broker_set", "replica", "file", "offset", "length")
+    )
+    return _result("B2", spans.count(), [between, holes])
+
+
+def _not_torn(records: DataFrame, spans: DataFrame) -> DataFrame:
+    """Invalid pieces, except those past the last valid record of a replica's last segment:
+    that torn tail is what a crash leaves and the broker cuts at restart."""
+    ends = spans.select("broker_set", "replica", "file", F.col("valid_end").alias("file_valid_end"))
+    return (
+        records.filter(~F.col("crc_valid"))
+        .join(ends, ["broker_set", "replica", "file"])
+        .filter(~F.col("last_file") | (F.col("offset") < F.coalesce("file_valid_end", F.lit(-1))))
+    )
+
+
+def check_b3(data: AuditData) -> CheckResult:
+    spans = _file_spans(data)
+    bad = _not_torn(data.records, spans)
+    torn = data.records.filter(~F.col("crc_valid")).count() - bad.count()
+    notes = (
+        [
+            f"{torn} torn tail piece(s) past a replica's last valid record ignored "
+            "(the broker cuts them at restart)"
+        ]
+        if torn
+        else []
+    )
+    columns = _SAMPLE_COLUMNS + (["problem"] if "problem" in data.records.columns else [])
+    return _result("B3", data.records.count(), [bad.select(*columns)], notes)
+
+
+def _epoch_intervals(epochs: DataFrame) -> DataFrame:
+    window = Window.partitionBy("broker_set", "replica").orderBy("position")
+    return (
+        epochs.filter(F.col("problem").isNull())
+        .withColumn("prev_epoch", F.lag("epoch").over(window))
+        .withColumn("prev_start", F.lag("start_offset").over(window))
+        .withColumn("next_start", F.lead("start_offset").over(window))
+    )
+
+
+def check_b4(data: AuditData) -> CheckResult:
+    entries = _epoch_intervals(data.epochs)
+    unreadable = data.epochs.filter(F.col("problem").isNotNull()).select(
+        F.lit("unreadable").alias("kind"), "broker_set", "replica", "file", "position", "problem"
+    )
+    disorder = entries.filter(
+        (F.col("epoch") <= F.col("prev_epoch")) | (F.col("start_offset") < F.col("prev_start"))
+    )
+    disorder = disorder.select(
+        F.lit("order").alias("kind"),
+        "broker_set",
+        "replica",
+        "file",
+        "position",
+        "epoch",
+        "start_offset",
+        "prev_epoch",
+        "prev_start",
+    )
+    spans = data.records.groupBy("broker_set", "replica").agg(
+        F.min("file_base").alias("min_offset"),
+        F.max(F.when(F.col("crc_valid"), _end())).alias("valid_end"),
+        F.max(_end()).alias("end"),
+    )
+    starts = data.records.filter("crc_valid").select(
+        "broker_set", "replica", F.col("offset").alias("start_offset")
+    )
+    inside = entries.join(spans, ["broker_set", "replica"]).filter(
+        (F.col("start_offset") >= F.col("min_offset"))
+        & (F.col("start_offset") < F.coalesce("valid_end", F.lit(0)))
+    )
+    not_boundary = inside.join(starts, ["broker_set", "replica", "start_offset"], "left_anti").select(
+        F.lit("not a record start").alias("kind"),
+        "broker_set",
+        "replica",
+        "file",
+        "position",
+        "epoch",
+        "start_offset",
+    )
+    beyond = (
+        entries.join(spans, ["broker_set", "replica"])
+        .filter(F.col("start_offset") > F.col("end"))
+        .select(
+            F.lit("past the log end").alias("kind"),
+            "broker_set",
+            "replica",
+            "file",
+            "position",
+            "epoch",
+            "start_offset",
+        )
+    )
+    return _result(
+        "B4",
+        data.epochs.count() + data.records.count(),
+        [unreadable, disorder, not_boundary, beyond, _record_epochs(data, entries)],
+    )
+
+
+def _record_epochs(data: AuditData, entries: DataFrame) -> DataFrame:
+    """Each valid record's epoch field must be the epoch of the entry covering its offset."""
+    intervals = F.broadcast(
+        entries.select(
+            "broker_set", "replica", F.col("epoch").alias("entry_epoch"), "start_offset", "next_start"
+        )
+    )
+    records = data.records.filter("crc_valid").select("broker_set", "replica", "file", "offset", "epoch")
+    joined = records.join(
+        intervals,
+        (records["broker_set"] == intervals["broker_set"])
+        & (records["replica"] == intervals["replica"])
+        & (records["offset"] >= intervals["start_offset"])
+        & (intervals["next_start"].isNull() | (records["offset"] < intervals["next_start"])),
+        "left",
+    )
+    return joined.filter(F.col("entry_epoch").isNull() | (F.col("entry_epoch") != F.col("epoch"))).select(
+        F.lit("record epoch").alias("kind"),
+        records["broker_set"],
+        records["replica"],
+        "file",
+        "offset",
+        "epoch",
+        "entry_epoch",
+    )
+
+
+# Tiered storage --------------------------------------------------------------------------------
+def committed_segments(data: AuditData) -> DataFrame:
+    """Each committed segment once (nodes that disagree are R1's business)."""
+    return (
+        data.segments.filter("valid")
+        .groupBy("broker_set", "key", "base_offset", "end_offset")
+        .agg(F.min("commit_epoch").alias("commit_epoch"), F.min("index").alias("index"))
+    )
+
+
+def check_t1(data: AuditData) -> CheckResult:
+    segments = committed_segments(data)
+    masters = data.confirm.filter(F.col("valid") & (F.col("role") == "MASTER")).select(
+        F.col("broker_set").alias("c_set"),
+        F.col("epoch").alias("c_epoch"),
+        "confirm_offset",
+        F.col("replica").alias("c_replica"),
+    )
+    with_sets = {
+        row["broker_set"] for row in masters.select(F.col("c_set").alias("broker_set")).distinct().collect()
+    }
+    checkable = segments.filter(F.col("broker_set").isin(sorted(with_sets)) if with_sets else F.lit(False))
+    allowed = (
+        checkable.join(
+            masters,
+            (checkable["broker_set"] == masters["c_set"]) & (masters["c_epoch"] <= checkable["commit_epoch"]),
+            "left",
+        )
+        .groupBy("broker_set", "key", "base_offset", "end_offset", "commit_epoch", "index")
+        .agg(F.max("confirm_offset").alias("confirm_offset"))
+    )
+    bad = allowed.filter(F.col("confirm_offset").isNull() | (F.col("end_offset") > F.col("confirm_offset")))
+    skipped = segments.count() - checkable.count()
+    notes = (
+        [f"{skipped} committed segment(s) of broker sets without a master confirm log not checked"]
+        if skipped
+        else []
+    )
+    return _result(
+        "T1",
+        segments.count(),
+        [
+            bad.select(
+                F.col("key").alias("file"),
+                "broker_set",
+                "base_offset",
+                "end_offset",
+                "commit_epoch",
+                "confirm_offset",
+                "index",
+            )
+        ],
+        notes,
+    )
+
+
+def _committed_tiered_records(data: AuditData) -> DataFrame:
+    file_end = F.regexp_extract("file", r"-(\d{20})\.seg$", 1).cast("bigint")
+    segments = committed_segments(data).select(
+        "broker_set", F.col("base_offset").alias("file_base"), F.col("end_offset").alias("file_end")
+    )
+    return data.tiered.withColumn("file_end", file_end).join(
+        F.broadcast(segments), ["broker_set", "file_base", "file_end"]
+    )
+
+
+def check_t2(data: AuditData) -> CheckResult:
+    tiered = _committed_tiered_records(data)
+    ranges = replica_ranges(data)
+    replicas = data.records.select(
+        "broker_set",
+        "offset",
+        F.col("record_digest").alias("r_digest"),
+        F.col("length").alias("r_length"),
+        F.col("replica").alias("r_replica"),
+    )
+    differs = (F.col("r_digest") != F.col("record_digest")) | (F.col("r_length") != F.col("length"))
+    compared = (
+        tiered.join(replicas, ["broker_set", "offset"], "left")
+        .groupBy("broker_set", "file", "offset", "length", "crc_valid")
+        .agg(
+            F.count("r_replica").alias("matches"),
+            F.sort_array(F.collect_list(F.when(differs, F.col("r_replica")))).alias("differing_replicas"),
+        )
+    )
+    expected = _holders(ranges, F.col("offset"), F.col("offset") + F.col("length"))
+    bad = compared.filter(
+        ~F.col("crc_valid") | (F.size("differing_replicas") > 0) | (F.col("matches") < expected)
+    )
+    return _result("T2", tiered.count(), [bad.withColumn("replicas_holding", expected)])
+
+
+def check_t3(data: AuditData, tiered_files: list[dict[str, Any]]) -> CheckResult:
+    segments = committed_segments(data)
+    window = Window.partitionBy("broker_set").orderBy("base_offset", "end_offset")
+    ordered = segments.withColumn("prev_end", F.lag("end_offset").over(window))
+    tiling = ordered.filter(F.coalesce("prev_end", F.lit(0)) != F.col("base_offset")).select(
+        F.when(F.col("base_offset") > F.coalesce("prev_end", F.lit(0)), "gap")
+        .otherwise("overlap")
+        .alias("kind"),
+        "broker_set",
+        F.col("key").alias("file"),
+        "base_offset",
+        "end_offset",
+        "prev_end",
+    )
+    spark = data.applied.sparkSession
+    stored = spark.createDataFrame(
+        [(f["broker_set"], f["base_offset"], f["base_offset"] + f["size"]) for f in tiered_files]
+        or [("", -1, -1)],
+        "broker_set string, base_offset bigint, stored_end bigint",
+    )
+    missing = segments.join(
+        stored.withColumnRenamed("stored_end", "end_offset"),
+        ["broker_set", "base_offset", "end_offset"],
+        "left_anti",
+    ).select(
+        F.lit("object missing or wrong size").alias("kind"),
+        "broker_set",
+        F.col("key").alias("file"),
+        "base_offset",
+        "end_offset",
+    )
+    return _result("T3", segments.count(), [tiling, missing])
+
+
+def check_t4(data: AuditData) -> CheckResult:
+    window = Window.partitionBy("node", "key").orderBy("index")
+    tiered = (
+        data.effects.filter(F.col("valid") & F.col("key").startswith("tiered/"))
+        .withColumn("prev_uploaded", F.lag("uploaded_offset").over(window))
+        .withColumn("prev_checkpoint_epoch", F.lag("checkpoint_epoch").over(window))
+    )
+    backwards = tiered.filter(
+        (F.col("uploaded_offset") < F.col("prev_uploaded"))
+        | (F.col("checkpoint_epoch") < F.col("prev_checkpoint_epoch"))
+    ).select(
+        F.lit("backwards").alias("kind"),
+        "node",
+        "file",
+        "index",
+        "broker_set",
+        "uploaded_offset",
+        "prev_uploaded",
+        "checkpoint_epoch",
+        "prev_checkpoint_epoch",
+    )
+    commits = tiered.filter(F.col("uploaded_offset") > F.coalesce("prev_uploaded", F.lit(0))).select(
+        "node", "file", "index", "broker_set", "checkpoint_epoch"
+    )
+    masters = data.effects.filter(F.col("valid") & F.col("key").startswith("brokerset/")).select(
+        F.col("node").alias("m_node"),
+        F.col("broker_set").alias("m_set"),
+        F.col("index").alias("m_index"),
+        "master_epoch",
+    )
+    in_force = (
+        commits.join(
+            masters,
+            (commits["node"] == masters["m_node"])
+            & (commits["broker_set"] == masters["m_set"])
+            & (masters["m_index"] <= commits["index"]),
+            "left",
+        )
+        .groupBy("node", "file", "index", "broker_set", "checkpoint_epoch")
+        .agg(
+            F.max(F.when(F.col("m_index") < F.col("index"), F.col("master_epoch"))).alias("epoch_before"),
+            F.max(F.when(F.col("m_index") == F.col("index"), F.col("master_epoch"))).alias("epoch_after"),
+        )
+    )
+    wrong = in_force.filter(
+        ~F.coalesce(F.col("checkpoint_epoch") == F.col("epoch_before"), F.lit(False))
+        & ~F.coalesce(F.col("checkpoint_epoch") == F.col("epoch_after"), F.lit(False))
+    )
+    return _result(
+        "T4", tiered.count(), [backwards, wrong.select(F.lit("epoch not in force").alias("kind"), "*")]
+    )

@@ -1,0 +1,151 @@
+"""`mqmeta audit INPUT... --report DIR [--master URL] [--checks IDS]`.
+
+Exit 0 when every check holds, 1 when one does not, 2 on bad input (one sentence on
+stderr, never a Java stack trace). Also runnable as `python -m spark.cli` (what
+spark-submit runs; see README, Audit).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from spark.errors import BadInput
+from spark.registry import CHECK_IDS, parse_ids
+
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+
+
+def add_audit_parser(sub: Any) -> None:
+    audit = sub.add_parser("audit", help="Spark audit of every replicated log on disk")
+    _add_arguments(audit)
+
+
+def _add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "inputs",
+        nargs="+",
+        metavar="INPUT",
+        help="a `local up` data dir, a chaos output dir, or node data dirs (paths or file:// URLs)",
+    )
+    parser.add_argument(
+        "--report", required=True, type=Path, help="directory for report.json and report.html"
+    )
+    parser.add_argument(
+        "--master", default=None, help="Spark master URL (default local[*]; spark://HOST:PORT for a cluster)"
+    )
+    parser.add_argument(
+        "--checks", default=None, help=f"checks to run, e.g. R1,B1-B4 (default all: {','.join(CHECK_IDS)})"
+    )
+
+
+def _console() -> Any:
+    from rich.console import Console
+
+    return Console(stderr=True)
+
+
+def _table(results: list[Any]) -> Any:
+    from rich.table import Table
+
+    table = Table(title="mqmeta audit")
+    for column in ("check", "description", "result", "rows", "violations"):
+        table.add_column(column)
+    for r in results:
+        table.add_row(
+            r.id,
+            r.description,
+            "[green]pass[/]" if r.passed else "[bold red]FAIL[/]",
+            str(r.rows_examined),
+            str(r.violation_count),
+        )
+    return table
+
+
+def run_checks(
+    inputs: list[str], report_dir: Path, master: str | None, ids: list[str], console: Any = None
+) -> int:
+    """Discovers, loads, checks and reports; returns the exit status."""
+    from rich.progress import Progress
+
+    from spark import data as audit_data
+    from spark.layout import discover
+    from spark.registry import check_functions
+    from spark.report import build_document, write_report
+    from spark.session import get_session
+
+    started = time.monotonic()
+    inventory = discover(inputs)
+    if inventory.empty:
+        raise BadInput(
+            f"nothing to audit in {', '.join(inputs)}: no applied.jsonl, store/commitlog or tiered "
+            "segments found; give a `local up` data dir, a chaos output dir or node data dirs"
+        )
+    _check_writable(report_dir)
+    console = console or _console()
+    console.print(f"found {inventory.summary()}")
+    with Progress(console=console, transient=False) as progress:
+        task = progress.add_task("starting Spark", total=len(ids) + 1)
+        spark = get_session(master)
+        data = audit_data.load(spark, inventory)
+        progress.advance(task)
+        functions = check_functions(data)
+        results = []
+        for check_id in ids:
+            progress.update(task, description=f"check {check_id}")
+            results.append(functions[check_id]())
+            progress.advance(task)
+        progress.update(task, description="writing the report")
+        document = build_document(results, inputs, inventory.summary(), time.monotonic() - started)
+        write_report(report_dir, document, data)
+        audit_data.unpersist(data)
+    console.print(_table(results))
+    console.print(f"report: {report_dir / 'report.html'}")
+    return EXIT_OK if document["passed"] else EXIT_FAILED
+
+
+def _check_writable(report_dir: Path) -> None:
+    try:
+        report_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise BadInput(f"cannot create the report dir {report_dir}: {exc.strerror}") from None
+    if not os.access(report_dir, os.W_OK):
+        raise BadInput(f"the report dir {report_dir} is not writable")
+
+
+def run_audit(args: argparse.Namespace) -> int:
+    try:
+        ids = parse_ids(args.checks)
+    except ValueError as exc:
+        print(f"mqmeta: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    try:
+        return run_checks(args.inputs, args.report, args.master, ids)
+    except BadInput as exc:
+        print(f"mqmeta: error: {exc.message}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except Exception as exc:  # py4j/pyspark errors: one sentence, never a Java trace
+        if type(exc).__module__.startswith(("py4j", "pyspark")):
+            first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+            print(f"mqmeta: error: Spark failed: {first}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        raise
+    finally:
+        from spark.session import stop_session
+
+        stop_session()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The entry point of `spark-submit .../spark/cli.py` and `python -m spark.cli`."""
+    parser = argparse.ArgumentParser(prog="mqmeta-audit", description=__doc__)
+    _add_arguments(parser)
+    return run_audit(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,125 @@
+"""The audit's DataFrames, loaded from an Inventory (see spark.layout).
+
+Large inputs (commit-log and tiered records, applied entries, confirm lines) are read
+on the executors through the Python data sources of spark.sources; small ones (epoch
+files, tiered lineages) are parsed on the driver and become DataFrames.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from broker_agent.epoch_file import load_checksummed
+from broker_agent.tiered_layout import parse_epoch_lineage
+from mqmeta.errors import CorruptData
+from spark.layout import Inventory
+from spark.sources import DETAIL_FIELDS, KIND_FIELDS, LINE_FIELDS, RECORD_FIELDS, _ddl
+
+EPOCH_SCHEMA = (
+    "broker_set string, replica string, file string, position int, epoch bigint, "
+    "start_offset bigint, problem string"
+)
+
+
+@dataclass
+class AuditData:
+    inventory: Inventory
+    records: Any  # replica records (one row per record / bad region)
+    tiered: Any  # tiered segment records
+    applied: Any
+    effects: Any
+    segments: Any  # committed tiered segments, first listing per node
+    confirm: Any
+    epochs: Any
+    lineages: Any
+
+
+def _records(spark: Any, files: list[dict[str, Any]], detail: bool, split_bytes: int | None) -> Any:
+    reader = (
+        spark.read.format("mqmeta_records")
+        .option("files", json.dumps(files))
+        .option("detail", "true" if detail else "false")
+    )
+    if split_bytes:
+        reader = reader.option("split_bytes", str(split_bytes))
+    if not files:
+        return spark.createDataFrame([], _ddl(RECORD_FIELDS + (DETAIL_FIELDS if detail else [])))
+    return reader.load()
+
+
+def _jsonl(spark: Any, files: list[dict[str, Any]], kind: str) -> Any:
+    if not files:
+        return spark.createDataFrame([], _ddl(LINE_FIELDS + KIND_FIELDS[kind]))
+    return spark.read.format("mqmeta_jsonl").option("files", json.dumps(files)).option("kind", kind).load()
+
+
+def _epoch_rows(inventory: Inventory) -> list[tuple[Any, ...]]:
+    rows: list[tuple[Any, ...]] = []
+    for replica in inventory.replicas:
+        path = Path(replica.path) / "store" / "epochs.json"
+        label = f"{replica.label}/store/epochs.json"
+        if not path.exists():
+            continue
+        try:
+            body = load_checksummed(path)
+            entries = body.get("entries")
+            if not isinstance(entries, list):
+                raise CorruptData(f"{label}: no entries list")
+        except CorruptData as exc:
+            rows.append((replica.broker_set, replica.name, label, -1, None, None, str(exc)))
+            continue
+        for position, entry in enumerate(entries):
+            ok = isinstance(entry, list) and len(entry) == 2 and all(type(v) is int for v in entry)
+            rows.append(
+                (
+                    replica.broker_set,
+                    replica.name,
+                    label,
+                    position,
+                    entry[0] if ok else None,
+                    entry[1] if ok else None,
+                    None if ok else f"entry {entry!r} is not [epoch, start_offset]",
+                )
+            )
+    return rows
+
+
+def _lineage_rows(inventory: Inventory) -> list[tuple[Any, ...]]:
+    rows: list[tuple[Any, ...]] = []
+    for item in inventory.tiered_lineages:
+        try:
+            end, entries = parse_epoch_lineage(Path(item["path"]).read_bytes())
+        except (CorruptData, OSError) as exc:
+            rows.append((item["broker_set"], item["file"], None, -1, None, None, str(exc)))
+            continue
+        for position, (epoch, start) in enumerate(entries):
+            rows.append((item["broker_set"], item["file"], end, position, epoch, start, None))
+    return rows
+
+
+def load(spark: Any, inventory: Inventory, detail: bool = True, split_bytes: int | None = None) -> AuditData:
+    from pyspark import StorageLevel
+
+    records = _records(spark, inventory.segments, detail, split_bytes).persist(StorageLevel.MEMORY_AND_DISK)
+    tiered = _records(spark, inventory.tiered_segments, detail, split_bytes).persist(
+        StorageLevel.MEMORY_AND_DISK
+    )
+    applied = _jsonl(spark, inventory.controllers, "applied").cache()
+    effects = _jsonl(spark, inventory.controllers, "effects").cache()
+    segments = _jsonl(spark, inventory.controllers, "segments").cache()
+    confirm = _jsonl(spark, inventory.confirm_logs, "confirm").cache()
+    epochs = spark.createDataFrame(_epoch_rows(inventory), EPOCH_SCHEMA)
+    lineages = spark.createDataFrame(
+        _lineage_rows(inventory),
+        "broker_set string, file string, end_offset bigint, position int, epoch bigint, "
+        "start_offset bigint, problem string",
+    )
+    return AuditData(inventory, records, tiered, applied, effects, segments, confirm, epochs, lineages)
+
+
+def unpersist(data: AuditData) -> None:
+    for frame in (data.records, data.tiered, data.applied, data.effects, data.segments, data.confirm):
+        frame.unpersist()

@@ -1,0 +1,190 @@
+"""Finding what to audit in the INPUTs, by the directory layout alone.
+
+Any directory holding `applied.jsonl` is a controller node (named by its directory);
+any holding `store/commitlog` is a broker replica (named by its directory; cluster,
+broker name and id from its `identity.json` when present); any holding
+`{cluster}/{broker}/commitlog/*.seg` is a tiered store. Absolute paths recorded inside
+the files are never used, so a data dir copied or moved elsewhere audits the same.
+Labels of files are relative to the INPUT they were found in.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from spark.errors import BadInput
+
+SCAN_DEPTH_MAX = 8
+SCAN_DIRS_MAX = 100_000
+_SEGMENT = re.compile(r"(\d{20})\.log")
+_TIERED_SEGMENT = re.compile(r"(\d{20})-(\d{20})\.seg")
+
+
+@dataclass
+class Replica:
+    name: str
+    broker_set: str  # "{cluster}/{broker_name}"
+    broker_id: int
+    path: str  # the replica's data dir
+    label: str  # the same, relative to its INPUT
+
+
+@dataclass
+class Inventory:
+    controllers: list[dict[str, Any]] = field(default_factory=list)  # {"node", "path", "file"}
+    replicas: list[Replica] = field(default_factory=list)
+    segments: list[dict[str, Any]] = field(default_factory=list)  # record-source file specs
+    tiered_segments: list[dict[str, Any]] = field(default_factory=list)
+    tiered_lineages: list[dict[str, Any]] = field(default_factory=list)  # {"broker_set","path","file"}
+    confirm_logs: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def empty(self) -> bool:
+        return not (self.controllers or self.replicas or self.tiered_segments)
+
+    def summary(self) -> str:
+        return (
+            f"{len(self.controllers)} controller nodes, {len(self.replicas)} broker replicas "
+            f"({len(self.segments)} segments), {len(self.tiered_segments)} tiered segments, "
+            f"{len(self.confirm_logs)} confirm logs"
+        )
+
+
+def _local_root(value: str) -> Path:
+    path = Path(value[len("file://") :] if value.startswith("file://") else value)
+    if not path.exists():
+        raise BadInput(f"input {value} does not exist; give a data dir, a chaos output dir or node dirs")
+    if not path.is_dir():
+        raise BadInput(f"input {value} is not a directory; give a data dir, a chaos output dir or node dirs")
+    if not os.access(path, os.R_OK | os.X_OK):
+        raise BadInput(f"input {value} is not readable by this user")
+    return path
+
+
+def _relative(path: Path, root: Path) -> str:
+    rel = path.relative_to(root).as_posix() if path != root else ""
+    return f"{root.name}/{rel}" if rel else root.name
+
+
+def discover(inputs: list[str]) -> Inventory:
+    """Every node found under the INPUTs (local paths or file:// URLs)."""
+    inventory = Inventory()
+    for value in inputs:
+        if "://" in value and not value.startswith("file://"):
+            raise BadInput(
+                f"input {value}: only local paths and file:// URLs can be scanned here; copy "
+                "the data dirs to a local or shared file system (see README, Audit)"
+            )
+        root = _local_root(value).resolve()
+        _scan(root, inventory)
+    return inventory
+
+
+def _scan(root: Path, inventory: Inventory) -> None:
+    seen = 0
+    for dirpath, dirnames, filenames in os.walk(root):
+        here = Path(dirpath)
+        seen += 1
+        if seen > SCAN_DIRS_MAX or len(here.relative_to(root).parts) > SCAN_DEPTH_MAX:
+            dirnames[:] = []
+            continue
+        if "applied.jsonl" in filenames:
+            inventory.controllers.append(
+                {
+                    "node": here.name,
+                    "path": str(here / "applied.jsonl"),
+                    "file": _relative(here / "applied.jsonl", root),
+                }
+            )
+        if (here / "store" / "commitlog").is_dir():
+            _add_replica(here, root, inventory)
+            dirnames[:] = []
+            continue
+        if _add_tiered(here, root, dirnames, inventory):
+            dirnames[:] = []
+        dirnames.sort()
+
+
+def _identity(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads((path / "identity.json").read_text())
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _add_replica(here: Path, root: Path, inventory: Inventory) -> None:
+    identity = _identity(here)
+    broker_name = identity.get("broker_name") or re.sub(r"-\d+$", "", here.name)
+    cluster = identity.get("cluster") or "DefaultCluster"
+    broker_set = f"{cluster}/{broker_name}"
+    replica = Replica(
+        here.name, broker_set, int(identity.get("broker_id") or 0), str(here), _relative(here, root)
+    )
+    inventory.replicas.append(replica)
+    commitlog = here / "store" / "commitlog"
+    files = sorted((int(m[1]), p) for p in commitlog.iterdir() if (m := _SEGMENT.fullmatch(p.name)))
+    for i, (base, path) in enumerate(files):
+        inventory.segments.append(
+            {
+                "path": str(path),
+                "file": _relative(path, root),
+                "broker_set": broker_set,
+                "replica": here.name,
+                "base_offset": base,
+                "size": path.stat().st_size,
+                "last": i == len(files) - 1,
+            }
+        )
+    confirm = here / "confirm.log"
+    if confirm.is_file():
+        inventory.confirm_logs.append(
+            {
+                "node": here.name,
+                "replica": here.name,
+                "broker_set": broker_set,
+                "path": str(confirm),
+                "file": _relative(confirm, root),
+            }
+        )
+
+
+def _add_tiered(here: Path, root: Path, dirnames: list[str], inventory: Inventory) -> bool:
+    """`here` is a tiered store root when some {cluster}/{broker}/commitlog holds .seg objects."""
+    found = False
+    for cluster_dir in sorted(p for p in here.iterdir() if p.is_dir()) if dirnames else []:
+        for broker_dir in sorted(p for p in cluster_dir.iterdir() if p.is_dir()):
+            commitlog = broker_dir / "commitlog"
+            if not commitlog.is_dir():
+                continue
+            segments = [
+                (p, m) for p in sorted(commitlog.iterdir()) if (m := _TIERED_SEGMENT.fullmatch(p.name))
+            ]
+            if not segments:
+                continue
+            found = True
+            broker_set = f"{cluster_dir.name}/{broker_dir.name}"
+            for path, match in segments:
+                inventory.tiered_segments.append(
+                    {
+                        "path": str(path),
+                        "file": _relative(path, root),
+                        "broker_set": broker_set,
+                        "replica": "tiered",
+                        "base_offset": int(match[1]),
+                        "size": path.stat().st_size,
+                        "key": f"{broker_set}/commitlog/{path.name}",
+                        "last": False,
+                    }
+                )
+            epochs = broker_dir / "epochs"
+            for path in sorted(epochs.glob("*.json")) if epochs.is_dir() else []:
+                inventory.tiered_lineages.append(
+                    {"broker_set": broker_set, "path": str(path), "file": _relative(path, root)}
+                )
+    return found

@@ -1,0 +1,74 @@
+"""One Spark session per process, light enough for CI, with Spark's own logging quiet.
+
+`get_session(master)` builds it once (later calls return the same session, whatever
+master they name, as Spark itself allows only one active context per JVM) and
+registers the audit's Python data sources. `stop_session()` ends it (tests and the CLI
+call it so that no JVM outlives them).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import warnings
+from pathlib import Path
+from typing import Any
+
+SHUFFLE_PARTITIONS_DEFAULT = 4
+LOG4J_FILE = Path(__file__).with_name("log4j2.properties")
+_lock = threading.Lock()
+_session: Any = None
+
+
+def _quiet_log4j(spark: Any) -> None:
+    """Spark's JVM logs at WARN by default; the audit prints its own progress."""
+    spark.sparkContext.setLogLevel("ERROR")
+
+
+def get_session(master: str | None = None, shuffle_partitions: int = SHUFFLE_PARTITIONS_DEFAULT) -> Any:
+    global _session
+    with _lock:
+        if _session is not None:
+            return _session
+        # Workers run the same interpreter (and so see the same installed packages).
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+        from pyspark.sql import SparkSession
+
+        builder = (
+            SparkSession.builder.appName("mqmeta-audit")
+            .config("spark.ui.enabled", "false")
+            .config("spark.ui.showConsoleProgress", "false")
+            .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
+            .config("spark.sql.adaptive.enabled", "true")
+            .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+            .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{LOG4J_FILE}")
+            .config("spark.executor.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{LOG4J_FILE}")
+            .config("spark.python.worker.reuse", "true")
+        )
+        if master:
+            builder = builder.master(master)
+        elif "spark.master" not in os.environ.get("PYSPARK_SUBMIT_ARGS", ""):
+            builder = builder.master(os.environ.get("MQMETA_SPARK_MASTER", "local[*]"))
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # no "resolves to a loopback" warning
+        with warnings.catch_warnings():
+            # pyspark 4.3 warns that pandas 3 is newer than it knows; the audit uses Arrow, not pandas.
+            warnings.filterwarnings(
+                "ignore", message="PySpark does not yet fully support pandas", category=FutureWarning
+            )
+            spark = builder.getOrCreate()
+        _quiet_log4j(spark)
+        from spark.sources import register_sources
+
+        register_sources(spark)
+        _session = spark
+        return spark
+
+
+def stop_session() -> None:
+    global _session
+    with _lock:
+        if _session is not None:
+            _session.stop()
+            _session = None

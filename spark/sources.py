@@ -1,0 +1,378 @@
+"""PySpark Python data sources for mqmeta's on-disk logs.
+
+- `mqmeta_records`: commit-log segments of every replica and tiered segment objects,
+  one row per record (or corrupt region, or truncated tail), partitioned by file and,
+  for files larger than `split_bytes`, by offset range within the file.
+- `mqmeta_jsonl`: checksummed JSON-line logs (controllers' applied.jsonl, brokers'
+  confirm.log), partitioned by file; `kind` picks the rows: `applied` (one per entry),
+  `effects` (one per broker-set or tiered-checkpoint change an entry made),
+  `segments` (one per tiered segment the first time a checkpoint lists it), `confirm`.
+
+Both take the files to read as a JSON option (`files`), built by `spark.layout`:
+labels (broker set, replica, node, file) come from the directory layout, never from
+paths recorded inside the files. A bad record or line yields a row that says so; the
+readers never drop it and never raise on bad bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+
+from spark.walk import parse_fields, record_digest, walk
+
+SPLIT_BYTES_DEFAULT = 32 << 20
+ARROW_BATCH_ROWS = 32_768
+
+RECORD_FIELDS = [
+    ("broker_set", "string"),
+    ("replica", "string"),
+    ("file", "string"),
+    ("file_base", "bigint"),
+    ("offset", "bigint"),
+    ("length", "bigint"),
+    ("crc_valid", "boolean"),
+    ("truncated", "boolean"),
+    ("epoch", "bigint"),
+    ("record_digest", "bigint"),
+    ("last_file", "boolean"),
+    ("framed", "boolean"),
+]
+DETAIL_FIELDS = [
+    ("store_ms", "bigint"),
+    ("queue_id", "int"),
+    ("queue_offset", "bigint"),
+    ("topic", "string"),
+    ("msg_id", "string"),
+    ("body_digest", "string"),
+    ("problem", "string"),
+]
+
+
+def _ddl(fields: list[tuple[str, str]]) -> str:
+    return ", ".join(f"{name} {kind}" for name, kind in fields)
+
+
+def read_bytes(path: str) -> bytes:
+    """A whole file: local paths (and file:// URLs) by mmap, other URLs through fsspec."""
+    if path.startswith("file://"):
+        path = path[len("file://") :]
+    if "://" in path:
+        import fsspec  # type: ignore[import-untyped]
+
+        with fsspec.open(path, "rb") as f:
+            return bytes(f.read())
+    with open(path, "rb") as f:
+        if os.fstat(f.fileno()).st_size == 0:
+            return b""
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+            return mapped[:]
+
+
+@dataclass(frozen=True)
+class FileRange(InputPartition):
+    spec: dict[str, Any]
+    lo: int
+    hi: int
+
+
+class _RecordReader(DataSourceReader):
+    def __init__(self, options: dict[str, str], detail: bool) -> None:
+        self.files: list[dict[str, Any]] = json.loads(options.get("files", "[]"))
+        self.split_bytes = int(options.get("split_bytes", SPLIT_BYTES_DEFAULT))
+        self.detail = detail
+
+    def partitions(self) -> list[InputPartition]:
+        parts: list[InputPartition] = []
+        for spec in self.files:
+            size = int(spec.get("size", 0))
+            for lo in range(0, max(size, 1), self.split_bytes):
+                parts.append(FileRange(spec, lo, min(size, lo + self.split_bytes)))
+        return parts or [FileRange({}, 0, 0)]
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        assert isinstance(partition, FileRange)
+        if not partition.spec:
+            return
+        import pyarrow as pa
+
+        spec, lo, hi = partition.spec, partition.lo, partition.hi
+        buf = read_bytes(spec["path"])
+        if hi >= int(spec.get("size", 0)):
+            hi = len(buf) + 1  # the last range takes whatever the file holds now
+        names = [n for n, _ in RECORD_FIELDS] + ([n for n, _ in DETAIL_FIELDS] if self.detail else [])
+        columns: dict[str, list[Any]] = {n: [] for n in names}
+        for piece in walk(buf, spec["base_offset"]):
+            if piece.pos < lo:
+                continue
+            if piece.pos >= hi:
+                break
+            self._add(columns, spec, buf, piece)
+            if len(columns["offset"]) >= ARROW_BATCH_ROWS:
+                yield pa.RecordBatch.from_pydict(columns, schema=_arrow_schema(self.detail))
+                columns = {n: [] for n in names}
+        if columns["offset"]:
+            yield pa.RecordBatch.from_pydict(columns, schema=_arrow_schema(self.detail))
+
+    def _add(self, columns: dict[str, list[Any]], spec: dict[str, Any], buf: bytes, piece: Any) -> None:
+        ok = piece.status == "ok"
+        fields = parse_fields(buf, piece.pos, self.detail) if ok else None
+        values = [
+            spec["broker_set"],
+            spec["replica"],
+            spec["file"],
+            spec["base_offset"],
+            spec["base_offset"] + piece.pos,
+            piece.length,
+            ok,
+            piece.status == "truncated",
+            fields.epoch if fields else None,
+            record_digest(memoryview(buf)[piece.pos : piece.pos + piece.length]),
+            bool(spec.get("last", False)),
+            piece.status in ("ok", "corrupt"),
+        ]
+        if self.detail:
+            values += (
+                [
+                    fields.store_ms,
+                    fields.queue_id,
+                    fields.queue_offset,
+                    fields.topic,
+                    fields.msg_id,
+                    fields.body_digest,
+                    None,
+                ]
+                if fields
+                else [None, None, None, None, None, None, piece.problem]
+            )
+        for column, value in zip(columns, values, strict=True):
+            columns[column].append(value)
+
+
+_ARROW_TYPES = {"string": "string", "bigint": "int64", "boolean": "bool", "int": "int32"}
+
+
+def _arrow_schema(detail: bool) -> Any:
+    import pyarrow as pa
+
+    fields = RECORD_FIELDS + (DETAIL_FIELDS if detail else [])
+    return pa.schema([(name, pa.type_for_alias(_ARROW_TYPES[kind])) for name, kind in fields])
+
+
+class RecordSource(DataSource):
+    """spark.read.format("mqmeta_records").option("files", json).option("detail", "true")"""
+
+    @classmethod
+    def name(cls) -> str:
+        return "mqmeta_records"
+
+    def schema(self) -> str:
+        detail = self.options.get("detail", "true") == "true"
+        return _ddl(RECORD_FIELDS + (DETAIL_FIELDS if detail else []))
+
+    def reader(self, schema: Any) -> DataSourceReader:
+        return _RecordReader(dict(self.options), self.options.get("detail", "true") == "true")
+
+
+# JSON-line logs ---------------------------------------------------------------------------
+
+LINE_FIELDS = [
+    ("node", "string"),
+    ("file", "string"),
+    ("line_no", "bigint"),
+    ("byte_offset", "bigint"),
+    ("valid", "boolean"),
+    ("torn_tail", "boolean"),
+    ("problem", "string"),
+]
+KIND_FIELDS: dict[str, list[tuple[str, str]]] = {
+    "applied": [
+        ("index", "bigint"),
+        ("term", "bigint"),
+        ("command_type", "string"),
+        ("command_digest", "string"),
+        ("state_digest", "string"),
+    ],
+    "effects": [
+        ("index", "bigint"),
+        ("key", "string"),
+        ("broker_set", "string"),
+        ("master_broker_id", "bigint"),
+        ("master_epoch", "bigint"),
+        ("sync_state_set", "array<bigint>"),
+        ("sync_state_set_epoch", "bigint"),
+        ("uploaded_offset", "bigint"),
+        ("checkpoint_epoch", "bigint"),
+    ],
+    "segments": [
+        ("index", "bigint"),
+        ("broker_set", "string"),
+        ("key", "string"),
+        ("base_offset", "bigint"),
+        ("end_offset", "bigint"),
+        ("sha256", "string"),
+        ("commit_epoch", "bigint"),
+    ],
+    "confirm": [
+        ("broker_set", "string"),
+        ("replica", "string"),
+        ("t_ms", "bigint"),
+        ("broker_id", "bigint"),
+        ("role", "string"),
+        ("epoch", "bigint"),
+        ("confirm_offset", "bigint"),
+        ("max_offset", "bigint"),
+    ],
+}
+
+
+@dataclass(frozen=True)
+class WholeFile(InputPartition):
+    spec: dict[str, Any]
+
+
+def _lines(buf: bytes) -> Iterator[tuple[int, int, bytes, bool]]:
+    """(line number, byte offset, text, is the unterminated last line) of each line."""
+    pos, number = 0, 0
+    while pos < len(buf):
+        end = buf.find(b"\n", pos)
+        last = end == -1
+        end = len(buf) if last else end
+        number += 1
+        if end > pos:
+            yield number, pos, buf[pos:end], last
+        pos = end + 1
+
+
+class _JsonlReader(DataSourceReader):
+    def __init__(self, options: dict[str, str]) -> None:
+        self.files: list[dict[str, Any]] = json.loads(options.get("files", "[]"))
+        self.kind = options.get("kind", "applied")
+
+    def partitions(self) -> list[InputPartition]:
+        return [WholeFile(spec) for spec in self.files] or [WholeFile({})]
+
+    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+        from controller.applied_log import parse_line
+        from mqmeta.errors import CorruptData
+
+        assert isinstance(partition, WholeFile)
+        spec = partition.spec
+        if not spec:
+            return
+        state: dict[str, Any] = {"seen": set()}
+        for number, offset, text, last in _lines(read_bytes(spec["path"])):
+            head = (spec["node"], spec["file"], number, offset)
+            try:
+                record = parse_line(text.decode("utf-8", "replace"), f"{spec['file']} line {number}")
+            except CorruptData as exc:
+                # A torn *last* line is what a kill -9 leaves (cut at restart); not a violation.
+                yield head + (False, last, str(exc)) + (None,) * len(KIND_FIELDS[self.kind])
+                continue
+            for values in _kind_rows(self.kind, record, spec, state):
+                yield head + (True, False, None) + values
+
+
+def _kind_rows(
+    kind: str, record: dict[str, Any], spec: dict[str, Any], state: dict[str, Any]
+) -> Iterator[tuple[Any, ...]]:
+    if kind == "applied":
+        yield (
+            record.get("index"),
+            record.get("term"),
+            record.get("command_type"),
+            record.get("command_digest"),
+            record.get("state_digest"),
+        )
+    elif kind == "confirm":
+        yield (
+            spec.get("broker_set"),
+            spec.get("replica"),
+            record.get("t_ms"),
+            record.get("broker_id"),
+            record.get("role"),
+            record.get("epoch"),
+            record.get("confirm_offset"),
+            record.get("max_offset"),
+        )
+    elif kind == "effects":
+        yield from _effect_rows(record)
+    elif kind == "segments":
+        yield from _segment_rows(record, state["seen"])
+
+
+def _effect_rows(record: dict[str, Any]) -> Iterator[tuple[Any, ...]]:
+    for key, value in sorted((record.get("effects") or {}).items()):
+        if not isinstance(value, dict):
+            continue
+        broker_set = f"{value.get('cluster')}/{value.get('broker_name')}"
+        if key.startswith("brokerset/"):
+            yield (
+                record.get("index"),
+                key,
+                broker_set,
+                value.get("master_broker_id"),
+                value.get("master_epoch"),
+                [int(i) for i in value.get("sync_state_set") or []],
+                value.get("sync_state_set_epoch"),
+                None,
+                None,
+            )
+        elif key.startswith("tiered/"):
+            yield (
+                record.get("index"),
+                key,
+                broker_set,
+                None,
+                None,
+                None,
+                None,
+                value.get("uploaded_offset"),
+                value.get("checkpoint_epoch"),
+            )
+
+
+def _segment_rows(record: dict[str, Any], seen: set[tuple[str, str]]) -> Iterator[tuple[Any, ...]]:
+    for key, value in sorted((record.get("effects") or {}).items()):
+        if not key.startswith("tiered/") or not isinstance(value, dict):
+            continue
+        broker_set = f"{value.get('cluster')}/{value.get('broker_name')}"
+        for segment in value.get("segments") or []:
+            name = (broker_set, str(segment.get("key")))
+            if name in seen:
+                continue
+            seen.add(name)
+            yield (
+                record.get("index"),
+                broker_set,
+                segment.get("key"),
+                segment.get("base_offset"),
+                segment.get("end_offset"),
+                segment.get("sha256"),
+                value.get("checkpoint_epoch"),
+            )
+
+
+class JsonlSource(DataSource):
+    """spark.read.format("mqmeta_jsonl").option("files", json).option("kind", "applied")"""
+
+    @classmethod
+    def name(cls) -> str:
+        return "mqmeta_jsonl"
+
+    def schema(self) -> str:
+        return _ddl(LINE_FIELDS + KIND_FIELDS[self.options.get("kind", "applied")])
+
+    def reader(self, schema: Any) -> DataSourceReader:
+        return _JsonlReader(dict(self.options))
+
+
+def register_sources(spark: Any) -> None:
+    spark.dataSource.register(RecordSource)
+    spark.dataSource.register(JsonlSource)
