@@ -1,0 +1,249 @@
+"""The Spark audit (`mqmeta audit`) on the logs of a real cluster run.
+
+Properties checked:
+- a clean run (3 controllers, a broker set of 3 replicas with tiered uploads, a kill -9
+  of the master in the middle and its restart as a slave) passes every check, and the
+  report files are written (JSON per check; HTML with plots);
+- the same data dir moved elsewhere audits the same (nodes are found by the layout);
+- each fault crafted in a copy of that real data is caught by the right check: a
+  replica byte flipped below the confirm offset (B1, B3), bytes cut out of a record
+  (B2, B3), an epoch entry regressed (B4), two masters recorded in one epoch (M2), a
+  tiered segment past the confirm offset (T1), a tiered segment differing from the
+  replicas (T2), one node's applied entry changed (R1);
+- bad input exits 2 with one sentence on stderr and no Java stack trace.
+One Spark session (local[2]) serves every test of this module.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from broker_agent.epoch_file import dump_checksummed, load_checksummed
+from controller.applied_log import line_crc
+from tests.audit_fixtures import clean_data_dir, copy_data_dir, spark_session
+
+pytestmark = [
+    pytest.mark.cluster,
+    pytest.mark.timeout(180),
+    # pyspark 4.3 warns that pandas 3 is newer than the versions it was tested with; the
+    # audit reads through Arrow and never converts to pandas.
+    pytest.mark.filterwarnings("ignore:PySpark does not yet fully support pandas:FutureWarning"),
+]
+
+
+@pytest.fixture(scope="module")
+def spark():
+    session = spark_session()
+    try:
+        yield session
+    finally:
+        from spark.session import stop_session
+
+        stop_session()
+
+
+def audit(spark, data_dir: Path, report: Path, checks: str | None = None) -> dict:
+    from rich.console import Console
+
+    from spark.cli import run_checks
+    from spark.registry import parse_ids
+
+    status = run_checks([str(data_dir)], report, "local[2]", parse_ids(checks), Console(quiet=True))
+    document = json.loads((report / "report.json").read_text())
+    assert status == (0 if document["passed"] else 1)
+    return document
+
+
+def failed(document: dict) -> set[str]:
+    return {c["id"] for c in document["checks"] if not c["passed"]}
+
+
+def _summary(document: dict) -> list[tuple]:
+    return [(c["id"], c["passed"], c["rows_examined"], c["violation_count"]) for c in document["checks"]]
+
+
+_clean_report: dict = {}
+
+
+def test_clean_run_passes_every_check(spark, tmp_path):
+    data_dir = clean_data_dir()
+    epochs = load_checksummed(data_dir / "brokers" / "broker-a-1" / "store" / "epochs.json")["entries"]
+    assert len(epochs) >= 2, "the run must include a failover"
+    document = audit(spark, data_dir, tmp_path / "report")
+    assert failed(document) == set(), json.dumps(document["checks"], indent=1)[:4000]
+    assert [c["id"] for c in document["checks"]] == ["R1", "R2", "M1", "M2", "M3", "M4", "B1", "B2", "B3",
+                                                     "B4", "T1", "T2", "T3", "T4"]
+    assert all(c["rows_examined"] > 0 for c in document["checks"])
+    page = (tmp_path / "report" / "report.html").read_text()
+    assert page.count("data:image/png;base64,") == 2, "confirm-offset and election plots"
+    _clean_report.update(document)
+
+
+def test_moved_data_dir_audits_the_same(spark, tmp_path):
+    moved = tmp_path / "elsewhere" / "copied-cluster"
+    shutil.copytree(clean_data_dir(), moved)
+    document = audit(spark, moved, tmp_path / "report")
+    if not _clean_report:
+        _clean_report.update(audit(spark, clean_data_dir(), tmp_path / "clean-report"))
+    assert _summary(document) == _summary(_clean_report)
+
+
+# Crafted faults ---------------------------------------------------------------------------------
+def _first_segment(data_dir: Path, replica: str) -> Path:
+    return sorted((data_dir / "brokers" / replica / "store" / "commitlog").glob("*.log"))[0]
+
+
+def test_flipped_byte_below_the_confirm_offset(spark, tmp_path):
+    data_dir = copy_data_dir(tmp_path)
+    segment = _first_segment(data_dir, "broker-a-2")  # offsets from 0: below the confirm offset
+    data = bytearray(segment.read_bytes())
+    data[len(data) // 2] ^= 0x40
+    segment.write_bytes(bytes(data))
+    document = audit(spark, data_dir, tmp_path / "report", "B1,B3")
+    assert failed(document) == {"B1", "B3"}
+    b3 = next(c for c in document["checks"] if c["id"] == "B3")
+    assert b3["samples"][0]["replica"] == "broker-a-2" and b3["samples"][0]["file"].endswith(segment.name)
+
+
+def test_truncated_record(spark, tmp_path):
+    data_dir = copy_data_dir(tmp_path)
+    segment = _first_segment(data_dir, "broker-a-3")
+    data = segment.read_bytes()
+    middle = len(data) // 2
+    segment.write_bytes(data[:middle] + data[middle + 40:])  # 40 bytes cut out of a record
+    document = audit(spark, data_dir, tmp_path / "report", "B2,B3")
+    assert failed(document) == {"B2", "B3"}
+
+
+def test_regressed_epoch_entry(spark, tmp_path):
+    data_dir = copy_data_dir(tmp_path)
+    path = data_dir / "brokers" / "broker-a-1" / "store" / "epochs.json"
+    entries = load_checksummed(path)["entries"]
+    assert isinstance(entries, list) and len(entries) >= 2
+    entries[-1][0] = entries[-2][0]  # the last epoch no longer increases
+    path.write_bytes(dump_checksummed({"entries": entries}))
+    document = audit(spark, data_dir, tmp_path / "report", "B4")
+    assert failed(document) == {"B4"}
+
+
+def _rewrite_lines(path: Path, change) -> int:
+    """Applies `change(record) -> bool` to each line, re-checksumming changed ones."""
+    out, changed = [], 0
+    for line in path.read_text().splitlines():
+        record = json.loads(line)
+        if change(record):
+            changed += 1
+            record.pop("crc32")
+            record["crc32"] = line_crc(record)
+        out.append(json.dumps(record, sort_keys=True, separators=(",", ":")))
+    path.write_text("\n".join(out) + "\n")
+    return changed
+
+
+def test_two_masters_in_one_epoch(spark, tmp_path):
+    data_dir = copy_data_dir(tmp_path)
+    seen: dict[int, int] = {}
+
+    def second_master(record: dict) -> bool:
+        for key, value in (record.get("effects") or {}).items():
+            if key.startswith("brokerset/") and value["master_broker_id"]:
+                epoch, master = value["master_epoch"], value["master_broker_id"]
+                if epoch in seen and not seen.get(-1):
+                    other = next(int(i) for i in value["replicas"] if int(i) != master)
+                    value["master_broker_id"] = other
+                    value["sync_state_set"] = sorted(set(value["sync_state_set"]) | {other})
+                    seen[-1] = 1
+                    return True
+                seen[epoch] = master
+        return False
+
+    assert _rewrite_lines(data_dir / "controllers" / "c2" / "applied.jsonl", second_master) == 1
+    document = audit(spark, data_dir, tmp_path / "report", "M2,R1")
+    assert failed(document) == {"M2"}, "effects are not part of the command digest: R1 holds"
+
+
+def _committed_end(data_dir: Path) -> int:
+    end = 0
+    for line in (data_dir / "controllers" / "c1" / "applied.jsonl").read_text().splitlines():
+        for key, value in json.loads(line).get("effects", {}).items():
+            if key.startswith("tiered/"):
+                end = max(end, value["uploaded_offset"])
+    return end
+
+
+def test_tiered_segment_past_the_confirm_offset(spark, tmp_path):
+    data_dir = copy_data_dir(tmp_path)
+    end = _committed_end(data_dir)
+    assert end > 0
+    for log in (data_dir / "brokers").glob("*/confirm.log"):  # the masters never confirmed the last range
+        kept = [ln for ln in log.read_text().splitlines()
+                if not (json.loads(ln)["role"] == "MASTER" and json.loads(ln)["confirm_offset"] >= end)]
+        log.write_text("".join(ln + "\n" for ln in kept))
+    document = audit(spark, data_dir, tmp_path / "report", "T1")
+    assert failed(document) == {"T1"}
+
+
+def test_tiered_segment_differs_from_the_replicas(spark, tmp_path):
+    data_dir = copy_data_dir(tmp_path)
+    segment = sorted((data_dir / "tiered").rglob("*.seg"))[1]
+    data = bytearray(segment.read_bytes())
+    data[len(data) // 3] ^= 0x01
+    segment.write_bytes(bytes(data))
+    document = audit(spark, data_dir, tmp_path / "report", "T2")
+    assert failed(document) == {"T2"}
+    assert document["checks"][0]["samples"][0]["file"].endswith(segment.name)
+
+
+def test_changed_applied_entry_on_one_node(spark, tmp_path):
+    data_dir = copy_data_dir(tmp_path)
+
+    def change(record: dict) -> bool:
+        if record["index"] != 10:
+            return False
+        record["command_digest"] = "0" * 64
+        return True
+
+    assert _rewrite_lines(data_dir / "controllers" / "c3" / "applied.jsonl", change) == 1
+    document = audit(spark, data_dir, tmp_path / "report", "R1,R2")
+    assert failed(document) == {"R1"}
+    assert document["checks"][0]["samples"][0]["index"] == 10
+
+
+# Bad input --------------------------------------------------------------------------------------
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "mqmeta.cli", "audit", *args], capture_output=True,
+                          text=True, timeout=60)
+
+
+def _one_sentence(stderr: str) -> None:
+    lines = [ln for ln in stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("mqmeta: error: "), stderr
+    assert "Traceback" not in stderr and "at org.apache" not in stderr
+
+
+def test_missing_input_exits_2(tmp_path):
+    result = _cli(str(tmp_path / "no-such-dir"), "--report", str(tmp_path / "report"))
+    assert result.returncode == 2
+    _one_sentence(result.stderr)
+    assert "does not exist" in result.stderr
+
+
+def test_nothing_auditable_exits_2(tmp_path):
+    (tmp_path / "empty" / "some" / "dir").mkdir(parents=True)
+    (tmp_path / "empty" / "notes.txt").write_text("hello")
+    result = _cli(str(tmp_path / "empty"), "--report", str(tmp_path / "report"))
+    assert result.returncode == 2
+    _one_sentence(result.stderr)
+    assert "nothing to audit" in result.stderr
+
+
+def test_unknown_check_exits_2(tmp_path):
+    result = _cli(str(tmp_path), "--report", str(tmp_path / "report"), "--checks", "B1,Z9")
+    assert result.returncode == 2
+    _one_sentence(result.stderr)
