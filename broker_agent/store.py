@@ -594,6 +594,20 @@ class MessageStore:
                     found[key] = [(queue.base + i, *queue.entry(i)) for i in range(low, high)]
             return found
 
+    def index_runs_between(self, start: int, end: int) -> dict[QueueKey, tuple[int, bytes]]:
+        """Each queue's entries for its records in [start, end): (queue offset of the
+        first, the entries packed as (commit offset u64, size u32) little-endian, which is
+        also the tiered index object's entry layout), sliced without decoding them."""
+        with self._lock:
+            self._check_open()
+            found: dict[QueueKey, tuple[int, bytes]] = {}
+            for key, queue in self._queues.items():
+                low, high = queue.first_at_or_after(start), queue.first_at_or_after(end)
+                if low < high:
+                    size = _INDEX_ENTRY.size
+                    found[key] = (queue.base + low, bytes(queue.entries[low * size:high * size]))
+            return found
+
     def delete_before(self, offset: int) -> int:
         """Retention: deletes whole segments ending at or before `offset` (their range is
         already in the tiered store). Checkpoints first, so that the index and consumer
@@ -612,6 +626,10 @@ class MessageStore:
     def read_bytes(self, offset: int, max_bytes: int) -> bytes:
         """Whole records from `offset` for a slave (see CommitLog.read)."""
         return self.log.read(offset, max_bytes)
+
+    def read_bulk(self, offset: int, max_bytes: int) -> bytes:
+        """read_bytes up to 64 MiB, for the tiered uploader (see CommitLog.read_bulk)."""
+        return self.log.read_bulk(offset, max_bytes)
 
     def get_messages(self, topic: str, queue_id: int, queue_offset: int, max_count: int,
                      max_commit_offset: int, *, max_bytes: int = GET_BYTES_DEFAULT) -> list[StoredRecord]:

@@ -67,6 +67,11 @@ _OBJECT_STORE_SCHEMES = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfs
 class TieredBackend(Protocol):
     """An object store of immutable whole objects under '/'-separated keys."""
 
+    # True when `put` returns only once the object holds exactly the bytes given, durably
+    # (it wrote them from that buffer and fsynced, or compared an existing object byte
+    # for byte): re-reading it to verify would check nothing more.
+    puts_are_verified: bool
+
     def put(self, key: str, data: bytes) -> None:
         """Stores `data` at `key` atomically; the same bytes again is a no-op,
         different bytes FailedPrecondition."""
@@ -163,9 +168,12 @@ def _translated(action: str, key: str) -> Iterator[None]:
 class LocalBackend:
     """Objects as POSIX files under `root` (created when missing)."""
 
+    puts_are_verified = True  # with fsync: see _publish and _same_object
+
     def __init__(self, root: Path | str, fsync: bool = True) -> None:
         self.root = Path(root)
         self.fsync = fsync
+        self.puts_are_verified = fsync
         with _translated("create the root directory", str(self.root)):
             self.root.mkdir(parents=True, exist_ok=True)
 
@@ -310,6 +318,8 @@ def _check_list_size(prefix: str, count: int) -> None:
 
 class FsspecBackend:
     """Objects under an fsspec URL (`memory://root`, `file:///dir`, `s3://bucket/dir`, ...)."""
+
+    puts_are_verified = False  # what a remote store kept is known only by reading it back
 
     def __init__(self, url: str, **storage_options: Any) -> None:
         scheme = _scheme_of(url)

@@ -59,6 +59,7 @@ INDEX_MAGIC = b"MQTI"
 INDEX_VERSION = 1
 _INDEX_HEADER = struct.Struct("<4sIIQI")  # magic, version, queue id, first queue offset, count
 _INDEX_ENTRY = struct.Struct("<QI")  # commit offset, size
+INDEX_ENTRY_BYTES = _INDEX_ENTRY.size
 _INDEX_TRAILER = struct.Struct("<I")  # crc32 of header + entries
 
 
@@ -347,17 +348,17 @@ def build_index_segments(records: Iterable[StoredRecord], *, cluster: str,
     return objects
 
 
-def build_index_objects(entries: dict[tuple[str, int], list[tuple[int, int, int]]], *,
+def build_index_objects(runs: dict[tuple[str, int], tuple[int, bytes]], *,
                         cluster: str, broker_name: str) -> dict[str, bytes]:
-    """Index objects from a store's own index: {(topic, queue): [(queue offset, commit
-    offset, size)]}, the same objects build_index_segments makes by decoding records."""
+    """Index objects from a store's own index (MessageStore.index_runs_between): {(topic,
+    queue): (first queue offset, packed (commit offset u64, size u32) entries)} - the same
+    objects build_index_segments makes by decoding records, without touching each entry."""
     objects: dict[str, bytes] = {}
-    for (topic, queue_id), rows in sorted(entries.items()):
-        first = rows[0][0]
-        if [r[0] for r in rows] != list(range(first, first + len(rows))):
-            raise CorruptData(f"index entries of {topic}/{queue_id} are not consecutive")
-        body = _INDEX_HEADER.pack(INDEX_MAGIC, INDEX_VERSION, queue_id, first, len(rows)) + \
-            b"".join(_INDEX_ENTRY.pack(commit, size) for _, commit, size in rows)
+    for (topic, queue_id), (first, packed) in sorted(runs.items()):
+        count, rest = divmod(len(packed), _INDEX_ENTRY.size)
+        if rest or not count:
+            raise CorruptData(f"index entries of {topic}/{queue_id} are {len(packed)} bytes")
+        body = _INDEX_HEADER.pack(INDEX_MAGIC, INDEX_VERSION, queue_id, first, count) + packed
         objects[index_key(cluster, broker_name, topic, queue_id, first)] = \
             body + _INDEX_TRAILER.pack(zlib.crc32(body))
     return objects
@@ -375,7 +376,15 @@ def describe_segment(data: bytes, base_offset: int, record_count: int, first_epo
 
 
 def verify_stored(backend: TieredBackend, meta: SegmentMeta) -> None:
-    """After a put: the object is exactly the bytes hashed (size and SHA-256)."""
+    """After a put: the object is exactly the bytes hashed (size and SHA-256). A backend
+    whose puts are verified (LocalBackend with fsync: written from the hashed buffer and
+    fsynced, or an existing object compared byte for byte) is checked by size alone:
+    re-reading a file just written would hash the page cache, not the disk."""
+    if backend.puts_are_verified:
+        size = backend.size(meta.key)
+        if size != meta.size:
+            raise CorruptData(f"{meta.key}: {size} bytes stored, {meta.size} uploaded")
+        return
     data = backend.get(meta.key)
     if len(data) != meta.size or hashlib.sha256(data).hexdigest() != meta.sha256:
         raise CorruptData(f"{meta.key}: the stored object is not what was uploaded")
