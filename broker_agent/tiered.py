@@ -58,6 +58,7 @@ log = logging.getLogger(__name__)
 STEP_INTERVAL_S = 0.1
 UPLOAD_BYTES_MAX = BULK_READ_BYTES_MAX  # one upload is one commit-log read (64 MiB)
 ERROR_PAUSE_S = 1.0
+SLAVE_RETENTION_INTERVAL_S = 1.0  # how often a slave asks the controller for the checkpoint
 PUT_WORKERS_MAX = 4  # an upload's objects are put concurrently: their fsyncs overlap
 
 
@@ -92,6 +93,7 @@ class TieredUploader:
         self.checkpoint_epoch = 0
         self.refused = ""  # why this master will not upload (lineage disagreement)
         self.last_upload = time.monotonic()
+        self.next_slave_retention = 0.0
         self._thread = threading.Thread(target=self._loop, name="tiered", daemon=True)
 
     def start(self) -> None:
@@ -127,9 +129,12 @@ class TieredUploader:
 
     def step(self) -> None:
         with self.agent.lock:
-            if self.agent.role != Role.MASTER:
-                self.checkpoint = None
-                return
+            role = self.agent.role
+        if role != Role.MASTER:
+            self.checkpoint = None
+            if role == Role.SLAVE:
+                self._slave_retention()
+            return
         epoch, confirm = self._role()
         if self.checkpoint_epoch != epoch or (self.checkpoint is None and not self.refused):
             self._resume(epoch)  # a refusal is re-examined only when the epoch changes
@@ -205,13 +210,37 @@ class TieredUploader:
 
     def _apply_retention(self) -> None:
         """Local segments go only once committed to the tiered store and past retention."""
-        if not self.config.local_retention_bytes or self.checkpoint is None:
-            return
+        if self.config.local_retention_bytes and self.checkpoint is not None:
+            self._retain(self.checkpoint.uploaded_offset)
+
+    def _retain(self, committed: int) -> None:
         store = self.agent.store
-        cutoff = min(self.checkpoint.uploaded_offset,
-                     store.max_offset - self.config.local_retention_bytes)
+        cutoff = min(committed, store.max_offset - self.config.local_retention_bytes)
         if cutoff > store.min_offset and store.delete_before(cutoff):
             log.info("local retention: the log now starts at %d", store.min_offset)
+
+    def _slave_retention(self) -> None:
+        """The master's rule on a slave: delete only what the controller's committed
+        checkpoint covers, past local retention, and only where this log agrees with the
+        uploaded lineage (a slave may still hold a divergent tail it has not truncated).
+        The checkpoint is asked for at most every SLAVE_RETENTION_INTERVAL_S."""
+        now = time.monotonic()
+        if not self.config.local_retention_bytes or now < self.next_slave_retention:
+            return
+        self.next_slave_retention = now + SLAVE_RETENTION_INTERVAL_S
+        store = self.agent.store
+        if store.max_offset - store.min_offset <= self.config.local_retention_bytes:
+            return  # nothing could go: spare the controller the call
+        checkpoint = self._controller("GetTieredCheckpoint", cpb.BrokerSetRef(
+            cluster=self.agent.config.cluster, broker_name=self.agent.config.broker_name))
+        uploaded = checkpoint.uploaded_offset
+        if not uploaded:
+            return
+        lineage = [(e.epoch, e.start_offset) for e in checkpoint.epochs]
+        agreed = consistent_point(lineage, store.epochs.entries, store.max_offset, uploaded)
+        with self.agent.lock:
+            if self.agent.role == Role.SLAVE:
+                self._retain(min(uploaded, agreed))
 
     def read_queue(self, topic: str, queue_id: int, queue_offset: int,
                    max_count: int) -> list[StoredRecord]:
@@ -339,10 +368,12 @@ def bootstrap_from_tiered(agent: BrokerAgent, master_min_offset: int, still_curr
         raise FailedPrecondition(f"the tiered store ends at {checkpoint.uploaded_offset} but the "
                                  f"master's log starts at {master_min_offset}: cannot bootstrap")
     start = store.max_offset
+    log.info("bootstrapping [%d, %d) from the tiered store", start, checkpoint.uploaded_offset)
     for segment in sorted(checkpoint.segments, key=lambda s: s.base_offset):
         if segment.end_offset <= store.max_offset:
             continue
         if not still_current():
+            log.info("bootstrap stopped at %d: the master changed", store.max_offset)
             return
         if segment.base_offset > store.max_offset:
             raise FailedPrecondition(f"the tiered store has no segment at {store.max_offset}")
@@ -353,6 +384,7 @@ def bootstrap_from_tiered(agent: BrokerAgent, master_min_offset: int, still_curr
         for piece in _pieces(data[offset - segment.base_offset:], BOOTSTRAP_APPEND_BYTES):
             with agent.lock:
                 if not still_current():
+                    log.info("bootstrap stopped at %d: the master changed", offset)
                     return
                 store.append_replicated(offset, piece)
             offset += len(piece)

@@ -7,7 +7,10 @@ Properties checked (DESIGN.md T1-T4):
   controller's checkpoint; the committed segments tile [0, uploaded) with no gap or
   overlap (T3) and each equals the replicas' bytes for the same offsets (T2);
 - the checkpoint never moves backwards across failovers (T4);
-- the whole broker set killed and restarted: uploads continue from the checkpoint.
+- the whole broker set killed and restarted: uploads continue from the checkpoint;
+- an empty slave bootstrapping from the tiered store while the master is killed -9 ends
+  byte-identical with the new master, and no acknowledged message is lost;
+- slaves apply local retention too, never past the controller's committed checkpoint.
 """
 
 from __future__ import annotations
@@ -51,14 +54,17 @@ class Load(threading.Thread):
         self.producer = Producer(cluster.namesrv, timeout_s=8.0)
         self.stop_event = threading.Event()
         self.acked = 0
+        self.acked_bodies: list[bytes] = []
 
     def run(self) -> None:
         for i in range(100_000):
             if self.stop_event.is_set():
                 break
+            bodies = [f"v{i}-{k}".encode() * 8 for k in range(4)]
             try:
-                self.producer.send("Orders", [f"v{i}-{k}".encode() * 8 for k in range(4)])
+                self.producer.send("Orders", bodies)
                 self.acked += 4
+                self.acked_bodies += bodies
             except MqmetaError:
                 pass
 
@@ -265,3 +271,136 @@ def test_empty_slave_bootstraps_from_the_tiered_store(cluster_factory):
 def _master_min_offset(cluster, master: str) -> int:
     files = sorted((cluster.root / cluster.broker(master).data_dir / "store").rglob("*.log"))
     return int(files[0].stem)
+
+
+RETENTION_FLAGS = FLAGS + ["--segment-bytes", "16384", "--local-retention-bytes", "16384"]
+
+
+def _local_min_offset(cluster, name: str) -> int:
+    return _master_min_offset(cluster, name)
+
+
+def _wait_log_line(path: Path, start: int, text: str, timeout_s: float) -> bool:
+    """Whether `text` appears in the log at `path` after byte `start`, polled every 5 ms."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with open(path, "rb") as f:
+            f.seek(start)
+            if text.encode() in f.read():
+                return True
+        time.sleep(0.005)
+    return False
+
+
+def _wait_same_end(cluster, names: list[str], timeout_s: float) -> int:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            ends = {cluster.broker_status(n).max_offset for n in names}
+            if len(ends) == 1:
+                return ends.pop()
+        except Exception:  # a broker still starting
+            pass
+        time.sleep(0.2)
+    pytest.fail(f"{names} never reached the same log end")
+
+
+@pytest.mark.timeout(90)
+def test_master_killed_while_an_empty_slave_bootstraps(cluster_factory):
+    """Switching again mid-bootstrap: an empty slave is copying the tiered range (the master
+    answered OFFSET_MOVED_TO_TIERED_STORAGE) when the master is killed -9. The slave is
+    frozen as soon as it starts bootstrapping, the master killed, a new one elected, then
+    the slave thawed: its bootstrap sees the session change, stops, and resumes against
+    the new master (whose own retention cut its log too: tiered again, then replication).
+    It must end byte-identical with the new master, and every acknowledged message stays."""
+    import shutil
+
+    cluster = cluster_factory(broker_sets=1, replicas=3, broker_flags=RETENTION_FLAGS).start()
+    with cluster.client() as client:
+        client.call("CreateTopic", pb.TopicSpec(name="Orders", queue_count=4))
+    old = wait_in_sync(cluster, 3)
+    load = Load(cluster)
+    load.start()
+    try:
+        wait_uploaded(cluster, 150_000)
+        empty, other = [b.name for b in cluster.layout.brokers if b.name != old]
+        empty_id = cluster.broker_status(empty).broker_id
+        cluster.kill(empty)
+        shutil.rmtree(cluster.root / cluster.broker(empty).data_dir / "store")
+        deadline = time.monotonic() + 15  # out of the SyncStateSet: never elected while empty
+        while empty_id in cluster.broker_status(old).sync_state_set and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert empty_id not in cluster.broker_status(old).sync_state_set
+        log_path = cluster.root / "logs" / f"{empty}.log"
+        start = log_path.stat().st_size if log_path.exists() else 0
+        cluster.start_broker(empty)
+        assert _wait_log_line(log_path, start, "bootstrapping [0,", 20), "no tiered bootstrap"
+        cluster.pause(empty)  # freeze it mid-bootstrap
+        try:
+            cluster.kill(old)
+            new = cluster.master_of("broker-a", exclude=old, timeout_s=15)
+            assert new == other
+        finally:
+            cluster.resume(empty)
+        time.sleep(1.5)  # the load goes on against the new master
+    finally:
+        load.stop()
+    assert load.acked > 0
+    end = _wait_same_end(cluster, [empty, other], timeout_s=30)
+    with open(log_path, "rb") as f:
+        f.seek(start)
+        text = f.read().decode(errors="replace")
+    lo = max(_local_min_offset(cluster, empty), _local_min_offset(cluster, other))
+    stores = [cluster.root / cluster.broker(n).data_dir / "store" for n in (empty, other)]
+    assert lo < end and replica_bytes(stores[0], lo, end) == replica_bytes(stores[1], lo, end), \
+        "the bootstrapped slave differs from the new master"
+    # the old master restarted: all three agree, and the tiered copy equals them
+    cluster.start_broker(old)
+    wait_in_sync(cluster, 3, timeout_s=30)
+    check_tiered_equals_replicas(cluster, checkpoint(cluster))
+    from tests.test_broker_failover import consume_all
+
+    seen = {m.body for m in consume_all(cluster, "after-switch", load.acked)}
+    missing = [b for b in load.acked_bodies if b not in seen]
+    assert not missing, f"{len(missing)} acknowledged messages lost, e.g. {missing[:3]}"
+    print("bootstrap interrupted by the switch:", "bootstrap stopped at" in text,
+          "| tiered bootstraps:", text.count("bootstrapping ["))
+
+
+@pytest.mark.timeout(60)
+def test_slaves_apply_local_retention(cluster_factory):
+    """A slave's local log is cut like the master's: only what the controller's committed
+    checkpoint covers and past local retention; every replica keeps a bounded log, and the
+    bytes kept still equal the tiered copy."""
+    cluster = cluster_factory(broker_sets=1, replicas=3, broker_flags=RETENTION_FLAGS).start()
+    with cluster.client() as client:
+        client.call("CreateTopic", pb.TopicSpec(name="Orders", queue_count=4))
+    wait_in_sync(cluster, 3)
+    load = Load(cluster)
+    load.start()
+    violations: list[tuple[str, int, int]] = []
+    try:
+        wait_uploaded(cluster, 100_000)
+        deadline = time.monotonic() + 4.0
+        while time.monotonic() < deadline:  # sampled while it runs: never past the checkpoint
+            uploaded = checkpoint(cluster).uploaded_offset  # read first: only grows
+            for broker in cluster.layout.brokers:
+                local_min = _local_min_offset(cluster, broker.name)
+                if local_min > uploaded:
+                    violations.append((broker.name, local_min, uploaded))
+            time.sleep(0.1)
+    finally:
+        load.stop()
+    time.sleep(2.5)  # a slave asks for the checkpoint at most once a second
+    assert not violations, f"local segments deleted past the checkpoint: {violations[:3]}"
+    current = checkpoint(cluster)
+    for broker in cluster.layout.brokers:
+        store = cluster.root / broker.data_dir / "store"
+        local_min = _local_min_offset(cluster, broker.name)
+        kept = sum(p.stat().st_size for p in store.rglob("*.log"))
+        assert 0 < local_min <= current.uploaded_offset, f"{broker.name} applied no retention"
+        max_offset = cluster.broker_status(broker.name).max_offset
+        # retention 16 KiB + at most one whole 16 KiB segment + what is not uploaded yet
+        assert kept <= max_offset - current.uploaded_offset + 3 * 16384, \
+            f"{broker.name} keeps {kept} bytes of a {max_offset}-byte log"
+    check_tiered_equals_replicas(cluster, current)
