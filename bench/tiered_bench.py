@@ -11,11 +11,13 @@ upload      in-process, no cluster. A real MessageStore (fsync=True) filled with
             (broker_agent.tiered: TieredUploader._upload without the controller RPCs
             TieredUploadStart and TieredCommit) is timed range by range for ranges of 4 MiB
             and of 64 MiB (the --tiered-upload-bytes default and maximum):
-                store.read_bulk (pread + one CRC-32 pass over every record) ->
-                prepare_upload (SHA-256 once; index objects sliced from the store's index;
-                lineage) -> marker put -> put_objects (segment, index objects, lineage,
-                concurrently) -> verify_stored (size only: LocalBackend with fsync writes
-                from the hashed buffer and fsyncs; SHA-256 re-read when fsync is off)
+                store.read_bulk(check=False) (exact whole-record pread) -> prepare_upload
+                (index objects sliced from the store's index; lineage) -> marker put ->
+                write_upload (one CRC-32 pass over every record in the caller's thread
+                while workers compute the SHA-256 and put the segment, index objects and
+                lineage; nothing is committed unless the CRCs check) -> verify_stored
+                (size only: LocalBackend with fsync writes from the hashed buffer and
+                fsyncs; SHA-256 re-read when fsync is off)
             with the time of every step, once with a LocalBackend that fsyncs (as brokers
             run) and once without. Baselines in the same run, median of 3: shutil.copyfile
             of the store's commit-log segment files (the same bytes) to another directory,
@@ -133,22 +135,24 @@ def fill_store(store_dir: Path, target_bytes: int, deadline: float) -> tuple[Any
 def read_range(store: Any, base: int, limit: int) -> bytes:
     """What the uploader reads for [base, limit): one store.read_bulk call (as
     TieredUploader._upload does; it ends early at a commit-log segment end)."""
-    return store.read_bulk(base, limit - base)
+    return store.read_bulk(base, limit - base, check=False)  # write_upload checks the CRCs
 
 
-STEPS = ["read", "prepare", "put_marker", "put_objects", "verify"]
+STEPS = ["read", "prepare", "put_marker", "write_upload", "verify"]
 
 
 def upload_run(store: Any, backend_dir: Path, range_bytes: int, deadline: float,
                fsync: bool = True) -> dict[str, Any]:
     """TieredUploader._upload's own code over the whole log, range by range, without the
-    controller RPCs (TieredUploadStart, TieredCommit): store.read_bulk (one CRC pass) ->
-    prepare_upload (SHA-256 once, index and lineage objects from the store's index) ->
-    marker put -> put_objects (segment, index objects, lineage; concurrent puts) ->
-    verify_stored (size only on a LocalBackend with fsync; SHA-256 re-read without)."""
+    controller RPCs (TieredUploadStart, TieredCommit): store.read_bulk(check=False) (an
+    exact whole-record pread) -> prepare_upload (index and lineage objects from the
+    store's index) -> marker put -> write_upload (the CRC-32 pass over every record in
+    this thread while workers hash the segment and put the segment, index objects and
+    lineage) -> verify_stored (size only on a LocalBackend with fsync; SHA-256 re-read
+    without)."""
     import uuid
 
-    from broker_agent.tiered import prepare_upload, put_objects
+    from broker_agent.tiered import prepare_upload, write_upload
     from broker_agent.tiered_backend import LocalBackend
     from broker_agent.tiered_layout import upload_marker_key, verify_stored
 
@@ -176,18 +180,18 @@ def upload_run(store: Any, backend_dir: Path, range_bytes: int, deadline: float,
         backend.put(upload_marker_key(CLUSTER_NAME, BROKER_NAME, uuid.uuid4().hex),
                     json.dumps({"keys": upload.keys(), "epoch": 1}).encode())
         marks.append(time.perf_counter())
-        put_objects(backend.put, upload.objects)
+        meta = write_upload(backend.put, upload)
         marks.append(time.perf_counter())
-        verify_stored(backend, upload.meta)
+        verify_stored(backend, meta)
         marks.append(time.perf_counter())
         for step, (t0, t1) in zip(STEPS, zip(marks, marks[1:], strict=False), strict=True):
             steps[step] += t1 - t0
         per_upload.append(marks[-1] - start)
-        records += upload.meta.record_count
+        records += meta.record_count
         index_objects += len(upload.objects) - 2
         uploads += 1
         position += len(data)
-        del data, upload
+        del data, upload, meta
     wall = time.perf_counter() - wall0
     cpu = time.process_time() - cpu0
     total = sum(steps.values())
@@ -205,8 +209,11 @@ def upload_run(store: Any, backend_dir: Path, range_bytes: int, deadline: float,
 
 def cost_breakdown(store: Any, sample_bytes: int) -> dict[str, Any]:
     """The per-byte costs of an upload on a sample range: the raw pread of the segment
-    file, store.read_bulk (pread + one CRC-32 pass over every record) and SHA-256."""
+    file, store.read_bulk (pread + one CRC-32 pass over every record), the CRC-32 pass
+    alone (check_whole_records) and SHA-256."""
     import hashlib
+
+    from broker_agent.commitlog import check_whole_records
 
     path = sorted((Path(store.directory) / "commitlog").glob("*.log"))[0]
     timings: dict[str, float] = {}
@@ -216,7 +223,10 @@ def cost_breakdown(store: Any, sample_bytes: int) -> dict[str, Any]:
     timings["pread_only"] = time.perf_counter() - t
     t = time.perf_counter()
     data = read_range(store, 0, min(store.max_offset, sample_bytes))
-    timings["read_bytes_with_crc"] = time.perf_counter() - t
+    timings["read_bytes_unchecked"] = time.perf_counter() - t
+    t = time.perf_counter()
+    check_whole_records(data, 0)
+    timings["crc_pass"] = time.perf_counter() - t
     t = time.perf_counter()
     hashlib.sha256(data).hexdigest()
     timings["sha256"] = time.perf_counter() - t

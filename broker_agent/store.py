@@ -627,9 +627,9 @@ class MessageStore:
         """Whole records from `offset` for a slave (see CommitLog.read)."""
         return self.log.read(offset, max_bytes)
 
-    def read_bulk(self, offset: int, max_bytes: int) -> bytes:
+    def read_bulk(self, offset: int, max_bytes: int, check: bool = True) -> bytes:
         """read_bytes up to 64 MiB, for the tiered uploader (see CommitLog.read_bulk)."""
-        return self.log.read_bulk(offset, max_bytes)
+        return self.log.read_bulk(offset, max_bytes, check)
 
     def get_messages(self, topic: str, queue_id: int, queue_offset: int, max_count: int,
                      max_commit_offset: int, *, max_bytes: int = GET_BYTES_DEFAULT) -> list[StoredRecord]:

@@ -30,7 +30,7 @@ from concurrent.futures import wait as wait_all
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from broker_agent.commitlog import BULK_READ_BYTES_MAX
+from broker_agent.commitlog import BULK_READ_BYTES_MAX, check_whole_records
 from broker_agent.epoch_file import EpochEntry, consistent_point, epoch_covering
 from broker_agent.ha import Role
 from broker_agent.records import StoredRecord, decode_record
@@ -41,8 +41,8 @@ from broker_agent.tiered_layout import (
     broker_prefix,
     build_epoch_lineage,
     build_index_objects,
-    describe_segment,
     parse_index_segment,
+    segment_key,
     upload_marker_key,
     verify_stored,
 )
@@ -170,7 +170,7 @@ class TieredUploader:
     def _upload(self, epoch: int, base: int, limit: int) -> None:
         agent, store = self.agent, self.agent.store
         cluster, name = agent.config.cluster, agent.config.broker_name
-        data = store.read_bulk(base, limit - base)  # every record's CRC checked (commitlog.py)
+        data = store.read_bulk(base, limit - base, check=False)  # write_upload checks
         end = base + len(data)
         if not data or end > limit:
             raise FailedPrecondition(f"cannot read whole records in [{base}, {limit})")
@@ -181,7 +181,6 @@ class TieredUploader:
                                          f"{agent.confirm}")
             agent.note_confirm(force=True)  # the audit's T1 evidence precedes the upload
         upload = prepare_upload(store, data, base, cluster=cluster, broker_name=name)
-        meta = upload.meta
         upload_id = uuid.uuid4().hex
         self.backend.put(upload_marker_key(cluster, name, upload_id),
                          json.dumps({"keys": upload.keys(), "epoch": epoch}).encode())
@@ -193,7 +192,7 @@ class TieredUploader:
             self._still(epoch)
             self._put_over_garbage(key, body)
 
-        put_objects(put, upload.objects)
+        meta = write_upload(put, upload)  # checks every record's CRC while putting
         verify_stored(self.backend, meta)
         self._still(epoch)
         self.checkpoint = self._controller("TieredCommit", cpb.TieredCommitRequest(
@@ -309,45 +308,74 @@ class TieredUploader:
 
 @dataclass(frozen=True)
 class PreparedUpload:
-    """The objects of one upload: the segment first, then the per-queue index objects,
-    then the epoch lineage."""
+    """One upload before its segment is hashed: the objects (the segment first, then the
+    per-queue index objects, then the epoch lineage) and what the segment meta needs."""
 
-    meta: SegmentMeta
+    base_offset: int
+    record_count: int
+    first_epoch: int
+    last_epoch: int
     objects: list[tuple[str, bytes]]
     epochs: list[EpochEntry]
 
     def keys(self) -> list[str]:
         return [key for key, _ in self.objects]
 
+    def meta(self, sha256: str) -> SegmentMeta:
+        key, data = self.objects[0]
+        return SegmentMeta(key=key, base_offset=self.base_offset,
+                           end_offset=self.base_offset + len(data), size=len(data), sha256=sha256,
+                           record_count=self.record_count, first_epoch=self.first_epoch,
+                           last_epoch=self.last_epoch)
+
 
 def prepare_upload(store: MessageStore, data: bytes, base: int, *, cluster: str,
                    broker_name: str) -> PreparedUpload:
-    """The objects for `data`, read from this broker's own store at `base` (its reads check
-    every record's CRC). The store's index and epoch file describe the bytes, so no record
-    is decoded again; the SHA-256 is computed here, once."""
+    """The objects for `data`, read from this broker's own store at `base`. The store's
+    index and epoch file describe the bytes: no record is decoded here."""
     end = base + len(data)
     runs = store.index_runs_between(base, end)
     epochs = [(e, s) for e, s in store.epochs.entries if s < end]
-    meta = describe_segment(data, base, sum(len(packed) for _, packed in runs.values()) // INDEX_ENTRY_BYTES,
-                            epoch_covering(epochs, base), epochs[-1][0],
-                            cluster=cluster, broker_name=broker_name)
     indexes = build_index_objects(runs, cluster=cluster, broker_name=broker_name)
     lineage_key, lineage = build_epoch_lineage(epochs, end, cluster=cluster,
                                                broker_name=broker_name)
-    return PreparedUpload(meta, [(meta.key, data), *indexes.items(), (lineage_key, lineage)],
-                          epochs)
+    record_count = sum(len(packed) for _, packed in runs.values()) // INDEX_ENTRY_BYTES
+    return PreparedUpload(base, record_count, epoch_covering(epochs, base), epochs[-1][0],
+                          [(segment_key(cluster, broker_name, base, end), data),
+                           *indexes.items(), (lineage_key, lineage)], epochs)
 
 
-def put_objects(put: Callable[[str, bytes], None], objects: list[tuple[str, bytes]]) -> None:
-    """Puts every object, at most PUT_WORKERS_MAX at once (a backend's puts release the
-    GIL while writing and fsyncing, and concurrent fsyncs share journal commits); returns
-    when all are stored, else raises the first failure once every put has ended."""
-    with ThreadPoolExecutor(max_workers=min(PUT_WORKERS_MAX, len(objects)),
-                            thread_name_prefix="tiered-put") as pool:
-        futures = [pool.submit(put, key, body) for key, body in objects]
-        wait_all(futures)
-    for future in futures:
+def write_upload(put: Callable[[str, bytes], None], upload: PreparedUpload) -> SegmentMeta:
+    """Puts every object of `upload` while its segment bytes are checked and hashed, and
+    returns the segment's meta once all of that succeeded.
+
+    The segment was read without its checksums checked (CommitLog.read_bulk with
+    check=False): here every record's CRC-32 is checked (check_whole_records) in this
+    thread while worker threads hash the bytes and put the objects (SHA-256, writes and
+    fsyncs release the GIL). A corrupt record raises CorruptData: the upload is never
+    committed, so its objects stay unreachable garbage (readers follow only committed
+    checkpoints; a retry replaces them, see _put_over_garbage) - corrupt bytes are never
+    uploaded silently. The record count must match the store's index too.
+    """
+    key, data = upload.objects[0]
+    with ThreadPoolExecutor(max_workers=PUT_WORKERS_MAX, thread_name_prefix="tiered-put") as pool:
+        digest = pool.submit(_sha256_hex, data)
+        puts = [pool.submit(put, k, body) for k, body in upload.objects]
+        try:
+            records = check_whole_records(data, upload.base_offset)
+        finally:
+            wait_all([digest])
+            wait_all(puts)
+    for future in puts:
         future.result()
+    if records != upload.record_count:
+        raise CorruptData(f"{key}: {records} records in the commit log, {upload.record_count} in "
+                          "the store's index")
+    return upload.meta(digest.result())
+
+
+def _sha256_hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
 
 
 def bootstrap_from_tiered(agent: BrokerAgent, master_min_offset: int, still_current) -> None:
