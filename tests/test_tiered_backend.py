@@ -24,7 +24,15 @@ Properties checked:
   record), and refuses offsets outside the segments or off a record start; the
   per-queue index objects match the store's index and detect corruption; the epoch
   lineage round-trips and detects corruption; gaps and overlaps (also duplicates and
-  nesting) are each reported; SegmentMeta round-trips through to_dict/from_dict.
+  nesting) are each reported; SegmentMeta round-trips through to_dict/from_dict;
+- the uploader's fast path (prepare_upload + write_upload over read_bulk(check=False))
+  makes exactly the objects and meta of the decoding twins (build_segment,
+  build_index_segments), for every range cut; a flipped byte in the bytes read raises
+  CorruptData from write_upload (never a meta to commit), as does a record count that
+  disagrees with the index; check_whole_records agrees with split_records and names a
+  torn tail; read_bulk serves up to 64 MiB and checks CRCs unless told not to (a flipped
+  byte on disk is CorruptData from read and read_bulk); verify_stored is size-only on a
+  fsyncing LocalBackend and re-hashes on fsspec (a replaced object fails).
 """
 
 from __future__ import annotations
@@ -62,6 +70,7 @@ from broker_agent.tiered_layout import (
     segment_key,
     upload_marker_key,
     verify_segment,
+    verify_stored,
 )
 from mqmeta.errors import CorruptData, FailedPrecondition, InvalidArgument, NotFound, Unavailable
 
@@ -494,3 +503,80 @@ def test_keys_and_meta_are_validated():
         SegmentMeta.from_dict({**_meta(0, 100).to_dict(), "sha256": "nope"})
     with pytest.raises(CorruptData):
         SegmentMeta.from_dict({"key": "x"})
+
+
+# The uploader's fast path ------------------------------------------------------------------------
+
+def test_write_upload_makes_what_the_decoding_twins_make(tmp_path, store):
+    from broker_agent.tiered import prepare_upload, write_upload
+
+    data = _store_bytes(store)
+    records = split_records(data, 0)
+    for cut in (0, records[17].commit_offset, records[40].commit_offset):
+        piece = store.read_bulk(cut, len(data) - cut, check=False)
+        assert piece == data[cut:cut + len(piece)]
+        upload = prepare_upload(store, piece, cut, cluster=CLUSTER, broker_name=BROKER)
+        backend = LocalBackend(tmp_path / f"objects-{cut}")
+        meta = write_upload(backend.put, upload)
+        obj, expected = build_segment(piece, cut, cluster=CLUSTER, broker_name=BROKER)
+        assert meta == expected and backend.get(meta.key) == obj
+        indexes = build_index_segments(split_records(piece, cut), cluster=CLUSTER, broker_name=BROKER)
+        for key, body in indexes.items():
+            assert backend.get(key) == body
+        verify_stored(backend, meta)
+        verify_segment(backend, meta, epochs=store.epochs.entries)
+        assert set(upload.keys()) == {meta.key, *indexes, *backend.list(f"{CLUSTER}/{BROKER}/epochs/")}
+
+
+def test_write_upload_refuses_corrupt_bytes(tmp_path, store):
+    import dataclasses
+
+    from broker_agent.tiered import prepare_upload, write_upload
+
+    data = store.read_bulk(0, store.max_offset, check=False)
+    flipped = data[:700] + bytes([data[700] ^ 0x10]) + data[701:]
+    upload = prepare_upload(store, flipped, 0, cluster=CLUSTER, broker_name=BROKER)
+    with pytest.raises(CorruptData, match="checksum"):
+        write_upload(LocalBackend(tmp_path / "a").put, upload)
+    miscounted = dataclasses.replace(prepare_upload(store, data, 0, cluster=CLUSTER,
+                                                    broker_name=BROKER), record_count=5)
+    with pytest.raises(CorruptData, match="index"):
+        write_upload(LocalBackend(tmp_path / "b").put, miscounted)
+
+
+def test_check_whole_records_and_read_bulk(tmp_path, store):
+    from broker_agent.commitlog import BULK_READ_BYTES_MAX, check_whole_records
+
+    data = _store_bytes(store)
+    assert check_whole_records(data, 0) == len(split_records(data, 0))
+    assert check_whole_records(b"", 0) == 0
+    with pytest.raises(CorruptData, match="record boundary"):
+        check_whole_records(data[:-3], 0)
+    assert store.read_bulk(0, 32 << 20) == store.read_bytes(0, 1 << 20)  # one 4 KiB file
+    with pytest.raises(InvalidArgument):
+        store.read_bytes(0, 32 << 20)
+    with pytest.raises(InvalidArgument):
+        store.read_bulk(0, BULK_READ_BYTES_MAX + 1)
+    first = store.log.segment_paths()[0]
+    raw = first.read_bytes()
+    first.write_bytes(raw[:300] + bytes([raw[300] ^ 0x01]) + raw[301:])
+    for read in (store.read_bytes, store.read_bulk):
+        with pytest.raises(CorruptData, match="never served"):
+            read(0, 1 << 20)
+    assert store.read_bulk(0, 1 << 20, check=False)[300] == raw[300] ^ 0x01  # unchecked
+
+
+def test_verify_stored_size_only_when_puts_are_verified(tmp_path, memory_url, store):
+    from broker_agent.tiered import prepare_upload, write_upload
+
+    data = store.read_bulk(0, store.max_offset)
+    local = LocalBackend(tmp_path / "objects")
+    assert local.puts_are_verified and not LocalBackend(tmp_path / "x", fsync=False).puts_are_verified
+    meta = write_upload(local.put, prepare_upload(store, data, 0, cluster=CLUSTER,
+                                                  broker_name=BROKER))
+    verify_stored(local, meta)
+    remote = FsspecBackend(memory_url)
+    assert not remote.puts_are_verified
+    remote.put(meta.key, data[:-1] + bytes([data[-1] ^ 1]))  # same size, other bytes
+    with pytest.raises(CorruptData):
+        verify_stored(remote, meta)
