@@ -18,7 +18,9 @@ Crash safety:
   the offset, fsyncing as it goes, so a crash leaves a gap-free prefix of the old log;
 - retention deletes segments oldest first, leaving a gap-free suffix.
 
-Every read checks each record's CRC. A sparse in-memory list of record starts (one
+Every read checks each record's CRC (outside the lock, in one tight pass); only
+read_bulk(check=False) leaves that to its caller (the tiered uploader checks while it
+writes). A sparse in-memory list of record starts (one
 every MARK_INTERVAL_BYTES) makes "is this offset a record boundary?" exact and cheap.
 """
 

@@ -6,13 +6,16 @@ Rules (REFERENCE.md section 2; RocketMQ never finished this, Kafka KIP-405 is th
 - uploads are batched by size (`upload_bytes`) and by age (`upload_interval_ms`);
 - each upload is two-phase and fenced by the master epoch: a marker object naming what
   it will write -> "upload started" in the controller -> the objects (segment, per-queue
-  index, epoch lineage) -> re-read and verify -> commit the checkpoint in the controller.
-  A stale master's start or commit is refused there;
+  index, epoch lineage), written while every record's CRC is checked and the segment
+  hashed (write_upload) -> verify what is stored -> commit the checkpoint in the
+  controller. A stale master's start or commit is refused there;
 - demotion stops the uploader at once: it re-checks role and epoch between steps and
   commits nothing once they changed;
 - a new master resumes from the controller's checkpoint only if its own epoch lineage
   agrees with the uploaded range's lineage (KAFKA-15241); otherwise it refuses;
-- objects of abandoned uploads (listed by the controller) are deleted, then forgotten.
+- objects of abandoned uploads (listed by the controller) are deleted, then forgotten;
+- local segments go only once committed and past local retention, on the master and
+  on slaves alike (a slave learns the checkpoint from the controller, at a bounded rate).
 """
 
 from __future__ import annotations
