@@ -177,7 +177,7 @@ def _execute(config: RunConfig, cluster: Cluster, network: ProxiedNetwork,
     try:
         _fault_loop(config, context, recorder, faults)
     finally:
-        workload.stop(config.drain_s)
+        workload.stop(config.drain_s, healed_ms=faults[-1]["end_ms"] if faults else 0)
 
 
 def _fault_loop(config: RunConfig, context: FaultContext, recorder: HistoryRecorder,

@@ -95,6 +95,8 @@ class _QueueProducer(_Paced):
         self.queues = {key: QueueRef(broker_names[zlib.crc32(key.encode()) % len(broker_names)],
                                      zlib.crc32(key.encode()) % QUEUE_COUNT) for key in self.keys}
         self.sequence = itertools.count()
+        self.acknowledged: set[str] = set()
+        self.last_success_ms = 0
 
     def operate(self) -> None:
         sequence = next(self.sequence)
@@ -106,6 +108,8 @@ class _QueueProducer(_Paced):
         try:
             self.producer.send(TOPIC, [body], queue=self.queues[key], keys=[key])
             result, info = Result.SUCCESS, None
+            self.acknowledged.add(value)
+            self.last_success_ms = now_ms()
         except InvalidArgument as error:
             result, info = Result.FAILURE, _info(error)
         except MqmetaError as error:
@@ -131,8 +135,7 @@ class _QueueConsumer(threading.Thread):
         self.recorder = recorder
         self.consumer = Consumer(namesrv, TOPIC, GROUP, timeout_s=SEND_TIMEOUT_S)
         self.stopping = threading.Event()
-        self.delivered = 0
-        self.last_delivery = time.monotonic()
+        self.delivered: set[str] = set()
 
     def run(self) -> None:
         while not self.stopping.is_set():
@@ -157,8 +160,7 @@ class _QueueConsumer(threading.Thread):
         self.recorder.record(RequestEvent(0, "dequeue", None, None, at_ms))
         self.recorder.record(ResponseEvent(0, "dequeue", Result.SUCCESS, value, key, at_ms, 0,
                                            None, at_ms - int(sent)))
-        self.delivered += 1
-        self.last_delivery = time.monotonic()
+        self.delivered.add(value)
 
 
 class QueueWorkload:
@@ -175,15 +177,23 @@ class QueueWorkload:
         for producer in self.producers:
             producer.start()
 
-    def stop(self, drain_s: float) -> None:
-        """Stops producing, then lets the consumer drain until quiet for 3 s (at most drain_s)."""
+    def stop(self, drain_s: float, healed_ms: int = 0) -> None:
+        """Keeps producing until a send succeeds after the last heal (the service is back; at
+        most drain_s), stops producing, then lets the consumer drain until it has delivered
+        every acknowledged message (at most drain_s more) and one quiet second for stragglers.
+        The waits only bound how long the run lasts; the checkers judge what happened."""
+        deadline = time.monotonic() + drain_s
+        while time.monotonic() < deadline and max(p.last_success_ms for p in self.producers) <= healed_ms:
+            time.sleep(0.1)
         for producer in self.producers:
             producer.stopping.set()
         for producer in self.producers:
             producer.join(timeout=SEND_TIMEOUT_S * 2)
+        acknowledged = set().union(*(p.acknowledged for p in self.producers))
         deadline = time.monotonic() + drain_s
-        while time.monotonic() < deadline and time.monotonic() - self.consumer.last_delivery < 3.0:
+        while time.monotonic() < deadline and not acknowledged <= self.consumer.delivered:
             time.sleep(0.1)
+        time.sleep(1.0)
         self.consumer.stopping.set()
         self.consumer.join(timeout=SEND_TIMEOUT_S * 2)
 
@@ -197,6 +207,7 @@ class _MetadataClient(_Paced):
         self.rng = random.Random(seed)
         self.values = values
         self.last_read: dict[str, int] = {}
+        self.last_success_ms = 0
         self.channel = grpc.insecure_channel(dial(controllers[client_id % len(controllers)]))
         self.stub = pb_grpc.ControllerServiceStub(self.channel)
 
@@ -240,6 +251,7 @@ class _MetadataClient(_Paced):
         try:
             self.stub.UpdateTopic(spec, timeout=METADATA_CALL_TIMEOUT_S)
             result = Result.SUCCESS
+            self.last_success_ms = now_ms()
         except grpc.RpcError as rpc_error:
             error = from_rpc_error(rpc_error)
             result, value, info = _classify_update(error, kind, value, spec)
@@ -286,7 +298,10 @@ class MetadataWorkload:
         for client in self.clients:
             client.start()
 
-    def stop(self, drain_s: float) -> None:
+    def stop(self, drain_s: float, healed_ms: int = 0) -> None:
+        deadline = time.monotonic() + drain_s
+        while time.monotonic() < deadline and max(c.last_success_ms for c in self.clients) <= healed_ms:
+            time.sleep(0.1)
         for client in self.clients:
             client.stopping.set()
         for client in self.clients:
