@@ -9,11 +9,14 @@ The long matrix (every fault x 3 runs x 60 s) is `mqmeta chaos matrix`, run by h
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import pytest
 
+from chaos.history import ResponseEvent, Result, read_history
+from chaos.linearizability import check_linearizability
 from chaos.runner import RunConfig, run
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(240)]
@@ -78,5 +81,11 @@ def test_metadata_under_a_majorities_ring_partition_is_linearizable(tmp_path):
     _assert_injected(outcome.result)
     verdict = outcome.result["linearizability"]
     assert verdict["linearizable"] is True, verdict
+    # The checker is not vacuous on this real history: one read of a value nobody wrote fails it.
+    history = read_history(outcome.output_dir / "history.tsv")
+    at = next(i for i, e in enumerate(history) if isinstance(e, ResponseEvent)
+              and e.operation == "read" and e.result == Result.SUCCESS and e.value)
+    history[at] = dataclasses.replace(history[at], value="1025")
+    assert check_linearizability(history)["linearizable"] is False
     assert outcome.result["audit"]["passed"], outcome.result["audit"]
     assert outcome.passed, outcome.failures
