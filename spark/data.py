@@ -8,7 +8,7 @@ files, tiered lineages) are parsed on the driver and become DataFrames.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -18,23 +18,73 @@ from mqmeta.errors import CorruptData
 from spark.layout import Inventory
 from spark.sources import DETAIL_FIELDS, KIND_FIELDS, LINE_FIELDS, RECORD_FIELDS, _ddl
 
+LINEAGE_SCHEMA = (
+    "broker_set string, file string, end_offset bigint, position int, epoch bigint, "
+    "start_offset bigint, problem string"
+)
 EPOCH_SCHEMA = (
     "broker_set string, replica string, file string, position int, epoch bigint, "
     "start_offset bigint, problem string"
 )
 
 
-@dataclass
 class AuditData:
-    inventory: Inventory
-    records: Any  # replica records (one row per record / bad region)
-    tiered: Any  # tiered segment records
-    applied: Any
-    effects: Any
-    segments: Any  # committed tiered segments, first listing per node
-    confirm: Any
-    epochs: Any
-    lineages: Any
+    """The DataFrames of one audit, each created (and cached) when a check first asks for
+    it: planning a Python data source costs a Python worker round trip, and a selection
+    of checks needs only some of them."""
+
+    def __init__(
+        self, spark: Any, inventory: Inventory, detail: bool = True, split_bytes: int | None = None
+    ) -> None:
+        self.spark, self.inventory, self.detail, self.split_bytes = spark, inventory, detail, split_bytes
+        self._cached: list[Any] = []
+
+    def _keep(self, frame: Any) -> Any:
+        from pyspark import StorageLevel
+
+        frame = frame.persist(StorageLevel.MEMORY_AND_DISK)
+        self._cached.append(frame)
+        return frame
+
+    @cached_property
+    def records(self) -> Any:
+        """Replica records: one row per record, corrupt region or truncated tail."""
+        return self._keep(_records(self.spark, self.inventory.segments, self.detail, self.split_bytes))
+
+    @cached_property
+    def tiered(self) -> Any:
+        """Tiered segment records (every .seg object found, committed or not)."""
+        return self._keep(_records(self.spark, self.inventory.tiered_segments, self.detail, self.split_bytes))
+
+    @cached_property
+    def applied(self) -> Any:
+        return self._keep(_jsonl(self.spark, self.inventory.controllers, "applied"))
+
+    @cached_property
+    def effects(self) -> Any:
+        return self._keep(_jsonl(self.spark, self.inventory.controllers, "effects"))
+
+    @cached_property
+    def segments(self) -> Any:
+        """Committed tiered segments, the first time each node's checkpoint lists them."""
+        return self._keep(_jsonl(self.spark, self.inventory.controllers, "segments"))
+
+    @cached_property
+    def confirm(self) -> Any:
+        return self._keep(_jsonl(self.spark, self.inventory.confirm_logs, "confirm"))
+
+    @cached_property
+    def epochs(self) -> Any:
+        return self.spark.createDataFrame(_epoch_rows(self.inventory), EPOCH_SCHEMA)
+
+    @cached_property
+    def lineages(self) -> Any:
+        return self.spark.createDataFrame(_lineage_rows(self.inventory), LINEAGE_SCHEMA)
+
+    def unpersist(self) -> None:
+        for frame in self._cached:
+            frame.unpersist()
+        self._cached.clear()
 
 
 def _records(spark: Any, files: list[dict[str, Any]], detail: bool, split_bytes: int | None) -> Any:
@@ -101,25 +151,8 @@ def _lineage_rows(inventory: Inventory) -> list[tuple[Any, ...]]:
 
 
 def load(spark: Any, inventory: Inventory, detail: bool = True, split_bytes: int | None = None) -> AuditData:
-    from pyspark import StorageLevel
-
-    records = _records(spark, inventory.segments, detail, split_bytes).persist(StorageLevel.MEMORY_AND_DISK)
-    tiered = _records(spark, inventory.tiered_segments, detail, split_bytes).persist(
-        StorageLevel.MEMORY_AND_DISK
-    )
-    applied = _jsonl(spark, inventory.controllers, "applied").cache()
-    effects = _jsonl(spark, inventory.controllers, "effects").cache()
-    segments = _jsonl(spark, inventory.controllers, "segments").cache()
-    confirm = _jsonl(spark, inventory.confirm_logs, "confirm").cache()
-    epochs = spark.createDataFrame(_epoch_rows(inventory), EPOCH_SCHEMA)
-    lineages = spark.createDataFrame(
-        _lineage_rows(inventory),
-        "broker_set string, file string, end_offset bigint, position int, epoch bigint, "
-        "start_offset bigint, problem string",
-    )
-    return AuditData(inventory, records, tiered, applied, effects, segments, confirm, epochs, lineages)
+    return AuditData(spark, inventory, detail, split_bytes)
 
 
 def unpersist(data: AuditData) -> None:
-    for frame in (data.records, data.tiered, data.applied, data.effects, data.segments, data.confirm):
-        frame.unpersist()
+    data.unpersist()

@@ -19,16 +19,19 @@ from __future__ import annotations
 import json
 import mmap
 import os
+import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
+from broker_agent.records import PREFIX_BYTES
 from spark.walk import parse_fields, record_digest, walk
 
 SPLIT_BYTES_DEFAULT = 32 << 20
 ARROW_BATCH_ROWS = 32_768
+_EPOCH = struct.Struct("<Q")
 
 RECORD_FIELDS = [
     ("broker_set", "string"),
@@ -100,59 +103,68 @@ class _RecordReader(DataSourceReader):
         assert isinstance(partition, FileRange)
         if not partition.spec:
             return
-        import pyarrow as pa
-
         spec, lo, hi = partition.spec, partition.lo, partition.hi
         buf = read_bytes(spec["path"])
         if hi >= int(spec.get("size", 0)):
             hi = len(buf) + 1  # the last range takes whatever the file holds now
-        names = [n for n, _ in RECORD_FIELDS] + ([n for n, _ in DETAIL_FIELDS] if self.detail else [])
-        columns: dict[str, list[Any]] = {n: [] for n in names}
+        batch = _Batch(self.detail)
         for piece in walk(buf, spec["base_offset"]):
             if piece.pos < lo:
                 continue
             if piece.pos >= hi:
                 break
-            self._add(columns, spec, buf, piece)
-            if len(columns["offset"]) >= ARROW_BATCH_ROWS:
-                yield pa.RecordBatch.from_pydict(columns, schema=_arrow_schema(self.detail))
-                columns = {n: [] for n in names}
-        if columns["offset"]:
-            yield pa.RecordBatch.from_pydict(columns, schema=_arrow_schema(self.detail))
+            batch.add(buf, spec["base_offset"], piece)
+            if len(batch.offset) >= ARROW_BATCH_ROWS:
+                yield batch.to_arrow(spec)
+                batch = _Batch(self.detail)
+        if batch.offset:
+            yield batch.to_arrow(spec)
 
-    def _add(self, columns: dict[str, list[Any]], spec: dict[str, Any], buf: bytes, piece: Any) -> None:
+
+class _Batch:
+    """Column lists of one Arrow batch; the per-file columns are filled at the end."""
+
+    def __init__(self, detail: bool) -> None:
+        self.detail = detail
+        self.offset: list[int] = []
+        self.length: list[int] = []
+        self.status: list[str] = []
+        self.epoch: list[int | None] = []
+        self.digest: list[int] = []
+        self.fields: list[Any] = []
+        self.problem: list[str | None] = []
+
+    def add(self, buf: bytes, base: int, piece: Any) -> None:
         ok = piece.status == "ok"
-        fields = parse_fields(buf, piece.pos, self.detail) if ok else None
-        values = [
-            spec["broker_set"],
-            spec["replica"],
-            spec["file"],
-            spec["base_offset"],
-            spec["base_offset"] + piece.pos,
-            piece.length,
-            ok,
-            piece.status == "truncated",
-            fields.epoch if fields else None,
-            record_digest(memoryview(buf)[piece.pos : piece.pos + piece.length]),
-            bool(spec.get("last", False)),
-            piece.status in ("ok", "corrupt"),
-        ]
+        self.offset.append(base + piece.pos)
+        self.length.append(piece.length)
+        self.status.append(piece.status)
+        self.digest.append(record_digest(memoryview(buf)[piece.pos:piece.pos + piece.length]))
         if self.detail:
-            values += (
-                [
-                    fields.store_ms,
-                    fields.queue_id,
-                    fields.queue_offset,
-                    fields.topic,
-                    fields.msg_id,
-                    fields.body_digest,
-                    None,
-                ]
-                if fields
-                else [None, None, None, None, None, None, piece.problem]
-            )
-        for column, value in zip(columns, values, strict=True):
-            columns[column].append(value)
+            self.fields.append(parse_fields(buf, piece.pos, True) if ok else None)
+            self.problem.append(None if ok else piece.problem)
+            self.epoch.append(self.fields[-1].epoch if ok else None)
+        else:
+            self.epoch.append(_EPOCH.unpack_from(buf, piece.pos + PREFIX_BYTES)[0] if ok else None)
+
+    def to_arrow(self, spec: dict[str, Any]) -> Any:
+        import pyarrow as pa
+
+        rows = len(self.offset)
+        columns: dict[str, Any] = {
+            "broker_set": [spec["broker_set"]] * rows, "replica": [spec["replica"]] * rows,
+            "file": [spec["file"]] * rows, "file_base": [spec["base_offset"]] * rows,
+            "offset": self.offset, "length": self.length,
+            "crc_valid": [s == "ok" for s in self.status],
+            "truncated": [s == "truncated" for s in self.status],
+            "epoch": self.epoch, "record_digest": self.digest, "last_file": [bool(spec.get("last"))] * rows,
+            "framed": [s in ("ok", "corrupt") for s in self.status]}
+        if self.detail:
+            names = ("store_ms", "queue_id", "queue_offset", "topic", "msg_id", "body_digest")
+            for i, name in enumerate(names, start=1):
+                columns[name] = [f[i] if f else None for f in self.fields]
+            columns["problem"] = self.problem
+        return pa.RecordBatch.from_pydict(columns, schema=_arrow_schema(self.detail))
 
 
 _ARROW_TYPES = {"string": "string", "bigint": "int64", "boolean": "bool", "int": "int32"}

@@ -17,10 +17,18 @@ import zlib
 from collections.abc import Iterator
 from typing import NamedTuple
 
-from broker_agent.records import PREFIX_BYTES, RECORD_MAGIC, RECORD_VERSION, TornRecord, peek_length
+from broker_agent.records import (
+    PREFIX_BYTES,
+    RECORD_BYTES_MIN,
+    RECORD_MAGIC,
+    RECORD_VERSION,
+    TornRecord,
+    peek_length,
+)
 from mqmeta.errors import CorruptData
 
 _CRC = struct.Struct("<I")
+_HEADER = struct.Struct("<2sBII")  # magic, version, total length, crc32
 _FIXED = struct.Struct("<QQIQQ")  # epoch, store ms, queue id, queue offset, producer seq
 _U16 = struct.Struct("<H")
 _U32 = struct.Struct("<I")
@@ -60,6 +68,14 @@ def walk(buf: bytes, base: int) -> Iterator[Piece]:
     view = memoryview(buf)
     pos = 0
     while pos < size:
+        if pos + PREFIX_BYTES <= size:  # fast path: a well-formed header, checksum valid
+            magic, version, total, stored = _HEADER.unpack_from(buf, pos)
+            end = pos + total
+            if (magic == RECORD_MAGIC and version == RECORD_VERSION and RECORD_BYTES_MIN <= total
+                    and end <= size and zlib.crc32(view[pos + PREFIX_BYTES:end]) == stored):
+                yield Piece(pos, total, "ok", "")
+                pos = end
+                continue
         try:
             total = peek_length(buf, pos, base + pos)
         except TornRecord as exc:
