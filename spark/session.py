@@ -49,7 +49,7 @@ def get_session(master: str | None = None, shuffle_partitions: int = SHUFFLE_PAR
         )
         if master:
             builder = builder.master(master)
-        elif "spark.master" not in os.environ.get("PYSPARK_SUBMIT_ARGS", ""):
+        elif "PYSPARK_GATEWAY_PORT" not in os.environ:  # under spark-submit its --master rules
             builder = builder.master(os.environ.get("MQMETA_SPARK_MASTER", "local[*]"))
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # no "resolves to a loopback" warning
         with warnings.catch_warnings():
