@@ -10,6 +10,7 @@ a clean stop. Fault tests copy it and craft one fault in the copy.
 
 from __future__ import annotations
 
+import atexit
 import shutil
 import tempfile
 import threading
@@ -125,7 +126,9 @@ def clean_data_dir() -> Path:
     global _clean_dir
     with _lock:
         if _clean_dir is None:
-            _clean_dir = build_clean_data(Path(tempfile.mkdtemp(prefix="mqmeta-audit-")))
+            root = Path(tempfile.mkdtemp(prefix="mqmeta-audit-"))
+            atexit.register(shutil.rmtree, root, ignore_errors=True)
+            _clean_dir = build_clean_data(root)
         return _clean_dir
 
 
