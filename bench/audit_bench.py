@@ -249,6 +249,7 @@ def main() -> int:
         "bench": "audit",
         "host": {"cpus": os.cpu_count(), "python": platform.python_version()},
         "spark_master": "local[2]",
+        "spark_driver_memory": os.environ.get("MQMETA_SPARK_DRIVER_MEMORY", "6g"),
         "replicas": 3,
         "replica_copies": "replicas 2 and 3 are byte copies of replica 1",
         "sizes": {},
@@ -256,6 +257,7 @@ def main() -> int:
 
     def run(t0: float) -> None:
         os.environ["MQMETA_SPARK_MASTER"] = "local[2]"
+        os.environ.setdefault("MQMETA_SPARK_DRIVER_MEMORY", "6g")  # 30 M cached rows and the B1 shuffle
         from spark.session import get_session
 
         started = time.monotonic()

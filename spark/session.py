@@ -46,6 +46,7 @@ def get_session(master: str | None = None, shuffle_partitions: int = SHUFFLE_PAR
             .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{LOG4J_FILE}")
             .config("spark.executor.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{LOG4J_FILE}")
             .config("spark.python.worker.reuse", "true")
+            .config("spark.driver.memory", os.environ.get("MQMETA_SPARK_DRIVER_MEMORY", "1g"))
         )
         if master:
             builder = builder.master(master)
