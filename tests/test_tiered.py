@@ -96,7 +96,9 @@ def replica_bytes(store_dir: Path, base: int, end: int) -> bytes:
     return bytes(out)
 
 
-def check_tiered_equals_replicas(cluster, current: pb.TieredCheckpoint) -> None:
+def check_tiered_equals_replicas(cluster, current: pb.TieredCheckpoint, replicas_min: int = 2) -> None:
+    """T2/T3 over the committed range; `replicas_min` replicas must still hold uploaded bytes
+    (with local retention on every replica, slaves too may have cut all of them)."""
     metas = [SegmentMeta(key=s.key, base_offset=s.base_offset, end_offset=s.end_offset,
                          size=s.size, sha256=s.sha256, record_count=s.record_count,
                          first_epoch=s.first_epoch, last_epoch=s.last_epoch)
@@ -116,19 +118,21 @@ def check_tiered_equals_replicas(cluster, current: pb.TieredCheckpoint) -> None:
             assert replica_bytes(store, local_min, current.uploaded_offset) == \
                 tiered[local_min:], f"T2: the tiered bytes differ from {broker.name}'s log"
             compared += 1
-    assert compared >= 2, "T2 must be checked against at least two replicas"
+    assert compared >= replicas_min, f"T2 must be checked against at least {replicas_min} replicas"
 
 
 def check_confirm_logs_cover_uploads(cluster, current: pb.TieredCheckpoint) -> None:
     """The audit's T1 evidence: each committed segment ends at or below a confirm offset that a
-    master of an epoch no later than the segment's logged before (confirm.log)."""
+    master logged (confirm.log) in an epoch no later than the checkpoint's. (A segment's own
+    last record epoch can be older than the epoch that uploaded it: a new master uploads the
+    old master's records; the audit's T1 pairs each segment with its commit's epoch.)"""
     lines = []
     for broker in cluster.layout.brokers:
         lines += read_confirm_log(cluster.root / broker.data_dir / "confirm.log")
     masters = [r for r in lines if r["role"] == "MASTER"]
     assert masters, "masters write confirm.log lines"
     for segment in current.segments:
-        covering = [r["confirm_offset"] for r in masters if r["epoch"] <= segment.last_epoch]
+        covering = [r["confirm_offset"] for r in masters if r["epoch"] <= current.checkpoint_epoch]
         assert covering and max(covering) >= segment.end_offset, \
             f"no confirm.log line covers the segment ending at {segment.end_offset}"
 
@@ -259,7 +263,7 @@ def test_empty_slave_bootstraps_from_the_tiered_store(cluster_factory):
     on_master = replica_bytes(master_store, master_min, end)
     assert len(on_master) == end - master_min
     assert replica_bytes(slave_store, master_min, end) == on_master
-    check_tiered_equals_replicas(cluster, checkpoint(cluster))
+    check_tiered_equals_replicas(cluster, checkpoint(cluster), replicas_min=1)
     # A new consumer group starts at queue offset 0, which only the tiered store holds now.
     from tests.test_broker_failover import consume_all
 
@@ -350,10 +354,15 @@ def test_master_killed_while_an_empty_slave_bootstraps(cluster_factory):
     with open(log_path, "rb") as f:
         f.seek(start)
         text = f.read().decode(errors="replace")
-    lo = max(_local_min_offset(cluster, empty), _local_min_offset(cluster, other))
     stores = [cluster.root / cluster.broker(n).data_dir / "store" for n in (empty, other)]
-    assert lo < end and replica_bytes(stores[0], lo, end) == replica_bytes(stores[1], lo, end), \
-        "the bootstrapped slave differs from the new master"
+    for _ in range(40):  # retention may delete a segment while we read: read again
+        lo = max(_local_min_offset(cluster, empty), _local_min_offset(cluster, other))
+        copies = [replica_bytes(store, lo, end) for store in stores]
+        if len(copies[0]) == len(copies[1]) == end - lo:
+            break
+        time.sleep(0.25)
+    assert lo < end and len(copies[0]) == len(copies[1]) == end - lo, "a replica misses bytes"
+    assert copies[0] == copies[1], "the bootstrapped slave differs from the new master"
     # the old master restarted: all three agree, and the tiered copy equals them
     cluster.start_broker(old)
     wait_in_sync(cluster, 3, timeout_s=30)
