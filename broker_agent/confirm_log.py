@@ -57,7 +57,7 @@ class ConfirmLog:
 
     def flush_due(self, now_ms: int, force: bool = False) -> None:
         """Writes the pending line if forced or its coalescing interval has passed."""
-        if self._pending is None:
+        if self._pending is None or self._fd < 0:
             return
         interval_ms = MASTER_INTERVAL_MS if self._pending["role"] == "MASTER" else SLAVE_INTERVAL_MS
         if not force and now_ms - self._last_write_ms < interval_ms:
@@ -74,7 +74,11 @@ class ConfirmLog:
         self._last_write_ms = now_ms
 
     def close(self) -> None:
-        os.close(self._fd)
+        """Later notes are dropped: a straggling thread must not write into whatever file
+        reuses this descriptor number."""
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
 
 def read_confirm_log(path: Path) -> list[dict[str, Any]]:

@@ -582,18 +582,6 @@ class MessageStore:
             self._write_checkpoint()
             self._remove_intent()
 
-    def index_entries_between(self, start: int, end: int
-                              ) -> dict[QueueKey, list[tuple[int, int, int]]]:
-        """(queue offset, commit offset, size) of each queue's records in [start, end)."""
-        with self._lock:
-            self._check_open()
-            found: dict[QueueKey, list[tuple[int, int, int]]] = {}
-            for key, queue in self._queues.items():
-                low, high = queue.first_at_or_after(start), queue.first_at_or_after(end)
-                if low < high:
-                    found[key] = [(queue.base + i, *queue.entry(i)) for i in range(low, high)]
-            return found
-
     def index_runs_between(self, start: int, end: int) -> dict[QueueKey, tuple[int, bytes]]:
         """Each queue's entries for its records in [start, end): (queue offset of the
         first, the entries packed as (commit offset u64, size u32) little-endian, which is

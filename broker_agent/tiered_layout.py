@@ -364,17 +364,6 @@ def build_index_objects(runs: dict[tuple[str, int], tuple[int, bytes]], *,
     return objects
 
 
-def describe_segment(data: bytes, base_offset: int, record_count: int, first_epoch: int,
-                     last_epoch: int, *, cluster: str, broker_name: str) -> SegmentMeta:
-    """The meta of bytes that came from this broker's own store (whose reads already check
-    every record's CRC): a SHA-256 pass, no decoding. build_segment is the checking twin."""
-    end_offset = base_offset + len(data)
-    return SegmentMeta(key=segment_key(cluster, broker_name, base_offset, end_offset),
-                       base_offset=base_offset, end_offset=end_offset, size=len(data),
-                       sha256=hashlib.sha256(data).hexdigest(), record_count=record_count,
-                       first_epoch=first_epoch, last_epoch=last_epoch)
-
-
 def verify_stored(backend: TieredBackend, meta: SegmentMeta) -> None:
     """After a put: the object is exactly the bytes hashed (size and SHA-256). A backend
     whose puts are verified (LocalBackend with fsync: written from the hashed buffer and

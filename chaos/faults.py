@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from chaos.net import NAMESRV, ProxiedNetwork
+from mqmeta.errors import InvalidArgument
 from mqmeta.harness import Cluster
 
 FAULT_NAMES = (
@@ -72,13 +73,7 @@ class Fault:
 
     def inject(self) -> str:
         """Applies the fault; returns what it did (for the history's extraInfo)."""
-        kind = self.name.rsplit("-", 1)[-1] if self.name not in ("bridge", "all-kill") else self.name
-        if self.name == "partition-majorities-ring":
-            kind = "ring"
-        action = _ACTIONS.get(kind)
-        if action is None:
-            return "noop"
-        return action(self)
+        return _ACTIONS[self.name](self)
 
     def heal(self) -> None:
         if self._heal is not None:
@@ -195,7 +190,7 @@ def bridge(nodes: list[str], rng: random.Random) -> set[frozenset[str]]:
 def _ring_or_bridge(fault: Fault) -> str:
     build = majorities_ring if fault.name == "partition-majorities-ring" else bridge
     pairs = build(fault.context.nodes, fault.context.rng)
-    fault.context.network.cut(tuple(sorted(p)) for p in pairs)  # type: ignore[misc]
+    fault.context.network.cut(_as_pair(p) for p in pairs)
     fault.affected = sorted({n for p in pairs for n in p})
     fault._heal = fault.context.network.heal
     return "cut " + ",".join("-".join(sorted(p)) for p in sorted(pairs, key=sorted))
@@ -219,15 +214,27 @@ def _loss(fault: Fault) -> str:
     return f"black-holed {LOSS_TOXICITY:.0%} of connections on {','.join(nodes)}"
 
 
+def _as_pair(pair: frozenset[str]) -> tuple[str, str]:
+    a, b = sorted(pair)
+    return a, b
+
+
+def _noop(fault: Fault) -> str:
+    return "noop"
+
+
+_CHOOSERS = ("minor", "major", "random", "fixed", "leader")
 _ACTIONS: dict[str, Callable[[Fault], str]] = {
-    "kill": _kill, "suspend": _suspend, "partition": _partition, "ring": _ring_or_bridge,
-    "bridge": _ring_or_bridge, "delay": _delay, "loss": _loss, "all-kill": _all_kill,
+    "noop": _noop, "all-kill": _all_kill, "bridge": _ring_or_bridge,
+    "partition-majorities-ring": _ring_or_bridge, "random-delay": _delay, "random-loss": _loss,
+    **{f"{who}-kill": _kill for who in _CHOOSERS},
+    **{f"{who}-suspend": _suspend for who in _CHOOSERS},
+    **{f"{who}-partition": _partition for who in ("random", "fixed", "leader")},
 }
+assert set(_ACTIONS) == set(FAULT_NAMES)
 
 
 def make_fault(name: str, context: FaultContext) -> Fault:
     if name not in FAULT_NAMES:
-        from mqmeta.errors import InvalidArgument
-
         raise InvalidArgument(f"unknown fault {name!r}; choose one of {', '.join(FAULT_NAMES)}")
     return Fault(name, context)

@@ -77,6 +77,9 @@ class RunConfig:
             raise InvalidArgument("-t (time limit, s) must be between 1 and 86400")
         if not 0.5 <= self.interval_s <= self.time_limit_s:
             raise InvalidArgument("-i (fault interval, s) must be at least 0.5 and at most -t")
+        if (self.output_dir / "cluster").exists() or (self.output_dir / "history.tsv").exists():
+            # its layout and data would be reused, and the audit would read both runs
+            raise InvalidArgument(f"{self.output_dir} already holds a chaos run; give a new --output-dir")
 
 
 @dataclass

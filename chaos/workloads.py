@@ -25,6 +25,7 @@ import random
 import threading
 import time
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import grpc
@@ -92,8 +93,7 @@ class _QueueProducer(_Paced):
         self.recorder = recorder
         self.producer = Producer(namesrv, timeout_s=SEND_TIMEOUT_S)
         self.keys = [f"p{client_id}-k{j}" for j in range(KEYS_PER_PRODUCER)]
-        self.queues = {key: QueueRef(broker_names[zlib.crc32(key.encode()) % len(broker_names)],
-                                     zlib.crc32(key.encode()) % QUEUE_COUNT) for key in self.keys}
+        self.queues = {key: _queue_of(key, broker_names) for key in self.keys}
         self.sequence = itertools.count()
         self.acknowledged: set[str] = set()
         self.last_success_ms = 0
@@ -121,6 +121,12 @@ class _QueueProducer(_Paced):
 
     def close(self) -> None:
         self.producer.close()
+
+
+def _queue_of(sharding_key: str, broker_names: list[str]) -> QueueRef:
+    """A sharding key always goes to the same queue: per-key order is defined."""
+    digest = zlib.crc32(sharding_key.encode())
+    return QueueRef(broker_names[digest % len(broker_names)], digest % QUEUE_COUNT)
 
 
 def _info(error: MqmetaError) -> str:
@@ -283,7 +289,7 @@ class MetadataWorkload:
         self.clients = [_MetadataClient(i + 1, controllers, recorder, interval_s, seed + i, values)
                         for i in range(config.concurrency)]
 
-    def prepare(self, create) -> None:
+    def prepare(self, create: Callable[[pb.TopicSpec], object]) -> None:
         """Creates each key's topic, recorded as the key's first write (keys start absent)."""
         for k in range(METADATA_KEYS):
             key = f"chaos-meta-{k}"

@@ -92,6 +92,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mqmeta: error: unknown --log-level {args.log_level!r}", file=sys.stderr)
         return EXIT_BAD_INPUT
     try:
+        from mqmeta import dialmap
+
+        dialmap.load_from_environment()
         return _dispatch(args)
     except MqmetaError as error:
         print(f"mqmeta: error: {error.message}", file=sys.stderr)

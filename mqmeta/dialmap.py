@@ -24,7 +24,16 @@ _lock = threading.Lock()
 _mapping: dict[str, str] | None = None
 
 
-def _load() -> dict[str, str]:
+def load_from_environment() -> None:
+    """Reads MQMETA_DIAL_MAP now; `mqmeta` calls it at start so that a bad map is a
+    one-sentence error (exit 2), not a failure inside some connecting thread."""
+    global _mapping
+    mapping = _read_environment()
+    with _lock:
+        _mapping = mapping
+
+
+def _read_environment() -> dict[str, str]:
     path = os.environ.get(ENVIRONMENT_VARIABLE, "")
     if not path:
         return {}
@@ -53,8 +62,8 @@ def install(mapping: dict[str, str]) -> None:
 
 
 def dial(address: str) -> str:
-    global _mapping
+    if _mapping is None:  # a library user that did not start through `mqmeta`
+        load_from_environment()
     with _lock:
-        if _mapping is None:
-            _mapping = _load()
+        assert _mapping is not None
         return _mapping.get(address, address)

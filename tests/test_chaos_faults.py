@@ -82,6 +82,9 @@ def test_run_settings_are_validated(tmp_path):
         with pytest.raises(InvalidArgument, match=message):
             RunConfig(**dict(good, **bad)).validate()
     assert "all-kill" in FAULT_NAMES and len(FAULT_NAMES) == 19
+    (tmp_path / "history.tsv").write_text("")
+    with pytest.raises(InvalidArgument, match="already holds a chaos run"):
+        RunConfig(**good).validate()
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -95,3 +98,39 @@ def test_chaos_cli_rejects_bad_input_with_exit_2(argv, message, tmp_path):
     assert done.returncode == 2, done.stderr
     assert message in done.stderr and "Traceback" not in done.stderr
     assert not (tmp_path / "x").exists(), "nothing is started or written on bad input"
+
+
+def test_network_cuts_poisons_and_heals_the_right_proxies(tmp_path):
+    """Against a real (in-process) Toxiproxy-compatible server: a cut disables exactly the
+    proxies between the two nodes (both directions), a toxic lands on both streams of the
+    chosen links, heal restores everything; each process's dial map names its own proxies."""
+    import json
+
+    from chaos.net import ProxiedNetwork
+    from chaos.toxiproxy import ToxiproxyServer
+
+    server = ToxiproxyServer("127.0.0.1:0")
+    server.start()
+    try:
+        cluster = Cluster(tmp_path / "c", count=3, broker_sets=1, replicas=3)
+        network = ProxiedNetwork(cluster, server.url)
+        network.create()
+        proxies = network.server.proxies()
+        assert len(proxies) == len(network.links) == len(_links(cluster))
+        assert network.cut([("c1", "c2"), ("broker-a-1", "c3")]) == 3
+        disabled = {name for name, p in network.server.proxies().items() if not p.enabled}
+        assert disabled == {"c1__c2", "c2__c1", "broker-a-1__c3"}
+        assert network.add_toxic(network.between(["c1"], ["c2"]), "latency", {"latency": 5}) == 2
+        toxics = network.server.get_proxy("c1__c2").toxics()
+        assert sorted(t.stream for t in toxics.values()) == ["downstream", "upstream"]
+        network.heal()
+        assert all(p.enabled for p in network.server.proxies().values())
+        assert network.server.get_proxy("c1__c2").toxics() == {}
+        broker_map = json.loads((cluster.root / "dial" / "broker-a-2.json").read_text())
+        by_name = {link.name: link for link in network.links}
+        link = by_name["broker-a-2__broker-a-1"]
+        assert broker_map[link.upstream] == link.listen
+        assert network.env_for("broker-a-2") == {"MQMETA_DIAL_MAP": str(cluster.root / "dial" /
+                                                                         "broker-a-2.json")}
+    finally:
+        server.stop()

@@ -39,3 +39,16 @@ def test_a_torn_final_line_is_skipped_and_a_corrupt_line_is_reported(tmp_path):
     path.write_bytes(b"\n".join(lines))
     with pytest.raises(CorruptData, match="confirm.log:2: checksum mismatch"):
         read_confirm_log(path)
+
+
+def test_notes_after_close_write_nothing(tmp_path):
+    """A straggling thread's note after close must not write into a reused descriptor."""
+    path = tmp_path / "confirm.log"
+    log = ConfirmLog(path, "broker-a")
+    log.note(1000, 1, "MASTER", 2, 100, 150, {}, force=True)
+    log.close()
+    other = open(tmp_path / "other", "wb")  # likely takes the freed descriptor number
+    log.note(2000, 1, "MASTER", 2, 200, 250, {}, force=True)
+    other.close()
+    assert [r["confirm_offset"] for r in read_confirm_log(path)] == [100]
+    assert (tmp_path / "other").read_bytes() == b""
