@@ -93,8 +93,9 @@ def check_queue(history: Sequence[HistoryEvent], sample_count_max: int = SAMPLE_
             if status == EnqueueStatus.SUCCESS and value not in dequeue_counts]
     duplicates = {value: count for value, count in dequeue_counts.items() if count > 1}
     recovered = [value for value in dequeue_counts if statuses.get(value) == EnqueueStatus.UNKNOWN]
-    unexpected = {value: statuses.get(value, EnqueueStatus.NEVER).value for value in dequeue_counts
-                  if statuses.get(value, EnqueueStatus.NEVER) in (EnqueueStatus.FAILED, EnqueueStatus.NEVER)}
+    unexpected = {value: status.value for value in dequeue_counts
+                  if (status := statuses.get(value, EnqueueStatus.NEVER))
+                  in (EnqueueStatus.FAILED, EnqueueStatus.NEVER)}
     answered_count = len(enqueue_responses)
     return {
         "enqueueInvokeCount": len(enqueue_requests),
@@ -195,12 +196,13 @@ def check_order(history: Sequence[HistoryEvent], sharding_keys: Iterable[str] | 
         elif response.operation == DEQUEUE:
             dequeued.setdefault(response.sharding_key, []).append(response.value)
     keys = sorted(enqueued) if sharding_keys is None else list(sharding_keys)
+    wrong_key, wrong_start_value = None, None
     for key in keys:
         wrong_start_value = _first_out_of_order(enqueued.get(key, []), dequeued.get(key, []))
         if wrong_start_value is not None:
-            return {"isOrder": False, "wrongShardingKey": key, "wrongStartValue": wrong_start_value,
-                    "shardingKeyCount": len(keys), "isValid": True}
-    return {"isOrder": True, "wrongShardingKey": None, "wrongStartValue": None,
+            wrong_key = key
+            break
+    return {"isOrder": wrong_key is None, "wrongShardingKey": wrong_key, "wrongStartValue": wrong_start_value,
             "shardingKeyCount": len(keys), "isValid": True}
 
 

@@ -151,6 +151,8 @@ def check_operations(operations: Sequence[RegisterOp], time_limit_s: float = TIM
         by_key.setdefault(operation.key, []).append(operation)
     keys_checked = 0
     unknown_keys: list[str] = []
+    failing_key: str | None = None
+    counterexample: list[RegisterOp] = []
     for key in sorted(by_key, key=lambda k: (len(by_key[k]), k)):
         verdict = _check_key(by_key[key], budget)
         if verdict.linearizable is None:
@@ -158,11 +160,13 @@ def check_operations(operations: Sequence[RegisterOp], time_limit_s: float = TIM
             continue
         keys_checked += 1
         if not verdict.linearizable:
-            return {"linearizable": False, "keys_checked": keys_checked, "failing_key": key,
-                    "counterexample": [op.to_json() for op in verdict.counterexample],
-                    "unknown_keys": unknown_keys, "explored_state_count": budget.explored_state_count}
-    return {"linearizable": None if unknown_keys else True, "keys_checked": keys_checked,
-            "failing_key": None, "counterexample": [], "unknown_keys": unknown_keys,
+            failing_key, counterexample = key, verdict.counterexample
+            break
+    linearizable: bool | None = False
+    if failing_key is None:
+        linearizable = None if unknown_keys else True
+    return {"linearizable": linearizable, "keys_checked": keys_checked, "failing_key": failing_key,
+            "counterexample": [op.to_json() for op in counterexample], "unknown_keys": unknown_keys,
             "explored_state_count": budget.explored_state_count}
 
 
@@ -261,5 +265,5 @@ def _unlift(call: int, next_entry: list[int], previous_entry: list[int]) -> None
 
 
 def _counterexample(operations: list[RegisterOp], prefix: list[int], stuck_index: int) -> list[RegisterOp]:
-    tail = prefix[-(COUNTEREXAMPLE_OP_COUNT_MAX - 1):] if COUNTEREXAMPLE_OP_COUNT_MAX > 1 else []
+    tail = prefix[max(0, len(prefix) - (COUNTEREXAMPLE_OP_COUNT_MAX - 1)):]
     return [operations[i] for i in tail] + [operations[stuck_index]]

@@ -19,6 +19,7 @@ from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from chaos.checkers import DEQUEUE, ENQUEUE
 from chaos.history import FaultEvent, FaultPhase, HistoryEvent, Result, responses
 
 LATENCY_FLOOR_MS = 0.1
@@ -59,10 +60,10 @@ def _draw_latency_points(axes: Axes, history: Sequence[HistoryEvent], start_ms: 
         "enqueue failure/unknown": ([], [], "tab:red", "x"),
     }
     for response in responses(history):
-        if response.operation == "enqueue":
+        if response.operation == ENQUEUE:
             name = "enqueue send latency" if response.result == Result.SUCCESS else "enqueue failure/unknown"
             latency_ms = response.send_latency_ms
-        elif response.operation == "dequeue" and response.end_to_end_latency_ms >= 0:
+        elif response.operation == DEQUEUE and response.end_to_end_latency_ms >= 0:
             name, latency_ms = "dequeue end-to-end latency", response.end_to_end_latency_ms
         else:
             continue
@@ -79,8 +80,8 @@ def _draw_latency_points(axes: Axes, history: Sequence[HistoryEvent], start_ms: 
 
 
 def _shade_faults(axes: Axes, history: Sequence[HistoryEvent], start_ms: int, end_s: float) -> None:
+    intervals_s: list[tuple[float, float]] = []
     open_fault_start_s: float | None = None
-    labelled = False
     for event in history:
         if not isinstance(event, FaultEvent):
             continue
@@ -88,9 +89,9 @@ def _shade_faults(axes: Axes, history: Sequence[HistoryEvent], start_ms: int, en
         if event.phase == FaultPhase.START and open_fault_start_s is None:
             open_fault_start_s = time_s
         elif event.phase == FaultPhase.END and open_fault_start_s is not None:
-            axes.axvspan(open_fault_start_s, time_s, color="tab:orange", alpha=0.2,
-                         label=None if labelled else "fault")
-            labelled, open_fault_start_s = True, None
+            intervals_s.append((open_fault_start_s, time_s))
+            open_fault_start_s = None
     if open_fault_start_s is not None:
-        axes.axvspan(open_fault_start_s, max(end_s, open_fault_start_s), color="tab:orange", alpha=0.2,
-                     label=None if labelled else "fault")
+        intervals_s.append((open_fault_start_s, end_s))  # end_s is the last event: never before the start
+    for index, (from_s, to_s) in enumerate(intervals_s):
+        axes.axvspan(from_s, to_s, color="tab:orange", alpha=0.2, label=None if index else "fault")

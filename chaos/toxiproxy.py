@@ -97,6 +97,10 @@ class _Close(enum.Enum):
     RESET = "reset"  # RST: SO_LINGER 0 (reset_peer toxic)
 
 
+_TOXIC_FIELDS = frozenset({"name", "type", "stream", "toxicity", "attributes"})
+# A proxy's "toxics" is accepted and ignored (as by Toxiproxy), so a GET answer can be posted back.
+_PROXY_FIELDS = frozenset({"name", "listen", "upstream", "enabled", "toxics"})
+
 # The attributes of each toxic type with their defaults: integers, never negative.
 _TOXIC_ATTRIBUTES: dict[str, dict[str, int]] = {
     "latency": {"latency": 0, "jitter": 0},  # ms
@@ -161,12 +165,10 @@ def _parse_listen(listen: object) -> tuple[str, int]:
     return host, port
 
 
-def _check_upstream(upstream: object) -> str:
+def _check_upstream(upstream: object) -> None:
     host, port = _split_address(upstream, "upstream")
     if not host or port == 0:
         raise ApiError(400, f"upstream must name a host and a port 1..65535, got {upstream!r}")
-    assert isinstance(upstream, str)
-    return upstream
 
 
 def _format_address(host: str, port: int) -> str:
@@ -182,7 +184,7 @@ def _check_name(value: object, what: str) -> str:
     return value
 
 
-def _check_object(body: object, allowed: set[str], what: str) -> dict[str, Any]:
+def _check_object(body: object, allowed: frozenset[str], what: str) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise ApiError(400, f"a {what} must be a JSON object")
     unknown = sorted(set(body) - allowed)
@@ -232,7 +234,7 @@ def _field(body: dict[str, Any], key: str, default: Any) -> Any:
 
 
 def _new_toxic(body: object) -> Toxic:
-    fields = _check_object(body, {"name", "type", "stream", "toxicity", "attributes"}, "toxic")
+    fields = _check_object(body, _TOXIC_FIELDS, "toxic")
     toxic_type = fields.get("type")
     if toxic_type not in _TOXIC_ATTRIBUTES:
         expected = ", ".join(_TOXIC_ATTRIBUTES)
@@ -252,7 +254,7 @@ def _new_toxic(body: object) -> Toxic:
 
 def _updated_toxic(toxic: Toxic, body: object) -> Toxic:
     """A toxic's toxicity and attributes can change (attributes merge); its identity cannot."""
-    fields = _check_object(body, {"name", "type", "stream", "toxicity", "attributes"}, "toxic")
+    fields = _check_object(body, _TOXIC_FIELDS, "toxic")
     for field, current in (("name", toxic.name), ("type", toxic.type), ("stream", toxic.stream.value)):
         if fields.get(field) not in (None, current):
             raise ApiError(400, f"a toxic's {field} cannot change (is {current!r}); "
@@ -266,7 +268,7 @@ def _updated_toxic(toxic: Toxic, body: object) -> Toxic:
 
 
 def _proxy_spec(body: object, creating: bool) -> _ProxySpec:
-    fields = _check_object(body, {"name", "listen", "upstream", "enabled", "toxics"}, "proxy")
+    fields = _check_object(body, _PROXY_FIELDS, "proxy")
     name = _check_name(fields.get("name"), "name") if creating else None
     listen, upstream, enabled = fields.get("listen"), fields.get("upstream"), fields.get("enabled")
     if listen is not None:

@@ -16,7 +16,7 @@ from chaos.history import (
     read_history,
     write_history,
 )
-from chaos.linearizability import check_linearizability
+from chaos.linearizability import COUNTEREXAMPLE_OP_COUNT_MAX, check_linearizability
 
 _next_client_id = iter(range(1, 10**9))
 
@@ -61,6 +61,18 @@ def test_stale_read_after_completed_write_is_rejected():
     assert result["linearizable"] is False and result["failing_key"] == "k"
     assert [(op["kind"], op["value"]) for op in result["counterexample"]] == [
         ("write", "1"), ("write", "2"), ("read", "1")]
+
+
+def test_counterexample_keeps_the_last_operations_of_a_long_prefix():
+    """A long linearizable prefix is cut to its last operations, followed by the one that fails."""
+    history: list[HistoryEvent] = []
+    for index in range(30):
+        history += write(f"w{index}", 10 * index, 10 * index + 5)
+    result = check_linearizability(history + read("w5", 400, 405))
+    assert result["linearizable"] is False
+    counterexample = [(op["kind"], op["value"]) for op in result["counterexample"]]
+    assert len(counterexample) == COUNTEREXAMPLE_OP_COUNT_MAX == 20
+    assert counterexample[0] == ("write", "w11") and counterexample[-2:] == [("write", "w29"), ("read", "w5")]
 
 
 def test_two_cas_from_the_same_old_value_cannot_both_succeed():

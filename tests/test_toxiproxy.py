@@ -226,6 +226,14 @@ def test_slicer_delivers_data_intact(proxy: Proxy) -> None:
         assert _round_trip_s(sock, payload) < 5.0
 
 
+def test_slicer_cuts_and_spaces_the_data(proxy: Proxy) -> None:
+    """slicer: 10 KB in 1000-byte slices 20 ms apart takes ≥ 0.1 s (without the toxic, ≈ 0 s)."""
+    proxy.add_toxic(type="slicer", attributes={"average_size": 1000, "size_variation": 0, "delay": 20_000})
+    with _connect(proxy) as sock:
+        elapsed_s = _round_trip_s(sock, os.urandom(10_000))
+    assert 0.1 <= elapsed_s < 5.0  # ≥ 9 gaps per chunk the echo reply arrives in; allows up to 5 chunks
+
+
 def test_slow_close_delays_the_close(proxy: Proxy) -> None:
     """slow_close: the client sees the upstream's close only after the delay."""
     proxy.add_toxic(type="slow_close", attributes={"delay": 500})
@@ -332,10 +340,13 @@ def test_api_keeps_connections_alive_and_bounds_bodies(server: ToxiproxyServer, 
     """Several requests share one HTTP/1.1 connection; an oversized body answers 413."""
     connection = http.client.HTTPConnection(server.host, server.port, timeout=SOCKET_TIMEOUT_S)
     try:
+        sockets = []
         for _ in range(3):
             connection.request("GET", "/proxies/echo")
             response = connection.getresponse()
             assert response.status == 200 and json.loads(response.read())["name"] == "echo"
+            sockets.append(connection.sock)  # http.client drops the socket when the server closes
+        assert sockets[0] is not None and sockets == [sockets[0]] * 3
     finally:
         connection.close()
     with socket.create_connection((server.host, server.port), timeout=SOCKET_TIMEOUT_S) as sock:
@@ -373,7 +384,8 @@ def _free_port() -> int:
 
 
 def test_command_line_serves_config_until_sigterm(tmp_path: Path, echo: str, server: ToxiproxyServer) -> None:
-    """python -m chaos.toxiproxy populates --config, serves, exits 0 on SIGTERM and 2 on bad input."""
+    """python -m chaos.toxiproxy populates --config, serves, exits 0 on SIGTERM; it and mqmeta chaos
+    toxiproxy exit 2 with one sentence on bad input."""
     config = tmp_path / "proxies.json"
     config.write_text(json.dumps([{"name": "cfg", "listen": "127.0.0.1:0", "upstream": echo}]))
     command = [sys.executable, "-m", "chaos.toxiproxy"]
@@ -398,3 +410,10 @@ def test_command_line_serves_config_until_sigterm(tmp_path: Path, echo: str, ser
     for bad in (["--listen", "127.0.0.1:99999"], ["--listen", server.address], ["--config", missing_config]):
         failed = subprocess.run([*command, *bad], cwd=REPO_ROOT, capture_output=True, text=True, timeout=30)
         assert failed.returncode == 2 and len(failed.stderr.strip().splitlines()) == 1, failed
+    bad_config = tmp_path / "bad.json"
+    bad_config.write_text(json.dumps([{"name": "x", "upstream": "nohost"}]))
+    mqmeta = [sys.executable, "-m", "mqmeta.cli", "chaos", "toxiproxy", "--listen", "127.0.0.1:0"]
+    for bad in (["--listen", "bogus"], ["--config", str(bad_config)]):  # the mqmeta entry point, too
+        failed = subprocess.run([*mqmeta, *bad], cwd=REPO_ROOT, capture_output=True, text=True, timeout=30)
+        assert failed.returncode == 2 and len(failed.stderr.strip().splitlines()) == 1, failed
+        assert "Traceback" not in failed.stderr and failed.stderr.strip().endswith("."), failed
