@@ -39,7 +39,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +49,7 @@ import benchlib  # noqa: E402
 from broker_agent.records import Message  # noqa: E402
 from broker_agent.store import MessageStore  # noqa: E402
 from controller.applied_log import line_crc  # noqa: E402
-from spark.walk import record_digest, walk  # noqa: E402
+from spark.walk import Piece, record_digest, walk  # noqa: E402
 
 log = benchlib.make_log("audit-bench")
 SEGMENT_BYTES = 16 << 20
@@ -115,15 +115,15 @@ def _replica_stream(commitlog: Path, problems: dict[str, int]) -> Iterator[tuple
         if expected is not None and base != expected:
             problems["B2"] += 1
         data = path.read_bytes()
-        valid_end = 0
-        pieces = list(walk(data, base)) if i == len(files) - 1 else None
-        if pieces is not None:  # the last segment: a bad tail past the last valid record is cut
-            valid_end = max((p.pos + p.length for p in pieces if p.status == "ok"), default=0)
-        for piece in pieces if pieces is not None else walk(data, base):
-            torn_tail = pieces is not None and piece.pos >= valid_end
-            if piece.status != "ok" and not torn_tail:
+        last = i == len(files) - 1
+        pieces: Iterable[Piece] = list(walk(data, base)) if last else walk(data, base)
+        torn_from = len(data)  # the last segment: a bad tail past the last valid record is cut
+        if last:
+            torn_from = max((p.pos + p.length for p in pieces if p.status == "ok"), default=0)
+        for piece in pieces:
+            if piece.status != "ok" and piece.pos < torn_from:
                 problems["B3"] += 1
-                problems["B2"] += piece.status == "garbage"
+                problems["B2"] += piece.status != "corrupt"  # Spark's B2: bytes that frame no record
             yield (
                 base + piece.pos,
                 piece.length,
@@ -162,17 +162,17 @@ def _compare(
 # The Spark audit -----------------------------------------------------------------------------------
 def spark_audit(root: Path) -> dict[str, Any]:
     from spark import checks_logs
-    from spark import data as audit_data
+    from spark.data import AuditData
     from spark.layout import discover
     from spark.session import get_session
 
     spark = get_session()
     started = time.monotonic()
     inventory = discover([str(root)])
-    data = audit_data.load(spark, inventory, detail=False)
+    data = AuditData(spark, inventory, detail=False)
     results = [checks_logs.check_b1(data), checks_logs.check_b2(data), checks_logs.check_b3(data)]
     elapsed = time.monotonic() - started
-    audit_data.unpersist(data)
+    data.unpersist()
     return {
         "elapsed_s": elapsed,
         "records": results[2].rows_examined,

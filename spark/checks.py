@@ -8,7 +8,6 @@ only ever collects small metadata: per-replica held ranges and per-set confirm o
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -186,6 +185,3 @@ def check_m4(data: AuditData) -> CheckResult:
             )
         ],
     )
-
-
-CheckFunction = Callable[[AuditData], CheckResult]

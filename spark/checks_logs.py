@@ -15,7 +15,7 @@ from typing import Any
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
-from spark.checks import CheckResult, _result
+from spark.checks import DESCRIPTIONS, SAMPLES_MAX, CheckResult, _result, _samples
 from spark.data import AuditData
 
 _SAMPLE_COLUMNS = ["broker_set", "replica", "file", "offset", "length", "crc_valid", "truncated"]
@@ -25,19 +25,19 @@ def _end() -> Column:
     return F.col("offset") + F.col("length")
 
 
-def replica_ranges(data: AuditData) -> list[dict[str, Any]]:
+def _replica_spans(records: DataFrame) -> DataFrame:
     """Per replica: the first offset it holds (retention may have cut the start), where its
-    last valid record ends, and whether bytes follow that (a torn tail). A few rows."""
-    rows = (
-        data.records.groupBy("broker_set", "replica")
-        .agg(
-            F.min("file_base").alias("min_offset"),
-            F.max(F.when(F.col("crc_valid"), _end())).alias("valid_end"),
-            F.max(_end()).alias("end"),
-        )
-        .collect()
+    last valid record ends, and where its bytes end (past valid_end: a torn tail)."""
+    return records.groupBy("broker_set", "replica").agg(
+        F.min("file_base").alias("min_offset"),
+        F.max(F.when(F.col("crc_valid"), _end())).alias("valid_end"),
+        F.max(_end()).alias("end"),
     )
-    return [row.asDict() for row in rows]
+
+
+def replica_ranges(data: AuditData) -> list[dict[str, Any]]:
+    """_replica_spans on the driver (a few rows)."""
+    return [row.asDict() for row in _replica_spans(data.records).collect()]
 
 
 def confirm_bounds(data: AuditData) -> dict[str, int]:
@@ -104,24 +104,24 @@ def check_b1(data: AuditData) -> CheckResult:
         F.coalesce(F.sum(F.when(bad_condition, 1).otherwise(0)), F.lit(0)).alias("found"),
     ).first()
     examined, found = int(totals["examined"]), int(totals["found"])
-    bad_lines = _bad_confirm_lines(data)
-    result = _result("B1", examined, [], notes)
+    samples: list[dict[str, Any]] = []
     if found:
-        keys = grouped.filter(bad_condition).orderBy("broker_set", "offset").limit(20)
-        details = _details(data.records, keys).orderBy("offset").limit(20).collect()
-        result.samples = [r.asDict() for r in details]
-    result.samples = (result.samples + bad_lines)[:20]
-    result.violation_count = found + len(bad_lines)
-    result.passed = result.violation_count == 0
-    return result
+        keys = grouped.filter(bad_condition).orderBy("broker_set", "offset").limit(SAMPLES_MAX)
+        details = _details(data.records, keys).orderBy("offset").limit(SAMPLES_MAX).collect()
+        samples = [r.asDict() for r in details]
+    bad_lines = _bad_confirm_lines(data)
+    line_count = bad_lines.count()
+    if line_count and len(samples) < SAMPLES_MAX:
+        samples += _samples(bad_lines)[: SAMPLES_MAX - len(samples)]
+    count = found + line_count
+    return CheckResult("B1", DESCRIPTIONS["B1"], count == 0, examined, count, samples, notes)
 
 
-def _bad_confirm_lines(data: AuditData) -> list[dict[str, Any]]:
-    """Bad confirm.log lines (not a torn last line): at most 20, counted as violations."""
-    bad = data.confirm.filter(~F.col("valid") & ~F.col("torn_tail")).select(
+def _bad_confirm_lines(data: AuditData) -> DataFrame:
+    """Bad confirm.log lines (not a torn last line): violations of B1."""
+    return data.confirm.filter(~F.col("valid") & ~F.col("torn_tail")).select(
         F.col("node").alias("replica"), "file", "line_no", "byte_offset", "problem"
     )
-    return [row.asDict() for row in bad.limit(20).collect()]
 
 
 def _file_spans(data: AuditData) -> DataFrame:
@@ -167,19 +167,16 @@ def _not_torn(records: DataFrame, spans: DataFrame) -> DataFrame:
 
 
 def check_b3(data: AuditData) -> CheckResult:
-    spans = _file_spans(data)
-    bad = _not_torn(data.records, spans)
-    torn = data.records.filter(~F.col("crc_valid")).count() - bad.count()
-    notes = (
-        [
+    bad = _not_torn(data.records, _file_spans(data))
+    columns = _SAMPLE_COLUMNS + (["problem"] if "problem" in data.records.columns else [])
+    result = _result("B3", data.records.count(), [bad.select(*columns)])
+    torn = data.records.filter(~F.col("crc_valid")).count() - result.violation_count
+    if torn:
+        result.notes.append(
             f"{torn} torn tail piece(s) past a replica's last valid record ignored "
             "(the broker cuts them at restart)"
-        ]
-        if torn
-        else []
-    )
-    columns = _SAMPLE_COLUMNS + (["problem"] if "problem" in data.records.columns else [])
-    return _result("B3", data.records.count(), [bad.select(*columns)], notes)
+        )
+    return result
 
 
 def _epoch_intervals(epochs: DataFrame) -> DataFrame:
@@ -211,11 +208,7 @@ def check_b4(data: AuditData) -> CheckResult:
         "prev_epoch",
         "prev_start",
     )
-    spans = data.records.groupBy("broker_set", "replica").agg(
-        F.min("file_base").alias("min_offset"),
-        F.max(F.when(F.col("crc_valid"), _end())).alias("valid_end"),
-        F.max(_end()).alias("end"),
-    )
+    spans = _replica_spans(data.records)
     starts = data.records.filter("crc_valid").select(
         "broker_set", "replica", F.col("offset").alias("start_offset")
     )
@@ -371,7 +364,7 @@ def check_t2(data: AuditData) -> CheckResult:
     return _result("T2", tiered.count(), [bad.withColumn("replicas_holding", expected)])
 
 
-def check_t3(data: AuditData, tiered_files: list[dict[str, Any]]) -> CheckResult:
+def check_t3(data: AuditData) -> CheckResult:
     segments = committed_segments(data)
     window = Window.partitionBy("broker_set").orderBy("base_offset", "end_offset")
     ordered = segments.withColumn("prev_end", F.lag("end_offset").over(window))
@@ -385,10 +378,9 @@ def check_t3(data: AuditData, tiered_files: list[dict[str, Any]]) -> CheckResult
         "end_offset",
         "prev_end",
     )
-    spark = data.applied.sparkSession
-    stored = spark.createDataFrame(
-        [(f["broker_set"], f["base_offset"], f["base_offset"] + f["size"]) for f in tiered_files]
-        or [("", -1, -1)],
+    files = data.inventory.tiered_segments
+    stored = data.spark.createDataFrame(
+        [(f["broker_set"], f["base_offset"], f["base_offset"] + f["size"]) for f in files],
         "broker_set string, base_offset bigint, stored_end bigint",
     )
     missing = segments.join(

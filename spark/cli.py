@@ -72,7 +72,7 @@ def run_checks(
     """Discovers, loads, checks and reports; returns the exit status."""
     from rich.progress import Progress
 
-    from spark import data as audit_data
+    from spark.data import AuditData
     from spark.layout import discover
     from spark.registry import check_functions
     from spark.report import build_document, write_report
@@ -91,7 +91,7 @@ def run_checks(
     with Progress(console=console, transient=False) as progress:
         task = progress.add_task("starting Spark", total=len(ids) + 1)
         spark = get_session(master)
-        data = audit_data.load(spark, inventory)
+        data = AuditData(spark, inventory)
         progress.advance(task)
         functions = check_functions(data)
         results = []
@@ -102,7 +102,7 @@ def run_checks(
         progress.update(task, description="writing the report")
         document = build_document(results, inputs, inventory.summary(), time.monotonic() - started)
         write_report(report_dir, document, data)
-        audit_data.unpersist(data)
+        data.unpersist()
     console.print(_table(results))
     console.print(f"report: {report_dir / 'report.html'}")
     return EXIT_OK if document["passed"] else EXIT_FAILED

@@ -88,6 +88,8 @@ class AuditData:
 
 
 def _records(spark: Any, files: list[dict[str, Any]], detail: bool, split_bytes: int | None) -> Any:
+    if not files:
+        return spark.createDataFrame([], _ddl(RECORD_FIELDS + (DETAIL_FIELDS if detail else [])))
     reader = (
         spark.read.format("mqmeta_records")
         .option("files", json.dumps(files))
@@ -95,8 +97,6 @@ def _records(spark: Any, files: list[dict[str, Any]], detail: bool, split_bytes:
     )
     if split_bytes:
         reader = reader.option("split_bytes", str(split_bytes))
-    if not files:
-        return spark.createDataFrame([], _ddl(RECORD_FIELDS + (DETAIL_FIELDS if detail else [])))
     return reader.load()
 
 
@@ -118,7 +118,7 @@ def _epoch_rows(inventory: Inventory) -> list[tuple[Any, ...]]:
             entries = body.get("entries")
             if not isinstance(entries, list):
                 raise CorruptData(f"{label}: no entries list")
-        except CorruptData as exc:
+        except (CorruptData, OSError) as exc:
             rows.append((replica.broker_set, replica.name, label, -1, None, None, str(exc)))
             continue
         for position, entry in enumerate(entries):
@@ -148,11 +148,3 @@ def _lineage_rows(inventory: Inventory) -> list[tuple[Any, ...]]:
         for position, (epoch, start) in enumerate(entries):
             rows.append((item["broker_set"], item["file"], end, position, epoch, start, None))
     return rows
-
-
-def load(spark: Any, inventory: Inventory, detail: bool = True, split_bytes: int | None = None) -> AuditData:
-    return AuditData(spark, inventory, detail, split_bytes)
-
-
-def unpersist(data: AuditData) -> None:
-    data.unpersist()

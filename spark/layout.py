@@ -1,8 +1,8 @@
 """Finding what to audit in the INPUTs, by the directory layout alone.
 
 Any directory holding `applied.jsonl` is a controller node (named by its directory);
-any holding `store/commitlog` is a broker replica (named by its directory; cluster,
-broker name and id from its `identity.json` when present); any holding
+any holding `store/commitlog` is a broker replica (named by its directory; cluster and
+broker name from its `identity.json` when present); any holding
 `{cluster}/{broker}/commitlog/*.seg` is a tiered store. Absolute paths recorded inside
 the files are never used, so a data dir copied or moved elsewhere audits the same.
 Labels of files are relative to the INPUT they were found in.
@@ -29,7 +29,6 @@ _TIERED_SEGMENT = re.compile(r"(\d{20})-(\d{20})\.seg")
 class Replica:
     name: str
     broker_set: str  # "{cluster}/{broker_name}"
-    broker_id: int
     path: str  # the replica's data dir
     label: str  # the same, relative to its INPUT
 
@@ -81,16 +80,26 @@ def discover(inputs: list[str]) -> Inventory:
                 "the data dirs to a local or shared file system (see README, Audit)"
             )
         root = _local_root(value).resolve()
-        _scan(root, inventory)
+        try:
+            _scan(root, inventory)
+        except OSError as exc:  # e.g. a commitlog dir this user may not list
+            raise BadInput(f"cannot read {exc.filename or value}: {exc.strerror}") from None
     return inventory
 
 
+def _raise(error: OSError) -> None:
+    """os.walk's default skips a directory it cannot list; the audit says so instead."""
+    raise error
+
+
 def _scan(root: Path, inventory: Inventory) -> None:
-    seen = 0
-    for dirpath, dirnames, filenames in os.walk(root):
+    for seen, (dirpath, dirnames, filenames) in enumerate(os.walk(root, onerror=_raise), start=1):
+        if seen > SCAN_DIRS_MAX:  # an audit that silently skipped directories could pass
+            raise BadInput(
+                f"input {root} holds more than {SCAN_DIRS_MAX} directories; give the data dirs themselves"
+            )
         here = Path(dirpath)
-        seen += 1
-        if seen > SCAN_DIRS_MAX or len(here.relative_to(root).parts) > SCAN_DEPTH_MAX:
+        if len(here.relative_to(root).parts) > SCAN_DEPTH_MAX:
             dirnames[:] = []
             continue
         if "applied.jsonl" in filenames:
@@ -123,9 +132,7 @@ def _add_replica(here: Path, root: Path, inventory: Inventory) -> None:
     broker_name = identity.get("broker_name") or re.sub(r"-\d+$", "", here.name)
     cluster = identity.get("cluster") or "DefaultCluster"
     broker_set = f"{cluster}/{broker_name}"
-    replica = Replica(
-        here.name, broker_set, int(identity.get("broker_id") or 0), str(here), _relative(here, root)
-    )
+    replica = Replica(here.name, broker_set, str(here), _relative(here, root))
     inventory.replicas.append(replica)
     commitlog = here / "store" / "commitlog"
     files = sorted((int(m[1]), p) for p in commitlog.iterdir() if (m := _SEGMENT.fullmatch(p.name)))
@@ -157,7 +164,7 @@ def _add_replica(here: Path, root: Path, inventory: Inventory) -> None:
 def _add_tiered(here: Path, root: Path, dirnames: list[str], inventory: Inventory) -> bool:
     """`here` is a tiered store root when some {cluster}/{broker}/commitlog holds .seg objects."""
     found = False
-    for cluster_dir in sorted(p for p in here.iterdir() if p.is_dir()) if dirnames else []:
+    for cluster_dir in (here / name for name in sorted(dirnames)):
         for broker_dir in sorted(p for p in cluster_dir.iterdir() if p.is_dir()):
             commitlog = broker_dir / "commitlog"
             if not commitlog.is_dir():

@@ -12,7 +12,6 @@ CHECK_IDS = ["R1", "R2", "M1", "M2", "M3", "M4", "B1", "B2", "B3", "B4", "T1", "
 
 
 def check_functions(data: AuditData) -> dict[str, Callable[[], CheckResult]]:
-    tiered_files = data.inventory.tiered_segments
     return {
         "R1": lambda: checks.check_r1(data),
         "R2": lambda: checks.check_r2(data),
@@ -26,7 +25,7 @@ def check_functions(data: AuditData) -> dict[str, Callable[[], CheckResult]]:
         "B4": lambda: checks_logs.check_b4(data),
         "T1": lambda: checks_logs.check_t1(data),
         "T2": lambda: checks_logs.check_t2(data),
-        "T3": lambda: checks_logs.check_t3(data, tiered_files),
+        "T3": lambda: checks_logs.check_t3(data),
         "T4": lambda: checks_logs.check_t4(data),
     }
 

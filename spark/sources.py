@@ -17,8 +17,6 @@ readers never drop it and never raise on bad bytes.
 from __future__ import annotations
 
 import json
-import mmap
-import os
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -63,19 +61,9 @@ def _ddl(fields: list[tuple[str, str]]) -> str:
 
 
 def read_bytes(path: str) -> bytes:
-    """A whole file: local paths (and file:// URLs) by mmap, other URLs through fsspec."""
-    if path.startswith("file://"):
-        path = path[len("file://") :]
-    if "://" in path:
-        import fsspec  # type: ignore[import-untyped]
-
-        with fsspec.open(path, "rb") as f:
-            return bytes(f.read())
+    """A whole file. spark.layout gives only local paths (executors see the same mount)."""
     with open(path, "rb") as f:
-        if os.fstat(f.fileno()).st_size == 0:
-            return b""
-        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-            return mapped[:]
+        return f.read()
 
 
 @dataclass(frozen=True)
@@ -278,7 +266,7 @@ class _JsonlReader(DataSourceReader):
         spec = partition.spec
         if not spec:
             return
-        state: dict[str, Any] = {"seen": set()}
+        seen: set[tuple[str, str]] = set()  # tiered segments listed by an earlier checkpoint
         for number, offset, text, last in _lines(read_bytes(spec["path"])):
             head = (spec["node"], spec["file"], number, offset)
             try:
@@ -287,12 +275,12 @@ class _JsonlReader(DataSourceReader):
                 # A torn *last* line is what a kill -9 leaves (cut at restart); not a violation.
                 yield head + (False, last, str(exc)) + (None,) * len(KIND_FIELDS[self.kind])
                 continue
-            for values in _kind_rows(self.kind, record, spec, state):
+            for values in _kind_rows(self.kind, record, spec, seen):
                 yield head + (True, False, None) + values
 
 
 def _kind_rows(
-    kind: str, record: dict[str, Any], spec: dict[str, Any], state: dict[str, Any]
+    kind: str, record: dict[str, Any], spec: dict[str, Any], seen: set[tuple[str, str]]
 ) -> Iterator[tuple[Any, ...]]:
     if kind == "applied":
         yield (
@@ -316,7 +304,7 @@ def _kind_rows(
     elif kind == "effects":
         yield from _effect_rows(record)
     elif kind == "segments":
-        yield from _segment_rows(record, state["seen"])
+        yield from _segment_rows(record, seen)
 
 
 def _effect_rows(record: dict[str, Any]) -> Iterator[tuple[Any, ...]]:

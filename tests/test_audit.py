@@ -5,11 +5,13 @@ Properties checked:
   of the master in the middle and its restart as a slave) passes every check, and the
   report files are written (JSON per check; HTML with plots);
 - the same data dir moved elsewhere audits the same (nodes are found by the layout);
+- files read in offset-range partitions give exactly the rows of whole-file partitions;
 - each fault crafted in a copy of that real data is caught by the right check: a
   replica byte flipped below the confirm offset (B1, B3), bytes cut out of a record
   (B2, B3), an epoch entry regressed (B4), two masters recorded in one epoch (M2), a
   tiered segment past the confirm offset (T1), a tiered segment differing from the
-  replicas (T2), one node's applied entry changed (R1);
+  replicas (T2), one node's applied entry changed (R1), bad confirm.log lines (B1, every
+  one counted), while a torn last confirm line and a torn segment tail are not violations;
 - bad input exits 2 with one sentence on stderr and no Java stack trace.
 One Spark session (local[2]) serves every test of this module.
 """
@@ -98,6 +100,24 @@ def test_moved_data_dir_audits_the_same(spark, tmp_path):
     chosen = set(LAYOUT_CHECKS.split(","))
     assert _summary(document) == [s for s in _summary(_clean_report) if s[0] in chosen]
     assert all(c["passed"] for c in document["checks"])
+
+
+def test_offset_range_partitions_read_the_same_records(spark):
+    from spark.data import AuditData
+    from spark.layout import discover
+
+    inventory = discover([str(clean_data_dir())])
+    split_bytes = 4096
+    assert max(s["size"] for s in inventory.segments) > 4 * split_bytes, "some files must be split"
+    whole, split = AuditData(spark, inventory), AuditData(spark, inventory, split_bytes=split_bytes)
+    try:
+        assert split.records.rdd.getNumPartitions() > whole.records.rdd.getNumPartitions()
+        assert split.records.count() == whole.records.count() > 0
+        assert split.records.exceptAll(whole.records).count() == 0
+        assert whole.records.exceptAll(split.records).count() == 0
+    finally:
+        whole.unpersist()
+        split.unpersist()
 
 
 # Crafted faults ---------------------------------------------------------------------------------
@@ -221,6 +241,27 @@ def test_changed_applied_entry_on_one_node(spark, tmp_path):
     assert document["checks"][0]["samples"][0]["index"] == 10
 
 
+def test_bad_confirm_lines_are_counted_torn_tails_are_not(spark, tmp_path):
+    data_dir = copy_data_dir(tmp_path)
+    log = max((data_dir / "brokers").glob("*/confirm.log"), key=lambda p: len(p.read_text().splitlines()))
+    lines = log.read_text().splitlines()
+    bad = 25  # more than the 20 samples a check keeps: the count must not stop there
+    assert len(lines) > bad + 5
+    changed = [ln.replace('"role":', '"rolE":', 1) for ln in lines[:bad]]  # valid JSON, wrong CRC
+    assert all(new != old for new, old in zip(changed, lines, strict=False))
+    torn_line = lines[-1][:40]  # an unterminated last line: a write cut short
+    log.write_text("".join(ln + "\n" for ln in changed + lines[bad:]) + torn_line)
+    segment = sorted((data_dir / "brokers" / "broker-a-1" / "store" / "commitlog").glob("*.log"))[-1]
+    torn_record = _first_segment(data_dir, "broker-a-1").read_bytes()[:30]
+    segment.write_bytes(segment.read_bytes() + torn_record)  # an append a crash interrupted
+    document = audit(spark, data_dir, tmp_path / "report", "B1,B2,B3")
+    assert failed(document) == {"B1"}
+    b1, _, b3 = document["checks"]
+    assert b1["violation_count"] == bad
+    assert len(b1["samples"]) == 20 and all(s["file"].endswith("confirm.log") for s in b1["samples"])
+    assert any("torn tail" in note for note in b3["notes"]), b3["notes"]
+
+
 # Bad input --------------------------------------------------------------------------------------
 def _cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "mqmeta.cli", "audit", *args], capture_output=True,
@@ -253,3 +294,4 @@ def test_unknown_check_exits_2(tmp_path):
     result = _cli(str(tmp_path), "--report", str(tmp_path / "report"), "--checks", "B1,Z9")
     assert result.returncode == 2
     _one_sentence(result.stderr)
+    assert "'Z9'" in result.stderr  # not the empty input's "nothing to audit"
