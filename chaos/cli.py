@@ -94,20 +94,47 @@ def _run_matrix(args: argparse.Namespace) -> int:
         raise InvalidArgument("--runs must be between 1 and 100")
     configs = [_config(args, fault, args.output_dir / f"{fault}-{i + 1}")
                for fault in faults for i in range(args.runs)]
-    rows = []
-    for config in configs:
-        outcome = run(config)
-        rows.append(_row(config.fault, config.output_dir, outcome.result, outcome.passed))
-        print(f"{config.fault} run {config.output_dir.name}: "
-              f"{'passed' if outcome.passed else 'FAILED ' + '; '.join(outcome.failures)}",
-              file=sys.stderr)
+    rows: list[dict] = []
+    args.output_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        for config in configs:
+            outcome = run(config, audit=_shared_session_audit)
+            rows.append(_row(config.fault, config.output_dir, outcome.result, outcome.passed))
+            # the table so far, so that a matrix stopped part-way still says what it found
+            (args.output_dir / "matrix.json").write_text(json.dumps(rows, indent=2) + "\n")
+            print(f"{config.fault} run {config.output_dir.name}: "
+                  f"{'passed' if outcome.passed else 'FAILED ' + '; '.join(outcome.failures)}",
+                  file=sys.stderr)
+    finally:
+        from spark.session import stop_session
+
+        stop_session()
     _print_table(rows, args.json)
     return 0 if all(r["passed"] for r in rows) else EXIT_FAILED
 
 
+def _shared_session_audit(run_dir: Path, report_dir: Path) -> int:
+    """The audit of one matrix run, in this process's one Spark session (a JVM start per
+    run would cost more than many of the runs' checks)."""
+    import io
+
+    from rich.console import Console
+
+    from spark.cli import EXIT_BAD_INPUT, run_checks
+    from spark.errors import BadInput
+    from spark.registry import CHECK_IDS
+
+    try:
+        return run_checks([str(run_dir)], report_dir, None, list(CHECK_IDS),
+                          console=Console(file=io.StringIO()))
+    except BadInput as error:
+        print(f"audit of {run_dir}: {error.message}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+
 def _row(fault: str, out: Path, result: dict, passed: bool) -> dict:
     queue = result.get("queue") or {}
-    rtos = [r["rtoTime"] for r in (result.get("rto") or {}).get("results", [])
+    rtos = [r["rtoTime"] for r in result.get("rto") or []
             if r.get("rtoTime") is not None]
     return {"fault": fault, "run": out.name, "passed": passed,
             "acked": queue.get("enqueueSuccessCount"), "lost": queue.get("lostMessageCount"),

@@ -218,14 +218,15 @@ def _conclude(config: RunConfig, recorder: HistoryRecorder, faults: list[dict[st
                               "faults": faults}
     failures = []
     if config.workload == "queue":
-        result.update(queue=checkers.check_queue(history), recovery=checkers.check_recovery(history),
-                      rto=checkers.check_rto(history), order=checkers.check_order(history),
+        result.update(queue=checkers.check_queue(history), order=checkers.check_order(history),
                       latency_buckets=checkers.latency_buckets(history), linearizable=None)
+        result.update(_as_list("recovery", checkers.check_recovery(history)))
+        result.update(_as_list("rto", checkers.check_rto(history)))
         failures += _queue_failures(result)
     else:
         verdict = check_linearizability(history)
-        result.update(linearizability=verdict, linearizable=verdict["linearizable"],
-                      rto=checkers.check_rto(history, operation="write"))
+        result.update(linearizability=verdict, linearizable=verdict["linearizable"])
+        result.update(_as_list("rto", checkers.check_rto(history, operation="write")))
         if verdict["linearizable"] is not True:
             failures.append(f"linearizability: {verdict['linearizable']} "
                             f"(key {verdict.get('failing_key')})")
@@ -238,6 +239,13 @@ def _conclude(config: RunConfig, recorder: HistoryRecorder, faults: list[dict[st
     return RunResult(not failures, result, out, failures)
 
 
+def _as_list(name: str, checked: dict[str, Any]) -> dict[str, Any]:
+    """result.json's `recovery` and `rto` are the per-window lists (as OpenChaos writes
+    them); the checker's summary fields go beside them as `recoverySummary` / `rtoSummary`."""
+    summary = {k: v for k, v in checked.items() if k != "results"}
+    return {name: checked["results"], f"{name}Summary": summary}
+
+
 def _queue_failures(result: dict[str, Any]) -> list[str]:
     queue, order = result["queue"], result["order"]
     failures = []
@@ -248,7 +256,7 @@ def _queue_failures(result: dict[str, Any]) -> list[str]:
         failures.append(f"order broken for sharding key {order.get('wrongShardingKey')}")
     if queue["enqueueSuccessCount"] == 0:
         failures.append("no enqueue succeeded: the run proves nothing")
-    never = [r for r in result["rto"]["results"]
+    never = [r for r in result["rto"]
              if r["isUnavailableInFaultInterval"] and not r["recovered"]]
     if never:
         failures.append(f"{len(never)} fault interval(s) never recovered")
