@@ -49,7 +49,7 @@ import benchlib  # noqa: E402
 from broker_agent.records import Message  # noqa: E402
 from broker_agent.store import MessageStore  # noqa: E402
 from controller.applied_log import line_crc  # noqa: E402
-from spark.walk import Piece, record_digest, walk  # noqa: E402
+from spark.walk import Piece, piece_digest, walk  # noqa: E402
 
 log = benchlib.make_log("audit-bench")
 SEGMENT_BYTES = 16 << 20
@@ -124,11 +124,7 @@ def _replica_stream(commitlog: Path, problems: dict[str, int]) -> Iterator[tuple
             if piece.status != "ok" and piece.pos < torn_from:
                 problems["B3"] += 1
                 problems["B2"] += piece.status != "corrupt"  # Spark's B2: bytes that frame no record
-            yield (
-                base + piece.pos,
-                piece.length,
-                record_digest(memoryview(data)[piece.pos : piece.pos + piece.length]),
-            )
+            yield base + piece.pos, piece.length, piece_digest(data, piece)
         expected = base + len(data)
 
 

@@ -18,6 +18,7 @@ from pyspark.sql import functions as F
 from spark.checks import DESCRIPTIONS, SAMPLES_MAX, CheckResult, _result, _samples
 from spark.data import AuditData
 
+CHUNK_BYTES = 1 << 20  # B1's unit of comparison by fingerprint
 _SAMPLE_COLUMNS = ["broker_set", "replica", "file", "offset", "length", "crc_valid", "truncated"]
 
 
@@ -25,19 +26,82 @@ def _end() -> Column:
     return F.col("offset") + F.col("length")
 
 
-def _replica_spans(records: DataFrame) -> DataFrame:
+def chunk_table(data: AuditData) -> DataFrame:
+    """The one pass over every replica record that B1-B3 make: per (segment file, chunk of
+    CHUNK_BYTES offsets), a few rows per MiB of log, cached:
+
+    - what the file spans need: records, bytes, where the last valid record ends, the
+      first corrupt and truncated pieces, how many pieces are invalid;
+    - B1's fingerprint of the records below the confirm offset: their count, the XOR and
+      the sum of the 64-bit hashes of their (offset, length, digest), and the offsets
+      they cover (lo, hi).
+    """
+    if "chunks" not in data.derived:
+        below = _end() <= _bound_column(confirm_bounds(data))
+        invalid = ~F.col("crc_valid")
+        row_hash = F.xxhash64("offset", "length", "record_digest")
+        table = (
+            data.records.withColumn("chunk", F.floor(F.col("offset") / CHUNK_BYTES))
+            .groupBy("broker_set", "replica", "file", "file_base", "last_file", "chunk")
+            .agg(
+                F.count(F.lit(1)).alias("rows"),
+                F.sum("length").alias("bytes"),
+                F.max(F.when(F.col("crc_valid"), _end())).alias("valid_end"),
+                F.max(_end()).alias("end"),
+                F.min(F.when(invalid & ~F.col("truncated"), F.col("offset"))).alias("corrupt_at"),
+                F.min(F.when(F.col("truncated"), F.col("offset"))).alias("truncated_at"),
+                F.sum(F.when(invalid, 1).otherwise(0)).alias("invalid"),
+                F.sum(F.when(below, 1).otherwise(0)).alias("fp_n"),
+                F.bit_xor(F.when(below, row_hash)).alias("fp_x"),
+                # each term < 2**31, so no overflow below 2**32 records per chunk
+                F.sum(F.when(below, row_hash.bitwiseAND(F.lit(0x7FFFFFFF)))).alias("fp_s"),
+                F.min(F.when(below, F.col("offset"))).alias("fp_lo"),
+                F.max(F.when(below, _end())).alias("fp_hi"),
+            )
+        )
+        data.derived["chunks"] = data.keep(table)
+    return data.derived["chunks"]
+
+
+def file_spans(data: AuditData) -> DataFrame:
+    """Per segment file: its records, bytes, valid end, first corrupt / truncated piece."""
+    if "files" not in data.derived:
+        spans = chunk_table(data).groupBy("broker_set", "replica", "file", "file_base", "last_file").agg(
+            F.sum("rows").alias("rows"),
+            F.sum("bytes").alias("bytes"),
+            F.max("valid_end").alias("valid_end"),
+            F.max("end").alias("end"),
+            F.min("corrupt_at").alias("corrupt_at"),
+            F.min("truncated_at").alias("truncated_at"),
+            F.sum("invalid").alias("invalid"),
+        )
+        data.derived["files"] = data.keep(spans)
+    return data.derived["files"]
+
+
+def _files_with_invalid(data: AuditData) -> set[tuple[str, str, str]]:
+    rows = file_spans(data).filter(F.col("invalid") > 0).select("broker_set", "replica", "file").collect()
+    return {(r["broker_set"], r["replica"], r["file"]) for r in rows}
+
+
+def _replica_spans(data: AuditData) -> DataFrame:
     """Per replica: the first offset it holds (retention may have cut the start), where its
     last valid record ends, and where its bytes end (past valid_end: a torn tail)."""
-    return records.groupBy("broker_set", "replica").agg(
+    return file_spans(data).groupBy("broker_set", "replica").agg(
         F.min("file_base").alias("min_offset"),
-        F.max(F.when(F.col("crc_valid"), _end())).alias("valid_end"),
-        F.max(_end()).alias("end"),
+        F.max("valid_end").alias("valid_end"),
+        F.max("end").alias("end"),
     )
+
+
+def record_count(data: AuditData) -> int:
+    """Rows of `data.records` (from the file spans, without another pass)."""
+    return int(file_spans(data).agg(F.sum("rows")).first()[0] or 0)
 
 
 def replica_ranges(data: AuditData) -> list[dict[str, Any]]:
     """_replica_spans on the driver (a few rows)."""
-    return [row.asDict() for row in _replica_spans(data.records).collect()]
+    return [row.asDict() for row in _replica_spans(data).collect()]
 
 
 def confirm_bounds(data: AuditData) -> dict[str, int]:
@@ -79,12 +143,80 @@ def _details(records: DataFrame, keys: DataFrame) -> DataFrame:
 
 
 def check_b1(data: AuditData) -> CheckResult:
+    """Replicas compared chunk by chunk by their fingerprints (chunk_table). A chunk is
+    clean when every replica holding records of it below the confirm offset has the same
+    fingerprint and they are at least as many as the replicas whose ranges reach into it
+    (each of those must hold each record in it, see _holders). Only the other chunks'
+    records are compared record by record, so the cost of B1 is one aggregation, not a
+    shuffle of every record."""
     bounds = confirm_bounds(data)
     notes = [f"{s}: compared below confirm offset {b}" for s, b in sorted(bounds.items())]
     if not bounds:
         notes.append("no confirm log found: nothing is known to be confirmed, B1 compared nothing")
     ranges = replica_ranges(data)
-    below = data.records.filter(_end() <= _bound_column(bounds))
+    per_replica = (
+        chunk_table(data)
+        .filter(F.col("fp_n") > 0)
+        .groupBy("broker_set", "chunk", "replica")
+        .agg(
+            F.sum("fp_n").alias("n"),
+            F.bit_xor("fp_x").alias("x"),
+            F.sum("fp_s").alias("s"),
+            F.min("fp_lo").alias("lo"),
+            F.max("fp_hi").alias("hi"),
+        )
+    )
+    per_chunk = per_replica.groupBy("broker_set", "chunk").agg(
+        F.count(F.lit(1)).alias("k"),
+        F.sum("n").alias("rows"),
+        F.min("lo").alias("lo"),
+        F.max("hi").alias("hi"),
+        *[F.min(c).alias(f"{c}_min") for c in "nxs"],
+        *[F.max(c).alias(f"{c}_max") for c in "nxs"],
+    )
+    # An upper bound of _holders over the chunk's records: the replicas whose ranges reach
+    # into [lo, hi) (a record [o, e) there has o <= hi - 1 and e >= lo + 1).
+    reaching = _holders(ranges, F.col("hi") - 1, F.col("lo") + 1)
+    clean = (
+        (F.col("n_min") == F.col("n_max"))
+        & (F.col("x_min") == F.col("x_max"))
+        & (F.col("s_min") == F.col("s_max"))
+        & (reaching <= F.col("k"))
+    )
+    per_chunk = per_chunk.withColumn("clean", clean).persist()
+    totals = per_chunk.agg(
+        F.coalesce(F.sum("rows"), F.lit(0)).alias("examined"), F.count(F.lit(1)).alias("chunks")
+    ).first()
+    suspect = [(r["broker_set"], int(r["chunk"])) for r in per_chunk.filter(~F.col("clean")).collect()]
+    per_chunk.unpersist()
+    found, samples = _compare_records(data, ranges, bounds, suspect) if suspect else (0, [])
+    notes.append(
+        f"{int(totals['chunks']) - len(suspect)} of {int(totals['chunks'])} chunks of "
+        f"{CHUNK_BYTES >> 20} MiB agreed by fingerprint; {len(suspect)} compared record by record"
+    )
+    bad_lines = _bad_confirm_lines(data)
+    line_count = bad_lines.count()
+    if line_count and len(samples) < SAMPLES_MAX:
+        samples += _samples(bad_lines)[: SAMPLES_MAX - len(samples)]
+    count = found + line_count
+    return CheckResult("B1", DESCRIPTIONS["B1"], count == 0, int(totals["examined"]), count, samples, notes)
+
+
+def _compare_records(
+    data: AuditData, ranges: list[dict[str, Any]], bounds: dict[str, int], suspect: list[tuple[str, int]]
+) -> tuple[int, list[dict[str, Any]]]:
+    """B1 record by record in the suspect chunks: the offsets where the replicas holding a
+    record disagree on its bytes, or fewer hold it than their ranges say must."""
+    keys = data.spark.createDataFrame(suspect, "broker_set string, chunk bigint")
+    files = chunk_table(data).join(F.broadcast(keys), ["broker_set", "chunk"])
+    records = data.records_in(
+        {(r[0], r[1], r[2]) for r in files.select("broker_set", "replica", "file").distinct().collect()}
+    )
+    below = (
+        records.filter(_end() <= _bound_column(bounds))
+        .withColumn("chunk", F.floor(F.col("offset") / CHUNK_BYTES))
+        .join(F.broadcast(keys), ["broker_set", "chunk"])
+    )
     grouped = below.groupBy("broker_set", "offset").agg(
         F.count(F.lit(1)).alias("holders"),
         F.min("record_digest").alias("d_min"),
@@ -92,29 +224,18 @@ def check_b1(data: AuditData) -> CheckResult:
         F.max("length").alias("length"),
         F.min("length").alias("l_min"),
     )
-    expected = _holders(ranges, F.col("offset"), F.col("offset") + F.col("length"))
-    bad_condition = (
+    bad = grouped.filter(
         (F.col("d_min") != F.col("d_max"))
         | (F.col("l_min") != F.col("length"))
-        | (F.col("holders") < expected)
+        | (F.col("holders") < _holders(ranges, F.col("offset"), _end()))
     )
-    # One job for both numbers: rows compared, and offsets where the replicas disagree.
-    totals = grouped.agg(
-        F.coalesce(F.sum("holders"), F.lit(0)).alias("examined"),
-        F.coalesce(F.sum(F.when(bad_condition, 1).otherwise(0)), F.lit(0)).alias("found"),
-    ).first()
-    examined, found = int(totals["examined"]), int(totals["found"])
+    found = bad.count()
     samples: list[dict[str, Any]] = []
     if found:
-        keys = grouped.filter(bad_condition).orderBy("broker_set", "offset").limit(SAMPLES_MAX)
-        details = _details(data.records, keys).orderBy("offset").limit(SAMPLES_MAX).collect()
-        samples = [r.asDict() for r in details]
-    bad_lines = _bad_confirm_lines(data)
-    line_count = bad_lines.count()
-    if line_count and len(samples) < SAMPLES_MAX:
-        samples += _samples(bad_lines)[: SAMPLES_MAX - len(samples)]
-    count = found + line_count
-    return CheckResult("B1", DESCRIPTIONS["B1"], count == 0, examined, count, samples, notes)
+        sampled = bad.orderBy("broker_set", "offset").limit(SAMPLES_MAX)
+        rows = _details(records, sampled).orderBy("offset").limit(SAMPLES_MAX).collect()
+        samples = [r.asDict() for r in rows]
+    return found, samples
 
 
 def _bad_confirm_lines(data: AuditData) -> DataFrame:
@@ -124,17 +245,8 @@ def _bad_confirm_lines(data: AuditData) -> DataFrame:
     )
 
 
-def _file_spans(data: AuditData) -> DataFrame:
-    return data.records.groupBy("broker_set", "replica", "file", "file_base", "last_file").agg(
-        F.sum("length").alias("bytes"),
-        F.max(F.when(F.col("crc_valid"), _end())).alias("valid_end"),
-        F.min(F.when(~F.col("crc_valid") & ~F.col("truncated"), F.col("offset"))).alias("corrupt_at"),
-        F.min(F.when(F.col("truncated"), F.col("offset"))).alias("truncated_at"),
-    )
-
-
 def check_b2(data: AuditData) -> CheckResult:
-    spans = _file_spans(data)
+    spans = file_spans(data)
     window = Window.partitionBy("broker_set", "replica").orderBy("file_base")
     spans = spans.withColumn("prev_end", F.lag(F.col("file_base") + F.col("bytes")).over(window))
     between = spans.filter(F.col("prev_end").isNotNull() & (F.col("file_base") != F.col("prev_end"))).select(
@@ -148,7 +260,7 @@ def check_b2(data: AuditData) -> CheckResult:
     # Bytes that frame no record before a valid record (or in a segment another follows):
     # a hole in the offsets. A framed record with a bad checksum is B3's alone.
     holes = (
-        _not_torn(data.records, spans)
+        _not_torn(data.records_in(_files_with_invalid(data)), spans)
         .filter(~F.col("framed"))
         .select(F.lit("no whole record").alias("kind"), "broker_set", "replica", "file", "offset", "length")
     )
@@ -167,10 +279,11 @@ def _not_torn(records: DataFrame, spans: DataFrame) -> DataFrame:
 
 
 def check_b3(data: AuditData) -> CheckResult:
-    bad = _not_torn(data.records, _file_spans(data))
-    columns = _SAMPLE_COLUMNS + (["problem"] if "problem" in data.records.columns else [])
-    result = _result("B3", data.records.count(), [bad.select(*columns)])
-    torn = data.records.filter(~F.col("crc_valid")).count() - result.violation_count
+    bad = _not_torn(data.records_in(_files_with_invalid(data)), file_spans(data))
+    columns = _SAMPLE_COLUMNS + (["problem"] if data.detail else [])
+    result = _result("B3", record_count(data), [bad.select(*columns)])
+    invalid = int(file_spans(data).agg(F.sum("invalid")).first()[0] or 0)
+    torn = invalid - result.violation_count
     if torn:
         result.notes.append(
             f"{torn} torn tail piece(s) past a replica's last valid record ignored "
@@ -208,7 +321,7 @@ def check_b4(data: AuditData) -> CheckResult:
         "prev_epoch",
         "prev_start",
     )
-    spans = _replica_spans(data.records)
+    spans = _replica_spans(data)
     starts = data.records.filter("crc_valid").select(
         "broker_set", "replica", F.col("offset").alias("start_offset")
     )
@@ -240,7 +353,7 @@ def check_b4(data: AuditData) -> CheckResult:
     )
     return _result(
         "B4",
-        data.epochs.count() + data.records.count(),
+        data.epochs.count() + record_count(data),
         [unreadable, disorder, not_boundary, beyond, _record_epochs(data, entries)],
     )
 

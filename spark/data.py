@@ -34,12 +34,19 @@ class AuditData:
     of checks needs only some of them."""
 
     def __init__(
-        self, spark: Any, inventory: Inventory, detail: bool = True, split_bytes: int | None = None
+        self,
+        spark: Any,
+        inventory: Inventory,
+        detail: bool = True,
+        split_bytes: int | None = None,
+        cache_records: bool = False,
     ) -> None:
         self.spark, self.inventory, self.detail, self.split_bytes = spark, inventory, detail, split_bytes
+        self.cache_records = cache_records
+        self.derived: dict[str, Any] = {}  # small cached tables the checks derive (see checks_logs)
         self._cached: list[Any] = []
 
-    def _keep(self, frame: Any) -> Any:
+    def keep(self, frame: Any) -> Any:
         from pyspark import StorageLevel
 
         frame = frame.persist(StorageLevel.MEMORY_AND_DISK)
@@ -48,30 +55,46 @@ class AuditData:
 
     @cached_property
     def records(self) -> Any:
-        """Replica records: one row per record, corrupt region or truncated tail."""
-        return self._keep(_records(self.spark, self.inventory.segments, self.detail, self.split_bytes))
+        """Replica records: one row per record, corrupt region or truncated tail. Cached
+        only when asked (`cache_records`: the checks that rescan every record, B4 and
+        T2); B1-B3 read every record once, into checks_logs' chunk table, and then only
+        the files that table names."""
+        frame = _records(self.spark, self.inventory.segments, self.detail, self.split_bytes)
+        return self.keep(frame) if self.cache_records else frame
+
+    def records_in(self, files: set[tuple[str, str, str]]) -> Any:
+        """The records of the named (broker set, replica, file) segment files only."""
+        from pyspark.sql import functions as F
+
+        if self.cache_records:
+            keys = self.spark.createDataFrame(sorted(files) or [("", "", "")], "broker_set string, "
+                                              "replica string, file string")
+            return self.records.join(F.broadcast(keys), ["broker_set", "replica", "file"])
+        specs = [spec for spec in self.inventory.segments
+                 if (spec["broker_set"], spec["replica"], spec["file"]) in files]
+        return _records(self.spark, specs, self.detail, self.split_bytes)
 
     @cached_property
     def tiered(self) -> Any:
         """Tiered segment records (every .seg object found, committed or not)."""
-        return self._keep(_records(self.spark, self.inventory.tiered_segments, self.detail, self.split_bytes))
+        return self.keep(_records(self.spark, self.inventory.tiered_segments, self.detail, self.split_bytes))
 
     @cached_property
     def applied(self) -> Any:
-        return self._keep(_jsonl(self.spark, self.inventory.controllers, "applied"))
+        return self.keep(_jsonl(self.spark, self.inventory.controllers, "applied"))
 
     @cached_property
     def effects(self) -> Any:
-        return self._keep(_jsonl(self.spark, self.inventory.controllers, "effects"))
+        return self.keep(_jsonl(self.spark, self.inventory.controllers, "effects"))
 
     @cached_property
     def segments(self) -> Any:
         """Committed tiered segments, the first time each node's checkpoint lists them."""
-        return self._keep(_jsonl(self.spark, self.inventory.controllers, "segments"))
+        return self.keep(_jsonl(self.spark, self.inventory.controllers, "segments"))
 
     @cached_property
     def confirm(self) -> Any:
-        return self._keep(_jsonl(self.spark, self.inventory.confirm_logs, "confirm"))
+        return self.keep(_jsonl(self.spark, self.inventory.confirm_logs, "confirm"))
 
     @cached_property
     def epochs(self) -> Any:

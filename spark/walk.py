@@ -37,6 +37,7 @@ _HEADER = struct.Struct("<2sBII")  # records.py's prefix: magic, version, total 
 _FIXED = struct.Struct("<QQIQQ")  # epoch, store ms, queue id, queue offset, producer seq
 _U16 = struct.Struct("<H")
 _U32 = struct.Struct("<I")
+DIGEST_MIX = 0x9E3779B1  # odd: multiplying by it permutes the 32-bit values
 _NEEDLE = RECORD_MAGIC + bytes([RECORD_VERSION])
 assert _HEADER.size == PREFIX_BYTES
 
@@ -66,59 +67,98 @@ def _resync(buf: bytes, pos: int) -> int:
     return len(buf)
 
 
-def walk(buf: bytes, base: int) -> Iterator[Piece]:
+def _fast_run(buf: bytes, view: memoryview, pos: int, found: list[int]) -> int:
+    """Appends to `found` the positions of consecutive checksum-valid records from `pos`;
+    returns where the run stops (the end of the buffer, or a piece the slow path decides)."""
     size = len(buf)
-    view = memoryview(buf)
-    pos = 0
-    while pos < size:
-        if pos + PREFIX_BYTES <= size:  # fast path: a well-formed header, checksum valid
-            magic, version, total, stored = _HEADER.unpack_from(buf, pos)
-            end = pos + total
-            if (magic == RECORD_MAGIC and version == RECORD_VERSION
-                    and RECORD_BYTES_MIN <= total <= RECORD_BYTES_MAX
-                    and end <= size and zlib.crc32(view[pos + PREFIX_BYTES:end]) == stored):
-                yield Piece(pos, total, "ok", "")
-                pos = end
-                continue
-        try:
-            total = peek_length(buf, pos, base + pos)
-        except TornRecord as exc:
-            yield Piece(pos, size - pos, "truncated", str(exc))
-            return
-        except CorruptData as exc:
-            end = _resync(buf, pos)
-            yield Piece(pos, end - pos, "garbage", str(exc))
-            pos = end
-            continue
-        # A sound header (peek_length) that the fast path refused: a bad checksum or a
-        # record past the end of the buffer. Keep the announced length only when a valid
-        # record (or the end of the buffer) follows it; else find the next valid record.
+    unpack, crc, append = _HEADER.unpack_from, zlib.crc32, found.append
+    while pos + PREFIX_BYTES <= size:
+        magic, version, total, stored = unpack(buf, pos)
         end = pos + total
-        if end == size or (end < size and _valid_at(buf, end)):
-            yield Piece(pos, total, "corrupt", f"record at commit offset {base + pos}: checksum mismatch")
-            pos = end
-            continue
-        resumed = _resync(buf, pos)
-        if resumed == size and end > size:
-            yield Piece(
-                pos,
-                size - pos,
-                "truncated",
-                f"record at commit offset {base + pos}: {size - pos} of {total} bytes present",
-            )
+        if not (magic == RECORD_MAGIC and version == RECORD_VERSION
+                and RECORD_BYTES_MIN <= total <= RECORD_BYTES_MAX
+                and end <= size and crc(view[pos + PREFIX_BYTES:end]) == stored):
+            break
+        append(pos)
+        pos = end
+    return pos
+
+
+def _slow_step(buf: bytes, pos: int, base: int) -> Piece:
+    """The piece at `pos`, which the fast path refused."""
+    size = len(buf)
+    try:
+        total = peek_length(buf, pos, base + pos)
+    except TornRecord as exc:
+        return Piece(pos, size - pos, "truncated", str(exc))
+    except CorruptData as exc:
+        return Piece(pos, _resync(buf, pos) - pos, "garbage", str(exc))
+    # A sound header (peek_length) that the fast path refused: a bad checksum or a
+    # record past the end of the buffer. Keep the announced length only when a valid
+    # record (or the end of the buffer) follows it; else find the next valid record.
+    end = pos + total
+    if end == size or (end < size and _valid_at(buf, end)):
+        return Piece(pos, total, "corrupt", f"record at commit offset {base + pos}: checksum mismatch")
+    resumed = _resync(buf, pos)
+    if resumed == size and end > size:
+        return Piece(pos, size - pos, "truncated",
+                     f"record at commit offset {base + pos}: {size - pos} of {total} bytes present")
+    return Piece(pos, resumed - pos, "garbage",
+                 f"record at commit offset {base + pos}: checksum mismatch or bad length")
+
+
+def scan(buf: bytes, base: int) -> tuple[list[int], list[Piece]]:
+    """The walk as columns: the positions of the checksum-valid records, and every other
+    piece (corrupt, garbage, truncated). Together they are exactly `walk`'s pieces."""
+    view = memoryview(buf)
+    found: list[int] = []
+    others: list[Piece] = []
+    pos, size = 0, len(buf)
+    while pos < size:
+        pos = _fast_run(buf, view, pos, found)
+        if pos >= size:
+            break
+        piece = _slow_step(buf, pos, base)
+        others.append(piece)
+        pos = piece.pos + piece.length
+    return found, others
+
+
+def walk(buf: bytes, base: int) -> Iterator[Piece]:
+    view = memoryview(buf)
+    pos, size = 0, len(buf)
+    found: list[int] = []
+    while pos < size:
+        pos = _fast_run(buf, view, pos, found)
+        for at in found:
+            yield Piece(at, _HEADER.unpack_from(buf, at)[2], "ok", "")
+        found.clear()
+        if pos >= size:
             return
-        yield Piece(
-            pos,
-            resumed - pos,
-            "garbage",
-            f"record at commit offset {base + pos}: checksum mismatch or bad length",
-        )
-        pos = resumed
+        piece = _slow_step(buf, pos, base)
+        yield piece
+        pos = piece.pos + piece.length
 
 
-def record_digest(view: memoryview) -> int:
-    """A signed 64-bit digest of a record's bytes (BLAKE2b), for comparing replicas."""
-    return int.from_bytes(hashlib.blake2b(view, digest_size=8).digest(), "little", signed=True)
+def piece_digest(buf: bytes, piece: Piece) -> int:
+    """A signed 64-bit digest of a piece's bytes, for comparing replicas: the stored
+    CRC-32 (high half) and the CRC-32 of the bytes it covers (low half, times the odd
+    DIGEST_MIX mod 2**32: a bijection, so that the halves of a valid record, equal CRCs,
+    do not cancel in Java's Long.hashCode, which Spark's cache encoder hashes with).
+    For a valid record both CRCs are its header's, so the reader takes them from there
+    without another pass over the bytes; a replica whose copy differs anywhere in the
+    record, the stored CRC included, gets another digest (its length is compared beside
+    it). CRC-32 finds every burst of up to 32 flipped bits."""
+    if piece.status in ("ok", "corrupt"):
+        stored = _U32.unpack_from(buf, piece.pos + PREFIX_BYTES - 4)[0]
+        computed = zlib.crc32(memoryview(buf)[piece.pos + PREFIX_BYTES:piece.pos + piece.length])
+    else:  # no header to trust: the CRC of all its bytes, twice
+        stored = computed = zlib.crc32(memoryview(buf)[piece.pos:piece.pos + piece.length])
+    return _signed((stored << 32) | (computed * DIGEST_MIX & 0xFFFFFFFF))
+
+
+def _signed(value: int) -> int:
+    return value - (1 << 64) if value >= 1 << 63 else value
 
 
 class Fields(NamedTuple):

@@ -7,7 +7,8 @@ Properties checked:
 - the same data dir moved elsewhere audits the same (nodes are found by the layout);
 - files read in offset-range partitions give exactly the rows of whole-file partitions;
 - each fault crafted in a copy of that real data is caught by the right check: a
-  replica byte flipped below the confirm offset (B1, B3), bytes cut out of a record
+  replica byte flipped below the confirm offset (B1, B3), a checksum-valid divergent
+  record on one replica (B1 alone, found by the chunk fingerprints), bytes cut out of a record
   (B2, B3), an epoch entry regressed (B4), two masters recorded in one epoch (M2), a
   tiered segment past the confirm offset (T1), a tiered segment differing from the
   replicas (T2), one node's applied entry changed (R1), bad confirm.log lines (B1, every
@@ -133,8 +134,34 @@ def test_flipped_byte_below_the_confirm_offset(spark, tmp_path):
     segment.write_bytes(bytes(data))
     document = audit(spark, data_dir, tmp_path / "report", "B1,B3")
     assert failed(document) == {"B1", "B3"}
+    assert next(c for c in document["checks"] if c["id"] == "B1")["violation_count"] == 1
     b3 = next(c for c in document["checks"] if c["id"] == "B3")
     assert b3["samples"][0]["replica"] == "broker-a-2" and b3["samples"][0]["file"].endswith(segment.name)
+
+
+def test_checksum_valid_divergent_record_is_caught_by_b1_alone(spark, tmp_path):
+    """A replica whose record differs but carries a valid CRC (a divergent write, not bit
+    rot): only the replica comparison can see it, through the chunk fingerprints."""
+    import zlib
+
+    from spark.walk import walk
+
+    data_dir = copy_data_dir(tmp_path)
+    segment = _first_segment(data_dir, "broker-a-2")
+    data = bytearray(segment.read_bytes())
+    base = int(segment.stem)
+    piece = [p for p in walk(bytes(data), base) if p.status == "ok"][10]
+    data[piece.pos + piece.length - 1] ^= 0x01  # the body's last byte
+    crc = zlib.crc32(data[piece.pos + 11:piece.pos + piece.length])
+    data[piece.pos + 7:piece.pos + 11] = crc.to_bytes(4, "little")
+    segment.write_bytes(bytes(data))
+    document = audit(spark, data_dir, tmp_path / "report", "B1,B3")
+    assert failed(document) == {"B1"}
+    b1 = next(c for c in document["checks"] if c["id"] == "B1")
+    assert b1["violation_count"] == 1
+    assert {s["offset"] for s in b1["samples"]} == {base + piece.pos}
+    assert {s["replica"] for s in b1["samples"]} >= {"broker-a-2"}
+    assert any("1 compared record by record" in note for note in b1["notes"]), b1["notes"]
 
 
 def test_truncated_record(spark, tmp_path):
