@@ -35,6 +35,7 @@ from mqmeta.errors import CorruptData
 
 _HEADER = struct.Struct("<2sBII")  # records.py's prefix: magic, version, total length, crc32
 _FIXED = struct.Struct("<QQIQQ")  # epoch, store ms, queue id, queue offset, producer seq
+_HEAD = struct.Struct("<3sII")  # the same prefix: magic and version as one, length, crc32
 _U16 = struct.Struct("<H")
 _U32 = struct.Struct("<I")
 DIGEST_MIX = 0x9E3779B1  # odd: multiplying by it permutes the 32-bit values
@@ -71,13 +72,13 @@ def _fast_run(buf: bytes, view: memoryview, pos: int, found: list[int]) -> int:
     """Appends to `found` the positions of consecutive checksum-valid records from `pos`;
     returns where the run stops (the end of the buffer, or a piece the slow path decides)."""
     size = len(buf)
-    unpack, crc, append = _HEADER.unpack_from, zlib.crc32, found.append
+    unpack, crc, append = _HEAD.unpack_from, zlib.crc32, found.append
+    lo, hi = RECORD_BYTES_MIN, RECORD_BYTES_MAX
     while pos + PREFIX_BYTES <= size:
-        magic, version, total, stored = unpack(buf, pos)
+        head, total, stored = unpack(buf, pos)
         end = pos + total
-        if not (magic == RECORD_MAGIC and version == RECORD_VERSION
-                and RECORD_BYTES_MIN <= total <= RECORD_BYTES_MAX
-                and end <= size and crc(view[pos + PREFIX_BYTES:end]) == stored):
+        if (head != _NEEDLE or end > size or not lo <= total <= hi
+                or crc(view[pos + PREFIX_BYTES:end]) != stored):
             break
         append(pos)
         pos = end
