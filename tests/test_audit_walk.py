@@ -25,8 +25,8 @@ BASE = 1 << 20
 
 def _segment(count: int) -> bytes:
     return b"".join(
-        encode_record(Message("Orders", i % 4, b"body-%06d" % i * (1 + i % 3)), 1 + i // 7, 1_800_000_000_000 + i,
-                      i // 4, "%032x" % (BASE + i))
+        encode_record(Message("Orders", i % 4, b"body-%06d" % i * (1 + i % 3)), 1 + i // 7,
+                      1_800_000_000_000 + i, i // 4, "%032x" % (BASE + i))
         for i in range(count)
     )
 
@@ -101,7 +101,8 @@ def test_reader_rows_are_the_pieces_with_their_digests(tmp_path, detail):
     assert [r["record_digest"] for r in rows] == [piece_digest(buf, p) for p in pieces]
     assert [r["truncated"] for r in rows][-1] is True and sum(not r["crc_valid"] for r in rows) == 2
     if detail:
-        assert rows[0]["topic"] == "Orders" and rows[0]["queue_offset"] == 0 and len(rows[0]["body_digest"]) == 64
+        first = rows[0]
+        assert first["topic"] == "Orders" and first["queue_offset"] == 0 and len(first["body_digest"]) == 64
 
 
 def test_any_flipped_byte_changes_what_b1_compares():
