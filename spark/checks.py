@@ -77,6 +77,7 @@ DESCRIPTIONS = {
     "T2": "tiered bytes equal the replicas' bytes at the same offsets",
     "T3": "committed tiered segments have no gaps or overlaps, and each object exists",
     "T4": "the committed checkpoint never moves backwards; its epoch is the master epoch in force",
+    "H1": "every enqueue a chaos history acknowledged is in a valid record of a replica or the tiered store",
 }
 
 

@@ -561,3 +561,32 @@ def check_t4(data: AuditData) -> CheckResult:
     return _result(
         "T4", tiered.count(), [backwards, wrong.select(F.lit("epoch not in force").alias("kind"), "*")]
     )
+
+
+def check_h1(data: AuditData) -> CheckResult:
+    """Every enqueue a chaos history acknowledged (SUCCESS) is a checksum-valid record of
+    some replica or of a committed tiered segment: the body the queue workload sends is
+    `value|sharding key|request ms` (chaos.workloads), matched by its SHA-256."""
+    history = data.history
+    if not data.inventory.histories:
+        return _result("H1", 0, [], ["no chaos history.tsv in the inputs: nothing to check"])
+    enqueue = F.col("f1") == "enqueue"
+    requests = history.filter(enqueue & (F.col("f2") == "REQUEST")).select(
+        "file", F.col("f0").alias("client"), F.col("f3").alias("value"), F.col("f4").alias("key"),
+        F.col("f5").alias("sent_ms"),
+    )
+    acked = history.filter(enqueue & (F.col("f2") == "RESPONSE") & (F.col("f3") == "SUCCESS")).select(
+        "file", F.col("f0").alias("client"), F.col("f4").alias("value")
+    )
+    bodies = acked.join(requests, ["file", "client", "value"], "left").withColumn(
+        "body_digest", F.sha2(F.concat_ws("|", "value", "key", "sent_ms"), 256)
+    )
+    stored = (
+        data.records.filter("crc_valid")
+        .select("body_digest")
+        .unionByName(_committed_tiered_records(data).filter("crc_valid").select("body_digest"))
+    )
+    missing = bodies.join(stored, ["body_digest"], "left_anti").select(
+        F.lit("acknowledged, in no log").alias("kind"), "file", "client", "value", "key", "sent_ms"
+    )
+    return _result("H1", acked.count(), [missing])

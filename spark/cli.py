@@ -18,7 +18,7 @@ from spark.errors import BadInput
 from spark.registry import CHECK_IDS, parse_ids
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
-RESCANNING_CHECKS = {"B4", "T2"}  # they read every replica record again: cache them
+RESCANNING_CHECKS = {"B4", "T2", "H1"}  # they read every replica record again: cache them
 
 
 def add_audit_parser(sub: Any) -> None:

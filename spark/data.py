@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import json
 from functools import cached_property
-from pathlib import Path
 from typing import Any
 
 from broker_agent.epoch_file import load_checksummed
 from broker_agent.tiered_layout import parse_epoch_lineage
 from mqmeta.errors import CorruptData
+from spark.fs import open_path, read_bytes
 from spark.layout import Inventory
 from spark.sources import DETAIL_FIELDS, KIND_FIELDS, LINE_FIELDS, RECORD_FIELDS, _ddl
 
@@ -97,6 +97,14 @@ class AuditData:
         return self.keep(_jsonl(self.spark, self.inventory.confirm_logs, "confirm"))
 
     @cached_property
+    def history(self) -> Any:
+        """Chaos histories (OpenChaos history.tsv), one row per line, fields by position
+        (f0 client, f1 operation, f2 REQUEST/RESPONSE, then per kind; see chaos.history)."""
+        files = self.inventory.histories or [{}]
+        frame = self.spark.read.format("mqmeta_history").option("files", json.dumps(files)).load()
+        return self.keep(frame)
+
+    @cached_property
     def epochs(self) -> Any:
         return self.spark.createDataFrame(_epoch_rows(self.inventory), EPOCH_SCHEMA)
 
@@ -132,7 +140,7 @@ def _jsonl(spark: Any, files: list[dict[str, Any]], kind: str) -> Any:
 def _epoch_rows(inventory: Inventory) -> list[tuple[Any, ...]]:
     rows: list[tuple[Any, ...]] = []
     for replica in inventory.replicas:
-        path = Path(replica.path) / "store" / "epochs.json"
+        path = open_path(replica.path) / "store" / "epochs.json"
         label = f"{replica.label}/store/epochs.json"
         if not path.exists():
             continue
@@ -164,7 +172,7 @@ def _lineage_rows(inventory: Inventory) -> list[tuple[Any, ...]]:
     rows: list[tuple[Any, ...]] = []
     for item in inventory.tiered_lineages:
         try:
-            end, entries = parse_epoch_lineage(Path(item["path"]).read_bytes())
+            end, entries = parse_epoch_lineage(read_bytes(item["path"]))
         except (CorruptData, OSError) as exc:
             rows.append((item["broker_set"], item["file"], None, -1, None, None, str(exc)))
             continue

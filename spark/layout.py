@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from spark.errors import BadInput
+from spark.fs import RemotePath, is_remote, remote_root
+from spark.fs import walk as remote_walk
 
 SCAN_DEPTH_MAX = 8
 SCAN_DIRS_MAX = 100_000
@@ -41,6 +43,7 @@ class Inventory:
     tiered_segments: list[dict[str, Any]] = field(default_factory=list)
     tiered_lineages: list[dict[str, Any]] = field(default_factory=list)  # {"broker_set","path","file"}
     confirm_logs: list[dict[str, Any]] = field(default_factory=list)
+    histories: list[dict[str, Any]] = field(default_factory=list)  # chaos history.tsv: {"path", "file"}
 
     @property
     def empty(self) -> bool:
@@ -50,7 +53,7 @@ class Inventory:
         return (
             f"{len(self.controllers)} controller nodes, {len(self.replicas)} broker replicas "
             f"({len(self.segments)} segments), {len(self.tiered_segments)} tiered segments, "
-            f"{len(self.confirm_logs)} confirm logs"
+            f"{len(self.confirm_logs)} confirm logs, {len(self.histories)} chaos histories"
         )
 
 
@@ -71,14 +74,13 @@ def _relative(path: Path, root: Path) -> str:
 
 
 def discover(inputs: list[str]) -> Inventory:
-    """Every node found under the INPUTs (local paths or file:// URLs)."""
+    """Every node found under the INPUTs (local paths, file:// URLs, or fsspec URLs such
+    as s3a://bucket/dir, listed through spark.fs)."""
     inventory = Inventory()
     for value in inputs:
-        if "://" in value and not value.startswith("file://"):
-            raise BadInput(
-                f"input {value}: only local paths and file:// URLs can be scanned here; copy "
-                "the data dirs to a local or shared file system (see README, Audit)"
-            )
+        if is_remote(value):
+            _scan(remote_root(value), inventory)
+            continue
         root = _local_root(value).resolve()
         try:
             _scan(root, inventory)
@@ -92,13 +94,15 @@ def _raise(error: OSError) -> None:
     raise error
 
 
-def _scan(root: Path, inventory: Inventory) -> None:
-    for seen, (dirpath, dirnames, filenames) in enumerate(os.walk(root, onerror=_raise), start=1):
+def _scan(root: Any, inventory: Inventory) -> None:
+    """`root` a local Path, or a RemotePath (the same rules over its listing)."""
+    tree = remote_walk(root) if isinstance(root, RemotePath) else os.walk(root, onerror=_raise)
+    for seen, (dirpath, dirnames, filenames) in enumerate(tree, start=1):
         if seen > SCAN_DIRS_MAX:  # an audit that silently skipped directories could pass
             raise BadInput(
                 f"input {root} holds more than {SCAN_DIRS_MAX} directories; give the data dirs themselves"
             )
-        here = Path(dirpath)
+        here = dirpath if isinstance(dirpath, RemotePath) else Path(dirpath)
         if len(here.relative_to(root).parts) > SCAN_DEPTH_MAX:
             dirnames[:] = []
             continue
@@ -109,6 +113,10 @@ def _scan(root: Path, inventory: Inventory) -> None:
                     "path": str(here / "applied.jsonl"),
                     "file": _relative(here / "applied.jsonl", root),
                 }
+            )
+        if "history.tsv" in filenames:
+            inventory.histories.append(
+                {"path": str(here / "history.tsv"), "file": _relative(here / "history.tsv", root)}
             )
         if (here / "store" / "commitlog").is_dir():
             _add_replica(here, root, inventory)

@@ -8,7 +8,7 @@ from spark import checks, checks_logs
 from spark.checks import CheckResult
 from spark.data import AuditData
 
-CHECK_IDS = ["R1", "R2", "M1", "M2", "M3", "M4", "B1", "B2", "B3", "B4", "T1", "T2", "T3", "T4"]
+CHECK_IDS = ["R1", "R2", "M1", "M2", "M3", "M4", "B1", "B2", "B3", "B4", "T1", "T2", "T3", "T4", "H1"]
 
 
 def check_functions(data: AuditData) -> dict[str, Callable[[], CheckResult]]:
@@ -27,6 +27,7 @@ def check_functions(data: AuditData) -> dict[str, Callable[[], CheckResult]]:
         "T2": lambda: checks_logs.check_t2(data),
         "T3": lambda: checks_logs.check_t3(data),
         "T4": lambda: checks_logs.check_t4(data),
+        "H1": lambda: checks_logs.check_h1(data),
     }
 
 

@@ -24,6 +24,7 @@ from typing import Any
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 from broker_agent.records import PREFIX_BYTES
+from spark.fs import read_bytes
 from spark.walk import DIGEST_MIX, Piece, parse_fields, piece_digest, scan
 
 SPLIT_BYTES_DEFAULT = 32 << 20
@@ -57,12 +58,6 @@ DETAIL_FIELDS = [
 
 def _ddl(fields: list[tuple[str, str]]) -> str:
     return ", ".join(f"{name} {kind}" for name, kind in fields)
-
-
-def read_bytes(path: str) -> bytes:
-    """A whole file. spark.layout gives only local paths (executors see the same mount)."""
-    with open(path, "rb") as f:
-        return f.read()
 
 
 @dataclass(frozen=True)
@@ -386,6 +381,44 @@ class JsonlSource(DataSource):
         return _JsonlReader(dict(self.options))
 
 
+# Chaos histories --------------------------------------------------------------------------
+
+HISTORY_COLUMNS = 10  # the longest line (a response); shorter lines are padded with nulls
+
+
+class _HistoryReader(DataSourceReader):
+    def __init__(self, options: dict[str, str]) -> None:
+        self.files: list[dict[str, Any]] = json.loads(options.get("files", "[]"))
+
+    def partitions(self) -> list[InputPartition]:
+        return [WholeFile(spec) for spec in self.files] or [WholeFile({})]
+
+    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+        assert isinstance(partition, WholeFile)
+        if not partition.spec:
+            return
+        for number, _, text, _ in _lines(read_bytes(partition.spec["path"])):
+            fields = [None if f == "null" else f for f in text.decode("utf-8", "replace").split("\t")]
+            fields = (fields + [None] * HISTORY_COLUMNS)[:HISTORY_COLUMNS]
+            yield (partition.spec["file"], number, *fields)
+
+
+class HistorySource(DataSource):
+    """spark.read.format("mqmeta_history").option("files", json): OpenChaos history.tsv
+    lines, fields by position (`null` fields become nulls)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "mqmeta_history"
+
+    def schema(self) -> str:
+        return "file string, line_no bigint, " + ", ".join(f"f{i} string" for i in range(HISTORY_COLUMNS))
+
+    def reader(self, schema: Any) -> DataSourceReader:
+        return _HistoryReader(dict(self.options))
+
+
 def register_sources(spark: Any) -> None:
     spark.dataSource.register(RecordSource)
     spark.dataSource.register(JsonlSource)
+    spark.dataSource.register(HistorySource)

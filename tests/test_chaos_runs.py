@@ -3,7 +3,9 @@
 Every run asserts what a skeptic would: at least one fault really injected, many acknowledged
 enqueues, zero acknowledged messages lost, nothing delivered that was never acknowledged or
 that failed, per-key order, service back after every fault, and a passing Spark audit over
-the run's data dirs (the metadata run: a linearizable history instead of the queue checks).
+the run's data dirs, whose H1 finds every acknowledged enqueue of history.tsv in the logs
+(and, on the all-kill run, flags one forged acknowledgement added to that history); the
+metadata run: a linearizable history instead of the queue checks.
 The long matrix (every fault x 3 runs x 60 s) is `mqmeta chaos matrix`, run by hand.
 """
 
@@ -73,6 +75,28 @@ def test_short_run_loses_nothing_acknowledged_and_audits_clean(tmp_path, fault, 
     assert written["queue"]["lostMessageCount"] == 0 and written["passed"] is True
     assert (outcome.output_dir / "history.tsv").stat().st_size > 0
     assert (outcome.output_dir / "latency.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    h1 = _check(Path(result["audit"]["report"]), "H1")
+    assert h1["passed"] and h1["rows_examined"] == queue["enqueueSuccessCount"], h1
+    if fault == "all-kill":
+        _assert_h1_catches_a_forged_acknowledgement(outcome.output_dir)
+
+
+def _check(report: Path, check_id: str) -> dict:
+    return next(c for c in json.loads(report.read_text())["checks"] if c["id"] == check_id)
+
+
+def _assert_h1_catches_a_forged_acknowledgement(output_dir: Path) -> None:
+    """The audit's H1 on the same real run, with one acknowledged enqueue added to the
+    history that no producer ever sent: exactly that one is reported missing."""
+    from spark.cli import run_checks
+
+    with (output_dir / "history.tsv").open("a") as history:
+        history.write("99\tenqueue\tREQUEST\t99-0\tp99-k0\t1795254066193\tnull\n")
+        history.write("99\tenqueue\tRESPONSE\tSUCCESS\t99-0\tp99-k0\t1795254066200\t7\tnull\t-1\n")
+    report = output_dir / "audit-forged"
+    assert run_checks([str(output_dir)], report, None, ["H1"]) == 1
+    h1 = _check(report / "report.json", "H1")
+    assert h1["violation_count"] == 1 and h1["samples"][0]["value"] == "99-0", h1
 
 
 def test_metadata_under_a_majorities_ring_partition_is_linearizable(tmp_path):
