@@ -33,6 +33,8 @@ def add_chaos_parsers(sub) -> None:
 
 def _add_run_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-c", "--concurrency", type=int, default=4, help="client threads (4)")
+    parser.add_argument("--consumers", type=int, default=2,
+                        help="consumer threads of the queue workload, splitting the queues (2)")
     parser.add_argument("-r", "--rate", type=float, default=20.0, help="operations per second (20)")
     parser.add_argument("-t", "--time", type=float, default=60.0, help="time limit in s (60)")
     parser.add_argument("-i", "--interval", type=float, default=30.0, help="fault interval in s (30)")
@@ -46,7 +48,8 @@ def _config(args: argparse.Namespace, fault: str, output_dir: Path):
     from chaos.runner import RunConfig
 
     config = RunConfig(fault=fault, output_dir=output_dir, concurrency=args.concurrency,
-                       rate_per_s=args.rate, time_limit_s=args.time, interval_s=args.interval,
+                       consumers=args.consumers, rate_per_s=args.rate, time_limit_s=args.time,
+                       interval_s=args.interval,
                        fault_target=args.fault_target, workload=args.workload, seed=args.seed,
                        audit=not args.no_audit)
     config.validate()

@@ -53,6 +53,7 @@ class RunConfig:
     output_dir: Path
     concurrency: int = 4
     rate_per_s: float = 20.0
+    consumers: int = 2
     time_limit_s: float = 60.0
     interval_s: float = 30.0
     fault_target: str = "all"
@@ -71,6 +72,8 @@ class RunConfig:
             raise InvalidArgument("--workload must be queue or metadata")
         if not 1 <= self.concurrency <= 64:
             raise InvalidArgument("-c (concurrency) must be between 1 and 64")
+        if not 1 <= self.consumers <= 16:
+            raise InvalidArgument("--consumers must be between 1 and 16")
         if not 0.1 <= self.rate_per_s <= 2000:
             raise InvalidArgument("-r (rate per second) must be between 0.1 and 2000")
         if not 1 <= self.time_limit_s <= 24 * 3600:
@@ -165,7 +168,7 @@ def run(config: RunConfig, audit: AuditFunction | None = None) -> RunResult:
 def _execute(config: RunConfig, cluster: Cluster, network: ProxiedNetwork,
              recorder: HistoryRecorder, faults: list[dict[str, Any]]) -> None:
     workload: QueueWorkload | MetadataWorkload
-    wconfig = WorkloadConfig(config.concurrency, config.rate_per_s)
+    wconfig = WorkloadConfig(config.concurrency, config.rate_per_s, config.consumers)
     if config.workload == "queue":
         with cluster.client() as client:
             client.call("CreateTopic", pb.TopicSpec(name=TOPIC, queue_count=4))

@@ -3,8 +3,9 @@
 Queue workload (OpenChaos's queue model): `concurrency` producer threads share `rate_per_s`;
 producer i owns sharding keys `p{i}-k{j}`, each pinned to one queue and sent in sequence, so
 per-key order is defined. Every enqueue is one message whose body is its unique value and
-its send time. One consumer (client id 0) pulls every queue and records each delivered
-message as a dequeue with its end-to-end latency. A send answers:
+its send time. `consumers` consumer threads of one group (client ids 0, -1, -2, ...) split
+the queues statically (Consumer share) and record each delivered message as a dequeue
+with its end-to-end latency. A send answers:
   SUCCESS  - the broker set acknowledged it (the ack policy held);
   FAILURE  - refused before anything was written (bad input, too few in-sync replicas);
   UNKNOWN  - anything else (timeouts, a master that lost its role while waiting): the message
@@ -60,6 +61,7 @@ def now_ms() -> int:
 class WorkloadConfig:
     concurrency: int = 4
     rate_per_s: float = 20.0
+    consumers: int = 2
 
 
 class _Paced(threading.Thread):
@@ -134,12 +136,14 @@ def _info(error: MqmetaError) -> str:
 
 
 class _QueueConsumer(threading.Thread):
-    """Client 0: pulls everything, records deliveries; keeps going until told to stop."""
+    """Consumer `index` of `count` (client id -index): pulls its share of the queues,
+    records deliveries; keeps going until told to stop."""
 
-    def __init__(self, namesrv: str, recorder: HistoryRecorder) -> None:
-        super().__init__(name="consumer", daemon=True)
+    def __init__(self, namesrv: str, recorder: HistoryRecorder, index: int, count: int) -> None:
+        super().__init__(name=f"consumer-{index}", daemon=True)
         self.recorder = recorder
-        self.consumer = Consumer(namesrv, TOPIC, GROUP, timeout_s=SEND_TIMEOUT_S)
+        self.client_id = -index
+        self.consumer = Consumer(namesrv, TOPIC, GROUP, timeout_s=SEND_TIMEOUT_S, share=(index, count))
         self.stopping = threading.Event()
         self.delivered: set[str] = set()
 
@@ -163,8 +167,8 @@ class _QueueConsumer(threading.Thread):
     def _record(self, body: bytes) -> None:
         value, key, sent = body.decode().split("|")
         at_ms = now_ms()
-        self.recorder.record(RequestEvent(0, "dequeue", None, None, at_ms))
-        self.recorder.record(ResponseEvent(0, "dequeue", Result.SUCCESS, value, key, at_ms, 0,
+        self.recorder.record(RequestEvent(self.client_id, "dequeue", None, None, at_ms))
+        self.recorder.record(ResponseEvent(self.client_id, "dequeue", Result.SUCCESS, value, key, at_ms, 0,
                                            None, at_ms - int(sent)))
         self.delivered.add(value)
 
@@ -175,11 +179,16 @@ class QueueWorkload:
         interval_s = config.concurrency / max(config.rate_per_s, 0.1)
         self.producers = [_QueueProducer(i + 1, namesrv, recorder, interval_s, broker_names)
                           for i in range(config.concurrency)]
-        self.consumer = _QueueConsumer(namesrv, recorder)
+        self.consumers = [_QueueConsumer(namesrv, recorder, i, config.consumers)
+                          for i in range(config.consumers)]
         self.recorder = recorder
 
+    def delivered(self) -> set[str]:
+        return set().union(*(c.delivered for c in self.consumers))
+
     def start(self) -> None:
-        self.consumer.start()
+        for consumer in self.consumers:
+            consumer.start()
         for producer in self.producers:
             producer.start()
 
@@ -197,11 +206,13 @@ class QueueWorkload:
             producer.join(timeout=SEND_TIMEOUT_S * 2)
         acknowledged = set().union(*(p.acknowledged for p in self.producers))
         deadline = time.monotonic() + drain_s
-        while time.monotonic() < deadline and not acknowledged <= self.consumer.delivered:
+        while time.monotonic() < deadline and not acknowledged <= self.delivered():
             time.sleep(0.1)
         time.sleep(1.0)
-        self.consumer.stopping.set()
-        self.consumer.join(timeout=SEND_TIMEOUT_S * 2)
+        for consumer in self.consumers:
+            consumer.stopping.set()
+        for consumer in self.consumers:
+            consumer.join(timeout=SEND_TIMEOUT_S * 2)
 
 
 class _MetadataClient(_Paced):

@@ -20,6 +20,7 @@ from mqmeta.client import parse_addresses
 from mqmeta.dialmap import dial
 from mqmeta.errors import (
     DeadlineExceeded,
+    InvalidArgument,
     MqmetaError,
     NotFound,
     NotMaster,
@@ -158,10 +159,18 @@ class Producer:
 
 
 class Consumer:
-    """Pulls every queue of a topic from its committed offsets; commits as it goes."""
+    """Pulls every queue of a topic from its committed offsets; commits as it goes.
+
+    `share=(i, n)` makes it member i of n consumers of the group splitting the queues
+    statically: it pulls the queues at positions i, i + n, ... of the topic's queues in
+    (broker, queue id) order (RocketMQ's averaging allocation with a fixed member list;
+    there is no rebalancing when a member leaves)."""
 
     def __init__(self, namesrv: list[str] | str, topic: str, group: str,
-                 timeout_s: float = CALL_TIMEOUT_S) -> None:
+                 timeout_s: float = CALL_TIMEOUT_S, share: tuple[int, int] | None = None) -> None:
+        if share is not None and not 0 <= share[0] < share[1]:
+            raise InvalidArgument(f"consumer share {share} must be (i, n) with 0 <= i < n")
+        self.share = share
         self._channels = _Channels()
         self.routes = RouteCache(namesrv, self._channels)
         self.topic = topic
@@ -188,7 +197,7 @@ class Consumer:
         self._commit_pending()
         received: list[bpb.StoredMessage] = []
         failure: MqmetaError | None = None
-        for queue in self.routes.queues(self.topic):
+        for queue in self.queues():
             try:
                 reply = self._call(queue, "Pull", bpb.PullRequest(
                     topic=self.topic, queue_id=queue.queue_id, queue_offset=self._offset(queue),
@@ -203,6 +212,14 @@ class Consumer:
         if failure is not None and not received:
             raise failure
         return received
+
+    def queues(self) -> list[QueueRef]:
+        """The queues this consumer pulls (all of the topic's, or its share of them)."""
+        queues = sorted(self.routes.queues(self.topic), key=lambda q: (q.broker_name, q.queue_id))
+        if self.share is None:
+            return queues
+        index, count = self.share
+        return queues[index::count]
 
     def _commit_pending(self) -> None:
         for queue in sorted(self._uncommitted, key=lambda q: (q.broker_name, q.queue_id)):

@@ -78,6 +78,7 @@ def test_run_settings_are_validated(tmp_path):
                          ({"fault_target": "clients"}, "fault-target"),
                          ({"interval_s": 20}, "interval"),
                          ({"concurrency": 0}, "concurrency"),
+                         ({"consumers": 0}, "consumers"),
                          ({"workload": "kv"}, "workload")):
         with pytest.raises(InvalidArgument, match=message):
             RunConfig(**dict(good, **bad)).validate()
@@ -91,6 +92,7 @@ def test_run_settings_are_validated(tmp_path):
     (["chaos", "run", "--fault", "meteor", "--output-dir", "x"], "unknown fault"),
     (["chaos", "matrix", "--faults", "noop,meteor", "--output-dir", "x"], "unknown meteor"),
     (["chaos", "run", "--fault", "noop", "-t", "5", "-i", "9", "--output-dir", "x"], "interval"),
+    (["chaos", "run", "--fault", "noop", "--consumers", "0", "--output-dir", "x"], "consumers"),
 ])
 def test_chaos_cli_rejects_bad_input_with_exit_2(argv, message, tmp_path):
     done = subprocess.run([sys.executable, "-m", "mqmeta.cli", *argv], capture_output=True,
@@ -134,3 +136,23 @@ def test_network_cuts_poisons_and_heals_the_right_proxies(tmp_path):
                                                                          "broker-a-2.json")}
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize("count", [1, 2, 3, 5])
+def test_consumer_shares_split_the_queues(count):
+    """The queue workload's consumers (Consumer share (i, n)) together pull every queue of
+    the topic exactly once, whatever order the route lists them in."""
+    from mqmeta.broker_client import Consumer, QueueRef
+
+    queues = [QueueRef(f"broker-{b}", q) for b in "ab" for q in range(8)]
+    shares = []
+    for index in range(count):
+        consumer = Consumer("127.0.0.1:1", "Orders", "g", share=(index, count))
+        consumer.routes.queues = lambda topic: random.sample(queues, len(queues))  # type: ignore[method-assign]
+        shares.append(consumer.queues())
+        consumer.close()
+    pulled = [q for share in shares for q in share]
+    assert sorted(pulled, key=str) == sorted(queues, key=str)
+    assert max(map(len, shares)) - min(map(len, shares)) <= 1
+    with pytest.raises(InvalidArgument, match="share"):
+        Consumer("127.0.0.1:1", "Orders", "g", share=(count, count))
