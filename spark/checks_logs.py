@@ -96,7 +96,13 @@ def _replica_spans(data: AuditData) -> DataFrame:
 
 def record_count(data: AuditData) -> int:
     """Rows of `data.records` (from the file spans, without another pass)."""
-    return int(file_spans(data).agg(F.sum("rows")).first()[0] or 0)
+    return _total(file_spans(data), "rows")
+
+
+def _total(frame: DataFrame, column: str) -> int:
+    """The sum of `column` over a (small) frame; 0 when it has no rows."""
+    row = frame.agg(F.sum(column)).first()
+    return int(row[0] or 0) if row is not None else 0
 
 
 def replica_ranges(data: AuditData) -> list[dict[str, Any]]:
@@ -184,14 +190,12 @@ def check_b1(data: AuditData) -> CheckResult:
         & (reaching <= F.col("k"))
     )
     per_chunk = per_chunk.withColumn("clean", clean).persist()
-    totals = per_chunk.agg(
-        F.coalesce(F.sum("rows"), F.lit(0)).alias("examined"), F.count(F.lit(1)).alias("chunks")
-    ).first()
+    examined, chunks = _total(per_chunk, "rows"), per_chunk.count()
     suspect = [(r["broker_set"], int(r["chunk"])) for r in per_chunk.filter(~F.col("clean")).collect()]
     per_chunk.unpersist()
     found, samples = _compare_records(data, ranges, bounds, suspect) if suspect else (0, [])
     notes.append(
-        f"{int(totals['chunks']) - len(suspect)} of {int(totals['chunks'])} chunks of "
+        f"{chunks - len(suspect)} of {chunks} chunks of "
         f"{CHUNK_BYTES >> 20} MiB agreed by fingerprint; {len(suspect)} compared record by record"
     )
     bad_lines = _bad_confirm_lines(data)
@@ -199,7 +203,7 @@ def check_b1(data: AuditData) -> CheckResult:
     if line_count and len(samples) < SAMPLES_MAX:
         samples += _samples(bad_lines)[: SAMPLES_MAX - len(samples)]
     count = found + line_count
-    return CheckResult("B1", DESCRIPTIONS["B1"], count == 0, int(totals["examined"]), count, samples, notes)
+    return CheckResult("B1", DESCRIPTIONS["B1"], count == 0, examined, count, samples, notes)
 
 
 def _compare_records(
@@ -282,7 +286,7 @@ def check_b3(data: AuditData) -> CheckResult:
     bad = _not_torn(data.records_in(_files_with_invalid(data)), file_spans(data))
     columns = _SAMPLE_COLUMNS + (["problem"] if data.detail else [])
     result = _result("B3", record_count(data), [bad.select(*columns)])
-    invalid = int(file_spans(data).agg(F.sum("invalid")).first()[0] or 0)
+    invalid = _total(file_spans(data), "invalid")
     torn = invalid - result.violation_count
     if torn:
         result.notes.append(

@@ -68,7 +68,7 @@ def _local_root(value: str) -> Path:
     return path
 
 
-def _relative(path: Path, root: Path) -> str:
+def _relative(path: Any, root: Any) -> str:  # Path or RemotePath
     rel = path.relative_to(root).as_posix() if path != root else ""
     return f"{root.name}/{rel}" if rel else root.name
 
@@ -135,7 +135,7 @@ def _identity(path: Path) -> dict[str, Any]:
         return {}
 
 
-def _add_replica(here: Path, root: Path, inventory: Inventory) -> None:
+def _add_replica(here: Any, root: Any, inventory: Inventory) -> None:
     identity = _identity(here)
     broker_name = identity.get("broker_name") or re.sub(r"-\d+$", "", here.name)
     cluster = identity.get("cluster") or "DefaultCluster"
@@ -169,7 +169,7 @@ def _add_replica(here: Path, root: Path, inventory: Inventory) -> None:
         )
 
 
-def _add_tiered(here: Path, root: Path, dirnames: list[str], inventory: Inventory) -> bool:
+def _add_tiered(here: Any, root: Any, dirnames: list[str], inventory: Inventory) -> bool:
     """`here` is a tiered store root when some {cluster}/{broker}/commitlog holds .seg objects."""
     found = False
     for cluster_dir in (here / name for name in sorted(dirnames)):
