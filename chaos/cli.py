@@ -118,21 +118,17 @@ def _run_matrix(args: argparse.Namespace) -> int:
 
 def _shared_session_audit(run_dir: Path, report_dir: Path) -> int:
     """The audit of one matrix run, in this process's one Spark session (a JVM start per
-    run would cost more than many of the runs' checks)."""
+    run would cost more than many of the runs' checks). A Spark failure fails this run's
+    audit (exit 2, one sentence) and the matrix goes on."""
     import io
 
     from rich.console import Console
 
-    from spark.cli import EXIT_BAD_INPUT, run_checks
-    from spark.errors import BadInput
+    from spark.cli import audit_status
     from spark.registry import CHECK_IDS
 
-    try:
-        return run_checks([str(run_dir)], report_dir, None, list(CHECK_IDS),
-                          console=Console(file=io.StringIO()))
-    except BadInput as error:
-        print(f"audit of {run_dir}: {error.message}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+    return audit_status([str(run_dir)], report_dir, None, list(CHECK_IDS),
+                        console=Console(file=io.StringIO()), prefix=f"audit of {run_dir}: ")
 
 
 def _row(fault: str, out: Path, result: dict, passed: bool) -> dict:

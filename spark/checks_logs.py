@@ -306,6 +306,12 @@ def _epoch_intervals(epochs: DataFrame) -> DataFrame:
     )
 
 
+def _entry_violations(frame: DataFrame, kind: str, *extra: str) -> DataFrame:
+    """B4's violation rows: which epoch-file entry, and why."""
+    columns = ["broker_set", "replica", "file", "position", "epoch", "start_offset", *extra]
+    return frame.select(F.lit(kind).alias("kind"), *columns)
+
+
 def check_b4(data: AuditData) -> CheckResult:
     entries = _epoch_intervals(data.epochs)
     unreadable = data.epochs.filter(F.col("problem").isNotNull()).select(
@@ -314,17 +320,7 @@ def check_b4(data: AuditData) -> CheckResult:
     disorder = entries.filter(
         (F.col("epoch") <= F.col("prev_epoch")) | (F.col("start_offset") < F.col("prev_start"))
     )
-    disorder = disorder.select(
-        F.lit("order").alias("kind"),
-        "broker_set",
-        "replica",
-        "file",
-        "position",
-        "epoch",
-        "start_offset",
-        "prev_epoch",
-        "prev_start",
-    )
+    disorder = _entry_violations(disorder, "order", "prev_epoch", "prev_start")
     spans = _replica_spans(data)
     starts = data.records.filter("crc_valid").select(
         "broker_set", "replica", F.col("offset").alias("start_offset")
@@ -333,27 +329,12 @@ def check_b4(data: AuditData) -> CheckResult:
         (F.col("start_offset") >= F.col("min_offset"))
         & (F.col("start_offset") < F.coalesce("valid_end", F.lit(0)))
     )
-    not_boundary = inside.join(starts, ["broker_set", "replica", "start_offset"], "left_anti").select(
-        F.lit("not a record start").alias("kind"),
-        "broker_set",
-        "replica",
-        "file",
-        "position",
-        "epoch",
-        "start_offset",
+    not_boundary = _entry_violations(
+        inside.join(starts, ["broker_set", "replica", "start_offset"], "left_anti"), "not a record start"
     )
-    beyond = (
-        entries.join(spans, ["broker_set", "replica"])
-        .filter(F.col("start_offset") > F.col("end"))
-        .select(
-            F.lit("past the log end").alias("kind"),
-            "broker_set",
-            "replica",
-            "file",
-            "position",
-            "epoch",
-            "start_offset",
-        )
+    beyond = _entry_violations(
+        entries.join(spans, ["broker_set", "replica"]).filter(F.col("start_offset") > F.col("end")),
+        "past the log end",
     )
     return _result(
         "B4",
@@ -571,9 +552,11 @@ def check_h1(data: AuditData) -> CheckResult:
     """Every enqueue a chaos history acknowledged (SUCCESS) is a checksum-valid record of
     some replica or of a committed tiered segment: the body the queue workload sends is
     `value|sharding key|request ms` (chaos.workloads), matched by its SHA-256."""
-    history = data.history
     if not data.inventory.histories:
         return _result("H1", 0, [], ["no chaos history.tsv in the inputs: nothing to check"])
+    if not data.detail:
+        return _result("H1", 0, [], ["records read without body digests (lean mode): H1 compared nothing"])
+    history = data.history
     enqueue = F.col("f1") == "enqueue"
     requests = history.filter(enqueue & (F.col("f2") == "REQUEST")).select(
         "file", F.col("f0").alias("client"), F.col("f3").alias("value"), F.col("f4").alias("key"),

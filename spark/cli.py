@@ -125,20 +125,30 @@ def run_audit(args: argparse.Namespace) -> int:
         print(f"mqmeta: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     try:
-        return run_checks(args.inputs, args.report, args.master, ids)
-    except BadInput as exc:
-        print(f"mqmeta: error: {exc.message}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except Exception as exc:  # py4j/pyspark errors: one sentence, never a Java trace
-        if type(exc).__module__.startswith(("py4j", "pyspark")):
-            first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
-            print(f"mqmeta: error: Spark failed: {first}", file=sys.stderr)
-            return EXIT_BAD_INPUT
-        raise
+        return audit_status(args.inputs, args.report, args.master, ids)
     finally:
         from spark.session import stop_session
 
         stop_session()
+
+
+def audit_status(
+    inputs: list[str], report_dir: Path, master: str | None, ids: list[str], console: Any = None,
+    prefix: str = "mqmeta: error: ",
+) -> int:
+    """run_checks' exit status, with bad input and Spark's own failures as exit 2 and one
+    sentence on stderr (after `prefix`), never a Python or Java trace."""
+    try:
+        return run_checks(inputs, report_dir, master, ids, console)
+    except BadInput as exc:
+        print(f"{prefix}{exc.message}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except Exception as exc:  # py4j/pyspark errors: one sentence, never a Java trace
+        if type(exc).__module__.startswith(("py4j", "pyspark")):
+            first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+            print(f"{prefix}Spark failed: {first}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        raise
 
 
 def main(argv: list[str] | None = None) -> int:

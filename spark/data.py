@@ -56,8 +56,8 @@ class AuditData:
     @cached_property
     def records(self) -> Any:
         """Replica records: one row per record, corrupt region or truncated tail. Cached
-        only when asked (`cache_records`: the checks that rescan every record, B4 and
-        T2); B1-B3 read every record once, into checks_logs' chunk table, and then only
+        only when asked (`cache_records`: the checks that rescan every record, B4, T2
+        and H1); B1-B3 read every record once, into checks_logs' chunk table, and then only
         the files that table names."""
         frame = _records(self.spark, self.inventory.segments, self.detail, self.split_bytes)
         return self.keep(frame) if self.cache_records else frame
@@ -67,8 +67,9 @@ class AuditData:
         from pyspark.sql import functions as F
 
         if self.cache_records:
-            keys = self.spark.createDataFrame(sorted(files) or [("", "", "")], "broker_set string, "
-                                              "replica string, file string")
+            if not files:
+                return self.records.limit(0)
+            keys = self.spark.createDataFrame(sorted(files), "broker_set string, replica string, file string")
             return self.records.join(F.broadcast(keys), ["broker_set", "replica", "file"])
         specs = [spec for spec in self.inventory.segments
                  if (spec["broker_set"], spec["replica"], spec["file"]) in files]

@@ -258,13 +258,20 @@ def _lines(buf: bytes) -> Iterator[tuple[int, int, bytes, bool]]:
         pos = end + 1
 
 
-class _JsonlReader(DataSourceReader):
+class _WholeFileReader(DataSourceReader):
+    """One partition per file of the `files` option (one empty partition when none)."""
+
     def __init__(self, options: dict[str, str]) -> None:
         self.files: list[dict[str, Any]] = json.loads(options.get("files", "[]"))
-        self.kind = options.get("kind", "applied")
 
     def partitions(self) -> list[InputPartition]:
         return [WholeFile(spec) for spec in self.files] or [WholeFile({})]
+
+
+class _JsonlReader(_WholeFileReader):
+    def __init__(self, options: dict[str, str]) -> None:
+        super().__init__(options)
+        self.kind = options.get("kind", "applied")
 
     def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
         from controller.applied_log import parse_line
@@ -386,13 +393,7 @@ class JsonlSource(DataSource):
 HISTORY_COLUMNS = 10  # the longest line (a response); shorter lines are padded with nulls
 
 
-class _HistoryReader(DataSourceReader):
-    def __init__(self, options: dict[str, str]) -> None:
-        self.files: list[dict[str, Any]] = json.loads(options.get("files", "[]"))
-
-    def partitions(self) -> list[InputPartition]:
-        return [WholeFile(spec) for spec in self.files] or [WholeFile({})]
-
+class _HistoryReader(_WholeFileReader):
     def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
         assert isinstance(partition, WholeFile)
         if not partition.spec:

@@ -16,6 +16,7 @@ overhead, not the CRC, dominates a walk.
 from __future__ import annotations
 
 import hashlib
+import heapq
 import struct
 import zlib
 from collections.abc import Iterator
@@ -33,14 +34,13 @@ from broker_agent.records import (
 )
 from mqmeta.errors import CorruptData
 
-_HEADER = struct.Struct("<2sBII")  # records.py's prefix: magic, version, total length, crc32
 _FIXED = struct.Struct("<QQIQQ")  # epoch, store ms, queue id, queue offset, producer seq
-_HEAD = struct.Struct("<3sII")  # the same prefix: magic and version as one, length, crc32
+_HEAD = struct.Struct("<3sII")  # records.py's prefix: magic and version as one, total length, crc32
 _U16 = struct.Struct("<H")
 _U32 = struct.Struct("<I")
 DIGEST_MIX = 0x9E3779B1  # odd: multiplying by it permutes the 32-bit values
 _NEEDLE = RECORD_MAGIC + bytes([RECORD_VERSION])
-assert _HEADER.size == PREFIX_BYTES
+assert _HEAD.size == PREFIX_BYTES
 
 
 class Piece(NamedTuple):
@@ -126,19 +126,10 @@ def scan(buf: bytes, base: int) -> tuple[list[int], list[Piece]]:
 
 
 def walk(buf: bytes, base: int) -> Iterator[Piece]:
-    view = memoryview(buf)
-    pos, size = 0, len(buf)
-    found: list[int] = []
-    while pos < size:
-        pos = _fast_run(buf, view, pos, found)
-        for at in found:
-            yield Piece(at, _HEADER.unpack_from(buf, at)[2], "ok", "")
-        found.clear()
-        if pos >= size:
-            return
-        piece = _slow_step(buf, pos, base)
-        yield piece
-        pos = piece.pos + piece.length
+    """`scan`'s pieces one by one, in position order."""
+    found, others = scan(buf, base)
+    valid = (Piece(at, _HEAD.unpack_from(buf, at)[1], "ok", "") for at in found)
+    return heapq.merge(valid, others)  # both lists are in position order
 
 
 def piece_digest(buf: bytes, piece: Piece) -> int:

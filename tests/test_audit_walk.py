@@ -1,10 +1,12 @@
 """The audit's segment walk and its two forms, without Spark.
 
 Properties checked:
-- `scan` (the readers' columns: valid positions plus every other piece) gives exactly
-  the pieces of `walk` (the one-piece-at-a-time form the baseline uses), on real
-  records with random damage: flipped bytes, cut-out bytes, zero-filled and torn tails;
-- the pieces tile the buffer with no gap or overlap;
+- on real records with random damage (flipped bytes, cut-out bytes, zero-filled and
+  torn tails) the pieces tile the buffer with no gap or overlap, every piece called
+  valid passes the broker's own `records.check_record` with that length, and every
+  other piece fails it;
+- one flipped byte spoils exactly the record it is in: every other record is still
+  found valid at its own position (the walk resynchronises);
 - the reader's vectorized digest of each valid record is `piece_digest`'s, and any
   single flipped byte of a record (its stored CRC included) changes its digest;
 - an Arrow batch from the reader has the declared schema and one row per piece.
@@ -16,9 +18,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker_agent.records import Message, encode_record
+from broker_agent.records import Message, TornRecord, check_record, encode_record
+from mqmeta.errors import CorruptData
 from spark.sources import FileRange, _RecordReader
-from spark.walk import Piece, piece_digest, scan, walk
+from spark.walk import piece_digest, scan, walk
 
 BASE = 1 << 20
 
@@ -46,14 +49,13 @@ def _damage(data: bytes, flips: list[tuple[int, int]], cut: tuple[int, int] | No
     return bytes(buf)
 
 
-def _as_pieces(buf: bytes) -> list[Piece]:
-    found, others = scan(buf, BASE)
-    ok = [Piece(pos, len(encode_length(buf, pos)), "ok", "") for pos in found]
-    return sorted(ok + others)
-
-
-def encode_length(buf: bytes, pos: int) -> bytes:
-    return buf[pos:pos + int.from_bytes(buf[pos + 3:pos + 7], "little")]
+def _record_positions(data: bytes) -> list[int]:
+    """Where each record of an undamaged buffer starts (from the lengths it announces)."""
+    positions, pos = [], 0
+    while pos < len(data):
+        positions.append(pos)
+        pos += int.from_bytes(data[pos + 3:pos + 7], "little")
+    return positions
 
 
 @settings(max_examples=150, deadline=None)
@@ -62,15 +64,32 @@ def encode_length(buf: bytes, pos: int) -> bytes:
     cut=st.none() | st.tuples(st.integers(0, 10**6), st.integers(1, 300)),
     tail=st.integers(0, 200),
 )
-def test_scan_is_walk_and_tiles_the_buffer(flips, cut, tail):
+def test_pieces_tile_the_buffer_and_agree_with_the_broker(flips, cut, tail):
     buf = _damage(SEGMENT, flips, cut, tail)
     pieces = list(walk(buf, BASE))
-    assert _as_pieces(buf) == pieces
+    found, others = scan(buf, BASE)
+    assert [p.pos for p in pieces if p.status == "ok"] == found
+    assert [p for p in pieces if p.status != "ok"] == others
     position = 0
     for piece in pieces:
         assert piece.pos == position and piece.length > 0
         position += piece.length
+        if piece.status == "ok":
+            assert check_record(buf, piece.pos, BASE + piece.pos) == piece.length
+        else:
+            with pytest.raises((TornRecord, CorruptData)):
+                check_record(buf, piece.pos, BASE + piece.pos)
     assert position == len(buf)
+
+
+@pytest.mark.parametrize("record", [0, 17, 59])
+def test_one_flipped_byte_spoils_only_its_record(record):
+    starts = _record_positions(SEGMENT)
+    damaged = bytearray(SEGMENT)
+    damaged[starts[record] + 40] ^= 0x08  # inside the record, past its header
+    found, others = scan(bytes(damaged), BASE)
+    assert found == [p for i, p in enumerate(starts) if i != record]
+    assert [(p.pos, p.status) for p in others] == [(starts[record], "corrupt")]
 
 
 def test_an_undamaged_segment_is_all_valid_records():
