@@ -23,8 +23,10 @@ from typing import Any
 
 def make_log(tag: str) -> Callable[[str], None]:
     """A progress logger to stderr: `[TAG HH:MM:SS] message`."""
+
     def log(message: str) -> None:
         print(f"[{tag} {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
     return log
 
 
@@ -55,9 +57,13 @@ def latency_summary(seconds: list[float], with_min: bool = True) -> dict[str, An
     ms = [s * 1000.0 for s in seconds]
     if not ms:
         return {"count": 0}
-    out: dict[str, Any] = {"count": len(ms), "p50_ms": _r(percentile(ms, 50)),
-                           "p90_ms": _r(percentile(ms, 90)), "p99_ms": _r(percentile(ms, 99)),
-                           "mean_ms": _r(sum(ms) / len(ms))}
+    out: dict[str, Any] = {
+        "count": len(ms),
+        "p50_ms": _r(percentile(ms, 50)),
+        "p90_ms": _r(percentile(ms, 90)),
+        "p99_ms": _r(percentile(ms, 99)),
+        "mean_ms": _r(sum(ms) / len(ms)),
+    }
     if with_min:
         out["min_ms"] = _r(min(ms))
     out["max_ms"] = _r(max(ms))
@@ -66,8 +72,11 @@ def latency_summary(seconds: list[float], with_min: bool = True) -> dict[str, An
 
 def seconds_summary(samples: list[float], with_p99: bool = True) -> dict[str, Any]:
     """The samples (s) with their count, p50, (p99), max and min."""
-    out: dict[str, Any] = {"samples_s": [_r(s, 3) for s in samples], "count": len(samples),
-                           "p50_s": _r(percentile(samples, 50))}
+    out: dict[str, Any] = {
+        "samples_s": [_r(s, 3) for s in samples],
+        "count": len(samples),
+        "p50_s": _r(percentile(samples, 50)),
+    }
     if with_p99:
         out["p99_s"] = _r(percentile(samples, 99))
     out["max_s"] = _r(max(samples)) if samples else None
@@ -121,10 +130,12 @@ class CpuMeter:
         elapsed = max(1e-6, time.monotonic() - self.t0)
         sys1, cs1 = cpu_seconds(pid, "system"), context_switches(pid)
         sys0, cs0 = self.start_sys.get(name), self.start_cs.get(name)
-        return {"system_cpu_percent": None if sys1 is None or sys0 is None
-                else round(100 * (sys1 - sys0) / elapsed, 1),
-                "context_switches_per_s": None if cs1 is None or cs0 is None
-                else round((cs1 - cs0) / elapsed)}
+        return {
+            "system_cpu_percent": None
+            if sys1 is None or sys0 is None
+            else round(100 * (sys1 - sys0) / elapsed, 1),
+            "context_switches_per_s": None if cs1 is None or cs0 is None else round((cs1 - cs0) / elapsed),
+        }
 
     def stop(self) -> dict[str, float | None]:
         elapsed = max(1e-6, time.monotonic() - self.t0)
@@ -133,8 +144,9 @@ class CpuMeter:
             end, begin = cpu_seconds(pid), self.start.get(name)
             out[name] = None if end is None or begin is None else round(100 * (end - begin) / elapsed, 1)
             end, begin = cpu_seconds(pid, "system"), self.start_sys.get(name)
-            self.system_percent[name] = (None if end is None or begin is None
-                                         else round(100 * (end - begin) / elapsed, 1))
+            self.system_percent[name] = (
+                None if end is None or begin is None else round(100 * (end - begin) / elapsed, 1)
+            )
         return out
 
 
@@ -167,12 +179,19 @@ def stop_clusters(clusters: list[Any], log: Callable[[str], None]) -> None:
             log(f"cleanup: {exc!r}")
 
 
-
-def run_main(args: Any, root: Path, result: dict[str, Any], run: Callable[[float], None],
-             summarize: Callable[[dict[str, Any]], None], cleanup: Callable[[], None],
-             log: Callable[[str], None], *, watchdog_grace_s: float,
-             json_default: Callable[[Any], Any] | None = None,
-             watchdog_sets_error: bool = False) -> int:
+def run_main(
+    args: Any,
+    root: Path,
+    result: dict[str, Any],
+    run: Callable[[float], None],
+    summarize: Callable[[dict[str, Any]], None],
+    cleanup: Callable[[], None],
+    log: Callable[[str], None],
+    *,
+    watchdog_grace_s: float,
+    json_default: Callable[[Any], Any] | None = None,
+    watchdog_sets_error: bool = False,
+) -> int:
     """Run a benchmark and print ONE JSON document (result) on stdout; return the exit code.
 
     run(t0) does the work, filling result; t0 is the monotonic time the run started.

@@ -85,16 +85,24 @@ REPO = BENCH_FILE.parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 os.environ["PYTHONPATH"] = os.pathsep.join(
-    [str(REPO)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+    [str(REPO)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+)
 TOPIC = "BenchTopic"
 QUEUES = 8
 BROKER_SET = "broker-a"
 BODY_BYTES = 1024
 FLAGS = ["--ha-max-time-slave-not-catchup-ms", "1500", "--send-timeout-ms", "3000"]
-CONTROLLER_CONFIG = {"broker_heartbeat_interval_ms": "200", "broker_dead_after_ms": "1000",
-                     "lease_ms": "500", "lease_margin_ms": "200"}  # Cluster.configure_controller
-TARGETS = {"throughput_msgs_per_s_min": 20000.0, "sigkill_failover_p99_s_max": 1.5,
-           "sigstop_failover_p99_s_max": 3.0}
+CONTROLLER_CONFIG = {
+    "broker_heartbeat_interval_ms": "200",
+    "broker_dead_after_ms": "1000",
+    "lease_ms": "500",
+    "lease_margin_ms": "200",
+}  # Cluster.configure_controller
+TARGETS = {
+    "throughput_msgs_per_s_min": 20000.0,
+    "sigkill_failover_p99_s_max": 1.5,
+    "sigstop_failover_p99_s_max": 3.0,
+}
 CALLS_MAX_PER_THREAD = 1_000_000
 PROBE_ATTEMPTS_MAX = 100_000
 
@@ -135,13 +143,15 @@ def wait_in_sync(cluster, members: int, timeout_s: float = 20.0) -> str:
         except (MqmetaError, Exception) as exc:  # grpc errors while a broker starts
             last = repr(exc)
         time.sleep(0.05)
-    raise RuntimeError(f"the SyncStateSet never reached {members} members in {timeout_s}s "
-                       f"({last})")
+    raise RuntimeError(f"the SyncStateSet never reached {members} members in {timeout_s}s ({last})")
 
 
 def broker_pids(cluster) -> dict[str, int]:
-    return {b.name: cluster.supervisor.children[b.name].pid for b in cluster.layout.brokers
-            if cluster.is_running(b.name)}
+    return {
+        b.name: cluster.supervisor.children[b.name].pid
+        for b in cluster.layout.brokers
+        if cluster.is_running(b.name)
+    }
 
 
 def all_pids(cluster, master: str) -> dict[str, int]:
@@ -181,8 +191,7 @@ class SyncSetMonitor(threading.Thread):
                     break
                 try:
                     st = stub.GetHaStatus(broker_pb2.HaStatusRequest(), timeout=1.0)
-                    self.samples.append((time.monotonic(), len(st.sync_state_set),
-                                         st.sync_state_set_epoch))
+                    self.samples.append((time.monotonic(), len(st.sync_state_set), st.sync_state_set_epoch))
                 except Exception:
                     self.errors += 1
                 time.sleep(0.1)
@@ -198,8 +207,14 @@ class SyncSetMonitor(threading.Thread):
 # Phase 1: throughput ----------------------------------------------------------------------
 
 
-def throughput_run(cluster, threads: int, batch: int, warmup_s: float, duration_s: float,
-                   profile: dict[str, Any] | None = None) -> dict[str, Any]:
+def throughput_run(
+    cluster,
+    threads: int,
+    batch: int,
+    warmup_s: float,
+    duration_s: float,
+    profile: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """profile: {"dir": Path, "targets": ["master" | "slave1" | "bench", ...], "rate": Hz}"""
     from mqmeta.broker_client import Producer
     from mqmeta.errors import MqmetaError
@@ -238,8 +253,9 @@ def throughput_run(cluster, threads: int, batch: int, warmup_s: float, duration_
             if warm_until <= t1 <= end_at:
                 acked[k] += batch
 
-    workers = [threading.Thread(target=run, args=(k,), daemon=True, name=f"producer{k}")
-               for k in range(threads)]
+    workers = [
+        threading.Thread(target=run, args=(k,), daemon=True, name=f"producer{k}") for k in range(threads)
+    ]
     for w in workers:
         w.start()
     monitor = SyncSetMonitor(cluster, master, end_at)
@@ -250,8 +266,7 @@ def throughput_run(cluster, threads: int, batch: int, warmup_s: float, duration_
     meter = CpuMeter(pids)
     busy0 = machine_busy()
     if profile is not None:
-        spies = start_py_spy(profile, {k: v for k, v in pids.items()
-                                       if k in profile["targets"]}, duration_s)
+        spies = start_py_spy(profile, {k: v for k, v in pids.items() if k in profile["targets"]}, duration_s)
     time.sleep(max(0.0, end_at - time.monotonic()))
     cpu = meter.stop()
     busy = machine_busy_percent(busy0)
@@ -268,17 +283,24 @@ def throughput_run(cluster, threads: int, batch: int, warmup_s: float, duration_
     for c in errors:
         err.update(c)
     out: dict[str, Any] = {
-        "threads": threads, "batch": batch, "duration_s": duration_s,
-        "messages_acked": total, "msgs_per_s": round(total / duration_s, 1),
+        "threads": threads,
+        "batch": batch,
+        "duration_s": duration_s,
+        "messages_acked": total,
+        "msgs_per_s": round(total / duration_s, 1),
         "mb_per_s": round(total * BODY_BYTES / duration_s / 1e6, 2),
         "batches_per_s": round(len(all_lats) / duration_s, 1),
         "batch_ack_latency": latency_summary(all_lats, with_min=False),
-        "errors": dict(err), "hung_threads": hung,
-        "cpu_percent": cpu, "cpu_percent_system_part": meter.system_percent,
+        "errors": dict(err),
+        "hung_threads": hung,
+        "cpu_percent": cpu,
+        "cpu_percent_system_part": meter.system_percent,
         "machine_busy_percent": busy,
-        "other_processes_cpu_percent": None if busy is None else round(max(
-            0.0, busy * (os.cpu_count() or 1) - sum(v or 0.0 for v in cpu.values())), 1),
-        "master": master, "master_epoch": status1.master_epoch,
+        "other_processes_cpu_percent": None
+        if busy is None
+        else round(max(0.0, busy * (os.cpu_count() or 1) - sum(v or 0.0 for v in cpu.values())), 1),
+        "master": master,
+        "master_epoch": status1.master_epoch,
         "sync_state_set_start": list(status0.sync_state_set),
         "sync_state_set_end": list(status1.sync_state_set),
         "sync_state_set_epochs": [status0.sync_state_set_epoch, status1.sync_state_set_epoch],
@@ -287,16 +309,18 @@ def throughput_run(cluster, threads: int, batch: int, warmup_s: float, duration_
     }
     shrunk_at = monitor.first_below(3)
     out["sync_state_set_first_shrink_after_load_start_s"] = (
-        None if shrunk_at is None else round(shrunk_at - start_at, 2))
+        None if shrunk_at is None else round(shrunk_at - start_at, 2)
+    )
     out["contended"] = (out["other_processes_cpu_percent"] or 0.0) > 30.0
     # Valid for the target only if every ack came from all 3 replicas: the set never changed.
-    out["valid_all_3_acked"] = (status0.sync_state_set_epoch == status1.sync_state_set_epoch
-                                and len(status1.sync_state_set) == 3
-                                and (monitor.min_size or 3) == 3)
+    out["valid_all_3_acked"] = (
+        status0.sync_state_set_epoch == status1.sync_state_set_epoch
+        and len(status1.sync_state_set) == 3
+        and (monitor.min_size or 3) == 3
+    )
     if total:
         per = 10.0 * duration_s / total  # cpu% -> CPU ms per message
-        out["cpu_us_per_message"] = {k: _r(v * per * 1000, 1) for k, v in cpu.items()
-                                     if v is not None}
+        out["cpu_us_per_message"] = {k: _r(v * per * 1000, 1) for k, v in cpu.items() if v is not None}
     if spies:
         out["profile"] = finish_py_spy(spies)
     return out
@@ -329,19 +353,25 @@ def raw_append(root: Path, batch: int, duration_s: float, fsync: bool) -> dict[s
             messages = []
             for _ in range(batch):
                 seq += 1
-                messages.append(Message(topic=TOPIC, queue_id=queue, body=body,
-                                        producer_id=producer_id, producer_seq=seq))
+                messages.append(
+                    Message(topic=TOPIC, queue_id=queue, body=body, producer_id=producer_id, producer_seq=seq)
+                )
             store.put_messages(messages, 1, int(time.time() * 1000))
             lats.append(time.monotonic() - t0)
         elapsed = time.monotonic() - t_start
         cpu = time.process_time() - cpu0
         total = len(lats) * batch
-        return {"batch": batch, "fsync": fsync, "duration_s": round(elapsed, 3),
-                "messages": total, "msgs_per_s": round(total / elapsed, 1),
-                "mb_per_s": round(total * BODY_BYTES / elapsed / 1e6, 2),
-                "put_latency": latency_summary(lats, with_min=False),
-                "cpu_percent": round(100 * cpu / elapsed, 1),
-                "bytes_per_record": round(store.max_offset / max(1, total), 1)}
+        return {
+            "batch": batch,
+            "fsync": fsync,
+            "duration_s": round(elapsed, 3),
+            "messages": total,
+            "msgs_per_s": round(total / elapsed, 1),
+            "mb_per_s": round(total * BODY_BYTES / elapsed / 1e6, 2),
+            "put_latency": latency_summary(lats, with_min=False),
+            "cpu_percent": round(100 * cpu / elapsed, 1),
+            "bytes_per_record": round(store.max_offset / max(1, total), 1),
+        }
     finally:
         store.close()
         shutil.rmtree(directory, ignore_errors=True)
@@ -372,8 +402,10 @@ def cost_breakdown(batch: int, budget_s: float) -> dict[str, Any]:
     now = int(time.time() * 1000)
 
     def client_request() -> bytes:
-        msgs = [bpb.Message(topic=TOPIC, queue_id=1, body=body, producer_id=producer_id,
-                            producer_seq=i) for i in range(batch)]
+        msgs = [
+            bpb.Message(topic=TOPIC, queue_id=1, body=body, producer_id=producer_id, producer_seq=i)
+            for i in range(batch)
+        ]
         return bpb.SendRequest(messages=msgs).SerializeToString()
 
     wire = client_request()
@@ -388,15 +420,19 @@ def cost_breakdown(batch: int, budget_s: float) -> dict[str, Any]:
         pos = 0
         view = memoryview(blob)
         while pos < len(blob):
-            total = int.from_bytes(blob[pos + 3:pos + 7], "little")
-            zlib.crc32(view[pos + PREFIX_BYTES:pos + total])
+            total = int.from_bytes(blob[pos + 3 : pos + 7], "little")
+            zlib.crc32(view[pos + PREFIX_BYTES : pos + total])
             _FIXED.unpack_from(blob, pos + PREFIX_BYTES)
             pos += total
 
     def response() -> bytes:
-        return bpb.SendResponse(master_epoch=1, results=[
-            bpb.SendResult(msg_id=ids[i], topic=TOPIC, queue_id=1, queue_offset=i,
-                           commit_offset=i * 1200) for i in range(batch)]).SerializeToString()
+        return bpb.SendResponse(
+            master_epoch=1,
+            results=[
+                bpb.SendResult(msg_id=ids[i], topic=TOPIC, queue_id=1, queue_offset=i, commit_offset=i * 1200)
+                for i in range(batch)
+            ],
+        ).SerializeToString()
 
     steps = {
         "client_build_and_serialize_request": client_request,
@@ -404,7 +440,8 @@ def cost_breakdown(batch: int, budget_s: float) -> dict[str, Any]:
         "service_message_conversion (_message)": lambda: [_message(m) for m in request.messages],
         "make_msg_id (sha256)": lambda: [make_msg_id(BROKER_SET, i * 1200, 1) for i in range(batch)],
         "encode_record (incl. validation, crc32)": lambda: [
-            encode_record(m, 1, now, i, ids[i]) for i, m in enumerate(messages)],
+            encode_record(m, 1, now, i, ids[i]) for i, m in enumerate(messages)
+        ],
         "commitlog_append_recheck (check_record)": lambda: [check_record(r, 0, -1) for r in records],
         "build_and_serialize_response": response,
         "slave_split_records (full decode)": lambda: split_records(blob, 0),
@@ -425,8 +462,10 @@ def cost_breakdown(batch: int, budget_s: float) -> dict[str, Any]:
     return out
 
 
-__doc_cost__ = ("microseconds of CPU per message (1 KB body) of each step, this process, "
-                "batches of the given size, no I/O")
+__doc_cost__ = (
+    "microseconds of CPU per message (1 KB body) of each step, this process, "
+    "batches of the given size, no I/O"
+)
 
 
 # Phase 3: failover ---------------------------------------------------------------------------
@@ -469,10 +508,18 @@ class Probe(threading.Thread):
                 messages = []
                 for _ in range(4):
                     seq += 1
-                    messages.append(bpb.Message(topic=TOPIC, queue_id=n % QUEUES, body=b"p" * 100,
-                                                producer_id=self.producer_id, producer_seq=seq))
+                    messages.append(
+                        bpb.Message(
+                            topic=TOPIC,
+                            queue_id=n % QUEUES,
+                            body=b"p" * 100,
+                            producer_id=self.producer_id,
+                            producer_seq=seq,
+                        )
+                    )
                 reply = bpb_grpc.BrokerServiceStub(self.channels.get(address)).Send(
-                    bpb.SendRequest(messages=messages), timeout=self.attempt_timeout_s)
+                    bpb.SendRequest(messages=messages), timeout=self.attempt_timeout_s
+                )
                 ok, epoch = True, reply.master_epoch
             except grpc.RpcError as exc:
                 error = str(exc.code())
@@ -499,8 +546,11 @@ class Probe(threading.Thread):
         with self.lock:
             window = [e for e in self.events if t0 <= e[0] <= t1]
         errors = collections.Counter(e[4] for e in window if not e[1])
-        return {"attempts": len(window), "failed_attempts": sum(1 for e in window if not e[1]),
-                "errors": dict(errors)}
+        return {
+            "attempts": len(window),
+            "failed_attempts": sum(1 for e in window if not e[1]),
+            "errors": dict(errors),
+        }
 
     def stop(self) -> None:
         self.stop_event.set()
@@ -529,8 +579,9 @@ class RouteWatcher(threading.Thread):
             if self.stop_event.is_set() or time.monotonic() >= self.until:
                 break
             try:
-                address = self.routes.master(TOPIC, BROKER_SET) if self.routes.route(
-                    TOPIC, refresh=True) else ""
+                address = (
+                    self.routes.master(TOPIC, BROKER_SET) if self.routes.route(TOPIC, refresh=True) else ""
+                )
             except Exception:
                 address = ""
             if address and address != self.old_address:
@@ -544,8 +595,7 @@ class RouteWatcher(threading.Thread):
         self.channels.close()
 
 
-def failover_round(cluster, kind: str, k: int, attempt_timeout_s: float,
-                   wait_s: float) -> dict[str, Any]:
+def failover_round(cluster, kind: str, k: int, attempt_timeout_s: float, wait_s: float) -> dict[str, Any]:
     old = wait_in_sync(cluster, 3)
     old_status = cluster.broker_status(old)
     old_epoch = old_status.master_epoch
@@ -573,15 +623,15 @@ def failover_round(cluster, kind: str, k: int, attempt_timeout_s: float,
         t_end = time.monotonic()
         watcher.join(timeout=max(0.1, t_fault + wait_s - time.monotonic()))
         watcher.stop()
-        out["route_names_new_master_s"] = (None if watcher.switched_at is None
-                                           else round(watcher.switched_at - t_fault, 4))
+        out["route_names_new_master_s"] = (
+            None if watcher.switched_at is None else round(watcher.switched_at - t_fault, 4)
+        )
         out.update(probe.summary_after(t_fault, found[0] if found else t_end))
         if found:
             out["failover_s"] = round(found[0] - t_fault, 4)
             out["new_epoch"] = found[1]
             out["new_master_address"] = found[2]
-            out["new_master"] = next((b.name for b in cluster.layout.brokers
-                                      if b.grpc == found[2]), found[2])
+            out["new_master"] = next((b.name for b in cluster.layout.brokers if b.grpc == found[2]), found[2])
         else:
             out["failover_s"] = None
             out["error"] = f"no send acknowledged by a new master within {wait_s}s"
@@ -603,22 +653,37 @@ def failover_round(cluster, kind: str, k: int, attempt_timeout_s: float,
 # py-spy -----------------------------------------------------------------------------------------
 
 
-def start_py_spy(profile: dict[str, Any], pids: dict[str, int],
-                 duration_s: float) -> list[tuple[str, subprocess.Popen, Path]]:
+def start_py_spy(
+    profile: dict[str, Any], pids: dict[str, int], duration_s: float
+) -> list[tuple[str, subprocess.Popen, Path]]:
     spy = REPO / ".venv" / "bin" / "py-spy"
     out_dir: Path = profile["dir"]
     spies = []
     for name, pid in pids.items():
         path = out_dir / f"pyspy-{name}.txt"
-        cmd = [str(spy), "record", "-p", str(pid), "-d", str(max(1, int(duration_s))),
-               "-r", str(profile.get("rate", 100)), "--format", "raw", "-o", str(path),
-               "--nonblocking", "--threads"]
+        cmd = [
+            str(spy),
+            "record",
+            "-p",
+            str(pid),
+            "-d",
+            str(max(1, int(duration_s))),
+            "-r",
+            str(profile.get("rate", 100)),
+            "--format",
+            "raw",
+            "-o",
+            str(path),
+            "--nonblocking",
+            "--threads",
+        ]
         if profile.get("native"):
             cmd.append("--native")
         if profile.get("gil", True):
             cmd.append("--gil")  # only the thread holding the GIL: where Python CPU goes
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                stdin=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL
+        )
         SPIES.append(proc)
         spies.append((name, proc, path))
     return spies
@@ -626,20 +691,32 @@ def start_py_spy(profile: dict[str, Any], pids: dict[str, int],
 
 WRITE_PATH_FUNCS = [
     # broker side
-    "Send (broker_agent/service.py)", "_message (broker_agent/service.py)",
-    "send (broker_agent/agent.py)", "_write (broker_agent/agent.py)",
-    "wait_acknowledged (broker_agent/agent.py)", "put_messages (broker_agent/store.py)",
-    "_put_locked (broker_agent/store.py)", "encode_record (broker_agent/records.py)",
-    "make_msg_id (broker_agent/records.py)", "append (broker_agent/commitlog.py)",
-    "_write (broker_agent/commitlog.py)", "check_record (broker_agent/records.py)",
-    "_index_record (broker_agent/store.py)", "serve_fetch (broker_agent/replication.py)",
-    "read_bytes (broker_agent/store.py)", "read (broker_agent/commitlog.py)",
+    "Send (broker_agent/service.py)",
+    "_message (broker_agent/service.py)",
+    "send (broker_agent/agent.py)",
+    "_write (broker_agent/agent.py)",
+    "wait_acknowledged (broker_agent/agent.py)",
+    "put_messages (broker_agent/store.py)",
+    "_put_locked (broker_agent/store.py)",
+    "encode_record (broker_agent/records.py)",
+    "make_msg_id (broker_agent/records.py)",
+    "append (broker_agent/commitlog.py)",
+    "_write (broker_agent/commitlog.py)",
+    "check_record (broker_agent/records.py)",
+    "_index_record (broker_agent/store.py)",
+    "serve_fetch (broker_agent/replication.py)",
+    "read_bytes (broker_agent/store.py)",
+    "read (broker_agent/commitlog.py)",
     "_fetch_once (broker_agent/replication.py)",
-    "append_replicated (broker_agent/store.py)", "split_records (broker_agent/records.py)",
-    "decode_record (broker_agent/records.py)", "_plan_replicated (broker_agent/store.py)",
-    "record_pieces (broker_agent/commitlog.py)", "_heartbeat (broker_agent/agent.py)",
+    "append_replicated (broker_agent/store.py)",
+    "split_records (broker_agent/records.py)",
+    "decode_record (broker_agent/records.py)",
+    "_plan_replicated (broker_agent/store.py)",
+    "record_pieces (broker_agent/commitlog.py)",
+    "_heartbeat (broker_agent/agent.py)",
     # client side
-    "send (mqmeta/broker_client.py)", "_call_master (mqmeta/broker_client.py)",
+    "send (mqmeta/broker_client.py)",
+    "_call_master (mqmeta/broker_client.py)",
 ]
 
 
@@ -691,14 +768,14 @@ def finish_py_spy(spies: list[tuple[str, subprocess.Popen, Path]]) -> dict[str, 
             continue
         out[name] = {
             "samples": total,
-            "top_leaf_frames_percent": {k: round(100 * v / total, 1)
-                                        for k, v in leaf.most_common(15)},
-            "write_path_inclusive_percent": {k: round(100 * inclusive[k] / total, 1)
-                                             for k in WRITE_PATH_FUNCS if inclusive.get(k)},
-            "top_inclusive_percent": {k: round(100 * v / total, 1)
-                                      for k, v in inclusive.most_common(25)},
+            "top_leaf_frames_percent": {k: round(100 * v / total, 1) for k, v in leaf.most_common(15)},
+            "write_path_inclusive_percent": {
+                k: round(100 * inclusive[k] / total, 1) for k in WRITE_PATH_FUNCS if inclusive.get(k)
+            },
+            "top_inclusive_percent": {k: round(100 * v / total, 1) for k, v in inclusive.most_common(25)},
             "threads_percent": {k: round(100 * v / total, 1) for k, v in threads.most_common(8)},
-            "raw_file": str(path)}
+            "raw_file": str(path),
+        }
     return out
 
 
@@ -722,35 +799,60 @@ def cleanup() -> None:
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="shorter windows, 3+3 failover rounds")
-    p.add_argument("--only", default="raw,micro,throughput,failover",
-                   help="comma-separated phases: raw,micro,throughput,failover")
-    p.add_argument("--tp-not-catchup-ms", type=int, default=15000,
-                   help="--ha-max-time-slave-not-catchup-ms of the throughput cluster")
-    p.add_argument("--no-eviction-check", dest="eviction_check", action="store_false",
-                   help="skip the sustained-load run on the failover cluster (tests' flags)")
+    p.add_argument(
+        "--only",
+        default="raw,micro,throughput,failover",
+        help="comma-separated phases: raw,micro,throughput,failover",
+    )
+    p.add_argument(
+        "--tp-not-catchup-ms",
+        type=int,
+        default=15000,
+        help="--ha-max-time-slave-not-catchup-ms of the throughput cluster",
+    )
+    p.add_argument(
+        "--no-eviction-check",
+        dest="eviction_check",
+        action="store_false",
+        help="skip the sustained-load run on the failover cluster (tests' flags)",
+    )
     p.add_argument("--threads", default="4,8,16")
     p.add_argument("--batches", default="32,128")
     p.add_argument("--duration", type=float, default=None, help="measured seconds per run")
     p.add_argument("--warmup", type=float, default=None)
     p.add_argument("--rounds", type=int, default=None, help="failover rounds per fault kind")
-    p.add_argument("--attempt-timeout-s", type=float, default=0.3,
-                   help="per-attempt gRPC timeout of the failover probe")
+    p.add_argument(
+        "--attempt-timeout-s", type=float, default=0.3, help="per-attempt gRPC timeout of the failover probe"
+    )
     p.add_argument("--budget-s", type=float, default=None)
     p.add_argument("--profile", action="store_true", help="py-spy one extra throughput run")
     p.add_argument("--profile-run", default="16,128", help="THREADS,BATCH of the profiled run")
     p.add_argument("--profile-native", action="store_true", help="py-spy --native")
-    p.add_argument("--profile-targets", default="master,slave1,bench",
-                   help="processes to profile, one run each: master, slave1, slave2, bench")
+    p.add_argument(
+        "--profile-targets",
+        default="master,slave1,bench",
+        help="processes to profile, one run each: master, slave1, slave2, bench",
+    )
     p.add_argument("--profile-rate", type=int, default=100, help="py-spy samples per second")
-    p.add_argument("--profile-all-threads", action="store_true",
-                   help="py-spy without --gil (waiting threads are sampled too)")
+    p.add_argument(
+        "--profile-all-threads",
+        action="store_true",
+        help="py-spy without --gil (waiting threads are sampled too)",
+    )
     p.add_argument("--keep", action="store_true", help="keep the data directory")
-    p.add_argument("--quiet-wait-s", type=float, default=None,
-                   help="before each throughput run, wait up to this long for the machine to "
-                        "be < 25%% busy (default 8, quick 2)")
-    p.add_argument("--no-tiered", action="store_true",
-                   help="append --tiered-store '' to the brokers' flags (no tiered uploader) in "
-                        "case the harness configures one")
+    p.add_argument(
+        "--quiet-wait-s",
+        type=float,
+        default=None,
+        help="before each throughput run, wait up to this long for the machine to "
+        "be < 25%% busy (default 8, quick 2)",
+    )
+    p.add_argument(
+        "--no-tiered",
+        action="store_true",
+        help="append --tiered-store '' to the brokers' flags (no tiered uploader) in "
+        "case the harness configures one",
+    )
     args = p.parse_args(argv)
     args.phases = [x.strip() for x in args.only.split(",") if x.strip()]
     args.thread_counts = [int(x) for x in args.threads.split(",") if x]
@@ -789,14 +891,19 @@ def start_cluster(root: Path, name: str, flags: list[str], no_tiered: bool = Fal
         command = [a.replace(str(root), "<root>") for a in command]
     except OSError:
         command = []
-    info = {"startup_s": round(time.monotonic() - t0, 2), "first_master": master,
-            "broker_command": " ".join(command[command.index("broker"):] if "broker" in command
-                                       else command),
-            "controllers": len(cluster.layout.controllers), "brokers": len(cluster.layout.brokers),
-            "controller_config": CONTROLLER_CONFIG, "broker_flags": " ".join(flags),
-            "ack_policy": "all SyncStateSet members (default, no --no-all-ack)",
-            "topic": {"name": TOPIC, "queues": QUEUES}, "message_body_bytes": BODY_BYTES,
-            "broker_fsync": True}
+    info = {
+        "startup_s": round(time.monotonic() - t0, 2),
+        "first_master": master,
+        "broker_command": " ".join(command[command.index("broker") :] if "broker" in command else command),
+        "controllers": len(cluster.layout.controllers),
+        "brokers": len(cluster.layout.brokers),
+        "controller_config": CONTROLLER_CONFIG,
+        "broker_flags": " ".join(flags),
+        "ack_policy": "all SyncStateSet members (default, no --no-all-ack)",
+        "topic": {"name": TOPIC, "queues": QUEUES},
+        "message_body_bytes": BODY_BYTES,
+        "broker_fsync": True,
+    }
     log(f"cluster {name} up in {info['startup_s']} s, master {master}, flags {' '.join(flags)}")
     return cluster, info
 
@@ -807,11 +914,13 @@ def stop_cluster(cluster) -> None:
 
 
 def _log_run(label: str, r: dict[str, Any]) -> None:
-    log(f"{label} {r['threads']} threads x batch {r['batch']}: {r['msgs_per_s']} msg/s "
+    log(
+        f"{label} {r['threads']} threads x batch {r['batch']}: {r['msgs_per_s']} msg/s "
         f"{r['mb_per_s']} MB/s, batch p50 {r['batch_ack_latency'].get('p50_ms')} ms "
         f"p99 {r['batch_ack_latency'].get('p99_ms')} ms, cpu {r['cpu_percent']}, "
         f"SSS min {r['sync_state_set_min_size_seen']} epochs {r['sync_state_set_epochs']} "
-        f"valid {r['valid_all_3_acked']}, errors {r['errors']}")
+        f"valid {r['valid_all_3_acked']}, errors {r['errors']}"
+    )
 
 
 def run(args: argparse.Namespace, root: Path, result: dict[str, Any], t_begin: float) -> None:
@@ -825,23 +934,32 @@ def run(args: argparse.Namespace, root: Path, result: dict[str, Any], t_begin: f
         for batch in args.batch_sizes:
             r = raw_append(root, batch, raw_s, fsync=True)
             raw["fsync"].append(r)
-            log(f"raw append batch {batch} fsync: {r['msgs_per_s']} msg/s {r['mb_per_s']} MB/s "
-                f"put p50 {r['put_latency'].get('p50_ms')} ms")
+            log(
+                f"raw append batch {batch} fsync: {r['msgs_per_s']} msg/s {r['mb_per_s']} MB/s "
+                f"put p50 {r['put_latency'].get('p50_ms')} ms"
+            )
             r = raw_append(root, batch, raw_s / 2, fsync=False)
             raw["no_fsync_reference"].append(r)
             log(f"raw append batch {batch} no fsync: {r['msgs_per_s']} msg/s")
-        raw["what"] = ("MessageStore(tmpdir, fsync=True).put_messages of batches of the same "
-                       "1 KB records (topic, 8 queues round robin, producer id/seq) in this "
-                       "process: no network, no replication; no_fsync_reference: fsync=False")
+        raw["what"] = (
+            "MessageStore(tmpdir, fsync=True).put_messages of batches of the same "
+            "1 KB records (topic, 8 queues round robin, producer id/seq) in this "
+            "process: no network, no replication; no_fsync_reference: fsync=False"
+        )
         result["raw_append"] = raw
     if "micro" in args.phases:
-        result["cpu_cost_us_per_message"] = [cost_breakdown(b, 0.5 if args.quick else 1.0)
-                                             for b in args.batch_sizes]
+        result["cpu_cost_us_per_message"] = [
+            cost_breakdown(b, 0.5 if args.quick else 1.0) for b in args.batch_sizes
+        ]
         log(f"cpu cost per message: {result['cpu_cost_us_per_message'][-1]}")
 
     if "throughput" in args.phases:
-        flags = ["--ha-max-time-slave-not-catchup-ms", str(args.tp_not_catchup_ms),
-                 "--send-timeout-ms", "3000"]
+        flags = [
+            "--ha-max-time-slave-not-catchup-ms",
+            str(args.tp_not_catchup_ms),
+            "--send-timeout-ms",
+            "3000",
+        ]
         cluster, info = start_cluster(root, "tp-cluster", flags, args.no_tiered)
         info["why_these_flags"] = (
             "the master counts a slave as caught up only when a fetch reaches its max offset "
@@ -849,7 +967,8 @@ def run(args: argparse.Namespace, root: Path, result: dict[str, Any], t_begin: f
             "ms the slaves leave the SyncStateSet ~1.5-2 s into a run and the rest of the run "
             "is acknowledged by the master alone (see failover.load_eviction_check). Phase 1 "
             f"therefore uses {args.tp_not_catchup_ms} ms (the broker default is 15000), longer "
-            "than any run; a run counts only if the SyncStateSet epoch did not change")
+            "than any run; a run counts only if the SyncStateSet epoch did not change"
+        )
         result["throughput_cluster"] = info
         meter = CpuMeter(all_pids(cluster, info["first_master"]))
         time.sleep(1.0 if args.quick else 2.0)
@@ -870,57 +989,99 @@ def run(args: argparse.Namespace, root: Path, result: dict[str, Any], t_begin: f
         valid = [r for r in runs if r["valid_all_3_acked"]]
         best = max(valid, key=lambda r: r["msgs_per_s"]) if valid else None
         calm = [r for r in valid if not r["contended"]]
-        result["throughput"] = {"runs": runs, "invalid_runs": len(runs) - len(valid),
-                                "contended_runs": sum(1 for r in runs if r["contended"]),
-                                "best_uncontended_msgs_per_s": max(
-                                    (r["msgs_per_s"] for r in calm), default=None),
-                                "best": None if best is None else {
-            k: best[k] for k in ("threads", "batch", "msgs_per_s", "mb_per_s",
-                                 "batch_ack_latency", "cpu_percent", "cpu_us_per_message")}}
+        result["throughput"] = {
+            "runs": runs,
+            "invalid_runs": len(runs) - len(valid),
+            "contended_runs": sum(1 for r in runs if r["contended"]),
+            "best_uncontended_msgs_per_s": max((r["msgs_per_s"] for r in calm), default=None),
+            "best": None
+            if best is None
+            else {
+                k: best[k]
+                for k in (
+                    "threads",
+                    "batch",
+                    "msgs_per_s",
+                    "mb_per_s",
+                    "batch_ack_latency",
+                    "cpu_percent",
+                    "cpu_us_per_message",
+                )
+            },
+        }
         if args.profile:
             threads, batch = (int(x) for x in args.profile_run.split(","))
             pdir = root / "profile"
             pdir.mkdir(exist_ok=True)
             result["profile_runs"] = {}
             for target in args.profile_targets.split(","):
-                log(f"profiling {target} (py-spy, {args.profile_rate} Hz) during a run of "
-                    f"{threads} threads x batch {batch}")
-                r = throughput_run(cluster, threads, batch, args.warmup, max(3.0, args.duration),
-                                   profile={"dir": pdir, "targets": [target],
-                                            "rate": args.profile_rate,
-                                            "gil": not args.profile_all_threads,
-                                            "native": args.profile_native})
+                log(
+                    f"profiling {target} (py-spy, {args.profile_rate} Hz) during a run of "
+                    f"{threads} threads x batch {batch}"
+                )
+                r = throughput_run(
+                    cluster,
+                    threads,
+                    batch,
+                    args.warmup,
+                    max(3.0, args.duration),
+                    profile={
+                        "dir": pdir,
+                        "targets": [target],
+                        "rate": args.profile_rate,
+                        "gil": not args.profile_all_threads,
+                        "native": args.profile_native,
+                    },
+                )
                 _log_run(f"profiled ({target})", r)
                 result["profile_runs"][target] = r
         stop_cluster(cluster)
 
     if "failover" in args.phases:
         cluster, info = start_cluster(root, "fo-cluster", FLAGS, args.no_tiered)
-        result["failover"] = {"cluster": info, "settings": {
-            "controller": CONTROLLER_CONFIG, "broker_flags": " ".join(FLAGS),
-            "probe": {"attempt_timeout_s": args.attempt_timeout_s, "pause_after_failure_s": 0.02,
-                      "pause_after_success_s": 0.005, "batch": "4 x 100 B",
-                      "route": "nameserver QueryRoute after each failure",
-                      "sample": "fault -> first send acknowledged with master_epoch > old epoch",
-                      "route_names_new_master": "fault -> the nameserver route (polled every "
-                                                "20 ms by another thread) names another master: "
-                                                "the server side, without the probe's per-attempt "
-                                                "timeout granularity"},
-            "recovery": "SIGKILL: restart the broker from its data; SIGSTOP: SIGCONT; then wait "
-                        "for 3 SyncStateSet members"}}
+        result["failover"] = {
+            "cluster": info,
+            "settings": {
+                "controller": CONTROLLER_CONFIG,
+                "broker_flags": " ".join(FLAGS),
+                "probe": {
+                    "attempt_timeout_s": args.attempt_timeout_s,
+                    "pause_after_failure_s": 0.02,
+                    "pause_after_success_s": 0.005,
+                    "batch": "4 x 100 B",
+                    "route": "nameserver QueryRoute after each failure",
+                    "sample": "fault -> first send acknowledged with master_epoch > old epoch",
+                    "route_names_new_master": "fault -> the nameserver route (polled every "
+                    "20 ms by another thread) names another master: "
+                    "the server side, without the probe's per-attempt "
+                    "timeout granularity",
+                },
+                "recovery": "SIGKILL: restart the broker from its data; SIGSTOP: SIGCONT; then wait "
+                "for 3 SyncStateSet members",
+            },
+        }
         if args.eviction_check:
             threads, batch = (int(x) for x in args.profile_run.split(","))
             secs = 3.0 if args.quick else 4.0
-            log(f"load eviction check: {threads} threads x batch {batch} for {secs} s with the "
-                "tests' flags")
+            log(f"load eviction check: {threads} threads x batch {batch} for {secs} s with the tests' flags")
             r = throughput_run(cluster, threads, batch, 0.0, secs)
             _log_run("eviction check", r)
             result["failover"]["load_eviction_check"] = {
-                k: r[k] for k in ("threads", "batch", "duration_s", "msgs_per_s",
-                                  "sync_state_set_start", "sync_state_set_end",
-                                  "sync_state_set_epochs", "sync_state_set_min_size_seen",
-                                  "sync_state_set_first_shrink_after_load_start_s",
-                                  "valid_all_3_acked", "batch_ack_latency")}
+                k: r[k]
+                for k in (
+                    "threads",
+                    "batch",
+                    "duration_s",
+                    "msgs_per_s",
+                    "sync_state_set_start",
+                    "sync_state_set_end",
+                    "sync_state_set_epochs",
+                    "sync_state_set_min_size_seen",
+                    "sync_state_set_first_shrink_after_load_start_s",
+                    "valid_all_3_acked",
+                    "batch_ack_latency",
+                )
+            }
         for kind in ("SIGKILL", "SIGSTOP"):
             rounds: list[dict[str, Any]] = []
             for k in range(args.rounds):
@@ -935,17 +1096,23 @@ def run(args: argparse.Namespace, root: Path, result: dict[str, Any], t_begin: f
                     log(f"failover {kind} round {k + 1}: {exc}")
                     break
                 rounds.append(r)
-                log(f"failover {kind} {k + 1}/{args.rounds}: {r['old_master']} -> "
+                log(
+                    f"failover {kind} {k + 1}/{args.rounds}: {r['old_master']} -> "
                     f"{r.get('new_master')} in {r['failover_s']} s (route after "
                     f"{r['route_names_new_master_s']} s; {r['failed_attempts']} failed "
-                    f"attempts {r['errors']}), 3 in sync again after {r['back_to_3_in_sync_s']} s")
+                    f"attempts {r['errors']}), 3 in sync again after {r['back_to_3_in_sync_s']} s"
+                )
             samples = [r["failover_s"] for r in rounds if r.get("failover_s") is not None]
-            routes = [r["route_names_new_master_s"] for r in rounds
-                      if r.get("route_names_new_master_s") is not None]
-            result["failover"][kind] = dict(seconds_summary(samples), rounds=len(rounds),
-                                            failed_rounds=len(rounds) - len(samples),
-                                            route_names_new_master=seconds_summary(routes),
-                                            detail=rounds)
+            routes = [
+                r["route_names_new_master_s"] for r in rounds if r.get("route_names_new_master_s") is not None
+            ]
+            result["failover"][kind] = dict(
+                seconds_summary(samples),
+                rounds=len(rounds),
+                failed_rounds=len(rounds) - len(samples),
+                route_names_new_master=seconds_summary(routes),
+                detail=rounds,
+            )
         stop_cluster(cluster)
 
 
@@ -956,30 +1123,31 @@ def summarize(result: dict[str, Any]) -> None:
     best = tp.get("best")
     raw = result.get("raw_append", {})
     if best:
-        met["throughput_ge_20000_msgs_per_s"] = best["msgs_per_s"] >= TARGETS[
-            "throughput_msgs_per_s_min"]
+        met["throughput_ge_20000_msgs_per_s"] = best["msgs_per_s"] >= TARGETS["throughput_msgs_per_s_min"]
         met["throughput_best_msgs_per_s"] = best["msgs_per_s"]
     if raw.get("fsync"):
         best_raw = max(raw["fsync"], key=lambda r: r["msgs_per_s"])
         ratios["raw_append_best_msgs_per_s"] = best_raw["msgs_per_s"]
         if best:
-            ratios["throughput_best_vs_raw_append_best"] = _ratio(best["msgs_per_s"],
-                                                                  best_raw["msgs_per_s"])
+            ratios["throughput_best_vs_raw_append_best"] = _ratio(best["msgs_per_s"], best_raw["msgs_per_s"])
             same = [r for r in raw["fsync"] if r["batch"] == best["batch"]]
             if same:
                 ratios["throughput_best_vs_raw_append_same_batch"] = _ratio(
-                    best["msgs_per_s"], same[0]["msgs_per_s"])
+                    best["msgs_per_s"], same[0]["msgs_per_s"]
+                )
             for r in tp.get("runs", []):
                 match = [x for x in raw["fsync"] if x["batch"] == r["batch"]]
                 if match:
                     ratios[f"t{r['threads']}_b{r['batch']}_vs_raw_b{r['batch']}"] = _ratio(
-                        r["msgs_per_s"], match[0]["msgs_per_s"])
+                        r["msgs_per_s"], match[0]["msgs_per_s"]
+                    )
     fo = result.get("failover", {})
     for kind, limit in (("SIGKILL", 1.5), ("SIGSTOP", 3.0)):
         r = fo.get(kind)
         if r:
             met[f"{kind.lower()}_failover_p99_le_{str(limit).replace('.', '_')}s"] = (
-                r["p99_s"] is not None and r["p99_s"] <= limit and r["failed_rounds"] == 0)
+                r["p99_s"] is not None and r["p99_s"] <= limit and r["failed_rounds"] == 0
+            )
     result["ratios"] = ratios
     result["targets"] = TARGETS
     result["targets_met"] = met
@@ -987,16 +1155,22 @@ def summarize(result: dict[str, Any]) -> None:
 
 def git_state() -> dict[str, Any]:
     """The code measured: HEAD and the files that differ from it (read-only git calls)."""
+
     def git(*a: str) -> str:
         try:
-            return subprocess.run(["git", "-C", str(REPO), *a], capture_output=True, text=True,
-                                  timeout=10).stdout.strip()
+            return subprocess.run(
+                ["git", "-C", str(REPO), *a], capture_output=True, text=True, timeout=10
+            ).stdout.strip()
         except (OSError, subprocess.SubprocessError):
             return ""
-    return {"head": git("rev-parse", "--short", "HEAD"),
-            "head_subject": git("log", "-1", "--format=%s")[:120],
-            "modified_files": [line[3:] for line in git("status", "--porcelain").splitlines()
-                               if not line.startswith("??")]}
+
+    return {
+        "head": git("rev-parse", "--short", "HEAD"),
+        "head_subject": git("log", "-1", "--format=%s")[:120],
+        "modified_files": [
+            line[3:] for line in git("status", "--porcelain").splitlines() if not line.startswith("??")
+        ],
+    }
 
 
 def main(argv: list[str]) -> int:
@@ -1005,19 +1179,38 @@ def main(argv: list[str]) -> int:
 
     root = Path(tempfile.mkdtemp(prefix="mqmeta-broker-bench-"))
     result: dict[str, Any] = {
-        "bench": "mqmeta broker set", "quick": args.quick,
-        "env": {"python": platform.python_version(), "cpus": os.cpu_count(),
-                "grpcio": grpc.__version__, "host": "127.0.0.1", "data_dir_fs": str(root)}}
+        "bench": "mqmeta broker set",
+        "quick": args.quick,
+        "env": {
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+            "grpcio": grpc.__version__,
+            "host": "127.0.0.1",
+            "data_dir_fs": str(root),
+        },
+    }
     busy0 = machine_busy()
     time.sleep(0.3)
     result["env"]["machine_busy_percent_before_start"] = machine_busy_percent(busy0)
     result["env"]["loadavg_before_start"] = os.getloadavg()
     result["env"]["git"] = git_state()
-    result["env"]["note"] = ("cpu_percent: 100 = one core; machine_busy_percent: all cores; "
-                             "other_processes_cpu_percent: machine CPU not charged to this "
-                             "run's processes (other users, and kernel I/O / softirq work)")
-    return run_main(args, root, result, lambda t0: run(args, root, result, t0), summarize, cleanup,
-                    log, watchdog_grace_s=5.0, json_default=str, watchdog_sets_error=True)
+    result["env"]["note"] = (
+        "cpu_percent: 100 = one core; machine_busy_percent: all cores; "
+        "other_processes_cpu_percent: machine CPU not charged to this "
+        "run's processes (other users, and kernel I/O / softirq work)"
+    )
+    return run_main(
+        args,
+        root,
+        result,
+        lambda t0: run(args, root, result, t0),
+        summarize,
+        cleanup,
+        log,
+        watchdog_grace_s=5.0,
+        json_default=str,
+        watchdog_sets_error=True,
+    )
 
 
 if __name__ == "__main__":

@@ -73,8 +73,12 @@ from benchlib import (
 
 BENCH_FILE = Path(__file__).resolve()
 CLIENTS = 16
-TARGETS = {"seq_p50_ms_max": 3.0, "concurrent_writes_per_s_min": 5000.0,
-           "concurrent_vs_raw_min": 0.30, "failover_p99_s_max": 1.5}
+TARGETS = {
+    "seq_p50_ms_max": 3.0,
+    "concurrent_writes_per_s_min": 5000.0,
+    "concurrent_vs_raw_min": 0.30,
+    "failover_p99_s_max": 1.5,
+}
 
 
 log = make_log("bench")
@@ -93,8 +97,12 @@ def patch_pysyncobj_next_index() -> None:
         return
 
     def on_message(self, node, message):
-        if (isinstance(message, dict) and message.get("type") == "next_node_idx"
-                and message.get("success") and not message.get("reset")):
+        if (
+            isinstance(message, dict)
+            and message.get("type") == "next_node_idx"
+            and message.get("success")
+            and not message.get("reset")
+        ):
             before = self._SyncObj__raftNextIndex.get(node)
             original(self, node, message)
             after = self._SyncObj__raftNextIndex.get(node)
@@ -113,7 +121,7 @@ def patch_pysyncobj_next_index() -> None:
 def node_launcher(argv: list[str]) -> int:
     """Runs `mqmeta <args>` in this process after applying the experiment knobs."""
     split = argv.index("--")
-    opts, mqmeta_args = argv[:split], argv[split + 1:]
+    opts, mqmeta_args = argv[:split], argv[split + 1 :]
     parser = argparse.ArgumentParser()
     parser.add_argument("--grpc-workers", type=int, default=0)
     parser.add_argument("--profile-out", default="")
@@ -132,8 +140,7 @@ def node_launcher(argv: list[str]) -> int:
     if known.profile_out:
         sampler = StackSampler(Path(known.profile_out))
         sampler.start()
-        tick = (TickProfiler(Path(known.profile_out).with_suffix(".tick.txt"))
-                if known.profile_tick else None)
+        tick = TickProfiler(Path(known.profile_out).with_suffix(".tick.txt")) if known.profile_tick else None
 
         messages = MessageCounter(Path(known.profile_out).with_suffix(".messages.json"))
 
@@ -194,10 +201,18 @@ class MessageCounter:
             return
         self.active = False
         seconds = time.monotonic() - self.started
-        self.out.write_text(json.dumps({
-            "seconds": round(seconds, 2), "messages_by_type": dict(self.by_type),
-            "entries_sent": self.entries, "entries_resent": self.resent,
-            "entry_bytes_sent": self.bytes}, indent=1))
+        self.out.write_text(
+            json.dumps(
+                {
+                    "seconds": round(seconds, 2),
+                    "messages_by_type": dict(self.by_type),
+                    "entries_sent": self.entries,
+                    "entries_resent": self.resent,
+                    "entry_bytes_sent": self.bytes,
+                },
+                indent=1,
+            )
+        )
 
 
 class TickProfiler:
@@ -290,7 +305,7 @@ class StackSampler:
                 text = (task / "stat").read_text()
             except OSError:
                 continue
-            comm = text[text.index("(") + 1:text.rindex(")")]
+            comm = text[text.index("(") + 1 : text.rindex(")")]
             fields = text.rsplit(")", 1)[1].split()
             out[int(task.name)] = (comm, (int(fields[11]) + int(fields[12])) / CLK_TCK)
         return out
@@ -338,12 +353,16 @@ class StackSampler:
         for tid, (comm, cpu) in cpu1.items():
             delta = cpu - self.cpu0.get(tid, (comm, 0.0))[1]
             per_thread[names.get(tid, "C:" + comm)] += delta
-        doc = {"samples": self.samples, "seconds": round(seconds, 2),
-               "cpu_percent_by_thread": {k: round(100 * v / seconds, 1)
-                                         for k, v in per_thread.most_common() if v > 0},
-               "on_cpu_samples_by_thread": dict(self.running.most_common()),
-               "leaf": [[t, f, n] for (t, f), n in self.leaf.most_common(50)],
-               "inclusive": [[t, f, n] for (t, f), n in self.inclusive.most_common(150)]}
+        doc = {
+            "samples": self.samples,
+            "seconds": round(seconds, 2),
+            "cpu_percent_by_thread": {
+                k: round(100 * v / seconds, 1) for k, v in per_thread.most_common() if v > 0
+            },
+            "on_cpu_samples_by_thread": dict(self.running.most_common()),
+            "leaf": [[t, f, n] for (t, f), n in self.leaf.most_common(50)],
+            "inclusive": [[t, f, n] for (t, f), n in self.inclusive.most_common(150)],
+        }
         self.out.write_text(json.dumps(doc, indent=1))
 
 
@@ -381,7 +400,7 @@ class Cluster:
             cmd += ["--config", str(self.config_file)]
         if self.args.no_secret:  # experiment: pysyncobj without password (no Fernet)
             i = cmd.index("--secret-file")
-            del cmd[i:i + 2]
+            del cmd[i : i + 2]
         wrap = []
         if self.args.grpc_workers:
             wrap += ["--grpc-workers", str(self.args.grpc_workers)]
@@ -489,8 +508,9 @@ def config_request(i: int):
     return pb.UpdateConfigRequest(values={"default_queue_count": str(8 + i % 2)})
 
 
-def sequential_writes(addresses: list[str], count: int, prefix: str, warmup: int,
-                      time_limit_s: float) -> dict[str, Any]:
+def sequential_writes(
+    addresses: list[str], count: int, prefix: str, warmup: int, time_limit_s: float
+) -> dict[str, Any]:
     from mqmeta.client import ControllerClient
 
     latencies: list[float] = []
@@ -534,8 +554,15 @@ def sequential_health(address: str, count: int) -> dict[str, Any]:
 BATCH_WRITES = 32
 
 
-def _client_loop(addresses: list[str], prefix: str, start_at: float, warm_until: float,
-                 end_at: float, max_calls: int, op: str = "write") -> tuple[list[float], int, int]:
+def _client_loop(
+    addresses: list[str],
+    prefix: str,
+    start_at: float,
+    warm_until: float,
+    end_at: float,
+    max_calls: int,
+    op: str = "write",
+) -> tuple[list[float], int, int]:
     """Writes until end_at; returns (latencies counted in the window, errors, total calls).
 
     start_at/warm_until/end_at are time.time() values so that processes share them."""
@@ -561,15 +588,18 @@ def _client_loop(addresses: list[str], prefix: str, start_at: float, warm_until:
             from mqmeta.pb import controller_pb2 as pb
 
             def call(i: int) -> None:
-                ops = [pb.WriteOp(create_topic=topic_request(f"{prefix}b{i}-", k))
-                       for k in range(BATCH_WRITES)]
+                ops = [
+                    pb.WriteOp(create_topic=topic_request(f"{prefix}b{i}-", k)) for k in range(BATCH_WRITES)
+                ]
                 results = client.call("Write", pb.WriteBatch(writes=ops)).results
                 failed = [r.error_code for r in results if r.error_code]
                 if failed:
                     raise MqmetaError(f"{len(failed)} writes of a batch failed: {failed[:3]}")
         else:
+
             def call(i: int) -> None:
                 client.call("CreateTopic", topic_request(prefix, i))
+
         while time.time() < start_at:
             time.sleep(min(0.01, max(0.0, start_at - time.time())))
         for i in range(max_calls):
@@ -607,18 +637,23 @@ def _metadata_request():
     return pb.GetMetadataRequest()
 
 
-def _client_process(addresses, prefix, start_at, warm_until, end_at, max_calls, op,
-                    queue) -> None:
+def _client_process(addresses, prefix, start_at, warm_until, end_at, max_calls, op, queue) -> None:
     try:
-        queue.put(("ok", _client_loop(addresses, prefix, start_at, warm_until, end_at, max_calls,
-                                      op)))
+        queue.put(("ok", _client_loop(addresses, prefix, start_at, warm_until, end_at, max_calls, op)))
     except BaseException as exc:  # report, never hang the parent
         queue.put(("error", repr(exc)))
 
 
-def concurrent_writes(cluster: Cluster, addresses: list[str], mode: str, clients: int,
-                      duration_s: float, warmup_s: float, tag: str,
-                      op: str = "write") -> dict[str, Any]:
+def concurrent_writes(
+    cluster: Cluster,
+    addresses: list[str],
+    mode: str,
+    clients: int,
+    duration_s: float,
+    warmup_s: float,
+    tag: str,
+    op: str = "write",
+) -> dict[str, Any]:
     max_calls = 200_000
     results: list[tuple[list[float], int, int]] = []
     failures: list[str] = []
@@ -632,8 +667,7 @@ def concurrent_writes(cluster: Cluster, addresses: list[str], mode: str, clients
 
         def run(k: int) -> None:
             try:
-                r = _client_loop(addresses, f"{tag}-t{k}", start_at, warm_until, end_at, max_calls,
-                                 op)
+                r = _client_loop(addresses, f"{tag}-t{k}", start_at, warm_until, end_at, max_calls, op)
                 with lock:
                     results.append(r)
             except BaseException as exc:
@@ -646,9 +680,14 @@ def concurrent_writes(cluster: Cluster, addresses: list[str], mode: str, clients
     else:
         ctx = mp.get_context("spawn")
         queue = ctx.Queue()
-        procs = [ctx.Process(target=_client_process, daemon=True,
-                             args=(addresses, f"{tag}-p{k}", start_at, warm_until, end_at,
-                                   max_calls, op, queue)) for k in range(clients)]
+        procs = [
+            ctx.Process(
+                target=_client_process,
+                daemon=True,
+                args=(addresses, f"{tag}-p{k}", start_at, warm_until, end_at, max_calls, op, queue),
+            )
+            for k in range(clients)
+        ]
         for p in procs:
             p.start()
         BENCH_CHILDREN.extend(procs)
@@ -704,24 +743,33 @@ def concurrent_writes(cluster: Cluster, addresses: list[str], mode: str, clients
                 p.join(timeout=1.0)
     latencies = [x for r in results for x in r[0]]
     entries = None if commit0 is None or commit1 is None else commit1 - commit0
-    out = {"mode": mode, "op": op, "clients": clients, "duration_s": duration_s,
-           "writes_per_s": _r(len(latencies) / duration_s, 1),
-           "raft_entries_per_s": None if entries is None else _r(entries / duration_s, 1),
-           "commands_per_raft_entry": _r(len(latencies) / entries, 2) if entries else None,
-           "errors": sum(r[1] for r in results), "calls_total": sum(r[2] for r in results),
-           "cpu_percent": cpu, "machine_busy_percent": busy,
-           "other_processes_cpu_percent": foreign, "leader": leader_node,
-           "leader_process": leader_detail}
+    out = {
+        "mode": mode,
+        "op": op,
+        "clients": clients,
+        "duration_s": duration_s,
+        "writes_per_s": _r(len(latencies) / duration_s, 1),
+        "raft_entries_per_s": None if entries is None else _r(entries / duration_s, 1),
+        "commands_per_raft_entry": _r(len(latencies) / entries, 2) if entries else None,
+        "errors": sum(r[1] for r in results),
+        "calls_total": sum(r[2] for r in results),
+        "cpu_percent": cpu,
+        "machine_busy_percent": busy,
+        "other_processes_cpu_percent": foreign,
+        "leader": leader_node,
+        "leader_process": leader_detail,
+    }
     out.update({k: v for k, v in latency_summary(latencies).items() if k != "count"})
     out["writes_counted"] = len(latencies)
     # CPU cost per write: much less sensitive to other load on the machine than writes/s
     if latencies and cpu.get(leader_node) is not None:
         per = 10.0 * duration_s / len(latencies)  # cpu% -> CPU ms per write
         nodes = [cpu.get(n) or 0.0 for n in cluster.by_id]
-        out["cpu_ms_per_write"] = {"leader": _r(cpu[leader_node] * per),
-                                   "all_controllers": _r(sum(nodes) * per),
-                                   "clients": _r((cpu.get("bench") or cpu.get("clients_total")
-                                                  or 0.0) * per)}
+        out["cpu_ms_per_write"] = {
+            "leader": _r(cpu[leader_node] * per),
+            "all_controllers": _r(sum(nodes) * per),
+            "clients": _r((cpu.get("bench") or cpu.get("clients_total") or 0.0) * per),
+        }
     if failures:
         out["failures"] = failures[:5]
     return out
@@ -732,10 +780,10 @@ def concurrent_writes(cluster: Cluster, addresses: list[str], mode: str, clients
 
 RAW_CONFS = {
     "controller_conf": "controller.raft_node._syncobj_conf(RaftSettings(secret=<the cluster "
-                       "secret>)) in a process that imported controller.raft_node, so with "
-                       "whatever journal the controller installs (see 'journal')",
+    "secret>)) in a process that imported controller.raft_node, so with "
+    "whatever journal the controller installs (see 'journal')",
     "pysyncobj_defaults": "SyncObjConf() with no arguments: appendEntriesUseBatch=True, "
-                          "appendEntriesPeriod=0.1 s, memory journal, no password",
+    "appendEntriesPeriod=0.1 s, memory journal, no password",
     # experiments (--raw-conf):
     "controller_conf_no_password": "controller_conf without the password (no encryption)",
     "controller_conf_no_fsync": "controller_conf with the controller journal's fsync off",
@@ -756,7 +804,8 @@ def _raw_conf(kind: str, secret: str, data_dir: str):
 
     conf = raft_node._syncobj_conf(
         raft_node.RaftSettings(secret=None if kind == "controller_conf_no_password" else secret),
-        Path(data_dir))
+        Path(data_dir),
+    )
     if kind == "controller_conf_no_fsync" and hasattr(raft_node, "_JOURNAL_FSYNC"):
         raft_node._JOURNAL_FSYNC[str(conf.journalFile)] = False
     if kind == "controller_conf_stock_journal":
@@ -766,8 +815,15 @@ def _raw_conf(kind: str, secret: str, data_dir: str):
     return conf
 
 
-def _raw_node(index: int, addresses: list[str], kind: str, secret: str, data_dir: str,
-              conn, patch_next_index: bool = False) -> None:
+def _raw_node(
+    index: int,
+    addresses: list[str],
+    kind: str,
+    secret: str,
+    data_dir: str,
+    conn,
+    patch_next_index: bool = False,
+) -> None:
     """One node of the raw cluster; obeys commands from the parent over a Pipe."""
     from pysyncobj import SyncObj, SyncObjException, replicated
 
@@ -810,12 +866,20 @@ def _raw_node(index: int, addresses: list[str], kind: str, secret: str, data_dir
                 return
             if op == "status":
                 leader = node._getLeader()
-                conn.send(("ok", {"leader": leader.address if leader else "",
-                                  "is_leader": node._isLeader(),
-                                  "journal": type(node._SyncObj__raftLog).__module__ + "."
-                                  + type(node._SyncObj__raftLog).__name__,
-                                  "journal_ops": dict(journal_ops),
-                                  "last_applied": node._SyncObj__raftLastApplied}))
+                conn.send(
+                    (
+                        "ok",
+                        {
+                            "leader": leader.address if leader else "",
+                            "is_leader": node._isLeader(),
+                            "journal": type(node._SyncObj__raftLog).__module__
+                            + "."
+                            + type(node._SyncObj__raftLog).__name__,
+                            "journal_ops": dict(journal_ops),
+                            "last_applied": node._SyncObj__raftLastApplied,
+                        },
+                    )
+                )
             elif op == "seq":
                 _, count, warmup, time_limit = msg
                 lat: list[float] = []
@@ -870,8 +934,12 @@ def _raw_async(node, duration: float, warmup: float, window: int) -> dict[str, A
         node.inc(callback=lambda r, e, t0=t0: callback(r, e, t0))
         issued += 1
     counted = [lat for t, lat in list(done) if warm_until <= t <= end]
-    out = {"window": window, "issued": issued, "writes_per_s": _r(len(counted) / duration, 1),
-           "errors": dict(errors)}
+    out = {
+        "window": window,
+        "issued": issued,
+        "writes_per_s": _r(len(counted) / duration, 1),
+        "errors": dict(errors),
+    }
     out.update({k: v for k, v in latency_summary(counted).items() if k != "count"})
     return out
 
@@ -887,9 +955,20 @@ class RawCluster:
         self.procs = []
         for i in range(3):
             parent, child = ctx.Pipe()
-            p = ctx.Process(target=_raw_node, daemon=True, name=f"raw-{kind}-{i}",
-                            args=(i, self.addresses, kind, secret, str(root / f"raw-{kind}-{i}"),
-                                  child, patch_next_index))
+            p = ctx.Process(
+                target=_raw_node,
+                daemon=True,
+                name=f"raw-{kind}-{i}",
+                args=(
+                    i,
+                    self.addresses,
+                    kind,
+                    secret,
+                    str(root / f"raw-{kind}-{i}"),
+                    child,
+                    patch_next_index,
+                ),
+            )
             p.start()
             BENCH_CHILDREN.append(p)
             self.procs.append(p)
@@ -940,10 +1019,16 @@ class RawCluster:
 
 # Outstanding async calls: with appendEntriesUseBatch=True an entry waits for the next
 # appendEntriesPeriod (0.1 s by default), so only a big window shows that conf's rate.
-RAW_WINDOWS = {"controller_conf": [16, 64, 256], "controller_conf_no_password": [16, 64, 256],
-               "pysyncobj_defaults": [2000, 20000]}
-RAW_WINDOWS_QUICK = {"controller_conf": [64], "controller_conf_no_password": [64],
-                     "pysyncobj_defaults": [20000]}
+RAW_WINDOWS = {
+    "controller_conf": [16, 64, 256],
+    "controller_conf_no_password": [16, 64, 256],
+    "pysyncobj_defaults": [2000, 20000],
+}
+RAW_WINDOWS_QUICK = {
+    "controller_conf": [64],
+    "controller_conf_no_password": [64],
+    "pysyncobj_defaults": [20000],
+}
 
 
 def raw_baseline(root: Path, kind: str, secret: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -951,21 +1036,30 @@ def raw_baseline(root: Path, kind: str, secret: str, args: argparse.Namespace) -
     try:
         leader = raw.wait_leader(30.0)
         seq = raw.ask(leader, ("seq", args.seq_count, 10, args.raw_seq_time_limit), 120.0)
-        out: dict[str, Any] = {"conf": kind, "what": RAW_CONFS.get(kind, ""), "leader": leader,
-                               "journal": raw.journal(leader)}
+        out: dict[str, Any] = {
+            "conf": kind,
+            "what": RAW_CONFS.get(kind, ""),
+            "leader": leader,
+            "journal": raw.journal(leader),
+        }
         out["sequential"] = latency_summary(seq["latencies"])
         out["sequential"]["errors"] = seq["errors"]
         best = None
         for window in args.raw_windows or (RAW_WINDOWS_QUICK if args.quick else RAW_WINDOWS)[kind]:
             meter = CpuMeter(raw.pids(), switches=True)
-            res = raw.ask(leader, ("async", args.raw_duration, args.warmup, window),
-                          args.raw_duration + args.warmup + 60.0)
+            res = raw.ask(
+                leader,
+                ("async", args.raw_duration, args.warmup, window),
+                args.raw_duration + args.warmup + 60.0,
+            )
             res["cpu_percent"] = meter.stop()
             if res["writes_per_s"]:
                 res["cpu_ms_per_write"] = {
                     "leader": _r(10.0 * res["cpu_percent"][f"raw{leader}"] / res["writes_per_s"]),
-                    "all_nodes": _r(10.0 * sum(v or 0 for v in res["cpu_percent"].values())
-                                    / res["writes_per_s"])}
+                    "all_nodes": _r(
+                        10.0 * sum(v or 0 for v in res["cpu_percent"].values()) / res["writes_per_s"]
+                    ),
+                }
             out.setdefault("async_by_window", []).append(res)
             if best is None or (res["writes_per_s"] or 0) > (best["writes_per_s"] or 0):
                 best = res
@@ -975,8 +1069,10 @@ def raw_baseline(root: Path, kind: str, secret: str, args: argparse.Namespace) -
             f"raw{i}{' (leader)' if i == leader else ''}": {
                 "entries_applied": st["last_applied"],
                 "journal_adds": st["journal_ops"].get("add", 0),
-                "journal_truncations": st["journal_ops"].get("deleteEntriesFrom", 0)}
-            for i, st in enumerate(statuses)}
+                "journal_truncations": st["journal_ops"].get("deleteEntriesFrom", 0),
+            }
+            for i, st in enumerate(statuses)
+        }
         return out
     finally:
         raw.stop()
@@ -1007,8 +1103,9 @@ def failover_round(cluster: Cluster, round_no: int, per_call_timeout_s: float) -
         stop_watch = threading.Event()
         t0 = time.monotonic()
         proc.kill()
-        watcher = threading.Thread(target=_watch_election, daemon=True,
-                                   args=(cluster, survivors, leader, t0, elected, stop_watch))
+        watcher = threading.Thread(
+            target=_watch_election, daemon=True, args=(cluster, survivors, leader, t0, elected, stop_watch)
+        )
         watcher.start()
         for i in range(10_000):
             if time.monotonic() - t0 > 20.0:
@@ -1031,18 +1128,30 @@ def failover_round(cluster: Cluster, round_no: int, per_call_timeout_s: float) -
     new_leader = cluster.leader_id()
     cluster.restart(leader)
     healthy_s = cluster.wait_healthy(30.0, caught_up=leader)
-    out = {"round": round_no, "killed": leader, "new_leader": new_leader,
-           "failover_s": _r(sample, 4), "new_leader_known_s": _r(elected.get("at"), 4),
-           "attempts": attempts, "failed_attempts": errors,
-           "failed_attempt_codes": dict(error_codes),
-           "restart_to_healthy_s": _r(healthy_s, 2)}
+    out = {
+        "round": round_no,
+        "killed": leader,
+        "new_leader": new_leader,
+        "failover_s": _r(sample, 4),
+        "new_leader_known_s": _r(elected.get("at"), 4),
+        "attempts": attempts,
+        "failed_attempts": errors,
+        "failed_attempt_codes": dict(error_codes),
+        "restart_to_healthy_s": _r(healthy_s, 2),
+    }
     if sample is None:
         out["last_error"] = last_error
     return out
 
 
-def _watch_election(cluster: Cluster, survivors: list[str], killed: str, t0: float,
-                    elected: dict[str, Any], stop: threading.Event) -> None:
+def _watch_election(
+    cluster: Cluster,
+    survivors: list[str],
+    killed: str,
+    t0: float,
+    elected: dict[str, Any],
+    stop: threading.Event,
+) -> None:
     """Records when a survivor first names a new leader (polls every 20 ms, <= 10 s)."""
     from mqmeta.errors import MqmetaError
 
@@ -1070,24 +1179,41 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="short run (< 60 s)")
     p.add_argument("--keep", action="store_true", help="keep the temporary directory")
-    p.add_argument("--only", default="",
-                   help="comma list of phases: seq,concurrent,batched,ceiling,raw,failover")
+    p.add_argument(
+        "--only", default="", help="comma list of phases: seq,concurrent,batched,ceiling,raw,failover"
+    )
     p.add_argument("--modes", default="threads,processes", help="concurrent client modes")
-    p.add_argument("--raft-setting", action="append", default=[],
-                   help="KEY=INT RaftSettings override passed via the controller's --config")
-    p.add_argument("--no-secret", action="store_true",
-                   help="experiment: start the controllers without --secret-file")
+    p.add_argument(
+        "--raft-setting",
+        action="append",
+        default=[],
+        help="KEY=INT RaftSettings override passed via the controller's --config",
+    )
+    p.add_argument(
+        "--no-secret", action="store_true", help="experiment: start the controllers without --secret-file"
+    )
     p.add_argument("--grpc-workers", type=int, default=0, help="override GRPC_WORKERS_MAX")
-    p.add_argument("--switch-interval", type=float, default=0.0,
-                   help="sys.setswitchinterval() in the controller processes (seconds)")
-    p.add_argument("--profile-leader", action="store_true",
-                   help="sample the leader's thread stacks during the concurrent phase")
-    p.add_argument("--profile-tick", action="store_true",
-                   help="with --profile-leader: also cProfile pysyncobj's tick thread "
-                        "(slows it down a lot)")
-    p.add_argument("--patch-next-index", action="store_true",
-                   help="experiment: patch pysyncobj's nextIndex regression in the controllers "
-                        "and the raw nodes")
+    p.add_argument(
+        "--switch-interval",
+        type=float,
+        default=0.0,
+        help="sys.setswitchinterval() in the controller processes (seconds)",
+    )
+    p.add_argument(
+        "--profile-leader",
+        action="store_true",
+        help="sample the leader's thread stacks during the concurrent phase",
+    )
+    p.add_argument(
+        "--profile-tick",
+        action="store_true",
+        help="with --profile-leader: also cProfile pysyncobj's tick thread (slows it down a lot)",
+    )
+    p.add_argument(
+        "--patch-next-index",
+        action="store_true",
+        help="experiment: patch pysyncobj's nextIndex regression in the controllers and the raw nodes",
+    )
     p.add_argument("--raw-conf", default="", help="comma list of raw baseline confs")
     p.add_argument("--clients", type=int, default=CLIENTS)
     p.add_argument("--duration", type=float, default=0.0, help="concurrent phase seconds")
@@ -1104,8 +1230,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args.failover_rounds = 3 if q else 10
     args.failover_call_timeout_s = 0.25
     args.budget_s = 58.0 if q else 178.0
-    args.raw_confs = (args.raw_conf.split(",") if args.raw_conf
-                      else ["controller_conf", "pysyncobj_defaults"])
+    args.raw_confs = args.raw_conf.split(",") if args.raw_conf else ["controller_conf", "pysyncobj_defaults"]
     phases = {"seq", "concurrent", "batched", "ceiling", "raw", "failover"}
     args.phases = set(args.only.split(",")) if args.only else phases
     return args
@@ -1118,18 +1243,22 @@ def run(args: argparse.Namespace, root: Path, result: dict[str, Any]) -> None:
     log(f"starting 3 controllers in {root}")
     t0 = time.monotonic()
     cluster.start()
-    result["cluster"] = {"start_to_ready_s": _r(time.monotonic() - t0, 2),
-                         "nodes": {n.id: n.grpc for n in cluster.layout.controllers},
-                         "raft_settings_overrides": args.raft_setting,
-                         "grpc_workers": args.grpc_workers or "default (64)",
-                         "raft_secret": not args.no_secret,
-                         "experiments": {k: getattr(args, k) for k in (
-                             "switch_interval", "patch_next_index", "profile_leader")
-                             if getattr(args, k)}}
+    result["cluster"] = {
+        "start_to_ready_s": _r(time.monotonic() - t0, 2),
+        "nodes": {n.id: n.grpc for n in cluster.layout.controllers},
+        "raft_settings_overrides": args.raft_setting,
+        "grpc_workers": args.grpc_workers or "default (64)",
+        "raft_secret": not args.no_secret,
+        "experiments": {
+            k: getattr(args, k)
+            for k in ("switch_interval", "patch_next_index", "profile_leader")
+            if getattr(args, k)
+        },
+    }
+
     def leader_first() -> tuple[str, list[str]]:
         leader = cluster.leader_id()
-        return leader, [cluster.grpc(leader)] + [cluster.grpc(n) for n in cluster.by_id
-                                                  if n != leader]
+        return leader, [cluster.grpc(leader)] + [cluster.grpc(n) for n in cluster.by_id if n != leader]
 
     leader, order = leader_first()
     result["cluster"]["leader"] = leader
@@ -1139,16 +1268,18 @@ def run(args: argparse.Namespace, root: Path, result: dict[str, Any]) -> None:
         leader, order = leader_first()
         result["grpc_floor_sequential"] = sequential_health(order[0], 300 if args.quick else 1000)
         log(f"sequential: {args.seq_count} CreateTopic writes through the leader {leader}")
-        result["sequential"] = sequential_writes(order, args.seq_count, f"{tag}-seq", 30,
-                                                 args.seq_time_limit)
+        result["sequential"] = sequential_writes(order, args.seq_count, f"{tag}-seq", 30, args.seq_time_limit)
         result["sequential"]["target"] = "leader"
         follower_first = order[1:] + order[:1]
         count = max(100, args.seq_count // 5)
         log(f"sequential: {count} writes through a follower (pysyncobj forwards them)")
         result["sequential_via_follower"] = sequential_writes(
-            follower_first, count, f"{tag}-seqf", 10, args.seq_time_limit / 2)
-        log(f"sequential p50 {result['sequential']['p50_ms']} ms, "
-            f"{result['sequential']['writes_per_s']} writes/s")
+            follower_first, count, f"{tag}-seqf", 10, args.seq_time_limit / 2
+        )
+        log(
+            f"sequential p50 {result['sequential']['p50_ms']} ms, "
+            f"{result['sequential']['writes_per_s']} writes/s"
+        )
 
     if "concurrent" in args.phases:
         leader, order = leader_first()
@@ -1157,8 +1288,9 @@ def run(args: argparse.Namespace, root: Path, result: dict[str, Any]) -> None:
             log(f"concurrent: {args.clients} clients as {mode} for {args.duration}s")
             if args.profile_leader:
                 _signal_profile(cluster, leader)
-            r = concurrent_writes(cluster, order, mode, args.clients, args.duration,
-                                  args.warmup, f"{tag}-c{mode[0]}")
+            r = concurrent_writes(
+                cluster, order, mode, args.clients, args.duration, args.warmup, f"{tag}-c{mode[0]}"
+            )
             if args.profile_leader:
                 _signal_profile(cluster, leader)
                 time.sleep(0.5)
@@ -1167,43 +1299,55 @@ def run(args: argparse.Namespace, root: Path, result: dict[str, Any]) -> None:
                     pass
                 for key, suffix in (("profile", ".json"), ("raft_messages", ".messages.json")):
                     try:
-                        r[key] = json.loads(Path(r["profile_file"]).with_suffix(suffix)
-                                            .read_text())
+                        r[key] = json.loads(Path(r["profile_file"]).with_suffix(suffix).read_text())
                     except (OSError, ValueError):
                         pass
-            log(f"concurrent {mode}: {r['writes_per_s']} writes/s p50 {r.get('p50_ms')} ms "
-                f"cpu {r['cpu_percent']}")
+            log(
+                f"concurrent {mode}: {r['writes_per_s']} writes/s p50 {r.get('p50_ms')} ms "
+                f"cpu {r['cpu_percent']}"
+            )
             runs.append(r)
         best = max(runs, key=lambda r: r["writes_per_s"] or 0)
         why = ["the mode with the higher rate shows more of the server's capacity"]
         for r in runs:
             client_cpu = r["cpu_percent"].get("bench", r["cpu_percent"].get("clients_total"))
-            why.append(f"{r['mode']}: {r['writes_per_s']} writes/s, client CPU {client_cpu}% "
-                       f"(100 = one core), leader CPU "
-                       f"{r['cpu_percent'].get(r['leader'])}%")
-        result["concurrent"] = {"mode_used": best["mode"], "best": best, "runs": runs,
-                                "why": "; ".join(why)}
+            why.append(
+                f"{r['mode']}: {r['writes_per_s']} writes/s, client CPU {client_cpu}% "
+                f"(100 = one core), leader CPU "
+                f"{r['cpu_percent'].get(r['leader'])}%"
+            )
+        result["concurrent"] = {"mode_used": best["mode"], "best": best, "runs": runs, "why": "; ".join(why)}
 
     if "batched" in args.phases:
         log(f"batched: {args.clients} threads, WriteBatch of {BATCH_WRITES} writes per call")
-        r = concurrent_writes(cluster, order, "threads", args.clients, args.duration,
-                              1.0 if args.quick else 2.0, f"{tag}-batch", op="batch")
+        r = concurrent_writes(
+            cluster,
+            order,
+            "threads",
+            args.clients,
+            args.duration,
+            1.0 if args.quick else 2.0,
+            f"{tag}-batch",
+            op="batch",
+        )
         r["writes_per_call"] = BATCH_WRITES
         result["concurrent_batched"] = r
         log(f"batched: {r['writes_per_s']} writes/s p50 {r.get('p50_ms')} ms")
     if "ceiling" in args.phases:
         leader, order = leader_first()
         log(f"gRPC ceiling: {args.clients} threads calling Health.Check (no Raft) on the leader")
-        r = concurrent_writes(cluster, order, "threads", args.clients, args.duration,
-                              args.warmup, f"{tag}-h", op="health")
+        r = concurrent_writes(
+            cluster, order, "threads", args.clients, args.duration, args.warmup, f"{tag}-h", op="health"
+        )
         for key in ("raft_entries_per_s", "commands_per_raft_entry"):
             r.pop(key, None)
         r["calls_per_s"] = r.pop("writes_per_s")
-        r["what"] = ("the same client threads against a trivial RPC of the leader's gRPC server: "
-                     "an upper bound for any write path through this server and client")
+        r["what"] = (
+            "the same client threads against a trivial RPC of the leader's gRPC server: "
+            "an upper bound for any write path through this server and client"
+        )
         result["grpc_ceiling"] = r
-        log(f"gRPC ceiling: {r['calls_per_s']} calls/s p50 {r.get('p50_ms')} ms "
-            f"cpu {r['cpu_percent']}")
+        log(f"gRPC ceiling: {r['calls_per_s']} calls/s p50 {r.get('p50_ms')} ms cpu {r['cpu_percent']}")
 
     if "raw" in args.phases:
         secret = (root / "secret").read_text().strip()
@@ -1212,8 +1356,10 @@ def run(args: argparse.Namespace, root: Path, result: dict[str, Any]) -> None:
             log(f"raw pysyncobj baseline: {kind}")
             r = raw_baseline(root, kind, secret, args)
             result["raw_pysyncobj"][kind] = r
-            log(f"raw {kind}: seq p50 {r['sequential'].get('p50_ms')} ms, async "
-                f"{r['async_best']['writes_per_s']} writes/s (window {r['async_best']['window']})")
+            log(
+                f"raw {kind}: seq p50 {r['sequential'].get('p50_ms')} ms, async "
+                f"{r['async_best']['writes_per_s']} writes/s (window {r['async_best']['window']})"
+            )
 
     if "failover" in args.phases:
         rounds = []
@@ -1233,16 +1379,22 @@ def run(args: argparse.Namespace, root: Path, result: dict[str, Any]) -> None:
             rounds.append(r)
             if r["failover_s"] is not None:
                 samples.append(r["failover_s"])
-            log(f"failover {k + 1}/{args.failover_rounds}: killed {r['killed']}, first commit "
+            log(
+                f"failover {k + 1}/{args.failover_rounds}: killed {r['killed']}, first commit "
                 f"after {r['failover_s']} s (leader known after {r['new_leader_known_s']} s), "
                 f"new leader {r['new_leader']}, healthy again in "
-                f"{r['restart_to_healthy_s']} s")
+                f"{r['restart_to_healthy_s']} s"
+            )
         result["failover"] = {
-            "rounds": len(rounds), "samples_s": samples,
+            "rounds": len(rounds),
+            "samples_s": samples,
             "failed_rounds": sum(1 for r in rounds if r["failover_s"] is None),
-            "p50_s": _r(percentile(samples, 50), 4), "p99_s": _r(percentile(samples, 99), 4),
-            "max_s": _r(max(samples), 4) if samples else None, "detail": rounds,
-            "per_call_timeout_s": args.failover_call_timeout_s}
+            "p50_s": _r(percentile(samples, 50), 4),
+            "p99_s": _r(percentile(samples, 99), 4),
+            "max_s": _r(max(samples), 4) if samples else None,
+            "detail": rounds,
+            "per_call_timeout_s": args.failover_call_timeout_s,
+        }
 
 
 def _signal_profile(cluster: Cluster, node_id: str) -> None:
@@ -1258,14 +1410,15 @@ def summarize(result: dict[str, Any]) -> None:
     fo = result.get("failover", {})
     ratios: dict[str, Any] = {}
     for kind, r in raw.items():
-        ratios[f"concurrent_vs_raw_async_{kind}"] = _ratio(conc.get("writes_per_s"),
-                                                           r["async_best"]["writes_per_s"])
-        ratios[f"seq_p50_vs_raw_sync_p50_{kind}"] = _ratio(seq.get("p50_ms"),
-                                                           r["sequential"].get("p50_ms"))
+        ratios[f"concurrent_vs_raw_async_{kind}"] = _ratio(
+            conc.get("writes_per_s"), r["async_best"]["writes_per_s"]
+        )
+        ratios[f"seq_p50_vs_raw_sync_p50_{kind}"] = _ratio(seq.get("p50_ms"), r["sequential"].get("p50_ms"))
     batched = result.get("concurrent_batched", {})
     for kind, r in raw.items():
-        ratios[f"batched_vs_raw_async_{kind}"] = _ratio(batched.get("writes_per_s"),
-                                                        r["async_best"]["writes_per_s"])
+        ratios[f"batched_vs_raw_async_{kind}"] = _ratio(
+            batched.get("writes_per_s"), r["async_best"]["writes_per_s"]
+        )
     result["ratios"] = ratios
     met: dict[str, Any] = {}
     if batched:
@@ -1281,8 +1434,9 @@ def summarize(result: dict[str, Any]) -> None:
             ratio = ratios.get(f"concurrent_vs_raw_async_{kind}")
             met[f"concurrent_ge_30pct_of_raw_{kind}"] = ratio is not None and ratio >= 0.30
     if fo:
-        met["failover_p99_le_1_5s"] = (fo["p99_s"] is not None and fo["p99_s"] <= 1.5
-                                       and fo["failed_rounds"] == 0)
+        met["failover_p99_le_1_5s"] = (
+            fo["p99_s"] is not None and fo["p99_s"] <= 1.5 and fo["failed_rounds"] == 0
+        )
     result["targets"] = TARGETS
     result["targets_met"] = met
 
@@ -1311,17 +1465,27 @@ def main(argv: list[str]) -> int:
 
     root = Path(tempfile.mkdtemp(prefix="mqmeta-bench-"))
     result: dict[str, Any] = {
-        "bench": "mqmeta controller", "quick": args.quick,
-        "env": {"python": platform.python_version(), "cpus": os.cpu_count(),
-                "grpcio": grpc.__version__, "pysyncobj": VERSION, "host": "127.0.0.1"}}
+        "bench": "mqmeta controller",
+        "quick": args.quick,
+        "env": {
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+            "grpcio": grpc.__version__,
+            "pysyncobj": VERSION,
+            "host": "127.0.0.1",
+        },
+    }
     busy0 = machine_busy()
     time.sleep(0.5 if args.quick else 1.0)
     result["env"]["machine_busy_percent_before_start"] = machine_busy_percent(busy0)
     result["env"]["loadavg_before_start"] = os.getloadavg()
-    result["env"]["note"] = ("cpu_percent: 100 = one core; machine_busy_percent: all cores; "
-                             "other_processes_cpu_percent: load this benchmark did not create")
-    return run_main(args, root, result, lambda t0: run(args, root, result), summarize, cleanup,
-                    log, watchdog_grace_s=15.0)
+    result["env"]["note"] = (
+        "cpu_percent: 100 = one core; machine_busy_percent: all cores; "
+        "other_processes_cpu_percent: load this benchmark did not create"
+    )
+    return run_main(
+        args, root, result, lambda t0: run(args, root, result), summarize, cleanup, log, watchdog_grace_s=15.0
+    )
 
 
 if __name__ == "__main__":

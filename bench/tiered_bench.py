@@ -78,7 +78,8 @@ if str(REPO) not in sys.path:
 # The broker processes run `python -m mqmeta.cli` and import broker_agent: make the repo
 # importable for them whatever the working directory.
 os.environ["PYTHONPATH"] = os.pathsep.join(
-    [str(REPO)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+    [str(REPO)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+)
 
 MiB = 1 << 20
 CLUSTER_NAME = "DefaultCluster"
@@ -88,8 +89,16 @@ QUEUES = 4
 BODY_BYTES = 1024
 PUT_BATCH = 256
 UPLOAD_SIZES = {"4MiB": 4 * MiB, "64MiB": 64 * MiB}
-TEST_FLAGS = ["--ha-max-time-slave-not-catchup-ms", "1500", "--send-timeout-ms", "3000",
-              "--tiered-upload-bytes", "8192", "--tiered-upload-interval-ms", "200"]
+TEST_FLAGS = [
+    "--ha-max-time-slave-not-catchup-ms",
+    "1500",
+    "--send-timeout-ms",
+    "3000",
+    "--tiered-upload-bytes",
+    "8192",
+    "--tiered-upload-interval-ms",
+    "200",
+]
 DEFAULT_FLAGS = ["--ha-max-time-slave-not-catchup-ms", "1500", "--send-timeout-ms", "3000"]
 TARGETS = {"upload_vs_copy_min": 0.50}
 COPY_TRIALS = 3
@@ -120,16 +129,25 @@ def fill_store(store_dir: Path, target_bytes: int, deadline: float) -> tuple[Any
         if store.max_offset >= target_bytes or time.monotonic() > deadline:
             break
         now_ms = int(time.time() * 1000)
-        store.put_messages([Message(topic=TOPIC, queue_id=(count + i) % QUEUES, body=body)
-                            for i in range(PUT_BATCH)], 1, now_ms)
+        store.put_messages(
+            [Message(topic=TOPIC, queue_id=(count + i) % QUEUES, body=body) for i in range(PUT_BATCH)],
+            1,
+            now_ms,
+        )
         count += PUT_BATCH
     elapsed = time.perf_counter() - t0
     size = store.max_offset
-    return store, {"messages": count, "body_bytes": BODY_BYTES, "queues": QUEUES,
-                   "batch": PUT_BATCH, "log_bytes": size,
-                   "record_bytes_avg": _r(size / count, 1) if count else None,
-                   "fill_s": _r(elapsed, 3), "fill_mib_per_s": mib_per_s(size, elapsed),
-                   "commitlog_files": len(list((store_dir / "commitlog").glob("*.log")))}
+    return store, {
+        "messages": count,
+        "body_bytes": BODY_BYTES,
+        "queues": QUEUES,
+        "batch": PUT_BATCH,
+        "log_bytes": size,
+        "record_bytes_avg": _r(size / count, 1) if count else None,
+        "fill_s": _r(elapsed, 3),
+        "fill_mib_per_s": mib_per_s(size, elapsed),
+        "commitlog_files": len(list((store_dir / "commitlog").glob("*.log"))),
+    }
 
 
 def read_range(store: Any, base: int, limit: int) -> bytes:
@@ -141,8 +159,9 @@ def read_range(store: Any, base: int, limit: int) -> bytes:
 STEPS = ["read", "prepare", "put_marker", "write_upload", "verify"]
 
 
-def upload_run(store: Any, backend_dir: Path, range_bytes: int, deadline: float,
-               fsync: bool = True) -> dict[str, Any]:
+def upload_run(
+    store: Any, backend_dir: Path, range_bytes: int, deadline: float, fsync: bool = True
+) -> dict[str, Any]:
     """TieredUploader._upload's own code over the whole log, range by range, without the
     controller RPCs (TieredUploadStart, TieredCommit): store.read_bulk(check=False) (an
     exact whole-record pread) -> prepare_upload (index and lineage objects from the
@@ -174,11 +193,12 @@ def upload_run(store: Any, backend_dir: Path, range_bytes: int, deadline: float,
         marks = [start]
         data = read_range(store, position, min(end_of_log, position + range_bytes))
         marks.append(time.perf_counter())
-        upload = prepare_upload(store, data, position, cluster=CLUSTER_NAME,
-                                broker_name=BROKER_NAME)
+        upload = prepare_upload(store, data, position, cluster=CLUSTER_NAME, broker_name=BROKER_NAME)
         marks.append(time.perf_counter())
-        backend.put(upload_marker_key(CLUSTER_NAME, BROKER_NAME, uuid.uuid4().hex),
-                    json.dumps({"keys": upload.keys(), "epoch": 1}).encode())
+        backend.put(
+            upload_marker_key(CLUSTER_NAME, BROKER_NAME, uuid.uuid4().hex),
+            json.dumps({"keys": upload.keys(), "epoch": 1}).encode(),
+        )
         marks.append(time.perf_counter())
         meta = write_upload(backend.put, upload)
         marks.append(time.perf_counter())
@@ -195,16 +215,24 @@ def upload_run(store: Any, backend_dir: Path, range_bytes: int, deadline: float,
     wall = time.perf_counter() - wall0
     cpu = time.process_time() - cpu0
     total = sum(steps.values())
-    return {"range_bytes": range_bytes, "fsync": fsync, "uploads": uploads, "bytes": position,
-            "records": records, "index_objects": index_objects, "elapsed_s": _r(wall, 3),
-            "mib_per_s": mib_per_s(position, wall), "cpu_s": _r(cpu, 3),
-            "cpu_share_of_wall": _r(cpu / wall, 3) if wall else None,
-            "per_upload_p50_s": _r(percentile(per_upload, 50), 4),
-            "per_upload_max_s": _r(max(per_upload), 4) if per_upload else None,
-            "steps_s": {k: _r(v, 3) for k, v in steps.items()},
-            "steps_share": {k: _r(v / total, 3) if total else None for k, v in steps.items()},
-            "dominant_step": max(steps, key=steps.get) if total else None,
-            "truncated_by_deadline": truncated}
+    return {
+        "range_bytes": range_bytes,
+        "fsync": fsync,
+        "uploads": uploads,
+        "bytes": position,
+        "records": records,
+        "index_objects": index_objects,
+        "elapsed_s": _r(wall, 3),
+        "mib_per_s": mib_per_s(position, wall),
+        "cpu_s": _r(cpu, 3),
+        "cpu_share_of_wall": _r(cpu / wall, 3) if wall else None,
+        "per_upload_p50_s": _r(percentile(per_upload, 50), 4),
+        "per_upload_max_s": _r(max(per_upload), 4) if per_upload else None,
+        "steps_s": {k: _r(v, 3) for k, v in steps.items()},
+        "steps_share": {k: _r(v / total, 3) if total else None for k, v in steps.items()},
+        "dominant_step": max(steps, key=steps.get) if total else None,
+        "truncated_by_deadline": truncated,
+    }
 
 
 def cost_breakdown(store: Any, sample_bytes: int) -> dict[str, Any]:
@@ -230,9 +258,12 @@ def cost_breakdown(store: Any, sample_bytes: int) -> dict[str, Any]:
     t = time.perf_counter()
     hashlib.sha256(data).hexdigest()
     timings["sha256"] = time.perf_counter() - t
-    return {"sample_bytes": len(data), "raw_bytes": len(raw),
-            "seconds": {k: _r(v, 4) for k, v in timings.items()},
-            "mib_per_s": {k: mib_per_s(len(data), v) for k, v in timings.items()}}
+    return {
+        "sample_bytes": len(data),
+        "raw_bytes": len(raw),
+        "seconds": {k: _r(v, 4) for k, v in timings.items()},
+        "mib_per_s": {k: mib_per_s(len(data), v) for k, v in timings.items()},
+    }
 
 
 def copy_baseline(store_dir: Path, dest: Path, fsync: bool) -> dict[str, Any]:
@@ -255,12 +286,18 @@ def copy_baseline(store_dir: Path, dest: Path, fsync: bool) -> dict[str, Any]:
     if fsync:
         fsync_dir(dest)
     elapsed = time.perf_counter() - t0
-    return {"files": len(files), "bytes": total, "elapsed_s": _r(elapsed, 3),
-            "mib_per_s": mib_per_s(total, elapsed), "fsync": fsync}
+    return {
+        "files": len(files),
+        "bytes": total,
+        "elapsed_s": _r(elapsed, 3),
+        "mib_per_s": mib_per_s(total, elapsed),
+        "fsync": fsync,
+    }
 
 
-def upload_phase(root: Path, args: argparse.Namespace, deadline: float,
-                 out: dict[str, Any]) -> dict[str, Any]:
+def upload_phase(
+    root: Path, args: argparse.Namespace, deadline: float, out: dict[str, Any]
+) -> dict[str, Any]:
     from broker_agent.commitlog import BULK_READ_BYTES_MAX as READ_BYTES_MAX
     from broker_agent.commitlog import SEGMENT_BYTES_DEFAULT
     from mqmeta.errors import MqmetaError
@@ -271,8 +308,10 @@ def upload_phase(root: Path, args: argparse.Namespace, deadline: float,
     store, out["store"] = fill_store(root / "store", target, deadline)
     try:
         out["store"]["commitlog_segment_bytes"] = SEGMENT_BYTES_DEFAULT
-        log(f"upload: {out['store']['log_bytes'] / MiB:.1f} MiB, {out['store']['messages']} "
-            f"messages in {out['store']['fill_s']} s")
+        log(
+            f"upload: {out['store']['log_bytes'] / MiB:.1f} MiB, {out['store']['messages']} "
+            f"messages in {out['store']['fill_s']} s"
+        )
         # The uploader reads its range with one store.read_bulk call.
         try:
             got = store.read_bulk(0, min(64 * MiB, store.max_offset))
@@ -290,8 +329,9 @@ def upload_phase(root: Path, args: argparse.Namespace, deadline: float,
                 trials.append(copy_baseline(root / "store", dest, fsync))
                 shutil.rmtree(dest, ignore_errors=True)
             best = sorted(trials, key=lambda c: c["elapsed_s"])[len(trials) // 2]  # median
-            out[name] = dict(best, trials_mib_per_s=[c["mib_per_s"] for c in trials],
-                             reported="median of the trials")
+            out[name] = dict(
+                best, trials_mib_per_s=[c["mib_per_s"] for c in trials], reported="median of the trials"
+            )
             log(f"upload: baseline {name}: {out[name]['mib_per_s']} MiB/s")
         out["cost_breakdown"] = cost_breakdown(store, 16 * MiB)
         runs: dict[str, Any] = {}
@@ -305,18 +345,20 @@ def upload_phase(root: Path, args: argparse.Namespace, deadline: float,
                 backend_dir = root / f"tiered-{name}"
                 runs[name] = upload_run(store, backend_dir, size, deadline, fsync=fsync)
                 shutil.rmtree(backend_dir, ignore_errors=True)
-                log(f"upload: {name}: {runs[name]['mib_per_s']} MiB/s, dominant step "
-                    f"{runs[name]['dominant_step']} ({runs[name]['steps_share']})")
+                log(
+                    f"upload: {name}: {runs[name]['mib_per_s']} MiB/s, dominant step "
+                    f"{runs[name]['dominant_step']} ({runs[name]['steps_share']})"
+                )
         ratios = {}
         for name, run in runs.items():
             ratios[f"{name}_vs_copy"] = _ratio(run["mib_per_s"], out["copy"]["mib_per_s"], 4)
-            ratios[f"{name}_vs_copy_fsync"] = _ratio(run["mib_per_s"],
-                                                     out["copy_fsync"]["mib_per_s"], 4)
+            ratios[f"{name}_vs_copy_fsync"] = _ratio(run["mib_per_s"], out["copy_fsync"]["mib_per_s"], 4)
         out["ratios"] = ratios
         out["target_measured_against"] = (
             "copy_fsync: the uploader fsyncs every object (LocalBackend fsync=True), so the "
             "like-for-like baseline is shutil.copyfile + fsync of the same segment files; "
-            "{size}_nofsync_vs_copy is the page-cache pair, {size}_vs_copy the mixed one")
+            "{size}_nofsync_vs_copy is the page-cache pair, {size}_vs_copy the mixed one"
+        )
         out["loadavg_after"] = os.getloadavg()
         out["peak_rss_mib"] = _r(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
     finally:
@@ -384,9 +426,11 @@ class Load(threading.Thread):
 def get_checkpoint(client: Any, timeout_s: float = 2.0):
     from mqmeta.pb import controller_pb2 as pb
 
-    return client.call("GetTieredCheckpoint", pb.BrokerSetRef(cluster=CLUSTER_NAME,
-                                                              broker_name=BROKER_NAME),
-                       timeout_s=timeout_s)
+    return client.call(
+        "GetTieredCheckpoint",
+        pb.BrokerSetRef(cluster=CLUSTER_NAME, broker_name=BROKER_NAME),
+        timeout_s=timeout_s,
+    )
 
 
 def wait_in_sync(cluster: Any, members: int, timeout_s: float) -> str:
@@ -394,8 +438,7 @@ def wait_in_sync(cluster: Any, members: int, timeout_s: float) -> str:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
-            master = cluster.master_of(BROKER_NAME, timeout_s=min(5.0, max(
-                0.5, deadline - time.monotonic())))
+            master = cluster.master_of(BROKER_NAME, timeout_s=min(5.0, max(0.5, deadline - time.monotonic())))
             if len(cluster.broker_status(master).sync_state_set) == members:
                 return master
         except Exception:  # MqmetaError, gRPC errors while a broker restarts
@@ -414,12 +457,19 @@ def wait_uploads(client: Any, at_least_commits: int, timeout_s: float) -> Any:
         if len(current.segments) >= start + at_least_commits and current.uploaded_offset > 0:
             return current
         time.sleep(0.05)
-    raise TimeoutError(f"no {at_least_commits} uploads within {timeout_s}s "
-                       f"(uploaded {current.uploaded_offset})")
+    raise TimeoutError(
+        f"no {at_least_commits} uploads within {timeout_s}s (uploaded {current.uploaded_offset})"
+    )
 
 
-def failover_round(cluster: Any, client: Any, load: Load, started_at: dict[str, float],
-                   timeout_s: float, settle_age_s: float = 0.0) -> dict[str, Any]:
+def failover_round(
+    cluster: Any,
+    client: Any,
+    load: Load,
+    started_at: dict[str, float],
+    timeout_s: float,
+    settle_age_s: float = 0.0,
+) -> dict[str, Any]:
     """kill -9 the master; (a) fault -> new master writable, (b) fault -> first commit
     of the new master, (c) = (b) - (a)."""
     old = wait_in_sync(cluster, 3, timeout_s=30)
@@ -432,11 +482,13 @@ def failover_round(cluster: Any, client: Any, load: Load, started_at: dict[str, 
     # and let a steady state of uploads run so the kill lands anywhere in the upload cycle
     time.sleep(min(settle, 10.0))
     before = get_checkpoint(client)
-    result: dict[str, Any] = {"old_master": old, "old_epoch": old_status.master_epoch,
-                              "survivor_process_ages_at_fault_s": {
-                                  n: _r(time.monotonic() - started_at[n], 2) for n in survivors},
-                              "checkpoint_epoch_before": before.checkpoint_epoch,
-                              "uploaded_before": before.uploaded_offset}
+    result: dict[str, Any] = {
+        "old_master": old,
+        "old_epoch": old_status.master_epoch,
+        "survivor_process_ages_at_fault_s": {n: _r(time.monotonic() - started_at[n], 2) for n in survivors},
+        "checkpoint_epoch_before": before.checkpoint_epoch,
+        "uploaded_before": before.uploaded_offset,
+    }
     found: dict[str, Any] = {}
     found_lock = threading.Lock()
     stop = threading.Event()
@@ -473,8 +525,7 @@ def failover_round(cluster: Any, client: Any, load: Load, started_at: dict[str, 
         from mqmeta.client import ControllerClient
 
         deadline = time.monotonic() + timeout_s
-        with ControllerClient([n.grpc for n in cluster.layout.controllers],
-                              timeout_s=2.0) as own:
+        with ControllerClient([n.grpc for n in cluster.layout.controllers], timeout_s=2.0) as own:
             while time.monotonic() < deadline and not stop.is_set():
                 try:
                     current = get_checkpoint(own, 1.0)
@@ -486,13 +537,17 @@ def failover_round(cluster: Any, client: Any, load: Load, started_at: dict[str, 
                     found["checkpoint_epoch"] = current.checkpoint_epoch
                     found["uploaded_after"] = current.uploaded_offset
                     found["first_new_segment"] = next(
-                        ([s.base_offset, s.end_offset] for s in current.segments
-                         if s.base_offset >= before.uploaded_offset), None)
+                        (
+                            [s.base_offset, s.end_offset]
+                            for s in current.segments
+                            if s.base_offset >= before.uploaded_offset
+                        ),
+                        None,
+                    )
                     return
                 time.sleep(POLL_S)
 
-    watchers = [threading.Thread(target=watch_survivor, args=(name,), daemon=True)
-                for name in survivors]
+    watchers = [threading.Thread(target=watch_survivor, args=(name,), daemon=True) for name in survivors]
     watchers.append(threading.Thread(target=watch_checkpoint, daemon=True))
     fault = time.monotonic()
     cluster.kill(old)
@@ -511,18 +566,17 @@ def failover_round(cluster: Any, client: Any, load: Load, started_at: dict[str, 
     if "writable_at" in found and "committed_at" in found:
         result["promotion_to_first_commit_s"] = _r(found["committed_at"] - found["writable_at"], 4)
     if "master_role_at" in found and "committed_at" in found:
-        result["master_role_to_first_commit_s"] = _r(found["committed_at"]
-                                                     - found["master_role_at"], 4)
+        result["master_role_to_first_commit_s"] = _r(found["committed_at"] - found["master_role_at"], 4)
     if "new_master" in found and found["new_master"] in started_at:
         # the uploader's age clock (last_upload) starts with the process
         result["new_master_process_age_at_promotion_s"] = _r(
-            found["writable_at"] - started_at[found["new_master"]], 3)
+            found["writable_at"] - started_at[found["new_master"]], 3
+        )
     first_ack = load.first_ack_after(fault)
     if first_ack is not None:  # of a send started after the fault
         result["fault_to_first_send_ack_s"] = _r(first_ack - fault, 4)
     if "new_master" in found:
-        result.update(broker_log_promotion_to_upload(cluster, found["new_master"],
-                                                     found["new_epoch"]) or {})
+        result.update(broker_log_promotion_to_upload(cluster, found["new_master"], found["new_epoch"]) or {})
     if "new_epoch" in found and "checkpoint_epoch" in found:
         result["commit_by_new_master"] = found["checkpoint_epoch"] == found["new_epoch"]
     # restore: restart the killed broker, wait for a SyncStateSet of 3
@@ -534,17 +588,22 @@ def failover_round(cluster: Any, client: Any, load: Load, started_at: dict[str, 
     return result
 
 
-ROUND_KEYS = ("fault_to_master_role_s", "fault_to_writable_s", "fault_to_first_commit_s",
-              "promotion_to_first_commit_s", "master_role_to_first_commit_s",
-              "master_log_to_upload_log_s", "fault_to_first_send_ack_s")
+ROUND_KEYS = (
+    "fault_to_master_role_s",
+    "fault_to_writable_s",
+    "fault_to_first_commit_s",
+    "promotion_to_first_commit_s",
+    "master_role_to_first_commit_s",
+    "master_log_to_upload_log_s",
+    "fault_to_first_send_ack_s",
+)
 
 
 def summarize_rounds(out: dict[str, Any]) -> None:
     rounds_done = out.get("rounds", [])
     for key in ROUND_KEYS:
         out[key] = seconds_summary([r[key] for r in rounds_done if r.get(key) is not None], with_p99=False)
-    out["failed_rounds"] = sum(1 for r in rounds_done
-                               if r.get("promotion_to_first_commit_s") is None)
+    out["failed_rounds"] = sum(1 for r in rounds_done if r.get("promotion_to_first_commit_s") is None)
 
 
 def broker_log_promotion_to_upload(cluster: Any, name: str, epoch: int) -> dict[str, Any] | None:
@@ -578,20 +637,31 @@ def broker_log_promotion_to_upload(cluster: Any, name: str, epoch: int) -> dict[
     return None
 
 
-def promotion_phase(root: Path, flags: list[str], rounds: int, label: str,
-                    deadline: float, out: dict[str, Any],
-                    settle_every_other_s: float = 0.0) -> dict[str, Any]:
+def promotion_phase(
+    root: Path,
+    flags: list[str],
+    rounds: int,
+    label: str,
+    deadline: float,
+    out: dict[str, Any],
+    settle_every_other_s: float = 0.0,
+) -> dict[str, Any]:
     from controller.state_machine import CONFIG_SCHEMA
     from mqmeta.harness import Cluster
     from mqmeta.pb import controller_pb2 as pb
 
     liveness = ("broker_heartbeat_interval_ms", "broker_dead_after_ms", "lease_ms")
-    out.update({
-        "broker_flags": flags, "rounds_planned": rounds,
-        "controller_liveness": {
-            "used": "mqmeta.harness.Cluster.configure_controller: heartbeat 200 ms, dead after "
-                    "1000 ms, lease 500 ms (margin 200 ms)",
-            "controller_defaults_ms": {k: CONFIG_SCHEMA[k][1] for k in liveness}}})
+    out.update(
+        {
+            "broker_flags": flags,
+            "rounds_planned": rounds,
+            "controller_liveness": {
+                "used": "mqmeta.harness.Cluster.configure_controller: heartbeat 200 ms, dead after "
+                "1000 ms, lease 500 ms (margin 200 ms)",
+                "controller_defaults_ms": {k: CONFIG_SCHEMA[k][1] for k in liveness},
+            },
+        }
+    )
     t0 = time.monotonic()
     cluster = Cluster(root, broker_sets=1, replicas=3, broker_flags=flags)
     CLUSTERS.append(cluster)
@@ -611,8 +681,7 @@ def promotion_phase(root: Path, flags: list[str], rounds: int, label: str,
                 t = time.monotonic()
                 first = wait_uploads(client, 2, timeout_s=30)
                 out["load_to_two_uploads_s"] = _r(time.monotonic() - t, 3)
-                log(f"{label}: uploads running (uploaded {first.uploaded_offset}, "
-                    f"master {master})")
+                log(f"{label}: uploads running (uploaded {first.uploaded_offset}, master {master})")
                 results: list[dict[str, Any]] = []
                 out["rounds"] = results  # filled as it goes
                 for i in range(rounds):
@@ -621,13 +690,14 @@ def promotion_phase(root: Path, flags: list[str], rounds: int, label: str,
                         break
                     log(f"{label}: round {i + 1}/{rounds}: kill -9 the master")
                     settle = settle_every_other_s if i % 2 == 0 else 0.0
-                    r = failover_round(cluster, client, load, started_at, timeout_s=30,
-                                       settle_age_s=settle)
+                    r = failover_round(cluster, client, load, started_at, timeout_s=30, settle_age_s=settle)
                     results.append(r)
-                    log(f"{label}: round {i + 1}: writable {r.get('fault_to_writable_s')} s, "
+                    log(
+                        f"{label}: round {i + 1}: writable {r.get('fault_to_writable_s')} s, "
                         f"first commit {r.get('fault_to_first_commit_s')} s, promotion->commit "
                         f"{r.get('promotion_to_first_commit_s')} s, restored "
-                        f"{r.get('restart_to_in_sync_s')} s")
+                        f"{r.get('restart_to_in_sync_s')} s"
+                    )
                 final = get_checkpoint(client)
                 out["final_uploaded_offset"] = final.uploaded_offset
                 out["final_segments"] = len(final.segments)
@@ -653,21 +723,36 @@ def run(args: argparse.Namespace, root: Path, result: dict[str, Any], t_start: f
     if "upload" in args.phases:
         # leave time for the cluster phases
         share = 0.35 if args.quick else 0.40
-        upload_phase(root / "upload", args, time.monotonic() + args.budget_s * share,
-                     result.setdefault("phase1_upload", {}))
+        upload_phase(
+            root / "upload",
+            args,
+            time.monotonic() + args.budget_s * share,
+            result.setdefault("phase1_upload", {}),
+        )
     if "promotion" in args.phases:
         rounds = args.rounds or (2 if args.quick else 5)
-        out = result.setdefault("phase2_promotion", {"upload_bytes": 8192,
-                                                     "upload_interval_ms": 200})
-        promotion_phase(root / "cluster", TEST_FLAGS, rounds, "promotion",
-                        budget_end - (25 if "defaults" in args.phases else 8), out)
+        out = result.setdefault("phase2_promotion", {"upload_bytes": 8192, "upload_interval_ms": 200})
+        promotion_phase(
+            root / "cluster",
+            TEST_FLAGS,
+            rounds,
+            "promotion",
+            budget_end - (25 if "defaults" in args.phases else 8),
+            out,
+        )
     if "defaults" in args.phases:
         # rounds 1, 3: every survivor older than interval + 1 s before the kill; rounds 2, 4:
         # right after the previous restore (the restarted broker is often the one promoted)
-        out = result.setdefault("phase2_defaults", {"upload_bytes": 4 << 20,
-                                                    "upload_interval_ms": 2000})
-        promotion_phase(root / "cluster-defaults", DEFAULT_FLAGS, args.default_rounds,
-                        "defaults", budget_end - 8, out, settle_every_other_s=3.0)
+        out = result.setdefault("phase2_defaults", {"upload_bytes": 4 << 20, "upload_interval_ms": 2000})
+        promotion_phase(
+            root / "cluster-defaults",
+            DEFAULT_FLAGS,
+            args.default_rounds,
+            "defaults",
+            budget_end - 8,
+            out,
+            settle_every_other_s=3.0,
+        )
 
 
 def summarize(result: dict[str, Any]) -> None:
@@ -678,8 +763,8 @@ def summarize(result: dict[str, Any]) -> None:
         "tiered_upload_bytes": defaults.upload_bytes,
         "tiered_upload_interval_ms": defaults.upload_interval_ms,
         "uploader_step_interval_ms": int(STEP_INTERVAL_S * 1000),
-        "used_in_phase2_promotion": {"tiered_upload_bytes": 8192,
-                                     "tiered_upload_interval_ms": 200}}
+        "used_in_phase2_promotion": {"tiered_upload_bytes": 8192, "tiered_upload_interval_ms": 200},
+    }
     met: dict[str, Any] = {}
     findings: list[str] = []
     p1 = result.get("phase1_upload", {})
@@ -693,10 +778,14 @@ def summarize(result: dict[str, Any]) -> None:
             met[f"upload_{label}_nofsync_ge_50pct_of_copy"] = cache >= TARGETS["upload_vs_copy_min"]
     runs = p1.get("upload", {})
     if runs:
-        parts = [f"{name}: {run_['mib_per_s']} MiB/s (dominant {run_['dominant_step']})"
-                 for name, run_ in runs.items()]
-        findings.append("upload: " + "; ".join(parts) + f"; plain copy {p1['copy']['mib_per_s']} "
-                        f"MiB/s, copy+fsync {p1['copy_fsync']['mib_per_s']} MiB/s")
+        parts = [
+            f"{name}: {run_['mib_per_s']} MiB/s (dominant {run_['dominant_step']})"
+            for name, run_ in runs.items()
+        ]
+        findings.append(
+            "upload: " + "; ".join(parts) + f"; plain copy {p1['copy']['mib_per_s']} "
+            f"MiB/s, copy+fsync {p1['copy_fsync']['mib_per_s']} MiB/s"
+        )
     single = p1.get("uploader_single_read_of_64MiB")
     if single and not single["ok"]:
         findings.append("store.read_bulk refused a 64 MiB read: " + single["error"][:120])
@@ -709,35 +798,43 @@ def summarize(result: dict[str, Any]) -> None:
         interval_s = p2["upload_interval_ms"] / 1000
         below = [s for s in c["samples_s"] if s is not None and s < interval_s]
         p2["promotion_to_first_commit_vs_interval"] = {
-            "upload_interval_s": interval_s, "samples_below_interval": len(below),
+            "upload_interval_s": interval_s,
+            "samples_below_interval": len(below),
             "samples": c["count"],
             "per_round_commit_s_and_new_master_process_age_s": [
                 [r.get("promotion_to_first_commit_s"), r.get("new_master_process_age_at_promotion_s")]
-                for r in p2.get("rounds", [])]}
+                for r in p2.get("rounds", [])
+            ],
+        }
         role = p2.get("master_role_to_first_commit_s", {})
         old_young: dict[str, list[float]] = {"older": [], "younger": []}
         for r in p2.get("rounds", []):
-            age, value = r.get("new_master_process_age_at_promotion_s"), \
-                r.get("promotion_to_first_commit_s")
+            age, value = r.get("new_master_process_age_at_promotion_s"), r.get("promotion_to_first_commit_s")
             if age is not None and value is not None:
                 old_young["older" if age >= interval_s + 1.0 else "younger"].append(value)
         p2["promotion_to_first_commit_by_new_master_age"] = {
             "older_than_interval_plus_1s": seconds_summary(old_young["older"], with_p99=False),
-            "younger": seconds_summary(old_young["younger"], with_p99=False)}
-        findings.append(f"{key}: promotion->first commit p50 "
-                        f"{_r(percentile(old_young['older'], 50))} s "
-                        f"when the new master's process was older than interval + 1 s "
-                        f"({len(old_young['older'])} rounds), "
-                        f"{_r(percentile(old_young['younger'], 50))}"
-                        f" s when younger ({len(old_young['younger'])} rounds)")
-        findings.append(f"{key}: role MASTER->first commit p50 {role.get('p50_s')} s (max "
-                        f"{role.get('max_s')})")
-        findings.append(f"{key}: fault->writable p50 {p2['fault_to_writable_s']['p50_s']} s "
-                        f"(max {p2['fault_to_writable_s']['max_s']}), fault->first commit p50 "
-                        f"{p2['fault_to_first_commit_s']['p50_s']} s (max "
-                        f"{p2['fault_to_first_commit_s']['max_s']}), promotion->first commit "
-                        f"p50 {c['p50_s']} s (max {c['max_s']}) with an upload interval of "
-                        f"{interval_s} s; {len(below)}/{c['count']} samples below the interval")
+            "younger": seconds_summary(old_young["younger"], with_p99=False),
+        }
+        findings.append(
+            f"{key}: promotion->first commit p50 "
+            f"{_r(percentile(old_young['older'], 50))} s "
+            f"when the new master's process was older than interval + 1 s "
+            f"({len(old_young['older'])} rounds), "
+            f"{_r(percentile(old_young['younger'], 50))}"
+            f" s when younger ({len(old_young['younger'])} rounds)"
+        )
+        findings.append(
+            f"{key}: role MASTER->first commit p50 {role.get('p50_s')} s (max {role.get('max_s')})"
+        )
+        findings.append(
+            f"{key}: fault->writable p50 {p2['fault_to_writable_s']['p50_s']} s "
+            f"(max {p2['fault_to_writable_s']['max_s']}), fault->first commit p50 "
+            f"{p2['fault_to_first_commit_s']['p50_s']} s (max "
+            f"{p2['fault_to_first_commit_s']['max_s']}), promotion->first commit "
+            f"p50 {c['p50_s']} s (max {c['max_s']}) with an upload interval of "
+            f"{interval_s} s; {len(below)}/{c['count']} samples below the interval"
+        )
     result["uploader_interval_note"] = (
         "TieredUploader.step uploads when pending >= upload_bytes or when upload_interval_ms "
         "has passed since self.last_upload; last_upload is set when the uploader is "
@@ -749,7 +846,8 @@ def summarize(result: dict[str, Any]) -> None:
         "within one interval of its own start (or when pending is 0). "
         "See promotion_to_first_commit_vs_interval for the measured samples: [promotion -> "
         "first commit, age of the new master's process at promotion] per round (the age is "
-        "counted from the process launch; the uploader is built a little later).")
+        "counted from the process launch; the uploader is built a little later)."
+    )
     result["targets"] = TARGETS
     result["targets_met"] = met
     result["findings"] = findings
@@ -777,13 +875,27 @@ def main(argv: list[str]) -> int:
     args = parse_args(argv)
     root = Path(tempfile.mkdtemp(prefix="mqmeta-tiered-bench-"))
     result: dict[str, Any] = {
-        "bench": "mqmeta tiered uploader", "quick": args.quick,
-        "env": {"python": platform.python_version(), "cpus": os.cpu_count(),
-                "host": "127.0.0.1", "tmp": str(root.parent),
-                "loadavg_before_start": os.getloadavg()},
-        "units": "MiB/s = 2^20 bytes per second; times in seconds (monotonic clock)"}
-    return run_main(args, root, result, lambda t0: run(args, root, result, t0), summarize, cleanup,
-                    log, watchdog_grace_s=4.0)
+        "bench": "mqmeta tiered uploader",
+        "quick": args.quick,
+        "env": {
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+            "host": "127.0.0.1",
+            "tmp": str(root.parent),
+            "loadavg_before_start": os.getloadavg(),
+        },
+        "units": "MiB/s = 2^20 bytes per second; times in seconds (monotonic clock)",
+    }
+    return run_main(
+        args,
+        root,
+        result,
+        lambda t0: run(args, root, result, t0),
+        summarize,
+        cleanup,
+        log,
+        watchdog_grace_s=4.0,
+    )
 
 
 if __name__ == "__main__":

@@ -64,7 +64,7 @@ class BrokerConfig:
     fetch_wait_ms: int = 100
     segment_bytes: int = 64 << 20
     fsync: bool = True
-    tiered_url: str = ""                 # empty = no tiered storage
+    tiered_url: str = ""  # empty = no tiered storage
     tiered_upload_bytes: int = 4 << 20
     tiered_upload_interval_ms: int = 2000
     local_retention_bytes: int = 0
@@ -129,8 +129,12 @@ class BrokerAgent:
         config.validate()
         config.data_dir.mkdir(parents=True, exist_ok=True)
         self.config = config
-        self.store = MessageStore(config.data_dir / "store", segment_bytes=config.segment_bytes,
-                                  fsync=config.fsync, broker_name=config.broker_name)
+        self.store = MessageStore(
+            config.data_dir / "store",
+            segment_bytes=config.segment_bytes,
+            fsync=config.fsync,
+            broker_name=config.broker_name,
+        )
         self.controller = ControllerClient(config.controllers, timeout_s=CONTROLLER_CALL_TIMEOUT_S)
         self.identity = Identity(config.data_dir)
         self.confirm_log = ConfirmLog(config.data_dir / "confirm.log", config.broker_name)
@@ -161,9 +165,15 @@ class BrokerAgent:
         if self.config.tiered_url:
             from broker_agent.tiered import TieredConfig, TieredUploader
 
-            self.tiered = TieredUploader(self, TieredConfig(
-                self.config.tiered_url, self.config.tiered_upload_bytes,
-                self.config.tiered_upload_interval_ms, self.config.local_retention_bytes))
+            self.tiered = TieredUploader(
+                self,
+                TieredConfig(
+                    self.config.tiered_url,
+                    self.config.tiered_upload_bytes,
+                    self.config.tiered_upload_interval_ms,
+                    self.config.local_retention_bytes,
+                ),
+            )
             self.tiered.start()
         for target, name in ((self._controller_loop, "controller"), (self._watch_loop, "watch")):
             thread = threading.Thread(target=target, name=name, daemon=True)
@@ -186,13 +196,24 @@ class BrokerAgent:
     # Controller interaction --------------------------------------------------------------
     def _register(self) -> cpb.ReplicaInfo:
         identity = self.identity.load()
-        reply = self.controller.call("RegisterBroker", cpb.RegisterBrokerRequest(
-            cluster=self.config.cluster, broker_name=self.config.broker_name,
-            broker_id=identity.get("broker_id", 0), check_code=identity["check_code"],
-            address=self.config.listen, election_priority=self.config.election_priority))
+        reply = self.controller.call(
+            "RegisterBroker",
+            cpb.RegisterBrokerRequest(
+                cluster=self.config.cluster,
+                broker_name=self.config.broker_name,
+                broker_id=identity.get("broker_id", 0),
+                check_code=identity["check_code"],
+                address=self.config.listen,
+                election_priority=self.config.election_priority,
+            ),
+        )
         if identity.get("broker_id") != reply.broker_id:
-            identity = dict(identity, broker_id=reply.broker_id, cluster=self.config.cluster,
-                            broker_name=self.config.broker_name)
+            identity = dict(
+                identity,
+                broker_id=reply.broker_id,
+                cluster=self.config.cluster,
+                broker_name=self.config.broker_name,
+            )
             self.identity.save(identity)
         elif not self.identity.path.exists():
             self.identity.save(identity)
@@ -200,8 +221,9 @@ class BrokerAgent:
         config = self.controller.call("GetConfig", cpb.GetConfigRequest()).values
         self.heartbeat_interval_ms = int(config.get("broker_heartbeat_interval_ms", 1000))
         self.lease.lease_ms = int(config.get("lease_ms", 2000))
-        log.info("registered %s/%s as broker %d", self.config.cluster, self.config.broker_name,
-                 self.broker_id)
+        log.info(
+            "registered %s/%s as broker %d", self.config.cluster, self.config.broker_name, self.broker_id
+        )
         return reply.replica_info
 
     def _controller_loop(self) -> None:
@@ -229,31 +251,49 @@ class BrokerAgent:
             self.stopping.wait(min(0.05, self.heartbeat_interval_ms / 4000))
 
     def _replica_info(self) -> cpb.ReplicaInfo:
-        return self.controller.call("GetReplicaInfo", cpb.BrokerSetRef(
-            cluster=self.config.cluster, broker_name=self.config.broker_name))
+        return self.controller.call(
+            "GetReplicaInfo",
+            cpb.BrokerSetRef(cluster=self.config.cluster, broker_name=self.config.broker_name),
+        )
 
     def _apply_or_elect(self, info: cpb.ReplicaInfo) -> None:
         if info.master_broker_id == 0:
-            info = self.controller.call("ElectMaster", cpb.ElectMasterRequest(
-                cluster=self.config.cluster, broker_name=self.config.broker_name,
-                trigger=cpb.ELECT_TRIGGER_BROKER, requester_broker_id=self.broker_id))
+            info = self.controller.call(
+                "ElectMaster",
+                cpb.ElectMasterRequest(
+                    cluster=self.config.cluster,
+                    broker_name=self.config.broker_name,
+                    trigger=cpb.ELECT_TRIGGER_BROKER,
+                    requester_broker_id=self.broker_id,
+                ),
+            )
         self.apply_replica_info(info)
 
     def _heartbeat(self) -> None:
         sent_ms = now_ms()
         with self.lock:
             epoch, confirm = self.master_epoch, self.confirm
-        reply = self.controller.call("Heartbeat", cpb.HeartbeatRequest(
-            cluster=self.config.cluster, broker_name=self.config.broker_name,
-            broker_id=self.broker_id, epoch=self.store.epochs.last_epoch or epoch,
-            max_offset=self.store.max_offset, confirm_offset=confirm,
-            election_priority=self.config.election_priority))
+        reply = self.controller.call(
+            "Heartbeat",
+            cpb.HeartbeatRequest(
+                cluster=self.config.cluster,
+                broker_name=self.config.broker_name,
+                broker_id=self.broker_id,
+                epoch=self.store.epochs.last_epoch or epoch,
+                max_offset=self.store.max_offset,
+                confirm_offset=confirm,
+                election_priority=self.config.election_priority,
+            ),
+        )
         with self.lock:
-            stale = (reply.master_broker_id != self.master_broker_id
-                     or reply.master_epoch != self.master_epoch
-                     or reply.sync_state_set_epoch != self.sync_state_set_epoch)
-            if self.role == Role.MASTER and (reply.master_broker_id != self.broker_id
-                                             or reply.master_epoch != self.master_epoch):
+            stale = (
+                reply.master_broker_id != self.master_broker_id
+                or reply.master_epoch != self.master_epoch
+                or reply.sync_state_set_epoch != self.sync_state_set_epoch
+            )
+            if self.role == Role.MASTER and (
+                reply.master_broker_id != self.broker_id or reply.master_epoch != self.master_epoch
+            ):
                 self.lease.revoke()  # the controller names another master: stop writing now
             else:
                 self.lease.renew(sent_ms, reply.lease_ms or None)
@@ -287,14 +327,15 @@ class BrokerAgent:
             if info.master_epoch < self.master_epoch:
                 return
             self.registered_ids = {r.broker_id for r in info.replicas}
-            if (self.pending_sync_state_set is not None
-                    and info.sync_state_set_epoch > self.pending_base_epoch):
+            if (
+                self.pending_sync_state_set is not None
+                and info.sync_state_set_epoch > self.pending_base_epoch
+            ):
                 self.pending_sync_state_set = None  # the set moved on: count what it is now
             if info.sync_state_set_epoch >= self.sync_state_set_epoch:
                 self.sync_state_set = sorted(info.sync_state_set)
                 self.sync_state_set_epoch = info.sync_state_set_epoch
-            same = (info.master_epoch == self.master_epoch
-                    and info.master_broker_id == self.master_broker_id)
+            same = info.master_epoch == self.master_epoch and info.master_broker_id == self.master_broker_id
             if same and self.role != Role.FENCED:
                 self._recompute_confirm()
                 return
@@ -307,10 +348,15 @@ class BrokerAgent:
             elif info.master_broker_id:
                 self.role = Role.SLAVE
                 session = self.fetch_session
-                threading.Thread(target=replication.follow, args=(self, session),
-                                 name="fetcher", daemon=True).start()
-                log.info("slave of broker %d (%s) at epoch %d", info.master_broker_id,
-                         info.master_address, info.master_epoch)
+                threading.Thread(
+                    target=replication.follow, args=(self, session), name="fetcher", daemon=True
+                ).start()
+                log.info(
+                    "slave of broker %d (%s) at epoch %d",
+                    info.master_broker_id,
+                    info.master_address,
+                    info.master_epoch,
+                )
             else:
                 self.role = Role.FENCED
             self.lock.notify_all()
@@ -342,8 +388,9 @@ class BrokerAgent:
         """With the lock held. Never moves backwards within a role."""
         if self.role != Role.MASTER:
             return
-        computed = confirm_offset(self.broker_id, self.store.max_offset, self.tracker.acked(),
-                                  self._counted_set())
+        computed = confirm_offset(
+            self.broker_id, self.store.max_offset, self.tracker.acked(), self._counted_set()
+        )
         if computed > self.confirm:
             self.confirm = computed
             self.note_confirm()
@@ -352,8 +399,16 @@ class BrokerAgent:
     def note_confirm(self, force: bool = False) -> None:
         """With the lock held: the confirm log's view of this broker (see confirm_log.py)."""
         acked = self.tracker.acked() if self.role == Role.MASTER else {}
-        self.confirm_log.note(wall_ms(), self.broker_id, self.role.value, self.master_epoch,
-                              self.confirm, self.store.max_offset, acked, force)
+        self.confirm_log.note(
+            wall_ms(),
+            self.broker_id,
+            self.role.value,
+            self.master_epoch,
+            self.confirm,
+            self.store.max_offset,
+            acked,
+            force,
+        )
 
     def on_slave_fetch(self, broker_id: int, fetch_offset: int) -> None:
         with self.lock:
@@ -362,23 +417,31 @@ class BrokerAgent:
 
     def _manage_sync_state_set(self) -> None:
         with self.lock:
-            if (self.pending_sync_state_set is not None and self.pending_failed_ms
-                    and now_ms() - self.pending_failed_ms > PENDING_GRACE_MS):
+            if (
+                self.pending_sync_state_set is not None
+                and self.pending_failed_ms
+                and now_ms() - self.pending_failed_ms > PENDING_GRACE_MS
+            ):
                 self.pending_sync_state_set = None  # it never committed
             if self.role != Role.MASTER or self.pending_sync_state_set is not None:
                 return
             epoch_start = self.store.epochs.entries[-1][1] if self.store.epochs.entries else 0
-            plan = self.tracker.plan(now_ms(), self.broker_id, self.sync_state_set, self.confirm,
-                                     epoch_start, self.registered_ids)
+            plan = self.tracker.plan(
+                now_ms(), self.broker_id, self.sync_state_set, self.confirm, epoch_start, self.registered_ids
+            )
             if plan is None:
                 return
             self.pending_sync_state_set = plan
             self.pending_base_epoch = self.sync_state_set_epoch
             self.pending_failed_ms = 0
             request = cpb.AlterSyncStateSetRequest(
-                cluster=self.config.cluster, broker_name=self.config.broker_name,
-                master_broker_id=self.broker_id, master_epoch=self.master_epoch,
-                sync_state_set_epoch=self.sync_state_set_epoch, new_sync_state_set=plan)
+                cluster=self.config.cluster,
+                broker_name=self.config.broker_name,
+                master_broker_id=self.broker_id,
+                master_epoch=self.master_epoch,
+                sync_state_set_epoch=self.sync_state_set_epoch,
+                new_sync_state_set=plan,
+            )
         try:
             info = self.controller.call("AlterSyncStateSet", request)
             log.info("SyncStateSet %s -> %s", request.new_sync_state_set, list(info.sync_state_set))
@@ -400,27 +463,35 @@ class BrokerAgent:
     def _require_writable(self) -> None:
         """With the lock held."""
         if self.role != Role.MASTER:
-            raise NotMaster(f"broker {self.broker_id} of {self.config.broker_name} is "
-                            f"{self.role.value}, not the master", leader=self.master_address)
+            raise NotMaster(
+                f"broker {self.broker_id} of {self.config.broker_name} is {self.role.value}, not the master",
+                leader=self.master_address,
+            )
         if not self.lease.valid(now_ms()):
-            raise NotMaster(f"master {self.broker_id} of {self.config.broker_name} has no valid "
-                            "lease from the controller; it refuses writes until it renews",
-                            leader="")
+            raise NotMaster(
+                f"master {self.broker_id} of {self.config.broker_name} has no valid "
+                "lease from the controller; it refuses writes until it renews",
+                leader="",
+            )
         if len(set(self.sync_state_set) | {self.broker_id}) < self.config.min_in_sync_replicas:
             raise FailedPrecondition(
                 f"SyncStateSet {self.sync_state_set} is smaller than min_in_sync_replicas "
-                f"{self.config.min_in_sync_replicas}", code="IN_SYNC_REPLICAS_NOT_ENOUGH")
+                f"{self.config.min_in_sync_replicas}",
+                code="IN_SYNC_REPLICAS_NOT_ENOUGH",
+            )
 
     def send(self, messages: list[Message]) -> tuple[list[Any], int]:
         if not 1 <= len(messages) <= SEND_BATCH_MAX:
             raise InvalidArgument(f"a send carries 1 to {SEND_BATCH_MAX} messages")
-        return self._write(lambda epoch: self.store.put_messages(
-            messages, epoch, int(time.time() * 1000)))
+        return self._write(lambda epoch: self.store.put_messages(messages, epoch, int(time.time() * 1000)))
 
     def commit_consumer_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
         """Consumer offsets are commit-log records: they replicate and fail over with the data."""
-        self._write(lambda epoch: self.store.commit_consumer_offset(
-            group, topic, queue_id, offset, epoch, int(time.time() * 1000)))
+        self._write(
+            lambda epoch: self.store.commit_consumer_offset(
+                group, topic, queue_id, offset, epoch, int(time.time() * 1000)
+            )
+        )
 
     def _write(self, put) -> tuple[Any, int]:
         """Appends as master, then waits for the ack policy; the only write path."""
@@ -440,26 +511,30 @@ class BrokerAgent:
         with self.lock:
             while not self._acknowledged(end):
                 if self.role != Role.MASTER or self.master_epoch != epoch:
-                    raise NotMaster("this broker stopped being the master before the write "
-                                    "was replicated; its outcome is unknown",
-                                    leader=self.master_address)
+                    raise NotMaster(
+                        "this broker stopped being the master before the write "
+                        "was replicated; its outcome is unknown",
+                        leader=self.master_address,
+                    )
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise DeadlineExceeded(
-                        "the SyncStateSet did not acknowledge the write in time; its outcome is "
-                        "unknown", code="FLUSH_SLAVE_TIMEOUT")
+                        "the SyncStateSet did not acknowledge the write in time; its outcome is unknown",
+                        code="FLUSH_SLAVE_TIMEOUT",
+                    )
                 self.lock.wait(timeout=min(remaining, 0.1))
 
     def _acknowledged(self, end: int) -> bool:
         if self.config.all_ack_in_sync_state_set:
             return self.confirm >= end
         acked = self.tracker.acked()
-        holders = 1 + sum(1 for i in self._counted_set() - {self.broker_id}
-                          if acked.get(i, 0) >= end)
+        holders = 1 + sum(1 for i in self._counted_set() - {self.broker_id} if acked.get(i, 0) >= end)
         return holders >= self.config.in_sync_replicas
 
     def require_master(self) -> None:
         with self.lock:
             if self.role != Role.MASTER:
-                raise NotMaster(f"broker {self.broker_id} is {self.role.value}, not the master",
-                                leader=self.master_address)
+                raise NotMaster(
+                    f"broker {self.broker_id} is {self.role.value}, not the master",
+                    leader=self.master_address,
+                )

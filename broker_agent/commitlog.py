@@ -87,12 +87,12 @@ class _Segment:
             self.marks.append(offset)
 
     def cut_marks(self, offset: int) -> None:
-        del self.marks[bisect.bisect_left(self.marks, offset):]
+        del self.marks[bisect.bisect_left(self.marks, offset) :]
 
 
 def record_pieces(data: bytes, offset: int, records: list[StoredRecord]) -> list[bytes]:
     """The bytes of each of `records`, decoded from `data` that starts at commit `offset`."""
-    return [bytes(data[r.commit_offset - offset:r.end_offset - offset]) for r in records]
+    return [bytes(data[r.commit_offset - offset : r.end_offset - offset]) for r in records]
 
 
 def check_whole_records(buf: bytes, offset: int) -> int:
@@ -108,9 +108,13 @@ def check_whole_records(buf: bytes, offset: int) -> int:
     while pos + PREFIX_BYTES <= size:
         magic, version, total, crc = unpack(buf, pos)
         end = pos + total
-        if magic != RECORD_MAGIC or version != RECORD_VERSION or end > size \
-                or not RECORD_BYTES_MIN <= total <= RECORD_BYTES_MAX \
-                or crc32(view[pos + PREFIX_BYTES:end]) != crc:
+        if (
+            magic != RECORD_MAGIC
+            or version != RECORD_VERSION
+            or end > size
+            or not RECORD_BYTES_MIN <= total <= RECORD_BYTES_MAX
+            or crc32(view[pos + PREFIX_BYTES : end]) != crc
+        ):
             break
         pos = end
         count += 1
@@ -138,11 +142,13 @@ def _valid_record_after(data: bytes, pos: int) -> bool:
 class CommitLog:
     """Segmented, checksummed, append-only log; every method is thread-safe."""
 
-    def __init__(self, directory: Path | str, segment_bytes: int = SEGMENT_BYTES_DEFAULT,
-                 fsync: bool = True) -> None:
+    def __init__(
+        self, directory: Path | str, segment_bytes: int = SEGMENT_BYTES_DEFAULT, fsync: bool = True
+    ) -> None:
         if not SEGMENT_BYTES_MIN <= segment_bytes <= SEGMENT_BYTES_MAX:
-            raise InvalidArgument(f"segment_bytes {segment_bytes} is outside "
-                                  f"[{SEGMENT_BYTES_MIN}, {SEGMENT_BYTES_MAX}]")
+            raise InvalidArgument(
+                f"segment_bytes {segment_bytes} is outside [{SEGMENT_BYTES_MIN}, {SEGMENT_BYTES_MAX}]"
+            )
         self.directory = Path(directory)
         self.segment_bytes = segment_bytes
         self.fsync = fsync
@@ -154,16 +160,19 @@ class CommitLog:
 
     # Recovery ---------------------------------------------------------------------------
     def _recover(self) -> list[_Segment]:
-        bases = sorted(int(m.group(1)) for name in os.listdir(self.directory)
-                       if (m := _SEGMENT_NAME.fullmatch(name)))
+        bases = sorted(
+            int(m.group(1)) for name in os.listdir(self.directory) if (m := _SEGMENT_NAME.fullmatch(name))
+        )
         if not bases:
             return [self._create_segment(0)]
         segments: list[_Segment] = []
         for i, base in enumerate(bases):
             segment = _Segment(base, self._path(base))
             if segments and segments[-1].end != base:
-                raise CorruptData(f"{segment.path}: starts at {base} but the previous segment "
-                                  f"ends at {segments[-1].end}; the log has a gap")
+                raise CorruptData(
+                    f"{segment.path}: starts at {base} but the previous segment "
+                    f"ends at {segments[-1].end}; the log has a gap"
+                )
             self._scan(segment, last=i == len(bases) - 1)
             segments.append(segment)
         return segments
@@ -176,13 +185,20 @@ class CommitLog:
                 length = check_record(data, pos, segment.base + pos)
             except (TornRecord, CorruptData) as exc:
                 if last and not _valid_record_after(data, pos):
-                    log.warning("%s: cutting off a torn tail of %d bytes at commit offset %d (%s)",
-                                segment.path, len(data) - pos, segment.base + pos, exc)
+                    log.warning(
+                        "%s: cutting off a torn tail of %d bytes at commit offset %d (%s)",
+                        segment.path,
+                        len(data) - pos,
+                        segment.base + pos,
+                        exc,
+                    )
                     self._cut_file(segment.path, pos)
                     break
-                raise CorruptData(f"{segment.path}: {exc}; "
-                                  + ("valid records follow it" if last else "it is not the last "
-                                     "segment") + "; refusing to open this commit log") from None
+                raise CorruptData(
+                    f"{segment.path}: {exc}; "
+                    + ("valid records follow it" if last else "it is not the last segment")
+                    + "; refusing to open this commit log"
+                ) from None
             segment.add_mark(segment.base + pos)
             pos += length
         segment.size = pos
@@ -233,8 +249,10 @@ class CommitLog:
     def _pread(self, segment: _Segment, offset: int, length: int) -> bytes:
         data = os.pread(self._fd(segment), length, offset - segment.base)
         if len(data) != length:
-            raise CorruptData(f"{segment.path}: read {len(data)} of {length} bytes at commit "
-                              f"offset {offset}; the file is shorter than the log says")
+            raise CorruptData(
+                f"{segment.path}: read {len(data)} of {length} bytes at commit "
+                f"offset {offset}; the file is shorter than the log says"
+            )
         return data
 
     # Offsets -------------------------------------------------------------------------------
@@ -279,8 +297,9 @@ class CommitLog:
         if isinstance(offset, bool) or not isinstance(offset, int):
             raise InvalidArgument(f"offset {offset!r} is not an integer")
         if not self._segments[0].base <= offset <= self._segments[-1].end:
-            raise InvalidArgument(f"offset {offset} is outside the log [{self._segments[0].base}, "
-                                  f"{self._segments[-1].end}]")
+            raise InvalidArgument(
+                f"offset {offset} is outside the log [{self._segments[0].base}, {self._segments[-1].end}]"
+            )
         if not self._is_boundary(offset):
             raise InvalidArgument(f"offset {offset} is not the start of a record")
 
@@ -292,8 +311,9 @@ class CommitLog:
         if not 0 < len(encoded_records) <= APPEND_RECORDS_MAX:
             if not encoded_records:
                 return []
-            raise InvalidArgument(f"{len(encoded_records)} records in one append; the limit is "
-                                  f"{APPEND_RECORDS_MAX}")
+            raise InvalidArgument(
+                f"{len(encoded_records)} records in one append; the limit is {APPEND_RECORDS_MAX}"
+            )
         total = sum(len(r) for r in encoded_records)
         if total > APPEND_BYTES_MAX:
             raise InvalidArgument(f"an append of {total} bytes; the limit is {APPEND_BYTES_MAX}")
@@ -307,8 +327,10 @@ class CommitLog:
         with self._lock:
             self._check_open()
             if expected_offset is not None and expected_offset != self._segments[-1].end:
-                raise FailedPrecondition(f"replicated data starts at {expected_offset} but this "
-                                         f"log ends at {self._segments[-1].end}")
+                raise FailedPrecondition(
+                    f"replicated data starts at {expected_offset} but this "
+                    f"log ends at {self._segments[-1].end}"
+                )
             return self._append_locked(encoded_records)
 
     def append_raw(self, offset: int, data: bytes) -> int:
@@ -323,8 +345,9 @@ class CommitLog:
         if not records:
             with self._lock:
                 if offset != self._segments[-1].end:
-                    raise FailedPrecondition(f"replicated data starts at {offset} but this log "
-                                             f"ends at {self._segments[-1].end}")
+                    raise FailedPrecondition(
+                        f"replicated data starts at {offset} but this log ends at {self._segments[-1].end}"
+                    )
                 return offset
         offsets = self.append(record_pieces(data, offset, records), expected_offset=offset)
         assert offsets == [r.commit_offset for r in records], (offsets, records)
@@ -409,8 +432,11 @@ class CommitLog:
         the sparse marks, a few header reads) and pread exactly that; the checksums are
         checked after the lock is released (the bytes are a private copy by then), so
         writers wait only for the pread."""
-        if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or \
-                not 1 <= max_bytes <= max_bytes_limit:
+        if (
+            isinstance(max_bytes, bool)
+            or not isinstance(max_bytes, int)
+            or not 1 <= max_bytes <= max_bytes_limit
+        ):
             raise InvalidArgument(f"max_bytes {max_bytes!r} is outside [1, {max_bytes_limit}]")
         with self._lock:
             self._check_open()
@@ -440,8 +466,9 @@ class CommitLog:
             if position + length > limit:
                 return position if position > offset else position + length
             position += length
-        raise AssertionError(f"{segment.path}: no record mark within {MARK_INTERVAL_BYTES} bytes "
-                             f"before {limit}")
+        raise AssertionError(
+            f"{segment.path}: no record mark within {MARK_INTERVAL_BYTES} bytes before {limit}"
+        )
 
     def read_record(self, offset: int) -> StoredRecord:
         """The record starting at `offset`, checksum verified (CorruptData otherwise)."""
@@ -458,18 +485,26 @@ class CommitLog:
         verified, and CorruptData when the bytes there are not such a record."""
         with self._lock:
             self._check_open()
-            if not (self._segments[0].base <= offset and RECORD_BYTES_MIN <= size
-                    and offset + size <= self._segments[-1].end):
-                raise InvalidArgument(f"record [{offset}, {offset + size}) is outside the log "
-                                      f"[{self._segments[0].base}, {self._segments[-1].end})")
+            if not (
+                self._segments[0].base <= offset
+                and RECORD_BYTES_MIN <= size
+                and offset + size <= self._segments[-1].end
+            ):
+                raise InvalidArgument(
+                    f"record [{offset}, {offset + size}) is outside the log "
+                    f"[{self._segments[0].base}, {self._segments[-1].end})"
+                )
             segment = self._segment_for(offset)
             if offset + size > segment.end:
-                raise CorruptData(f"{segment.path}: an index entry names [{offset}, "
-                                  f"{offset + size}), which crosses the segment end {segment.end}")
+                raise CorruptData(
+                    f"{segment.path}: an index entry names [{offset}, "
+                    f"{offset + size}), which crosses the segment end {segment.end}"
+                )
             record = self._decode_at(segment, offset, size)
             if record.size != size:
-                raise CorruptData(f"{segment.path}: record at {offset} is {record.size} bytes, "
-                                  f"not {size} as indexed")
+                raise CorruptData(
+                    f"{segment.path}: record at {offset} is {record.size} bytes, not {size} as indexed"
+                )
             return record
 
     def _decode_at(self, segment: _Segment, offset: int, size: int) -> StoredRecord:

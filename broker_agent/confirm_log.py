@@ -41,15 +41,29 @@ class ConfirmLog:
         self._last_write_ms = 0
         self._pending: dict[str, Any] | None = None
 
-    def note(self, now_ms: int, broker_id: int, role: str, epoch: int, confirm_offset: int,
-             max_offset: int, acked: dict[int, int], force: bool = False) -> None:
+    def note(
+        self,
+        now_ms: int,
+        broker_id: int,
+        role: str,
+        epoch: int,
+        confirm_offset: int,
+        max_offset: int,
+        acked: dict[int, int],
+        force: bool = False,
+    ) -> None:
         """Records the current state; writes now when forced or due, else keeps it pending."""
         key = (broker_id, role, epoch, confirm_offset)
         if key == self._last_key and not force:
             return
         self._pending = {
-            "t_ms": now_ms, "broker_name": self.broker_name, "broker_id": broker_id, "role": role,
-            "epoch": epoch, "confirm_offset": confirm_offset, "max_offset": max_offset,
+            "t_ms": now_ms,
+            "broker_name": self.broker_name,
+            "broker_id": broker_id,
+            "role": role,
+            "epoch": epoch,
+            "confirm_offset": confirm_offset,
+            "max_offset": max_offset,
             "acked": {str(i): offset for i, offset in sorted(acked.items())},
         }
         self._last_key = key

@@ -48,8 +48,9 @@ def write_atomically(path: Path, data: bytes, fsync: bool = True) -> None:
 def dump_checksummed(body: dict[str, object]) -> bytes:
     """Canonical JSON with a crc32 field over the rest (read back by load_checksummed)."""
     canonical = json.dumps(body, sort_keys=True, separators=(",", ":"))
-    return json.dumps({"body": body, "crc32": zlib.crc32(canonical.encode())},
-                      sort_keys=True, separators=(",", ":")).encode()
+    return json.dumps(
+        {"body": body, "crc32": zlib.crc32(canonical.encode())}, sort_keys=True, separators=(",", ":")
+    ).encode()
 
 
 def load_checksummed(path: Path) -> dict[str, object]:
@@ -69,9 +70,11 @@ def load_checksummed(path: Path) -> dict[str, object]:
 def _check_entries(entries: Sequence[EpochEntry], where: str) -> None:
     for (epoch, start), (next_epoch, next_start) in zip(entries, entries[1:], strict=False):
         if next_epoch <= epoch or next_start < start:
-            raise CorruptData(f"{where}: entries ({epoch}, {start}) then ({next_epoch}, "
-                              f"{next_start}) break the order (epochs strictly increase, "
-                              "start offsets never decrease)")
+            raise CorruptData(
+                f"{where}: entries ({epoch}, {start}) then ({next_epoch}, "
+                f"{next_start}) break the order (epochs strictly increase, "
+                "start offsets never decrease)"
+            )
 
 
 def _end_of(entries: Sequence[EpochEntry], epoch: int, max_offset: int) -> int | None:
@@ -81,8 +84,12 @@ def _end_of(entries: Sequence[EpochEntry], epoch: int, max_offset: int) -> int |
     return None
 
 
-def consistent_point(slave_entries: Sequence[EpochEntry], master_entries: Sequence[EpochEntry],
-                     master_max_offset: int, slave_max_offset: int) -> int:
+def consistent_point(
+    slave_entries: Sequence[EpochEntry],
+    master_entries: Sequence[EpochEntry],
+    master_max_offset: int,
+    slave_max_offset: int,
+) -> int:
     """The offset up to which the slave's log is identical to the master's.
 
     Walks the slave's epochs newest first (RocketMQ's EpochFileCache, Kafka's
@@ -117,16 +124,15 @@ class EpochFile:
         body = load_checksummed(self.path)
         raw = body.get("entries")
         if not isinstance(raw, list) or not all(
-                isinstance(e, list) and len(e) == 2 and all(type(v) is int and v >= 0 for v in e)
-                for e in raw):
+            isinstance(e, list) and len(e) == 2 and all(type(v) is int and v >= 0 for v in e) for e in raw
+        ):
             raise CorruptData(f"{self.path}: entries are not [epoch, start_offset] pairs")
         entries = [(int(e[0]), int(e[1])) for e in raw]
         _check_entries(entries, str(self.path))
         return entries
 
     def _save(self, entries: list[EpochEntry]) -> None:
-        write_atomically(self.path, dump_checksummed({"entries": [list(e) for e in entries]}),
-                         self.fsync)
+        write_atomically(self.path, dump_checksummed({"entries": [list(e) for e in entries]}), self.fsync)
         self._entries = entries
 
     @property
@@ -157,12 +163,15 @@ class EpochFile:
             if entries:
                 last_epoch, last_start = entries[-1]
                 if epoch <= last_epoch:
-                    raise FailedPrecondition(f"{self.path}: epoch {epoch} is not newer than the "
-                                             f"last epoch {last_epoch}")
+                    raise FailedPrecondition(
+                        f"{self.path}: epoch {epoch} is not newer than the last epoch {last_epoch}"
+                    )
                 if start_offset < last_start:
-                    raise FailedPrecondition(f"{self.path}: epoch {epoch} would start at "
-                                             f"{start_offset}, before epoch {last_epoch}'s start "
-                                             f"{last_start}")
+                    raise FailedPrecondition(
+                        f"{self.path}: epoch {epoch} would start at "
+                        f"{start_offset}, before epoch {last_epoch}'s start "
+                        f"{last_start}"
+                    )
                 if start_offset == last_start:
                     entries.pop()
             if len(entries) >= EPOCH_ENTRIES_MAX:

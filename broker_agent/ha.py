@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 
 class Role(enum.Enum):
-    FENCED = "FENCED"   # not registered or not told its role: refuses writes
+    FENCED = "FENCED"  # not registered or not told its role: refuses writes
     MASTER = "MASTER"
     SLAVE = "SLAVE"
 
@@ -44,8 +44,7 @@ class Lease:
         self.expires_ms = 0
 
 
-def confirm_offset(master_id: int, master_max_offset: int, acked: dict[int, int],
-                   counted: set[int]) -> int:
+def confirm_offset(master_id: int, master_max_offset: int, acked: dict[int, int], counted: set[int]) -> int:
     """What every counted replica durably holds: min over the set, master included.
 
     `counted` is the SyncStateSet, or the union of the old and new sets while a
@@ -64,7 +63,7 @@ class SlaveProgress:
     acked_offset: int = 0
     last_fetch_ms: int = 0
     last_caught_up_ms: int = 0  # as of when the slave held everything the master had
-    sent_max_offset: int = -1   # the master's log end when it last answered this slave
+    sent_max_offset: int = -1  # the master's log end when it last answered this slave
     sent_ms: int = 0
 
 
@@ -77,11 +76,11 @@ class SyncStateTracker:
 
     def reset(self, now_ms: int, members: list[int]) -> None:
         """A new master epoch: slaves are credited with nothing past the epoch start."""
-        self.slaves = {m: SlaveProgress(acked_offset=0, last_fetch_ms=now_ms,
-                                        last_caught_up_ms=now_ms) for m in members}
+        self.slaves = {
+            m: SlaveProgress(acked_offset=0, last_fetch_ms=now_ms, last_caught_up_ms=now_ms) for m in members
+        }
 
-    def on_fetch(self, broker_id: int, fetch_offset: int, master_max_offset: int,
-                 now_ms: int) -> None:
+    def on_fetch(self, broker_id: int, fetch_offset: int, master_max_offset: int, now_ms: int) -> None:
         """Under steady writes a fetch never equals the master's end of that instant; as
         in Kafka, reaching the end the master had when it last answered proves the slave
         was caught up as of that answer."""
@@ -107,8 +106,15 @@ class SyncStateTracker:
     def acked(self) -> dict[int, int]:
         return {i: p.acked_offset for i, p in self.slaves.items()}
 
-    def plan(self, now_ms: int, master_id: int, current_set: list[int], confirm: int,
-             epoch_start_offset: int, registered: set[int]) -> list[int] | None:
+    def plan(
+        self,
+        now_ms: int,
+        master_id: int,
+        current_set: list[int],
+        confirm: int,
+        epoch_start_offset: int,
+        registered: set[int],
+    ) -> list[int] | None:
         """The SyncStateSet to propose now, or None to leave it.
 
         Shrink: a member that has not caught up with the master for max_not_catchup_ms.
@@ -126,8 +132,9 @@ class SyncStateTracker:
                 continue
             # A lagging member holds the confirm offset down to its own ack, so reaching
             # the confirm offset alone proves nothing: it must also have caught up lately.
-            if (self._caught_up_recently(broker_id, now_ms)
-                    and progress.acked_offset >= max(confirm, epoch_start_offset)):
+            if self._caught_up_recently(broker_id, now_ms) and progress.acked_offset >= max(
+                confirm, epoch_start_offset
+            ):
                 members.add(broker_id)
         new_set = sorted(members)
         return None if new_set == sorted(set(current_set) | {master_id}) else new_set

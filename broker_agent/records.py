@@ -47,9 +47,19 @@ QUEUE_ID_MAX = (1 << 16) - 1
 U64_MAX = (1 << 64) - 1
 
 RECORD_BYTES_MIN = PREFIX_BYTES + _FIXED.size + 6 * _U16.size + _U32.size + 1 + MSG_ID_CHARS
-RECORD_BYTES_MAX = (PREFIX_BYTES + _FIXED.size + 6 * _U16.size + _U32.size + TOPIC_BYTES_MAX
-                    + MSG_ID_CHARS + PRODUCER_ID_BYTES_MAX + TAGS_BYTES_MAX + KEYS_BYTES_MAX
-                    + PROPERTIES_BYTES_MAX + RECORD_BODY_MAX)
+RECORD_BYTES_MAX = (
+    PREFIX_BYTES
+    + _FIXED.size
+    + 6 * _U16.size
+    + _U32.size
+    + TOPIC_BYTES_MAX
+    + MSG_ID_CHARS
+    + PRODUCER_ID_BYTES_MAX
+    + TAGS_BYTES_MAX
+    + KEYS_BYTES_MAX
+    + PROPERTIES_BYTES_MAX
+    + RECORD_BODY_MAX
+)
 
 TOPIC_PATTERN = re.compile(r"[A-Za-z0-9_%|-]{1,127}")  # also a safe file name (index files)
 _MSG_ID_PATTERN = re.compile(r"[0-9a-f]{32}")
@@ -129,8 +139,9 @@ def _encode_properties(properties: Mapping[str, str]) -> bytes:
             parts.append(data)
     encoded = b"".join(parts)
     if len(encoded) > PROPERTIES_BYTES_MAX:
-        raise InvalidArgument(f"properties encode to {len(encoded)} bytes; the limit is "
-                              f"{PROPERTIES_BYTES_MAX}")
+        raise InvalidArgument(
+            f"properties encode to {len(encoded)} bytes; the limit is {PROPERTIES_BYTES_MAX}"
+        )
     return encoded
 
 
@@ -141,12 +152,14 @@ def _check_uint(kind: str, value: int, maximum: int) -> None:
 
 def validate_topic(topic: str) -> None:
     if not isinstance(topic, str) or not TOPIC_PATTERN.fullmatch(topic):
-        raise InvalidArgument(f"topic {topic!r} is malformed: use 1-{TOPIC_BYTES_MAX} characters "
-                              "from A-Z a-z 0-9 _ - % |")
+        raise InvalidArgument(
+            f"topic {topic!r} is malformed: use 1-{TOPIC_BYTES_MAX} characters from A-Z a-z 0-9 _ - % |"
+        )
 
 
-def encode_record(message: Message, epoch: int, store_timestamp_ms: int, queue_offset: int,
-                  msg_id: str) -> bytes:
+def encode_record(
+    message: Message, epoch: int, store_timestamp_ms: int, queue_offset: int, msg_id: str
+) -> bytes:
     """The record bytes for `message`; InvalidArgument when a field is past its limit."""
     validate_topic(message.topic)
     _check_uint("queue_id", message.queue_id, QUEUE_ID_MAX)
@@ -169,8 +182,7 @@ def encode_record(message: Message, epoch: int, store_timestamp_ms: int, queue_o
         _text("keys", message.keys, KEYS_BYTES_MAX),
         _encode_properties(message.properties),
     ]
-    parts = [_FIXED.pack(epoch, store_timestamp_ms, message.queue_id, queue_offset,
-                         message.producer_seq)]
+    parts = [_FIXED.pack(epoch, store_timestamp_ms, message.queue_id, queue_offset, message.producer_seq)]
     for data in fields:
         parts.append(_U16.pack(len(data)))
         parts.append(data)
@@ -185,15 +197,16 @@ def peek_length(buf: bytes | bytearray | memoryview, pos: int, commit_offset: in
     """The total length the header at `pos` announces (magic, version and bounds checked)."""
     available = len(buf) - pos
     if available < PREFIX_BYTES:
-        head = bytes(buf[pos:pos + 3])
+        head = bytes(buf[pos : pos + 3])
         if (RECORD_MAGIC + bytes([RECORD_VERSION])).startswith(head):
-            raise TornRecord(f"record at commit offset {commit_offset}: only {available} "
-                             f"of {PREFIX_BYTES} header bytes present")
+            raise TornRecord(
+                f"record at commit offset {commit_offset}: only {available} "
+                f"of {PREFIX_BYTES} header bytes present"
+            )
         raise CorruptData(f"record at commit offset {commit_offset}: bad magic {head!r}")
     magic, version, total, _ = _PREFIX.unpack_from(buf, pos)
     if magic != RECORD_MAGIC or version != RECORD_VERSION:
-        raise CorruptData(f"record at commit offset {commit_offset}: bad magic/version "
-                          f"{magic!r}/{version}")
+        raise CorruptData(f"record at commit offset {commit_offset}: bad magic/version {magic!r}/{version}")
     if not RECORD_BYTES_MIN <= total <= RECORD_BYTES_MAX:
         raise CorruptData(f"record at commit offset {commit_offset}: impossible length {total}")
     return int(total)
@@ -209,9 +222,8 @@ def check_record(buf: bytes | bytearray | memoryview, pos: int, commit_offset: i
     available = len(buf) - pos
     crc = _U32.unpack_from(buf, pos + PREFIX_BYTES - _U32.size)[0]
     if available < total:
-        raise TornRecord(f"record at commit offset {commit_offset}: {available} of {total} "
-                         "bytes present")
-    if zlib.crc32(memoryview(buf)[pos + _CRC_START:pos + total]) != crc:
+        raise TornRecord(f"record at commit offset {commit_offset}: {available} of {total} bytes present")
+    if zlib.crc32(memoryview(buf)[pos + _CRC_START : pos + total]) != crc:
         raise CorruptData(f"record at commit offset {commit_offset}: checksum mismatch")
     return int(total)
 
@@ -224,9 +236,10 @@ class _Reader:
 
     def _take(self, length: int) -> bytes:
         if self.pos + length > self.end:
-            raise CorruptData(f"record at commit offset {self.commit_offset}: a field runs past "
-                              "the record's end")
-        data = bytes(self.buf[self.pos:self.pos + length])
+            raise CorruptData(
+                f"record at commit offset {self.commit_offset}: a field runs past the record's end"
+            )
+        data = bytes(self.buf[self.pos : self.pos + length])
         self.pos += length
         return data
 
@@ -239,13 +252,13 @@ class _Reader:
     def text(self, kind: str, limit: int) -> str:
         data = self.u16_bytes()
         if len(data) > limit:
-            raise CorruptData(f"record at commit offset {self.commit_offset}: {kind} is "
-                              f"{len(data)} bytes (limit {limit})")
+            raise CorruptData(
+                f"record at commit offset {self.commit_offset}: {kind} is {len(data)} bytes (limit {limit})"
+            )
         try:
             return data.decode("utf-8")
         except UnicodeDecodeError:
-            raise CorruptData(f"record at commit offset {self.commit_offset}: {kind} is not "
-                              "UTF-8") from None
+            raise CorruptData(f"record at commit offset {self.commit_offset}: {kind} is not UTF-8") from None
 
 
 def _decode_properties(data: bytes, commit_offset: int) -> dict[str, str]:
@@ -278,19 +291,31 @@ def decode_record(buf: bytes | bytearray | memoryview, pos: int, commit_offset: 
     properties = _decode_properties(reader.u16_bytes(), commit_offset)
     body = reader.u32_bytes()
     if reader.pos != pos + total:
-        raise CorruptData(f"record at commit offset {commit_offset}: fields end at "
-                          f"{reader.pos - pos} of {total} bytes")
+        raise CorruptData(
+            f"record at commit offset {commit_offset}: fields end at {reader.pos - pos} of {total} bytes"
+        )
     if not TOPIC_PATTERN.fullmatch(topic) or not _MSG_ID_PATTERN.fullmatch(msg_id):
-        raise CorruptData(f"record at commit offset {commit_offset}: malformed topic {topic!r} "
-                          f"or msg_id {msg_id!r}")
+        raise CorruptData(
+            f"record at commit offset {commit_offset}: malformed topic {topic!r} or msg_id {msg_id!r}"
+        )
     if len(body) > RECORD_BODY_MAX or queue_id > QUEUE_ID_MAX:
-        raise CorruptData(f"record at commit offset {commit_offset}: body or queue id past "
-                          "its limit")
-    return StoredRecord(commit_offset=commit_offset, size=total, epoch=epoch,
-                        store_timestamp_ms=stored_ms, topic=topic, queue_id=queue_id,
-                        queue_offset=queue_offset, msg_id=msg_id, producer_id=producer_id,
-                        producer_seq=producer_seq, tags=tags, keys=keys, properties=properties,
-                        body=body)
+        raise CorruptData(f"record at commit offset {commit_offset}: body or queue id past its limit")
+    return StoredRecord(
+        commit_offset=commit_offset,
+        size=total,
+        epoch=epoch,
+        store_timestamp_ms=stored_ms,
+        topic=topic,
+        queue_id=queue_id,
+        queue_offset=queue_offset,
+        msg_id=msg_id,
+        producer_id=producer_id,
+        producer_seq=producer_seq,
+        tags=tags,
+        keys=keys,
+        properties=properties,
+        body=body,
+    )
 
 
 def iter_records(buf: bytes | bytearray | memoryview, base_offset: int) -> Iterator[StoredRecord]:

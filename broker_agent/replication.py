@@ -69,18 +69,22 @@ def follow(agent: BrokerAgent, session: int) -> None:
 
 
 def _current(agent: BrokerAgent, session: int) -> bool:
-    return (not agent.stopping.is_set() and agent.fetch_session == session
-            and agent.role == Role.SLAVE)
+    return not agent.stopping.is_set() and agent.fetch_session == session and agent.role == Role.SLAVE
 
 
 def _fetch_once(agent: BrokerAgent, session: int, stub, handshake: bool) -> bool:
     store = agent.store
     request = bpb.HaFetchRequest(
-        cluster=agent.config.cluster, broker_name=agent.config.broker_name,
-        broker_id=agent.broker_id, master_epoch=agent.master_epoch,
-        fetch_offset=store.max_offset, handshake=handshake,
+        cluster=agent.config.cluster,
+        broker_name=agent.config.broker_name,
+        broker_id=agent.broker_id,
+        master_epoch=agent.master_epoch,
+        fetch_offset=store.max_offset,
+        handshake=handshake,
         epoch_entries=_entries(store.epochs.entries) if handshake else [],
-        max_bytes=agent.config.fetch_max_bytes, wait_ms=agent.config.fetch_wait_ms)
+        max_bytes=agent.config.fetch_max_bytes,
+        wait_ms=agent.config.fetch_wait_ms,
+    )
     reply = stub.HaFetch(request, timeout=agent.config.fetch_wait_ms / 1000 + 2.0)
     if reply.offset_moved_to_tiered:
         from broker_agent.tiered import bootstrap_from_tiered
@@ -94,8 +98,12 @@ def _fetch_once(agent: BrokerAgent, session: int, stub, handshake: bool) -> bool
         if reply.master_epoch > agent.master_epoch:
             agent.request_refresh()
         if reply.truncate_to >= 0:
-            log.warning("truncating from %d to the consistent point %d (master epoch %d)",
-                        store.max_offset, reply.truncate_to, reply.master_epoch)
+            log.warning(
+                "truncating from %d to the consistent point %d (master epoch %d)",
+                store.max_offset,
+                reply.truncate_to,
+                reply.master_epoch,
+            )
             store.truncate(reply.truncate_to)
             return False
         if reply.data:
@@ -115,8 +123,12 @@ def serve_fetch(agent: BrokerAgent, request: bpb.HaFetchRequest) -> bpb.HaFetchR
         _check_master(agent, request)
         mine = store.epochs.entries
         if request.handshake or request.fetch_offset > store.max_offset:
-            point = consistent_point([(e.epoch, e.start_offset) for e in request.epoch_entries],
-                                     mine, store.max_offset, request.fetch_offset)
+            point = consistent_point(
+                [(e.epoch, e.start_offset) for e in request.epoch_entries],
+                mine,
+                store.max_offset,
+                request.fetch_offset,
+            )
             if point < request.fetch_offset:
                 return _reply(agent, truncate_to=point)
         if request.fetch_offset < store.min_offset:
@@ -129,25 +141,35 @@ def serve_fetch(agent: BrokerAgent, request: bpb.HaFetchRequest) -> bpb.HaFetchR
             _check_master(agent, request)
         data = store.read_bytes(request.fetch_offset, max_bytes)
         if request.broker_id in agent.registered_ids:
-            agent.tracker.on_answer(request.broker_id, store.max_offset,
-                                    int(time.monotonic() * 1000))  # the agent's clock
+            agent.tracker.on_answer(
+                request.broker_id, store.max_offset, int(time.monotonic() * 1000)
+            )  # the agent's clock
         return _reply(agent, data_offset=request.fetch_offset, data=data)
 
 
 def _check_master(agent: BrokerAgent, request: bpb.HaFetchRequest) -> None:
     if agent.role != Role.MASTER:
-        raise NotMaster(f"broker {agent.broker_id} is {agent.role.value}, not the master",
-                        leader=agent.master_address)
+        raise NotMaster(
+            f"broker {agent.broker_id} is {agent.role.value}, not the master", leader=agent.master_address
+        )
     if request.master_epoch > agent.master_epoch:
         agent.request_refresh()  # the slave knows a newer epoch: this master is stale
-        raise FencedEpoch(f"master epoch {agent.master_epoch} is older than the slave's "
-                          f"{request.master_epoch}")
+        raise FencedEpoch(
+            f"master epoch {agent.master_epoch} is older than the slave's {request.master_epoch}"
+        )
 
 
-def _reply(agent: BrokerAgent, truncate_to: int = -1, data_offset: int = 0,
-           data: bytes = b"", moved: bool = False) -> bpb.HaFetchResponse:
+def _reply(
+    agent: BrokerAgent, truncate_to: int = -1, data_offset: int = 0, data: bytes = b"", moved: bool = False
+) -> bpb.HaFetchResponse:
     return bpb.HaFetchResponse(
-        master_epoch=agent.master_epoch, master_max_offset=agent.store.max_offset,
-        confirm_offset=agent.confirm, truncate_to=truncate_to, data_offset=data_offset,
-        data=data, epoch_entries=_entries(agent.store.epochs.entries),
-        min_offset=agent.store.min_offset, offset_moved_to_tiered=moved)
+        master_epoch=agent.master_epoch,
+        master_max_offset=agent.store.max_offset,
+        confirm_offset=agent.confirm,
+        truncate_to=truncate_to,
+        data_offset=data_offset,
+        data=data,
+        epoch_entries=_entries(agent.store.epochs.entries),
+        min_offset=agent.store.min_offset,
+        offset_moved_to_tiered=moved,
+    )

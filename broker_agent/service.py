@@ -27,18 +27,34 @@ BROKER_SERVICE = bpb.DESCRIPTOR.services_by_name["BrokerService"].full_name
 def _message(m: bpb.Message) -> Message:
     validate_name("topic", m.topic)
     validate_int("queue_id", m.queue_id, 0, 1023)
-    return Message(topic=m.topic, queue_id=m.queue_id, body=m.body, tags=m.tags, keys=m.keys,
-                   properties=dict(m.properties), producer_id=m.producer_id,
-                   producer_seq=m.producer_seq)
+    return Message(
+        topic=m.topic,
+        queue_id=m.queue_id,
+        body=m.body,
+        tags=m.tags,
+        keys=m.keys,
+        properties=dict(m.properties),
+        producer_id=m.producer_id,
+        producer_seq=m.producer_seq,
+    )
 
 
 def _stored(record) -> bpb.StoredMessage:
     return bpb.StoredMessage(
-        msg_id=record.msg_id, topic=record.topic, queue_id=record.queue_id,
-        queue_offset=record.queue_offset, commit_offset=record.commit_offset, epoch=record.epoch,
-        store_timestamp_ms=record.store_timestamp_ms, body=record.body, tags=record.tags,
-        keys=record.keys, properties=dict(record.properties), producer_id=record.producer_id,
-        producer_seq=record.producer_seq)
+        msg_id=record.msg_id,
+        topic=record.topic,
+        queue_id=record.queue_id,
+        queue_offset=record.queue_offset,
+        commit_offset=record.commit_offset,
+        epoch=record.epoch,
+        store_timestamp_ms=record.store_timestamp_ms,
+        body=record.body,
+        tags=record.tags,
+        keys=record.keys,
+        properties=dict(record.properties),
+        producer_id=record.producer_id,
+        producer_seq=record.producer_seq,
+    )
 
 
 class BrokerServicer(bpb_grpc.BrokerServiceServicer):
@@ -49,10 +65,19 @@ class BrokerServicer(bpb_grpc.BrokerServiceServicer):
     def Send(self, request, context):
         messages = [_message(m) for m in request.messages]
         results, epoch = self.agent.send(messages)
-        return bpb.SendResponse(master_epoch=epoch, results=[
-            bpb.SendResult(msg_id=r.msg_id, topic=r.topic, queue_id=r.queue_id,
-                           queue_offset=r.queue_offset, commit_offset=r.commit_offset)
-            for r in results])
+        return bpb.SendResponse(
+            master_epoch=epoch,
+            results=[
+                bpb.SendResult(
+                    msg_id=r.msg_id,
+                    topic=r.topic,
+                    queue_id=r.queue_id,
+                    queue_offset=r.queue_offset,
+                    commit_offset=r.commit_offset,
+                )
+                for r in results
+            ],
+        )
 
     @rpc
     def Pull(self, request, context):
@@ -64,18 +89,20 @@ class BrokerServicer(bpb_grpc.BrokerServiceServicer):
         with self.agent.lock:
             confirm = self.agent.confirm
         try:
-            records = self.agent.store.get_messages(request.topic, request.queue_id,
-                                                    request.queue_offset, count, confirm)
+            records = self.agent.store.get_messages(
+                request.topic, request.queue_id, request.queue_offset, count, confirm
+            )
         except InvalidArgument as error:
             if error.code != "OFFSET_TOO_SMALL" or self.agent.tiered is None:
                 raise
-            records = self.agent.tiered.read_queue(request.topic, request.queue_id,
-                                                   request.queue_offset, count)
+            records = self.agent.tiered.read_queue(
+                request.topic, request.queue_id, request.queue_offset, count
+            )
         next_offset = records[-1].queue_offset + 1 if records else request.queue_offset
-        readable = self.agent.store.readable_queue_max_offset(request.topic, request.queue_id,
-                                                              confirm)
-        return bpb.PullResponse(messages=[_stored(r) for r in records],
-                                next_queue_offset=next_offset, max_queue_offset=readable)
+        readable = self.agent.store.readable_queue_max_offset(request.topic, request.queue_id, confirm)
+        return bpb.PullResponse(
+            messages=[_stored(r) for r in records], next_queue_offset=next_offset, max_queue_offset=readable
+        )
 
     @rpc
     def CommitOffset(self, request, context):
@@ -83,8 +110,7 @@ class BrokerServicer(bpb_grpc.BrokerServiceServicer):
         validate_name("topic", request.topic)
         validate_int("queue_id", request.queue_id, 0, 1023)
         validate_int("offset", request.offset, 0, 2**62)
-        self.agent.commit_consumer_offset(request.group, request.topic, request.queue_id,
-                                          request.offset)
+        self.agent.commit_consumer_offset(request.group, request.topic, request.queue_id, request.offset)
         return bpb.CommitOffsetResponse()
 
     @rpc
@@ -100,10 +126,12 @@ class BrokerServicer(bpb_grpc.BrokerServiceServicer):
         agent = self.agent
         with agent.lock:
             return bpb.EpochCache(
-                broker_name=agent.config.broker_name, broker_id=agent.broker_id,
-                entries=[bpb.EpochEntry(epoch=e, start_offset=s)
-                         for e, s in agent.store.epochs.entries],
-                max_offset=agent.store.max_offset, confirm_offset=agent.confirm)
+                broker_name=agent.config.broker_name,
+                broker_id=agent.broker_id,
+                entries=[bpb.EpochEntry(epoch=e, start_offset=s) for e, s in agent.store.epochs.entries],
+                max_offset=agent.store.max_offset,
+                confirm_offset=agent.confirm,
+            )
 
     @rpc
     def GetHaStatus(self, request, context):
@@ -112,8 +140,7 @@ class BrokerServicer(bpb_grpc.BrokerServiceServicer):
     @rpc
     def HaFetch(self, request, context):
         if request.broker_name != self.agent.config.broker_name:
-            raise NotFound(f"this broker serves {self.agent.config.broker_name}, "
-                           f"not {request.broker_name}")
+            raise NotFound(f"this broker serves {self.agent.config.broker_name}, not {request.broker_name}")
         return replication.serve_fetch(self.agent, request)
 
 
@@ -123,18 +150,36 @@ def ha_status(agent: BrokerAgent) -> bpb.HaStatus:
     with agent.lock:
         now = now_ms()
         max_offset = agent.store.max_offset
-        slaves = [bpb.SlaveStatus(broker_id=i, acked_offset=p.acked_offset,
-                                  in_sync=i in agent.sync_state_set,
-                                  lag_bytes=max(0, max_offset - p.acked_offset),
-                                  last_fetch_ms_ago=now - p.last_fetch_ms)
-                  for i, p in sorted(agent.tracker.slaves.items())] if agent.role == Role.MASTER else []
+        slaves = (
+            [
+                bpb.SlaveStatus(
+                    broker_id=i,
+                    acked_offset=p.acked_offset,
+                    in_sync=i in agent.sync_state_set,
+                    lag_bytes=max(0, max_offset - p.acked_offset),
+                    last_fetch_ms_ago=now - p.last_fetch_ms,
+                )
+                for i, p in sorted(agent.tracker.slaves.items())
+            ]
+            if agent.role == Role.MASTER
+            else []
+        )
         return bpb.HaStatus(
-            cluster=agent.config.cluster, broker_name=agent.config.broker_name,
-            broker_id=agent.broker_id, role=agent.role.value, master_epoch=agent.master_epoch,
-            master_broker_id=agent.master_broker_id, master_address=agent.master_address,
-            max_offset=max_offset, confirm_offset=agent.confirm,
-            sync_state_set=agent.sync_state_set, sync_state_set_epoch=agent.sync_state_set_epoch,
-            slaves=slaves, lease_valid=agent.lease.valid(now), writable=agent.writable(now))
+            cluster=agent.config.cluster,
+            broker_name=agent.config.broker_name,
+            broker_id=agent.broker_id,
+            role=agent.role.value,
+            master_epoch=agent.master_epoch,
+            master_broker_id=agent.master_broker_id,
+            master_address=agent.master_address,
+            max_offset=max_offset,
+            confirm_offset=agent.confirm,
+            sync_state_set=agent.sync_state_set,
+            sync_state_set_epoch=agent.sync_state_set_epoch,
+            slaves=slaves,
+            lease_valid=agent.lease.valid(now),
+            writable=agent.writable(now),
+        )
 
 
 def add_broker_parser(sub) -> None:
@@ -147,42 +192,62 @@ def add_broker_parser(sub) -> None:
     broker.add_argument("--election-priority", type=int, default=0)
     broker.add_argument("--in-sync-replicas", type=int, default=1)
     broker.add_argument("--min-in-sync-replicas", type=int, default=1)
-    broker.add_argument("--no-all-ack", action="store_true",
-                        help="acknowledge at in_sync_replicas copies instead of the whole set")
+    broker.add_argument(
+        "--no-all-ack",
+        action="store_true",
+        help="acknowledge at in_sync_replicas copies instead of the whole set",
+    )
     broker.add_argument("--ha-max-time-slave-not-catchup-ms", type=int, default=15_000)
     broker.add_argument("--send-timeout-ms", type=int, default=3000)
     broker.add_argument("--segment-bytes", type=int, default=64 << 20)
-    broker.add_argument("--tiered-store", default="",
-                        help="tiered storage location: a directory or an fsspec URL")
+    broker.add_argument(
+        "--tiered-store", default="", help="tiered storage location: a directory or an fsspec URL"
+    )
     broker.add_argument("--tiered-upload-bytes", type=int, default=4 << 20)
     broker.add_argument("--tiered-upload-interval-ms", type=int, default=2000)
-    broker.add_argument("--local-retention-bytes", type=int, default=0,
-                        help="keep at least this many bytes locally once uploaded (0 = keep all)")
+    broker.add_argument(
+        "--local-retention-bytes",
+        type=int,
+        default=0,
+        help="keep at least this many bytes locally once uploaded (0 = keep all)",
+    )
 
 
 def run_broker(args: argparse.Namespace) -> int:
     validate_name_arg("--cluster", args.cluster)
     validate_name_arg("--broker-name", args.broker_name)
     config = BrokerConfig(
-        cluster=args.cluster, broker_name=args.broker_name,
+        cluster=args.cluster,
+        broker_name=args.broker_name,
         listen=parse_addresses(args.listen, "--listen address")[0],
-        controllers=parse_addresses(args.controllers), data_dir=args.data_dir,
-        election_priority=args.election_priority, in_sync_replicas=args.in_sync_replicas,
+        controllers=parse_addresses(args.controllers),
+        data_dir=args.data_dir,
+        election_priority=args.election_priority,
+        in_sync_replicas=args.in_sync_replicas,
         min_in_sync_replicas=args.min_in_sync_replicas,
         all_ack_in_sync_state_set=not args.no_all_ack,
         ha_max_time_slave_not_catchup_ms=args.ha_max_time_slave_not_catchup_ms,
-        send_timeout_ms=args.send_timeout_ms, segment_bytes=args.segment_bytes,
-        tiered_url=args.tiered_store, tiered_upload_bytes=args.tiered_upload_bytes,
+        send_timeout_ms=args.send_timeout_ms,
+        segment_bytes=args.segment_bytes,
+        tiered_url=args.tiered_store,
+        tiered_upload_bytes=args.tiered_upload_bytes,
         tiered_upload_interval_ms=args.tiered_upload_interval_ms,
-        local_retention_bytes=args.local_retention_bytes)
+        local_retention_bytes=args.local_retention_bytes,
+    )
     if config.tiered_url:
         from broker_agent.tiered import TieredConfig
 
-        TieredConfig(config.tiered_url, config.tiered_upload_bytes,
-                     config.tiered_upload_interval_ms, config.local_retention_bytes).validate()
+        TieredConfig(
+            config.tiered_url,
+            config.tiered_upload_bytes,
+            config.tiered_upload_interval_ms,
+            config.local_retention_bytes,
+        ).validate()
     elif config.local_retention_bytes:
-        raise InvalidArgument("--local-retention-bytes needs --tiered-store: local segments are "
-                              "deleted only once they are in the tiered store")
+        raise InvalidArgument(
+            "--local-retention-bytes needs --tiered-store: local segments are "
+            "deleted only once they are in the tiered store"
+        )
     agent = BrokerAgent(config)
     server = _grpc_server(config.listen)
     bpb_grpc.add_BrokerServiceServicer_to_server(BrokerServicer(agent), server)

@@ -108,8 +108,11 @@ def _check_int(kind: str, value: object, minimum: int, maximum: int) -> int:
 
 
 def _consumer_offset_body(group: str, topic: str, queue_id: int, offset: int) -> bytes:
-    return json.dumps({"group": group, "offset": offset, "queue_id": queue_id, "topic": topic},
-                      sort_keys=True, separators=(",", ":")).encode()
+    return json.dumps(
+        {"group": group, "offset": offset, "queue_id": queue_id, "topic": topic},
+        sort_keys=True,
+        separators=(",", ":"),
+    ).encode()
 
 
 def _parse_consumer_offset(record: StoredRecord) -> tuple[ConsumerKey, int]:
@@ -119,10 +122,16 @@ def _parse_consumer_offset(record: StoredRecord) -> tuple[ConsumerKey, int]:
         offset = body["offset"]
     except (ValueError, UnicodeDecodeError, KeyError, TypeError):
         key, offset = None, None
-    if key is None or not (isinstance(key[0], str) and isinstance(key[1], str)
-                           and type(key[2]) is int and type(offset) is int and offset >= 0):
-        raise CorruptData(f"consumer offset record at {record.commit_offset} has a malformed "
-                          f"body {record.body[:200]!r}")
+    if key is None or not (
+        isinstance(key[0], str)
+        and isinstance(key[1], str)
+        and type(key[2]) is int
+        and type(offset) is int
+        and offset >= 0
+    ):
+        raise CorruptData(
+            f"consumer offset record at {record.commit_offset} has a malformed body {record.body[:200]!r}"
+        )
     return key, offset
 
 
@@ -161,7 +170,7 @@ class _QueueIndex:
         """Drops the entries at or after `commit_offset`."""
         keep = self.first_at_or_after(commit_offset)
         if keep < self.count:
-            del self.entries[keep * _INDEX_ENTRY.size:]
+            del self.entries[keep * _INDEX_ENTRY.size :]
             self.flushed = min(self.flushed, keep)
             self.dirty = True
 
@@ -176,8 +185,9 @@ class _QueueIndex:
             size = _INDEX_ENTRY.size
             if created:
                 os.pwrite(fd, _INDEX_HEADER.pack(_INDEX_MAGIC, 1, self.base), 0)
-            os.pwrite(fd, bytes(self.entries[self.flushed * size:]),
-                      _INDEX_HEADER.size + self.flushed * size)
+            os.pwrite(
+                fd, bytes(self.entries[self.flushed * size :]), _INDEX_HEADER.size + self.flushed * size
+            )
             os.ftruncate(fd, _INDEX_HEADER.size + len(self.entries))
             if fsync:
                 os.fsync(fd)
@@ -191,9 +201,15 @@ class _QueueIndex:
 class MessageStore:
     """The broker's storage; every public method is thread-safe (one lock)."""
 
-    def __init__(self, directory: Path | str, segment_bytes: int = SEGMENT_BYTES_DEFAULT,
-                 fsync: bool = True, broker_name: str = "b", *,
-                 index_checkpoint_bytes: int = INDEX_CHECKPOINT_BYTES_DEFAULT) -> None:
+    def __init__(
+        self,
+        directory: Path | str,
+        segment_bytes: int = SEGMENT_BYTES_DEFAULT,
+        fsync: bool = True,
+        broker_name: str = "b",
+        *,
+        index_checkpoint_bytes: int = INDEX_CHECKPOINT_BYTES_DEFAULT,
+    ) -> None:
         if not isinstance(broker_name, str) or not 0 < len(broker_name.encode()) <= BROKER_NAME_BYTES_MAX:
             raise InvalidArgument(f"broker_name {broker_name!r} must be 1-{BROKER_NAME_BYTES_MAX} bytes")
         _check_int("index_checkpoint_bytes", index_checkpoint_bytes, 1, 1 << 40)
@@ -223,17 +239,22 @@ class MessageStore:
     def _open(self) -> None:
         intent = self._read_intent()
         if intent is not None:
-            log.warning("%s: finishing a truncation to %d that a crash interrupted",
-                        self.directory, intent)
+            log.warning("%s: finishing a truncation to %d that a crash interrupted", self.directory, intent)
             self._truncate_durable(intent)
         max_offset = self.log.max_offset
         if any(start > max_offset for _, start in self.epochs.entries):
-            log.warning("%s: dropping epoch entries that start past the log's end %d (a crash "
-                        "came between writing them and their records)", self.directory, max_offset)
+            log.warning(
+                "%s: dropping epoch entries that start past the log's end %d (a crash "
+                "came between writing them and their records)",
+                self.directory,
+                max_offset,
+            )
             self.epochs.truncate_from(max_offset + 1)
         if max_offset > self.log.min_offset and not self.epochs.entries:
-            raise CorruptData(f"{self.directory}: the commit log holds records but the epoch file "
-                              "has no entry; refusing to guess which master wrote them")
+            raise CorruptData(
+                f"{self.directory}: the commit log holds records but the epoch file "
+                "has no entry; refusing to guess which master wrote them"
+            )
         trusted = self._load_index()
         self._scan_into_index(trusted)
         self._write_checkpoint()
@@ -262,8 +283,7 @@ class MessageStore:
             queues = None  # retention deleted records the index never saw
         if checkpoint is None or queues is None:
             if self._index_dir.exists():
-                log.warning("%s: the index is incomplete; rebuilding it from the commit log",
-                            self.directory)
+                log.warning("%s: the index is incomplete; rebuilding it from the commit log", self.directory)
                 shutil.rmtree(self._index_dir)
             self._queues, self._consumer_offsets = {}, {}
             self._checkpoint_offset = self.log.min_offset
@@ -303,8 +323,12 @@ class MessageStore:
         queues: dict[QueueKey, _QueueIndex] = {}
         try:
             for topic, queue_id, base, count in listed:
-                if not TOPIC_PATTERN.fullmatch(topic) or type(queue_id) is not int \
-                        or type(base) is not int or type(count) is not int:
+                if (
+                    not TOPIC_PATTERN.fullmatch(topic)
+                    or type(queue_id) is not int
+                    or type(base) is not int
+                    or type(count) is not int
+                ):
                     raise ValueError(f"bad queue {topic!r}/{queue_id!r}")
                 queue = self._load_queue_file(topic, queue_id, base, count)
                 if queue is None:
@@ -327,12 +351,15 @@ class MessageStore:
             log.warning("%s: missing although the checkpoint lists it", path)
             return None
         size = _INDEX_ENTRY.size
-        if len(data) < _INDEX_HEADER.size or _INDEX_HEADER.unpack_from(data) != (_INDEX_MAGIC, 1, base) \
-                or len(data) < _INDEX_HEADER.size + count * size:
+        if (
+            len(data) < _INDEX_HEADER.size
+            or _INDEX_HEADER.unpack_from(data) != (_INDEX_MAGIC, 1, base)
+            or len(data) < _INDEX_HEADER.size + count * size
+        ):
             log.warning("%s: header or length does not match the checkpoint", path)
             return None
         queue = _QueueIndex(topic, queue_id, base, path)
-        queue.entries = bytearray(data[_INDEX_HEADER.size:_INDEX_HEADER.size + count * size])
+        queue.entries = bytearray(data[_INDEX_HEADER.size : _INDEX_HEADER.size + count * size])
         queue.flushed = count
         queue.dirty = len(data) != _INDEX_HEADER.size + count * size
         return queue
@@ -351,27 +378,33 @@ class MessageStore:
                 if covering != record.epoch:
                     raise CorruptData(
                         f"{self.directory}: the record at {record.commit_offset} has epoch "
-                        f"{record.epoch} but the epoch file says {covering} for that offset")
-                self._index_record(record.topic, record.queue_id, record.queue_offset,
-                                   record.commit_offset, record.size)
+                        f"{record.epoch} but the epoch file says {covering} for that offset"
+                    )
+                self._index_record(
+                    record.topic, record.queue_id, record.queue_offset, record.commit_offset, record.size
+                )
                 if record.topic == CONSUMER_OFFSET_TOPIC:
                     key, value = _parse_consumer_offset(record)
                     self._consumer_offsets[key] = value
             offset += len(data)
 
-    def _index_record(self, topic: str, queue_id: int, queue_offset: int, commit_offset: int,
-                      size: int) -> None:
+    def _index_record(
+        self, topic: str, queue_id: int, queue_offset: int, commit_offset: int, size: int
+    ) -> None:
         queue = self._queues.get((topic, queue_id))
         if queue is None:
             queue = _QueueIndex(topic, queue_id, queue_offset, self._index_dir / topic / str(queue_id))
             self._queues[(topic, queue_id)] = queue
         elif queue_offset != queue.max_offset:
-            raise CorruptData(f"{self.directory}: the record at {commit_offset} has queue offset "
-                              f"{queue_offset} in {topic}/{queue_id}, which expects {queue.max_offset}")
+            raise CorruptData(
+                f"{self.directory}: the record at {commit_offset} has queue offset "
+                f"{queue_offset} in {topic}/{queue_id}, which expects {queue.max_offset}"
+            )
         queue.append(commit_offset, size)
 
-    def _replay_consumer_offsets(self, start_from: dict[ConsumerKey, int], start: int,
-                                 end: int) -> dict[ConsumerKey, int]:
+    def _replay_consumer_offsets(
+        self, start_from: dict[ConsumerKey, int], start: int, end: int
+    ) -> dict[ConsumerKey, int]:
         """`start_from` updated with the consumer offset records in [start, end)."""
         offsets = dict(start_from)
         queue = self._queues.get((CONSUMER_OFFSET_TOPIC, 0))
@@ -428,8 +461,10 @@ class MessageStore:
         if epoch < last:
             raise FencedEpoch(f"epoch {epoch} is older than this store's epoch {last}")
         if epoch > last:
-            raise FailedPrecondition(f"epoch {epoch} has not begun in this store (its last epoch "
-                                     f"is {last}); call begin_epoch first")
+            raise FailedPrecondition(
+                f"epoch {epoch} has not begun in this store (its last epoch "
+                f"is {last}); call begin_epoch first"
+            )
 
     def begin_epoch(self, epoch: int) -> None:
         """Starts writing as master of `epoch`: appends (epoch, max_offset) to the epoch file."""
@@ -472,22 +507,26 @@ class MessageStore:
             next_offsets[key] = queue_offset + 1
             position += len(record)
         if len(self._queues) + len(next_offsets.keys() - self._queues.keys()) > QUEUES_MAX:
-            raise FailedPrecondition(f"this store already holds {len(self._queues)} queues; the "
-                                     f"limit is {QUEUES_MAX}")
+            raise FailedPrecondition(
+                f"this store already holds {len(self._queues)} queues; the limit is {QUEUES_MAX}"
+            )
         offsets = self.log.append(encoded)
         assert offsets == [r.commit_offset for r in results], (offsets, results)
         for result, record in zip(results, encoded, strict=True):
-            self._index_record(result.topic, result.queue_id, result.queue_offset,
-                               result.commit_offset, len(record))
+            self._index_record(
+                result.topic, result.queue_id, result.queue_offset, result.commit_offset, len(record)
+            )
         self._maybe_checkpoint()
         return results
 
-    def commit_consumer_offset(self, group: str, topic: str, queue_id: int, offset: int,
-                               epoch: int, now_ms: int) -> PutResult:
+    def commit_consumer_offset(
+        self, group: str, topic: str, queue_id: int, offset: int, epoch: int, now_ms: int
+    ) -> PutResult:
         """Records `group`'s next offset in topic/queue_id as a %CONSUMER_OFFSET% record."""
         if not isinstance(group, str) or not TOPIC_PATTERN.fullmatch(group):
-            raise InvalidArgument(f"group {group!r} is malformed: use 1-127 characters from "
-                                  "A-Z a-z 0-9 _ - % |")
+            raise InvalidArgument(
+                f"group {group!r} is malformed: use 1-127 characters from A-Z a-z 0-9 _ - % |"
+            )
         validate_topic(topic)
         _check_int("queue_id", queue_id, 0, QUEUE_ID_MAX)
         _check_int("offset", offset, 0, OFFSET_MAX)
@@ -496,8 +535,7 @@ class MessageStore:
         with self._lock:
             self._check_open()
             self._check_epoch(epoch)
-            if key not in self._consumer_offsets and \
-                    len(self._consumer_offsets) >= CONSUMER_OFFSET_KEYS_MAX:
+            if key not in self._consumer_offsets and len(self._consumer_offsets) >= CONSUMER_OFFSET_KEYS_MAX:
                 raise FailedPrecondition(f"{CONSUMER_OFFSET_KEYS_MAX} consumer offsets already kept")
             (result,) = self._put_locked([Message(CONSUMER_OFFSET_TOPIC, 0, body)], epoch, now_ms)
             self._consumer_offsets[key] = offset
@@ -513,8 +551,9 @@ class MessageStore:
         with self._lock:
             self._check_open()
             if offset != self.log.max_offset:
-                raise FailedPrecondition(f"replicated data starts at {offset} but this store ends "
-                                         f"at {self.log.max_offset}")
+                raise FailedPrecondition(
+                    f"replicated data starts at {offset} but this store ends at {self.log.max_offset}"
+                )
             new_epochs, consumer_offsets = self._plan_replicated(records)
             for epoch, start in new_epochs:
                 self.epochs.append(epoch, start)  # the epoch file leads the log
@@ -523,14 +562,16 @@ class MessageStore:
                 assert written == [r.commit_offset for r in records], (written, records)
             end = self.log.max_offset
             for record in records:
-                self._index_record(record.topic, record.queue_id, record.queue_offset,
-                                   record.commit_offset, record.size)
+                self._index_record(
+                    record.topic, record.queue_id, record.queue_offset, record.commit_offset, record.size
+                )
             self._consumer_offsets.update(consumer_offsets)
             self._maybe_checkpoint()
             return end
 
-    def _plan_replicated(self, records: Iterable[StoredRecord]
-                         ) -> tuple[list[tuple[int, int]], dict[ConsumerKey, int]]:
+    def _plan_replicated(
+        self, records: Iterable[StoredRecord]
+    ) -> tuple[list[tuple[int, int]], dict[ConsumerKey, int]]:
         last_epoch = self.epochs.last_epoch
         new_epochs: list[tuple[int, int]] = []
         next_offsets: dict[QueueKey, int] = {}
@@ -541,7 +582,8 @@ class MessageStore:
             if record.epoch < last_epoch:
                 raise FailedPrecondition(
                     f"replicated record at {record.commit_offset} has epoch {record.epoch}, older "
-                    f"than this store's epoch {last_epoch}: truncate to the consistent point first")
+                    f"than this store's epoch {last_epoch}: truncate to the consistent point first"
+                )
             if record.epoch > last_epoch:
                 new_epochs.append((record.epoch, record.commit_offset))
                 last_epoch = record.epoch
@@ -551,9 +593,11 @@ class MessageStore:
                 queue = self._queues.get(key)
                 expected = queue.max_offset if queue is not None else record.queue_offset
             if record.queue_offset != expected:
-                raise CorruptData(f"replicated record at {record.commit_offset} has queue offset "
-                                  f"{record.queue_offset} in {record.topic}/{record.queue_id}, "
-                                  f"which expects {expected}")
+                raise CorruptData(
+                    f"replicated record at {record.commit_offset} has queue offset "
+                    f"{record.queue_offset} in {record.topic}/{record.queue_id}, "
+                    f"which expects {expected}"
+                )
             next_offsets[key] = expected + 1
             if record.topic == CONSUMER_OFFSET_TOPIC:
                 consumer_key, value = _parse_consumer_offset(record)
@@ -568,15 +612,17 @@ class MessageStore:
         with self._lock:
             self._check_open()
             if not self.log.is_boundary(offset) or offset < self.log.min_offset:
-                raise InvalidArgument(f"offset {offset} is not a record start in "
-                                      f"[{self.log.min_offset}, {self.log.max_offset}]")
+                raise InvalidArgument(
+                    f"offset {offset} is not a record start in [{self.log.min_offset}, {self.log.max_offset}]"
+                )
             write_atomically(self._intent_path, dump_checksummed({"offset": offset}), self.fsync)
             self._truncate_durable(offset)
             for queue in self._queues.values():
                 queue.cut(offset)
             if offset >= self._checkpoint_offset:
                 self._consumer_offsets = self._replay_consumer_offsets(
-                    self._checkpoint_consumer_offsets, self._checkpoint_offset, offset)
+                    self._checkpoint_consumer_offsets, self._checkpoint_offset, offset
+                )
             else:
                 self._consumer_offsets = self._replay_consumer_offsets({}, self.log.min_offset, offset)
             self._write_checkpoint()
@@ -593,7 +639,7 @@ class MessageStore:
                 low, high = queue.first_at_or_after(start), queue.first_at_or_after(end)
                 if low < high:
                     size = _INDEX_ENTRY.size
-                    found[key] = (queue.base + low, bytes(queue.entries[low * size:high * size]))
+                    found[key] = (queue.base + low, bytes(queue.entries[low * size : high * size]))
             return found
 
     def delete_before(self, offset: int) -> int:
@@ -619,8 +665,16 @@ class MessageStore:
         """read_bytes up to 64 MiB, for the tiered uploader (see CommitLog.read_bulk)."""
         return self.log.read_bulk(offset, max_bytes, check)
 
-    def get_messages(self, topic: str, queue_id: int, queue_offset: int, max_count: int,
-                     max_commit_offset: int, *, max_bytes: int = GET_BYTES_DEFAULT) -> list[StoredRecord]:
+    def get_messages(
+        self,
+        topic: str,
+        queue_id: int,
+        queue_offset: int,
+        max_count: int,
+        max_commit_offset: int,
+        *,
+        max_bytes: int = GET_BYTES_DEFAULT,
+    ) -> list[StoredRecord]:
         """Up to `max_count` records of topic/queue_id from `queue_offset`, only those
         ending at or before `max_commit_offset` (the confirm offset), at most `max_bytes`
         (but at least one record). Each record's checksum is verified (CorruptData)."""
@@ -636,8 +690,11 @@ class MessageStore:
                 return []
             min_offset = self._queue_min_offset(queue)
             if queue_offset < min_offset:
-                raise InvalidArgument(f"queue offset {queue_offset} of {topic}/{queue_id} is below "
-                                      f"its minimum {min_offset} (deleted)", code="OFFSET_TOO_SMALL")
+                raise InvalidArgument(
+                    f"queue offset {queue_offset} of {topic}/{queue_id} is below "
+                    f"its minimum {min_offset} (deleted)",
+                    code="OFFSET_TOO_SMALL",
+                )
             records: list[StoredRecord] = []
             total = 0
             first = queue_offset - queue.base
@@ -647,9 +704,11 @@ class MessageStore:
                     break
                 record = self.log.read_record_at(commit_offset, size)
                 if (record.topic, record.queue_id, record.queue_offset) != (topic, queue_id, queue.base + i):
-                    raise CorruptData(f"{self.directory}: the index entry {topic}/{queue_id}/"
-                                      f"{queue.base + i} points at a record of {record.topic}/"
-                                      f"{record.queue_id}/{record.queue_offset}")
+                    raise CorruptData(
+                        f"{self.directory}: the index entry {topic}/{queue_id}/"
+                        f"{queue.base + i} points at a record of {record.topic}/"
+                        f"{record.queue_id}/{record.queue_offset}"
+                    )
                 records.append(record)
                 total += size
             return records

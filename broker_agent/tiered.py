@@ -74,8 +74,9 @@ class TieredConfig:
 
     def validate(self) -> None:
         if not 1 << 10 <= self.upload_bytes <= UPLOAD_BYTES_MAX:
-            raise InvalidArgument(f"tiered upload bytes must be from 1 KiB to {UPLOAD_BYTES_MAX} "
-                                  "(one read of the commit log)")
+            raise InvalidArgument(
+                f"tiered upload bytes must be from 1 KiB to {UPLOAD_BYTES_MAX} (one read of the commit log)"
+            )
         if not 10 <= self.upload_interval_ms <= 3_600_000:
             raise InvalidArgument("tiered upload interval must be from 10 ms to 1 hour")
         if self.local_retention_bytes < 0:
@@ -151,16 +152,23 @@ class TieredUploader:
 
     def _resume(self, epoch: int) -> None:
         """Promotion: adopt the controller's checkpoint if this log agrees with it."""
-        checkpoint = self._controller("GetTieredCheckpoint", cpb.BrokerSetRef(
-            cluster=self.agent.config.cluster, broker_name=self.agent.config.broker_name))
+        checkpoint = self._controller(
+            "GetTieredCheckpoint",
+            cpb.BrokerSetRef(cluster=self.agent.config.cluster, broker_name=self.agent.config.broker_name),
+        )
         lineage = [(e.epoch, e.start_offset) for e in checkpoint.epochs]
         store = self.agent.store
-        agreed = consistent_point(lineage, store.epochs.entries, store.max_offset,
-                                  checkpoint.uploaded_offset) if checkpoint.uploaded_offset else 0
+        agreed = (
+            consistent_point(lineage, store.epochs.entries, store.max_offset, checkpoint.uploaded_offset)
+            if checkpoint.uploaded_offset
+            else 0
+        )
         self.checkpoint_epoch = epoch
         if agreed < checkpoint.uploaded_offset:
-            self.refused = (f"the tiered store holds [0, {checkpoint.uploaded_offset}) but this "
-                            f"master's log agrees with it only up to {agreed}; not uploading")
+            self.refused = (
+                f"the tiered store holds [0, {checkpoint.uploaded_offset}) but this "
+                f"master's log agrees with it only up to {agreed}; not uploading"
+            )
             log.error("%s", self.refused)
             return
         self.refused = ""
@@ -180,16 +188,26 @@ class TieredUploader:
         self._still(epoch)
         with agent.lock:
             if end > agent.confirm:  # T1: never upload beyond the confirm offset
-                raise FailedPrecondition(f"[{base}, {end}) is past the confirm offset "
-                                         f"{agent.confirm}")
+                raise FailedPrecondition(f"[{base}, {end}) is past the confirm offset {agent.confirm}")
             agent.note_confirm(force=True)  # the audit's T1 evidence precedes the upload
         upload = prepare_upload(store, data, base, cluster=cluster, broker_name=name)
         upload_id = uuid.uuid4().hex
-        self.backend.put(upload_marker_key(cluster, name, upload_id),
-                         json.dumps({"keys": upload.keys(), "epoch": epoch}).encode())
-        self._controller("TieredUploadStart", cpb.TieredUploadStartRequest(
-            cluster=cluster, broker_name=name, master_broker_id=agent.broker_id,
-            master_epoch=epoch, upload_id=upload_id, base_offset=base, end_offset=end))
+        self.backend.put(
+            upload_marker_key(cluster, name, upload_id),
+            json.dumps({"keys": upload.keys(), "epoch": epoch}).encode(),
+        )
+        self._controller(
+            "TieredUploadStart",
+            cpb.TieredUploadStartRequest(
+                cluster=cluster,
+                broker_name=name,
+                master_broker_id=agent.broker_id,
+                master_epoch=epoch,
+                upload_id=upload_id,
+                base_offset=base,
+                end_offset=end,
+            ),
+        )
 
         def put(key: str, body: bytes) -> None:
             self._still(epoch)
@@ -198,14 +216,29 @@ class TieredUploader:
         meta = write_upload(put, upload)  # checks every record's CRC while putting
         verify_stored(self.backend, meta)
         self._still(epoch)
-        self.checkpoint = self._controller("TieredCommit", cpb.TieredCommitRequest(
-            cluster=cluster, broker_name=name, master_broker_id=agent.broker_id,
-            master_epoch=epoch, upload_id=upload_id,
-            segments=[cpb.TieredSegment(
-                key=meta.key, base_offset=meta.base_offset, end_offset=meta.end_offset,
-                size=meta.size, sha256=meta.sha256, record_count=meta.record_count,
-                first_epoch=meta.first_epoch, last_epoch=meta.last_epoch)],
-            epochs=[cpb.TieredEpoch(epoch=e, start_offset=s) for e, s in upload.epochs]))
+        self.checkpoint = self._controller(
+            "TieredCommit",
+            cpb.TieredCommitRequest(
+                cluster=cluster,
+                broker_name=name,
+                master_broker_id=agent.broker_id,
+                master_epoch=epoch,
+                upload_id=upload_id,
+                segments=[
+                    cpb.TieredSegment(
+                        key=meta.key,
+                        base_offset=meta.base_offset,
+                        end_offset=meta.end_offset,
+                        size=meta.size,
+                        sha256=meta.sha256,
+                        record_count=meta.record_count,
+                        first_epoch=meta.first_epoch,
+                        last_epoch=meta.last_epoch,
+                    )
+                ],
+                epochs=[cpb.TieredEpoch(epoch=e, start_offset=s) for e, s in upload.epochs],
+            ),
+        )
         self.last_upload = time.monotonic()
         log.info("uploaded [%d, %d) to %s", base, end, meta.key)
         self._apply_retention()
@@ -233,8 +266,10 @@ class TieredUploader:
         store = self.agent.store
         if store.max_offset - store.min_offset <= self.config.local_retention_bytes:
             return  # nothing could go: spare the controller the call
-        checkpoint = self._controller("GetTieredCheckpoint", cpb.BrokerSetRef(
-            cluster=self.agent.config.cluster, broker_name=self.agent.config.broker_name))
+        checkpoint = self._controller(
+            "GetTieredCheckpoint",
+            cpb.BrokerSetRef(cluster=self.agent.config.cluster, broker_name=self.agent.config.broker_name),
+        )
         uploaded = checkpoint.uploaded_offset
         if not uploaded:
             return
@@ -244,8 +279,7 @@ class TieredUploader:
             if self.agent.role == Role.SLAVE:
                 self._retain(min(uploaded, agreed))
 
-    def read_queue(self, topic: str, queue_id: int, queue_offset: int,
-                   max_count: int) -> list[StoredRecord]:
+    def read_queue(self, topic: str, queue_id: int, queue_offset: int, max_count: int) -> list[StoredRecord]:
         """Records of one queue that only the tiered store still holds (retention cut them
         locally). Only entries inside the committed range count, and each record read
         must be the one its index entry names."""
@@ -268,9 +302,11 @@ class TieredUploader:
                 data = self.backend.get_range(segment.key, commit - segment.base_offset, size)
                 record = decode_record(data, 0, commit)
                 if (record.topic, record.queue_id, record.queue_offset) != (topic, queue_id, offset):
-                    raise CorruptData(f"tiered index {key} names {topic}/{queue_id}@{offset} at "
-                                      f"{commit}, but that record is {record.topic}/"
-                                      f"{record.queue_id}@{record.queue_offset}")
+                    raise CorruptData(
+                        f"tiered index {key} names {topic}/{queue_id}@{offset} at "
+                        f"{commit}, but that record is {record.topic}/"
+                        f"{record.queue_id}@{record.queue_offset}"
+                    )
                 records.append(record)
                 if len(records) >= max_count:
                     return records
@@ -303,9 +339,16 @@ class TieredUploader:
                     if key not in committed and "/commitlog/" in key:
                         self.backend.delete(key)
                 self.backend.delete(marker)
-        self.checkpoint = self._controller("TieredForgetAbandoned", cpb.TieredForgetRequest(
-            cluster=cluster, broker_name=name, master_broker_id=self.agent.broker_id,
-            master_epoch=epoch, upload_ids=abandoned))
+        self.checkpoint = self._controller(
+            "TieredForgetAbandoned",
+            cpb.TieredForgetRequest(
+                cluster=cluster,
+                broker_name=name,
+                master_broker_id=self.agent.broker_id,
+                master_epoch=epoch,
+                upload_ids=abandoned,
+            ),
+        )
         log.info("deleted the objects of abandoned uploads %s", abandoned)
 
 
@@ -326,26 +369,37 @@ class PreparedUpload:
 
     def meta(self, sha256: str) -> SegmentMeta:
         key, data = self.objects[0]
-        return SegmentMeta(key=key, base_offset=self.base_offset,
-                           end_offset=self.base_offset + len(data), size=len(data), sha256=sha256,
-                           record_count=self.record_count, first_epoch=self.first_epoch,
-                           last_epoch=self.last_epoch)
+        return SegmentMeta(
+            key=key,
+            base_offset=self.base_offset,
+            end_offset=self.base_offset + len(data),
+            size=len(data),
+            sha256=sha256,
+            record_count=self.record_count,
+            first_epoch=self.first_epoch,
+            last_epoch=self.last_epoch,
+        )
 
 
-def prepare_upload(store: MessageStore, data: bytes, base: int, *, cluster: str,
-                   broker_name: str) -> PreparedUpload:
+def prepare_upload(
+    store: MessageStore, data: bytes, base: int, *, cluster: str, broker_name: str
+) -> PreparedUpload:
     """The objects for `data`, read from this broker's own store at `base`. The store's
     index and epoch file describe the bytes: no record is decoded here."""
     end = base + len(data)
     runs = store.index_runs_between(base, end)
     epochs = [(e, s) for e, s in store.epochs.entries if s < end]
     indexes = build_index_objects(runs, cluster=cluster, broker_name=broker_name)
-    lineage_key, lineage = build_epoch_lineage(epochs, end, cluster=cluster,
-                                               broker_name=broker_name)
+    lineage_key, lineage = build_epoch_lineage(epochs, end, cluster=cluster, broker_name=broker_name)
     record_count = sum(len(packed) for _, packed in runs.values()) // INDEX_ENTRY_BYTES
-    return PreparedUpload(base, record_count, epoch_covering(epochs, base), epochs[-1][0],
-                          [(segment_key(cluster, broker_name, base, end), data),
-                           *indexes.items(), (lineage_key, lineage)], epochs)
+    return PreparedUpload(
+        base,
+        record_count,
+        epoch_covering(epochs, base),
+        epochs[-1][0],
+        [(segment_key(cluster, broker_name, base, end), data), *indexes.items(), (lineage_key, lineage)],
+        epochs,
+    )
 
 
 def write_upload(put: Callable[[str, bytes], None], upload: PreparedUpload) -> SegmentMeta:
@@ -372,8 +426,9 @@ def write_upload(put: Callable[[str, bytes], None], upload: PreparedUpload) -> S
     for future in puts:
         future.result()
     if records != upload.record_count:
-        raise CorruptData(f"{key}: {records} records in the commit log, {upload.record_count} in "
-                          "the store's index")
+        raise CorruptData(
+            f"{key}: {records} records in the commit log, {upload.record_count} in the store's index"
+        )
     return upload.meta(digest.result())
 
 
@@ -389,15 +444,21 @@ def bootstrap_from_tiered(agent: BrokerAgent, master_min_offset: int, still_curr
     Stopping half-way is safe: the next handshake starts from wherever the log ends.
     """
     if not agent.config.tiered_url:
-        raise FailedPrecondition("the master no longer holds this slave's next offset and this "
-                                 "broker has no --tiered-store to bootstrap from")
+        raise FailedPrecondition(
+            "the master no longer holds this slave's next offset and this "
+            "broker has no --tiered-store to bootstrap from"
+        )
     backend = open_backend(agent.config.tiered_url)
-    checkpoint = agent.controller.call("GetTieredCheckpoint", cpb.BrokerSetRef(
-        cluster=agent.config.cluster, broker_name=agent.config.broker_name))
+    checkpoint = agent.controller.call(
+        "GetTieredCheckpoint",
+        cpb.BrokerSetRef(cluster=agent.config.cluster, broker_name=agent.config.broker_name),
+    )
     store = agent.store
     if checkpoint.uploaded_offset < master_min_offset:
-        raise FailedPrecondition(f"the tiered store ends at {checkpoint.uploaded_offset} but the "
-                                 f"master's log starts at {master_min_offset}: cannot bootstrap")
+        raise FailedPrecondition(
+            f"the tiered store ends at {checkpoint.uploaded_offset} but the "
+            f"master's log starts at {master_min_offset}: cannot bootstrap"
+        )
     start = store.max_offset
     log.info("bootstrapping [%d, %d) from the tiered store", start, checkpoint.uploaded_offset)
     for segment in sorted(checkpoint.segments, key=lambda s: s.base_offset):
@@ -412,7 +473,7 @@ def bootstrap_from_tiered(agent: BrokerAgent, master_min_offset: int, still_curr
         if len(data) != segment.size or hashlib.sha256(data).hexdigest() != segment.sha256:
             raise CorruptData(f"tiered segment {segment.key} does not match its checksum")
         offset = store.max_offset
-        for piece in _pieces(data[offset - segment.base_offset:], BOOTSTRAP_APPEND_BYTES):
+        for piece in _pieces(data[offset - segment.base_offset :], BOOTSTRAP_APPEND_BYTES):
             with agent.lock:
                 if not still_current():
                     log.info("bootstrap stopped at %d: the master changed", offset)

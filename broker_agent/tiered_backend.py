@@ -60,8 +60,9 @@ _COMPARE_CHUNK_BYTES = 8 << 20
 _KEY_SEGMENT = re.compile(r"[A-Za-z0-9_.=%|-]+")
 _LOCAL_SCHEMES = ("file", "local")
 # Object stores: no atomic rename, but a PUT is all-or-nothing.
-_OBJECT_STORE_SCHEMES = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "oss",
-                                   "oci", "ocilake", "tos", "tosfs"})
+_OBJECT_STORE_SCHEMES = frozenset(
+    {"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "oss", "oci", "ocilake", "tos", "tosfs"}
+)
 
 
 class TieredBackend(Protocol):
@@ -86,8 +87,7 @@ class TieredBackend(Protocol):
         InvalidArgument when `start` is past the end."""
         ...
 
-    def exists(self, key: str) -> bool:
-        ...
+    def exists(self, key: str) -> bool: ...
 
     def list(self, prefix: str) -> builtins.list[str]:
         """The sorted keys starting with `prefix` (a plain string prefix, "" for all)."""
@@ -109,12 +109,16 @@ def validate_key(key: str) -> str:
     if TEMP_MARK in key:
         raise InvalidArgument(f"key {key!r} contains {TEMP_MARK!r}, which names temporary files")
     for segment in key.split("/"):
-        if segment in ("", ".", "..") or len(segment) > KEY_SEGMENT_CHARS_MAX \
-                or not _KEY_SEGMENT.fullmatch(segment):
+        if (
+            segment in ("", ".", "..")
+            or len(segment) > KEY_SEGMENT_CHARS_MAX
+            or not _KEY_SEGMENT.fullmatch(segment)
+        ):
             raise InvalidArgument(
                 f"key {key!r} is malformed: use '/'-separated relative segments of 1-"
                 f"{KEY_SEGMENT_CHARS_MAX} characters from A-Z a-z 0-9 _ . = % | - "
-                "(no empty, '.' or '..' segment, no leading '/')")
+                "(no empty, '.' or '..' segment, no leading '/')"
+            )
     return key
 
 
@@ -135,8 +139,7 @@ def _check_data(key: str, data: bytes) -> bytes:
     if not isinstance(data, bytes | bytearray | memoryview):
         raise InvalidArgument(f"data for {key!r} must be bytes, not {type(data).__name__}")
     if len(data) > OBJECT_BYTES_MAX:
-        raise InvalidArgument(f"object {key!r} would be {len(data)} bytes; the limit is "
-                              f"{OBJECT_BYTES_MAX}")
+        raise InvalidArgument(f"object {key!r} would be {len(data)} bytes; the limit is {OBJECT_BYTES_MAX}")
     return bytes(data)
 
 
@@ -147,8 +150,10 @@ def _check_range(start: int, length: int) -> None:
 
 
 def _refuse_overwrite(key: str) -> FailedPrecondition:
-    return FailedPrecondition(f"object {key!r} already exists with different bytes; tiered objects "
-                              "are immutable (delete it first if it is known garbage)")
+    return FailedPrecondition(
+        f"object {key!r} already exists with different bytes; tiered objects "
+        "are immutable (delete it first if it is known garbage)"
+    )
 
 
 @contextmanager
@@ -161,8 +166,7 @@ def _translated(action: str, key: str) -> Iterator[None]:
     except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
         raise NotFound(f"tiered object {key!r} not found") from None
     except Exception as exc:  # any fsspec implementation's own errors too
-        raise Unavailable(f"tiered storage could not {action} {key!r}: "
-                          f"{type(exc).__name__}: {exc}") from exc
+        raise Unavailable(f"tiered storage could not {action} {key!r}: {type(exc).__name__}: {exc}") from exc
 
 
 class LocalBackend:
@@ -203,7 +207,7 @@ class LocalBackend:
         try:
             view = memoryview(data)
             while view:
-                view = view[os.write(fd, view):]
+                view = view[os.write(fd, view) :]
             if self.fsync:
                 os.fsync(fd)
         finally:
@@ -245,7 +249,7 @@ class LocalBackend:
             if os.fstat(f.fileno()).st_size != len(data):
                 return False
             for pos in range(0, len(data), _COMPARE_CHUNK_BYTES):
-                if f.read(_COMPARE_CHUNK_BYTES) != data[pos:pos + _COMPARE_CHUNK_BYTES]:
+                if f.read(_COMPARE_CHUNK_BYTES) != data[pos : pos + _COMPARE_CHUNK_BYTES]:
                     return False
             return True
 
@@ -254,8 +258,10 @@ class LocalBackend:
         with _translated("read", key), open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
             if size > OBJECT_BYTES_MAX:
-                raise FailedPrecondition(f"object {key!r} is {size} bytes, past the "
-                                         f"{OBJECT_BYTES_MAX}-byte limit; not written by us")
+                raise FailedPrecondition(
+                    f"object {key!r} is {size} bytes, past the "
+                    f"{OBJECT_BYTES_MAX}-byte limit; not written by us"
+                )
             return f.read()
 
     def get_range(self, key: str, start: int, length: int) -> bytes:
@@ -312,8 +318,9 @@ def _raise_unless_missing(error: OSError) -> None:
 
 def _check_list_size(prefix: str, count: int) -> None:
     if count > LIST_KEYS_MAX:
-        raise FailedPrecondition(f"more than {LIST_KEYS_MAX} keys start with {prefix!r}; list a "
-                                 "narrower prefix")
+        raise FailedPrecondition(
+            f"more than {LIST_KEYS_MAX} keys start with {prefix!r}; list a narrower prefix"
+        )
 
 
 class FsspecBackend:
@@ -329,8 +336,9 @@ class FsspecBackend:
             try:
                 fs, root = fsspec.core.url_to_fs(url, **storage_options)
             except ImportError as exc:
-                raise InvalidArgument(f"the {scheme}:// filesystem needs a package that is not "
-                                      f"installed ({exc})") from None
+                raise InvalidArgument(
+                    f"the {scheme}:// filesystem needs a package that is not installed ({exc})"
+                ) from None
         self.url = url
         self.fs = fs
         self.root = str(root).rstrip("/")
@@ -376,8 +384,10 @@ class FsspecBackend:
         with _translated("read", key):
             size = self.fs.size(path)
             if size > OBJECT_BYTES_MAX:
-                raise FailedPrecondition(f"object {key!r} is {size} bytes, past the "
-                                         f"{OBJECT_BYTES_MAX}-byte limit; not written by us")
+                raise FailedPrecondition(
+                    f"object {key!r} is {size} bytes, past the "
+                    f"{OBJECT_BYTES_MAX}-byte limit; not written by us"
+                )
             return bytes(self.fs.cat_file(path))
 
     def get_range(self, key: str, start: int, length: int) -> bytes:
@@ -416,7 +426,7 @@ class FsspecBackend:
         with _translated("list", prefix):
             self.fs.invalidate_cache(directory)  # another process may have written
             for path in self.fs.find(directory, detail=False):
-                key = str(path)[len(self.root) + 1:]
+                key = str(path)[len(self.root) + 1 :]
                 if key.startswith(prefix) and TEMP_MARK not in key:
                     keys.append(key)
                     _check_list_size(prefix, len(keys))
@@ -433,8 +443,10 @@ def open_backend(url_or_path: str) -> TieredBackend:
     if not isinstance(url_or_path, str) or not url_or_path.strip():
         raise InvalidArgument(f"tiered storage location {url_or_path!r} is empty")
     if "::" in url_or_path:
-        raise InvalidArgument(f"chained fsspec URLs such as {url_or_path!r} are not supported: "
-                              "caching layers break atomic publication")
+        raise InvalidArgument(
+            f"chained fsspec URLs such as {url_or_path!r} are not supported: "
+            "caching layers break atomic publication"
+        )
     scheme = _scheme_of(url_or_path)
     if scheme is None:
         return LocalBackend(Path(url_or_path))
@@ -444,7 +456,9 @@ def open_backend(url_or_path: str) -> TieredBackend:
             raise InvalidArgument(f"{url_or_path!r} names no directory")
         return LocalBackend(Path(path))
     if scheme not in fsspec.available_protocols():
-        raise InvalidArgument(f"tiered storage location {url_or_path!r} has the unknown scheme "
-                              f"{scheme!r}: use a path, file://, memory://, or another fsspec "
-                              "scheme such as s3:// or gs://")
+        raise InvalidArgument(
+            f"tiered storage location {url_or_path!r} has the unknown scheme "
+            f"{scheme!r}: use a path, file://, memory://, or another fsspec "
+            "scheme such as s3:// or gs://"
+        )
     return FsspecBackend(url_or_path)

@@ -65,8 +65,7 @@ _INDEX_TRAILER = struct.Struct("<I")  # crc32 of header + entries
 
 def _check_name(kind: str, value: str) -> str:
     if not isinstance(value, str) or not _NAME_PATTERN.fullmatch(value):
-        raise InvalidArgument(f"{kind} {value!r} is malformed: use 1-127 characters from "
-                              "A-Z a-z 0-9 _ - % |")
+        raise InvalidArgument(f"{kind} {value!r} is malformed: use 1-127 characters from A-Z a-z 0-9 _ - % |")
     return value
 
 
@@ -102,14 +101,12 @@ def parse_segment_key(key: str) -> tuple[int, int]:
     return int(match[1]), int(match[2])
 
 
-def index_key(cluster: str, broker_name: str, topic: str, queue_id: int,
-              first_queue_offset: int) -> str:
+def index_key(cluster: str, broker_name: str, topic: str, queue_id: int, first_queue_offset: int) -> str:
     validate_topic(topic)
     if isinstance(queue_id, bool) or not isinstance(queue_id, int) or not 0 <= queue_id <= QUEUE_ID_MAX:
         raise InvalidArgument(f"queue_id {queue_id!r} is not an integer in [0, {QUEUE_ID_MAX}]")
     _check_offset("first_queue_offset", first_queue_offset)
-    return (f"{broker_prefix(cluster, broker_name)}index/{topic}/{queue_id}/"
-            f"{first_queue_offset:020d}.idx")
+    return f"{broker_prefix(cluster, broker_name)}index/{topic}/{queue_id}/{first_queue_offset:020d}.idx"
 
 
 def epochs_key(cluster: str, broker_name: str, end_offset: int) -> str:
@@ -119,8 +116,9 @@ def epochs_key(cluster: str, broker_name: str, end_offset: int) -> str:
 
 def upload_marker_key(cluster: str, broker_name: str, upload_id: str) -> str:
     if not isinstance(upload_id, str) or not _UPLOAD_ID_PATTERN.fullmatch(upload_id):
-        raise InvalidArgument(f"upload_id {upload_id!r} is malformed: use 1-64 characters from "
-                              "A-Z a-z 0-9 _ -")
+        raise InvalidArgument(
+            f"upload_id {upload_id!r} is malformed: use 1-64 characters from A-Z a-z 0-9 _ -"
+        )
     return f"{broker_prefix(cluster, broker_name)}uploads/{upload_id}.json"
 
 
@@ -140,8 +138,9 @@ class SegmentMeta:
 
     def __post_init__(self) -> None:
         if parse_segment_key(self.key) != (self.base_offset, self.end_offset):
-            raise InvalidArgument(f"segment key {self.key!r} does not name [{self.base_offset}, "
-                                  f"{self.end_offset})")
+            raise InvalidArgument(
+                f"segment key {self.key!r} does not name [{self.base_offset}, {self.end_offset})"
+            )
         if self.size != self.end_offset - self.base_offset:
             raise InvalidArgument(f"segment {self.key!r}: size {self.size} is not end - base")
         if not isinstance(self.sha256, str) or not _SHA256_PATTERN.fullmatch(self.sha256):
@@ -151,8 +150,10 @@ class SegmentMeta:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise InvalidArgument(f"segment {self.key!r}: {kind} {value!r} is not positive")
         if self.first_epoch > self.last_epoch or self.record_count > self.size:
-            raise InvalidArgument(f"segment {self.key!r}: epochs {self.first_epoch}..{self.last_epoch}"
-                                  f" or record count {self.record_count} impossible")
+            raise InvalidArgument(
+                f"segment {self.key!r}: epochs {self.first_epoch}..{self.last_epoch}"
+                f" or record count {self.record_count} impossible"
+            )
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -168,8 +169,9 @@ class SegmentMeta:
             raise CorruptData(f"malformed segment metadata: {exc}") from None
 
 
-def build_segment(data: bytes, base_offset: int, *, cluster: str,
-                  broker_name: str) -> tuple[bytes, SegmentMeta]:
+def build_segment(
+    data: bytes, base_offset: int, *, cluster: str, broker_name: str
+) -> tuple[bytes, SegmentMeta]:
     """The object for commit-log bytes `data` read from `base_offset`, and its meta.
 
     `data` must be whole, checksum-valid records of `broker_name`'s log at those
@@ -184,10 +186,16 @@ def build_segment(data: bytes, base_offset: int, *, cluster: str,
     records = split_records(data, base_offset)
     _check_records(records, broker_name)
     end_offset = base_offset + len(data)
-    meta = SegmentMeta(key=key,
-                       base_offset=base_offset, end_offset=end_offset, size=len(data),
-                       sha256=hashlib.sha256(data).hexdigest(), record_count=len(records),
-                       first_epoch=records[0].epoch, last_epoch=records[-1].epoch)
+    meta = SegmentMeta(
+        key=key,
+        base_offset=base_offset,
+        end_offset=end_offset,
+        size=len(data),
+        sha256=hashlib.sha256(data).hexdigest(),
+        record_count=len(records),
+        first_epoch=records[0].epoch,
+        last_epoch=records[-1].epoch,
+    )
     return data, meta
 
 
@@ -200,19 +208,24 @@ def _check_records(records: Sequence[StoredRecord], broker_name: str) -> None:
     """
     for before, after in zip(records, records[1:], strict=False):
         if after.epoch < before.epoch:
-            raise CorruptData(f"the record at {after.commit_offset} has epoch {after.epoch}, older "
-                              f"than epoch {before.epoch} before it: not one master's log")
+            raise CorruptData(
+                f"the record at {after.commit_offset} has epoch {after.epoch}, older "
+                f"than epoch {before.epoch} before it: not one master's log"
+            )
     for record in records:
         if record.epoch == 0:
             raise CorruptData(f"the record at {record.commit_offset} has epoch 0")
         if record.msg_id != make_msg_id(broker_name, record.commit_offset, record.epoch):
-            raise CorruptData(f"the record at {record.commit_offset} has message id "
-                              f"{record.msg_id}, which {broker_name} did not give that offset in "
-                              f"epoch {record.epoch}: wrong base offset or another broker's log")
+            raise CorruptData(
+                f"the record at {record.commit_offset} has message id "
+                f"{record.msg_id}, which {broker_name} did not give that offset in "
+                f"epoch {record.epoch}: wrong base offset or another broker's log"
+            )
 
 
-def verify_segment(backend: TieredBackend, meta: SegmentMeta,
-                   epochs: Sequence[EpochEntry] | None = None) -> None:
+def verify_segment(
+    backend: TieredBackend, meta: SegmentMeta, epochs: Sequence[EpochEntry] | None = None
+) -> None:
     """Re-reads the object: its length, sha256, and that it is whole valid records from
     base_offset matching the meta (CorruptData otherwise; NotFound when missing).
     With `epochs`, each record's epoch must be the one the lineage gives its offset."""
@@ -229,14 +242,18 @@ def verify_segment(backend: TieredBackend, meta: SegmentMeta,
         raise CorruptData(f"{meta.key}: {exc}") from None
     found = (len(records), records[0].epoch, records[-1].epoch) if records else (0, 0, 0)
     if found != (meta.record_count, meta.first_epoch, meta.last_epoch):
-        raise CorruptData(f"{meta.key}: holds (records, first epoch, last epoch) {found}, meta says "
-                          f"{(meta.record_count, meta.first_epoch, meta.last_epoch)}")
+        raise CorruptData(
+            f"{meta.key}: holds (records, first epoch, last epoch) {found}, meta says "
+            f"{(meta.record_count, meta.first_epoch, meta.last_epoch)}"
+        )
     if epochs is not None:
         for record in records:
             covering = epoch_covering(epochs, record.commit_offset)
             if covering != record.epoch:
-                raise CorruptData(f"{meta.key}: the record at {record.commit_offset} has epoch "
-                                  f"{record.epoch} but the lineage says {covering}")
+                raise CorruptData(
+                    f"{meta.key}: the record at {record.commit_offset} has epoch "
+                    f"{record.epoch} but the lineage says {covering}"
+                )
 
 
 # Reading ---------------------------------------------------------------------------------------
@@ -249,18 +266,21 @@ def find_gaps_and_overlaps(segments: Iterable[SegmentMeta]) -> list[str]:
     for segment in ordered:
         if reach is not None:
             if segment.base_offset > reach.end_offset:
-                problems.append(f"gap: [{reach.end_offset}, {segment.base_offset}) is in no segment "
-                                f"(between {reach.key} and {segment.key})")
+                problems.append(
+                    f"gap: [{reach.end_offset}, {segment.base_offset}) is in no segment "
+                    f"(between {reach.key} and {segment.key})"
+                )
             elif segment.base_offset < reach.end_offset:
-                problems.append(f"overlap: {segment.key} starts at {segment.base_offset}, inside "
-                                f"{reach.key} (ends at {reach.end_offset})")
+                problems.append(
+                    f"overlap: {segment.key} starts at {segment.base_offset}, inside "
+                    f"{reach.key} (ends at {reach.end_offset})"
+                )
         if reach is None or segment.end_offset > reach.end_offset:
             reach = segment
     return problems
 
 
-def read_range(backend: TieredBackend, segments: Sequence[SegmentMeta], offset: int,
-               max_bytes: int) -> bytes:
+def read_range(backend: TieredBackend, segments: Sequence[SegmentMeta], offset: int, max_bytes: int) -> bytes:
     """Whole records of the tiered copy from `offset` (a record start), as CommitLog.read
     serves them: at most `max_bytes` unless the first record alone is larger, continuing
     into the next segment while the segments are contiguous. b"" at the end of the
@@ -284,15 +304,19 @@ def read_range(backend: TieredBackend, segments: Sequence[SegmentMeta], offset: 
         data = _read_records(backend, segment, offset + total, max_bytes - total, first=not parts)
         parts.append(data)
         total += len(data)
-        if offset + total < segment.end_offset or i + 1 == len(ordered) \
-                or ordered[i + 1].base_offset != segment.end_offset:
+        if (
+            offset + total < segment.end_offset
+            or i + 1 == len(ordered)
+            or ordered[i + 1].base_offset != segment.end_offset
+        ):
             break
         i += 1
     return b"".join(parts)
 
 
-def _read_records(backend: TieredBackend, segment: SegmentMeta, offset: int, budget: int,
-                  first: bool) -> bytes:
+def _read_records(
+    backend: TieredBackend, segment: SegmentMeta, offset: int, budget: int, first: bool
+) -> bytes:
     """The whole records of `segment` from `offset` within `budget` bytes; when `first`,
     at least one record (even past the budget)."""
     remaining = segment.end_offset - offset
@@ -315,41 +339,50 @@ def _read_records(backend: TieredBackend, segment: SegmentMeta, offset: int, bud
             pos = check_record(buf, 0, offset)
     except (CorruptData, TornRecord) as exc:
         if pos == 0 and first and offset != segment.base_offset:
-            raise InvalidArgument(f"no valid record starts at {offset} in {segment.key}: not a "
-                                  "record start (or the object is corrupt: verify_segment "
-                                  "tells)") from None
+            raise InvalidArgument(
+                f"no valid record starts at {offset} in {segment.key}: not a "
+                "record start (or the object is corrupt: verify_segment "
+                "tells)"
+            ) from None
         raise CorruptData(f"{segment.key}: {exc}; never served") from None
     return buf[:pos]
 
 
 # Per-queue index -------------------------------------------------------------------------------
-def build_index_segments(records: Iterable[StoredRecord], *, cluster: str,
-                         broker_name: str) -> dict[str, bytes]:
+def build_index_segments(
+    records: Iterable[StoredRecord], *, cluster: str, broker_name: str
+) -> dict[str, bytes]:
     """One index object per queue present in `records` (one uploaded range, in log order).
 
     A queue's records must have consecutive queue offsets (CorruptData otherwise).
     """
     queues: dict[tuple[str, int], tuple[int, bytearray]] = {}
     for record in records:
-        first, entries = queues.setdefault((record.topic, record.queue_id),
-                                           (record.queue_offset, bytearray()))
+        first, entries = queues.setdefault(
+            (record.topic, record.queue_id), (record.queue_offset, bytearray())
+        )
         expected = first + len(entries) // _INDEX_ENTRY.size
         if record.queue_offset != expected:
-            raise CorruptData(f"the record at {record.commit_offset} has queue offset "
-                              f"{record.queue_offset} in {record.topic}/{record.queue_id}; "
-                              f"{expected} expected")
+            raise CorruptData(
+                f"the record at {record.commit_offset} has queue offset "
+                f"{record.queue_offset} in {record.topic}/{record.queue_id}; "
+                f"{expected} expected"
+            )
         entries += _INDEX_ENTRY.pack(record.commit_offset, record.size)
     objects: dict[str, bytes] = {}
     for (topic, queue_id), (first, entries) in sorted(queues.items()):
-        body = _INDEX_HEADER.pack(INDEX_MAGIC, INDEX_VERSION, queue_id, first,
-                                  len(entries) // _INDEX_ENTRY.size) + bytes(entries)
-        objects[index_key(cluster, broker_name, topic, queue_id, first)] = \
-            body + _INDEX_TRAILER.pack(zlib.crc32(body))
+        body = _INDEX_HEADER.pack(
+            INDEX_MAGIC, INDEX_VERSION, queue_id, first, len(entries) // _INDEX_ENTRY.size
+        ) + bytes(entries)
+        objects[index_key(cluster, broker_name, topic, queue_id, first)] = body + _INDEX_TRAILER.pack(
+            zlib.crc32(body)
+        )
     return objects
 
 
-def build_index_objects(runs: dict[tuple[str, int], tuple[int, bytes]], *,
-                        cluster: str, broker_name: str) -> dict[str, bytes]:
+def build_index_objects(
+    runs: dict[tuple[str, int], tuple[int, bytes]], *, cluster: str, broker_name: str
+) -> dict[str, bytes]:
     """Index objects from a store's own index (MessageStore.index_runs_between): {(topic,
     queue): (first queue offset, packed (commit offset u64, size u32) entries)} - the same
     objects build_index_segments makes by decoding records, without touching each entry."""
@@ -359,8 +392,9 @@ def build_index_objects(runs: dict[tuple[str, int], tuple[int, bytes]], *,
         if rest or not count:
             raise CorruptData(f"index entries of {topic}/{queue_id} are {len(packed)} bytes")
         body = _INDEX_HEADER.pack(INDEX_MAGIC, INDEX_VERSION, queue_id, first, count) + packed
-        objects[index_key(cluster, broker_name, topic, queue_id, first)] = \
-            body + _INDEX_TRAILER.pack(zlib.crc32(body))
+        objects[index_key(cluster, broker_name, topic, queue_id, first)] = body + _INDEX_TRAILER.pack(
+            zlib.crc32(body)
+        )
     return objects
 
 
@@ -379,29 +413,36 @@ def verify_stored(backend: TieredBackend, meta: SegmentMeta) -> None:
         raise CorruptData(f"{meta.key}: the stored object is not what was uploaded")
 
 
-def parse_index_segment(data: bytes, queue_id: int,
-                        first_queue_offset: int) -> list[tuple[int, int, int]]:
+def parse_index_segment(data: bytes, queue_id: int, first_queue_offset: int) -> list[tuple[int, int, int]]:
     """(queue offset, commit offset, size) of each entry of an index object made by
     build_index_segments for that queue; CorruptData when it does not check out."""
     fixed = _INDEX_HEADER.size + _INDEX_TRAILER.size
     if len(data) < fixed:
         raise CorruptData(f"index object of {len(data)} bytes is shorter than its header")
     magic, version, stored_queue_id, first, count = _INDEX_HEADER.unpack_from(data)
-    if (magic, version, stored_queue_id, first) != (INDEX_MAGIC, INDEX_VERSION, queue_id,
-                                                    first_queue_offset) \
-            or len(data) != fixed + count * _INDEX_ENTRY.size:
-        raise CorruptData(f"index object header {(magic, version, stored_queue_id, first, count)} "
-                          f"does not match queue {queue_id} from {first_queue_offset} and "
-                          f"{len(data)} bytes")
-    if zlib.crc32(data[:-_INDEX_TRAILER.size]) != _INDEX_TRAILER.unpack_from(data, len(data) - 4)[0]:
+    if (magic, version, stored_queue_id, first) != (
+        INDEX_MAGIC,
+        INDEX_VERSION,
+        queue_id,
+        first_queue_offset,
+    ) or len(data) != fixed + count * _INDEX_ENTRY.size:
+        raise CorruptData(
+            f"index object header {(magic, version, stored_queue_id, first, count)} "
+            f"does not match queue {queue_id} from {first_queue_offset} and "
+            f"{len(data)} bytes"
+        )
+    if zlib.crc32(data[: -_INDEX_TRAILER.size]) != _INDEX_TRAILER.unpack_from(data, len(data) - 4)[0]:
         raise CorruptData("index object checksum mismatch")
-    return [(first + i, *_INDEX_ENTRY.unpack_from(data, _INDEX_HEADER.size + i * _INDEX_ENTRY.size))
-            for i in range(count)]
+    return [
+        (first + i, *_INDEX_ENTRY.unpack_from(data, _INDEX_HEADER.size + i * _INDEX_ENTRY.size))
+        for i in range(count)
+    ]
 
 
 # Epoch lineage ---------------------------------------------------------------------------------
-def build_epoch_lineage(entries: Sequence[EpochEntry], end_offset: int, *, cluster: str,
-                        broker_name: str) -> tuple[str, bytes]:
+def build_epoch_lineage(
+    entries: Sequence[EpochEntry], end_offset: int, *, cluster: str, broker_name: str
+) -> tuple[str, bytes]:
     """The key and checksummed JSON of the lineage valid for the log up to `end_offset`:
     the entries starting before it (an epoch starting at or after it has no record there)."""
     _check_offset("end_offset", end_offset)
@@ -423,9 +464,13 @@ def parse_epoch_lineage(data: bytes) -> tuple[int, list[EpochEntry]]:
     if not isinstance(body, dict) or zlib.crc32(canonical.encode()) != crc:
         raise CorruptData("epoch lineage checksum mismatch")
     end_offset, raw = body.get("end_offset"), body.get("entries")
-    if type(end_offset) is not int or not isinstance(raw, list) or not all(
-            isinstance(e, list) and len(e) == 2 and all(type(v) is int and v >= 0 for v in e)
-            for e in raw):
+    if (
+        type(end_offset) is not int
+        or not isinstance(raw, list)
+        or not all(
+            isinstance(e, list) and len(e) == 2 and all(type(v) is int and v >= 0 for v in e) for e in raw
+        )
+    ):
         raise CorruptData("epoch lineage: end_offset or entries malformed")
     entries = [(e[0], e[1]) for e in raw]
     _check_lineage(entries, "epoch lineage")
@@ -439,7 +484,9 @@ def _check_lineage(entries: Sequence[EpochEntry], where: str) -> None:
         raise CorruptData(f"{where}: {len(entries)} entries; the limit is {EPOCH_ENTRIES_MAX}")
     for (epoch, start), (next_epoch, next_start) in zip(entries, entries[1:], strict=False):
         if next_epoch <= epoch or next_start < start:
-            raise CorruptData(f"{where}: ({epoch}, {start}) then ({next_epoch}, {next_start}) break "
-                              "the order (epochs strictly increase, starts never decrease)")
+            raise CorruptData(
+                f"{where}: ({epoch}, {start}) then ({next_epoch}, {next_start}) break "
+                "the order (epochs strictly increase, starts never decrease)"
+            )
     if entries and entries[0][0] < 1:
         raise CorruptData(f"{where}: epoch {entries[0][0]} (epochs start at 1)")

@@ -84,18 +84,24 @@ def check_queue(history: Sequence[HistoryEvent], sample_count_max: int = SAMPLE_
     enqueue_responses = responses(history, ENQUEUE)
     result_counts = Counter(response.result for response in enqueue_responses)
     enqueue_requests = [e for e in history if isinstance(e, RequestEvent) and e.operation == ENQUEUE]
-    dequeued = [r.value for r in responses(history, DEQUEUE)
-                if r.result == Result.SUCCESS and r.value is not None]
+    dequeued = [
+        r.value for r in responses(history, DEQUEUE) if r.result == Result.SUCCESS and r.value is not None
+    ]
     dequeue_counts = Counter(dequeued)
     statuses = enqueue_statuses(history)
 
-    lost = [value for value, status in statuses.items()
-            if status == EnqueueStatus.SUCCESS and value not in dequeue_counts]
+    lost = [
+        value
+        for value, status in statuses.items()
+        if status == EnqueueStatus.SUCCESS and value not in dequeue_counts
+    ]
     duplicates = {value: count for value, count in dequeue_counts.items() if count > 1}
     recovered = [value for value in dequeue_counts if statuses.get(value) == EnqueueStatus.UNKNOWN]
-    unexpected = {value: status.value for value in dequeue_counts
-                  if (status := statuses.get(value, EnqueueStatus.NEVER))
-                  in (EnqueueStatus.FAILED, EnqueueStatus.NEVER)}
+    unexpected = {
+        value: status.value
+        for value in dequeue_counts
+        if (status := statuses.get(value, EnqueueStatus.NEVER)) in (EnqueueStatus.FAILED, EnqueueStatus.NEVER)
+    }
     answered_count = len(enqueue_responses)
     return {
         "enqueueInvokeCount": len(enqueue_requests),
@@ -118,8 +124,9 @@ def check_queue(history: Sequence[HistoryEvent], sample_count_max: int = SAMPLE_
     }
 
 
-def check_recovery(history: Sequence[HistoryEvent], operation: str = ENQUEUE,
-                   flap_gap_ms: int = FLAP_GAP_MS_DEFAULT) -> dict:
+def check_recovery(
+    history: Sequence[HistoryEvent], operation: str = ENQUEUE, flap_gap_ms: int = FLAP_GAP_MS_DEFAULT
+) -> dict:
     """Unavailability windows of `operation` and their recovery times (see module doc)."""
     windows: list[dict[str, Any]] = []
     unavailable = False
@@ -129,8 +136,14 @@ def check_recovery(history: Sequence[HistoryEvent], operation: str = ENQUEUE,
             last = windows[-1] if windows else None
             if last is not None and response.timestamp_ms - last["unavailableEndTimestamp"] < flap_gap_ms:
                 continue
-            windows.append({"unavailableStartTimestamp": response.request_timestamp_ms,
-                            "unavailableEndTimestamp": None, "recoveryTime": None, "recovered": False})
+            windows.append(
+                {
+                    "unavailableStartTimestamp": response.request_timestamp_ms,
+                    "unavailableEndTimestamp": None,
+                    "recoveryTime": None,
+                    "recovered": False,
+                }
+            )
             unavailable = True
         elif not failed and unavailable:
             window = windows[-1]
@@ -180,8 +193,11 @@ def check_rto(history: Sequence[HistoryEvent], operation: str = ENQUEUE) -> dict
             record["isRecoveryInFaultInterval"] = in_fault and record is current
         awaiting_recovery.clear()
         unavailable = False
-    return {"results": records, "unexpectedUnavailableInNormalInterval": unexpected_unavailable,
-            "isValid": True}
+    return {
+        "results": records,
+        "unexpectedUnavailableInNormalInterval": unexpected_unavailable,
+        "isValid": True,
+    }
 
 
 def check_order(history: Sequence[HistoryEvent], sharding_keys: Iterable[str] | None = None) -> dict:
@@ -202,23 +218,39 @@ def check_order(history: Sequence[HistoryEvent], sharding_keys: Iterable[str] | 
         if wrong_start_value is not None:
             wrong_key = key
             break
-    return {"isOrder": wrong_key is None, "wrongShardingKey": wrong_key, "wrongStartValue": wrong_start_value,
-            "shardingKeyCount": len(keys), "isValid": True}
+    return {
+        "isOrder": wrong_key is None,
+        "wrongShardingKey": wrong_key,
+        "wrongStartValue": wrong_start_value,
+        "shardingKeyCount": len(keys),
+        "isValid": True,
+    }
 
 
 def latency_buckets(history: Sequence[HistoryEvent]) -> dict:
     """Bucket counts of dequeue end-to-end latency and enqueue send latency (SUCCESS only)."""
-    end_to_end_ms = [r.end_to_end_latency_ms for r in responses(history, DEQUEUE)
-                     if r.result == Result.SUCCESS and r.end_to_end_latency_ms >= 0]
-    send_ms = [r.send_latency_ms for r in responses(history, ENQUEUE)
-               if r.result == Result.SUCCESS and r.send_latency_ms >= 0]
+    end_to_end_ms = [
+        r.end_to_end_latency_ms
+        for r in responses(history, DEQUEUE)
+        if r.result == Result.SUCCESS and r.end_to_end_latency_ms >= 0
+    ]
+    send_ms = [
+        r.send_latency_ms
+        for r in responses(history, ENQUEUE)
+        if r.result == Result.SUCCESS and r.send_latency_ms >= 0
+    ]
     return {"endToEnd": _bucket_counts(end_to_end_ms), "send": _bucket_counts(send_ms)}
 
 
 def check_all(history: Sequence[HistoryEvent]) -> dict:
     """Every queue checker's result, keyed by checker."""
-    return {"queue": check_queue(history), "recovery": check_recovery(history), "rto": check_rto(history),
-            "order": check_order(history), "latency": latency_buckets(history)}
+    return {
+        "queue": check_queue(history),
+        "recovery": check_recovery(history),
+        "rto": check_rto(history),
+        "order": check_order(history),
+        "latency": latency_buckets(history),
+    }
 
 
 def _first_out_of_order(enqueued_values: list[str], dequeued_values: list[str]) -> str | None:
@@ -244,10 +276,17 @@ def _bucket_counts(latencies_ms: list[int]) -> dict[str, int]:
 
 
 def _new_rto_record(fault: FaultEvent) -> dict[str, Any]:
-    return {"faultName": fault.fault_name, "faultStartTimestamp": fault.timestamp_ms,
-            "faultEndTimestamp": None, "isUnavailableInFaultInterval": False,
-            "isRecoveryInFaultInterval": False, "recovered": False,
-            "startTimestamp": None, "endTimestamp": None, "rtoTime": None}
+    return {
+        "faultName": fault.fault_name,
+        "faultStartTimestamp": fault.timestamp_ms,
+        "faultEndTimestamp": None,
+        "isUnavailableInFaultInterval": False,
+        "isRecoveryInFaultInterval": False,
+        "recovered": False,
+        "startTimestamp": None,
+        "endTimestamp": None,
+        "rtoTime": None,
+    }
 
 
 def _in_time_order(events: list[ResponseEvent]) -> list[ResponseEvent]:
@@ -256,7 +295,9 @@ def _in_time_order(events: list[ResponseEvent]) -> list[ResponseEvent]:
 
 def _timeline(history: Sequence[HistoryEvent], operation: str) -> list[FaultEvent | ResponseEvent]:
     selected: list[FaultEvent | ResponseEvent] = [
-        event for event in history
+        event
+        for event in history
         if isinstance(event, FaultEvent)
-        or (isinstance(event, ResponseEvent) and event.operation == operation)]
+        or (isinstance(event, ResponseEvent) and event.operation == operation)
+    ]
     return sorted(selected, key=lambda event: event.timestamp_ms)

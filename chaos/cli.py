@@ -17,8 +17,11 @@ def add_chaos_parsers(sub) -> None:
     chaos_sub = chaos.add_subparsers(dest="chaos_command", required=True, parser_class=type(chaos))
     from chaos.toxiproxy import add_toxiproxy_arguments
 
-    add_toxiproxy_arguments(chaos_sub.add_parser(
-        "toxiproxy", help="serve the Toxiproxy HTTP API (a Toxiproxy-compatible fault proxy)"))
+    add_toxiproxy_arguments(
+        chaos_sub.add_parser(
+            "toxiproxy", help="serve the Toxiproxy HTTP API (a Toxiproxy-compatible fault proxy)"
+        )
+    )
     run = chaos_sub.add_parser("run", help="one run of a fault against a workload")
     run.add_argument("--fault", required=True, help="an OpenChaos fault name, or all-kill")
     _add_run_flags(run)
@@ -33,8 +36,12 @@ def add_chaos_parsers(sub) -> None:
 
 def _add_run_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-c", "--concurrency", type=int, default=4, help="client threads (4)")
-    parser.add_argument("--consumers", type=int, default=2,
-                        help="consumer threads of the queue workload, splitting the queues (2)")
+    parser.add_argument(
+        "--consumers",
+        type=int,
+        default=2,
+        help="consumer threads of the queue workload, splitting the queues (2)",
+    )
     parser.add_argument("-r", "--rate", type=float, default=20.0, help="operations per second (20)")
     parser.add_argument("-t", "--time", type=float, default=60.0, help="time limit in s (60)")
     parser.add_argument("-i", "--interval", type=float, default=30.0, help="fault interval in s (30)")
@@ -47,11 +54,19 @@ def _add_run_flags(parser: argparse.ArgumentParser) -> None:
 def _config(args: argparse.Namespace, fault: str, output_dir: Path):
     from chaos.runner import RunConfig
 
-    config = RunConfig(fault=fault, output_dir=output_dir, concurrency=args.concurrency,
-                       consumers=args.consumers, rate_per_s=args.rate, time_limit_s=args.time,
-                       interval_s=args.interval,
-                       fault_target=args.fault_target, workload=args.workload, seed=args.seed,
-                       audit=not args.no_audit)
+    config = RunConfig(
+        fault=fault,
+        output_dir=output_dir,
+        concurrency=args.concurrency,
+        consumers=args.consumers,
+        rate_per_s=args.rate,
+        time_limit_s=args.time,
+        interval_s=args.interval,
+        fault_target=args.fault_target,
+        workload=args.workload,
+        seed=args.seed,
+        audit=not args.no_audit,
+    )
     config.validate()
     return config
 
@@ -74,9 +89,17 @@ def _run_one(args: argparse.Namespace) -> int:
     summary = {k: outcome.result.get(k) for k in ("passed", "failures")}
     queue = outcome.result.get("queue")
     if queue:
-        summary["queue"] = {k: queue[k] for k in ("enqueueSuccessCount", "dequeueSuccessCount",
-                                                  "lostMessageCount", "duplicateMessageCount",
-                                                  "recoveredMessageCount", "isValid")}
+        summary["queue"] = {
+            k: queue[k]
+            for k in (
+                "enqueueSuccessCount",
+                "dequeueSuccessCount",
+                "lostMessageCount",
+                "duplicateMessageCount",
+                "recoveredMessageCount",
+                "isValid",
+            )
+        }
     summary["linearizable"] = outcome.result.get("linearizable")
     summary["audit"] = outcome.result["audit"]
     summary["output_dir"] = str(config.output_dir)
@@ -91,12 +114,16 @@ def _run_matrix(args: argparse.Namespace) -> int:
     faults = [f.strip() for f in args.faults.split(",") if f.strip()]
     unknown = [f for f in faults if f not in FAULT_NAMES]
     if not faults or unknown:
-        raise InvalidArgument(f"--faults: unknown {', '.join(unknown) or '(none given)'}; "
-                              f"choose from {', '.join(FAULT_NAMES)}")
+        raise InvalidArgument(
+            f"--faults: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(FAULT_NAMES)}"
+        )
     if not 1 <= args.runs <= 100:
         raise InvalidArgument("--runs must be between 1 and 100")
-    configs = [_config(args, fault, args.output_dir / f"{fault}-{i + 1}")
-               for fault in faults for i in range(args.runs)]
+    configs = [
+        _config(args, fault, args.output_dir / f"{fault}-{i + 1}")
+        for fault in faults
+        for i in range(args.runs)
+    ]
     rows: list[dict] = []
     args.output_dir.mkdir(parents=True, exist_ok=True)
     try:
@@ -105,9 +132,11 @@ def _run_matrix(args: argparse.Namespace) -> int:
             rows.append(_row(config.fault, config.output_dir, outcome.result, outcome.passed))
             # the table so far, so that a matrix stopped part-way still says what it found
             (args.output_dir / "matrix.json").write_text(json.dumps(rows, indent=2) + "\n")
-            print(f"{config.fault} run {config.output_dir.name}: "
-                  f"{'passed' if outcome.passed else 'FAILED ' + '; '.join(outcome.failures)}",
-                  file=sys.stderr)
+            print(
+                f"{config.fault} run {config.output_dir.name}: "
+                f"{'passed' if outcome.passed else 'FAILED ' + '; '.join(outcome.failures)}",
+                file=sys.stderr,
+            )
     finally:
         from spark.session import stop_session
 
@@ -127,21 +156,31 @@ def _shared_session_audit(run_dir: Path, report_dir: Path) -> int:
     from spark.cli import audit_status
     from spark.registry import CHECK_IDS
 
-    return audit_status([str(run_dir)], report_dir, None, list(CHECK_IDS),
-                        console=Console(file=io.StringIO()), prefix=f"audit of {run_dir}: ")
+    return audit_status(
+        [str(run_dir)],
+        report_dir,
+        None,
+        list(CHECK_IDS),
+        console=Console(file=io.StringIO()),
+        prefix=f"audit of {run_dir}: ",
+    )
 
 
 def _row(fault: str, out: Path, result: dict, passed: bool) -> dict:
     queue = result.get("queue") or {}
-    rtos = [r["rtoTime"] for r in result.get("rto") or []
-            if r.get("rtoTime") is not None]
-    return {"fault": fault, "run": out.name, "passed": passed,
-            "acked": queue.get("enqueueSuccessCount"), "lost": queue.get("lostMessageCount"),
-            "duplicated": queue.get("duplicateMessageCount"),
-            "recovered": queue.get("recoveredMessageCount"),
-            "max_rto_ms": max(rtos) if rtos else None,
-            "linearizable": result.get("linearizable"),
-            "audit": (result.get("audit") or {}).get("passed")}
+    rtos = [r["rtoTime"] for r in result.get("rto") or [] if r.get("rtoTime") is not None]
+    return {
+        "fault": fault,
+        "run": out.name,
+        "passed": passed,
+        "acked": queue.get("enqueueSuccessCount"),
+        "lost": queue.get("lostMessageCount"),
+        "duplicated": queue.get("duplicateMessageCount"),
+        "recovered": queue.get("recoveredMessageCount"),
+        "max_rto_ms": max(rtos) if rtos else None,
+        "linearizable": result.get("linearizable"),
+        "audit": (result.get("audit") or {}).get("passed"),
+    }
 
 
 def _print_table(rows: list[dict], as_json: bool) -> None:

@@ -27,10 +27,25 @@ from mqmeta.errors import InvalidArgument
 from mqmeta.harness import Cluster
 
 FAULT_NAMES = (
-    "noop", "minor-kill", "major-kill", "random-kill", "fixed-kill", "leader-kill",
-    "random-partition", "fixed-partition", "leader-partition", "partition-majorities-ring",
-    "bridge", "random-delay", "random-loss", "minor-suspend", "major-suspend",
-    "random-suspend", "leader-suspend", "fixed-suspend", "all-kill",
+    "noop",
+    "minor-kill",
+    "major-kill",
+    "random-kill",
+    "fixed-kill",
+    "leader-kill",
+    "random-partition",
+    "fixed-partition",
+    "leader-partition",
+    "partition-majorities-ring",
+    "bridge",
+    "random-delay",
+    "random-loss",
+    "minor-suspend",
+    "major-suspend",
+    "random-suspend",
+    "leader-suspend",
+    "fixed-suspend",
+    "all-kill",
 )
 TARGETS = ("controllers", "brokers", "all")
 DELAY_MS, DELAY_JITTER_MS = 100, 50
@@ -89,7 +104,7 @@ def _choose(fault: Fault) -> list[str]:
     if prefix == "major":
         return rng.sample(nodes, len(nodes) // 2 + 1)
     if prefix == "fixed":
-        return nodes[:1] if fault.name.endswith(("kill", "suspend")) else nodes[:len(nodes) // 2]
+        return nodes[:1] if fault.name.endswith(("kill", "suspend")) else nodes[: len(nodes) // 2]
     if prefix == "leader":
         return context.leaders()
     if fault.name.endswith("partition"):  # random-partition: a random minority
@@ -183,7 +198,7 @@ def bridge(nodes: list[str], rng: random.Random) -> set[frozenset[str]]:
     shuffled = list(nodes)
     rng.shuffle(shuffled)
     middle = len(shuffled) // 2
-    left, right = shuffled[:middle], shuffled[middle + 1:]
+    left, right = shuffled[:middle], shuffled[middle + 1 :]
     return {frozenset((a, b)) for a in left for b in right}
 
 
@@ -198,8 +213,9 @@ def _ring_or_bridge(fault: Fault) -> str:
 
 def _delay(fault: Fault) -> str:
     nodes = fault.context.nodes
-    fault.context.network.add_toxic(fault.context.network.touching(nodes), "latency",
-                                    {"latency": DELAY_MS, "jitter": DELAY_JITTER_MS})
+    fault.context.network.add_toxic(
+        fault.context.network.touching(nodes), "latency", {"latency": DELAY_MS, "jitter": DELAY_JITTER_MS}
+    )
     fault.affected = nodes
     fault._heal = fault.context.network.heal
     return f"latency {DELAY_MS}+-{DELAY_JITTER_MS} ms on {','.join(nodes)}"
@@ -207,8 +223,9 @@ def _delay(fault: Fault) -> str:
 
 def _loss(fault: Fault) -> str:
     nodes = fault.context.nodes
-    fault.context.network.add_toxic(fault.context.network.touching(nodes), "timeout",
-                                    {"timeout": LOSS_TIMEOUT_MS}, toxicity=LOSS_TOXICITY)
+    fault.context.network.add_toxic(
+        fault.context.network.touching(nodes), "timeout", {"timeout": LOSS_TIMEOUT_MS}, toxicity=LOSS_TOXICITY
+    )
     fault.affected = nodes
     fault._heal = fault.context.network.heal
     return f"black-holed {LOSS_TOXICITY:.0%} of connections on {','.join(nodes)}"
@@ -225,8 +242,12 @@ def _noop(fault: Fault) -> str:
 
 _CHOOSERS = ("minor", "major", "random", "fixed", "leader")
 _ACTIONS: dict[str, Callable[[Fault], str]] = {
-    "noop": _noop, "all-kill": _all_kill, "bridge": _ring_or_bridge,
-    "partition-majorities-ring": _ring_or_bridge, "random-delay": _delay, "random-loss": _loss,
+    "noop": _noop,
+    "all-kill": _all_kill,
+    "bridge": _ring_or_bridge,
+    "partition-majorities-ring": _ring_or_bridge,
+    "random-delay": _delay,
+    "random-loss": _loss,
     **{f"{who}-kill": _kill for who in _CHOOSERS},
     **{f"{who}-suspend": _suspend for who in _CHOOSERS},
     **{f"{who}-partition": _partition for who in ("random", "fixed", "leader")},

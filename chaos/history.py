@@ -152,14 +152,28 @@ def format_event(event: HistoryEvent) -> str:
         if event.extra_info is not None:
             fields.append(event.extra_info)
     elif isinstance(event, RequestEvent):
-        fields = [str(event.client_id), event.operation, EventType.REQUEST.value,
-                  _encode_optional(event.value), _encode_optional(event.sharding_key),
-                  str(event.timestamp_ms), _encode_optional(event.extra_info)]
+        fields = [
+            str(event.client_id),
+            event.operation,
+            EventType.REQUEST.value,
+            _encode_optional(event.value),
+            _encode_optional(event.sharding_key),
+            str(event.timestamp_ms),
+            _encode_optional(event.extra_info),
+        ]
     else:
-        fields = [str(event.client_id), event.operation, EventType.RESPONSE.value, event.result.value,
-                  _encode_optional(event.value), _encode_optional(event.sharding_key),
-                  str(event.timestamp_ms), str(event.send_latency_ms),
-                  _encode_optional(event.extra_info), str(event.end_to_end_latency_ms)]
+        fields = [
+            str(event.client_id),
+            event.operation,
+            EventType.RESPONSE.value,
+            event.result.value,
+            _encode_optional(event.value),
+            _encode_optional(event.sharding_key),
+            str(event.timestamp_ms),
+            str(event.send_latency_ms),
+            _encode_optional(event.extra_info),
+            str(event.end_to_end_latency_ms),
+        ]
     for field in fields:
         if "\t" in field or "\n" in field or "\r" in field:
             raise ValueError(f"history field {field!r} contains a tab or newline")
@@ -243,8 +257,11 @@ class HistoryRecorder:
 
 def responses(history: Sequence[HistoryEvent], operation: str | None = None) -> list[ResponseEvent]:
     """The response events of a history, optionally only those of one operation."""
-    return [event for event in history
-            if isinstance(event, ResponseEvent) and (operation is None or event.operation == operation)]
+    return [
+        event
+        for event in history
+        if isinstance(event, ResponseEvent) and (operation is None or event.operation == operation)
+    ]
 
 
 @dataclass(frozen=True, slots=True)
@@ -289,8 +306,9 @@ def _parse_fault(fields: list[str]) -> FaultEvent:
     except ValueError:
         raise ValueError(f"fault phase must be start or end, got {fields[2]!r}") from None
     extra_info = _decode_optional(fields[4]) if len(fields) == 5 else None
-    return FaultEvent(_require_text(fields[1], "faultName"), phase, _parse_int(fields[3], "timestamp"),
-                      extra_info)
+    return FaultEvent(
+        _require_text(fields[1], "faultName"), phase, _parse_int(fields[3], "timestamp"), extra_info
+    )
 
 
 def _parse_request(fields: list[str]) -> RequestEvent:

@@ -71,9 +71,16 @@ class RegisterOp:
     complete_ms: int | None  # None: open end (UNKNOWN or no response)
 
     def to_json(self) -> dict:
-        return {"client_id": self.client_id, "key": self.key, "kind": self.kind.value, "value": self.value,
-                "expected": self.expected, "outcome": self.outcome.value, "invoke_ms": self.invoke_ms,
-                "complete_ms": self.complete_ms}
+        return {
+            "client_id": self.client_id,
+            "key": self.key,
+            "kind": self.kind.value,
+            "value": self.value,
+            "expected": self.expected,
+            "outcome": self.outcome.value,
+            "invoke_ms": self.invoke_ms,
+            "complete_ms": self.complete_ms,
+        }
 
 
 @dataclass(slots=True)
@@ -120,21 +127,37 @@ def register_operations(history: Sequence[HistoryEvent]) -> list[RegisterOp]:
             if unknown or response is None:
                 continue  # an unanswered read tells nothing
             value = response.value
-        operations.append(RegisterOp(request.client_id, request.sharding_key, kind, value, expected,
-                                     outcome, request.timestamp_ms, complete_ms))
+        operations.append(
+            RegisterOp(
+                request.client_id,
+                request.sharding_key,
+                kind,
+                value,
+                expected,
+                outcome,
+                request.timestamp_ms,
+                complete_ms,
+            )
+        )
     return operations
 
 
-def check_linearizability(history: Sequence[HistoryEvent], time_limit_s: float = TIME_LIMIT_S_DEFAULT,
-                          state_count_max: int = STATE_COUNT_MAX_DEFAULT,
-                          clock: Callable[[], float] = time.monotonic) -> dict:
+def check_linearizability(
+    history: Sequence[HistoryEvent],
+    time_limit_s: float = TIME_LIMIT_S_DEFAULT,
+    state_count_max: int = STATE_COUNT_MAX_DEFAULT,
+    clock: Callable[[], float] = time.monotonic,
+) -> dict:
     """Check a metadata-workload history; see `check_operations` for the result."""
     return check_operations(register_operations(history), time_limit_s, state_count_max, clock)
 
 
-def check_operations(operations: Sequence[RegisterOp], time_limit_s: float = TIME_LIMIT_S_DEFAULT,
-                     state_count_max: int = STATE_COUNT_MAX_DEFAULT,
-                     clock: Callable[[], float] = time.monotonic) -> dict:
+def check_operations(
+    operations: Sequence[RegisterOp],
+    time_limit_s: float = TIME_LIMIT_S_DEFAULT,
+    state_count_max: int = STATE_COUNT_MAX_DEFAULT,
+    clock: Callable[[], float] = time.monotonic,
+) -> dict:
     """Check register operations key by key, smallest key first; stop at the first failing key.
 
     Returns ``{"linearizable": True | False | None, "keys_checked", "failing_key",
@@ -165,9 +188,14 @@ def check_operations(operations: Sequence[RegisterOp], time_limit_s: float = TIM
     linearizable: bool | None = False
     if failing_key is None:
         linearizable = None if unknown_keys else True
-    return {"linearizable": linearizable, "keys_checked": keys_checked, "failing_key": failing_key,
-            "counterexample": [op.to_json() for op in counterexample], "unknown_keys": unknown_keys,
-            "explored_state_count": budget.explored_state_count}
+    return {
+        "linearizable": linearizable,
+        "keys_checked": keys_checked,
+        "failing_key": failing_key,
+        "counterexample": [op.to_json() for op in counterexample],
+        "unknown_keys": unknown_keys,
+        "explored_state_count": budget.explored_state_count,
+    }
 
 
 def step(state: str | None, operation: RegisterOp) -> tuple[bool, str | None]:
@@ -225,6 +253,7 @@ def _check_key(operations: list[RegisterOp], budget: _Budget) -> _KeyVerdict:
 
 def _entry_list(operations: list[RegisterOp]) -> tuple[list[int], list[int], int]:
     """A doubly linked list of call/return entries in time order; calls before returns on ties."""
+
     def sort_key(entry: int) -> tuple[float, int]:
         operation = operations[entry >> 1]
         if entry & 1 == 0:
@@ -265,5 +294,5 @@ def _unlift(call: int, next_entry: list[int], previous_entry: list[int]) -> None
 
 
 def _counterexample(operations: list[RegisterOp], prefix: list[int], stuck_index: int) -> list[RegisterOp]:
-    tail = prefix[max(0, len(prefix) - (COUNTEREXAMPLE_OP_COUNT_MAX - 1)):]
+    tail = prefix[max(0, len(prefix) - (COUNTEREXAMPLE_OP_COUNT_MAX - 1)) :]
     return [operations[i] for i in tail] + [operations[stuck_index]]

@@ -34,7 +34,7 @@ PROXY_SEPARATOR = "__"
 class Link:
     source: str
     destination: str
-    upstream: str   # the real address dialled
+    upstream: str  # the real address dialled
     listen: str = ""  # the proxy's address, once created
 
     @property
@@ -48,8 +48,11 @@ def _links(cluster: Cluster) -> list[Link]:
     links = [Link(a.id, b.id, b.raft) for a, b in itertools.permutations(controllers, 2)]
     for broker in layout.brokers:
         links += [Link(broker.name, c.id, c.grpc) for c in controllers]
-        links += [Link(broker.name, other.name, other.grpc) for other in layout.brokers
-                  if other.broker_name == broker.broker_name and other.name != broker.name]
+        links += [
+            Link(broker.name, other.name, other.grpc)
+            for other in layout.brokers
+            if other.broker_name == broker.broker_name and other.name != broker.name
+        ]
     if not layout.embedded:
         links += [Link(NAMESRV, c.id, c.grpc) for c in controllers]
         links += [Link(CLIENT, NAMESRV, address) for address in layout.namesrv]
@@ -75,8 +78,9 @@ class ProxiedNetwork:
         links = _links(self.cluster)
         ports = iter(self._ports_apart_from_the_cluster(len(links)))
         for link in links:
-            proxy = self.server.create(upstream=link.upstream, name=link.name,
-                                       listen=f"127.0.0.1:{next(ports)}")
+            proxy = self.server.create(
+                upstream=link.upstream, name=link.name, listen=f"127.0.0.1:{next(ports)}"
+            )
             created.append(Link(link.source, link.destination, link.upstream, proxy.listen))
         self.links = created
         dial_dir = self.cluster.root / "dial"
@@ -92,10 +96,14 @@ class ProxiedNetwork:
         from controller.local import free_ports
 
         layout = self.cluster.layout
-        taken = {int(a.rpartition(":")[2]) for a in
-                 [n.grpc for n in layout.controllers] + [n.raft for n in layout.controllers]
-                 + [n.namesrv for n in layout.controllers if n.namesrv] + list(layout.namesrv)
-                 + [b.grpc for b in layout.brokers]}
+        taken = {
+            int(a.rpartition(":")[2])
+            for a in [n.grpc for n in layout.controllers]
+            + [n.raft for n in layout.controllers]
+            + [n.namesrv for n in layout.controllers if n.namesrv]
+            + list(layout.namesrv)
+            + [b.grpc for b in layout.brokers]
+        }
         for _ in range(10):
             ports = free_ports(count)
             if not taken & set(ports):
@@ -112,14 +120,15 @@ class ProxiedNetwork:
     # Faults ----------------------------------------------------------------------------
     def between(self, nodes_a: Iterable[str], nodes_b: Iterable[str]) -> list[Link]:
         a, b = set(nodes_a), set(nodes_b)
-        return [link for link in self.links
-                if (link.source in a and link.destination in b)
-                or (link.source in b and link.destination in a)]
+        return [
+            link
+            for link in self.links
+            if (link.source in a and link.destination in b) or (link.source in b and link.destination in a)
+        ]
 
     def touching(self, nodes: Iterable[str]) -> list[Link]:
         chosen = set(nodes)
-        return [link for link in self.links
-                if link.source in chosen or link.destination in chosen]
+        return [link for link in self.links if link.source in chosen or link.destination in chosen]
 
     def cut(self, pairs: Iterable[tuple[str, str]]) -> int:
         """Disables every proxy between each pair of nodes; returns how many."""
@@ -132,8 +141,9 @@ class ProxiedNetwork:
                 proxy.disable()
         return len(names)
 
-    def add_toxic(self, links: Iterable[Link], toxic_type: str, attributes: dict[str, int],
-                  toxicity: float = 1.0) -> int:
+    def add_toxic(
+        self, links: Iterable[Link], toxic_type: str, attributes: dict[str, int], toxicity: float = 1.0
+    ) -> int:
         """The same toxic on both streams of each link."""
         count = 0
         for link in links:
@@ -141,8 +151,7 @@ class ProxiedNetwork:
             if proxy is None:
                 continue
             for stream in ("upstream", "downstream"):
-                proxy.add_toxic(type=toxic_type, stream=stream, toxicity=toxicity,
-                                attributes=attributes)
+                proxy.add_toxic(type=toxic_type, stream=stream, toxicity=toxicity, attributes=attributes)
             count += 1
         return count
 

@@ -38,8 +38,16 @@ from mqmeta.pb import controller_pb2 as pb
 
 log = logging.getLogger(__name__)
 
-BROKER_FLAGS = ["--ha-max-time-slave-not-catchup-ms", "1500", "--send-timeout-ms", "3000",
-                "--tiered-upload-bytes", "65536", "--tiered-upload-interval-ms", "500"]
+BROKER_FLAGS = [
+    "--ha-max-time-slave-not-catchup-ms",
+    "1500",
+    "--send-timeout-ms",
+    "3000",
+    "--tiered-upload-bytes",
+    "65536",
+    "--tiered-upload-interval-ms",
+    "500",
+]
 TOXIPROXY_START_TIMEOUT_S = 10.0
 AUDIT_TIMEOUT_S = 600.0
 HEAL_SETTLE_S = 2.0
@@ -103,7 +111,10 @@ class _ToxiproxyProcess:
         log_file = open(root / "toxiproxy.log", "ab")
         self.process = subprocess.Popen(
             [sys.executable, "-m", "mqmeta.cli", "chaos", "toxiproxy", "--listen", self.address],
-            stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
         log_file.close()
         self._wait()
 
@@ -165,8 +176,13 @@ def run(config: RunConfig, audit: AuditFunction | None = None) -> RunResult:
     return _conclude(config, recorder, faults, audit)
 
 
-def _execute(config: RunConfig, cluster: Cluster, network: ProxiedNetwork,
-             recorder: HistoryRecorder, faults: list[dict[str, Any]]) -> None:
+def _execute(
+    config: RunConfig,
+    cluster: Cluster,
+    network: ProxiedNetwork,
+    recorder: HistoryRecorder,
+    faults: list[dict[str, Any]],
+) -> None:
     workload: QueueWorkload | MetadataWorkload
     wconfig = WorkloadConfig(config.concurrency, config.rate_per_s, config.consumers)
     if config.workload == "queue":
@@ -174,8 +190,9 @@ def _execute(config: RunConfig, cluster: Cluster, network: ProxiedNetwork,
             client.call("CreateTopic", pb.TopicSpec(name=TOPIC, queue_count=4))
         workload = QueueWorkload(cluster.namesrv, recorder, wconfig, ["broker-a"])
     else:
-        workload = MetadataWorkload([n.grpc for n in cluster.layout.controllers], recorder, wconfig,
-                                    config.seed)
+        workload = MetadataWorkload(
+            [n.grpc for n in cluster.layout.controllers], recorder, wconfig, config.seed
+        )
         with cluster.client() as client:
             workload.prepare(lambda spec: client.call("CreateTopic", spec))
     context = FaultContext(cluster, network, config.fault_target, random.Random(config.seed))
@@ -186,8 +203,9 @@ def _execute(config: RunConfig, cluster: Cluster, network: ProxiedNetwork,
         workload.stop(config.drain_s, healed_ms=faults[-1]["end_ms"] if faults else 0)
 
 
-def _fault_loop(config: RunConfig, context: FaultContext, recorder: HistoryRecorder,
-                faults: list[dict[str, Any]]) -> None:
+def _fault_loop(
+    config: RunConfig, context: FaultContext, recorder: HistoryRecorder, faults: list[dict[str, Any]]
+) -> None:
     end = time.monotonic() + config.time_limit_s
     while time.monotonic() + config.interval_s <= end:
         time.sleep(config.interval_s)
@@ -202,13 +220,21 @@ def _fault_loop(config: RunConfig, context: FaultContext, recorder: HistoryRecor
         fault.heal()
         end_ms = int(time.time() * 1000)
         recorder.record(FaultEvent(config.fault, FaultPhase.END, end_ms))
-        faults.append({"fault": config.fault, "start_ms": start_ms, "end_ms": end_ms, "what": what,
-                       "affected": fault.affected})
+        faults.append(
+            {
+                "fault": config.fault,
+                "start_ms": start_ms,
+                "end_ms": end_ms,
+                "what": what,
+                "affected": fault.affected,
+            }
+        )
     time.sleep(min(HEAL_SETTLE_S, max(0.0, end - time.monotonic())))
 
 
-def _conclude(config: RunConfig, recorder: HistoryRecorder, faults: list[dict[str, Any]],
-              audit: AuditFunction | None) -> RunResult:
+def _conclude(
+    config: RunConfig, recorder: HistoryRecorder, faults: list[dict[str, Any]], audit: AuditFunction | None
+) -> RunResult:
     from chaos.linearizability import check_linearizability
     from chaos.plot import latency_png
 
@@ -216,13 +242,18 @@ def _conclude(config: RunConfig, recorder: HistoryRecorder, faults: list[dict[st
     history = recorder.events()
     recorder.write(out / "history.tsv")
     latency_png(history, out / "latency.png")
-    result: dict[str, Any] = {"config": {k: str(v) if isinstance(v, Path) else v
-                                         for k, v in asdict(config).items()},
-                              "faults": faults}
+    result: dict[str, Any] = {
+        "config": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(config).items()},
+        "faults": faults,
+    }
     failures = []
     if config.workload == "queue":
-        result.update(queue=checkers.check_queue(history), order=checkers.check_order(history),
-                      latency_buckets=checkers.latency_buckets(history), linearizable=None)
+        result.update(
+            queue=checkers.check_queue(history),
+            order=checkers.check_order(history),
+            latency_buckets=checkers.latency_buckets(history),
+            linearizable=None,
+        )
         result.update(_as_list("recovery", checkers.check_recovery(history)))
         result.update(_as_list("rto", checkers.check_rto(history)))
         failures += _queue_failures(result)
@@ -231,8 +262,7 @@ def _conclude(config: RunConfig, recorder: HistoryRecorder, faults: list[dict[st
         result.update(linearizability=verdict, linearizable=verdict["linearizable"])
         result.update(_as_list("rto", checkers.check_rto(history, operation="write")))
         if verdict["linearizable"] is not True:
-            failures.append(f"linearizability: {verdict['linearizable']} "
-                            f"(key {verdict.get('failing_key')})")
+            failures.append(f"linearizability: {verdict['linearizable']} (key {verdict.get('failing_key')})")
     result["audit"] = _audit(config, audit)
     if result["audit"]["passed"] is False:
         failures.append(f"audit failed (see {result['audit']['report']})")
@@ -253,14 +283,14 @@ def _queue_failures(result: dict[str, Any]) -> list[str]:
     queue, order = result["queue"], result["order"]
     failures = []
     if not queue["isValid"]:
-        failures.append(f"queue: {queue['lostMessageCount']} lost, "
-                        f"{queue.get('unexpectedMessageCount', 0)} unexpected")
+        failures.append(
+            f"queue: {queue['lostMessageCount']} lost, {queue.get('unexpectedMessageCount', 0)} unexpected"
+        )
     if not order["isOrder"]:
         failures.append(f"order broken for sharding key {order.get('wrongShardingKey')}")
     if queue["enqueueSuccessCount"] == 0:
         failures.append("no enqueue succeeded: the run proves nothing")
-    never = [r for r in result["rto"]
-             if r["isUnavailableInFaultInterval"] and not r["recovered"]]
+    never = [r for r in result["rto"] if r["isUnavailableInFaultInterval"] and not r["recovered"]]
     if never:
         failures.append(f"{len(never)} fault interval(s) never recovered")
     return failures
@@ -273,7 +303,10 @@ def _audit(config: RunConfig, audit: AuditFunction | None) -> dict[str, Any]:
     if audit is not None:
         code = audit(config.output_dir, report)
     else:
-        code = subprocess.run([sys.executable, "-m", "mqmeta.cli", "audit", str(config.output_dir),
-                               "--report", str(report)], stdin=subprocess.DEVNULL,
-                              stdout=subprocess.DEVNULL, timeout=AUDIT_TIMEOUT_S).returncode
+        code = subprocess.run(
+            [sys.executable, "-m", "mqmeta.cli", "audit", str(config.output_dir), "--report", str(report)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            timeout=AUDIT_TIMEOUT_S,
+        ).returncode
     return {"passed": code == 0, "report": str(report / "report.json"), "exit_code": code}

@@ -179,8 +179,11 @@ def _check_name(value: object, what: str) -> str:
     if value is None or value == "":
         raise ApiError(400, f"missing required field: {what}")
     if not isinstance(value, str) or len(value) > NAME_LENGTH_MAX or "/" in value or not value.isprintable():
-        raise ApiError(400, f"{what} must be a string of 1..{NAME_LENGTH_MAX} printable characters "
-                       f"without '/', got {value!r}")
+        raise ApiError(
+            400,
+            f"{what} must be a string of 1..{NAME_LENGTH_MAX} printable characters "
+            f"without '/', got {value!r}",
+        )
     return value
 
 
@@ -214,17 +217,22 @@ def _check_attributes(toxic_type: str, given: object, base: dict[str, int]) -> d
     merged = dict(base)
     for key, value in given.items():
         if key not in allowed:
-            raise ApiError(400, f"unknown attribute {key!r} for a {toxic_type} toxic; "
-                           f"expected {', '.join(allowed)}")
+            raise ApiError(
+                400, f"unknown attribute {key!r} for a {toxic_type} toxic; expected {', '.join(allowed)}"
+            )
         if isinstance(value, float) and value.is_integer():
             value = int(value)
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= ATTRIBUTE_VALUE_MAX:
-            raise ApiError(400, f"{toxic_type} attribute {key!r} must be a non-negative integer, "
-                           f"got {value!r}")
+            raise ApiError(
+                400, f"{toxic_type} attribute {key!r} must be a non-negative integer, got {value!r}"
+            )
         merged[key] = value
     if toxic_type == "slicer" and not merged["size_variation"] < merged["average_size"]:
-        raise ApiError(400, "slicer attribute average_size must be greater than size_variation, got "
-                       f"average_size={merged['average_size']}, size_variation={merged['size_variation']}")
+        raise ApiError(
+            400,
+            "slicer attribute average_size must be greater than size_variation, got "
+            f"average_size={merged['average_size']}, size_variation={merged['size_variation']}",
+        )
     return merged
 
 
@@ -257,8 +265,9 @@ def _updated_toxic(toxic: Toxic, body: object) -> Toxic:
     fields = _check_object(body, _TOXIC_FIELDS, "toxic")
     for field, current in (("name", toxic.name), ("type", toxic.type), ("stream", toxic.stream.value)):
         if fields.get(field) not in (None, current):
-            raise ApiError(400, f"a toxic's {field} cannot change (is {current!r}); "
-                           "delete it and add another")
+            raise ApiError(
+                400, f"a toxic's {field} cannot change (is {current!r}); delete it and add another"
+            )
     return dataclasses.replace(
         toxic,
         toxicity=_check_toxicity(_field(fields, "toxicity", toxic.toxicity)),
@@ -336,8 +345,10 @@ class _Pipe:
         self.done = False  # end of stream delivered
 
     def start(self) -> None:
-        self.tasks = [asyncio.create_task(self._guard(self._read_loop())),
-                      asyncio.create_task(self._guard(self._write_loop()))]
+        self.tasks = [
+            asyncio.create_task(self._guard(self._read_loop())),
+            asyncio.create_task(self._guard(self._write_loop())),
+        ]
 
     async def _guard(self, work: Awaitable[None]) -> None:
         try:
@@ -381,8 +392,11 @@ class _Pipe:
         pieces, gap_s = [data], 0.0
         for toxic in (t for t in toxics if t.type == "slicer"):
             attributes = toxic.attributes
-            pieces = [cut for piece in pieces for cut in _cut(piece, attributes["average_size"],
-                                                                attributes["size_variation"], rng)]
+            pieces = [
+                cut
+                for piece in pieces
+                for cut in _cut(piece, attributes["average_size"], attributes["size_variation"], rng)
+            ]
             gap_s += attributes["delay"] / 1_000_000
         rates = [t.attributes["rate"] for t in toxics if t.type == "bandwidth" and t.attributes["rate"] > 0]
         for index, piece in enumerate(pieces):
@@ -817,13 +831,21 @@ class _Api:
             case ["proxies"]:
                 routes = {"GET": self._list_proxies, "POST": self._create_proxy}
             case ["proxies", _]:
-                routes = {"GET": self._show_proxy, "POST": self._update_proxy,
-                          "PATCH": self._update_proxy, "DELETE": self._delete_proxy}
+                routes = {
+                    "GET": self._show_proxy,
+                    "POST": self._update_proxy,
+                    "PATCH": self._update_proxy,
+                    "DELETE": self._delete_proxy,
+                }
             case ["proxies", _, "toxics"]:
                 routes = {"GET": self._list_toxics, "POST": self._create_toxic}
             case ["proxies", _, "toxics", _]:
-                routes = {"GET": self._show_toxic, "POST": self._update_toxic,
-                          "PATCH": self._update_toxic, "DELETE": self._delete_toxic}
+                routes = {
+                    "GET": self._show_toxic,
+                    "POST": self._update_toxic,
+                    "PATCH": self._update_toxic,
+                    "DELETE": self._delete_toxic,
+                }
             case _:
                 raise ApiError(404, f"no such endpoint: {path}")
         if method not in routes:
@@ -995,11 +1017,15 @@ class ToxiproxyServer:
 
 def add_toxiproxy_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--listen", default=DEFAULT_LISTEN, metavar="HOST:PORT",
+        "--listen",
+        default=DEFAULT_LISTEN,
+        metavar="HOST:PORT",
         help="address of the HTTP API (default %(default)s; port 0 picks a free port)",
     )
     parser.add_argument(
-        "--config", metavar="FILE", default=None,
+        "--config",
+        metavar="FILE",
+        default=None,
         help="JSON list of proxies to create at start, like toxiproxy-server -config",
     )
 

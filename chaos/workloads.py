@@ -88,8 +88,14 @@ class _Paced(threading.Thread):
 
 
 class _QueueProducer(_Paced):
-    def __init__(self, client_id: int, namesrv: str, recorder: HistoryRecorder,
-                 interval_s: float, broker_names: list[str]) -> None:
+    def __init__(
+        self,
+        client_id: int,
+        namesrv: str,
+        recorder: HistoryRecorder,
+        interval_s: float,
+        broker_names: list[str],
+    ) -> None:
         super().__init__(f"producer-{client_id}", interval_s)
         self.client_id = client_id
         self.recorder = recorder
@@ -118,8 +124,9 @@ class _QueueProducer(_Paced):
             definite = error.code == "IN_SYNC_REPLICAS_NOT_ENOUGH"
             result, info = (Result.FAILURE if definite else Result.UNKNOWN), _info(error)
         done_ms = now_ms()
-        self.recorder.record(ResponseEvent(self.client_id, "enqueue", result, value, key, done_ms,
-                                           done_ms - sent_ms, info))
+        self.recorder.record(
+            ResponseEvent(self.client_id, "enqueue", result, value, key, done_ms, done_ms - sent_ms, info)
+        )
 
     def close(self) -> None:
         self.producer.close()
@@ -168,19 +175,26 @@ class _QueueConsumer(threading.Thread):
         value, key, sent = body.decode().split("|")
         at_ms = now_ms()
         self.recorder.record(RequestEvent(self.client_id, "dequeue", None, None, at_ms))
-        self.recorder.record(ResponseEvent(self.client_id, "dequeue", Result.SUCCESS, value, key, at_ms, 0,
-                                           None, at_ms - int(sent)))
+        self.recorder.record(
+            ResponseEvent(
+                self.client_id, "dequeue", Result.SUCCESS, value, key, at_ms, 0, None, at_ms - int(sent)
+            )
+        )
         self.delivered.add(value)
 
 
 class QueueWorkload:
-    def __init__(self, namesrv: str, recorder: HistoryRecorder, config: WorkloadConfig,
-                 broker_names: list[str]) -> None:
+    def __init__(
+        self, namesrv: str, recorder: HistoryRecorder, config: WorkloadConfig, broker_names: list[str]
+    ) -> None:
         interval_s = config.concurrency / max(config.rate_per_s, 0.1)
-        self.producers = [_QueueProducer(i + 1, namesrv, recorder, interval_s, broker_names)
-                          for i in range(config.concurrency)]
-        self.consumers = [_QueueConsumer(namesrv, recorder, i, config.consumers)
-                          for i in range(config.consumers)]
+        self.producers = [
+            _QueueProducer(i + 1, namesrv, recorder, interval_s, broker_names)
+            for i in range(config.concurrency)
+        ]
+        self.consumers = [
+            _QueueConsumer(namesrv, recorder, i, config.consumers) for i in range(config.consumers)
+        ]
         self.recorder = recorder
 
     def delivered(self) -> set[str]:
@@ -216,8 +230,15 @@ class QueueWorkload:
 
 
 class _MetadataClient(_Paced):
-    def __init__(self, client_id: int, controllers: list[str], recorder: HistoryRecorder,
-                 interval_s: float, seed: int, values: itertools.count) -> None:
+    def __init__(
+        self,
+        client_id: int,
+        controllers: list[str],
+        recorder: HistoryRecorder,
+        interval_s: float,
+        seed: int,
+        values: itertools.count,
+    ) -> None:
         super().__init__(f"metadata-{client_id}", interval_s)
         self.client_id = client_id
         self.recorder = recorder
@@ -238,10 +259,17 @@ class _MetadataClient(_Paced):
         if kind == "write":
             self._update(key, "write", new, pb.TopicSpec(name=key, queue_count=int(new)))
         else:
-            old = str(self.rng.randrange(1, METADATA_VALUE_MAX + 1) if self.rng.random() < 0.3
-                      else self._last_seen(key))
-            self._update(key, "cas", encode_cas_value(old, new),
-                         pb.TopicSpec(name=key, queue_count=int(new), if_queue_count=int(old)))
+            old = str(
+                self.rng.randrange(1, METADATA_VALUE_MAX + 1)
+                if self.rng.random() < 0.3
+                else self._last_seen(key)
+            )
+            self._update(
+                key,
+                "cas",
+                encode_cas_value(old, new),
+                pb.TopicSpec(name=key, queue_count=int(new), if_queue_count=int(old)),
+            )
 
     def _last_seen(self, key: str) -> int:
         return self.last_read.get(key, 1)
@@ -258,8 +286,7 @@ class _MetadataClient(_Paced):
         except grpc.RpcError:
             result, value = Result.FAILURE, None  # a read that failed observed nothing
         done = now_ms()
-        self.recorder.record(ResponseEvent(self.client_id, "read", result, value, key, done,
-                                           done - start))
+        self.recorder.record(ResponseEvent(self.client_id, "read", result, value, key, done, done - start))
 
     def _update(self, key: str, kind: str, value: str, spec: pb.TopicSpec) -> None:
         start = now_ms()
@@ -273,32 +300,40 @@ class _MetadataClient(_Paced):
             error = from_rpc_error(rpc_error)
             result, value, info = _classify_update(error, kind, value, spec)
         done = now_ms()
-        self.recorder.record(ResponseEvent(self.client_id, kind, result, value, key, done,
-                                           done - start, info))
+        self.recorder.record(
+            ResponseEvent(self.client_id, kind, result, value, key, done, done - start, info)
+        )
 
     def close(self) -> None:
         self.channel.close()
 
 
-def _classify_update(error: MqmetaError, kind: str, value: str,
-                     spec: pb.TopicSpec) -> tuple[Result, str, str]:
+def _classify_update(
+    error: MqmetaError, kind: str, value: str, spec: pb.TopicSpec
+) -> tuple[Result, str, str]:
     if isinstance(error, FailedPrecondition) and error.code == "TOPIC_CHANGED":
-        return Result.FAILURE, encode_cas_value(str(spec.if_queue_count), str(spec.queue_count),
-                                                mismatch=True), _info(error)
+        return (
+            Result.FAILURE,
+            encode_cas_value(str(spec.if_queue_count), str(spec.queue_count), mismatch=True),
+            _info(error),
+        )
     if isinstance(error, InvalidArgument):
         return Result.FAILURE, value, _info(error)
     return Result.UNKNOWN, value, _info(error)
 
 
 class MetadataWorkload:
-    def __init__(self, controllers: list[str], recorder: HistoryRecorder, config: WorkloadConfig,
-                 seed: int) -> None:
+    def __init__(
+        self, controllers: list[str], recorder: HistoryRecorder, config: WorkloadConfig, seed: int
+    ) -> None:
         self.controllers = controllers
         self.recorder = recorder
         interval_s = config.concurrency / max(config.rate_per_s, 0.1)
         values = itertools.count(1)
-        self.clients = [_MetadataClient(i + 1, controllers, recorder, interval_s, seed + i, values)
-                        for i in range(config.concurrency)]
+        self.clients = [
+            _MetadataClient(i + 1, controllers, recorder, interval_s, seed + i, values)
+            for i in range(config.concurrency)
+        ]
 
     def prepare(self, create: Callable[[pb.TopicSpec], object]) -> None:
         """Creates each key's topic, recorded as the key's first write (keys start absent)."""
@@ -308,8 +343,7 @@ class MetadataWorkload:
             self.recorder.record(RequestEvent(0, "write", "1", key, start))
             create(pb.TopicSpec(name=key, queue_count=1))
             done = now_ms()
-            self.recorder.record(ResponseEvent(0, "write", Result.SUCCESS, "1", key, done,
-                                               done - start))
+            self.recorder.record(ResponseEvent(0, "write", Result.SUCCESS, "1", key, done, done - start))
 
     def start(self) -> None:
         for client in self.clients:

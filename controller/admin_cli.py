@@ -56,22 +56,20 @@ def add_admin_commands(admin: argparse.ArgumentParser) -> None:
 
     _leaf(sub, "cluster-status", "controller nodes, leader, term, commit index", cluster_status)
     _leaf(sub, "broker-sets", "every registered broker set", broker_sets).add_argument(
-        "--cluster", default="")
+        "--cluster", default=""
+    )
     _broker_set_flags(_leaf(sub, "sync-state", "master, epochs and SyncStateSet", sync_state))
     elect = _leaf(sub, "elect-master", "elect a master (optionally a preferred broker)", elect_master)
     _broker_set_flags(elect)
     elect.add_argument("--broker-id", type=_broker_id, default=0, help="preferred broker id")
-    clean = _leaf(sub, "clean-broker", "remove broker ids (or a whole set) from metadata",
-                  clean_broker)
+    clean = _leaf(sub, "clean-broker", "remove broker ids (or a whole set) from metadata", clean_broker)
     _broker_set_flags(clean)
     clean.add_argument("--broker-id", type=_broker_id, action="append", default=[])
     clean.add_argument("--force", action="store_true", help="also clean brokers that are alive")
 
-    _broker_set_flags(_leaf(sub, "ha-status", "each replica's role, offsets and slaves",
-                            ha_status))
+    _broker_set_flags(_leaf(sub, "ha-status", "each replica's role, offsets and slaves", ha_status))
     _broker_set_flags(_leaf(sub, "broker-epoch", "each replica's epoch cache", broker_epoch))
-    _broker_set_flags(_leaf(sub, "tiered-status", "what the tiered store holds, and the lag",
-                            tiered_status))
+    _broker_set_flags(_leaf(sub, "tiered-status", "what the tiered store holds, and the lag", tiered_status))
 
     topic = sub.add_parser("topic", help="create, update, delete, list topics; show a route")
     topic_sub = topic.add_subparsers(dest="topic_command", required=True, parser_class=type(admin))
@@ -82,11 +80,14 @@ def add_admin_commands(admin: argparse.ArgumentParser) -> None:
         p.add_argument("--cluster", default="")
         p.add_argument("--broker-name", action="append", default=[], dest="broker_names")
         p.add_argument("--perm", default="", choices=["", "RW", "R", "W"])
-        p.add_argument("--message-type", default="",
-                       choices=["", "NORMAL", "FIFO", "DELAY", "TRANSACTION"])
+        p.add_argument("--message-type", default="", choices=["", "NORMAL", "FIFO", "DELAY", "TRANSACTION"])
         if name == "update":
-            p.add_argument("--if-queues", type=_count, default=0,
-                           help="update only while the topic has this many queues (compare-and-set)")
+            p.add_argument(
+                "--if-queues",
+                type=_count,
+                default=0,
+                help="update only while the topic has this many queues (compare-and-set)",
+            )
     _leaf(topic_sub, "delete", "delete a topic", topic_delete).add_argument("name")
     _leaf(topic_sub, "list", "list topics", topic_list)
     _leaf(topic_sub, "route", "the route of a topic", topic_route).add_argument("name")
@@ -96,10 +97,10 @@ def add_admin_commands(admin: argparse.ArgumentParser) -> None:
     for name, handler in (("create", group_create), ("update", group_update)):
         p = _leaf(group_sub, name, f"{name} a subscription group", handler)
         p.add_argument("name")
-        p.add_argument("--subscription", action="append", default=[],
-                       help="TOPIC or TOPIC:TAG_EXPRESSION (repeat)")
-        p.add_argument("--consume-from", default="",
-                       choices=["", "LAST_OFFSET", "FIRST_OFFSET", "TIMESTAMP"])
+        p.add_argument(
+            "--subscription", action="append", default=[], help="TOPIC or TOPIC:TAG_EXPRESSION (repeat)"
+        )
+        p.add_argument("--consume-from", default="", choices=["", "LAST_OFFSET", "FIRST_OFFSET", "TIMESTAMP"])
         p.add_argument("--consume-timestamp-ms", type=int, default=0)
         p.add_argument("--retry-max-times", type=int, default=0)
         p.add_argument("--retry-policy", default="", choices=["", "EXPONENTIAL", "FIXED"])
@@ -107,11 +108,11 @@ def add_admin_commands(admin: argparse.ArgumentParser) -> None:
     _leaf(group_sub, "list", "list groups", group_list)
 
     config = sub.add_parser("config", help="read or change run-time controller configuration")
-    config_sub = config.add_subparsers(dest="config_command", required=True,
-                                       parser_class=type(admin))
+    config_sub = config.add_subparsers(dest="config_command", required=True, parser_class=type(admin))
     _leaf(config_sub, "get", "show the configuration", config_get)
     _leaf(config_sub, "set", "change KEY=VALUE pairs", config_set).add_argument(
-        "pairs", nargs="+", metavar="KEY=VALUE")
+        "pairs", nargs="+", metavar="KEY=VALUE"
+    )
 
 
 def run_admin(args: argparse.Namespace) -> int:
@@ -141,15 +142,20 @@ def _cell(value: Any) -> str:
     return json.dumps(value) if isinstance(value, (list, dict)) else str(value)
 
 
-_INT64_TYPES = {FieldDescriptor.TYPE_INT64, FieldDescriptor.TYPE_UINT64,
-                FieldDescriptor.TYPE_SINT64, FieldDescriptor.TYPE_FIXED64,
-                FieldDescriptor.TYPE_SFIXED64}
+_INT64_TYPES = {
+    FieldDescriptor.TYPE_INT64,
+    FieldDescriptor.TYPE_UINT64,
+    FieldDescriptor.TYPE_SINT64,
+    FieldDescriptor.TYPE_FIXED64,
+    FieldDescriptor.TYPE_SFIXED64,
+}
 
 
 def _dict(message: Any) -> Json:
     """A message as JSON for scripts: protobuf renders int64 as strings; we keep numbers."""
-    document = json_format.MessageToDict(message, preserving_proto_field_name=True,
-                                         always_print_fields_with_no_presence=True)
+    document = json_format.MessageToDict(
+        message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+    )
     return _numbers(message.DESCRIPTOR, document)
 
 
@@ -172,21 +178,41 @@ def _numbers(descriptor: Any, document: Json) -> Json:
 
 def cluster_status(client: ControllerClient, args):
     meta = client.call("GetMetadata", pb.GetMetadataRequest())
-    nodes = [{"id": n.id, "grpc": n.grpc, "raft": n.raft, "role": n.role, "healthy": n.healthy}
-             for n in meta.nodes]
-    document = {"leader": meta.leader_id, "leader_grpc": meta.leader_grpc, "term": meta.term,
-                "commit_index": meta.commit_index, "last_applied": meta.last_applied,
-                "answered_by": meta.node_id, "state_digest": meta.state_digest, "nodes": nodes}
+    nodes = [
+        {"id": n.id, "grpc": n.grpc, "raft": n.raft, "role": n.role, "healthy": n.healthy} for n in meta.nodes
+    ]
+    document = {
+        "leader": meta.leader_id,
+        "leader_grpc": meta.leader_grpc,
+        "term": meta.term,
+        "commit_index": meta.commit_index,
+        "last_applied": meta.last_applied,
+        "answered_by": meta.node_id,
+        "state_digest": meta.state_digest,
+        "nodes": nodes,
+    }
     return document, nodes
 
 
 def _replica_document(info: pb.ReplicaInfo) -> Json:
-    return {"cluster": info.cluster, "broker_name": info.broker_name,
-            "master_broker_id": info.master_broker_id, "master_address": info.master_address,
-            "master_epoch": info.master_epoch, "sync_state_set": list(info.sync_state_set),
-            "sync_state_set_epoch": info.sync_state_set_epoch,
-            "replicas": [{"broker_id": r.broker_id, "address": r.address, "alive": r.alive,
-                          "election_priority": r.election_priority} for r in info.replicas]}
+    return {
+        "cluster": info.cluster,
+        "broker_name": info.broker_name,
+        "master_broker_id": info.master_broker_id,
+        "master_address": info.master_address,
+        "master_epoch": info.master_epoch,
+        "sync_state_set": list(info.sync_state_set),
+        "sync_state_set_epoch": info.sync_state_set_epoch,
+        "replicas": [
+            {
+                "broker_id": r.broker_id,
+                "address": r.address,
+                "alive": r.alive,
+                "election_priority": r.election_priority,
+            }
+            for r in info.replicas
+        ],
+    }
 
 
 def _ref(args) -> pb.BrokerSetRef:
@@ -207,31 +233,43 @@ def broker_sets(client: ControllerClient, args):
 
 
 def elect_master(client: ControllerClient, args):
-    info = client.call("ElectMaster", pb.ElectMasterRequest(
-        cluster=args.cluster, broker_name=args.broker_name, trigger=pb.ELECT_TRIGGER_ADMIN,
-        preferred_broker_id=args.broker_id))
+    info = client.call(
+        "ElectMaster",
+        pb.ElectMasterRequest(
+            cluster=args.cluster,
+            broker_name=args.broker_name,
+            trigger=pb.ELECT_TRIGGER_ADMIN,
+            preferred_broker_id=args.broker_id,
+        ),
+    )
     document = _replica_document(info)
     return document, {k: v for k, v in document.items() if k != "replicas"}
 
 
 def clean_broker(client: ControllerClient, args):
-    reply = client.call("CleanBrokerData", pb.CleanBrokerDataRequest(
-        cluster=args.cluster, broker_name=args.broker_name, broker_ids=args.broker_id,
-        force=args.force))
-    document = {"cleaned_broker_ids": list(reply.cleaned_broker_ids),
-                "broker_set_removed": reply.broker_set_removed}
+    reply = client.call(
+        "CleanBrokerData",
+        pb.CleanBrokerDataRequest(
+            cluster=args.cluster, broker_name=args.broker_name, broker_ids=args.broker_id, force=args.force
+        ),
+    )
+    document = {
+        "cleaned_broker_ids": list(reply.cleaned_broker_ids),
+        "broker_set_removed": reply.broker_set_removed,
+    }
     return document, document
 
 
 def _topic_spec(args) -> pb.TopicSpec:
-    return pb.TopicSpec(name=args.name, cluster=args.cluster, queue_count=args.queues,
-                        broker_names=args.broker_names, perm=args.perm,
-                        message_type=args.message_type,
-                        if_queue_count=getattr(args, "if_queues", 0))
-
-
-
-
+    return pb.TopicSpec(
+        name=args.name,
+        cluster=args.cluster,
+        queue_count=args.queues,
+        broker_names=args.broker_names,
+        perm=args.perm,
+        message_type=args.message_type,
+        if_queue_count=getattr(args, "if_queues", 0),
+    )
 
 
 def topic_delete(client: ControllerClient, args):
@@ -246,9 +284,16 @@ def topic_list(client: ControllerClient, args):
 
 def topic_route(client: ControllerClient, args):
     route = _dict(client.call("GetTopicRoute", pb.NameRequest(name=args.name)))
-    rows = [{"broker_name": b["broker_name"], "master_broker_id": b["master_broker_id"],
-             "master_address": b["master_address"], "master_epoch": b["master_epoch"],
-             "addresses": b["addresses"]} for b in route["brokers"]]
+    rows = [
+        {
+            "broker_name": b["broker_name"],
+            "master_broker_id": b["master_broker_id"],
+            "master_address": b["master_address"],
+            "master_epoch": b["master_epoch"],
+            "addresses": b["addresses"],
+        }
+        for b in route["brokers"]
+    ]
     return route, rows
 
 
@@ -263,14 +308,14 @@ def _subscriptions(items: list[str]) -> list[pb.Subscription]:
 
 
 def _group_spec(args) -> pb.GroupSpec:
-    return pb.GroupSpec(name=args.name, subscriptions=_subscriptions(args.subscription),
-                        consume_from=args.consume_from,
-                        consume_timestamp_ms=args.consume_timestamp_ms,
-                        retry_max_times=args.retry_max_times, retry_policy=args.retry_policy)
-
-
-
-
+    return pb.GroupSpec(
+        name=args.name,
+        subscriptions=_subscriptions(args.subscription),
+        consume_from=args.consume_from,
+        consume_timestamp_ms=args.consume_timestamp_ms,
+        retry_max_times=args.retry_max_times,
+        retry_policy=args.retry_policy,
+    )
 
 
 def group_delete(client: ControllerClient, args):
@@ -313,8 +358,13 @@ def _each_replica(client: ControllerClient, args, method: str, request: Any) -> 
             try:
                 answers.append(_dict(getattr(stub, method)(request, timeout=args.timeout)))
             except grpc.RpcError as error:
-                answers.append({"broker_id": replica.broker_id, "address": replica.address,
-                                "error": error.details() or str(error.code())})
+                answers.append(
+                    {
+                        "broker_id": replica.broker_id,
+                        "address": replica.address,
+                        "error": error.details() or str(error.code()),
+                    }
+                )
     return answers
 
 
@@ -322,9 +372,22 @@ def ha_status(client: ControllerClient, args):
     from mqmeta.pb import broker_pb2
 
     replicas = _each_replica(client, args, "GetHaStatus", broker_pb2.HaStatusRequest())
-    rows = [{k: r.get(k) for k in ("broker_id", "role", "master_epoch", "max_offset",
-                                     "confirm_offset", "sync_state_set", "writable", "error")}
-            for r in replicas]
+    rows = [
+        {
+            k: r.get(k)
+            for k in (
+                "broker_id",
+                "role",
+                "master_epoch",
+                "max_offset",
+                "confirm_offset",
+                "sync_state_set",
+                "writable",
+                "error",
+            )
+        }
+        for r in replicas
+    ]
     return {"broker_name": args.broker_name, "replicas": replicas}, rows
 
 
@@ -332,8 +395,10 @@ def broker_epoch(client: ControllerClient, args):
     from mqmeta.pb import broker_pb2
 
     replicas = _each_replica(client, args, "GetEpochCache", broker_pb2.EpochCacheRequest())
-    rows = [{k: r.get(k) for k in ("broker_id", "entries", "max_offset", "confirm_offset",
-                                     "error")} for r in replicas]
+    rows = [
+        {k: r.get(k) for k in ("broker_id", "entries", "max_offset", "confirm_offset", "error")}
+        for r in replicas
+    ]
     return {"broker_name": args.broker_name, "replicas": replicas}, rows
 
 
@@ -349,16 +414,23 @@ def tiered_status(client: ControllerClient, args):
     if info.master_address:
         with grpc.insecure_channel(info.master_address) as channel:
             try:
-                confirm = broker_pb2_grpc.BrokerServiceStub(channel).GetHaStatus(
-                    broker_pb2.HaStatusRequest(), timeout=args.timeout).confirm_offset
+                confirm = (
+                    broker_pb2_grpc.BrokerServiceStub(channel)
+                    .GetHaStatus(broker_pb2.HaStatusRequest(), timeout=args.timeout)
+                    .confirm_offset
+                )
             except grpc.RpcError:
                 confirm = None
-    document = {"broker_name": args.broker_name, "uploaded_offset": checkpoint.uploaded_offset,
-                "confirm_offset": confirm, "checkpoint_epoch": checkpoint.checkpoint_epoch,
-                "segments": len(checkpoint.segments),
-                "lag_bytes": None if confirm is None else max(0, confirm - checkpoint.uploaded_offset),
-                "inflight_upload_id": checkpoint.inflight_upload_id,
-                "abandoned_uploads": len(checkpoint.abandoned_upload_ids)}
+    document = {
+        "broker_name": args.broker_name,
+        "uploaded_offset": checkpoint.uploaded_offset,
+        "confirm_offset": confirm,
+        "checkpoint_epoch": checkpoint.checkpoint_epoch,
+        "segments": len(checkpoint.segments),
+        "lag_bytes": None if confirm is None else max(0, confirm - checkpoint.uploaded_offset),
+        "inflight_upload_id": checkpoint.inflight_upload_id,
+        "abandoned_uploads": len(checkpoint.abandoned_upload_ids),
+    }
     return document, document
 
 

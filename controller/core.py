@@ -85,8 +85,9 @@ class ControllerCore:
         self.settings = settings
         self.watch_hub = WatchHub()
         self.liveness = Liveness()
-        self.raft = ControllerRaft(node_id, self.self_peer.raft, peers, data_dir, settings,
-                                   self.watch_hub.publish)
+        self.raft = ControllerRaft(
+            node_id, self.self_peer.raft, peers, data_dir, settings, self.watch_hub.publish
+        )
         self.proposer = Proposer(self.raft, settings)
         self._grpc_by_raft = {p.raft: p.grpc for p in peers}
         self._stop = threading.Event()
@@ -126,8 +127,11 @@ class ControllerCore:
             try:
                 result = future.result(timeout=max(0.0, deadline - time.monotonic()))
             except TimeoutError:
-                outcomes.append(DeadlineExceeded(f"{command['type']} was not committed within "
-                                                 f"{timeout_s:.1f}s; its outcome is unknown"))
+                outcomes.append(
+                    DeadlineExceeded(
+                        f"{command['type']} was not committed within {timeout_s:.1f}s; its outcome is unknown"
+                    )
+                )
                 continue
             except MqmetaError as error:
                 outcomes.append(error)
@@ -150,38 +154,54 @@ class ControllerCore:
     def _alive(self, cluster: str, broker_name: str) -> Json:
         bs = self.state.broker_set(cluster, broker_name)
         ids = [int(i) for i in bs["replicas"]] if bs else []
-        beats = self.liveness.alive(cluster, broker_name, ids, now_ms(),
-                                    self.config()["broker_dead_after_ms"])
-        return {str(i): {"epoch": b.epoch, "max_offset": b.max_offset, "priority": b.priority}
-                for i, b in beats.items()}
+        beats = self.liveness.alive(
+            cluster, broker_name, ids, now_ms(), self.config()["broker_dead_after_ms"]
+        )
+        return {
+            str(i): {"epoch": b.epoch, "max_offset": b.max_offset, "priority": b.priority}
+            for i, b in beats.items()
+        }
 
     def register_broker(self, request: Json) -> Json:
         self.require_leader()
         result = self.propose(dict(request, type="register_broker", now_ms=wall_ms()))
         key = (request["cluster"], request["broker_name"], result["broker_id"])
-        self.liveness.record(key, Heartbeat(seen_ms=now_ms(),
-                                            priority=request.get("election_priority", 0)))
+        self.liveness.record(key, Heartbeat(seen_ms=now_ms(), priority=request.get("election_priority", 0)))
         return dict(result, replica_info=self._with_alive(result["replica_info"]))
 
     def heartbeat(self, request: Json) -> Json:
         self.require_leader()
         bs = self.state.broker_set(request["cluster"], request["broker_name"])
         if bs is None or str(request["broker_id"]) not in bs["replicas"]:
-            raise NotFound(f"broker {request['broker_id']} of {request['cluster']}/"
-                           f"{request['broker_name']} is not registered; register first")
+            raise NotFound(
+                f"broker {request['broker_id']} of {request['cluster']}/"
+                f"{request['broker_name']} is not registered; register first"
+            )
         self.liveness.record(
             (request["cluster"], request["broker_name"], request["broker_id"]),
-            Heartbeat(seen_ms=now_ms(), epoch=request["epoch"], max_offset=request["max_offset"],
-                      confirm_offset=request["confirm_offset"],
-                      priority=request["election_priority"]))
-        return {"master_broker_id": bs["master_broker_id"], "master_epoch": bs["master_epoch"],
-                "sync_state_set_epoch": bs["sync_state_set_epoch"],
-                "lease_ms": self.config()["lease_ms"]}
+            Heartbeat(
+                seen_ms=now_ms(),
+                epoch=request["epoch"],
+                max_offset=request["max_offset"],
+                confirm_offset=request["confirm_offset"],
+                priority=request["election_priority"],
+            ),
+        )
+        return {
+            "master_broker_id": bs["master_broker_id"],
+            "master_epoch": bs["master_epoch"],
+            "sync_state_set_epoch": bs["sync_state_set_epoch"],
+            "lease_ms": self.config()["lease_ms"],
+        }
 
     def elect_master(self, request: Json) -> Json:
         self.require_leader()
-        command = dict(request, type="elect_master", now_ms=wall_ms(),
-                       alive=self._alive(request["cluster"], request["broker_name"]))
+        command = dict(
+            request,
+            type="elect_master",
+            now_ms=wall_ms(),
+            alive=self._alive(request["cluster"], request["broker_name"]),
+        )
         result = self.proposer.propose(command, 5.0)
         if not result.get("ok"):
             raise error_from_code(result["code"], result["message"])
@@ -189,14 +209,22 @@ class ControllerCore:
 
     def alter_sync_state_set(self, request: Json) -> Json:
         self.require_leader()
-        command = dict(request, type="alter_sync_state_set", now_ms=wall_ms(),
-                       alive=self._alive(request["cluster"], request["broker_name"]))
+        command = dict(
+            request,
+            type="alter_sync_state_set",
+            now_ms=wall_ms(),
+            alive=self._alive(request["cluster"], request["broker_name"]),
+        )
         return self._with_alive(self.propose(command)["replica_info"])
 
     def clean_broker_data(self, request: Json) -> Json:
         self.require_leader()
-        command = dict(request, type="clean_broker_data", now_ms=wall_ms(),
-                       alive=self._alive(request["cluster"], request["broker_name"]))
+        command = dict(
+            request,
+            type="clean_broker_data",
+            now_ms=wall_ms(),
+            alive=self._alive(request["cluster"], request["broker_name"]),
+        )
         result = self.propose(command)
         for broker_id in result["cleaned_broker_ids"]:
             self.liveness.forget((request["cluster"], request["broker_name"], broker_id))
@@ -207,8 +235,9 @@ class ControllerCore:
         state = self.read_barrier()
         bs = state.broker_set(cluster, broker_name)
         if bs is None or not bs["replicas"]:
-            raise NotFound(f"broker set {cluster}/{broker_name} is not registered; "
-                           "check the cluster and broker name")
+            raise NotFound(
+                f"broker set {cluster}/{broker_name} is not registered; check the cluster and broker name"
+            )
         return self._with_alive(replica_view(bs))
 
     def _with_alive(self, view: Json) -> Json:
@@ -242,13 +271,20 @@ class ControllerCore:
             else:
                 healthy = status.get(f"partner_node_status_server_{peer.raft}") == 2
             role = "leader" if peer.raft == leader_raft else ("follower" if leader_raft else "unknown")
-            nodes.append({"id": peer.id, "grpc": peer.grpc, "raft": peer.raft, "role": role,
-                          "healthy": healthy})
+            nodes.append(
+                {"id": peer.id, "grpc": peer.grpc, "raft": peer.raft, "role": role, "healthy": healthy}
+            )
         leader = next((p for p in self.peers if p.raft == leader_raft), None)
-        return {"node_id": self.node_id, "leader_id": leader.id if leader else "",
-                "leader_grpc": leader.grpc if leader else "", "term": status["raft_term"],
-                "commit_index": status["commit_idx"], "last_applied": status["last_applied"],
-                "nodes": nodes, "state_digest": self.state.digest}
+        return {
+            "node_id": self.node_id,
+            "leader_id": leader.id if leader else "",
+            "leader_grpc": leader.grpc if leader else "",
+            "term": status["raft_term"],
+            "commit_index": status["commit_idx"],
+            "last_applied": status["last_applied"],
+            "nodes": nodes,
+            "state_digest": self.state.digest,
+        }
 
     # The controller's own elections --------------------------------------------------
     def _scan_loop(self) -> None:
@@ -282,10 +318,14 @@ class ControllerCore:
 
     def _elect_dead(self, key: tuple[str, str]) -> None:
         try:
-            info = self.elect_master({"cluster": key[0], "broker_name": key[1],
-                                      "trigger": "controller"})
-            log.info("elected master %s of %s/%s at epoch %s", info["master_broker_id"],
-                     key[0], key[1], info["master_epoch"])
+            info = self.elect_master({"cluster": key[0], "broker_name": key[1], "trigger": "controller"})
+            log.info(
+                "elected master %s of %s/%s at epoch %s",
+                info["master_broker_id"],
+                key[0],
+                key[1],
+                info["master_epoch"],
+            )
         except MqmetaError as exc:
             log.warning("could not elect a master for %s/%s: %s", key[0], key[1], exc)
         finally:

@@ -75,13 +75,15 @@ def parse_records(data: bytes, where: str) -> tuple[list[Entry], list[int], int]
         bad = _bad_record(data, pos)
         if bad:
             if _any_good_record_after(data, pos):
-                raise CorruptData(f"{where}: record at byte {pos} is corrupt ({bad}) and valid "
-                                  "records follow it; refusing to use this journal")
+                raise CorruptData(
+                    f"{where}: record at byte {pos} is corrupt ({bad}) and valid "
+                    "records follow it; refusing to use this journal"
+                )
             log.warning("%s: cutting off a torn last record at byte %d (%s)", where, pos, bad)
             break
         length, _, index, term = RECORD_HEADER.unpack_from(data, pos)
         start = pos + RECORD_HEADER.size
-        entries.append((bytes(data[start:start + length]), index, term))
+        entries.append((bytes(data[start : start + length]), index, term))
         offsets.append(pos)
         pos = start + length
     return entries, offsets, pos
@@ -94,7 +96,7 @@ def _bad_record(data: bytes, pos: int) -> str:
     start = pos + RECORD_HEADER.size
     if length > RECORD_COMMAND_MAX or start + length > len(data):
         return "incomplete record"
-    if zlib.crc32(struct.pack("<QQ", index, term) + data[start:start + length]) != crc:
+    if zlib.crc32(struct.pack("<QQ", index, term) + data[start : start + length]) != crc:
         return "checksum mismatch"
     return ""
 
@@ -131,8 +133,12 @@ class DurableJournal:
         self._meta_dirty = False
         last_index = self._entries[-1][1] if self._entries else 0
         if self._meta["commit_index"] > last_index:
-            log.warning("%s: commit index %d is past the journal end %d; clamping",
-                        self.meta_path, self._meta["commit_index"], last_index)
+            log.warning(
+                "%s: commit index %d is past the journal end %d; clamping",
+                self.meta_path,
+                self._meta["commit_index"],
+                last_index,
+            )
             self._meta["commit_index"] = max(1, last_index)
             self._save_meta()
 
@@ -146,8 +152,10 @@ class DurableJournal:
             meta = {}
         body = {k: v for k, v in meta.items() if k != "crc32"}
         if meta.get("crc32") != zlib.crc32(json.dumps(body, sort_keys=True).encode()):
-            raise CorruptData(f"{self.meta_path} is corrupt (checksum mismatch): the node's "
-                              "Raft term and vote are unknown, so it refuses to start")
+            raise CorruptData(
+                f"{self.meta_path} is corrupt (checksum mismatch): the node's "
+                "Raft term and vote are unknown, so it refuses to start"
+            )
         return body
 
     def _save_meta(self) -> None:
@@ -195,8 +203,12 @@ class DurableJournal:
     def deleteEntriesFrom(self, entryFrom: int) -> None:  # noqa: N802, N803
         if entryFrom >= len(self._entries):
             return
-        log.info("%s: dropping %d entries from index %d (they conflict with the leader's log)",
-                 self.path, len(self._entries) - entryFrom, self._entries[entryFrom][1])
+        log.info(
+            "%s: dropping %d entries from index %d (they conflict with the leader's log)",
+            self.path,
+            len(self._entries) - entryFrom,
+            self._entries[entryFrom][1],
+        )
         cut = self._offsets[entryFrom]
         os.ftruncate(self._fd, cut)
         os.fsync(self._fd)
@@ -276,8 +288,11 @@ def reconcile_with_snapshot(journal_path: Path, snapshot_path: Path) -> None:
         for position in range(len(entries) - 1):
             if entries[position] == previous and entries[position + 1] == last:
                 if position > 0:
-                    log.warning("%s: compacting %d entries already in the snapshot (a crash "
-                                "interrupted compaction)", journal_path, position)
+                    log.warning(
+                        "%s: compacting %d entries already in the snapshot (a crash interrupted compaction)",
+                        journal_path,
+                        position,
+                    )
                     journal.deleteEntriesTo(position)
                 return
     finally:

@@ -53,8 +53,9 @@ class Liveness:
             since = self._leader_since_ms
         return since is None or now_ms - since < dead_after_ms
 
-    def alive(self, cluster: str, broker_name: str, broker_ids: list[int], now_ms: int,
-              dead_after_ms: int) -> dict[int, Heartbeat]:
+    def alive(
+        self, cluster: str, broker_name: str, broker_ids: list[int], now_ms: int, dead_after_ms: int
+    ) -> dict[int, Heartbeat]:
         """Which of broker_ids count as alive now, with what they last reported."""
         grace = self.in_grace(now_ms, dead_after_ms)
         result: dict[int, Heartbeat] = {}

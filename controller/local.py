@@ -51,16 +51,16 @@ class NodeLayout:
     id: str
     grpc: str
     raft: str
-    data_dir: str          # relative to the cluster directory
-    namesrv: str = ""      # embedded deployment: this node's nameserver address
+    data_dir: str  # relative to the cluster directory
+    namesrv: str = ""  # embedded deployment: this node's nameserver address
 
 
 @dataclass
 class BrokerLayout:
-    name: str              # process name: {broker_name}-{replica}
+    name: str  # process name: {broker_name}-{replica}
     broker_name: str
     grpc: str
-    data_dir: str          # relative to the cluster directory
+    data_dir: str  # relative to the cluster directory
 
 
 def broker_set_name(index: int) -> str:
@@ -77,16 +77,28 @@ class Layout:
     @staticmethod
     def create(count: int, embedded: bool, broker_sets: int = 0, replicas: int = 0) -> Layout:
         ports = free_ports(count * 3 + 1 + broker_sets * replicas)
-        nodes = [NodeLayout(id=f"c{i + 1}", grpc=f"127.0.0.1:{ports[3 * i]}",
-                            raft=f"127.0.0.1:{ports[3 * i + 1]}", data_dir=f"controllers/c{i + 1}",
-                            namesrv=f"127.0.0.1:{ports[3 * i + 2]}" if embedded else "")
-                 for i in range(count)]
+        nodes = [
+            NodeLayout(
+                id=f"c{i + 1}",
+                grpc=f"127.0.0.1:{ports[3 * i]}",
+                raft=f"127.0.0.1:{ports[3 * i + 1]}",
+                data_dir=f"controllers/c{i + 1}",
+                namesrv=f"127.0.0.1:{ports[3 * i + 2]}" if embedded else "",
+            )
+            for i in range(count)
+        ]
         namesrv = [n.namesrv for n in nodes] if embedded else [f"127.0.0.1:{ports[3 * count]}"]
-        broker_ports = iter(ports[3 * count + 1:])
-        brokers = [BrokerLayout(name=f"{broker_set_name(s)}-{r + 1}", broker_name=broker_set_name(s),
-                                grpc=f"127.0.0.1:{next(broker_ports)}",
-                                data_dir=f"brokers/{broker_set_name(s)}-{r + 1}")
-                   for s in range(broker_sets) for r in range(replicas)]
+        broker_ports = iter(ports[3 * count + 1 :])
+        brokers = [
+            BrokerLayout(
+                name=f"{broker_set_name(s)}-{r + 1}",
+                broker_name=broker_set_name(s),
+                grpc=f"127.0.0.1:{next(broker_ports)}",
+                data_dir=f"brokers/{broker_set_name(s)}-{r + 1}",
+            )
+            for s in range(broker_sets)
+            for r in range(replicas)
+        ]
         return Layout(embedded, nodes, namesrv, brokers)
 
     def peer_flags(self) -> list[str]:
@@ -100,19 +112,28 @@ class Layout:
         return ",".join(n.grpc for n in self.controllers)
 
 
-def load_or_create_layout(root: Path, count: int, embedded: bool, broker_sets: int = 0,
-                          replicas: int = 0) -> Layout:
+def load_or_create_layout(
+    root: Path, count: int, embedded: bool, broker_sets: int = 0, replicas: int = 0
+) -> Layout:
     path = root / "layout.json"
     if path.exists():
         data = json.loads(path.read_text())
-        layout = Layout(data["embedded"], [NodeLayout(**n) for n in data["controllers"]],
-                        data["namesrv"], [BrokerLayout(**b) for b in data.get("brokers", [])])
-        if (len(layout.controllers) != count or layout.embedded != embedded
-                or len(layout.brokers) != broker_sets * replicas):
+        layout = Layout(
+            data["embedded"],
+            [NodeLayout(**n) for n in data["controllers"]],
+            data["namesrv"],
+            [BrokerLayout(**b) for b in data.get("brokers", [])],
+        )
+        if (
+            len(layout.controllers) != count
+            or layout.embedded != embedded
+            or len(layout.brokers) != broker_sets * replicas
+        ):
             raise InvalidArgument(
                 f"{root} already holds a cluster of {len(layout.controllers)} controllers "
                 f"(embedded={layout.embedded}) and {len(layout.brokers)} brokers; use the same "
-                "flags or another --data-dir")
+                "flags or another --data-dir"
+            )
         return layout
     layout = Layout.create(count, embedded, broker_sets, replicas)
     root.mkdir(parents=True, exist_ok=True)
@@ -136,18 +157,41 @@ def _write_json(path: Path, document: Any) -> None:
 
 def controller_command(root: Path, layout: Layout, node: NodeLayout) -> list[str]:
     base = [sys.executable, "-m", "mqmeta.cli"]
-    flags = ["--id", node.id, "--grpc", node.grpc, "--raft", node.raft,
-             "--data-dir", str(root / node.data_dir),
-             "--secret-file", str(root / "secret"), *layout.peer_flags()]
+    flags = [
+        "--id",
+        node.id,
+        "--grpc",
+        node.grpc,
+        "--raft",
+        node.raft,
+        "--data-dir",
+        str(root / node.data_dir),
+        "--secret-file",
+        str(root / "secret"),
+        *layout.peer_flags(),
+    ]
     if layout.embedded:
         return [*base, "namesrv", "--listen", node.namesrv, "--embed-controller", *flags]
     return [*base, "controller", *flags]
 
 
 def broker_command(root: Path, layout: Layout, broker: BrokerLayout) -> list[str]:
-    return [sys.executable, "-m", "mqmeta.cli", "broker", "--broker-name", broker.broker_name,
-            "--listen", broker.grpc, "--controllers", layout.controller_addresses,
-            "--data-dir", str(root / broker.data_dir), "--tiered-store", str(tiered_dir(root))]
+    return [
+        sys.executable,
+        "-m",
+        "mqmeta.cli",
+        "broker",
+        "--broker-name",
+        broker.broker_name,
+        "--listen",
+        broker.grpc,
+        "--controllers",
+        layout.controller_addresses,
+        "--data-dir",
+        str(root / broker.data_dir),
+        "--tiered-store",
+        str(tiered_dir(root)),
+    ]
 
 
 def tiered_dir(root: Path) -> Path:
@@ -166,7 +210,8 @@ def wait_brokers_ready(brokers: list[BrokerLayout], timeout_s: float = READY_TIM
             with grpc.insecure_channel(broker.grpc) as channel:
                 try:
                     statuses[broker.name] = broker_pb2_grpc.BrokerServiceStub(channel).GetHaStatus(
-                        broker_pb2.HaStatusRequest(), timeout=1.0)
+                        broker_pb2.HaStatusRequest(), timeout=1.0
+                    )
                 except grpc.RpcError:
                     break
         if len(statuses) == len(brokers) and all(s.role != "FENCED" for s in statuses.values()):
@@ -178,8 +223,16 @@ def wait_brokers_ready(brokers: list[BrokerLayout], timeout_s: float = READY_TIM
 
 
 def namesrv_command(layout: Layout) -> list[str]:
-    return [sys.executable, "-m", "mqmeta.cli", "namesrv", "--listen", layout.namesrv[0],
-            "--controllers", layout.controller_addresses]
+    return [
+        sys.executable,
+        "-m",
+        "mqmeta.cli",
+        "namesrv",
+        "--listen",
+        layout.namesrv[0],
+        "--controllers",
+        layout.controller_addresses,
+    ]
 
 
 class Supervisor:
@@ -190,13 +243,16 @@ class Supervisor:
         (root / "logs").mkdir(parents=True, exist_ok=True)
         self.children: dict[str, subprocess.Popen] = {}
 
-    def start(self, name: str, command: list[str],
-              extra_env: dict[str, str] | None = None) -> subprocess.Popen:
+    def start(
+        self, name: str, command: list[str], extra_env: dict[str, str] | None = None
+    ) -> subprocess.Popen:
         log_file = open(self.root / "logs" / f"{name}.log", "ab")
-        env = dict(os.environ, MQMETA_LOG_LEVEL=os.environ.get("MQMETA_LOG_LEVEL", "INFO"),
-                   **(extra_env or {}))
-        proc = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, env=env,
-                                stdin=subprocess.DEVNULL)
+        env = dict(
+            os.environ, MQMETA_LOG_LEVEL=os.environ.get("MQMETA_LOG_LEVEL", "INFO"), **(extra_env or {})
+        )
+        proc = subprocess.Popen(
+            command, stdout=log_file, stderr=subprocess.STDOUT, env=env, stdin=subprocess.DEVNULL
+        )
         log_file.close()
         self.children[name] = proc
         return proc
@@ -240,7 +296,8 @@ def _serving(address: str) -> bool:
     with grpc.insecure_channel(address) as channel:
         try:
             reply = health_pb2_grpc.HealthStub(channel).Check(
-                health_pb2.HealthCheckRequest(service=""), timeout=1.0)
+                health_pb2.HealthCheckRequest(service=""), timeout=1.0
+            )
         except grpc.RpcError:
             return False
     return reply.status == health_pb2.HealthCheckResponse.SERVING
@@ -252,8 +309,7 @@ def local_up(args: argparse.Namespace) -> int:
     if not 0 <= args.broker_sets <= 26 or not 1 <= args.replicas <= 5:
         raise InvalidArgument("--broker-sets must be 0 to 26 and --replicas 1 to 5")
     root = args.data_dir.resolve()
-    layout = load_or_create_layout(root, args.controllers, args.embedded, args.broker_sets,
-                                   args.replicas)
+    layout = load_or_create_layout(root, args.controllers, args.embedded, args.broker_sets, args.replicas)
     ensure_secret(root)
     supervisor = Supervisor(root)
     stop = threading.Event()
@@ -269,13 +325,23 @@ def local_up(args: argparse.Namespace) -> int:
             supervisor.start(broker.name, broker_command(root, layout, broker))
         statuses = wait_brokers_ready(layout.brokers) if layout.brokers else {}
         document = cluster_document(root, layout, supervisor)
-        document["brokers"] = [{"cluster": statuses[b.name].cluster, "broker_name": b.broker_name,
-                                "broker_id": statuses[b.name].broker_id, "grpc": b.grpc,
-                                "pid": supervisor.children[b.name].pid,
-                                "data_dir": str(root / b.data_dir)} for b in layout.brokers]
+        document["brokers"] = [
+            {
+                "cluster": statuses[b.name].cluster,
+                "broker_name": b.broker_name,
+                "broker_id": statuses[b.name].broker_id,
+                "grpc": b.grpc,
+                "pid": supervisor.children[b.name].pid,
+                "data_dir": str(root / b.data_dir),
+            }
+            for b in layout.brokers
+        ]
         _write_json(root / "cluster.json", document)
-        print(f"mqmeta local cluster ready: controllers {layout.controller_addresses}; "
-              f"nameserver {','.join(layout.namesrv)}; see {root / 'cluster.json'}", flush=True)
+        print(
+            f"mqmeta local cluster ready: controllers {layout.controller_addresses}; "
+            f"nameserver {','.join(layout.namesrv)}; see {root / 'cluster.json'}",
+            flush=True,
+        )
         _supervise(supervisor, stop)
     finally:
         supervisor.stop_all()
@@ -288,20 +354,34 @@ def _supervise(supervisor: Supervisor, stop: threading.Event) -> None:
         for name in supervisor.dead():
             if name not in reported:
                 reported.add(name)
-                print(f"mqmeta local: {name} exited with status "
-                      f"{supervisor.children[name].returncode}; see logs/{name}.log",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"mqmeta local: {name} exited with status "
+                    f"{supervisor.children[name].returncode}; see logs/{name}.log",
+                    file=sys.stderr,
+                    flush=True,
+                )
 
 
 def cluster_document(root: Path, layout: Layout, supervisor: Supervisor) -> dict[str, Any]:
-    controllers = [{"id": n.id, "grpc": n.grpc, "raft": n.raft,
-                    "pid": supervisor.children[n.id].pid, "data_dir": str(root / n.data_dir)}
-                   for n in layout.controllers]
+    controllers = [
+        {
+            "id": n.id,
+            "grpc": n.grpc,
+            "raft": n.raft,
+            "pid": supervisor.children[n.id].pid,
+            "data_dir": str(root / n.data_dir),
+        }
+        for n in layout.controllers
+    ]
     if layout.embedded:
-        namesrv = [{"grpc": n.namesrv, "pid": supervisor.children[n.id].pid}
-                   for n in layout.controllers]
+        namesrv = [{"grpc": n.namesrv, "pid": supervisor.children[n.id].pid} for n in layout.controllers]
     else:
         namesrv = [{"grpc": layout.namesrv[0], "pid": supervisor.children["namesrv"].pid}]
     tiered = {"url": str(tiered_dir(root))} if layout.brokers else None
-    return {"controllers": controllers, "namesrv": namesrv, "brokers": [],
-            "tiered_store": tiered, "embedded": layout.embedded}
+    return {
+        "controllers": controllers,
+        "namesrv": namesrv,
+        "brokers": [],
+        "tiered_store": tiered,
+        "embedded": layout.embedded,
+    }

@@ -16,8 +16,7 @@ from mqmeta.pb import namesrv_pb2_grpc as ns_grpc
 
 
 class NameServerServicer(ns_grpc.NameServerServicer):
-    def __init__(self, core: ControllerCore | None = None,
-                 client: ControllerClient | None = None) -> None:
+    def __init__(self, core: ControllerCore | None = None, client: ControllerClient | None = None) -> None:
         assert (core is None) != (client is None), "embedded or standalone, not both"
         self.core = core
         self.client = client
@@ -36,9 +35,16 @@ class NameServerServicer(ns_grpc.NameServerServicer):
             routes = [broker_route_pb(r) for r in self.core.cluster_routes(cluster)]
             return ns_pb.ClusterInfo(brokers=routes)
         sets = self.client.call("ListBrokerSets", pb.ListBrokerSetsRequest(cluster=cluster))
-        return ns_pb.ClusterInfo(brokers=[
-            pb.BrokerRoute(cluster=s.cluster, broker_name=s.broker_name,
-                           master_broker_id=s.master_broker_id, master_address=s.master_address,
-                           master_epoch=s.master_epoch,
-                           addresses={r.broker_id: r.address for r in s.replicas})
-            for s in sets.broker_sets])
+        return ns_pb.ClusterInfo(
+            brokers=[
+                pb.BrokerRoute(
+                    cluster=s.cluster,
+                    broker_name=s.broker_name,
+                    master_broker_id=s.master_broker_id,
+                    master_address=s.master_address,
+                    master_epoch=s.master_epoch,
+                    addresses={r.broker_id: r.address for r in s.replicas},
+                )
+                for s in sets.broker_sets
+            ]
+        )

@@ -134,8 +134,15 @@ class _DialingTransport(TCPTransport):
 class ControllerRaft(SyncObj):
     """pysyncobj node whose replicated state is a ControllerState."""
 
-    def __init__(self, node_id: str, raft_address: str, peers: list[Peer], data_dir: Path,
-                 settings: RaftSettings, on_events: EventSink) -> None:
+    def __init__(
+        self,
+        node_id: str,
+        raft_address: str,
+        peers: list[Peer],
+        data_dir: Path,
+        settings: RaftSettings,
+        on_events: EventSink,
+    ) -> None:
         settings.validate()
         data_dir.mkdir(parents=True, exist_ok=True)
         journal = data_dir / "raft.journal"
@@ -147,8 +154,9 @@ class ControllerRaft(SyncObj):
         self._on_events = on_events
         self._state = ControllerState()
         others = [p.raft for p in peers if p.raft != raft_address]
-        super().__init__(raft_address, others, _syncobj_conf(settings, data_dir),
-                         transportClass=_DialingTransport)
+        super().__init__(
+            raft_address, others, _syncobj_conf(settings, data_dir), transportClass=_DialingTransport
+        )
         # _state is the replicated data: let pysyncobj include it in snapshots.
         self._SyncObj__properies.discard("_state")
 
@@ -172,13 +180,17 @@ class ControllerRaft(SyncObj):
             events.extend(command_events)
             effects.update(changes)
         types = sorted({c.get("type", "") for c in commands})
-        self._applied_log.append({
-            "index": index, "term": term,
-            "command_type": types[0] if len(types) == 1 else "batch",
-            "command_digest": hashlib.sha256(payload.encode()).hexdigest(),
-            "state_digest": self._state.digest,
-            "commands": commands, "effects": effects,
-        })
+        self._applied_log.append(
+            {
+                "index": index,
+                "term": term,
+                "command_type": types[0] if len(types) == 1 else "batch",
+                "command_digest": hashlib.sha256(payload.encode()).hexdigest(),
+                "state_digest": self._state.digest,
+                "commands": commands,
+                "effects": effects,
+            }
+        )
         if events:
             self._on_events(index, events)
         return results
@@ -316,8 +328,9 @@ class Proposer:
         while self._inflight and now - self._inflight[0].started > timeout_s:
             batch = self._inflight.popleft()
             batch.done = True
-            _fail(batch.futures, DeadlineExceeded("the commit of this write timed out; "
-                                                  "its outcome is unknown"))
+            _fail(
+                batch.futures, DeadlineExceeded("the commit of this write timed out; its outcome is unknown")
+            )
 
     def _done(self, batch: _Batch, results: list[Json] | None, error: int) -> None:
         with self._lock:
@@ -344,10 +357,12 @@ def _fail(futures: list[Future], error: Exception) -> None:
 
 
 def _fail_reason_text(error: int) -> str:
-    names = {FAIL_REASON.QUEUE_FULL: "the Raft queue is full",
-             FAIL_REASON.MISSING_LEADER: "there is no Raft leader",
-             FAIL_REASON.DISCARDED: "the entry was discarded by a new leader",
-             FAIL_REASON.NOT_LEADER: "the node lost leadership",
-             FAIL_REASON.LEADER_CHANGED: "the leader changed"}
+    names = {
+        FAIL_REASON.QUEUE_FULL: "the Raft queue is full",
+        FAIL_REASON.MISSING_LEADER: "there is no Raft leader",
+        FAIL_REASON.DISCARDED: "the entry was discarded by a new leader",
+        FAIL_REASON.NOT_LEADER: "the node lost leadership",
+        FAIL_REASON.LEADER_CHANGED: "the leader changed",
+    }
     reason = names.get(error, f"pysyncobj failure {error}")
     return f"the write was not committed: {reason}; its outcome may be unknown, retry"

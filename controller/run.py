@@ -48,10 +48,13 @@ def controller_config(args: argparse.Namespace) -> ControllerConfig:
         if not secret:
             raise InvalidArgument(f"--secret-file {path} is empty")
     return ControllerConfig(
-        node_id=str(values["node_id"]), grpc=str(values["grpc"]), raft=str(values["raft"]),
+        node_id=str(values["node_id"]),
+        grpc=str(values["grpc"]),
+        raft=str(values["raft"]),
         data_dir=Path(values["data_dir"]),
         peers=[parse_peer(p) for p in values.get("peer", [])],
-        raft_settings=raft_settings_from(values.get("raft_settings", {}), secret))
+        raft_settings=raft_settings_from(values.get("raft_settings", {}), secret),
+    )
 
 
 def run_controller(args: argparse.Namespace) -> int:

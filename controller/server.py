@@ -52,8 +52,11 @@ class ControllerConfig:
             raise InvalidArgument(f"peer {self.node_id} in --peer disagrees with --raft/--grpc")
         self.raft_settings.validate()
         if not self.raft_settings.secret:
-            log.warning("no Raft secret configured: the Raft port %s accepts unauthenticated "
-                        "pickled messages; never expose it to untrusted hosts", self.raft)
+            log.warning(
+                "no Raft secret configured: the Raft port %s accepts unauthenticated "
+                "pickled messages; never expose it to untrusted hosts",
+                self.raft,
+            )
 
 
 def parse_peer(text: str) -> Peer:
@@ -86,8 +89,10 @@ def raft_settings_from(values: dict[str, Any], secret: str | None) -> RaftSettin
 
 
 def _grpc_server(address: str) -> grpc.Server:
-    server = grpc.server(ThreadPoolExecutor(max_workers=GRPC_WORKERS_MAX, thread_name_prefix="rpc"),
-                         options=[("grpc.so_reuseport", 0)])
+    server = grpc.server(
+        ThreadPoolExecutor(max_workers=GRPC_WORKERS_MAX, thread_name_prefix="rpc"),
+        options=[("grpc.so_reuseport", 0)],
+    )
     if server.add_insecure_port(address) == 0:
         raise InvalidArgument(f"cannot listen on {address}: the port is taken or not local")
     return server
@@ -98,15 +103,15 @@ def _add_health_and_reflection(server: grpc.Server, services: list[str]) -> None
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     for name in ["", *services]:
         health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    reflection.enable_server_reflection([*services, health.SERVICE_NAME, reflection.SERVICE_NAME],
-                                        server)
+    reflection.enable_server_reflection([*services, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
 
 
 class RunningNode:
     """What one process serves: a controller core, a nameserver, or both."""
 
-    def __init__(self, server: grpc.Server, core: ControllerCore | None,
-                 client: ControllerClient | None) -> None:
+    def __init__(
+        self, server: grpc.Server, core: ControllerCore | None, client: ControllerClient | None
+    ) -> None:
         self.server = server
         self.core = core
         self.client = client
@@ -135,8 +140,7 @@ def start_controller(config: ControllerConfig, namesrv_address: str = "") -> Run
     return RunningNode(server, core, None)
 
 
-def _with_separate_namesrv(controller_server: grpc.Server, core: ControllerCore,
-                           address: str) -> RunningNode:
+def _with_separate_namesrv(controller_server: grpc.Server, core: ControllerCore, address: str) -> RunningNode:
     namesrv_server = _grpc_server(address)
     namesrv_pb2_grpc.add_NameServerServicer_to_server(NameServerServicer(core=core), namesrv_server)
     _add_health_and_reflection(namesrv_server, [NAMESRV_SERVICE])

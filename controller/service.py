@@ -28,8 +28,12 @@ from mqmeta.pb import controller_pb2_grpc as pb_grpc
 log = logging.getLogger(__name__)
 Json = dict[str, Any]
 
-TRIGGERS = {pb.ELECT_TRIGGER_UNSPECIFIED: "admin", pb.ELECT_TRIGGER_ADMIN: "admin",
-            pb.ELECT_TRIGGER_BROKER: "broker", pb.ELECT_TRIGGER_CONTROLLER: "controller"}
+TRIGGERS = {
+    pb.ELECT_TRIGGER_UNSPECIFIED: "admin",
+    pb.ELECT_TRIGGER_ADMIN: "admin",
+    pb.ELECT_TRIGGER_BROKER: "broker",
+    pb.ELECT_TRIGGER_CONTROLLER: "controller",
+}
 
 
 def rpc(method: Callable) -> Callable:
@@ -54,36 +58,57 @@ def rpc(method: Callable) -> Callable:
 
 def replica_info_pb(view: Json) -> pb.ReplicaInfo:
     replicas = [
-        pb.Replica(broker_id=int(i), address=r["address"],
-                   election_priority=r["election_priority"], alive=r.get("alive", False))
+        pb.Replica(
+            broker_id=int(i),
+            address=r["address"],
+            election_priority=r["election_priority"],
+            alive=r.get("alive", False),
+        )
         for i, r in sorted(view["replicas"].items(), key=lambda kv: int(kv[0]))
     ]
     return pb.ReplicaInfo(
-        cluster=view["cluster"], broker_name=view["broker_name"],
-        master_broker_id=view["master_broker_id"], master_address=view["master_address"],
-        master_epoch=view["master_epoch"], sync_state_set=view["sync_state_set"],
-        sync_state_set_epoch=view["sync_state_set_epoch"], replicas=replicas)
+        cluster=view["cluster"],
+        broker_name=view["broker_name"],
+        master_broker_id=view["master_broker_id"],
+        master_address=view["master_address"],
+        master_epoch=view["master_epoch"],
+        sync_state_set=view["sync_state_set"],
+        sync_state_set_epoch=view["sync_state_set_epoch"],
+        replicas=replicas,
+    )
 
 
 def topic_pb(topic: Json) -> pb.Topic:
-    return pb.Topic(name=topic["name"], cluster=topic["cluster"], queue_count=topic["queue_count"],
-                    broker_names=topic["broker_names"], perm=topic["perm"],
-                    message_type=topic["message_type"], version=topic["version"])
+    return pb.Topic(
+        name=topic["name"],
+        cluster=topic["cluster"],
+        queue_count=topic["queue_count"],
+        broker_names=topic["broker_names"],
+        perm=topic["perm"],
+        message_type=topic["message_type"],
+        version=topic["version"],
+    )
 
 
 def group_pb(group: Json) -> pb.Group:
     return pb.Group(
         name=group["name"],
         subscriptions=[pb.Subscription(**s) for s in group["subscriptions"]],
-        consume_from=group["consume_from"], consume_timestamp_ms=group["consume_timestamp_ms"],
-        retry_max_times=group["retry_max_times"], retry_policy=group["retry_policy"],
-        version=group["version"])
+        consume_from=group["consume_from"],
+        consume_timestamp_ms=group["consume_timestamp_ms"],
+        retry_max_times=group["retry_max_times"],
+        retry_policy=group["retry_policy"],
+        version=group["version"],
+    )
 
 
 def route_pb(route: Json) -> pb.TopicRoute:
-    return pb.TopicRoute(topic=route["topic"], message_type=route["message_type"],
-                         queues=[pb.QueueRoute(**q) for q in route["queues"]],
-                         brokers=[broker_route_pb(b) for b in route["brokers"]])
+    return pb.TopicRoute(
+        topic=route["topic"],
+        message_type=route["message_type"],
+        queues=[pb.QueueRoute(**q) for q in route["queues"]],
+        brokers=[broker_route_pb(b) for b in route["brokers"]],
+    )
 
 
 def broker_route_pb(route: Json) -> pb.BrokerRoute:
@@ -99,8 +124,7 @@ def _config_text(value: Any) -> str:
 
 
 def _broker_set_ref(request) -> tuple[str, str]:
-    return (validate_name("cluster", request.cluster),
-            validate_name("broker name", request.broker_name))
+    return (validate_name("cluster", request.cluster), validate_name("broker name", request.broker_name))
 
 
 def _broker_id(value: int, allow_zero: bool = False) -> int:
@@ -114,13 +138,19 @@ class ControllerServicer(pb_grpc.ControllerServiceServicer):
     @rpc
     def RegisterBroker(self, request, context):
         cluster, broker_name = _broker_set_ref(request)
-        result = self.core.register_broker({
-            "cluster": cluster, "broker_name": broker_name,
-            "broker_id": _broker_id(request.broker_id, allow_zero=True),
-            "check_code": request.check_code, "address": request.address,
-            "election_priority": request.election_priority})
-        return pb.RegisterBrokerResponse(broker_id=result["broker_id"],
-                                         replica_info=replica_info_pb(result["replica_info"]))
+        result = self.core.register_broker(
+            {
+                "cluster": cluster,
+                "broker_name": broker_name,
+                "broker_id": _broker_id(request.broker_id, allow_zero=True),
+                "check_code": request.check_code,
+                "address": request.address,
+                "election_priority": request.election_priority,
+            }
+        )
+        return pb.RegisterBrokerResponse(
+            broker_id=result["broker_id"], replica_info=replica_info_pb(result["replica_info"])
+        )
 
     @rpc
     def GetNextBrokerId(self, request, context):
@@ -131,11 +161,17 @@ class ControllerServicer(pb_grpc.ControllerServiceServicer):
     @rpc
     def Heartbeat(self, request, context):
         cluster, broker_name = _broker_set_ref(request)
-        reply = self.core.heartbeat({
-            "cluster": cluster, "broker_name": broker_name,
-            "broker_id": _broker_id(request.broker_id), "epoch": request.epoch,
-            "max_offset": request.max_offset, "confirm_offset": request.confirm_offset,
-            "election_priority": request.election_priority})
+        reply = self.core.heartbeat(
+            {
+                "cluster": cluster,
+                "broker_name": broker_name,
+                "broker_id": _broker_id(request.broker_id),
+                "epoch": request.epoch,
+                "max_offset": request.max_offset,
+                "confirm_offset": request.confirm_offset,
+                "election_priority": request.election_priority,
+            }
+        )
         return pb.HeartbeatResponse(**reply)
 
     @rpc
@@ -148,10 +184,15 @@ class ControllerServicer(pb_grpc.ControllerServiceServicer):
         trigger = TRIGGERS.get(request.trigger)
         if trigger is None:
             raise InvalidArgument(f"unknown election trigger {request.trigger}")
-        view = self.core.elect_master({
-            "cluster": cluster, "broker_name": broker_name, "trigger": trigger,
-            "requester_broker_id": _broker_id(request.requester_broker_id, allow_zero=True),
-            "preferred_broker_id": _broker_id(request.preferred_broker_id, allow_zero=True)})
+        view = self.core.elect_master(
+            {
+                "cluster": cluster,
+                "broker_name": broker_name,
+                "trigger": trigger,
+                "requester_broker_id": _broker_id(request.requester_broker_id, allow_zero=True),
+                "preferred_broker_id": _broker_id(request.preferred_broker_id, allow_zero=True),
+            }
+        )
         return replica_info_pb(view)
 
     @rpc
@@ -159,12 +200,16 @@ class ControllerServicer(pb_grpc.ControllerServiceServicer):
         cluster, broker_name = _broker_set_ref(request)
         if not request.new_sync_state_set:
             raise InvalidArgument("new_sync_state_set must list at least the master")
-        view = self.core.alter_sync_state_set({
-            "cluster": cluster, "broker_name": broker_name,
-            "master_broker_id": _broker_id(request.master_broker_id),
-            "master_epoch": request.master_epoch,
-            "sync_state_set_epoch": request.sync_state_set_epoch,
-            "new_sync_state_set": [_broker_id(i) for i in request.new_sync_state_set]})
+        view = self.core.alter_sync_state_set(
+            {
+                "cluster": cluster,
+                "broker_name": broker_name,
+                "master_broker_id": _broker_id(request.master_broker_id),
+                "master_epoch": request.master_epoch,
+                "sync_state_set_epoch": request.sync_state_set_epoch,
+                "new_sync_state_set": [_broker_id(i) for i in request.new_sync_state_set],
+            }
+        )
         return replica_info_pb(view)
 
     @rpc
@@ -175,16 +220,23 @@ class ControllerServicer(pb_grpc.ControllerServiceServicer):
         return pb.SyncStateData(
             replica_info=info,
             in_sync_replicas=[r for r in info.replicas if r.broker_id in in_set],
-            out_of_sync_replicas=[r for r in info.replicas if r.broker_id not in in_set])
+            out_of_sync_replicas=[r for r in info.replicas if r.broker_id not in in_set],
+        )
 
     @rpc
     def CleanBrokerData(self, request, context):
         cluster, broker_name = _broker_set_ref(request)
-        result = self.core.clean_broker_data({
-            "cluster": cluster, "broker_name": broker_name,
-            "broker_ids": [_broker_id(i) for i in request.broker_ids], "force": request.force})
-        return pb.CleanBrokerDataResponse(cleaned_broker_ids=result["cleaned_broker_ids"],
-                                          broker_set_removed=result["broker_set_removed"])
+        result = self.core.clean_broker_data(
+            {
+                "cluster": cluster,
+                "broker_name": broker_name,
+                "broker_ids": [_broker_id(i) for i in request.broker_ids],
+                "force": request.force,
+            }
+        )
+        return pb.CleanBrokerDataResponse(
+            cleaned_broker_ids=result["cleaned_broker_ids"], broker_set_removed=result["broker_set_removed"]
+        )
 
     @rpc
     def GetMetadata(self, request, context):
@@ -196,7 +248,8 @@ class ControllerServicer(pb_grpc.ControllerServiceServicer):
     def ListBrokerSets(self, request, context):
         cluster = validate_name("cluster", request.cluster) if request.cluster else ""
         return pb.ListBrokerSetsResponse(
-            broker_sets=[replica_info_pb(v) for v in self.core.broker_sets(cluster)])
+            broker_sets=[replica_info_pb(v) for v in self.core.broker_sets(cluster)]
+        )
 
     @rpc
     def CreateTopic(self, request, context):
@@ -261,31 +314,55 @@ class ControllerServicer(pb_grpc.ControllerServiceServicer):
     @rpc
     def TieredUploadStart(self, request, context):
         cluster, broker_name = _broker_set_ref(request)
-        return self._tiered({
-            "type": "tiered_upload_start", "cluster": cluster, "broker_name": broker_name,
-            "master_broker_id": request.master_broker_id, "master_epoch": request.master_epoch,
-            "upload_id": request.upload_id, "base_offset": request.base_offset,
-            "end_offset": request.end_offset})
+        return self._tiered(
+            {
+                "type": "tiered_upload_start",
+                "cluster": cluster,
+                "broker_name": broker_name,
+                "master_broker_id": request.master_broker_id,
+                "master_epoch": request.master_epoch,
+                "upload_id": request.upload_id,
+                "base_offset": request.base_offset,
+                "end_offset": request.end_offset,
+            }
+        )
 
     @rpc
     def TieredCommit(self, request, context):
         cluster, broker_name = _broker_set_ref(request)
-        return self._tiered({
-            "type": "tiered_commit", "cluster": cluster, "broker_name": broker_name,
-            "master_broker_id": request.master_broker_id, "master_epoch": request.master_epoch,
-            "upload_id": request.upload_id,
-            "segments": [{"key": seg.key, "sha256": seg.sha256,
-                          **{f: getattr(seg, f) for f in _INT_SEGMENT_FIELDS}}
-                         for seg in request.segments],
-            "epochs": [[e.epoch, e.start_offset] for e in request.epochs]})
+        return self._tiered(
+            {
+                "type": "tiered_commit",
+                "cluster": cluster,
+                "broker_name": broker_name,
+                "master_broker_id": request.master_broker_id,
+                "master_epoch": request.master_epoch,
+                "upload_id": request.upload_id,
+                "segments": [
+                    {
+                        "key": seg.key,
+                        "sha256": seg.sha256,
+                        **{f: getattr(seg, f) for f in _INT_SEGMENT_FIELDS},
+                    }
+                    for seg in request.segments
+                ],
+                "epochs": [[e.epoch, e.start_offset] for e in request.epochs],
+            }
+        )
 
     @rpc
     def TieredForgetAbandoned(self, request, context):
         cluster, broker_name = _broker_set_ref(request)
-        return self._tiered({
-            "type": "tiered_forget_abandoned", "cluster": cluster, "broker_name": broker_name,
-            "master_broker_id": request.master_broker_id, "master_epoch": request.master_epoch,
-            "upload_ids": list(request.upload_ids)})
+        return self._tiered(
+            {
+                "type": "tiered_forget_abandoned",
+                "cluster": cluster,
+                "broker_name": broker_name,
+                "master_broker_id": request.master_broker_id,
+                "master_epoch": request.master_epoch,
+                "upload_ids": list(request.upload_ids),
+            }
+        )
 
     @rpc
     def GetTieredCheckpoint(self, request, context):
@@ -301,8 +378,7 @@ class ControllerServicer(pb_grpc.ControllerServiceServicer):
     def Watch(self, request, context):
         try:
             cluster = validate_name("cluster", request.cluster) if request.cluster else ""
-            broker_name = (validate_name("broker name", request.broker_name)
-                           if request.broker_name else "")
+            broker_name = validate_name("broker name", request.broker_name) if request.broker_name else ""
             subscription = self.core.watch_hub.subscribe(cluster, broker_name)
         except Rejected as rejected:
             abort_with(context, InvalidArgument(rejected.message))
@@ -321,8 +397,16 @@ class ControllerServicer(pb_grpc.ControllerServiceServicer):
         index = self.core.raft.status()["last_applied"]
         for bs in state.broker_sets(cluster):
             if not broker_name or bs["broker_name"] == broker_name:
-                yield _event_pb({"kind": "snapshot", "index": index, "cluster": bs["cluster"],
-                                 "broker_name": bs["broker_name"], "replica_info": bs}, snapshot=True)
+                yield _event_pb(
+                    {
+                        "kind": "snapshot",
+                        "index": index,
+                        "cluster": bs["cluster"],
+                        "broker_name": bs["broker_name"],
+                        "replica_info": bs,
+                    },
+                    snapshot=True,
+                )
         while context.is_active():
             try:
                 event = subscription.get(timeout=0.5)
@@ -335,39 +419,57 @@ class ControllerServicer(pb_grpc.ControllerServiceServicer):
 
 
 WRITE_BATCH_MAX = 1024
-_INT_SEGMENT_FIELDS = ("base_offset", "end_offset", "size", "record_count", "first_epoch",
-                       "last_epoch")
+_INT_SEGMENT_FIELDS = ("base_offset", "end_offset", "size", "record_count", "first_epoch", "last_epoch")
 
 
 def tiered_checkpoint_pb(checkpoint: Json) -> pb.TieredCheckpoint:
     inflight = checkpoint.get("inflight") or {}
     return pb.TieredCheckpoint(
-        cluster=checkpoint["cluster"], broker_name=checkpoint["broker_name"],
+        cluster=checkpoint["cluster"],
+        broker_name=checkpoint["broker_name"],
         uploaded_offset=checkpoint["uploaded_offset"],
         checkpoint_epoch=checkpoint["checkpoint_epoch"],
-        segments=[pb.TieredSegment(key=s.get("key", ""), sha256=s.get("sha256", ""),
-                                   **{f: int(s.get(f, 0)) for f in _INT_SEGMENT_FIELDS})
-                  for s in checkpoint["segments"]],
+        segments=[
+            pb.TieredSegment(
+                key=s.get("key", ""),
+                sha256=s.get("sha256", ""),
+                **{f: int(s.get(f, 0)) for f in _INT_SEGMENT_FIELDS},
+            )
+            for s in checkpoint["segments"]
+        ],
         epochs=[pb.TieredEpoch(epoch=e, start_offset=o) for e, o in checkpoint["epochs"]],
         inflight_upload_id=inflight.get("upload_id", ""),
         inflight_base_offset=inflight.get("base_offset", 0),
         inflight_end_offset=inflight.get("end_offset", 0),
-        abandoned_upload_ids=checkpoint["abandoned"])
+        abandoned_upload_ids=checkpoint["abandoned"],
+    )
 
 
 def _topic_command(spec: pb.TopicSpec, mode: str) -> Json:
-    return {"type": "put_topic", "mode": mode, "name": spec.name, "cluster": spec.cluster,
-            "queue_count": spec.queue_count, "broker_names": list(spec.broker_names),
-            "perm": spec.perm, "message_type": spec.message_type,
-            "if_queue_count": spec.if_queue_count}
+    return {
+        "type": "put_topic",
+        "mode": mode,
+        "name": spec.name,
+        "cluster": spec.cluster,
+        "queue_count": spec.queue_count,
+        "broker_names": list(spec.broker_names),
+        "perm": spec.perm,
+        "message_type": spec.message_type,
+        "if_queue_count": spec.if_queue_count,
+    }
 
 
 def _group_command(spec: pb.GroupSpec, mode: str) -> Json:
-    return {"type": "put_group", "mode": mode, "name": spec.name,
-            "subscriptions": [{"topic": s.topic, "expression": s.expression}
-                              for s in spec.subscriptions],
-            "consume_from": spec.consume_from, "consume_timestamp_ms": spec.consume_timestamp_ms,
-            "retry_max_times": spec.retry_max_times, "retry_policy": spec.retry_policy}
+    return {
+        "type": "put_group",
+        "mode": mode,
+        "name": spec.name,
+        "subscriptions": [{"topic": s.topic, "expression": s.expression} for s in spec.subscriptions],
+        "consume_from": spec.consume_from,
+        "consume_timestamp_ms": spec.consume_timestamp_ms,
+        "retry_max_times": spec.retry_max_times,
+        "retry_policy": spec.retry_policy,
+    }
 
 
 def _write_command(position: int, op: pb.WriteOp) -> Json:
@@ -406,6 +508,10 @@ def _event_pb(event: Json, snapshot: bool = False) -> pb.WatchEvent:
     if info is not None and snapshot:
         info = replica_view(info)
     return pb.WatchEvent(
-        index=event["index"], kind=event["kind"], cluster=event.get("cluster", ""),
-        broker_name=event.get("broker_name", ""), name=event.get("name", ""),
-        replica_info=replica_info_pb(info) if info is not None else None)
+        index=event["index"],
+        kind=event["kind"],
+        cluster=event.get("cluster", ""),
+        broker_name=event.get("broker_name", ""),
+        name=event.get("name", ""),
+        replica_info=replica_info_pb(info) if info is not None else None,
+    )

@@ -159,9 +159,7 @@ def validate_choice(kind: str, value: Any, choices: tuple[str, ...], default: st
 
 def validate_int(kind: str, value: Any, minimum: int, maximum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
-        raise Rejected(
-            "INVALID_ARGUMENT", f"{kind} must be a whole number from {minimum} to {maximum}"
-        )
+        raise Rejected("INVALID_ARGUMENT", f"{kind} must be a whole number from {minimum} to {maximum}")
     return value
 
 
@@ -218,8 +216,7 @@ def _require_broker_set(state: ControllerState, command: Json) -> Json:
     if bs is None or not bs["replicas"]:
         raise Rejected(
             "BROKER_SET_NOT_FOUND",
-            f"broker set {cluster}/{broker_name} is not registered; "
-            "check the cluster and broker name",
+            f"broker set {cluster}/{broker_name} is not registered; check the cluster and broker name",
         )
     return copy.deepcopy(bs)
 
@@ -241,8 +238,12 @@ def replica_view(bs: Json) -> Json:
 
 
 def _broker_set_event(kind: str, bs: Json) -> Json:
-    return {"kind": kind, "cluster": bs["cluster"], "broker_name": bs["broker_name"],
-            "replica_info": replica_view(bs)}
+    return {
+        "kind": kind,
+        "cluster": bs["cluster"],
+        "broker_name": bs["broker_name"],
+        "replica_info": replica_view(bs),
+    }
 
 
 def _alive_ids(command: Json) -> dict[int, Json]:
@@ -265,9 +266,14 @@ def _register_broker(state: ControllerState, command: Json, index: int):
     requested = validate_int("broker_id", command.get("broker_id", 0), 0, 2**62)
     key = broker_set_key(cluster, broker_name)
     bs = copy.deepcopy(state.get(key)) or {
-        "cluster": cluster, "broker_name": broker_name, "next_broker_id": 1,
-        "replicas": {}, "master_broker_id": 0, "master_epoch": 0,
-        "sync_state_set": [], "sync_state_set_epoch": 0,
+        "cluster": cluster,
+        "broker_name": broker_name,
+        "next_broker_id": 1,
+        "replicas": {},
+        "master_broker_id": 0,
+        "master_epoch": 0,
+        "sync_state_set": [],
+        "sync_state_set_epoch": 0,
     }
     replicas = bs["replicas"]
     if requested == 0:
@@ -283,8 +289,7 @@ def _register_broker(state: ControllerState, command: Json, index: int):
                 "(check code differs); register with broker id 0 to get a new one",
             )
     before = replicas.get(str(broker_id))
-    replicas[str(broker_id)] = {"address": address, "check_code": check_code,
-                                "election_priority": priority}
+    replicas[str(broker_id)] = {"address": address, "check_code": check_code, "election_priority": priority}
     bs["next_broker_id"] = max(bs["next_broker_id"], broker_id + 1)
     events = []
     if before != replicas[str(broker_id)]:
@@ -316,8 +321,7 @@ def _election_order(bs: Json, command: Json, pool: list[int]) -> list[int]:
     def rank(broker_id: int) -> tuple[int, int, int, int]:
         info = alive.get(broker_id, {})
         priority = info.get("priority", bs["replicas"][str(broker_id)]["election_priority"])
-        return (-int(info.get("epoch", -1)), -int(info.get("max_offset", -1)),
-                int(priority), broker_id)
+        return (-int(info.get("epoch", -1)), -int(info.get("max_offset", -1)), int(priority), broker_id)
 
     return sorted(pool, key=rank)
 
@@ -377,10 +381,12 @@ def _no_master(bs: Json, key: str, current: int):
         bs["master_epoch"] += 1
         changes[key] = bs
         events.append(_broker_set_event("role", bs))
-    result = {"ok": False, "code": "MASTER_NOT_AVAILABLE",
-              "message": f"no alive in-sync replica can become master of "
-                         f"{bs['cluster']}/{bs['broker_name']}",
-              "replica_info": replica_view(bs)}
+    result = {
+        "ok": False,
+        "code": "MASTER_NOT_AVAILABLE",
+        "message": f"no alive in-sync replica can become master of {bs['cluster']}/{bs['broker_name']}",
+        "replica_info": replica_view(bs),
+    }
     return result, changes, events
 
 
@@ -425,12 +431,16 @@ def _clean_broker_data(state: ControllerState, command: Json, index: int):
     targets = sorted({int(i) for i in command.get("broker_ids") or []}) or registered
     unknown = [t for t in targets if t not in registered]
     if unknown:
-        raise Rejected("INVALID_ARGUMENT", f"broker ids {unknown} are not registered in "
-                                           f"{bs['cluster']}/{bs['broker_name']}")
+        raise Rejected(
+            "INVALID_ARGUMENT",
+            f"broker ids {unknown} are not registered in {bs['cluster']}/{bs['broker_name']}",
+        )
     alive = [t for t in targets if t in _alive_ids(command)]
     if alive and not command.get("force"):
-        raise Rejected("BROKER_ALIVE", f"broker ids {alive} are alive; stop them first "
-                                       "or pass force to clean them anyway")
+        raise Rejected(
+            "BROKER_ALIVE",
+            f"broker ids {alive} are alive; stop them first or pass force to clean them anyway",
+        )
     for target in targets:
         del bs["replicas"][str(target)]
     new_set = [i for i in bs["sync_state_set"] if i not in targets]
@@ -456,16 +466,14 @@ def _topic_spec(state: ControllerState, command: Json) -> Json:
         validate_name("broker name", broker_name)
         bs = state.broker_set(cluster, broker_name)
         if bs is None or not bs["replicas"]:
-            raise Rejected("BROKER_SET_NOT_FOUND",
-                           f"broker set {cluster}/{broker_name} is not registered")
+            raise Rejected("BROKER_SET_NOT_FOUND", f"broker set {cluster}/{broker_name} is not registered")
     return {
         "name": validate_name("topic name", command.get("name")),
         "cluster": cluster,
         "queue_count": validate_int("queue count", queue_count, 1, QUEUE_COUNT_MAX),
         "broker_names": broker_names,
         "perm": validate_choice("perm", command.get("perm"), PERMS, "RW"),
-        "message_type": validate_choice("message type", command.get("message_type"),
-                                        MESSAGE_TYPES, "NORMAL"),
+        "message_type": validate_choice("message type", command.get("message_type"), MESSAGE_TYPES, "NORMAL"),
     }
 
 
@@ -475,13 +483,15 @@ def _put_topic(state: ControllerState, command: Json, index: int):
     if expected and command.get("mode") != "update":
         raise Rejected("INVALID_ARGUMENT", "if_queue_count is a condition of updates only")
     if expected and existing is not None and existing["queue_count"] != expected:
-        raise Rejected("TOPIC_CHANGED", f"topic {existing['name']} has queue_count "
-                                        f"{existing['queue_count']}, not {expected}; read it again")
+        raise Rejected(
+            "TOPIC_CHANGED",
+            f"topic {existing['name']} has queue_count "
+            f"{existing['queue_count']}, not {expected}; read it again",
+        )
     if command.get("mode") == "update" and existing is not None:
         # proto3 cannot tell "unset" from empty: an update keeps what it leaves empty.
         fields = ("cluster", "queue_count", "broker_names", "perm", "message_type")
-        command = dict(command, **{f: existing[f] for f in fields
-                                   if command.get(f) in ("", 0, [], None)})
+        command = dict(command, **{f: existing[f] for f in fields if command.get(f) in ("", 0, [], None)})
     topic = _topic_spec(state, command)
     return _put_named(state, "topic", topic, command.get("mode", "create"), index)
 
@@ -490,8 +500,9 @@ def _put_named(state: ControllerState, kind: str, value: Json, mode: str, index:
     key = f"{kind}/{value['name']}"
     exists = state.get(key) is not None
     if mode == "create" and exists:
-        raise Rejected(f"{kind.upper()}_EXISTS", f"{kind} {value['name']} already exists; "
-                                                 f"use update to change it")
+        raise Rejected(
+            f"{kind.upper()}_EXISTS", f"{kind} {value['name']} already exists; use update to change it"
+        )
     if mode == "update" and not exists:
         raise Rejected(f"{kind.upper()}_NOT_FOUND", f"{kind} {value['name']} does not exist")
     if mode not in ("create", "update"):
@@ -520,10 +531,10 @@ def _put_group(state: ControllerState, command: Json, index: int):
         expression = sub.get("expression") or "*"
         if not isinstance(expression, str) or len(expression) > 1024:
             raise Rejected("INVALID_ARGUMENT", "a tag expression must be at most 1024 characters")
-        subscriptions.append({"topic": validate_name("topic name", sub.get("topic")),
-                              "expression": expression})
-    consume_from = validate_choice("consume_from", command.get("consume_from"), CONSUME_FROM,
-                                   "LAST_OFFSET")
+        subscriptions.append(
+            {"topic": validate_name("topic name", sub.get("topic")), "expression": expression}
+        )
+    consume_from = validate_choice("consume_from", command.get("consume_from"), CONSUME_FROM, "LAST_OFFSET")
     timestamp = command.get("consume_timestamp_ms", 0)
     if consume_from == "TIMESTAMP":
         validate_int("consume_timestamp_ms", timestamp, 1, 2**62)
@@ -533,10 +544,12 @@ def _put_group(state: ControllerState, command: Json, index: int):
         "subscriptions": sorted(subscriptions, key=lambda s: (s["topic"], s["expression"])),
         "consume_from": consume_from,
         "consume_timestamp_ms": timestamp if consume_from == "TIMESTAMP" else 0,
-        "retry_max_times": 16 if retry in (None, 0) else
-        validate_int("retry_max_times", retry, 0, RETRY_MAX_TIMES_MAX),
-        "retry_policy": validate_choice("retry_policy", command.get("retry_policy"),
-                                        RETRY_POLICIES, "EXPONENTIAL"),
+        "retry_max_times": 16
+        if retry in (None, 0)
+        else validate_int("retry_max_times", retry, 0, RETRY_MAX_TIMES_MAX),
+        "retry_policy": validate_choice(
+            "retry_policy", command.get("retry_policy"), RETRY_POLICIES, "EXPONENTIAL"
+        ),
     }
     return _put_named(state, "group", group, command.get("mode", "create"), index)
 
@@ -575,11 +588,19 @@ def _tiered_fenced(state: ControllerState, command: Json) -> tuple[Json, str, Js
             "FENCED_MASTER_EPOCH",
             f"broker {master} at epoch {epoch} is not the master of "
             f"{bs['cluster']}/{bs['broker_name']} (master {bs['master_broker_id']} at epoch "
-            f"{bs['master_epoch']}); only the current master uploads")
+            f"{bs['master_epoch']}); only the current master uploads",
+        )
     key = tiered_key(bs["cluster"], bs["broker_name"])
     checkpoint = copy.deepcopy(state.get(key)) or {
-        "cluster": bs["cluster"], "broker_name": bs["broker_name"], "uploaded_offset": 0,
-        "checkpoint_epoch": 0, "segments": [], "epochs": [], "inflight": None, "abandoned": []}
+        "cluster": bs["cluster"],
+        "broker_name": bs["broker_name"],
+        "uploaded_offset": 0,
+        "checkpoint_epoch": 0,
+        "segments": [],
+        "epochs": [],
+        "inflight": None,
+        "abandoned": [],
+    }
     return bs, key, checkpoint
 
 
@@ -589,15 +610,20 @@ def _tiered_upload_start(state: ControllerState, command: Json, index: int):
     base = validate_int("base_offset", command.get("base_offset"), 0, 2**62)
     end = validate_int("end_offset", command.get("end_offset"), 1, 2**62)
     if base != checkpoint["uploaded_offset"] or end <= base:
-        raise Rejected("TIERED_RANGE_INVALID",
-                       f"an upload must start at the checkpoint {checkpoint['uploaded_offset']} "
-                       f"and end after it, not [{base}, {end})")
+        raise Rejected(
+            "TIERED_RANGE_INVALID",
+            f"an upload must start at the checkpoint {checkpoint['uploaded_offset']} "
+            f"and end after it, not [{base}, {end})",
+        )
     previous = checkpoint["inflight"]
     if previous and previous["upload_id"] != upload_id:
-        checkpoint["abandoned"] = (checkpoint["abandoned"] + [previous["upload_id"]])[
-            -ABANDONED_UPLOADS_MAX:]
-    checkpoint["inflight"] = {"upload_id": upload_id, "master_epoch": bs["master_epoch"],
-                              "base_offset": base, "end_offset": end}
+        checkpoint["abandoned"] = (checkpoint["abandoned"] + [previous["upload_id"]])[-ABANDONED_UPLOADS_MAX:]
+    checkpoint["inflight"] = {
+        "upload_id": upload_id,
+        "master_epoch": bs["master_epoch"],
+        "base_offset": base,
+        "end_offset": end,
+    }
     result = {"ok": True, "checkpoint": copy.deepcopy(checkpoint)}
     return result, {key: checkpoint}, []
 
@@ -606,24 +632,27 @@ def _tiered_commit(state: ControllerState, command: Json, index: int):
     bs, key, checkpoint = _tiered_fenced(state, command)
     inflight = checkpoint["inflight"]
     upload_id = command.get("upload_id")
-    if not inflight or inflight["upload_id"] != upload_id or \
-            inflight["master_epoch"] != bs["master_epoch"]:
-        raise Rejected("TIERED_UPLOAD_UNKNOWN",
-                       f"upload {upload_id!r} is not the upload in flight of this master epoch; "
-                       "start it again")
+    if not inflight or inflight["upload_id"] != upload_id or inflight["master_epoch"] != bs["master_epoch"]:
+        raise Rejected(
+            "TIERED_UPLOAD_UNKNOWN",
+            f"upload {upload_id!r} is not the upload in flight of this master epoch; start it again",
+        )
     segments = command.get("segments") or []
     if not 1 <= len(segments) <= SEGMENTS_PER_COMMIT_MAX:
         raise Rejected("INVALID_ARGUMENT", f"a commit lists 1 to {SEGMENTS_PER_COMMIT_MAX} segments")
     position = inflight["base_offset"]
     for segment in segments:
         if segment.get("base_offset") != position or segment.get("end_offset", 0) <= position:
-            raise Rejected("TIERED_RANGE_INVALID",
-                           f"segments must cover [{inflight['base_offset']}, "
-                           f"{inflight['end_offset']}) without gaps or overlaps")
+            raise Rejected(
+                "TIERED_RANGE_INVALID",
+                f"segments must cover [{inflight['base_offset']}, "
+                f"{inflight['end_offset']}) without gaps or overlaps",
+            )
         position = segment["end_offset"]
     if position != inflight["end_offset"]:
-        raise Rejected("TIERED_RANGE_INVALID", f"segments end at {position}, the upload at "
-                                               f"{inflight['end_offset']}")
+        raise Rejected(
+            "TIERED_RANGE_INVALID", f"segments end at {position}, the upload at {inflight['end_offset']}"
+        )
     checkpoint["segments"] = checkpoint["segments"] + [dict(s) for s in segments]
     checkpoint["uploaded_offset"] = position
     checkpoint["checkpoint_epoch"] = bs["master_epoch"]
@@ -665,8 +694,15 @@ def apply(state: ControllerState, command: Json, index: int) -> tuple[Json, list
     """
     handler = HANDLERS.get(command.get("type", ""))
     if handler is None:
-        return {"ok": False, "code": "INVALID_ARGUMENT",
-                "message": f"unknown command type {command.get('type')!r}"}, [], {}
+        return (
+            {
+                "ok": False,
+                "code": "INVALID_ARGUMENT",
+                "message": f"unknown command type {command.get('type')!r}",
+            },
+            [],
+            {},
+        )
     try:
         result, changes, events = handler(state, command, index)
     except Rejected as rejected:
@@ -698,16 +734,30 @@ def topic_route(state: ControllerState, name: str) -> Json:
         bs = state.broker_set(topic["cluster"], broker_name)
         if bs is None or not bs["replicas"]:
             continue
-        queues.append({"broker_name": broker_name, "read_queue_count": topic["queue_count"],
-                       "write_queue_count": topic["queue_count"], "perm": topic["perm"]})
+        queues.append(
+            {
+                "broker_name": broker_name,
+                "read_queue_count": topic["queue_count"],
+                "write_queue_count": topic["queue_count"],
+                "perm": topic["perm"],
+            }
+        )
         brokers.append(broker_route(bs))
-    return {"topic": topic["name"], "message_type": topic["message_type"],
-            "queues": queues, "brokers": brokers}
+    return {
+        "topic": topic["name"],
+        "message_type": topic["message_type"],
+        "queues": queues,
+        "brokers": brokers,
+    }
 
 
 def broker_route(bs: Json) -> Json:
     view = replica_view(bs)
-    return {"cluster": bs["cluster"], "broker_name": bs["broker_name"],
-            "master_broker_id": view["master_broker_id"], "master_address": view["master_address"],
-            "master_epoch": bs["master_epoch"],
-            "addresses": {int(i): r["address"] for i, r in bs["replicas"].items()}}
+    return {
+        "cluster": bs["cluster"],
+        "broker_name": bs["broker_name"],
+        "master_broker_id": view["master_broker_id"],
+        "master_address": view["master_address"],
+        "master_epoch": bs["master_epoch"],
+        "addresses": {int(i): r["address"] for i, r in bs["replicas"].items()},
+    }

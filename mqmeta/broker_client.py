@@ -65,8 +65,7 @@ class QueueRef:
 
 class RouteCache:
     def __init__(self, namesrv: list[str] | str, channels: _Channels) -> None:
-        self.namesrv = parse_addresses(namesrv, "nameserver address") if isinstance(
-            namesrv, str) else namesrv
+        self.namesrv = parse_addresses(namesrv, "nameserver address") if isinstance(namesrv, str) else namesrv
         self._channels = channels
         self._routes: dict[str, cpb.TopicRoute] = {}
 
@@ -84,8 +83,10 @@ class RouteCache:
             except grpc.RpcError as rpc_error:
                 last = from_rpc_error(rpc_error)
                 if isinstance(last, NotFound):
-                    raise NotFound(f"topic {topic} does not exist; create it with "
-                                   f"`mqmeta admin --controllers ... topic create {topic}`") from None
+                    raise NotFound(
+                        f"topic {topic} does not exist; create it with "
+                        f"`mqmeta admin --controllers ... topic create {topic}`"
+                    ) from None
         raise Unavailable(f"no nameserver answered ({', '.join(self.namesrv)}): {last}")
 
     def master(self, topic: str, broker_name: str) -> str:
@@ -95,12 +96,20 @@ class RouteCache:
         raise Unavailable(f"broker set {broker_name} of topic {topic} has no master right now")
 
     def queues(self, topic: str) -> list[QueueRef]:
-        return [QueueRef(q.broker_name, i) for q in self.route(topic).queues
-                for i in range(q.write_queue_count)]
+        return [
+            QueueRef(q.broker_name, i) for q in self.route(topic).queues for i in range(q.write_queue_count)
+        ]
 
 
-def _call_master(routes: RouteCache, channels: _Channels, topic: str, broker_name: str,
-                 method: str, request: Any, timeout_s: float) -> Any:
+def _call_master(
+    routes: RouteCache,
+    channels: _Channels,
+    topic: str,
+    broker_name: str,
+    method: str,
+    request: Any,
+    timeout_s: float,
+) -> Any:
     """Calls the current master of a broker set, following role changes."""
     deadline = time.monotonic() + timeout_s
     last: MqmetaError | None = None
@@ -112,7 +121,8 @@ def _call_master(routes: RouteCache, channels: _Channels, topic: str, broker_nam
             address = routes.master(topic, broker_name)
             stub = bpb_grpc.BrokerServiceStub(channels.get(address))
             return getattr(stub, method)(
-                request, timeout=min(ATTEMPT_TIMEOUT_S, max(0.05, deadline - time.monotonic())))
+                request, timeout=min(ATTEMPT_TIMEOUT_S, max(0.05, deadline - time.monotonic()))
+            )
         except grpc.RpcError as rpc_error:
             last = from_rpc_error(rpc_error)
         except Unavailable as error:
@@ -140,18 +150,39 @@ class Producer:
         self._next_queue += 1
         return queues[self._next_queue % len(queues)]
 
-    def send(self, topic: str, bodies: list[bytes], queue: QueueRef | None = None,
-             tags: str = "", keys: list[str] | None = None) -> list[bpb.SendResult]:
+    def send(
+        self,
+        topic: str,
+        bodies: list[bytes],
+        queue: QueueRef | None = None,
+        tags: str = "",
+        keys: list[str] | None = None,
+    ) -> list[bpb.SendResult]:
         """Sends a batch to one queue; returns when the broker set acknowledged it."""
         queue = queue or self.next_queue(topic)
         messages = []
         for i, body in enumerate(bodies):
             self._sequence += 1
-            messages.append(bpb.Message(topic=topic, queue_id=queue.queue_id, body=body, tags=tags,
-                                        keys=(keys[i] if keys else ""),
-                                        producer_id=self.producer_id, producer_seq=self._sequence))
-        reply = _call_master(self.routes, self._channels, topic, queue.broker_name, "Send",
-                             bpb.SendRequest(messages=messages), self.timeout_s)
+            messages.append(
+                bpb.Message(
+                    topic=topic,
+                    queue_id=queue.queue_id,
+                    body=body,
+                    tags=tags,
+                    keys=(keys[i] if keys else ""),
+                    producer_id=self.producer_id,
+                    producer_seq=self._sequence,
+                )
+            )
+        reply = _call_master(
+            self.routes,
+            self._channels,
+            topic,
+            queue.broker_name,
+            "Send",
+            bpb.SendRequest(messages=messages),
+            self.timeout_s,
+        )
         return list(reply.results)
 
     def close(self) -> None:
@@ -166,8 +197,14 @@ class Consumer:
     (broker, queue id) order (RocketMQ's averaging allocation with a fixed member list;
     there is no rebalancing when a member leaves)."""
 
-    def __init__(self, namesrv: list[str] | str, topic: str, group: str,
-                 timeout_s: float = CALL_TIMEOUT_S, share: tuple[int, int] | None = None) -> None:
+    def __init__(
+        self,
+        namesrv: list[str] | str,
+        topic: str,
+        group: str,
+        timeout_s: float = CALL_TIMEOUT_S,
+        share: tuple[int, int] | None = None,
+    ) -> None:
         if share is not None and not 0 <= share[0] < share[1]:
             raise InvalidArgument(f"consumer share {share} must be (i, n) with 0 <= i < n")
         self.share = share
@@ -180,13 +217,17 @@ class Consumer:
         self._uncommitted: set[QueueRef] = set()
 
     def _call(self, queue: QueueRef, method: str, request: Any) -> Any:
-        return _call_master(self.routes, self._channels, self.topic, queue.broker_name, method,
-                            request, self.timeout_s)
+        return _call_master(
+            self.routes, self._channels, self.topic, queue.broker_name, method, request, self.timeout_s
+        )
 
     def _offset(self, queue: QueueRef) -> int:
         if queue not in self._offsets:
-            reply = self._call(queue, "QueryOffset", bpb.QueryOffsetRequest(
-                group=self.group, topic=self.topic, queue_id=queue.queue_id))
+            reply = self._call(
+                queue,
+                "QueryOffset",
+                bpb.QueryOffsetRequest(group=self.group, topic=self.topic, queue_id=queue.queue_id),
+            )
             self._offsets[queue] = max(0, reply.offset)
         return self._offsets[queue]
 
@@ -199,9 +240,16 @@ class Consumer:
         failure: MqmetaError | None = None
         for queue in self.queues():
             try:
-                reply = self._call(queue, "Pull", bpb.PullRequest(
-                    topic=self.topic, queue_id=queue.queue_id, queue_offset=self._offset(queue),
-                    max_count=max_count))
+                reply = self._call(
+                    queue,
+                    "Pull",
+                    bpb.PullRequest(
+                        topic=self.topic,
+                        queue_id=queue.queue_id,
+                        queue_offset=self._offset(queue),
+                        max_count=max_count,
+                    ),
+                )
             except MqmetaError as error:
                 failure = error
                 continue
@@ -223,9 +271,13 @@ class Consumer:
 
     def _commit_pending(self) -> None:
         for queue in sorted(self._uncommitted, key=lambda q: (q.broker_name, q.queue_id)):
-            self._call(queue, "CommitOffset", bpb.CommitOffsetRequest(
-                group=self.group, topic=self.topic, queue_id=queue.queue_id,
-                offset=self._offsets[queue]))
+            self._call(
+                queue,
+                "CommitOffset",
+                bpb.CommitOffsetRequest(
+                    group=self.group, topic=self.topic, queue_id=queue.queue_id, offset=self._offsets[queue]
+                ),
+            )
             self._uncommitted.discard(queue)
 
     def commit(self) -> None:

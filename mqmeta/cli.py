@@ -27,11 +27,16 @@ def _add_node_flags(parser: argparse.ArgumentParser, required: bool) -> None:
     parser.add_argument("--id", dest="node_id", help="this controller node's id, e.g. c1")
     parser.add_argument("--grpc", help="gRPC address HOST:PORT of this node")
     parser.add_argument("--raft", help="Raft address HOST:PORT of this node")
-    parser.add_argument("--peer", action="append", default=[],
-                        help="another node as ID=RAFT_HOST:PORT/GRPC_HOST:PORT (repeat)")
+    parser.add_argument(
+        "--peer",
+        action="append",
+        default=[],
+        help="another node as ID=RAFT_HOST:PORT/GRPC_HOST:PORT (repeat)",
+    )
     parser.add_argument("--data-dir", type=Path, help="where this node keeps its journal and logs")
-    parser.add_argument("--secret-file", type=Path,
-                        help="file holding the Raft secret (authenticates and encrypts peers)")
+    parser.add_argument(
+        "--secret-file", type=Path, help="file holding the Raft secret (authenticates and encrypts peers)"
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -45,8 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
     namesrv = sub.add_parser("namesrv", help="run a nameserver (optionally embedding a controller)")
     namesrv.add_argument("--listen", required=True, help="nameserver gRPC address HOST:PORT")
     namesrv.add_argument("--controllers", help="controller addresses (standalone nameserver)")
-    namesrv.add_argument("--embed-controller", action="store_true",
-                         help="also run a controller node in this process")
+    namesrv.add_argument(
+        "--embed-controller", action="store_true", help="also run a controller node in this process"
+    )
     _add_node_flags(namesrv, required=False)
 
     local = sub.add_parser("local", help="run a whole cluster on this machine")
@@ -54,8 +60,11 @@ def build_parser() -> argparse.ArgumentParser:
     up = local_sub.add_parser("up", help="start the cluster in the foreground")
     up.add_argument("--data-dir", type=Path, default=Path("mqmeta-data"))
     up.add_argument("--controllers", type=int, default=3, help="controller nodes (odd, 1-7)")
-    up.add_argument("--embedded", action="store_true",
-                    help="run the controllers inside the nameservers (one per controller)")
+    up.add_argument(
+        "--embedded",
+        action="store_true",
+        help="run the controllers inside the nameservers (one per controller)",
+    )
     up.add_argument("--broker-sets", type=int, default=1, help="broker sets (0-26)")
     up.add_argument("--replicas", type=int, default=3, help="brokers per set (1-5)")
 
@@ -79,8 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _setup_logging(level: str) -> None:
-    logging.basicConfig(level=level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -78,7 +78,8 @@ class ControllerClient:
                 return
             try:
                 meta = self._stub(address).GetMetadata(
-                    pb.GetMetadataRequest(), timeout=min(remaining, ATTEMPT_TIMEOUT_S / 4))
+                    pb.GetMetadataRequest(), timeout=min(remaining, ATTEMPT_TIMEOUT_S / 4)
+                )
             except grpc.RpcError:
                 continue
             if meta.leader_grpc in self.addresses:
@@ -96,10 +97,12 @@ class ControllerClient:
             if remaining <= 0:
                 raise DeadlineExceeded(
                     f"no controller answered {method} in time "
-                    f"(tried {', '.join(self.addresses)}): {last_error or 'no answer'}")
+                    f"(tried {', '.join(self.addresses)}): {last_error or 'no answer'}"
+                )
             try:
                 reply = getattr(self._stub(target), method)(
-                    request, timeout=min(remaining, ATTEMPT_TIMEOUT_S))
+                    request, timeout=min(remaining, ATTEMPT_TIMEOUT_S)
+                )
                 self._target = target
                 return reply
             except grpc.RpcError as rpc_error:

@@ -49,8 +49,12 @@ def add_data_parsers(sub) -> None:
     produce.add_argument("--namesrv", required=True, help="HOST:PORT[,HOST:PORT...]")
     produce.add_argument("--topic", required=True)
     produce.add_argument("--count", type=_positive("--count", COUNT_MAX), required=True)
-    produce.add_argument("--size", type=_positive("--size", SIZE_MAX), default=64,
-                         help="body bytes (at least the value's length)")
+    produce.add_argument(
+        "--size",
+        type=_positive("--size", SIZE_MAX),
+        default=64,
+        help="body bytes (at least the value's length)",
+    )
     produce.add_argument("--rate", type=_positive_float, help="messages per second at most")
     produce.add_argument("--batch", type=_positive("--batch", 1024), default=1)
     produce.add_argument("--record", type=Path, help="JSON line per acknowledged message")
@@ -60,8 +64,12 @@ def add_data_parsers(sub) -> None:
     consume.add_argument("--namesrv", required=True)
     consume.add_argument("--topic", required=True)
     consume.add_argument("--group", required=True)
-    consume.add_argument("--until-idle", type=_positive_float, default=5.0,
-                         help="stop after this many seconds without a new message")
+    consume.add_argument(
+        "--until-idle",
+        type=_positive_float,
+        default=5.0,
+        help="stop after this many seconds without a new message",
+    )
     consume.add_argument("--record", type=Path, help="JSON line per received message")
     consume.add_argument("--json", action="store_true")
 
@@ -85,24 +93,38 @@ def run_produce(args: argparse.Namespace) -> int:
                 if "does not exist" in error.message:
                     raise
                 failed += len(values)
-                print(f"mqmeta produce: {len(values)} not acknowledged: {error.message}",
-                      file=sys.stderr)
+                print(f"mqmeta produce: {len(values)} not acknowledged: {error.message}", file=sys.stderr)
                 continue
             acked += len(results)
             if record:
                 for value, result in zip(values, results, strict=True):
-                    record.write(json.dumps({"msg_id": result.msg_id, "value": value,
-                                             "queue_id": result.queue_id,
-                                             "queue_offset": result.queue_offset}) + "\n")
+                    record.write(
+                        json.dumps(
+                            {
+                                "msg_id": result.msg_id,
+                                "value": value,
+                                "queue_id": result.queue_id,
+                                "queue_offset": result.queue_offset,
+                            }
+                        )
+                        + "\n"
+                    )
                 record.flush()
     finally:
         producer.close()
         if record:
             record.close()
-    summary = {"sent": sent, "acked": acked, "failed": failed,
-               "elapsed_s": round(time.monotonic() - start, 3)}
-    print(json.dumps(summary) if args.json else
-          f"sent {sent}, acknowledged {acked}, failed {failed} in {summary['elapsed_s']} s")
+    summary = {
+        "sent": sent,
+        "acked": acked,
+        "failed": failed,
+        "elapsed_s": round(time.monotonic() - start, 3),
+    }
+    print(
+        json.dumps(summary)
+        if args.json
+        else f"sent {sent}, acknowledged {acked}, failed {failed} in {summary['elapsed_s']} s"
+    )
     return 0 if failed == 0 else 1
 
 
@@ -146,9 +168,17 @@ def run_consume(args: argparse.Namespace) -> int:
             if record:
                 for m in messages:
                     value = m.body.decode(errors="replace").rstrip(".")
-                    record.write(json.dumps({"msg_id": m.msg_id, "value": value,
-                                             "queue_id": m.queue_id,
-                                             "queue_offset": m.queue_offset}) + "\n")
+                    record.write(
+                        json.dumps(
+                            {
+                                "msg_id": m.msg_id,
+                                "value": value,
+                                "queue_id": m.queue_id,
+                                "queue_offset": m.queue_offset,
+                            }
+                        )
+                        + "\n"
+                    )
                 record.flush()
     finally:
         try:
@@ -161,4 +191,3 @@ def run_consume(args: argparse.Namespace) -> int:
     summary = {"received": received, "elapsed_s": round(time.monotonic() - start, 3)}
     print(json.dumps(summary) if args.json else f"received {received} in {summary['elapsed_s']} s")
     return 0
-

@@ -48,8 +48,8 @@ def _read_environment() -> dict[str, str]:
 
 def _check(mapping: object, where: str) -> None:
     if not isinstance(mapping, dict) or not all(
-            isinstance(k, str) and isinstance(v, str) and ":" in k and ":" in v
-            for k, v in mapping.items()):
+        isinstance(k, str) and isinstance(v, str) and ":" in k and ":" in v for k, v in mapping.items()
+    ):
         raise InvalidArgument(f"the dial map {where} must be a JSON object of HOST:PORT to HOST:PORT")
 
 

@@ -29,14 +29,20 @@ from mqmeta.client import ControllerClient
 from mqmeta.errors import MqmetaError, Unavailable
 from mqmeta.pb import controller_pb2 as pb
 
-FAST_RAFT = {"heartbeat_ms": 50, "election_min_ms": 300, "election_max_ms": 600,
-             "leader_fallback_ms": 1000}
+FAST_RAFT = {"heartbeat_ms": 50, "election_min_ms": 300, "election_max_ms": 600, "leader_fallback_ms": 1000}
 
 
 class Cluster:
-    def __init__(self, root: Path, count: int = 3, embedded: bool = False,
-                 raft_settings: dict[str, Any] | None = None, broker_sets: int = 0,
-                 replicas: int = 0, broker_flags: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        root: Path,
+        count: int = 3,
+        embedded: bool = False,
+        raft_settings: dict[str, Any] | None = None,
+        broker_sets: int = 0,
+        replicas: int = 0,
+        broker_flags: list[str] | None = None,
+    ) -> None:
         self.root = root
         self.layout: Layout = load_or_create_layout(root, count, embedded, broker_sets, replicas)
         self.broker_flags = list(broker_flags or [])
@@ -72,14 +78,17 @@ class Cluster:
         """Fast liveness for tests: heartbeat 200 ms, dead after 1 s, lease 500 ms."""
         from mqmeta.pb import controller_pb2
 
-        values = values or {"broker_heartbeat_interval_ms": "200", "broker_dead_after_ms": "1000",
-                            "lease_ms": "500", "lease_margin_ms": "200"}
+        values = values or {
+            "broker_heartbeat_interval_ms": "200",
+            "broker_dead_after_ms": "1000",
+            "lease_ms": "500",
+            "lease_margin_ms": "200",
+        }
         with self.client() as client:
             client.call("UpdateConfig", controller_pb2.UpdateConfigRequest(values=values))
 
     def start_namesrv(self) -> subprocess.Popen:
-        return self.supervisor.start("namesrv", namesrv_command(self.layout),
-                                     self.process_env("namesrv"))
+        return self.supervisor.start("namesrv", namesrv_command(self.layout), self.process_env("namesrv"))
 
     def start_broker(self, name: str, controllers: str = "") -> subprocess.Popen:
         """controllers: other addresses to reach the controllers by (e.g. cuttable proxies)."""
@@ -104,7 +113,8 @@ class Cluster:
 
         with grpc.insecure_channel(self.broker(name).grpc) as channel:
             return broker_pb2_grpc.BrokerServiceStub(channel).GetHaStatus(
-                broker_pb2.HaStatusRequest(), timeout=timeout_s)
+                broker_pb2.HaStatusRequest(), timeout=timeout_s
+            )
 
     def master_of(self, broker_name: str, timeout_s: float = 15.0, exclude: str = "") -> str:
         """The process name of the writable master of a broker set."""
@@ -129,8 +139,7 @@ class Cluster:
 
     def start_node(self, node_id: str) -> subprocess.Popen:
         node = self.node(node_id)
-        command = controller_command(self.root, self.layout, node) + ["--config",
-                                                                      str(self._config_file)]
+        command = controller_command(self.root, self.layout, node) + ["--config", str(self._config_file)]
         return self.supervisor.start(node_id, command, self.process_env(node_id))
 
     def wait_ready(self, timeout_s: float = 30.0) -> None:

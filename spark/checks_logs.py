@@ -66,14 +66,18 @@ def chunk_table(data: AuditData) -> DataFrame:
 def file_spans(data: AuditData) -> DataFrame:
     """Per segment file: its records, bytes, valid end, first corrupt / truncated piece."""
     if "files" not in data.derived:
-        spans = chunk_table(data).groupBy("broker_set", "replica", "file", "file_base", "last_file").agg(
-            F.sum("rows").alias("rows"),
-            F.sum("bytes").alias("bytes"),
-            F.max("valid_end").alias("valid_end"),
-            F.max("end").alias("end"),
-            F.min("corrupt_at").alias("corrupt_at"),
-            F.min("truncated_at").alias("truncated_at"),
-            F.sum("invalid").alias("invalid"),
+        spans = (
+            chunk_table(data)
+            .groupBy("broker_set", "replica", "file", "file_base", "last_file")
+            .agg(
+                F.sum("rows").alias("rows"),
+                F.sum("bytes").alias("bytes"),
+                F.max("valid_end").alias("valid_end"),
+                F.max("end").alias("end"),
+                F.min("corrupt_at").alias("corrupt_at"),
+                F.min("truncated_at").alias("truncated_at"),
+                F.sum("invalid").alias("invalid"),
+            )
         )
         data.derived["files"] = data.keep(spans)
     return data.derived["files"]
@@ -87,10 +91,14 @@ def _files_with_invalid(data: AuditData) -> set[tuple[str, str, str]]:
 def _replica_spans(data: AuditData) -> DataFrame:
     """Per replica: the first offset it holds (retention may have cut the start), where its
     last valid record ends, and where its bytes end (past valid_end: a torn tail)."""
-    return file_spans(data).groupBy("broker_set", "replica").agg(
-        F.min("file_base").alias("min_offset"),
-        F.max("valid_end").alias("valid_end"),
-        F.max("end").alias("end"),
+    return (
+        file_spans(data)
+        .groupBy("broker_set", "replica")
+        .agg(
+            F.min("file_base").alias("min_offset"),
+            F.max("valid_end").alias("valid_end"),
+            F.max("end").alias("end"),
+        )
     )
 
 
@@ -559,7 +567,10 @@ def check_h1(data: AuditData) -> CheckResult:
     history = data.history
     enqueue = F.col("f1") == "enqueue"
     requests = history.filter(enqueue & (F.col("f2") == "REQUEST")).select(
-        "file", F.col("f0").alias("client"), F.col("f3").alias("value"), F.col("f4").alias("key"),
+        "file",
+        F.col("f0").alias("client"),
+        F.col("f3").alias("value"),
+        F.col("f4").alias("key"),
         F.col("f5").alias("sent_ms"),
     )
     acked = history.filter(enqueue & (F.col("f2") == "RESPONSE") & (F.col("f3") == "SUCCESS")).select(

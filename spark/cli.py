@@ -133,7 +133,11 @@ def run_audit(args: argparse.Namespace) -> int:
 
 
 def audit_status(
-    inputs: list[str], report_dir: Path, master: str | None, ids: list[str], console: Any = None,
+    inputs: list[str],
+    report_dir: Path,
+    master: str | None,
+    ids: list[str],
+    console: Any = None,
     prefix: str = "mqmeta: error: ",
 ) -> int:
     """run_checks' exit status, with bad input and Spark's own failures as exit 2 and one

@@ -71,8 +71,11 @@ class AuditData:
                 return self.records.limit(0)
             keys = self.spark.createDataFrame(sorted(files), "broker_set string, replica string, file string")
             return self.records.join(F.broadcast(keys), ["broker_set", "replica", "file"])
-        specs = [spec for spec in self.inventory.segments
-                 if (spec["broker_set"], spec["replica"], spec["file"]) in files]
+        specs = [
+            spec
+            for spec in self.inventory.segments
+            if (spec["broker_set"], spec["replica"], spec["file"]) in files
+        ]
         return _records(self.spark, specs, self.detail, self.split_bytes)
 
     @cached_property

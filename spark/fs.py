@@ -143,19 +143,23 @@ def remote_root(value: str) -> RemotePath:
 
         fs, key = fsspec.core.url_to_fs(value)
     except (ImportError, ValueError) as exc:
-        raise BadInput(f"input {value}: no file system for this URL here ({exc}); install its "
-                       "fsspec driver (s3a:// and s3:// need s3fs) or copy the data dirs locally") from None
+        raise BadInput(
+            f"input {value}: no file system for this URL here ({exc}); install its "
+            "fsspec driver (s3a:// and s3:// need s3fs) or copy the data dirs locally"
+        ) from None
     try:
         listing = fs.find(key, detail=True, withdirs=True, maxdepth=None)
     except Exception as exc:  # the driver's own errors (credentials, network, no bucket)
         first = str(exc).splitlines()[0][:200] if str(exc) else ""
         raise BadInput(f"cannot list {value}: {type(exc).__name__}: {first}") from None
     if not listing:
-        raise BadInput(f"input {value} does not exist or holds nothing; give a data dir, a chaos "
-                       "output dir or node dirs")
+        raise BadInput(
+            f"input {value} does not exist or holds nothing; give a data dir, a chaos output dir or node dirs"
+        )
     if len(listing) > LISTED_FILES_MAX:
-        raise BadInput(f"input {value} holds more than {LISTED_FILES_MAX} objects; give the data dirs "
-                       "themselves")
+        raise BadInput(
+            f"input {value} holds more than {LISTED_FILES_MAX} objects; give the data dirs themselves"
+        )
     return RemotePath(_Tree(fs, value.split("://", 1)[0], key, listing), key)
 
 

@@ -95,7 +95,7 @@ class _RecordReader(DataSourceReader):
         valid = np.asarray(found, dtype=np.int64)
         valid = valid[(valid >= lo) & (valid < hi)]
         for first in range(0, len(valid), ARROW_BATCH_ROWS):
-            yield _valid_batch(buf, spec, valid[first:first + ARROW_BATCH_ROWS], self.detail)
+            yield _valid_batch(buf, spec, valid[first : first + ARROW_BATCH_ROWS], self.detail)
         others = [piece for piece in others if lo <= piece.pos < hi]
         if others:
             yield _other_batch(buf, spec, others, self.detail)
@@ -112,9 +112,13 @@ def _gather(u8: Any, positions: Any, at: int, dtype: str) -> Any:
 def _file_columns(spec: dict[str, Any], rows: int) -> dict[str, Any]:
     import pyarrow as pa
 
-    return {"broker_set": pa.repeat(spec["broker_set"], rows), "replica": pa.repeat(spec["replica"], rows),
-            "file": pa.repeat(spec["file"], rows), "file_base": pa.repeat(int(spec["base_offset"]), rows),
-            "last_file": pa.repeat(bool(spec.get("last")), rows)}
+    return {
+        "broker_set": pa.repeat(spec["broker_set"], rows),
+        "replica": pa.repeat(spec["replica"], rows),
+        "file": pa.repeat(spec["file"], rows),
+        "file_base": pa.repeat(int(spec["base_offset"]), rows),
+        "last_file": pa.repeat(bool(spec.get("last")), rows),
+    }
 
 
 def _valid_batch(buf: bytes, spec: dict[str, Any], positions: Any, detail: bool) -> Any:
@@ -131,17 +135,25 @@ def _valid_batch(buf: bytes, spec: dict[str, Any], positions: Any, detail: bool)
     columns.update(
         offset=positions + int(spec["base_offset"]),
         length=_gather(u8, positions, LENGTH_AT, "<u4").astype(np.int64),
-        crc_valid=np.ones(rows, dtype=bool), truncated=np.zeros(rows, dtype=bool),
+        crc_valid=np.ones(rows, dtype=bool),
+        truncated=np.zeros(rows, dtype=bool),
         epoch=_gather(u8, positions, PREFIX_BYTES, "<u8").astype(np.int64),
         record_digest=((crc << np.uint64(32)) | mixed).view(np.int64),
-        framed=np.ones(rows, dtype=bool))
+        framed=np.ones(rows, dtype=bool),
+    )
     if detail:
-        columns.update(store_ms=_gather(u8, positions, PREFIX_BYTES + 8, "<u8").astype(np.int64),
-                       queue_id=_gather(u8, positions, PREFIX_BYTES + 16, "<u4").astype(np.int32),
-                       queue_offset=_gather(u8, positions, PREFIX_BYTES + 20, "<u8").astype(np.int64))
+        columns.update(
+            store_ms=_gather(u8, positions, PREFIX_BYTES + 8, "<u8").astype(np.int64),
+            queue_id=_gather(u8, positions, PREFIX_BYTES + 16, "<u4").astype(np.int32),
+            queue_offset=_gather(u8, positions, PREFIX_BYTES + 20, "<u8").astype(np.int64),
+        )
         fields = [parse_fields(buf, int(pos), True) for pos in positions]
-        columns.update(topic=[f.topic for f in fields], msg_id=[f.msg_id for f in fields],
-                       body_digest=[f.body_digest for f in fields], problem=pa.nulls(rows, pa.string()))
+        columns.update(
+            topic=[f.topic for f in fields],
+            msg_id=[f.msg_id for f in fields],
+            body_digest=[f.body_digest for f in fields],
+            problem=pa.nulls(rows, pa.string()),
+        )
     return pa.RecordBatch.from_pydict(columns, schema=_arrow_schema(detail))
 
 
@@ -152,10 +164,14 @@ def _other_batch(buf: bytes, spec: dict[str, Any], pieces: list[Piece], detail: 
     rows = len(pieces)
     columns = _file_columns(spec, rows)
     columns.update(
-        offset=[spec["base_offset"] + p.pos for p in pieces], length=[p.length for p in pieces],
-        crc_valid=[False] * rows, truncated=[p.status == "truncated" for p in pieces],
-        epoch=[None] * rows, record_digest=[piece_digest(buf, p) for p in pieces],
-        framed=[p.status == "corrupt" for p in pieces])
+        offset=[spec["base_offset"] + p.pos for p in pieces],
+        length=[p.length for p in pieces],
+        crc_valid=[False] * rows,
+        truncated=[p.status == "truncated" for p in pieces],
+        epoch=[None] * rows,
+        record_digest=[piece_digest(buf, p) for p in pieces],
+        framed=[p.status == "corrupt" for p in pieces],
+    )
     if detail:
         for name in ("store_ms", "queue_id", "queue_offset", "topic", "msg_id", "body_digest"):
             columns[name] = [None] * rows

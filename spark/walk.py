@@ -77,8 +77,12 @@ def _fast_run(buf: bytes, view: memoryview, pos: int, found: list[int]) -> int:
     while pos + PREFIX_BYTES <= size:
         head, total, stored = unpack(buf, pos)
         end = pos + total
-        if (head != _NEEDLE or end > size or not lo <= total <= hi
-                or crc(view[pos + PREFIX_BYTES:end]) != stored):
+        if (
+            head != _NEEDLE
+            or end > size
+            or not lo <= total <= hi
+            or crc(view[pos + PREFIX_BYTES : end]) != stored
+        ):
             break
         append(pos)
         pos = end
@@ -102,10 +106,18 @@ def _slow_step(buf: bytes, pos: int, base: int) -> Piece:
         return Piece(pos, total, "corrupt", f"record at commit offset {base + pos}: checksum mismatch")
     resumed = _resync(buf, pos)
     if resumed == size and end > size:
-        return Piece(pos, size - pos, "truncated",
-                     f"record at commit offset {base + pos}: {size - pos} of {total} bytes present")
-    return Piece(pos, resumed - pos, "garbage",
-                 f"record at commit offset {base + pos}: checksum mismatch or bad length")
+        return Piece(
+            pos,
+            size - pos,
+            "truncated",
+            f"record at commit offset {base + pos}: {size - pos} of {total} bytes present",
+        )
+    return Piece(
+        pos,
+        resumed - pos,
+        "garbage",
+        f"record at commit offset {base + pos}: checksum mismatch or bad length",
+    )
 
 
 def scan(buf: bytes, base: int) -> tuple[list[int], list[Piece]]:
@@ -143,9 +155,9 @@ def piece_digest(buf: bytes, piece: Piece) -> int:
     it). CRC-32 finds every burst of up to 32 flipped bits."""
     if piece.status in ("ok", "corrupt"):
         stored = _U32.unpack_from(buf, piece.pos + PREFIX_BYTES - 4)[0]
-        computed = zlib.crc32(memoryview(buf)[piece.pos + PREFIX_BYTES:piece.pos + piece.length])
+        computed = zlib.crc32(memoryview(buf)[piece.pos + PREFIX_BYTES : piece.pos + piece.length])
     else:  # no header to trust: the CRC of all its bytes, twice
-        stored = computed = zlib.crc32(memoryview(buf)[piece.pos:piece.pos + piece.length])
+        stored = computed = zlib.crc32(memoryview(buf)[piece.pos : piece.pos + piece.length])
     return _signed((stored << 32) | (computed * DIGEST_MIX & 0xFFFFFFFF))
 
 

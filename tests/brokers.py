@@ -12,13 +12,24 @@ from mqmeta.client import ControllerClient
 from mqmeta.errors import MqmetaError
 from mqmeta.pb import controller_pb2 as pb
 
-FAST_LIVENESS = {"broker_heartbeat_interval_ms": "200", "broker_dead_after_ms": "1000",
-                 "lease_ms": "500", "lease_margin_ms": "200"}
+FAST_LIVENESS = {
+    "broker_heartbeat_interval_ms": "200",
+    "broker_dead_after_ms": "1000",
+    "lease_ms": "500",
+    "lease_margin_ms": "200",
+}
 
 
 class FakeBroker:
-    def __init__(self, addresses: str, broker_name: str, index: int, max_offset: int = 0,
-                 cluster: str = "DefaultCluster", interval_s: float = 0.2) -> None:
+    def __init__(
+        self,
+        addresses: str,
+        broker_name: str,
+        index: int,
+        max_offset: int = 0,
+        cluster: str = "DefaultCluster",
+        interval_s: float = 0.2,
+    ) -> None:
         self.client = ControllerClient(addresses, timeout_s=5.0)
         self.cluster = cluster
         self.broker_name = broker_name
@@ -31,16 +42,29 @@ class FakeBroker:
         self._thread: threading.Thread | None = None
 
     def register(self) -> pb.RegisterBrokerResponse:
-        reply = self.client.call("RegisterBroker", pb.RegisterBrokerRequest(
-            cluster=self.cluster, broker_name=self.broker_name, check_code=self.check_code,
-            address=self.address))
+        reply = self.client.call(
+            "RegisterBroker",
+            pb.RegisterBrokerRequest(
+                cluster=self.cluster,
+                broker_name=self.broker_name,
+                check_code=self.check_code,
+                address=self.address,
+            ),
+        )
         self.broker_id = reply.broker_id
         return reply
 
     def heartbeat_once(self) -> pb.HeartbeatResponse:
-        return self.client.call("Heartbeat", pb.HeartbeatRequest(
-            cluster=self.cluster, broker_name=self.broker_name, broker_id=self.broker_id,
-            epoch=1, max_offset=self.max_offset))
+        return self.client.call(
+            "Heartbeat",
+            pb.HeartbeatRequest(
+                cluster=self.cluster,
+                broker_name=self.broker_name,
+                broker_id=self.broker_id,
+                epoch=1,
+                max_offset=self.max_offset,
+            ),
+        )
 
     def start_heartbeats(self) -> FakeBroker:
         self._stop.clear()

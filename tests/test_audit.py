@@ -80,8 +80,23 @@ def test_clean_run_passes_every_check(spark, tmp_path):
     assert len(epochs) >= 2, "the run must include a failover"
     document = audit(spark, data_dir, tmp_path / "report")
     assert failed(document) == set(), json.dumps(document["checks"], indent=1)[:4000]
-    assert [c["id"] for c in document["checks"]] == ["R1", "R2", "M1", "M2", "M3", "M4", "B1", "B2", "B3",
-                                                     "B4", "T1", "T2", "T3", "T4", "H1"]
+    assert [c["id"] for c in document["checks"]] == [
+        "R1",
+        "R2",
+        "M1",
+        "M2",
+        "M3",
+        "M4",
+        "B1",
+        "B2",
+        "B3",
+        "B4",
+        "T1",
+        "T2",
+        "T3",
+        "T4",
+        "H1",
+    ]
     assert all(c["rows_examined"] > 0 for c in document["checks"] if c["id"] != "H1")
     h1 = document["checks"][-1]  # a local run has no chaos history: H1 says so and passes
     assert h1["rows_examined"] == 0 and "no chaos history" in h1["notes"][0]
@@ -114,8 +129,12 @@ def s3_endpoint(monkeypatch):
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
-    env = {"AWS_ACCESS_KEY_ID": "audit-test", "AWS_SECRET_ACCESS_KEY": "audit-test",
-           "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": f"http://{host}:{port}"}
+    env = {
+        "AWS_ACCESS_KEY_ID": "audit-test",
+        "AWS_SECRET_ACCESS_KEY": "audit-test",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_ENDPOINT_URL": f"http://{host}:{port}",
+    }
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     try:
@@ -133,8 +152,9 @@ def test_s3a_input_audits_the_same(spark, tmp_path, s3_endpoint):
     fs.mkdir("audit-bucket")
     fs.put(str(clean_data_dir()), "audit-bucket/runs/clean", recursive=True)
     report = tmp_path / "report"
-    result = _cli("s3a://audit-bucket/runs/clean", "--report", str(report), "--checks", LAYOUT_CHECKS,
-                  timeout_s=150)
+    result = _cli(
+        "s3a://audit-bucket/runs/clean", "--report", str(report), "--checks", LAYOUT_CHECKS, timeout_s=150
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     document = json.loads((report / "report.json").read_text())
     if not _clean_report:
@@ -201,8 +221,8 @@ def test_checksum_valid_divergent_record_is_caught_by_b1_alone(spark, tmp_path):
     base = int(segment.stem)
     piece = [p for p in walk(bytes(data), base) if p.status == "ok"][10]
     data[piece.pos + piece.length - 1] ^= 0x01  # the body's last byte
-    crc = zlib.crc32(data[piece.pos + 11:piece.pos + piece.length])
-    data[piece.pos + 7:piece.pos + 11] = crc.to_bytes(4, "little")
+    crc = zlib.crc32(data[piece.pos + 11 : piece.pos + piece.length])
+    data[piece.pos + 7 : piece.pos + 11] = crc.to_bytes(4, "little")
     segment.write_bytes(bytes(data))
     document = audit(spark, data_dir, tmp_path / "report", "B1,B3")
     assert failed(document) == {"B1"}
@@ -218,7 +238,7 @@ def test_truncated_record(spark, tmp_path):
     segment = _first_segment(data_dir, "broker-a-3")
     data = segment.read_bytes()
     middle = len(data) // 2
-    segment.write_bytes(data[:middle] + data[middle + 40:])  # 40 bytes cut out of a record
+    segment.write_bytes(data[:middle] + data[middle + 40 :])  # 40 bytes cut out of a record
     document = audit(spark, data_dir, tmp_path / "report", "B2,B3")
     assert failed(document) == {"B2", "B3"}
 
@@ -284,8 +304,11 @@ def test_tiered_segment_past_the_confirm_offset(spark, tmp_path):
     end = _committed_end(data_dir)
     assert end > 0
     for log in (data_dir / "brokers").glob("*/confirm.log"):  # the masters never confirmed the last range
-        kept = [ln for ln in log.read_text().splitlines()
-                if not (json.loads(ln)["role"] == "MASTER" and json.loads(ln)["confirm_offset"] >= end)]
+        kept = [
+            ln
+            for ln in log.read_text().splitlines()
+            if not (json.loads(ln)["role"] == "MASTER" and json.loads(ln)["confirm_offset"] >= end)
+        ]
         log.write_text("".join(ln + "\n" for ln in kept))
     document = audit(spark, data_dir, tmp_path / "report", "T1")
     assert failed(document) == {"T1"}
@@ -340,8 +363,12 @@ def test_bad_confirm_lines_are_counted_torn_tails_are_not(spark, tmp_path):
 
 # Bad input --------------------------------------------------------------------------------------
 def _cli(*args: str, timeout_s: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "mqmeta.cli", "audit", *args], capture_output=True,
-                          text=True, timeout=timeout_s)
+    return subprocess.run(
+        [sys.executable, "-m", "mqmeta.cli", "audit", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
 
 
 def _one_sentence(stderr: str) -> None:

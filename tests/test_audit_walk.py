@@ -28,8 +28,13 @@ BASE = 1 << 20
 
 def _segment(count: int) -> bytes:
     return b"".join(
-        encode_record(Message("Orders", i % 4, b"body-%06d" % i * (1 + i % 3)), 1 + i // 7,
-                      1_800_000_000_000 + i, i // 4, "%032x" % (BASE + i))
+        encode_record(
+            Message("Orders", i % 4, b"body-%06d" % i * (1 + i % 3)),
+            1 + i // 7,
+            1_800_000_000_000 + i,
+            i // 4,
+            "%032x" % (BASE + i),
+        )
         for i in range(count)
     )
 
@@ -43,9 +48,9 @@ def _damage(data: bytes, flips: list[tuple[int, int]], cut: tuple[int, int] | No
         buf[at % len(buf)] ^= mask
     if cut is not None:
         lo = cut[0] % len(buf)
-        del buf[lo:lo + cut[1]]
+        del buf[lo : lo + cut[1]]
     if tail:
-        buf += bytes(tail) if tail % 2 else SEGMENT[: tail]  # zero-filled or a torn record
+        buf += bytes(tail) if tail % 2 else SEGMENT[:tail]  # zero-filled or a torn record
     return bytes(buf)
 
 
@@ -54,7 +59,7 @@ def _record_positions(data: bytes) -> list[int]:
     positions, pos = [], 0
     while pos < len(data):
         positions.append(pos)
-        pos += int.from_bytes(data[pos + 3:pos + 7], "little")
+        pos += int.from_bytes(data[pos + 3 : pos + 7], "little")
     return positions
 
 
@@ -100,8 +105,15 @@ def test_an_undamaged_segment_is_all_valid_records():
 def _reader_rows(buf: bytes, tmp_path, detail: bool) -> list[dict]:
     path = tmp_path / "00000000000001048576.log"
     path.write_bytes(buf)
-    spec = {"path": str(path), "base_offset": BASE, "broker_set": "b", "replica": "b-1", "file": "b-1/x.log",
-            "size": len(buf), "last": True}
+    spec = {
+        "path": str(path),
+        "base_offset": BASE,
+        "broker_set": "b",
+        "replica": "b-1",
+        "file": "b-1/x.log",
+        "size": len(buf),
+        "last": True,
+    }
     reader = _RecordReader({"files": "[]"}, detail)
     batches = list(reader.read(FileRange(spec, 0, len(buf))))
     from spark.sources import _arrow_schema
@@ -116,7 +128,8 @@ def test_reader_rows_are_the_pieces_with_their_digests(tmp_path, detail):
     rows = _reader_rows(buf, tmp_path, detail)
     pieces = list(walk(buf, BASE))
     assert [(r["offset"] - BASE, r["length"], r["crc_valid"]) for r in rows] == [
-        (p.pos, p.length, p.status == "ok") for p in pieces]
+        (p.pos, p.length, p.status == "ok") for p in pieces
+    ]
     assert [r["record_digest"] for r in rows] == [piece_digest(buf, p) for p in pieces]
     assert [r["truncated"] for r in rows][-1] is True and sum(not r["crc_valid"] for r in rows) == 2
     if detail:

@@ -195,8 +195,14 @@ class DirectSender(threading.Thread):
                 if self.stop_event.is_set():
                     break
                 try:
-                    stub.Send(broker_pb2.SendRequest(messages=[broker_pb2.Message(
-                        topic="Orders", queue_id=1, body=f"direct-{i}".encode())]), timeout=3)
+                    stub.Send(
+                        broker_pb2.SendRequest(
+                            messages=[
+                                broker_pb2.Message(topic="Orders", queue_id=1, body=f"direct-{i}".encode())
+                            ]
+                        ),
+                        timeout=3,
+                    )
                     self.acks.append(time.monotonic())
                 except grpc.RpcError:
                     time.sleep(0.01)
@@ -319,9 +325,12 @@ def test_unconfirmed_record_of_an_old_master_is_cut_when_it_rejoins(cluster_fact
     def send_once() -> None:  # one attempt, no retry on another master
         with grpc.insecure_channel(cluster.broker(old).grpc) as channel:
             try:
-                broker_pb2_grpc.BrokerServiceStub(channel).Send(broker_pb2.SendRequest(messages=[
-                    broker_pb2.Message(topic="Orders", queue_id=0, body=b"unconfirmed")]),
-                    timeout=10)
+                broker_pb2_grpc.BrokerServiceStub(channel).Send(
+                    broker_pb2.SendRequest(
+                        messages=[broker_pb2.Message(topic="Orders", queue_id=0, body=b"unconfirmed")]
+                    ),
+                    timeout=10,
+                )
                 outcome["acked"] = True
             except grpc.RpcError as error:
                 outcome["error"] = error.code()

@@ -63,14 +63,26 @@ SEGMENT = 4096
 
 
 def msg(i: int, topic: str = "T", queue_id: int = 0, size: int = 200) -> Message:
-    return Message(topic=topic, queue_id=queue_id, body=bytes([i % 251]) * size, tags=f"tag{i}",
-                   keys=f"k{i} k{i + 1}", properties={"n": str(i), "ü": "ß"},
-                   producer_id="p-1", producer_seq=i)
+    return Message(
+        topic=topic,
+        queue_id=queue_id,
+        body=bytes([i % 251]) * size,
+        tags=f"tag{i}",
+        keys=f"k{i} k{i + 1}",
+        properties={"n": str(i), "ü": "ß"},
+        producer_id="p-1",
+        producer_seq=i,
+    )
 
 
 def record(i: int, epoch: int = 1, size: int = 200, queue_offset: int | None = None) -> bytes:
-    return encode_record(msg(i, size=size), epoch, 1_000 + i,
-                         i if queue_offset is None else queue_offset, make_msg_id("b", i, epoch))
+    return encode_record(
+        msg(i, size=size),
+        epoch,
+        1_000 + i,
+        i if queue_offset is None else queue_offset,
+        make_msg_id("b", i, epoch),
+    )
 
 
 def flip(path: Path, position: int) -> None:
@@ -105,23 +117,45 @@ def queue_view(store: MessageStore) -> dict[tuple[str, int], list[tuple[int, int
 
 # Records ---------------------------------------------------------------------------------------
 
+
 def test_record_round_trips_every_field():
-    message = Message(topic="Topic_1|%-x", queue_id=7, body=b"\x00body\xff" * 10, tags="TagA",
-                      keys="key1 key2", properties={"b": "2", "a": "1", "ключ": "значение"},
-                      producer_id="producer-9", producer_seq=2**40 + 3)
+    message = Message(
+        topic="Topic_1|%-x",
+        queue_id=7,
+        body=b"\x00body\xff" * 10,
+        tags="TagA",
+        keys="key1 key2",
+        properties={"b": "2", "a": "1", "ключ": "значение"},
+        producer_id="producer-9",
+        producer_seq=2**40 + 3,
+    )
     msg_id = make_msg_id("broker-a", 4096, epoch=3)
-    data = encode_record(message, epoch=3, store_timestamp_ms=1_700_000_000_123, queue_offset=42,
-                         msg_id=msg_id)
+    data = encode_record(
+        message, epoch=3, store_timestamp_ms=1_700_000_000_123, queue_offset=42, msg_id=msg_id
+    )
     stored = decode_record(b"pad" + data, 3, commit_offset=4096)
-    assert (stored.commit_offset, stored.size, stored.epoch, stored.store_timestamp_ms) == \
-        (4096, len(data), 3, 1_700_000_000_123)
-    assert (stored.topic, stored.queue_id, stored.queue_offset, stored.msg_id) == \
-        ("Topic_1|%-x", 7, 42, msg_id)
-    assert (stored.producer_id, stored.producer_seq, stored.tags, stored.keys) == \
-        ("producer-9", 2**40 + 3, "TagA", "key1 key2")
+    assert (stored.commit_offset, stored.size, stored.epoch, stored.store_timestamp_ms) == (
+        4096,
+        len(data),
+        3,
+        1_700_000_000_123,
+    )
+    assert (stored.topic, stored.queue_id, stored.queue_offset, stored.msg_id) == (
+        "Topic_1|%-x",
+        7,
+        42,
+        msg_id,
+    )
+    assert (stored.producer_id, stored.producer_seq, stored.tags, stored.keys) == (
+        "producer-9",
+        2**40 + 3,
+        "TagA",
+        "key1 key2",
+    )
     assert dict(stored.properties) == {"a": "1", "b": "2", "ключ": "значение"}
     assert stored.body == message.body and stored.end_offset == 4096 + len(data)
     import hashlib
+
     assert stored.body_digest == hashlib.sha256(message.body).hexdigest()
     assert hash(message) == hash(Message(**{**message.__dict__}))  # hashable despite the dict
     both = list(iter_records(data + data, 100))
@@ -131,11 +165,15 @@ def test_record_round_trips_every_field():
 def test_record_limits_are_refused():
     ok = make_msg_id("b", 0)
     bad = [
-        Message("t" * 128, 0, b""), Message("bad/topic", 0, b""), Message("", 0, b""),
-        Message("T", -1, b""), Message("T", 70_000, b""),
+        Message("t" * 128, 0, b""),
+        Message("bad/topic", 0, b""),
+        Message("", 0, b""),
+        Message("T", -1, b""),
+        Message("T", 70_000, b""),
         Message("T", 0, b"x" * (RECORD_BODY_MAX + 1)),
         Message("T", 0, b"", properties={"k": "v" * PROPERTIES_BYTES_MAX}),
-        Message("T", 0, b"", tags="t" * 2000), Message("T", 0, b"", producer_seq=-1),
+        Message("T", 0, b"", tags="t" * 2000),
+        Message("T", 0, b"", producer_seq=-1),
     ]
     for message in bad:
         with pytest.raises(InvalidArgument):
@@ -162,11 +200,21 @@ def test_short_buffer_is_torn_and_flipped_byte_is_corrupt():
 def test_msg_ids_are_deterministic_hex():
     a = make_msg_id("broker-a", 100, 1)
     assert len(a) == 32 and int(a, 16) >= 0 and a == make_msg_id("broker-a", 100, 1)
-    assert len({a, make_msg_id("broker-a", 101, 1), make_msg_id("broker-b", 100, 1),
-                make_msg_id("broker-a", 100, 2)}) == 4
+    assert (
+        len(
+            {
+                a,
+                make_msg_id("broker-a", 101, 1),
+                make_msg_id("broker-b", 100, 1),
+                make_msg_id("broker-a", 100, 2),
+            }
+        )
+        == 4
+    )
 
 
 # Epoch file -------------------------------------------------------------------------------------
+
 
 def test_epoch_file_appends_replaces_truncates_and_persists(tmp_path):
     path = tmp_path / "epochs.json"
@@ -196,21 +244,24 @@ def test_epoch_file_appends_replaces_truncates_and_persists(tmp_path):
         EpochFile(path)
 
 
-@pytest.mark.parametrize("slave, master, master_max, slave_max, expected", [
-    ([], [], 0, 0, 0),  # empty
-    ([], [(1, 0)], 500, 0, 0),
-    ([(1, 0), (2, 100)], [(1, 0), (2, 100)], 300, 300, 300),  # identical
-    ([(1, 0)], [(1, 0), (2, 100)], 300, 80, 80),  # slave behind
-    ([(1, 0)], [(1, 0), (2, 100)], 300, 100, 100),  # slave at the end of the master's epoch
-    ([(1, 0)], [(1, 0), (2, 150)], 300, 200, 150),  # old master comes back: ahead in epoch 1
-    ([(1, 0), (2, 100)], [(1, 0), (3, 100)], 400, 180, 100),  # divergent tails at the same start
-    ([(1, 0), (2, 100), (4, 200)], [(1, 0), (2, 100), (3, 150)], 500, 260, 150),  # divergent
-    ([(1, 0), (3, 50)], [(2, 0)], 100, 90, 0),  # no common epoch
-    ([(1, 0), (2, 60)], [(1, 0), (2, 50)], 100, 90, 50),  # same epoch, other start: older one
-    ([(2, 60)], [(1, 0), (2, 50), (3, 80)], 100, 90, 0),
-    ([(2, 40)], [(1, 0), (2, 40), (3, 70)], 100, 90, 70),
-    ([(1, 0)], [(1, 0)], 10, 50, 10),  # slave ahead of the master within the same epoch
-])
+@pytest.mark.parametrize(
+    "slave, master, master_max, slave_max, expected",
+    [
+        ([], [], 0, 0, 0),  # empty
+        ([], [(1, 0)], 500, 0, 0),
+        ([(1, 0), (2, 100)], [(1, 0), (2, 100)], 300, 300, 300),  # identical
+        ([(1, 0)], [(1, 0), (2, 100)], 300, 80, 80),  # slave behind
+        ([(1, 0)], [(1, 0), (2, 100)], 300, 100, 100),  # slave at the end of the master's epoch
+        ([(1, 0)], [(1, 0), (2, 150)], 300, 200, 150),  # old master comes back: ahead in epoch 1
+        ([(1, 0), (2, 100)], [(1, 0), (3, 100)], 400, 180, 100),  # divergent tails at the same start
+        ([(1, 0), (2, 100), (4, 200)], [(1, 0), (2, 100), (3, 150)], 500, 260, 150),  # divergent
+        ([(1, 0), (3, 50)], [(2, 0)], 100, 90, 0),  # no common epoch
+        ([(1, 0), (2, 60)], [(1, 0), (2, 50)], 100, 90, 50),  # same epoch, other start: older one
+        ([(2, 60)], [(1, 0), (2, 50), (3, 80)], 100, 90, 0),
+        ([(2, 40)], [(1, 0), (2, 40), (3, 70)], 100, 90, 70),
+        ([(1, 0)], [(1, 0)], 10, 50, 10),  # slave ahead of the master within the same epoch
+    ],
+)
 def test_consistent_point_cases(slave, master, master_max, slave_max, expected):
     assert consistent_point(slave, master, master_max, slave_max) == expected
 
@@ -255,9 +306,10 @@ def test_consistent_point_is_the_longest_common_prefix_in_random_histories(seed)
             if slave is master or rng.random() < 0.3:
                 continue
             point = consistent_point(slave.entries, master.entries, len(master.log), len(slave.log))
-            assert point == _common_prefix(slave.log, master.log), \
-                f"seed {seed} epoch {epoch}: slave {slave.entries} {slave.log} master " \
+            assert point == _common_prefix(slave.log, master.log), (
+                f"seed {seed} epoch {epoch}: slave {slave.entries} {slave.log} master "
                 f"{master.entries} {master.log}"
+            )
             slave.truncate(point)
             for offset in range(point, point + rng.randrange(len(master.log) - point + 1)):
                 record_epoch = master.log[offset][0]
@@ -267,6 +319,7 @@ def test_consistent_point_is_the_longest_common_prefix_in_random_histories(seed)
 
 
 # Commit log ---------------------------------------------------------------------------------------
+
 
 def test_segments_roll_and_reads_work_across_them(tmp_path):
     log = CommitLog(tmp_path, segment_bytes=SEGMENT, fsync=False)
@@ -309,9 +362,10 @@ def test_read_returns_whole_records_within_max_bytes(tmp_path):
     small_offsets = small.append(records)
     ends = [int(p.name[:20]) for p in small.segment_paths()[1:]] + [small.max_offset]
     assert len(ends) >= 2
-    assert small.read(0, 1 << 20) == b"".join(records[:small_offsets.index(ends[0])])
+    assert small.read(0, 1 << 20) == b"".join(records[: small_offsets.index(ends[0])])
     assert small.read(ends[0], 1 << 20) == b"".join(  # stops at the segment end
-        r for r, o in zip(records, small_offsets, strict=True) if ends[0] <= o < ends[1])
+        r for r, o in zip(records, small_offsets, strict=True) if ends[0] <= o < ends[1]
+    )
 
 
 def test_flipped_byte_is_never_served_and_refused_at_reopen(tmp_path):
@@ -351,7 +405,7 @@ def test_torn_tail_is_cut_and_appends_continue(tmp_path, damage, caplog):
     if damage == "short":  # the last append was interrupted
         last_path.write_bytes(data[:-7])
     elif damage == "zeros":  # the file grew but the data never reached the disk
-        last_path.write_bytes(data[:offsets[-1] - base] + b"\x00" * 500)
+        last_path.write_bytes(data[: offsets[-1] - base] + b"\x00" * 500)
     else:  # the documented choice: indistinguishable from a half-written last record
         flip(last_path, len(data) - 10)
     reopened = CommitLog(tmp_path, segment_bytes=SEGMENT, fsync=True)
@@ -435,6 +489,7 @@ def test_failed_write_leaves_the_log_unchanged(tmp_path, monkeypatch):
 
 # Store -------------------------------------------------------------------------------------------------
 
+
 def test_put_and_get_round_trip_with_queue_offsets(tmp_path):
     store = new_store(tmp_path)
     with pytest.raises(FailedPrecondition, match="begin_epoch"):
@@ -444,8 +499,9 @@ def test_put_and_get_round_trip_with_queue_offsets(tmp_path):
     assert [(r.queue_id, r.queue_offset) for r in results] == [(0, 0), (1, 0), (0, 1), (1, 1), (0, 2), (1, 2)]
     assert len({r.msg_id for r in results}) == 6
     records = store.get_messages("T", 1, 0, 10, store.max_offset)
-    assert [(r.queue_offset, r.commit_offset, r.msg_id) for r in records] == \
-        [(r.queue_offset, r.commit_offset, r.msg_id) for r in results if r.queue_id == 1]
+    assert [(r.queue_offset, r.commit_offset, r.msg_id) for r in records] == [
+        (r.queue_offset, r.commit_offset, r.msg_id) for r in results if r.queue_id == 1
+    ]
     assert records[0].body == msg(1).body and records[0].store_timestamp_ms == 5_000
     assert records[0].epoch == 1 and dict(records[0].properties) == {"n": "1", "ü": "ß"}
     assert store.queue_max_offset("T", 0) == 3 and store.queue_min_offset("T", 0) == 0
@@ -458,8 +514,10 @@ def test_put_and_get_round_trip_with_queue_offsets(tmp_path):
     with pytest.raises(InvalidArgument):
         store.get_messages("T", 0, 0, 1025, store.max_offset)
     assert store.put_messages([msg(9)], 2, 6_000)[0].queue_offset == 3
-    assert store.epochs.entries == [(1, 0), (2, results[-1].commit_offset + len(
-        store.read_bytes(results[-1].commit_offset, 1)))]
+    assert store.epochs.entries == [
+        (1, 0),
+        (2, results[-1].commit_offset + len(store.read_bytes(results[-1].commit_offset, 1))),
+    ]
     store.close()
 
 
@@ -496,8 +554,14 @@ def test_flipped_byte_is_caught_by_get_messages(tmp_path):
 
 def fill(store: MessageStore, epoch: int, count: int, start: int = 0) -> None:
     for i in range(start, start + count, 7):
-        store.put_messages([msg(j, topic=f"T{j % 3}", queue_id=j % 4, size=100 + j % 50)
-                            for j in range(i, min(i + 7, start + count))], epoch, 1000 + i)
+        store.put_messages(
+            [
+                msg(j, topic=f"T{j % 3}", queue_id=j % 4, size=100 + j % 50)
+                for j in range(i, min(i + 7, start + count))
+            ],
+            epoch,
+            1000 + i,
+        )
         store.commit_consumer_offset("g1", "T0", 0, i, epoch, 2000 + i)
 
 
@@ -529,6 +593,7 @@ def test_index_is_rebuilt_from_the_commit_log(tmp_path, loss):
     index = tmp_path / "index"
     if loss == "index_dir":
         import shutil
+
         shutil.rmtree(index)
     elif loss == "one_queue_file":
         (index / "T1" / "1").unlink()
@@ -727,8 +792,15 @@ def test_random_puts_commits_truncations_and_reopens_match_a_model(tmp_path, see
     for step in range(60):
         action = rng.random()
         if action < 0.45:
-            batch = [msg(rng.randrange(1000), topic=f"T{rng.randrange(2)}", queue_id=rng.randrange(3),
-                         size=rng.randrange(10, 600)) for _ in range(rng.randrange(1, 6))]
+            batch = [
+                msg(
+                    rng.randrange(1000),
+                    topic=f"T{rng.randrange(2)}",
+                    queue_id=rng.randrange(3),
+                    size=rng.randrange(10, 600),
+                )
+                for _ in range(rng.randrange(1, 6))
+            ]
             for result in store.put_messages(batch, epoch, step):
                 model.append((result.commit_offset, result.topic, result.queue_id, result.queue_offset))
         elif action < 0.7:
@@ -756,13 +828,16 @@ def test_random_puts_commits_truncations_and_reopens_match_a_model(tmp_path, see
             else:
                 expected_queues[(kind, number)] = value + 1
         for group in range(3):
-            assert store.consumer_offset(f"g{group}", "T0", 0) == expected_offsets.get(group), \
+            assert store.consumer_offset(f"g{group}", "T0", 0) == expected_offsets.get(group), (
                 f"seed {seed} step {step}"
+            )
         for topic in ("T0", "T1"):
             for queue_id in range(3):
-                assert store.queue_max_offset(topic, queue_id) == \
-                    expected_queues.get((topic, queue_id), 0), f"seed {seed} step {step}"
+                assert store.queue_max_offset(topic, queue_id) == expected_queues.get((topic, queue_id), 0), (
+                    f"seed {seed} step {step}"
+                )
     view = queue_view(store)
-    assert sum(len(v) for k, v in view.items() if k[0] != CONSUMER_OFFSET_TOPIC) == \
-        sum(1 for m in model if m[1] != "offset"), f"seed {seed}"
+    assert sum(len(v) for k, v in view.items() if k[0] != CONSUMER_OFFSET_TOPIC) == sum(
+        1 for m in model if m[1] != "offset"
+    ), f"seed {seed}"
     store.close()

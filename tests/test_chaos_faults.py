@@ -26,8 +26,9 @@ pytestmark = pytest.mark.timeout(60)
 
 
 def _sees(node: str, nodes: list[str], cut: set[frozenset[str]]) -> frozenset[str]:
-    return frozenset([node] + [other for other in nodes
-                               if other != node and frozenset((node, other)) not in cut])
+    return frozenset(
+        [node] + [other for other in nodes if other != node and frozenset((node, other)) not in cut]
+    )
 
 
 @pytest.mark.parametrize("count", [5, 7])
@@ -43,7 +44,8 @@ def test_majorities_ring_gives_each_node_its_own_majority(count):
 def test_majorities_ring_of_three_cuts_every_link():
     nodes = ["a", "b", "c"]
     assert majorities_ring(nodes, random.Random(1)) == {
-        frozenset(p) for p in (("a", "b"), ("b", "c"), ("a", "c"))}
+        frozenset(p) for p in (("a", "b"), ("b", "c"), ("a", "c"))
+    }
 
 
 def test_bridge_splits_two_halves_joined_by_one_node():
@@ -65,8 +67,14 @@ def test_every_link_kind_gets_its_own_proxy(tmp_path):
     assert ("c1", "c2") in pairs and ("c2", "c1") in pairs
     raft = next(link for link in links if (link.source, link.destination) == ("c1", "c2"))
     assert raft.upstream == controllers["c2"].raft
-    assert {("broker-a-1", "c1"), ("broker-a-2", "broker-a-1"), ("namesrv", "c3"),
-            ("client", "namesrv"), ("client", "c1"), ("client", "broker-a-3")} <= pairs
+    assert {
+        ("broker-a-1", "c1"),
+        ("broker-a-2", "broker-a-1"),
+        ("namesrv", "c3"),
+        ("client", "namesrv"),
+        ("client", "c1"),
+        ("client", "broker-a-3"),
+    } <= pairs
     assert not any(link.source == link.destination for link in links)
     assert len(links) == 6 + 9 + 6 + 3 + 1 + 3 + 3
 
@@ -74,12 +82,14 @@ def test_every_link_kind_gets_its_own_proxy(tmp_path):
 def test_run_settings_are_validated(tmp_path):
     good = dict(fault="noop", output_dir=tmp_path, time_limit_s=10, interval_s=5)
     RunConfig(**good).validate()
-    for bad, message in (({"fault": "meteor"}, "unknown fault"),
-                         ({"fault_target": "clients"}, "fault-target"),
-                         ({"interval_s": 20}, "interval"),
-                         ({"concurrency": 0}, "concurrency"),
-                         ({"consumers": 0}, "consumers"),
-                         ({"workload": "kv"}, "workload")):
+    for bad, message in (
+        ({"fault": "meteor"}, "unknown fault"),
+        ({"fault_target": "clients"}, "fault-target"),
+        ({"interval_s": 20}, "interval"),
+        ({"concurrency": 0}, "concurrency"),
+        ({"consumers": 0}, "consumers"),
+        ({"workload": "kv"}, "workload"),
+    ):
         with pytest.raises(InvalidArgument, match=message):
             RunConfig(**dict(good, **bad)).validate()
     assert "all-kill" in FAULT_NAMES and len(FAULT_NAMES) == 19
@@ -88,15 +98,19 @@ def test_run_settings_are_validated(tmp_path):
         RunConfig(**good).validate()
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["chaos", "run", "--fault", "meteor", "--output-dir", "x"], "unknown fault"),
-    (["chaos", "matrix", "--faults", "noop,meteor", "--output-dir", "x"], "unknown meteor"),
-    (["chaos", "run", "--fault", "noop", "-t", "5", "-i", "9", "--output-dir", "x"], "interval"),
-    (["chaos", "run", "--fault", "noop", "--consumers", "0", "--output-dir", "x"], "consumers"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["chaos", "run", "--fault", "meteor", "--output-dir", "x"], "unknown fault"),
+        (["chaos", "matrix", "--faults", "noop,meteor", "--output-dir", "x"], "unknown meteor"),
+        (["chaos", "run", "--fault", "noop", "-t", "5", "-i", "9", "--output-dir", "x"], "interval"),
+        (["chaos", "run", "--fault", "noop", "--consumers", "0", "--output-dir", "x"], "consumers"),
+    ],
+)
 def test_chaos_cli_rejects_bad_input_with_exit_2(argv, message, tmp_path):
-    done = subprocess.run([sys.executable, "-m", "mqmeta.cli", *argv], capture_output=True,
-                          text=True, cwd=tmp_path, timeout=30)
+    done = subprocess.run(
+        [sys.executable, "-m", "mqmeta.cli", *argv], capture_output=True, text=True, cwd=tmp_path, timeout=30
+    )
     assert done.returncode == 2, done.stderr
     assert message in done.stderr and "Traceback" not in done.stderr
     assert not (tmp_path / "x").exists(), "nothing is started or written on bad input"
@@ -132,8 +146,9 @@ def test_network_cuts_poisons_and_heals_the_right_proxies(tmp_path):
         by_name = {link.name: link for link in network.links}
         link = by_name["broker-a-2__broker-a-1"]
         assert broker_map[link.upstream] == link.listen
-        assert network.env_for("broker-a-2") == {"MQMETA_DIAL_MAP": str(cluster.root / "dial" /
-                                                                         "broker-a-2.json")}
+        assert network.env_for("broker-a-2") == {
+            "MQMETA_DIAL_MAP": str(cluster.root / "dial" / "broker-a-2.json")
+        }
     finally:
         server.stop()
 

@@ -48,9 +48,15 @@ def audit_in_shared_session(output_dir: Path, report_dir: Path) -> int:
 
 
 def _short(tmp_path, fault: str, target: str, workload: str = "queue") -> RunConfig:
-    return RunConfig(fault=fault, output_dir=tmp_path / fault, fault_target=target,
-                     workload=workload, time_limit_s=SHORT_TIME_S, interval_s=SHORT_INTERVAL_S,
-                     drain_s=20.0)
+    return RunConfig(
+        fault=fault,
+        output_dir=tmp_path / fault,
+        fault_target=target,
+        workload=workload,
+        time_limit_s=SHORT_TIME_S,
+        interval_s=SHORT_INTERVAL_S,
+        drain_s=20.0,
+    )
 
 
 def _assert_injected(result: dict) -> None:
@@ -107,8 +113,11 @@ def test_metadata_under_a_majorities_ring_partition_is_linearizable(tmp_path):
     assert verdict["linearizable"] is True, verdict
     # The checker is not vacuous on this real history: one read of a value nobody wrote fails it.
     history = read_history(outcome.output_dir / "history.tsv")
-    at = next(i for i, e in enumerate(history) if isinstance(e, ResponseEvent)
-              and e.operation == "read" and e.result == Result.SUCCESS and e.value)
+    at = next(
+        i
+        for i, e in enumerate(history)
+        if isinstance(e, ResponseEvent) and e.operation == "read" and e.result == Result.SUCCESS and e.value
+    )
     history[at] = dataclasses.replace(history[at], value="1025")
     assert check_linearizability(history)["linearizable"] is False
     assert outcome.result["audit"]["passed"], outcome.result["audit"]

@@ -29,14 +29,16 @@ from chaos.plot import latency_png
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
-def enqueue(value: str, result: Result, at_ms: int, latency_ms: int = 5, key: str = "k",
-            client_id: int = 1) -> list[HistoryEvent]:
+def enqueue(
+    value: str, result: Result, at_ms: int, latency_ms: int = 5, key: str = "k", client_id: int = 1
+) -> list[HistoryEvent]:
     request = RequestEvent(client_id, "enqueue", value, key, at_ms - latency_ms)
     return [request, ResponseEvent(client_id, "enqueue", result, value, key, at_ms, latency_ms)]
 
 
-def dequeue(value: str, at_ms: int, end_to_end_ms: int = 10, key: str = "k",
-            client_id: int = 9) -> list[HistoryEvent]:
+def dequeue(
+    value: str, at_ms: int, end_to_end_ms: int = 10, key: str = "k", client_id: int = 9
+) -> list[HistoryEvent]:
     return [ResponseEvent(client_id, "dequeue", Result.SUCCESS, value, key, at_ms, 1, None, end_to_end_ms)]
 
 
@@ -62,16 +64,19 @@ def test_history_file_round_trip(tmp_path):
     assert path.read_text().splitlines()[0] == "3\tenqueue\tREQUEST\tm1\tk1\t1700000000000\tx"
 
 
-@pytest.mark.parametrize(("text", "line_number", "reason"), [
-    ("1\tenqueue\tREQUEST\tv\tk\t100\tnull\n1\tenqueue\tRESPONSE\tSUCCESS\tv\tk\t105\n", 2, "10 fields"),
-    ("1\tenqueue\tREQUEST\tv\tk\tsoon\tnull\n", 1, "timestamp must be an integer"),
-    ("1\tenqueue\tRESPONSE\tOK\tv\tk\t105\t5\tnull\t-1\n", 1, "result must be"),
-    ("\n1\tenqueue\tPUSH\tv\n", 2, "REQUEST or RESPONSE"),
-    ("fault\tleader-kill\tbegin\t100\n", 1, "start or end"),
-    ("x\tenqueue\tREQUEST\tv\tk\t100\tnull\n", 1, "clientId"),
-    ("1\tnull\tREQUEST\tv\tk\t100\tnull\n", 1, "operation is empty"),
-    ("garbage\n", 1, "at least 3"),
-])
+@pytest.mark.parametrize(
+    ("text", "line_number", "reason"),
+    [
+        ("1\tenqueue\tREQUEST\tv\tk\t100\tnull\n1\tenqueue\tRESPONSE\tSUCCESS\tv\tk\t105\n", 2, "10 fields"),
+        ("1\tenqueue\tREQUEST\tv\tk\tsoon\tnull\n", 1, "timestamp must be an integer"),
+        ("1\tenqueue\tRESPONSE\tOK\tv\tk\t105\t5\tnull\t-1\n", 1, "result must be"),
+        ("\n1\tenqueue\tPUSH\tv\n", 2, "REQUEST or RESPONSE"),
+        ("fault\tleader-kill\tbegin\t100\n", 1, "start or end"),
+        ("x\tenqueue\tREQUEST\tv\tk\t100\tnull\n", 1, "clientId"),
+        ("1\tnull\tREQUEST\tv\tk\t100\tnull\n", 1, "operation is empty"),
+        ("garbage\n", 1, "at least 3"),
+    ],
+)
 def test_malformed_lines_are_rejected_with_line_number(tmp_path, text, line_number, reason):
     """The reader rejects each kind of malformed line and names its 1-based line number."""
     path = tmp_path / "history.tsv"
@@ -125,25 +130,33 @@ def test_cas_value_encoding_round_trips():
 
 def test_pair_operations_follows_each_client():
     """Responses pair with their client's outstanding request; orphan or mismatched responses are errors."""
-    history = [RequestEvent(1, "write", "a", "k", 1), RequestEvent(2, "read", None, "k", 2),
-               ResponseEvent(2, "read", Result.SUCCESS, "a", "k", 3, 1),
-               RequestEvent(1, "write", "b", "k", 4)]
+    history = [
+        RequestEvent(1, "write", "a", "k", 1),
+        RequestEvent(2, "read", None, "k", 2),
+        ResponseEvent(2, "read", Result.SUCCESS, "a", "k", 3, 1),
+        RequestEvent(1, "write", "b", "k", 4),
+    ]
     pairs = pair_operations(history)
     answered = [(pair.request.value, pair.response is not None) for pair in pairs]
     assert answered == [("a", False), (None, True), ("b", False)]
     with pytest.raises(HistoryError, match="without a request"):
         pair_operations([ResponseEvent(1, "read", Result.SUCCESS, "a", "k", 3, 1)])
     with pytest.raises(HistoryError, match="does not answer"):
-        pair_operations([RequestEvent(1, "read", None, "k", 1),
-                         ResponseEvent(1, "read", Result.SUCCESS, "a", "j", 3, 2)])
+        pair_operations(
+            [RequestEvent(1, "read", None, "k", 1), ResponseEvent(1, "read", Result.SUCCESS, "a", "j", 3, 2)]
+        )
     dequeue_pair = pair_operations([RequestEvent(0, "dequeue", None, None, 1)] + dequeue("m", 2, client_id=0))
     assert dequeue_pair[0].response is not None and dequeue_pair[0].response.sharding_key == "k"
 
 
 def test_clean_queue_history_is_exactly_once():
     """Every successful enqueue dequeued once: valid and exactly-once, with zero counts elsewhere."""
-    history = (enqueue("a", Result.SUCCESS, 10) + enqueue("b", Result.SUCCESS, 20)
-               + dequeue("a", 30) + dequeue("b", 40))
+    history = (
+        enqueue("a", Result.SUCCESS, 10)
+        + enqueue("b", Result.SUCCESS, 20)
+        + dequeue("a", 30)
+        + dequeue("b", 40)
+    )
     result = check_queue(history)
     assert result["enqueueInvokeCount"] == 2 and result["enqueueSuccessCount"] == 2
     assert result["dequeueSuccessCount"] == 2
@@ -154,8 +167,12 @@ def test_clean_queue_history_is_exactly_once():
 
 def test_lost_and_duplicated_messages_are_reported():
     """A SUCCESS enqueue never dequeued is lost (invalid); a value dequeued twice is a duplicate."""
-    history = (enqueue("a", Result.SUCCESS, 10) + enqueue("b", Result.SUCCESS, 20)
-               + dequeue("a", 30) + dequeue("a", 40))
+    history = (
+        enqueue("a", Result.SUCCESS, 10)
+        + enqueue("b", Result.SUCCESS, 20)
+        + dequeue("a", 30)
+        + dequeue("a", 40)
+    )
     result = check_queue(history)
     assert result["lostMessages"] == ["b"] and result["lostMessageCount"] == 1
     assert result["duplicateMessages"] == {"a": 2} and result["duplicateMessageCount"] == 1
@@ -165,8 +182,13 @@ def test_lost_and_duplicated_messages_are_reported():
 
 def test_unknown_enqueue_dequeued_is_recovered_not_lost():
     """An UNKNOWN (or unanswered) enqueue later dequeued counts as recovered; undequeued it is not lost."""
-    history = (enqueue("u", Result.UNKNOWN, 10) + enqueue("gone", Result.UNKNOWN, 11)
-               + [RequestEvent(2, "enqueue", "silent", "k", 12)] + dequeue("u", 30) + dequeue("silent", 31))
+    history = (
+        enqueue("u", Result.UNKNOWN, 10)
+        + enqueue("gone", Result.UNKNOWN, 11)
+        + [RequestEvent(2, "enqueue", "silent", "k", 12)]
+        + dequeue("u", 30)
+        + dequeue("silent", 31)
+    )
     result = check_queue(history)
     assert result["recoveredMessageCount"] == 2 and result["recoveredMessages"] == ["silent", "u"]
     assert result["enqueueUnknownCount"] == 3
@@ -199,13 +221,21 @@ def test_samples_are_capped_but_counts_are_not():
 
 def test_recovery_windows_open_on_failure_and_close_on_success():
     """A window starts at the first failed request's send time and ends at the next success."""
-    history = (enqueue("a", Result.SUCCESS, 1000) + enqueue("b", Result.FAILURE, 2000, latency_ms=100)
-               + enqueue("c", Result.UNKNOWN, 3000) + enqueue("d", Result.SUCCESS, 4500)
-               + enqueue("e", Result.FAILURE, 9000, latency_ms=50))
+    history = (
+        enqueue("a", Result.SUCCESS, 1000)
+        + enqueue("b", Result.FAILURE, 2000, latency_ms=100)
+        + enqueue("c", Result.UNKNOWN, 3000)
+        + enqueue("d", Result.SUCCESS, 4500)
+        + enqueue("e", Result.FAILURE, 9000, latency_ms=50)
+    )
     result = check_recovery(history)
     first, second = result["results"]
-    assert first == {"unavailableStartTimestamp": 1900, "unavailableEndTimestamp": 4500,
-                     "recoveryTime": 2600, "recovered": True}
+    assert first == {
+        "unavailableStartTimestamp": 1900,
+        "unavailableEndTimestamp": 4500,
+        "recoveryTime": 2600,
+        "recovered": True,
+    }
     assert second["unavailableStartTimestamp"] == 8950 and not second["recovered"]
     assert result["unavailableCount"] == 2 and result["unrecoveredCount"] == 1
     assert result["recoveryTimeMaxMs"] == 2600
@@ -213,21 +243,32 @@ def test_recovery_windows_open_on_failure_and_close_on_success():
 
 def test_recovery_ignores_flaps_within_the_gap():
     """A failure less than flap_gap_ms after recovery opens no new window (OpenChaos's 2 s rule)."""
-    history = (enqueue("a", Result.FAILURE, 1000) + enqueue("b", Result.SUCCESS, 2000)
-               + enqueue("c", Result.FAILURE, 3500) + enqueue("d", Result.SUCCESS, 3600))
+    history = (
+        enqueue("a", Result.FAILURE, 1000)
+        + enqueue("b", Result.SUCCESS, 2000)
+        + enqueue("c", Result.FAILURE, 3500)
+        + enqueue("d", Result.SUCCESS, 3600)
+    )
     assert check_recovery(history)["unavailableCount"] == 1
     assert check_recovery(history, flap_gap_ms=1000)["unavailableCount"] == 2
 
 
 def test_rto_per_fault_interval():
     """Each fault interval reports unavailability, recovery (in or after the interval) and the RTO."""
-    history = (fault(FaultPhase.START, 1000) + enqueue("a", Result.SUCCESS, 1100)
-               + enqueue("b", Result.FAILURE, 1500, latency_ms=100) + enqueue("c", Result.SUCCESS, 4400)
-               + fault(FaultPhase.END, 5000)
-               + fault(FaultPhase.START, 10_000) + enqueue("d", Result.SUCCESS, 10_500)
-               + fault(FaultPhase.END, 11_000)
-               + fault(FaultPhase.START, 20_000) + enqueue("e", Result.UNKNOWN, 20_500)
-               + fault(FaultPhase.END, 21_000) + enqueue("f", Result.SUCCESS, 23_000))
+    history = (
+        fault(FaultPhase.START, 1000)
+        + enqueue("a", Result.SUCCESS, 1100)
+        + enqueue("b", Result.FAILURE, 1500, latency_ms=100)
+        + enqueue("c", Result.SUCCESS, 4400)
+        + fault(FaultPhase.END, 5000)
+        + fault(FaultPhase.START, 10_000)
+        + enqueue("d", Result.SUCCESS, 10_500)
+        + fault(FaultPhase.END, 11_000)
+        + fault(FaultPhase.START, 20_000)
+        + enqueue("e", Result.UNKNOWN, 20_500)
+        + fault(FaultPhase.END, 21_000)
+        + enqueue("f", Result.SUCCESS, 23_000)
+    )
     result = check_rto(history)
     first, second, third = result["results"]
     assert first["isUnavailableInFaultInterval"] and first["isRecoveryInFaultInterval"]
@@ -247,20 +288,34 @@ def test_rto_flags_failure_outside_any_fault():
 
 def test_order_accepts_in_order_delivery_with_redelivery():
     """Per-key enqueue order preserved (re-deliveries and other keys interleaved) is in order."""
-    history = (enqueue("a1", Result.SUCCESS, 10, key="a") + enqueue("b1", Result.SUCCESS, 11, key="b")
-               + enqueue("a2", Result.SUCCESS, 12, key="a") + enqueue("a3", Result.SUCCESS, 13, key="a")
-               + dequeue("a1", 20, key="a") + dequeue("b1", 21, key="b") + dequeue("a2", 22, key="a")
-               + dequeue("a1", 23, key="a") + dequeue("a2", 24, key="a") + dequeue("a3", 25, key="a"))
+    history = (
+        enqueue("a1", Result.SUCCESS, 10, key="a")
+        + enqueue("b1", Result.SUCCESS, 11, key="b")
+        + enqueue("a2", Result.SUCCESS, 12, key="a")
+        + enqueue("a3", Result.SUCCESS, 13, key="a")
+        + dequeue("a1", 20, key="a")
+        + dequeue("b1", 21, key="b")
+        + dequeue("a2", 22, key="a")
+        + dequeue("a1", 23, key="a")
+        + dequeue("a2", 24, key="a")
+        + dequeue("a3", 25, key="a")
+    )
     result = check_order(history)
     assert result["isOrder"] and result["wrongShardingKey"] is None and result["shardingKeyCount"] == 2
 
 
 def test_order_flags_reordering_within_a_key():
     """Dequeuing a key's values out of their enqueue order names the key and the first misplaced value."""
-    history = (enqueue("b1", Result.SUCCESS, 9, key="b") + dequeue("b1", 19, key="b")
-               + enqueue("a1", Result.SUCCESS, 10, key="a") + enqueue("a2", Result.SUCCESS, 11, key="a")
-               + enqueue("a3", Result.SUCCESS, 12, key="a")
-               + dequeue("a1", 20, key="a") + dequeue("a3", 21, key="a") + dequeue("a2", 22, key="a"))
+    history = (
+        enqueue("b1", Result.SUCCESS, 9, key="b")
+        + dequeue("b1", 19, key="b")
+        + enqueue("a1", Result.SUCCESS, 10, key="a")
+        + enqueue("a2", Result.SUCCESS, 11, key="a")
+        + enqueue("a3", Result.SUCCESS, 12, key="a")
+        + dequeue("a1", 20, key="a")
+        + dequeue("a3", 21, key="a")
+        + dequeue("a2", 22, key="a")
+    )
     result = check_order(history)
     assert not result["isOrder"]
     assert (result["wrongShardingKey"], result["wrongStartValue"]) == ("a", "a3")
@@ -268,9 +323,13 @@ def test_order_flags_reordering_within_a_key():
 
 def test_order_leaves_loss_to_the_queue_checker():
     """A lost message does not make the remaining deliveries of its key out of order."""
-    history = (enqueue("a1", Result.SUCCESS, 10, key="a") + enqueue("a2", Result.SUCCESS, 11, key="a")
-               + enqueue("a3", Result.SUCCESS, 12, key="a")
-               + dequeue("a1", 20, key="a") + dequeue("a3", 21, key="a"))
+    history = (
+        enqueue("a1", Result.SUCCESS, 10, key="a")
+        + enqueue("a2", Result.SUCCESS, 11, key="a")
+        + enqueue("a3", Result.SUCCESS, 12, key="a")
+        + dequeue("a1", 20, key="a")
+        + dequeue("a3", 21, key="a")
+    )
     assert check_order(history)["isOrder"]
 
 
@@ -282,8 +341,16 @@ def test_latency_buckets_include_their_upper_bound():
     history += enqueue("s2", Result.SUCCESS, 60, latency_ms=5)
     history += enqueue("s3", Result.FAILURE, 70, latency_ms=5000)
     result = latency_buckets(history)
-    assert result["endToEnd"] == {"le1ms": 2, "le5ms": 2, "le10ms": 2, "le100ms": 2, "le1000ms": 2,
-                                  "le3000ms": 2, "gt3000ms": 1, "count": 13}
+    assert result["endToEnd"] == {
+        "le1ms": 2,
+        "le5ms": 2,
+        "le10ms": 2,
+        "le100ms": 2,
+        "le1000ms": 2,
+        "le3000ms": 2,
+        "gt3000ms": 1,
+        "count": 13,
+    }
     assert result["send"]["le1ms"] == 1 and result["send"]["le5ms"] == 1 and result["send"]["count"] == 2
 
 
@@ -296,9 +363,14 @@ def test_check_all_on_empty_history():
 
 def test_latency_plot_writes_png(tmp_path):
     """The plot writes a non-empty PNG for a history with points, failures and faults, open or closed."""
-    history = (fault(FaultPhase.START, 1000) + enqueue("a", Result.SUCCESS, 1100, latency_ms=0)
-               + enqueue("b", Result.FAILURE, 1500, latency_ms=3000) + dequeue("a", 1600, end_to_end_ms=500)
-               + fault(FaultPhase.END, 2000) + fault(FaultPhase.START, 2500))
+    history = (
+        fault(FaultPhase.START, 1000)
+        + enqueue("a", Result.SUCCESS, 1100, latency_ms=0)
+        + enqueue("b", Result.FAILURE, 1500, latency_ms=3000)
+        + dequeue("a", 1600, end_to_end_ms=500)
+        + fault(FaultPhase.END, 2000)
+        + fault(FaultPhase.START, 2500)
+    )
     path = latency_png(history, tmp_path / "latency.png")
     data = path.read_bytes()
     assert data.startswith(PNG_MAGIC) and len(data) > len(PNG_MAGIC)

@@ -35,8 +35,9 @@ def start_local(data_dir: Path) -> tuple[subprocess.Popen, dict]:
     (data_dir / "cluster.json").unlink(missing_ok=True)
     output = data_dir.parent / "local-up.out"
     with open(output, "ab") as sink:
-        proc = subprocess.Popen([*MQMETA, "local", "up", "--data-dir", str(data_dir)],
-                                stdout=sink, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [*MQMETA, "local", "up", "--data-dir", str(data_dir)], stdout=sink, stderr=subprocess.STDOUT
+        )
     deadline = time.monotonic() + 60
     while not (data_dir / "cluster.json").exists():
         if proc.poll() is not None or time.monotonic() > deadline:
@@ -69,14 +70,16 @@ def test_local_up_runs_restarts_and_stops_cleanly(tmp_path):
         assert parsed["leader"] in {"c1", "c2", "c3"} and parsed["term"] >= 1
         assert {n["id"] for n in parsed["nodes"]} == {"c1", "c2", "c3"}
         assert all(n["healthy"] for n in parsed["nodes"])
-        created = run("admin", "--controllers", addresses, "topic", "create", "Kept",
-                      "--queues", "4", "--json")
+        created = run(
+            "admin", "--controllers", addresses, "topic", "create", "Kept", "--queues", "4", "--json"
+        )
         assert created.returncode == 0, created.stderr
         assert json.loads(created.stdout)["queue_count"] == 4
         assert isinstance(json.loads(created.stdout)["version"], int), "int64 stays a number"
         with grpc.insecure_channel(document["namesrv"][0]["grpc"]) as channel:
             route = ns_grpc.NameServerStub(channel).QueryRoute(
-                ns_pb.QueryRouteRequest(topic="Kept"), timeout=10)
+                ns_pb.QueryRouteRequest(topic="Kept"), timeout=10
+            )
         assert route.topic == "Kept"
         brokers = document["brokers"]
         assert len(brokers) == 3 and {b["broker_name"] for b in brokers} == {"broker-a"}
@@ -86,8 +89,7 @@ def test_local_up_runs_restarts_and_stops_cleanly(tmp_path):
         stop_local(proc, document)
     proc, again = start_local(data_dir)  # same DIR: same cluster, same data
     try:
-        assert [c["grpc"] for c in again["controllers"]] == [
-            c["grpc"] for c in document["controllers"]]
+        assert [c["grpc"] for c in again["controllers"]] == [c["grpc"] for c in document["controllers"]]
         addresses = ",".join(c["grpc"] for c in again["controllers"])
         listed = run("admin", "--controllers", addresses, "topic", "list", "--json")
         assert listed.returncode == 0, listed.stderr
@@ -99,30 +101,59 @@ def test_local_up_runs_restarts_and_stops_cleanly(tmp_path):
 def produce_and_consume(tmp_path: Path, document: dict, addresses: str) -> None:
     namesrv = document["namesrv"][0]["grpc"]
     sent_file, received_file = tmp_path / "sent.jsonl", tmp_path / "received.jsonl"
-    produced = run("produce", "--namesrv", namesrv, "--topic", "Kept", "--count", "50",
-                   "--size", "100", "--batch", "5", "--record", str(sent_file), "--json")
+    produced = run(
+        "produce",
+        "--namesrv",
+        namesrv,
+        "--topic",
+        "Kept",
+        "--count",
+        "50",
+        "--size",
+        "100",
+        "--batch",
+        "5",
+        "--record",
+        str(sent_file),
+        "--json",
+    )
     assert produced.returncode == 0, produced.stderr
     assert json.loads(produced.stdout) | {"elapsed_s": 0} == {
-        "sent": 50, "acked": 50, "failed": 0, "elapsed_s": 0}
-    consumed = run("consume", "--namesrv", namesrv, "--topic", "Kept", "--group", "cli",
-                   "--until-idle", "2", "--record", str(received_file), "--json")
+        "sent": 50,
+        "acked": 50,
+        "failed": 0,
+        "elapsed_s": 0,
+    }
+    consumed = run(
+        "consume",
+        "--namesrv",
+        namesrv,
+        "--topic",
+        "Kept",
+        "--group",
+        "cli",
+        "--until-idle",
+        "2",
+        "--record",
+        str(received_file),
+        "--json",
+    )
     assert consumed.returncode == 0, consumed.stderr
     assert json.loads(consumed.stdout)["received"] == 50
     sent = [json.loads(line) for line in sent_file.read_text().splitlines()]
     received = [json.loads(line) for line in received_file.read_text().splitlines()]
     assert {r["value"] for r in sent} == {r["value"] for r in received}
     assert set(sent[0]) == {"msg_id", "value", "queue_id", "queue_offset"}
-    status = run("admin", "--controllers", addresses, "ha-status", "--broker-name", "broker-a",
-                 "--json")
+    status = run("admin", "--controllers", addresses, "ha-status", "--broker-name", "broker-a", "--json")
     assert status.returncode == 0, status.stderr
     roles = sorted(r["role"] for r in json.loads(status.stdout)["replicas"])
     assert roles == ["MASTER", "SLAVE", "SLAVE"]
-    tiered = run("admin", "--controllers", addresses, "tiered-status", "--broker-name",
-                 "broker-a", "--json")
+    tiered = run("admin", "--controllers", addresses, "tiered-status", "--broker-name", "broker-a", "--json")
     assert tiered.returncode == 0, tiered.stderr
     status_doc = json.loads(tiered.stdout)
-    assert {"uploaded_offset", "confirm_offset", "checkpoint_epoch", "segments",
-            "lag_bytes"} <= set(status_doc)
+    assert {"uploaded_offset", "confirm_offset", "checkpoint_epoch", "segments", "lag_bytes"} <= set(
+        status_doc
+    )
     assert status_doc["uploaded_offset"] <= status_doc["confirm_offset"]
     assert status_doc["lag_bytes"] == status_doc["confirm_offset"] - status_doc["uploaded_offset"]
     missing = run("produce", "--namesrv", namesrv, "--topic", "NoSuchTopic", "--count", "1")
@@ -139,44 +170,77 @@ def assert_bad_input(result: subprocess.CompletedProcess, fragment: str) -> None
 
 def test_bad_input_without_a_cluster_exits_2():
     unreachable = "127.0.0.1:1"
-    assert_bad_input(run("admin", "--controllers", unreachable, "--timeout", "1",
-                         "topic", "list"), "no controller answered")
+    assert_bad_input(
+        run("admin", "--controllers", unreachable, "--timeout", "1", "topic", "list"),
+        "no controller answered",
+    )
     assert_bad_input(run("admin", "--controllers", "nohost", "topic", "list"), "HOST:PORT")
-    assert_bad_input(run("admin", "--controllers", unreachable, "topic", "create", "T",
-                         "--queues", "-3"), "must be at least 1")
-    assert_bad_input(run("admin", "--controllers", unreachable, "config", "set", "novalue"),
-                     "KEY=VALUE")
+    assert_bad_input(
+        run("admin", "--controllers", unreachable, "topic", "create", "T", "--queues", "-3"),
+        "must be at least 1",
+    )
+    assert_bad_input(run("admin", "--controllers", unreachable, "config", "set", "novalue"), "KEY=VALUE")
     assert_bad_input(run("admin", "topic", "list"), "--controllers")
     assert_bad_input(run("controller", "--id", "c1"), "needs --grpc")
     assert_bad_input(run("local", "up", "--controllers", "2"), "must be odd")
     assert_bad_input(run("namesrv", "--listen", "127.0.0.1:1"), "--controllers")
     assert_bad_input(run("namesrv", "--listen", "nowhere"), "--listen address")
-    assert_bad_input(run("produce", "--namesrv", unreachable, "--topic", "T", "--count", "0"),
-                     "must be from 1")
-    assert_bad_input(run("produce", "--namesrv", unreachable, "--topic", "T", "--count", "1",
-                         "--size", "999999999"), "--size must be")
+    assert_bad_input(
+        run("produce", "--namesrv", unreachable, "--topic", "T", "--count", "0"), "must be from 1"
+    )
+    assert_bad_input(
+        run("produce", "--namesrv", unreachable, "--topic", "T", "--count", "1", "--size", "999999999"),
+        "--size must be",
+    )
     assert_bad_input(run("consume", "--namesrv", unreachable, "--topic", "T"), "--group")
-    assert_bad_input(run("consume", "--namesrv", unreachable, "--topic", "T", "--group", "g",
-                         "--until-idle", "nan"), "must be positive")
-    assert_bad_input(run("produce", "--namesrv", unreachable, "--topic", "T", "--count", "1",
-                         "--record", "/nonexistent/dir/sent.jsonl"), "cannot write --record")
-    assert_bad_input(run("broker", "--broker-name", "bad name", "--listen", "127.0.0.1:1",
-                         "--controllers", unreachable, "--data-dir", "/tmp/x"), "malformed")
+    assert_bad_input(
+        run("consume", "--namesrv", unreachable, "--topic", "T", "--group", "g", "--until-idle", "nan"),
+        "must be positive",
+    )
+    assert_bad_input(
+        run(
+            "produce",
+            "--namesrv",
+            unreachable,
+            "--topic",
+            "T",
+            "--count",
+            "1",
+            "--record",
+            "/nonexistent/dir/sent.jsonl",
+        ),
+        "cannot write --record",
+    )
+    assert_bad_input(
+        run(
+            "broker",
+            "--broker-name",
+            "bad name",
+            "--listen",
+            "127.0.0.1:1",
+            "--controllers",
+            unreachable,
+            "--data-dir",
+            "/tmp/x",
+        ),
+        "malformed",
+    )
 
 
 @pytest.mark.cluster
 def test_bad_input_against_a_cluster_exits_2(cluster):
     addresses = cluster.addresses
-    assert_bad_input(run("admin", "--controllers", addresses, "topic", "create", "bad name"),
-                     "malformed")
-    assert_bad_input(run("admin", "--controllers", addresses, "config", "set", "nope=1"),
-                     "unknown configuration key")
-    assert_bad_input(run("admin", "--controllers", addresses, "config", "set",
-                         "broker_dead_after_ms=100"), "broker_dead_after_ms")
-    assert_bad_input(run("admin", "--controllers", addresses, "sync-state", "--broker-name",
-                         "missing"), "not registered")
-    assert_bad_input(run("admin", "--controllers", addresses, "topic", "delete", "Nope"),
-                     "does not exist")
-    ok = run("admin", "--controllers", addresses, "sync-state", "--broker-name", "missing",
-             "--json")
+    assert_bad_input(run("admin", "--controllers", addresses, "topic", "create", "bad name"), "malformed")
+    assert_bad_input(
+        run("admin", "--controllers", addresses, "config", "set", "nope=1"), "unknown configuration key"
+    )
+    assert_bad_input(
+        run("admin", "--controllers", addresses, "config", "set", "broker_dead_after_ms=100"),
+        "broker_dead_after_ms",
+    )
+    assert_bad_input(
+        run("admin", "--controllers", addresses, "sync-state", "--broker-name", "missing"), "not registered"
+    )
+    assert_bad_input(run("admin", "--controllers", addresses, "topic", "delete", "Nope"), "does not exist")
+    ok = run("admin", "--controllers", addresses, "sync-state", "--broker-name", "missing", "--json")
     assert ok.stdout == "", "errors never print a partial JSON document"

@@ -107,29 +107,41 @@ def fast_liveness(cluster):
 
 
 def make_broker_set(cluster, offsets: list[int]) -> list[FakeBroker]:
-    brokers = [FakeBroker(cluster.addresses, "broker-a", i + 1, max_offset=o)
-               for i, o in enumerate(offsets)]
+    brokers = [FakeBroker(cluster.addresses, "broker-a", i + 1, max_offset=o) for i, o in enumerate(offsets)]
     for broker in brokers:
         broker.register()
         broker.start_heartbeats()
     with cluster.client() as client:
-        first = client.call("ElectMaster", pb.ElectMasterRequest(
-            cluster="DefaultCluster", broker_name="broker-a", trigger=pb.ELECT_TRIGGER_BROKER,
-            requester_broker_id=brokers[0].broker_id))
+        first = client.call(
+            "ElectMaster",
+            pb.ElectMasterRequest(
+                cluster="DefaultCluster",
+                broker_name="broker-a",
+                trigger=pb.ELECT_TRIGGER_BROKER,
+                requester_broker_id=brokers[0].broker_id,
+            ),
+        )
         assert first.master_broker_id == brokers[0].broker_id  # first election: requester wins
-        info = client.call("AlterSyncStateSet", pb.AlterSyncStateSetRequest(
-            cluster="DefaultCluster", broker_name="broker-a",
-            master_broker_id=first.master_broker_id, master_epoch=first.master_epoch,
-            sync_state_set_epoch=first.sync_state_set_epoch,
-            new_sync_state_set=[b.broker_id for b in brokers]))
+        info = client.call(
+            "AlterSyncStateSet",
+            pb.AlterSyncStateSetRequest(
+                cluster="DefaultCluster",
+                broker_name="broker-a",
+                master_broker_id=first.master_broker_id,
+                master_epoch=first.master_epoch,
+                sync_state_set_epoch=first.sync_state_set_epoch,
+                new_sync_state_set=[b.broker_id for b in brokers],
+            ),
+        )
         assert sorted(info.sync_state_set) == sorted(b.broker_id for b in brokers)
     return brokers
 
 
 def replica_info(cluster) -> pb.ReplicaInfo:
     with cluster.client() as client:
-        return client.call("GetReplicaInfo", pb.BrokerSetRef(cluster="DefaultCluster",
-                                                             broker_name="broker-a"))
+        return client.call(
+            "GetReplicaInfo", pb.BrokerSetRef(cluster="DefaultCluster", broker_name="broker-a")
+        )
 
 
 def test_dead_master_is_replaced_by_the_most_advanced_in_sync_replica(fast_liveness):
@@ -165,9 +177,15 @@ def test_watch_stream_delivers_role_change(fast_liveness):
             assert snapshot.kind == "snapshot"
             assert snapshot.replica_info.master_broker_id == brokers[0].broker_id
             with cluster.client() as admin:
-                admin.call("ElectMaster", pb.ElectMasterRequest(
-                    cluster="DefaultCluster", broker_name="broker-a",
-                    trigger=pb.ELECT_TRIGGER_ADMIN, preferred_broker_id=brokers[1].broker_id))
+                admin.call(
+                    "ElectMaster",
+                    pb.ElectMasterRequest(
+                        cluster="DefaultCluster",
+                        broker_name="broker-a",
+                        trigger=pb.ELECT_TRIGGER_ADMIN,
+                        preferred_broker_id=brokers[1].broker_id,
+                    ),
+                )
             for event in stream:
                 if event.kind == "role":
                     assert event.replica_info.master_broker_id == brokers[1].broker_id
@@ -185,20 +203,28 @@ def test_embedded_nameserver_serves_routes(cluster_factory):
     try:
         broker.register()
         with cluster.client() as client:
-            client.call("ElectMaster", pb.ElectMasterRequest(
-                cluster="DefaultCluster", broker_name="broker-a",
-                trigger=pb.ELECT_TRIGGER_BROKER, requester_broker_id=broker.broker_id))
+            client.call(
+                "ElectMaster",
+                pb.ElectMasterRequest(
+                    cluster="DefaultCluster",
+                    broker_name="broker-a",
+                    trigger=pb.ELECT_TRIGGER_BROKER,
+                    requester_broker_id=broker.broker_id,
+                ),
+            )
             client.call("CreateTopic", pb.TopicSpec(name="Routed", queue_count=4))
         for address in cluster.layout.namesrv:
             with grpc.insecure_channel(address) as channel:
                 route = ns_grpc.NameServerStub(channel).QueryRoute(
-                    ns_pb.QueryRouteRequest(topic="Routed"), timeout=5)
+                    ns_pb.QueryRouteRequest(topic="Routed"), timeout=5
+                )
                 assert [q.write_queue_count for q in route.queues] == [4]
                 assert route.brokers[0].master_address == broker.address
                 assert route.brokers[0].master_epoch == 1
                 with pytest.raises(grpc.RpcError) as missing:
                     ns_grpc.NameServerStub(channel).QueryRoute(
-                        ns_pb.QueryRouteRequest(topic="NoSuchTopic"), timeout=5)
+                        ns_pb.QueryRouteRequest(topic="NoSuchTopic"), timeout=5
+                    )
                 assert missing.value.code() == grpc.StatusCode.NOT_FOUND
     finally:
         broker.close()
@@ -208,11 +234,13 @@ def test_health_and_reflection_answer(cluster):
     address = cluster.layout.controllers[0].grpc
     with grpc.insecure_channel(address) as channel:
         health = health_pb2_grpc.HealthStub(channel).Check(
-            health_pb2.HealthCheckRequest(service="mqmeta.v1.ControllerService"), timeout=5)
+            health_pb2.HealthCheckRequest(service="mqmeta.v1.ControllerService"), timeout=5
+        )
         assert health.status == health_pb2.HealthCheckResponse.SERVING
         stub = reflection_pb2_grpc.ServerReflectionStub(channel)
-        replies = stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(
-            list_services="")]), timeout=5)
+        replies = stub.ServerReflectionInfo(
+            iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=5
+        )
         services = {s.name for r in replies for s in r.list_services_response.service}
     assert "mqmeta.v1.ControllerService" in services
     assert "grpc.health.v1.Health" in services
@@ -227,8 +255,7 @@ def test_applied_entry_logs_agree_across_nodes(cluster):
     for node in cluster.layout.controllers:
         lines = cluster.applied_log(node.id).read_text().splitlines()
         records = [parse_line(line, node.id) for line in lines]  # checks every crc32
-        by_node[node.id] = {r["index"]: (r["term"], r["command_digest"], r["state_digest"])
-                            for r in records}
+        by_node[node.id] = {r["index"]: (r["term"], r["command_digest"], r["state_digest"]) for r in records}
     reference = by_node[cluster.layout.controllers[0].id]
     assert len(reference) >= 16
     for node_id, entries in by_node.items():
@@ -239,14 +266,24 @@ def test_bad_requests_get_precise_statuses(cluster):
     cases = [
         ("CreateTopic", pb.TopicSpec(name="bad name!"), grpc.StatusCode.INVALID_ARGUMENT),
         ("CreateTopic", pb.TopicSpec(name="T", queue_count=-1), grpc.StatusCode.INVALID_ARGUMENT),
-        ("GetReplicaInfo", pb.BrokerSetRef(cluster="DefaultCluster", broker_name="nope"),
-         grpc.StatusCode.NOT_FOUND),
+        (
+            "GetReplicaInfo",
+            pb.BrokerSetRef(cluster="DefaultCluster", broker_name="nope"),
+            grpc.StatusCode.NOT_FOUND,
+        ),
         ("GetTopicRoute", pb.NameRequest(name="Missing"), grpc.StatusCode.NOT_FOUND),
-        ("UpdateConfig", pb.UpdateConfigRequest(values={"no_such_key": "1"}),
-         grpc.StatusCode.INVALID_ARGUMENT),
-        ("AlterSyncStateSet", pb.AlterSyncStateSetRequest(
-            cluster="DefaultCluster", broker_name="nope", master_broker_id=1,
-            new_sync_state_set=[1]), grpc.StatusCode.NOT_FOUND),
+        (
+            "UpdateConfig",
+            pb.UpdateConfigRequest(values={"no_such_key": "1"}),
+            grpc.StatusCode.INVALID_ARGUMENT,
+        ),
+        (
+            "AlterSyncStateSet",
+            pb.AlterSyncStateSetRequest(
+                cluster="DefaultCluster", broker_name="nope", master_broker_id=1, new_sync_state_set=[1]
+            ),
+            grpc.StatusCode.NOT_FOUND,
+        ),
     ]
     leader = cluster.node(cluster.leader_id()).grpc
     with grpc.insecure_channel(leader) as channel:
@@ -267,8 +304,9 @@ def test_follower_answers_not_leader_with_leader_address(cluster):
 
     with grpc.insecure_channel(follower) as channel:
         with pytest.raises(grpc.RpcError) as failure:
-            pb_grpc.ControllerServiceStub(channel).Heartbeat(pb.HeartbeatRequest(
-                cluster="DefaultCluster", broker_name="b", broker_id=1), timeout=5)
+            pb_grpc.ControllerServiceStub(channel).Heartbeat(
+                pb.HeartbeatRequest(cluster="DefaultCluster", broker_name="b", broker_id=1), timeout=5
+            )
     trailing = dict(failure.value.trailing_metadata())
     assert trailing["mqmeta-error-code"] == "NOT_LEADER"
     assert trailing["mqmeta-leader"] == leader
@@ -281,14 +319,21 @@ def test_fenced_alter_sync_state_set_is_refused(fast_liveness):
         info = replica_info(cluster)
         with cluster.client() as client:
             with pytest.raises(MqmetaError) as stale:
-                client.call("AlterSyncStateSet", pb.AlterSyncStateSetRequest(
-                    cluster="DefaultCluster", broker_name="broker-a",
-                    master_broker_id=info.master_broker_id, master_epoch=info.master_epoch - 1,
-                    sync_state_set_epoch=info.sync_state_set_epoch,
-                    new_sync_state_set=[info.master_broker_id]))
+                client.call(
+                    "AlterSyncStateSet",
+                    pb.AlterSyncStateSetRequest(
+                        cluster="DefaultCluster",
+                        broker_name="broker-a",
+                        master_broker_id=info.master_broker_id,
+                        master_epoch=info.master_epoch - 1,
+                        sync_state_set_epoch=info.sync_state_set_epoch,
+                        new_sync_state_set=[info.master_broker_id],
+                    ),
+                )
         assert stale.value.code == "FENCED_MASTER_EPOCH"
         assert json.dumps(list(replica_info(cluster).sync_state_set)) == json.dumps(
-            list(info.sync_state_set)), "a fenced call must change nothing"
+            list(info.sync_state_set)
+        ), "a fenced call must change nothing"
     finally:
         for broker in brokers:
             broker.close()
@@ -313,25 +358,32 @@ def test_followers_never_truncate_entries_they_hold(cluster):
 
 
 def test_write_batch_commits_each_write_independently(cluster):
-    ops = [pb.WriteOp(create_topic=pb.TopicSpec(name="B1", queue_count=2)),
-           pb.WriteOp(create_topic=pb.TopicSpec(name="B2", queue_count=3)),
-           pb.WriteOp(create_topic=pb.TopicSpec(name="B1", queue_count=2)),   # duplicate
-           pb.WriteOp(create_topic=pb.TopicSpec(name="bad name")),           # malformed
-           pb.WriteOp(create_group=pb.GroupSpec(name="G1", subscriptions=[
-               pb.Subscription(topic="B1", expression="TagA || TagB")])),
-           pb.WriteOp(delete_topic="B2"),
-           pb.WriteOp(update_config=pb.UpdateConfigRequest(values={"default_queue_count": "3"}))]
+    ops = [
+        pb.WriteOp(create_topic=pb.TopicSpec(name="B1", queue_count=2)),
+        pb.WriteOp(create_topic=pb.TopicSpec(name="B2", queue_count=3)),
+        pb.WriteOp(create_topic=pb.TopicSpec(name="B1", queue_count=2)),  # duplicate
+        pb.WriteOp(create_topic=pb.TopicSpec(name="bad name")),  # malformed
+        pb.WriteOp(
+            create_group=pb.GroupSpec(
+                name="G1", subscriptions=[pb.Subscription(topic="B1", expression="TagA || TagB")]
+            )
+        ),
+        pb.WriteOp(delete_topic="B2"),
+        pb.WriteOp(update_config=pb.UpdateConfigRequest(values={"default_queue_count": "3"})),
+    ]
     with cluster.client() as client:
         results = client.call("Write", pb.WriteBatch(writes=ops)).results
-        assert [r.error_code for r in results] == [
-            "", "", "TOPIC_EXISTS", "INVALID_ARGUMENT", "", "", ""]
+        assert [r.error_code for r in results] == ["", "", "TOPIC_EXISTS", "INVALID_ARGUMENT", "", "", ""]
         assert results[1].topic.queue_count == 3 and results[5].deleted == "B2"
         assert results[3].message, "a failed write says why"
         assert results[6].config.values["default_queue_count"] == "3"
         names = {t.name for t in client.call("ListTopics", pb.ListTopicsRequest()).topics}
         assert names == {"B1"}
-        for bad in (pb.WriteBatch(), pb.WriteBatch(writes=[pb.WriteOp()] * 1025),
-                    pb.WriteBatch(writes=[pb.WriteOp()])):
+        for bad in (
+            pb.WriteBatch(),
+            pb.WriteBatch(writes=[pb.WriteOp()] * 1025),
+            pb.WriteBatch(writes=[pb.WriteOp()]),
+        ):
             with pytest.raises(MqmetaError) as refused:
                 client.call("Write", bad)
             assert refused.value.code == "INVALID_ARGUMENT"

@@ -13,11 +13,11 @@ def test_lines_coalesce_within_the_interval_and_forced_lines_are_written(tmp_pat
     path = tmp_path / "confirm.log"
     log = ConfirmLog(path, "broker-a")
     log.note(1000, 1, "MASTER", 2, 100, 150, {2: 100, 3: 120})
-    log.note(1010, 1, "MASTER", 2, 110, 150, {})        # within the interval: pending
+    log.note(1010, 1, "MASTER", 2, 110, 150, {})  # within the interval: pending
     log.note(1020, 1, "MASTER", 2, 120, 150, {}, force=True)
-    log.note(1030, 1, "MASTER", 2, 130, 150, {})        # pending
-    log.flush_due(1030 + MASTER_INTERVAL_MS)            # due now
-    log.note(2000, 1, "MASTER", 2, 130, 150, {})        # unchanged: nothing new
+    log.note(1030, 1, "MASTER", 2, 130, 150, {})  # pending
+    log.flush_due(1030 + MASTER_INTERVAL_MS)  # due now
+    log.note(2000, 1, "MASTER", 2, 130, 150, {})  # unchanged: nothing new
     log.close()
     records = read_confirm_log(path)
     assert [r["confirm_offset"] for r in records] == [100, 120, 130]

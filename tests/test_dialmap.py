@@ -34,15 +34,22 @@ def test_the_environment_file_is_read(tmp_path, monkeypatch):
     assert dialmap.dial("127.0.0.1:7") == "127.0.0.1:8"
 
 
-@pytest.mark.parametrize("content, message", [
-    ("{not json", "not a readable JSON file"),
-    ('["127.0.0.1:7"]', "must be a JSON object"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ("{not json", "not a readable JSON file"),
+        ('["127.0.0.1:7"]', "must be a JSON object"),
+    ],
+)
 def test_a_bad_map_is_exit_2_with_a_sentence(tmp_path, content, message):
     path = tmp_path / "map.json"
     path.write_text(content)
-    done = subprocess.run([sys.executable, "-m", "mqmeta.cli", "admin", "--controllers",
-                           "127.0.0.1:1", "cluster-status"], capture_output=True, text=True,
-                          env={"MQMETA_DIAL_MAP": str(path), "PATH": ""}, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "mqmeta.cli", "admin", "--controllers", "127.0.0.1:1", "cluster-status"],
+        capture_output=True,
+        text=True,
+        env={"MQMETA_DIAL_MAP": str(path), "PATH": ""},
+        timeout=60,
+    )
     assert done.returncode == 2 and message in done.stderr, done.stderr
     assert "Traceback" not in done.stderr

@@ -90,8 +90,9 @@ def test_kill_all_nodes_mid_write_stream_loses_nothing_acknowledged(cluster):
 
 
 def test_restart_from_snapshot_and_journal_keeps_everything(cluster_factory):
-    cluster = cluster_factory(raft_settings={"compaction_min_entries": 20,
-                                             "compaction_min_time_s": 1}).start()
+    cluster = cluster_factory(
+        raft_settings={"compaction_min_entries": 20, "compaction_min_time_s": 1}
+    ).start()
     with cluster.client() as client:
         acked = [f"snap{i}" for i in range(60)]
         for name in acked:
@@ -130,14 +131,17 @@ def test_commit_index_side_file_past_journal_end_is_harmless(cluster):
     ids = [n.id for n in cluster.layout.controllers]
     wait_same_digest(cluster, ids)
     assert {f"side{i}" for i in range(10)} | {"sideAfter"} <= topic_names(cluster, victim)
-    last = max(int(line.split('"index":')[1].split(",")[0])
-               for line in cluster.applied_log(victim).read_text().splitlines())
+    last = max(
+        int(line.split('"index":')[1].split(",")[0])
+        for line in cluster.applied_log(victim).read_text().splitlines()
+    )
     assert last < 1000, "the node applied entries that were never in any journal"
 
 
 def test_corrupt_snapshot_is_refused_with_a_clear_message(cluster_factory):
-    cluster = cluster_factory(raft_settings={"compaction_min_entries": 10,
-                                             "compaction_min_time_s": 1}).start()
+    cluster = cluster_factory(
+        raft_settings={"compaction_min_entries": 10, "compaction_min_time_s": 1}
+    ).start()
     victim = cluster.followers()[0]
     snapshot = cluster.root / cluster.node(victim).data_dir / "raft.snapshot"
     deadline = time.monotonic() + 20

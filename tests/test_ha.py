@@ -37,7 +37,8 @@ def test_confirm_offset_is_the_minimum_over_the_counted_set():
     assert confirm_offset(1, 500, {2: 300}, {1, 2, 3}) == 0, "a silent member holds nothing"
     old, new = {1, 2, 3}, {1, 3}
     assert confirm_offset(1, 500, {2: 100, 3: 450}, old | new) == 100, (
-        "a shrink in flight still waits for the member it removes (RocketMQ #5663)")
+        "a shrink in flight still waits for the member it removes (RocketMQ #5663)"
+    )
 
 
 def tracker_with(progress: dict[int, tuple[int, int, int]], window_ms: int = 1000):
@@ -50,17 +51,41 @@ def tracker_with(progress: dict[int, tuple[int, int, int]], window_ms: int = 100
 
 def test_sync_state_set_shrinks_a_member_that_stopped_catching_up():
     tracker = tracker_with({2: (100, 5000, 5000), 3: (50, 5000, 3000)})
-    plan = tracker.plan(now_ms=5000, master_id=1, current_set=[1, 2, 3], confirm=50,
-                        epoch_start_offset=0, registered={1, 2, 3})
+    plan = tracker.plan(
+        now_ms=5000,
+        master_id=1,
+        current_set=[1, 2, 3],
+        confirm=50,
+        epoch_start_offset=0,
+        registered={1, 2, 3},
+    )
     assert plan == [1, 2]
-    assert tracker.plan(now_ms=3900, master_id=1, current_set=[1, 2, 3], confirm=50,
-                        epoch_start_offset=0, registered={1, 2, 3}) is None
+    assert (
+        tracker.plan(
+            now_ms=3900,
+            master_id=1,
+            current_set=[1, 2, 3],
+            confirm=50,
+            epoch_start_offset=0,
+            registered={1, 2, 3},
+        )
+        is None
+    )
 
 
 def test_a_slow_but_alive_member_is_not_readded_by_its_own_low_confirm():
     tracker = tracker_with({2: (100, 5000, 5000), 3: (50, 5000, 3000)})  # 3 fetches, lags
-    assert tracker.plan(now_ms=5000, master_id=1, current_set=[1, 2], confirm=50,
-                        epoch_start_offset=0, registered={1, 2, 3}) is None
+    assert (
+        tracker.plan(
+            now_ms=5000,
+            master_id=1,
+            current_set=[1, 2],
+            confirm=50,
+            epoch_start_offset=0,
+            registered={1, 2, 3},
+        )
+        is None
+    )
 
 
 def test_a_slave_keeping_up_with_steady_writes_stays_caught_up():
@@ -73,15 +98,20 @@ def test_a_slave_keeping_up_with_steady_writes_stays_caught_up():
         tracker.on_answer(2, master_end, now_ms=now - 50)
         master_end += 100
         tracker.on_fetch(2, master_end - 100, master_max_offset=master_end, now_ms=now)
-    assert tracker.plan(now_ms=5000, master_id=1, current_set=[1, 2], confirm=0,
-                        epoch_start_offset=0, registered={1, 2}) is None, "evicted while keeping up"
+    assert (
+        tracker.plan(
+            now_ms=5000, master_id=1, current_set=[1, 2], confirm=0, epoch_start_offset=0, registered={1, 2}
+        )
+        is None
+    ), "evicted while keeping up"
     lagging = SyncStateTracker(max_not_catchup_ms=1000)  # fetches but never reaches it
     lagging.on_fetch(2, 0, master_max_offset=0, now_ms=0)
     for now in range(100, 5000, 100):
         lagging.on_answer(2, now * 10, now_ms=now - 50)
         lagging.on_fetch(2, now, master_max_offset=now * 10, now_ms=now)
-    assert lagging.plan(now_ms=5000, master_id=1, current_set=[1, 2], confirm=0,
-                        epoch_start_offset=0, registered={1, 2}) == [1]
+    assert lagging.plan(
+        now_ms=5000, master_id=1, current_set=[1, 2], confirm=0, epoch_start_offset=0, registered={1, 2}
+    ) == [1]
 
 
 def test_sync_state_set_expands_only_with_everything_confirmed_and_the_epoch_start():
@@ -97,9 +127,14 @@ def test_sync_state_set_expands_only_with_everything_confirmed_and_the_epoch_sta
 @pytest.fixture
 def agent(tmp_path):
     def make(**overrides) -> BrokerAgent:
-        config = BrokerConfig(cluster="C", broker_name="b", listen="127.0.0.1:1",
-                              controllers=["127.0.0.1:1"], data_dir=tmp_path / "b",
-                              **overrides)
+        config = BrokerConfig(
+            cluster="C",
+            broker_name="b",
+            listen="127.0.0.1:1",
+            controllers=["127.0.0.1:1"],
+            data_dir=tmp_path / "b",
+            **overrides,
+        )
         made = BrokerAgent(config)  # nothing touches the network before start()
         made.broker_id = 1
         made.master_epoch = 1

@@ -67,7 +67,7 @@ def test_corrupt_record_followed_by_valid_ones_is_refused(tmp_path):
 def test_compaction_and_truncation_survive_reopen(tmp_path):
     path = tmp_path / "raft.journal"
     journal = filled(path, entries(10))
-    journal.deleteEntriesTo(4)   # keep entries 5..10
+    journal.deleteEntriesTo(4)  # keep entries 5..10
     journal.deleteEntriesFrom(4)  # then drop 9..10
     journal.add(b"x", 9, 3)
     journal._destroy()

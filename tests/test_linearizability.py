@@ -21,9 +21,15 @@ from chaos.linearizability import COUNTEREXAMPLE_OP_COUNT_MAX, check_linearizabi
 _next_client_id = iter(range(1, 10**9))
 
 
-def operation(kind: str, value: str | None, invoke_ms: int, complete_ms: int | None,
-              result: Result = Result.SUCCESS, key: str = "k",
-              response_value: str | None = None) -> list[HistoryEvent]:
+def operation(
+    kind: str,
+    value: str | None,
+    invoke_ms: int,
+    complete_ms: int | None,
+    result: Result = Result.SUCCESS,
+    key: str = "k",
+    response_value: str | None = None,
+) -> list[HistoryEvent]:
     """One client's request and response (no response when complete_ms is None)."""
     client_id = next(_next_client_id)
     request_value = None if kind == "read" else value
@@ -35,8 +41,9 @@ def operation(kind: str, value: str | None, invoke_ms: int, complete_ms: int | N
     return events
 
 
-def write(value: str, invoke_ms: int, complete_ms: int | None, result: Result = Result.SUCCESS,
-          key: str = "k") -> list[HistoryEvent]:
+def write(
+    value: str, invoke_ms: int, complete_ms: int | None, result: Result = Result.SUCCESS, key: str = "k"
+) -> list[HistoryEvent]:
     return operation("write", value, invoke_ms, complete_ms, result, key)
 
 
@@ -44,10 +51,24 @@ def read(value: str | None, invoke_ms: int, complete_ms: int, key: str = "k") ->
     return operation("read", value, invoke_ms, complete_ms, Result.SUCCESS, key)
 
 
-def cas(old: str | None, new: str, invoke_ms: int, complete_ms: int | None, result: Result = Result.SUCCESS,
-        mismatch: bool = False, key: str = "k") -> list[HistoryEvent]:
-    return operation("cas", encode_cas_value(old, new), invoke_ms, complete_ms, result, key,
-                     encode_cas_value(old, new, mismatch))
+def cas(
+    old: str | None,
+    new: str,
+    invoke_ms: int,
+    complete_ms: int | None,
+    result: Result = Result.SUCCESS,
+    mismatch: bool = False,
+    key: str = "k",
+) -> list[HistoryEvent]:
+    return operation(
+        "cas",
+        encode_cas_value(old, new),
+        invoke_ms,
+        complete_ms,
+        result,
+        key,
+        encode_cas_value(old, new, mismatch),
+    )
 
 
 def verdict(history: list[HistoryEvent]) -> bool | None:
@@ -60,7 +81,10 @@ def test_stale_read_after_completed_write_is_rejected():
     result = check_linearizability(history)
     assert result["linearizable"] is False and result["failing_key"] == "k"
     assert [(op["kind"], op["value"]) for op in result["counterexample"]] == [
-        ("write", "1"), ("write", "2"), ("read", "1")]
+        ("write", "1"),
+        ("write", "2"),
+        ("read", "1"),
+    ]
 
 
 def test_counterexample_keeps_the_last_operations_of_a_long_prefix():
@@ -111,8 +135,12 @@ def test_unknown_or_unanswered_write_never_seen_is_accepted():
 
 def test_unknown_or_failed_read_says_nothing():
     """A read answered UNKNOWN or FAILURE is ignored whatever value its response carries."""
-    history = (write("0", 0, 5) + operation("read", "zzz", 10, 20, Result.UNKNOWN)
-               + operation("read", "yyy", 10, 20, Result.FAILURE) + read("0", 30, 40))
+    history = (
+        write("0", 0, 5)
+        + operation("read", "zzz", 10, 20, Result.UNKNOWN)
+        + operation("read", "yyy", 10, 20, Result.FAILURE)
+        + read("0", 30, 40)
+    )
     assert verdict(history) is True
 
 
@@ -161,8 +189,14 @@ def test_keys_are_checked_independently():
     result = check_linearizability(good + read("1", 20, 30, key="b"))
     assert result["linearizable"] is False and result["failing_key"] == "b"
     result = check_linearizability(good + read("2", 20, 30, key="b"))
-    assert result == {"linearizable": True, "keys_checked": 2, "failing_key": None, "counterexample": [],
-                      "unknown_keys": [], "explored_state_count": result["explored_state_count"]}
+    assert result == {
+        "linearizable": True,
+        "keys_checked": 2,
+        "failing_key": None,
+        "counterexample": [],
+        "unknown_keys": [],
+        "explored_state_count": result["explored_state_count"],
+    }
 
 
 def test_equal_timestamps_count_as_concurrent():

@@ -13,10 +13,12 @@ def test_generated_stubs_are_up_to_date(tmp_path):
     assert generated, "protoc produced nothing"
     names = {p.name for p in generated}
     assert names == {p.name for p in committed.iterdir() if p.is_file()}, (
-        "stub file set differs: run `python -m mqmeta.protogen`")
+        "stub file set differs: run `python -m mqmeta.protogen`"
+    )
     for path in generated:
         assert path.read_bytes() == (committed / path.name).read_bytes(), (
-            f"{path.name} is stale: run `python -m mqmeta.protogen`")
+            f"{path.name} is stale: run `python -m mqmeta.protogen`"
+        )
 
 
 def test_generated_package_is_not_named_proto():

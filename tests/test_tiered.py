@@ -31,8 +31,16 @@ from tests.test_broker_failover import wait_in_sync
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(120)]
 
-FLAGS = ["--ha-max-time-slave-not-catchup-ms", "1500", "--send-timeout-ms", "3000",
-         "--tiered-upload-bytes", "8192", "--tiered-upload-interval-ms", "200"]
+FLAGS = [
+    "--ha-max-time-slave-not-catchup-ms",
+    "1500",
+    "--send-timeout-ms",
+    "3000",
+    "--tiered-upload-bytes",
+    "8192",
+    "--tiered-upload-interval-ms",
+    "200",
+]
 
 
 def tiered_cluster(cluster_factory):
@@ -44,8 +52,9 @@ def tiered_cluster(cluster_factory):
 
 def checkpoint(cluster) -> pb.TieredCheckpoint:
     with cluster.client() as client:
-        return client.call("GetTieredCheckpoint", pb.BrokerSetRef(cluster="DefaultCluster",
-                                                                  broker_name="broker-a"))
+        return client.call(
+            "GetTieredCheckpoint", pb.BrokerSetRef(cluster="DefaultCluster", broker_name="broker-a")
+        )
 
 
 class Load(threading.Thread):
@@ -92,17 +101,26 @@ def replica_bytes(store_dir: Path, base: int, end: int) -> bytes:
         data = path.read_bytes()
         lo, hi = max(base, start), min(end, start + len(data))
         if lo < hi:
-            out += data[lo - start:hi - start]
+            out += data[lo - start : hi - start]
     return bytes(out)
 
 
 def check_tiered_equals_replicas(cluster, current: pb.TieredCheckpoint, replicas_min: int = 2) -> None:
     """T2/T3 over the committed range; `replicas_min` replicas must still hold uploaded bytes
     (with local retention on every replica, slaves too may have cut all of them)."""
-    metas = [SegmentMeta(key=s.key, base_offset=s.base_offset, end_offset=s.end_offset,
-                         size=s.size, sha256=s.sha256, record_count=s.record_count,
-                         first_epoch=s.first_epoch, last_epoch=s.last_epoch)
-             for s in current.segments]
+    metas = [
+        SegmentMeta(
+            key=s.key,
+            base_offset=s.base_offset,
+            end_offset=s.end_offset,
+            size=s.size,
+            sha256=s.sha256,
+            record_count=s.record_count,
+            first_epoch=s.first_epoch,
+            last_epoch=s.last_epoch,
+        )
+        for s in current.segments
+    ]
     assert metas and metas[0].base_offset == 0
     assert find_gaps_and_overlaps(metas) == [], "T3: gaps or overlaps in the tiered range"
     assert metas[-1].end_offset == current.uploaded_offset
@@ -115,8 +133,9 @@ def check_tiered_equals_replicas(cluster, current: pb.TieredCheckpoint, replicas
             local_min = int(sorted(store.rglob("*.log"))[0].stem)  # retention may have cut it
             if local_min >= current.uploaded_offset:
                 continue
-            assert replica_bytes(store, local_min, current.uploaded_offset) == \
-                tiered[local_min:], f"T2: the tiered bytes differ from {broker.name}'s log"
+            assert replica_bytes(store, local_min, current.uploaded_offset) == tiered[local_min:], (
+                f"T2: the tiered bytes differ from {broker.name}'s log"
+            )
             compared += 1
     assert compared >= replicas_min, f"T2 must be checked against at least {replicas_min} replicas"
 
@@ -133,8 +152,9 @@ def check_confirm_logs_cover_uploads(cluster, current: pb.TieredCheckpoint) -> N
     assert masters, "masters write confirm.log lines"
     for segment in current.segments:
         covering = [r["confirm_offset"] for r in masters if r["epoch"] <= current.checkpoint_epoch]
-        assert covering and max(covering) >= segment.end_offset, \
+        assert covering and max(covering) >= segment.end_offset, (
             f"no confirm.log line covers the segment ending at {segment.end_offset}"
+        )
 
 
 def test_upload_never_passes_the_confirm_offset(cluster_factory):
@@ -180,11 +200,17 @@ def test_kill_master_mid_upload_new_master_resumes_from_the_checkpoint(cluster_f
         assert after.uploaded_offset >= before.uploaded_offset, "T4: never backwards"
         with cluster.client() as client:  # the old master's late commit
             with pytest.raises(MqmetaError) as late:
-                client.call("TieredCommit", pb.TieredCommitRequest(
-                    cluster="DefaultCluster", broker_name="broker-a",
-                    master_broker_id=old_id,
-                    master_epoch=before.checkpoint_epoch, upload_id="late",
-                    segments=[before.segments[-1]]))
+                client.call(
+                    "TieredCommit",
+                    pb.TieredCommitRequest(
+                        cluster="DefaultCluster",
+                        broker_name="broker-a",
+                        master_broker_id=old_id,
+                        master_epoch=before.checkpoint_epoch,
+                        upload_id="late",
+                        segments=[before.segments[-1]],
+                    ),
+                )
         assert late.value.code == "FENCED_MASTER_EPOCH"
     finally:
         load.stop()
@@ -248,8 +274,7 @@ def test_empty_slave_bootstraps_from_the_tiered_store(cluster_factory):
     caught_up = False
     while time.monotonic() < deadline and not caught_up:
         try:
-            caught_up = (cluster.broker_status(slave).max_offset
-                         == cluster.broker_status(master).max_offset)
+            caught_up = cluster.broker_status(slave).max_offset == cluster.broker_status(master).max_offset
         except Exception:
             pass
         time.sleep(0.2)
@@ -372,8 +397,12 @@ def test_master_killed_while_an_empty_slave_bootstraps(cluster_factory):
     seen = {m.body for m in consume_all(cluster, "after-switch", load.acked)}
     missing = [b for b in load.acked_bodies if b not in seen]
     assert not missing, f"{len(missing)} acknowledged messages lost, e.g. {missing[:3]}"
-    print("bootstrap interrupted by the switch:", "bootstrap stopped at" in text,
-          "| tiered bootstraps:", text.count("bootstrapping ["))
+    print(
+        "bootstrap interrupted by the switch:",
+        "bootstrap stopped at" in text,
+        "| tiered bootstraps:",
+        text.count("bootstrapping ["),
+    )
 
 
 @pytest.mark.timeout(60)
@@ -394,8 +423,9 @@ def test_slaves_apply_local_retention(cluster_factory):
         while time.monotonic() < deadline:  # sampled while it runs: never past the checkpoint
             local_mins = {b.name: _local_min_offset(cluster, b.name) for b in cluster.layout.brokers}
             uploaded = checkpoint(cluster).uploaded_offset  # read after: it only grows
-            violations += [(name, local_min, uploaded) for name, local_min in local_mins.items()
-                           if local_min > uploaded]
+            violations += [
+                (name, local_min, uploaded) for name, local_min in local_mins.items() if local_min > uploaded
+            ]
             time.sleep(0.1)
     finally:
         load.stop()
@@ -411,6 +441,7 @@ def test_slaves_apply_local_retention(cluster_factory):
         max_offset = cluster.broker_status(broker.name).max_offset
         # retention 16 KiB + at most one whole 16 KiB segment + what was not uploaded when
         # this broker last learned the checkpoint (at or after `before`)
-        assert kept <= max_offset - before + 3 * 16384, \
+        assert kept <= max_offset - before + 3 * 16384, (
             f"{broker.name} keeps {kept} bytes of a {max_offset}-byte log"
+        )
     check_tiered_equals_replicas(cluster, current)

@@ -101,6 +101,7 @@ def backend(request, tmp_path, memory_url) -> TieredBackend:
 
 # Backends ----------------------------------------------------------------------------------------
 
+
 def test_put_get_size_exists_delete(backend):
     assert not backend.exists("a/b/x.seg")
     backend.put("a/b/x.seg", b"hello world")
@@ -144,9 +145,13 @@ def test_get_range_has_pread_semantics(backend):
 
 
 def test_list_by_prefix_sorted(backend):
-    keys = ["c/b/commitlog/00000000000000000100-00000000000000000200.seg",
-            "c/b/commitlog/00000000000000000000-00000000000000000100.seg",
-            "c/b/epochs/00000000000000000200.json", "c/b2/commitlog/x", "top"]
+    keys = [
+        "c/b/commitlog/00000000000000000100-00000000000000000200.seg",
+        "c/b/commitlog/00000000000000000000-00000000000000000100.seg",
+        "c/b/epochs/00000000000000000200.json",
+        "c/b2/commitlog/x",
+        "top",
+    ]
     for key in keys:
         backend.put(key, key.encode())
     assert backend.list("") == sorted(keys)
@@ -170,11 +175,33 @@ def test_list_and_object_limits(backend, monkeypatch):
     assert not backend.exists("big")
 
 
-@pytest.mark.parametrize("key", ["", "/abs", "a//b", "a/../b", "..", "a/./b", "a b", "a\\b",
-                                 "a/b/", "x" + TEMP_MARK + "1", "é", "a/" + "x" * 256, "k" * 1025, 7])
+@pytest.mark.parametrize(
+    "key",
+    [
+        "",
+        "/abs",
+        "a//b",
+        "a/../b",
+        "..",
+        "a/./b",
+        "a b",
+        "a\\b",
+        "a/b/",
+        "x" + TEMP_MARK + "1",
+        "é",
+        "a/" + "x" * 256,
+        "k" * 1025,
+        7,
+    ],
+)
 def test_bad_keys_are_refused(backend, key):
-    for call in (lambda: backend.put(key, b"x"), lambda: backend.get(key),
-                 lambda: backend.exists(key), lambda: backend.delete(key), lambda: backend.size(key)):
+    for call in (
+        lambda: backend.put(key, b"x"),
+        lambda: backend.get(key),
+        lambda: backend.exists(key),
+        lambda: backend.delete(key),
+        lambda: backend.size(key),
+    ):
         with pytest.raises(InvalidArgument):
             call()
     with pytest.raises(InvalidArgument):
@@ -216,6 +243,7 @@ def test_a_failed_fsspec_put_leaves_nothing(memory_url, monkeypatch, direct):
     assert backend.fs.find(backend.root) == []
     monkeypatch.undo()
     if not direct:
+
         def failing_move(*args, **kwargs):
             raise OSError("the move failed")
 
@@ -247,8 +275,12 @@ def test_racing_local_writers_one_wins(tmp_path):
         barrier = threading.Barrier(2)
         outcomes: dict[bytes, str] = {}
 
-        def write(data: bytes, key: str = key, barrier: threading.Barrier = barrier,
-                  outcomes: dict[bytes, str] = outcomes) -> None:
+        def write(
+            data: bytes,
+            key: str = key,
+            barrier: threading.Barrier = barrier,
+            outcomes: dict[bytes, str] = outcomes,
+        ) -> None:
             barrier.wait()
             try:
                 local.put(key, data)
@@ -271,8 +303,12 @@ def test_open_backend_picks_the_implementation(tmp_path, memory_url):
     by_url = open_backend(f"file://{tmp_path / 'b'}")
     assert isinstance(by_url, LocalBackend) and by_url.root == tmp_path / "b"
     assert isinstance(open_backend(memory_url), FsspecBackend)
-    for bad, message in (("nosuch://bucket/x", "unknown scheme 'nosuch'"), ("", "empty"),
-                         ("simplecache::s3://b/x", "chained"), ("file://", "no directory")):
+    for bad, message in (
+        ("nosuch://bucket/x", "unknown scheme 'nosuch'"),
+        ("", "empty"),
+        ("simplecache::s3://b/x", "chained"),
+        ("file://", "no directory"),
+    ):
         with pytest.raises(InvalidArgument, match=message):
             open_backend(bad)
     with pytest.raises(InvalidArgument):
@@ -281,10 +317,18 @@ def test_open_backend_picks_the_implementation(tmp_path, memory_url):
 
 # Layout ------------------------------------------------------------------------------------------
 
+
 def _message(i: int, topic: str, queue_id: int) -> Message:
-    return Message(topic=topic, queue_id=queue_id, body=bytes([i % 251]) * (100 + 37 * (i % 11)),
-                   tags=f"t{i}", keys=f"k{i}", properties={"n": str(i)}, producer_id="p",
-                   producer_seq=i)
+    return Message(
+        topic=topic,
+        queue_id=queue_id,
+        body=bytes([i % 251]) * (100 + 37 * (i % 11)),
+        tags=f"t{i}",
+        keys=f"k{i}",
+        properties={"n": str(i)},
+        producer_id="p",
+        producer_seq=i,
+    )
 
 
 @pytest.fixture
@@ -294,8 +338,11 @@ def store(tmp_path) -> Iterator[MessageStore]:
     for epoch, first in ((1, 0), (2, 30)):
         made.begin_epoch(epoch)
         for i in range(first, first + 30, 3):
-            made.put_messages([_message(j, "T", j % 2) for j in range(i, i + 2)]
-                              + [_message(i + 2, "U", 0)], epoch, 1_000 + i)
+            made.put_messages(
+                [_message(j, "T", j % 2) for j in range(i, i + 2)] + [_message(i + 2, "U", 0)],
+                epoch,
+                1_000 + i,
+            )
     made.commit_consumer_offset("g", "T", 0, 5, 2, 9_999)
     yield made
     made.close()
@@ -395,8 +442,11 @@ def test_read_range_across_segments_equals_the_store(tmp_path, store):
         while offset < len(data):
             piece = read_range(backend, metas, offset, max_bytes)
             assert piece and (len(piece) <= max_bytes or len(split_records(piece, offset)) == 1)
-            assert piece == store.read_bytes(offset, max_bytes) or offset + len(piece) == cut \
-                or len(piece) > len(store.read_bytes(offset, max_bytes))  # store stops at its files
+            assert (
+                piece == store.read_bytes(offset, max_bytes)
+                or offset + len(piece) == cut
+                or len(piece) > len(store.read_bytes(offset, max_bytes))
+            )  # store stops at its files
             pieces.append(piece)
             offset += len(piece)
         assert b"".join(pieces) == data
@@ -419,7 +469,7 @@ def test_read_range_stops_at_a_gap_and_detects_corruption(tmp_path, store):
     metas = _upload(backend, data, [first_cut, second_cut])
     assert read_range(backend, [metas[0], metas[2]], 0, 16 << 20) == data[:first_cut]
     path = tmp_path / "objects" / metas[1].key
-    path.write_bytes(data[first_cut:first_cut + 200] + b"\xff" + data[first_cut + 201:second_cut])
+    path.write_bytes(data[first_cut : first_cut + 200] + b"\xff" + data[first_cut + 201 : second_cut])
     with pytest.raises(CorruptData, match="never served"):
         read_range(backend, metas, 0, 16 << 20)
     with pytest.raises(CorruptData, match="never served"):
@@ -430,20 +480,26 @@ def test_index_segments_match_the_store(store):
     data = _store_bytes(store)
     records = split_records(data, 0)
     objects = build_index_segments(records, cluster=CLUSTER, broker_name=BROKER)
-    assert sorted(objects) == sorted(index_key(CLUSTER, BROKER, topic, queue_id, 0)
-                                     for topic, queue_id in store.queues())
+    assert sorted(objects) == sorted(
+        index_key(CLUSTER, BROKER, topic, queue_id, 0) for topic, queue_id in store.queues()
+    )
     for topic, queue_id in store.queues():
-        entries = parse_index_segment(objects[index_key(CLUSTER, BROKER, topic, queue_id, 0)],
-                                      queue_id, 0)
+        entries = parse_index_segment(objects[index_key(CLUSTER, BROKER, topic, queue_id, 0)], queue_id, 0)
         stored = store.get_messages(topic, queue_id, 0, 1024, store.max_offset, max_bytes=64 << 20)
         assert entries == [(r.queue_offset, r.commit_offset, r.size) for r in stored]
     later = [r for r in records if r.commit_offset >= records[20].commit_offset]
     first_t0 = next(r.queue_offset for r in later if (r.topic, r.queue_id) == ("T", 0))
-    assert index_key(CLUSTER, BROKER, "T", 0, first_t0) in \
-        build_index_segments(later, cluster=CLUSTER, broker_name=BROKER)
+    assert index_key(CLUSTER, BROKER, "T", 0, first_t0) in build_index_segments(
+        later, cluster=CLUSTER, broker_name=BROKER
+    )
     blob = objects[index_key(CLUSTER, BROKER, "T", 0, 0)]
-    for bad, queue_id, first in ((blob[:-1] + bytes([blob[-1] ^ 1]), 0, 0), (blob[:-2], 0, 0),
-                                 (blob, 1, 0), (blob, 0, 1), (b"", 0, 0)):
+    for bad, queue_id, first in (
+        (blob[:-1] + bytes([blob[-1] ^ 1]), 0, 0),
+        (blob[:-2], 0, 0),
+        (blob, 1, 0),
+        (blob, 0, 1),
+        (b"", 0, 0),
+    ):
         with pytest.raises(CorruptData):
             parse_index_segment(bad, queue_id, first)
     t0 = [r for r in records if (r.topic, r.queue_id) == ("T", 0)]
@@ -457,8 +513,7 @@ def test_epoch_lineage_round_trips(store):
     assert key == f"{CLUSTER}/{BROKER}/epochs/{end:020d}.json"
     assert parse_epoch_lineage(blob) == (end, store.epochs.entries)
     second_start = store.epochs.entries[1][1]
-    _, early = build_epoch_lineage(store.epochs.entries, second_start, cluster=CLUSTER,
-                                   broker_name=BROKER)
+    _, early = build_epoch_lineage(store.epochs.entries, second_start, cluster=CLUSTER, broker_name=BROKER)
     assert parse_epoch_lineage(early) == (second_start, store.epochs.entries[:1])
     for bad in (blob.replace(b'"end_offset":', b'"end_offset":1'), blob[:-1], b"{}", b"\xff"):
         with pytest.raises(CorruptData):
@@ -468,9 +523,16 @@ def test_epoch_lineage_round_trips(store):
 
 
 def _meta(base: int, end: int) -> SegmentMeta:
-    return SegmentMeta(key=segment_key(CLUSTER, BROKER, base, end), base_offset=base,
-                       end_offset=end, size=end - base, sha256="0" * 64, record_count=1,
-                       first_epoch=1, last_epoch=1)
+    return SegmentMeta(
+        key=segment_key(CLUSTER, BROKER, base, end),
+        base_offset=base,
+        end_offset=end,
+        size=end - base,
+        sha256="0" * 64,
+        record_count=1,
+        first_epoch=1,
+        last_epoch=1,
+    )
 
 
 def test_gaps_and_overlaps_are_reported():
@@ -490,13 +552,16 @@ def test_gaps_and_overlaps_are_reported():
 def test_keys_and_meta_are_validated():
     assert upload_marker_key(CLUSTER, BROKER, "u-1") == "c1/broker-a/uploads/u-1.json"
     assert index_key(CLUSTER, BROKER, "%CONSUMER_OFFSET%", 0, 7).endswith(
-        "/index/%CONSUMER_OFFSET%/0/00000000000000000007.idx")
-    for call in (lambda: segment_key(CLUSTER, BROKER, 10, 10),
-                 lambda: segment_key(CLUSTER, "a/b", 0, 10),
-                 lambda: upload_marker_key(CLUSTER, BROKER, "../x"),
-                 lambda: index_key(CLUSTER, BROKER, "T", 70_000, 0),
-                 lambda: parse_segment_key("c1/broker-a/commitlog/1-2.seg"),
-                 lambda: _meta(0, 100).__class__(**{**_meta(0, 100).to_dict(), "size": 99})):
+        "/index/%CONSUMER_OFFSET%/0/00000000000000000007.idx"
+    )
+    for call in (
+        lambda: segment_key(CLUSTER, BROKER, 10, 10),
+        lambda: segment_key(CLUSTER, "a/b", 0, 10),
+        lambda: upload_marker_key(CLUSTER, BROKER, "../x"),
+        lambda: index_key(CLUSTER, BROKER, "T", 70_000, 0),
+        lambda: parse_segment_key("c1/broker-a/commitlog/1-2.seg"),
+        lambda: _meta(0, 100).__class__(**{**_meta(0, 100).to_dict(), "size": 99}),
+    ):
         with pytest.raises(InvalidArgument):
             call()
     with pytest.raises(CorruptData):
@@ -507,6 +572,7 @@ def test_keys_and_meta_are_validated():
 
 # The uploader's fast path ------------------------------------------------------------------------
 
+
 def test_write_upload_makes_what_the_decoding_twins_make(tmp_path, store):
     from broker_agent.tiered import prepare_upload, write_upload
 
@@ -514,7 +580,7 @@ def test_write_upload_makes_what_the_decoding_twins_make(tmp_path, store):
     records = split_records(data, 0)
     for cut in (0, records[17].commit_offset, records[40].commit_offset):
         piece = store.read_bulk(cut, len(data) - cut, check=False)
-        assert piece == data[cut:cut + len(piece)]
+        assert piece == data[cut : cut + len(piece)]
         upload = prepare_upload(store, piece, cut, cluster=CLUSTER, broker_name=BROKER)
         backend = LocalBackend(tmp_path / f"objects-{cut}")
         meta = write_upload(backend.put, upload)
@@ -538,8 +604,9 @@ def test_write_upload_refuses_corrupt_bytes(tmp_path, store):
     upload = prepare_upload(store, flipped, 0, cluster=CLUSTER, broker_name=BROKER)
     with pytest.raises(CorruptData, match="checksum"):
         write_upload(LocalBackend(tmp_path / "a").put, upload)
-    miscounted = dataclasses.replace(prepare_upload(store, data, 0, cluster=CLUSTER,
-                                                    broker_name=BROKER), record_count=5)
+    miscounted = dataclasses.replace(
+        prepare_upload(store, data, 0, cluster=CLUSTER, broker_name=BROKER), record_count=5
+    )
     with pytest.raises(CorruptData, match="index"):
         write_upload(LocalBackend(tmp_path / "b").put, miscounted)
 
@@ -572,8 +639,7 @@ def test_verify_stored_size_only_when_puts_are_verified(tmp_path, memory_url, st
     data = store.read_bulk(0, store.max_offset)
     local = LocalBackend(tmp_path / "objects")
     assert local.puts_are_verified and not LocalBackend(tmp_path / "x", fsync=False).puts_are_verified
-    meta = write_upload(local.put, prepare_upload(store, data, 0, cluster=CLUSTER,
-                                                  broker_name=BROKER))
+    meta = write_upload(local.put, prepare_upload(store, data, 0, cluster=CLUSTER, broker_name=BROKER))
     verify_stored(local, meta)
     remote = FsspecBackend(memory_url)
     assert not remote.puts_are_verified

@@ -283,10 +283,15 @@ def test_reset_enables_proxies_and_removes_toxics(toxiproxy: Toxiproxy, proxy: P
 
 def test_populate_creates_and_updates(toxiproxy: Toxiproxy, server: ToxiproxyServer, echo: str) -> None:
     """POST /populate creates new proxies and updates existing ones in place, answering 201."""
-    status, answer = _api(server, "POST", "/populate", [
-        {"name": "a", "listen": "127.0.0.1:0", "upstream": echo},
-        {"name": "b", "upstream": echo, "enabled": False},
-    ])
+    status, answer = _api(
+        server,
+        "POST",
+        "/populate",
+        [
+            {"name": "a", "listen": "127.0.0.1:0", "upstream": echo},
+            {"name": "b", "upstream": echo, "enabled": False},
+        ],
+    )
     assert status == 201 and [p["name"] for p in answer["proxies"]] == ["a", "b"]
     listen_a = answer["proxies"][0]["listen"]
     with socket.create_connection(_address(listen_a), timeout=SOCKET_TIMEOUT_S) as sock:
@@ -296,7 +301,12 @@ def test_populate_creates_and_updates(toxiproxy: Toxiproxy, server: ToxiproxySer
     status, answer = _api(server, "POST", "/populate", update)
     assert status == 201
     assert answer["proxies"][0] | {"toxics": []} == {
-        "name": "a", "listen": listen_a, "upstream": "127.0.0.1:9", "enabled": False, "toxics": []}
+        "name": "a",
+        "listen": listen_a,
+        "upstream": "127.0.0.1:9",
+        "enabled": False,
+        "toxics": [],
+    }
     assert len(answer["proxies"][0]["toxics"]) == 1  # an update keeps the toxics
     created = toxiproxy.populate([{"name": "c", "upstream": echo, "listen": "127.0.0.1:0"}])
     assert [p.name for p in created] == ["c"] and set(toxiproxy.proxies()) == {"a", "b", "c"}
@@ -392,7 +402,10 @@ def test_command_line_serves_config_until_sigterm(tmp_path: Path, echo: str, ser
     port = _free_port()
     process = subprocess.Popen(
         [*command, "--listen", f"127.0.0.1:{port}", "--config", str(config)],
-        cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         assert process.stdout is not None
