@@ -267,7 +267,7 @@ def cost_breakdown(store: Any, sample_bytes: int) -> dict[str, Any]:
 
 
 def copy_baseline(store_dir: Path, dest: Path, fsync: bool) -> dict[str, Any]:
-    from broker_agent.epoch_file import fsync_dir
+    from mqmeta.formats.atomic import fsync_dir
 
     files = sorted((store_dir / "commitlog").glob("*.log"))
     dest.mkdir(parents=True, exist_ok=True)

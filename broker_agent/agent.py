@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 import time
 import uuid
@@ -26,6 +25,7 @@ from broker_agent.ha import Lease, Role, SyncStateTracker, confirm_offset
 from broker_agent.records import Message
 from broker_agent.store import MessageStore
 from mqmeta.client import ControllerClient
+from mqmeta.clock import now_ms, wall_ms
 from mqmeta.errors import (
     DeadlineExceeded,
     FailedPrecondition,
@@ -34,6 +34,7 @@ from mqmeta.errors import (
     NotFound,
     NotMaster,
 )
+from mqmeta.formats.atomic import write_json_atomically
 from mqmeta.pb import controller_pb2 as cpb
 
 log = logging.getLogger(__name__)
@@ -41,10 +42,6 @@ log = logging.getLogger(__name__)
 SEND_BATCH_MAX = 1024
 PENDING_GRACE_MS = 7000  # longer than the controller's proposal timeout (5 s)
 CONTROLLER_CALL_TIMEOUT_S = 1.0
-
-
-def now_ms() -> int:
-    return int(time.monotonic() * 1000)
 
 
 @dataclass
@@ -97,31 +94,12 @@ class Identity:
         if self.tmp_path.exists():
             return json.loads(self.tmp_path.read_text())
         pending = {"check_code": uuid.uuid4().hex, "broker_id": 0}
-        _write_json_atomically(self.tmp_path, pending)
+        write_json_atomically(self.tmp_path, pending)
         return pending
 
     def save(self, identity: dict[str, Any]) -> None:
-        _write_json_atomically(self.path, identity)
+        write_json_atomically(self.path, identity)
         self.tmp_path.unlink(missing_ok=True)
-
-
-def _write_json_atomically(path: Path, document: dict[str, Any]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        json.dump(document, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def wall_ms() -> int:
-    """Wall-clock time for the confirm log: the audit lines up brokers' lines by it."""
-    return int(time.time() * 1000)
 
 
 class BrokerAgent:
@@ -483,14 +461,12 @@ class BrokerAgent:
     def send(self, messages: list[Message]) -> tuple[list[Any], int]:
         if not 1 <= len(messages) <= SEND_BATCH_MAX:
             raise InvalidArgument(f"a send carries 1 to {SEND_BATCH_MAX} messages")
-        return self._write(lambda epoch: self.store.put_messages(messages, epoch, int(time.time() * 1000)))
+        return self._write(lambda epoch: self.store.put_messages(messages, epoch, wall_ms()))
 
     def commit_consumer_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
         """Consumer offsets are commit-log records: they replicate and fail over with the data."""
         self._write(
-            lambda epoch: self.store.commit_consumer_offset(
-                group, topic, queue_id, offset, epoch, int(time.time() * 1000)
-            )
+            lambda epoch: self.store.commit_consumer_offset(group, topic, queue_id, offset, epoch, wall_ms())
         )
 
     def _write(self, put) -> tuple[Any, int]:

@@ -36,7 +36,6 @@ import zlib
 from collections import OrderedDict
 from pathlib import Path
 
-from broker_agent.epoch_file import fsync_dir
 from broker_agent.records import (
     PREFIX_BYTES,
     RECORD_BYTES_MAX,
@@ -51,6 +50,7 @@ from broker_agent.records import (
     split_records,
 )
 from mqmeta.errors import CorruptData, FailedPrecondition, InvalidArgument
+from mqmeta.formats.atomic import fsync_dir
 
 log = logging.getLogger(__name__)
 

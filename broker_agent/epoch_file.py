@@ -11,38 +11,16 @@ from __future__ import annotations
 
 import bisect
 import json
-import os
 import threading
 import zlib
 from collections.abc import Sequence
 from pathlib import Path
 
 from mqmeta.errors import CorruptData, FailedPrecondition, InvalidArgument
+from mqmeta.formats.atomic import write_atomically
 
 EPOCH_ENTRIES_MAX = 100_000
 EpochEntry = tuple[int, int]  # epoch, start offset
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_atomically(path: Path, data: bytes, fsync: bool = True) -> None:
-    """temp + fsync + rename + directory fsync: the old file stays whole until the new
-    one is durable."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        if fsync:
-            os.fsync(f.fileno())
-    os.replace(tmp, path)
-    if fsync:
-        fsync_dir(path.parent)
 
 
 def dump_checksummed(body: dict[str, object]) -> bytes:

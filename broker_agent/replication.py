@@ -20,6 +20,7 @@ import grpc
 
 from broker_agent.epoch_file import consistent_point
 from broker_agent.ha import Role
+from mqmeta.clock import now_ms
 from mqmeta.dialmap import dial
 from mqmeta.errors import FencedEpoch, MqmetaError, NotMaster, from_rpc_error
 from mqmeta.pb import broker_pb2 as bpb
@@ -141,9 +142,7 @@ def serve_fetch(agent: BrokerAgent, request: bpb.HaFetchRequest) -> bpb.HaFetchR
             _check_master(agent, request)
         data = store.read_bytes(request.fetch_offset, max_bytes)
         if request.broker_id in agent.registered_ids:
-            agent.tracker.on_answer(
-                request.broker_id, store.max_offset, int(time.monotonic() * 1000)
-            )  # the agent's clock
+            agent.tracker.on_answer(request.broker_id, store.max_offset, now_ms())  # the agent's clock
         return _reply(agent, data_offset=request.fetch_offset, data=data)
 
 

@@ -14,6 +14,7 @@ from controller.server import _add_health_and_reflection, _grpc_server, serve_un
 from controller.service import rpc
 from controller.state_machine import validate_int, validate_name
 from mqmeta.client import parse_addresses
+from mqmeta.clock import now_ms
 from mqmeta.errors import InvalidArgument, NotFound
 from mqmeta.pb import broker_pb2 as bpb
 from mqmeta.pb import broker_pb2_grpc as bpb_grpc
@@ -145,8 +146,6 @@ class BrokerServicer(bpb_grpc.BrokerServiceServicer):
 
 
 def ha_status(agent: BrokerAgent) -> bpb.HaStatus:
-    from broker_agent.agent import now_ms
-
     with agent.lock:
         now = now_ms()
         max_offset = agent.store.max_offset

@@ -52,9 +52,7 @@ from broker_agent.epoch_file import (
     EpochFile,
     dump_checksummed,
     epoch_covering,
-    fsync_dir,
     load_checksummed,
-    write_atomically,
 )
 from broker_agent.records import (
     QUEUE_ID_MAX,
@@ -68,6 +66,7 @@ from broker_agent.records import (
     validate_topic,
 )
 from mqmeta.errors import CorruptData, FailedPrecondition, FencedEpoch, InvalidArgument
+from mqmeta.formats.atomic import fsync_dir, write_atomically
 
 log = logging.getLogger(__name__)
 

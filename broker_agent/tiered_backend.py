@@ -48,8 +48,8 @@ from typing import Any, Protocol
 
 import fsspec
 
-from broker_agent.epoch_file import fsync_dir
 from mqmeta.errors import FailedPrecondition, InvalidArgument, MqmetaError, NotFound, Unavailable
+from mqmeta.formats.atomic import fsync_dir
 
 OBJECT_BYTES_MAX = 1 << 30
 LIST_KEYS_MAX = 100_000

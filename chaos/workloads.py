@@ -33,6 +33,7 @@ import grpc
 
 from chaos.history import HistoryRecorder, RequestEvent, ResponseEvent, Result, encode_cas_value
 from mqmeta.broker_client import Consumer, Producer, QueueRef
+from mqmeta.clock import wall_ms
 from mqmeta.dialmap import dial
 from mqmeta.errors import (
     FailedPrecondition,
@@ -51,10 +52,6 @@ SEND_TIMEOUT_S = 5.0
 METADATA_KEYS = 3
 METADATA_CALL_TIMEOUT_S = 2.0
 METADATA_VALUE_MAX = 1024  # a topic's queue count bound
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 @dataclass
@@ -110,20 +107,20 @@ class _QueueProducer(_Paced):
         sequence = next(self.sequence)
         key = self.keys[sequence % len(self.keys)]
         value = f"{self.client_id}-{sequence}"
-        sent_ms = now_ms()
+        sent_ms = wall_ms()
         self.recorder.record(RequestEvent(self.client_id, "enqueue", value, key, sent_ms))
         body = f"{value}|{key}|{sent_ms}".encode()
         try:
             self.producer.send(TOPIC, [body], queue=self.queues[key], keys=[key])
             result, info = Result.SUCCESS, None
             self.acknowledged.add(value)
-            self.last_success_ms = now_ms()
+            self.last_success_ms = wall_ms()
         except InvalidArgument as error:
             result, info = Result.FAILURE, _info(error)
         except MqmetaError as error:
             definite = error.code == "IN_SYNC_REPLICAS_NOT_ENOUGH"
             result, info = (Result.FAILURE if definite else Result.UNKNOWN), _info(error)
-        done_ms = now_ms()
+        done_ms = wall_ms()
         self.recorder.record(
             ResponseEvent(self.client_id, "enqueue", result, value, key, done_ms, done_ms - sent_ms, info)
         )
@@ -173,7 +170,7 @@ class _QueueConsumer(threading.Thread):
 
     def _record(self, body: bytes) -> None:
         value, key, sent = body.decode().split("|")
-        at_ms = now_ms()
+        at_ms = wall_ms()
         self.recorder.record(RequestEvent(self.client_id, "dequeue", None, None, at_ms))
         self.recorder.record(
             ResponseEvent(
@@ -275,7 +272,7 @@ class _MetadataClient(_Paced):
         return self.last_read.get(key, 1)
 
     def _read(self, key: str) -> None:
-        start = now_ms()
+        start = wall_ms()
         self.recorder.record(RequestEvent(self.client_id, "read", None, key, start))
         try:
             topics = self.stub.ListTopics(pb.ListTopicsRequest(), timeout=METADATA_CALL_TIMEOUT_S)
@@ -285,21 +282,21 @@ class _MetadataClient(_Paced):
                 self.last_read[key] = found[0]
         except grpc.RpcError:
             result, value = Result.FAILURE, None  # a read that failed observed nothing
-        done = now_ms()
+        done = wall_ms()
         self.recorder.record(ResponseEvent(self.client_id, "read", result, value, key, done, done - start))
 
     def _update(self, key: str, kind: str, value: str, spec: pb.TopicSpec) -> None:
-        start = now_ms()
+        start = wall_ms()
         self.recorder.record(RequestEvent(self.client_id, kind, value, key, start))
         info = None
         try:
             self.stub.UpdateTopic(spec, timeout=METADATA_CALL_TIMEOUT_S)
             result = Result.SUCCESS
-            self.last_success_ms = now_ms()
+            self.last_success_ms = wall_ms()
         except grpc.RpcError as rpc_error:
             error = from_rpc_error(rpc_error)
             result, value, info = _classify_update(error, kind, value, spec)
-        done = now_ms()
+        done = wall_ms()
         self.recorder.record(
             ResponseEvent(self.client_id, kind, result, value, key, done, done - start, info)
         )
@@ -339,10 +336,10 @@ class MetadataWorkload:
         """Creates each key's topic, recorded as the key's first write (keys start absent)."""
         for k in range(METADATA_KEYS):
             key = f"chaos-meta-{k}"
-            start = now_ms()
+            start = wall_ms()
             self.recorder.record(RequestEvent(0, "write", "1", key, start))
             create(pb.TopicSpec(name=key, queue_count=1))
-            done = now_ms()
+            done = wall_ms()
             self.recorder.record(ResponseEvent(0, "write", Result.SUCCESS, "1", key, done, done - start))
 
     def start(self) -> None:

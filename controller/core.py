@@ -25,6 +25,7 @@ from controller.state_machine import (
     replica_view,
     topic_route,
 )
+from mqmeta.clock import now_ms, wall_ms
 from mqmeta.errors import DeadlineExceeded, MqmetaError, NotFound, NotLeader, error_from_code
 
 log = logging.getLogger(__name__)
@@ -32,14 +33,6 @@ Json = dict[str, Any]
 
 SCAN_INTERVAL_S = 0.1
 WATCH_QUEUE_MAX = 1024
-
-
-def now_ms() -> int:
-    return int(time.monotonic() * 1000)
-
-
-def wall_ms() -> int:
-    return int(time.time() * 1000)
 
 
 class WatchHub:

@@ -31,6 +31,7 @@ from typing import Any
 from pysyncobj import pickle as syncobj_pickle
 
 from mqmeta.errors import CorruptData
+from mqmeta.formats.atomic import write_atomically
 
 log = logging.getLogger(__name__)
 
@@ -44,24 +45,6 @@ Entry = tuple[bytes, int, int]  # command, raft index, term
 def _record(command: bytes, index: int, term: int) -> bytes:
     crc = zlib.crc32(struct.pack("<QQ", index, term) + command)
     return RECORD_HEADER.pack(len(command), crc, index, term) + command
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_atomically(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path)
 
 
 def parse_records(data: bytes, where: str) -> tuple[list[Entry], list[int], int]:
@@ -120,7 +103,7 @@ class DurableJournal:
         self.meta_path = path.with_name(path.name + ".meta")
         self.fsync = fsync
         if not path.exists():
-            _write_atomically(path, FILE_MAGIC)
+            write_atomically(path, FILE_MAGIC)
         data = path.read_bytes()
         self._entries, self._offsets, end = parse_records(data, str(path))
         if end < len(data):
@@ -161,7 +144,7 @@ class DurableJournal:
     def _save_meta(self) -> None:
         body = dict(self._meta)
         body["crc32"] = zlib.crc32(json.dumps(self._meta, sort_keys=True).encode())
-        _write_atomically(self.meta_path, json.dumps(body, sort_keys=True).encode())
+        write_atomically(self.meta_path, json.dumps(body, sort_keys=True).encode())
         self._meta_dirty = False
 
     def setCurrentTerm(self, term: int, votedForNodeId: Any) -> None:  # noqa: N802, N803
@@ -222,7 +205,7 @@ class DurableJournal:
     def _rewrite(self, keep: list[Entry]) -> None:
         """Atomic: the old file stays whole until the new one is durable."""
         records = [_record(*entry) for entry in keep]
-        _write_atomically(self.path, FILE_MAGIC + b"".join(records))
+        write_atomically(self.path, FILE_MAGIC + b"".join(records))
         os.close(self._fd)
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
         self._entries = list(keep)

@@ -26,6 +26,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from mqmeta.client import ControllerClient
 from mqmeta.errors import InvalidArgument, MqmetaError, Unavailable
+from mqmeta.formats.atomic import write_json_atomically
 from mqmeta.pb import controller_pb2 as pb
 
 READY_TIMEOUT_S = 60.0
@@ -137,7 +138,7 @@ def load_or_create_layout(
         return layout
     layout = Layout.create(count, embedded, broker_sets, replicas)
     root.mkdir(parents=True, exist_ok=True)
-    _write_json(path, asdict(layout))
+    write_json_atomically(path, asdict(layout), indent=2)
     return layout
 
 
@@ -147,12 +148,6 @@ def ensure_secret(root: Path) -> Path:
         path.write_text(secrets.token_urlsafe(32))
         path.chmod(0o600)
     return path
-
-
-def _write_json(path: Path, document: Any) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(document, indent=2) + "\n")
-    os.replace(tmp, path)
 
 
 def controller_command(root: Path, layout: Layout, node: NodeLayout) -> list[str]:
@@ -336,7 +331,7 @@ def local_up(args: argparse.Namespace) -> int:
             }
             for b in layout.brokers
         ]
-        _write_json(root / "cluster.json", document)
+        write_json_atomically(root / "cluster.json", document, indent=2)
         print(
             f"mqmeta local cluster ready: controllers {layout.controller_addresses}; "
             f"nameserver {','.join(layout.namesrv)}; see {root / 'cluster.json'}",

@@ -1,0 +1,4 @@
+"""On-disk formats: the only place a byte layout, a checksum rule or a file-replacement
+protocol is written. Pure Python and the standard library only: the Spark executors
+import this package and must not need grpc.
+"""
