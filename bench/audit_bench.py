@@ -48,9 +48,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import benchlib  # noqa: E402
 
-from broker_agent.records import Message  # noqa: E402
 from broker_agent.store import MessageStore  # noqa: E402
-from controller.applied_log import line_crc  # noqa: E402
+from mqmeta.formats.jsonlines import line_crc  # noqa: E402
+from mqmeta.formats.records import Message  # noqa: E402
 from spark.walk import Piece, piece_digest, walk  # noqa: E402
 
 log = benchlib.make_log("audit-bench")

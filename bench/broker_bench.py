@@ -330,8 +330,8 @@ def throughput_run(
 
 
 def raw_append(root: Path, batch: int, duration_s: float, fsync: bool) -> dict[str, Any]:
-    from broker_agent.records import Message
     from broker_agent.store import MessageStore
+    from mqmeta.formats.records import Message
 
     directory = Path(tempfile.mkdtemp(prefix=f"raw-{batch}-", dir=root))
     store = MessageStore(directory, fsync=fsync, broker_name=BROKER_SET)
@@ -386,7 +386,8 @@ def cost_breakdown(batch: int, budget_s: float) -> dict[str, Any]:
     besides fsync and waiting."""
     import zlib
 
-    from broker_agent.records import (
+    from broker_agent.service import _message
+    from mqmeta.formats.records import (
         _FIXED,
         PREFIX_BYTES,
         check_record,
@@ -394,7 +395,6 @@ def cost_breakdown(batch: int, budget_s: float) -> dict[str, Any]:
         make_msg_id,
         split_records,
     )
-    from broker_agent.service import _message
     from mqmeta.pb import broker_pb2 as bpb
 
     body = os.urandom(BODY_BYTES)
@@ -698,19 +698,19 @@ WRITE_PATH_FUNCS = [
     "wait_acknowledged (broker_agent/agent.py)",
     "put_messages (broker_agent/store.py)",
     "_put_locked (broker_agent/store.py)",
-    "encode_record (broker_agent/records.py)",
-    "make_msg_id (broker_agent/records.py)",
+    "encode_record (mqmeta/formats/records.py)",
+    "make_msg_id (mqmeta/formats/records.py)",
     "append (broker_agent/commitlog.py)",
     "_write (broker_agent/commitlog.py)",
-    "check_record (broker_agent/records.py)",
+    "check_record (mqmeta/formats/records.py)",
     "_index_record (broker_agent/store.py)",
     "serve_fetch (broker_agent/replication.py)",
     "read_bytes (broker_agent/store.py)",
     "read (broker_agent/commitlog.py)",
     "_fetch_once (broker_agent/replication.py)",
     "append_replicated (broker_agent/store.py)",
-    "split_records (broker_agent/records.py)",
-    "decode_record (broker_agent/records.py)",
+    "split_records (mqmeta/formats/records.py)",
+    "decode_record (mqmeta/formats/records.py)",
     "_plan_replicated (broker_agent/store.py)",
     "record_pieces (broker_agent/commitlog.py)",
     "_heartbeat (broker_agent/agent.py)",

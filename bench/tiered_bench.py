@@ -116,8 +116,8 @@ def mib_per_s(nbytes: int, seconds: float) -> float | None:
 
 
 def fill_store(store_dir: Path, target_bytes: int, deadline: float) -> tuple[Any, dict[str, Any]]:
-    from broker_agent.records import Message
     from broker_agent.store import MessageStore
+    from mqmeta.formats.records import Message
 
     store = MessageStore(store_dir, fsync=True, broker_name=BROKER_NAME)
     store.begin_epoch(1)
@@ -173,7 +173,8 @@ def upload_run(
 
     from broker_agent.tiered import prepare_upload, write_upload
     from broker_agent.tiered_backend import LocalBackend
-    from broker_agent.tiered_layout import upload_marker_key, verify_stored
+    from broker_agent.tiered_objects import verify_stored
+    from mqmeta.formats.tiered import upload_marker_key
 
     backend = LocalBackend(backend_dir, fsync=fsync)
     steps = dict.fromkeys(STEPS, 0.0)

@@ -22,7 +22,6 @@ from typing import Any
 
 from broker_agent.confirm_log import ConfirmLog
 from broker_agent.ha import Lease, Role, SyncStateTracker, confirm_offset
-from broker_agent.records import Message
 from broker_agent.store import MessageStore
 from mqmeta.client import ControllerClient
 from mqmeta.clock import now_ms, wall_ms
@@ -35,6 +34,7 @@ from mqmeta.errors import (
     NotMaster,
 )
 from mqmeta.formats.atomic import write_json_atomically
+from mqmeta.formats.records import Message
 from mqmeta.pb import controller_pb2 as cpb
 
 log = logging.getLogger(__name__)

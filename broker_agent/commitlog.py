@@ -30,27 +30,24 @@ import bisect
 import logging
 import os
 import re
-import struct
 import threading
-import zlib
 from collections import OrderedDict
 from pathlib import Path
 
-from broker_agent.records import (
+from mqmeta.errors import CorruptData, FailedPrecondition, InvalidArgument
+from mqmeta.formats.atomic import fsync_dir
+from mqmeta.formats.records import (
     PREFIX_BYTES,
-    RECORD_BYTES_MAX,
     RECORD_BYTES_MIN,
-    RECORD_MAGIC,
-    RECORD_VERSION,
     StoredRecord,
     TornRecord,
     check_record,
     decode_record,
+    next_valid_record,
     peek_length,
     split_records,
+    valid_run,
 )
-from mqmeta.errors import CorruptData, FailedPrecondition, InvalidArgument
-from mqmeta.formats.atomic import fsync_dir
 
 log = logging.getLogger(__name__)
 
@@ -64,8 +61,6 @@ APPEND_RECORDS_MAX = 16_384
 MARK_INTERVAL_BYTES = 4096
 OPEN_SEGMENTS_MAX = 16
 _SEGMENT_NAME = re.compile(r"(\d{20})\.log")
-_PREFIX_FIELDS = struct.Struct("<2sBII")  # records.py's prefix: magic, version, length, crc32
-assert _PREFIX_FIELDS.size == PREFIX_BYTES
 
 
 class _Segment:
@@ -97,46 +92,16 @@ def record_pieces(data: bytes, offset: int, records: list[StoredRecord]) -> list
 
 def check_whole_records(buf: bytes, offset: int) -> int:
     """How many records `buf` (read from commit `offset`) holds; it must be whole,
-    checksum-valid records end to end (CorruptData otherwise).
-
-    records.check_record's checks (magic, version, length bounds, CRC-32) in one tight
-    loop: the per-record Python overhead, not the CRC, was most of a bulk read's cost.
-    """
-    view = memoryview(buf)
-    unpack, crc32 = _PREFIX_FIELDS.unpack_from, zlib.crc32
-    size, pos, count = len(buf), 0, 0
-    while pos + PREFIX_BYTES <= size:
-        magic, version, total, crc = unpack(buf, pos)
-        end = pos + total
-        if (
-            magic != RECORD_MAGIC
-            or version != RECORD_VERSION
-            or end > size
-            or not RECORD_BYTES_MIN <= total <= RECORD_BYTES_MAX
-            or crc32(view[pos + PREFIX_BYTES : end]) != crc
-        ):
-            break
-        pos = end
-        count += 1
-    if pos != size:
+    checksum-valid records end to end (CorruptData otherwise)."""
+    found: list[int] = []
+    pos = valid_run(buf, 0, found)
+    if pos != len(buf):
         try:
             check_record(buf, pos, offset + pos)  # names what is wrong
         except TornRecord as exc:
             raise CorruptData(f"data does not end on a record boundary: {exc}") from None
         raise AssertionError(f"check_whole_records stopped at a valid record ({offset + pos})")
-    return count
-
-
-def _valid_record_after(data: bytes, pos: int) -> bool:
-    needle = RECORD_MAGIC + bytes([RECORD_VERSION])
-    start = data.find(needle, pos + 1)
-    while start != -1:
-        try:
-            check_record(data, start, start)
-            return True
-        except (TornRecord, CorruptData):
-            start = data.find(needle, start + 1)
-    return False
+    return len(found)
 
 
 class CommitLog:
@@ -184,7 +149,7 @@ class CommitLog:
             try:
                 length = check_record(data, pos, segment.base + pos)
             except (TornRecord, CorruptData) as exc:
-                if last and not _valid_record_after(data, pos):
+                if last and next_valid_record(data, pos) < 0:
                     log.warning(
                         "%s: cutting off a torn tail of %d bytes at commit offset %d (%s)",
                         segment.path,

@@ -8,7 +8,7 @@ segment ends beyond it. So every broker appends checksummed JSON lines to
   {"t_ms", "broker_name", "broker_id", "role", "epoch", "confirm_offset", "max_offset",
    "acked": {"<broker id>": offset}, "crc32"}
 
-with crc32 = `controller.applied_log.line_crc` (the applied-entry log's rule). A master
+as `mqmeta.formats.jsonlines` lines (the applied-entry log's format). A master
 writes a line when its confirm offset advances (coalesced to one line per
 `master_interval_ms`) and always before a tiered upload starts, so every uploaded
 end offset is covered by a line written earlier; a slave writes the confirm offset
@@ -23,8 +23,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from controller.applied_log import line_crc, parse_line
-from controller.state_machine import canonical_json
+from mqmeta.formats.jsonlines import format_line, parse_line, split_lines
 
 MASTER_INTERVAL_MS = 50
 SLAVE_INTERVAL_MS = 500
@@ -79,8 +78,7 @@ class ConfirmLog:
         record = self._pending
         self._pending = None
         record["t_ms"] = now_ms
-        record["crc32"] = line_crc(record)
-        line = (canonical_json(record) + "\n").encode()
+        line = format_line(record)
         if self._size + len(line) > FILE_BYTES_MAX:
             return
         os.write(self._fd, line)
@@ -97,10 +95,8 @@ class ConfirmLog:
 
 def read_confirm_log(path: Path) -> list[dict[str, Any]]:
     """Every verified line; an unterminated (torn) final line is skipped, a bad line raises."""
-    lines = path.read_bytes().split(b"\n")
-    records = []
-    for number, raw in enumerate(lines, start=1):
-        if number == len(lines):
-            break  # after the last newline: empty, or a torn write
-        records.append(parse_line(raw.decode(errors="replace"), f"{path}:{number}"))
-    return records
+    lines, _torn_bytes = split_lines(path.read_bytes())
+    return [
+        parse_line(raw.decode(errors="replace"), f"{path}:{number}")
+        for number, raw in enumerate(lines, start=1)
+    ]

@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING
 
 import grpc
 
-from broker_agent.epoch_file import consistent_point
 from broker_agent.ha import Role
 from mqmeta.clock import now_ms
 from mqmeta.dialmap import dial
 from mqmeta.errors import FencedEpoch, MqmetaError, NotMaster, from_rpc_error
+from mqmeta.formats.epochs import consistent_point
 from mqmeta.pb import broker_pb2 as bpb
 from mqmeta.pb import broker_pb2_grpc as bpb_grpc
 

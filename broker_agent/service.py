@@ -9,13 +9,13 @@ from pathlib import Path
 from broker_agent import replication
 from broker_agent.agent import BrokerAgent, BrokerConfig
 from broker_agent.ha import Role
-from broker_agent.records import Message
 from controller.server import _add_health_and_reflection, _grpc_server, serve_until_signal
 from controller.service import rpc
 from controller.state_machine import validate_int, validate_name
 from mqmeta.client import parse_addresses
 from mqmeta.clock import now_ms
 from mqmeta.errors import InvalidArgument, NotFound
+from mqmeta.formats.records import Message
 from mqmeta.pb import broker_pb2 as bpb
 from mqmeta.pb import broker_pb2_grpc as bpb_grpc
 

@@ -48,13 +48,11 @@ from pathlib import Path
 from typing import Any
 
 from broker_agent.commitlog import APPEND_BYTES_MAX, SEGMENT_BYTES_DEFAULT, CommitLog, record_pieces
-from broker_agent.epoch_file import (
-    EpochFile,
-    dump_checksummed,
-    epoch_covering,
-    load_checksummed,
-)
-from broker_agent.records import (
+from mqmeta.errors import CorruptData, FailedPrecondition, FencedEpoch, InvalidArgument
+from mqmeta.formats.atomic import fsync_dir, write_atomically
+from mqmeta.formats.checksummed import dump_checksummed, load_checksummed
+from mqmeta.formats.epochs import EpochFile, epoch_covering
+from mqmeta.formats.records import (
     QUEUE_ID_MAX,
     TOPIC_PATTERN,
     Message,
@@ -65,8 +63,6 @@ from broker_agent.records import (
     split_records,
     validate_topic,
 )
-from mqmeta.errors import CorruptData, FailedPrecondition, FencedEpoch, InvalidArgument
-from mqmeta.formats.atomic import fsync_dir, write_atomically
 
 log = logging.getLogger(__name__)
 

@@ -34,11 +34,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from broker_agent.commitlog import BULK_READ_BYTES_MAX, check_whole_records
-from broker_agent.epoch_file import EpochEntry, consistent_point, epoch_covering
 from broker_agent.ha import Role
-from broker_agent.records import StoredRecord, decode_record
 from broker_agent.tiered_backend import open_backend
-from broker_agent.tiered_layout import (
+from broker_agent.tiered_objects import verify_stored
+from mqmeta.errors import CorruptData, FailedPrecondition, InvalidArgument, MqmetaError
+from mqmeta.formats.epochs import EpochEntry, consistent_point, epoch_covering
+from mqmeta.formats.records import StoredRecord, decode_record
+from mqmeta.formats.tiered import (
     INDEX_ENTRY_BYTES,
     SegmentMeta,
     broker_prefix,
@@ -47,9 +49,7 @@ from broker_agent.tiered_layout import (
     parse_index_segment,
     segment_key,
     upload_marker_key,
-    verify_stored,
 )
-from mqmeta.errors import CorruptData, FailedPrecondition, InvalidArgument, MqmetaError
 from mqmeta.pb import controller_pb2 as cpb
 
 if TYPE_CHECKING:
@@ -488,7 +488,7 @@ BOOTSTRAP_APPEND_BYTES = 4 << 20
 
 def _pieces(data: bytes, size: int) -> list[bytes]:
     """Splits whole records into runs of at most `size` bytes (a larger record alone)."""
-    from broker_agent.records import peek_length
+    from mqmeta.formats.records import peek_length
 
     pieces, start, position = [], 0, 0
     while position < len(data):

@@ -27,7 +27,7 @@ written directly with fsspec's `mode="create"`, which implementations may map to
 conditional put-if-absent. For any filesystem that offers neither, the commit
 protocol above this layer keeps partial objects unreachable: a reader follows only
 keys named by a committed upload record, and checks their length and sha256
-(tiered_layout.verify_segment) before trusting them. FsspecBackend checks
+(tiered_objects.verify_segment) before trusting them. FsspecBackend checks
 immutability by reading before writing, which races between two concurrent
 writers; only one uploader per broker set is allowed to write (the caller's job).
 It promises no durability beyond the filesystem's own: local paths go to
@@ -50,8 +50,8 @@ import fsspec
 
 from mqmeta.errors import FailedPrecondition, InvalidArgument, MqmetaError, NotFound, Unavailable
 from mqmeta.formats.atomic import fsync_dir
+from mqmeta.formats.tiered import OBJECT_BYTES_MAX
 
-OBJECT_BYTES_MAX = 1 << 30
 LIST_KEYS_MAX = 100_000
 KEY_CHARS_MAX = 1024  # S3's limit on a key
 KEY_SEGMENT_CHARS_MAX = 255  # a POSIX file name

@@ -11,35 +11,17 @@ journal are not written twice.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import zlib
 from pathlib import Path
 from typing import Any
 
-from controller.state_machine import canonical_json
 from mqmeta.errors import CorruptData
+from mqmeta.formats.jsonlines import format_line, parse_line, split_lines
 
 log = logging.getLogger(__name__)
 
 TAIL_SCAN_BYTES = 1 << 20
-
-
-def line_crc(record: dict[str, Any]) -> int:
-    body = {k: v for k, v in record.items() if k != "crc32"}
-    return zlib.crc32(canonical_json(body).encode())
-
-
-def parse_line(text: str, where: str) -> dict[str, Any]:
-    """Parses and verifies one line; raises CorruptData naming `where`."""
-    try:
-        record = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise CorruptData(f"{where}: not a JSON line ({exc.msg})") from None
-    if not isinstance(record, dict) or record.get("crc32") != line_crc(record):
-        raise CorruptData(f"{where}: checksum mismatch")
-    return record
 
 
 class AppliedLog:
@@ -58,12 +40,11 @@ class AppliedLog:
             start = max(0, size - TAIL_SCAN_BYTES)
             f.seek(start)
             tail = f.read()
-        lines = tail.split(b"\n")
-        keep_end = size
-        if lines and lines[-1]:  # no trailing newline: the last write was torn
-            keep_end -= len(lines[-1])
-            log.warning("%s: cutting off a torn last line of %d bytes", self.path, len(lines[-1]))
-        complete = [ln for ln in lines[:-1] if ln]
+        complete, torn_bytes = split_lines(tail)
+        keep_end = size - torn_bytes
+        if torn_bytes:
+            log.warning("%s: cutting off a torn last line of %d bytes", self.path, torn_bytes)
+        complete = [ln for ln in complete if ln]
         if start > 0 and complete:
             complete = complete[1:]  # the first line of the window may be partial
         last_index = 0
@@ -82,9 +63,7 @@ class AppliedLog:
         if record["index"] <= self.last_index:
             return  # replayed after a restart: already on disk
         record["node_id"] = self.node_id
-        body = canonical_json(record).encode()  # serialized once: crc32 covers exactly this
-        line = body[:-1] + b',"crc32":' + str(zlib.crc32(body)).encode() + b"}\n"
-        self._file.write(line)
+        self._file.write(format_line(record))
         self._file.flush()  # in the page cache: survives kill -9 of this process
         self.last_index = record["index"]
 

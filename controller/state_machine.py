@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import json
 import re
 from collections.abc import Callable, Iterable
 from typing import Any
+
+from mqmeta.formats.checksummed import canonical_json
 
 Json = dict[str, Any]
 
@@ -51,10 +52,6 @@ class Rejected(Exception):
         super().__init__(message)
         self.code = code
         self.message = message
-
-
-def canonical_json(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
 
 def _entry_hash(key: str, value: Json) -> int:

@@ -11,9 +11,9 @@ import json
 from functools import cached_property
 from typing import Any
 
-from broker_agent.epoch_file import load_checksummed
-from broker_agent.tiered_layout import parse_epoch_lineage
 from mqmeta.errors import CorruptData
+from mqmeta.formats.checksummed import load_checksummed
+from mqmeta.formats.tiered import parse_epoch_lineage
 from spark.fs import open_path, read_bytes
 from spark.layout import Inventory
 from spark.sources import DETAIL_FIELDS, KIND_FIELDS, LINE_FIELDS, RECORD_FIELDS, _ddl

@@ -23,13 +23,12 @@ from typing import Any
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
-from broker_agent.records import PREFIX_BYTES
+from mqmeta.formats.records import CRC_AT, FIELD_AT, LENGTH_AT, audit_fields
 from spark.fs import read_bytes
-from spark.walk import DIGEST_MIX, Piece, parse_fields, piece_digest, scan
+from spark.walk import DIGEST_MIX, Piece, piece_digest, scan
 
 SPLIT_BYTES_DEFAULT = 32 << 20
 ARROW_BATCH_ROWS = 32_768
-LENGTH_AT, CRC_AT = 3, 7  # records.py's prefix: magic (2), version (1), total length (4), crc32 (4)
 
 RECORD_FIELDS = [
     ("broker_set", "string"),
@@ -137,17 +136,17 @@ def _valid_batch(buf: bytes, spec: dict[str, Any], positions: Any, detail: bool)
         length=_gather(u8, positions, LENGTH_AT, "<u4").astype(np.int64),
         crc_valid=np.ones(rows, dtype=bool),
         truncated=np.zeros(rows, dtype=bool),
-        epoch=_gather(u8, positions, PREFIX_BYTES, "<u8").astype(np.int64),
+        epoch=_gather(u8, positions, FIELD_AT["epoch"], "<u8").astype(np.int64),
         record_digest=((crc << np.uint64(32)) | mixed).view(np.int64),
         framed=np.ones(rows, dtype=bool),
     )
     if detail:
         columns.update(
-            store_ms=_gather(u8, positions, PREFIX_BYTES + 8, "<u8").astype(np.int64),
-            queue_id=_gather(u8, positions, PREFIX_BYTES + 16, "<u4").astype(np.int32),
-            queue_offset=_gather(u8, positions, PREFIX_BYTES + 20, "<u8").astype(np.int64),
+            store_ms=_gather(u8, positions, FIELD_AT["store_timestamp_ms"], "<u8").astype(np.int64),
+            queue_id=_gather(u8, positions, FIELD_AT["queue_id"], "<u4").astype(np.int32),
+            queue_offset=_gather(u8, positions, FIELD_AT["queue_offset"], "<u8").astype(np.int64),
         )
-        fields = [parse_fields(buf, int(pos), True) for pos in positions]
+        fields = [audit_fields(buf, int(pos), True) for pos in positions]
         columns.update(
             topic=[f.topic for f in fields],
             msg_id=[f.msg_id for f in fields],
@@ -290,8 +289,8 @@ class _JsonlReader(_WholeFileReader):
         self.kind = options.get("kind", "applied")
 
     def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
-        from controller.applied_log import parse_line
         from mqmeta.errors import CorruptData
+        from mqmeta.formats.jsonlines import parse_line
 
         assert isinstance(partition, WholeFile)
         spec = partition.spec

@@ -27,8 +27,8 @@ from pathlib import Path
 
 import pytest
 
-from broker_agent.epoch_file import dump_checksummed, load_checksummed
-from controller.applied_log import line_crc
+from mqmeta.formats.checksummed import dump_checksummed, load_checksummed
+from mqmeta.formats.jsonlines import line_crc
 from tests.audit_fixtures import clean_data_dir, copy_data_dir, spark_session
 
 pytestmark = [

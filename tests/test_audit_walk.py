@@ -18,8 +18,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker_agent.records import Message, TornRecord, check_record, encode_record
 from mqmeta.errors import CorruptData
+from mqmeta.formats.records import Message, TornRecord, check_record, encode_record
 from spark.sources import FileRange, _RecordReader
 from spark.walk import piece_digest, scan, walk
 

@@ -40,22 +40,19 @@ from pathlib import Path
 
 import pytest
 
-from broker_agent import (
-    CONSUMER_OFFSET_TOPIC,
+from broker_agent import CONSUMER_OFFSET_TOPIC, CommitLog, MessageStore
+from mqmeta.errors import CorruptData, FailedPrecondition, FencedEpoch, InvalidArgument
+from mqmeta.formats.epochs import EpochFile, consistent_point
+from mqmeta.formats.records import (
+    PROPERTIES_BYTES_MAX,
     RECORD_BODY_MAX,
-    CommitLog,
-    EpochFile,
     Message,
-    MessageStore,
     TornRecord,
-    consistent_point,
     decode_record,
     encode_record,
     iter_records,
     make_msg_id,
 )
-from broker_agent.records import PROPERTIES_BYTES_MAX
-from mqmeta.errors import CorruptData, FailedPrecondition, FencedEpoch, InvalidArgument
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -21,8 +21,8 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from controller.applied_log import parse_line
 from mqmeta.errors import DeadlineExceeded, MqmetaError, Unavailable
+from mqmeta.formats.jsonlines import parse_line
 from mqmeta.pb import controller_pb2 as pb
 from mqmeta.pb import namesrv_pb2 as ns_pb
 from mqmeta.pb import namesrv_pb2_grpc as ns_grpc

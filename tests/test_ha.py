@@ -15,8 +15,8 @@ import pytest
 
 from broker_agent.agent import BrokerAgent, BrokerConfig
 from broker_agent.ha import Lease, Role, SyncStateTracker, confirm_offset
-from broker_agent.records import Message
 from mqmeta.errors import FailedPrecondition, NotMaster
+from mqmeta.formats.records import Message
 
 
 def test_lease_counts_from_the_heartbeat_send_time():

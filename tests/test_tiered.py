@@ -23,9 +23,9 @@ import pytest
 
 from broker_agent.confirm_log import read_confirm_log
 from broker_agent.tiered_backend import LocalBackend
-from broker_agent.tiered_layout import SegmentMeta, find_gaps_and_overlaps
 from mqmeta.broker_client import Producer
 from mqmeta.errors import MqmetaError
+from mqmeta.formats.tiered import SegmentMeta, find_gaps_and_overlaps
 from mqmeta.pb import controller_pb2 as pb
 from tests.test_broker_failover import wait_in_sync
 

@@ -1,4 +1,4 @@
-"""Tiered storage: the object backends (tiered_backend) and the object layout (tiered_layout).
+"""Tiered storage: the object backends (tiered_backend), the object layout (formats.tiered, tiered_objects).
 
 Properties checked:
 - every backend (LocalBackend in a temporary directory; FsspecBackend on memory://,
@@ -47,8 +47,7 @@ import fsspec
 import pytest
 
 import broker_agent.tiered_backend as tiered_backend
-from broker_agent import Message, MessageStore
-from broker_agent.records import split_records
+from broker_agent import MessageStore
 from broker_agent.tiered_backend import (
     TEMP_MARK,
     FsspecBackend,
@@ -56,7 +55,10 @@ from broker_agent.tiered_backend import (
     TieredBackend,
     open_backend,
 )
-from broker_agent.tiered_layout import (
+from broker_agent.tiered_objects import read_range, verify_segment, verify_stored
+from mqmeta.errors import CorruptData, FailedPrecondition, InvalidArgument, NotFound, Unavailable
+from mqmeta.formats.records import Message, split_records
+from mqmeta.formats.tiered import (
     SegmentMeta,
     build_epoch_lineage,
     build_index_segments,
@@ -66,13 +68,9 @@ from broker_agent.tiered_layout import (
     parse_epoch_lineage,
     parse_index_segment,
     parse_segment_key,
-    read_range,
     segment_key,
     upload_marker_key,
-    verify_segment,
-    verify_stored,
 )
-from mqmeta.errors import CorruptData, FailedPrecondition, InvalidArgument, NotFound, Unavailable
 
 pytestmark = pytest.mark.timeout(30)
 

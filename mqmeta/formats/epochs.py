@@ -10,39 +10,16 @@ to find how much of its log it can keep (consistent_point).
 from __future__ import annotations
 
 import bisect
-import json
 import threading
-import zlib
 from collections.abc import Sequence
 from pathlib import Path
 
 from mqmeta.errors import CorruptData, FailedPrecondition, InvalidArgument
 from mqmeta.formats.atomic import write_atomically
+from mqmeta.formats.checksummed import dump_checksummed, load_checksummed
 
 EPOCH_ENTRIES_MAX = 100_000
 EpochEntry = tuple[int, int]  # epoch, start offset
-
-
-def dump_checksummed(body: dict[str, object]) -> bytes:
-    """Canonical JSON with a crc32 field over the rest (read back by load_checksummed)."""
-    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"))
-    return json.dumps(
-        {"body": body, "crc32": zlib.crc32(canonical.encode())}, sort_keys=True, separators=(",", ":")
-    ).encode()
-
-
-def load_checksummed(path: Path) -> dict[str, object]:
-    """The body written by dump_checksummed; CorruptData when it does not check out."""
-    try:
-        outer = json.loads(path.read_bytes())
-        body = outer["body"]
-        crc = outer["crc32"]
-        canonical = json.dumps(body, sort_keys=True, separators=(",", ":"))
-    except (ValueError, UnicodeDecodeError, KeyError, TypeError):
-        raise CorruptData(f"{path} is not a checksummed JSON file") from None
-    if not isinstance(body, dict) or zlib.crc32(canonical.encode()) != crc:
-        raise CorruptData(f"{path} is corrupt (checksum mismatch)")
-    return body
 
 
 def _check_entries(entries: Sequence[EpochEntry], where: str) -> None:

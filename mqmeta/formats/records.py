@@ -24,6 +24,7 @@ import struct
 import zlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from mqmeta.errors import CorruptData, InvalidArgument
 
@@ -35,6 +36,24 @@ _U16 = struct.Struct("<H")
 _U32 = struct.Struct("<I")
 PREFIX_BYTES = _PREFIX.size
 _CRC_START = PREFIX_BYTES  # the CRC covers everything after the CRC field
+
+# The record's byte layout as positions from its first byte: the one place they are
+# written. Readers that do not decode whole records (the commit log's bulk check, the
+# audit's vectorized reader) take them from here.
+RECORD_TAG = RECORD_MAGIC + bytes([RECORD_VERSION])  # magic and version as one field
+RECORD_HEAD = struct.Struct("<3sII")  # the prefix read as (tag, total length, crc32)
+LENGTH_AT = len(RECORD_TAG)
+CRC_AT = LENGTH_AT + _U32.size
+FIXED_FIELDS = ("epoch", "store_timestamp_ms", "queue_id", "queue_offset", "producer_seq")
+FIELD_AT: dict[str, int] = {}  # fixed field -> byte position in the record
+FIELD_BYTES: dict[str, int] = {}  # fixed field -> its width (all little-endian unsigned)
+_position = PREFIX_BYTES
+for _name, _code in zip(FIXED_FIELDS, _FIXED.format.lstrip("<"), strict=True):
+    FIELD_AT[_name], FIELD_BYTES[_name] = _position, struct.calcsize("<" + _code)
+    _position += FIELD_BYTES[_name]
+VARIABLE_AT = _position  # where the u16-length-prefixed fields begin (topic first)
+assert RECORD_HEAD.size == _PREFIX.size and CRC_AT + _U32.size == PREFIX_BYTES
+assert VARIABLE_AT == PREFIX_BYTES + _FIXED.size
 
 TOPIC_BYTES_MAX = 127
 MSG_ID_CHARS = 32
@@ -226,6 +245,87 @@ def check_record(buf: bytes | bytearray | memoryview, pos: int, commit_offset: i
     if zlib.crc32(memoryview(buf)[pos + _CRC_START : pos + total]) != crc:
         raise CorruptData(f"record at commit offset {commit_offset}: checksum mismatch")
     return int(total)
+
+
+def valid_run(buf: bytes, pos: int, found: list[int]) -> int:
+    """Appends to `found` the positions of consecutive whole, checksum-valid records of
+    `buf` from `pos`; returns where the run stops (len(buf), or the first piece that is
+    not one: check_record there says why).
+
+    check_record's checks (magic, version, length bounds, CRC-32) in one tight loop:
+    the per-record Python overhead, not the CRC, dominates bulk reads and audit walks.
+    """
+    view = memoryview(buf)
+    size = len(buf)
+    unpack, crc32, append = RECORD_HEAD.unpack_from, zlib.crc32, found.append
+    lo, hi, tag = RECORD_BYTES_MIN, RECORD_BYTES_MAX, RECORD_TAG
+    while pos + PREFIX_BYTES <= size:
+        head, total, stored = unpack(buf, pos)
+        end = pos + total
+        if (
+            head != tag
+            or end > size
+            or not lo <= total <= hi
+            or crc32(view[pos + _CRC_START : end]) != stored
+        ):
+            break
+        append(pos)
+        pos = end
+    return pos
+
+
+def is_valid_record(buf: bytes | bytearray | memoryview, pos: int) -> bool:
+    """Whether a whole, checksum-valid record starts at `pos` (check_record without the why)."""
+    try:
+        check_record(buf, pos, pos)
+    except (TornRecord, CorruptData):
+        return False
+    return True
+
+
+def next_valid_record(buf: bytes, pos: int) -> int:
+    """The position of the first checksum-valid record after `pos`; -1 when none: where a
+    reader resynchronises after a bad region, or the proof that a bad region is a torn tail."""
+    start = buf.find(RECORD_TAG, pos + 1)
+    while start != -1:
+        if is_valid_record(buf, start):
+            return start
+        start = buf.find(RECORD_TAG, start + 1)
+    return -1
+
+
+class AuditFields(NamedTuple):
+    """What the audit reports of a record, without a full decode."""
+
+    epoch: int
+    store_timestamp_ms: int
+    queue_id: int
+    queue_offset: int
+    topic: str
+    msg_id: str
+    body_digest: str  # SHA-256 hex of the body; "" when not asked for
+
+
+def audit_fields(buf: bytes, pos: int, with_body: bool) -> AuditFields:
+    """The audit's fields of the checksum-valid record at `pos` (see check_record): fixed
+    fields, topic and message id, and with `with_body` the body's SHA-256 (skipping the
+    other variable fields by their lengths). Text that is not UTF-8 is replaced, not
+    refused: the audit reports records, decode_record judges them."""
+    epoch, store_ms, queue_id, queue_offset, _ = _FIXED.unpack_from(buf, pos + PREFIX_BYTES)
+    at = pos + VARIABLE_AT
+    texts = []
+    for _ in range(2):  # topic, msg_id
+        length = _U16.unpack_from(buf, at)[0]
+        texts.append(bytes(buf[at + _U16.size : at + _U16.size + length]).decode("utf-8", "replace"))
+        at += _U16.size + length
+    body_digest = ""
+    if with_body:
+        for _ in range(4):  # producer id, tags, keys, properties
+            at += _U16.size + _U16.unpack_from(buf, at)[0]
+        body_length = _U32.unpack_from(buf, at)[0]
+        body = memoryview(buf)[at + _U32.size : at + _U32.size + body_length]
+        body_digest = hashlib.sha256(body).hexdigest()
+    return AuditFields(epoch, store_ms, queue_id, queue_offset, texts[0], texts[1], body_digest)
 
 
 class _Reader:

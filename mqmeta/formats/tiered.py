@@ -12,7 +12,7 @@ Keys (offsets zero-padded to 20 digits so that a key listing sorts by offset):
         from first_queue_offset, and a CRC-32 of the entries;
     {cluster}/{broker_name}/epochs/{end_offset}.json
         the (epoch, start_offset) lineage valid for the uploaded log up to end_offset,
-        as checksummed JSON (the epoch_file format), so that a new master or an empty
+        as checksummed JSON (mqmeta.formats.checksummed), so that a new master or an empty
         slave can rebuild its epoch file from the tiered store alone;
     {cluster}/{broker_name}/uploads/{upload_id}.json
         upload markers (their content is the uploader's business).
@@ -23,32 +23,26 @@ the same bytes, a different range gets a different key.
 
 from __future__ import annotations
 
-import bisect
 import hashlib
-import json
 import re
 import struct
 import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 
-from broker_agent.commitlog import READ_BYTES_MAX
-from broker_agent.epoch_file import EPOCH_ENTRIES_MAX, EpochEntry, dump_checksummed, epoch_covering
-from broker_agent.records import (
-    PREFIX_BYTES,
+from mqmeta.errors import CorruptData, InvalidArgument
+from mqmeta.formats.checksummed import dump_checksummed, loads_checksummed
+from mqmeta.formats.epochs import EPOCH_ENTRIES_MAX, EpochEntry
+from mqmeta.formats.records import (
     QUEUE_ID_MAX,
     StoredRecord,
-    TornRecord,
-    check_record,
     make_msg_id,
-    peek_length,
     split_records,
     validate_topic,
 )
-from broker_agent.tiered_backend import OBJECT_BYTES_MAX, TieredBackend
-from mqmeta.errors import CorruptData, InvalidArgument
 
 OFFSET_MAX = (1 << 63) - 1
+OBJECT_BYTES_MAX = 1 << 30  # one object; a segment is one commit-log read (64 MiB) in practice
 # The controller's NAME_PATTERN: cluster and broker names are also safe key segments.
 _NAME_PATTERN = re.compile(r"[A-Za-z0-9_%|-]{1,127}")
 _UPLOAD_ID_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -69,7 +63,7 @@ def _check_name(kind: str, value: str) -> str:
     return value
 
 
-def _check_offset(kind: str, value: int) -> int:
+def check_offset(kind: str, value: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= OFFSET_MAX:
         raise InvalidArgument(f"{kind} {value!r} is not an integer in [0, {OFFSET_MAX}]")
     return value
@@ -85,8 +79,8 @@ def segments_prefix(cluster: str, broker_name: str) -> str:
 
 
 def segment_key(cluster: str, broker_name: str, base_offset: int, end_offset: int) -> str:
-    _check_offset("base_offset", base_offset)
-    _check_offset("end_offset", end_offset)
+    check_offset("base_offset", base_offset)
+    check_offset("end_offset", end_offset)
     if base_offset >= end_offset:
         raise InvalidArgument(f"segment range [{base_offset}, {end_offset}) is empty")
     return f"{segments_prefix(cluster, broker_name)}{base_offset:020d}-{end_offset:020d}.seg"
@@ -105,12 +99,12 @@ def index_key(cluster: str, broker_name: str, topic: str, queue_id: int, first_q
     validate_topic(topic)
     if isinstance(queue_id, bool) or not isinstance(queue_id, int) or not 0 <= queue_id <= QUEUE_ID_MAX:
         raise InvalidArgument(f"queue_id {queue_id!r} is not an integer in [0, {QUEUE_ID_MAX}]")
-    _check_offset("first_queue_offset", first_queue_offset)
+    check_offset("first_queue_offset", first_queue_offset)
     return f"{broker_prefix(cluster, broker_name)}index/{topic}/{queue_id}/{first_queue_offset:020d}.idx"
 
 
 def epochs_key(cluster: str, broker_name: str, end_offset: int) -> str:
-    _check_offset("end_offset", end_offset)
+    check_offset("end_offset", end_offset)
     return f"{broker_prefix(cluster, broker_name)}epochs/{end_offset:020d}.json"
 
 
@@ -178,13 +172,13 @@ def build_segment(
     offsets, whose epochs never decrease (CorruptData otherwise); the object is `data`
     itself.
     """
-    _check_offset("base_offset", base_offset)
+    check_offset("base_offset", base_offset)
     if not isinstance(data, bytes | bytearray | memoryview) or not 0 < len(data) <= OBJECT_BYTES_MAX:
         raise InvalidArgument(f"a segment holds 1 to {OBJECT_BYTES_MAX} bytes of records")
     data = bytes(data)
     key = segment_key(cluster, broker_name, base_offset, base_offset + len(data))
     records = split_records(data, base_offset)
-    _check_records(records, broker_name)
+    check_records(records, broker_name)
     end_offset = base_offset + len(data)
     meta = SegmentMeta(
         key=key,
@@ -199,7 +193,7 @@ def build_segment(
     return data, meta
 
 
-def _check_records(records: Sequence[StoredRecord], broker_name: str) -> None:
+def check_records(records: Sequence[StoredRecord], broker_name: str) -> None:
     """Epochs never decrease, and each record sits at the offset its message id names.
 
     A record does not store its commit offset, but its message id is
@@ -221,39 +215,6 @@ def _check_records(records: Sequence[StoredRecord], broker_name: str) -> None:
                 f"{record.msg_id}, which {broker_name} did not give that offset in "
                 f"epoch {record.epoch}: wrong base offset or another broker's log"
             )
-
-
-def verify_segment(
-    backend: TieredBackend, meta: SegmentMeta, epochs: Sequence[EpochEntry] | None = None
-) -> None:
-    """Re-reads the object: its length, sha256, and that it is whole valid records from
-    base_offset matching the meta (CorruptData otherwise; NotFound when missing).
-    With `epochs`, each record's epoch must be the one the lineage gives its offset."""
-    size = backend.size(meta.key)
-    if size != meta.size:
-        raise CorruptData(f"{meta.key}: {size} bytes stored, {meta.size} expected")
-    data = backend.get(meta.key)
-    if len(data) != meta.size or hashlib.sha256(data).hexdigest() != meta.sha256:
-        raise CorruptData(f"{meta.key}: sha256 mismatch (the stored object is not what was uploaded)")
-    try:
-        records = split_records(data, meta.base_offset)
-        _check_records(records, meta.key.split("/")[1])
-    except CorruptData as exc:
-        raise CorruptData(f"{meta.key}: {exc}") from None
-    found = (len(records), records[0].epoch, records[-1].epoch) if records else (0, 0, 0)
-    if found != (meta.record_count, meta.first_epoch, meta.last_epoch):
-        raise CorruptData(
-            f"{meta.key}: holds (records, first epoch, last epoch) {found}, meta says "
-            f"{(meta.record_count, meta.first_epoch, meta.last_epoch)}"
-        )
-    if epochs is not None:
-        for record in records:
-            covering = epoch_covering(epochs, record.commit_offset)
-            if covering != record.epoch:
-                raise CorruptData(
-                    f"{meta.key}: the record at {record.commit_offset} has epoch "
-                    f"{record.epoch} but the lineage says {covering}"
-                )
 
 
 # Reading ---------------------------------------------------------------------------------------
@@ -278,74 +239,6 @@ def find_gaps_and_overlaps(segments: Iterable[SegmentMeta]) -> list[str]:
         if reach is None or segment.end_offset > reach.end_offset:
             reach = segment
     return problems
-
-
-def read_range(backend: TieredBackend, segments: Sequence[SegmentMeta], offset: int, max_bytes: int) -> bytes:
-    """Whole records of the tiered copy from `offset` (a record start), as CommitLog.read
-    serves them: at most `max_bytes` unless the first record alone is larger, continuing
-    into the next segment while the segments are contiguous. b"" at the end of the
-    last segment. Each record's checksum is checked (CorruptData otherwise)."""
-    _check_offset("offset", offset)
-    if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or not 1 <= max_bytes <= READ_BYTES_MAX:
-        raise InvalidArgument(f"max_bytes {max_bytes!r} is outside [1, {READ_BYTES_MAX}]")
-    ordered = sorted(segments, key=lambda s: s.base_offset)
-    problems = find_gaps_and_overlaps(ordered)
-    if any(p.startswith("overlap") for p in problems):
-        raise InvalidArgument(f"segments overlap, so offsets are ambiguous: {problems[0]}")
-    i = bisect.bisect_right(ordered, offset, key=lambda s: s.base_offset) - 1
-    if ordered and i == len(ordered) - 1 and offset == ordered[-1].end_offset:
-        return b""
-    if i < 0 or offset >= ordered[i].end_offset:
-        raise InvalidArgument(f"offset {offset} is in no tiered segment", code="OFFSET_NOT_TIERED")
-    parts: list[bytes] = []
-    total = 0
-    while i < len(ordered) and total < max_bytes:
-        segment = ordered[i]
-        data = _read_records(backend, segment, offset + total, max_bytes - total, first=not parts)
-        parts.append(data)
-        total += len(data)
-        if (
-            offset + total < segment.end_offset
-            or i + 1 == len(ordered)
-            or ordered[i + 1].base_offset != segment.end_offset
-        ):
-            break
-        i += 1
-    return b"".join(parts)
-
-
-def _read_records(
-    backend: TieredBackend, segment: SegmentMeta, offset: int, budget: int, first: bool
-) -> bytes:
-    """The whole records of `segment` from `offset` within `budget` bytes; when `first`,
-    at least one record (even past the budget)."""
-    remaining = segment.end_offset - offset
-    length = min(max(budget, PREFIX_BYTES if first else 0), remaining)
-    buf = backend.get_range(segment.key, offset - segment.base_offset, length)
-    if len(buf) != length:
-        raise CorruptData(f"{segment.key}: shorter than its meta says ({segment.size} bytes)")
-    pos = 0
-    try:
-        while pos < len(buf):
-            try:
-                pos += check_record(buf, pos, offset + pos)
-            except TornRecord:
-                break
-        if pos == 0 and first:  # the first record alone is larger than the budget
-            total = peek_length(buf, 0, offset)
-            if total > remaining:
-                raise CorruptData(f"the record at {offset} runs past the segment's end")
-            buf = backend.get_range(segment.key, offset - segment.base_offset, total)
-            pos = check_record(buf, 0, offset)
-    except (CorruptData, TornRecord) as exc:
-        if pos == 0 and first and offset != segment.base_offset:
-            raise InvalidArgument(
-                f"no valid record starts at {offset} in {segment.key}: not a "
-                "record start (or the object is corrupt: verify_segment "
-                "tells)"
-            ) from None
-        raise CorruptData(f"{segment.key}: {exc}; never served") from None
-    return buf[:pos]
 
 
 # Per-queue index -------------------------------------------------------------------------------
@@ -398,21 +291,6 @@ def build_index_objects(
     return objects
 
 
-def verify_stored(backend: TieredBackend, meta: SegmentMeta) -> None:
-    """After a put: the object is exactly the bytes hashed (size and SHA-256). A backend
-    whose puts are verified (LocalBackend with fsync: written from the hashed buffer and
-    fsynced, or an existing object compared byte for byte) is checked by size alone:
-    re-reading a file just written would hash the page cache, not the disk."""
-    if backend.puts_are_verified:
-        size = backend.size(meta.key)
-        if size != meta.size:
-            raise CorruptData(f"{meta.key}: {size} bytes stored, {meta.size} uploaded")
-        return
-    data = backend.get(meta.key)
-    if len(data) != meta.size or hashlib.sha256(data).hexdigest() != meta.sha256:
-        raise CorruptData(f"{meta.key}: the stored object is not what was uploaded")
-
-
 def parse_index_segment(data: bytes, queue_id: int, first_queue_offset: int) -> list[tuple[int, int, int]]:
     """(queue offset, commit offset, size) of each entry of an index object made by
     build_index_segments for that queue; CorruptData when it does not check out."""
@@ -445,7 +323,7 @@ def build_epoch_lineage(
 ) -> tuple[str, bytes]:
     """The key and checksummed JSON of the lineage valid for the log up to `end_offset`:
     the entries starting before it (an epoch starting at or after it has no record there)."""
-    _check_offset("end_offset", end_offset)
+    check_offset("end_offset", end_offset)
     kept = [(int(epoch), int(start)) for epoch, start in entries if start < end_offset]
     _check_lineage(kept, "epoch lineage")
     body: dict[str, object] = {"end_offset": end_offset, "entries": [list(e) for e in kept]}
@@ -454,15 +332,7 @@ def build_epoch_lineage(
 
 def parse_epoch_lineage(data: bytes) -> tuple[int, list[EpochEntry]]:
     """(end_offset, entries) written by build_epoch_lineage; CorruptData when malformed."""
-    try:
-        outer = json.loads(data)
-        body = outer["body"]
-        canonical = json.dumps(body, sort_keys=True, separators=(",", ":"))
-        crc = outer["crc32"]
-    except (ValueError, UnicodeDecodeError, KeyError, TypeError):
-        raise CorruptData("epoch lineage is not checksummed JSON") from None
-    if not isinstance(body, dict) or zlib.crc32(canonical.encode()) != crc:
-        raise CorruptData("epoch lineage checksum mismatch")
+    body = loads_checksummed(data, "epoch lineage")
     end_offset, raw = body.get("end_offset"), body.get("entries")
     if (
         type(end_offset) is not int
