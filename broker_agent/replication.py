@@ -21,10 +21,11 @@ import grpc
 from broker_agent.ha import Role
 from mqmeta.clock import now_ms
 from mqmeta.dialmap import dial
-from mqmeta.errors import FencedEpoch, MqmetaError, NotMaster, from_rpc_error
+from mqmeta.errors import FencedEpoch, MqmetaError, NotMaster
 from mqmeta.formats.epochs import consistent_point
 from mqmeta.pb import broker_pb2 as bpb
 from mqmeta.pb import broker_pb2_grpc as bpb_grpc
+from mqmeta.rpc import from_rpc_error
 
 if TYPE_CHECKING:
     from broker_agent.agent import BrokerAgent

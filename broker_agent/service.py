@@ -9,15 +9,13 @@ from pathlib import Path
 from broker_agent import replication
 from broker_agent.agent import BrokerAgent, BrokerConfig
 from broker_agent.ha import Role
-from controller.server import _add_health_and_reflection, _grpc_server, serve_until_signal
-from controller.service import rpc
-from controller.state_machine import validate_int, validate_name
-from mqmeta.client import parse_addresses
 from mqmeta.clock import now_ms
 from mqmeta.errors import InvalidArgument, NotFound
 from mqmeta.formats.records import Message
 from mqmeta.pb import broker_pb2 as bpb
 from mqmeta.pb import broker_pb2_grpc as bpb_grpc
+from mqmeta.rpc import add_health_and_reflection, build_server, rpc, serve_until_signal
+from mqmeta.validate import QUEUE_ID_MAX, REQUEST_INT_MAX, parse_addresses, validate_int, validate_name
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +25,7 @@ BROKER_SERVICE = bpb.DESCRIPTOR.services_by_name["BrokerService"].full_name
 
 def _message(m: bpb.Message) -> Message:
     validate_name("topic", m.topic)
-    validate_int("queue_id", m.queue_id, 0, 1023)
+    validate_int("queue_id", m.queue_id, 0, QUEUE_ID_MAX)
     return Message(
         topic=m.topic,
         queue_id=m.queue_id,
@@ -83,8 +81,8 @@ class BrokerServicer(bpb_grpc.BrokerServiceServicer):
     @rpc
     def Pull(self, request, context):
         validate_name("topic", request.topic)
-        validate_int("queue_id", request.queue_id, 0, 1023)
-        validate_int("queue_offset", request.queue_offset, 0, 2**62)
+        validate_int("queue_id", request.queue_id, 0, QUEUE_ID_MAX)
+        validate_int("queue_offset", request.queue_offset, 0, REQUEST_INT_MAX)
         count = validate_int("max_count", request.max_count or 32, 1, PULL_COUNT_MAX)
         self.agent.require_master()
         with self.agent.lock:
@@ -109,8 +107,8 @@ class BrokerServicer(bpb_grpc.BrokerServiceServicer):
     def CommitOffset(self, request, context):
         validate_name("group", request.group)
         validate_name("topic", request.topic)
-        validate_int("queue_id", request.queue_id, 0, 1023)
-        validate_int("offset", request.offset, 0, 2**62)
+        validate_int("queue_id", request.queue_id, 0, QUEUE_ID_MAX)
+        validate_int("offset", request.offset, 0, REQUEST_INT_MAX)
         self.agent.commit_consumer_offset(request.group, request.topic, request.queue_id, request.offset)
         return bpb.CommitOffsetResponse()
 
@@ -213,8 +211,8 @@ def add_broker_parser(sub) -> None:
 
 
 def run_broker(args: argparse.Namespace) -> int:
-    validate_name_arg("--cluster", args.cluster)
-    validate_name_arg("--broker-name", args.broker_name)
+    validate_name("--cluster", args.cluster)
+    validate_name("--broker-name", args.broker_name)
     config = BrokerConfig(
         cluster=args.cluster,
         broker_name=args.broker_name,
@@ -248,9 +246,9 @@ def run_broker(args: argparse.Namespace) -> int:
             "deleted only once they are in the tiered store"
         )
     agent = BrokerAgent(config)
-    server = _grpc_server(config.listen)
+    server = build_server(config.listen)
     bpb_grpc.add_BrokerServiceServicer_to_server(BrokerServicer(agent), server)
-    _add_health_and_reflection(server, [BROKER_SERVICE])
+    add_health_and_reflection(server, [BROKER_SERVICE])
     server.start()
     agent.start()
 
@@ -261,12 +259,3 @@ def run_broker(args: argparse.Namespace) -> int:
 
     serve_until_signal(_Node())  # type: ignore[arg-type]
     return 0
-
-
-def validate_name_arg(flag: str, value: str) -> None:
-    from controller.state_machine import Rejected
-
-    try:
-        validate_name(flag, value)
-    except Rejected as rejected:
-        raise InvalidArgument(rejected.message) from None

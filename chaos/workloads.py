@@ -39,10 +39,10 @@ from mqmeta.errors import (
     FailedPrecondition,
     InvalidArgument,
     MqmetaError,
-    from_rpc_error,
 )
 from mqmeta.pb import controller_pb2 as pb
 from mqmeta.pb import controller_pb2_grpc as pb_grpc
+from mqmeta.rpc import from_rpc_error
 
 TOPIC = "chaos"
 GROUP = "chaos-checker"

@@ -20,7 +20,6 @@ from controller.liveness import Heartbeat, Liveness
 from controller.raft_node import ControllerRaft, Peer, Proposer, RaftSettings
 from controller.state_machine import (
     ControllerState,
-    Rejected,
     broker_route,
     replica_view,
     topic_route,
@@ -246,10 +245,7 @@ class ControllerCore:
     # Calls any node serves ----------------------------------------------------------
     def topic_route(self, name: str) -> Json:
         state = self.read_barrier()
-        try:
-            return topic_route(state, name)
-        except Rejected as rejected:
-            raise error_from_code(rejected.code, rejected.message) from None
+        return topic_route(state, name)
 
     def cluster_routes(self, cluster: str) -> list[Json]:
         return [broker_route(bs) for bs in self.read_barrier().broker_sets(cluster)]

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from controller.core import ControllerCore
 from controller.service import broker_route_pb, route_pb, rpc
-from controller.state_machine import validate_name
 from mqmeta.client import ControllerClient
 from mqmeta.pb import controller_pb2 as pb
 from mqmeta.pb import namesrv_pb2 as ns_pb
 from mqmeta.pb import namesrv_pb2_grpc as ns_grpc
+from mqmeta.validate import validate_name
 
 
 class NameServerServicer(ns_grpc.NameServerServicer):

@@ -11,12 +11,12 @@ from controller.server import (
     load_config_file,
     parse_peer,
     raft_settings_from,
-    serve_until_signal,
     start_controller,
     start_namesrv,
 )
-from mqmeta.client import parse_addresses
 from mqmeta.errors import InvalidArgument
+from mqmeta.rpc import serve_until_signal
+from mqmeta.validate import parse_addresses
 
 NODE_KEYS = ("node_id", "grpc", "raft", "peer", "data_dir", "secret_file")
 

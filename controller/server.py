@@ -3,29 +3,26 @@
 from __future__ import annotations
 
 import logging
-import signal
-import threading
 import tomllib
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 
 from controller.core import ControllerCore
 from controller.namesrv import NameServerServicer
 from controller.raft_node import Peer, RaftSettings
 from controller.service import ControllerServicer
-from mqmeta.client import ControllerClient, parse_addresses
+from mqmeta.client import ControllerClient
 from mqmeta.errors import InvalidArgument
 from mqmeta.pb import controller_pb2, controller_pb2_grpc, namesrv_pb2, namesrv_pb2_grpc
+from mqmeta.rpc import add_health_and_reflection, build_server
+from mqmeta.validate import parse_addresses
 
 log = logging.getLogger(__name__)
 
-GRPC_WORKERS_MAX = 64
+GRPC_WORKERS_MAX = 64  # module-level so that bench/controller_bench.py can change it
 CONTROLLER_SERVICE = controller_pb2.DESCRIPTOR.services_by_name["ControllerService"].full_name
 NAMESRV_SERVICE = namesrv_pb2.DESCRIPTOR.services_by_name["NameServer"].full_name
 
@@ -88,24 +85,6 @@ def raft_settings_from(values: dict[str, Any], secret: str | None) -> RaftSettin
     return replace(RaftSettings(), secret=secret, **values)
 
 
-def _grpc_server(address: str) -> grpc.Server:
-    server = grpc.server(
-        ThreadPoolExecutor(max_workers=GRPC_WORKERS_MAX, thread_name_prefix="rpc"),
-        options=[("grpc.so_reuseport", 0)],
-    )
-    if server.add_insecure_port(address) == 0:
-        raise InvalidArgument(f"cannot listen on {address}: the port is taken or not local")
-    return server
-
-
-def _add_health_and_reflection(server: grpc.Server, services: list[str]) -> None:
-    health_servicer = health.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    for name in ["", *services]:
-        health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    reflection.enable_server_reflection([*services, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
-
-
 class RunningNode:
     """What one process serves: a controller core, a nameserver, or both."""
 
@@ -127,13 +106,13 @@ class RunningNode:
 def start_controller(config: ControllerConfig, namesrv_address: str = "") -> RunningNode:
     config.validate()
     core = ControllerCore(config.node_id, config.peers, config.data_dir, config.raft_settings)
-    server = _grpc_server(config.grpc)
+    server = build_server(config.grpc, GRPC_WORKERS_MAX)
     controller_pb2_grpc.add_ControllerServiceServicer_to_server(ControllerServicer(core), server)
     services = [CONTROLLER_SERVICE]
     if namesrv_address == config.grpc:
         namesrv_pb2_grpc.add_NameServerServicer_to_server(NameServerServicer(core=core), server)
         services.append(NAMESRV_SERVICE)
-    _add_health_and_reflection(server, services)
+    add_health_and_reflection(server, services)
     server.start()
     if namesrv_address and namesrv_address != config.grpc:
         return _with_separate_namesrv(server, core, namesrv_address)
@@ -141,9 +120,9 @@ def start_controller(config: ControllerConfig, namesrv_address: str = "") -> Run
 
 
 def _with_separate_namesrv(controller_server: grpc.Server, core: ControllerCore, address: str) -> RunningNode:
-    namesrv_server = _grpc_server(address)
+    namesrv_server = build_server(address, GRPC_WORKERS_MAX)
     namesrv_pb2_grpc.add_NameServerServicer_to_server(NameServerServicer(core=core), namesrv_server)
-    _add_health_and_reflection(namesrv_server, [NAMESRV_SERVICE])
+    add_health_and_reflection(namesrv_server, [NAMESRV_SERVICE])
     namesrv_server.start()
 
     class _Both(RunningNode):
@@ -156,16 +135,8 @@ def _with_separate_namesrv(controller_server: grpc.Server, core: ControllerCore,
 
 def start_namesrv(address: str, controllers: list[str]) -> RunningNode:
     client = ControllerClient(controllers)
-    server = _grpc_server(address)
+    server = build_server(address, GRPC_WORKERS_MAX)
     namesrv_pb2_grpc.add_NameServerServicer_to_server(NameServerServicer(client=client), server)
-    _add_health_and_reflection(server, [NAMESRV_SERVICE])
+    add_health_and_reflection(server, [NAMESRV_SERVICE])
     server.start()
     return RunningNode(server, None, client)
-
-
-def serve_until_signal(node: RunningNode) -> None:
-    stop = threading.Event()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: stop.set())
-    stop.wait()
-    node.stop()

@@ -5,25 +5,17 @@ Protobuf <-> dict translation lives here and nowhere else.
 
 from __future__ import annotations
 
-import functools
 import logging
 import queue
-from collections.abc import Callable
 from typing import Any
 
-import grpc
-
 from controller.core import ControllerCore
-from controller.state_machine import (
-    Rejected,
-    replica_view,
-    tiered_key,
-    validate_int,
-    validate_name,
-)
-from mqmeta.errors import InvalidArgument, MqmetaError, NotFound, Unavailable, abort_with
+from controller.state_machine import replica_view, tiered_key
+from mqmeta.errors import InvalidArgument, MqmetaError, NotFound, Unavailable
 from mqmeta.pb import controller_pb2 as pb
 from mqmeta.pb import controller_pb2_grpc as pb_grpc
+from mqmeta.rpc import abort_with, rpc
+from mqmeta.validate import REQUEST_INT_MAX, validate_int, validate_name
 
 log = logging.getLogger(__name__)
 Json = dict[str, Any]
@@ -34,26 +26,6 @@ TRIGGERS = {
     pb.ELECT_TRIGGER_BROKER: "broker",
     pb.ELECT_TRIGGER_CONTROLLER: "controller",
 }
-
-
-def rpc(method: Callable) -> Callable:
-    """Maps every domain error (and any bug) to a gRPC status with a clear message."""
-
-    @functools.wraps(method)
-    def wrapper(self, request, context):
-        try:
-            return method(self, request, context)
-        except Rejected as rejected:
-            abort_with(context, InvalidArgument(rejected.message, code=rejected.code))
-        except MqmetaError as error:
-            abort_with(context, error)
-        except grpc.RpcError:
-            raise
-        except Exception as exc:  # a bug: report it without leaking internals
-            log.exception("%s failed", method.__name__)
-            context.abort(grpc.StatusCode.INTERNAL, f"internal error in {method.__name__}: {exc}")
-
-    return wrapper
 
 
 def replica_info_pb(view: Json) -> pb.ReplicaInfo:
@@ -128,7 +100,7 @@ def _broker_set_ref(request) -> tuple[str, str]:
 
 
 def _broker_id(value: int, allow_zero: bool = False) -> int:
-    return validate_int("broker_id", value, 0 if allow_zero else 1, 2**62)
+    return validate_int("broker_id", value, 0 if allow_zero else 1, REQUEST_INT_MAX)
 
 
 class ControllerServicer(pb_grpc.ControllerServiceServicer):
@@ -380,8 +352,8 @@ class ControllerServicer(pb_grpc.ControllerServiceServicer):
             cluster = validate_name("cluster", request.cluster) if request.cluster else ""
             broker_name = validate_name("broker name", request.broker_name) if request.broker_name else ""
             subscription = self.core.watch_hub.subscribe(cluster, broker_name)
-        except Rejected as rejected:
-            abort_with(context, InvalidArgument(rejected.message))
+        except MqmetaError as error:
+            abort_with(context, error)
             return
         try:
             yield from self._watch_stream(subscription, cluster, broker_name, context)

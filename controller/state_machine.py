@@ -15,23 +15,28 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import re
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from mqmeta.errors import MqmetaError, error_from_code
 from mqmeta.formats.checksummed import canonical_json
+from mqmeta.validate import (
+    QUEUE_COUNT_MAX,
+    REQUEST_INT_MAX,
+    validate_address,
+    validate_choice,
+    validate_int,
+    validate_name,
+)
 
 Json = dict[str, Any]
 
 DIGEST_MODULUS = 2**256
-NAME_PATTERN = re.compile(r"[A-Za-z0-9_%|-]{1,127}")
-QUEUE_COUNT_MAX = 1024
 PERMS = ("RW", "R", "W")
 MESSAGE_TYPES = ("NORMAL", "FIFO", "DELAY", "TRANSACTION")
 CONSUME_FROM = ("LAST_OFFSET", "FIRST_OFFSET", "TIMESTAMP")
 RETRY_POLICIES = ("EXPONENTIAL", "FIXED")
 RETRY_MAX_TIMES_MAX = 64
-ADDRESS_PATTERN = re.compile(r"[A-Za-z0-9.\-_\[\]:]+:\d{1,5}")
 
 # name -> (type, default, minimum, maximum); bool entries ignore min/max.
 CONFIG_SCHEMA: dict[str, tuple[type, Any, int, int]] = {
@@ -43,15 +48,6 @@ CONFIG_SCHEMA: dict[str, tuple[type, Any, int, int]] = {
     "default_cluster": (str, "DefaultCluster", 0, 0),
     "default_queue_count": (int, 8, 1, QUEUE_COUNT_MAX),
 }
-
-
-class Rejected(Exception):
-    """A command that the state machine refuses; carries a domain code."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
 
 
 def _entry_hash(key: str, value: Json) -> int:
@@ -128,43 +124,11 @@ def broker_set_key(cluster: str, broker_name: str) -> str:
     return f"brokerset/{cluster}/{broker_name}"
 
 
-# Validation shared with the service layer -----------------------------------------
-
-
-def validate_name(kind: str, value: Any) -> str:
-    if not isinstance(value, str) or not NAME_PATTERN.fullmatch(value):
-        raise Rejected(
-            "INVALID_ARGUMENT",
-            f"{kind} {value!r} is malformed: use 1-127 characters from A-Z a-z 0-9 _ - % |",
-        )
-    return value
-
-
-def validate_address(value: Any) -> str:
-    if not isinstance(value, str) or not ADDRESS_PATTERN.fullmatch(value):
-        raise Rejected("INVALID_ARGUMENT", f"address {value!r} is malformed: use HOST:PORT")
-    return value
-
-
-def validate_choice(kind: str, value: Any, choices: tuple[str, ...], default: str) -> str:
-    if value in ("", None):
-        return default
-    if value not in choices:
-        raise Rejected("INVALID_ARGUMENT", f"{kind} {value!r} is not one of {', '.join(choices)}")
-    return str(value)
-
-
-def validate_int(kind: str, value: Any, minimum: int, maximum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
-        raise Rejected("INVALID_ARGUMENT", f"{kind} must be a whole number from {minimum} to {maximum}")
-    return value
-
-
 def parse_config_value(name: str, raw: Any) -> Any:
     spec = CONFIG_SCHEMA.get(name)
     if spec is None:
         known = ", ".join(sorted(CONFIG_SCHEMA))
-        raise Rejected("INVALID_ARGUMENT", f"unknown configuration key {name!r}; known: {known}")
+        raise error_from_code("INVALID_ARGUMENT", f"unknown configuration key {name!r}; known: {known}")
     kind, _, minimum, maximum = spec
     text = str(raw).strip().lower() if not isinstance(raw, (bool, int)) else raw
     if kind is bool:
@@ -172,27 +136,27 @@ def parse_config_value(name: str, raw: Any) -> Any:
             return True
         if text in (False, "false", "0", "no"):
             return False
-        raise Rejected("INVALID_ARGUMENT", f"{name} must be true or false, not {raw!r}")
+        raise error_from_code("INVALID_ARGUMENT", f"{name} must be true or false, not {raw!r}")
     if kind is int:
         if isinstance(raw, bool):
-            raise Rejected("INVALID_ARGUMENT", f"{name} must be a whole number, not {raw!r}")
+            raise error_from_code("INVALID_ARGUMENT", f"{name} must be a whole number, not {raw!r}")
         try:
             number = int(text)
         except (TypeError, ValueError):
-            raise Rejected("INVALID_ARGUMENT", f"{name} must be a whole number, not {raw!r}") from None
+            raise error_from_code("INVALID_ARGUMENT", f"{name} must be a whole number, not {raw!r}") from None
         return validate_int(name, number, minimum, maximum)
     return validate_name(name, str(raw))
 
 
 def validate_config_relations(config: Json) -> None:
     if config["broker_dead_after_ms"] < 3 * config["broker_heartbeat_interval_ms"]:
-        raise Rejected(
+        raise error_from_code(
             "INVALID_ARGUMENT",
             "broker_dead_after_ms must be at least 3 x broker_heartbeat_interval_ms, "
             "or one lost heartbeat would declare a broker dead",
         )
     if config["lease_ms"] + config["lease_margin_ms"] >= config["broker_dead_after_ms"]:
-        raise Rejected(
+        raise error_from_code(
             "INVALID_ARGUMENT",
             "lease_ms + lease_margin_ms must be below broker_dead_after_ms, so that an "
             "isolated master's lease expires before a replacement can be elected",
@@ -211,7 +175,7 @@ def _require_broker_set(state: ControllerState, command: Json) -> Json:
     broker_name = validate_name("broker name", command.get("broker_name"))
     bs = state.broker_set(cluster, broker_name)
     if bs is None or not bs["replicas"]:
-        raise Rejected(
+        raise error_from_code(
             "BROKER_SET_NOT_FOUND",
             f"broker set {cluster}/{broker_name} is not registered; check the cluster and broker name",
         )
@@ -258,9 +222,11 @@ def _register_broker(state: ControllerState, command: Json, index: int):
     address = validate_address(command.get("address"))
     check_code = command.get("check_code")
     if not isinstance(check_code, str) or not 1 <= len(check_code) <= 128:
-        raise Rejected("INVALID_ARGUMENT", "check_code must be 1-128 characters identifying the broker")
+        raise error_from_code(
+            "INVALID_ARGUMENT", "check_code must be 1-128 characters identifying the broker"
+        )
     priority = validate_int("election_priority", command.get("election_priority", 0), 0, 1_000_000)
-    requested = validate_int("broker_id", command.get("broker_id", 0), 0, 2**62)
+    requested = validate_int("broker_id", command.get("broker_id", 0), 0, REQUEST_INT_MAX)
     key = broker_set_key(cluster, broker_name)
     bs = copy.deepcopy(state.get(key)) or {
         "cluster": cluster,
@@ -280,7 +246,7 @@ def _register_broker(state: ControllerState, command: Json, index: int):
         broker_id = requested
         held = replicas.get(str(broker_id))
         if held is not None and held["check_code"] != check_code:
-            raise Rejected(
+            raise error_from_code(
                 "BROKER_ID_INVALID",
                 f"broker id {broker_id} of {cluster}/{broker_name} belongs to another broker "
                 "(check code differs); register with broker id 0 to get a new one",
@@ -329,7 +295,7 @@ def _elect_master(state: ControllerState, command: Json, index: int):
     unclean = bool(state.config()["enable_unclean_master_election"])
     alive = _alive_ids(command)
     current = bs["master_broker_id"]
-    preferred = validate_int("preferred_broker_id", command.get("preferred_broker_id", 0), 0, 2**62)
+    preferred = validate_int("preferred_broker_id", command.get("preferred_broker_id", 0), 0, REQUEST_INT_MAX)
     if preferred:
         _check_preferred(bs, preferred, alive, unclean)
         if preferred == current:
@@ -358,11 +324,11 @@ def _elect_master(state: ControllerState, command: Json, index: int):
 def _check_preferred(bs: Json, preferred: int, alive: dict[int, Json], unclean: bool) -> None:
     name = f"{bs['cluster']}/{bs['broker_name']}"
     if str(preferred) not in bs["replicas"]:
-        raise Rejected("INVALID_ARGUMENT", f"broker id {preferred} is not registered in {name}")
+        raise error_from_code("INVALID_ARGUMENT", f"broker id {preferred} is not registered in {name}")
     if preferred not in alive:
-        raise Rejected("MASTER_NOT_AVAILABLE", f"broker id {preferred} of {name} is not alive")
+        raise error_from_code("MASTER_NOT_AVAILABLE", f"broker id {preferred} of {name} is not alive")
     if bs["sync_state_set"] and preferred not in bs["sync_state_set"] and not unclean:
-        raise Rejected(
+        raise error_from_code(
             "MASTER_NOT_AVAILABLE",
             f"broker id {preferred} is not in the SyncStateSet {bs['sync_state_set']} of {name}; "
             "electing it could lose acknowledged messages (enable_unclean_master_election)",
@@ -393,26 +359,26 @@ def _alter_sync_state_set(state: ControllerState, command: Json, index: int):
     name = f"{bs['cluster']}/{bs['broker_name']}"
     master = command.get("master_broker_id")
     if master != bs["master_broker_id"] or command.get("master_epoch") != bs["master_epoch"]:
-        raise Rejected(
+        raise error_from_code(
             "FENCED_MASTER_EPOCH",
             f"master {master} at epoch {command.get('master_epoch')} is not the current master "
             f"of {name} (master {bs['master_broker_id']} at epoch {bs['master_epoch']})",
         )
     if command.get("sync_state_set_epoch") != bs["sync_state_set_epoch"]:
-        raise Rejected(
+        raise error_from_code(
             "FENCED_SYNC_STATE_SET_EPOCH",
             f"SyncStateSet epoch {command.get('sync_state_set_epoch')} is stale for {name} "
             f"(current {bs['sync_state_set_epoch']}); re-read the replica info and retry",
         )
     new_set = sorted({int(i) for i in command.get("new_sync_state_set") or []})
     if master not in new_set:
-        raise Rejected("INVALID_ARGUMENT", f"the master {master} must stay in the SyncStateSet")
+        raise error_from_code("INVALID_ARGUMENT", f"the master {master} must stay in the SyncStateSet")
     alive = _alive_ids(command)
     for member in new_set:
         if str(member) not in bs["replicas"]:
-            raise Rejected("INVALID_ARGUMENT", f"broker id {member} is not registered in {name}")
+            raise error_from_code("INVALID_ARGUMENT", f"broker id {member} is not registered in {name}")
         if member not in alive:
-            raise Rejected("MASTER_NOT_AVAILABLE", f"broker id {member} of {name} is not alive")
+            raise error_from_code("MASTER_NOT_AVAILABLE", f"broker id {member} of {name} is not alive")
     if new_set == sorted(bs["sync_state_set"]):
         return {"ok": True, "changed": False, "replica_info": replica_view(bs)}, {}, []
     bs["sync_state_set"] = new_set
@@ -428,13 +394,13 @@ def _clean_broker_data(state: ControllerState, command: Json, index: int):
     targets = sorted({int(i) for i in command.get("broker_ids") or []}) or registered
     unknown = [t for t in targets if t not in registered]
     if unknown:
-        raise Rejected(
+        raise error_from_code(
             "INVALID_ARGUMENT",
             f"broker ids {unknown} are not registered in {bs['cluster']}/{bs['broker_name']}",
         )
     alive = [t for t in targets if t in _alive_ids(command)]
     if alive and not command.get("force"):
-        raise Rejected(
+        raise error_from_code(
             "BROKER_ALIVE",
             f"broker ids {alive} are alive; stop them first or pass force to clean them anyway",
         )
@@ -463,7 +429,9 @@ def _topic_spec(state: ControllerState, command: Json) -> Json:
         validate_name("broker name", broker_name)
         bs = state.broker_set(cluster, broker_name)
         if bs is None or not bs["replicas"]:
-            raise Rejected("BROKER_SET_NOT_FOUND", f"broker set {cluster}/{broker_name} is not registered")
+            raise error_from_code(
+                "BROKER_SET_NOT_FOUND", f"broker set {cluster}/{broker_name} is not registered"
+            )
     return {
         "name": validate_name("topic name", command.get("name")),
         "cluster": cluster,
@@ -478,9 +446,9 @@ def _put_topic(state: ControllerState, command: Json, index: int):
     existing = state.get(f"topic/{command.get('name')}")
     expected = command.get("if_queue_count") or 0
     if expected and command.get("mode") != "update":
-        raise Rejected("INVALID_ARGUMENT", "if_queue_count is a condition of updates only")
+        raise error_from_code("INVALID_ARGUMENT", "if_queue_count is a condition of updates only")
     if expected and existing is not None and existing["queue_count"] != expected:
-        raise Rejected(
+        raise error_from_code(
             "TOPIC_CHANGED",
             f"topic {existing['name']} has queue_count "
             f"{existing['queue_count']}, not {expected}; read it again",
@@ -497,13 +465,13 @@ def _put_named(state: ControllerState, kind: str, value: Json, mode: str, index:
     key = f"{kind}/{value['name']}"
     exists = state.get(key) is not None
     if mode == "create" and exists:
-        raise Rejected(
+        raise error_from_code(
             f"{kind.upper()}_EXISTS", f"{kind} {value['name']} already exists; use update to change it"
         )
     if mode == "update" and not exists:
-        raise Rejected(f"{kind.upper()}_NOT_FOUND", f"{kind} {value['name']} does not exist")
+        raise error_from_code(f"{kind.upper()}_NOT_FOUND", f"{kind} {value['name']} does not exist")
     if mode not in ("create", "update"):
-        raise Rejected("INVALID_ARGUMENT", f"mode {mode!r} is not create or update")
+        raise error_from_code("INVALID_ARGUMENT", f"mode {mode!r} is not create or update")
     value["version"] = index
     event = {"kind": kind, "name": value["name"], "cluster": value.get("cluster", "")}
     return {"ok": True, kind: copy.deepcopy(value)}, {key: value}, [event]
@@ -515,7 +483,7 @@ def _delete_named(kind: str) -> Handler:
         key = f"{kind}/{name}"
         existing = state.get(key)
         if existing is None:
-            raise Rejected(f"{kind.upper()}_NOT_FOUND", f"{kind} {name} does not exist")
+            raise error_from_code(f"{kind.upper()}_NOT_FOUND", f"{kind} {name} does not exist")
         event = {"kind": kind, "name": name, "cluster": existing.get("cluster", "")}
         return {"ok": True, "name": name}, {key: None}, [event]
 
@@ -527,14 +495,14 @@ def _put_group(state: ControllerState, command: Json, index: int):
     for sub in command.get("subscriptions") or []:
         expression = sub.get("expression") or "*"
         if not isinstance(expression, str) or len(expression) > 1024:
-            raise Rejected("INVALID_ARGUMENT", "a tag expression must be at most 1024 characters")
+            raise error_from_code("INVALID_ARGUMENT", "a tag expression must be at most 1024 characters")
         subscriptions.append(
             {"topic": validate_name("topic name", sub.get("topic")), "expression": expression}
         )
     consume_from = validate_choice("consume_from", command.get("consume_from"), CONSUME_FROM, "LAST_OFFSET")
     timestamp = command.get("consume_timestamp_ms", 0)
     if consume_from == "TIMESTAMP":
-        validate_int("consume_timestamp_ms", timestamp, 1, 2**62)
+        validate_int("consume_timestamp_ms", timestamp, 1, REQUEST_INT_MAX)
     retry = command.get("retry_max_times")
     group = {
         "name": validate_name("group name", command.get("name")),
@@ -554,7 +522,7 @@ def _put_group(state: ControllerState, command: Json, index: int):
 def _update_config(state: ControllerState, command: Json, index: int):
     values = command.get("values")
     if not isinstance(values, dict) or not values:
-        raise Rejected("INVALID_ARGUMENT", "give at least one KEY=VALUE to change")
+        raise error_from_code("INVALID_ARGUMENT", "give at least one KEY=VALUE to change")
     merged = state.config()
     for name, raw in sorted(values.items()):
         merged[name] = parse_config_value(name, raw)
@@ -581,7 +549,7 @@ def _tiered_fenced(state: ControllerState, command: Json) -> tuple[Json, str, Js
     master = command.get("master_broker_id")
     epoch = command.get("master_epoch")
     if master != bs["master_broker_id"] or epoch != bs["master_epoch"] or not master:
-        raise Rejected(
+        raise error_from_code(
             "FENCED_MASTER_EPOCH",
             f"broker {master} at epoch {epoch} is not the master of "
             f"{bs['cluster']}/{bs['broker_name']} (master {bs['master_broker_id']} at epoch "
@@ -604,10 +572,10 @@ def _tiered_fenced(state: ControllerState, command: Json) -> tuple[Json, str, Js
 def _tiered_upload_start(state: ControllerState, command: Json, index: int):
     bs, key, checkpoint = _tiered_fenced(state, command)
     upload_id = validate_name("upload id", command.get("upload_id"))
-    base = validate_int("base_offset", command.get("base_offset"), 0, 2**62)
-    end = validate_int("end_offset", command.get("end_offset"), 1, 2**62)
+    base = validate_int("base_offset", command.get("base_offset"), 0, REQUEST_INT_MAX)
+    end = validate_int("end_offset", command.get("end_offset"), 1, REQUEST_INT_MAX)
     if base != checkpoint["uploaded_offset"] or end <= base:
-        raise Rejected(
+        raise error_from_code(
             "TIERED_RANGE_INVALID",
             f"an upload must start at the checkpoint {checkpoint['uploaded_offset']} "
             f"and end after it, not [{base}, {end})",
@@ -630,24 +598,24 @@ def _tiered_commit(state: ControllerState, command: Json, index: int):
     inflight = checkpoint["inflight"]
     upload_id = command.get("upload_id")
     if not inflight or inflight["upload_id"] != upload_id or inflight["master_epoch"] != bs["master_epoch"]:
-        raise Rejected(
+        raise error_from_code(
             "TIERED_UPLOAD_UNKNOWN",
             f"upload {upload_id!r} is not the upload in flight of this master epoch; start it again",
         )
     segments = command.get("segments") or []
     if not 1 <= len(segments) <= SEGMENTS_PER_COMMIT_MAX:
-        raise Rejected("INVALID_ARGUMENT", f"a commit lists 1 to {SEGMENTS_PER_COMMIT_MAX} segments")
+        raise error_from_code("INVALID_ARGUMENT", f"a commit lists 1 to {SEGMENTS_PER_COMMIT_MAX} segments")
     position = inflight["base_offset"]
     for segment in segments:
         if segment.get("base_offset") != position or segment.get("end_offset", 0) <= position:
-            raise Rejected(
+            raise error_from_code(
                 "TIERED_RANGE_INVALID",
                 f"segments must cover [{inflight['base_offset']}, "
                 f"{inflight['end_offset']}) without gaps or overlaps",
             )
         position = segment["end_offset"]
     if position != inflight["end_offset"]:
-        raise Rejected(
+        raise error_from_code(
             "TIERED_RANGE_INVALID", f"segments end at {position}, the upload at {inflight['end_offset']}"
         )
     checkpoint["segments"] = checkpoint["segments"] + [dict(s) for s in segments]
@@ -702,7 +670,7 @@ def apply(state: ControllerState, command: Json, index: int) -> tuple[Json, list
         )
     try:
         result, changes, events = handler(state, command, index)
-    except Rejected as rejected:
+    except MqmetaError as rejected:
         return {"ok": False, "code": rejected.code, "message": rejected.message}, [], {}
     state.commit(changes)
     _assert_invariants(changes)
@@ -724,7 +692,7 @@ def topic_route(state: ControllerState, name: str) -> Json:
     """The route of a topic: its queues per broker set and each set's addresses."""
     topic = state.get(f"topic/{validate_name('topic name', name)}")
     if topic is None:
-        raise Rejected("TOPIC_NOT_FOUND", f"topic {name} does not exist")
+        raise error_from_code("TOPIC_NOT_FOUND", f"topic {name} does not exist")
     names = topic["broker_names"] or [bs["broker_name"] for bs in state.broker_sets(topic["cluster"])]
     queues, brokers = [], []
     for broker_name in names:

@@ -16,7 +16,6 @@ from typing import Any
 
 import grpc
 
-from mqmeta.client import parse_addresses
 from mqmeta.dialmap import dial
 from mqmeta.errors import (
     DeadlineExceeded,
@@ -25,13 +24,14 @@ from mqmeta.errors import (
     NotFound,
     NotMaster,
     Unavailable,
-    from_rpc_error,
 )
 from mqmeta.pb import broker_pb2 as bpb
 from mqmeta.pb import broker_pb2_grpc as bpb_grpc
 from mqmeta.pb import controller_pb2 as cpb
 from mqmeta.pb import namesrv_pb2 as npb
 from mqmeta.pb import namesrv_pb2_grpc as npb_grpc
+from mqmeta.rpc import from_rpc_error
+from mqmeta.validate import parse_addresses
 
 CALL_TIMEOUT_S = 10.0
 ATTEMPT_TIMEOUT_S = 4.0

@@ -20,29 +20,18 @@ import grpc
 from mqmeta.dialmap import dial
 from mqmeta.errors import (
     DeadlineExceeded,
-    InvalidArgument,
     MqmetaError,
     NotLeader,
     Unavailable,
-    from_rpc_error,
 )
 from mqmeta.pb import controller_pb2 as pb
 from mqmeta.pb import controller_pb2_grpc as pb_grpc
+from mqmeta.rpc import from_rpc_error
+from mqmeta.validate import parse_addresses
 
 CALL_TIMEOUT_S = 5.0
 ATTEMPT_TIMEOUT_S = 2.0
 RETRY_PAUSE_S = 0.05
-
-
-def parse_addresses(text: str, what: str = "controller address") -> list[str]:
-    addresses = [a.strip() for a in text.split(",") if a.strip()]
-    if not addresses:
-        raise InvalidArgument(f"give at least one {what} as HOST:PORT")
-    for address in addresses:
-        host, _, port = address.rpartition(":")
-        if not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise InvalidArgument(f"{what} {address!r} is malformed: use HOST:PORT")
-    return addresses
 
 
 class ControllerClient:

@@ -1,21 +1,17 @@
-"""The exception tree shared by every part, and its one mapping to gRPC status codes.
+"""The exception tree shared by every part.
 
 Every error carries a domain `code` (RocketMQ-style names such as FENCED_MASTER_EPOCH)
-and a message meant for a person: what was wrong and what to do.
+and a message meant for a person: what was wrong and what to do. The classes say which
+kind of failure it is; mqmeta.rpc maps each class to a gRPC status in one table. This
+module imports no third-party package: the audit's Spark executors use it too.
 """
 
 from __future__ import annotations
-
-import grpc
-
-ERROR_CODE_KEY = "mqmeta-error-code"
-LEADER_KEY = "mqmeta-leader"
 
 
 class MqmetaError(Exception):
     """Base of every error the project raises on purpose."""
 
-    status = grpc.StatusCode.UNKNOWN
     default_code = "ERROR"
 
     def __init__(self, message: str, code: str | None = None, leader: str = "") -> None:
@@ -29,22 +25,18 @@ class MqmetaError(Exception):
 
 
 class InvalidArgument(MqmetaError):
-    status = grpc.StatusCode.INVALID_ARGUMENT
     default_code = "INVALID_ARGUMENT"
 
 
 class NotFound(MqmetaError):
-    status = grpc.StatusCode.NOT_FOUND
     default_code = "NOT_FOUND"
 
 
 class AlreadyExists(MqmetaError):
-    status = grpc.StatusCode.ALREADY_EXISTS
     default_code = "ALREADY_EXISTS"
 
 
 class FailedPrecondition(MqmetaError):
-    status = grpc.StatusCode.FAILED_PRECONDITION
     default_code = "FAILED_PRECONDITION"
 
 
@@ -57,7 +49,6 @@ class FencedEpoch(FailedPrecondition):
 class NotLeader(MqmetaError):
     """This node cannot serve the call; `leader` says where to go when known."""
 
-    status = grpc.StatusCode.UNAVAILABLE
     default_code = "NOT_LEADER"
 
 
@@ -68,50 +59,26 @@ class NotMaster(FailedPrecondition):
 
 
 class Unavailable(MqmetaError):
-    status = grpc.StatusCode.UNAVAILABLE
     default_code = "UNAVAILABLE"
 
 
 class DeadlineExceeded(Unavailable):
-    status = grpc.StatusCode.DEADLINE_EXCEEDED
     default_code = "DEADLINE_EXCEEDED"
 
 
 class CorruptData(MqmetaError):
     """A checksum did not match: the file is reported, never used."""
 
-    status = grpc.StatusCode.DATA_LOSS
     default_code = "CORRUPT_DATA"
 
 
-_BY_STATUS: dict[grpc.StatusCode, type[MqmetaError]] = {
-    grpc.StatusCode.INVALID_ARGUMENT: InvalidArgument,
-    grpc.StatusCode.NOT_FOUND: NotFound,
-    grpc.StatusCode.ALREADY_EXISTS: AlreadyExists,
-    grpc.StatusCode.FAILED_PRECONDITION: FailedPrecondition,
-    grpc.StatusCode.UNAVAILABLE: Unavailable,
-    grpc.StatusCode.DEADLINE_EXCEEDED: DeadlineExceeded,
-    grpc.StatusCode.DATA_LOSS: CorruptData,
-}
-
-_BY_CODE: dict[str, type[MqmetaError]] = {
+# The class of each domain code; a code not listed is a FailedPrecondition (the
+# state machine refused a well-formed request in the current state).
+CODE_CLASSES: dict[str, type[MqmetaError]] = {
     "NOT_LEADER": NotLeader,
     "NOT_MASTER": NotMaster,
     "FENCED_MASTER_EPOCH": FencedEpoch,
     "FENCED_SYNC_STATE_SET_EPOCH": FencedEpoch,
-}
-
-
-def error_from_code(code: str, message: str) -> MqmetaError:
-    """Builds the typed error for a domain code produced by the state machine."""
-    cls = _BY_CODE.get(code)
-    if cls is None:
-        cls = _CODE_CLASSES.get(code, FailedPrecondition)
-    return cls(message, code=code)
-
-
-# Domain codes that are not fencing/leadership map onto the generic classes.
-_CODE_CLASSES: dict[str, type[MqmetaError]] = {
     "INVALID_ARGUMENT": InvalidArgument,
     "BROKER_ID_INVALID": FailedPrecondition,
     "NOT_FOUND": NotFound,
@@ -125,28 +92,13 @@ _CODE_CLASSES: dict[str, type[MqmetaError]] = {
     "BROKER_ALIVE": FailedPrecondition,
     "IN_SYNC_REPLICAS_NOT_ENOUGH": FailedPrecondition,
     "FLUSH_SLAVE_TIMEOUT": DeadlineExceeded,
+    "UNAVAILABLE": Unavailable,
+    "DEADLINE_EXCEEDED": DeadlineExceeded,
+    "CORRUPT_DATA": CorruptData,
 }
 
 
-def abort_with(context: grpc.ServicerContext, error: MqmetaError) -> None:
-    """Ends a gRPC call with the error's status, message and domain code."""
-    metadata: list[tuple[str, str]] = [(ERROR_CODE_KEY, error.code)]
-    if error.leader:
-        metadata.append((LEADER_KEY, error.leader))
-    context.set_trailing_metadata(metadata)
-    context.abort(error.status, error.message)
-
-
-def from_rpc_error(err: grpc.RpcError) -> MqmetaError:
-    """Turns a failed call back into the typed error the server raised."""
-    code = err.code() if hasattr(err, "code") else grpc.StatusCode.UNKNOWN
-    details = err.details() if hasattr(err, "details") else str(err)
-    trailing = dict(err.trailing_metadata() or ()) if hasattr(err, "trailing_metadata") else {}
-    domain = str(trailing.get(ERROR_CODE_KEY, ""))
-    leader = str(trailing.get(LEADER_KEY, ""))
-    if domain:
-        typed = error_from_code(domain, details or domain)
-    else:
-        typed = _BY_STATUS.get(code, MqmetaError)(details or str(code))
-    typed.leader = leader
-    return typed
+def error_from_code(code: str, message: str) -> MqmetaError:
+    """The typed error for a domain code (what the state machine and the servers raise,
+    and what a client rebuilds from a failed call)."""
+    return CODE_CLASSES.get(code, FailedPrecondition)(message, code=code)

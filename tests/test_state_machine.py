@@ -54,14 +54,14 @@ from hypothesis import strategies as st
 from controller.state_machine import (
     CONFIG_SCHEMA,
     HANDLERS,
-    QUEUE_COUNT_MAX,
     ControllerState,
-    Rejected,
     apply,
     broker_set_key,
-    canonical_json,
     topic_route,
 )
+from mqmeta.errors import InvalidArgument, NotFound
+from mqmeta.formats.checksummed import canonical_json
+from mqmeta.validate import QUEUE_COUNT_MAX
 
 Json = dict[str, Any]
 
@@ -748,7 +748,7 @@ def test_topic_create_update_delete():
     assert ctl.last_events[0]["kind"] == "topic"
     ctl.rejected("TOPIC_NOT_FOUND", "delete_topic", name="t")
     ctl.rejected("INVALID_ARGUMENT", "delete_topic", name="bad name")
-    with pytest.raises(Rejected) as raised:
+    with pytest.raises(NotFound) as raised:
         topic_route(ctl.state, "t")
     assert raised.value.code == "TOPIC_NOT_FOUND"
     assert ctl.state.digest == ControllerState().digest
@@ -904,7 +904,7 @@ def test_topic_route_is_derived_from_topic_and_broker_sets():
         "queues": [],
         "brokers": [],
     }
-    with pytest.raises(Rejected) as raised:
+    with pytest.raises(InvalidArgument) as raised:
         topic_route(ctl.state, "bad name")
     assert raised.value.code == "INVALID_ARGUMENT"
 

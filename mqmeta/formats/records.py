@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from mqmeta.errors import CorruptData, InvalidArgument
+from mqmeta.validate import NAME_PATTERN
 
 RECORD_MAGIC = b"MQ"
 RECORD_VERSION = 1
@@ -80,7 +81,7 @@ RECORD_BYTES_MAX = (
     + RECORD_BODY_MAX
 )
 
-TOPIC_PATTERN = re.compile(r"[A-Za-z0-9_%|-]{1,127}")  # also a safe file name (index files)
+TOPIC_PATTERN = NAME_PATTERN  # also a safe file name (index files)
 _MSG_ID_PATTERN = re.compile(r"[0-9a-f]{32}")
 
 

@@ -40,11 +40,10 @@ from mqmeta.formats.records import (
     split_records,
     validate_topic,
 )
+from mqmeta.validate import NAME_PATTERN  # cluster and broker names are safe key segments
 
 OFFSET_MAX = (1 << 63) - 1
 OBJECT_BYTES_MAX = 1 << 30  # one object; a segment is one commit-log read (64 MiB) in practice
-# The controller's NAME_PATTERN: cluster and broker names are also safe key segments.
-_NAME_PATTERN = re.compile(r"[A-Za-z0-9_%|-]{1,127}")
 _UPLOAD_ID_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _SEGMENT_NAME = re.compile(r"(\d{20})-(\d{20})\.seg")
 _SHA256_PATTERN = re.compile(r"[0-9a-f]{64}")
@@ -58,7 +57,7 @@ _INDEX_TRAILER = struct.Struct("<I")  # crc32 of header + entries
 
 
 def _check_name(kind: str, value: str) -> str:
-    if not isinstance(value, str) or not _NAME_PATTERN.fullmatch(value):
+    if not isinstance(value, str) or not NAME_PATTERN.fullmatch(value):
         raise InvalidArgument(f"{kind} {value!r} is malformed: use 1-127 characters from A-Z a-z 0-9 _ - % |")
     return value
 

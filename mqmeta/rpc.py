@@ -1,0 +1,150 @@
+"""The one gRPC boundary: errors <-> status codes, the servicer decorator, servers.
+
+Every server of every part is built here (`build_server`, with health checking and
+reflection so that `grpcurl` works) and every servicer method is wrapped by `rpc`, so a
+domain error reaches a client as exactly one status, with its domain code and (for
+NOT_LEADER / NOT_MASTER) the address to go to in trailing metadata; clients turn a
+failed call back into the same typed error with `from_rpc_error`. Dependency
+exceptions never leak: anything else is INTERNAL with the method named.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import signal
+import threading
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Protocol
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from mqmeta.errors import (
+    AlreadyExists,
+    CorruptData,
+    DeadlineExceeded,
+    FailedPrecondition,
+    InvalidArgument,
+    MqmetaError,
+    NotFound,
+    NotLeader,
+    Unavailable,
+    error_from_code,
+)
+
+log = logging.getLogger(__name__)
+
+ERROR_CODE_KEY = "mqmeta-error-code"
+LEADER_KEY = "mqmeta-leader"
+GRPC_WORKERS_MAX = 64
+STOP_GRACE_S = 1.0
+
+# The status of each error class (a subclass takes its nearest listed ancestor's).
+STATUS_OF: dict[type[MqmetaError], grpc.StatusCode] = {
+    MqmetaError: grpc.StatusCode.UNKNOWN,
+    InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
+    NotFound: grpc.StatusCode.NOT_FOUND,
+    AlreadyExists: grpc.StatusCode.ALREADY_EXISTS,
+    FailedPrecondition: grpc.StatusCode.FAILED_PRECONDITION,
+    NotLeader: grpc.StatusCode.UNAVAILABLE,
+    Unavailable: grpc.StatusCode.UNAVAILABLE,
+    DeadlineExceeded: grpc.StatusCode.DEADLINE_EXCEEDED,
+    CorruptData: grpc.StatusCode.DATA_LOSS,
+}
+# A failed call without a domain code (e.g. from grpc itself) becomes this class.
+_ERROR_OF_STATUS: dict[grpc.StatusCode, type[MqmetaError]] = {
+    grpc.StatusCode.INVALID_ARGUMENT: InvalidArgument,
+    grpc.StatusCode.NOT_FOUND: NotFound,
+    grpc.StatusCode.ALREADY_EXISTS: AlreadyExists,
+    grpc.StatusCode.FAILED_PRECONDITION: FailedPrecondition,
+    grpc.StatusCode.UNAVAILABLE: Unavailable,
+    grpc.StatusCode.DEADLINE_EXCEEDED: DeadlineExceeded,
+    grpc.StatusCode.DATA_LOSS: CorruptData,
+}
+
+
+def status_of(error: MqmetaError) -> grpc.StatusCode:
+    for cls in type(error).__mro__:
+        if cls in STATUS_OF:
+            return STATUS_OF[cls]
+    raise AssertionError(f"{type(error).__name__} is not an MqmetaError")
+
+
+def abort_with(context: grpc.ServicerContext, error: MqmetaError) -> None:
+    """Ends a gRPC call with the error's status, message and domain code."""
+    metadata: list[tuple[str, str]] = [(ERROR_CODE_KEY, error.code)]
+    if error.leader:
+        metadata.append((LEADER_KEY, error.leader))
+    context.set_trailing_metadata(metadata)
+    context.abort(status_of(error), error.message)
+
+
+def from_rpc_error(err: grpc.RpcError) -> MqmetaError:
+    """Turns a failed call back into the typed error the server raised."""
+    code = err.code() if hasattr(err, "code") else grpc.StatusCode.UNKNOWN
+    details = err.details() if hasattr(err, "details") else str(err)
+    trailing = dict(err.trailing_metadata() or ()) if hasattr(err, "trailing_metadata") else {}
+    domain = str(trailing.get(ERROR_CODE_KEY, ""))
+    leader = str(trailing.get(LEADER_KEY, ""))
+    if domain:
+        typed = error_from_code(domain, details or domain)
+    else:
+        typed = _ERROR_OF_STATUS.get(code, MqmetaError)(details or str(code))
+    typed.leader = leader
+    return typed
+
+
+def rpc(method: Callable) -> Callable:
+    """Wraps a unary servicer method: every domain error (and any bug) becomes one status
+    with a clear message."""
+
+    @functools.wraps(method)
+    def wrapper(self: Any, request: Any, context: grpc.ServicerContext) -> Any:
+        try:
+            return method(self, request, context)
+        except MqmetaError as error:
+            abort_with(context, error)
+        except grpc.RpcError:
+            raise  # context.abort's own exception, or a call this method made and let fail
+        except Exception as exc:  # a bug: report it without leaking internals
+            log.exception("%s failed", method.__name__)
+            context.abort(grpc.StatusCode.INTERNAL, f"internal error in {method.__name__}: {exc}")
+
+    return wrapper
+
+
+def build_server(address: str, workers_max: int = GRPC_WORKERS_MAX) -> grpc.Server:
+    """A server bound to `address` (not started); InvalidArgument when it cannot listen."""
+    server = grpc.server(
+        ThreadPoolExecutor(max_workers=workers_max, thread_name_prefix="rpc"),
+        options=[("grpc.so_reuseport", 0)],  # a taken port must fail, not be shared
+    )
+    if server.add_insecure_port(address) == 0:
+        raise InvalidArgument(f"cannot listen on {address}: the port is taken or not local")
+    return server
+
+
+def add_health_and_reflection(server: grpc.Server, services: Iterable[str]) -> None:
+    """grpc.health.v1 (every service SERVING) and server reflection, for grpcurl and probes."""
+    names = list(services)
+    health_servicer = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    for name in ["", *names]:
+        health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    reflection.enable_server_reflection([*names, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
+
+
+class Stoppable(Protocol):
+    def stop(self) -> None: ...
+
+
+def serve_until_signal(node: Stoppable) -> None:
+    """Blocks until SIGINT or SIGTERM, then stops `node`."""
+    stop = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
+    stop.wait()
+    node.stop()
