@@ -873,7 +873,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def start_cluster(root: Path, name: str, flags: list[str], no_tiered: bool = False):
-    from mqmeta.harness import Cluster
+    from cluster.harness import Cluster
     from mqmeta.pb import controller_pb2 as pb
 
     t0 = time.monotonic()

@@ -371,7 +371,8 @@ class StackSampler:
 
 class Cluster:
     def __init__(self, root: Path, args: argparse.Namespace) -> None:
-        from controller.local import Layout, Supervisor, ensure_secret
+        from cluster.layout import Layout, ensure_secret
+        from cluster.supervisor import Supervisor
 
         self.root = root
         self.args = args
@@ -393,7 +394,7 @@ class Cluster:
         return path
 
     def command(self, node_id: str) -> list[str]:
-        from controller.local import controller_command
+        from cluster.layout import controller_command
 
         cmd = controller_command(self.root, self.layout, self.by_id[node_id])
         if self.config_file is not None:
@@ -418,7 +419,7 @@ class Cluster:
         return cmd
 
     def start(self) -> None:
-        from controller.local import wait_ready
+        from cluster.ready import wait_ready
 
         for node in self.layout.controllers:
             self.supervisor.start(node.id, self.command(node.id))
@@ -946,7 +947,7 @@ def _raw_async(node, duration: float, warmup: float, window: int) -> dict[str, A
 
 class RawCluster:
     def __init__(self, root: Path, kind: str, secret: str, patch_next_index: bool = False) -> None:
-        from controller.local import free_ports
+        from cluster.layout import free_ports
 
         self.kind = kind
         self.addresses = [f"127.0.0.1:{p}" for p in free_ports(3)]

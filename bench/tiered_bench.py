@@ -647,8 +647,8 @@ def promotion_phase(
     out: dict[str, Any],
     settle_every_other_s: float = 0.0,
 ) -> dict[str, Any]:
+    from cluster.harness import Cluster
     from controller.state_machine import CONFIG_SCHEMA
-    from mqmeta.harness import Cluster
     from mqmeta.pb import controller_pb2 as pb
 
     liveness = ("broker_heartbeat_interval_ms", "broker_dead_after_ms", "lease_ms")

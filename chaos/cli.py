@@ -5,9 +5,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from mqmeta.errors import InvalidArgument
+
+if TYPE_CHECKING:
+    from chaos.runner import AuditFunction
 
 EXIT_FAILED = 1
 
@@ -71,14 +76,21 @@ def _config(args: argparse.Namespace, fault: str, output_dir: Path):
     return config
 
 
-def run_chaos(args: argparse.Namespace) -> int:
+def run_chaos(
+    args: argparse.Namespace,
+    matrix_audit: AuditFunction | None = None,
+    matrix_audit_done: Callable[[], None] | None = None,
+) -> int:
+    """`mqmeta chaos ...`. A matrix audits each run with `matrix_audit` (the front door
+    gives it one in-process Spark session; without it each run audits in a subprocess) and
+    calls `matrix_audit_done` at its end."""
     if args.chaos_command == "toxiproxy":
         from chaos.toxiproxy import run_toxiproxy
 
         return run_toxiproxy(args)
     if args.chaos_command == "run":
         return _run_one(args)
-    return _run_matrix(args)
+    return _run_matrix(args, matrix_audit, matrix_audit_done)
 
 
 def _run_one(args: argparse.Namespace) -> int:
@@ -107,7 +119,9 @@ def _run_one(args: argparse.Namespace) -> int:
     return 0 if outcome.passed else EXIT_FAILED
 
 
-def _run_matrix(args: argparse.Namespace) -> int:
+def _run_matrix(
+    args: argparse.Namespace, audit: AuditFunction | None, audit_done: Callable[[], None] | None
+) -> int:
     from chaos.faults import FAULT_NAMES
     from chaos.runner import run
 
@@ -128,7 +142,7 @@ def _run_matrix(args: argparse.Namespace) -> int:
     args.output_dir.mkdir(parents=True, exist_ok=True)
     try:
         for config in configs:
-            outcome = run(config, audit=_shared_session_audit)
+            outcome = run(config, audit=audit)
             rows.append(_row(config.fault, config.output_dir, outcome.result, outcome.passed))
             # the table so far, so that a matrix stopped part-way still says what it found
             (args.output_dir / "matrix.json").write_text(json.dumps(rows, indent=2) + "\n")
@@ -138,32 +152,10 @@ def _run_matrix(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
     finally:
-        from spark.session import stop_session
-
-        stop_session()
+        if audit_done is not None:
+            audit_done()
     _print_table(rows, args.json)
     return 0 if all(r["passed"] for r in rows) else EXIT_FAILED
-
-
-def _shared_session_audit(run_dir: Path, report_dir: Path) -> int:
-    """The audit of one matrix run, in this process's one Spark session (a JVM start per
-    run would cost more than many of the runs' checks). A Spark failure fails this run's
-    audit (exit 2, one sentence) and the matrix goes on."""
-    import io
-
-    from rich.console import Console
-
-    from spark.cli import audit_status
-    from spark.registry import CHECK_IDS
-
-    return audit_status(
-        [str(run_dir)],
-        report_dir,
-        None,
-        list(CHECK_IDS),
-        console=Console(file=io.StringIO()),
-        prefix=f"audit of {run_dir}: ",
-    )
 
 
 def _row(fault: str, out: Path, result: dict, passed: bool) -> dict:

@@ -23,8 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from chaos.net import NAMESRV, ProxiedNetwork
+from cluster.harness import Cluster
 from mqmeta.errors import InvalidArgument
-from mqmeta.harness import Cluster
 
 FAULT_NAMES = (
     "noop",

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from toxiproxy import Toxiproxy
 
-from mqmeta.harness import Cluster
+from cluster.harness import Cluster
 
 CLIENT = "client"
 NAMESRV = "namesrv"
@@ -93,7 +93,7 @@ class ProxiedNetwork:
     def _ports_apart_from_the_cluster(self, count: int) -> list[int]:
         """Free ports that are none of the cluster's own: its processes bind theirs only when
         they start, so a proxy on an ephemeral port (port 0) could take one first."""
-        from controller.local import free_ports
+        from cluster.layout import free_ports
 
         layout = self.cluster.layout
         taken = {

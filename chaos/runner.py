@@ -31,9 +31,9 @@ from chaos.faults import FAULT_NAMES, TARGETS, FaultContext, make_fault
 from chaos.history import FaultEvent, FaultPhase, HistoryRecorder
 from chaos.net import ProxiedNetwork
 from chaos.workloads import TOPIC, MetadataWorkload, QueueWorkload, WorkloadConfig
+from cluster.harness import Cluster
 from mqmeta import dialmap
 from mqmeta.errors import InvalidArgument, MqmetaError
-from mqmeta.harness import Cluster
 from mqmeta.pb import controller_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -105,7 +105,7 @@ class _ToxiproxyProcess:
     """The embedded Toxiproxy-compatible server, as its own process (its own GIL)."""
 
     def __init__(self, root: Path) -> None:
-        from controller.local import free_ports
+        from cluster.layout import free_ports
 
         self.address = f"127.0.0.1:{free_ports(1)[0]}"
         log_file = open(root / "toxiproxy.log", "ab")

@@ -1,6 +1,9 @@
 """The `mqmeta` command: one front door, a subcommand per part.
 
-Errors reach the user as one sentence on stderr and exit status 2, never a traceback.
+This is the composition root, the one module of the base package that imports the parts
+above it (lazily, per subcommand) and wires them together (e.g. the chaos matrix gets
+the Spark audit from here, so that chaos/ does not import spark/). Errors reach the user
+as one sentence on stderr and exit status 2, never a traceback.
 """
 
 from __future__ import annotations
@@ -123,7 +126,7 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         return run_namesrv(args)
     if args.command == "local":
-        from controller.local import local_up
+        from cluster.local import local_up
 
         return local_up(args)
     if args.command == "broker":
@@ -140,8 +143,9 @@ def _dispatch(args: argparse.Namespace) -> int:
         return run_admin(args)
     if args.command == "chaos":
         from chaos.cli import run_chaos
+        from spark.cli import shared_session_audit, stop_shared_session
 
-        return run_chaos(args)
+        return run_chaos(args, shared_session_audit, stop_shared_session)
     if args.command == "audit":
         from spark.cli import run_audit
 

@@ -164,3 +164,30 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def shared_session_audit(run_dir: Path, report_dir: Path) -> int:
+    """The audit of one matrix run, in this process's one Spark session (a JVM start per
+    run would cost more than many of the runs' checks). A Spark failure fails this run's
+    audit (exit 2, one sentence) and the matrix goes on."""
+    import io
+
+    from rich.console import Console
+
+    from spark.registry import CHECK_IDS
+
+    return audit_status(
+        [str(run_dir)],
+        report_dir,
+        None,
+        list(CHECK_IDS),
+        console=Console(file=io.StringIO()),
+        prefix=f"audit of {run_dir}: ",
+    )
+
+
+def stop_shared_session() -> None:
+    """Ends the session shared_session_audit used (at the end of a chaos matrix)."""
+    from spark.session import stop_session
+
+    stop_session()

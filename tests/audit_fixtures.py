@@ -17,9 +17,9 @@ import threading
 import time
 from pathlib import Path
 
+from cluster.harness import Cluster
 from mqmeta.broker_client import Producer
 from mqmeta.errors import MqmetaError
-from mqmeta.harness import Cluster
 from mqmeta.pb import controller_pb2 as pb
 
 FLAGS = [

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mqmeta.harness import Cluster
+from cluster.harness import Cluster
 
 
 @pytest.fixture

@@ -19,8 +19,8 @@ import pytest
 from chaos.faults import FAULT_NAMES, bridge, majorities_ring
 from chaos.net import _links
 from chaos.runner import RunConfig
+from cluster.harness import Cluster
 from mqmeta.errors import InvalidArgument
-from mqmeta.harness import Cluster
 
 pytestmark = pytest.mark.timeout(60)
 

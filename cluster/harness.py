@@ -14,17 +14,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from controller.local import (
+from cluster.layout import (
     Layout,
-    Supervisor,
     broker_command,
     controller_command,
     ensure_secret,
     load_or_create_layout,
     namesrv_command,
-    wait_brokers_ready,
-    wait_ready,
 )
+from cluster.ready import wait_brokers_ready, wait_ready
+from cluster.supervisor import Supervisor
 from mqmeta.client import ControllerClient
 from mqmeta.errors import MqmetaError, Unavailable
 from mqmeta.pb import controller_pb2 as pb
