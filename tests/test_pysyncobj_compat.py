@@ -268,7 +268,7 @@ def test_a_controller_writes_our_journal(controllers, tmp_path):
 class DiskEvents:
     """Records, in order, every fsync (with the path and inode of the file), every rename
     (Python's os.rename audit event: also pysyncobj's own os.rename) and every journal
-    compaction (with the inode the snapshot file had at that moment)."""
+    compaction (with the inode the snapshot file had when it began, and when it ended)."""
 
     hook_added = False
     active: DiskEvents | None = None
@@ -288,6 +288,7 @@ class DiskEvents:
             inode = os.stat(self.snapshot).st_ino if self.snapshot.exists() else None
             self.events.append(("compact", entry_to, inode))
             real_compact(journal, entry_to)
+            self.events.append(("compacted", entry_to))
 
         monkeypatch.setattr(os, "fsync", fsync)
         monkeypatch.setattr(DurableJournal, "deleteEntriesTo", compact)
@@ -314,7 +315,7 @@ def test_snapshot_is_durable_before_the_journal_is_compacted(controllers, tmp_pa
     recorder = DiskEvents(monkeypatch, snapshot)
     try:
         node.forceLogCompaction()
-        wait_for(lambda: any(e[0] == "compact" for e in recorder.events), 10.0, "a journal compaction")
+        wait_for(lambda: any(e[0] == "compacted" for e in recorder.events), 10.0, "a journal compaction")
     finally:
         recorder.stop()
     events = recorder.events
