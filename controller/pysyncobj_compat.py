@@ -70,7 +70,7 @@ class Requirement:
 
     def where(self) -> str:
         owner = f"{self.module}.{self.owner}" if self.owner else self.module
-        return f"{owner}: {self.name}" if self.kind == USES else f"{owner}.{self.name}"
+        return f"{owner}.{self.name}"
 
 
 _SYNCOBJ, _SERIALIZER, _TRANSPORT, _JOURNAL = (
