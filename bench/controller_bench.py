@@ -34,7 +34,7 @@ Experiments (off by default): --raft-setting KEY=INT (RaftSettings via the contr
 --config TOML), --no-secret, --raw-conf (extra raw confs, see RAW_CONFS), --raw-windows;
 and, through a launcher in this file that runs `mqmeta` in-process (`_node ... --`):
 --grpc-workers N (controller.server.GRPC_WORKERS_MAX), --switch-interval S,
---patch-next-index (pysyncobj nextIndex fix, also applied to the raw nodes),
+--patch-next-index (the raw nodes get the controllers' pysyncobj nextIndex fix),
 --profile-leader [--profile-tick] (per-thread CPU, on-CPU stack samples, Raft message
 counts of the leader during the concurrent phase).
 """
@@ -84,37 +84,6 @@ TARGETS = {
 log = make_log("bench")
 
 
-def patch_pysyncobj_next_index() -> None:
-    """Experiment: never move a follower's nextIndex backwards on a successful ack.
-
-    pysyncobj 0.3.17 sets nextIndex = acked + 1 on every successful `next_node_idx`, even
-    when it has already sent entries beyond that, so with several appends in flight the
-    next append re-sends them and the follower truncates and re-writes entries it holds."""
-    from pysyncobj import SyncObj
-
-    original = SyncObj._SyncObj__onMessageReceived
-    if getattr(original, "_bench_patched", False):
-        return
-
-    def on_message(self, node, message):
-        if (
-            isinstance(message, dict)
-            and message.get("type") == "next_node_idx"
-            and message.get("success")
-            and not message.get("reset")
-        ):
-            before = self._SyncObj__raftNextIndex.get(node)
-            original(self, node, message)
-            after = self._SyncObj__raftNextIndex.get(node)
-            if before is not None and after is not None and after < before:
-                self._SyncObj__raftNextIndex[node] = before
-            return None
-        return original(self, node, message)
-
-    on_message._bench_patched = True
-    SyncObj._SyncObj__onMessageReceived = on_message
-
-
 # Node launcher for experiments (`controller_bench.py _node ... -- <mqmeta args>`) --------
 
 
@@ -127,10 +96,7 @@ def node_launcher(argv: list[str]) -> int:
     parser.add_argument("--profile-out", default="")
     parser.add_argument("--switch-interval", type=float, default=0.0)
     parser.add_argument("--profile-tick", action="store_true")
-    parser.add_argument("--patch-next-index", action="store_true")
     known = parser.parse_args(opts)
-    if known.patch_next_index:
-        patch_pysyncobj_next_index()
     if known.switch_interval:
         sys.setswitchinterval(known.switch_interval)
     import controller.server as server_module
@@ -161,7 +127,7 @@ class MessageCounter:
     entries they carry, and how many of those entries were sent before (resends)."""
 
     def __init__(self, out: Path) -> None:
-        from pysyncobj.transport import TCPTransport
+        from controller import pysyncobj_compat
 
         self.out = out
         self.active = False
@@ -171,15 +137,14 @@ class MessageCounter:
         self.bytes = 0
         self.sent_max: dict[Any, int] = {}
         self.started = 0.0
-        original = TCPTransport.send
         counter = self
 
-        def send(transport, node, message):
+        def send(original, transport, node, message):
             if counter.active:
                 counter.record(node, message)
             return original(transport, node, message)
 
-        TCPTransport.send = send
+        pysyncobj_compat.wrap_transport_send(send)
 
     def record(self, node, message) -> None:
         kind = message.get("type", "?")
@@ -221,16 +186,15 @@ class TickProfiler:
     def __init__(self, out: Path) -> None:
         import cProfile
 
-        from pysyncobj import SyncObj
+        from controller import pysyncobj_compat
 
         self.out = out
         self.active = False
         self.profile = cProfile.Profile(time.thread_time)
         self.ticks = 0
-        original = SyncObj._onTick
         profiler = self
 
-        def on_tick(obj, time_to_wait=0.0):
+        def on_tick(original, obj, time_to_wait):
             if not profiler.active:
                 return original(obj, time_to_wait)
             profiler.ticks += 1
@@ -240,7 +204,7 @@ class TickProfiler:
             finally:
                 profiler.profile.disable()
 
-        SyncObj._onTick = on_tick
+        pysyncobj_compat.wrap_tick(on_tick)
 
     def toggle(self) -> None:
         import cProfile
@@ -334,7 +298,8 @@ class StackSampler:
                     continue
                 name = thread.name.rstrip("0123456789_-")
                 stack = []
-                f, depth = frame, 0
+                f: Any = frame
+                depth = 0
                 while f is not None and depth < 60:
                     stack.append(f"{Path(f.f_code.co_filename).name}:{f.f_code.co_name}")
                     f, depth = f.f_back, depth + 1
@@ -349,10 +314,10 @@ class StackSampler:
         seconds = time.monotonic() - self.started
         cpu1 = self._task_cpu()
         names = {t.native_id: t.name.rstrip("0123456789_-") for t in threading.enumerate()}
-        per_thread: collections.Counter = collections.Counter()
+        per_thread: collections.Counter[str] = collections.Counter()  # CPU seconds per thread name
         for tid, (comm, cpu) in cpu1.items():
             delta = cpu - self.cpu0.get(tid, (comm, 0.0))[1]
-            per_thread[names.get(tid, "C:" + comm)] += delta
+            per_thread[names.get(tid, "C:" + comm)] += delta  # type: ignore[assignment]  # float counts
         doc = {
             "samples": self.samples,
             "seconds": round(seconds, 2),
@@ -411,8 +376,6 @@ class Cluster:
             wrap += ["--profile-out", str(self.root / f"profile-{node_id}.json")]
         if self.args.profile_tick:
             wrap += ["--profile-tick"]
-        if self.args.patch_next_index:
-            wrap += ["--patch-next-index"]
         if wrap:
             assert cmd[1:3] == ["-m", "mqmeta.cli"], cmd
             cmd = [cmd[0], str(BENCH_FILE), "_node", *wrap, "--", *cmd[3:]]
@@ -767,7 +730,7 @@ def concurrent_writes(
         per = 10.0 * duration_s / len(latencies)  # cpu% -> CPU ms per write
         nodes = [cpu.get(n) or 0.0 for n in cluster.by_id]
         out["cpu_ms_per_write"] = {
-            "leader": _r(cpu[leader_node] * per),
+            "leader": _r((cpu[leader_node] or 0.0) * per),
             "all_controllers": _r(sum(nodes) * per),
             "clients": _r((cpu.get("bench") or cpu.get("clients_total") or 0.0) * per),
         }
@@ -781,8 +744,9 @@ def concurrent_writes(
 
 RAW_CONFS = {
     "controller_conf": "controller.raft_node._syncobj_conf(RaftSettings(secret=<the cluster "
-    "secret>)) in a process that imported controller.raft_node, so with "
-    "whatever journal the controller installs (see 'journal')",
+    "secret>)) with the controller's pysyncobj patches installed "
+    "(controller.raft_node.install_pysyncobj_patches: its journal, see 'journal', and "
+    "durable snapshots)",
     "pysyncobj_defaults": "SyncObjConf() with no arguments: appendEntriesUseBatch=True, "
     "appendEntriesPeriod=0.1 s, memory journal, no password",
     # experiments (--raw-conf):
@@ -799,10 +763,10 @@ def _raw_conf(kind: str, secret: str, data_dir: str):
         return SyncObjConf()
     if kind not in RAW_CONFS:
         raise ValueError(f"unknown raw conf {kind}; known: {sorted(RAW_CONFS)}")
-    import pysyncobj.syncobj
+    import controller.raft_node as raft_node
+    from controller import pysyncobj_compat
 
-    import controller.raft_node as raft_node  # may install the controller's journal
-
+    raft_node.install_pysyncobj_patches()
     conf = raft_node._syncobj_conf(
         raft_node.RaftSettings(secret=None if kind == "controller_conf_no_password" else secret),
         Path(data_dir),
@@ -810,9 +774,7 @@ def _raw_conf(kind: str, secret: str, data_dir: str):
     if kind == "controller_conf_no_fsync" and hasattr(raft_node, "_JOURNAL_FSYNC"):
         raft_node._JOURNAL_FSYNC[str(conf.journalFile)] = False
     if kind == "controller_conf_stock_journal":
-        from pysyncobj.journal import createJournal
-
-        pysyncobj.syncobj.createJournal = createJournal
+        pysyncobj_compat.restore_stock_journal()
     return conf
 
 
@@ -828,10 +790,11 @@ def _raw_node(
     """One node of the raw cluster; obeys commands from the parent over a Pipe."""
     from pysyncobj import SyncObj, SyncObjException, replicated
 
-    if patch_next_index:
-        patch_pysyncobj_next_index()
+    from controller import pysyncobj_compat
 
-    class Counter(SyncObj):
+    base = pysyncobj_compat.NextIndexFix if patch_next_index else SyncObj
+
+    class Counter(base):  # type: ignore[valid-type,misc]  # a base chosen at run time
         def __init__(self) -> None:
             others = [a for i, a in enumerate(addresses) if i != index]
             super().__init__(addresses[index], others, _raw_conf(kind, secret, data_dir))
@@ -847,7 +810,7 @@ def _raw_node(
     # count journal writes: with pysyncobj's resends a follower truncates and re-adds
     # entries it already holds, and each re-add is a journal write (an fsync if durable)
     journal_ops: collections.Counter = collections.Counter()
-    journal = node._SyncObj__raftLog
+    journal = pysyncobj_compat.raft_journal(node)
     for method in ("add", "deleteEntriesFrom"):
         original = getattr(journal, method)
 
@@ -866,18 +829,15 @@ def _raw_node(
                 conn.send(("ok", None))
                 return
             if op == "status":
-                leader = node._getLeader()
                 conn.send(
                     (
                         "ok",
                         {
-                            "leader": leader.address if leader else "",
-                            "is_leader": node._isLeader(),
-                            "journal": type(node._SyncObj__raftLog).__module__
-                            + "."
-                            + type(node._SyncObj__raftLog).__name__,
+                            "leader": pysyncobj_compat.leader_address(node),
+                            "is_leader": pysyncobj_compat.is_leader(node),
+                            "journal": type(journal).__module__ + "." + type(journal).__name__,
                             "journal_ops": dict(journal_ops),
-                            "last_applied": node._SyncObj__raftLastApplied,
+                            "last_applied": node.raftLastApplied,
                         },
                     )
                 )
@@ -913,7 +873,7 @@ def _raw_async(node, duration: float, warmup: float, window: int) -> dict[str, A
 
     slots = threading.BoundedSemaphore(window)
     done: list[tuple[float, float]] = []
-    errors = collections.Counter()
+    errors: collections.Counter[int] = collections.Counter()
 
     def callback(result, error, t0):
         if error == FAIL_REASON.SUCCESS:
@@ -1002,7 +962,7 @@ class RawCluster:
         raise RuntimeError(f"raw cluster {self.kind}: no leader within {timeout_s}s")
 
     def pids(self) -> dict[str, int]:
-        return {f"raw{i}": p.pid for i, p in enumerate(self.procs)}
+        return {f"raw{i}": p.pid for i, p in enumerate(self.procs) if p.pid is not None}
 
     def stop(self) -> None:
         for i, p in enumerate(self.procs):
@@ -1213,7 +1173,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--patch-next-index",
         action="store_true",
-        help="experiment: patch pysyncobj's nextIndex regression in the controllers and the raw nodes",
+        help="experiment: the raw nodes run with the controllers' fix of pysyncobj's nextIndex "
+        "regression (controller.pysyncobj_compat.NextIndexFix; the controllers always do)",
     )
     p.add_argument("--raw-conf", default="", help="comma list of raw baseline confs")
     p.add_argument("--clients", type=int, default=CLIENTS)

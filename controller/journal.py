@@ -19,7 +19,6 @@ tests/test_durability.py). This journal:
 
 from __future__ import annotations
 
-import gzip
 import json
 import logging
 import os
@@ -28,8 +27,7 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-from pysyncobj import pickle as syncobj_pickle
-
+from controller import pysyncobj_compat
 from mqmeta.errors import CorruptData
 from mqmeta.formats.atomic import write_atomically
 
@@ -96,7 +94,8 @@ def _any_good_record_after(data: bytes, pos: int) -> bool:
 
 
 class DurableJournal:
-    """Implements the Journal interface pysyncobj calls (names are pysyncobj's)."""
+    """Implements the Journal interface pysyncobj calls (names are pysyncobj's; the
+    compat layer checks at install that every method of that interface is here)."""
 
     def __init__(self, path: Path, fsync: bool = True) -> None:
         self.path = path
@@ -241,16 +240,13 @@ def read_snapshot_tail(path: Path) -> tuple[Entry, Entry] | None:
     if not path.exists():
         return None
     try:
-        with gzip.open(path, "rb") as snapshot:
-            raw = snapshot.read()  # to the end: only then is the gzip CRC-32 checked
-        data = syncobj_pickle.loads(raw)
+        return pysyncobj_compat.read_snapshot_entries(path)
     except Exception as exc:  # gzip/zlib/pickle each raise their own kinds
         raise CorruptData(
             f"Raft snapshot {path} is corrupt ({type(exc).__name__}: {exc}); this node refuses "
             "to start with it. Move the node's data directory aside and restart it empty: it "
             "will copy the state from the leader (only while the other nodes form a majority)"
         ) from None
-    return data[1], data[2]
 
 
 def reconcile_with_snapshot(journal_path: Path, snapshot_path: Path) -> None:

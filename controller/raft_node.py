@@ -23,12 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pysyncobj.syncobj
-from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
+from pysyncobj import FAIL_REASON, SyncObjConf, replicated
 from pysyncobj.journal import MemoryJournal
-from pysyncobj.monotonic import monotonic as monotonic_time
-from pysyncobj.transport import CONNECTION_STATE, TCPTransport
 
+from controller import pysyncobj_compat
 from controller.applied_log import AppliedLog
 from controller.journal import DurableJournal, reconcile_with_snapshot
 from controller.state_machine import ControllerState, apply
@@ -102,37 +100,29 @@ _JOURNAL_FSYNC: dict[str, bool] = {}
 
 
 def _create_journal(journal_file: str | None):
-    """Replaces pysyncobj's createJournal (see controller/journal.py for why)."""
+    """pysyncobj's createJournal, replaced (see controller/journal.py for why)."""
     if journal_file is None:
         return MemoryJournal()
     return DurableJournal(Path(journal_file), fsync=_JOURNAL_FSYNC.get(journal_file, True))
 
 
-# The seam: pysyncobj's SyncObj looks createJournal up in its module at construction.
-pysyncobj.syncobj.createJournal = _create_journal
+def install_pysyncobj_patches() -> None:
+    """Our journal and durable snapshots in pysyncobj (idempotent; every ControllerRaft
+    calls it before constructing its SyncObj; the benchmark's raw nodes call it too)."""
+    pysyncobj_compat.install(_create_journal, DurableJournal)
 
 
-class _DialingTransport(TCPTransport):
-    """pysyncobj's TCP transport, connecting through the dial map (mqmeta/dialmap.py) so that
-    the chaos suite's proxies sit on every Raft link; peers keep their real addresses as
-    identities, so which side connects and who is who do not change."""
+class _DialingTransport(pysyncobj_compat.DialHookTransport):
+    """Connects through the dial map (mqmeta/dialmap.py) so that the chaos suite's proxies
+    sit on every Raft link; peers keep their real addresses as identities."""
 
-    def _connectIfNecessarySingle(self, node):  # noqa: N802 - pysyncobj's name
-        connection = self._connections.get(node)
-        if connection is not None and connection.state != CONNECTION_STATE.DISCONNECTED:
-            return True
-        if not self._shouldConnect(node):
-            return False
-        last = self._lastConnectAttempt.get(node)
-        if last is not None and monotonic_time() - last < self._syncObj.conf.connectionRetryTime:
-            return False
-        self._lastConnectAttempt[node] = monotonic_time()
-        host, _, port = dial(node.address).rpartition(":")
-        return self._connections[node].connect(host, int(port))
+    def dial_address(self, address: str) -> str:
+        return dial(address)
 
 
-class ControllerRaft(SyncObj):
-    """pysyncobj node whose replicated state is a ControllerState."""
+class ControllerRaft(pysyncobj_compat.RaftFixes):
+    """pysyncobj node whose replicated state is a ControllerState, with both Raft fixes of
+    controller/pysyncobj_compat.py (NextIndexFix, HeldEntriesFix)."""
 
     def __init__(
         self,
@@ -144,6 +134,7 @@ class ControllerRaft(SyncObj):
         on_events: EventSink,
     ) -> None:
         settings.validate()
+        install_pysyncobj_patches()
         data_dir.mkdir(parents=True, exist_ok=True)
         journal = data_dir / "raft.journal"
         reconcile_with_snapshot(journal, data_dir / "raft.snapshot")
@@ -158,15 +149,15 @@ class ControllerRaft(SyncObj):
             raft_address, others, _syncobj_conf(settings, data_dir), transportClass=_DialingTransport
         )
         # _state is the replicated data: let pysyncobj include it in snapshots.
-        self._SyncObj__properies.discard("_state")
+        pysyncobj_compat.include_in_snapshot(self, "_state")
 
     @property
     def state(self) -> ControllerState:
         return self._state
 
     def _entry_position(self) -> tuple[int, int]:
-        index = self._SyncObj__raftLastApplied + 1
-        entries = self._SyncObj__getEntries(index, 1)
+        index = self.raftLastApplied + 1  # pysyncobj counts an entry applied after it returns
+        entries = pysyncobj_compat.entries_from(self, index, 1)
         return index, (entries[0][2] if entries else -1)
 
     @replicated
@@ -195,56 +186,11 @@ class ControllerRaft(SyncObj):
             self._on_events(index, events)
         return results
 
-    # Raft fixes around pysyncobj 0.3.17 ---------------------------------------------
-    # On every successful ack pysyncobj sets the follower's next index to (acked + 1),
-    # even when later entries are already on their way, so the leader resends them; and
-    # a follower that receives entries it already holds truncates its log there and
-    # writes them again. A kill -9 between that truncation and the rewrite drops entries
-    # the follower had acknowledged. Raft's rule: truncate only on a term conflict.
-
-    def _SyncObj__onMessageReceived(self, node, message):  # noqa: N802
-        kind = message.get("type") if isinstance(message, dict) else None
-        if kind == "next_node_idx" and message.get("success") and not message.get("reset"):
-            next_index = self._SyncObj__raftNextIndex
-            before = next_index.get(node)
-            SyncObj._SyncObj__onMessageReceived(self, node, message)
-            if before is not None and next_index.get(node, before) < before:
-                next_index[node] = before  # a success never moves the leader backwards
-            return
-        if kind == "append_entries" and message.get("entries") and "transmission" not in message:
-            message = self._skip_held_entries(node, message)
-            if message is None:
-                return
-        SyncObj._SyncObj__onMessageReceived(self, node, message)
-
-    def _skip_held_entries(self, node, message: dict) -> dict | None:
-        """Drops the leading entries this node already holds with the same term."""
-        if message["term"] != self._SyncObj__raftCurrentTerm:
-            return message  # a new term: let pysyncobj update term and leader first
-        journal = self._SyncObj__raftLog
-        entries = message["entries"]
-        first_index = journal[0][1]
-        held = 0
-        for _, index, term in entries:
-            position = index - first_index
-            if position < 0 or position >= len(journal) or journal[position][2] != term:
-                break
-            held += 1  # same index and term: by Log Matching, the same entry
-        if held == 0:
-            return message
-        if held < len(entries):
-            _, index, term = entries[held - 1]
-            return dict(message, entries=entries[held:], prevLogIdx=index, prevLogTerm=term)
-        # Everything resent is already here: acknowledge it, truncate nothing.
-        self._SyncObj__sendNextNodeIdx(node, nextNodeIdx=entries[-1][1] + 1, success=True)
-        return None
-
     def leader_raft_address(self) -> str:
-        leader = self._getLeader()
-        return leader.address if leader is not None else ""
+        return pysyncobj_compat.leader_address(self)
 
     def is_leader(self) -> bool:
-        return self._isLeader()
+        return pysyncobj_compat.is_leader(self)
 
     def status(self) -> Json:
         return self.getStatus()

@@ -1,0 +1,455 @@
+"""Every place mqmeta reaches into pysyncobj's internals, checked when this module is imported.
+
+pysyncobj 0.3.17 has no hooks for what mqmeta needs (a crash-safe journal, durable
+snapshots, a transport that dials through the chaos suite's proxies, two Raft fixes), so
+mqmeta overrides and replaces some of its private, name-mangled parts. This module is the
+only one that names them. At import it checks that the installed pysyncobj is the pinned
+version and that every name in REQUIREMENTS exists with the expected kind and is still
+used where we hook in; otherwise it raises PysyncobjIncompatible naming each missing
+name, so an upgrade fails when the controller starts instead of silently dropping a
+durability fix.
+
+Nothing is changed by importing this module. What it provides, applied explicitly:
+- install(journal_factory, journal_class): the two module-level replacements,
+  install_journal_factory and install_durable_snapshots (idempotent; ControllerRaft calls
+  it before constructing its SyncObj);
+- NextIndexFix, HeldEntriesFix and RaftFixes (both): SyncObj subclasses to inherit from;
+- DialHookTransport: pysyncobj's TCP transport with a dial hook;
+- accessors: raft_journal, entries_from, leader_address, is_leader, include_in_snapshot,
+  read_snapshot_entries;
+- wrap_tick and wrap_transport_send, for the benchmark's profiler only.
+"""
+
+from __future__ import annotations
+
+import gzip
+import importlib.metadata
+import inspect
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pysyncobj.journal
+import pysyncobj.pickle
+import pysyncobj.serializer
+import pysyncobj.syncobj
+import pysyncobj.transport
+from pysyncobj import SyncObj
+from pysyncobj.monotonic import monotonic as monotonic_time
+from pysyncobj.transport import CONNECTION_STATE, TCPTransport
+
+from mqmeta.formats.atomic import fsync_dir
+
+PINNED_VERSION = "0.3.17"  # equal to the pin in pyproject.toml (tests/test_pysyncobj_compat.py checks)
+DISTRIBUTION = "pysyncobj"
+
+Entry = tuple[bytes, int, int]  # command, raft index, term: pysyncobj's journal entries
+
+
+class PysyncobjIncompatible(ImportError):
+    """The installed pysyncobj is not the one this compat layer was written against."""
+
+
+# What we rely on --------------------------------------------------------------------------
+
+ROUTINE = "a function"
+PROPERTY = "a property"
+ATTRIBUTE = "an attribute"
+USES = "a name used by"  # the owner function's code refers to it: a hook it calls, an attribute it sets
+
+
+@dataclass(frozen=True)
+class Requirement:
+    module: str  # "pysyncobj.syncobj"
+    owner: str  # a dotted path inside the module ("SyncObj.__init__"), "" for the module itself
+    name: str
+    kind: str  # ROUTINE | PROPERTY | ATTRIBUTE | USES
+    why: str
+
+    def where(self) -> str:
+        owner = f"{self.module}.{self.owner}" if self.owner else self.module
+        return f"{owner}.{self.name}"
+
+
+_SYNCOBJ, _SERIALIZER, _TRANSPORT, _JOURNAL = (
+    "pysyncobj.syncobj",
+    "pysyncobj.serializer",
+    "pysyncobj.transport",
+    "pysyncobj.journal",
+)
+
+REQUIREMENTS: tuple[Requirement, ...] = (
+    # install_journal_factory
+    Requirement(_SYNCOBJ, "", "createJournal", ROUTINE, "install_journal_factory replaces it"),
+    Requirement(_SYNCOBJ, "SyncObj.__init__", "createJournal", USES, "SyncObj creates its journal with it"),
+    Requirement(_JOURNAL, "", "Journal", ATTRIBUTE, "the journal interface our journal must implement"),
+    # install_durable_snapshots
+    Requirement(_SERIALIZER, "", "atomicReplace", ROUTINE, "install_durable_snapshots replaces it"),
+    Requirement(
+        _SERIALIZER, "Serializer.serialize", "atomicReplace", USES, "a snapshot is renamed into place"
+    ),
+    Requirement(
+        _SERIALIZER, "Serializer.setTransmissionData", "atomicReplace", USES, "a received snapshot too"
+    ),
+    # NextIndexFix and HeldEntriesFix
+    Requirement(_SYNCOBJ, "SyncObj", "_SyncObj__onMessageReceived", ROUTINE, "the Raft fixes override it"),
+    Requirement(
+        _SYNCOBJ, "SyncObj.__init__", "_SyncObj__onMessageReceived", USES, "it is the transport's callback"
+    ),
+    Requirement(_SYNCOBJ, "SyncObj.__init__", "_SyncObj__raftNextIndex", USES, "NextIndexFix keeps it"),
+    Requirement(_SYNCOBJ, "SyncObj", "_SyncObj__sendNextNodeIdx", ROUTINE, "HeldEntriesFix acknowledges"),
+    Requirement(_SYNCOBJ, "SyncObj", "raftCurrentTerm", PROPERTY, "HeldEntriesFix compares terms"),
+    # accessors
+    Requirement(_SYNCOBJ, "SyncObj.__init__", "_SyncObj__raftLog", USES, "raft_journal reads the journal"),
+    Requirement(_SYNCOBJ, "SyncObj", "_SyncObj__getEntries", ROUTINE, "entries_from reads entries"),
+    Requirement(_SYNCOBJ, "SyncObj.__init__", "_SyncObj__properies", USES, "include_in_snapshot edits it"),
+    Requirement(_SYNCOBJ, "SyncObj", "raftLastApplied", PROPERTY, "the index of the entry being applied"),
+    Requirement(_SYNCOBJ, "SyncObj", "_getLeader", ROUTINE, "leader_address"),
+    Requirement(_SYNCOBJ, "SyncObj", "_isLeader", ROUTINE, "is_leader"),
+    # benchmark profiling (wrap_tick, wrap_transport_send)
+    Requirement(_SYNCOBJ, "SyncObj", "_onTick", ROUTINE, "wrap_tick wraps it"),
+    Requirement(_SYNCOBJ, "SyncObj._autoTickThread", "_onTick", USES, "every tick runs it"),
+    Requirement(_TRANSPORT, "TCPTransport", "send", ROUTINE, "wrap_transport_send wraps it"),
+    # DialHookTransport
+    Requirement(
+        _TRANSPORT, "TCPTransport", "_connectIfNecessarySingle", ROUTINE, "the dial hook overrides it"
+    ),
+    Requirement(
+        _TRANSPORT,
+        "TCPTransport._connectIfNecessary",
+        "_connectIfNecessarySingle",
+        USES,
+        "it dials every peer",
+    ),
+    Requirement(_TRANSPORT, "TCPTransport", "_shouldConnect", ROUTINE, "the dial hook asks it"),
+    Requirement(_TRANSPORT, "TCPTransport.__init__", "_connections", USES, "the dial hook connects these"),
+    Requirement(_TRANSPORT, "TCPTransport.__init__", "_lastConnectAttempt", USES, "the dial hook's retry"),
+    Requirement(_TRANSPORT, "TCPTransport.__init__", "_syncObj", USES, "the dial hook reads the conf"),
+    Requirement(_TRANSPORT, "CONNECTION_STATE", "DISCONNECTED", ATTRIBUTE, "the dial hook's state check"),
+)
+
+
+def _resolve(namespace: Mapping[str, Any], module: str, owner: str) -> Any:
+    target = namespace[module]
+    for part in owner.split(".") if owner else ():
+        target = getattr(target, part, None)
+        if target is None:
+            return None
+    return target
+
+
+def _problem(requirement: Requirement, namespace: Mapping[str, Any]) -> str:
+    """'' when the requirement holds, else what is wrong with it."""
+    owner = _resolve(namespace, requirement.module, requirement.owner)
+    if owner is None:
+        return f"{requirement.module}.{requirement.owner} is missing"
+    if requirement.kind == USES:
+        code = getattr(owner, "__code__", None)
+        if code is None or requirement.name not in code.co_names:
+            return f"{requirement.module}.{requirement.owner} no longer uses {requirement.name}"
+        return ""
+    if requirement.kind == PROPERTY:
+        found = inspect.getattr_static(owner, requirement.name, None)
+        ok = isinstance(found, property)
+    else:
+        found = getattr(owner, requirement.name, None)
+        ok = inspect.isroutine(found) if requirement.kind == ROUTINE else found is not None
+    if found is None:
+        return f"{requirement.where()} is missing"
+    if not ok:
+        return f"{requirement.where()} is {type(found).__name__}, not {requirement.kind}"
+    return ""
+
+
+def verify(installed_version: str | None, namespace: Mapping[str, Any]) -> None:
+    """Raises PysyncobjIncompatible naming every requirement that does not hold.
+
+    `namespace` maps the module names of REQUIREMENTS to module objects (the real ones at
+    import; tests pass doctored copies)."""
+    problems = []
+    if installed_version != PINNED_VERSION:
+        problems.append(f"pysyncobj {installed_version or '(version unknown)'} is installed")
+    for requirement in REQUIREMENTS:
+        problem = _problem(requirement, namespace)
+        if problem:
+            problems.append(f"{problem} ({requirement.why})")
+    if problems:
+        raise PysyncobjIncompatible(
+            f"mqmeta is written against pysyncobj=={PINNED_VERSION} (controller/pysyncobj_compat.py) "
+            "and the installed pysyncobj does not match: "
+            + "; ".join(problems)
+            + f". Install pysyncobj=={PINNED_VERSION}, or port controller/pysyncobj_compat.py to "
+            "the new version and re-run tests/test_pysyncobj_compat.py."
+        )
+
+
+def installed_version() -> str | None:
+    try:
+        return importlib.metadata.version(DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def real_namespace() -> dict[str, Any]:
+    return {
+        _SYNCOBJ: pysyncobj.syncobj,
+        _SERIALIZER: pysyncobj.serializer,
+        _TRANSPORT: pysyncobj.transport,
+        _JOURNAL: pysyncobj.journal,
+    }
+
+
+verify(installed_version(), real_namespace())  # at import: an upgrade fails here, loudly
+
+
+# Module-level replacements (install) ---------------------------------------------------------
+
+_STOCK_CREATE_JOURNAL = pysyncobj.syncobj.createJournal
+_STOCK_ATOMIC_REPLACE = pysyncobj.serializer.atomicReplace
+
+JournalFactory = Callable[[str | None], Any]
+
+
+def journal_interface() -> list[str]:
+    """The method names of pysyncobj's journal interface (what SyncObj may call)."""
+    return sorted(
+        name for name, value in vars(pysyncobj.journal.Journal).items() if inspect.isfunction(value)
+    )
+
+
+def install_journal_factory(factory: JournalFactory, journal_class: type) -> None:
+    """Makes every SyncObj constructed from now on get its journal from `factory`.
+
+    pysyncobj 0.3.17's FileJournal is an mmap without checksums or fsync and compacts in
+    place (controller/journal.py says what goes wrong and what replaces it). SyncObj has no
+    parameter for the journal: its constructor calls the module-level
+    `pysyncobj.syncobj.createJournal(journalFile)`, so that name is the seam. The journal
+    class must implement every method of pysyncobj's Journal interface (checked here, so a
+    method added by a new pysyncobj is found at start, not when Raft first calls it)."""
+    missing = [name for name in journal_interface() if not callable(getattr(journal_class, name, None))]
+    if missing:
+        raise PysyncobjIncompatible(
+            f"{journal_class.__name__} lacks {missing} of pysyncobj's Journal interface; "
+            "implement them before installing it"
+        )
+    pysyncobj.syncobj.createJournal = factory
+
+
+def restore_stock_journal() -> None:
+    """pysyncobj's own createJournal again (a benchmark experiment compares against it)."""
+    pysyncobj.syncobj.createJournal = _STOCK_CREATE_JOURNAL
+
+
+def durable_replace(source_path: str, target_path: str) -> None:
+    """rename(source, target), made durable: the file's data before, the directory after.
+
+    pysyncobj writes a snapshot (fullDumpFile) to `<file>.tmp` and renames it into place
+    with plain os.rename, fsyncing neither the file nor the directory; on its next tick
+    it compacts the journal up to the snapshot. After a power loss right after that, the
+    node could find a torn or missing snapshot beside a journal that no longer holds the
+    entries the snapshot replaced. pysyncobj (with useFork=False, which mqmeta uses) calls
+    this in the tick thread and only compacts after it returned; if it raises, pysyncobj
+    counts the snapshot as failed and keeps the journal. A snapshot received from the
+    leader is installed through the same call, before pysyncobj clears the journal."""
+    fd = os.open(source_path, os.O_RDONLY)
+    try:
+        os.fsync(fd)  # the data of the file pysyncobj has just written and closed
+    finally:
+        os.close(fd)
+    os.replace(source_path, target_path)
+    fsync_dir(Path(target_path).parent)  # the rename itself
+
+
+def install_durable_snapshots() -> None:
+    """Routes pysyncobj's snapshot rename (serializer.atomicReplace) through durable_replace."""
+    pysyncobj.serializer.atomicReplace = durable_replace
+
+
+def restore_stock_snapshots() -> None:
+    """pysyncobj's own rename again (tests show what it does without the fix)."""
+    pysyncobj.serializer.atomicReplace = _STOCK_ATOMIC_REPLACE
+
+
+def install(journal_factory: JournalFactory, journal_class: type) -> None:
+    """Applies both module-level replacements; idempotent (each just sets a name)."""
+    install_journal_factory(journal_factory, journal_class)
+    install_durable_snapshots()
+
+
+def wrap_tick(wrapper: Callable[[Callable[..., Any], Any, float], Any]) -> None:
+    """Benchmark profiling: every node's tick (SyncObj._onTick, pysyncobj's whole event
+    loop step) runs as wrapper(original, node, time_to_wait). Not used by the controller."""
+    original = SyncObj._onTick
+
+    def tick(node: Any, timeToWait: float = 0.0) -> Any:  # pysyncobj's parameter name
+        return wrapper(original, node, timeToWait)
+
+    SyncObj._onTick = tick
+
+
+def wrap_transport_send(wrapper: Callable[[Callable[..., Any], Any, Any, Any], Any]) -> None:
+    """Benchmark profiling: every Raft message sent runs as wrapper(original, transport,
+    node, message). Not used by the controller."""
+    original = TCPTransport.send
+
+    def send(transport: Any, node: Any, message: Any) -> Any:
+        return wrapper(original, transport, node, message)
+
+    TCPTransport.send = send
+
+
+# Raft fixes (inherit from them) -----------------------------------------------------------
+
+
+def _is_successful_ack(message: Any) -> bool:
+    return (
+        isinstance(message, dict)
+        and message.get("type") == "next_node_idx"
+        and bool(message.get("success"))
+        and not message.get("reset")
+    )
+
+
+class NextIndexFix(SyncObj):
+    """Leader side: a successful acknowledgement never moves a follower's nextIndex back.
+
+    On every successful `next_node_idx` that raises the follower's match index, pysyncobj
+    0.3.17 sets nextIndex = acked + 1, even when later entries are already on their way
+    (with appendEntriesUseBatch=False every entry is sent at once, so several appends are
+    in flight). The next append then resends them, and a follower that receives entries it
+    already holds truncates its log there and writes them again (see HeldEntriesFix). A
+    reset (the follower's log does not match) still moves nextIndex where the follower
+    says."""
+
+    def _SyncObj__onMessageReceived(self, node: Any, message: Any) -> None:
+        if not _is_successful_ack(message):
+            super()._SyncObj__onMessageReceived(node, message)
+            return
+        next_index = self._SyncObj__raftNextIndex
+        before = next_index.get(node)
+        super()._SyncObj__onMessageReceived(node, message)
+        if before is not None and next_index.get(node, before) < before:
+            next_index[node] = before  # a success never moves the leader backwards
+
+
+class HeldEntriesFix(SyncObj):
+    """Follower side: entries already held (same index, same term) are not written again.
+
+    pysyncobj 0.3.17 truncates a follower's log after the append's prevLogIdx whenever the
+    follower holds more, and re-adds the entries it was sent. A kill -9 between that
+    truncation and the rewrite drops entries the follower had acknowledged, which can lose
+    a committed write. Raft's rule is to truncate only on a term conflict; this drops the
+    leading entries of an append that the follower holds already (by Log Matching, same
+    index and term is the same entry) and lets pysyncobj handle the rest."""
+
+    def _SyncObj__onMessageReceived(self, node: Any, message: Any) -> None:
+        if (
+            isinstance(message, dict)
+            and message.get("type") == "append_entries"
+            and message.get("entries")
+            and "transmission" not in message
+        ):
+            message = self._skip_held_entries(node, message)
+            if message is None:
+                return
+        super()._SyncObj__onMessageReceived(node, message)
+
+    def _skip_held_entries(self, node: Any, message: dict) -> dict | None:
+        if message["term"] != self.raftCurrentTerm:
+            return message  # a new term: let pysyncobj update term and leader first
+        journal = self._SyncObj__raftLog
+        entries = message["entries"]
+        first_index = journal[0][1]
+        held = 0
+        for _, index, term in entries:
+            position = index - first_index
+            if position < 0 or position >= len(journal) or journal[position][2] != term:
+                break
+            held += 1  # same index and term: by Log Matching, the same entry
+        if held == 0:
+            return message
+        if held < len(entries):
+            _, index, term = entries[held - 1]
+            return dict(message, entries=entries[held:], prevLogIdx=index, prevLogTerm=term)
+        # Everything resent is already here: acknowledge it, truncate nothing.
+        self._SyncObj__sendNextNodeIdx(node, nextNodeIdx=entries[-1][1] + 1, success=True)
+        return None
+
+
+class RaftFixes(HeldEntriesFix, NextIndexFix):
+    """Both Raft fixes: what every controller node runs with."""
+
+
+# The transport ------------------------------------------------------------------------------
+
+
+class DialHookTransport(TCPTransport):
+    """pysyncobj's TCP transport, connecting to `dial_address(peer address)` instead of the
+    peer's address. Peers keep their real addresses as identities (what a node announces
+    and how others know it), so which side connects and who is who do not change; only the
+    TCP connect goes elsewhere (mqmeta's dial map puts the chaos suite's proxies there).
+    pysyncobj has no hook for it: this is its _connectIfNecessarySingle with the address
+    passed through dial_address. Subclasses override dial_address."""
+
+    def dial_address(self, address: str) -> str:
+        return address
+
+    def _connectIfNecessarySingle(self, node: Any) -> bool:
+        connection = self._connections.get(node)
+        if connection is not None and connection.state != CONNECTION_STATE.DISCONNECTED:
+            return True
+        if not self._shouldConnect(node):
+            return False
+        last = self._lastConnectAttempt.get(node)
+        if last is not None and monotonic_time() - last < self._syncObj.conf.connectionRetryTime:
+            return False
+        self._lastConnectAttempt[node] = monotonic_time()
+        host, _, port = self.dial_address(node.address).rpartition(":")
+        return bool(self._connections[node].connect(host, int(port)))
+
+
+# Accessors ---------------------------------------------------------------------------------
+
+
+def raft_journal(node: SyncObj) -> Any:
+    """The journal object this node's Raft log lives in (what createJournal returned)."""
+    return node._SyncObj__raftLog
+
+
+def entries_from(node: SyncObj, index: int, count: int) -> list[Entry]:
+    """Up to `count` entries from Raft index `index` on; [] when compacted away."""
+    return list(node._SyncObj__getEntries(index, count))
+
+
+def leader_address(node: SyncObj) -> str:
+    """The last known leader's Raft address, '' when none is known (it may be stale)."""
+    leader = node._getLeader()
+    return leader.address if leader is not None else ""
+
+
+def is_leader(node: SyncObj) -> bool:
+    """Whether this node thinks it leads (two nodes can, until one hears a newer term)."""
+    return bool(node._isLeader())
+
+
+def include_in_snapshot(node: SyncObj, attribute: str) -> None:
+    """Makes pysyncobj's snapshots carry `attribute` of `node`.
+
+    pysyncobj snapshots every attribute of the node except the ones that existed when
+    SyncObj.__init__ finished (it records their names). A replicated state has to exist
+    before that: the constructor starts the tick thread, which may apply entries at once."""
+    node._SyncObj__properies.discard(attribute)
+
+
+def read_snapshot_entries(path: Path) -> tuple[Entry, Entry]:
+    """The (last applied, previous) entries of a pysyncobj snapshot file.
+
+    The file is gzip(pickle((state, last applied entry, previous entry, cluster))), as
+    pysyncobj's Serializer writes it. Reading the whole gzip stream checks its CRC-32;
+    errors (gzip, zlib, pickle, a short tuple) are the caller's to report."""
+    with gzip.open(path, "rb") as snapshot:
+        raw = snapshot.read()  # to the end: only then is the gzip CRC-32 checked
+    data = pysyncobj.pickle.loads(raw)
+    return data[1], data[2]

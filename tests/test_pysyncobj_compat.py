@@ -1,0 +1,658 @@
+"""Every pysyncobj patch of controller/pysyncobj_compat.py, one test per patched behaviour,
+on real pysyncobj nodes (real SyncObj, real TCP on loopback, real files).
+
+Properties checked:
+- an upgrade fails at import, naming what is missing: the pinned version (equal to the
+  pin in pyproject.toml), every private name with its kind, every hook still wired;
+  a journal class that lacks a method of pysyncobj's Journal interface is refused;
+- importing changes nothing; install() does, idempotently;
+- install_journal_factory: a real ControllerRaft writes our journal format;
+- install_durable_snapshots: a real node's snapshot file data and its directory entry
+  are fsynced before the journal is compacted, and read_snapshot_entries reads the
+  snapshot pysyncobj wrote;
+- include_in_snapshot: the replicated state survives a compaction and a restart;
+- NextIndexFix: a stale successful ack does not move the leader's nextIndex backwards,
+  so no entry is sent to a follower twice;
+- HeldEntriesFix: a follower sent entries it already holds does not truncate its log;
+- DialHookTransport: Raft connects through the dial map, peers keep their identities;
+- wrap_tick, wrap_transport_send (the benchmark's profiler) see every tick and message.
+
+Each test was seen to fail with the patch it covers disabled.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+import tomllib
+import types
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pysyncobj.journal
+import pysyncobj.serializer
+import pysyncobj.syncobj
+import pytest
+from pysyncobj import SyncObj, SyncObjConf, SyncObjException, replicated
+from pysyncobj.transport import TCPTransport
+
+from controller import pysyncobj_compat as compat
+from controller import raft_node
+from controller.journal import FILE_MAGIC, DurableJournal, parse_records
+from controller.raft_node import ControllerRaft, Peer, RaftSettings
+from mqmeta import dialmap
+
+pytestmark = pytest.mark.timeout(60)
+
+ROOT = Path(__file__).resolve().parent.parent
+BIND_ATTEMPTS_MAX = 5
+
+
+def wait_for(
+    predicate: Callable[[], Any], timeout_s: float, what: str, step: Callable[[], None] | None = None
+):
+    """Polls `predicate` (running `step` between polls, e.g. a manual Raft tick) until it
+    is true; fails the test saying what it waited for."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout_s}s waiting for {what}")
+        if step is not None:
+            step()
+        else:
+            time.sleep(0.01)
+
+
+# Import-time checks -----------------------------------------------------------------------
+
+
+def doctored(module: types.ModuleType, **replacements: Any) -> types.SimpleNamespace:
+    return types.SimpleNamespace(**{**vars(module), **replacements})
+
+
+def class_without(cls: type, name: str, **replacements: Any) -> type:
+    body = {k: v for k, v in vars(cls).items() if k not in (name, "__dict__", "__weakref__")}
+    body.update(replacements)
+    return type(cls.__name__, cls.__bases__, body)
+
+
+def refusal(namespace: dict[str, Any], version: str | None = compat.PINNED_VERSION) -> str:
+    with pytest.raises(compat.PysyncobjIncompatible) as refused:
+        compat.verify(version, namespace)
+    return str(refused.value)
+
+
+def test_the_installed_pysyncobj_passes_and_the_pin_matches_pyproject():
+    compat.verify(compat.installed_version(), compat.real_namespace())
+    dependencies = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    assert f"pysyncobj=={compat.PINNED_VERSION}" in dependencies
+
+
+def test_another_version_is_refused_naming_both():
+    message = refusal(compat.real_namespace(), version="0.3.18")
+    assert "pysyncobj 0.3.18 is installed" in message and "pysyncobj==0.3.17" in message
+    assert "(version unknown)" in refusal(compat.real_namespace(), version=None)
+
+
+def test_a_missing_mangled_method_is_named():
+    namespace = compat.real_namespace()
+    namespace["pysyncobj.syncobj"] = doctored(
+        pysyncobj.syncobj, SyncObj=class_without(SyncObj, "_SyncObj__getEntries")
+    )
+    message = refusal(namespace)
+    assert "pysyncobj.syncobj.SyncObj._SyncObj__getEntries is missing (entries_from" in message
+
+
+def test_a_name_of_the_wrong_kind_is_named():
+    namespace = compat.real_namespace()
+    namespace["pysyncobj.syncobj"] = doctored(pysyncobj.syncobj, createJournal=42)
+    assert "pysyncobj.syncobj.createJournal is int, not a function" in refusal(namespace)
+
+
+def test_a_hook_pysyncobj_no_longer_calls_is_named():
+    def serialize(self, data, id):  # writes without atomicReplace, as a new version might
+        return None
+
+    namespace = compat.real_namespace()
+    serializer = class_without(pysyncobj.serializer.Serializer, "serialize", serialize=serialize)
+    namespace["pysyncobj.serializer"] = doctored(pysyncobj.serializer, Serializer=serializer)
+    message = refusal(namespace)
+    assert "pysyncobj.serializer.Serializer.serialize no longer uses atomicReplace" in message
+
+
+def test_an_instance_attribute_no_longer_set_is_named():
+    def __init__(self, *args, **kwargs):  # noqa: N807 - sets no _SyncObj__raftNextIndex
+        self._SyncObj__raftLog = None
+
+    namespace = compat.real_namespace()
+    namespace["pysyncobj.syncobj"] = doctored(
+        pysyncobj.syncobj, SyncObj=class_without(SyncObj, "__init__", __init__=__init__)
+    )
+    message = refusal(namespace)
+    assert "SyncObj.__init__ no longer uses _SyncObj__raftNextIndex" in message
+    assert "no longer uses _SyncObj__raftLog" not in message
+
+
+def test_an_upgraded_pysyncobj_fails_at_import(tmp_path):
+    """A copy of the installed pysyncobj with one private method renamed and the version
+    bumped, first on the path: importing the compat module (so starting a controller)
+    fails with one message naming both."""
+    source = Path(pysyncobj.__file__).parent
+    shadow = tmp_path / "site"
+    shutil.copytree(source, shadow / "pysyncobj", ignore=shutil.ignore_patterns("__pycache__"))
+    syncobj_py = shadow / "pysyncobj" / "syncobj.py"
+    text = syncobj_py.read_text()
+    assert text.count("__getEntries(") > 1
+    syncobj_py.write_text(text.replace("__getEntries(", "__entriesFrom("))
+    info = next(source.parent.glob(f"pysyncobj-{compat.PINNED_VERSION}.dist-info"))
+    shutil.copytree(info, shadow / "pysyncobj-0.3.18.dist-info")
+    metadata = shadow / "pysyncobj-0.3.18.dist-info" / "METADATA"
+    metadata.write_text(metadata.read_text().replace(f"Version: {compat.PINNED_VERSION}", "Version: 0.3.18"))
+    run = subprocess.run(
+        [sys.executable, "-c", "import controller.raft_node"],
+        env={**os.environ, "PYTHONPATH": f"{shadow}{os.pathsep}{ROOT}"},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert run.returncode != 0
+    assert "PysyncobjIncompatible" in run.stderr
+    assert "pysyncobj 0.3.18 is installed" in run.stderr
+    assert "SyncObj._SyncObj__getEntries is missing" in run.stderr
+
+
+def test_a_journal_lacking_an_interface_method_is_refused():
+    class NoTimer(DurableJournal):
+        onOneSecondTimer = None  # type: ignore[assignment]
+
+    before = pysyncobj.syncobj.createJournal
+    with pytest.raises(compat.PysyncobjIncompatible, match="NoTimer lacks \\['onOneSecondTimer'\\]"):
+        compat.install_journal_factory(lambda journal_file: None, NoTimer)
+    assert pysyncobj.syncobj.createJournal is before
+
+
+def test_import_changes_nothing_and_install_is_explicit_and_idempotent():
+    script = """
+import os
+import pysyncobj.journal, pysyncobj.serializer, pysyncobj.syncobj
+import controller.raft_node as raft_node
+from controller import pysyncobj_compat as compat
+stock = (pysyncobj.journal.createJournal, os.rename)
+assert (pysyncobj.syncobj.createJournal, pysyncobj.serializer.atomicReplace) == stock, "import patched"
+raft_node.install_pysyncobj_patches()
+installed = (pysyncobj.syncobj.createJournal, pysyncobj.serializer.atomicReplace)
+assert installed == (raft_node._create_journal, compat.durable_replace), installed
+raft_node.install_pysyncobj_patches()
+assert (pysyncobj.syncobj.createJournal, pysyncobj.serializer.atomicReplace) == installed
+print("ok")
+"""
+    run = subprocess.run(
+        [sys.executable, "-c", script],
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr
+
+
+# A real ControllerRaft in this process --------------------------------------------------
+
+
+class Controllers:
+    """Single-node ControllerRafts in this process, bound to an ephemeral port on 127.0.0.1."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.data_dir = data_dir
+        self.running: list[ControllerRaft] = []
+
+    def start(self, settings: RaftSettings | None = None) -> ControllerRaft:
+        address = "127.0.0.1:0"  # one node: nobody dials it, its identity is never used
+        node = ControllerRaft(
+            "n1",
+            address,
+            [Peer("n1", address, "")],
+            self.data_dir,
+            settings or RaftSettings(),
+            on_events=lambda index, events: None,
+        )
+        self.running.append(node)
+        wait_for(node.is_leader, 10.0, "the single node to elect itself")
+        return node
+
+    def stop(self, node: ControllerRaft) -> None:
+        self.running.remove(node)
+        node.close()
+        wait_for(lambda: not node.tick_thread_alive(), 10.0, "the Raft thread to stop")
+
+
+@pytest.fixture
+def controllers(tmp_path, monkeypatch):
+    real_conf = raft_node._syncobj_conf
+
+    def loopback_conf(settings: RaftSettings, data_dir: Path) -> SyncObjConf:
+        conf = real_conf(settings, data_dir)
+        conf.bindAddress = "127.0.0.1:0"  # the controller itself binds every interface
+        return conf
+
+    monkeypatch.setattr(raft_node, "_syncobj_conf", loopback_conf)
+    made = Controllers(tmp_path / "n1")
+    yield made
+    for node in list(made.running):
+        made.stop(node)
+
+
+def barriers(node: ControllerRaft, count: int) -> None:
+    for _ in range(count):
+        node._apply_entry(json.dumps([{"type": "barrier"}]), sync=True, timeout=5.0)
+
+
+def test_a_controller_writes_our_journal(controllers, tmp_path):
+    node = controllers.start()
+    barriers(node, 5)
+    assert isinstance(compat.raft_journal(node), DurableJournal)
+    data = (tmp_path / "n1" / "raft.journal").read_bytes()
+    assert data.startswith(FILE_MAGIC), "the journal on disk is not ours"
+    entries, _, end = parse_records(data, "raft.journal")
+    assert end == len(data) and len(entries) >= 5 + 2  # pysyncobj's first no-op, the leader's no-op
+    assert entries[-1] == compat.entries_from(node, entries[-1][1], 1)[0]
+
+
+class DiskEvents:
+    """Records, in order, every fsync (with the path and inode of the file), every rename
+    (Python's os.rename audit event: also pysyncobj's own os.rename) and every journal
+    compaction (with the inode the snapshot file had when it began, and when it ended)."""
+
+    hook_added = False
+    active: DiskEvents | None = None
+
+    def __init__(self, monkeypatch, snapshot: Path) -> None:
+        self.events: list[tuple] = []
+        self.snapshot = snapshot
+        real_fsync = os.fsync
+
+        def fsync(fd: int) -> None:
+            self.events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}"), os.fstat(fd).st_ino))
+            real_fsync(fd)
+
+        real_compact = DurableJournal.deleteEntriesTo
+
+        def compact(journal: DurableJournal, entry_to: int) -> None:
+            inode = os.stat(self.snapshot).st_ino if self.snapshot.exists() else None
+            self.events.append(("compact", entry_to, inode))
+            real_compact(journal, entry_to)
+            self.events.append(("compacted", entry_to))
+
+        monkeypatch.setattr(os, "fsync", fsync)
+        monkeypatch.setattr(DurableJournal, "deleteEntriesTo", compact)
+        if not DiskEvents.hook_added:
+            sys.addaudithook(DiskEvents._audit)  # cannot be removed: it checks `active`
+            DiskEvents.hook_added = True
+        DiskEvents.active = self
+
+    @staticmethod
+    def _audit(event: str, args: tuple) -> None:
+        recorder = DiskEvents.active
+        if event == "os.rename" and recorder is not None:
+            recorder.events.append(("rename", os.fsdecode(args[0]), os.fsdecode(args[1])))
+
+    def stop(self) -> None:
+        DiskEvents.active = None
+
+
+def test_snapshot_is_durable_before_the_journal_is_compacted(controllers, tmp_path, monkeypatch):
+    data_dir = tmp_path / "n1"
+    snapshot = data_dir / "raft.snapshot"
+    node = controllers.start()
+    barriers(node, 5)
+    recorder = DiskEvents(monkeypatch, snapshot)
+    try:
+        node.forceLogCompaction()
+        wait_for(lambda: any(e[0] == "compacted" for e in recorder.events), 10.0, "a journal compaction")
+    finally:
+        recorder.stop()
+    events = recorder.events
+    compaction = next(i for i, e in enumerate(events) if e[0] == "compact")
+    snapshot_inode = events[compaction][2]
+    renamed = [
+        i for i, e in enumerate(events[:compaction]) if e[:3] == ("rename", f"{snapshot}.tmp", str(snapshot))
+    ]
+    assert renamed, f"no snapshot was renamed into place before the compaction: {events}"
+    data_synced = [i for i, e in enumerate(events[:compaction]) if e[0] == "fsync" and e[2] == snapshot_inode]
+    assert data_synced and data_synced[-1] < renamed[-1], f"snapshot data not fsynced before: {events}"
+    directory = os.path.realpath(data_dir)  # /proc/self/fd names the real path
+    directory_synced = [e for e in events[renamed[-1] : compaction] if e[0] == "fsync" and e[1] == directory]
+    assert directory_synced, f"the snapshot's directory entry was not fsynced before compaction: {events}"
+    # and the snapshot pysyncobj wrote is what read_snapshot_entries (so the restart path) reads
+    last, previous = compat.read_snapshot_entries(snapshot)
+    journal = compat.raft_journal(node)
+    assert (journal[0], journal[1]) == (previous, last)
+
+
+def test_the_snapshot_carries_the_replicated_state(controllers):
+    """include_in_snapshot: after a compaction the state exists only in the snapshot; a
+    restarted node must get it back from there."""
+    node = controllers.start()
+    put = [{"type": "put_topic", "name": "KeptInSnapshot", "queue_count": 2}]
+    node._apply_entry(json.dumps(put), sync=True, timeout=5.0)
+    put_index = node.raftLastApplied
+    barriers(node, 3)
+    digest = node.state.digest
+    node.forceLogCompaction()
+    journal = compat.raft_journal(node)
+    wait_for(lambda: journal[0][1] > put_index, 10.0, "the journal to be compacted past the topic")
+    controllers.stop(node)
+    again = controllers.start()
+    wait_for(lambda: again.raftLastApplied >= put_index + 3, 10.0, "the restarted node to apply")
+    assert again.state.get("topic/KeptInSnapshot") is not None, "the snapshot lost the state"
+    assert again.state.digest == digest
+
+
+# Two real SyncObj nodes on loopback, ticked by hand ---------------------------------------
+
+
+class Counter(SyncObj):
+    def __init__(self, address: str, peer: str, conf: SyncObjConf, transport: type = TCPTransport) -> None:
+        super().__init__(address, [peer], conf, transportClass=transport)
+        self.value = 0
+
+    @replicated
+    def inc(self) -> int:
+        self.value += 1
+        return self.value
+
+
+class LeaderWithNextIndexFix(compat.NextIndexFix, Counter):
+    pass
+
+
+class FollowerWithHeldEntriesFix(compat.HeldEntriesFix, Counter):
+    pass
+
+
+class RecordingTransport(TCPTransport):
+    """Remembers the Raft index of every entry this node sends, per peer."""
+
+    sent: dict[str, dict[str, list[int]]] = {}  # sender address -> peer address -> indexes
+
+    def __init__(self, syncObj, selfNode, otherNodes) -> None:  # noqa: N803 - pysyncobj's names
+        self.sender = selfNode.address
+        super().__init__(syncObj, selfNode, otherNodes)
+
+    def send(self, node, message) -> bool:
+        if isinstance(message, dict) and message.get("type") == "append_entries":
+            indexes = [entry[1] for entry in message.get("entries", [])]
+            RecordingTransport.sent.setdefault(self.sender, {}).setdefault(node.address, []).extend(indexes)
+        return bool(super().send(node, message))
+
+
+def manual_conf(address: str, election_s: float) -> SyncObjConf:
+    return SyncObjConf(
+        autoTick=False,
+        appendEntriesUseBatch=False,
+        appendEntriesPeriod=0.05,
+        raftMinTimeout=election_s,
+        raftMaxTimeout=election_s * 1.5,
+        connectionTimeout=max(5.0, election_s * 1.5),
+        bindAddress=address,
+        maxBindRetries=1,
+    )
+
+
+def loopback_addresses(count: int) -> list[str]:
+    sockets = [socket.create_server(("127.0.0.1", 0)) for _ in range(count)]
+    try:
+        return [f"127.0.0.1:{s.getsockname()[1]}" for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def start_pair(leader_class: type, follower_class: type, transport: type = TCPTransport) -> tuple[Any, Any]:
+    """A leader-to-be (short election timeout) and a follower (one that never runs out).
+    pysyncobj needs both addresses up front: a port taken meanwhile is retried."""
+    for _ in range(BIND_ATTEMPTS_MAX):
+        leader_address, follower_address = loopback_addresses(2)
+        try:
+            leader = leader_class(
+                leader_address, follower_address, manual_conf(leader_address, 0.2), transport
+            )
+        except SyncObjException:
+            continue
+        try:
+            follower = follower_class(
+                follower_address, leader_address, manual_conf(follower_address, 30.0), transport
+            )
+        except SyncObjException:
+            leader.destroy()
+            continue
+        return leader, follower
+    pytest.fail(f"could not bind two loopback ports in {BIND_ATTEMPTS_MAX} attempts")
+
+
+def tick_both(leader, follower) -> Callable[[], None]:
+    def step() -> None:
+        leader.doTick(0.005)
+        follower.doTick(0.005)
+
+    return step
+
+
+def in_step(leader, follower) -> bool:
+    """The follower knows the leader and holds (and the leader knows it holds) everything."""
+    status = leader.getStatus()
+    last = status["commit_idx"]
+    return (
+        compat.is_leader(leader)
+        and compat.leader_address(follower) == leader.selfNode.address
+        and status.get(f"match_idx_server_{follower.selfNode.address}") == last
+        and follower.getStatus()["log_len"] == status["log_len"]
+        and leader.raftLastApplied == last
+        and follower.raftLastApplied == last
+    )
+
+
+def stale_ack_scenario(leader, follower) -> tuple[int, list[int]]:
+    """Makes a follower's acknowledgement reach the leader after newer entries went out.
+
+    Returns (the first new index, the indexes the leader sent the follower since). With
+    manual ticks the order is exact: in one leader tick pysyncobj first sends what was
+    proposed, then reads the network."""
+    step = tick_both(leader, follower)
+    wait_for(lambda: in_step(leader, follower), 10.0, "a leader and an up-to-date follower", step)
+    first = leader.getStatus()["commit_idx"] + 1
+    RecordingTransport.sent.clear()
+    leader.inc(callback=lambda result, error: None)
+    leader.doTick(0.0)  # sends entry `first`
+    wait_for(
+        lambda: follower.getStatus()["log_len"] == leader.getStatus()["log_len"],
+        5.0,
+        "the follower to store (and acknowledge) the first entry",
+        lambda: follower.doTick(0.005),
+    )
+    leader.inc(callback=lambda result, error: None)
+    leader.inc(callback=lambda result, error: None)
+    # The next tick sends first+1 and first+2, then reads the (now stale) ack of `first`.
+    key = f"match_idx_server_{follower.selfNode.address}"
+    wait_for(
+        lambda: leader.getStatus()[key] >= first,
+        5.0,
+        "the leader to read the ack",
+        lambda: leader.doTick(0.02),
+    )
+    leader.inc(callback=lambda result, error: None)
+    leader.doTick(0.0)  # proposes first+3: sends from the follower's nextIndex on
+    wait_for(lambda: in_step(leader, follower), 10.0, "the follower to catch up", step)
+    sent = RecordingTransport.sent[leader.selfNode.address][follower.selfNode.address]
+    return first, sent
+
+
+def stop_pair(*nodes) -> None:
+    for node in nodes:
+        node.destroy()  # manual ticks: destroys at once
+
+
+def test_a_stale_ack_does_not_move_next_index_back():
+    leader, follower = start_pair(LeaderWithNextIndexFix, Counter, RecordingTransport)
+    try:
+        first, sent = stale_ack_scenario(leader, follower)
+        assert [i for i in sent if i >= first] == [first, first + 1, first + 2, first + 3], (
+            f"entries sent to the follower from index {first} on: {sent}"
+        )
+        status = leader.getStatus()
+        assert status[f"next_node_idx_server_{follower.selfNode.address}"] == first + 4
+    finally:
+        stop_pair(leader, follower)
+
+
+def test_a_follower_keeps_entries_it_already_holds():
+    leader, follower = start_pair(Counter, FollowerWithHeldEntriesFix, RecordingTransport)
+    journal = compat.raft_journal(follower)
+    truncations: list[int] = []
+    real_delete = journal.deleteEntriesFrom
+
+    def delete_entries_from(entry_from: int) -> None:
+        truncations.append(entry_from)
+        real_delete(entry_from)
+
+    journal.deleteEntriesFrom = delete_entries_from
+    try:
+        first, sent = stale_ack_scenario(leader, follower)
+        resent = sorted({i for i in sent if i >= first and sent.count(i) > 1})
+        assert resent, f"pysyncobj's leader did not resend (nothing to check): {sent}"
+        assert truncations == [], f"the follower truncated entries it held (resent: {resent})"
+        last = leader.getStatus()["commit_idx"]
+        assert compat.entries_from(follower, first, last) == compat.entries_from(leader, first, last)
+        assert follower.value == leader.value == 4, "four increments, each applied once"
+    finally:
+        stop_pair(leader, follower)
+
+
+class Relay(threading.Thread):
+    """A TCP forwarder on 127.0.0.1 (its own port): counts the connections it carried."""
+
+    def __init__(self, target: str) -> None:
+        super().__init__(daemon=True)
+        host, _, port = target.rpartition(":")
+        self.target = (host, int(port))
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.address = f"127.0.0.1:{self.server.getsockname()[1]}"
+        self.accepted = 0
+        self.stopping = threading.Event()
+        self.selector = selectors.DefaultSelector()
+
+    def run(self) -> None:
+        self.server.setblocking(False)
+        self.selector.register(self.server, selectors.EVENT_READ, None)
+        while not self.stopping.is_set():
+            for key, _ in self.selector.select(timeout=0.05):
+                if key.data is None:
+                    self._accept()
+                else:
+                    self._pump(key.fileobj, key.data)
+
+    def _accept(self) -> None:
+        inbound, _ = self.server.accept()
+        outbound = socket.create_connection(self.target, timeout=2.0)
+        self.accepted += 1
+        for a, b in ((inbound, outbound), (outbound, inbound)):
+            a.setblocking(False)
+            self.selector.register(a, selectors.EVENT_READ, b)
+
+    def _pump(self, source: Any, destination: socket.socket) -> None:
+        try:
+            data = source.recv(65536)
+            if data:
+                destination.setblocking(True)
+                destination.sendall(data)
+                destination.setblocking(False)
+                return
+        except OSError:
+            pass
+        for s in (source, destination):
+            try:
+                self.selector.unregister(s)
+            except (KeyError, ValueError):
+                pass
+            s.close()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.join(timeout=5)
+        for key in list(self.selector.get_map().values()):
+            key.fileobj.close()  # type: ignore[union-attr]
+        self.selector.close()
+
+
+def test_raft_connects_through_the_dial_map(monkeypatch):
+    """The controller's transport (DialHookTransport + mqmeta.dialmap): the node that
+    dials reaches its peer only through the relay the dial map names; the cluster forms,
+    replicates, and each node knows the other by its real address."""
+    for _ in range(BIND_ATTEMPTS_MAX):
+        low, high = sorted(loopback_addresses(2))  # pysyncobj: the higher address dials
+        relay = Relay(low)
+        relay.start()
+        monkeypatch.setattr(dialmap, "_mapping", {low: relay.address})
+        try:
+            dialer = Counter(high, low, manual_conf(high, 0.2), raft_node._DialingTransport)
+        except SyncObjException:
+            relay.stop()
+            continue
+        try:
+            listener = Counter(low, high, manual_conf(low, 30.0), raft_node._DialingTransport)
+        except SyncObjException:
+            dialer.destroy()
+            relay.stop()
+            continue
+        break
+    else:
+        pytest.fail(f"could not bind two loopback ports in {BIND_ATTEMPTS_MAX} attempts")
+    try:
+        wait_for(lambda: in_step(dialer, listener), 10.0, "a cluster formed", tick_both(dialer, listener))
+        assert relay.accepted >= 1, "the dialing node did not connect through the dial map"
+        dialer.inc(callback=lambda result, error: None)
+        wait_for(lambda: listener.value == 1, 5.0, "the entry to reach the peer", tick_both(dialer, listener))
+        assert (
+            compat.leader_address(listener) == high
+            and dialer.getStatus()[f"partner_node_status_server_{low}"]
+        )
+    finally:
+        stop_pair(dialer, listener)
+        relay.stop()
+
+
+def test_profiling_wrappers_see_every_tick_and_message(monkeypatch):
+    """wrap_tick and wrap_transport_send (the benchmark's profiler) run around pysyncobj's
+    tick and every Raft message; monkeypatch restores pysyncobj's own afterwards."""
+    monkeypatch.setattr(SyncObj, "_onTick", SyncObj._onTick)
+    monkeypatch.setattr(TCPTransport, "send", TCPTransport.send)
+    ticks: list[float] = []
+    kinds: list[str] = []
+
+    def on_tick(original, node, time_to_wait):
+        ticks.append(time_to_wait)
+        return original(node, time_to_wait)
+
+    def on_send(original, transport, node, message):
+        kinds.append(message.get("type") if isinstance(message, dict) else "?")
+        return original(transport, node, message)
+
+    compat.wrap_tick(on_tick)
+    compat.wrap_transport_send(on_send)
+    leader, follower = start_pair(Counter, Counter)
+    try:
+        wait_for(lambda: in_step(leader, follower), 10.0, "a cluster formed", tick_both(leader, follower))
+        assert ticks and {"request_vote", "append_entries", "next_node_idx"} <= set(kinds)
+    finally:
+        stop_pair(leader, follower)
