@@ -74,8 +74,11 @@ class RaftSettings:
                 raise InvalidArgument(f"{name} must be at least 1")
 
 
-def _syncobj_conf(settings: RaftSettings, data_dir: Path) -> SyncObjConf:
+def _syncobj_conf(settings: RaftSettings, data_dir: Path, bind_address: str | None = None) -> SyncObjConf:
     return SyncObjConf(
+        # The Raft port listens on its own address only (pysyncobj's default is every
+        # interface): its wire format is pickle, reachable only where it must be.
+        bindAddress=bind_address,
         password=settings.secret or None,
         appendEntriesUseBatch=False,
         appendEntriesPeriod=settings.heartbeat_ms / 1000,
@@ -146,7 +149,10 @@ class ControllerRaft(pysyncobj_compat.RaftFixes):
         self._state = ControllerState()
         others = [p.raft for p in peers if p.raft != raft_address]
         super().__init__(
-            raft_address, others, _syncobj_conf(settings, data_dir), transportClass=_DialingTransport
+            raft_address,
+            others,
+            _syncobj_conf(settings, data_dir, raft_address),
+            transportClass=_DialingTransport,
         )
         # _state is the replicated data: let pysyncobj include it in snapshots.
         pysyncobj_compat.include_in_snapshot(self, "_state")

@@ -238,15 +238,7 @@ class Controllers:
 
 
 @pytest.fixture
-def controllers(tmp_path, monkeypatch):
-    real_conf = raft_node._syncobj_conf
-
-    def loopback_conf(settings: RaftSettings, data_dir: Path) -> SyncObjConf:
-        conf = real_conf(settings, data_dir)
-        conf.bindAddress = "127.0.0.1:0"  # the controller itself binds every interface
-        return conf
-
-    monkeypatch.setattr(raft_node, "_syncobj_conf", loopback_conf)
+def controllers(tmp_path):
     made = Controllers(tmp_path / "n1")
     yield made
     for node in list(made.running):
@@ -656,3 +648,24 @@ def test_profiling_wrappers_see_every_tick_and_message(monkeypatch):
         assert ticks and {"request_vote", "append_entries", "next_node_idx"} <= set(kinds)
     finally:
         stop_pair(leader, follower)
+
+
+def test_the_raft_port_listens_on_its_own_address_only(tmp_path):
+    """The Raft port speaks pickle: it must listen on the configured address, not on every
+    interface (pysyncobj's default). 127.0.0.2 is another loopback address: a listener on
+    0.0.0.0 would accept there too."""
+    reservation = socket.socket()
+    reservation.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    reservation.bind(("127.0.0.1", 0))  # held (not listening) so no one else takes the port
+    address = f"127.0.0.1:{reservation.getsockname()[1]}"
+    node = ControllerRaft(
+        "n1", address, [Peer("n1", address, "")], tmp_path, RaftSettings(), on_events=lambda i, e: None
+    )
+    try:
+        wait_for(node.is_leader, 10.0, "the single node to elect itself")
+        socket.create_connection(("127.0.0.1", int(address.rpartition(":")[2])), timeout=2).close()
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.2", int(address.rpartition(":")[2])), timeout=2).close()
+    finally:
+        node.close()
+        reservation.close()
