@@ -391,11 +391,14 @@ def truncation_point(
 
 # The core ------------------------------------------------------------------------------
 @dataclass
-class BrokerCore:
+class _State:
+    """Everything the core believes. Only the handlers below change it; the shell and
+    the threads it runs read it through BrokerCore's queries and view()."""
+
     broker_name: str  # for messages only
-    policy: AckPolicy = field(default_factory=AckPolicy)
-    max_not_catchup_ms: int = 15_000
-    pending_grace_ms: int = PENDING_GRACE_MS
+    policy: AckPolicy
+    pending_grace_ms: int
+    tracker: SyncStateTracker
     broker_id: int = 0
     role: Role = Role.FENCED
     master_epoch: int = 0
@@ -404,73 +407,115 @@ class BrokerCore:
     sync_state_set: tuple[int, ...] = ()
     sync_state_set_epoch: int = 0
     registered_ids: frozenset[int] = frozenset()
+    pending: _PendingChange | None = None
     confirm_offset: int = 0
     fetch_session: int = 0
+    newest_master_epoch_seen: int = 0  # from any controller answer, heartbeats included
     stopped: bool = False
     lease: Lease = field(default_factory=lambda: Lease(lease_ms=LEASE_MS_DEFAULT))
-    tracker: SyncStateTracker = field(init=False)
-    _pending: _PendingChange | None = None
 
-    def __post_init__(self) -> None:
-        self.tracker = SyncStateTracker(self.max_not_catchup_ms)
+
+class BrokerCore:
+    """One broker's role, fed events by its shell; see the module docstring."""
+
+    def __init__(
+        self,
+        broker_name: str,
+        policy: AckPolicy | None = None,
+        max_not_catchup_ms: int = 15_000,
+        pending_grace_ms: int = PENDING_GRACE_MS,
+    ) -> None:
+        tracker = SyncStateTracker(max_not_catchup_ms)
+        self._state = _State(broker_name, policy or AckPolicy(), pending_grace_ms, tracker)
 
     # The one entry point ----------------------------------------------------------------
     def handle(self, event: Event) -> list[Effect]:
         """Applies one event; returns what the shell must do, in EFFECT_ORDER."""
-        if self.stopped:
+        if self._state.stopped:
             return []
-        handler = _HANDLERS[type(event)]
-        effects = handler(self, event)
+        effects = _HANDLERS[type(event)](self._state, event)
         return sorted(effects, key=lambda effect: effect.ORDER)  # stable: ties keep their order
 
     # Queries (no effects) ------------------------------------------------------------------
     def view(self) -> RoleView:
+        s = self._state
         return RoleView(
-            self.role,
-            self.broker_id,
-            self.master_broker_id,
-            self.master_address,
-            self.master_epoch,
-            self.sync_state_set,
-            self.sync_state_set_epoch,
-            self.confirm_offset,
-            self.fetch_session,
+            s.role,
+            s.broker_id,
+            s.master_broker_id,
+            s.master_address,
+            s.master_epoch,
+            s.sync_state_set,
+            s.sync_state_set_epoch,
+            s.confirm_offset,
+            s.fetch_session,
         )
 
     @property
+    def broker_id(self) -> int:
+        return self._state.broker_id
+
+    @property
+    def role(self) -> Role:
+        return self._state.role
+
+    @property
+    def master_epoch(self) -> int:
+        return self._state.master_epoch
+
+    @property
+    def master_address(self) -> str:
+        return self._state.master_address
+
+    @property
+    def sync_state_set(self) -> tuple[int, ...]:
+        return self._state.sync_state_set
+
+    @property
+    def confirm_offset(self) -> int:
+        return self._state.confirm_offset
+
+    @property
+    def fetch_session(self) -> int:
+        return self._state.fetch_session
+
+    @property
     def pending_sync_state_set(self) -> tuple[int, ...] | None:
-        return self._pending.members if self._pending is not None else None
+        pending = self._state.pending
+        return pending.members if pending is not None else None
 
     def follows(self, session: int) -> bool:
         """Is `session` the fetch session of this broker's current role as a slave?"""
-        return not self.stopped and self.role == Role.SLAVE and self.fetch_session == session
+        return _follows(self._state, session)
 
     def lease_valid(self, now_ms: int) -> bool:
-        return self.lease.valid(now_ms)
+        return self._state.lease.valid(now_ms)
 
     def writable(self, now_ms: int) -> bool:
-        return self.role == Role.MASTER and self.lease.valid(now_ms)
+        return self._state.role == Role.MASTER and self._state.lease.valid(now_ms)
 
     def check_master(self) -> None:
-        if self.role != Role.MASTER:
+        s = self._state
+        if s.role != Role.MASTER:
             raise NotMaster(
-                f"broker {self.broker_id} of {self.broker_name} is {self.role.value}, not the master",
-                leader=self.master_address,
+                f"broker {s.broker_id} of {s.broker_name} is {s.role.value}, not the master",
+                leader=s.master_address,
             )
 
     def check_writable(self, now_ms: int) -> None:
         """May this broker append now? Raises the refusal a producer should see."""
         self.check_master()
-        if not self.lease.valid(now_ms):
+        s = self._state
+        if not s.lease.valid(now_ms):
             raise NotMaster(
-                f"master {self.broker_id} of {self.broker_name} has no valid "
+                f"master {s.broker_id} of {s.broker_name} has no valid "
                 "lease from the controller; it refuses writes until it renews",
                 leader="",
             )
-        if len(set(self.sync_state_set) | {self.broker_id}) < self.policy.min_in_sync_replicas:
+        if len(set(s.sync_state_set) | {s.broker_id}) < s.policy.min_in_sync_replicas:
             raise FailedPrecondition(
-                f"SyncStateSet {list(self.sync_state_set)} is smaller than min_in_sync_replicas "
-                f"{self.policy.min_in_sync_replicas}",
+                f"SyncStateSet {list(s.sync_state_set)} is smaller than min_in_sync_replicas "
+                f"{s.policy.min_in_sync_replicas}",
                 code="IN_SYNC_REPLICAS_NOT_ENOUGH",
             )
 
@@ -478,171 +523,195 @@ class BrokerCore:
         """Is everything before `end_offset`, written as master of `epoch`, acknowledged?
         Only the master of that epoch can say yes: once deposed, a later confirm offset
         (learned as a slave) may describe other bytes at the same offsets."""
-        if self.role != Role.MASTER or self.master_epoch != epoch:
+        s = self._state
+        if s.role != Role.MASTER or s.master_epoch != epoch:
             return WriteOutcome.DEPOSED
-        return WriteOutcome.ACKNOWLEDGED if self._acknowledged(end_offset) else WriteOutcome.WAITING
+        return WriteOutcome.ACKNOWLEDGED if _acknowledged(s, end_offset) else WriteOutcome.WAITING
 
     def acked_offsets(self) -> dict[int, int]:
         """Each slave's acknowledged offset in this master epoch (empty unless master)."""
-        return self.tracker.acked() if self.role == Role.MASTER else {}
+        return _acked_offsets(self._state)
 
     def slaves(self) -> dict[int, SlaveProgress]:
         """A copy of each slave's progress (empty unless master)."""
-        if self.role != Role.MASTER:
+        if self._state.role != Role.MASTER:
             return {}
-        return {i: SlaveProgress(**vars(p)) for i, p in self.tracker.slaves.items()}
+        return {i: SlaveProgress(**vars(p)) for i, p in self._state.tracker.slaves.items()}
 
-    # Internals shared by the handlers ------------------------------------------------------
-    def _acknowledged(self, end_offset: int) -> bool:
-        if self.policy.all_ack_in_sync_state_set:
-            return self.confirm_offset >= end_offset
-        acked = self.tracker.acked()
-        others = self._counted() - {self.broker_id}
-        holders = 1 + sum(1 for i in others if acked.get(i, 0) >= end_offset)
-        return holders >= self.policy.in_sync_replicas
 
-    def _counted(self) -> set[int]:
-        return counted_members(self.broker_id, self.sync_state_set, self.pending_sync_state_set)
+# Rules shared by the handlers --------------------------------------------------------------
+def _follows(s: _State, session: int) -> bool:
+    return not s.stopped and s.role == Role.SLAVE and s.fetch_session == session
 
-    def _note(self, force: bool = False) -> NoteConfirm:
-        acked = tuple(sorted(self.acked_offsets().items()))
-        return NoteConfirm(self.role, self.master_epoch, self.confirm_offset, acked, force)
 
-    def _recompute_confirm(self, log: LogView) -> list[Effect]:
-        """As master: the confirm offset never moves backwards within a role."""
-        if self.role != Role.MASTER:
-            return []
-        computed = confirm_offset(self.broker_id, log.max_offset, self.tracker.acked(), self._counted())
-        if computed <= self.confirm_offset:
-            return []
-        self.confirm_offset = computed
-        return [self._note(), WakeWaiters()]
+def _acked_offsets(s: _State) -> dict[int, int]:
+    return s.tracker.acked() if s.role == Role.MASTER else {}
 
-    def _new_session(self) -> list[Effect]:
-        effects: list[Effect] = [StopFetching(self.fetch_session)] if self.role == Role.SLAVE else []
-        self.fetch_session += 1
-        return effects
 
-    def _fetch_refusal(self, slave_master_epoch: int) -> list[Effect]:
-        if self.role != Role.MASTER:
-            not_master = f"broker {self.broker_id} is {self.role.value}, not the master"
-            return [Refuse(NotMaster(not_master, leader=self.master_address))]
-        if slave_master_epoch > self.master_epoch:  # the slave knows a newer epoch: this master is stale
-            stale = f"master epoch {self.master_epoch} is older than the slave's {slave_master_epoch}"
-            return [RequestRefresh(), Refuse(FencedEpoch(stale))]
+def _counted(s: _State) -> set[int]:
+    pending = s.pending.members if s.pending is not None else None
+    return counted_members(s.broker_id, s.sync_state_set, pending)
+
+
+def _acknowledged(s: _State, end_offset: int) -> bool:
+    if s.policy.all_ack_in_sync_state_set:
+        return s.confirm_offset >= end_offset
+    acked = s.tracker.acked()
+    holders = 1 + sum(1 for i in _counted(s) - {s.broker_id} if acked.get(i, 0) >= end_offset)
+    return holders >= s.policy.in_sync_replicas
+
+
+def _note(s: _State, force: bool = False) -> NoteConfirm:
+    acked = tuple(sorted(_acked_offsets(s).items()))
+    return NoteConfirm(s.role, s.master_epoch, s.confirm_offset, acked, force)
+
+
+def _recompute_confirm(s: _State, log: LogView) -> list[Effect]:
+    """As master: the confirm offset never moves backwards within a role."""
+    if s.role != Role.MASTER:
         return []
+    computed = confirm_offset(s.broker_id, log.max_offset, s.tracker.acked(), _counted(s))
+    if computed <= s.confirm_offset:
+        return []
+    s.confirm_offset = computed
+    return [_note(s), WakeWaiters()]
 
 
-# Handlers: (core, event) -> effects ------------------------------------------------------
-def _on_registered(core: BrokerCore, event: Registered) -> list[Effect]:
-    core.broker_id = event.broker_id
-    core.lease.lease_ms = event.lease_ms
+def _new_session(s: _State) -> list[Effect]:
+    effects: list[Effect] = [StopFetching(s.fetch_session)] if s.role == Role.SLAVE else []
+    s.fetch_session += 1
+    return effects
+
+
+def _fetch_refusal(s: _State, slave_master_epoch: int) -> list[Effect]:
+    if s.role != Role.MASTER:
+        not_master = f"broker {s.broker_id} is {s.role.value}, not the master"
+        return [Refuse(NotMaster(not_master, leader=s.master_address))]
+    if slave_master_epoch > s.master_epoch:  # the slave knows a newer epoch: this master is stale
+        stale = f"master epoch {s.master_epoch} is older than the slave's {slave_master_epoch}"
+        return [RequestRefresh(), Refuse(FencedEpoch(stale))]
+    if slave_master_epoch < s.master_epoch:
+        # A fetch of an older session (it may have waited in a stream across elections)
+        # says nothing about the slave's log now: no ack; the slave must refresh.
+        behind = f"the slave follows master epoch {slave_master_epoch}; this master is at {s.master_epoch}"
+        return [Refuse(FencedEpoch(behind))]
     return []
 
 
-def _on_replica_info(core: BrokerCore, info: ReplicaInfo) -> list[Effect]:
-    """Adopts what the controller decided; an older master epoch is ignored."""
-    if info.master_epoch < core.master_epoch:
+# Handlers: (state, event) -> effects ------------------------------------------------------
+def _on_registered(s: _State, event: Registered) -> list[Effect]:
+    s.broker_id = event.broker_id
+    s.lease.lease_ms = event.lease_ms
+    return []
+
+
+def _on_replica_info(s: _State, info: ReplicaInfo) -> list[Effect]:
+    """Adopts what the controller decided; an older master epoch than any the controller
+    has named (in replica info or a heartbeat reply) is ignored: the watch stream and the
+    calls travel separately, so a late decision must not undo a newer one."""
+    if info.master_epoch < max(s.master_epoch, s.newest_master_epoch_seen):
         return []
-    core.registered_ids = info.registered_ids
-    if core._pending is not None and info.sync_state_set_epoch > core._pending.base_epoch:
-        core._pending = None  # the set moved on: count what it is now
-    if info.sync_state_set_epoch >= core.sync_state_set_epoch:
-        core.sync_state_set = tuple(sorted(info.sync_state_set))
-        core.sync_state_set_epoch = info.sync_state_set_epoch
-    same = info.master_epoch == core.master_epoch and info.master_broker_id == core.master_broker_id
-    if same and core.role != Role.FENCED:
-        return core._recompute_confirm(info.log)
-    effects = core._new_session()  # any running fetcher stops
-    core.master_epoch = info.master_epoch
-    core.master_broker_id = info.master_broker_id
-    core.master_address = info.master_address
-    if info.master_broker_id == core.broker_id and core.broker_id:
-        effects += _become_master(core, info.now_ms, info.log)
+    s.newest_master_epoch_seen = info.master_epoch
+    s.registered_ids = info.registered_ids
+    if s.pending is not None and info.sync_state_set_epoch > s.pending.base_epoch:
+        s.pending = None  # the set moved on: count what it is now
+    if info.sync_state_set_epoch >= s.sync_state_set_epoch:
+        s.sync_state_set = tuple(sorted(info.sync_state_set))
+        s.sync_state_set_epoch = info.sync_state_set_epoch
+    same = info.master_epoch == s.master_epoch and info.master_broker_id == s.master_broker_id
+    if same and s.role != Role.FENCED:
+        return _recompute_confirm(s, info.log)
+    effects = _new_session(s)  # any running fetcher stops
+    s.master_epoch = info.master_epoch
+    s.master_broker_id = info.master_broker_id
+    s.master_address = info.master_address
+    if info.master_broker_id == s.broker_id and s.broker_id:
+        effects += _become_master(s, info.now_ms, info.log)
     elif info.master_broker_id:
-        core.role = Role.SLAVE
+        s.role = Role.SLAVE
         effects.append(
-            StartFetching(core.fetch_session, info.master_broker_id, info.master_address, info.master_epoch)
+            StartFetching(s.fetch_session, info.master_broker_id, info.master_address, info.master_epoch)
         )
     else:
-        core.role = Role.FENCED
+        s.role = Role.FENCED
     return [*effects, WakeWaiters()]
 
 
-def _become_master(core: BrokerCore, now_ms: int, log: LogView) -> list[Effect]:
+def _become_master(s: _State, now_ms: int, log: LogView) -> list[Effect]:
     """A new epoch entry (unless this log already began it), a fresh confirm offset."""
     effects: list[Effect] = []
-    if log.last_epoch < core.master_epoch:
-        effects.append(BeginEpoch(core.master_epoch))
-    others = [i for i in core.sync_state_set if i != core.broker_id]
-    core.tracker.reset(now_ms, others)
-    core._pending = None
+    if log.last_epoch < s.master_epoch:
+        effects.append(BeginEpoch(s.master_epoch))
+    others = [i for i in s.sync_state_set if i != s.broker_id]
+    s.tracker.reset(now_ms, others)
+    s.pending = None
     # Alone in its set it confirms all it has; otherwise nothing beyond what it knew.
-    core.confirm_offset = log.max_offset if not others else min(core.confirm_offset, log.max_offset)
-    core.role = Role.MASTER
-    return [*effects, core._note(force=True)]
+    s.confirm_offset = log.max_offset if not others else min(s.confirm_offset, log.max_offset)
+    s.role = Role.MASTER
+    return [*effects, _note(s, force=True)]
 
 
-def _on_sync_state_set_changed(core: BrokerCore, event: SyncStateSetChanged) -> list[Effect]:
+def _on_sync_state_set_changed(s: _State, event: SyncStateSetChanged) -> list[Effect]:
     """Adopt the committed set, then stop counting the union: no window in between."""
-    effects = _on_replica_info(core, event.info)
-    core._pending = None
-    return effects + core._recompute_confirm(event.info.log)
+    effects = _on_replica_info(s, event.info)
+    s.pending = None
+    return effects + _recompute_confirm(s, event.info.log)
 
 
-def _on_sync_state_set_failed(core: BrokerCore, event: SyncStateSetFailed) -> list[Effect]:
+def _on_sync_state_set_failed(s: _State, event: SyncStateSetFailed) -> list[Effect]:
     """Keep counting the union until a refresh shows the set moved on, or for at most
     pending_grace_ms: a proposal that timed out may still commit."""
-    if core._pending is not None:
-        core._pending.failed_ms = event.now_ms
+    if s.pending is not None:
+        s.pending.failed_ms = event.now_ms
     return [RequestRefresh()]
 
 
-def _on_heartbeat_answered(core: BrokerCore, reply: HeartbeatAnswered) -> list[Effect]:
+def _on_heartbeat_answered(s: _State, reply: HeartbeatAnswered) -> list[Effect]:
+    s.newest_master_epoch_seen = max(s.newest_master_epoch_seen, reply.master_epoch)
     effects: list[Effect] = []
-    if core.role == Role.MASTER and (
-        reply.master_broker_id != core.broker_id or reply.master_epoch != core.master_epoch
+    if s.role == Role.MASTER and (
+        reply.master_broker_id != s.broker_id or reply.master_epoch != s.master_epoch
     ):
-        core.lease.revoke()  # the controller names another master: stop writing now
+        s.lease.revoke()  # the controller names another master: stop writing now
         effects += [LeaseRevoked(reply.master_broker_id, reply.master_epoch), WakeWaiters()]
     else:
-        core.lease.renew(reply.sent_ms, reply.lease_ms or None)
+        s.lease.renew(reply.sent_ms, reply.lease_ms or None)
     stale = (
-        reply.master_broker_id != core.master_broker_id
-        or reply.master_epoch != core.master_epoch
-        or reply.sync_state_set_epoch != core.sync_state_set_epoch
+        reply.master_broker_id != s.master_broker_id
+        or reply.master_epoch != s.master_epoch
+        or reply.sync_state_set_epoch != s.sync_state_set_epoch
     )
     return effects + ([RequestRefresh()] if stale else [])
 
 
-def _on_tick(core: BrokerCore, tick: Tick) -> list[Effect]:
-    pending = core._pending
-    if pending is not None and pending.failed_ms and tick.now_ms - pending.failed_ms > core.pending_grace_ms:
-        core._pending = pending = None  # it never committed
-    if core.role != Role.MASTER or pending is not None:
+def _on_tick(s: _State, tick: Tick) -> list[Effect]:
+    pending = s.pending
+    if pending is not None and pending.failed_ms and tick.now_ms - pending.failed_ms > s.pending_grace_ms:
+        s.pending = pending = None  # it never committed
+    if s.role != Role.MASTER or pending is not None:
         return []
-    plan = core.tracker.plan(
+    plan = s.tracker.plan(
         tick.now_ms,
-        core.broker_id,
-        list(core.sync_state_set),
-        core.confirm_offset,
+        s.broker_id,
+        list(s.sync_state_set),
+        s.confirm_offset,
         tick.log.epoch_start,
-        set(core.registered_ids),
+        set(s.registered_ids),
     )
     if plan is None:
         return []
-    core._pending = _PendingChange(tuple(plan), core.sync_state_set_epoch)
-    return [ProposeSyncStateSet(core.broker_id, core.master_epoch, core.sync_state_set_epoch, tuple(plan))]
+    s.pending = _PendingChange(tuple(plan), s.sync_state_set_epoch)
+    return [ProposeSyncStateSet(s.broker_id, s.master_epoch, s.sync_state_set_epoch, tuple(plan))]
 
 
-def _on_appended(core: BrokerCore, event: Appended) -> list[Effect]:
-    return [*core._recompute_confirm(event.log), WakeWaiters()]  # also wakes long-polling fetches
+def _on_appended(s: _State, event: Appended) -> list[Effect]:
+    return [*_recompute_confirm(s, event.log), WakeWaiters()]  # also wakes long-polling fetches
 
 
-def _on_slave_fetch(core: BrokerCore, fetch: SlaveFetch) -> list[Effect]:
+def _on_slave_fetch(s: _State, fetch: SlaveFetch) -> list[Effect]:
     """The master's side of a fetch: refuse, ask for a truncation, point to the tiered
     store, or record the fetch offset as the slave's ack and serve from it."""
-    refusal = core._fetch_refusal(fetch.master_epoch)
+    refusal = _fetch_refusal(s, fetch.master_epoch)
     if refusal:
         return refusal
     log = fetch.log
@@ -653,27 +722,27 @@ def _on_slave_fetch(core: BrokerCore, fetch: SlaveFetch) -> list[Effect]:
     if fetch.fetch_offset < log.min_offset:
         return [AnswerFetch(moved_to_tiered=True)]  # retention deleted it here
     effects: list[Effect] = []
-    if fetch.broker_id in core.registered_ids:
-        core.tracker.on_fetch(fetch.broker_id, fetch.fetch_offset, log.max_offset, fetch.now_ms)
-        effects += core._recompute_confirm(log)
+    if fetch.broker_id in s.registered_ids:
+        s.tracker.on_fetch(fetch.broker_id, fetch.fetch_offset, log.max_offset, fetch.now_ms)
+        effects += _recompute_confirm(s, log)
     return [*effects, AnswerFetch(from_offset=fetch.fetch_offset)]
 
 
-def _on_fetch_still_waiting(core: BrokerCore, event: FetchStillWaiting) -> list[Effect]:
-    return core._fetch_refusal(event.master_epoch)
+def _on_fetch_still_waiting(s: _State, event: FetchStillWaiting) -> list[Effect]:
+    return _fetch_refusal(s, event.master_epoch)
 
 
-def _on_fetch_answered(core: BrokerCore, event: FetchAnswered) -> list[Effect]:
-    if core.role == Role.MASTER and event.broker_id in core.registered_ids:
-        core.tracker.on_answer(event.broker_id, event.log.max_offset, event.now_ms)
+def _on_fetch_answered(s: _State, event: FetchAnswered) -> list[Effect]:
+    if s.role == Role.MASTER and event.broker_id in s.registered_ids:
+        s.tracker.on_answer(event.broker_id, event.log.max_offset, event.now_ms)
     return []
 
 
-def _on_master_answered(core: BrokerCore, answer: MasterAnswered) -> list[Effect]:
+def _on_master_answered(s: _State, answer: MasterAnswered) -> list[Effect]:
     """The slave's side: cut at the consistent point the master named, or append."""
-    if not core.follows(answer.session):
+    if not _follows(s, answer.session):
         return []
-    effects: list[Effect] = [RequestRefresh()] if answer.master_epoch > core.master_epoch else []
+    effects: list[Effect] = [RequestRefresh()] if answer.master_epoch > s.master_epoch else []
     if answer.truncate_to >= 0:
         if answer.truncate_to < answer.log.max_offset:
             effects.append(Truncate(answer.truncate_to, answer.master_epoch))
@@ -683,39 +752,43 @@ def _on_master_answered(core: BrokerCore, answer: MasterAnswered) -> list[Effect
     return effects
 
 
-def _on_replicated(core: BrokerCore, event: Replicated) -> list[Effect]:
-    if not core.follows(event.session):
+def _on_replicated(s: _State, event: Replicated) -> list[Effect]:
+    if not _follows(s, event.session):
         return []
-    core.confirm_offset = min(event.confirm_offset, event.log.max_offset)
-    return [core._note()]
+    s.confirm_offset = min(event.confirm_offset, event.log.max_offset)
+    return [
+        _note(
+            s,
+        )
+    ]
 
 
-def _on_upload_starting(core: BrokerCore, event: UploadStarting) -> list[Effect]:
+def _on_upload_starting(s: _State, event: UploadStarting) -> list[Effect]:
     """T1: nothing beyond the confirm offset is uploaded; the audit's evidence of the
     confirm offset is written before the upload starts."""
-    if core.role != Role.MASTER or event.end_offset > core.confirm_offset:
+    if s.role != Role.MASTER or event.end_offset > s.confirm_offset:
         error = FailedPrecondition(
-            f"an upload ending at {event.end_offset} is past the confirm offset {core.confirm_offset} "
-            f"of this {core.role.value.lower()}"
+            f"an upload ending at {event.end_offset} is past the confirm offset {s.confirm_offset} "
+            f"of this {s.role.value.lower()}"
         )
         return [Refuse(error)]
-    return [core._note(force=True)]
+    return [_note(s, force=True)]
 
 
-def _on_fence(core: BrokerCore, event: Fence) -> list[Effect]:
-    effects = core._new_session()
-    core.role = Role.FENCED
+def _on_fence(s: _State, event: Fence) -> list[Effect]:
+    effects = _new_session(s)
+    s.role = Role.FENCED
     return [*effects, WakeWaiters()]
 
 
-def _on_stop(core: BrokerCore, event: Stop) -> list[Effect]:
-    effects = _on_fence(core, Fence("stopping"))
-    core.stopped = True
+def _on_stop(s: _State, event: Stop) -> list[Effect]:
+    effects = _on_fence(s, Fence("stopping"))
+    s.stopped = True
     return effects
 
 
 # each handler takes its own event type; the table is keyed by that type
-_HANDLERS: dict[type, Callable[[BrokerCore, Any], list[Effect]]] = {
+_HANDLERS: dict[type, Callable[[_State, Any], list[Effect]]] = {
     Registered: _on_registered,
     ReplicaInfo: _on_replica_info,
     SyncStateSetChanged: _on_sync_state_set_changed,

@@ -549,3 +549,28 @@ def test_a_failed_epoch_begin_fences_the_broker(agent, monkeypatch):
     monkeypatch.undo()
     a.apply_replica_info(replica_info(1, 1, [1]))
     assert a.view().role == Role.MASTER and a.store.epochs.entries == [(1, 0)]
+
+
+# core.py: stale messages from the controller and from slaves -------------------------------
+def test_a_stale_replica_info_after_a_newer_heartbeat_reply_never_makes_a_master():
+    """The watch stream and the heartbeat are separate streams (maybe to different
+    controller nodes): a broker told by a heartbeat reply that the set is at epoch 4
+    (renewing its lease as a slave) must not then become a writable master at epoch 3
+    from a late replica info."""
+    core = new_core()
+    core.handle(info(2, 2, (2, 1)))
+    assert RequestRefresh() in core.handle(HeartbeatAnswered(100, 3, 4, 4, lease_ms=0))
+    assert core.lease_valid(101)
+    assert core.handle(info(1, 3, (1,))) == [], "older than the epoch the controller already named"
+    assert core.role == Role.SLAVE and not core.writable(101)
+    core.handle(info(3, 4, (3, 1)))
+    assert core.master_epoch == 4 and core.follows(core.fetch_session)
+
+
+def test_a_fetch_of_an_older_epoch_is_refused_and_acknowledges_nothing():
+    """A fetch delayed across elections (a held TCP stream) says nothing about the slave's
+    log now: it must not count as an ack of this epoch's bytes."""
+    core = master_core(members=(1, 2), log=epoch1(300), epoch=3)
+    refused = core.handle(fetch(2, 300, epoch1(300), master_epoch=2))
+    assert len(refused) == 1 and isinstance(refused[0].error, FencedEpoch)
+    assert core.acked_offsets() == {2: 0} and core.confirm_offset == 0
