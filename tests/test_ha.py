@@ -12,9 +12,12 @@ Properties checked:
 - role transitions return their effects in the fixed order: a new master begins its
   epoch (unless its log already did) and notes its confirm offset; a slave starts a
   fetch session and a new master epoch stops the old one; older epochs are ignored;
-- a fetch is refused by a non-master and by a stale master (which asks for a refresh);
+- a fetch is refused by a non-master, by a stale master (which asks for a refresh) and
+  when it carries an older master epoch (a fetch delayed across elections is no ack);
   a handshake is answered with the consistent point, a fetch below the log start with
   the tiered store, otherwise the fetch offset counts as the slave's ack;
+- a replica info older than an epoch a heartbeat reply already named is ignored, so a
+  late decision never makes a writable master of a stale epoch;
 - a slave ignores answers of an old session, truncates where told, appends otherwise,
   and takes the master's confirm offset capped at its own log end;
 - ack policies: all of the set, or in_sync_replicas copies; min_in_sync_replicas and a
