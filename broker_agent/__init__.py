@@ -1,7 +1,10 @@
-"""The broker: the commit-log store, the role core, replication, tiered storage and the
-broker's gRPC service. Record, epoch and tiered formats live in mqmeta.formats."""
+"""The broker: the commit-log store, the pure role core and its shell (the agent),
+replication, tiered storage and the broker's gRPC service. Record, epoch and tiered
+formats live in mqmeta.formats."""
 
 from broker_agent.commitlog import CommitLog
+from broker_agent.core import BrokerCore
+from broker_agent.seams import BrokerHost
 from broker_agent.store import CONSUMER_OFFSET_TOPIC, MessageStore, PutResult
 
-__all__ = ["CONSUMER_OFFSET_TOPIC", "CommitLog", "MessageStore", "PutResult"]
+__all__ = ["CONSUMER_OFFSET_TOPIC", "BrokerCore", "BrokerHost", "CommitLog", "MessageStore", "PutResult"]

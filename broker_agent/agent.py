@@ -6,7 +6,9 @@ Threads and what each owns:
 - watch loop: role / SyncStateSet changes pushed by the controller;
 - fetcher (slave only): long-polls the master (replication.py);
 - gRPC workers: the data plane (service.py) and the master side of replication.
-All role state lives under one lock; waiting sends and fetches wait on conditions of it.
+What the broker believes about its role lives in the pure core (core.py); this module
+is its shell: it feeds the core events and carries out the effects, under one lock on
+which waiting sends and long-polling fetches wait.
 """
 
 from __future__ import annotations
@@ -16,23 +18,50 @@ import logging
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from broker_agent import replication
 from broker_agent.confirm_log import ConfirmLog
-from broker_agent.ha import Lease, Role, SyncStateTracker, confirm_offset
+from broker_agent.core import (
+    LEASE_MS_DEFAULT,
+    AckPolicy,
+    AnswerFetch,
+    Appended,
+    AppendReplicated,
+    BeginEpoch,
+    BrokerCore,
+    Effect,
+    Event,
+    Fence,
+    HeartbeatAnswered,
+    LeaseRevoked,
+    NoteConfirm,
+    ProposeSyncStateSet,
+    Refuse,
+    Registered,
+    ReplicaInfo,
+    RequestRefresh,
+    RoleView,
+    StartFetching,
+    Stop,
+    StopFetching,
+    SyncStateSetChanged,
+    SyncStateSetFailed,
+    Tick,
+    Truncate,
+    WakeWaiters,
+    WriteOutcome,
+)
+from broker_agent.replication import FetchSettings
+from broker_agent.seams import log_view
 from broker_agent.store import MessageStore
+from broker_agent.tiered import TieredConfig, TieredUploader
 from mqmeta.client import ControllerClient
 from mqmeta.clock import now_ms, wall_ms
-from mqmeta.errors import (
-    DeadlineExceeded,
-    FailedPrecondition,
-    InvalidArgument,
-    MqmetaError,
-    NotFound,
-    NotMaster,
-)
+from mqmeta.errors import DeadlineExceeded, InvalidArgument, MqmetaError, NotFound, NotMaster
 from mqmeta.formats.atomic import write_json_atomically
 from mqmeta.formats.records import Message
 from mqmeta.pb import controller_pb2 as cpb
@@ -40,7 +69,6 @@ from mqmeta.pb import controller_pb2 as cpb
 log = logging.getLogger(__name__)
 
 SEND_BATCH_MAX = 1024
-PENDING_GRACE_MS = 7000  # longer than the controller's proposal timeout (5 s)
 CONTROLLER_CALL_TIMEOUT_S = 1.0
 
 
@@ -103,6 +131,12 @@ class Identity:
 
 
 class BrokerAgent:
+    """The shell around the pure core (core.py): threads, the lock, the store, the
+    controller client and the confirm log. It turns what happens (a controller reply, a
+    slave's fetch, an append) into core events and carries out the effects the core
+    returns, in the core's order (`_carry_out`). Replication and the tiered uploader
+    see it only as a seams.BrokerHost."""
+
     def __init__(self, config: BrokerConfig) -> None:
         config.validate()
         config.data_dir.mkdir(parents=True, exist_ok=True)
@@ -116,33 +150,117 @@ class BrokerAgent:
         self.controller = ControllerClient(config.controllers, timeout_s=CONTROLLER_CALL_TIMEOUT_S)
         self.identity = Identity(config.data_dir)
         self.confirm_log = ConfirmLog(config.data_dir / "confirm.log", config.broker_name)
-        self.broker_id = 0
-        self.lock = threading.Condition()
-        self.role = Role.FENCED
-        self.master_epoch = 0
-        self.master_broker_id = 0
-        self.master_address = ""
-        self.sync_state_set: list[int] = []
-        self.sync_state_set_epoch = 0
-        self.pending_sync_state_set: list[int] | None = None
-        self.pending_base_epoch = 0
-        self.pending_failed_ms = 0
-        self.registered_ids: set[int] = set()
-        self.confirm = 0
-        self.lease = Lease(lease_ms=2000)
-        self.heartbeat_interval_ms = 1000
-        self.tracker = SyncStateTracker(config.ha_max_time_slave_not_catchup_ms)
-        self.fetch_session = 0
+        self.core = BrokerCore(
+            config.broker_name,
+            AckPolicy(config.all_ack_in_sync_state_set, config.in_sync_replicas, config.min_in_sync_replicas),
+            max_not_catchup_ms=config.ha_max_time_slave_not_catchup_ms,
+        )
+        self.lock = threading.Condition()  # guards the core; role-dependent store writes hold it
         self.stopping = threading.Event()
-        self.tiered: Any = None
-        self.refresh_needed = threading.Event()
+        self.heartbeat_interval_ms = 1000
+        self.tiered: TieredUploader | None = None
+        self._refresh_needed = threading.Event()
         self._threads: list[threading.Thread] = []
+        self._fetch = FetchSettings(config.fetch_max_bytes, config.fetch_wait_ms, config.tiered_url)
+
+    # The host replication and the uploader see (seams.BrokerHost) ---------------------------
+    @property
+    def cluster(self) -> str:
+        return self.config.cluster
+
+    @property
+    def broker_name(self) -> str:
+        return self.config.broker_name
+
+    def view(self) -> RoleView:
+        with self.lock:
+            return self.core.view()
+
+    def feed(self, event: Event) -> list[Effect]:
+        with self.lock:
+            effects = self.core.handle(event)
+            self._carry_out(effects)
+            return effects
+
+    def request_refresh(self) -> None:
+        self._refresh_needed.set()
+
+    def call_controller(self, method: str, request: Any) -> Any:
+        return self.controller.call(method, request)
+
+    # Carrying out effects (with the lock held) ---------------------------------------------
+    def _carry_out(self, effects: list[Effect]) -> None:
+        """Persist, then note, then send, then start, then wake; a refusal is raised last.
+        A ProposeSyncStateSet is sent by the controller loop once it has let go of the
+        lock (the call blocks), and an AnswerFetch is the caller's to send."""
+        for effect in effects:
+            match effect:
+                case BeginEpoch(epoch=epoch):
+                    self._begin_epoch(epoch)
+                case Truncate(offset=offset, master_epoch=epoch):
+                    log.warning(
+                        "truncating from %d to the consistent point %d (master epoch %d)",
+                        self.store.max_offset,
+                        offset,
+                        epoch,
+                    )
+                    self.store.truncate(offset)
+                case AppendReplicated(offset=offset, data=data):
+                    # fsynced (the next fetch acknowledges it); epoch entries follow from the records
+                    self.store.append_replicated(offset, data)
+                case NoteConfirm():
+                    self._note_confirm(effect)
+                case RequestRefresh():
+                    self._refresh_needed.set()
+                case StartFetching():
+                    self._start_fetching(effect)
+                case LeaseRevoked(master_broker_id=master, master_epoch=epoch):
+                    log.warning(
+                        "the controller names broker %d master at epoch %d: refusing writes", master, epoch
+                    )
+                case WakeWaiters():
+                    self.lock.notify_all()
+                case Refuse(error=error):
+                    raise error
+                case StopFetching() | ProposeSyncStateSet() | AnswerFetch():
+                    pass  # a fetcher ends on its own once its session is stale
+
+    def _begin_epoch(self, epoch: int) -> None:
+        try:
+            self.store.begin_epoch(epoch)
+        except BaseException as error:
+            # Never write as master without the epoch entry: fence until the next role change.
+            self._carry_out(self.core.handle(Fence(f"could not begin epoch {epoch}: {error}")))
+            raise
+        log.info("master at epoch %d from offset %d", epoch, self.store.max_offset)
+
+    def _note_confirm(self, note: NoteConfirm) -> None:
+        """The confirm log's view of this broker (see confirm_log.py)."""
+        self.confirm_log.note(
+            wall_ms(),
+            self.core.broker_id,
+            note.role.value,
+            note.master_epoch,
+            note.confirm_offset,
+            self.store.max_offset,
+            dict(note.acked),
+            note.force,
+        )
+
+    def _start_fetching(self, start: StartFetching) -> None:
+        threading.Thread(
+            target=replication.follow, args=(self, start.session, self._fetch), name="fetcher", daemon=True
+        ).start()
+        log.info(
+            "slave of broker %d (%s) at epoch %d",
+            start.master_broker_id,
+            start.master_address,
+            start.master_epoch,
+        )
 
     # Lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
         if self.config.tiered_url:
-            from broker_agent.tiered import TieredConfig, TieredUploader
-
             self.tiered = TieredUploader(
                 self,
                 TieredConfig(
@@ -160,10 +278,7 @@ class BrokerAgent:
 
     def stop(self) -> None:
         self.stopping.set()
-        with self.lock:
-            self.role = Role.FENCED
-            self.fetch_session += 1
-            self.lock.notify_all()
+        self.feed(Stop())
         for thread in self._threads:
             thread.join(timeout=3)
         self.controller.close()
@@ -195,12 +310,11 @@ class BrokerAgent:
             self.identity.save(identity)
         elif not self.identity.path.exists():
             self.identity.save(identity)
-        self.broker_id = reply.broker_id
         config = self.controller.call("GetConfig", cpb.GetConfigRequest()).values
         self.heartbeat_interval_ms = int(config.get("broker_heartbeat_interval_ms", 1000))
-        self.lease.lease_ms = int(config.get("lease_ms", 2000))
+        self.feed(Registered(reply.broker_id, int(config.get("lease_ms", LEASE_MS_DEFAULT))))
         log.info(
-            "registered %s/%s as broker %d", self.config.cluster, self.config.broker_name, self.broker_id
+            "registered %s/%s as broker %d", self.config.cluster, self.config.broker_name, reply.broker_id
         )
         return reply.replica_info
 
@@ -213,8 +327,8 @@ class BrokerAgent:
                     info = self._register()
                     registered = True
                     self._apply_or_elect(info)
-                if self.refresh_needed.is_set():
-                    self.refresh_needed.clear()
+                if self._refresh_needed.is_set():
+                    self._refresh_needed.clear()
                     self._apply_or_elect(self._replica_info())
                 if time.monotonic() >= next_heartbeat:
                     next_heartbeat = time.monotonic() + self.heartbeat_interval_ms / 1000
@@ -242,42 +356,35 @@ class BrokerAgent:
                     cluster=self.config.cluster,
                     broker_name=self.config.broker_name,
                     trigger=cpb.ELECT_TRIGGER_BROKER,
-                    requester_broker_id=self.broker_id,
+                    requester_broker_id=self.core.broker_id,
                 ),
             )
         self.apply_replica_info(info)
 
     def _heartbeat(self) -> None:
         sent_ms = now_ms()
-        with self.lock:
-            epoch, confirm = self.master_epoch, self.confirm
+        view = self.view()
         reply = self.controller.call(
             "Heartbeat",
             cpb.HeartbeatRequest(
                 cluster=self.config.cluster,
                 broker_name=self.config.broker_name,
-                broker_id=self.broker_id,
-                epoch=self.store.epochs.last_epoch or epoch,
+                broker_id=view.broker_id,
+                epoch=self.store.epochs.last_epoch or view.master_epoch,
                 max_offset=self.store.max_offset,
-                confirm_offset=confirm,
+                confirm_offset=view.confirm_offset,
                 election_priority=self.config.election_priority,
             ),
         )
-        with self.lock:
-            stale = (
-                reply.master_broker_id != self.master_broker_id
-                or reply.master_epoch != self.master_epoch
-                or reply.sync_state_set_epoch != self.sync_state_set_epoch
+        self.feed(
+            HeartbeatAnswered(
+                sent_ms,
+                reply.master_broker_id,
+                reply.master_epoch,
+                reply.sync_state_set_epoch,
+                reply.lease_ms,
             )
-            if self.role == Role.MASTER and (
-                reply.master_broker_id != self.broker_id or reply.master_epoch != self.master_epoch
-            ):
-                self.lease.revoke()  # the controller names another master: stop writing now
-            else:
-                self.lease.renew(sent_ms, reply.lease_ms or None)
-            self.lock.notify_all()
-        if stale:
-            self.refresh_needed.set()
+        )
 
     def _watch_loop(self) -> None:
         while not self.stopping.is_set():
@@ -287,7 +394,7 @@ class BrokerAgent:
                 for event in stream:
                     if self.stopping.is_set():
                         break
-                    if event.HasField("replica_info") and self.broker_id:
+                    if event.HasField("replica_info") and self.core.broker_id:
                         self.apply_replica_info(event.replica_info)
             except Exception as exc:  # grpc errors, and whatever else a broken stream throws
                 log.debug("watch stream ended: %s", exc)
@@ -297,166 +404,55 @@ class BrokerAgent:
             self.stopping.wait(0.5)
 
     # Roles ---------------------------------------------------------------------------------
+    def _replica_info_event(self, info: cpb.ReplicaInfo) -> ReplicaInfo:
+        """With the lock held (the log view must not move before the core sees it)."""
+        return ReplicaInfo(
+            now_ms(),
+            info.master_broker_id,
+            info.master_address,
+            info.master_epoch,
+            tuple(info.sync_state_set),
+            info.sync_state_set_epoch,
+            frozenset(r.broker_id for r in info.replicas),
+            log_view(self.store),
+        )
+
     def apply_replica_info(self, info: cpb.ReplicaInfo) -> None:
-        """Adopts what the controller decided; stale epochs are ignored."""
-        from broker_agent import replication
-
+        """Adopts what the controller decided; stale epochs are ignored (by the core)."""
         with self.lock:
-            if info.master_epoch < self.master_epoch:
-                return
-            self.registered_ids = {r.broker_id for r in info.replicas}
-            if (
-                self.pending_sync_state_set is not None
-                and info.sync_state_set_epoch > self.pending_base_epoch
-            ):
-                self.pending_sync_state_set = None  # the set moved on: count what it is now
-            if info.sync_state_set_epoch >= self.sync_state_set_epoch:
-                self.sync_state_set = sorted(info.sync_state_set)
-                self.sync_state_set_epoch = info.sync_state_set_epoch
-            same = info.master_epoch == self.master_epoch and info.master_broker_id == self.master_broker_id
-            if same and self.role != Role.FENCED:
-                self._recompute_confirm()
-                return
-            self.master_epoch = info.master_epoch
-            self.master_broker_id = info.master_broker_id
-            self.master_address = info.master_address
-            self.fetch_session += 1  # any running fetcher stops
-            if info.master_broker_id == self.broker_id and self.broker_id:
-                self._become_master()
-            elif info.master_broker_id:
-                self.role = Role.SLAVE
-                session = self.fetch_session
-                threading.Thread(
-                    target=replication.follow, args=(self, session), name="fetcher", daemon=True
-                ).start()
-                log.info(
-                    "slave of broker %d (%s) at epoch %d",
-                    info.master_broker_id,
-                    info.master_address,
-                    info.master_epoch,
-                )
-            else:
-                self.role = Role.FENCED
-            self.lock.notify_all()
-
-    def _become_master(self) -> None:
-        """Called with the lock held: new epoch entry, fresh confirm offset, unfence."""
-        max_offset = self.store.max_offset
-        if self.store.epochs.last_epoch < self.master_epoch:
-            self.store.begin_epoch(self.master_epoch)
-        others = [i for i in self.sync_state_set if i != self.broker_id]
-        self.tracker.reset(now_ms(), others)
-        self.pending_sync_state_set = None
-        self.confirm = max_offset if not others else min(self.confirm, max_offset)
-        self.role = Role.MASTER
-        self.note_confirm(force=True)
-        log.info("master at epoch %d from offset %d", self.master_epoch, max_offset)
-
-    def request_refresh(self) -> None:
-        self.refresh_needed.set()
-
-    # Confirm offset and the SyncStateSet (master) -------------------------------------------
-    def _counted_set(self) -> set[int]:
-        counted = set(self.sync_state_set) | {self.broker_id}
-        if self.pending_sync_state_set is not None:
-            counted |= set(self.pending_sync_state_set)
-        return counted
-
-    def _recompute_confirm(self) -> None:
-        """With the lock held. Never moves backwards within a role."""
-        if self.role != Role.MASTER:
-            return
-        computed = confirm_offset(
-            self.broker_id, self.store.max_offset, self.tracker.acked(), self._counted_set()
-        )
-        if computed > self.confirm:
-            self.confirm = computed
-            self.note_confirm()
-            self.lock.notify_all()
-
-    def note_confirm(self, force: bool = False) -> None:
-        """With the lock held: the confirm log's view of this broker (see confirm_log.py)."""
-        acked = self.tracker.acked() if self.role == Role.MASTER else {}
-        self.confirm_log.note(
-            wall_ms(),
-            self.broker_id,
-            self.role.value,
-            self.master_epoch,
-            self.confirm,
-            self.store.max_offset,
-            acked,
-            force,
-        )
-
-    def on_slave_fetch(self, broker_id: int, fetch_offset: int) -> None:
-        with self.lock:
-            self.tracker.on_fetch(broker_id, fetch_offset, self.store.max_offset, now_ms())
-            self._recompute_confirm()
+            self.feed(self._replica_info_event(info))
 
     def _manage_sync_state_set(self) -> None:
         with self.lock:
-            if (
-                self.pending_sync_state_set is not None
-                and self.pending_failed_ms
-                and now_ms() - self.pending_failed_ms > PENDING_GRACE_MS
-            ):
-                self.pending_sync_state_set = None  # it never committed
-            if self.role != Role.MASTER or self.pending_sync_state_set is not None:
-                return
-            epoch_start = self.store.epochs.entries[-1][1] if self.store.epochs.entries else 0
-            plan = self.tracker.plan(
-                now_ms(), self.broker_id, self.sync_state_set, self.confirm, epoch_start, self.registered_ids
-            )
-            if plan is None:
-                return
-            self.pending_sync_state_set = plan
-            self.pending_base_epoch = self.sync_state_set_epoch
-            self.pending_failed_ms = 0
-            request = cpb.AlterSyncStateSetRequest(
-                cluster=self.config.cluster,
-                broker_name=self.config.broker_name,
-                master_broker_id=self.broker_id,
-                master_epoch=self.master_epoch,
-                sync_state_set_epoch=self.sync_state_set_epoch,
-                new_sync_state_set=plan,
-            )
+            effects = self.feed(Tick(now_ms(), log_view(self.store)))
+        for effect in effects:
+            if isinstance(effect, ProposeSyncStateSet):
+                self._propose(effect)
+
+    def _propose(self, proposal: ProposeSyncStateSet) -> None:
+        request = cpb.AlterSyncStateSetRequest(
+            cluster=self.config.cluster,
+            broker_name=self.config.broker_name,
+            master_broker_id=proposal.master_broker_id,
+            master_epoch=proposal.master_epoch,
+            sync_state_set_epoch=proposal.sync_state_set_epoch,
+            new_sync_state_set=list(proposal.new_sync_state_set),
+        )
         try:
             info = self.controller.call("AlterSyncStateSet", request)
-            log.info("SyncStateSet %s -> %s", request.new_sync_state_set, list(info.sync_state_set))
-            with self.lock:  # adopt, then stop counting the union: no window in between
-                self.apply_replica_info(info)
-                self.pending_sync_state_set = None
         except MqmetaError as exc:
-            # The change may still commit (a timed-out proposal): keep counting the union
-            # until a refresh shows the set moved on, or for at most PENDING_GRACE_MS.
-            log.info("SyncStateSet change %s not confirmed: %s", list(plan), exc)
-            with self.lock:
-                self.pending_failed_ms = now_ms()
-            self.request_refresh()
+            # It may still commit (a timed-out proposal): the core keeps counting the union.
+            log.info("SyncStateSet change %s not confirmed: %s", list(proposal.new_sync_state_set), exc)
+            self.feed(SyncStateSetFailed(now_ms()))
+            return
+        log.info("SyncStateSet %s -> %s", list(request.new_sync_state_set), list(info.sync_state_set))
+        with self.lock:
+            self.feed(SyncStateSetChanged(self._replica_info_event(info)))
 
     # Data plane ------------------------------------------------------------------------------
     def writable(self, now: int | None = None) -> bool:
-        return self.role == Role.MASTER and self.lease.valid(now or now_ms())
-
-    def _require_writable(self) -> None:
-        """With the lock held."""
-        if self.role != Role.MASTER:
-            raise NotMaster(
-                f"broker {self.broker_id} of {self.config.broker_name} is {self.role.value}, not the master",
-                leader=self.master_address,
-            )
-        if not self.lease.valid(now_ms()):
-            raise NotMaster(
-                f"master {self.broker_id} of {self.config.broker_name} has no valid "
-                "lease from the controller; it refuses writes until it renews",
-                leader="",
-            )
-        if len(set(self.sync_state_set) | {self.broker_id}) < self.config.min_in_sync_replicas:
-            raise FailedPrecondition(
-                f"SyncStateSet {self.sync_state_set} is smaller than min_in_sync_replicas "
-                f"{self.config.min_in_sync_replicas}",
-                code="IN_SYNC_REPLICAS_NOT_ENOUGH",
-            )
+        with self.lock:
+            return self.core.writable(now or now_ms())
 
     def send(self, messages: list[Message]) -> tuple[list[Any], int]:
         if not 1 <= len(messages) <= SEND_BATCH_MAX:
@@ -469,15 +465,14 @@ class BrokerAgent:
             lambda epoch: self.store.commit_consumer_offset(group, topic, queue_id, offset, epoch, wall_ms())
         )
 
-    def _write(self, put) -> tuple[Any, int]:
+    def _write(self, put: Callable[[int], Any]) -> tuple[Any, int]:
         """Appends as master, then waits for the ack policy; the only write path."""
         with self.lock:
-            self._require_writable()
-            epoch = self.master_epoch
+            self.core.check_writable(now_ms())
+            epoch = self.core.master_epoch
             results = put(epoch)
             end = self.store.max_offset
-            self._recompute_confirm()
-            self.lock.notify_all()  # wakes the slaves' long-polling fetches
+            self.feed(Appended(log_view(self.store)))  # also wakes the slaves' long-polling fetches
         self.wait_acknowledged(end, epoch)
         return results, epoch
 
@@ -485,12 +480,15 @@ class BrokerAgent:
         """Blocks until the ack policy holds for everything before `end`."""
         deadline = time.monotonic() + self.config.send_timeout_ms / 1000
         with self.lock:
-            while not self._acknowledged(end):
-                if self.role != Role.MASTER or self.master_epoch != epoch:
+            while True:
+                outcome = self.core.write_outcome(end, epoch)
+                if outcome is WriteOutcome.ACKNOWLEDGED:
+                    return
+                if outcome is WriteOutcome.DEPOSED:
                     raise NotMaster(
                         "this broker stopped being the master before the write "
                         "was replicated; its outcome is unknown",
-                        leader=self.master_address,
+                        leader=self.core.master_address,
                     )
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
@@ -500,17 +498,6 @@ class BrokerAgent:
                     )
                 self.lock.wait(timeout=min(remaining, 0.1))
 
-    def _acknowledged(self, end: int) -> bool:
-        if self.config.all_ack_in_sync_state_set:
-            return self.confirm >= end
-        acked = self.tracker.acked()
-        holders = 1 + sum(1 for i in self._counted_set() - {self.broker_id} if acked.get(i, 0) >= end)
-        return holders >= self.config.in_sync_replicas
-
     def require_master(self) -> None:
         with self.lock:
-            if self.role != Role.MASTER:
-                raise NotMaster(
-                    f"broker {self.broker_id} is {self.role.value}, not the master",
-                    leader=self.master_address,
-                )
+            self.core.check_master()

@@ -1,7 +1,7 @@
-"""The pure core of a broker's high availability: role, lease, confirm offset, SyncStateSet.
+"""The pure rules of a broker's high availability: role, lease, confirm offset, SyncStateSet.
 
-No clock, sockets or files: callers pass `now_ms` (monotonic). The agent (agent.py)
-carries out what these decide.
+No clock, sockets or files: callers pass `now_ms` (monotonic). The role core (core.py)
+holds these and decides with them; the agent (agent.py) carries out its effects.
 
 Timing argument for the master lease (why an isolated master cannot keep writing
 while a new one is elected, RocketMQ #4800/#6662):

@@ -8,7 +8,6 @@ from pathlib import Path
 
 from broker_agent import replication
 from broker_agent.agent import BrokerAgent, BrokerConfig
-from broker_agent.ha import Role
 from mqmeta.clock import now_ms
 from mqmeta.errors import InvalidArgument, NotFound
 from mqmeta.formats.records import Message
@@ -85,8 +84,7 @@ class BrokerServicer(bpb_grpc.BrokerServiceServicer):
         validate_int("queue_offset", request.queue_offset, 0, REQUEST_INT_MAX)
         count = validate_int("max_count", request.max_count or 32, 1, PULL_COUNT_MAX)
         self.agent.require_master()
-        with self.agent.lock:
-            confirm = self.agent.confirm
+        confirm = self.agent.view().confirm_offset
         try:
             records = self.agent.store.get_messages(
                 request.topic, request.queue_id, request.queue_offset, count, confirm
@@ -124,12 +122,13 @@ class BrokerServicer(bpb_grpc.BrokerServiceServicer):
     def GetEpochCache(self, request, context):
         agent = self.agent
         with agent.lock:
+            view = agent.core.view()
             return bpb.EpochCache(
                 broker_name=agent.config.broker_name,
-                broker_id=agent.broker_id,
+                broker_id=view.broker_id,
                 entries=[bpb.EpochEntry(epoch=e, start_offset=s) for e, s in agent.store.epochs.entries],
                 max_offset=agent.store.max_offset,
-                confirm_offset=agent.confirm,
+                confirm_offset=view.confirm_offset,
             )
 
     @rpc
@@ -146,36 +145,34 @@ class BrokerServicer(bpb_grpc.BrokerServiceServicer):
 def ha_status(agent: BrokerAgent) -> bpb.HaStatus:
     with agent.lock:
         now = now_ms()
+        core = agent.core
+        view = core.view()
         max_offset = agent.store.max_offset
-        slaves = (
-            [
-                bpb.SlaveStatus(
-                    broker_id=i,
-                    acked_offset=p.acked_offset,
-                    in_sync=i in agent.sync_state_set,
-                    lag_bytes=max(0, max_offset - p.acked_offset),
-                    last_fetch_ms_ago=now - p.last_fetch_ms,
-                )
-                for i, p in sorted(agent.tracker.slaves.items())
-            ]
-            if agent.role == Role.MASTER
-            else []
-        )
+        slaves = [
+            bpb.SlaveStatus(
+                broker_id=i,
+                acked_offset=p.acked_offset,
+                in_sync=i in view.sync_state_set,
+                lag_bytes=max(0, max_offset - p.acked_offset),
+                last_fetch_ms_ago=now - p.last_fetch_ms,
+            )
+            for i, p in sorted(core.slaves().items())  # empty unless master
+        ]
         return bpb.HaStatus(
             cluster=agent.config.cluster,
             broker_name=agent.config.broker_name,
-            broker_id=agent.broker_id,
-            role=agent.role.value,
-            master_epoch=agent.master_epoch,
-            master_broker_id=agent.master_broker_id,
-            master_address=agent.master_address,
+            broker_id=view.broker_id,
+            role=view.role.value,
+            master_epoch=view.master_epoch,
+            master_broker_id=view.master_broker_id,
+            master_address=view.master_address,
             max_offset=max_offset,
-            confirm_offset=agent.confirm,
-            sync_state_set=agent.sync_state_set,
-            sync_state_set_epoch=agent.sync_state_set_epoch,
+            confirm_offset=view.confirm_offset,
+            sync_state_set=list(view.sync_state_set),
+            sync_state_set_epoch=view.sync_state_set_epoch,
             slaves=slaves,
-            lease_valid=agent.lease.valid(now),
-            writable=agent.writable(now),
+            lease_valid=core.lease_valid(now),
+            writable=core.writable(now),
         )
 
 

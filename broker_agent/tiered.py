@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from broker_agent.commitlog import BULK_READ_BYTES_MAX, check_whole_records
+from broker_agent.core import UploadStarting
 from broker_agent.ha import Role
 from broker_agent.tiered_backend import open_backend
 from broker_agent.tiered_objects import verify_stored
@@ -53,7 +54,7 @@ from mqmeta.formats.tiered import (
 from mqmeta.pb import controller_pb2 as cpb
 
 if TYPE_CHECKING:
-    from broker_agent.agent import BrokerAgent
+    from broker_agent.seams import BrokerHost
     from broker_agent.store import MessageStore
 
 log = logging.getLogger(__name__)
@@ -88,9 +89,9 @@ class Demoted(Exception):
 
 
 class TieredUploader:
-    def __init__(self, agent: BrokerAgent, config: TieredConfig) -> None:
+    def __init__(self, host: BrokerHost, config: TieredConfig) -> None:
         config.validate()
-        self.agent = agent
+        self.host = host
         self.config = config
         self.backend = open_backend(config.url)
         self.checkpoint: cpb.TieredCheckpoint | None = None
@@ -104,7 +105,7 @@ class TieredUploader:
         self._thread.start()
 
     def _loop(self) -> None:
-        while not self.agent.stopping.wait(STEP_INTERVAL_S):
+        while not self.host.stopping.wait(STEP_INTERVAL_S):
             try:
                 self.step()
             except Demoted:
@@ -113,27 +114,26 @@ class TieredUploader:
             except MqmetaError as error:
                 log.warning("tiered upload: %s", error)
                 self.checkpoint = None
-                self.agent.stopping.wait(ERROR_PAUSE_S)
+                self.host.stopping.wait(ERROR_PAUSE_S)
             except Exception:  # the uploader must outlive any one failed step
                 log.exception("tiered upload step failed")
                 self.checkpoint = None
-                self.agent.stopping.wait(ERROR_PAUSE_S)
+                self.host.stopping.wait(ERROR_PAUSE_S)
 
     # One step ---------------------------------------------------------------------------
     def _role(self) -> tuple[int, int]:
         """(master epoch, confirm offset) while master; Demoted otherwise."""
-        with self.agent.lock:
-            if self.agent.role != Role.MASTER:
-                raise Demoted()
-            return self.agent.master_epoch, self.agent.confirm
+        view = self.host.view()
+        if view.role != Role.MASTER:
+            raise Demoted()
+        return view.master_epoch, view.confirm_offset
 
     def _still(self, epoch: int) -> None:
         if self._role()[0] != epoch:
             raise Demoted()
 
     def step(self) -> None:
-        with self.agent.lock:
-            role = self.agent.role
+        role = self.host.view().role
         if role != Role.MASTER:
             self.checkpoint = None
             if role == Role.SLAVE:
@@ -154,10 +154,10 @@ class TieredUploader:
         """Promotion: adopt the controller's checkpoint if this log agrees with it."""
         checkpoint = self._controller(
             "GetTieredCheckpoint",
-            cpb.BrokerSetRef(cluster=self.agent.config.cluster, broker_name=self.agent.config.broker_name),
+            cpb.BrokerSetRef(cluster=self.host.cluster, broker_name=self.host.broker_name),
         )
         lineage = [(e.epoch, e.start_offset) for e in checkpoint.epochs]
-        store = self.agent.store
+        store = self.host.store
         agreed = (
             consistent_point(lineage, store.epochs.entries, store.max_offset, checkpoint.uploaded_offset)
             if checkpoint.uploaded_offset
@@ -176,20 +176,21 @@ class TieredUploader:
         self._collect_garbage(epoch)
 
     def _controller(self, method: str, request):
-        return self.agent.controller.call(method, request)
+        return self.host.call_controller(method, request)
 
     def _upload(self, epoch: int, base: int, limit: int) -> None:
-        agent, store = self.agent, self.agent.store
-        cluster, name = agent.config.cluster, agent.config.broker_name
+        host, store = self.host, self.host.store
+        cluster, name = host.cluster, host.broker_name
+        master_broker_id = host.view().broker_id
         data = store.read_bulk(base, limit - base, check=False)  # write_upload checks
         end = base + len(data)
         if not data or end > limit:
             raise FailedPrecondition(f"cannot read whole records in [{base}, {limit})")
-        self._still(epoch)
-        with agent.lock:
-            if end > agent.confirm:  # T1: never upload beyond the confirm offset
-                raise FailedPrecondition(f"[{base}, {end}) is past the confirm offset {agent.confirm}")
-            agent.note_confirm(force=True)  # the audit's T1 evidence precedes the upload
+        with host.lock:
+            self._still(epoch)
+            # T1: the core refuses an end past the confirm offset; else the audit's
+            # evidence of the confirm offset is written before the upload starts
+            host.feed(UploadStarting(end))
         upload = prepare_upload(store, data, base, cluster=cluster, broker_name=name)
         upload_id = uuid.uuid4().hex
         self.backend.put(
@@ -201,7 +202,7 @@ class TieredUploader:
             cpb.TieredUploadStartRequest(
                 cluster=cluster,
                 broker_name=name,
-                master_broker_id=agent.broker_id,
+                master_broker_id=master_broker_id,
                 master_epoch=epoch,
                 upload_id=upload_id,
                 base_offset=base,
@@ -221,7 +222,7 @@ class TieredUploader:
             cpb.TieredCommitRequest(
                 cluster=cluster,
                 broker_name=name,
-                master_broker_id=agent.broker_id,
+                master_broker_id=master_broker_id,
                 master_epoch=epoch,
                 upload_id=upload_id,
                 segments=[
@@ -249,7 +250,7 @@ class TieredUploader:
             self._retain(self.checkpoint.uploaded_offset)
 
     def _retain(self, committed: int) -> None:
-        store = self.agent.store
+        store = self.host.store
         cutoff = min(committed, store.max_offset - self.config.local_retention_bytes)
         if cutoff > store.min_offset and store.delete_before(cutoff):
             log.info("local retention: the log now starts at %d", store.min_offset)
@@ -263,20 +264,20 @@ class TieredUploader:
         if not self.config.local_retention_bytes or now < self.next_slave_retention:
             return
         self.next_slave_retention = now + SLAVE_RETENTION_INTERVAL_S
-        store = self.agent.store
+        store = self.host.store
         if store.max_offset - store.min_offset <= self.config.local_retention_bytes:
             return  # nothing could go: spare the controller the call
         checkpoint = self._controller(
             "GetTieredCheckpoint",
-            cpb.BrokerSetRef(cluster=self.agent.config.cluster, broker_name=self.agent.config.broker_name),
+            cpb.BrokerSetRef(cluster=self.host.cluster, broker_name=self.host.broker_name),
         )
         uploaded = checkpoint.uploaded_offset
         if not uploaded:
             return
         lineage = [(e.epoch, e.start_offset) for e in checkpoint.epochs]
         agreed = consistent_point(lineage, store.epochs.entries, store.max_offset, uploaded)
-        with self.agent.lock:
-            if self.agent.role == Role.SLAVE:
+        with self.host.lock:
+            if self.host.view().role == Role.SLAVE:
                 self._retain(min(uploaded, agreed))
 
     def read_queue(self, topic: str, queue_id: int, queue_offset: int, max_count: int) -> list[StoredRecord]:
@@ -286,7 +287,7 @@ class TieredUploader:
         checkpoint = self.checkpoint
         if checkpoint is None:
             raise FailedPrecondition("the tiered store is not ready on this master yet; retry")
-        cluster, name = self.agent.config.cluster, self.agent.config.broker_name
+        cluster, name = self.host.cluster, self.host.broker_name
         prefix = f"{broker_prefix(cluster, name)}index/{topic}/{queue_id}/"
         keys = self.backend.list(prefix)
         firsts = [int(k.rsplit("/", 1)[1].split(".")[0]) for k in keys]
@@ -330,7 +331,7 @@ class TieredUploader:
         abandoned = list(self.checkpoint.abandoned_upload_ids)
         if not abandoned:
             return
-        cluster, name = self.agent.config.cluster, self.agent.config.broker_name
+        cluster, name = self.host.cluster, self.host.broker_name
         committed = {s.key for s in self.checkpoint.segments}
         for upload_id in abandoned:
             marker = upload_marker_key(cluster, name, upload_id)
@@ -344,7 +345,7 @@ class TieredUploader:
             cpb.TieredForgetRequest(
                 cluster=cluster,
                 broker_name=name,
-                master_broker_id=self.agent.broker_id,
+                master_broker_id=self.host.view().broker_id,
                 master_epoch=epoch,
                 upload_ids=abandoned,
             ),
@@ -436,24 +437,25 @@ def _sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def bootstrap_from_tiered(agent: BrokerAgent, master_min_offset: int, still_current) -> None:
+def bootstrap_from_tiered(
+    host: BrokerHost, tiered_url: str, master_min_offset: int, still_current: Callable[[], bool]
+) -> None:
     """A slave whose next offset the master no longer holds copies the tiered range.
 
     Segments are verified (size and sha256) and appended like replicated bytes, so the
     store rebuilds its index, epoch entries and consumer offsets from the records.
     Stopping half-way is safe: the next handshake starts from wherever the log ends.
     """
-    if not agent.config.tiered_url:
+    if not tiered_url:
         raise FailedPrecondition(
             "the master no longer holds this slave's next offset and this "
             "broker has no --tiered-store to bootstrap from"
         )
-    backend = open_backend(agent.config.tiered_url)
-    checkpoint = agent.controller.call(
-        "GetTieredCheckpoint",
-        cpb.BrokerSetRef(cluster=agent.config.cluster, broker_name=agent.config.broker_name),
+    backend = open_backend(tiered_url)
+    checkpoint = host.call_controller(
+        "GetTieredCheckpoint", cpb.BrokerSetRef(cluster=host.cluster, broker_name=host.broker_name)
     )
-    store = agent.store
+    store = host.store
     if checkpoint.uploaded_offset < master_min_offset:
         raise FailedPrecondition(
             f"the tiered store ends at {checkpoint.uploaded_offset} but the "
@@ -469,12 +471,12 @@ def bootstrap_from_tiered(agent: BrokerAgent, master_min_offset: int, still_curr
             return
         if segment.base_offset > store.max_offset:
             raise FailedPrecondition(f"the tiered store has no segment at {store.max_offset}")
-        data = backend.get(segment.key)  # without the agent lock: it may be large and slow
+        data = backend.get(segment.key)  # without the host's lock: it may be large and slow
         if len(data) != segment.size or hashlib.sha256(data).hexdigest() != segment.sha256:
             raise CorruptData(f"tiered segment {segment.key} does not match its checksum")
         offset = store.max_offset
         for piece in _pieces(data[offset - segment.base_offset :], BOOTSTRAP_APPEND_BYTES):
-            with agent.lock:
+            with host.lock:
                 if not still_current():
                     log.info("bootstrap stopped at %d: the master changed", offset)
                     return

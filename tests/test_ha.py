@@ -1,24 +1,82 @@
-"""The broker's pure HA core (broker_agent/ha.py) and the agent's ack policies, no network.
+"""The broker's pure role core (broker_agent/core.py, broker_agent/ha.py), no network.
 
 Properties checked:
-- the lease runs from the SEND time of the acknowledged heartbeat and never shrinks;
+- the lease runs from the SEND time of the acknowledged heartbeat and never shrinks; a
+  heartbeat reply naming another master revokes it at once (and asks for a refresh);
 - the confirm offset is the minimum over the counted set, master included, and a
-  member that never acked holds it at 0; while a change is pending the union counts;
+  member that never acked holds it at 0; while a SyncStateSet change is in flight the
+  union of the old and the new set counts (RocketMQ #5663), until the change commits,
+  the set moves on, or a failed proposal's grace runs out;
 - the SyncStateSet shrinks a member that has not caught up for the window and expands
   a registered slave that holds everything confirmed and the epoch start;
-- ack policies: all of the set; or in_sync_replicas copies; min_in_sync_replicas refuses.
+- role transitions return their effects in the fixed order: a new master begins its
+  epoch (unless its log already did) and notes its confirm offset; a slave starts a
+  fetch session and a new master epoch stops the old one; older epochs are ignored;
+- a fetch is refused by a non-master, by a stale master (which asks for a refresh) and
+  when it carries an older master epoch (a fetch delayed across elections is no ack);
+  a handshake is answered with the consistent point, a fetch below the log start with
+  the tiered store, otherwise the fetch offset counts as the slave's ack;
+- a replica info older than an epoch a heartbeat reply already named is ignored, so a
+  late decision never makes a writable master of a stale epoch;
+- a slave ignores answers of an old session, truncates where told, appends otherwise,
+  and takes the master's confirm offset capped at its own log end;
+- ack policies: all of the set, or in_sync_replicas copies; min_in_sync_replicas and a
+  missing lease refuse writes; a deposed master never reports a write acknowledged;
+- the shell (agent.py) carries the effects out: BeginEpoch reaches the epoch file, and a
+  failure to begin the epoch fences the broker instead of leaving it master.
 """
 
 from __future__ import annotations
 
 import pytest
 
+from broker_agent import core as core_module
 from broker_agent.agent import BrokerAgent, BrokerConfig
+from broker_agent.core import (
+    AckPolicy,
+    AnswerFetch,
+    Appended,
+    AppendReplicated,
+    BeginEpoch,
+    BrokerCore,
+    FetchAnswered,
+    FetchStillWaiting,
+    HeartbeatAnswered,
+    LeaseRevoked,
+    LogView,
+    MasterAnswered,
+    NoteConfirm,
+    ProposeSyncStateSet,
+    Refuse,
+    Registered,
+    ReplicaInfo,
+    Replicated,
+    RequestRefresh,
+    SlaveFetch,
+    StartFetching,
+    Stop,
+    StopFetching,
+    SyncStateSetChanged,
+    SyncStateSetFailed,
+    Tick,
+    Truncate,
+    UploadStarting,
+    WakeWaiters,
+    WriteOutcome,
+    counted_members,
+    truncation_point,
+)
 from broker_agent.ha import Lease, Role, SyncStateTracker, confirm_offset
-from mqmeta.errors import FailedPrecondition, NotMaster
+from mqmeta.clock import now_ms
+from mqmeta.errors import FailedPrecondition, FencedEpoch, NotMaster
+from mqmeta.formats.epochs import consistent_point
 from mqmeta.formats.records import Message
+from mqmeta.pb import controller_pb2 as cpb
+
+pytestmark = pytest.mark.timeout(30)
 
 
+# ha.py: the lease, the confirm offset, the SyncStateSet plan ---------------------------
 def test_lease_counts_from_the_heartbeat_send_time():
     lease = Lease(lease_ms=500)
     assert not lease.valid(0)
@@ -41,6 +99,13 @@ def test_confirm_offset_is_the_minimum_over_the_counted_set():
     )
 
 
+def test_counted_members_is_the_union_while_a_change_is_in_flight():
+    assert counted_members(1, [1, 2], None) == {1, 2}
+    assert counted_members(1, [2], None) == {1, 2}, "the master always counts"
+    assert counted_members(1, [1], [1, 3]) == {1, 3}, "an expansion counts the newcomer at once"
+    assert counted_members(1, [1, 2, 3], [1, 3]) == {1, 2, 3}, "a shrink counts the leaver until it commits"
+
+
 def tracker_with(progress: dict[int, tuple[int, int, int]], window_ms: int = 1000):
     tracker = SyncStateTracker(max_not_catchup_ms=window_ms)
     for broker_id, (acked, last_fetch, caught_up) in progress.items():
@@ -51,41 +116,17 @@ def tracker_with(progress: dict[int, tuple[int, int, int]], window_ms: int = 100
 
 def test_sync_state_set_shrinks_a_member_that_stopped_catching_up():
     tracker = tracker_with({2: (100, 5000, 5000), 3: (50, 5000, 3000)})
-    plan = tracker.plan(
-        now_ms=5000,
-        master_id=1,
-        current_set=[1, 2, 3],
-        confirm=50,
-        epoch_start_offset=0,
-        registered={1, 2, 3},
-    )
-    assert plan == [1, 2]
-    assert (
-        tracker.plan(
-            now_ms=3900,
-            master_id=1,
-            current_set=[1, 2, 3],
-            confirm=50,
-            epoch_start_offset=0,
-            registered={1, 2, 3},
-        )
-        is None
-    )
+    shrink = dict(master_id=1, current_set=[1, 2, 3], confirm=50, epoch_start_offset=0, registered={1, 2, 3})
+    assert tracker.plan(now_ms=5000, **shrink) == [1, 2]
+    assert tracker.plan(now_ms=3900, **shrink) is None
 
 
 def test_a_slow_but_alive_member_is_not_readded_by_its_own_low_confirm():
     tracker = tracker_with({2: (100, 5000, 5000), 3: (50, 5000, 3000)})  # 3 fetches, lags
-    assert (
-        tracker.plan(
-            now_ms=5000,
-            master_id=1,
-            current_set=[1, 2],
-            confirm=50,
-            epoch_start_offset=0,
-            registered={1, 2, 3},
-        )
-        is None
+    plan = tracker.plan(
+        now_ms=5000, master_id=1, current_set=[1, 2], confirm=50, epoch_start_offset=0, registered={1, 2, 3}
     )
+    assert plan is None
 
 
 def test_a_slave_keeping_up_with_steady_writes_stays_caught_up():
@@ -98,20 +139,16 @@ def test_a_slave_keeping_up_with_steady_writes_stays_caught_up():
         tracker.on_answer(2, master_end, now_ms=now - 50)
         master_end += 100
         tracker.on_fetch(2, master_end - 100, master_max_offset=master_end, now_ms=now)
-    assert (
-        tracker.plan(
-            now_ms=5000, master_id=1, current_set=[1, 2], confirm=0, epoch_start_offset=0, registered={1, 2}
-        )
-        is None
-    ), "evicted while keeping up"
+    keep = dict(
+        now_ms=5000, master_id=1, current_set=[1, 2], confirm=0, epoch_start_offset=0, registered={1, 2}
+    )
+    assert tracker.plan(**keep) is None, "evicted while keeping up"
     lagging = SyncStateTracker(max_not_catchup_ms=1000)  # fetches but never reaches it
     lagging.on_fetch(2, 0, master_max_offset=0, now_ms=0)
     for now in range(100, 5000, 100):
         lagging.on_answer(2, now * 10, now_ms=now - 50)
         lagging.on_fetch(2, now, master_max_offset=now * 10, now_ms=now)
-    assert lagging.plan(
-        now_ms=5000, master_id=1, current_set=[1, 2], confirm=0, epoch_start_offset=0, registered={1, 2}
-    ) == [1]
+    assert lagging.plan(**keep) == [1]
 
 
 def test_sync_state_set_expands_only_with_everything_confirmed_and_the_epoch_start():
@@ -124,71 +161,419 @@ def test_sync_state_set_expands_only_with_everything_confirmed_and_the_epoch_sta
     assert tracker.plan(confirm=80, epoch_start_offset=60, **unregistered) is None
 
 
+# core.py: helpers -----------------------------------------------------------------------
+EMPTY_LOG = LogView(0)
+
+
+def info(
+    master: int,
+    epoch: int,
+    members: tuple[int, ...],
+    set_epoch: int | None = None,
+    log: LogView = EMPTY_LOG,
+    at_ms: int = 0,
+    registered: frozenset[int] = frozenset({1, 2, 3}),
+) -> ReplicaInfo:
+    return ReplicaInfo(
+        at_ms, master, f"10.0.0.{master}:10911" if master else "", epoch, members,
+        epoch if set_epoch is None else set_epoch, registered, log,
+    )  # fmt: skip
+
+
+def new_core(broker_id: int = 1, **policy) -> BrokerCore:
+    core = BrokerCore("b", AckPolicy(**policy), max_not_catchup_ms=1000, pending_grace_ms=7000)
+    assert core.handle(Registered(broker_id, lease_ms=2000)) == []
+    return core
+
+
+def master_core(
+    members: tuple[int, ...] = (1, 2, 3), log: LogView = EMPTY_LOG, epoch: int = 1, **policy
+) -> BrokerCore:
+    core = new_core(**policy)
+    core.handle(info(1, epoch, members, log=log))
+    core.handle(
+        HeartbeatAnswered(0, master_broker_id=1, master_epoch=epoch, sync_state_set_epoch=epoch, lease_ms=0)
+    )
+    assert core.role == Role.MASTER and core.writable(1)
+    return core
+
+
+def epoch1(end: int) -> LogView:
+    return LogView(end, ((1, 0),))
+
+
+def fetch(broker_id: int, offset: int, log: LogView, now_ms: int = 0, **fields) -> SlaveFetch:
+    defaults = dict(master_epoch=1, handshake=False, epoch_entries=())
+    return SlaveFetch(now_ms, broker_id, fetch_offset=offset, log=log, **{**defaults, **fields})
+
+
+# core.py: role transitions --------------------------------------------------------------
+def test_becoming_master_begins_the_epoch_and_notes_the_confirm_offset():
+    core = new_core()
+    effects = core.handle(info(1, 3, (1,), log=LogView(500, ((1, 0),))))
+    assert effects == [
+        BeginEpoch(3),
+        NoteConfirm(Role.MASTER, 3, 500, (), force=True),
+        WakeWaiters(),
+    ], "alone in its set, a new master confirms everything it has"
+    assert core.role == Role.MASTER and core.master_epoch == 3 and core.confirm_offset == 500
+    again = new_core()
+    effects = again.handle(info(1, 3, (1, 2), log=LogView(500, ((1, 0), (3, 400)))))
+    assert not any(isinstance(e, BeginEpoch) for e in effects), "its log already began epoch 3"
+    assert again.confirm_offset == 0, "with slaves in the set, nothing is confirmed yet"
+
+
+def test_becoming_slave_starts_a_session_and_a_new_epoch_replaces_it():
+    core = new_core()
+    assert core.handle(info(2, 1, (2, 1))) == [StartFetching(1, 2, "10.0.0.2:10911", 1), WakeWaiters()]
+    assert core.role == Role.SLAVE and core.follows(1)
+    assert core.handle(info(2, 1, (2, 1))) == [], "the same decision again changes nothing"
+    effects = core.handle(info(3, 2, (3,)))
+    assert effects == [StopFetching(1), StartFetching(2, 3, "10.0.0.3:10911", 2), WakeWaiters()]
+    assert not core.follows(1) and core.follows(2)
+    assert core.handle(info(2, 1, (2, 1))) == [], "an older master epoch is ignored"
+    assert core.master_epoch == 2
+    assert core.handle(info(0, 3, (3,)))[-1] == WakeWaiters() and core.role == Role.FENCED
+    assert not core.follows(2)
+
+
+def test_a_slave_promoted_stops_fetching_first_and_keeps_only_what_it_knew_confirmed():
+    core = new_core()
+    core.handle(info(2, 1, (2, 1)))
+    core.handle(Replicated(1, confirm_offset=300, log=epoch1(400)))
+    effects = core.handle(info(1, 2, (1, 3), log=epoch1(400)))
+    assert [type(e) for e in effects] == [StopFetching, BeginEpoch, NoteConfirm, WakeWaiters]
+    assert core.confirm_offset == 300
+
+
+def test_an_unregistered_broker_never_becomes_master():
+    core = BrokerCore("b")
+    core.handle(info(0, 1, ()))
+    assert core.role == Role.FENCED
+
+
+# core.py: the lease ---------------------------------------------------------------------
+def test_heartbeat_replies_renew_the_lease_from_the_send_time():
+    core = master_core()
+    core.handle(HeartbeatAnswered(10_000, 1, 1, 1, lease_ms=500))
+    assert core.writable(10_499) and not core.writable(10_500)
+
+
+def test_a_reply_naming_another_master_revokes_the_lease_at_once():
+    core = master_core()
+    effects = core.handle(
+        HeartbeatAnswered(10_000, master_broker_id=2, master_epoch=2, sync_state_set_epoch=2, lease_ms=0)
+    )
+    assert effects == [RequestRefresh(), LeaseRevoked(2, 2), WakeWaiters()]
+    assert not core.writable(1) and core.role == Role.MASTER, "the role changes when the refresh arrives"
+    with pytest.raises(NotMaster, match="lease"):
+        core.check_writable(1)
+
+
+def test_a_stale_set_epoch_in_a_heartbeat_reply_asks_for_a_refresh():
+    core = master_core()
+    assert core.handle(HeartbeatAnswered(1, 1, 1, sync_state_set_epoch=2, lease_ms=0)) == [RequestRefresh()]
+    assert core.writable(2), "the same master: the lease is renewed"
+
+
+# core.py: the confirm offset and acknowledgement ------------------------------------------
+def test_all_ack_waits_for_every_member():
+    core = master_core()
+    core.handle(Appended(epoch1(100)))
+    assert core.write_outcome(100, 1) is WriteOutcome.WAITING
+    effects = core.handle(fetch(2, 100, epoch1(100)))
+    assert effects == [AnswerFetch(from_offset=100)], "broker 3 has not acked: no new confirm offset"
+    assert core.confirm_offset == 0
+    effects = core.handle(fetch(3, 100, epoch1(100)))
+    assert effects == [
+        NoteConfirm(Role.MASTER, 1, 100, ((2, 100), (3, 100))),
+        WakeWaiters(),
+        AnswerFetch(from_offset=100),
+    ]
+    assert core.write_outcome(100, 1) is WriteOutcome.ACKNOWLEDGED
+
+
+def test_in_sync_replicas_policy_counts_copies():
+    core = master_core(all_ack_in_sync_state_set=False, in_sync_replicas=2)
+    core.handle(Appended(epoch1(100)))
+    assert core.write_outcome(100, 1) is WriteOutcome.WAITING, "only the master holds it"
+    core.handle(fetch(3, 100, epoch1(100)))
+    assert core.write_outcome(100, 1) is WriteOutcome.ACKNOWLEDGED, "master + one slave = 2 copies"
+
+
+def test_an_unregistered_fetcher_is_served_but_never_counted():
+    core = master_core(members=(1,))
+    core.handle(info(1, 1, (1,), registered=frozenset({1})))
+    assert core.handle(fetch(4, 0, epoch1(100))) == [AnswerFetch(from_offset=0)]
+    assert core.acked_offsets() == {}
+
+
+def test_a_deposed_master_never_reports_a_write_acknowledged():
+    core = master_core(members=(1,))
+    core.handle(Appended(epoch1(100)))
+    assert core.write_outcome(100, 1) is WriteOutcome.ACKNOWLEDGED
+    core.handle(info(2, 2, (2,), log=epoch1(100)))
+    core.handle(Replicated(core.fetch_session, confirm_offset=100, log=epoch1(100)))
+    assert core.confirm_offset == 100
+    assert core.write_outcome(100, 1) is WriteOutcome.DEPOSED, (
+        "a slave's confirm offset may describe other bytes at the same offsets"
+    )
+
+
+def test_min_in_sync_replicas_and_the_lease_refuse_writes():
+    small = master_core(members=(1, 2), min_in_sync_replicas=3)
+    with pytest.raises(FailedPrecondition) as refused:
+        small.check_writable(1)
+    assert refused.value.code == "IN_SYNC_REPLICAS_NOT_ENOUGH"
+    expired = master_core()
+    with pytest.raises(NotMaster, match="lease"):
+        expired.check_writable(2001)
+    slave = new_core()
+    slave.handle(info(2, 1, (2, 1)))
+    with pytest.raises(NotMaster) as refused_slave:
+        slave.check_writable(0)
+    assert refused_slave.value.leader == "10.0.0.2:10911"
+
+
+# core.py: the SyncStateSet plan and the pending union --------------------------------------
+def caught_up_expansion() -> BrokerCore:
+    """A master alone in its set whose slave 2 has caught up: it proposes [1, 2]."""
+    core = master_core(members=(1,), log=epoch1(100))
+    core.handle(fetch(2, 100, epoch1(100), now_ms=10))
+    effects = core.handle(Tick(20, epoch1(100)))
+    assert effects == [ProposeSyncStateSet(1, 1, 1, (1, 2))]
+    assert core.pending_sync_state_set == (1, 2)
+    return core
+
+
+def test_an_expansion_in_flight_counts_the_newcomer_at_once():
+    """RocketMQ #5663: the controller may commit [1, 2] before this master hears of it."""
+    core = caught_up_expansion()
+    core.handle(Appended(epoch1(150)))
+    assert core.confirm_offset == 100 and core.write_outcome(150, 1) is WriteOutcome.WAITING
+    assert core.handle(Tick(30, epoch1(150))) == [], "one change at a time"
+    core.handle(fetch(2, 150, epoch1(150), now_ms=40))
+    assert core.confirm_offset == 150
+
+
+def test_without_the_pending_union_the_master_confirms_alone(monkeypatch):
+    """The planted bug of test_broker_simulation, seen in one step."""
+    monkeypatch.setattr(core_module, "counted_members", lambda master, members, pending: {master, *members})
+    core = caught_up_expansion()
+    core.handle(Appended(epoch1(150)))
+    assert core.confirm_offset == 150
+
+
+def test_a_committed_change_is_adopted_and_the_union_dropped():
+    core = caught_up_expansion()
+    effects = core.handle(SyncStateSetChanged(info(1, 1, (1, 2), set_epoch=2, log=epoch1(100))))
+    assert effects == [] and core.sync_state_set == (1, 2) and core.pending_sync_state_set is None
+
+
+def test_a_failed_proposal_is_counted_until_the_set_moves_on_or_the_grace_ends():
+    core = caught_up_expansion()
+    assert core.handle(SyncStateSetFailed(100)) == [RequestRefresh()]
+    core.handle(fetch(2, 100, epoch1(100), now_ms=7050))  # still caught up
+    assert core.handle(Tick(7100, epoch1(100))) == [] and core.pending_sync_state_set == (1, 2)
+    assert core.handle(Tick(7101, epoch1(100))) == [ProposeSyncStateSet(1, 1, 1, (1, 2))], (
+        "past the grace it never committed: plan again"
+    )
+    core.handle(info(1, 1, (1,), set_epoch=1, log=epoch1(100)))
+    assert core.pending_sync_state_set == (1, 2), "a refresh of the same set epoch keeps it"
+    core.handle(info(1, 1, (1, 2), set_epoch=2, log=epoch1(100)))
+    assert core.pending_sync_state_set is None and core.sync_state_set == (1, 2)
+
+
+def test_a_lagging_member_is_shrunk_by_a_proposal_but_counted_until_it_commits():
+    core = master_core(members=(1, 2, 3), log=epoch1(100))
+    core.handle(fetch(2, 100, epoch1(100), now_ms=900))
+    core.handle(fetch(3, 50, epoch1(100), now_ms=900))
+    assert core.handle(Tick(1500, epoch1(100))) == [ProposeSyncStateSet(1, 1, 1, (1, 2))]
+    assert core.confirm_offset == 50, "3 still counts while its removal is in flight"
+    core.handle(SyncStateSetChanged(info(1, 1, (1, 2), set_epoch=2, log=epoch1(100))))
+    assert core.confirm_offset == 100
+
+
+# core.py: fetches on the master -----------------------------------------------------------
+def test_fetch_refusals():
+    slave = new_core()
+    slave.handle(info(2, 1, (2, 1)))
+    refused = slave.handle(fetch(3, 0, epoch1(0)))
+    assert len(refused) == 1 and isinstance(refused[0], Refuse) and isinstance(refused[0].error, NotMaster)
+    stale = master_core()
+    refused = stale.handle(fetch(2, 0, epoch1(0), master_epoch=2))
+    assert refused[0] == RequestRefresh() and isinstance(refused[1].error, FencedEpoch)
+    assert stale.handle(FetchStillWaiting(master_epoch=1)) == []
+    assert isinstance(stale.handle(FetchStillWaiting(master_epoch=5))[-1], Refuse)
+
+
+def test_a_handshake_is_answered_with_the_consistent_point():
+    master_log = LogView(300, ((1, 0), (3, 200)))
+    core = master_core(log=master_log, epoch=3)
+    divergent = ((1, 0), (2, 150))  # epoch 2 never reached this master
+    effects = core.handle(fetch(2, 260, master_log, master_epoch=3, handshake=True, epoch_entries=divergent))
+    assert effects == [AnswerFetch(truncate_to=150)]
+    assert core.acked_offsets() == {2: 0, 3: 0}, "a truncation answer acknowledges nothing"
+    agreeing = core.handle(fetch(2, 120, master_log, master_epoch=3, handshake=True, epoch_entries=((1, 0),)))
+    assert agreeing == [AnswerFetch(from_offset=120)] and core.acked_offsets()[2] == 120
+    beyond = core.handle(fetch(2, 400, master_log, master_epoch=3))
+    assert beyond == [AnswerFetch(truncate_to=0)], "past the master's end without a lineage: from 0"
+    moved = core.handle(fetch(2, 10, LogView(300, ((1, 0), (3, 200)), min_offset=100), master_epoch=3))
+    assert moved == [AnswerFetch(moved_to_tiered=True)]
+
+
+def test_truncation_point_is_the_consistent_point_when_something_must_go():
+    cases = [
+        (((1, 0), (2, 150)), 260, ((1, 0), (3, 200)), 300),
+        (((1, 0),), 120, ((1, 0), (3, 200)), 300),
+        (((1, 0),), 250, ((1, 0), (3, 200)), 300),
+        ((), 0, ((1, 0),), 10),
+    ]
+    for slave, slave_max, master, master_max in cases:
+        point = consistent_point(slave, master, master_max, slave_max)
+        assert truncation_point(slave, slave_max, master, master_max) == (
+            point if point < slave_max else None
+        )
+    assert truncation_point(((1, 0),), 250, ((1, 0), (3, 200)), 300) == 200
+
+
+def test_fetch_answered_marks_the_slave_caught_up_as_of_the_answer():
+    core = master_core(members=(1, 2), log=epoch1(100))
+    core.handle(fetch(2, 0, epoch1(100), now_ms=0))
+    core.handle(FetchAnswered(now_ms=50, broker_id=2, log=epoch1(100)))
+    core.handle(fetch(2, 100, epoch1(200), now_ms=900))  # reached what the answer held
+    assert core.handle(Tick(1040, epoch1(200))) == [], "caught up as of 50 ms: still in the window"
+    assert core.handle(Tick(1051, epoch1(200))) == [ProposeSyncStateSet(1, 1, 1, (1,))]
+
+
+# core.py: the slave's side ----------------------------------------------------------------
+def test_the_slave_truncates_or_appends_and_caps_the_confirm_offset():
+    core = new_core()
+    core.handle(info(2, 2, (2, 1)))
+    session = core.fetch_session
+    log = LogView(260, ((1, 0), (2, 150)))
+    assert core.handle(MasterAnswered(session + 1, 2, 150, 0, b"", log)) == [], "another session"
+    assert core.handle(MasterAnswered(session, 2, 150, 0, b"", log)) == [Truncate(150, 2)]
+    assert core.handle(MasterAnswered(session, 2, 300, 0, b"", log)) == [], "nothing above its end to cut"
+    assert core.handle(MasterAnswered(session, 3, -1, 260, b"xy", log)) == [
+        AppendReplicated(260, b"xy"),
+        RequestRefresh(),
+    ], "a newer epoch in the answer: refresh too"
+    assert core.handle(Replicated(session, 999, LogView(262, ((1, 0),)))) == [
+        NoteConfirm(Role.SLAVE, 2, 262, ())
+    ]
+    assert core.handle(Replicated(session + 1, 5, log)) == [] and core.confirm_offset == 262
+
+
+# core.py: tiered uploads, stopping ----------------------------------------------------------
+def test_an_upload_past_the_confirm_offset_is_refused():
+    core = master_core(members=(1,), log=epoch1(100))
+    assert core.handle(UploadStarting(100)) == [NoteConfirm(Role.MASTER, 1, 100, (), force=True)]
+    refused = core.handle(UploadStarting(101))
+    assert isinstance(refused[0], Refuse) and "past the confirm offset" in str(refused[0].error)
+
+
+def test_after_stop_every_event_is_ignored():
+    core = new_core()
+    core.handle(info(2, 1, (2, 1)))
+    assert core.handle(Stop()) == [StopFetching(1), WakeWaiters()]
+    assert core.handle(info(1, 2, (1,))) == [] and core.role == Role.FENCED
+
+
+# agent.py: the shell carries the effects out ----------------------------------------------
 @pytest.fixture
 def agent(tmp_path):
+    made: list[BrokerAgent] = []
+
     def make(**overrides) -> BrokerAgent:
         config = BrokerConfig(
             cluster="C",
             broker_name="b",
             listen="127.0.0.1:1",
             controllers=["127.0.0.1:1"],
-            data_dir=tmp_path / "b",
+            data_dir=tmp_path / f"b{len(made)}",
             **overrides,
         )
-        made = BrokerAgent(config)  # nothing touches the network before start()
-        made.broker_id = 1
-        made.master_epoch = 1
-        made.store.begin_epoch(1)
-        made.role = Role.MASTER
-        made.lease.renew(heartbeat_sent_ms=10**12)
-        made.sync_state_set = [1, 2, 3]
-        return made
+        made.append(BrokerAgent(config))  # nothing touches the network before start()
+        return made[-1]
 
-    return make
+    yield make
+    for each in made:
+        each.stop()
 
 
-def put_one(agent: BrokerAgent) -> int:
-    agent.store.put_messages([Message(topic="T", queue_id=0, body=b"x")], 1, 0)
-    return agent.store.max_offset
+def replica_info(master: int, epoch: int, members: list[int]) -> cpb.ReplicaInfo:
+    return cpb.ReplicaInfo(
+        master_broker_id=master,
+        master_address="10.0.0.2:10911",
+        master_epoch=epoch,
+        sync_state_set=members,
+        sync_state_set_epoch=epoch,
+        replicas=[cpb.Replica(broker_id=i) for i in (1, 2, 3)],
+    )
 
 
-def test_all_ack_waits_for_every_member(agent):
+def test_the_agent_begins_the_epoch_in_its_store_and_writes_as_master(agent):
     a = agent()
-    end = put_one(a)
-    a.tracker.on_fetch(2, end, end, 0)
-    with a.lock:
-        a._recompute_confirm()
-    assert not a._acknowledged(end) and a.confirm < end, "broker 3 has not acked"
-    a.tracker.on_fetch(3, end, end, 0)
-    with a.lock:
-        a._recompute_confirm()
-    assert a._acknowledged(end) and a.confirm == end
+    a.feed(Registered(1, lease_ms=60_000))
+    a.apply_replica_info(replica_info(1, 4, [1]))
+    assert a.store.epochs.entries == [(4, 0)]
+    a.feed(
+        HeartbeatAnswered(now_ms(), master_broker_id=1, master_epoch=4, sync_state_set_epoch=4, lease_ms=0)
+    )
+    results, epoch = a.send([Message(topic="T", queue_id=0, body=b"x")])
+    assert epoch == 4 and a.view().confirm_offset == a.store.max_offset > 0
 
 
-def test_in_sync_replicas_policy_counts_copies(agent):
-    a = agent(all_ack_in_sync_state_set=False, in_sync_replicas=2)
-    end = put_one(a)
-    assert not a._acknowledged(end), "only the master holds it"
-    a.tracker.on_fetch(3, end, end, 0)
-    assert a._acknowledged(end), "master + one slave = 2 copies"
-
-
-def test_min_in_sync_replicas_refuses_writes_of_a_small_set(agent):
+def test_the_agent_refuses_writes_without_a_lease_or_a_big_enough_set(agent):
     a = agent(min_in_sync_replicas=3)
-    a.sync_state_set = [1, 2]
+    a.feed(Registered(1, lease_ms=60_000))
+    a.apply_replica_info(replica_info(1, 1, [1, 2]))
+    with pytest.raises(NotMaster, match="lease"):
+        a.send([Message(topic="T", queue_id=0, body=b"x")])
+    a.feed(HeartbeatAnswered(now_ms(), 1, 1, 1, lease_ms=0))
     with pytest.raises(FailedPrecondition) as refused:
         a.send([Message(topic="T", queue_id=0, body=b"x")])
     assert refused.value.code == "IN_SYNC_REPLICAS_NOT_ENOUGH"
+    assert a.store.max_offset == 0, "a refused write appends nothing"
 
 
-def test_no_lease_or_not_master_means_no_write(agent):
+def test_a_failed_epoch_begin_fences_the_broker(agent, monkeypatch):
     a = agent()
-    a.lease.revoke()
-    with pytest.raises(NotMaster, match="lease"):
-        a.send([Message(topic="T", queue_id=0, body=b"x")])
-    a.lease.renew(heartbeat_sent_ms=10**12)
-    a.role = Role.SLAVE
-    a.master_address = "10.0.0.2:10911"
-    with pytest.raises(NotMaster) as refused:
-        a.send([Message(topic="T", queue_id=0, body=b"x")])
-    assert refused.value.leader == "10.0.0.2:10911"
+    a.feed(Registered(1, lease_ms=60_000))
+
+    def broken(epoch: int) -> None:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(a.store, "begin_epoch", broken)
+    with pytest.raises(OSError):
+        a.apply_replica_info(replica_info(1, 1, [1]))
+    assert a.view().role == Role.FENCED, "never master without its epoch entry"
+    monkeypatch.undo()
+    a.apply_replica_info(replica_info(1, 1, [1]))
+    assert a.view().role == Role.MASTER and a.store.epochs.entries == [(1, 0)]
+
+
+# core.py: stale messages from the controller and from slaves -------------------------------
+def test_a_stale_replica_info_after_a_newer_heartbeat_reply_never_makes_a_master():
+    """The watch stream and the heartbeat are separate streams (maybe to different
+    controller nodes): a broker told by a heartbeat reply that the set is at epoch 4
+    (renewing its lease as a slave) must not then become a writable master at epoch 3
+    from a late replica info."""
+    core = new_core()
+    core.handle(info(2, 2, (2, 1)))
+    assert RequestRefresh() in core.handle(HeartbeatAnswered(100, 3, 4, 4, lease_ms=0))
+    assert core.lease_valid(101)
+    assert core.handle(info(1, 3, (1,))) == [], "older than the epoch the controller already named"
+    assert core.role == Role.SLAVE and not core.writable(101)
+    core.handle(info(3, 4, (3, 1)))
+    assert core.master_epoch == 4 and core.follows(core.fetch_session)
+
+
+def test_a_fetch_of_an_older_epoch_is_refused_and_acknowledges_nothing():
+    """A fetch delayed across elections (a held TCP stream) says nothing about the slave's
+    log now: it must not count as an ack of this epoch's bytes."""
+    core = master_core(members=(1, 2), log=epoch1(300), epoch=3)
+    refused = core.handle(fetch(2, 300, epoch1(300), master_epoch=2))
+    assert len(refused) == 1 and isinstance(refused[0].error, FencedEpoch)
+    assert core.acked_offsets() == {2: 0} and core.confirm_offset == 0

@@ -191,10 +191,6 @@ def test_cycle_finder_finds_a_planted_cycle():
     assert _cycles({"a": {"b"}, "b": set()}) == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="broker_agent.agent <-> replication <-> tiered: removed by the pure broker core (issue P6)",
-)
 def test_no_module_cycle():
     cycles = _cycles(_edges())
     assert not cycles, "module cycles: " + "; ".join(" <-> ".join(c) for c in cycles)

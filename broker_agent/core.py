@@ -1,0 +1,807 @@
+"""The broker's role core: what a broker believes about its role, and what to do next.
+
+Pure, like controller/state_machine.py: no clock, sockets, files, threads or
+randomness. `BrokerCore.handle(event)` takes one event (time arrives inside it as
+`now_ms`, the log's shape as a `LogView`) and returns the effects the shell
+(agent.py) carries out, always in EFFECT_ORDER: stop the old fetcher, persist
+(truncate, begin an epoch, append replicated bytes), note the confirm offset for the
+audit, send (propose a SyncStateSet, ask for fresh replica info), start a fetcher,
+report a revoked lease, wake waiters, answer or refuse a slave's fetch. etcd raft's
+`Ready` is the model: the core says what to do, the application does the I/O.
+
+What it holds: the role (Role), the master epoch and who the master is, the
+SyncStateSet and its epoch, a SyncStateSet change in flight (counted as the union
+with the current set until it commits or fails, RocketMQ #5663), the confirm offset,
+the master lease (ha.Lease: why it makes a dual master impossible is written there)
+and the slaves' progress (ha.SyncStateTracker: when to shrink or expand the set).
+
+What it answers without effects: may this broker write now (check_writable), is a
+write acknowledged yet (write_outcome), and read-only snapshots (view).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from broker_agent.ha import Lease, Role, SlaveProgress, SyncStateTracker, confirm_offset
+from mqmeta.errors import FailedPrecondition, FencedEpoch, MqmetaError, NotMaster
+from mqmeta.formats.epochs import EpochEntry, consistent_point
+
+LEASE_MS_DEFAULT = 2000  # until the controller's config says otherwise (at registration)
+PENDING_GRACE_MS = 7000  # longer than the controller's proposal timeout (5 s)
+
+
+# The log as the core needs to see it ---------------------------------------------------
+@dataclass(frozen=True)
+class LogView:
+    """The shape of the local log at the moment of an event (the shell reads it)."""
+
+    max_offset: int
+    epochs: tuple[EpochEntry, ...] = ()
+    min_offset: int = 0
+
+    @property
+    def last_epoch(self) -> int:
+        return self.epochs[-1][0] if self.epochs else 0
+
+    @property
+    def epoch_start(self) -> int:
+        """Where the newest epoch begins (0 for an empty epoch list)."""
+        return self.epochs[-1][1] if self.epochs else 0
+
+
+# Policy --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class AckPolicy:
+    """When a write counts as acknowledged, and when writes are refused outright."""
+
+    all_ack_in_sync_state_set: bool = True  # else: in_sync_replicas copies
+    in_sync_replicas: int = 1
+    min_in_sync_replicas: int = 1
+
+
+class WriteOutcome(enum.Enum):
+    ACKNOWLEDGED = "ACKNOWLEDGED"
+    WAITING = "WAITING"
+    DEPOSED = "DEPOSED"  # no longer master of the write's epoch: its outcome is unknown
+
+
+# Events (inputs) -----------------------------------------------------------------------
+@dataclass(frozen=True)
+class Registered:
+    """The controller gave this broker its id; `lease_ms` is the controller's config."""
+
+    broker_id: int
+    lease_ms: int
+
+
+@dataclass(frozen=True)
+class ReplicaInfo:
+    """What the controller decided for this broker set (register, refresh, watch, elect)."""
+
+    now_ms: int
+    master_broker_id: int
+    master_address: str
+    master_epoch: int
+    sync_state_set: tuple[int, ...]
+    sync_state_set_epoch: int
+    registered_ids: frozenset[int]
+    log: LogView
+
+
+@dataclass(frozen=True)
+class SyncStateSetChanged:
+    """The controller committed this master's proposal; `info` is its answer."""
+
+    info: ReplicaInfo
+
+
+@dataclass(frozen=True)
+class SyncStateSetFailed:
+    """The proposal was not confirmed; it may still commit (a timed-out proposal)."""
+
+    now_ms: int
+
+
+@dataclass(frozen=True)
+class HeartbeatAnswered:
+    """The controller leader acknowledged a heartbeat sent at `sent_ms`."""
+
+    sent_ms: int
+    master_broker_id: int
+    master_epoch: int
+    sync_state_set_epoch: int
+    lease_ms: int  # 0 = keep the current lease length
+
+
+@dataclass(frozen=True)
+class Tick:
+    """Time passed (the shell's controller loop): time out a failed change, plan one."""
+
+    now_ms: int
+    log: LogView
+
+
+@dataclass(frozen=True)
+class Appended:
+    """The master appended records; `log` ends after them."""
+
+    log: LogView
+
+
+@dataclass(frozen=True)
+class SlaveFetch:
+    """A slave asks this master for bytes from `fetch_offset` (which acknowledges them)."""
+
+    now_ms: int
+    broker_id: int
+    master_epoch: int
+    fetch_offset: int
+    handshake: bool
+    epoch_entries: tuple[EpochEntry, ...]
+    log: LogView
+
+
+@dataclass(frozen=True)
+class FetchStillWaiting:
+    """A long-polling fetch woke up with nothing new: is this still the master it asked?"""
+
+    master_epoch: int
+
+
+@dataclass(frozen=True)
+class FetchAnswered:
+    """The master answered `broker_id` while its log ended at `log.max_offset`."""
+
+    now_ms: int
+    broker_id: int
+    log: LogView
+
+
+@dataclass(frozen=True)
+class MasterAnswered:
+    """The master answered this slave's fetch of session `session`."""
+
+    session: int
+    master_epoch: int
+    truncate_to: int  # -1: no truncation
+    data_offset: int
+    data: bytes
+    log: LogView
+
+
+@dataclass(frozen=True)
+class Replicated:
+    """The slave appended what the master sent; the master's confirm offset was this."""
+
+    session: int
+    confirm_offset: int
+    log: LogView
+
+
+@dataclass(frozen=True)
+class UploadStarting:
+    """The tiered uploader is about to upload up to `end_offset` (T1)."""
+
+    end_offset: int
+
+
+@dataclass(frozen=True)
+class Fence:
+    """The shell could not carry out a role change (e.g. the epoch file failed)."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Stop:
+    """The broker is shutting down: refuse everything from now on."""
+
+
+Event = (
+    Registered
+    | ReplicaInfo
+    | SyncStateSetChanged
+    | SyncStateSetFailed
+    | HeartbeatAnswered
+    | Tick
+    | Appended
+    | SlaveFetch
+    | FetchStillWaiting
+    | FetchAnswered
+    | MasterAnswered
+    | Replicated
+    | UploadStarting
+    | Fence
+    | Stop
+)
+
+
+# Effects (outputs), in the order the shell carries them out ----------------------------
+@dataclass(frozen=True)
+class StopFetching:
+    ORDER: ClassVar[int] = 0
+    session: int
+
+
+@dataclass(frozen=True)
+class Truncate:
+    """Cut the local log at `offset` (the consistent point), crash-safely."""
+
+    ORDER: ClassVar[int] = 1
+    offset: int
+    master_epoch: int
+
+
+@dataclass(frozen=True)
+class BeginEpoch:
+    """Append (epoch, log end) to the epoch file before any write of this epoch."""
+
+    ORDER: ClassVar[int] = 1
+    epoch: int
+
+
+@dataclass(frozen=True)
+class AppendReplicated:
+    ORDER: ClassVar[int] = 1
+    offset: int
+    data: bytes
+
+
+@dataclass(frozen=True)
+class NoteConfirm:
+    """The audit's confirm log line (confirm_log.py); `force` writes it at once."""
+
+    ORDER: ClassVar[int] = 2
+    role: Role
+    master_epoch: int
+    confirm_offset: int
+    acked: tuple[tuple[int, int], ...]
+    force: bool = False
+
+
+@dataclass(frozen=True)
+class ProposeSyncStateSet:
+    ORDER: ClassVar[int] = 3
+    master_broker_id: int
+    master_epoch: int
+    sync_state_set_epoch: int
+    new_sync_state_set: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class RequestRefresh:
+    """Ask the controller for the replica info again (this view may be stale)."""
+
+    ORDER: ClassVar[int] = 3
+
+
+@dataclass(frozen=True)
+class StartFetching:
+    ORDER: ClassVar[int] = 4
+    session: int
+    master_broker_id: int
+    master_address: str
+    master_epoch: int
+
+
+@dataclass(frozen=True)
+class LeaseRevoked:
+    """The controller names another master: this one stopped accepting writes."""
+
+    ORDER: ClassVar[int] = 5
+    master_broker_id: int
+    master_epoch: int
+
+
+@dataclass(frozen=True)
+class WakeWaiters:
+    """Writers waiting for acknowledgement and long-polling fetches re-check."""
+
+    ORDER: ClassVar[int] = 6
+
+
+@dataclass(frozen=True)
+class AnswerFetch:
+    """What to send a fetching slave: a truncation point, a pointer to the tiered
+    store, or the bytes from `from_offset` (the shell reads them)."""
+
+    ORDER: ClassVar[int] = 7
+    truncate_to: int = -1
+    moved_to_tiered: bool = False
+    from_offset: int = -1
+
+
+@dataclass(frozen=True)
+class Refuse:
+    """The request is refused with `error` (raised by the shell, after the rest)."""
+
+    ORDER: ClassVar[int] = 8
+    error: MqmetaError
+
+
+Effect = (
+    StopFetching
+    | Truncate
+    | BeginEpoch
+    | AppendReplicated
+    | NoteConfirm
+    | ProposeSyncStateSet
+    | RequestRefresh
+    | StartFetching
+    | LeaseRevoked
+    | WakeWaiters
+    | AnswerFetch
+    | Refuse
+)
+
+
+# Snapshots ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RoleView:
+    """A read-only snapshot of the core, for the shell and the threads it runs."""
+
+    role: Role
+    broker_id: int
+    master_broker_id: int
+    master_address: str
+    master_epoch: int
+    sync_state_set: tuple[int, ...]
+    sync_state_set_epoch: int
+    confirm_offset: int
+    fetch_session: int
+
+
+@dataclass
+class _PendingChange:
+    """A SyncStateSet proposal in flight: counted together with the current set."""
+
+    members: tuple[int, ...]
+    base_epoch: int  # the SyncStateSet epoch it was proposed against
+    failed_ms: int = 0  # when the proposal was reported failed (0 = not yet)
+
+
+# Pure rules (module functions: a test may swap one for a planted bug) ----------------
+def counted_members(master_id: int, sync_state_set: Sequence[int], pending: Sequence[int] | None) -> set[int]:
+    """Whose acks the confirm offset waits for: the SyncStateSet and the master, plus,
+    while a change is in flight, the proposed set too. The controller may already have
+    committed the new set while this master still holds the old one: a member being
+    added must count from the moment it is proposed (RocketMQ #5663), a member being
+    removed until the removal is known to have committed."""
+    counted = set(sync_state_set) | {master_id}
+    if pending is not None:
+        counted |= set(pending)
+    return counted
+
+
+def truncation_point(
+    slave_entries: Sequence[EpochEntry],
+    slave_max_offset: int,
+    master_entries: Sequence[EpochEntry],
+    master_max_offset: int,
+) -> int | None:
+    """Where a slave must cut its log before copying from this master (None: keep it
+    all): the consistent point, below which both logs hold the same bytes."""
+    point = consistent_point(slave_entries, master_entries, master_max_offset, slave_max_offset)
+    return point if point < slave_max_offset else None
+
+
+# The core ------------------------------------------------------------------------------
+@dataclass
+class _State:
+    """Everything the core believes. Only the handlers below change it; the shell and
+    the threads it runs read it through BrokerCore's queries and view()."""
+
+    broker_name: str  # for messages only
+    policy: AckPolicy
+    pending_grace_ms: int
+    tracker: SyncStateTracker
+    broker_id: int = 0
+    role: Role = Role.FENCED
+    master_epoch: int = 0
+    master_broker_id: int = 0
+    master_address: str = ""
+    sync_state_set: tuple[int, ...] = ()
+    sync_state_set_epoch: int = 0
+    registered_ids: frozenset[int] = frozenset()
+    pending: _PendingChange | None = None
+    confirm_offset: int = 0
+    fetch_session: int = 0
+    newest_master_epoch_seen: int = 0  # from any controller answer, heartbeats included
+    stopped: bool = False
+    lease: Lease = field(default_factory=lambda: Lease(lease_ms=LEASE_MS_DEFAULT))
+
+
+class BrokerCore:
+    """One broker's role, fed events by its shell; see the module docstring."""
+
+    def __init__(
+        self,
+        broker_name: str,
+        policy: AckPolicy | None = None,
+        max_not_catchup_ms: int = 15_000,
+        pending_grace_ms: int = PENDING_GRACE_MS,
+    ) -> None:
+        tracker = SyncStateTracker(max_not_catchup_ms)
+        self._state = _State(broker_name, policy or AckPolicy(), pending_grace_ms, tracker)
+
+    # The one entry point ----------------------------------------------------------------
+    def handle(self, event: Event) -> list[Effect]:
+        """Applies one event; returns what the shell must do, in EFFECT_ORDER."""
+        if self._state.stopped:
+            return []
+        effects = _HANDLERS[type(event)](self._state, event)
+        return sorted(effects, key=lambda effect: effect.ORDER)  # stable: ties keep their order
+
+    # Queries (no effects) ------------------------------------------------------------------
+    def view(self) -> RoleView:
+        s = self._state
+        return RoleView(
+            s.role,
+            s.broker_id,
+            s.master_broker_id,
+            s.master_address,
+            s.master_epoch,
+            s.sync_state_set,
+            s.sync_state_set_epoch,
+            s.confirm_offset,
+            s.fetch_session,
+        )
+
+    @property
+    def broker_id(self) -> int:
+        return self._state.broker_id
+
+    @property
+    def role(self) -> Role:
+        return self._state.role
+
+    @property
+    def master_epoch(self) -> int:
+        return self._state.master_epoch
+
+    @property
+    def master_address(self) -> str:
+        return self._state.master_address
+
+    @property
+    def sync_state_set(self) -> tuple[int, ...]:
+        return self._state.sync_state_set
+
+    @property
+    def confirm_offset(self) -> int:
+        return self._state.confirm_offset
+
+    @property
+    def fetch_session(self) -> int:
+        return self._state.fetch_session
+
+    @property
+    def pending_sync_state_set(self) -> tuple[int, ...] | None:
+        pending = self._state.pending
+        return pending.members if pending is not None else None
+
+    def follows(self, session: int) -> bool:
+        """Is `session` the fetch session of this broker's current role as a slave?"""
+        return _follows(self._state, session)
+
+    def lease_valid(self, now_ms: int) -> bool:
+        return self._state.lease.valid(now_ms)
+
+    def writable(self, now_ms: int) -> bool:
+        return self._state.role == Role.MASTER and self._state.lease.valid(now_ms)
+
+    def check_master(self) -> None:
+        s = self._state
+        if s.role != Role.MASTER:
+            raise NotMaster(
+                f"broker {s.broker_id} of {s.broker_name} is {s.role.value}, not the master",
+                leader=s.master_address,
+            )
+
+    def check_writable(self, now_ms: int) -> None:
+        """May this broker append now? Raises the refusal a producer should see."""
+        self.check_master()
+        s = self._state
+        if not s.lease.valid(now_ms):
+            raise NotMaster(
+                f"master {s.broker_id} of {s.broker_name} has no valid "
+                "lease from the controller; it refuses writes until it renews",
+                leader="",
+            )
+        if len(set(s.sync_state_set) | {s.broker_id}) < s.policy.min_in_sync_replicas:
+            raise FailedPrecondition(
+                f"SyncStateSet {list(s.sync_state_set)} is smaller than min_in_sync_replicas "
+                f"{s.policy.min_in_sync_replicas}",
+                code="IN_SYNC_REPLICAS_NOT_ENOUGH",
+            )
+
+    def write_outcome(self, end_offset: int, epoch: int) -> WriteOutcome:
+        """Is everything before `end_offset`, written as master of `epoch`, acknowledged?
+        Only the master of that epoch can say yes: once deposed, a later confirm offset
+        (learned as a slave) may describe other bytes at the same offsets."""
+        s = self._state
+        if s.role != Role.MASTER or s.master_epoch != epoch:
+            return WriteOutcome.DEPOSED
+        return WriteOutcome.ACKNOWLEDGED if _acknowledged(s, end_offset) else WriteOutcome.WAITING
+
+    def acked_offsets(self) -> dict[int, int]:
+        """Each slave's acknowledged offset in this master epoch (empty unless master)."""
+        return _acked_offsets(self._state)
+
+    def slaves(self) -> dict[int, SlaveProgress]:
+        """A copy of each slave's progress (empty unless master)."""
+        if self._state.role != Role.MASTER:
+            return {}
+        return {i: SlaveProgress(**vars(p)) for i, p in self._state.tracker.slaves.items()}
+
+
+# Rules shared by the handlers --------------------------------------------------------------
+def _follows(s: _State, session: int) -> bool:
+    return not s.stopped and s.role == Role.SLAVE and s.fetch_session == session
+
+
+def _acked_offsets(s: _State) -> dict[int, int]:
+    return s.tracker.acked() if s.role == Role.MASTER else {}
+
+
+def _counted(s: _State) -> set[int]:
+    pending = s.pending.members if s.pending is not None else None
+    return counted_members(s.broker_id, s.sync_state_set, pending)
+
+
+def _acknowledged(s: _State, end_offset: int) -> bool:
+    if s.policy.all_ack_in_sync_state_set:
+        return s.confirm_offset >= end_offset
+    acked = s.tracker.acked()
+    holders = 1 + sum(1 for i in _counted(s) - {s.broker_id} if acked.get(i, 0) >= end_offset)
+    return holders >= s.policy.in_sync_replicas
+
+
+def _note(s: _State, force: bool = False) -> NoteConfirm:
+    acked = tuple(sorted(_acked_offsets(s).items()))
+    return NoteConfirm(s.role, s.master_epoch, s.confirm_offset, acked, force)
+
+
+def _recompute_confirm(s: _State, log: LogView) -> list[Effect]:
+    """As master: the confirm offset never moves backwards within a role."""
+    if s.role != Role.MASTER:
+        return []
+    computed = confirm_offset(s.broker_id, log.max_offset, s.tracker.acked(), _counted(s))
+    if computed <= s.confirm_offset:
+        return []
+    s.confirm_offset = computed
+    return [_note(s), WakeWaiters()]
+
+
+def _new_session(s: _State) -> list[Effect]:
+    effects: list[Effect] = [StopFetching(s.fetch_session)] if s.role == Role.SLAVE else []
+    s.fetch_session += 1
+    return effects
+
+
+def _fetch_refusal(s: _State, slave_master_epoch: int) -> list[Effect]:
+    if s.role != Role.MASTER:
+        not_master = f"broker {s.broker_id} is {s.role.value}, not the master"
+        return [Refuse(NotMaster(not_master, leader=s.master_address))]
+    if slave_master_epoch > s.master_epoch:  # the slave knows a newer epoch: this master is stale
+        stale = f"master epoch {s.master_epoch} is older than the slave's {slave_master_epoch}"
+        return [RequestRefresh(), Refuse(FencedEpoch(stale))]
+    if slave_master_epoch < s.master_epoch:
+        # A fetch of an older session (it may have waited in a stream across elections)
+        # says nothing about the slave's log now: no ack; the slave must refresh.
+        behind = f"the slave follows master epoch {slave_master_epoch}; this master is at {s.master_epoch}"
+        return [Refuse(FencedEpoch(behind))]
+    return []
+
+
+# Handlers: (state, event) -> effects ------------------------------------------------------
+def _on_registered(s: _State, event: Registered) -> list[Effect]:
+    s.broker_id = event.broker_id
+    s.lease.lease_ms = event.lease_ms
+    return []
+
+
+def _on_replica_info(s: _State, info: ReplicaInfo) -> list[Effect]:
+    """Adopts what the controller decided; an older master epoch than any the controller
+    has named (in replica info or a heartbeat reply) is ignored: the watch stream and the
+    calls travel separately, so a late decision must not undo a newer one."""
+    if info.master_epoch < max(s.master_epoch, s.newest_master_epoch_seen):
+        return []
+    s.newest_master_epoch_seen = info.master_epoch
+    s.registered_ids = info.registered_ids
+    if s.pending is not None and info.sync_state_set_epoch > s.pending.base_epoch:
+        s.pending = None  # the set moved on: count what it is now
+    if info.sync_state_set_epoch >= s.sync_state_set_epoch:
+        s.sync_state_set = tuple(sorted(info.sync_state_set))
+        s.sync_state_set_epoch = info.sync_state_set_epoch
+    same = info.master_epoch == s.master_epoch and info.master_broker_id == s.master_broker_id
+    if same and s.role != Role.FENCED:
+        return _recompute_confirm(s, info.log)
+    effects = _new_session(s)  # any running fetcher stops
+    s.master_epoch = info.master_epoch
+    s.master_broker_id = info.master_broker_id
+    s.master_address = info.master_address
+    if info.master_broker_id == s.broker_id and s.broker_id:
+        effects += _become_master(s, info.now_ms, info.log)
+    elif info.master_broker_id:
+        s.role = Role.SLAVE
+        effects.append(
+            StartFetching(s.fetch_session, info.master_broker_id, info.master_address, info.master_epoch)
+        )
+    else:
+        s.role = Role.FENCED
+    return [*effects, WakeWaiters()]
+
+
+def _become_master(s: _State, now_ms: int, log: LogView) -> list[Effect]:
+    """A new epoch entry (unless this log already began it), a fresh confirm offset."""
+    effects: list[Effect] = []
+    if log.last_epoch < s.master_epoch:
+        effects.append(BeginEpoch(s.master_epoch))
+    others = [i for i in s.sync_state_set if i != s.broker_id]
+    s.tracker.reset(now_ms, others)
+    s.pending = None
+    # Alone in its set it confirms all it has; otherwise nothing beyond what it knew.
+    s.confirm_offset = log.max_offset if not others else min(s.confirm_offset, log.max_offset)
+    s.role = Role.MASTER
+    return [*effects, _note(s, force=True)]
+
+
+def _on_sync_state_set_changed(s: _State, event: SyncStateSetChanged) -> list[Effect]:
+    """Adopt the committed set, then stop counting the union: no window in between."""
+    effects = _on_replica_info(s, event.info)
+    s.pending = None
+    return effects + _recompute_confirm(s, event.info.log)
+
+
+def _on_sync_state_set_failed(s: _State, event: SyncStateSetFailed) -> list[Effect]:
+    """Keep counting the union until a refresh shows the set moved on, or for at most
+    pending_grace_ms: a proposal that timed out may still commit."""
+    if s.pending is not None:
+        s.pending.failed_ms = event.now_ms
+    return [RequestRefresh()]
+
+
+def _on_heartbeat_answered(s: _State, reply: HeartbeatAnswered) -> list[Effect]:
+    s.newest_master_epoch_seen = max(s.newest_master_epoch_seen, reply.master_epoch)
+    effects: list[Effect] = []
+    if s.role == Role.MASTER and (
+        reply.master_broker_id != s.broker_id or reply.master_epoch != s.master_epoch
+    ):
+        s.lease.revoke()  # the controller names another master: stop writing now
+        effects += [LeaseRevoked(reply.master_broker_id, reply.master_epoch), WakeWaiters()]
+    else:
+        s.lease.renew(reply.sent_ms, reply.lease_ms or None)
+    stale = (
+        reply.master_broker_id != s.master_broker_id
+        or reply.master_epoch != s.master_epoch
+        or reply.sync_state_set_epoch != s.sync_state_set_epoch
+    )
+    return effects + ([RequestRefresh()] if stale else [])
+
+
+def _on_tick(s: _State, tick: Tick) -> list[Effect]:
+    pending = s.pending
+    if pending is not None and pending.failed_ms and tick.now_ms - pending.failed_ms > s.pending_grace_ms:
+        s.pending = pending = None  # it never committed
+    if s.role != Role.MASTER or pending is not None:
+        return []
+    plan = s.tracker.plan(
+        tick.now_ms,
+        s.broker_id,
+        list(s.sync_state_set),
+        s.confirm_offset,
+        tick.log.epoch_start,
+        set(s.registered_ids),
+    )
+    if plan is None:
+        return []
+    s.pending = _PendingChange(tuple(plan), s.sync_state_set_epoch)
+    return [ProposeSyncStateSet(s.broker_id, s.master_epoch, s.sync_state_set_epoch, tuple(plan))]
+
+
+def _on_appended(s: _State, event: Appended) -> list[Effect]:
+    return [*_recompute_confirm(s, event.log), WakeWaiters()]  # also wakes long-polling fetches
+
+
+def _on_slave_fetch(s: _State, fetch: SlaveFetch) -> list[Effect]:
+    """The master's side of a fetch: refuse, ask for a truncation, point to the tiered
+    store, or record the fetch offset as the slave's ack and serve from it."""
+    refusal = _fetch_refusal(s, fetch.master_epoch)
+    if refusal:
+        return refusal
+    log = fetch.log
+    if fetch.handshake or fetch.fetch_offset > log.max_offset:
+        point = truncation_point(fetch.epoch_entries, fetch.fetch_offset, log.epochs, log.max_offset)
+        if point is not None:
+            return [AnswerFetch(truncate_to=point)]
+    if fetch.fetch_offset < log.min_offset:
+        return [AnswerFetch(moved_to_tiered=True)]  # retention deleted it here
+    effects: list[Effect] = []
+    if fetch.broker_id in s.registered_ids:
+        s.tracker.on_fetch(fetch.broker_id, fetch.fetch_offset, log.max_offset, fetch.now_ms)
+        effects += _recompute_confirm(s, log)
+    return [*effects, AnswerFetch(from_offset=fetch.fetch_offset)]
+
+
+def _on_fetch_still_waiting(s: _State, event: FetchStillWaiting) -> list[Effect]:
+    return _fetch_refusal(s, event.master_epoch)
+
+
+def _on_fetch_answered(s: _State, event: FetchAnswered) -> list[Effect]:
+    if s.role == Role.MASTER and event.broker_id in s.registered_ids:
+        s.tracker.on_answer(event.broker_id, event.log.max_offset, event.now_ms)
+    return []
+
+
+def _on_master_answered(s: _State, answer: MasterAnswered) -> list[Effect]:
+    """The slave's side: cut at the consistent point the master named, or append."""
+    if not _follows(s, answer.session):
+        return []
+    effects: list[Effect] = [RequestRefresh()] if answer.master_epoch > s.master_epoch else []
+    if answer.truncate_to >= 0:
+        if answer.truncate_to < answer.log.max_offset:
+            effects.append(Truncate(answer.truncate_to, answer.master_epoch))
+        return effects
+    if answer.data:
+        effects.append(AppendReplicated(answer.data_offset, answer.data))
+    return effects
+
+
+def _on_replicated(s: _State, event: Replicated) -> list[Effect]:
+    if not _follows(s, event.session):
+        return []
+    s.confirm_offset = min(event.confirm_offset, event.log.max_offset)
+    return [
+        _note(
+            s,
+        )
+    ]
+
+
+def _on_upload_starting(s: _State, event: UploadStarting) -> list[Effect]:
+    """T1: nothing beyond the confirm offset is uploaded; the audit's evidence of the
+    confirm offset is written before the upload starts."""
+    if s.role != Role.MASTER or event.end_offset > s.confirm_offset:
+        error = FailedPrecondition(
+            f"an upload ending at {event.end_offset} is past the confirm offset {s.confirm_offset} "
+            f"of this {s.role.value.lower()}"
+        )
+        return [Refuse(error)]
+    return [_note(s, force=True)]
+
+
+def _on_fence(s: _State, event: Fence) -> list[Effect]:
+    effects = _new_session(s)
+    s.role = Role.FENCED
+    return [*effects, WakeWaiters()]
+
+
+def _on_stop(s: _State, event: Stop) -> list[Effect]:
+    effects = _on_fence(s, Fence("stopping"))
+    s.stopped = True
+    return effects
+
+
+# each handler takes its own event type; the table is keyed by that type
+_HANDLERS: dict[type, Callable[[_State, Any], list[Effect]]] = {
+    Registered: _on_registered,
+    ReplicaInfo: _on_replica_info,
+    SyncStateSetChanged: _on_sync_state_set_changed,
+    SyncStateSetFailed: _on_sync_state_set_failed,
+    HeartbeatAnswered: _on_heartbeat_answered,
+    Tick: _on_tick,
+    Appended: _on_appended,
+    SlaveFetch: _on_slave_fetch,
+    FetchStillWaiting: _on_fetch_still_waiting,
+    FetchAnswered: _on_fetch_answered,
+    MasterAnswered: _on_master_answered,
+    Replicated: _on_replicated,
+    UploadStarting: _on_upload_starting,
+    Fence: _on_fence,
+    Stop: _on_stop,
+}
