@@ -465,6 +465,11 @@ class BrokerAgent:
             lambda epoch: self.store.commit_consumer_offset(group, topic, queue_id, offset, epoch, wall_ms())
         )
 
+    def commit_consumer_progress(self, entries: list[tuple[str, str, int, int, tuple]]) -> None:
+        """Several groups' progress (consumed offset and acknowledged ranges above it) in one
+        replicated write; see MessageStore.commit_consumer_progress."""
+        self._write(lambda epoch: self.store.commit_consumer_progress(entries, epoch, wall_ms()))
+
     def _write(self, put: Callable[[int], Any]) -> tuple[Any, int]:
         """Appends as master, then waits for the ack policy; the only write path."""
         with self.lock:

@@ -18,7 +18,10 @@ checkpoint are dropped and rebuilt by scanning the log from there; a missing or
 corrupt checkpoint or index file means a full rebuild from the log.
 
 Consumer offsets are records of the system topic %CONSUMER_OFFSET% (queue 0), so they
-replicate with the data and follow truncation.
+replicate with the data and follow truncation. A record holds a group's progress in one
+queue: the offset below which everything is consumed and, for consumers that acknowledge
+messages one by one (the RocketMQ 5 service), the ranges above it already acknowledged;
+the latest record of a (group, topic, queue) is its whole progress.
 
 Order of effects, each chosen so that a crash between two steps is recovered at open:
 - master append: the epoch entry (begin_epoch) is durable before any record of it;
@@ -85,6 +88,9 @@ _INDEX_ENTRY = struct.Struct("<QI")  # commit offset, size
 
 QueueKey = tuple[str, int]
 ConsumerKey = tuple[str, str, int]  # group, topic, queue id
+AckedRanges = tuple[tuple[int, int], ...]  # [start, end) queue offsets above the consumed offset
+Progress = tuple[int, AckedRanges]  # consumed offset, acknowledged ranges above it
+ACKED_RANGES_MAX = 4096  # per progress record: bounds its size (about 40 KB)
 
 
 @dataclass(frozen=True)
@@ -102,32 +108,50 @@ def _check_int(kind: str, value: object, minimum: int, maximum: int) -> int:
     return value
 
 
-def _consumer_offset_body(group: str, topic: str, queue_id: int, offset: int) -> bytes:
-    return json.dumps(
-        {"group": group, "offset": offset, "queue_id": queue_id, "topic": topic},
-        sort_keys=True,
-        separators=(",", ":"),
-    ).encode()
+def _consumer_offset_body(group: str, topic: str, queue_id: int, offset: int, acked: AckedRanges = ()) -> bytes:
+    body: dict[str, object] = {"group": group, "offset": offset, "queue_id": queue_id, "topic": topic}
+    if acked:  # absent when empty: a plain consumer offset record keeps its old bytes
+        body["acked"] = [list(r) for r in acked]
+    return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
 
 
-def _parse_consumer_offset(record: StoredRecord) -> tuple[ConsumerKey, int]:
+def check_acked_ranges(offset: int, acked: Any) -> AckedRanges:
+    """`acked` as sorted, disjoint, non-adjacent [start, end) ranges above `offset`;
+    ValueError when it is not."""
+    if not isinstance(acked, list | tuple) or len(acked) > ACKED_RANGES_MAX:
+        raise ValueError(f"acked must be a list of at most {ACKED_RANGES_MAX} ranges")
+    ranges: list[tuple[int, int]] = []
+    previous_end = offset
+    for item in acked:
+        if not isinstance(item, list | tuple) or len(item) != 2 or any(type(v) is not int for v in item):
+            raise ValueError(f"acked range {item!r} is not [start, end)")
+        start, end = item
+        if not previous_end < start < end <= OFFSET_MAX:
+            raise ValueError(f"acked range {item!r} is not sorted, disjoint and above {offset}")
+        ranges.append((start, end))
+        previous_end = end
+    return tuple(ranges)
+
+
+def _parse_consumer_offset(record: StoredRecord) -> tuple[ConsumerKey, Progress]:
     try:
         body = json.loads(record.body)
         key = (body["group"], body["topic"], body["queue_id"])
         offset = body["offset"]
+        if not (
+            isinstance(key[0], str)
+            and isinstance(key[1], str)
+            and type(key[2]) is int
+            and type(offset) is int
+            and offset >= 0
+        ):
+            raise TypeError("group, topic, queue_id or offset")
+        acked = check_acked_ranges(offset, body.get("acked", []))
     except (ValueError, UnicodeDecodeError, KeyError, TypeError):
-        key, offset = None, None
-    if key is None or not (
-        isinstance(key[0], str)
-        and isinstance(key[1], str)
-        and type(key[2]) is int
-        and type(offset) is int
-        and offset >= 0
-    ):
         raise CorruptData(
             f"consumer offset record at {record.commit_offset} has a malformed body {record.body[:200]!r}"
-        )
-    return key, offset
+        ) from None
+    return key, (offset, acked)
 
 
 class _QueueIndex:
@@ -219,9 +243,9 @@ class MessageStore:
         self._checkpoint_path = self._index_dir / "checkpoint.json"
         self._intent_path = self.directory / "truncate.json"
         self._queues: dict[QueueKey, _QueueIndex] = {}
-        self._consumer_offsets: dict[ConsumerKey, int] = {}
+        self._consumer_offsets: dict[ConsumerKey, Progress] = {}
         self._checkpoint_offset = 0
-        self._checkpoint_consumer_offsets: dict[ConsumerKey, int] = {}
+        self._checkpoint_consumer_offsets: dict[ConsumerKey, Progress] = {}
         self.log = CommitLog(self.directory / "commitlog", segment_bytes, fsync)
         try:
             self.epochs = EpochFile(self.directory / "epochs.json", fsync)
@@ -297,7 +321,7 @@ class MessageStore:
         self._checkpoint_consumer_offsets = dict(self._consumer_offsets)
         return trusted
 
-    def _read_checkpoint(self) -> tuple[int, dict[ConsumerKey, int], list[Any]] | None:
+    def _read_checkpoint(self) -> tuple[int, dict[ConsumerKey, Progress], list[Any]] | None:
         """(indexed offset, consumer offsets, queue list), or None when missing or unusable
         (the index is derived data: it is rebuilt, never trusted when in doubt)."""
         if not self._checkpoint_path.exists():
@@ -305,7 +329,10 @@ class MessageStore:
         try:
             body = load_checksummed(self._checkpoint_path)
             indexed_offset = body["indexed_offset"]
-            offsets = {(g, t, q): o for g, t, q, o in body["consumer_offsets"]}  # type: ignore[attr-defined]
+            offsets = {
+                (row[0], row[1], row[2]): (row[3], check_acked_ranges(row[3], row[4] if len(row) > 4 else []))
+                for row in body["consumer_offsets"]  # type: ignore[attr-defined]
+            }
             queues = body["queues"]
             if type(indexed_offset) is not int or not isinstance(queues, list):
                 raise TypeError("indexed_offset or queues")
@@ -398,8 +425,8 @@ class MessageStore:
         queue.append(commit_offset, size)
 
     def _replay_consumer_offsets(
-        self, start_from: dict[ConsumerKey, int], start: int, end: int
-    ) -> dict[ConsumerKey, int]:
+        self, start_from: dict[ConsumerKey, Progress], start: int, end: int
+    ) -> dict[ConsumerKey, Progress]:
         """`start_from` updated with the consumer offset records in [start, end)."""
         offsets = dict(start_from)
         queue = self._queues.get((CONSUMER_OFFSET_TOPIC, 0))
@@ -428,7 +455,10 @@ class MessageStore:
         body: dict[str, object] = {
             "indexed_offset": indexed_offset,
             "queues": [[q.topic, q.queue_id, q.base, q.count] for q in self._queues.values()],
-            "consumer_offsets": [[g, t, q, o] for (g, t, q), o in sorted(self._consumer_offsets.items())],
+            "consumer_offsets": [
+                [g, t, q, o, [list(r) for r in acked]] if acked else [g, t, q, o]
+                for (g, t, q), (o, acked) in sorted(self._consumer_offsets.items())
+            ],
         }
         write_atomically(self._checkpoint_path, dump_checksummed(body), self.fsync)
         self._checkpoint_offset = indexed_offset
@@ -518,23 +548,43 @@ class MessageStore:
         self, group: str, topic: str, queue_id: int, offset: int, epoch: int, now_ms: int
     ) -> PutResult:
         """Records `group`'s next offset in topic/queue_id as a %CONSUMER_OFFSET% record."""
-        if not isinstance(group, str) or not TOPIC_PATTERN.fullmatch(group):
-            raise InvalidArgument(
-                f"group {group!r} is malformed: use 1-127 characters from A-Z a-z 0-9 _ - % |"
+        (result,) = self.commit_consumer_progress([(group, topic, queue_id, offset, ())], epoch, now_ms)
+        return result
+
+    def commit_consumer_progress(
+        self, entries: list[tuple[str, str, int, int, AckedRanges]], epoch: int, now_ms: int
+    ) -> list[PutResult]:
+        """Records each (group, topic, queue id, consumed offset, acknowledged ranges above
+        it) as a %CONSUMER_OFFSET% record, all in one commit-log write."""
+        if not 0 < len(entries) <= PUT_BATCH_MAX:
+            raise InvalidArgument(f"a progress commit carries 1 to {PUT_BATCH_MAX} entries")
+        messages: list[Message] = []
+        progress: dict[ConsumerKey, Progress] = {}
+        for group, topic, queue_id, offset, acked in entries:
+            if not isinstance(group, str) or not TOPIC_PATTERN.fullmatch(group):
+                raise InvalidArgument(
+                    f"group {group!r} is malformed: use 1-127 characters from A-Z a-z 0-9 _ - % |"
+                )
+            validate_topic(topic)
+            _check_int("queue_id", queue_id, 0, QUEUE_ID_MAX)
+            _check_int("offset", offset, 0, OFFSET_MAX)
+            try:
+                ranges = check_acked_ranges(offset, acked)
+            except ValueError as exc:
+                raise InvalidArgument(str(exc)) from None
+            progress[(group, topic, queue_id)] = (offset, ranges)
+            messages.append(
+                Message(CONSUMER_OFFSET_TOPIC, 0, _consumer_offset_body(group, topic, queue_id, offset, ranges))
             )
-        validate_topic(topic)
-        _check_int("queue_id", queue_id, 0, QUEUE_ID_MAX)
-        _check_int("offset", offset, 0, OFFSET_MAX)
-        key = (group, topic, queue_id)
-        body = _consumer_offset_body(group, topic, queue_id, offset)
         with self._lock:
             self._check_open()
             self._check_epoch(epoch)
-            if key not in self._consumer_offsets and len(self._consumer_offsets) >= CONSUMER_OFFSET_KEYS_MAX:
+            new_keys = len(progress.keys() - self._consumer_offsets.keys())
+            if len(self._consumer_offsets) + new_keys > CONSUMER_OFFSET_KEYS_MAX:
                 raise FailedPrecondition(f"{CONSUMER_OFFSET_KEYS_MAX} consumer offsets already kept")
-            (result,) = self._put_locked([Message(CONSUMER_OFFSET_TOPIC, 0, body)], epoch, now_ms)
-            self._consumer_offsets[key] = offset
-            return result
+            results = self._put_locked(messages, epoch, now_ms)
+            self._consumer_offsets.update(progress)
+            return results
 
     def append_replicated(self, offset: int, data: bytes) -> int:
         """A slave's append of bytes read from its master at `offset` (which must be this
@@ -566,11 +616,11 @@ class MessageStore:
 
     def _plan_replicated(
         self, records: Iterable[StoredRecord]
-    ) -> tuple[list[tuple[int, int]], dict[ConsumerKey, int]]:
+    ) -> tuple[list[tuple[int, int]], dict[ConsumerKey, Progress]]:
         last_epoch = self.epochs.last_epoch
         new_epochs: list[tuple[int, int]] = []
         next_offsets: dict[QueueKey, int] = {}
-        consumer_offsets: dict[ConsumerKey, int] = {}
+        consumer_offsets: dict[ConsumerKey, Progress] = {}
         for record in records:
             if record.epoch == 0:
                 raise CorruptData(f"replicated record at {record.commit_offset} has epoch 0")
@@ -736,6 +786,12 @@ class MessageStore:
 
     def consumer_offset(self, group: str, topic: str, queue_id: int) -> int | None:
         """The latest committed offset of group on topic/queue_id, or None."""
+        with self._lock:
+            progress = self._consumer_offsets.get((group, topic, queue_id))
+            return None if progress is None else progress[0]
+
+    def consumer_progress(self, group: str, topic: str, queue_id: int) -> Progress | None:
+        """The latest committed (offset, acknowledged ranges above it), or None."""
         with self._lock:
             return self._consumer_offsets.get((group, topic, queue_id))
 
