@@ -472,14 +472,21 @@ class BrokerAgent:
 
     def _write(self, put: Callable[[int], Any]) -> tuple[Any, int]:
         """Appends as master, then waits for the ack policy; the only write path."""
+        results, end, epoch = self.append(put)
+        self.wait_acknowledged(end, epoch)
+        return results, epoch
+
+    def append(self, put: Callable[[int], Any]) -> tuple[Any, int, int]:
+        """The first half of a write: appends as master and returns (results, end offset,
+        epoch) for wait_acknowledged. A caller that must order its writes (the RocketMQ 5
+        service writing a group's progress) appends under its own lock and waits outside it."""
         with self.lock:
             self.core.check_writable(now_ms())
             epoch = self.core.master_epoch
             results = put(epoch)
             end = self.store.max_offset
             self.feed(Appended(log_view(self.store)))  # also wakes the slaves' long-polling fetches
-        self.wait_acknowledged(end, epoch)
-        return results, epoch
+        return results, end, epoch
 
     def wait_acknowledged(self, end: int, epoch: int) -> None:
         """Blocks until the ack policy holds for everything before `end`."""

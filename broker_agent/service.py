@@ -242,16 +242,26 @@ def run_broker(args: argparse.Namespace) -> int:
             "--local-retention-bytes needs --tiered-store: local segments are "
             "deleted only once they are in the tiered store"
         )
+    # The RocketMQ 5 service (and its stubs, which clash with the official client's in one
+    # process) is imported only here, in the broker process.
+    from broker_agent.rmq_service import SERVER_WORKERS, MessagingServicer, RmqBroker
+    from mqmeta.pb.apache.rocketmq.v2 import service_pb2_grpc as rsvc_grpc
+    from mqmeta.rocketmq import MESSAGING_SERVICE
+
     agent = BrokerAgent(config)
-    server = build_server(config.listen)
+    rmq = RmqBroker(agent)
+    server = build_server(config.listen, SERVER_WORKERS)
     bpb_grpc.add_BrokerServiceServicer_to_server(BrokerServicer(agent), server)
-    add_health_and_reflection(server, [BROKER_SERVICE])
+    rsvc_grpc.add_MessagingServiceServicer_to_server(MessagingServicer(rmq), server)
+    add_health_and_reflection(server, [BROKER_SERVICE, MESSAGING_SERVICE])
     server.start()
     agent.start()
+    rmq.start()
 
     class _Node:
         def stop(self) -> None:
             server.stop(grace=1).wait()
+            rmq.stop()
             agent.stop()
 
     serve_until_signal(_Node())  # type: ignore[arg-type]

@@ -108,7 +108,9 @@ def _check_int(kind: str, value: object, minimum: int, maximum: int) -> int:
     return value
 
 
-def _consumer_offset_body(group: str, topic: str, queue_id: int, offset: int, acked: AckedRanges = ()) -> bytes:
+def _consumer_offset_body(
+    group: str, topic: str, queue_id: int, offset: int, acked: AckedRanges = ()
+) -> bytes:
     body: dict[str, object] = {"group": group, "offset": offset, "queue_id": queue_id, "topic": topic}
     if acked:  # absent when empty: a plain consumer offset record keeps its old bytes
         body["acked"] = [list(r) for r in acked]
@@ -574,7 +576,9 @@ class MessageStore:
                 raise InvalidArgument(str(exc)) from None
             progress[(group, topic, queue_id)] = (offset, ranges)
             messages.append(
-                Message(CONSUMER_OFFSET_TOPIC, 0, _consumer_offset_body(group, topic, queue_id, offset, ranges))
+                Message(
+                    CONSUMER_OFFSET_TOPIC, 0, _consumer_offset_body(group, topic, queue_id, offset, ranges)
+                )
             )
         with self._lock:
             self._check_open()

@@ -48,3 +48,121 @@ class NameServerServicer(ns_grpc.NameServerServicer):
                 for s in sets.broker_sets
             ]
         )
+
+
+# The RocketMQ 5 client protocol -------------------------------------------------------------
+NAMESRV_TELEMETRY_STREAMS_MAX = 16  # the official clients open Telemetry to brokers, not here
+FORWARD_TIMEOUT_S = 3.0
+
+
+def add_messaging_service(server, route_of) -> str:
+    """Serves apache.rocketmq.v2.MessagingService on the nameserver's port: QueryRoute (the
+    clients' entry point: the current masters of every broker set), Heartbeat,
+    NotifyClientTermination, Telemetry (Settings answered, the stream kept open) and
+    QueryAssignment (asked of a master of the topic). Everything else belongs to the
+    brokers the route names. `route_of(topic)` returns the controller's TopicRoute.
+    Imported here only: the stubs are the server side's (see mqmeta/rocketmq.py)."""
+    from mqmeta.pb.apache.rocketmq.v2 import service_pb2_grpc as rsvc_grpc
+    from mqmeta.rocketmq import MESSAGING_SERVICE
+
+    rsvc_grpc.add_MessagingServiceServicer_to_server(_namesrv_messaging(route_of), server)
+    return MESSAGING_SERVICE
+
+
+def _namesrv_messaging(route_of):
+    import grpc
+
+    from mqmeta.errors import NotFound
+    from mqmeta.pb.apache.rocketmq.v2 import definition_pb2 as rdef
+    from mqmeta.pb.apache.rocketmq.v2 import service_pb2 as rsvc
+    from mqmeta.pb.apache.rocketmq.v2 import service_pb2_grpc as rsvc_grpc
+    from mqmeta.rocketmq import (
+        RmqError,
+        TelemetryHub,
+        address_of,
+        answer_settings,
+        check_name,
+        message_queues,
+        rmq_call,
+        status,
+    )
+
+    def queues(topic: str):
+        try:
+            return message_queues(route_of(topic))
+        except NotFound:
+            raise RmqError(
+                rdef.TOPIC_NOT_FOUND, f"topic {topic} does not exist: create it with mqmeta admin"
+            ) from None
+
+    class NameServerMessaging(rsvc_grpc.MessagingServiceServicer):
+        def __init__(self) -> None:
+            self.hub = TelemetryHub(
+                NAMESRV_TELEMETRY_STREAMS_MAX, lambda client, settings: answer_settings(settings, None)
+            )
+
+        @rmq_call(rsvc.QueryRouteResponse)
+        def QueryRoute(self, request, context):
+            topic = check_name("topic", request.topic, rdef.ILLEGAL_TOPIC)
+            return rsvc.QueryRouteResponse(status=status(), message_queues=queues(topic))
+
+        @rmq_call(rsvc.HeartbeatResponse)
+        def Heartbeat(self, request, context):
+            return rsvc.HeartbeatResponse(status=status())
+
+        @rmq_call(rsvc.NotifyClientTerminationResponse)
+        def NotifyClientTermination(self, request, context):
+            return rsvc.NotifyClientTerminationResponse(status=status())
+
+        def Telemetry(self, request_iterator, context):
+            return self.hub.serve(request_iterator, context)
+
+        @rmq_call(rsvc.QueryAssignmentResponse)
+        def QueryAssignment(self, request, context):
+            topic = check_name("topic", request.topic, rdef.ILLEGAL_TOPIC)
+            found = queues(topic)
+            if not found:
+                raise RmqError(rdef.TOPIC_NOT_FOUND, f"topic {topic} has no broker set with a master")
+            metadata = [(k, v) for k, v in context.invocation_metadata() if k.startswith("x-mq-")]
+            with grpc.insecure_channel(address_of(found[0].broker.endpoints)) as channel:
+                stub = rsvc_grpc.MessagingServiceStub(channel)
+                return stub.QueryAssignment(request, metadata=metadata, timeout=FORWARD_TIMEOUT_S)
+
+    def refuse(response_type, method: str):
+        def handler(self, request, context):
+            return response_type(
+                status=status(
+                    rdef.ILLEGAL_ACCESS_POINT,
+                    f"{method} goes to a broker the route names, not the nameserver",
+                )
+            )
+
+        return handler
+
+    for method, response in (
+        ("SendMessage", rsvc.SendMessageResponse),
+        ("AckMessage", rsvc.AckMessageResponse),
+        ("ChangeInvisibleDuration", rsvc.ChangeInvisibleDurationResponse),
+        ("EndTransaction", rsvc.EndTransactionResponse),
+        ("ForwardMessageToDeadLetterQueue", rsvc.ForwardMessageToDeadLetterQueueResponse),
+        ("RecallMessage", rsvc.RecallMessageResponse),
+        ("UpdateOffset", rsvc.UpdateOffsetResponse),
+        ("GetOffset", rsvc.GetOffsetResponse),
+        ("QueryOffset", rsvc.QueryOffsetResponse),
+    ):
+        setattr(NameServerMessaging, method, refuse(response, method))
+
+    def refuse_stream(response_type, method: str):
+        def handler(self, request, context):
+            yield response_type(
+                status=status(
+                    rdef.ILLEGAL_ACCESS_POINT,
+                    f"{method} goes to a broker the route names, not the nameserver",
+                )
+            )
+
+        return handler
+
+    NameServerMessaging.ReceiveMessage = refuse_stream(rsvc.ReceiveMessageResponse, "ReceiveMessage")  # type: ignore[attr-defined]
+    NameServerMessaging.PullMessage = refuse_stream(rsvc.PullMessageResponse, "PullMessage")  # type: ignore[attr-defined]
+    return NameServerMessaging()

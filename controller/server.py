@@ -11,7 +11,7 @@ from typing import Any
 import grpc
 
 from controller.core import ControllerCore
-from controller.namesrv import NameServerServicer
+from controller.namesrv import NameServerServicer, add_messaging_service
 from controller.raft_node import Peer, RaftSettings
 from controller.service import ControllerServicer
 from mqmeta.client import ControllerClient
@@ -112,6 +112,7 @@ def start_controller(config: ControllerConfig, namesrv_address: str = "") -> Run
     if namesrv_address == config.grpc:
         namesrv_pb2_grpc.add_NameServerServicer_to_server(NameServerServicer(core=core), server)
         services.append(NAMESRV_SERVICE)
+        services.append(add_messaging_service(server, _embedded_route(core)))
     add_health_and_reflection(server, services)
     server.start()
     if namesrv_address and namesrv_address != config.grpc:
@@ -122,7 +123,8 @@ def start_controller(config: ControllerConfig, namesrv_address: str = "") -> Run
 def _with_separate_namesrv(controller_server: grpc.Server, core: ControllerCore, address: str) -> RunningNode:
     namesrv_server = build_server(address, GRPC_WORKERS_MAX)
     namesrv_pb2_grpc.add_NameServerServicer_to_server(NameServerServicer(core=core), namesrv_server)
-    add_health_and_reflection(namesrv_server, [NAMESRV_SERVICE])
+    messaging = add_messaging_service(namesrv_server, _embedded_route(core))
+    add_health_and_reflection(namesrv_server, [NAMESRV_SERVICE, messaging])
     namesrv_server.start()
 
     class _Both(RunningNode):
@@ -133,10 +135,19 @@ def _with_separate_namesrv(controller_server: grpc.Server, core: ControllerCore,
     return _Both(controller_server, core, None)
 
 
+def _embedded_route(core: ControllerCore):
+    from controller.service import route_pb
+
+    return lambda topic: route_pb(core.topic_route(topic))
+
+
 def start_namesrv(address: str, controllers: list[str]) -> RunningNode:
     client = ControllerClient(controllers)
     server = build_server(address, GRPC_WORKERS_MAX)
     namesrv_pb2_grpc.add_NameServerServicer_to_server(NameServerServicer(client=client), server)
-    add_health_and_reflection(server, [NAMESRV_SERVICE])
+    messaging = add_messaging_service(
+        server, lambda topic: client.call("GetTopicRoute", controller_pb2.NameRequest(name=topic))
+    )
+    add_health_and_reflection(server, [NAMESRV_SERVICE, messaging])
     server.start()
     return RunningNode(server, None, client)

@@ -20,16 +20,14 @@ def test_generated_stubs_are_up_to_date(tmp_path):
     assert generated, "protoc produced nothing"
     made = {p.relative_to(tmp_path / protogen.OUT_PACKAGE) for p in generated}
     kept = {
-        p.relative_to(committed)
-        for p in committed.rglob("*")
-        if p.is_file() and "__pycache__" not in p.parts
+        p.relative_to(committed) for p in committed.rglob("*") if p.is_file() and "__pycache__" not in p.parts
     }
     assert made == kept, "stub file set differs: run `python tools/protogen.py`"
     assert Path("apache/rocketmq/v2/service_pb2_grpc.py") in made
     for relative in made:
-        assert (tmp_path / protogen.OUT_PACKAGE / relative).read_bytes() == (committed / relative).read_bytes(), (
-            f"{relative} is stale: run `python tools/protogen.py`"
-        )
+        assert (tmp_path / protogen.OUT_PACKAGE / relative).read_bytes() == (
+            committed / relative
+        ).read_bytes(), f"{relative} is stale: run `python tools/protogen.py`"
 
 
 def test_generated_package_is_not_named_proto():

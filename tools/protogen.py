@@ -46,7 +46,9 @@ def _generate_vendored(out_root: Path) -> None:
     imports pointing there."""
     vendored_dir = PROTO_DIR / VENDORED
     with tempfile.TemporaryDirectory() as tmp:
-        _protoc(str(PROTO_DIR), Path(tmp), [f"{VENDORED}/{p.name}" for p in sorted(vendored_dir.glob("*.proto"))])
+        _protoc(
+            str(PROTO_DIR), Path(tmp), [f"{VENDORED}/{p.name}" for p in sorted(vendored_dir.glob("*.proto"))]
+        )
         old_module = VENDORED.replace("/", ".")
         new_module = f"{OUT_PACKAGE.replace('/', '.')}.{old_module}"
         target = out_root / OUT_PACKAGE / VENDORED
