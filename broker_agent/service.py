@@ -244,13 +244,13 @@ def run_broker(args: argparse.Namespace) -> int:
         )
     # The RocketMQ 5 service (and its stubs, which clash with the official client's in one
     # process) is imported only here, in the broker process.
-    from broker_agent.rmq_service import SERVER_WORKERS, MessagingServicer, RmqBroker
+    from broker_agent.rmq_service import REQUEST_BYTES_MAX, SERVER_WORKERS, MessagingServicer, RmqBroker
     from mqmeta.pb.apache.rocketmq.v2 import service_pb2_grpc as rsvc_grpc
     from mqmeta.rocketmq import MESSAGING_SERVICE
 
     agent = BrokerAgent(config)
     rmq = RmqBroker(agent)
-    server = build_server(config.listen, SERVER_WORKERS)
+    server = build_server(config.listen, SERVER_WORKERS, REQUEST_BYTES_MAX)
     bpb_grpc.add_BrokerServiceServicer_to_server(BrokerServicer(agent), server)
     rsvc_grpc.add_MessagingServiceServicer_to_server(MessagingServicer(rmq), server)
     add_health_and_reflection(server, [BROKER_SERVICE, MESSAGING_SERVICE])

@@ -1,0 +1,44 @@
+"""The official RocketMQ 5 Python client (rocketmq-python-client, unchanged) for the tests,
+the chaos workload and the benchmark.
+
+It writes its log under $HOME/logs, decided when `rocketmq` is first imported, so the
+first import happens here with HOME pointed at a temporary directory. This process must
+not import mqmeta's own apache.rocketmq.v2 stubs (the two register the same proto names);
+the servers run in their own processes.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+_LOG_HOME = tempfile.mkdtemp(prefix="rmq-client-home-")
+
+
+def client() -> Any:
+    """The `rocketmq` package, imported with its logs under a temporary HOME."""
+    home = os.environ.get("HOME")
+    os.environ["HOME"] = _LOG_HOME
+    try:
+        import rocketmq
+    finally:
+        if home is None:
+            os.environ.pop("HOME", None)
+        else:
+            os.environ["HOME"] = home
+    return rocketmq
+
+
+def wait_until(predicate: Callable[[], Any], timeout_s: float, what: str, interval_s: float = 0.1) -> Any:
+    """Polls `predicate` until it returns something truthy; fails naming `what`."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+        time.sleep(interval_s)
