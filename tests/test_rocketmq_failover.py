@@ -1,0 +1,146 @@
+"""kill -9 of the master while the unchanged official RocketMQ 5 client produces and consumes.
+
+Properties checked (a broker set of two replicas, acks from the whole SyncStateSet):
+- every message whose send the client saw succeed is received after the failover;
+- a message whose acknowledgement succeeded is never delivered again (acks are records of
+  the commit log, replicated before the ack is answered);
+- a message held in flight on the old master is delivered again by the new one (its lease
+  was in memory only): bounded redelivery, never loss;
+- the new master refuses that message's receipt handle from the old master with
+  INVALID_RECEIPT_HANDLE instead of applying it, and takes its own.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import defaultdict
+
+import pytest
+
+from cluster.harness import Cluster
+from mqmeta.errors import AlreadyExists, MqmetaError
+from mqmeta.pb import controller_pb2 as cpb
+from tests.rmq_client import client, wait_until
+
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(150)]
+
+rmq = client()
+from rocketmq.grpc_protocol import definition_pb2 as rdef  # noqa: E402
+from rocketmq.v5.exception import BadRequestException  # noqa: E402
+
+TOPIC = "Failover"
+
+
+def in_sync_master(cluster: Cluster, members: int, timeout_s: float = 30.0) -> str:
+    def check() -> str:
+        try:
+            master = cluster.master_of("broker-a", timeout_s=2)
+            return master if len(cluster.broker_status(master).sync_state_set) == members else ""
+        except MqmetaError:
+            return ""
+
+    return wait_until(check, timeout_s, f"a SyncStateSet of {members}")
+
+
+class Producing(threading.Thread):
+    def __init__(self, producer) -> None:
+        super().__init__(daemon=True)
+        self.producer, self.acked, self.failed = producer, [], 0
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        i = 0
+        while not self.stop.is_set():
+            m = rmq.Message()
+            m.topic, m.body = TOPIC, f"m-{i}".encode()
+            try:
+                self.producer.send(m)
+                self.acked.append(m.body)
+            except Exception:
+                self.failed += 1
+                time.sleep(0.1)
+            i += 1
+
+
+class Consuming(threading.Thread):
+    def __init__(self, consumer) -> None:
+        super().__init__(daemon=True)
+        self.consumer = consumer
+        self.deliveries: dict[bytes, list[bool]] = defaultdict(list)  # body -> ack succeeded, per delivery
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            try:
+                messages = self.consumer.receive(16, 5)
+            except Exception:
+                time.sleep(0.2)
+                continue
+            for m in messages:
+                try:
+                    self.consumer.ack(m)
+                    self.deliveries[m.body].append(True)
+                except Exception:
+                    self.deliveries[m.body].append(False)
+
+
+def test_kill_master_while_the_official_client_produces_and_consumes(tmp_path):
+    cluster = Cluster(tmp_path / "c", count=1, broker_sets=1, replicas=2).start()
+    threads: list = []
+    clients: list = []
+    try:
+        old_master = in_sync_master(cluster, 2)
+        with cluster.client() as admin:
+            try:
+                admin.call("CreateTopic", cpb.TopicSpec(name=TOPIC, queue_count=2))
+            except AlreadyExists:
+                pass
+        config = rmq.ClientConfiguration(cluster.namesrv, rmq.Credentials(), request_timeout=2)
+        producer = rmq.Producer(config, (TOPIC,))
+        consumer = rmq.SimpleConsumer(config, "survivors", {TOPIC: rmq.FilterExpression()}, 1)
+        holder = rmq.SimpleConsumer(config, "holders", {TOPIC: rmq.FilterExpression()}, 1)
+        for c in (producer, consumer, holder):
+            c.startup()
+            clients.append(c)
+        producing, consuming = Producing(producer), Consuming(consumer)
+        threads += [producing, consuming]
+        producing.start()
+        consuming.start()
+        wait_until(lambda: len(producing.acked) >= 20 and consuming.deliveries, 10, "traffic before the kill")
+        (held,) = wait_until(lambda: holder.receive(1, 30), 10, "a message held in flight")
+
+        cluster.kill(old_master)  # kill -9 (the clients' first route refresh comes 10 s after their start)
+        sent_before = len(producing.acked)
+        wait_until(lambda: len(producing.acked) >= sent_before + 20, 60, "sends succeeding on the new master")
+        producing.stop.set()
+        producing.join(10)
+        acked = set(producing.acked)
+        wait_until(lambda: acked <= set(consuming.deliveries), 45, "every acknowledged send received")
+        for body, acks in consuming.deliveries.items():
+            assert True not in acks[:-1], f"{body!r} was delivered again after a successful ack: {acks}"
+
+        again = wait_until(
+            lambda: [m for m in _receive(holder) if m.message_id == held.message_id], 30, "the held message"
+        )
+        assert again[0].delivery_attempt >= 1
+        held.endpoints = again[0].endpoints  # the old master's handle, shown to the new master
+        with pytest.raises(BadRequestException) as refused:
+            holder.ack(held)
+        assert refused.value.code == rdef.INVALID_RECEIPT_HANDLE
+        holder.ack(again[0])  # while its own handle is good
+    finally:
+        for thread in threads:
+            thread.stop.set()
+        for thread in threads:
+            thread.join(10)
+        for c in clients:
+            c.shutdown()
+        cluster.stop()
+
+
+def _receive(consumer) -> list:
+    try:
+        return consumer.receive(16, 30)
+    except Exception:  # a queue of the dead master, until the client's route refreshes
+        return []
