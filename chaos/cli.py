@@ -52,6 +52,12 @@ def _add_run_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-i", "--interval", type=float, default=30.0, help="fault interval in s (30)")
     parser.add_argument("--fault-target", default="all", choices=["controllers", "brokers", "all"])
     parser.add_argument("--workload", default="queue", choices=["queue", "metadata"])
+    parser.add_argument(
+        "--client",
+        default="native",
+        choices=["native", "rocketmq"],
+        help="the queue workload's client: mqmeta's own, or the official RocketMQ 5 Python client",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-audit", action="store_true", help="skip the Spark audit")
 
@@ -69,6 +75,7 @@ def _config(args: argparse.Namespace, fault: str, output_dir: Path):
         interval_s=args.interval,
         fault_target=args.fault_target,
         workload=args.workload,
+        client=args.client,
         seed=args.seed,
         audit=not args.no_audit,
     )

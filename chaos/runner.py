@@ -70,6 +70,7 @@ class RunConfig:
     drain_s: float = 30.0
     audit: bool = True
     toxiproxy_url: str = ""
+    client: str = "native"  # the queue workload's client: ours or the official RocketMQ 5 one
 
     def validate(self) -> None:
         if self.fault not in FAULT_NAMES:
@@ -78,6 +79,10 @@ class RunConfig:
             raise InvalidArgument(f"--fault-target must be one of {', '.join(TARGETS)}")
         if self.workload not in ("queue", "metadata"):
             raise InvalidArgument("--workload must be queue or metadata")
+        if self.client not in ("native", "rocketmq"):
+            raise InvalidArgument("--client must be native or rocketmq")
+        if self.client == "rocketmq" and self.workload != "queue":
+            raise InvalidArgument("--client rocketmq runs the queue workload only")
         if not 1 <= self.concurrency <= 64:
             raise InvalidArgument("-c (concurrency) must be between 1 and 64")
         if not 1 <= self.consumers <= 16:
@@ -183,9 +188,15 @@ def _execute(
     recorder: HistoryRecorder,
     faults: list[dict[str, Any]],
 ) -> None:
-    workload: QueueWorkload | MetadataWorkload
+    workload: QueueWorkload | MetadataWorkload | Any
     wconfig = WorkloadConfig(config.concurrency, config.rate_per_s, config.consumers)
-    if config.workload == "queue":
+    if config.client == "rocketmq":
+        from chaos.rmq_workload import RmqQueueWorkload  # imports the official client
+
+        with cluster.client() as client:  # FIFO: each sharding key is a message group, kept in order
+            client.call("CreateTopic", pb.TopicSpec(name=TOPIC, queue_count=4, message_type="FIFO"))
+        workload = RmqQueueWorkload(cluster.namesrv, recorder, wconfig, config.output_dir / "rocketmq-client")
+    elif config.workload == "queue":
         with cluster.client() as client:
             client.call("CreateTopic", pb.TopicSpec(name=TOPIC, queue_count=4))
         workload = QueueWorkload(cluster.namesrv, recorder, wconfig, ["broker-a"])
