@@ -23,18 +23,31 @@ import heapq
 import logging
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
+from broker_agent.agent import BrokerAgent
 from broker_agent.pop import QueueCursor
+from broker_agent.rmq_metadata import Members, Metadata
 from mqmeta.clock import wall_ms
 from mqmeta.errors import MqmetaError, NotMaster
 from mqmeta.formats.records import Message, StoredRecord
 from mqmeta.pb.apache.rocketmq.v2 import definition_pb2 as rdef
 from mqmeta.pb.apache.rocketmq.v2 import service_pb2 as rsvc
-from mqmeta.rocketmq import MESSAGE_ID, REAL_TOPIC, RmqError, status, to_message
+from mqmeta.rocketmq import MESSAGE_ID, REAL_TOPIC, RmqError, TelemetryHub, status, to_message
 
-if TYPE_CHECKING:
-    from broker_agent.rmq_service import RmqBroker
+
+class SystemHost(Protocol):
+    """What the system queues use of the RocketMQ 5 service (rmq_service.RmqBroker)."""
+
+    agent: BrokerAgent
+    store: Any
+    metadata: Metadata
+    members: Members
+    hub: TelemetryHub
+    round_robin: Any
+
+    def master_epoch(self) -> int: ...
+
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +74,7 @@ class _System:
 
 
 class SystemQueues:
-    def __init__(self, broker: RmqBroker) -> None:
+    def __init__(self, broker: SystemHost) -> None:
         self.broker = broker
         self.agent = broker.agent
         self.store = broker.store
