@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import random
+import selectors
 import subprocess
 import sys
 import time
@@ -107,40 +108,36 @@ class RunResult:
 
 
 class _ToxiproxyProcess:
-    """The embedded Toxiproxy-compatible server, as its own process (its own GIL)."""
+    """The embedded Toxiproxy-compatible server, as its own process (its own GIL). It binds a free
+    port itself and names it on its first line of stdout (no port picked here and released)."""
 
     def __init__(self, root: Path) -> None:
-        from cluster.layout import free_ports
-
-        self.address = f"127.0.0.1:{free_ports(1)[0]}"
         log_file = open(root / "toxiproxy.log", "ab")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "mqmeta.cli", "chaos", "toxiproxy", "--listen", self.address],
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
+            [sys.executable, "-m", "mqmeta.cli", "chaos", "toxiproxy", "--listen", "127.0.0.1:0"],
+            stdout=subprocess.PIPE,
+            stderr=log_file,
             stdin=subprocess.DEVNULL,
         )
         log_file.close()
-        self._wait()
+        try:
+            self.url = self._wait()
+        except BaseException:
+            self.stop()
+            raise
 
-    def _wait(self) -> None:
-        import socket
-
-        host, _, port = self.address.rpartition(":")
+    def _wait(self) -> str:
+        assert self.process.stdout is not None
         deadline = time.monotonic() + TOXIPROXY_START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise MqmetaError(f"the fault proxy exited at start (status {self.process.returncode})")
-            try:
-                socket.create_connection((host, int(port)), timeout=0.5).close()
-                return
-            except OSError:
-                time.sleep(0.05)
-        raise MqmetaError(f"the fault proxy did not listen on {self.address} in time")
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.address}"
+        with selectors.DefaultSelector() as selector:
+            selector.register(self.process.stdout, selectors.EVENT_READ)
+            if selector.select(timeout=deadline - time.monotonic()):
+                line = self.process.stdout.readline().decode(errors="replace")  # "... listening on URL"
+                if line.strip():
+                    return line.split()[-1]
+                status = self.process.wait(timeout=TOXIPROXY_START_TIMEOUT_S)  # end of output: it exits
+                raise MqmetaError(f"the fault proxy exited at start (status {status})")
+        raise MqmetaError("the fault proxy did not report its address in time")
 
     def stop(self) -> None:
         self.process.terminate()
@@ -149,6 +146,8 @@ class _ToxiproxyProcess:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
+        if self.process.stdout is not None:
+            self.process.stdout.close()
 
 
 def run(config: RunConfig, audit: AuditFunction | None = None) -> RunResult:

@@ -1,0 +1,62 @@
+"""A Toxiproxy-compatible TCP fault proxy for the chaos suite.
+
+No Toxiproxy binary can be installed where the chaos suite runs, so this package is a server that
+behaves as Toxiproxy 2.12 (`toxiproxy-server`) does, as its own tests (api_test.go, proxy_test.go,
+link_test.go, toxics/*_test.go) define that behaviour; tests/test_toxiproxy*.py are those tests in
+Python, run over HTTP and real sockets. The unchanged `toxiproxy-python` client drives it.
+
+- model: proxies and toxics as JSON, their validation and Toxiproxy's error texts (pure);
+- datapath: listeners, links and toxics on one asyncio loop, every buffer bounded;
+- collection: the proxy and toxic operations with Toxiproxy's semantics (populate, update, reset);
+- api: the HTTP API on aiohttp.web, on the same loop;
+- server: ToxiproxyServer (the loop in a daemon thread) and the command line.
+
+Known differences from Toxiproxy: an empty listen host means 127.0.0.1, not every interface; a
+half-close is passed on as a half-close (Toxiproxy closes the whole connection when one side stops
+sending); the slicer never cuts below 1 byte (Toxiproxy recurses without end on average_size 0);
+names longer than NAME_LENGTH_MAX, more than PROXY_COUNT_MAX proxies or TOXIC_COUNT_MAX toxics
+per proxy, and request bodies over REQUEST_BODY_BYTES_MAX are refused; no /metrics endpoint.
+"""
+
+from chaos.toxiproxy.api import API_CONNECTION_COUNT_MAX, REQUEST_BODY_BYTES_MAX, REQUEST_TIMEOUT_S
+from chaos.toxiproxy.datapath import LINK_COUNT_MAX, PIPE_BUFFER_BYTES_MAX
+from chaos.toxiproxy.model import (
+    NAME_LENGTH_MAX,
+    PROXY_COUNT_MAX,
+    TOXIC_COUNT_MAX,
+    TOXIC_TYPES,
+    VERSION,
+    ApiError,
+    Stream,
+    Toxic,
+    ToxiproxyError,
+)
+from chaos.toxiproxy.server import (
+    DEFAULT_LISTEN,
+    ToxiproxyServer,
+    add_toxiproxy_arguments,
+    main,
+    run_toxiproxy,
+)
+
+__all__ = [
+    "API_CONNECTION_COUNT_MAX",
+    "DEFAULT_LISTEN",
+    "LINK_COUNT_MAX",
+    "NAME_LENGTH_MAX",
+    "PIPE_BUFFER_BYTES_MAX",
+    "PROXY_COUNT_MAX",
+    "REQUEST_BODY_BYTES_MAX",
+    "REQUEST_TIMEOUT_S",
+    "TOXIC_COUNT_MAX",
+    "TOXIC_TYPES",
+    "VERSION",
+    "ApiError",
+    "Stream",
+    "Toxic",
+    "ToxiproxyError",
+    "ToxiproxyServer",
+    "add_toxiproxy_arguments",
+    "main",
+    "run_toxiproxy",
+]
