@@ -19,7 +19,14 @@ import asyncio
 import random
 from typing import Any
 
-from chaos.toxiproxy.datapath import Close, ListenError, Proxy, next_toxic_number, resolved_listen
+from chaos.toxiproxy.datapath import (
+    Close,
+    ListenError,
+    Proxy,
+    ReadBuffers,
+    next_toxic_number,
+    resolved_listen,
+)
 from chaos.toxiproxy.model import (
     PROXY_COUNT_MAX,
     PROXY_EXISTS,
@@ -53,6 +60,7 @@ class ProxyCollection:
         self.proxies: dict[str, Proxy] = {}
         self.lock = asyncio.Lock()
         self._rng = rng
+        self._buffers = ReadBuffers()
 
     def get(self, name: str) -> Proxy:
         proxy = self.proxies.get(name)
@@ -76,7 +84,7 @@ class ProxyCollection:
             raise ApiError(409, PROXY_EXISTS)
         if len(self.proxies) >= PROXY_COUNT_MAX:
             raise ApiError(400, f"too many proxies: at most {PROXY_COUNT_MAX}")
-        proxy = Proxy(given.name, given.listen or "", given.upstream, self._rng)
+        proxy = Proxy(given.name, given.listen or "", given.upstream, self._rng, self._buffers)
         if given.enabled is not False:
             await proxy.start()
         self.proxies[proxy.name] = proxy

@@ -48,12 +48,18 @@ from chaos.toxiproxy.model import (
     split_address,
 )
 
-PIPE_BUFFER_BYTES_MAX = 128 * 1024 * 1024  # read from a source, not yet written (per stream of a link)
+# Read from a source, not yet written, per stream of a link; the memory that holds it is at most
+# twice as much (a read kept in its buffer fills at least half of it: COPY_BELOW_BYTES).
+PIPE_BUFFER_BYTES_MAX = 128 * 1024 * 1024
 PIPE_RESUME_BYTES = PIPE_BUFFER_BYTES_MAX - 8 * 1024 * 1024  # reading resumes below this
+PIPE_CHUNK_COUNT_MAX = 65536  # reads waiting per stream of a link (bounds the per-read overhead)
 LINK_COUNT_MAX = 4096  # live client connections per proxy
 UPSTREAM_CONNECT_TIMEOUT_S = 5.0
 BANDWIDTH_STEP_S = 0.1  # Toxiproxy releases rate * 100 bytes per 100 ms
 SLICE_BYTES_MIN = 1  # Toxiproxy recurses forever below it (average_size 0); we stop there
+READ_BYTES_MAX = 256 * 1024  # one read from a socket (asyncio's own read size)
+COPY_BELOW_BYTES = READ_BYTES_MAX // 2  # a smaller read is copied out, its read buffer reused at once
+IDLE_READ_BUFFERS_BYTES_MAX = 64 * 1024 * 1024  # read buffers kept for reuse after a burst (per server)
 DEFAULT_LISTEN_HOST = "127.0.0.1"  # an empty listen host; Toxiproxy would take every interface
 
 _log = logging.getLogger(__name__)
@@ -76,10 +82,27 @@ class Close(enum.Enum):
     RESET = "reset"  # RST: SO_LINGER 0 (reset_peer)
 
 
+class ReadBuffers:
+    """Read buffers of READ_BYTES_MAX, reused across the server. A large read stays in its buffer
+    until it leaves the proxy, so what a latency toxic holds back is memory used before, not fresh
+    pages (page faults on fresh memory cost more than the data's trip through the proxy)."""
+
+    def __init__(self) -> None:
+        self._idle: list[bytearray] = []
+
+    def take(self) -> bytearray:
+        return self._idle.pop() if self._idle else bytearray(READ_BYTES_MAX)
+
+    def give(self, buffer: bytearray) -> None:
+        if len(self._idle) * READ_BYTES_MAX < IDLE_READ_BUFFERS_BYTES_MAX:
+            self._idle.append(buffer)
+
+
 @dataclasses.dataclass(frozen=True)
 class Chunk:
-    data: bytes | None  # None: the end of the stream
+    data: memoryview | bytes | None  # None: the end of the stream
     due_s: float  # event-loop time at which it may leave (its arrival, plus latencies)
+    buffer: bytearray | None = None  # the read buffer that holds data (at least half full), owned
 
 
 def _os_text(error: OSError) -> str:
@@ -110,11 +133,13 @@ async def resolved_listen(address: str) -> str:
     return format_address(*await resolve_address(address))
 
 
-class _Socket(asyncio.Protocol):
+class _Socket(asyncio.BufferedProtocol):
     """One TCP connection of a link: what it delivered (bounded) and a writer with back-pressure."""
 
-    def __init__(self, on_connected: Callable[[_Socket], None] | None = None) -> None:
+    def __init__(self, buffers: ReadBuffers, on_connected: Callable[[_Socket], None] | None = None) -> None:
         self.transport: asyncio.Transport | None = None
+        self.buffers = buffers
+        self._reading: bytearray | None = None  # handed to the transport for the next read
         self.lost = False  # the connection is gone: nothing more can be written to it
         self._on_connected = on_connected
         self._on_lost: Callable[[_Socket], None] | None = None
@@ -136,10 +161,24 @@ class _Socket(asyncio.Protocol):
         if self._on_connected is not None:
             self._on_connected(self)
 
-    def data_received(self, data: bytes) -> None:
-        self._inbox.append(Chunk(data, asyncio.get_running_loop().time()))
-        self._inbox_bytes += len(data)
-        if self._inbox_bytes >= PIPE_BUFFER_BYTES_MAX and self.transport is not None:
+    def get_buffer(self, sizehint: int) -> bytearray:
+        if self._reading is None:
+            self._reading = self.buffers.take()
+        return self._reading
+
+    def buffer_updated(self, nbytes: int) -> None:
+        buffer, self._reading = self._reading, None
+        assert buffer is not None
+        now = asyncio.get_running_loop().time()
+        if nbytes < COPY_BELOW_BYTES:
+            chunk = Chunk(bytes(memoryview(buffer)[:nbytes]), now)
+            self.buffers.give(buffer)
+        else:
+            chunk = Chunk(memoryview(buffer)[:nbytes], now, buffer)
+        self._inbox.append(chunk)
+        self._inbox_bytes += nbytes
+        full = self._inbox_bytes >= PIPE_BUFFER_BYTES_MAX or len(self._inbox) >= PIPE_CHUNK_COUNT_MAX
+        if full and self.transport is not None:
             self.transport.pause_reading()
             self._reading_paused = True
         self._wake_reader()
@@ -169,16 +208,21 @@ class _Socket(asyncio.Protocol):
         chunk = self._inbox.popleft()
         if chunk.data is not None:
             self._inbox_bytes -= len(chunk.data)
-            if self._reading_paused and self._inbox_bytes <= PIPE_RESUME_BYTES and self.transport:
+            roomy = self._inbox_bytes <= PIPE_RESUME_BYTES and len(self._inbox) < PIPE_CHUNK_COUNT_MAX // 2
+            if self._reading_paused and roomy and self.transport:
                 self._reading_paused = False
                 self.transport.resume_reading()
         return chunk
 
-    async def write(self, data: bytes) -> None:
+    async def write(self, data: memoryview | bytes) -> bool:
+        """Writes, waiting while the transport's buffer is full; True when the transport kept part
+        of the data (it may hold a view of it)."""
         if self.lost or self.transport is None or self.transport.is_closing():
-            return
+            return False
         self.transport.write(data)
+        kept = self.transport.get_write_buffer_size() > 0
         await self._writable.wait()
+        return kept
 
     def write_eof(self) -> None:
         transport = self.transport
@@ -231,6 +275,7 @@ class Pipe:
         self.done = False  # the end of the stream was delivered
         self.task: asyncio.Task[None] | None = None
         self.state: dict[int, Any] = {}  # toxic position → what that toxic keeps per link
+        self._buffer_kept = False  # a transport may hold a view of the current chunk's read buffer
         self._waiting: tuple[int, asyncio.Future[bool]] | None = None
 
     def start(self) -> None:
@@ -242,7 +287,12 @@ class Pipe:
         try:
             while not self.link.closed:
                 chunk = await self.source.get()
-                await self.emit_after(-1, chunk)
+                self._buffer_kept = False
+                try:
+                    await self.emit_after(-1, chunk)
+                finally:
+                    if chunk.buffer is not None and not self._buffer_kept:
+                        self.source.buffers.give(chunk.buffer)  # the chunk has left: reuse it
                 if chunk.data is None:
                     break
             if not self.link.closed:
@@ -261,7 +311,8 @@ class Pipe:
         if toxic is not None:
             await TOXIC_STEPS[toxic.type](self, toxic, chunk)
         elif chunk.data is not None:
-            await self.dest.write(chunk.data)
+            if await self.dest.write(chunk.data):
+                self._buffer_kept = True
 
     async def emit(self, toxic: Toxic, chunk: Chunk) -> None:
         await self.emit_after(toxic.position, chunk)
@@ -442,7 +493,10 @@ class Link:
         try:
             host, port = split_address(self.proxy.upstream)
             _, upstream = await asyncio.wait_for(
-                loop.create_connection(_Socket, host or DEFAULT_LISTEN_HOST, port), UPSTREAM_CONNECT_TIMEOUT_S
+                loop.create_connection(
+                    lambda: _Socket(self.proxy.buffers), host or DEFAULT_LISTEN_HOST, port
+                ),
+                UPSTREAM_CONNECT_TIMEOUT_S,
             )
         except (OSError, TimeoutError, AddressError, ValueError):
             self.close(Close.GRACEFUL)  # the upstream cannot be reached: drop the client, as Toxiproxy
@@ -540,8 +594,11 @@ class Link:
 class Proxy:
     """A listener that pipes each accepted connection to the upstream through the toxics."""
 
-    def __init__(self, name: str, listen: str, upstream: str, rng: random.Random) -> None:
+    def __init__(
+        self, name: str, listen: str, upstream: str, rng: random.Random, buffers: ReadBuffers
+    ) -> None:
         self.name = name
+        self.buffers = buffers
         self.listen = listen
         self.upstream = upstream
         self.enabled = False
@@ -573,7 +630,7 @@ class Proxy:
         loop = asyncio.get_running_loop()
         try:
             self._server = await loop.create_server(
-                lambda: _Socket(on_connected=self._accepted), host, port, reuse_address=True
+                lambda: _Socket(self.buffers, on_connected=self._accepted), host, port, reuse_address=True
             )
         except OSError as error:
             raise ListenError(f"listen tcp {format_address(host, port)}: bind: {_os_text(error)}") from None
