@@ -6,6 +6,7 @@ cannot. Each test names the Go tests it ports; error texts are compared word for
 
 from __future__ import annotations
 
+import http.client
 import json
 import socket
 
@@ -13,7 +14,7 @@ import pytest
 from toxiproxy import Toxiproxy
 from toxiproxy.exceptions import NotFound, ProxyExists
 
-from chaos.toxiproxy import VERSION, ToxiproxyServer
+from chaos.toxiproxy import NAME_LENGTH_MAX, TOXIC_COUNT_MAX, VERSION, ToxiproxyServer, collection
 from tests.toxiproxy_support import Upstream, api, assert_error, connect, is_up, nothing_arrives, round_trip_s
 
 pytest_plugins = ["tests.toxiproxy_support"]  # its fixtures: server, toxiproxy, echo, upstream
@@ -537,8 +538,6 @@ def test_chunked_bodies_keep_alive_and_size_limit(server: ToxiproxyServer) -> No
         chunked=True,
     )
     assert answer.status == 201 and answer.body["name"] == "chunky"
-    import http.client
-
     connection = http.client.HTTPConnection(server.host, server.port, timeout=5)
     try:
         sockets = []
@@ -556,6 +555,29 @@ def test_chunked_bodies_keep_alive_and_size_limit(server: ToxiproxyServer) -> No
         while piece := sock.recv(65536):
             answer_bytes += piece
     assert answer_bytes.startswith(b"HTTP/1.1 413 ") and b'"status":413' in answer_bytes
+
+
+def test_our_bounds(server: ToxiproxyServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What Toxiproxy leaves unbounded is bounded here, each with a 400 that says the limit: name
+    length, proxies (PROXY_COUNT_MAX, lowered to 2 here), toxics per proxy."""
+    monkeypatch.setattr(collection, "PROXY_COUNT_MAX", 2)
+    long_name = "n" * (NAME_LENGTH_MAX + 1)
+    assert_error(
+        api(server, "POST", "/proxies", {"name": long_name, "upstream": "x:1"}),
+        400,
+        f"name is longer than {NAME_LENGTH_MAX} characters",
+    )
+    for name in ("a", "b"):
+        assert (
+            api(server, "POST", "/proxies", {"name": name, "upstream": "x:1", "enabled": False}).status == 201
+        )
+    assert_error(
+        api(server, "POST", "/proxies", {"name": "c", "upstream": "x:1"}), 400, "too many proxies: at most 2"
+    )
+    for number in range(TOXIC_COUNT_MAX):
+        assert api(server, "POST", "/proxies/a/toxics", {"name": f"t{number}", "type": "noop"}).status == 200
+    too_many = api(server, "POST", "/proxies/a/toxics", {"name": "one_more", "type": "noop"})
+    assert_error(too_many, 400, f"too many toxics on proxy a: at most {TOXIC_COUNT_MAX}")
 
 
 def test_unknown_routes_and_methods(server: ToxiproxyServer) -> None:

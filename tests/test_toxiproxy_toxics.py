@@ -156,6 +156,22 @@ def test_latency_jitter_stays_in_its_range(
         assert all(0.05 - EARLY_S <= delay <= 0.15 + TIMING_SLACK_S for delay in delays), delays
 
 
+def test_removing_a_latency_toxic_releases_what_it_holds(
+    server: ToxiproxyServer, established: Established
+) -> None:
+    """latency.go (interrupted: "don't drop any data on the floor"): data held by a 5 s latency
+    toxic passes as soon as the toxic is removed, and the next data passes at once."""
+    _toxic(server, "test", type="latency", stream="upstream", attributes={"latency": 5000})
+    established.client.sendall(b"held")
+    assert nothing_arrives(established.server, 0.2)
+    started = time.monotonic()
+    _remove(server, "test", "latency_upstream")
+    assert recv_exactly(established.server, 4) == b"held"
+    established.client.sendall(b"free")
+    assert recv_exactly(established.server, 4) == b"free"
+    assert time.monotonic() - started < 1.0
+
+
 def test_latency_toxic_close_race(server: ToxiproxyServer, toxiproxy: Toxiproxy, upstream: Upstream) -> None:
     """TestLatencyToxicCloseRace: adding a latency toxic, connecting, writing, closing and removing
     it, over and over, leaves the proxy serving."""

@@ -11,15 +11,20 @@ Python, run over HTTP and real sockets. The unchanged `toxiproxy-python` client 
 - api: the HTTP API on aiohttp.web, on the same loop;
 - server: ToxiproxyServer (the loop in a daemon thread) and the command line.
 
-Known differences from Toxiproxy: an empty listen host means 127.0.0.1, not every interface; a
-half-close is passed on as a half-close (Toxiproxy closes the whole connection when one side stops
-sending); the slicer never cuts below 1 byte (Toxiproxy recurses without end on average_size 0);
-names longer than NAME_LENGTH_MAX, more than PROXY_COUNT_MAX proxies or TOXIC_COUNT_MAX toxics
-per proxy, and request bodies over REQUEST_BODY_BYTES_MAX are refused; no /metrics endpoint.
+Known differences from Toxiproxy (where its behaviour is an accident of its Go code, or unsafe):
+an empty listen host means 127.0.0.1, not every interface; a half-close is passed on as a
+half-close (Toxiproxy closes the whole connection when one side stops sending); reset_peer always
+resets with RST; a toxic's toxicity is re-rolled and its timeout timer restarted only when that
+toxic is updated (Toxiproxy also does it when a neighbour in its chain is added or removed);
+inputs that crash Toxiproxy (a slicer with average_size 0 on data, a negative bandwidth rate)
+are served (1-byte slices; nothing passes); names over NAME_LENGTH_MAX, more than
+PROXY_COUNT_MAX proxies or TOXIC_COUNT_MAX toxics per proxy, bodies over REQUEST_BODY_BYTES_MAX
+are refused; a proxy's upstream connect gives up after UPSTREAM_CONNECT_TIMEOUT_S; error bodies
+are sent as application/json; no /metrics endpoint.
 """
 
 from chaos.toxiproxy.api import API_CONNECTION_COUNT_MAX, REQUEST_BODY_BYTES_MAX, REQUEST_TIMEOUT_S
-from chaos.toxiproxy.datapath import LINK_COUNT_MAX, PIPE_BUFFER_BYTES_MAX
+from chaos.toxiproxy.datapath import LINK_COUNT_MAX, PIPE_BUFFER_BYTES_MAX, UPSTREAM_CONNECT_TIMEOUT_S
 from chaos.toxiproxy.model import (
     NAME_LENGTH_MAX,
     PROXY_COUNT_MAX,
@@ -50,6 +55,7 @@ __all__ = [
     "REQUEST_TIMEOUT_S",
     "TOXIC_COUNT_MAX",
     "TOXIC_TYPES",
+    "UPSTREAM_CONNECT_TIMEOUT_S",
     "VERSION",
     "ApiError",
     "Stream",
