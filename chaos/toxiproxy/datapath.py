@@ -226,13 +226,12 @@ class _Socket(asyncio.BufferedProtocol):
 
     def write_eof(self) -> None:
         transport = self.transport
-        if (
-            transport is not None
-            and not self.lost
-            and not transport.is_closing()
-            and transport.can_write_eof()
-        ):
+        if transport is None or self.lost or transport.is_closing() or not transport.can_write_eof():
+            return
+        try:
             transport.write_eof()
+        except OSError:  # the peer went away first (ENOTCONN): nothing is left to end
+            pass
 
     def close(self, how: Close) -> None:
         transport = self.transport
@@ -299,6 +298,8 @@ class Pipe:
                 self.dest.write_eof()
                 self.done = True
                 self.link.pipe_finished()
+        except OSError:  # a socket failed under us: the connection ends, as when a peer resets it
+            self.link.close(Close.GRACEFUL)
         except Exception:  # a bug ends this connection, never the server
             _log.exception("toxiproxy: %s pipe of proxy %s failed", self.stream.value, self.link.proxy.name)
             self.link.close(Close.ABORT)
