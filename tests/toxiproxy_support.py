@@ -14,7 +14,7 @@ import socket
 import socketserver
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,15 +25,6 @@ from toxiproxy.proxy import Proxy
 from chaos.toxiproxy import ToxiproxyServer
 
 SOCKET_TIMEOUT_S = 5.0
-WAIT_TIMEOUT_S = 5.0
-
-
-def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.01)
 
 
 # --- the server and its API ---------------------------------------------------------------------
