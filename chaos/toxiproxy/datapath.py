@@ -56,6 +56,7 @@ PIPE_CHUNK_COUNT_MAX = 65536  # reads waiting per stream of a link (bounds the p
 LINK_COUNT_MAX = 4096  # live client connections per proxy
 UPSTREAM_CONNECT_TIMEOUT_S = 5.0
 BANDWIDTH_STEP_S = 0.1  # Toxiproxy releases rate * 100 bytes per 100 ms
+TIMER_GRANULARITY_S = 0.001  # epoll waits whole milliseconds: shorter waits are batched up
 SLICE_BYTES_MIN = 1  # Toxiproxy recurses forever below it (average_size 0); we stop there
 READ_BYTES_MAX = 256 * 1024  # one read from a socket (asyncio's own read size)
 COPY_BELOW_BYTES = READ_BYTES_MAX // 2  # a smaller read is copied out, its read buffer reused at once
@@ -323,8 +324,10 @@ class Pipe:
         return self.link.toxic_at(self.stream, toxic.position)
 
     async def wait(self, toxic: Toxic, delay_s: float) -> bool:
-        """Waits delay_s (inf: until interrupted); False when the toxic changed or went first."""
-        if delay_s <= 0:
+        """Waits delay_s (inf: until interrupted); False when the toxic changed or went first.
+        A wait shorter than the loop's timer granularity is not made: callers that wait often keep
+        a schedule, so that such short waits add up to real ones."""
+        if delay_s < TIMER_GRANULARITY_S:
             return True
         loop = asyncio.get_running_loop()
         future: asyncio.Future[bool] = loop.create_future()
@@ -445,12 +448,14 @@ async def _slicer(pipe: Pipe, toxic: Toxic, chunk: Chunk) -> None:
         await pipe.emit(toxic, chunk)
         return
     attributes = toxic.attributes
-    delay_s = attributes["delay"] / 1_000_000
+    loop = asyncio.get_running_loop()
+    next_s = loop.time()  # when the next piece may go: `delay` after the previous one, on average
     for start, end in slice_bounds(
         len(data), attributes["average_size"], attributes["size_variation"], pipe.link.rng
     ):
         await pipe.emit(toxic, Chunk(data[start:end], chunk.due_s))
-        if not await pipe.wait(toxic, delay_s):
+        next_s = max(next_s, loop.time() - TIMER_GRANULARITY_S) + attributes["delay"] / 1_000_000
+        if not await pipe.wait(toxic, next_s - loop.time()):
             if end < len(data):  # interrupted: the rest passes in one piece
                 await pipe.emit(toxic, Chunk(data[end:], chunk.due_s))
             return
