@@ -10,14 +10,15 @@ Rules for where a call is served:
 
 from __future__ import annotations
 
+import asyncio
 import logging
-import queue
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from controller.liveness import Heartbeat, Liveness
-from controller.raft_node import ControllerRaft, Peer, Proposer, RaftSettings
+from controller.raft_node import ControllerRaft, Peer, Proposer, RaftSettings, not_committed
 from controller.state_machine import (
     ControllerState,
     broker_route,
@@ -25,47 +26,100 @@ from controller.state_machine import (
     topic_route,
 )
 from mqmeta.clock import now_ms, wall_ms
-from mqmeta.errors import DeadlineExceeded, MqmetaError, NotFound, NotLeader, error_from_code
+from mqmeta.errors import DeadlineExceeded, MqmetaError, NotFound, NotLeader, Unavailable, error_from_code
 
 log = logging.getLogger(__name__)
 Json = dict[str, Any]
 
 SCAN_INTERVAL_S = 0.1
 WATCH_QUEUE_MAX = 1024
+WATCH_STREAMS_MAX = 10_000  # per node; each is a queue on the event loop, not a thread
+
+Encode = Callable[[Json], Any]
+
+
+class WatchSubscription:
+    """One watch stream: its filter and its queue of (event, encoded event), on the loop."""
+
+    def __init__(self, cluster: str, broker_name: str) -> None:
+        self.cluster = cluster
+        self.broker_name = broker_name
+        self.queue: asyncio.Queue = asyncio.Queue(maxsize=WATCH_QUEUE_MAX)
+
+    def wants(self, event: Json) -> bool:
+        """A stream that names a broker set gets that set's events only (what a broker
+        agent watches); topic, group and config events name no broker set, so they go to
+        the streams that name none. Otherwise every broker of a 300-set cluster would be
+        sent every topic created (a batch of 1,024 topics: 921,600 messages)."""
+        if self.cluster and event.get("cluster") not in (self.cluster, ""):
+            return False
+        return not self.broker_name or event.get("broker_name") == self.broker_name
+
+    def cut_off(self) -> None:
+        """Ends a stream that fell behind: its queue is emptied and ends with None (the
+        client resubscribes and starts again from a snapshot)."""
+        while not self.queue.empty():
+            self.queue.get_nowait()
+        self.queue.put_nowait(None)
 
 
 class WatchHub:
-    """Fans applied events out to watch streams; a slow watcher is cut off, not waited on."""
+    """Fans applied events out to watch streams; a slow watcher is cut off, not waited on.
+
+    The Raft thread publishes each applied entry's events with one call_soon_threadsafe
+    to the server's event loop (nothing is published before attach); there each event
+    is encoded once and queued to every stream that wants it. Subscriptions live on the
+    loop only, so they need no lock."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._subscribers: list[tuple[str, str, queue.Queue]] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._encode: Encode = lambda event: event
+        self._subscribers: list[WatchSubscription] = []
 
-    def subscribe(self, cluster: str, broker_name: str) -> queue.Queue:
-        q: queue.Queue = queue.Queue(maxsize=WATCH_QUEUE_MAX)
-        with self._lock:
-            self._subscribers.append((cluster, broker_name, q))
-        return q
+    def attach(self, loop: asyncio.AbstractEventLoop, encode: Encode) -> None:
+        self._loop = loop
+        self._encode = encode
 
-    def unsubscribe(self, q: queue.Queue) -> None:
-        with self._lock:
-            self._subscribers = [s for s in self._subscribers if s[2] is not q]
+    def subscribe(self, cluster: str, broker_name: str) -> WatchSubscription:
+        if len(self._subscribers) >= WATCH_STREAMS_MAX:
+            raise Unavailable(
+                f"this controller node serves {WATCH_STREAMS_MAX} watch streams already; "
+                "retry later or watch another node"
+            )
+        subscription = WatchSubscription(cluster, broker_name)
+        self._subscribers.append(subscription)
+        return subscription
+
+    def unsubscribe(self, subscription: WatchSubscription) -> None:
+        self._subscribers = [s for s in self._subscribers if s is not subscription]
+
+    @property
+    def streams(self) -> int:
+        return len(self._subscribers)
 
     def publish(self, index: int, events: list[Json]) -> None:
-        with self._lock:
-            subscribers = list(self._subscribers)
-        for cluster, broker_name, q in subscribers:
-            for event in events:
-                if cluster and event.get("cluster") not in (cluster, ""):
+        loop = self._loop
+        if loop is None or not events:
+            return
+        try:
+            loop.call_soon_threadsafe(self._dispatch, index, events)
+        except RuntimeError:  # the loop is closed: the server is stopping
+            pass
+
+    def _dispatch(self, index: int, events: list[Json]) -> None:
+        stamped = [dict(event, index=index) for event in events]
+        encoded: dict[int, Any] = {}
+        for subscription in list(self._subscribers):
+            for position, event in enumerate(stamped):
+                if not subscription.wants(event):
                     continue
-                if broker_name and event.get("broker_name", broker_name) != broker_name:
-                    continue
+                if position not in encoded:
+                    encoded[position] = self._encode(event)
                 try:
-                    q.put_nowait(dict(event, index=index))
-                except queue.Full:
-                    self.unsubscribe(q)
-                    q.queue.clear()
-                    q.put_nowait(None)  # tells the stream to end; the client resubscribes
+                    subscription.queue.put_nowait((event, encoded[position]))
+                except asyncio.QueueFull:
+                    self.unsubscribe(subscription)
+                    subscription.cut_off()
                     break
 
 
@@ -134,6 +188,21 @@ class ControllerCore:
 
     def read_barrier(self, timeout_s: float = 5.0) -> ControllerState:
         self.proposer.propose({"type": "barrier"}, timeout_s)
+        return self.state
+
+    async def propose_async(self, command: Json, timeout_s: float = 5.0) -> Json:
+        """propose() for a coroutine on the server's event loop: no thread waits."""
+        future = self.proposer.submit(command)
+        try:
+            result = await asyncio.wait_for(asyncio.wrap_future(future), timeout_s)
+        except TimeoutError:
+            raise not_committed(command, timeout_s) from None
+        if not result.get("ok"):
+            raise error_from_code(result["code"], result["message"])
+        return result
+
+    async def read_barrier_async(self, timeout_s: float = 5.0) -> ControllerState:
+        await self.propose_async({"type": "barrier"}, timeout_s)
         return self.state
 
     def close(self) -> None:
@@ -247,8 +316,11 @@ class ControllerCore:
         state = self.read_barrier()
         return topic_route(state, name)
 
-    def cluster_routes(self, cluster: str) -> list[Json]:
-        return [broker_route(bs) for bs in self.read_barrier().broker_sets(cluster)]
+    async def topic_route_async(self, name: str) -> Json:
+        return topic_route(await self.read_barrier_async(), name)
+
+    async def cluster_routes_async(self, cluster: str) -> list[Json]:
+        return [broker_route(bs) for bs in (await self.read_barrier_async()).broker_sets(cluster)]
 
     def metadata(self) -> Json:
         status = self.raft.status()

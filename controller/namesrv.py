@@ -1,39 +1,37 @@
 """The nameserver: answers route queries from the replicated metadata.
 
 Embedded (`--embed-controller`) it reads the local controller node's state after a
-read barrier; standalone it asks the controller cluster through the client library.
+read barrier (EmbeddedNameServer: coroutines on the controller's event loop, so a
+route read waits for its barrier without holding a thread); standalone it asks the
+controller cluster through the client library (NameServerServicer, on a thread pool).
 """
 
 from __future__ import annotations
 
 from controller.core import ControllerCore
-from controller.service import broker_route_pb, route_pb, rpc
+from controller.service import broker_route_pb, route_pb
 from mqmeta.client import ControllerClient
 from mqmeta.pb import controller_pb2 as pb
 from mqmeta.pb import namesrv_pb2 as ns_pb
 from mqmeta.pb import namesrv_pb2_grpc as ns_grpc
+from mqmeta.rpc import rpc, rpc_async
 from mqmeta.validate import validate_name
 
 
 class NameServerServicer(ns_grpc.NameServerServicer):
-    def __init__(self, core: ControllerCore | None = None, client: ControllerClient | None = None) -> None:
-        assert (core is None) != (client is None), "embedded or standalone, not both"
-        self.core = core
+    """A standalone nameserver: every answer comes from the controller cluster."""
+
+    def __init__(self, client: ControllerClient) -> None:
         self.client = client
 
     @rpc
     def QueryRoute(self, request, context):
         name = validate_name("topic name", request.topic)
-        if self.core is not None:
-            return route_pb(self.core.topic_route(name))
         return self.client.call("GetTopicRoute", pb.NameRequest(name=name))
 
     @rpc
     def GetClusterInfo(self, request, context):
         cluster = validate_name("cluster", request.cluster) if request.cluster else ""
-        if self.core is not None:
-            routes = [broker_route_pb(r) for r in self.core.cluster_routes(cluster)]
-            return ns_pb.ClusterInfo(brokers=routes)
         sets = self.client.call("ListBrokerSets", pb.ListBrokerSetsRequest(cluster=cluster))
         return ns_pb.ClusterInfo(
             brokers=[
@@ -48,6 +46,24 @@ class NameServerServicer(ns_grpc.NameServerServicer):
                 for s in sets.broker_sets
             ]
         )
+
+
+class EmbeddedNameServer(ns_grpc.NameServerServicer):
+    """The nameserver of a controller node (`--embed-controller`), on its AsyncServer."""
+
+    def __init__(self, core: ControllerCore) -> None:
+        self.core = core
+
+    @rpc_async
+    async def QueryRoute(self, request, context):
+        name = validate_name("topic name", request.topic)
+        return route_pb(await self.core.topic_route_async(name))
+
+    @rpc_async
+    async def GetClusterInfo(self, request, context):
+        cluster = validate_name("cluster", request.cluster) if request.cluster else ""
+        routes = await self.core.cluster_routes_async(cluster)
+        return ns_pb.ClusterInfo(brokers=[broker_route_pb(r) for r in routes])
 
 
 # The RocketMQ 5 client protocol -------------------------------------------------------------

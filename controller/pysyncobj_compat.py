@@ -10,13 +10,16 @@ name, so an upgrade fails when the controller starts instead of silently droppin
 durability fix.
 
 Nothing is changed by importing this module. What it provides, applied explicitly:
-- install(journal_factory, journal_class): the two module-level replacements,
+- install(journal_factory, journal_class, replace): the two module-level replacements,
   install_journal_factory and install_durable_snapshots (idempotent; ControllerRaft calls
   it before constructing its SyncObj);
+- the serializer hooks (SyncObjConf serializer, serializeChecker, deserializer) are public
+  configuration, but controller/snapshot.py relies on how Serializer calls them (a custom
+  serializer may finish after it returns; the journal is compacted only once the checker
+  says SUCCESS): REQUIREMENTS names what it relies on;
 - NextIndexFix, HeldEntriesFix and RaftFixes (both): SyncObj subclasses to inherit from;
 - DialHookTransport: pysyncobj's TCP transport with a dial hook;
-- accessors: raft_journal, entries_from, leader_address, is_leader, include_in_snapshot,
-  read_snapshot_entries;
+- accessors: raft_journal, entries_from, leader_address, is_leader, read_snapshot_entries;
 - wrap_tick and wrap_transport_send, for the benchmark's profiler only.
 """
 
@@ -93,6 +96,28 @@ REQUIREMENTS: tuple[Requirement, ...] = (
     Requirement(
         _SERIALIZER, "Serializer.setTransmissionData", "atomicReplace", USES, "a received snapshot too"
     ),
+    # controller/snapshot.py: the state snapshot is written beside the Raft thread
+    Requirement(
+        _SERIALIZER,
+        "Serializer.serialize",
+        "_Serializer__serializer",
+        USES,
+        "the custom serializer is called",
+    ),
+    Requirement(
+        _SERIALIZER,
+        "Serializer.checkSerializing",
+        "_Serializer__serializeChecker",
+        USES,
+        "a snapshot still being written is reported through the checker",
+    ),
+    Requirement(
+        _SERIALIZER,
+        "Serializer.deserialize",
+        "_Serializer__deserializer",
+        USES,
+        "the custom loader is called",
+    ),
     # NextIndexFix and HeldEntriesFix
     Requirement(_SYNCOBJ, "SyncObj", "_SyncObj__onMessageReceived", ROUTINE, "the Raft fixes override it"),
     Requirement(
@@ -104,7 +129,6 @@ REQUIREMENTS: tuple[Requirement, ...] = (
     # accessors
     Requirement(_SYNCOBJ, "SyncObj.__init__", "_SyncObj__raftLog", USES, "raft_journal reads the journal"),
     Requirement(_SYNCOBJ, "SyncObj", "_SyncObj__getEntries", ROUTINE, "entries_from reads entries"),
-    Requirement(_SYNCOBJ, "SyncObj.__init__", "_SyncObj__properies", USES, "include_in_snapshot edits it"),
     Requirement(_SYNCOBJ, "SyncObj", "raftLastApplied", PROPERTY, "the index of the entry being applied"),
     Requirement(_SYNCOBJ, "SyncObj", "_getLeader", ROUTINE, "leader_address"),
     Requirement(_SYNCOBJ, "SyncObj", "_isLeader", ROUTINE, "is_leader"),
@@ -262,9 +286,13 @@ def durable_replace(source_path: str, target_path: str) -> None:
     fsync_dir(Path(target_path).parent)  # the rename itself
 
 
-def install_durable_snapshots() -> None:
-    """Routes pysyncobj's snapshot rename (serializer.atomicReplace) through durable_replace."""
-    pysyncobj.serializer.atomicReplace = durable_replace
+ReplaceFunction = Callable[[str, str], None]
+
+
+def install_durable_snapshots(replace: ReplaceFunction = durable_replace) -> None:
+    """Routes pysyncobj's snapshot rename (serializer.atomicReplace) through `replace`:
+    durable_replace, or a function that ends in it (controller/snapshot.guarded_replace)."""
+    pysyncobj.serializer.atomicReplace = replace
 
 
 def restore_stock_snapshots() -> None:
@@ -272,10 +300,12 @@ def restore_stock_snapshots() -> None:
     pysyncobj.serializer.atomicReplace = _STOCK_ATOMIC_REPLACE
 
 
-def install(journal_factory: JournalFactory, journal_class: type) -> None:
+def install(
+    journal_factory: JournalFactory, journal_class: type, replace: ReplaceFunction = durable_replace
+) -> None:
     """Applies both module-level replacements; idempotent (each just sets a name)."""
     install_journal_factory(journal_factory, journal_class)
-    install_durable_snapshots()
+    install_durable_snapshots(replace)
 
 
 def wrap_tick(wrapper: Callable[[Callable[..., Any], Any, float], Any]) -> None:
@@ -434,21 +464,14 @@ def is_leader(node: SyncObj) -> bool:
     return bool(node._isLeader())
 
 
-def include_in_snapshot(node: SyncObj, attribute: str) -> None:
-    """Makes pysyncobj's snapshots carry `attribute` of `node`.
-
-    pysyncobj snapshots every attribute of the node except the ones that existed when
-    SyncObj.__init__ finished (it records their names). A replicated state has to exist
-    before that: the constructor starts the tick thread, which may apply entries at once."""
-    node._SyncObj__properies.discard(attribute)
-
-
 def read_snapshot_entries(path: Path) -> tuple[Entry, Entry]:
     """The (last applied, previous) entries of a pysyncobj snapshot file.
 
-    The file is gzip(pickle((state, last applied entry, previous entry, cluster))), as
-    pysyncobj's Serializer writes it. Reading the whole gzip stream checks its CRC-32;
-    errors (gzip, zlib, pickle, a short tuple) are the caller's to report."""
+    The file starts with pickle((state, last applied entry, previous entry, cluster)) in
+    gzip, as pysyncobj's Serializer writes it (controller/snapshot.py writes the same
+    first pickle, with the state in the pickles after it). Reading the whole gzip stream
+    checks its CRC-32; only the first pickle is loaded. Errors (gzip, zlib, pickle, a
+    short tuple) are the caller's to report."""
     with gzip.open(path, "rb") as snapshot:
         raw = snapshot.read()  # to the end: only then is the gzip CRC-32 checked
     data = pysyncobj.pickle.loads(raw)

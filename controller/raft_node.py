@@ -29,6 +29,7 @@ from pysyncobj.journal import MemoryJournal
 from controller import pysyncobj_compat
 from controller.applied_log import AppliedLog
 from controller.journal import DurableJournal, reconcile_with_snapshot
+from controller.snapshot import StateSnapshots, guarded_replace
 from controller.state_machine import ControllerState, apply
 from mqmeta.dialmap import dial
 from mqmeta.errors import DeadlineExceeded, InvalidArgument, Unavailable
@@ -74,7 +75,21 @@ class RaftSettings:
                 raise InvalidArgument(f"{name} must be at least 1")
 
 
-def _syncobj_conf(settings: RaftSettings, data_dir: Path, bind_address: str | None = None) -> SyncObjConf:
+def _syncobj_conf(
+    settings: RaftSettings,
+    data_dir: Path,
+    bind_address: str | None = None,
+    snapshots: StateSnapshots | None = None,
+) -> SyncObjConf:
+    """pysyncobj's configuration for a node; with `snapshots`, the state snapshot is
+    written beside the Raft thread (controller/snapshot.py), else pysyncobj's own."""
+    hooks = {}
+    if snapshots is not None:
+        hooks = {
+            "serializer": snapshots.serialize,
+            "serializeChecker": snapshots.check,
+            "deserializer": snapshots.deserialize,
+        }
     return SyncObjConf(
         # The Raft port listens on its own address only (pysyncobj's default is every
         # interface): its wire format is pickle, reachable only where it must be.
@@ -93,9 +108,11 @@ def _syncobj_conf(settings: RaftSettings, data_dir: Path, bind_address: str | No
         fullDumpFile=str(data_dir / "raft.snapshot"),
         commandsWaitLeader=True,
         dynamicMembershipChange=False,
-        # In-thread snapshots: a forked snapshot writer outlives a kill -9 of the node
-        # and can replace a newer snapshot with its older one after the restart.
+        # No forked snapshot writer: it outlives a kill -9 of the node and can replace a
+        # newer snapshot with its older one after the restart (with `snapshots`, pysyncobj
+        # never forks: the writer is a thread of this process, joined on close).
         useFork=False,
+        **hooks,
     )
 
 
@@ -112,7 +129,7 @@ def _create_journal(journal_file: str | None):
 def install_pysyncobj_patches() -> None:
     """Our journal and durable snapshots in pysyncobj (idempotent; every ControllerRaft
     calls it before constructing its SyncObj; the benchmark's raw nodes call it too)."""
-    pysyncobj_compat.install(_create_journal, DurableJournal)
+    pysyncobj_compat.install(_create_journal, DurableJournal, guarded_replace)
 
 
 class _DialingTransport(pysyncobj_compat.DialHookTransport):
@@ -147,19 +164,23 @@ class ControllerRaft(pysyncobj_compat.RaftFixes):
         self._applied_log = AppliedLog(data_dir / "applied.jsonl", node_id)
         self._on_events = on_events
         self._state = ControllerState()
+        self._snapshots = StateSnapshots(lambda: self._state, self._install_state)
         others = [p.raft for p in peers if p.raft != raft_address]
         super().__init__(
             raft_address,
             others,
-            _syncobj_conf(settings, data_dir, raft_address),
+            _syncobj_conf(settings, data_dir, raft_address, self._snapshots),
             transportClass=_DialingTransport,
         )
-        # _state is the replicated data: let pysyncobj include it in snapshots.
-        pysyncobj_compat.include_in_snapshot(self, "_state")
 
     @property
     def state(self) -> ControllerState:
         return self._state
+
+    def _install_state(self, state: ControllerState) -> None:
+        """A snapshot was loaded (at start, or received from the leader): readers that
+        hold the previous state finish with it; new ones get this one."""
+        self._state = state
 
     def _entry_position(self) -> tuple[int, int]:
         index = self.raftLastApplied + 1  # pysyncobj counts an entry applied after it returns
@@ -203,6 +224,7 @@ class ControllerRaft(pysyncobj_compat.RaftFixes):
 
     def close(self) -> None:
         self.destroy()
+        self._snapshots.close()
         self._applied_log.close()
 
 
@@ -228,6 +250,7 @@ class Proposer:
 
     def submit(self, command: Json) -> Future:
         future: Future = Future()
+        future.set_running_or_notify_cancel()  # a waiter that gives up cannot cancel it
         with self._lock:
             if self._stopped:
                 raise Unavailable("this controller node is shutting down; try another node")
@@ -243,10 +266,7 @@ class Proposer:
         try:
             return future.result(timeout=timeout_s)
         except TimeoutError:
-            raise DeadlineExceeded(
-                f"the controller did not commit {command.get('type')} within {timeout_s:.1f}s "
-                "(no quorum or leader election in progress); its outcome is unknown"
-            ) from None
+            raise not_committed(command, timeout_s) from None
 
     def stop(self) -> None:
         with self._lock:
@@ -300,6 +320,13 @@ class Proposer:
     def _fail_all(self) -> None:
         _fail([f for _, f in self._queue], Unavailable("controller node stopped"))
         self._queue.clear()
+
+
+def not_committed(command: Json, timeout_s: float) -> DeadlineExceeded:
+    return DeadlineExceeded(
+        f"the controller did not commit {command.get('type')} within {timeout_s:.1f}s "
+        "(no quorum or leader election in progress); its outcome is unknown"
+    )
 
 
 def _fail(futures: list[Future], error: Exception) -> None:

@@ -2,27 +2,31 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import threading
 import tomllib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 
 from controller.core import ControllerCore
-from controller.namesrv import NameServerServicer, add_messaging_service
+from controller.namesrv import EmbeddedNameServer, NameServerServicer, add_messaging_service
 from controller.raft_node import Peer, RaftSettings
-from controller.service import ControllerServicer
+from controller.service import ControllerServicer, watch_event_pb
 from mqmeta.client import ControllerClient
 from mqmeta.errors import InvalidArgument
 from mqmeta.pb import controller_pb2, controller_pb2_grpc, namesrv_pb2, namesrv_pb2_grpc
-from mqmeta.rpc import add_health_and_reflection, build_server
+from mqmeta.rpc import AsyncServer, add_health_and_reflection, add_health_and_reflection_async, build_server
 from mqmeta.validate import parse_addresses
 
 log = logging.getLogger(__name__)
 
-GRPC_WORKERS_MAX = 64  # module-level so that bench/controller_bench.py can change it
+# Threads for the plain (sync) handlers; coroutine handlers and Watch streams use none.
+# Module-level so that bench/controller_bench.py can change it.
+GRPC_WORKERS_MAX = 64
 CONTROLLER_SERVICE = controller_pb2.DESCRIPTOR.services_by_name["ControllerService"].full_name
 NAMESRV_SERVICE = namesrv_pb2.DESCRIPTOR.services_by_name["NameServer"].full_name
 
@@ -85,18 +89,26 @@ def raft_settings_from(values: dict[str, Any], secret: str | None) -> RaftSettin
     return replace(RaftSettings(), secret=secret, **values)
 
 
+class StoppableServer(Protocol):
+    def stop(self, grace: float | None) -> threading.Event: ...
+
+
 class RunningNode:
     """What one process serves: a controller core, a nameserver, or both."""
 
     def __init__(
-        self, server: grpc.Server, core: ControllerCore | None, client: ControllerClient | None
+        self,
+        servers: list[StoppableServer],
+        core: ControllerCore | None,
+        client: ControllerClient | None,
     ) -> None:
-        self.server = server
+        self.servers = servers
         self.core = core
         self.client = client
 
     def stop(self) -> None:
-        self.server.stop(grace=1).wait()
+        for server in self.servers:
+            server.stop(grace=1).wait()
         if self.core is not None:
             self.core.close()
         if self.client is not None:
@@ -104,35 +116,47 @@ class RunningNode:
 
 
 def start_controller(config: ControllerConfig, namesrv_address: str = "") -> RunningNode:
+    """A controller node on an AsyncServer (its Watch streams hold no thread); with
+    `namesrv_address`, its embedded nameserver on the same port or on one of its own."""
     config.validate()
     core = ControllerCore(config.node_id, config.peers, config.data_dir, config.raft_settings)
-    server = build_server(config.grpc, GRPC_WORKERS_MAX)
-    controller_pb2_grpc.add_ControllerServiceServicer_to_server(ControllerServicer(core), server)
-    services = [CONTROLLER_SERVICE]
-    if namesrv_address == config.grpc:
-        namesrv_pb2_grpc.add_NameServerServicer_to_server(NameServerServicer(core=core), server)
-        services.append(NAMESRV_SERVICE)
-        services.append(add_messaging_service(server, _embedded_route(core)))
-    add_health_and_reflection(server, services)
+    embedded_here = namesrv_address == config.grpc
+
+    async def setup(server: grpc.aio.Server) -> None:
+        core.watch_hub.attach(asyncio.get_running_loop(), watch_event_pb)
+        controller_pb2_grpc.add_ControllerServiceServicer_to_server(ControllerServicer(core), server)
+        services = [CONTROLLER_SERVICE]
+        if embedded_here:
+            namesrv_pb2_grpc.add_NameServerServicer_to_server(EmbeddedNameServer(core), server)
+            services.append(NAMESRV_SERVICE)
+            services.append(add_messaging_service(server, _embedded_route(core)))
+        await add_health_and_reflection_async(server, services)
+
+    servers: list[StoppableServer] = []
+    try:
+        servers.append(_started(AsyncServer(config.grpc, setup, GRPC_WORKERS_MAX)))
+        if namesrv_address and not embedded_here:
+            servers.append(_started(AsyncServer(namesrv_address, _namesrv_setup(core), GRPC_WORKERS_MAX)))
+    except BaseException:
+        for server in servers:
+            server.stop(grace=0)
+        core.close()
+        raise
+    return RunningNode(servers, core, None)
+
+
+def _started(server: AsyncServer) -> AsyncServer:
     server.start()
-    if namesrv_address and namesrv_address != config.grpc:
-        return _with_separate_namesrv(server, core, namesrv_address)
-    return RunningNode(server, core, None)
+    return server
 
 
-def _with_separate_namesrv(controller_server: grpc.Server, core: ControllerCore, address: str) -> RunningNode:
-    namesrv_server = build_server(address, GRPC_WORKERS_MAX)
-    namesrv_pb2_grpc.add_NameServerServicer_to_server(NameServerServicer(core=core), namesrv_server)
-    messaging = add_messaging_service(namesrv_server, _embedded_route(core))
-    add_health_and_reflection(namesrv_server, [NAMESRV_SERVICE, messaging])
-    namesrv_server.start()
+def _namesrv_setup(core: ControllerCore):
+    async def setup(server: grpc.aio.Server) -> None:
+        namesrv_pb2_grpc.add_NameServerServicer_to_server(EmbeddedNameServer(core), server)
+        messaging = add_messaging_service(server, _embedded_route(core))
+        await add_health_and_reflection_async(server, [NAMESRV_SERVICE, messaging])
 
-    class _Both(RunningNode):
-        def stop(self) -> None:
-            namesrv_server.stop(grace=1).wait()
-            super().stop()
-
-    return _Both(controller_server, core, None)
+    return setup
 
 
 def _embedded_route(core: ControllerCore):
@@ -144,10 +168,10 @@ def _embedded_route(core: ControllerCore):
 def start_namesrv(address: str, controllers: list[str]) -> RunningNode:
     client = ControllerClient(controllers)
     server = build_server(address, GRPC_WORKERS_MAX)
-    namesrv_pb2_grpc.add_NameServerServicer_to_server(NameServerServicer(client=client), server)
+    namesrv_pb2_grpc.add_NameServerServicer_to_server(NameServerServicer(client), server)
     messaging = add_messaging_service(
         server, lambda topic: client.call("GetTopicRoute", controller_pb2.NameRequest(name=topic))
     )
     add_health_and_reflection(server, [NAMESRV_SERVICE, messaging])
     server.start()
-    return RunningNode(server, None, client)
+    return RunningNode([server], None, client)

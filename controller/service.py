@@ -1,20 +1,24 @@
 """gRPC ControllerService: validates requests, calls ControllerCore, maps errors.
 
-Protobuf <-> dict translation lives here and nowhere else.
+Protobuf <-> dict translation lives here and nowhere else. The service runs on an
+AsyncServer (mqmeta/rpc.py): the hot calls are coroutines on its event loop (Heartbeat,
+the linearizable reads that only wait for a barrier, and the Watch stream, which holds no
+thread however many brokers watch); every other call is a plain method run in the
+server's thread pool.
 """
 
 from __future__ import annotations
 
 import logging
-import queue
+from collections.abc import AsyncIterator
 from typing import Any
 
-from controller.core import ControllerCore
+from controller.core import ControllerCore, WatchSubscription
 from controller.state_machine import replica_view, tiered_key
 from mqmeta.errors import InvalidArgument, MqmetaError, NotFound, Unavailable
 from mqmeta.pb import controller_pb2 as pb
 from mqmeta.pb import controller_pb2_grpc as pb_grpc
-from mqmeta.rpc import abort_with, rpc
+from mqmeta.rpc import abort_with_async, rpc, rpc_async
 from mqmeta.validate import REQUEST_INT_MAX, validate_int, validate_name
 
 log = logging.getLogger(__name__)
@@ -130,8 +134,8 @@ class ControllerServicer(pb_grpc.ControllerServiceServicer):
         bs = self.core.read_barrier().broker_set(cluster, broker_name)
         return pb.NextBrokerIdResponse(next_broker_id=bs["next_broker_id"] if bs else 1)
 
-    @rpc
-    def Heartbeat(self, request, context):
+    @rpc_async
+    async def Heartbeat(self, request, context):
         cluster, broker_name = _broker_set_ref(request)
         reply = self.core.heartbeat(
             {
@@ -210,8 +214,8 @@ class ControllerServicer(pb_grpc.ControllerServiceServicer):
             cleaned_broker_ids=result["cleaned_broker_ids"], broker_set_removed=result["broker_set_removed"]
         )
 
-    @rpc
-    def GetMetadata(self, request, context):
+    @rpc_async
+    async def GetMetadata(self, request, context):
         meta = self.core.metadata()
         nodes = [pb.ControllerNode(**n) for n in meta.pop("nodes")]
         return pb.ControllerMetadata(nodes=nodes, **meta)
@@ -240,9 +244,9 @@ class ControllerServicer(pb_grpc.ControllerServiceServicer):
     def ListTopics(self, request, context):
         return pb.ListTopicsResponse(topics=[topic_pb(t) for t in self.core.read_barrier().topics()])
 
-    @rpc
-    def GetTopicRoute(self, request, context):
-        return route_pb(self.core.topic_route(request.name))
+    @rpc_async
+    async def GetTopicRoute(self, request, context):
+        return route_pb(await self.core.topic_route_async(request.name))
 
     @rpc
     def CreateGroup(self, request, context):
@@ -261,9 +265,9 @@ class ControllerServicer(pb_grpc.ControllerServiceServicer):
     def ListGroups(self, request, context):
         return pb.ListGroupsResponse(groups=[group_pb(g) for g in self.core.read_barrier().groups()])
 
-    @rpc
-    def GetConfig(self, request, context):
-        return config_pb(self.core.read_barrier().config())
+    @rpc_async
+    async def GetConfig(self, request, context):
+        return config_pb((await self.core.read_barrier_async()).config())
 
     @rpc
     def UpdateConfig(self, request, context):
@@ -347,28 +351,33 @@ class ControllerServicer(pb_grpc.ControllerServiceServicer):
             return pb.TieredCheckpoint(cluster=cluster, broker_name=broker_name)
         return tiered_checkpoint_pb(checkpoint)
 
-    def Watch(self, request, context):
+    async def Watch(self, request, context) -> AsyncIterator[pb.WatchEvent]:
+        hub = self.core.watch_hub
         try:
             cluster = validate_name("cluster", request.cluster) if request.cluster else ""
             broker_name = validate_name("broker name", request.broker_name) if request.broker_name else ""
-            subscription = self.core.watch_hub.subscribe(cluster, broker_name)
+            subscription = hub.subscribe(cluster, broker_name)
         except MqmetaError as error:
-            abort_with(context, error)
+            await abort_with_async(context, error)
             return
         try:
-            yield from self._watch_stream(subscription, cluster, broker_name, context)
+            async for event in self._watch_stream(subscription, context):
+                yield event
         finally:
-            self.core.watch_hub.unsubscribe(subscription)
+            hub.unsubscribe(subscription)
 
-    def _watch_stream(self, subscription: queue.Queue, cluster: str, broker_name: str, context):
+    async def _watch_stream(self, subscription: WatchSubscription, context) -> AsyncIterator[pb.WatchEvent]:
+        """The broker sets that match as they are after a barrier, then every event the
+        node applies from the moment of subscribing (a change may come twice: in the
+        snapshot and as an event), until the client goes away or falls behind."""
         try:
-            state = self.core.read_barrier()
+            state = await self.core.read_barrier_async()
         except MqmetaError as error:
-            abort_with(context, error)
+            await abort_with_async(context, error)
             return
         index = self.core.raft.status()["last_applied"]
-        for bs in state.broker_sets(cluster):
-            if not broker_name or bs["broker_name"] == broker_name:
+        for bs in state.broker_sets(subscription.cluster):
+            if not subscription.broker_name or bs["broker_name"] == subscription.broker_name:
                 yield _event_pb(
                     {
                         "kind": "snapshot",
@@ -379,15 +388,12 @@ class ControllerServicer(pb_grpc.ControllerServiceServicer):
                     },
                     snapshot=True,
                 )
-        while context.is_active():
-            try:
-                event = subscription.get(timeout=0.5)
-            except queue.Empty:
-                continue
-            if event is None:
-                abort_with(context, Unavailable("watch stream fell behind; resubscribe"))
+        while True:  # until the client goes away: the wait below then raises CancelledError
+            item = await subscription.queue.get()
+            if item is None:
+                await abort_with_async(context, Unavailable("watch stream fell behind; resubscribe"))
                 return
-            yield _event_pb(event)
+            yield item[1]
 
 
 WRITE_BATCH_MAX = 1024
@@ -473,6 +479,11 @@ def _write_result(outcome: Json | MqmetaError) -> pb.WriteResult:
     if "config" in outcome:
         return pb.WriteResult(config=config_pb(outcome["config"]))
     return pb.WriteResult(deleted=outcome["name"])
+
+
+def watch_event_pb(event: Json) -> pb.WatchEvent:
+    """An applied event as the Watch stream sends it (the hub encodes each event once)."""
+    return _event_pb(event)
 
 
 def _event_pb(event: Json, snapshot: bool = False) -> pb.WatchEvent:

@@ -1,7 +1,9 @@
 """The one gRPC boundary: errors <-> status codes, the servicer decorator, servers.
 
-Every server of every part is built here (`build_server`, with health checking and
-reflection so that `grpcurl` works) and every servicer method is wrapped by `rpc`, so a
+Every server of every part is built here (`build_server`, or `AsyncServer` where
+streams must not hold a thread each; both with health checking and reflection so that
+`grpcurl` works) and every servicer method is wrapped by `rpc` (`rpc_async` for the
+coroutines an AsyncServer runs on its event loop), so a
 domain error reaches a client as exactly one status, with its domain code and (for
 NOT_LEADER / NOT_MASTER) the address to go to in trailing metadata; clients turn a
 failed call back into the same typed error with `from_rpc_error`. Dependency
@@ -10,11 +12,12 @@ exceptions never leak: anything else is INTERNAL with the method named.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import signal
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
@@ -82,6 +85,14 @@ def abort_with(context: grpc.ServicerContext, error: MqmetaError) -> None:
     context.abort(status_of(error), error.message)
 
 
+async def abort_with_async(context: grpc.aio.ServicerContext, error: MqmetaError) -> None:
+    """abort_with for a coroutine handler on an AsyncServer."""
+    metadata: list[tuple[str, str]] = [(ERROR_CODE_KEY, error.code)]
+    if error.leader:
+        metadata.append((LEADER_KEY, error.leader))
+    await context.abort(status_of(error), error.message, trailing_metadata=tuple(metadata))
+
+
 def from_rpc_error(err: grpc.RpcError) -> MqmetaError:
     """Turns a failed call back into the typed error the server raised."""
     code = err.code() if hasattr(err, "code") else grpc.StatusCode.UNKNOWN
@@ -116,6 +127,24 @@ def rpc(method: Callable) -> Callable:
     return wrapper
 
 
+def rpc_async(method: Callable) -> Callable:
+    """`rpc` for a unary coroutine handler (it runs on an AsyncServer's event loop)."""
+
+    @functools.wraps(method)
+    async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            return await method(self, request, context)
+        except MqmetaError as error:
+            await abort_with_async(context, error)
+        except (grpc.aio.AbortError, grpc.RpcError, asyncio.CancelledError):
+            raise  # context.abort's own exception, a failed call, or the client went away
+        except Exception as exc:  # a bug: report it without leaking internals
+            log.exception("%s failed", method.__name__)
+            await context.abort(grpc.StatusCode.INTERNAL, f"internal error in {method.__name__}: {exc}")
+
+    return wrapper
+
+
 def build_server(
     address: str, workers_max: int = GRPC_WORKERS_MAX, request_bytes_max: int | None = None
 ) -> grpc.Server:
@@ -142,6 +171,76 @@ def add_health_and_reflection(server: grpc.Server, services: Iterable[str]) -> N
     for name in ["", *names]:
         health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     reflection.enable_server_reflection([*names, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
+
+
+async def add_health_and_reflection_async(server: grpc.aio.Server, services: Iterable[str]) -> None:
+    """add_health_and_reflection for an AsyncServer (called on its event loop)."""
+    names = list(services)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    for name in ["", *names]:
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    reflection.enable_server_reflection([*names, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
+
+
+ServerSetup = Callable[[grpc.aio.Server], Awaitable[None]]
+SERVER_START_TIMEOUT_S = 30.0
+
+
+class AsyncServer:
+    """A grpc.aio server on an event loop of its own thread.
+
+    Coroutine handlers (and async-generator streams) run on the loop: a server stream
+    holds no thread, so a thousand watch streams cost a thousand small objects, not a
+    thousand threads. Plain (sync) handlers run in a pool of `workers_max` threads, as
+    on a `build_server` server. start() binds and starts (InvalidArgument when it cannot
+    listen); stop(grace) returns a set threading.Event, like grpc.Server.stop."""
+
+    def __init__(self, address: str, setup: ServerSetup, workers_max: int = GRPC_WORKERS_MAX) -> None:
+        self.address = address
+        self._setup = setup
+        self._pool = ThreadPoolExecutor(max_workers=workers_max, thread_name_prefix="rpc")
+        self.loop = asyncio.new_event_loop()
+        self._server: grpc.aio.Server | None = None
+        self._thread = threading.Thread(target=self.loop.run_forever, name="grpc-loop", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+        future = asyncio.run_coroutine_threadsafe(self._start(), self.loop)
+        try:
+            future.result(timeout=SERVER_START_TIMEOUT_S)
+        except BaseException:
+            self._stop_loop()
+            raise
+
+    async def _start(self) -> None:
+        server = grpc.aio.server(migration_thread_pool=self._pool, options=[("grpc.so_reuseport", 0)])
+        try:
+            server.add_insecure_port(self.address)
+        except RuntimeError:
+            raise InvalidArgument(
+                f"cannot listen on {self.address}: the port is taken or not local"
+            ) from None
+        await self._setup(server)
+        await server.start()
+        self._server = server
+
+    def stop(self, grace: float | None = STOP_GRACE_S) -> threading.Event:
+        stopped = threading.Event()
+        if self._server is not None and self.loop.is_running():
+            future = asyncio.run_coroutine_threadsafe(self._server.stop(grace), self.loop)
+            future.result(timeout=(grace or 0.0) + SERVER_START_TIMEOUT_S)
+        self._stop_loop()
+        stopped.set()
+        return stopped
+
+    def _stop_loop(self) -> None:
+        if self.loop.is_running():
+            self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=SERVER_START_TIMEOUT_S)
+        if not self._thread.is_alive():
+            self.loop.close()
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
 
 class Stoppable(Protocol):

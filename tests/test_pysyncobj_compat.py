@@ -10,7 +10,8 @@ Properties checked:
 - install_durable_snapshots: a real node's snapshot file data and its directory entry
   are fsynced before the journal is compacted, and read_snapshot_entries reads the
   snapshot pysyncobj wrote;
-- include_in_snapshot: the replicated state survives a compaction and a restart;
+- the state snapshot (controller/snapshot.py, through pysyncobj's serializer hooks): the
+  replicated state survives a compaction and a restart;
 - NextIndexFix: a stale successful ack does not move the leader's nextIndex backwards,
   so no entry is sent to a follower twice;
 - HeldEntriesFix: a follower sent entries it already holds does not truncate its log;
@@ -188,11 +189,12 @@ import os
 import pysyncobj.journal, pysyncobj.serializer, pysyncobj.syncobj
 import controller.raft_node as raft_node
 from controller import pysyncobj_compat as compat
+from controller import snapshot
 stock = (pysyncobj.journal.createJournal, os.rename)
 assert (pysyncobj.syncobj.createJournal, pysyncobj.serializer.atomicReplace) == stock, "import patched"
 raft_node.install_pysyncobj_patches()
 installed = (pysyncobj.syncobj.createJournal, pysyncobj.serializer.atomicReplace)
-assert installed == (raft_node._create_journal, compat.durable_replace), installed
+assert installed == (raft_node._create_journal, snapshot.guarded_replace), installed
 raft_node.install_pysyncobj_patches()
 assert (pysyncobj.syncobj.createJournal, pysyncobj.serializer.atomicReplace) == installed
 print("ok")
@@ -333,7 +335,7 @@ def test_snapshot_is_durable_before_the_journal_is_compacted(controllers, tmp_pa
 
 
 def test_the_snapshot_carries_the_replicated_state(controllers):
-    """include_in_snapshot: after a compaction the state exists only in the snapshot; a
+    """The state snapshot: after a compaction the state exists only in the snapshot; a
     restarted node must get it back from there."""
     node = controllers.start()
     put = [{"type": "put_topic", "name": "KeptInSnapshot", "queue_count": 2}]
