@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 Json = dict[str, Any]
 
 SCAN_INTERVAL_S = 0.1
+ELECTIONS_IN_FLIGHT_MAX = 16  # elections the liveness scan runs at once (one thread each)
 WATCH_QUEUE_MAX = 1024
 WATCH_STREAMS_MAX = 10_000  # per node; each is a queue on the event loop, not a thread
 
@@ -48,9 +49,10 @@ class WatchSubscription:
 
     def wants(self, event: Json) -> bool:
         """A stream that names a broker set gets that set's events only (what a broker
-        agent watches); topic, group and config events name no broker set, so they go to
-        the streams that name none. Otherwise every broker of a 300-set cluster would be
-        sent every topic created (a batch of 1,024 topics: 921,600 messages)."""
+        agent watches); topic and group events name no broker set, so they go to the
+        streams that name none (config events name no cluster either). Otherwise every
+        broker of a 300-set cluster would be sent every topic created (a batch of 1,024
+        topics: 921,600 messages)."""
         if self.cluster and event.get("cluster") not in (self.cluster, ""):
             return False
         return not self.broker_name or event.get("broker_name") == self.broker_name
@@ -216,7 +218,7 @@ class ControllerCore:
         bs = self.state.broker_set(cluster, broker_name)
         ids = [int(i) for i in bs["replicas"]] if bs else []
         beats = self.liveness.alive(
-            cluster, broker_name, ids, now_ms(), self.config()["broker_dead_after_ms"]
+            cluster, broker_name, ids, now_ms(), self.state.config_value("broker_dead_after_ms")
         )
         return {
             str(i): {"epoch": b.epoch, "max_offset": b.max_offset, "priority": b.priority}
@@ -252,7 +254,7 @@ class ControllerCore:
             "master_broker_id": bs["master_broker_id"],
             "master_epoch": bs["master_epoch"],
             "sync_state_set_epoch": bs["sync_state_set_epoch"],
-            "lease_ms": self.config()["lease_ms"],
+            "lease_ms": self.state.config_value("lease_ms"),
         }
 
     def elect_master(self, request: Json) -> Json:
@@ -361,10 +363,12 @@ class ControllerCore:
         now = now_ms()
         is_leader = self.raft.is_leader()
         self.liveness.on_leadership(is_leader, now)
-        dead_after_ms = self.config()["broker_dead_after_ms"]
+        dead_after_ms = self.state.config_value("broker_dead_after_ms")
         if not is_leader or self.liveness.in_grace(now, dead_after_ms):
             return
         for bs in self.state.broker_sets():
+            if len(self._electing) >= ELECTIONS_IN_FLIGHT_MAX:
+                return  # the rest wait for the next scan (a storm must not start 300 threads)
             key = (bs["cluster"], bs["broker_name"])
             master = bs["master_broker_id"]
             if key in self._electing or bs["master_epoch"] == 0:

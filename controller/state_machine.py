@@ -151,6 +151,11 @@ class ControllerState:
         stored = self.entries.get("config", {})
         return {name: stored.get(name, spec[1]) for name, spec in CONFIG_SCHEMA.items()}
 
+    def config_value(self, name: str) -> Any:
+        """One configuration value, without building the whole map (every heartbeat and
+        every liveness scan of every broker set reads one)."""
+        return self.entries.get("config", {}).get(name, CONFIG_SCHEMA[name][1])
+
     def broker_set(self, cluster: str, broker_name: str) -> Json | None:
         return self.entries.get(broker_set_key(cluster, broker_name))
 

@@ -1,0 +1,175 @@
+"""The controller's state snapshots (controller/snapshot.py), on real files.
+
+Properties checked:
+- a frozen state does not change when the live state goes on applying commands (the
+  writer thread reads it while the Raft thread applies);
+- serialize() returns before the snapshot is written (the Raft thread is not held), and
+  check() says SERIALIZING until then and SUCCESS exactly once after it;
+- a snapshot read back holds every key, value and the digest it was written with, in
+  several chunks; read_snapshot_entries (the restart check) finds its Raft position;
+- snapshots in pysyncobj's stock format (written before this module) still load;
+- a snapshot whose content does not add up to its recorded digest is refused;
+- pysyncobj's own rename of a file still being written is refused, and a snapshot
+  received from the leader cancels the writer: the older snapshot never lands over it.
+"""
+
+from __future__ import annotations
+
+import copy
+import gzip
+import pickle
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pysyncobj import SERIALIZER_STATE
+
+from controller import pysyncobj_compat, snapshot
+from controller.snapshot import SnapshotInProgress, StateSnapshots, guarded_replace, read_snapshot
+from controller.state_machine import ControllerState, apply
+from mqmeta.errors import CorruptData
+
+pytestmark = pytest.mark.timeout(60)
+
+TAIL = ((b"last", 12, 3), (b"previous", 11, 3), set())  # (last entry, previous entry, cluster)
+
+
+def loaded_state(topics: int) -> ControllerState:
+    state = ControllerState()
+    for replica in (1, 2, 3):
+        command = {
+            "type": "register_broker",
+            "cluster": "c",
+            "broker_name": "b",
+            "address": f"127.0.0.1:{9000 + replica}",
+            "check_code": f"b-{replica}",
+        }
+        assert apply(state, command, 1)[0]["ok"]
+    for i in range(topics):
+        result = apply(state, {"type": "put_topic", "name": f"t{i}", "queue_count": 4}, 2 + i)[0]
+        assert result["ok"], result
+    return state
+
+
+def wait_for(predicate: Callable[[], Any], timeout_s: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.01)
+    pytest.fail(f"timed out after {timeout_s}s waiting for {what}")
+
+
+class Gate:
+    """Holds the writer between chunks until opened (so a test can act mid-write)."""
+
+    def __init__(self, monkeypatch) -> None:
+        self.opened = threading.Event()
+        self.reached = threading.Event()
+        real_chunks = snapshot._chunks
+
+        def gated(items, size):
+            for chunk in real_chunks(items, size):
+                self.reached.set()
+                assert self.opened.wait(30.0), "the test never opened the gate"
+                yield chunk
+
+        monkeypatch.setattr(snapshot, "_chunks", gated)
+
+
+def snapshots_of(state: ControllerState) -> tuple[StateSnapshots, list[ControllerState]]:
+    installed: list[ControllerState] = []
+    return StateSnapshots(lambda: state, installed.append), installed
+
+
+def test_a_frozen_state_does_not_change_when_the_live_state_does():
+    state = loaded_state(50)
+    frozen = state.freeze()
+    kept = copy.deepcopy(frozen.entries)
+    apply(state, {"type": "put_topic", "mode": "update", "name": "t1", "queue_count": 8}, 100)
+    apply(state, {"type": "delete_topic", "name": "t2"}, 101)
+    apply(state, {"type": "elect_master", "cluster": "c", "broker_name": "b", "alive": {"1": {}}}, 102)
+    apply(state, {"type": "update_config", "values": {"default_queue_count": "16"}}, 103)
+    assert frozen.entries == kept, "a value shared with the live state was changed in place"
+    assert state.digest != frozen.digest
+    rebuilt = ControllerState.from_items(frozen.items())
+    assert rebuilt.recompute_digest() == frozen.digest
+
+
+def test_serialize_returns_before_the_file_is_written_and_success_comes_once(tmp_path, monkeypatch):
+    gate = Gate(monkeypatch)
+    state = loaded_state(30)
+    snapshots, _ = snapshots_of(state)
+    target = tmp_path / "raft.snapshot"
+    snapshots.serialize(f"{target}.tmp", TAIL)  # returns at once: the writer waits at the gate
+    gate.reached.wait(10.0)
+    assert snapshots.check() == SERIALIZER_STATE.SERIALIZING
+    assert not target.exists()
+    gate.opened.set()
+    assert wait_for(lambda: snapshots.check() == SERIALIZER_STATE.SUCCESS, 10.0, "the writer to finish")
+    assert snapshots.check() == SERIALIZER_STATE.NOT_SERIALIZING, "SUCCESS must be reported once"
+    assert target.exists() and not Path(f"{target}.tmp").exists()
+
+
+def test_a_snapshot_read_back_holds_every_key_and_its_raft_position(tmp_path, monkeypatch):
+    monkeypatch.setattr(snapshot, "CHUNK_KEYS", 16)  # several chunks
+    state = loaded_state(100)
+    snapshots, installed = snapshots_of(state)
+    target = tmp_path / "raft.snapshot"
+    snapshots.serialize(f"{target}.tmp", TAIL)
+    wait_for(lambda: snapshots.check() == SERIALIZER_STATE.SUCCESS, 10.0, "the writer to finish")
+    loaded, tail = read_snapshot(target)
+    assert loaded.entries == state.entries
+    assert loaded.digest == state.digest == loaded.recompute_digest()
+    assert tail[:2] == TAIL[:2]
+    assert pysyncobj_compat.read_snapshot_entries(target) == TAIL[:2]
+    assert snapshots.deserialize(str(target))[:2] == TAIL[:2]
+    assert installed and installed[0].digest == state.digest
+    assert [t["name"] for t in installed[0].topics()] == [t["name"] for t in state.topics()]
+
+
+def test_a_snapshot_in_pysyncobjs_stock_format_still_loads(tmp_path):
+    state = loaded_state(20)
+    target = tmp_path / "raft.snapshot"
+    with gzip.open(target, "wb") as out:
+        pickle.dump(({"_state": state}, *TAIL), out)
+    loaded, tail = read_snapshot(target)
+    assert loaded.digest == state.digest and tail[:2] == TAIL[:2]
+
+
+def test_a_snapshot_that_does_not_add_up_to_its_digest_is_refused(tmp_path):
+    state = loaded_state(20)
+    frozen = state.freeze()
+    items = list(frozen.items())
+    key, value, entry_hash = items[0]
+    items[0] = (key, dict(value, queue_count=99), entry_hash + 1)  # a changed value and hash
+    meta = {"format": snapshot.FORMAT, "keys": len(items), "chunks": 1, "digest": frozen.digest}
+    target = tmp_path / "raft.snapshot"
+    with gzip.open(target, "wb") as out:
+        out.write(pickle.dumps((meta, *TAIL)) + pickle.dumps(items))
+    with pytest.raises(CorruptData, match="not the .* keys with digest"):
+        read_snapshot(target)
+
+
+def test_a_received_snapshot_cancels_the_writer_and_is_never_overwritten(tmp_path, monkeypatch):
+    gate = Gate(monkeypatch)
+    state = loaded_state(30)
+    snapshots, _ = snapshots_of(state)
+    target = tmp_path / "raft.snapshot"
+    snapshots.serialize(f"{target}.tmp", TAIL)
+    gate.reached.wait(10.0)
+    # pysyncobj renames the temp file right after serialize() returns: refused mid-write
+    with pytest.raises(SnapshotInProgress):
+        guarded_replace(f"{target}.tmp", str(target))
+    # a snapshot from the leader arrives and is renamed into place
+    received = tmp_path / "raft.snapshot.1.tmp"
+    received.write_bytes(b"the leader's newer snapshot")
+    guarded_replace(str(received), str(target))
+    gate.opened.set()
+    assert wait_for(lambda: snapshots.check() == SERIALIZER_STATE.FAILED, 10.0, "the writer to give up")
+    assert target.read_bytes() == b"the leader's newer snapshot"
+    assert not Path(f"{target}.tmp").exists()

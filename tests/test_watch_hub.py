@@ -1,0 +1,157 @@
+"""The controller core's watch fan-out and liveness scan (controller/core.py), in process.
+
+Properties checked:
+- the Raft thread publishes with one hand-off to the event loop, where each event is
+  encoded once whatever the number of streams, and every stream that wants it gets it;
+- a stream that names a broker set gets that set's events only; topic and group events go
+  to the streams that name none, in their cluster; config events (no cluster) to the
+  streams that name no cluster either;
+- a stream that falls WATCH_QUEUE_MAX events behind is cut off (its queue ends with
+  None), while the others keep everything;
+- a liveness storm (every master silent at once) runs at most ELECTIONS_IN_FLIGHT_MAX
+  elections at a time; the rest are started by later scans.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from controller import core as core_module
+from controller.core import ELECTIONS_IN_FLIGHT_MAX, WATCH_QUEUE_MAX, ControllerCore, WatchHub
+from controller.liveness import Liveness
+from controller.state_machine import ControllerState, apply
+
+pytestmark = pytest.mark.timeout(60)
+
+ROLE_A = {"kind": "role", "cluster": "c", "broker_name": "a", "replica_info": {}}
+ROLE_B = {"kind": "role", "cluster": "c", "broker_name": "b", "replica_info": {}}
+ROLE_OTHER_CLUSTER = {"kind": "role", "cluster": "d", "broker_name": "a", "replica_info": {}}
+TOPIC = {"kind": "topic", "name": "t", "cluster": "c"}
+CONFIG = {"kind": "config"}
+
+
+def drained(subscription) -> list:
+    items = []
+    while not subscription.queue.empty():
+        items.append(subscription.queue.get_nowait())
+    return items
+
+
+def run_on_loop(body):
+    """Runs body(hub, loop) on a fresh event loop; publishes happen from another thread."""
+
+    async def main():
+        hub = WatchHub()
+        encoded: list[dict] = []
+
+        def encode(event):
+            encoded.append(event)
+            return ("pb", event["kind"], event.get("broker_name"), event["index"])
+
+        hub.attach(asyncio.get_running_loop(), encode)
+        return await body(hub, encoded)
+
+    return asyncio.run(main())
+
+
+async def publish_from_thread(hub: WatchHub, index: int, events: list) -> None:
+    thread = threading.Thread(target=hub.publish, args=(index, events))
+    thread.start()
+    thread.join()
+    for _ in range(100):  # the hand-off runs on this loop's next iterations
+        await asyncio.sleep(0)
+
+
+def test_each_event_is_encoded_once_and_reaches_every_stream_that_wants_it():
+    async def body(hub, encoded):
+        streams = [hub.subscribe("c", "") for _ in range(50)]
+        await publish_from_thread(hub, 7, [ROLE_A, TOPIC])
+        assert len(encoded) == 2, "each event must be encoded once, not once per stream"
+        for stream in streams:
+            assert [item[1] for item in drained(stream)] == [("pb", "role", "a", 7), ("pb", "topic", None, 7)]
+
+    run_on_loop(body)
+
+
+def test_a_stream_naming_a_broker_set_gets_that_sets_events_only():
+    async def body(hub, encoded):
+        broker_a = hub.subscribe("c", "a")
+        cluster = hub.subscribe("c", "")
+        everything = hub.subscribe("", "")
+        await publish_from_thread(hub, 3, [ROLE_A, ROLE_B, ROLE_OTHER_CLUSTER, TOPIC, CONFIG])
+        kinds = {
+            name: [(e["kind"], e.get("broker_name")) for e, _ in drained(s)]
+            for name, s in (("broker_a", broker_a), ("cluster", cluster), ("everything", everything))
+        }
+        assert kinds["broker_a"] == [("role", "a")]
+        assert kinds["cluster"] == [("role", "a"), ("role", "b"), ("topic", None)]  # config names no cluster
+        assert len(kinds["everything"]) == 5
+
+    run_on_loop(body)
+
+
+def test_a_stream_that_falls_behind_is_cut_off_and_the_others_are_not():
+    async def body(hub, encoded):
+        slow = hub.subscribe("c", "")
+        fast = hub.subscribe("c", "")
+        for index in range(WATCH_QUEUE_MAX + 5):
+            hub._dispatch(index, [TOPIC])  # on the loop, as the hand-off runs it
+            if index < WATCH_QUEUE_MAX:
+                drained(fast)  # the fast stream keeps up
+        assert list(drained(slow)) == [None], "an overflowing stream must end with None only"
+        assert len(drained(fast)) == 5
+        assert hub.streams == 1
+
+    run_on_loop(body)
+
+
+class _Raft:
+    def is_leader(self) -> bool:
+        return True
+
+
+def test_a_liveness_storm_runs_a_bounded_number_of_elections_at_once(monkeypatch):
+    state = ControllerState()
+    sets = ELECTIONS_IN_FLIGHT_MAX * 3
+    for s in range(sets):
+        for replica in (1, 2):
+            register = {
+                "type": "register_broker",
+                "cluster": "c",
+                "broker_name": f"b{s}",
+                "address": f"127.0.0.1:{9000 + replica}",
+                "check_code": f"b{s}-{replica}",
+            }
+            assert apply(state, register, 1)[0]["ok"]
+        elect = {"type": "elect_master", "cluster": "c", "broker_name": f"b{s}", "alive": {"1": {}, "2": {}}}
+        assert apply(state, elect, 2)[0]["ok"]
+    core = ControllerCore.__new__(ControllerCore)  # the scan alone: no Raft, no server
+    core.raft = _Raft()  # type: ignore[assignment]
+    core.liveness = Liveness()
+    core._electing = set()
+    monkeypatch.setattr(ControllerCore, "state", property(lambda self: state))
+    release = threading.Event()
+    running: list[tuple[str, str]] = []
+
+    def elect_dead(self, key):
+        running.append(key)
+        release.wait(10.0)
+        self._electing.discard(key)
+
+    monkeypatch.setattr(ControllerCore, "_elect_dead", elect_dead)
+    start = core_module.now_ms() - 10_000  # leader long enough: no grace; nobody heard from
+    core.liveness.on_leadership(True, start)
+    core._scan_once()
+    core._scan_once()
+    time.sleep(0.2)
+    assert len(running) == ELECTIONS_IN_FLIGHT_MAX, "a storm must not start an election per set at once"
+    release.set()
+    deadline = time.monotonic() + 10.0
+    while len(set(running)) < sets and time.monotonic() < deadline:
+        core._scan_once()
+        time.sleep(0.05)
+    assert len(set(running)) == sets, "later scans must elect the remaining sets"
