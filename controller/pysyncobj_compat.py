@@ -1,7 +1,7 @@
 """Every place mqmeta reaches into pysyncobj's internals, checked when this module is imported.
 
 pysyncobj 0.3.17 has no hooks for what mqmeta needs (a crash-safe journal, durable
-snapshots, a transport that dials through the chaos suite's proxies, two Raft fixes), so
+snapshots, a transport that dials through the chaos suite's proxies, three Raft fixes), so
 mqmeta overrides and replaces some of its private, name-mangled parts. This module is the
 only one that names them. At import it checks that the installed pysyncobj is the pinned
 version and that every name in REQUIREMENTS exists with the expected kind and is still
@@ -17,7 +17,8 @@ Nothing is changed by importing this module. What it provides, applied explicitl
   configuration, but controller/snapshot.py relies on how Serializer calls them (a custom
   serializer may finish after it returns; the journal is compacted only once the checker
   says SUCCESS): REQUIREMENTS names what it relies on;
-- NextIndexFix, HeldEntriesFix and RaftFixes (both): SyncObj subclasses to inherit from;
+- NextIndexFix, HeldEntriesFix, InputFirstFix and RaftFixes (all three): SyncObj
+  subclasses to inherit from;
 - DialHookTransport: pysyncobj's TCP transport with a dial hook;
 - accessors: raft_journal, entries_from, leader_address, is_leader, read_snapshot_entries;
 - wrap_tick and wrap_transport_send, for the benchmark's profiler only.
@@ -126,6 +127,12 @@ REQUIREMENTS: tuple[Requirement, ...] = (
     Requirement(_SYNCOBJ, "SyncObj.__init__", "_SyncObj__raftNextIndex", USES, "NextIndexFix keeps it"),
     Requirement(_SYNCOBJ, "SyncObj", "_SyncObj__sendNextNodeIdx", ROUTINE, "HeldEntriesFix acknowledges"),
     Requirement(_SYNCOBJ, "SyncObj", "raftCurrentTerm", PROPERTY, "HeldEntriesFix compares terms"),
+    # InputFirstFix
+    Requirement(_SYNCOBJ, "SyncObj._onTick", "_poller", USES, "a tick reads the network through it"),
+    Requirement(
+        _SYNCOBJ, "SyncObj._onTick", "_SyncObj__transport", USES, "InputFirstFix asks if it is ready"
+    ),
+    Requirement(_TRANSPORT, "TCPTransport", "ready", PROPERTY, "InputFirstFix reads only once connected"),
     # accessors
     Requirement(_SYNCOBJ, "SyncObj.__init__", "_SyncObj__raftLog", USES, "raft_journal reads the journal"),
     Requirement(_SYNCOBJ, "SyncObj", "_SyncObj__getEntries", ROUTINE, "entries_from reads entries"),
@@ -408,8 +415,26 @@ class HeldEntriesFix(SyncObj):
         return None
 
 
-class RaftFixes(HeldEntriesFix, NextIndexFix):
-    """Both Raft fixes: what every controller node runs with."""
+class InputFirstFix(SyncObj):
+    """Both sides: a tick reads the messages that have arrived before it decides anything.
+
+    pysyncobj 0.3.17's tick decides first (a follower whose election timeout has passed
+    starts an election; a leader that heard from no majority for leaderFallbackTimeout
+    steps down) and reads the network last. After a stall of the node itself (a slow
+    fsync, a starved CPU, a long GIL wait) the leader's heartbeats are already waiting in
+    its socket, yet it starts an election: the term goes up and a healthy leader is
+    deposed (81 leader changes in one run of bench/metadata_scale.py on a loaded
+    machine). Reading first only moves input earlier within the tick; a node that really
+    heard nothing still elects (or steps down) in the same tick as before."""
+
+    def _onTick(self, timeToWait: float = 0.0) -> None:  # noqa: N803 - pysyncobj's name
+        if self._SyncObj__transport.ready:
+            self._poller.poll(0)
+        super()._onTick(timeToWait)
+
+
+class RaftFixes(InputFirstFix, HeldEntriesFix, NextIndexFix):
+    """Every Raft fix: what every controller node runs with."""
 
 
 # The transport ------------------------------------------------------------------------------

@@ -141,8 +141,8 @@ class _DialingTransport(pysyncobj_compat.DialHookTransport):
 
 
 class ControllerRaft(pysyncobj_compat.RaftFixes):
-    """pysyncobj node whose replicated state is a ControllerState, with both Raft fixes of
-    controller/pysyncobj_compat.py (NextIndexFix, HeldEntriesFix)."""
+    """pysyncobj node whose replicated state is a ControllerState, with the Raft fixes of
+    controller/pysyncobj_compat.py (NextIndexFix, HeldEntriesFix, InputFirstFix)."""
 
     def __init__(
         self,

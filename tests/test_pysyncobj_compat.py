@@ -15,6 +15,8 @@ Properties checked:
 - NextIndexFix: a stale successful ack does not move the leader's nextIndex backwards,
   so no entry is sent to a follower twice;
 - HeldEntriesFix: a follower sent entries it already holds does not truncate its log;
+- InputFirstFix: a follower that stalled past its election timeout reads the leader's
+  heartbeats (waiting in its socket) before deciding, so it does not depose the leader;
 - DialHookTransport: Raft connects through the dial map, peers keep their identities;
 - wrap_tick, wrap_transport_send (the benchmark's profiler) see every tick and message.
 
@@ -531,6 +533,52 @@ def test_a_follower_keeps_entries_it_already_holds():
         assert follower.value == leader.value == 4, "four increments, each applied once"
     finally:
         stop_pair(leader, follower)
+
+
+class FollowerWithInputFirstFix(compat.InputFirstFix, Counter):
+    pass
+
+
+def start_stallable_pair(follower_class: type) -> tuple[Any, Any]:
+    """A leader-to-be (election timeout 0.2 s) and a follower whose timeout (0.4-0.6 s) a
+    test can outlast by not ticking it."""
+    for _ in range(BIND_ATTEMPTS_MAX):
+        leader_address, follower_address = loopback_addresses(2)
+        try:
+            leader = Counter(leader_address, follower_address, manual_conf(leader_address, 0.2))
+        except SyncObjException:
+            continue
+        try:
+            follower = follower_class(follower_address, leader_address, manual_conf(follower_address, 0.4))
+        except SyncObjException:
+            leader.destroy()
+            continue
+        return leader, follower
+    pytest.fail(f"could not bind two loopback ports in {BIND_ATTEMPTS_MAX} attempts")
+
+
+def term_after_a_follower_stall(follower_class: type) -> tuple[int, int, str]:
+    """(term before, term after, the follower's leader) when the follower stalls for 1 s
+    (longer than its election timeout) while the leader keeps sending heartbeats, then
+    ticks once."""
+    leader, follower = start_stallable_pair(follower_class)
+    try:
+        step = tick_both(leader, follower)
+        wait_for(lambda: in_step(leader, follower), 10.0, "a leader and an up-to-date follower", step)
+        term = follower.raftCurrentTerm
+        stall_until = time.monotonic() + 1.0
+        while time.monotonic() < stall_until:  # only the leader runs: its heartbeats queue up
+            leader.doTick(0.005)
+        follower.doTick(0.0)  # the first tick after the stall
+        return term, follower.raftCurrentTerm, compat.leader_address(follower)
+    finally:
+        stop_pair(leader, follower)
+
+
+def test_a_stalled_follower_reads_the_leaders_heartbeats_before_electing_itself():
+    before, after, leader = term_after_a_follower_stall(FollowerWithInputFirstFix)
+    assert after == before, f"the follower started an election (term {before} -> {after})"
+    assert leader, "the follower lost track of its leader"
 
 
 class Relay(threading.Thread):
