@@ -650,7 +650,7 @@ class LeaderMonitor:
 # py-spy -----------------------------------------------------------------------------------
 
 
-def profile_start(pid: int, out: Path, rate_hz: int = 100) -> subprocess.Popen | None:
+def profile_start(pid: int, out: Path, rate_hz: int = 50) -> subprocess.Popen | None:
     exe = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     if not Path(exe).exists():
         return None
@@ -1710,6 +1710,7 @@ def _startup_log_lines(cluster: ScaleCluster) -> dict[str, list[str]]:
 # Orchestration ------------------------------------------------------------------------------------
 
 CLUSTERS: list[ScaleCluster] = []
+LEADERS: list[LeaderMonitor] = []
 POOLS: list[ChildPool] = []
 PHASES = ("load", "verify", "heartbeat", "capacity", "snapshot", "raw", "watch", "restart")
 
@@ -1759,6 +1760,8 @@ def _phase(result: dict[str, Any], name: str, args, fn) -> Any:
     log(f"phase {name}")
     value = fn()
     result.setdefault("phase_seconds", {})[name] = _r(time.monotonic() - t0, 1)
+    if LEADERS:
+        result.setdefault("leader_changes_by_phase", {})[name] = LEADERS[0].changes(t0, time.monotonic())
     result[name] = value
     return value
 
@@ -1788,6 +1791,7 @@ def run(args: argparse.Namespace, root: Path, result: dict[str, Any]) -> None:
     result["memory_empty"] = memory_snapshot(cluster)
     snapshots = SnapshotMonitor(cluster.data_dirs()).start()
     leaders = LeaderMonitor({n: cluster.grpc(n) for n in cluster.ids}).start()
+    LEADERS.append(leaders)
     fleet = BrokerFleet(sizes, cluster.addresses())
     POOLS.append(fleet)
     try:

@@ -9,6 +9,7 @@ server's thread pool.
 
 from __future__ import annotations
 
+import collections
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
@@ -107,9 +108,43 @@ def _broker_id(value: int, allow_zero: bool = False) -> int:
     return validate_int("broker_id", value, 0 if allow_zero else 1, REQUEST_INT_MAX)
 
 
+class SnapshotEvents:
+    """Encoded snapshot events (a broker set as it is at a Raft index), shared by the watch
+    streams that open at the same index: when 900 brokers subscribe at once to the whole
+    cluster, each of the 300 broker sets is encoded once, not 900 times. Used on the event
+    loop only. A broker set's stored value is never changed in place, so the value object
+    itself tells a hit."""
+
+    def __init__(self) -> None:
+        self._events: collections.OrderedDict[tuple[int, str, str], tuple[Json, pb.WatchEvent]] = (
+            collections.OrderedDict()
+        )
+
+    def get(self, index: int, bs: Json) -> pb.WatchEvent:
+        key = (index, bs["cluster"], bs["broker_name"])
+        hit = self._events.get(key)
+        if hit is not None and hit[0] is bs:
+            return hit[1]
+        event = _event_pb(
+            {
+                "kind": "snapshot",
+                "index": index,
+                "cluster": bs["cluster"],
+                "broker_name": bs["broker_name"],
+                "replica_info": bs,
+            },
+            snapshot=True,
+        )
+        self._events[key] = (bs, event)
+        if len(self._events) > SNAPSHOT_EVENTS_CACHED_MAX:
+            self._events.popitem(last=False)
+        return event
+
+
 class ControllerServicer(pb_grpc.ControllerServiceServicer):
     def __init__(self, core: ControllerCore) -> None:
         self.core = core
+        self._snapshot_events = SnapshotEvents()
 
     @rpc
     def RegisterBroker(self, request, context):
@@ -378,16 +413,7 @@ class ControllerServicer(pb_grpc.ControllerServiceServicer):
         index = self.core.raft.status()["last_applied"]
         for bs in state.broker_sets(subscription.cluster):
             if not subscription.broker_name or bs["broker_name"] == subscription.broker_name:
-                yield _event_pb(
-                    {
-                        "kind": "snapshot",
-                        "index": index,
-                        "cluster": bs["cluster"],
-                        "broker_name": bs["broker_name"],
-                        "replica_info": bs,
-                    },
-                    snapshot=True,
-                )
+                yield self._snapshot_events.get(index, bs)
         while True:  # until the client goes away: the wait below then raises CancelledError
             item = await subscription.queue.get()
             if item is None:
@@ -397,6 +423,7 @@ class ControllerServicer(pb_grpc.ControllerServiceServicer):
 
 
 WRITE_BATCH_MAX = 1024
+SNAPSHOT_EVENTS_CACHED_MAX = 4096
 _INT_SEGMENT_FIELDS = ("base_offset", "end_offset", "size", "record_count", "first_epoch", "last_epoch")
 
 
