@@ -90,8 +90,9 @@ HEARTBEAT_TIMEOUT_S = 2.0
 FLEET_BROKERS_PER_PROCESS = 300
 WATCH_STREAMS_PER_PROCESS = 300
 SAMPLES_MAX = 3_000_000  # per fleet process: ~1 hour of one broker per second each
-SNAPSHOT_READERS_PER_NODE = 2
-ELECT_ATTEMPTS_MAX = 5  # sequential readers per node driving barrier entries
+SNAPSHOT_READERS_PER_NODE = 2  # sequential readers per node driving barrier entries
+ELECT_ATTEMPTS_MAX = 5
+WATCH_CLUSTER_OPEN_PER_S = 50  # cluster-wide streams subscribing per second
 
 log = make_log("scale")
 
@@ -399,9 +400,9 @@ class BrokerFleet(ChildPool):
 # Watchers: processes holding many Watch streams (grpc.aio: no thread per stream here) -------
 
 
-def _watch_process(address: str, filters: list[tuple[str, str]], conn) -> None:
+def _watch_process(address: str, filters: list[tuple[str, str]], stagger_s: float, conn) -> None:
     try:
-        asyncio.run(_Watchers(address, filters).run(conn))
+        asyncio.run(_Watchers(address, filters, stagger_s).run(conn))
     except BaseException as exc:
         try:
             conn.send(("error", repr(exc)))
@@ -412,9 +413,10 @@ def _watch_process(address: str, filters: list[tuple[str, str]], conn) -> None:
 class _Watchers:
     """Watch streams of one process, one per (cluster, broker name) filter."""
 
-    def __init__(self, address: str, filters: list[tuple[str, str]]) -> None:
+    def __init__(self, address: str, filters: list[tuple[str, str]], stagger_s: float) -> None:
         self.address = address
         self.filters = filters
+        self.stagger_s = stagger_s  # stream k subscribes k * stagger_s after the first
         self.first_event: dict[int, float] = {}  # stream -> wall time of its first event
         self.snapshot_events: collections.Counter = collections.Counter()
         self.ended: dict[int, str] = {}
@@ -441,6 +443,7 @@ class _Watchers:
             await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _stream(self, stub, pb, k: int, stream_filter: tuple[str, str]) -> None:
+        await asyncio.sleep(k * self.stagger_s)
         call = stub.Watch(pb.WatchRequest(cluster=stream_filter[0], broker_name=stream_filter[1]))
         try:
             async for event in call:
@@ -490,7 +493,9 @@ class _Watchers:
 class WatchFleet(ChildPool):
     """Watch streams on one controller node, from a few processes (grpc.aio: no thread per
     stream on this side either). style "broker": stream k watches the broker set of
-    broker k, as a broker agent does; style "cluster": every stream watches the cluster."""
+    broker k, as a broker agent does, all subscribing at once (as after a leader change);
+    style "cluster": every stream watches the whole cluster (each one's first message is
+    every broker set), subscribing at WATCH_CLUSTER_OPEN_PER_S."""
 
     def __init__(self, address: str, sizes: dict[str, int], style: str, streams: int) -> None:
         super().__init__("watch")
@@ -515,7 +520,8 @@ class WatchFleet(ChildPool):
         return 1 if self.style == "broker" else sets
 
     def open(self) -> None:
-        self.start(_watch_process, [(self.address, part) for part in self.parts])
+        stagger_s = len(self.parts) / WATCH_CLUSTER_OPEN_PER_S if self.style == "cluster" else 0.0
+        self.start(_watch_process, [(self.address, part, stagger_s) for part in self.parts])
         for i in range(len(self.parts)):
             self.receive(i, 60.0)
 
@@ -1374,10 +1380,36 @@ def _raw_node(index: int, addresses: list[str], secret: str, data_dir: str, conn
             if message[0] == "is_leader":
                 conn.send(("ok", pysyncobj_compat.is_leader(node)))
                 continue
+            if message[0] == "sequential":
+                conn.send(("ok", _raw_sequential(node, message[1], message[2])))
+                continue
             _, entry_bytes, window, seconds = message
             conn.send(("ok", _raw_window(node, "x" * entry_bytes, window, seconds, FAIL_REASON.SUCCESS)))
     finally:
         node.destroy()
+
+
+def _raw_sequential(node, count: int, seconds: float) -> dict[str, Any]:
+    """One tiny entry at a time, each waited for: what a barrier costs this Raft library on
+    this disk, without gRPC or the controller (the floor of a linearizable read)."""
+    from pysyncobj import SyncObjException
+
+    latencies: list[float] = []
+    errors = 0
+    deadline = time.monotonic() + seconds
+    for _ in range(count):
+        if time.monotonic() > deadline:
+            break
+        t0 = time.perf_counter()
+        try:
+            node.put("b", sync=True, timeout=2.0)
+        except SyncObjException:
+            errors += 1
+            continue
+        latencies.append(time.perf_counter() - t0)
+    out = latency_summary(latencies)
+    out["errors"] = errors
+    return out
 
 
 def _raw_window(node, payload: str, window: int, seconds: float, success: int) -> dict[str, Any]:
@@ -1421,7 +1453,9 @@ def raw_phase(root: Path, entry_bytes: int, seconds: float) -> dict[str, Any]:
             time.sleep(0.1)
         if leader is None:
             return {"error": "the raw pysyncobj cluster elected no leader in 30 s"}
-        out: dict[str, Any] = {"entry_bytes": entry_bytes, "windows": []}
+        pool.conns[leader].send(("sequential", 100_000, seconds))
+        out: dict[str, Any] = {"sequential_tiny_entries": pool.receive(leader, seconds + 60.0)}
+        out.update({"entry_bytes": entry_bytes, "windows": []})
         for window in (1, 4):
             pool.conns[leader].send(("put", entry_bytes, window, seconds))
             result = pool.receive(leader, seconds + 60.0)
@@ -1486,6 +1520,8 @@ def _fan_out_round(
     name = set_name(set_index)
     with cluster.leader_client(timeout_s=10.0) as client:
         info = client.call("GetReplicaInfo", pb.BrokerSetRef(cluster=CLUSTER, broker_name=name))
+        if len(info.sync_state_set) < 2:  # an election since the load reset it: widen it first
+            info = _all_in_sync(client, info)
         preferred = next(i for i in info.sync_state_set if i != info.master_broker_id)
         called = time.time()
         reply = client.call(
@@ -1498,18 +1534,7 @@ def _fan_out_round(
             ),
         )
         acknowledged = time.time()
-        # elections reset the SyncStateSet to the new master: put every replica back in it
-        client.call(
-            "AlterSyncStateSet",
-            pb.AlterSyncStateSetRequest(
-                cluster=CLUSTER,
-                broker_name=name,
-                master_broker_id=reply.master_broker_id,
-                master_epoch=reply.master_epoch,
-                sync_state_set_epoch=reply.sync_state_set_epoch,
-                new_sync_state_set=sorted(r.broker_id for r in info.replicas),
-            ),
-        )
+        _all_in_sync(client, reply)  # elections reset the SyncStateSet to the new master
     key = event_key("role", name, reply.master_epoch)
     expected = watchers.watching(name)
     times: list[float] = []
@@ -1527,6 +1552,23 @@ def _fan_out_round(
         "from_call_ms": latency_summary([t - called for t in times]),
         "from_reply_ms": latency_summary([t - acknowledged for t in times]),
     }
+
+
+def _all_in_sync(client, info):
+    """Puts every replica of a broker set in its SyncStateSet; the new ReplicaInfo."""
+    from mqmeta.pb import controller_pb2 as pb
+
+    return client.call(
+        "AlterSyncStateSet",
+        pb.AlterSyncStateSetRequest(
+            cluster=info.cluster,
+            broker_name=info.broker_name,
+            master_broker_id=info.master_broker_id,
+            master_epoch=info.master_epoch,
+            sync_state_set_epoch=info.sync_state_set_epoch,
+            new_sync_state_set=sorted(r.broker_id for r in info.replicas),
+        ),
+    )
 
 
 def watch_phase(cluster: ScaleCluster, fleet: BrokerFleet, sizes: dict[str, int], args) -> dict[str, Any]:
@@ -1547,8 +1589,10 @@ def _watch_style(cluster: ScaleCluster, fleet: BrokerFleet, sizes, args, style: 
     }
     threads_before = thread_count(leader_pid) if leader_pid else None
     start_wall = time.time()
+    meter = CpuMeter(dict(cluster.pids(), **fleet.pids()))
     try:
         out["open"] = _open_streams(watchers, sizes["broker_sets"], args.watch_open_s)
+        out["cpu_percent_while_opening"] = meter.stop()
         out["heartbeats_while_opening"] = fleet.window(start_wall, time.time())
         out["leader_threads"] = {"before": threads_before, "with_streams": thread_count(leader_pid)}
         opened = out["open"]
@@ -1877,6 +1921,9 @@ def summarize(result: dict[str, Any]) -> None:
         ),
         "route_p99_vs_grpc_floor_p99": _ratio(
             route_p99, get("route", "baselines", "nameserver_health_check", "p99_ms")
+        ),
+        "route_p99_vs_raw_pysyncobj_commit_p99": _ratio(
+            route_p99, get("raw", "sequential_tiny_entries", "p99_ms")
         ),
         "load_entries_per_s_vs_raw_pysyncobj_window1": _ratio(
             figures["load_raft_entries_per_s"], (get("raw", "windows") or [{}])[0].get("entries_per_s")
