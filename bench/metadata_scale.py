@@ -31,11 +31,13 @@ snapshot    reads are driven until every node has written a Raft snapshot (log
             (and gzip) of the same state in this process;
 raw         a raw pysyncobj cluster (the controller's SyncObjConf) applying entries of the
             same size as the load's entries: the entries/s ceiling of the Raft library;
-watch       one watch stream per broker on the leader, each subscribed to the whole
-            cluster (so every broker-set change fans out to all of them); how many streams
-            are served, the heartbeat latency while they are open, then the delay from a
-            committed broker-set change (ElectMaster) to each stream having the event
-            (p50/p99/max), and what a burst of topic creations does to the streams;
+watch       one watch stream per broker on the leader, twice: as broker agents subscribe
+            (each to its own broker set, all at once, as after a leader change) and each
+            subscribed to the whole cluster (so that every broker-set change fans out to
+            all of them); how many streams are served, the heartbeats and CPU while they
+            open, the delay from a committed broker-set change (ElectMaster) to each
+            subscribed stream having the event (p50/p99/max), and what a burst of topic
+            creations does to the streams;
 restart     kill -9 of one follower and restart: time to answering a linearizable read;
             then kill -9 of all three and restart: time until every node answers one
             (target <= 10 s each).
