@@ -93,7 +93,7 @@ FLEET_BROKERS_PER_PROCESS = 300
 WATCH_STREAMS_PER_PROCESS = 300
 SAMPLES_MAX = 3_000_000  # per fleet process: ~1 hour of one broker per second each
 SNAPSHOT_READERS_PER_NODE = 2  # sequential readers per node driving barrier entries
-ELECT_ATTEMPTS_MAX = 5
+ELECT_ATTEMPTS_MAX = 20  # a set whose brokers look dead right now is retried (1 s apart)
 WATCH_CLUSTER_OPEN_PER_S = 50  # cluster-wide streams subscribing per second
 
 log = make_log("scale")
