@@ -410,7 +410,7 @@ class ControllerServicer(pb_grpc.ControllerServiceServicer):
         except MqmetaError as error:
             await abort_with_async(context, error)
             return
-        index = self.core.raft.status()["last_applied"]
+        index = self.core.raft.raftLastApplied
         for bs in state.broker_sets(subscription.cluster):
             if not subscription.broker_name or bs["broker_name"] == subscription.broker_name:
                 yield self._snapshot_events.get(index, bs)
