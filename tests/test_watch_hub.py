@@ -9,7 +9,9 @@ Properties checked:
 - a stream that falls WATCH_QUEUE_MAX events behind is cut off (its queue ends with
   None), while the others keep everything;
 - a liveness storm (every master silent at once) runs at most ELECTIONS_IN_FLIGHT_MAX
-  elections at a time; the rest are started by later scans.
+  elections at a time; the rest are started by later scans;
+- results that another thread (the Raft thread) sets for many waiting coroutines wake
+  the event loop once per burst, not once each, and each waiter gets its own outcome.
 """
 
 from __future__ import annotations
@@ -17,11 +19,12 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from concurrent.futures import Future
 
 import pytest
 
 from controller import core as core_module
-from controller.core import ELECTIONS_IN_FLIGHT_MAX, WATCH_QUEUE_MAX, ControllerCore, WatchHub
+from controller.core import ELECTIONS_IN_FLIGHT_MAX, WATCH_QUEUE_MAX, ControllerCore, LoopFutures, WatchHub
 from controller.liveness import Liveness
 from controller.state_machine import ControllerState, apply
 
@@ -155,3 +158,39 @@ def test_a_liveness_storm_runs_a_bounded_number_of_elections_at_once(monkeypatch
         core._scan_once()
         time.sleep(0.05)
     assert len(set(running)) == sets, "later scans must elect the remaining sets"
+
+
+def test_results_set_by_another_thread_wake_the_loop_once_per_burst():
+    async def main():
+        loop = asyncio.get_running_loop()
+        wakes = []
+        real = loop.call_soon_threadsafe
+
+        def counted(callback, *args):
+            wakes.append(callback)
+            return real(callback, *args)
+
+        loop.call_soon_threadsafe = counted  # type: ignore[method-assign]
+        bridge = LoopFutures(loop)
+        futures = [Future() for _ in range(900)]
+        for future in futures:
+            future.set_running_or_notify_cancel()
+        waiters = [bridge.wrap(f) for f in futures]
+        gone = waiters[1]
+        gone.cancel()  # a caller that stopped waiting
+
+        def commit() -> None:  # the Raft thread completing one batch
+            futures[0].set_exception(RuntimeError("not committed"))
+            for i, future in enumerate(futures[1:], start=1):
+                future.set_result({"ok": True, "i": i})
+
+        thread = threading.Thread(target=commit)
+        thread.start()
+        thread.join()
+        results = await asyncio.gather(*waiters, return_exceptions=True)
+        assert len(wakes) == 1, f"{len(wakes)} wake-ups of the loop for one burst"
+        assert isinstance(results[0], RuntimeError)
+        assert isinstance(results[1], asyncio.CancelledError)
+        assert [r["i"] for r in results[2:]] == list(range(2, 900))
+
+    asyncio.run(main())
