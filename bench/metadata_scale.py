@@ -420,6 +420,7 @@ class _Watchers:
         self.filters = filters
         self.stagger_s = stagger_s  # stream k subscribes k * stagger_s after the first
         self.first_event: dict[int, float] = {}  # stream -> wall time of its first event
+        self.subscribed: dict[int, float] = {}  # stream -> wall time it called Watch
         self.snapshot_events: collections.Counter = collections.Counter()
         self.ended: dict[int, str] = {}
         self.events: dict[str, dict[str, float]] = collections.defaultdict(dict)  # event -> stream -> wall
@@ -446,6 +447,7 @@ class _Watchers:
 
     async def _stream(self, stub, pb, k: int, stream_filter: tuple[str, str]) -> None:
         await asyncio.sleep(k * self.stagger_s)
+        self.subscribed[k] = time.time()
         call = stub.Watch(pb.WatchRequest(cluster=stream_filter[0], broker_name=stream_filter[1]))
         try:
             async for event in call:
@@ -478,6 +480,11 @@ class _Watchers:
                         "streams": len(self.filters),
                         "with_first_event": len(self.first_event),
                         "first_event_walls": sorted(self.first_event.values()),
+                        "first_event_after_subscribing": [
+                            t - self.subscribed[k]
+                            for k, t in self.first_event.items()
+                            if k in self.subscribed
+                        ],
                         "snapshot_events": dict(self.snapshot_events),
                         "topic_events": sum(self.topic_events.values()),
                         "ended": collections.Counter(self.ended.values()),
@@ -536,6 +543,7 @@ class WatchFleet(ChildPool):
             "streams": sum(p["streams"] for p in parts),
             "with_first_event": sum(p["with_first_event"] for p in parts),
             "first_event_walls": sorted(w for p in parts for w in p["first_event_walls"]),
+            "first_event_after_subscribing": [s for p in parts for s in p["first_event_after_subscribing"]],
             "snapshot_counts": [n for p in parts for n in p["snapshot_events"].values()],
             "topic_events": sum(p["topic_events"] for p in parts),
             "ended": dict(ended),
@@ -1496,6 +1504,7 @@ def _open_streams(watchers: WatchFleet, sets: int, limit_s: float) -> dict[str, 
         "streams_with_full_snapshot": full,
         "open_s": _r(time.monotonic() - t0, 2),
         "first_event_after_s": seconds_stats([w - t0_wall for w in status["first_event_walls"]]),
+        "first_event_after_subscribing_s": seconds_stats(status["first_event_after_subscribing"]),
         "ended": status["ended"],
     }
 
