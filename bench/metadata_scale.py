@@ -1590,7 +1590,7 @@ def _all_in_sync(client, info):
 def watch_phase(cluster: ScaleCluster, fleet: BrokerFleet, sizes: dict[str, int], args) -> dict[str, Any]:
     streams = args.watch_streams or sizes["brokers"]
     out: dict[str, Any] = {}
-    for style in ("broker", "cluster"):
+    for style in args.watch_styles:
         out[f"{style}_streams"] = _watch_style(cluster, fleet, sizes, args, style, streams)
     return out
 
@@ -1613,15 +1613,15 @@ def _watch_style(cluster: ScaleCluster, fleet: BrokerFleet, sizes, args, style: 
         out["leader_threads"] = {"before": threads_before, "with_streams": thread_count(leader_pid)}
         opened = out["open"]
         log(f"watch ({style}): {opened['streams_served']}/{streams} streams served in {opened['open_s']} s")
-        rounds = []
-        for k in range(args.watch_rounds):
-            try:
-                rounds.append(_fan_out_round(cluster, watchers, k % sizes["broker_sets"], args.watch_wait_s))
-            except Exception as exc:  # the server may not answer while its workers are held
-                rounds.append({"error": f"{_error_name(exc)}: {str(exc)[:200]}"})
-                break
-        out["rounds"] = rounds
-        out["fan_out"] = _fan_out_summary(rounds)
+        settle_t0 = time.monotonic()
+        try:  # the fan-out is measured once the opening storm is over and heartbeats answer again
+            fleet.wait_heartbeating(sizes["brokers"], timeout_s=args.watch_open_s)
+            out["settled_after_open_s"] = _r(time.monotonic() - settle_t0, 1)
+        except RuntimeError as exc:
+            out["settled_after_open_s"] = None
+            out["not_settled"] = str(exc)[:300]
+        out["rounds"] = _fan_out_rounds(cluster, watchers, sizes, args)
+        out["fan_out"] = _fan_out_summary(out["rounds"])
         burst_wall = time.time()
         burst = min(WRITE_BATCH, max(10, sizes["topics"] // 10))
         out["topic_burst"] = _topic_burst(cluster, watchers, burst, args.watch_wait_s)
@@ -1630,6 +1630,22 @@ def _watch_style(cluster: ScaleCluster, fleet: BrokerFleet, sizes, args, style: 
     finally:
         watchers.stop()
     return out
+
+
+def _fan_out_rounds(cluster: ScaleCluster, watchers: WatchFleet, sizes, args) -> list[dict[str, Any]]:
+    """args.watch_rounds changes, each on the next broker set; a change refused because an
+    election moved the set on meanwhile (fenced) is tried again on the next set."""
+    rounds: list[dict[str, Any]] = []
+    for k in range(args.watch_rounds * 3):
+        if len([r for r in rounds if "error" not in r]) >= args.watch_rounds:
+            break
+        try:
+            rounds.append(_fan_out_round(cluster, watchers, k % sizes["broker_sets"], args.watch_wait_s))
+        except Exception as exc:  # the server may not answer (before: its workers are held)
+            rounds.append({"error": f"{_error_name(exc)}: {str(exc)[:200]}"})
+            if "FENCED" not in str(exc) and "MASTER_NOT_AVAILABLE" not in str(exc):
+                break
+    return rounds
 
 
 def _fan_out_summary(rounds: list[dict[str, Any]]) -> dict[str, Any]:
@@ -1787,6 +1803,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--compaction-min-entries", type=int, default=0, help="raft setting (0: the node default)")
     p.add_argument("--watch-streams", type=int, default=0, help="0: one per broker")
     p.add_argument("--watch-rounds", type=int, default=5)
+    p.add_argument("--watch-styles", default="broker,cluster", help="watch phase: broker,cluster or one")
     p.add_argument("--no-profile", action="store_true", help="skip the py-spy profiles")
     p.add_argument("--budget-s", type=float, default=0.0, help="watchdog (default from the scale)")
     args = p.parse_args(argv)
@@ -1797,6 +1814,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args.warmup_s = 0.5 if small else 2.0
     args.capacity_s = args.phase_s / 2 if small else 6.0
     args.capacity_intervals = [int(x) for x in args.capacity_intervals.split(",") if x]
+    args.watch_styles = [x for x in args.watch_styles.split(",") if x]
+    if not set(args.watch_styles) <= {"broker", "cluster"}:
+        p.error("--watch-styles takes broker, cluster or both")
     args.route_reads = 100_000
     args.snapshot_reads_max = 200_000
     args.snapshot_s_max = 120.0 if args.scale >= 0.05 else 30.0
