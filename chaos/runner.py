@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import random
+import re
 import subprocess
 import sys
 import time
@@ -32,6 +33,7 @@ from chaos.history import FaultEvent, FaultPhase, HistoryRecorder
 from chaos.net import ProxiedNetwork
 from chaos.workloads import TOPIC, MetadataWorkload, QueueWorkload, WorkloadConfig
 from cluster.harness import Cluster
+from cluster.wait import wait_for
 from mqmeta import dialmap
 from mqmeta.errors import InvalidArgument, MqmetaError
 from mqmeta.pb import controller_pb2 as pb
@@ -49,6 +51,7 @@ BROKER_FLAGS = [
     "500",
 ]
 TOXIPROXY_START_TIMEOUT_S = 10.0
+_LISTENING = re.compile(r"listening on (?:http://)?(\d{1,3}(?:\.\d{1,3}){3}:\d{1,5})")
 AUDIT_TIMEOUT_S = 600.0
 HEAL_SETTLE_S = 2.0
 
@@ -102,36 +105,38 @@ class RunResult:
 
 
 class _ToxiproxyProcess:
-    """The embedded Toxiproxy-compatible server, as its own process (its own GIL)."""
+    """The embedded Toxiproxy-compatible server, as its own process (its own GIL). It binds
+    a free port itself and reports it ("... listening on http://HOST:PORT"): nobody needs
+    its address before it runs, so no port is picked for it in advance."""
 
     def __init__(self, root: Path) -> None:
-        from cluster.layout import free_ports
-
-        self.address = f"127.0.0.1:{free_ports(1)[0]}"
-        log_file = open(root / "toxiproxy.log", "ab")
+        log_path = root / "toxiproxy.log"
+        log_file = open(log_path, "ab")
+        start = log_file.tell()
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "mqmeta.cli", "chaos", "toxiproxy", "--listen", self.address],
+            [sys.executable, "-m", "mqmeta.cli", "chaos", "toxiproxy", "--listen", "127.0.0.1:0"],
             stdout=log_file,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
         )
         log_file.close()
-        self._wait()
+        try:
+            self.address = wait_for(
+                lambda: self._reported_address(log_path, start),
+                TOXIPROXY_START_TIMEOUT_S,
+                f"the fault proxy to report its address in {log_path}",
+            )
+        except BaseException:
+            self.stop()
+            raise
 
-    def _wait(self) -> None:
-        import socket
-
-        host, _, port = self.address.rpartition(":")
-        deadline = time.monotonic() + TOXIPROXY_START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise MqmetaError(f"the fault proxy exited at start (status {self.process.returncode})")
-            try:
-                socket.create_connection((host, int(port)), timeout=0.5).close()
-                return
-            except OSError:
-                time.sleep(0.05)
-        raise MqmetaError(f"the fault proxy did not listen on {self.address} in time")
+    def _reported_address(self, log_path: Path, start: int) -> str:
+        if self.process.poll() is not None:
+            raise MqmetaError(f"the fault proxy exited at start (status {self.process.returncode})")
+        with open(log_path, "rb") as log_file:
+            log_file.seek(start)
+            match = _LISTENING.search(log_file.read().decode(errors="replace"))
+        return match.group(1) if match else ""
 
     @property
     def url(self) -> str:

@@ -15,10 +15,12 @@ Properties checked (DESIGN.md T1-T4):
 
 from __future__ import annotations
 
+import shutil
 import threading
 import time
 from pathlib import Path
 
+import grpc
 import pytest
 
 from broker_agent.confirm_log import read_confirm_log
@@ -27,7 +29,7 @@ from mqmeta.broker_client import Producer
 from mqmeta.errors import MqmetaError
 from mqmeta.formats.tiered import SegmentMeta, find_gaps_and_overlaps
 from mqmeta.pb import controller_pb2 as pb
-from tests.test_broker_failover import wait_in_sync
+from tests.support import consume_all, wait_for, wait_in_sync, wait_same_end
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(120)]
 
@@ -41,6 +43,16 @@ FLAGS = [
     "--tiered-upload-interval-ms",
     "200",
 ]
+SEGMENT_BYTES = 16384
+RETENTION_FLAGS = FLAGS + [
+    "--segment-bytes",
+    str(SEGMENT_BYTES),
+    "--local-retention-bytes",
+    str(SEGMENT_BYTES),
+]
+SAMPLE_INTERVAL_S = 0.02
+NEW_MASTER_SEGMENTS_MIN = 4
+RETENTION_SAMPLE_INTERVAL_S = 0.1
 
 
 def tiered_cluster(cluster_factory):
@@ -84,13 +96,31 @@ class Load(threading.Thread):
 
 
 def wait_uploaded(cluster, at_least: int, timeout_s: float = 30.0) -> pb.TieredCheckpoint:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    return wait_for(
+        lambda: checkpoint(cluster),
+        timeout_s,
+        f"uploads to reach offset {at_least}",
+        until=lambda current: current.uploaded_offset >= at_least,
+    )
+
+
+def replicated_checkpoint(cluster, timeout_s: float = 15.0) -> pb.TieredCheckpoint:
+    """The checkpoint once every running replica's log holds its whole uploaded range (a
+    slave may still be writing what it was sent when the load stopped)."""
+
+    def ends_and_checkpoint() -> tuple[dict[str, int], pb.TieredCheckpoint]:
         current = checkpoint(cluster)
-        if current.uploaded_offset >= at_least:
-            return current
-        time.sleep(0.1)
-    pytest.fail(f"uploads did not reach {at_least} (at {checkpoint(cluster).uploaded_offset})")
+        running = [b.name for b in cluster.layout.brokers if cluster.is_running(b.name)]
+        return {name: cluster.broker_status(name).max_offset for name in running}, current
+
+    _, current = wait_for(
+        ends_and_checkpoint,
+        timeout_s,
+        "every running replica to hold the uploaded range (last value: log ends, checkpoint)",
+        until=lambda found: all(end >= found[1].uploaded_offset for end in found[0].values()),
+        retry_on=(grpc.RpcError,),
+    )
+    return current
 
 
 def replica_bytes(store_dir: Path, base: int, end: int) -> bytes:
@@ -177,7 +207,9 @@ def test_upload_never_passes_the_confirm_offset(cluster_factory):
             samples += 1
             if uploaded > confirm:
                 violations.append((uploaded, confirm))
-            time.sleep(0.02)
+            # Not synchronisation: T1 is sampled over a fixed window (1 s, then 3 s with the
+            # slave frozen); this paces the samples.
+            time.sleep(SAMPLE_INTERVAL_S)
     finally:
         cluster.resume(slave)
         load.stop()
@@ -214,9 +246,9 @@ def test_kill_master_mid_upload_new_master_resumes_from_the_checkpoint(cluster_f
         assert late.value.code == "FENCED_MASTER_EPOCH"
     finally:
         load.stop()
-    time.sleep(1.0)  # let the survivors flush what they were sent
-    check_tiered_equals_replicas(cluster, checkpoint(cluster))
-    check_confirm_logs_cover_uploads(cluster, checkpoint(cluster))
+    current = replicated_checkpoint(cluster)
+    check_tiered_equals_replicas(cluster, current)
+    check_confirm_logs_cover_uploads(cluster, current)
 
 
 def test_whole_broker_set_restart_continues_uploads(cluster_factory):
@@ -240,17 +272,13 @@ def test_whole_broker_set_restart_continues_uploads(cluster_factory):
     finally:
         load.stop()
     assert after.uploaded_offset > before.uploaded_offset
-    time.sleep(1.0)
-    check_tiered_equals_replicas(cluster, checkpoint(cluster))
+    check_tiered_equals_replicas(cluster, replicated_checkpoint(cluster))
 
 
 def test_empty_slave_bootstraps_from_the_tiered_store(cluster_factory):
     """The master keeps only what retention allows; an empty slave copies the rest from the
     tiered store (OFFSET_MOVED_TO_TIERED_STORAGE), then replicates, and ends byte-identical."""
-    import shutil
-
-    flags = FLAGS + ["--segment-bytes", "16384", "--local-retention-bytes", "16384"]
-    cluster = cluster_factory(broker_sets=1, replicas=3, broker_flags=flags).start()
+    cluster = cluster_factory(broker_sets=1, replicas=3, broker_flags=RETENTION_FLAGS).start()
     with cluster.client() as client:
         client.call("CreateTopic", pb.TopicSpec(name="Orders", queue_count=4))
     master = wait_in_sync(cluster, 3)
@@ -258,30 +286,28 @@ def test_empty_slave_bootstraps_from_the_tiered_store(cluster_factory):
     load.start()
     try:
         wait_uploaded(cluster, 120_000)
-        deadline = time.monotonic() + 20
-        while cluster.broker_status(master).max_offset < 150_000 and time.monotonic() < deadline:
-            time.sleep(0.1)
+        wait_for(
+            lambda: cluster.broker_status(master).max_offset,
+            20,
+            "the master's log to pass offset 150000",
+            until=lambda end: end >= 150_000,
+        )
     finally:
         load.stop()
-    time.sleep(1.0)  # one more upload round and its retention
-    master_min = _master_min_offset(cluster, master)
-    assert master_min > 0, "retention deleted nothing on the master"
+    wait_for(  # one more upload round and its retention
+        lambda: _master_min_offset(cluster, master),
+        10,
+        "retention to delete the master's first segments",
+        until=lambda master_min: master_min > 0,
+        retry_on=(FileNotFoundError,),
+    )
     slave = next(b.name for b in cluster.layout.brokers if b.name != master)
     cluster.kill(slave)
     shutil.rmtree(cluster.root / cluster.broker(slave).data_dir / "store")
     cluster.start_broker(slave)
-    deadline = time.monotonic() + 30
-    caught_up = False
-    while time.monotonic() < deadline and not caught_up:
-        try:
-            caught_up = cluster.broker_status(slave).max_offset == cluster.broker_status(master).max_offset
-        except Exception:
-            pass
-        time.sleep(0.2)
-    assert caught_up, "the empty slave never caught up"
+    end = wait_same_end(cluster, [slave, master], timeout_s=30)
     log_text = (cluster.root / "logs" / f"{slave}.log").read_text()
     assert "bootstrapped [0," in log_text, "the slave did not use the tiered store"
-    end = cluster.broker_status(master).max_offset
     slave_store = cluster.root / cluster.broker(slave).data_dir / "store"
     master_store = cluster.root / cluster.broker(master).data_dir / "store"
     master_min = _master_min_offset(cluster, master)  # retention may have moved it again
@@ -289,11 +315,9 @@ def test_empty_slave_bootstraps_from_the_tiered_store(cluster_factory):
     assert len(on_master) == end - master_min
     assert replica_bytes(slave_store, master_min, end) == on_master
     check_tiered_equals_replicas(cluster, checkpoint(cluster), replicas_min=1)
-    # A new consumer group starts at queue offset 0, which only the tiered store holds now.
-    from tests.test_broker_failover import consume_all
-
-    seen = consume_all(cluster, "fresh", load.acked)
-    assert len({m.body for m in seen}) >= load.acked, "messages missing from an early range"
+    # A new consumer group starts at queue offset 0, which only the tiered store holds now;
+    # it must read every acknowledged message.
+    seen = consume_all(cluster, "fresh", load.acked_bodies)
     assert min(m.commit_offset for m in seen) < master_min, "nothing came from the tiered store"
 
 
@@ -302,36 +326,42 @@ def _master_min_offset(cluster, master: str) -> int:
     return int(files[0].stem)
 
 
-RETENTION_FLAGS = FLAGS + ["--segment-bytes", "16384", "--local-retention-bytes", "16384"]
-
-
 def _local_min_offset(cluster, name: str) -> int:
     return _master_min_offset(cluster, name)
 
 
-def _wait_log_line(path: Path, start: int, text: str, timeout_s: float) -> bool:
-    """Whether `text` appears in the log at `path` after byte `start`, polled every 5 ms."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+def _read_same_range(cluster, names: list[str], end: int) -> tuple[int, list[bytes]]:
+    """Bytes [lo, end) of each named replica's log, lo being the highest local start; read
+    again when retention deletes a segment in the middle of a read."""
+    stores = [cluster.root / cluster.broker(n).data_dir / "store" for n in names]
+    copies: list[bytes] = []
+
+    def read() -> tuple[int, list[int]]:
+        lo = max(_local_min_offset(cluster, n) for n in names)
+        copies[:] = [replica_bytes(store, lo, end) for store in stores]
+        return lo, [len(c) for c in copies]
+
+    lo, _ = wait_for(
+        read,
+        10,
+        f"a whole read of [lo, {end}) from {', '.join(names)} (last value: lo, bytes read each)",
+        until=lambda found: all(length == end - found[0] for length in found[1]),
+        retry_on=(FileNotFoundError,),
+        interval_s=0.25,
+    )
+    return lo, copies
+
+
+def _wait_log_line(path: Path, start: int, text: str, timeout_s: float) -> None:
+    """Waits until `text` appears in the log at `path` after byte `start` (polled every 5 ms:
+    the test acts on the line at once)."""
+
+    def appeared() -> bool:
         with open(path, "rb") as f:
             f.seek(start)
-            if text.encode() in f.read():
-                return True
-        time.sleep(0.005)
-    return False
+            return text.encode() in f.read()
 
-
-def _wait_same_end(cluster, names: list[str], timeout_s: float) -> int:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            ends = {cluster.broker_status(n).max_offset for n in names}
-            if len(ends) == 1:
-                return ends.pop()
-        except Exception:  # a broker still starting
-            pass
-        time.sleep(0.2)
-    pytest.fail(f"{names} never reached the same log end")
+    wait_for(appeared, timeout_s, f"{text!r} in {path.name}", retry_on=(FileNotFoundError,), interval_s=0.005)
 
 
 @pytest.mark.timeout(90)
@@ -342,8 +372,6 @@ def test_master_killed_while_an_empty_slave_bootstraps(cluster_factory):
     the slave thawed: its bootstrap sees the session change, stops, and resumes against
     the new master (whose own retention cut its log too: tiered again, then replication).
     It must end byte-identical with the new master, and every acknowledged message stays."""
-    import shutil
-
     cluster = cluster_factory(broker_sets=1, replicas=3, broker_flags=RETENTION_FLAGS).start()
     with cluster.client() as client:
         client.call("CreateTopic", pb.TopicSpec(name="Orders", queue_count=4))
@@ -356,14 +384,16 @@ def test_master_killed_while_an_empty_slave_bootstraps(cluster_factory):
         empty_id = cluster.broker_status(empty).broker_id
         cluster.kill(empty)
         shutil.rmtree(cluster.root / cluster.broker(empty).data_dir / "store")
-        deadline = time.monotonic() + 15  # out of the SyncStateSet: never elected while empty
-        while empty_id in cluster.broker_status(old).sync_state_set and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert empty_id not in cluster.broker_status(old).sync_state_set
+        wait_for(  # out of the SyncStateSet: never elected while empty
+            lambda: list(cluster.broker_status(old).sync_state_set),
+            15,
+            f"{empty} (id {empty_id}) to leave the SyncStateSet",
+            until=lambda members: empty_id not in members,
+        )
         log_path = cluster.root / "logs" / f"{empty}.log"
         start = log_path.stat().st_size if log_path.exists() else 0
         cluster.start_broker(empty)
-        assert _wait_log_line(log_path, start, "bootstrapping [0,", 20), "no tiered bootstrap"
+        _wait_log_line(log_path, start, "bootstrapping [0,", 20)  # a tiered bootstrap
         cluster.pause(empty)  # freeze it mid-bootstrap
         try:
             cluster.kill(old)
@@ -371,32 +401,27 @@ def test_master_killed_while_an_empty_slave_bootstraps(cluster_factory):
             assert new == other
         finally:
             cluster.resume(empty)
-        time.sleep(1.5)  # the load goes on against the new master
+        grown_from = cluster.broker_status(new).max_offset
+        wait_for(  # the load goes on against the new master (its retention cuts again)
+            lambda: cluster.broker_status(new).max_offset,
+            20,
+            f"{NEW_MASTER_SEGMENTS_MIN} more segments written on the new master",
+            until=lambda end: end >= grown_from + NEW_MASTER_SEGMENTS_MIN * SEGMENT_BYTES,
+        )
     finally:
         load.stop()
-    assert load.acked > 0
-    end = _wait_same_end(cluster, [empty, other], timeout_s=30)
+    end = wait_same_end(cluster, [empty, other], timeout_s=30)
     with open(log_path, "rb") as f:
         f.seek(start)
         text = f.read().decode(errors="replace")
-    stores = [cluster.root / cluster.broker(n).data_dir / "store" for n in (empty, other)]
-    for _ in range(40):  # retention may delete a segment while we read: read again
-        lo = max(_local_min_offset(cluster, empty), _local_min_offset(cluster, other))
-        copies = [replica_bytes(store, lo, end) for store in stores]
-        if len(copies[0]) == len(copies[1]) == end - lo:
-            break
-        time.sleep(0.25)
-    assert lo < end and len(copies[0]) == len(copies[1]) == end - lo, "a replica misses bytes"
+    lo, copies = _read_same_range(cluster, [empty, other], end)
+    assert lo < end, "retention left nothing to compare"
     assert copies[0] == copies[1], "the bootstrapped slave differs from the new master"
     # the old master restarted: all three agree, and the tiered copy equals them
     cluster.start_broker(old)
     wait_in_sync(cluster, 3, timeout_s=30)
-    check_tiered_equals_replicas(cluster, checkpoint(cluster))
-    from tests.test_broker_failover import consume_all
-
-    seen = {m.body for m in consume_all(cluster, "after-switch", load.acked)}
-    missing = [b for b in load.acked_bodies if b not in seen]
-    assert not missing, f"{len(missing)} acknowledged messages lost, e.g. {missing[:3]}"
+    check_tiered_equals_replicas(cluster, replicated_checkpoint(cluster))
+    consume_all(cluster, "after-switch", load.acked_bodies)  # every acknowledged message
     print(
         "bootstrap interrupted by the switch:",
         "bootstrap stopped at" in text,
@@ -426,22 +451,40 @@ def test_slaves_apply_local_retention(cluster_factory):
             violations += [
                 (name, local_min, uploaded) for name, local_min in local_mins.items() if local_min > uploaded
             ]
-            time.sleep(0.1)
+            # Not synchronisation: the window is sampled for 4 s; this paces the samples.
+            time.sleep(RETENTION_SAMPLE_INTERVAL_S)
     finally:
         load.stop()
     before = checkpoint(cluster).uploaded_offset
-    time.sleep(2.5)  # a slave asks for the checkpoint at most once a second: it knows `before`
     assert not violations, f"local segments deleted past the checkpoint: {violations[:3]}"
-    current = checkpoint(cluster)
-    for broker in cluster.layout.brokers:
-        store = cluster.root / broker.data_dir / "store"
-        local_min = _local_min_offset(cluster, broker.name)
-        kept = sum(p.stat().st_size for p in store.rglob("*.log"))
-        assert 0 < local_min <= current.uploaded_offset, f"{broker.name} applied no retention"
-        max_offset = cluster.broker_status(broker.name).max_offset
+
+    def retention_state() -> dict[str, tuple[int, int, int]]:
+        state = {}
+        for broker in cluster.layout.brokers:
+            store = cluster.root / broker.data_dir / "store"
+            kept = sum(p.stat().st_size for p in store.rglob("*.log"))
+            max_offset = cluster.broker_status(broker.name).max_offset
+            state[broker.name] = (_local_min_offset(cluster, broker.name), kept, max_offset)
+        return state
+
+    def bounded(state: dict[str, tuple[int, int, int]]) -> bool:
         # retention 16 KiB + at most one whole 16 KiB segment + what was not uploaded when
-        # this broker last learned the checkpoint (at or after `before`)
-        assert kept <= max_offset - before + 3 * 16384, (
-            f"{broker.name} keeps {kept} bytes of a {max_offset}-byte log"
+        # this broker last learned the checkpoint (at or after `before`; a slave asks for
+        # it at most once a second)
+        return all(
+            local_min > 0 and kept <= max_offset - before + 3 * SEGMENT_BYTES
+            for local_min, kept, max_offset in state.values()
         )
+
+    state = wait_for(
+        retention_state,
+        10,
+        "every replica to apply retention once it knows the checkpoint "
+        "(last value: local start offset, bytes kept, log end)",
+        until=bounded,
+        retry_on=(FileNotFoundError,),  # retention deleted a segment while it was listed
+    )
+    current = replicated_checkpoint(cluster)
+    for name, (local_min, _, _) in state.items():
+        assert local_min <= current.uploaded_offset, f"{name} deleted segments past the checkpoint"
     check_tiered_equals_replicas(cluster, current)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import re
 import signal
 import socket
 import socketserver
@@ -387,10 +388,11 @@ def test_start_on_a_busy_port_fails_clearly(server: ToxiproxyServer) -> None:
         ToxiproxyServer("127.0.0.1:http")
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+def _reported_address(line: str) -> str:
+    """HOST:PORT from the server's first line on stdout ("... listening on http://HOST:PORT")."""
+    match = re.search(r"listening on (?:http://)?(\d{1,3}(?:\.\d{1,3}){3}:\d{1,5})", line)
+    assert match, f"the first line names no address: {line!r}"
+    return match.group(1)
 
 
 def test_command_line_serves_config_until_sigterm(tmp_path: Path, echo: str, server: ToxiproxyServer) -> None:
@@ -399,9 +401,8 @@ def test_command_line_serves_config_until_sigterm(tmp_path: Path, echo: str, ser
     config = tmp_path / "proxies.json"
     config.write_text(json.dumps([{"name": "cfg", "listen": "127.0.0.1:0", "upstream": echo}]))
     command = [sys.executable, "-m", "chaos.toxiproxy"]
-    port = _free_port()
-    process = subprocess.Popen(
-        [*command, "--listen", f"127.0.0.1:{port}", "--config", str(config)],
+    process = subprocess.Popen(  # it binds a free port itself and reports it
+        [*command, "--listen", "127.0.0.1:0", "--config", str(config)],
         cwd=REPO_ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -409,8 +410,9 @@ def test_command_line_serves_config_until_sigterm(tmp_path: Path, echo: str, ser
     )
     try:
         assert process.stdout is not None
-        assert f"127.0.0.1:{port}" in process.stdout.readline()
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/proxies", timeout=SOCKET_TIMEOUT_S) as response:
+        address = _reported_address(process.stdout.readline())
+        assert not address.endswith(":0")
+        with urllib.request.urlopen(f"http://{address}/proxies", timeout=SOCKET_TIMEOUT_S) as response:
             listen = json.loads(response.read())["cfg"]["listen"]
         with socket.create_connection(_address(listen), timeout=SOCKET_TIMEOUT_S) as sock:
             assert _round_trip_s(sock) < 2.0
