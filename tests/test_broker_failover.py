@@ -221,7 +221,6 @@ def test_master_cut_from_controllers_stops_writing_within_its_lease(cluster_fact
         old = cluster.broker_status(first)
         assert old.master_epoch < new_epoch and not old.writable
         hammer.stop()
-        assert hammer.acks, "the old master was acknowledging writes before the cut"
         assert max(hammer.acks) < new_first_ack, "two masters acknowledged writes at once"
         assert max(hammer.acks) - cut_at < bound_s, "the old master acked past its lease"
         direct.close()

@@ -169,12 +169,13 @@ def test_watch_stream_delivers_role_change(fast_liveness):
                         preferred_broker_id=brokers[1].broker_id,
                     ),
                 )
-            for event in stream:
-                if event.kind == "role":
-                    assert event.replica_info.master_broker_id == brokers[1].broker_id
-                    assert event.replica_info.master_epoch == snapshot.replica_info.master_epoch + 1
-                    break
+            # The stream ends (deadline 15 s) with an error; were it to end quietly, the
+            # test must still fail, not skip its checks.
+            role = next((event for event in stream if event.kind == "role"), None)
             stream.cancel()
+            assert role is not None, "the watch stream ended without a role event"
+            assert role.replica_info.master_broker_id == brokers[1].broker_id
+            assert role.replica_info.master_epoch == snapshot.replica_info.master_epoch + 1
     finally:
         for broker in brokers:
             broker.close()

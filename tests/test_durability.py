@@ -27,7 +27,7 @@ from tests.support import topic_names, wait_for, wait_same_digest
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(120)]
 
 # Writes acknowledged before the nodes are killed (the writers keep going until then).
-ACKED_BEFORE_CRASH_MIN = 200
+ACKED_BEFORE_CRASH_MIN = 400  # about what 1.5 s of the four writers gave on 2 cores
 
 
 class Writer(threading.Thread):

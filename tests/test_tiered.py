@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import shutil
 import threading
-import time
 from pathlib import Path
 
 import grpc
@@ -29,7 +28,7 @@ from mqmeta.broker_client import Producer
 from mqmeta.errors import MqmetaError
 from mqmeta.formats.tiered import SegmentMeta, find_gaps_and_overlaps
 from mqmeta.pb import controller_pb2 as pb
-from tests.support import consume_all, wait_for, wait_in_sync, wait_same_end
+from tests.support import consume_all, sample_for, wait_for, wait_in_sync, wait_same_end
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(120)]
 
@@ -95,9 +94,20 @@ class Load(threading.Thread):
         self.producer.close()
 
 
-def wait_uploaded(cluster, at_least: int, timeout_s: float = 30.0) -> pb.TieredCheckpoint:
+def wait_uploaded(
+    cluster, at_least: int, seen: list[tuple[int, int]] | None = None, timeout_s: float = 30.0
+) -> pb.TieredCheckpoint:
+    """Waits until the checkpoint covers `at_least`; appends (epoch, uploaded offset) of
+    every checkpoint read to `seen`."""
+
+    def read() -> pb.TieredCheckpoint:
+        current = checkpoint(cluster)
+        if seen is not None:
+            seen.append((current.checkpoint_epoch, current.uploaded_offset))
+        return current
+
     return wait_for(
-        lambda: checkpoint(cluster),
+        read,
         timeout_s,
         f"uploads to reach offset {at_least}",
         until=lambda current: current.uploaded_offset >= at_least,
@@ -196,10 +206,9 @@ def test_upload_never_passes_the_confirm_offset(cluster_factory):
     slave = next(b.name for b in cluster.layout.brokers if b.name != master)
     try:
         wait_uploaded(cluster, 1)
-        end = time.monotonic() + 4.0
         paused = False
-        while time.monotonic() < end:
-            if not paused and time.monotonic() > end - 3.0:
+        for elapsed_s in sample_for(4.0, SAMPLE_INTERVAL_S):  # 1 s, then 3 s with a slave frozen
+            if not paused and elapsed_s >= 1.0:
                 cluster.pause(slave)  # the confirm offset (and so the upload) must stall
                 paused = True
             uploaded = checkpoint(cluster).uploaded_offset
@@ -207,14 +216,10 @@ def test_upload_never_passes_the_confirm_offset(cluster_factory):
             samples += 1
             if uploaded > confirm:
                 violations.append((uploaded, confirm))
-            # Not synchronisation: T1 is sampled over a fixed window (1 s, then 3 s with the
-            # slave frozen); this paces the samples.
-            time.sleep(SAMPLE_INTERVAL_S)
     finally:
         cluster.resume(slave)
         load.stop()
     assert samples > 30 and not violations, f"T1 violated: {violations[:5]}"
-    assert checkpoint(cluster).uploaded_offset > 0
 
 
 def test_kill_master_mid_upload_new_master_resumes_from_the_checkpoint(cluster_factory):
@@ -223,13 +228,15 @@ def test_kill_master_mid_upload_new_master_resumes_from_the_checkpoint(cluster_f
     old_id = cluster.broker_status(old).broker_id
     load = Load(cluster)
     load.start()
+    seen: list[tuple[int, int]] = []  # (epoch, uploaded offset) of every checkpoint read
     try:
-        before = wait_uploaded(cluster, 20_000)
+        before = wait_uploaded(cluster, 20_000, seen)
         cluster.kill(old)  # uploads every 200 ms: likely in the middle of one
         cluster.master_of("broker-a", exclude=old, timeout_s=15)
-        after = wait_uploaded(cluster, before.uploaded_offset + 20_000)
+        after = wait_uploaded(cluster, before.uploaded_offset + 20_000, seen)
         assert after.checkpoint_epoch > before.checkpoint_epoch, "the new master uploaded"
-        assert after.uploaded_offset >= before.uploaded_offset, "T4: never backwards"
+        offsets = [uploaded for _, uploaded in seen]
+        assert offsets == sorted(offsets) and seen == sorted(seen), f"T4: it moved backwards: {seen}"
         with cluster.client() as client:  # the old master's late commit
             with pytest.raises(MqmetaError) as late:
                 client.call(
@@ -268,10 +275,9 @@ def test_whole_broker_set_restart_continues_uploads(cluster_factory):
     load = Load(cluster)
     load.start()
     try:
-        after = wait_uploaded(cluster, before.uploaded_offset + 10_000)
+        wait_uploaded(cluster, before.uploaded_offset + 10_000)  # they continue
     finally:
         load.stop()
-    assert after.uploaded_offset > before.uploaded_offset
     check_tiered_equals_replicas(cluster, replicated_checkpoint(cluster))
 
 
@@ -444,15 +450,12 @@ def test_slaves_apply_local_retention(cluster_factory):
     violations: list[tuple[str, int, int]] = []
     try:
         wait_uploaded(cluster, 100_000)
-        deadline = time.monotonic() + 4.0
-        while time.monotonic() < deadline:  # sampled while it runs: never past the checkpoint
+        for _ in sample_for(4.0, RETENTION_SAMPLE_INTERVAL_S):  # while it runs: never past the checkpoint
             local_mins = {b.name: _local_min_offset(cluster, b.name) for b in cluster.layout.brokers}
             uploaded = checkpoint(cluster).uploaded_offset  # read after: it only grows
             violations += [
                 (name, local_min, uploaded) for name, local_min in local_mins.items() if local_min > uploaded
             ]
-            # Not synchronisation: the window is sampled for 4 s; this paces the samples.
-            time.sleep(RETENTION_SAMPLE_INTERVAL_S)
     finally:
         load.stop()
     before = checkpoint(cluster).uploaded_offset

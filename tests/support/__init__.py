@@ -11,6 +11,7 @@ from tests.support.audit_data import clean_data_dir, copy_data_dir, spark_sessio
 from tests.support.broker_sets import consume_all, wait_in_sync, wait_same_end
 from tests.support.controllers import topic_names, wait_same_digest
 from tests.support.fake_broker import FAST_LIVENESS, FakeBroker
+from tests.support.sampling import sample_for
 from tests.support.tcp_cut import TcpCut
 
 __all__ = [
@@ -21,6 +22,7 @@ __all__ = [
     "clean_data_dir",
     "consume_all",
     "copy_data_dir",
+    "sample_for",
     "spark_session",
     "topic_names",
     "wait_for",
