@@ -18,7 +18,7 @@ import json
 import logging
 import os
 import random
-import re
+import selectors
 import subprocess
 import sys
 import time
@@ -33,7 +33,6 @@ from chaos.history import FaultEvent, FaultPhase, HistoryRecorder
 from chaos.net import ProxiedNetwork
 from chaos.workloads import TOPIC, MetadataWorkload, QueueWorkload, WorkloadConfig
 from cluster.harness import Cluster
-from cluster.wait import wait_for
 from mqmeta import dialmap
 from mqmeta.errors import InvalidArgument, MqmetaError
 from mqmeta.pb import controller_pb2 as pb
@@ -51,7 +50,6 @@ BROKER_FLAGS = [
     "500",
 ]
 TOXIPROXY_START_TIMEOUT_S = 10.0
-_LISTENING = re.compile(r"listening on (?:http://)?(\d{1,3}(?:\.\d{1,3}){3}:\d{1,5})")
 AUDIT_TIMEOUT_S = 600.0
 HEAL_SETTLE_S = 2.0
 
@@ -105,42 +103,36 @@ class RunResult:
 
 
 class _ToxiproxyProcess:
-    """The embedded Toxiproxy-compatible server, as its own process (its own GIL). It binds
-    a free port itself and reports it ("... listening on http://HOST:PORT"): nobody needs
-    its address before it runs, so no port is picked for it in advance."""
+    """The embedded Toxiproxy-compatible server, as its own process (its own GIL). It binds a free
+    port itself and names it on its first line of stdout (no port picked here and released)."""
 
     def __init__(self, root: Path) -> None:
-        log_path = root / "toxiproxy.log"
-        log_file = open(log_path, "ab")
-        start = log_file.tell()
+        log_file = open(root / "toxiproxy.log", "ab")
         self.process = subprocess.Popen(
             [sys.executable, "-m", "mqmeta.cli", "chaos", "toxiproxy", "--listen", "127.0.0.1:0"],
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
+            stdout=subprocess.PIPE,
+            stderr=log_file,
             stdin=subprocess.DEVNULL,
         )
         log_file.close()
         try:
-            self.address = wait_for(
-                lambda: self._reported_address(log_path, start),
-                TOXIPROXY_START_TIMEOUT_S,
-                f"the fault proxy to report its address in {log_path}",
-            )
+            self.url = self._wait()
         except BaseException:
             self.stop()
             raise
 
-    def _reported_address(self, log_path: Path, start: int) -> str:
-        if self.process.poll() is not None:
-            raise MqmetaError(f"the fault proxy exited at start (status {self.process.returncode})")
-        with open(log_path, "rb") as log_file:
-            log_file.seek(start)
-            match = _LISTENING.search(log_file.read().decode(errors="replace"))
-        return match.group(1) if match else ""
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.address}"
+    def _wait(self) -> str:
+        assert self.process.stdout is not None
+        deadline = time.monotonic() + TOXIPROXY_START_TIMEOUT_S
+        with selectors.DefaultSelector() as selector:
+            selector.register(self.process.stdout, selectors.EVENT_READ)
+            if selector.select(timeout=deadline - time.monotonic()):
+                line = self.process.stdout.readline().decode(errors="replace")  # "... listening on URL"
+                if line.strip():
+                    return line.split()[-1]
+                status = self.process.wait(timeout=TOXIPROXY_START_TIMEOUT_S)  # end of output: it exits
+                raise MqmetaError(f"the fault proxy exited at start (status {status})")
+        raise MqmetaError("the fault proxy did not report its address in time")
 
     def stop(self) -> None:
         self.process.terminate()
@@ -149,6 +141,8 @@ class _ToxiproxyProcess:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
+        if self.process.stdout is not None:
+            self.process.stdout.close()
 
 
 def run(config: RunConfig, audit: AuditFunction | None = None) -> RunResult:

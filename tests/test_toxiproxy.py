@@ -6,7 +6,6 @@ from __future__ import annotations
 import http.client
 import json
 import os
-import re
 import signal
 import socket
 import socketserver
@@ -388,20 +387,13 @@ def test_start_on_a_busy_port_fails_clearly(server: ToxiproxyServer) -> None:
         ToxiproxyServer("127.0.0.1:http")
 
 
-def _reported_address(line: str) -> str:
-    """HOST:PORT from the server's first line on stdout ("... listening on http://HOST:PORT")."""
-    match = re.search(r"listening on (?:http://)?(\d{1,3}(?:\.\d{1,3}){3}:\d{1,5})", line)
-    assert match, f"the first line names no address: {line!r}"
-    return match.group(1)
-
-
 def test_command_line_serves_config_until_sigterm(tmp_path: Path, echo: str, server: ToxiproxyServer) -> None:
-    """python -m chaos.toxiproxy populates --config, serves, exits 0 on SIGTERM; it and mqmeta chaos
-    toxiproxy exit 2 with one sentence on bad input."""
+    """python -m chaos.toxiproxy on port 0 reports the port it bound, populates --config, serves,
+    exits 0 on SIGTERM; it and mqmeta chaos toxiproxy exit 2 with one sentence on bad input."""
     config = tmp_path / "proxies.json"
     config.write_text(json.dumps([{"name": "cfg", "listen": "127.0.0.1:0", "upstream": echo}]))
     command = [sys.executable, "-m", "chaos.toxiproxy"]
-    process = subprocess.Popen(  # it binds a free port itself and reports it
+    process = subprocess.Popen(
         [*command, "--listen", "127.0.0.1:0", "--config", str(config)],
         cwd=REPO_ROOT,
         stdout=subprocess.PIPE,
@@ -410,9 +402,9 @@ def test_command_line_serves_config_until_sigterm(tmp_path: Path, echo: str, ser
     )
     try:
         assert process.stdout is not None
-        address = _reported_address(process.stdout.readline())
-        assert not address.endswith(":0")
-        with urllib.request.urlopen(f"http://{address}/proxies", timeout=SOCKET_TIMEOUT_S) as response:
+        url = process.stdout.readline().split()[-1]
+        assert url.startswith("http://127.0.0.1:") and not url.endswith(":0"), url
+        with urllib.request.urlopen(f"{url}/proxies", timeout=SOCKET_TIMEOUT_S) as response:
             listen = json.loads(response.read())["cfg"]["listen"]
         with socket.create_connection(_address(listen), timeout=SOCKET_TIMEOUT_S) as sock:
             assert _round_trip_s(sock) < 2.0
