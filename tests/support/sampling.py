@@ -7,13 +7,17 @@ import time
 from collections.abc import Iterator
 
 
-def sample_for(duration_s: float, interval_s: float) -> Iterator[float]:
+def sample_for(
+    duration_s: float, interval_s: float, samples_min: int = 1, duration_max_s: float | None = None
+) -> Iterator[float]:
     """Yields the seconds elapsed since the first sample, about every `interval_s`, until
-    `duration_s` has passed (at most duration_s / interval_s + 1 samples)."""
+    `duration_s` has passed and `samples_min` samples were taken (on a loaded machine one
+    sample can take longer than `interval_s`), but never past `duration_max_s`."""
+    duration_max_s = max(duration_s, duration_max_s or duration_s)
     started = time.monotonic()
-    for _ in range(math.ceil(duration_s / interval_s) + 1):
+    for taken in range(math.ceil(duration_max_s / interval_s) + samples_min):
         elapsed_s = time.monotonic() - started
-        if elapsed_s >= duration_s:
+        if elapsed_s >= duration_max_s or (elapsed_s >= duration_s and taken >= samples_min):
             return
         yield elapsed_s
         # Not synchronisation: it paces the samples of a fixed observation window.
