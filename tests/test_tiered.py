@@ -19,7 +19,6 @@ import shutil
 import threading
 from pathlib import Path
 
-import grpc
 import pytest
 
 from broker_agent.confirm_log import read_confirm_log
@@ -115,33 +114,6 @@ def wait_uploaded(
     )
 
 
-def settled_checkpoint(cluster, timeout_s: float = 30.0) -> pb.TieredCheckpoint:
-    """Once the load has stopped: the checkpoint when every running replica holds the
-    master's whole log and all of it is confirmed and uploaded (uploads go 8 KiB a round, so
-    they can trail the log by more than local retention, which would leave no replica
-    holding uploaded bytes to compare with)."""
-
-    def progress() -> tuple[dict[str, int], int, pb.TieredCheckpoint]:
-        master = cluster.writable_master("broker-a")
-        confirm = cluster.broker_status(master).confirm_offset if master else -1
-        running = [b.name for b in cluster.layout.brokers if cluster.is_running(b.name)]
-        ends = {name: cluster.broker_status(name).max_offset for name in running}
-        return ends, confirm, checkpoint(cluster)
-
-    def settled(found: tuple[dict[str, int], int, pb.TieredCheckpoint]) -> bool:
-        ends, confirm, current = found
-        return set(ends.values()) == {confirm} == {current.uploaded_offset}
-
-    return wait_for(
-        progress,
-        timeout_s,
-        "every running replica to hold the whole log, confirmed and uploaded "
-        "(last value: log ends, master's confirm offset, checkpoint)",
-        until=settled,
-        retry_on=(grpc.RpcError,),
-    )[2]
-
-
 def replica_bytes(store_dir: Path, base: int, end: int) -> bytes:
     """Bytes [base, end) of a replica's commit log, read straight from its segment files."""
     out = bytearray()
@@ -154,9 +126,15 @@ def replica_bytes(store_dir: Path, base: int, end: int) -> bytes:
     return bytes(out)
 
 
-def check_tiered_equals_replicas(cluster, current: pb.TieredCheckpoint, replicas_min: int = 2) -> None:
-    """T2/T3 over the committed range; `replicas_min` replicas must still hold uploaded bytes
-    (with local retention on every replica, slaves too may have cut all of them)."""
+class _ReadRaced(Exception):
+    """A replica's read of the uploaded range came back short: retention deleted a segment
+    while it was read, or a slave has not written that far yet. Read again."""
+
+
+def _tiered_equals_replicas(cluster) -> tuple[int, pb.TieredCheckpoint]:
+    """One look: T3 over the committed range, and T2 against every running replica that
+    still holds uploaded bytes; returns how many replicas were compared, and the checkpoint."""
+    current = checkpoint(cluster)
     metas = [
         SegmentMeta(
             key=s.key,
@@ -181,12 +159,29 @@ def check_tiered_equals_replicas(cluster, current: pb.TieredCheckpoint, replicas
             store = cluster.root / broker.data_dir / "store"
             local_min = int(sorted(store.rglob("*.log"))[0].stem)  # retention may have cut it
             if local_min >= current.uploaded_offset:
-                continue
-            assert replica_bytes(store, local_min, current.uploaded_offset) == tiered[local_min:], (
-                f"T2: the tiered bytes differ from {broker.name}'s log"
-            )
+                continue  # it holds no uploaded byte (retention cut at the uploaded offset)
+            held = replica_bytes(store, local_min, current.uploaded_offset)
+            if len(held) != current.uploaded_offset - local_min:
+                raise _ReadRaced(f"{broker.name} gave {len(held)} bytes from {local_min}")
+            assert held == tiered[local_min:], f"T2: the tiered bytes differ from {broker.name}'s log"
             compared += 1
-    assert compared >= replicas_min, f"T2 must be checked against at least {replicas_min} replicas"
+    return compared, current
+
+
+def check_tiered_equals_replicas(cluster, replicas_min: int = 2) -> pb.TieredCheckpoint:
+    """T2/T3 over the committed range, against at least `replicas_min` replicas; returns the
+    checkpoint checked. With local retention on every replica a replica may hold no uploaded
+    byte at one instant (it cut its log at the uploaded offset, and the next upload has not
+    committed), so this looks again until enough do."""
+    return wait_for(
+        lambda: _tiered_equals_replicas(cluster),
+        30,
+        f"T2 to be checked against at least {replicas_min} replicas holding uploaded bytes "
+        "(last value: replicas compared, checkpoint)",
+        until=lambda found: found[0] >= replicas_min,
+        retry_on=(_ReadRaced, FileNotFoundError),
+        interval_s=0.2,
+    )[1]
 
 
 def check_confirm_logs_cover_uploads(cluster, current: pb.TieredCheckpoint) -> None:
@@ -263,9 +258,7 @@ def test_kill_master_mid_upload_new_master_resumes_from_the_checkpoint(cluster_f
         assert late.value.code == "FENCED_MASTER_EPOCH"
     finally:
         load.stop()
-    current = settled_checkpoint(cluster)
-    check_tiered_equals_replicas(cluster, current)
-    check_confirm_logs_cover_uploads(cluster, current)
+    check_confirm_logs_cover_uploads(cluster, check_tiered_equals_replicas(cluster))
 
 
 def test_whole_broker_set_restart_continues_uploads(cluster_factory):
@@ -288,7 +281,7 @@ def test_whole_broker_set_restart_continues_uploads(cluster_factory):
         wait_uploaded(cluster, before.uploaded_offset + 10_000)  # they continue
     finally:
         load.stop()
-    check_tiered_equals_replicas(cluster, settled_checkpoint(cluster))
+    check_tiered_equals_replicas(cluster)
 
 
 def test_empty_slave_bootstraps_from_the_tiered_store(cluster_factory):
@@ -330,7 +323,7 @@ def test_empty_slave_bootstraps_from_the_tiered_store(cluster_factory):
     on_master = replica_bytes(master_store, master_min, end)
     assert len(on_master) == end - master_min
     assert replica_bytes(slave_store, master_min, end) == on_master
-    check_tiered_equals_replicas(cluster, settled_checkpoint(cluster), replicas_min=1)
+    check_tiered_equals_replicas(cluster, replicas_min=1)
     # A new consumer group starts at queue offset 0, which only the tiered store holds now;
     # it must read every acknowledged message.
     seen = consume_all(cluster, "fresh", load.acked_bodies)
@@ -436,7 +429,7 @@ def test_master_killed_while_an_empty_slave_bootstraps(cluster_factory):
     # the old master restarted: all three agree, and the tiered copy equals them
     cluster.start_broker(old)
     wait_in_sync(cluster, 3, timeout_s=30)
-    check_tiered_equals_replicas(cluster, settled_checkpoint(cluster))
+    check_tiered_equals_replicas(cluster)
     consume_all(cluster, "after-switch", load.acked_bodies)  # every acknowledged message
     print(
         "bootstrap interrupted by the switch:",
@@ -501,4 +494,4 @@ def test_slaves_apply_local_retention(cluster_factory):
     )
     for name, (local_min, _, _) in state.items():
         assert local_min <= uploaded, f"{name} deleted segments past the checkpoint"
-    check_tiered_equals_replicas(cluster, settled_checkpoint(cluster))
+    check_tiered_equals_replicas(cluster)
