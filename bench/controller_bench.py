@@ -336,12 +336,12 @@ class StackSampler:
 
 class Cluster:
     def __init__(self, root: Path, args: argparse.Namespace) -> None:
-        from cluster.layout import Layout, ensure_secret
+        from cluster.layout import ensure_secret, reserve_layout
         from cluster.supervisor import Supervisor
 
         self.root = root
         self.args = args
-        self.layout = Layout.create(3, False)
+        self.layout, self.ports = reserve_layout(3, False)  # held until stop()
         ensure_secret(root)
         self.supervisor = Supervisor(root)
         self.by_id = {n.id: n for n in self.layout.controllers}
@@ -454,7 +454,10 @@ class Cluster:
         raise RuntimeError("wait_healthy: iteration bound reached")
 
     def stop(self) -> None:
-        self.supervisor.stop_all()
+        try:
+            self.supervisor.stop_all()
+        finally:
+            self.ports.release()
 
 
 # Write helpers ---------------------------------------------------------------------------
@@ -907,10 +910,11 @@ def _raw_async(node, duration: float, warmup: float, window: int) -> dict[str, A
 
 class RawCluster:
     def __init__(self, root: Path, kind: str, secret: str, patch_next_index: bool = False) -> None:
-        from cluster.layout import free_ports
+        from cluster.ports import PortReservation
 
         self.kind = kind
-        self.addresses = [f"127.0.0.1:{p}" for p in free_ports(3)]
+        self.ports = PortReservation.pick(3)  # held until stop(): the nodes bind them with SO_REUSEADDR
+        self.addresses = self.ports.addresses
         ctx = mp.get_context("spawn")
         self.conns = []
         self.procs = []
@@ -976,6 +980,7 @@ class RawCluster:
             if p.is_alive():
                 p.kill()
                 p.join(timeout=2.0)
+        self.ports.release()
 
 
 # Outstanding async calls: with appendEntriesUseBatch=True an entry waits for the next

@@ -76,11 +76,10 @@ class ProxiedNetwork:
         self.server.destroy_all()
         created = []
         links = _links(self.cluster)
-        ports = iter(self._ports_apart_from_the_cluster(len(links)))
         for link in links:
-            proxy = self.server.create(
-                upstream=link.upstream, name=link.name, listen=f"127.0.0.1:{next(ports)}"
-            )
+            # Port 0: the proxy server binds a free port and answers with it. It cannot be
+            # one of the cluster's: the Cluster holds those until it stops (cluster/ports.py).
+            proxy = self.server.create(upstream=link.upstream, name=link.name, listen="127.0.0.1:0")
             created.append(Link(link.source, link.destination, link.upstream, proxy.listen))
         self.links = created
         dial_dir = self.cluster.root / "dial"
@@ -89,26 +88,6 @@ class ProxiedNetwork:
             mapping = {link.upstream: link.listen for link in created if link.source == source}
             (dial_dir / f"{source}.json").write_text(json.dumps(mapping, indent=1, sort_keys=True))
         self.cluster.process_env = self.env_for
-
-    def _ports_apart_from_the_cluster(self, count: int) -> list[int]:
-        """Free ports that are none of the cluster's own: its processes bind theirs only when
-        they start, so a proxy on an ephemeral port (port 0) could take one first."""
-        from cluster.layout import free_ports
-
-        layout = self.cluster.layout
-        taken = {
-            int(a.rpartition(":")[2])
-            for a in [n.grpc for n in layout.controllers]
-            + [n.raft for n in layout.controllers]
-            + [n.namesrv for n in layout.controllers if n.namesrv]
-            + list(layout.namesrv)
-            + [b.grpc for b in layout.brokers]
-        }
-        for _ in range(10):
-            ports = free_ports(count)
-            if not taken & set(ports):
-                return ports
-        raise RuntimeError("could not find proxy ports apart from the cluster's")
 
     def env_for(self, process_name: str) -> dict[str, str]:
         path = self.cluster.root / "dial" / f"{process_name}.json"

@@ -1,7 +1,9 @@
 """A real multi-process controller cluster on loopback, with kill/pause/restart hooks.
 
-Used by the tests, the benchmarks and (later) the chaos suite. Each node is a real
-`mqmeta controller` (or `mqmeta namesrv --embed-controller`) process.
+Used by the tests, the benchmarks and the chaos suite. Each node is a real
+`mqmeta controller` (or `mqmeta namesrv --embed-controller`) process. A Cluster holds its
+ports (cluster/ports.py) from construction until stop(), so a process killed and
+restarted comes back on its address and no other process can take it meanwhile.
 """
 
 from __future__ import annotations
@@ -9,7 +11,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,10 +23,12 @@ from cluster.layout import (
     load_or_create_layout,
     namesrv_command,
 )
+from cluster.ports import PortReservation
 from cluster.ready import wait_brokers_ready, wait_ready
 from cluster.supervisor import Supervisor
+from cluster.wait import wait_for
 from mqmeta.client import ControllerClient
-from mqmeta.errors import MqmetaError, Unavailable
+from mqmeta.errors import MqmetaError
 from mqmeta.pb import controller_pb2 as pb
 
 FAST_RAFT = {"heartbeat_ms": 50, "election_min_ms": 300, "election_max_ms": 600, "leader_fallback_ms": 1000}
@@ -43,7 +46,8 @@ class Cluster:
         broker_flags: list[str] | None = None,
     ) -> None:
         self.root = root
-        self.layout: Layout = load_or_create_layout(root, count, embedded, broker_sets, replicas)
+        self.layout: Layout
+        self.layout, self._ports = load_or_create_layout(root, count, embedded, broker_sets, replicas)
         self.broker_flags = list(broker_flags or [])
         ensure_secret(root)
         self.supervisor = Supervisor(root)
@@ -55,7 +59,15 @@ class Cluster:
         self._config_file.write_text("\n".join(lines) + "\n")
 
     # Lifecycle --------------------------------------------------------------------
+    def __enter__(self) -> Cluster:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
     def start(self, wait: bool = True, brokers: bool = True) -> Cluster:
+        if not self._ports.held:  # started again after stop()
+            self._ports = PortReservation.hold(self.layout.addresses())
         for node in self.layout.controllers:
             self.start_node(node.id)
         if wait:
@@ -115,22 +127,27 @@ class Cluster:
                 broker_pb2.HaStatusRequest(), timeout=timeout_s
             )
 
+    def writable_master(self, broker_name: str, exclude: str = "") -> str:
+        """The process name of a running writable master of a broker set, or "" (one look)."""
+        for broker in self.layout.brokers:
+            if broker.broker_name != broker_name or broker.name == exclude:
+                continue
+            if not self.is_running(broker.name):
+                continue
+            try:
+                if self.broker_status(broker.name, 1.0).writable:
+                    return broker.name
+            except Exception:  # grpc.RpcError (grpc is imported lazily): starting or stopped
+                pass
+        return ""
+
     def master_of(self, broker_name: str, timeout_s: float = 15.0, exclude: str = "") -> str:
-        """The process name of the writable master of a broker set."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            for broker in self.layout.brokers:
-                if broker.broker_name != broker_name or broker.name == exclude:
-                    continue
-                if not self.is_running(broker.name):
-                    continue
-                try:
-                    if self.broker_status(broker.name, 1.0).writable:
-                        return broker.name
-                except Exception:
-                    pass
-            time.sleep(0.05)
-        raise Unavailable(f"no writable master of {broker_name} within {timeout_s}s")
+        """The process name of the writable master of a broker set, once there is one."""
+        return wait_for(
+            lambda: self.writable_master(broker_name, exclude),
+            timeout_s,
+            f"a writable master of {broker_name}" + (f" other than {exclude}" if exclude else ""),
+        )
 
     @property
     def namesrv(self) -> str:
@@ -146,13 +163,17 @@ class Cluster:
         wait_ready(",".join(alive), [], timeout_s)
 
     def stop(self) -> None:
+        """Stops every process, then lets the ports go (start() holds them again)."""
         for proc in self.supervisor.children.values():
             if proc.poll() is None:
                 try:
                     os.kill(proc.pid, signal.SIGCONT)
                 except ProcessLookupError:
                     pass
-        self.supervisor.stop_all()
+        try:
+            self.supervisor.stop_all()
+        finally:
+            self._ports.release()
 
     # Faults -------------------------------------------------------------------------
     def kill(self, node_id: str) -> None:
@@ -192,22 +213,32 @@ class Cluster:
         with self.client([node_id], timeout_s=timeout_s) as client:
             return client.call("GetMetadata", pb.GetMetadataRequest())
 
+    def leader_ids(self, exclude: str = "") -> dict[str, str]:
+        """The leader each running node (but `exclude`) names, "" when it names none (one look)."""
+        seen = {}
+        for node in self.layout.controllers:
+            if node.id == exclude or not self.is_running(node.id):
+                continue
+            try:
+                seen[node.id] = self.metadata(node.id, timeout_s=1.0).leader_id
+            except MqmetaError:
+                seen[node.id] = ""
+        return seen
+
     def leader_id(self, timeout_s: float = 15.0, exclude: str = "") -> str:
         """The leader that every running node agrees on."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            seen = set()
-            for node in self.layout.controllers:
-                if node.id == exclude or not self.is_running(node.id):
-                    continue
-                try:
-                    seen.add(self.metadata(node.id, timeout_s=1.0).leader_id)
-                except MqmetaError:
-                    seen.add("")
-            if len(seen) == 1 and "" not in seen and exclude not in seen:
-                return seen.pop()
-            time.sleep(0.05)
-        raise Unavailable(f"no agreed leader within {timeout_s}s")
+
+        def agreed(seen: dict[str, str]) -> bool:
+            leaders = set(seen.values())
+            return len(leaders) == 1 and "" not in leaders and exclude not in leaders
+
+        seen = wait_for(
+            lambda: self.leader_ids(exclude),
+            timeout_s,
+            "every running controller to name the same leader" + (f" (not {exclude})" if exclude else ""),
+            until=agreed,
+        )
+        return next(iter(seen.values()))
 
     def followers(self) -> list[str]:
         leader = self.leader_id()

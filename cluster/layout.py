@@ -2,32 +2,20 @@
 
 The layout (ports, ids) is written once to DIR/layout.json, so a later run on the same
 DIR restarts the same cluster from its data; the Raft secret is DIR/secret (mode 0600).
+Whoever runs the cluster holds its ports (a PortReservation) while its processes live.
 """
 
 from __future__ import annotations
 
 import json
 import secrets
-import socket
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from cluster.ports import PortReservation
 from mqmeta.errors import InvalidArgument
 from mqmeta.formats.atomic import write_json_atomically
-
-
-def free_ports(count: int) -> list[int]:
-    sockets = []
-    try:
-        for _ in range(count):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            sockets.append(s)
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
 
 
 @dataclass
@@ -59,31 +47,41 @@ class Layout:
     brokers: list[BrokerLayout] = field(default_factory=list)
 
     @staticmethod
-    def create(count: int, embedded: bool, broker_sets: int = 0, replicas: int = 0) -> Layout:
-        ports = free_ports(count * 3 + 1 + broker_sets * replicas)
-        nodes = [
-            NodeLayout(
-                id=f"c{i + 1}",
-                grpc=f"127.0.0.1:{ports[3 * i]}",
-                raft=f"127.0.0.1:{ports[3 * i + 1]}",
-                data_dir=f"controllers/c{i + 1}",
-                namesrv=f"127.0.0.1:{ports[3 * i + 2]}" if embedded else "",
-            )
-            for i in range(count)
-        ]
-        namesrv = [n.namesrv for n in nodes] if embedded else [f"127.0.0.1:{ports[3 * count]}"]
-        broker_ports = iter(ports[3 * count + 1 :])
+    def port_count(count: int, embedded: bool, broker_sets: int = 0, replicas: int = 0) -> int:
+        """How many ports such a cluster listens on: gRPC and Raft per controller, a nameserver
+        per controller (embedded) or one standalone, one per broker."""
+        return count * (3 if embedded else 2) + (0 if embedded else 1) + broker_sets * replicas
+
+    @staticmethod
+    def create(count: int, embedded: bool, broker_sets: int, replicas: int, addresses: list[str]) -> Layout:
+        """The layout on `addresses` (HOST:PORT, port_count() of them, in this order)."""
+        needed = Layout.port_count(count, embedded, broker_sets, replicas)
+        if len(addresses) != needed:
+            raise ValueError(f"this layout listens on {needed} addresses, {len(addresses)} were given")
+        free = iter(addresses)
+        nodes = []
+        for i in range(count):
+            grpc, raft = next(free), next(free)
+            namesrv = next(free) if embedded else ""
+            nodes.append(NodeLayout(f"c{i + 1}", grpc, raft, f"controllers/c{i + 1}", namesrv))
+        namesrv_addresses = [n.namesrv for n in nodes] if embedded else [next(free)]
         brokers = [
             BrokerLayout(
                 name=f"{broker_set_name(s)}-{r + 1}",
                 broker_name=broker_set_name(s),
-                grpc=f"127.0.0.1:{next(broker_ports)}",
+                grpc=next(free),
                 data_dir=f"brokers/{broker_set_name(s)}-{r + 1}",
             )
             for s in range(broker_sets)
             for r in range(replicas)
         ]
-        return Layout(embedded, nodes, namesrv, brokers)
+        return Layout(embedded, nodes, namesrv_addresses, brokers)
+
+    def addresses(self) -> list[str]:
+        """Every address a process of this cluster listens on (what its reservation holds)."""
+        found = [a for n in self.controllers for a in (n.grpc, n.raft, n.namesrv) if a]
+        found += [a for a in self.namesrv if a not in found]
+        return found + [b.grpc for b in self.brokers]
 
     def peer_flags(self) -> list[str]:
         flags = []
@@ -96,9 +94,19 @@ class Layout:
         return ",".join(n.grpc for n in self.controllers)
 
 
+def reserve_layout(
+    count: int, embedded: bool, broker_sets: int = 0, replicas: int = 0
+) -> tuple[Layout, PortReservation]:
+    """A new layout on ports the kernel picks, and the reservation holding them: keep it
+    until the cluster's processes are stopped for good (see cluster/ports.py)."""
+    ports = PortReservation.pick(Layout.port_count(count, embedded, broker_sets, replicas))
+    return Layout.create(count, embedded, broker_sets, replicas, ports.addresses), ports
+
+
 def load_or_create_layout(
     root: Path, count: int, embedded: bool, broker_sets: int = 0, replicas: int = 0
-) -> Layout:
+) -> tuple[Layout, PortReservation]:
+    """DIR/layout.json's cluster (created on first use), with its ports held for it."""
     path = root / "layout.json"
     if path.exists():
         data = json.loads(path.read_text())
@@ -118,11 +126,15 @@ def load_or_create_layout(
                 f"(embedded={layout.embedded}) and {len(layout.brokers)} brokers; use the same "
                 "flags or another --data-dir"
             )
-        return layout
-    layout = Layout.create(count, embedded, broker_sets, replicas)
-    root.mkdir(parents=True, exist_ok=True)
-    write_json_atomically(path, asdict(layout), indent=2)
-    return layout
+        return layout, PortReservation.hold(layout.addresses())
+    layout, ports = reserve_layout(count, embedded, broker_sets, replicas)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        write_json_atomically(path, asdict(layout), indent=2)
+    except BaseException:
+        ports.release()
+        raise
+    return layout, ports
 
 
 def ensure_secret(root: Path) -> Path:

@@ -2,7 +2,9 @@
 
 The layout (ports, ids, the generated Raft secret) is written once to DIR/layout.json,
 so running the command again on the same DIR restarts the same cluster from its data.
-Once every node answers, DIR/cluster.json says where everything is.
+The command holds the cluster's ports while it runs (cluster/ports.py), so no other
+process takes one before its child binds it. Once every node answers, DIR/cluster.json
+says where everything is.
 """
 
 from __future__ import annotations
@@ -37,7 +39,14 @@ def local_up(args: argparse.Namespace) -> int:
     if not 0 <= args.broker_sets <= 26 or not 1 <= args.replicas <= 5:
         raise InvalidArgument("--broker-sets must be 0 to 26 and --replicas 1 to 5")
     root = args.data_dir.resolve()
-    layout = load_or_create_layout(root, args.controllers, args.embedded, args.broker_sets, args.replicas)
+    layout, ports = load_or_create_layout(
+        root, args.controllers, args.embedded, args.broker_sets, args.replicas
+    )
+    with ports:
+        return _run(root, layout)
+
+
+def _run(root: Path, layout: Layout) -> int:
     ensure_secret(root)
     supervisor = Supervisor(root)
     stop = threading.Event()

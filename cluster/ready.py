@@ -3,51 +3,69 @@ brokers with a role and a writable master per broker set."""
 
 from __future__ import annotations
 
-import time
-
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from cluster.layout import BrokerLayout
+from cluster.wait import wait_for
 from mqmeta.client import ControllerClient
-from mqmeta.errors import MqmetaError, Unavailable
+from mqmeta.errors import MqmetaError
 from mqmeta.pb import controller_pb2 as pb
 
 READY_TIMEOUT_S = 60.0
 
 
 def wait_brokers_ready(brokers: list[BrokerLayout], timeout_s: float = READY_TIMEOUT_S) -> dict:
-    """Every broker registered with a role, and every broker set with a writable master."""
+    """Every broker registered with a role, and every broker set with a writable master;
+    returns each broker's HA status by process name."""
     from mqmeta.pb import broker_pb2, broker_pb2_grpc
 
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        statuses = {}
+    def statuses() -> dict:
+        found = {}
         for broker in brokers:
             with grpc.insecure_channel(broker.grpc) as channel:
-                try:
-                    statuses[broker.name] = broker_pb2_grpc.BrokerServiceStub(channel).GetHaStatus(
-                        broker_pb2.HaStatusRequest(), timeout=1.0
-                    )
-                except grpc.RpcError:
-                    break
-        if len(statuses) == len(brokers) and all(s.role != "FENCED" for s in statuses.values()):
-            writable = {s.broker_name for s in statuses.values() if s.writable}
-            if writable == {b.broker_name for b in brokers}:
-                return statuses
-        time.sleep(0.1)
-    raise Unavailable(f"the brokers did not become ready within {timeout_s:.0f}s; see the logs")
+                found[broker.name] = broker_pb2_grpc.BrokerServiceStub(channel).GetHaStatus(
+                    broker_pb2.HaStatusRequest(), timeout=1.0
+                )
+        return found
+
+    def ready(found: dict) -> bool:
+        if any(s.role == "FENCED" for s in found.values()):
+            return False
+        writable = {s.broker_name for s in found.values() if s.writable}
+        return writable == {b.broker_name for b in brokers}
+
+    return wait_for(
+        statuses,
+        timeout_s,
+        "every broker to have a role and every broker set a writable master (see the logs)",
+        until=ready,
+        retry_on=(grpc.RpcError,),
+        interval_s=0.1,
+    )
 
 
 def wait_ready(controllers: str, namesrv: list[str], timeout_s: float = READY_TIMEOUT_S) -> None:
     """Every controller agrees on a leader and every nameserver reports SERVING."""
-    deadline = time.monotonic() + timeout_s
     addresses = controllers.split(",")
-    while time.monotonic() < deadline:
-        if all(_leader_known(a) for a in addresses) and all(_serving(a) for a in namesrv):
-            return
-        time.sleep(0.1)
-    raise Unavailable(f"the cluster did not become ready within {timeout_s:.0f}s; see the logs")
+
+    def not_ready() -> str:
+        """The first thing not ready yet, "" once everything is (no more calls than needed)."""
+        for address in addresses:
+            if not _leader_known(address):
+                return f"controller {address} knows no leader"
+        for address in namesrv:
+            if not _serving(address):
+                return f"nameserver {address} is not serving"
+        return ""
+
+    wait_for(
+        not_ready,
+        timeout_s,
+        "every controller to know a leader and every nameserver to serve (see the logs)",
+        until=lambda missing: not missing,
+        interval_s=0.1,
+    )
 
 
 def _leader_known(address: str) -> bool:

@@ -29,7 +29,7 @@ import pytest
 
 from mqmeta.formats.checksummed import dump_checksummed, load_checksummed
 from mqmeta.formats.jsonlines import line_crc
-from tests.audit_fixtures import clean_data_dir, copy_data_dir, spark_session
+from tests.support.audit_data import clean_data_dir, copy_data_dir, spark_session
 
 pytestmark = [
     pytest.mark.cluster,

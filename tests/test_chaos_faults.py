@@ -59,8 +59,8 @@ def test_bridge_splits_two_halves_joined_by_one_node():
 
 
 def test_every_link_kind_gets_its_own_proxy(tmp_path):
-    cluster = Cluster(tmp_path / "c", count=3, broker_sets=1, replicas=3)
-    links = _links(cluster)
+    with Cluster(tmp_path / "c", count=3, broker_sets=1, replicas=3) as cluster:  # never started
+        links = _links(cluster)
     pairs = {(link.source, link.destination) for link in links}
     assert len(pairs) == len(links), "one proxy per (source, destination)"
     controllers = {n.id: n for n in cluster.layout.controllers}
@@ -125,10 +125,10 @@ def test_network_cuts_poisons_and_heals_the_right_proxies(tmp_path):
     from chaos.net import ProxiedNetwork
     from chaos.toxiproxy import ToxiproxyServer
 
-    server = ToxiproxyServer("127.0.0.1:0")
-    server.start()
-    try:
-        cluster = Cluster(tmp_path / "c", count=3, broker_sets=1, replicas=3)
+    with (
+        ToxiproxyServer("127.0.0.1:0") as server,
+        Cluster(tmp_path / "c", count=3, broker_sets=1, replicas=3) as cluster,  # never started
+    ):
         network = ProxiedNetwork(cluster, server.url)
         network.create()
         proxies = network.server.proxies()
@@ -149,8 +149,8 @@ def test_network_cuts_poisons_and_heals_the_right_proxies(tmp_path):
         assert network.env_for("broker-a-2") == {
             "MQMETA_DIAL_MAP": str(cluster.root / "dial" / "broker-a-2.json")
         }
-    finally:
-        server.stop()
+        cluster_ports = {a.rpartition(":")[2] for a in cluster.layout.addresses()}
+        assert not cluster_ports & {link.listen.rpartition(":")[2] for link in network.links}
 
 
 @pytest.mark.parametrize("count", [1, 2, 3, 5])

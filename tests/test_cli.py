@@ -14,7 +14,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import grpc
@@ -22,9 +21,11 @@ import pytest
 
 from mqmeta.pb import namesrv_pb2 as ns_pb
 from mqmeta.pb import namesrv_pb2_grpc as ns_grpc
+from tests.support import WaitTimeout, wait_for
 
 pytestmark = [pytest.mark.timeout(120)]
 MQMETA = [sys.executable, "-m", "mqmeta.cli"]
+LOCAL_UP_READY_TIMEOUT_S = 60.0
 
 
 def run(*args: str, timeout: float = 30) -> subprocess.CompletedProcess:
@@ -38,13 +39,18 @@ def start_local(data_dir: Path) -> tuple[subprocess.Popen, dict]:
         proc = subprocess.Popen(
             [*MQMETA, "local", "up", "--data-dir", str(data_dir)], stdout=sink, stderr=subprocess.STDOUT
         )
-    deadline = time.monotonic() + 60
-    while not (data_dir / "cluster.json").exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            proc.wait()
-            pytest.fail(f"local up did not get ready: {output.read_text()}")
-        time.sleep(0.2)
+
+    def written() -> bool:
+        if proc.poll() is not None:
+            raise ChildProcessError(f"local up exited with status {proc.returncode}")
+        return (data_dir / "cluster.json").exists()
+
+    try:
+        wait_for(written, LOCAL_UP_READY_TIMEOUT_S, "local up to write cluster.json", interval_s=0.1)
+    except (WaitTimeout, ChildProcessError) as error:
+        proc.kill()
+        proc.wait()
+        pytest.fail(f"{error}: {output.read_text()}")
     return proc, json.loads((data_dir / "cluster.json").read_text())
 
 

@@ -14,7 +14,6 @@ Properties checked:
 from __future__ import annotations
 
 import json
-import time
 
 import grpc
 import pytest
@@ -26,14 +25,9 @@ from mqmeta.formats.jsonlines import parse_line
 from mqmeta.pb import controller_pb2 as pb
 from mqmeta.pb import namesrv_pb2 as ns_pb
 from mqmeta.pb import namesrv_pb2_grpc as ns_grpc
-from tests.brokers import FAST_LIVENESS, FakeBroker
+from tests.support import FAST_LIVENESS, FakeBroker, topic_names, wait_for, wait_same_digest
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(90)]
-
-
-def topic_names(cluster, node_id: str) -> set[str]:
-    with cluster.client([node_id]) as client:
-        return {t.name for t in client.call("ListTopics", pb.ListTopicsRequest()).topics}
 
 
 def create_topics(client, prefix: str, count: int) -> list[str]:
@@ -41,18 +35,6 @@ def create_topics(client, prefix: str, count: int) -> list[str]:
     for name in names:
         client.call("CreateTopic", pb.TopicSpec(name=name, queue_count=2))
     return names
-
-
-def wait_same_digest(cluster, node_ids: list[str], timeout_s: float = 10.0) -> str:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        metas = [cluster.metadata(n) for n in node_ids]
-        if len({(m.last_applied, m.state_digest) for m in metas}) == 1:
-            return metas[0].state_digest
-        if time.monotonic() > deadline:
-            seen = [(m.node_id, m.last_applied, m.state_digest[:8]) for m in metas]
-            pytest.fail(f"nodes did not converge: {seen}")
-        time.sleep(0.1)
 
 
 def test_write_through_follower_is_visible_on_every_node(cluster):
@@ -151,11 +133,12 @@ def test_dead_master_is_replaced_by_the_most_advanced_in_sync_replica(fast_liven
         before = replica_info(cluster)
         assert before.master_broker_id == brokers[0].broker_id
         brokers[0].stop_heartbeats()  # the master goes silent
-        deadline = time.monotonic() + 6
-        info = before
-        while time.monotonic() < deadline and info.master_broker_id == before.master_broker_id:
-            time.sleep(0.1)
-            info = replica_info(cluster)
+        info = wait_for(
+            lambda: replica_info(cluster),
+            6,
+            "the controller to replace the silent master",
+            until=lambda info: info.master_broker_id != before.master_broker_id,
+        )
         assert info.master_broker_id == brokers[2].broker_id, "highest max_offset must win"
         assert info.master_epoch == before.master_epoch + 1
         assert list(info.sync_state_set) == [brokers[2].broker_id]
@@ -186,12 +169,13 @@ def test_watch_stream_delivers_role_change(fast_liveness):
                         preferred_broker_id=brokers[1].broker_id,
                     ),
                 )
-            for event in stream:
-                if event.kind == "role":
-                    assert event.replica_info.master_broker_id == brokers[1].broker_id
-                    assert event.replica_info.master_epoch == snapshot.replica_info.master_epoch + 1
-                    break
+            # The stream ends (deadline 15 s) with an error; were it to end quietly, the
+            # test must still fail, not skip its checks.
+            role = next((event for event in stream if event.kind == "role"), None)
             stream.cancel()
+            assert role is not None, "the watch stream ended without a role event"
+            assert role.replica_info.master_broker_id == brokers[1].broker_id
+            assert role.replica_info.master_epoch == snapshot.replica_info.master_epoch + 1
     finally:
         for broker in brokers:
             broker.close()

@@ -16,16 +16,18 @@ from __future__ import annotations
 import json
 import subprocess
 import threading
-import time
 import zlib
 
 import pytest
 
 from mqmeta.errors import MqmetaError
 from mqmeta.pb import controller_pb2 as pb
-from tests.test_cluster import topic_names, wait_same_digest
+from tests.support import topic_names, wait_for, wait_same_digest
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(120)]
+
+# Writes acknowledged before the nodes are killed (the writers keep going until then).
+ACKED_BEFORE_CRASH_MIN = 400  # about what 1.5 s of the four writers gave on 2 cores
 
 
 class Writer(threading.Thread):
@@ -55,18 +57,23 @@ class Writer(threading.Thread):
         self.client.close()
 
 
-def kill_all_mid_stream(cluster, prefix: str, write_s: float = 1.5) -> list[str]:
+def kill_all_mid_stream(cluster, prefix: str, acked_min: int = ACKED_BEFORE_CRASH_MIN) -> list[str]:
     writers = [Writer(cluster, f"{prefix}w{i}-") for i in range(4)]
     for writer in writers:
         writer.start()
-    time.sleep(write_s)
+    wait_for(
+        lambda: sum(len(writer.acked) for writer in writers),
+        30,
+        f"{acked_min} acknowledged writes before the crash",
+        until=lambda acked: acked >= acked_min,
+    )
     procs = [cluster.supervisor.children[n.id] for n in cluster.layout.controllers]
     for proc in procs:  # as close to simultaneous as we can: signal all, then reap
         proc.kill()
     for proc in procs:
         proc.wait()
     acked = [name for writer in writers for name in (writer.stop() or writer.acked)]
-    assert len(acked) > 20, "the write stream must have been running when the nodes died"
+    assert len(acked) >= acked_min, "the write stream must have been running when the nodes died"
     return acked
 
 
@@ -98,14 +105,15 @@ def test_restart_from_snapshot_and_journal_keeps_everything(cluster_factory):
         for name in acked:
             client.call("CreateTopic", pb.TopicSpec(name=name, queue_count=1))
     ids = [n.id for n in cluster.layout.controllers]
-    deadline = time.monotonic() + 20
     snapshots = [cluster.root / cluster.node(i).data_dir / "raft.snapshot" for i in ids]
-    while not all(p.exists() for p in snapshots) and time.monotonic() < deadline:
+
+    def snapshots_written() -> bool:
         with cluster.client() as client:  # compaction runs on the tick after enough entries
             client.call("UpdateConfig", pb.UpdateConfigRequest(values={"default_queue_count": "2"}))
-        time.sleep(0.2)
-    assert all(p.exists() for p in snapshots), "log compaction never wrote a snapshot"
-    acked += kill_all_mid_stream(cluster, "aftersnap", write_s=1.0)
+        return all(p.exists() for p in snapshots)
+
+    wait_for(snapshots_written, 20, "log compaction to write a snapshot on every node", interval_s=0.2)
+    acked += kill_all_mid_stream(cluster, "aftersnap")
     cluster.start()
     wait_same_digest(cluster, ids)
     for node_id in ids:
@@ -144,13 +152,14 @@ def test_corrupt_snapshot_is_refused_with_a_clear_message(cluster_factory):
     ).start()
     victim = cluster.followers()[0]
     snapshot = cluster.root / cluster.node(victim).data_dir / "raft.snapshot"
-    deadline = time.monotonic() + 20
     with cluster.client() as client:
-        i = 0
-        while not snapshot.exists() and time.monotonic() < deadline:
-            client.call("CreateTopic", pb.TopicSpec(name=f"c{i}", queue_count=1))
-            i += 1
-    assert snapshot.exists()
+        created = iter(range(100_000))
+
+        def snapshot_written() -> bool:  # one more write per look: compaction needs entries
+            client.call("CreateTopic", pb.TopicSpec(name=f"c{next(created)}", queue_count=1))
+            return snapshot.exists()
+
+        wait_for(snapshot_written, 20, f"log compaction to write {victim}'s snapshot", interval_s=0)
     cluster.kill(victim)
     data = bytearray(snapshot.read_bytes())
     data[len(data) // 2] ^= 0xFF

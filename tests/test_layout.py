@@ -8,7 +8,8 @@ lazy import is still a dependency):
 - spark/ imports only mqmeta.formats and mqmeta.errors of ours (its executors need no
   grpc: checked by importing the executor modules in a fresh interpreter);
 - no module imports another part's private (underscore) name;
-- the module import graph has no cycle.
+- the module import graph has no cycle;
+- no test module imports another test module (shared helpers live in tests/support/).
 """
 
 from __future__ import annotations
@@ -142,6 +143,26 @@ def test_no_part_imports_another_parts_private_name():
         and any(p.startswith("_") for p in target.split("."))
     ]
     assert not problems, "\n".join(problems)
+
+
+def _names_a_test_module(target: str, imported: str) -> bool:
+    dotted = f"{target}.{imported}" if imported else target
+    parts = dotted.split(".")
+    return parts[0] == "tests" and any(p.startswith("test_") for p in parts[1:])
+
+
+def test_no_test_module_imports_another():
+    assert _names_a_test_module("tests.test_cluster", "topic_names")
+    assert _names_a_test_module("tests", "test_cluster") and not _names_a_test_module("tests.support", "")
+    test_modules = sorted((ROOT / "tests").rglob("*.py"))
+    assert len(test_modules) > 20
+    problems = [
+        f"{path.relative_to(ROOT)}:{line} imports {target}" + (f".{imported}" if imported else "")
+        for path in test_modules
+        for target, imported, line in _imports(_module_name(path), path)
+        if _names_a_test_module(target, imported)
+    ]
+    assert not problems, "move what test modules share to tests/support/:\n" + "\n".join(problems)
 
 
 def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:

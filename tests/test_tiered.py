@@ -15,8 +15,8 @@ Properties checked (DESIGN.md T1-T4):
 
 from __future__ import annotations
 
+import shutil
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -27,7 +27,7 @@ from mqmeta.broker_client import Producer
 from mqmeta.errors import MqmetaError
 from mqmeta.formats.tiered import SegmentMeta, find_gaps_and_overlaps
 from mqmeta.pb import controller_pb2 as pb
-from tests.test_broker_failover import wait_in_sync
+from tests.support import consume_all, sample_for, wait_for, wait_in_sync, wait_same_end
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(120)]
 
@@ -41,6 +41,17 @@ FLAGS = [
     "--tiered-upload-interval-ms",
     "200",
 ]
+SEGMENT_BYTES = 16384
+RETENTION_FLAGS = FLAGS + [
+    "--segment-bytes",
+    str(SEGMENT_BYTES),
+    "--local-retention-bytes",
+    str(SEGMENT_BYTES),
+]
+SAMPLE_INTERVAL_S = 0.02
+T1_SAMPLES_MIN = 31
+NEW_MASTER_SEGMENTS_MIN = 4
+RETENTION_SAMPLE_INTERVAL_S = 0.1
 
 
 def tiered_cluster(cluster_factory):
@@ -83,14 +94,24 @@ class Load(threading.Thread):
         self.producer.close()
 
 
-def wait_uploaded(cluster, at_least: int, timeout_s: float = 30.0) -> pb.TieredCheckpoint:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+def wait_uploaded(
+    cluster, at_least: int, seen: list[tuple[int, int]] | None = None, timeout_s: float = 30.0
+) -> pb.TieredCheckpoint:
+    """Waits until the checkpoint covers `at_least`; appends (epoch, uploaded offset) of
+    every checkpoint read to `seen`."""
+
+    def read() -> pb.TieredCheckpoint:
         current = checkpoint(cluster)
-        if current.uploaded_offset >= at_least:
-            return current
-        time.sleep(0.1)
-    pytest.fail(f"uploads did not reach {at_least} (at {checkpoint(cluster).uploaded_offset})")
+        if seen is not None:
+            seen.append((current.checkpoint_epoch, current.uploaded_offset))
+        return current
+
+    return wait_for(
+        read,
+        timeout_s,
+        f"uploads to reach offset {at_least}",
+        until=lambda current: current.uploaded_offset >= at_least,
+    )
 
 
 def replica_bytes(store_dir: Path, base: int, end: int) -> bytes:
@@ -105,9 +126,15 @@ def replica_bytes(store_dir: Path, base: int, end: int) -> bytes:
     return bytes(out)
 
 
-def check_tiered_equals_replicas(cluster, current: pb.TieredCheckpoint, replicas_min: int = 2) -> None:
-    """T2/T3 over the committed range; `replicas_min` replicas must still hold uploaded bytes
-    (with local retention on every replica, slaves too may have cut all of them)."""
+class _ReadRaced(Exception):
+    """A replica's read of the uploaded range came back short: retention deleted a segment
+    while it was read, or a slave has not written that far yet. Read again."""
+
+
+def _tiered_equals_replicas(cluster) -> tuple[int, pb.TieredCheckpoint]:
+    """One look: T3 over the committed range, and T2 against every running replica that
+    still holds uploaded bytes; returns how many replicas were compared, and the checkpoint."""
+    current = checkpoint(cluster)
     metas = [
         SegmentMeta(
             key=s.key,
@@ -132,12 +159,29 @@ def check_tiered_equals_replicas(cluster, current: pb.TieredCheckpoint, replicas
             store = cluster.root / broker.data_dir / "store"
             local_min = int(sorted(store.rglob("*.log"))[0].stem)  # retention may have cut it
             if local_min >= current.uploaded_offset:
-                continue
-            assert replica_bytes(store, local_min, current.uploaded_offset) == tiered[local_min:], (
-                f"T2: the tiered bytes differ from {broker.name}'s log"
-            )
+                continue  # it holds no uploaded byte (retention cut at the uploaded offset)
+            held = replica_bytes(store, local_min, current.uploaded_offset)
+            if len(held) != current.uploaded_offset - local_min:
+                raise _ReadRaced(f"{broker.name} gave {len(held)} bytes from {local_min}")
+            assert held == tiered[local_min:], f"T2: the tiered bytes differ from {broker.name}'s log"
             compared += 1
-    assert compared >= replicas_min, f"T2 must be checked against at least {replicas_min} replicas"
+    return compared, current
+
+
+def check_tiered_equals_replicas(cluster, replicas_min: int = 2) -> pb.TieredCheckpoint:
+    """T2/T3 over the committed range, against at least `replicas_min` replicas; returns the
+    checkpoint checked. With local retention on every replica a replica may hold no uploaded
+    byte at one instant (it cut its log at the uploaded offset, and the next upload has not
+    committed), so this looks again until enough do."""
+    return wait_for(
+        lambda: _tiered_equals_replicas(cluster),
+        30,
+        f"T2 to be checked against at least {replicas_min} replicas holding uploaded bytes "
+        "(last value: replicas compared, checkpoint)",
+        until=lambda found: found[0] >= replicas_min,
+        retry_on=(_ReadRaced, FileNotFoundError),
+        interval_s=0.2,
+    )[1]
 
 
 def check_confirm_logs_cover_uploads(cluster, current: pb.TieredCheckpoint) -> None:
@@ -166,10 +210,10 @@ def test_upload_never_passes_the_confirm_offset(cluster_factory):
     slave = next(b.name for b in cluster.layout.brokers if b.name != master)
     try:
         wait_uploaded(cluster, 1)
-        end = time.monotonic() + 4.0
         paused = False
-        while time.monotonic() < end:
-            if not paused and time.monotonic() > end - 3.0:
+        # 1 s, then 3 s with a slave frozen, and at least T1_SAMPLES_MIN samples
+        for elapsed_s in sample_for(4.0, SAMPLE_INTERVAL_S, T1_SAMPLES_MIN, duration_max_s=30):
+            if not paused and elapsed_s >= 1.0:
                 cluster.pause(slave)  # the confirm offset (and so the upload) must stall
                 paused = True
             uploaded = checkpoint(cluster).uploaded_offset
@@ -177,12 +221,10 @@ def test_upload_never_passes_the_confirm_offset(cluster_factory):
             samples += 1
             if uploaded > confirm:
                 violations.append((uploaded, confirm))
-            time.sleep(0.02)
     finally:
         cluster.resume(slave)
         load.stop()
-    assert samples > 30 and not violations, f"T1 violated: {violations[:5]}"
-    assert checkpoint(cluster).uploaded_offset > 0
+    assert samples >= T1_SAMPLES_MIN and not violations, f"T1 violated: {violations[:5]}"
 
 
 def test_kill_master_mid_upload_new_master_resumes_from_the_checkpoint(cluster_factory):
@@ -191,13 +233,15 @@ def test_kill_master_mid_upload_new_master_resumes_from_the_checkpoint(cluster_f
     old_id = cluster.broker_status(old).broker_id
     load = Load(cluster)
     load.start()
+    seen: list[tuple[int, int]] = []  # (epoch, uploaded offset) of every checkpoint read
     try:
-        before = wait_uploaded(cluster, 20_000)
+        before = wait_uploaded(cluster, 20_000, seen)
         cluster.kill(old)  # uploads every 200 ms: likely in the middle of one
         cluster.master_of("broker-a", exclude=old, timeout_s=15)
-        after = wait_uploaded(cluster, before.uploaded_offset + 20_000)
+        after = wait_uploaded(cluster, before.uploaded_offset + 20_000, seen)
         assert after.checkpoint_epoch > before.checkpoint_epoch, "the new master uploaded"
-        assert after.uploaded_offset >= before.uploaded_offset, "T4: never backwards"
+        offsets = [uploaded for _, uploaded in seen]
+        assert offsets == sorted(offsets) and seen == sorted(seen), f"T4: it moved backwards: {seen}"
         with cluster.client() as client:  # the old master's late commit
             with pytest.raises(MqmetaError) as late:
                 client.call(
@@ -214,9 +258,7 @@ def test_kill_master_mid_upload_new_master_resumes_from_the_checkpoint(cluster_f
         assert late.value.code == "FENCED_MASTER_EPOCH"
     finally:
         load.stop()
-    time.sleep(1.0)  # let the survivors flush what they were sent
-    check_tiered_equals_replicas(cluster, checkpoint(cluster))
-    check_confirm_logs_cover_uploads(cluster, checkpoint(cluster))
+    check_confirm_logs_cover_uploads(cluster, check_tiered_equals_replicas(cluster))
 
 
 def test_whole_broker_set_restart_continues_uploads(cluster_factory):
@@ -236,21 +278,16 @@ def test_whole_broker_set_restart_continues_uploads(cluster_factory):
     load = Load(cluster)
     load.start()
     try:
-        after = wait_uploaded(cluster, before.uploaded_offset + 10_000)
+        wait_uploaded(cluster, before.uploaded_offset + 10_000)  # they continue
     finally:
         load.stop()
-    assert after.uploaded_offset > before.uploaded_offset
-    time.sleep(1.0)
-    check_tiered_equals_replicas(cluster, checkpoint(cluster))
+    check_tiered_equals_replicas(cluster)
 
 
 def test_empty_slave_bootstraps_from_the_tiered_store(cluster_factory):
     """The master keeps only what retention allows; an empty slave copies the rest from the
     tiered store (OFFSET_MOVED_TO_TIERED_STORAGE), then replicates, and ends byte-identical."""
-    import shutil
-
-    flags = FLAGS + ["--segment-bytes", "16384", "--local-retention-bytes", "16384"]
-    cluster = cluster_factory(broker_sets=1, replicas=3, broker_flags=flags).start()
+    cluster = cluster_factory(broker_sets=1, replicas=3, broker_flags=RETENTION_FLAGS).start()
     with cluster.client() as client:
         client.call("CreateTopic", pb.TopicSpec(name="Orders", queue_count=4))
     master = wait_in_sync(cluster, 3)
@@ -258,42 +295,38 @@ def test_empty_slave_bootstraps_from_the_tiered_store(cluster_factory):
     load.start()
     try:
         wait_uploaded(cluster, 120_000)
-        deadline = time.monotonic() + 20
-        while cluster.broker_status(master).max_offset < 150_000 and time.monotonic() < deadline:
-            time.sleep(0.1)
+        wait_for(
+            lambda: cluster.broker_status(master).max_offset,
+            20,
+            "the master's log to pass offset 150000",
+            until=lambda end: end >= 150_000,
+        )
     finally:
         load.stop()
-    time.sleep(1.0)  # one more upload round and its retention
-    master_min = _master_min_offset(cluster, master)
-    assert master_min > 0, "retention deleted nothing on the master"
+    wait_for(  # one more upload round and its retention
+        lambda: _master_min_offset(cluster, master),
+        10,
+        "retention to delete the master's first segments",
+        until=lambda master_min: master_min > 0,
+        retry_on=(FileNotFoundError,),
+    )
     slave = next(b.name for b in cluster.layout.brokers if b.name != master)
     cluster.kill(slave)
     shutil.rmtree(cluster.root / cluster.broker(slave).data_dir / "store")
     cluster.start_broker(slave)
-    deadline = time.monotonic() + 30
-    caught_up = False
-    while time.monotonic() < deadline and not caught_up:
-        try:
-            caught_up = cluster.broker_status(slave).max_offset == cluster.broker_status(master).max_offset
-        except Exception:
-            pass
-        time.sleep(0.2)
-    assert caught_up, "the empty slave never caught up"
+    end = wait_same_end(cluster, [slave, master], timeout_s=30)
     log_text = (cluster.root / "logs" / f"{slave}.log").read_text()
     assert "bootstrapped [0," in log_text, "the slave did not use the tiered store"
-    end = cluster.broker_status(master).max_offset
     slave_store = cluster.root / cluster.broker(slave).data_dir / "store"
     master_store = cluster.root / cluster.broker(master).data_dir / "store"
     master_min = _master_min_offset(cluster, master)  # retention may have moved it again
     on_master = replica_bytes(master_store, master_min, end)
     assert len(on_master) == end - master_min
     assert replica_bytes(slave_store, master_min, end) == on_master
-    check_tiered_equals_replicas(cluster, checkpoint(cluster), replicas_min=1)
-    # A new consumer group starts at queue offset 0, which only the tiered store holds now.
-    from tests.test_broker_failover import consume_all
-
-    seen = consume_all(cluster, "fresh", load.acked)
-    assert len({m.body for m in seen}) >= load.acked, "messages missing from an early range"
+    check_tiered_equals_replicas(cluster, replicas_min=1)
+    # A new consumer group starts at queue offset 0, which only the tiered store holds now;
+    # it must read every acknowledged message.
+    seen = consume_all(cluster, "fresh", load.acked_bodies)
     assert min(m.commit_offset for m in seen) < master_min, "nothing came from the tiered store"
 
 
@@ -302,36 +335,42 @@ def _master_min_offset(cluster, master: str) -> int:
     return int(files[0].stem)
 
 
-RETENTION_FLAGS = FLAGS + ["--segment-bytes", "16384", "--local-retention-bytes", "16384"]
-
-
 def _local_min_offset(cluster, name: str) -> int:
     return _master_min_offset(cluster, name)
 
 
-def _wait_log_line(path: Path, start: int, text: str, timeout_s: float) -> bool:
-    """Whether `text` appears in the log at `path` after byte `start`, polled every 5 ms."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+def _read_same_range(cluster, names: list[str], end: int) -> tuple[int, list[bytes]]:
+    """Bytes [lo, end) of each named replica's log, lo being the highest local start; read
+    again when retention deletes a segment in the middle of a read."""
+    stores = [cluster.root / cluster.broker(n).data_dir / "store" for n in names]
+    copies: list[bytes] = []
+
+    def read() -> tuple[int, list[int]]:
+        lo = max(_local_min_offset(cluster, n) for n in names)
+        copies[:] = [replica_bytes(store, lo, end) for store in stores]
+        return lo, [len(c) for c in copies]
+
+    lo, _ = wait_for(
+        read,
+        10,
+        f"a whole read of [lo, {end}) from {', '.join(names)} (last value: lo, bytes read each)",
+        until=lambda found: all(length == end - found[0] for length in found[1]),
+        retry_on=(FileNotFoundError,),
+        interval_s=0.25,
+    )
+    return lo, copies
+
+
+def _wait_log_line(path: Path, start: int, text: str, timeout_s: float) -> None:
+    """Waits until `text` appears in the log at `path` after byte `start` (polled every 5 ms:
+    the test acts on the line at once)."""
+
+    def appeared() -> bool:
         with open(path, "rb") as f:
             f.seek(start)
-            if text.encode() in f.read():
-                return True
-        time.sleep(0.005)
-    return False
+            return text.encode() in f.read()
 
-
-def _wait_same_end(cluster, names: list[str], timeout_s: float) -> int:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            ends = {cluster.broker_status(n).max_offset for n in names}
-            if len(ends) == 1:
-                return ends.pop()
-        except Exception:  # a broker still starting
-            pass
-        time.sleep(0.2)
-    pytest.fail(f"{names} never reached the same log end")
+    wait_for(appeared, timeout_s, f"{text!r} in {path.name}", retry_on=(FileNotFoundError,), interval_s=0.005)
 
 
 @pytest.mark.timeout(90)
@@ -342,8 +381,6 @@ def test_master_killed_while_an_empty_slave_bootstraps(cluster_factory):
     the slave thawed: its bootstrap sees the session change, stops, and resumes against
     the new master (whose own retention cut its log too: tiered again, then replication).
     It must end byte-identical with the new master, and every acknowledged message stays."""
-    import shutil
-
     cluster = cluster_factory(broker_sets=1, replicas=3, broker_flags=RETENTION_FLAGS).start()
     with cluster.client() as client:
         client.call("CreateTopic", pb.TopicSpec(name="Orders", queue_count=4))
@@ -356,14 +393,16 @@ def test_master_killed_while_an_empty_slave_bootstraps(cluster_factory):
         empty_id = cluster.broker_status(empty).broker_id
         cluster.kill(empty)
         shutil.rmtree(cluster.root / cluster.broker(empty).data_dir / "store")
-        deadline = time.monotonic() + 15  # out of the SyncStateSet: never elected while empty
-        while empty_id in cluster.broker_status(old).sync_state_set and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert empty_id not in cluster.broker_status(old).sync_state_set
+        wait_for(  # out of the SyncStateSet: never elected while empty
+            lambda: list(cluster.broker_status(old).sync_state_set),
+            15,
+            f"{empty} (id {empty_id}) to leave the SyncStateSet",
+            until=lambda members: empty_id not in members,
+        )
         log_path = cluster.root / "logs" / f"{empty}.log"
         start = log_path.stat().st_size if log_path.exists() else 0
         cluster.start_broker(empty)
-        assert _wait_log_line(log_path, start, "bootstrapping [0,", 20), "no tiered bootstrap"
+        _wait_log_line(log_path, start, "bootstrapping [0,", 20)  # a tiered bootstrap
         cluster.pause(empty)  # freeze it mid-bootstrap
         try:
             cluster.kill(old)
@@ -371,32 +410,27 @@ def test_master_killed_while_an_empty_slave_bootstraps(cluster_factory):
             assert new == other
         finally:
             cluster.resume(empty)
-        time.sleep(1.5)  # the load goes on against the new master
+        grown_from = cluster.broker_status(new).max_offset
+        wait_for(  # the load goes on against the new master (its retention cuts again)
+            lambda: cluster.broker_status(new).max_offset,
+            20,
+            f"{NEW_MASTER_SEGMENTS_MIN} more segments written on the new master",
+            until=lambda end: end >= grown_from + NEW_MASTER_SEGMENTS_MIN * SEGMENT_BYTES,
+        )
     finally:
         load.stop()
-    assert load.acked > 0
-    end = _wait_same_end(cluster, [empty, other], timeout_s=30)
+    end = wait_same_end(cluster, [empty, other], timeout_s=30)
     with open(log_path, "rb") as f:
         f.seek(start)
         text = f.read().decode(errors="replace")
-    stores = [cluster.root / cluster.broker(n).data_dir / "store" for n in (empty, other)]
-    for _ in range(40):  # retention may delete a segment while we read: read again
-        lo = max(_local_min_offset(cluster, empty), _local_min_offset(cluster, other))
-        copies = [replica_bytes(store, lo, end) for store in stores]
-        if len(copies[0]) == len(copies[1]) == end - lo:
-            break
-        time.sleep(0.25)
-    assert lo < end and len(copies[0]) == len(copies[1]) == end - lo, "a replica misses bytes"
+    lo, copies = _read_same_range(cluster, [empty, other], end)
+    assert lo < end, "retention left nothing to compare"
     assert copies[0] == copies[1], "the bootstrapped slave differs from the new master"
     # the old master restarted: all three agree, and the tiered copy equals them
     cluster.start_broker(old)
     wait_in_sync(cluster, 3, timeout_s=30)
-    check_tiered_equals_replicas(cluster, checkpoint(cluster))
-    from tests.test_broker_failover import consume_all
-
-    seen = {m.body for m in consume_all(cluster, "after-switch", load.acked)}
-    missing = [b for b in load.acked_bodies if b not in seen]
-    assert not missing, f"{len(missing)} acknowledged messages lost, e.g. {missing[:3]}"
+    check_tiered_equals_replicas(cluster)
+    consume_all(cluster, "after-switch", load.acked_bodies)  # every acknowledged message
     print(
         "bootstrap interrupted by the switch:",
         "bootstrap stopped at" in text,
@@ -419,29 +453,45 @@ def test_slaves_apply_local_retention(cluster_factory):
     violations: list[tuple[str, int, int]] = []
     try:
         wait_uploaded(cluster, 100_000)
-        deadline = time.monotonic() + 4.0
-        while time.monotonic() < deadline:  # sampled while it runs: never past the checkpoint
+        for _ in sample_for(4.0, RETENTION_SAMPLE_INTERVAL_S):  # while it runs: never past the checkpoint
             local_mins = {b.name: _local_min_offset(cluster, b.name) for b in cluster.layout.brokers}
             uploaded = checkpoint(cluster).uploaded_offset  # read after: it only grows
             violations += [
                 (name, local_min, uploaded) for name, local_min in local_mins.items() if local_min > uploaded
             ]
-            time.sleep(0.1)
     finally:
         load.stop()
     before = checkpoint(cluster).uploaded_offset
-    time.sleep(2.5)  # a slave asks for the checkpoint at most once a second: it knows `before`
     assert not violations, f"local segments deleted past the checkpoint: {violations[:3]}"
-    current = checkpoint(cluster)
-    for broker in cluster.layout.brokers:
-        store = cluster.root / broker.data_dir / "store"
-        local_min = _local_min_offset(cluster, broker.name)
-        kept = sum(p.stat().st_size for p in store.rglob("*.log"))
-        assert 0 < local_min <= current.uploaded_offset, f"{broker.name} applied no retention"
-        max_offset = cluster.broker_status(broker.name).max_offset
+
+    def retention_state() -> tuple[dict[str, tuple[int, int, int]], int]:
+        """Each replica's (local start offset, bytes kept, log end), then the uploaded offset
+        (read after: it only grows)."""
+        state = {}
+        for broker in cluster.layout.brokers:
+            store = cluster.root / broker.data_dir / "store"
+            kept = sum(p.stat().st_size for p in store.rglob("*.log"))
+            max_offset = cluster.broker_status(broker.name).max_offset
+            state[broker.name] = (_local_min_offset(cluster, broker.name), kept, max_offset)
+        return state, checkpoint(cluster).uploaded_offset
+
+    def bounded(found: tuple[dict[str, tuple[int, int, int]], int]) -> bool:
         # retention 16 KiB + at most one whole 16 KiB segment + what was not uploaded when
-        # this broker last learned the checkpoint (at or after `before`)
-        assert kept <= max_offset - before + 3 * 16384, (
-            f"{broker.name} keeps {kept} bytes of a {max_offset}-byte log"
+        # this broker last learned the checkpoint (at or after `before`; a slave asks for
+        # it at most once a second)
+        return all(
+            local_min > 0 and kept <= max_offset - before + 3 * SEGMENT_BYTES
+            for local_min, kept, max_offset in found[0].values()
         )
-    check_tiered_equals_replicas(cluster, current)
+
+    state, uploaded = wait_for(
+        retention_state,
+        10,
+        "every replica to apply retention once it knows the checkpoint "
+        "(last value: local start offset, bytes kept and log end of each, uploaded offset)",
+        until=bounded,
+        retry_on=(FileNotFoundError,),  # retention deleted a segment while it was listed
+    )
+    for name, (local_min, _, _) in state.items():
+        assert local_min <= uploaded, f"{name} deleted segments past the checkpoint"
+    check_tiered_equals_replicas(cluster)

@@ -244,7 +244,7 @@ def test_command_line_serves_config_until_sigterm(tmp_path: Path, echo: str, ser
         assert process.stdout is not None
         url = process.stdout.readline().split()[-1]
         assert url.startswith("http://127.0.0.1:") and not url.endswith(":0"), url
-        with urllib.request.urlopen(f"{url}/proxies", timeout=5) as response:
+        with urllib.request.urlopen(f"{url}/proxies", timeout=SOCKET_TIMEOUT_S) as response:
             listen = json.loads(response.read())["cfg"]["listen"]
         with connect(listen) as sock:
             assert round_trip_s(sock) < 2.0

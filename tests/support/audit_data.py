@@ -4,8 +4,9 @@ can import them without touching the shared conftest.py).
 
 The data dir comes from a real run: 3 controllers, one broker set of 3 replicas
 uploading to a local tiered store, load, a kill -9 of the master in the middle (a
-slave takes over; the old master restarts and rejoins as a slave), more load, then
-a clean stop. Fault tests copy it and craft one fault in the copy.
+slave takes over; the old master restarts and rejoins as a slave), more load, then,
+once every replica holds the whole log and everything confirmed is uploaded, a clean
+stop. Fault tests copy it and craft one fault in the copy.
 """
 
 from __future__ import annotations
@@ -14,13 +15,16 @@ import atexit
 import shutil
 import tempfile
 import threading
-import time
 from pathlib import Path
 
+import grpc
+
 from cluster.harness import Cluster
+from cluster.wait import wait_for
 from mqmeta.broker_client import Producer
 from mqmeta.errors import MqmetaError
 from mqmeta.pb import controller_pb2 as pb
+from tests.support.broker_sets import wait_in_sync
 
 FLAGS = [
     "--ha-max-time-slave-not-catchup-ms",
@@ -35,6 +39,9 @@ FLAGS = [
     "65536",
 ]
 BROKER_SET = "DefaultCluster/broker-a"
+SEND_RETRY_PAUSE_S = 0.05
+# Sends acknowledged after the old master rejoined, before the clean stop.
+ACKED_AFTER_REJOIN_MIN = 100
 _lock = threading.Lock()
 _clean_dir: Path | None = None
 
@@ -54,7 +61,9 @@ class _Load(threading.Thread):
                 self.producer.send("Orders", [f"v{i}-{k}".encode() * 8 for k in range(4)])
                 self.acked += 4
             except MqmetaError:
-                time.sleep(0.05)
+                # Not synchronisation: a load generator's pause after a failed send (during
+                # the failover), so it does not spin on a broker set without a master.
+                self.stop_event.wait(SEND_RETRY_PAUSE_S)
 
     def stop(self) -> None:
         self.stop_event.set()
@@ -70,28 +79,28 @@ def _uploaded(cluster: Cluster) -> int:
     return int(checkpoint.uploaded_offset)
 
 
-def _wait(predicate, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if predicate():
-                return
-        except MqmetaError:
-            pass
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
+def _progress(cluster: Cluster) -> dict[str, int]:
+    """The broker set's progress: the writable master's log end and confirm offset (-1 with
+    no writable master), the shortest replica's log end, and the uploaded offset."""
+    master = cluster.writable_master("broker-a")
+    status = cluster.broker_status(master) if master else None
+    return {
+        "max_offset": status.max_offset if status else -1,
+        "confirm_offset": status.confirm_offset if status else -1,
+        "shortest_replica": min(cluster.broker_status(b.name).max_offset for b in cluster.layout.brokers),
+        "uploaded_offset": _uploaded(cluster),
+    }
 
 
-def _in_sync(cluster: Cluster, members: int) -> str:
-    found: list[str] = []
-
-    def ready() -> bool:
-        master = cluster.master_of("broker-a", timeout_s=5)
-        found[:] = [master]
-        return len(cluster.broker_status(master).sync_state_set) == members
-
-    _wait(ready, 30, f"a SyncStateSet of {members}")
-    return found[0]
+def _settled(progress: dict[str, int]) -> bool:
+    """Every replica holds the master's whole log, all of it confirmed and uploaded."""
+    return (
+        progress["max_offset"]
+        == progress["confirm_offset"]
+        == progress["shortest_replica"]
+        == progress["uploaded_offset"]
+        >= 0
+    )
 
 
 def build_clean_data(root: Path) -> Path:
@@ -101,21 +110,35 @@ def build_clean_data(root: Path) -> Path:
         cluster.start()
         with cluster.client() as client:
             client.call("CreateTopic", pb.TopicSpec(name="Orders", queue_count=4))
-        old = _in_sync(cluster, 3)
+        old = wait_in_sync(cluster, 3, timeout_s=30)
         load = _Load(cluster)
         load.start()
         try:
-            _wait(lambda: _uploaded(cluster) >= 40_000, 40, "the first uploads")
+            retry = (MqmetaError,)
+            wait_for(lambda: _uploaded(cluster) >= 40_000, 40, "the first uploads", retry_on=retry)
             cluster.kill(old)  # kill -9 of the master, likely mid-upload
             cluster.master_of("broker-a", exclude=old, timeout_s=15)
             before = _uploaded(cluster)
-            _wait(lambda: _uploaded(cluster) >= before + 40_000, 40, "uploads by the new master")
+            wait_for(
+                lambda: _uploaded(cluster) >= before + 40_000, 40, "uploads by the new master", retry_on=retry
+            )
             cluster.start_broker(old)
-            _in_sync(cluster, 3)
-            time.sleep(0.5)
+            wait_in_sync(cluster, 3, timeout_s=30)
+            rejoined_at = load.acked
+            wait_for(
+                lambda: load.acked >= rejoined_at + ACKED_AFTER_REJOIN_MIN,
+                20,
+                f"{ACKED_AFTER_REJOIN_MIN} more acknowledged sends after the old master rejoined",
+            )
         finally:
             load.stop()
-        time.sleep(1.5)  # the last uploads and acknowledgements settle
+        wait_for(
+            lambda: _progress(cluster),
+            20,
+            "every replica to hold the whole log, confirmed and uploaded",
+            until=_settled,
+            retry_on=(MqmetaError, grpc.RpcError),
+        )
     finally:
         cluster.stop()
     return root / "cluster"
