@@ -20,6 +20,7 @@ import pytest
 from chaos.history import ResponseEvent, Result, read_history
 from chaos.linearizability import check_linearizability
 from chaos.runner import RunConfig, run
+from tests.support import audit_in_shared_session
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(240)]
 
@@ -37,14 +38,6 @@ FAMILIES = [
     ("leader-suspend", "brokers"),
     ("all-kill", "all"),
 ]
-
-
-def audit_in_shared_session(output_dir: Path, report_dir: Path) -> int:
-    """The Spark audit over the run's data dirs, in this process's one Spark session."""
-    from spark.cli import run_checks
-    from spark.registry import parse_ids
-
-    return run_checks([str(output_dir)], report_dir, None, parse_ids(None))
 
 
 def _short(tmp_path, fault: str, target: str, workload: str = "queue") -> RunConfig:

@@ -34,7 +34,8 @@ import pytest
 from cluster.harness import Cluster
 from mqmeta.errors import AlreadyExists
 from mqmeta.pb import controller_pb2 as cpb
-from tests.rmq_client import client, wait_until
+from tests.support import wait_for
+from tests.support.rmq_client import client
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(120)]
 
@@ -151,7 +152,7 @@ def test_invisible_time_redelivery_and_change_invisible_duration(cluster):
         (first,) = receive_all(consumer, 1, invisible_s=2, ack=False)
         assert first.delivery_attempt == 1
         assert consumer.receive(32, 2) == []  # invisible for 2 s
-        (again,) = wait_until(lambda: consumer.receive(32, 30), 15, "the redelivery")
+        (again,) = wait_for(lambda: consumer.receive(32, 30), 15, "the redelivery")
         assert again.message_id == first.message_id and again.delivery_attempt == 2
         old_handle = again.receipt_handle
         consumer.change_invisible_duration(again, 30)
@@ -267,12 +268,12 @@ def test_push_consumer_members_retry_and_dead_letter_queue(cluster):
     second = None
     try:
         producer.send(message("Pushed", "poison", tag="bad"))
-        wait_until(
+        wait_for(
             lambda: sum(m.body == b"poison" for _, m in received) >= 3, 30, "three deliveries of the poison"
         )
         attempts = [m.delivery_attempt for _, m in received if m.body == b"poison"]
         assert attempts[:3] == [1, 2, 3]  # retry_max_times 2: three deliveries, then the DLQ
-        wait_until(lambda: _topic_exists(cluster, "%DLQ%failing"), 15, "the dead-letter topic")
+        wait_for(lambda: _topic_exists(cluster, "%DLQ%failing"), 15, "the dead-letter topic")
         dead = started(
             rmq.SimpleConsumer, config(cluster), group(), {"%DLQ%failing": rmq.FilterExpression()}, 1
         )
@@ -288,13 +289,13 @@ def test_push_consumer_members_retry_and_dead_letter_queue(cluster):
             producer.send(message("Pushed", "spread", tag="ok"))
             return {name for name, m in received[-20:] if m.body == b"spread"} == {"first", "second"}
 
-        wait_until(both_consume, 30, "both members receiving", interval_s=0.2)
+        wait_for(both_consume, 30, "both members receiving", interval_s=0.2)
         second.shutdown()  # leaves: NotifyClientTermination
         second = None
         count = len(received)
         for i in range(8):
             producer.send(message("Pushed", f"after-{i}", tag="ok"))
-        wait_until(lambda: sum(m.body.startswith(b"after") for _, m in received[count:]) >= 8, 30, "the rest")
+        wait_for(lambda: sum(m.body.startswith(b"after") for _, m in received[count:]) >= 8, 30, "the rest")
         assert {name for name, m in received[count:] if m.body.startswith(b"after")} == {"first"}
     finally:
         for c in (second, first, producer):

@@ -13,7 +13,6 @@ Properties checked (a broker set of two replicas, acks from the whole SyncStateS
 from __future__ import annotations
 
 import threading
-import time
 from collections import defaultdict
 
 import pytest
@@ -21,7 +20,8 @@ import pytest
 from cluster.harness import Cluster
 from mqmeta.errors import AlreadyExists, MqmetaError
 from mqmeta.pb import controller_pb2 as cpb
-from tests.rmq_client import client, wait_until
+from tests.support import wait_for
+from tests.support.rmq_client import client
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(150)]
 
@@ -40,7 +40,7 @@ def in_sync_master(cluster: Cluster, members: int, timeout_s: float = 30.0) -> s
         except MqmetaError:
             return ""
 
-    return wait_until(check, timeout_s, f"a SyncStateSet of {members}")
+    return wait_for(check, timeout_s, f"a SyncStateSet of {members}")
 
 
 class Producing(threading.Thread):
@@ -59,7 +59,7 @@ class Producing(threading.Thread):
                 self.acked.append(m.body)
             except Exception:
                 self.failed += 1
-                time.sleep(0.1)
+                self.stop.wait(0.1)  # back off after a failed send
             i += 1
 
 
@@ -75,7 +75,7 @@ class Consuming(threading.Thread):
             try:
                 messages = self.consumer.receive(16, 5)
             except Exception:
-                time.sleep(0.2)
+                self.stop.wait(0.2)  # back off after a failed receive
                 continue
             for m in messages:
                 try:
@@ -107,20 +107,20 @@ def test_kill_master_while_the_official_client_produces_and_consumes(tmp_path):
         threads += [producing, consuming]
         producing.start()
         consuming.start()
-        wait_until(lambda: len(producing.acked) >= 20 and consuming.deliveries, 10, "traffic before the kill")
-        (held,) = wait_until(lambda: holder.receive(1, 30), 10, "a message held in flight")
+        wait_for(lambda: len(producing.acked) >= 20 and consuming.deliveries, 10, "traffic before the kill")
+        (held,) = wait_for(lambda: holder.receive(1, 30), 10, "a message held in flight")
 
         cluster.kill(old_master)  # kill -9 (the clients' first route refresh comes 10 s after their start)
         sent_before = len(producing.acked)
-        wait_until(lambda: len(producing.acked) >= sent_before + 20, 60, "sends succeeding on the new master")
+        wait_for(lambda: len(producing.acked) >= sent_before + 20, 60, "sends succeeding on the new master")
         producing.stop.set()
         producing.join(10)
         acked = set(producing.acked)
-        wait_until(lambda: acked <= set(consuming.deliveries), 45, "every acknowledged send received")
+        wait_for(lambda: acked <= set(consuming.deliveries), 45, "every acknowledged send received")
         for body, acks in consuming.deliveries.items():
             assert True not in acks[:-1], f"{body!r} was delivered again after a successful ack: {acks}"
 
-        again = wait_until(
+        again = wait_for(
             lambda: [m for m in _receive(holder) if m.message_id == held.message_id], 30, "the held message"
         )
         assert again[0].delivery_attempt >= 1

@@ -21,7 +21,8 @@ from toxiproxy.exceptions import InvalidToxic, NotFound, ProxyExists
 from toxiproxy.proxy import Proxy
 
 from chaos.toxiproxy import VERSION, ToxiproxyError, ToxiproxyServer
-from tests.toxiproxy_support import (
+from tests.support.fault_proxy import (
+    SOCKET_TIMEOUT_S,
     address,
     connect,
     nothing_arrives,
@@ -30,7 +31,7 @@ from tests.toxiproxy_support import (
     round_trip_s,
 )
 
-pytest_plugins = ["tests.toxiproxy_support"]  # its fixtures: server, toxiproxy, echo
+pytest_plugins = ["tests.support.fault_proxy"]  # its fixtures: server, toxiproxy, echo
 pytestmark = pytest.mark.timeout(60)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent

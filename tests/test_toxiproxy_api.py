@@ -15,9 +15,17 @@ from toxiproxy import Toxiproxy
 from toxiproxy.exceptions import NotFound, ProxyExists
 
 from chaos.toxiproxy import NAME_LENGTH_MAX, TOXIC_COUNT_MAX, VERSION, ToxiproxyServer, collection
-from tests.toxiproxy_support import Upstream, api, assert_error, connect, is_up, nothing_arrives, round_trip_s
+from tests.support.fault_proxy import (
+    Upstream,
+    api,
+    assert_error,
+    connect,
+    is_up,
+    nothing_arrives,
+    round_trip_s,
+)
 
-pytest_plugins = ["tests.toxiproxy_support"]  # its fixtures: server, toxiproxy, echo, upstream
+pytest_plugins = ["tests.support.fault_proxy"]  # its fixtures: server, toxiproxy, echo, upstream
 pytestmark = [
     pytest.mark.timeout(60),
     pytest.mark.usefixtures("toxiproxy"),

@@ -21,7 +21,7 @@ from toxiproxy import Toxiproxy
 
 from chaos.toxiproxy import ToxiproxyServer, datapath
 from chaos.toxiproxy.datapath import slice_bounds
-from tests.toxiproxy_support import (
+from tests.support.fault_proxy import (
     Established,
     Upstream,
     api,
@@ -31,7 +31,7 @@ from tests.toxiproxy_support import (
     recv_until_eof,
 )
 
-pytest_plugins = ["tests.toxiproxy_support"]  # its fixtures: server, toxiproxy, upstream, established
+pytest_plugins = ["tests.support.fault_proxy"]  # its fixtures: server, toxiproxy, upstream, established
 pytestmark = [
     pytest.mark.timeout(60),
     pytest.mark.usefixtures("toxiproxy"),

@@ -7,7 +7,7 @@ harness and the launcher use), never on a fixed sleep.
 """
 
 from cluster.wait import WaitTimeout, wait_for
-from tests.support.audit_data import clean_data_dir, copy_data_dir, spark_session
+from tests.support.audit_data import audit_in_shared_session, clean_data_dir, copy_data_dir, spark_session
 from tests.support.broker_sets import consume_all, wait_in_sync, wait_same_end
 from tests.support.controllers import topic_names, wait_same_digest
 from tests.support.fake_broker import FAST_LIVENESS, FakeBroker
@@ -19,6 +19,7 @@ __all__ = [
     "FakeBroker",
     "TcpCut",
     "WaitTimeout",
+    "audit_in_shared_session",
     "clean_data_dir",
     "consume_all",
     "copy_data_dir",

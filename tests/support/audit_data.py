@@ -166,3 +166,11 @@ def spark_session():
     from spark.session import get_session
 
     return get_session("local[2]")
+
+
+def audit_in_shared_session(output_dir: Path, report_dir: Path) -> int:
+    """The Spark audit over a chaos run's data dirs, in this process's one Spark session."""
+    from spark.cli import run_checks
+    from spark.registry import parse_ids
+
+    return run_checks([str(output_dir)], report_dir, None, parse_ids(None))

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import os
 import tempfile
-import time
-from collections.abc import Callable
 from typing import Any
 
 _LOG_HOME = tempfile.mkdtemp(prefix="rmq-client-home-")
@@ -30,15 +28,3 @@ def client() -> Any:
         else:
             os.environ["HOME"] = home
     return rocketmq
-
-
-def wait_until(predicate: Callable[[], Any], timeout_s: float, what: str, interval_s: float = 0.1) -> Any:
-    """Polls `predicate` until it returns something truthy; fails naming `what`."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-        time.sleep(interval_s)
