@@ -182,6 +182,12 @@ class Members:
                 c for c, v in self._clients.items() if now_ms - v.last_seen_ms < CLIENT_EXPIRY_MS
             )
 
+    def client_type(self, client_id: str) -> int:
+        """What the client said it is in its Settings (CLIENT_TYPE_UNSPECIFIED if not yet)."""
+        with self._lock:
+            client = self._clients.get(client_id)
+            return client.client_type if client is not None else rdef.CLIENT_TYPE_UNSPECIFIED
+
     def push_consumers(self, group: str, topic: str, now_ms: int) -> list[str]:
         with self._lock:
             return sorted(

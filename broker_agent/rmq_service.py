@@ -26,7 +26,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from broker_agent.agent import BrokerAgent
 from broker_agent.ha import Role
@@ -100,6 +100,13 @@ class _Slot:
     epoch: int
     cursor: QueueCursor
     lock: threading.Lock
+    # Group commit of the cursor's progress (see RmqBroker.persist): changes asked to be
+    # written are counted under `lock`; one append at a time, under `writer`, covers every
+    # change counted before its snapshot.
+    writer: threading.Lock = field(default_factory=threading.Lock)
+    asked: int = 0
+    written: int = 0  # the count the last appended snapshot covered
+    written_at: tuple[int, int] = (0, 0)  # that append's (end offset, epoch)
 
 
 class RmqBroker:
@@ -228,18 +235,35 @@ class RmqBroker:
 
     def persist(self, key: CursorKey, slot: _Slot) -> None:
         """Writes the cursor's progress as a %CONSUMER_OFFSET% record and waits until the
-        SyncStateSet has it. The snapshot and the append happen under the cursor's lock, so
-        a later record never holds older progress than an earlier one."""
+        SyncStateSet has it.
+
+        Group commit: acks of one queue that arrive while a progress record is being
+        appended are covered by the next single append instead of one append each (a
+        consumer acknowledging a batch concurrently costs about two appends, not one per
+        message). Snapshots are taken and appended one at a time under the slot's writer
+        lock, so a later record never holds older progress than an earlier one; a change
+        counted before a snapshot is in it, because the cursor changed before it was
+        counted. A caller whose change another caller's append covered waits for that
+        append (or a later one) to be acknowledged, never for less."""
         with slot.lock:
-            offset, ranges = slot.cursor.progress()
-            slot.cursor.dirty = False
-            try:
-                _, end, epoch = self.agent.append(
-                    lambda e: self.store.commit_consumer_progress([(*key, offset, ranges)], e, wall_ms())
-                )
-            except BaseException:
-                slot.cursor.dirty = True
-                raise
+            slot.asked += 1
+            mine = slot.asked
+        with slot.writer:
+            if slot.written < mine:
+                with slot.lock:
+                    offset, ranges = slot.cursor.progress()
+                    covered = slot.asked
+                    slot.cursor.dirty = False
+                try:
+                    _, end, epoch = self.agent.append(
+                        lambda e: self.store.commit_consumer_progress([(*key, offset, ranges)], e, wall_ms())
+                    )
+                except BaseException:
+                    with slot.lock:
+                        slot.cursor.dirty = True
+                    raise
+                slot.written, slot.written_at = covered, (end, epoch)
+            end, epoch = slot.written_at
         self.agent.wait_acknowledged(end, epoch)
 
     def _flush_loop(self, stopping: threading.Event) -> None:
@@ -557,10 +581,14 @@ class MessagingServicer(rsvc_grpc.MessagingServiceServicer):
         deadline = time.monotonic() + max(0.0, min(poll_ms, remaining_ms)) / 1000
         fifo = self.metadata.local(key[1], now).message_type == "FIFO"
         max_attempts = self.metadata.consumer_settings(key[0], [], now).max_attempts
+        # A PushConsumer reads only the queues QueryAssignment gave it; a SimpleConsumer
+        # takes messages from any queue of the topic here (see _receive_any).
+        simple = self.broker.members.client_type(grant.client_id) == rdef.SIMPLE_CONSUMER
+        queues = self.metadata.local(key[1], now).read_queues if simple else 0
         held = False
         try:
             while True:
-                found = self.broker.receive(key, tags, batch, grant, fifo, max_attempts)
+                key, found = self._receive_any(key, queues, tags, batch, grant, fifo, max_attempts)
                 left = deadline - time.monotonic()
                 if found or left <= 0 or not context.is_active():
                     break
@@ -579,6 +607,30 @@ class MessagingServicer(rsvc_grpc.MessagingServiceServicer):
             if held:
                 self.broker.polls.release()
         yield from self._answer(key, found, grant)
+
+    def _receive_any(
+        self,
+        key: CursorKey,
+        queues: int,
+        tags: frozenset[str] | None,
+        batch: int,
+        grant: LeaseGrant,
+        fifo: bool,
+        max_attempts: int,
+    ) -> tuple[CursorKey, list[tuple[StoredRecord, Delivery]]]:
+        """Messages from the queue the client named or, when it has none, from the topic's
+        other `queues` readable queues on this broker (RocketMQ's proxy pops from every queue of the
+        broker too): a client that picked a drained queue gets what waits next to it
+        instead of long-polling an empty queue. Each queue keeps its own cursor, so FIFO
+        groups (one queue each) keep one message in flight. Returns the queue it read."""
+        group, topic, named = key
+        start = next(self.broker.round_robin)
+        others = [(start + i) % queues for i in range(queues)]  # none when `queues` is 0
+        for queue_id in [named, *(q for q in others if q != named)]:
+            found = self.broker.receive((group, topic, queue_id), tags, batch, grant, fifo, max_attempts)
+            if found:
+                return (group, topic, queue_id), found
+        return key, []
 
     def _answer(self, key: CursorKey, found: list[tuple[StoredRecord, Delivery]], grant: LeaseGrant):
         if not found:

@@ -7,13 +7,16 @@ Properties checked (a broker set of two replicas, acks from the whole SyncStateS
 - a message held in flight on the old master is delivered again by the new one (its lease
   was in memory only): bounded redelivery, never loss;
 - the new master refuses that message's receipt handle from the old master with
-  INVALID_RECEIPT_HANDLE instead of applying it, and takes its own.
+  INVALID_RECEIPT_HANDLE instead of applying it, and takes its own;
+- a batch acknowledged all at once just before the kill (the broker group-commits those
+  acks into few progress records) is not delivered again by the new master.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -24,6 +27,8 @@ from tests.support import wait_for
 from tests.support.rmq_client import client
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(150)]
+
+ACKS_IN_FLIGHT = 16
 
 rmq = client()
 from rocketmq.grpc_protocol import definition_pb2 as rdef  # noqa: E402
@@ -64,25 +69,33 @@ class Producing(threading.Thread):
 
 
 class Consuming(threading.Thread):
+    """Receives batches and acknowledges each batch's messages together (as a consumer with
+    a concurrent listener does), so the broker's group commit writes one progress record
+    for many acks, and that record must survive the kill like each ack would."""
+
     def __init__(self, consumer) -> None:
         super().__init__(daemon=True)
         self.consumer = consumer
         self.deliveries: dict[bytes, list[bool]] = defaultdict(list)  # body -> ack succeeded, per delivery
         self.stop = threading.Event()
 
+    def _ack(self, message) -> bool:
+        try:
+            self.consumer.ack(message)
+            return True
+        except Exception:
+            return False
+
     def run(self) -> None:
-        while not self.stop.is_set():
-            try:
-                messages = self.consumer.receive(16, 5)
-            except Exception:
-                self.stop.wait(0.2)  # back off after a failed receive
-                continue
-            for m in messages:
+        with ThreadPoolExecutor(ACKS_IN_FLIGHT) as pool:
+            while not self.stop.is_set():
                 try:
-                    self.consumer.ack(m)
-                    self.deliveries[m.body].append(True)
+                    messages = self.consumer.receive(ACKS_IN_FLIGHT, 5)
                 except Exception:
-                    self.deliveries[m.body].append(False)
+                    self.stop.wait(0.2)  # back off after a failed receive
+                    continue
+                for m, acked in zip(messages, pool.map(self._ack, messages), strict=True):
+                    self.deliveries[m.body].append(acked)
 
 
 def test_kill_master_while_the_official_client_produces_and_consumes(tmp_path):
@@ -109,6 +122,15 @@ def test_kill_master_while_the_official_client_produces_and_consumes(tmp_path):
         consuming.start()
         wait_for(lambda: len(producing.acked) >= 20 and consuming.deliveries, 10, "traffic before the kill")
         (held,) = wait_for(lambda: holder.receive(1, 30), 10, "a message held in flight")
+        # A batch acknowledged all at once right before the kill: the group commit's last
+        # progress record must cover every ack it answered.
+        burst = rmq.SimpleConsumer(config, "burst", {TOPIC: rmq.FilterExpression()}, 1)
+        burst.startup()
+        clients.append(burst)
+        batch = wait_for(lambda: burst.receive(32, 30), 10, "a batch for the burst group")
+        with ThreadPoolExecutor(len(batch)) as pool:
+            assert all(pool.map(Consuming(burst)._ack, batch)), "an ack of the burst failed"
+        burst_acked = {m.body for m in batch}
 
         cluster.kill(old_master)  # kill -9 (the clients' first route refresh comes 10 s after their start)
         sent_before = len(producing.acked)
@@ -129,6 +151,13 @@ def test_kill_master_while_the_official_client_produces_and_consumes(tmp_path):
             holder.ack(held)
         assert refused.value.code == rdef.INVALID_RECEIPT_HANDLE
         holder.ack(again[0])  # while its own handle is good
+
+        burst_drain = Consuming(burst)
+        threads.append(burst_drain)
+        burst_drain.start()
+        wait_for(lambda: acked - burst_acked <= set(burst_drain.deliveries), 45, "the burst group's rest")
+        redelivered = burst_acked & set(burst_drain.deliveries)
+        assert not redelivered, f"acknowledged before the kill, delivered again: {sorted(redelivered)}"
     finally:
         for thread in threads:
             thread.stop.set()
