@@ -1446,10 +1446,11 @@ def _raw_window(node, payload: str, window: int, seconds: float, success: int) -
 
 
 def raw_phase(root: Path, entry_bytes: int, seconds: float) -> dict[str, Any]:
-    from cluster.layout import free_ports
+    from cluster.ports import PortReservation
 
     secret = (root / "cluster" / "secret").read_text().strip()
-    addresses = [f"127.0.0.1:{p}" for p in free_ports(3)]
+    ports = PortReservation.pick(3)  # held until the raw nodes stop (they bind with SO_REUSEADDR)
+    addresses = ports.addresses
     pool = ChildPool("raw")
     try:
         pool.start(_raw_node, [(i, addresses, secret, str(root / f"raw{i}")) for i in range(3)])
@@ -1480,6 +1481,7 @@ def raw_phase(root: Path, entry_bytes: int, seconds: float) -> dict[str, Any]:
         return out
     finally:
         pool.stop()
+        ports.release()
 
 
 # Phase: watch fan-out ----------------------------------------------------------------------------
