@@ -186,10 +186,11 @@ class DurableJournal:
         if entryFrom >= len(self._entries):
             return
         log.info(
-            "%s: dropping %d entries from index %d (they conflict with the leader's log)",
+            "%s: dropping %d entries from index %d of term %d (they conflict with the leader's log)",
             self.path,
             len(self._entries) - entryFrom,
             self._entries[entryFrom][1],
+            self._entries[entryFrom][2],
         )
         cut = self._offsets[entryFrom]
         os.ftruncate(self._fd, cut)
