@@ -10,6 +10,7 @@ from broker_agent import replication
 from broker_agent.agent import BrokerAgent, BrokerConfig
 from mqmeta.clock import now_ms
 from mqmeta.errors import InvalidArgument, NotFound
+from mqmeta.formats.origin import OriginKey
 from mqmeta.formats.records import Message
 from mqmeta.pb import broker_pb2 as bpb
 from mqmeta.pb import broker_pb2_grpc as bpb_grpc
@@ -72,6 +73,7 @@ class BrokerServicer(bpb_grpc.BrokerServiceServicer):
                     queue_id=r.queue_id,
                     queue_offset=r.queue_offset,
                     commit_offset=r.commit_offset,
+                    duplicate=r.duplicate,
                 )
                 for r in results
             ],
@@ -117,6 +119,26 @@ class BrokerServicer(bpb_grpc.BrokerServiceServicer):
         self.agent.require_master()
         offset = self.agent.store.consumer_offset(request.group, request.topic, request.queue_id)
         return bpb.QueryOffsetResponse(offset=-1 if offset is None else offset)
+
+    @rpc
+    def QueryOrigin(self, request, context):
+        for kind, name in (("cluster", request.cluster), ("broker_name", request.broker_name)):
+            validate_name(kind, name)
+        validate_name("topic", request.topic)
+        validate_int("queue_id", request.queue_id, 0, QUEUE_ID_MAX)
+        with self.agent.lock:
+            self.agent.core.check_master()
+            epoch = self.agent.core.master_epoch
+        key = OriginKey(request.cluster, request.broker_name, request.topic, request.queue_id)
+        head = self.agent.store.origin_head(key)
+        if head is None:
+            return bpb.QueryOriginResponse(offset=-1)
+        # Answer only a durable head: a replicator resumes after it, so a head a failover
+        # could still cut off would skip the messages it names.
+        self.agent.wait_acknowledged(head.end_offset, epoch)
+        return bpb.QueryOriginResponse(
+            offset=head.offset, topic=head.topic, queue_id=head.queue_id, queue_offset=head.queue_offset
+        )
 
     @rpc
     def GetEpochCache(self, request, context):

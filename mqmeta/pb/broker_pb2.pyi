@@ -40,18 +40,20 @@ class SendRequest(_message.Message):
     def __init__(self, messages: _Optional[_Iterable[_Union[Message, _Mapping]]] = ...) -> None: ...
 
 class SendResult(_message.Message):
-    __slots__ = ("msg_id", "topic", "queue_id", "queue_offset", "commit_offset")
+    __slots__ = ("msg_id", "topic", "queue_id", "queue_offset", "commit_offset", "duplicate")
     MSG_ID_FIELD_NUMBER: _ClassVar[int]
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
     QUEUE_OFFSET_FIELD_NUMBER: _ClassVar[int]
     COMMIT_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATE_FIELD_NUMBER: _ClassVar[int]
     msg_id: str
     topic: str
     queue_id: int
     queue_offset: int
     commit_offset: int
-    def __init__(self, msg_id: _Optional[str] = ..., topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., queue_offset: _Optional[int] = ..., commit_offset: _Optional[int] = ...) -> None: ...
+    duplicate: bool
+    def __init__(self, msg_id: _Optional[str] = ..., topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., queue_offset: _Optional[int] = ..., commit_offset: _Optional[int] = ..., duplicate: _Optional[bool] = ...) -> None: ...
 
 class SendResponse(_message.Message):
     __slots__ = ("results", "master_epoch")
@@ -271,3 +273,27 @@ class HaFetchResponse(_message.Message):
     min_offset: int
     offset_moved_to_tiered: bool
     def __init__(self, master_epoch: _Optional[int] = ..., master_max_offset: _Optional[int] = ..., confirm_offset: _Optional[int] = ..., truncate_to: _Optional[int] = ..., data_offset: _Optional[int] = ..., data: _Optional[bytes] = ..., epoch_entries: _Optional[_Iterable[_Union[EpochEntry, _Mapping]]] = ..., min_offset: _Optional[int] = ..., offset_moved_to_tiered: _Optional[bool] = ...) -> None: ...
+
+class QueryOriginRequest(_message.Message):
+    __slots__ = ("cluster", "broker_name", "topic", "queue_id")
+    CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    BROKER_NAME_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    cluster: str
+    broker_name: str
+    topic: str
+    queue_id: int
+    def __init__(self, cluster: _Optional[str] = ..., broker_name: _Optional[str] = ..., topic: _Optional[str] = ..., queue_id: _Optional[int] = ...) -> None: ...
+
+class QueryOriginResponse(_message.Message):
+    __slots__ = ("offset", "topic", "queue_id", "queue_offset")
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    offset: int
+    topic: str
+    queue_id: int
+    queue_offset: int
+    def __init__(self, offset: _Optional[int] = ..., topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., queue_offset: _Optional[int] = ...) -> None: ...
