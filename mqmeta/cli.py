@@ -87,6 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
     from spark.cli import add_audit_parser
 
     add_audit_parser(sub)
+    from replicator import add_replicator_parser
+
+    add_replicator_parser(sub)
     return parser
 
 
@@ -150,6 +153,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         from spark.cli import run_audit
 
         return run_audit(args)
+    if args.command == "replicator":
+        from replicator import run_replicator
+
+        return run_replicator(args)
     raise AssertionError(args.command)
 
 

@@ -1,0 +1,231 @@
+"""Cross-cluster replication with real processes: two clusters (a, b) and `mqmeta replicator`
+workers between them.
+
+Properties checked (X1, X2 of DESIGN.md):
+- a -> b: every source message a rule matches is stored exactly once at the target, with
+  equal body, tags, keys, user properties and message id, its origin (cluster, broker
+  set, topic, queue, offset) and path as properties, in per-queue origin order; a
+  message the rule's tags leave out is not replicated;
+- kill -9 of the worker mid-stream, then a restart: it resumes from the target's origin
+  table, with zero duplicates and zero losses;
+- kill -9 of the target master mid-stream: the worker follows the new master, with zero
+  duplicates and zero losses (the origin table failed over with the data);
+- a <-> b active-active on one topic: every message is in both clusters exactly once and
+  never comes back to a cluster on its path (no loops).
+
+One pair of clusters serves the module; each test uses its own topics and workers.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+
+import pytest
+
+from cluster.harness import Cluster
+from mqmeta.broker_client import Producer
+from mqmeta.errors import MqmetaError
+from mqmeta.formats import origin as origin_format
+from mqmeta.pb import controller_pb2 as pb
+from tests.support import consume_all, wait_for
+
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(120)]
+
+FLAGS = ["--ha-max-time-slave-not-catchup-ms", "1500", "--send-timeout-ms", "3000"]
+QUEUES = 2
+REPLICATE_TIMEOUT_S = 40.0
+SENT_BEFORE_FAULT_MIN = 100  # copies at the target before a fault is injected
+
+
+@pytest.fixture(scope="module")
+def sites(tmp_path_factory):
+    made = []
+    try:
+        for name in ("a", "b"):
+            cluster = Cluster(
+                tmp_path_factory.mktemp(f"site-{name}"),
+                count=1,
+                embedded=True,
+                broker_sets=1,
+                replicas=2,
+                broker_flags=[*FLAGS, "--cluster", name],
+            )
+            made.append(cluster)
+            cluster.start()
+        yield made
+    finally:
+        for cluster in made:
+            cluster.stop()
+
+
+def create_topic(cluster: Cluster, topic: str, name: str) -> None:
+    with cluster.client() as client:
+        client.call("CreateTopic", pb.TopicSpec(name=topic, cluster=name, queue_count=QUEUES))
+
+
+def start_worker(site: Cluster, name: str, rules: list[tuple[str, Cluster, Cluster, str]], tags: str = "*"):
+    """A worker process with one rule per (name, source, target, topic), earliest start."""
+    lines = ["[replicator]", "discovery_interval_ms = 500"]
+    for rule, source, target, topic in rules:
+        lines += [
+            "[[rules]]",
+            f'name = "{rule}"',
+            f'source_namesrv = "{source.namesrv}"',
+            f'target_namesrv = "{target.namesrv}"',
+            f'topic = "{topic}"',
+            f'tags = "{tags}"',
+            'start = "earliest"',
+        ]
+    config = site.root / f"{name}.toml"
+    config.write_text("\n".join(lines) + "\n")
+    import sys
+
+    command = [sys.executable, "-m", "mqmeta.cli", "replicator", "--config", str(config), "--worker-id", name]
+    return site.supervisor.start(name, command)
+
+
+class ProduceLoop(threading.Thread):
+    """Sends tagged, keyed batches until stopped; remembers what was acknowledged."""
+
+    def __init__(self, site: Cluster, topic: str, prefix: str, count_max: int) -> None:
+        super().__init__(daemon=True)
+        self.producer = Producer(site.namesrv, timeout_s=8.0)
+        self.topic, self.prefix, self.count_max = topic, prefix, count_max
+        self.acked: list[bytes] = []
+        self.stop_event = threading.Event()
+
+    def run(self) -> None:
+        i = 0
+        while not self.stop_event.is_set() and i < self.count_max:
+            bodies = [f"{self.prefix}-{i + k}".encode() for k in range(5)]
+            i += 5
+            try:
+                self.producer.send(self.topic, bodies, tags="t", keys=[b.decode() for b in bodies])
+                self.acked += bodies
+            except MqmetaError:
+                pass  # outcome unknown: not counted (the target may or may not have it)
+
+    def finish(self) -> list[bytes]:
+        self.join(timeout=60)
+        self.stop_event.set()
+        self.producer.close()
+        return self.acked
+
+
+def target_count(site: Cluster, topic: str, group: str) -> int:
+    """How many messages a fresh group could read of `topic` right now (one pass)."""
+    from mqmeta.broker_client import Consumer
+
+    consumer = Consumer(site.namesrv, topic, group)
+    try:
+        total = 0
+        while batch := consumer.poll():
+            total += len(batch)
+        return total
+    finally:
+        consumer.close()
+
+
+def check_exactly_once(source: Cluster, target: Cluster, topic: str, acked: list[bytes], tag: str) -> None:
+    wanted = set(acked)
+    originals = {m.body: m for m in consume_all(source, f"src-{tag}", acked, topic=topic) if m.body in wanted}
+    copies = consume_all(target, f"dst-{tag}", acked, timeout_s=REPLICATE_TIMEOUT_S, topic=topic)
+    counts = Counter(m.body for m in copies)
+    duplicated = [body for body, n in counts.items() if n > 1]
+    assert not duplicated, f"{len(duplicated)} bodies stored twice at the target, e.g. {duplicated[:3]}"
+    assert set(counts) == wanted, "the target holds other messages than the acknowledged matching ones"
+    last_origin: dict[tuple, int] = {}
+    for copy in sorted(copies, key=lambda m: (m.queue_id, m.queue_offset)):
+        original = originals[copy.body]
+        assert (copy.tags, copy.keys, copy.msg_id) == (original.tags, original.keys, original.msg_id)
+        props = copy.properties
+        assert props[origin_format.CLUSTER] == "a" and props[origin_format.PATH] == "a"
+        key = (props[origin_format.BROKER], props[origin_format.TOPIC], int(props[origin_format.QUEUE]))
+        assert (key[0], key[2], int(props[origin_format.OFFSET])) == (
+            "broker-a",
+            original.queue_id,
+            original.queue_offset,
+        )
+        assert int(props[origin_format.OFFSET]) > last_origin.get(key, -1), "origin order broken"
+        last_origin[key] = int(props[origin_format.OFFSET])
+
+
+def copies_at_least(target: Cluster, topic: str, count: int, group: str) -> None:
+    wait_for(
+        lambda: target_count(target, topic, group),
+        REPLICATE_TIMEOUT_S,
+        f"{count} copies of {topic} at the target",
+        until=lambda n: n >= count,
+        retry_on=(MqmetaError,),
+    )
+
+
+def test_a_to_b_replicates_each_message_once_with_its_identity_and_origin(sites):
+    a, b = sites
+    for name, site in zip("ab", sites, strict=True):
+        create_topic(site, "Plain", name)
+    producer = Producer(a.namesrv)
+    acked: list[bytes] = []
+    for i in range(40):
+        bodies = [f"plain-{i}-{k}".encode() for k in range(5)]
+        producer.send("Plain", bodies, tags="keep", keys=[f"k{i}-{k}" for k in range(5)])
+        acked += bodies
+    producer.send("Plain", [b"left-out"], tags="other")
+    producer.close()
+    start_worker(b, "w-plain", [("plain", a, b, "Plain")], tags="keep || more")
+    check_exactly_once(a, b, "Plain", acked, "plain")  # b"left-out" (tag "other") is not there
+
+
+def test_kill_9_of_the_worker_mid_stream_loses_and_duplicates_nothing(sites):
+    a, b = sites
+    for name, site in zip("ab", sites, strict=True):
+        create_topic(site, "Killed", name)
+    loop = ProduceLoop(a, "Killed", "killed", 1500)
+    loop.start()
+    start_worker(b, "w-killed", [("killed", a, b, "Killed")])
+    copies_at_least(b, "Killed", SENT_BEFORE_FAULT_MIN, "probe-killed-1")
+    b.kill("w-killed")
+    copies_at_least(a, "Killed", len(loop.acked) + 200, "probe-killed-2")  # more arrives meanwhile
+    start_worker(b, "w-killed", [("killed", a, b, "Killed")])
+    acked = loop.finish()
+    check_exactly_once(a, b, "Killed", acked, "killed")
+
+
+def test_kill_9_of_the_target_master_loses_and_duplicates_nothing(sites):
+    a, b = sites
+    for name, site in zip("ab", sites, strict=True):
+        create_topic(site, "Failover", name)
+    loop = ProduceLoop(a, "Failover", "failover", 1500)
+    loop.start()
+    start_worker(b, "w-failover", [("failover", a, b, "Failover")])
+    copies_at_least(b, "Failover", SENT_BEFORE_FAULT_MIN, "probe-failover-1")
+    master = b.master_of("broker-a")
+    b.kill(master)
+    b.master_of("broker-a", exclude=master)
+    acked = loop.finish()
+    check_exactly_once(a, b, "Failover", acked, "failover")
+    b.start_broker(master)  # back as a slave for the tests after this one
+
+
+def test_active_active_a_and_b_never_loop(sites):
+    a, b = sites
+    for name, site in zip("ab", sites, strict=True):
+        create_topic(site, "Both", name)
+    start_worker(b, "w-both", [("a-to-b", a, b, "Both"), ("b-to-a", b, a, "Both")])
+    sent: dict[str, list[bytes]] = {}
+    for name, site in (("a", a), ("b", b)):
+        producer = Producer(site.namesrv)
+        sent[name] = [f"both-{name}-{i}".encode() for i in range(60)]
+        for i in range(0, 60, 10):
+            producer.send("Both", sent[name][i : i + 10], tags="t")
+        producer.close()
+    everything = sent["a"] + sent["b"]
+    for name, site in (("a", a), ("b", b)):
+        read = consume_all(site, f"both-{name}", everything, timeout_s=REPLICATE_TIMEOUT_S, topic="Both")
+        counts = Counter(m.body for m in read)
+        assert set(counts) == set(everything) and max(counts.values()) == 1, f"cluster {name}: {counts}"
+        for message in read:
+            path = origin_format.path_of(message.properties)
+            native = message.body.startswith(f"both-{name}-".encode())
+            assert path == ([] if native else ["b" if name == "a" else "a"]), (name, message.body, path)
