@@ -102,6 +102,19 @@ def test_load_config_names_a_missing_file(tmp_path):
     assert load_config(tmp_path / "ok.toml").rules[0].name == "r1"
 
 
+def test_the_worker_refuses_a_bad_config_with_exit_2_naming_rule_and_field(tmp_path, capsys):
+    from mqmeta.cli import main
+
+    bad = tmp_path / "bad.toml"
+    bad.write_text(RULE + 'mode = "mirror"\n')
+    assert main(["replicator", "--config", str(bad)]) == 2
+    assert "rule 'r1': field 'mode' 'mirror'" in capsys.readouterr().err
+    full = tmp_path / "full.toml"
+    full.write_text(RULE + 'mode = "full"\n')
+    assert main(["replicator", "--config", str(full)]) == 2  # validated, but not built yet: refused
+    assert "rule 'r1': field 'mode' 'full'" in capsys.readouterr().err
+
+
 def test_tag_expressions():
     assert parse_tags("*").tags is None and parse_tags("").tags is None
     assert parse_tags(" a ||b ").tags == frozenset({"a", "b"})
