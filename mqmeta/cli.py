@@ -70,6 +70,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     up.add_argument("--broker-sets", type=int, default=1, help="broker sets (0-26)")
     up.add_argument("--replicas", type=int, default=3, help="brokers per set (1-5)")
+    up.add_argument("--clusters", type=int, default=1, help="clusters a, b, ... (1-4), each like the first")
+    up.add_argument(
+        "--replicate", action="store_true", help="also run a replicator with a rule a -> b for every topic"
+    )
 
     from broker_agent.service import add_broker_parser
     from mqmeta.data_cli import add_data_parsers

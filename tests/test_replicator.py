@@ -231,3 +231,65 @@ def test_active_active_a_and_b_never_loop(sites):
             path = origin_format.path_of(message.properties)
             native = message.body.startswith(f"both-{name}-".encode())
             assert path == ([] if native else ["b" if name == "a" else "a"]), (name, message.body, path)
+
+
+def test_local_up_with_two_clusters_and_a_replicator(tmp_path):
+    """`mqmeta local up --clusters 2 --replicate`: clusters a and b and a worker with a rule
+    a -> b for every topic; cluster.json lists them; produce --tag/--keys at a is consumed at
+    b with its tag, keys and origin; SIGTERM stops every child, the worker included."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    mqmeta = [sys.executable, "-m", "mqmeta.cli"]
+    data_dir = tmp_path / "local"
+    flags = ["--controllers", "1", "--replicas", "1", "--clusters", "2", "--replicate"]
+    with open(tmp_path / "local-up.out", "ab") as sink:
+        proc = subprocess.Popen(
+            [*mqmeta, "local", "up", "--data-dir", str(data_dir), *flags], stdout=sink, stderr=sink
+        )
+    try:
+        wait_for(lambda: (data_dir / "cluster.json").exists() or proc.poll(), 60, "cluster.json")
+        document = json.loads((data_dir / "cluster.json").read_text())
+        assert [c["name"] for c in document["clusters"]] == ["a", "b"]
+        assert document["controllers"] == document["clusters"][0]["controllers"]
+        assert {b["cluster"] for b in document["clusters"][1]["brokers"]} == {"b"}
+        (replicator,) = document["replicators"]
+        for cluster in document["clusters"]:
+            controllers = cluster["controllers"][0]["grpc"]
+            created = subprocess.run(
+                [*mqmeta, "admin", "--controllers", controllers, "topic", "create", "Local"]
+                + ["--cluster", cluster["name"], "--queues", "2"],
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
+            assert created.returncode == 0, created.stderr
+        source, target = (c["namesrv"][0]["grpc"] for c in document["clusters"])
+        produce = ["produce", "--namesrv", source, "--topic", "Local", "--count", "20", "--tag", "T"]
+        produced = subprocess.run(
+            [*mqmeta, *produce, "--keys", "k1,k2"], capture_output=True, text=True, timeout=30
+        )
+        assert produced.returncode == 0, produced.stderr
+        record = tmp_path / "received.jsonl"
+
+        def received() -> int:
+            consume = ["consume", "--namesrv", target, "--topic", "Local", "--group", "g"]
+            subprocess.run(
+                [*mqmeta, *consume, "--until-idle", "0.5", "--record", str(record)],
+                capture_output=True,
+                timeout=30,
+            )
+            return len(record.read_text().splitlines()) if record.exists() else 0
+
+        wait_for(received, REPLICATE_TIMEOUT_S, "20 copies at b", until=lambda n: n >= 20)
+        lines = [json.loads(line) for line in record.read_text().splitlines()]
+        assert len(lines) == 20 and len({r["value"] for r in lines}) == 20
+        assert all((r["tag"], r["keys"], r["origin"]["cluster"]) == ("T", ["k1", "k2"], "a") for r in lines)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+    with pytest.raises(ProcessLookupError):
+        os.kill(replicator["pid"], 0)
