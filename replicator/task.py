@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 CALL_TIMEOUT_S = 10.0  # a Pull or QueryOrigin, retried across master changes within it
 SEND_TIMEOUT_S = 10.0  # one Send: the target waits for its SyncStateSet before answering
 RETRY_PAUSE_S = 0.5  # after a failure, before re-resolving and resuming
+MISSING_PAUSE_S = 5.0  # after NOT_FOUND (a target topic not created yet)
 IDLE_PAUSE_S = 0.05  # a caught-up queue is pulled again after this
 END_OF_QUEUE = 2**62  # a Pull from here returns nothing but the queue's readable end
 
@@ -103,7 +104,8 @@ class Task:
                     log.warning(
                         "task %s: %s; resuming from the target's head", self.key.label(), error.message
                     )
-                    self.stop.wait(RETRY_PAUSE_S)
+                    # A missing target topic waits for an operator, not for a failover.
+                    self.stop.wait(MISSING_PAUSE_S if isinstance(error, NotFound) else RETRY_PAUSE_S)
         finally:
             source.close()
             target.close()

@@ -9,7 +9,8 @@ Properties checked (X1, X2 of DESIGN.md):
 - kill -9 of the worker mid-stream, then a restart: it resumes from the target's origin
   table, with zero duplicates and zero losses;
 - kill -9 of the target master mid-stream: the worker follows the new master, with zero
-  duplicates and zero losses (the origin table failed over with the data);
+  duplicates and zero losses (the origin table failed over with the data); the same for
+  kill -9 of the source master (every acknowledged source message arrives once);
 - a <-> b active-active on one topic: every message is in both clusters exactly once and
   never comes back to a cluster on its path (no loops).
 
@@ -36,6 +37,7 @@ FLAGS = ["--ha-max-time-slave-not-catchup-ms", "1500", "--send-timeout-ms", "300
 QUEUES = 2
 REPLICATE_TIMEOUT_S = 40.0
 SENT_BEFORE_FAULT_MIN = 100  # copies at the target before a fault is injected
+PRODUCED_MAX = 50_000  # a bound on each produce loop (it is stopped long before)
 
 
 @pytest.fixture(scope="module")
@@ -106,9 +108,12 @@ class ProduceLoop(threading.Thread):
             except MqmetaError:
                 pass  # outcome unknown: not counted (the target may or may not have it)
 
-    def finish(self) -> list[bytes]:
-        self.join(timeout=60)
+    def finish(self, more: int = 200) -> list[bytes]:
+        """Stops once `more` further sends were acknowledged (they go on across the fault)."""
+        before = len(self.acked)
+        wait_for(lambda: len(self.acked) >= before + more or not self.is_alive(), 30, f"{more} more sends")
         self.stop_event.set()
+        self.join(timeout=30)
         self.producer.close()
         return self.acked
 
@@ -127,26 +132,31 @@ def target_count(site: Cluster, topic: str, group: str) -> int:
         consumer.close()
 
 
-def check_exactly_once(source: Cluster, target: Cluster, topic: str, acked: list[bytes], tag: str) -> None:
-    wanted = set(acked)
-    originals = {m.body: m for m in consume_all(source, f"src-{tag}", acked, topic=topic) if m.body in wanted}
-    copies = consume_all(target, f"dst-{tag}", acked, timeout_s=REPLICATE_TIMEOUT_S, topic=topic)
-    counts = Counter(m.body for m in copies)
-    duplicated = [body for body, n in counts.items() if n > 1]
-    assert not duplicated, f"{len(duplicated)} bodies stored twice at the target, e.g. {duplicated[:3]}"
-    assert set(counts) == wanted, "the target holds other messages than the acknowledged matching ones"
+def check_exactly_once(
+    source: Cluster, target: Cluster, topic: str, acked: list[bytes], tag: str, tags: tuple[str, ...] = ("t",)
+) -> None:
+    """Every source record with one of `tags` is at the target exactly once (by message id:
+    a producer's retry across a source failover may store a body twice at the source, and
+    then each record is copied once), with its identity and origin; every acknowledged
+    body is among them."""
+    records = consume_all(source, f"src-{tag}", acked, topic=topic)
+    originals = {m.msg_id: m for m in records if m.tags in tags}
+    assert set(acked) <= {m.body for m in originals.values()}, "the source lost an acknowledged message"
+    expected = {m.body for m in originals.values()}
+    copies = consume_all(target, f"dst-{tag}", expected, timeout_s=REPLICATE_TIMEOUT_S, topic=topic)
+    counts = Counter(m.msg_id for m in copies)
+    duplicated = [msg_id for msg_id, n in counts.items() if n > 1]
+    assert not duplicated, f"{len(duplicated)} source records stored twice at the target: {duplicated[:3]}"
+    assert set(counts) == set(originals), "the target holds other records than the source's matching ones"
     last_origin: dict[tuple, int] = {}
     for copy in sorted(copies, key=lambda m: (m.queue_id, m.queue_offset)):
-        original = originals[copy.body]
-        assert (copy.tags, copy.keys, copy.msg_id) == (original.tags, original.keys, original.msg_id)
+        original = originals[copy.msg_id]
+        assert (copy.body, copy.tags, copy.keys) == (original.body, original.tags, original.keys)
         props = copy.properties
         assert props[origin_format.CLUSTER] == "a" and props[origin_format.PATH] == "a"
         key = (props[origin_format.BROKER], props[origin_format.TOPIC], int(props[origin_format.QUEUE]))
-        assert (key[0], key[2], int(props[origin_format.OFFSET])) == (
-            "broker-a",
-            original.queue_id,
-            original.queue_offset,
-        )
+        assert key == ("broker-a", topic, original.queue_id)
+        assert int(props[origin_format.OFFSET]) == original.queue_offset
         assert int(props[origin_format.OFFSET]) > last_origin.get(key, -1), "origin order broken"
         last_origin[key] = int(props[origin_format.OFFSET])
 
@@ -174,20 +184,23 @@ def test_a_to_b_replicates_each_message_once_with_its_identity_and_origin(sites)
     producer.send("Plain", [b"left-out"], tags="other")
     producer.close()
     start_worker(b, "w-plain", [("plain", a, b, "re:Plai.*")], tags="keep || more")  # topics listed
-    check_exactly_once(a, b, "Plain", acked, "plain")  # b"left-out" (tag "other") is not there
+    check_exactly_once(
+        a, b, "Plain", acked, "plain", tags=("keep", "more")
+    )  # b"left-out" (tag "other") is not there
 
 
 def test_kill_9_of_the_worker_mid_stream_loses_and_duplicates_nothing(sites):
     a, b = sites
     for name, site in zip("ab", sites, strict=True):
         create_topic(site, "Killed", name)
-    loop = ProduceLoop(a, "Killed", "killed", 1500)
+    loop = ProduceLoop(a, "Killed", "killed", PRODUCED_MAX)
     loop.start()
     start_worker(b, "w-killed", [("killed", a, b, "Killed")])
     copies_at_least(b, "Killed", SENT_BEFORE_FAULT_MIN, "probe-killed-1")
     assert loop.is_alive(), "the source stream ended before the fault: raise ProduceLoop's count"
     b.kill("w-killed")
-    copies_at_least(a, "Killed", len(loop.acked) + 200, "probe-killed-2")  # more arrives meanwhile
+    before = len(loop.acked)  # more arrives while the worker is down
+    wait_for(lambda: len(loop.acked) >= before + 100, 20, "100 more sends while the worker is down")
     start_worker(b, "w-killed", [("killed", a, b, "Killed")])
     acked = loop.finish()
     check_exactly_once(a, b, "Killed", acked, "killed")
@@ -197,7 +210,7 @@ def test_kill_9_of_the_target_master_loses_and_duplicates_nothing(sites):
     a, b = sites
     for name, site in zip("ab", sites, strict=True):
         create_topic(site, "Failover", name)
-    loop = ProduceLoop(a, "Failover", "failover", 1500)
+    loop = ProduceLoop(a, "Failover", "failover", PRODUCED_MAX)
     loop.start()
     start_worker(b, "w-failover", [("failover", a, b, "Failover")])
     copies_at_least(b, "Failover", SENT_BEFORE_FAULT_MIN, "probe-failover-1")
@@ -208,6 +221,23 @@ def test_kill_9_of_the_target_master_loses_and_duplicates_nothing(sites):
     acked = loop.finish()
     check_exactly_once(a, b, "Failover", acked, "failover")
     b.start_broker(master)  # back as a slave for the tests after this one
+
+
+def test_kill_9_of_the_source_master_loses_and_duplicates_nothing(sites):
+    a, b = sites
+    for name, site in zip("ab", sites, strict=True):
+        create_topic(site, "SourceDown", name)
+    loop = ProduceLoop(a, "SourceDown", "source-down", PRODUCED_MAX)
+    loop.start()
+    start_worker(b, "w-source-down", [("source-down", a, b, "SourceDown")])
+    copies_at_least(b, "SourceDown", SENT_BEFORE_FAULT_MIN, "probe-source-down")
+    master = a.master_of("broker-a")
+    assert loop.is_alive(), "the source stream ended before the fault: raise ProduceLoop's count"
+    a.kill(master)
+    a.master_of("broker-a", exclude=master)
+    acked = loop.finish()
+    check_exactly_once(a, b, "SourceDown", acked, "source-down")
+    a.start_broker(master)
 
 
 def test_active_active_a_and_b_never_loop(sites):
