@@ -27,7 +27,7 @@ from typing import Any
 import grpc
 
 from mqmeta.errors import InvalidArgument, MqmetaError, NotFound
-from mqmeta.formats.origin import NO_PREVIOUS, Origin, OriginKey, path_of, replicated_properties
+from mqmeta.formats.origin import NO_PREVIOUS, STORE_MS, Origin, OriginKey, path_of, replicated_properties
 from mqmeta.formats.replication_rules import Rule
 from mqmeta.pb import broker_pb2 as bpb
 from mqmeta.rpc import from_rpc_error
@@ -57,10 +57,13 @@ class TaskKey:
 @dataclass
 class TaskStats:
     replicated: int = 0  # copies the target stored (duplicates not counted)
+    replicated_bytes: int = 0  # their bodies
     skipped: int = 0  # messages the rule's tags or the loop rule left out
     errors: int = 0
     lag_messages: int = 0  # source readable end - next offset to read
     last_sync_ms: int = 0
+    last_store_ms: int = 0  # the source store time of the last copy the target acknowledged
+    caught_up: bool = False  # the last pull found nothing new and nothing is in flight
     last_error: str = ""
 
 
@@ -80,7 +83,8 @@ class _Position:
 class _InFlight:
     future: Any
     count: int
-    last_offset: int
+    body_bytes: int
+    last_store_ms: int
 
 
 @dataclass
@@ -176,6 +180,7 @@ class Task:
                     self._settle(window.popleft())
                 elif not pulled:
                     self.stats.last_sync_ms = int(time.time() * 1000)  # caught up: a quiet queue has no lag
+                    self.stats.caught_up = True
                     self.stop.wait(IDLE_PAUSE_S)
         finally:
             for sent in window:  # let them land before the head is asked again
@@ -196,6 +201,7 @@ class Task:
         self.stats.lag_messages = max(0, reply.max_queue_offset - reply.next_queue_offset)
         if not reply.messages:
             return False
+        self.stats.caught_up = False
         copies = []
         for message in reply.messages:
             if self._keeps(message, at):
@@ -207,7 +213,9 @@ class Task:
         at.next_offset = reply.next_queue_offset
         for chunk in _chunks(copies, self.settings["batch_bytes_max"]):
             future = stub.Send.future(bpb.SendRequest(messages=chunk), timeout=SEND_TIMEOUT_S)
-            window.append(_InFlight(future, len(chunk), int(chunk[-1].properties["__ORIGIN_OFFSET"])))
+            body_bytes = sum(len(c.body) for c in chunk)
+            last_store_ms = int(chunk[-1].properties[STORE_MS])
+            window.append(_InFlight(future, len(chunk), body_bytes, last_store_ms))
         return True
 
     def _keeps(self, message: bpb.StoredMessage, at: _Position) -> bool:
@@ -240,7 +248,10 @@ class Task:
             raise from_rpc_error(rpc_error) from None
         if len(reply.results) != sent.count:
             raise InvalidArgument(f"the target answered {len(reply.results)} results for {sent.count} copies")
-        self.stats.replicated += sum(1 for r in reply.results if not r.duplicate)
+        stored = sum(1 for r in reply.results if not r.duplicate)
+        self.stats.replicated += stored
+        self.stats.replicated_bytes += sent.body_bytes if stored == sent.count else 0
+        self.stats.last_store_ms = sent.last_store_ms
         self.stats.last_sync_ms = int(time.time() * 1000)
 
 

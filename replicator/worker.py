@@ -17,7 +17,7 @@ from typing import Any
 
 from mqmeta.errors import InvalidArgument, MqmetaError
 from mqmeta.formats.replication_rules import ReplicatorConfig, Rule, load_config
-from mqmeta.validate import validate_name
+from mqmeta.validate import parse_addresses, validate_name
 from replicator.site import Site
 from replicator.task import Task, TaskKey
 
@@ -31,6 +31,9 @@ def add_replicator_parser(sub: Any) -> None:
     parser = sub.add_parser("replicator", help="run a cross-cluster replication worker")
     parser.add_argument("--config", type=Path, required=True, help="TOML file: [replicator] and [[rules]]")
     parser.add_argument("--worker-id", default="w1", help="this worker's name in logs")
+    parser.add_argument(
+        "--metrics-listen", default="", help="HOST:PORT for Prometheus text per task (port 0: any)"
+    )
 
 
 def check_buildable(config: ReplicatorConfig) -> None:
@@ -96,6 +99,12 @@ def run_replicator(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     check_buildable(config)
     worker = Worker(config, args.worker_id)
+    if args.metrics_listen:
+        from replicator.metrics import serve_metrics
+
+        address = parse_addresses(args.metrics_listen, "--metrics-listen address", allow_port_zero=True)[0]
+        bound = serve_metrics(address, lambda: list(worker.tasks.values()))
+        log.warning("worker %s: metrics on %s", args.worker_id, bound)  # tests and scripts read the port
 
     def _stop(signum: int, frame: object) -> None:
         worker.stop.set()

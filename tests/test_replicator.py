@@ -66,7 +66,9 @@ def create_topic(cluster: Cluster, topic: str, name: str) -> None:
         client.call("CreateTopic", pb.TopicSpec(name=topic, cluster=name, queue_count=QUEUES))
 
 
-def start_worker(site: Cluster, name: str, rules: list[tuple[str, Cluster, Cluster, str]], tags: str = "*"):
+def start_worker(
+    site: Cluster, name: str, rules: list[tuple[str, Cluster, Cluster, str]], tags: str = "*", *extra: str
+):
     """A worker process with one rule per (name, source, target, topic), earliest start."""
     lines = ["[replicator]", "discovery_interval_ms = 500"]
     for rule, source, target, topic in rules:
@@ -84,7 +86,7 @@ def start_worker(site: Cluster, name: str, rules: list[tuple[str, Cluster, Clust
     import sys
 
     command = [sys.executable, "-m", "mqmeta.cli", "replicator", "--config", str(config), "--worker-id", name]
-    return site.supervisor.start(name, command)
+    return site.supervisor.start(name, [*command, *extra])
 
 
 class ProduceLoop(threading.Thread):
@@ -161,6 +163,25 @@ def check_exactly_once(
         last_origin[key] = int(props[origin_format.OFFSET])
 
 
+def scrape(site: Cluster, worker: str) -> dict[str, float]:
+    """The worker's metrics summed over its tasks (its port is in its log)."""
+    import re
+    import urllib.request
+
+    log_text = (site.root / "logs" / f"{worker}.log").read_text()
+    found = re.search(r"metrics on (\S+)", log_text)
+    if found is None:
+        return {}
+    with urllib.request.urlopen(f"http://{found.group(1)}/metrics", timeout=5) as reply:
+        text = reply.read().decode()
+    sums: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("mqmeta_replicator_"):
+            name, value = line.split("{")[0], float(line.rsplit(" ", 1)[1])
+            sums[name] = sums.get(name, 0.0) + value
+    return sums
+
+
 def copies_at_least(target: Cluster, topic: str, count: int, group: str) -> None:
     wait_for(
         lambda: target_count(target, topic, group),
@@ -183,10 +204,20 @@ def test_a_to_b_replicates_each_message_once_with_its_identity_and_origin(sites)
         acked += bodies
     producer.send("Plain", [b"left-out"], tags="other")
     producer.close()
-    start_worker(b, "w-plain", [("plain", a, b, "re:Plai.*")], tags="keep || more")  # topics listed
-    check_exactly_once(
-        a, b, "Plain", acked, "plain", tags=("keep", "more")
-    )  # b"left-out" (tag "other") is not there
+    metrics_flag = ("--metrics-listen", "127.0.0.1:0")
+    start_worker(b, "w-plain", [("plain", a, b, "re:Plai.*")], "keep || more", *metrics_flag)  # topics listed
+    check_exactly_once(a, b, "Plain", acked, "plain", tags=("keep", "more"))  # not b"left-out" (tag other)
+    metrics = wait_for(
+        lambda: scrape(b, "w-plain"),
+        REPLICATE_TIMEOUT_S,
+        "the worker's metrics to count every copy, with zero lag and delay",
+        until=lambda found: (
+            found.get("mqmeta_replicator_replicated_total") == len(acked)
+            and found.get("mqmeta_replicator_lag_messages") == 0
+            and found.get("mqmeta_replicator_delay_ms") == 0
+        ),
+    )
+    assert metrics["mqmeta_replicator_replicated_bytes_total"] == sum(len(body) for body in acked)
 
 
 def test_kill_9_of_the_worker_mid_stream_loses_and_duplicates_nothing(sites):
