@@ -11,6 +11,8 @@ Properties checked (X1, X2 of DESIGN.md):
 - kill -9 of the target master mid-stream: the worker follows the new master, with zero
   duplicates and zero losses (the origin table failed over with the data); the same for
   kill -9 of the source master (every acknowledged source message arrives once);
+- a cut of the link between the sites (worker -> b) mid-stream, then healed: zero
+  duplicates, zero losses;
 - a <-> b active-active on one topic: every message is in both clusters exactly once and
   never comes back to a cluster on its path (no loops).
 
@@ -29,7 +31,7 @@ from mqmeta.broker_client import Producer
 from mqmeta.errors import MqmetaError
 from mqmeta.formats import origin as origin_format
 from mqmeta.pb import controller_pb2 as pb
-from tests.support import consume_all, wait_for
+from tests.support import TcpCut, consume_all, wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(120)]
 
@@ -67,7 +69,12 @@ def create_topic(cluster: Cluster, topic: str, name: str) -> None:
 
 
 def start_worker(
-    site: Cluster, name: str, rules: list[tuple[str, Cluster, Cluster, str]], tags: str = "*", *extra: str
+    site: Cluster,
+    name: str,
+    rules: list[tuple[str, Cluster, Cluster, str]],
+    tags: str = "*",
+    *extra: str,
+    env: dict[str, str] | None = None,
 ):
     """A worker process with one rule per (name, source, target, topic), earliest start."""
     lines = ["[replicator]", "discovery_interval_ms = 500"]
@@ -86,7 +93,7 @@ def start_worker(
     import sys
 
     command = [sys.executable, "-m", "mqmeta.cli", "replicator", "--config", str(config), "--worker-id", name]
-    return site.supervisor.start(name, [*command, *extra])
+    return site.supervisor.start(name, [*command, *extra], env)
 
 
 class ProduceLoop(threading.Thread):
@@ -269,6 +276,44 @@ def test_kill_9_of_the_source_master_loses_and_duplicates_nothing(sites):
     acked = loop.finish()
     check_exactly_once(a, b, "SourceDown", acked, "source-down")
     a.start_broker(master)
+
+
+def test_a_cut_link_between_the_sites_loses_and_duplicates_nothing(sites, tmp_path):
+    """Every connection from the worker to site b (its nameserver and brokers) goes through
+    a cuttable forwarder (the worker's dial map); the link is cut mid-stream until the
+    worker has failed on it, then healed."""
+    import json
+
+    a, b = sites
+    for name, site in zip("ab", sites, strict=True):
+        create_topic(site, "Cut", name)
+    upstreams = [*b.layout.namesrv, *(broker.grpc for broker in b.layout.brokers)]
+    cuts = [TcpCut(address) for address in upstreams]
+    try:
+        dial_map = tmp_path / "dial.json"
+        dial_map.write_text(json.dumps({u: c.address for u, c in zip(upstreams, cuts, strict=True)}))
+        loop = ProduceLoop(a, "Cut", "cut", PRODUCED_MAX)
+        loop.start()
+        metrics_flag = ("--metrics-listen", "127.0.0.1:0")
+        start_worker(
+            b, "w-cut", [("cut", a, b, "Cut")], "*", *metrics_flag, env={"MQMETA_DIAL_MAP": str(dial_map)}
+        )
+        copies_at_least(b, "Cut", SENT_BEFORE_FAULT_MIN, "probe-cut")
+        assert loop.is_alive(), "the source stream ended before the fault: raise ProduceLoop's count"
+        for cut in cuts:
+            cut.cut()
+        wait_for(
+            lambda: scrape(b, "w-cut").get("mqmeta_replicator_errors_total", 0),
+            REPLICATE_TIMEOUT_S,
+            "the worker to fail on the cut link",
+        )
+        for cut in cuts:
+            cut.heal()
+        acked = loop.finish()
+        check_exactly_once(a, b, "Cut", acked, "cut")
+    finally:
+        for cut in cuts:
+            cut.close()
 
 
 def test_active_active_a_and_b_never_loop(sites):
