@@ -8,6 +8,7 @@ Properties checked (X1, X2 of DESIGN.md):
   message the rule's tags leave out is not replicated;
 - kill -9 of the worker mid-stream, then a restart: it resumes from the target's origin
   table, with zero duplicates and zero losses;
+- two workers running the same tasks at once: each record is stored once;
 - kill -9 of the target master mid-stream: the worker follows the new master, with zero
   duplicates and zero losses (the origin table failed over with the data); the same for
   kill -9 of the source master (every acknowledged source message arrives once);
@@ -242,6 +243,21 @@ def test_kill_9_of_the_worker_mid_stream_loses_and_duplicates_nothing(sites):
     start_worker(b, "w-killed", [("killed", a, b, "Killed")])
     acked = loop.finish()
     check_exactly_once(a, b, "Killed", acked, "killed")
+
+
+def test_two_workers_on_the_same_tasks_store_each_message_once(sites):
+    """Two workers run the same rule at once (as after a split brain or a lease that is
+    not yet fenced): the target's origin chain lets only one copy of each record in."""
+    a, b = sites
+    for name, site in zip("ab", sites, strict=True):
+        create_topic(site, "Twice", name)
+    loop = ProduceLoop(a, "Twice", "twice", PRODUCED_MAX)
+    loop.start()
+    start_worker(b, "w-twice-1", [("twice", a, b, "Twice")])
+    start_worker(b, "w-twice-2", [("twice", a, b, "Twice")])
+    copies_at_least(b, "Twice", SENT_BEFORE_FAULT_MIN, "probe-twice")
+    acked = loop.finish(more=500)
+    check_exactly_once(a, b, "Twice", acked, "twice")
 
 
 def test_kill_9_of_the_target_master_loses_and_duplicates_nothing(sites):
