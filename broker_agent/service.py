@@ -132,12 +132,31 @@ class BrokerServicer(bpb_grpc.BrokerServiceServicer):
         key = OriginKey(request.cluster, request.broker_name, request.topic, request.queue_id)
         head = self.agent.store.origin_head(key)
         if head is None:
-            return bpb.QueryOriginResponse(offset=-1)
+            return bpb.QueryOriginResponse(offset=-1, translated=-1)
         # Answer only a durable head: a replicator resumes after it, so a head a failover
         # could still cut off would skip the messages it names.
         self.agent.wait_acknowledged(head.end_offset, epoch)
+        translated = -1
+        if request.HasField("translate"):
+            validate_int("translate", request.translate, 0, REQUEST_INT_MAX)
+            found = self.agent.store.translate_origin(key, request.translate)
+            translated = -1 if found is None else found
         return bpb.QueryOriginResponse(
-            offset=head.offset, topic=head.topic, queue_id=head.queue_id, queue_offset=head.queue_offset
+            offset=head.offset,
+            topic=head.topic,
+            queue_id=head.queue_id,
+            queue_offset=head.queue_offset,
+            translated=translated,
+        )
+
+    @rpc
+    def ListConsumerOffsets(self, request, context):
+        validate_name("topic", request.topic)
+        validate_int("queue_id", request.queue_id, 0, QUEUE_ID_MAX)
+        self.agent.require_master()
+        offsets = self.agent.store.consumer_offsets_of(request.topic, request.queue_id)
+        return bpb.ListConsumerOffsetsResponse(
+            offsets=[bpb.ConsumerOffset(group=g, offset=o) for g, o in offsets]
         )
 
     @rpc

@@ -883,6 +883,39 @@ class MessageStore:
         with self._lock:
             return sorted(self._queues)
 
+    def translate_origin(self, key: OriginKey, offset: int) -> int | None:
+        """The target queue offset matching source consumer offset `offset` of origin queue
+        `key` (everything below `offset` consumed): one past the copy of the highest origin
+        offset below it, or the first copy held when none is below it (an earlier one was
+        filtered or is too old to look up). None when this store holds no copy of `key`."""
+        with self._lock:
+            head = self._origins.heads.get(key)
+            if head is None:
+                return None
+            if head.offset < offset:
+                return head.queue_offset + 1
+            queue = self._queues[(head.topic, head.queue_id)]
+            low = max(
+                queue.first_at_or_after(self.log.min_offset), head.queue_offset - COPY_SEARCH_RECORDS_MAX
+            )
+            lowest_copy = head.queue_offset
+            for i in range(head.queue_offset - queue.base, low - queue.base - 1, -1):
+                record = self.log.read_record_at(*queue.entry(i))
+                found = origin_of(record.properties)
+                if found is None or found.key != key:
+                    continue
+                if found.offset < offset:
+                    return record.queue_offset + 1
+                lowest_copy = record.queue_offset
+            return lowest_copy
+
+    def consumer_offsets_of(self, topic: str, queue_id: int) -> list[tuple[str, int]]:
+        """(group, committed offset) of every group with progress in topic/queue_id."""
+        with self._lock:
+            return sorted(
+                (g, p[0]) for (g, t, q), p in self._consumer_offsets.items() if (t, q) == (topic, queue_id)
+            )
+
     def origin_head(self, key: OriginKey) -> OriginHead | None:
         """The highest copy of origin queue `key` this store holds, or None."""
         with self._lock:

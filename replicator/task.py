@@ -19,7 +19,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import zlib
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,7 +38,10 @@ CALL_TIMEOUT_S = 10.0  # a Pull or QueryOrigin, retried across master changes wi
 SEND_TIMEOUT_S = 10.0  # one Send: the target waits for its SyncStateSet before answering
 RETRY_PAUSE_S = 0.5  # after a failure, before re-resolving and resuming
 MISSING_PAUSE_S = 5.0  # after NOT_FOUND (a target topic not created yet)
-IDLE_PAUSE_S = 0.05  # a caught-up queue is pulled again after this
+# A caught-up queue is pulled again after a pause that doubles while it stays quiet (the
+# delay a new message may wait, against the load of polling every quiet queue).
+IDLE_PAUSE_MIN_S = 0.02
+IDLE_PAUSE_MAX_S = 0.32
 END_OF_QUEUE = 2**62  # a Pull from here returns nothing but the queue's readable end
 
 
@@ -93,7 +95,9 @@ class Task:
     rule: Rule
     settings: dict[str, int]
     stop: threading.Event
+    source_index: int = 0  # this queue's place among the topic's source queues (sorted)
     stats: TaskStats = field(default_factory=TaskStats)
+    _synced: dict[str, tuple[int, int]] = field(default_factory=dict)  # group -> (source, target) offsets
 
     def run(self) -> None:
         source, target = Site(self.rule.source_namesrv), Site(self.rule.target_namesrv)
@@ -132,7 +136,9 @@ class Task:
             )
             log.info("task %s resumes after origin offset %d", key.label(), reply.offset)
         else:
-            broker, queue_id = queues[zlib.crc32(f"{key.broker_name}/{key.queue_id}".encode()) % len(queues)]
+            # Source queues go to distinct target queues while there are enough of them, so
+            # that a translated consumer offset (mode full) covers one origin queue only.
+            broker, queue_id = queues[self.source_index % len(queues)]
             first = self._start_offset(source)
             start = _Position(
                 origin, target_topic, broker, queue_id, "", first, NO_PREVIOUS, self.rule.start_ms
@@ -171,17 +177,24 @@ class Task:
     def _replicate(self, source: Site, target: Site, at: _Position) -> None:
         stub = target.master_stub(at.target_topic, at.target_broker, refresh=True)
         window: deque[_InFlight] = deque()
+        offsets_due = time.monotonic()
+        idle_s = IDLE_PAUSE_MIN_S
         try:
             while not self.stop.is_set():
+                if self.rule.mode == "full" and time.monotonic() >= offsets_due:
+                    self._sync_offsets(source, target, at)
+                    offsets_due = time.monotonic() + self.settings["offsets_interval_ms"] / 1000
                 pulled = False
                 if len(window) < self.settings["inflight_batches_max"]:
                     pulled = self._pull_and_send(source, stub, at, window)
+                    idle_s = IDLE_PAUSE_MIN_S if pulled else idle_s
                 if window and (not pulled or len(window) >= self.settings["inflight_batches_max"]):
                     self._settle(window.popleft())
                 elif not pulled:
                     self.stats.last_sync_ms = int(time.time() * 1000)  # caught up: a quiet queue has no lag
                     self.stats.caught_up = True
-                    self.stop.wait(IDLE_PAUSE_S)
+                    self.stop.wait(idle_s)
+                    idle_s = min(IDLE_PAUSE_MAX_S, idle_s * 2)
         finally:
             for sent in window:  # let them land before the head is asked again
                 try:
@@ -240,6 +253,32 @@ class Task:
             producer_id=message.producer_id,
             producer_seq=message.producer_seq,
         )
+
+    def _sync_offsets(self, source: Site, target: Site, at: _Position) -> None:
+        """Mode full: each source group's committed offset in this queue, translated by the
+        target's origin table into the target queue, committed there when it moved."""
+        key = self.key
+        request = bpb.ListConsumerOffsetsRequest(topic=key.topic, queue_id=key.queue_id)
+        reply = source.call(key.topic, key.broker_name, "ListConsumerOffsets", request, CALL_TIMEOUT_S)
+        origin = at.origin
+        for entry in reply.offsets:
+            if not self.rule.groups.matches(entry.group):
+                continue
+            query = bpb.QueryOriginRequest(
+                cluster=origin.cluster,
+                broker_name=origin.broker_name,
+                topic=origin.topic,
+                queue_id=origin.queue_id,
+                translate=entry.offset,
+            )
+            found = target.call(at.target_topic, at.target_broker, "QueryOrigin", query, CALL_TIMEOUT_S)
+            if found.translated < 0 or self._synced.get(entry.group) == (entry.offset, found.translated):
+                continue
+            commit = bpb.CommitOffsetRequest(
+                group=entry.group, topic=at.target_topic, queue_id=at.target_queue, offset=found.translated
+            )
+            target.call(at.target_topic, at.target_broker, "CommitOffset", commit, CALL_TIMEOUT_S)
+            self._synced[entry.group] = (entry.offset, found.translated)
 
     def _settle(self, sent: _InFlight) -> None:
         try:

@@ -15,7 +15,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from mqmeta.errors import InvalidArgument, MqmetaError
+from mqmeta.errors import MqmetaError
 from mqmeta.formats.replication_rules import ReplicatorConfig, Rule, load_config
 from mqmeta.validate import parse_addresses, validate_name
 from replicator.site import Site
@@ -36,16 +36,6 @@ def add_replicator_parser(sub: Any) -> None:
     )
 
 
-def check_buildable(config: ReplicatorConfig) -> None:
-    """What the config asks for that this worker cannot do yet: refused at start."""
-    for rule in config.rules:
-        if rule.mode == "full":
-            raise InvalidArgument(
-                f"rule {rule.name!r}: field 'mode' 'full' (replicating consumer progress) is not "
-                'built yet; use mode = "enqueue"'
-            )
-
-
 class Worker:
     def __init__(self, config: ReplicatorConfig, worker_id: str) -> None:
         self.config = config
@@ -57,15 +47,15 @@ class Worker:
     def discover(self) -> None:
         for rule in self.config.rules:
             try:
-                for key in _task_keys(rule):
-                    self._start(rule, key)
+                for index, key in enumerate(_task_keys(rule)):
+                    self._start(rule, key, index)
             except MqmetaError as error:
                 log.warning("rule %s: cannot list its source queues yet: %s", rule.name, error.message)
 
-    def _start(self, rule: Rule, key: TaskKey) -> None:
+    def _start(self, rule: Rule, key: TaskKey, source_index: int) -> None:
         if key in self.tasks or len(self.tasks) >= TASKS_MAX:
             return
-        task = Task(key, rule, self.config.settings, self.stop)
+        task = Task(key, rule, self.config.settings, self.stop, source_index)
         self.tasks[key] = task
         thread = threading.Thread(target=task.run, name=f"task-{key.label()}", daemon=True)
         self._threads.append(thread)
@@ -97,7 +87,6 @@ def _task_keys(rule: Rule) -> list[TaskKey]:
 def run_replicator(args: argparse.Namespace) -> int:
     validate_name("--worker-id", args.worker_id)
     config = load_config(args.config)
-    check_buildable(config)
     worker = Worker(config, args.worker_id)
     if args.metrics_listen:
         from replicator.metrics import serve_metrics

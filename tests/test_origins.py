@@ -171,3 +171,24 @@ def test_malformed_origin_properties_are_refused(store):
     with pytest.raises(InvalidArgument, match="__ORIGIN_QUEUE missing"):
         store.put_messages([Message("Orders", 0, b"x", properties=properties)], 1, 10)
     assert store.max_offset == 0 and json.dumps(store.origin_head(KEY)) == "null"
+
+
+def test_a_source_consumer_offset_translates_to_the_target_queue_offset(store):
+    """Mode full: "everything below O consumed" at the source becomes the target queue
+    offset below which exactly the copies of origin offsets below O lie."""
+    store.put_messages([Message("Orders", 0, b"direct")], 1, 9)  # target queue offset 0: not a copy
+    store.put_messages(_chain([2, 3, 5, 9], NO_PREVIOUS), 1, 10)  # at target queue offsets 1..4
+    other = OriginKey("a", "broker-a", "Orders", 7)
+    assert store.translate_origin(other, 3) is None  # nothing of that origin: unknown
+    # offsets 0, 1, 4, 6-8 were filtered out at the source (never sent)
+    assert [store.translate_origin(KEY, o) for o in (0, 2, 3, 4, 5, 6, 9, 10, 50)] == [
+        1,
+        1,
+        2,
+        3,
+        3,
+        4,
+        4,
+        5,
+        5,
+    ]
