@@ -14,8 +14,10 @@ The chain rule (`judge`), Kafka's idempotent-producer sequence applied to origin
   answered with the original's position (never stored twice);
 - the first message above the head must say it follows the head exactly
   (`previous == head`, -1 when the table holds nothing of that origin); otherwise the
-  batch is refused with OUT_OF_ORDER (retryable: the sender asks for the head and resends
-  from there). So a batch is never judged a duplicate unless it is stored (Pulsar
+  batch is refused with OUT_OF_ORDER, or ORIGIN_AHEAD when its predecessor is missing
+  (the broker service holds such a send briefly for the predecessor to arrive: batches in
+  flight together may reach it out of order); the sender then asks for the head and
+  resends from there. So a batch is never judged a duplicate unless it is stored (Pulsar
   #26113), and a reordered or broken pipeline never skips data;
 - within a batch, messages of one origin go up strictly and each follows the one before.
 Rule filters make origin offsets non-contiguous; that is why the chain names the previous
@@ -31,6 +33,7 @@ from mqmeta.errors import FailedPrecondition, InvalidArgument
 from mqmeta.formats.origin import NO_PREVIOUS, Origin, OriginKey
 
 ORIGINS_MAX = 1 << 18  # origin queues one store keeps heads for
+ORIGIN_AHEAD = "ORIGIN_AHEAD"
 
 
 @dataclass(frozen=True)
@@ -119,7 +122,8 @@ class OriginTable:
                     raise FailedPrecondition(
                         f"origin {origin.key.label()}: offset {origin.offset} follows {origin.previous}, but "
                         f"this broker set holds up to {held}; resend from {held} (ask QueryOrigin)",
-                        code="OUT_OF_ORDER",
+                        # AHEAD: its predecessor has not arrived (yet); it may still come.
+                        code=ORIGIN_AHEAD if origin.previous > held else "OUT_OF_ORDER",
                     )
             verdicts.append(False)
         if len(self.heads) + new_keys > ORIGINS_MAX:

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import logging
+import time
 from pathlib import Path
 
 from broker_agent import replication
 from broker_agent.agent import BrokerAgent, BrokerConfig
+from broker_agent.origins import ORIGIN_AHEAD
 from mqmeta.clock import now_ms
-from mqmeta.errors import InvalidArgument, NotFound
+from mqmeta.errors import FailedPrecondition, InvalidArgument, NotFound
 from mqmeta.formats.origin import OriginKey
 from mqmeta.formats.records import Message
 from mqmeta.pb import broker_pb2 as bpb
@@ -20,6 +22,8 @@ from mqmeta.validate import QUEUE_ID_MAX, REQUEST_INT_MAX, parse_addresses, vali
 log = logging.getLogger(__name__)
 
 PULL_COUNT_MAX = 1024
+ORIGIN_REORDER_WAIT_MS = 1000  # how long a replicated batch waits for its predecessor
+ORIGIN_REORDER_POLL_MS = 20
 BROKER_SERVICE = bpb.DESCRIPTOR.services_by_name["BrokerService"].full_name
 
 
@@ -63,7 +67,7 @@ class BrokerServicer(bpb_grpc.BrokerServiceServicer):
     @rpc
     def Send(self, request, context):
         messages = [_message(m) for m in request.messages]
-        results, epoch = self.agent.send(messages)
+        results, epoch = self._send_in_origin_order(messages)
         return bpb.SendResponse(
             master_epoch=epoch,
             results=[
@@ -78,6 +82,21 @@ class BrokerServicer(bpb_grpc.BrokerServiceServicer):
                 for r in results
             ],
         )
+
+    def _send_in_origin_order(self, messages: list[Message]) -> tuple[list, int]:
+        """agent.send; a batch of replicated copies whose predecessor has not arrived yet
+        (several batches in flight over a WAN can overtake each other in this server's
+        threads) waits for it, a bounded time, instead of failing the whole pipeline."""
+        deadline = time.monotonic() + ORIGIN_REORDER_WAIT_MS / 1000
+        while True:
+            try:
+                return self.agent.send(messages)
+            except FailedPrecondition as error:
+                remaining = deadline - time.monotonic()
+                if error.code != ORIGIN_AHEAD or remaining <= 0:
+                    raise
+            with self.agent.lock:  # notified by every append
+                self.agent.lock.wait(timeout=min(remaining, ORIGIN_REORDER_POLL_MS / 1000))
 
     @rpc
     def Pull(self, request, context):

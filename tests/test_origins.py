@@ -3,7 +3,8 @@
 Properties checked:
 - the origin table's chain rule: an origin offset at or below the head is a duplicate,
   one above it is stored only when it names the head as the offset it follows
-  (OUT_OF_ORDER otherwise), a higher origin is never judged a duplicate, and within a
+  (ORIGIN_AHEAD when its predecessor is missing, OUT_OF_ORDER when it follows an older
+  copy), a higher origin is never judged a duplicate, and within a
   batch origins must go up and follow each other;
 - the store: a resent batch of copies stores nothing and is answered with the
   originals' positions and message ids; a partly new batch stores only the new part;
@@ -22,7 +23,7 @@ import threading
 import pytest
 
 from broker_agent import MessageStore
-from broker_agent.origins import Incoming, OriginTable
+from broker_agent.origins import Incoming, OriginHead, OriginTable
 from mqmeta.errors import FailedPrecondition, InvalidArgument
 from mqmeta.formats import origin as origin_format
 from mqmeta.formats.checksummed import dump_checksummed, load_checksummed
@@ -58,9 +59,18 @@ def test_the_chain_rule_of_the_origin_table():
     assert table.judge(_incoming([3, 5], NO_PREVIOUS)) == [False, False]
     with pytest.raises(FailedPrecondition) as raised:
         table.judge(_incoming([5, 6], 4))  # says it follows 4, the table holds nothing
+    assert raised.value.code == "ORIGIN_AHEAD"  # its predecessor may still arrive
+    table.note(origin_of(_copy(3, NO_PREVIOUS).properties), _head_at(3, 0))
+    table.note(origin_of(_copy(5, 3).properties), _head_at(5, 1))
+    with pytest.raises(FailedPrecondition) as raised:
+        table.judge(_incoming([6], 3))  # follows 3, but 5 is held: a stale chain, it never fits
     assert raised.value.code == "OUT_OF_ORDER"
     with pytest.raises(InvalidArgument):
         table.judge([*_incoming([5], NO_PREVIOUS), *_incoming([4], 5)])  # goes down within a batch
+
+
+def _head_at(origin_offset: int, queue_offset: int) -> OriginHead:
+    return OriginHead(origin_offset, "Orders", 0, queue_offset, queue_offset * 100, 100)
 
 
 @pytest.fixture
@@ -87,7 +97,7 @@ def test_a_resend_stores_nothing_and_answers_the_original_positions(store):
     assert [r.duplicate for r in mixed] == [True, True, False, False]
     assert [r.queue_offset for r in mixed] == [1, 2, 3, 4]
     assert [origin_of(r.properties).offset for r in _records(store)] == [0, 2, 3, 7, 8]
-    with pytest.raises(FailedPrecondition, match="OUT_OF_ORDER|resend"):
+    with pytest.raises(FailedPrecondition, match="resend"):
         store.put_messages(_chain([10], 9), 1, 13)  # 9 was never stored: not a duplicate, not skipped
     assert store.origin_head(KEY).offset == 8
     higher = store.put_messages(_chain([10], 8), 1, 14)
@@ -152,7 +162,7 @@ def test_concurrent_resends_of_one_origin_queue_store_each_copy_once(store):
                     store.put_messages(batch, 1, 10)
                     break
                 except FailedPrecondition as error:  # OUT_OF_ORDER: an earlier batch is not in yet
-                    if error.code != "OUT_OF_ORDER":
+                    if error.code not in ("OUT_OF_ORDER", "ORIGIN_AHEAD"):
                         errors.append(error)
                         return
 
