@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import argparse
 import logging
+import time
 from pathlib import Path
 
 from broker_agent import replication
 from broker_agent.agent import BrokerAgent, BrokerConfig
+from broker_agent.origins import ORIGIN_AHEAD
 from mqmeta.clock import now_ms
-from mqmeta.errors import InvalidArgument, NotFound
+from mqmeta.errors import FailedPrecondition, InvalidArgument, NotFound
+from mqmeta.formats.origin import OriginKey
 from mqmeta.formats.records import Message
 from mqmeta.pb import broker_pb2 as bpb
 from mqmeta.pb import broker_pb2_grpc as bpb_grpc
@@ -19,6 +22,8 @@ from mqmeta.validate import QUEUE_ID_MAX, REQUEST_INT_MAX, parse_addresses, vali
 log = logging.getLogger(__name__)
 
 PULL_COUNT_MAX = 1024
+ORIGIN_REORDER_WAIT_MS = 1000  # how long a replicated batch waits for its predecessor
+ORIGIN_REORDER_POLL_MS = 20
 BROKER_SERVICE = bpb.DESCRIPTOR.services_by_name["BrokerService"].full_name
 
 
@@ -62,7 +67,7 @@ class BrokerServicer(bpb_grpc.BrokerServiceServicer):
     @rpc
     def Send(self, request, context):
         messages = [_message(m) for m in request.messages]
-        results, epoch = self.agent.send(messages)
+        results, epoch = self._send_in_origin_order(messages)
         return bpb.SendResponse(
             master_epoch=epoch,
             results=[
@@ -72,10 +77,26 @@ class BrokerServicer(bpb_grpc.BrokerServiceServicer):
                     queue_id=r.queue_id,
                     queue_offset=r.queue_offset,
                     commit_offset=r.commit_offset,
+                    duplicate=r.duplicate,
                 )
                 for r in results
             ],
         )
+
+    def _send_in_origin_order(self, messages: list[Message]) -> tuple[list, int]:
+        """agent.send; a batch of replicated copies whose predecessor has not arrived yet
+        (several batches in flight over a WAN can overtake each other in this server's
+        threads) waits for it, a bounded time, instead of failing the whole pipeline."""
+        deadline = time.monotonic() + ORIGIN_REORDER_WAIT_MS / 1000
+        while True:
+            try:
+                return self.agent.send(messages)
+            except FailedPrecondition as error:
+                remaining = deadline - time.monotonic()
+                if error.code != ORIGIN_AHEAD or remaining <= 0:
+                    raise
+            with self.agent.lock:  # notified by every append
+                self.agent.lock.wait(timeout=min(remaining, ORIGIN_REORDER_POLL_MS / 1000))
 
     @rpc
     def Pull(self, request, context):
@@ -117,6 +138,45 @@ class BrokerServicer(bpb_grpc.BrokerServiceServicer):
         self.agent.require_master()
         offset = self.agent.store.consumer_offset(request.group, request.topic, request.queue_id)
         return bpb.QueryOffsetResponse(offset=-1 if offset is None else offset)
+
+    @rpc
+    def QueryOrigin(self, request, context):
+        for kind, name in (("cluster", request.cluster), ("broker_name", request.broker_name)):
+            validate_name(kind, name)
+        validate_name("topic", request.topic)
+        validate_int("queue_id", request.queue_id, 0, QUEUE_ID_MAX)
+        with self.agent.lock:
+            self.agent.core.check_master()
+            epoch = self.agent.core.master_epoch
+        key = OriginKey(request.cluster, request.broker_name, request.topic, request.queue_id)
+        head = self.agent.store.origin_head(key)
+        if head is None:
+            return bpb.QueryOriginResponse(offset=-1, translated=-1)
+        # Answer only a durable head: a replicator resumes after it, so a head a failover
+        # could still cut off would skip the messages it names.
+        self.agent.wait_acknowledged(head.end_offset, epoch)
+        translated = -1
+        if request.HasField("translate"):
+            validate_int("translate", request.translate, 0, REQUEST_INT_MAX)
+            found = self.agent.store.translate_origin(key, request.translate)
+            translated = -1 if found is None else found
+        return bpb.QueryOriginResponse(
+            offset=head.offset,
+            topic=head.topic,
+            queue_id=head.queue_id,
+            queue_offset=head.queue_offset,
+            translated=translated,
+        )
+
+    @rpc
+    def ListConsumerOffsets(self, request, context):
+        validate_name("topic", request.topic)
+        validate_int("queue_id", request.queue_id, 0, QUEUE_ID_MAX)
+        self.agent.require_master()
+        offsets = self.agent.store.consumer_offsets_of(request.topic, request.queue_id)
+        return bpb.ListConsumerOffsetsResponse(
+            offsets=[bpb.ConsumerOffset(group=g, offset=o) for g, o in offsets]
+        )
 
     @rpc
     def GetEpochCache(self, request, context):

@@ -51,11 +51,14 @@ from pathlib import Path
 from typing import Any
 
 from broker_agent.commitlog import APPEND_BYTES_MAX, SEGMENT_BYTES_DEFAULT, CommitLog, record_pieces
+from broker_agent.origins import Incoming, OriginHead, OriginTable
 from mqmeta.errors import CorruptData, FailedPrecondition, FencedEpoch, InvalidArgument
 from mqmeta.formats.atomic import fsync_dir, write_atomically
 from mqmeta.formats.checksummed import dump_checksummed, load_checksummed
 from mqmeta.formats.epochs import EpochFile, epoch_covering
+from mqmeta.formats.origin import MSG_ID, Origin, OriginKey, origin_of
 from mqmeta.formats.records import (
+    MSG_ID_PATTERN,
     QUEUE_ID_MAX,
     TOPIC_PATTERN,
     Message,
@@ -81,6 +84,7 @@ INDEX_CHECKPOINT_BYTES_DEFAULT = 16 << 20
 SCAN_READ_BYTES = 4 << 20
 BROKER_NAME_BYTES_MAX = 255
 OFFSET_MAX = (1 << 63) - 1
+COPY_SEARCH_RECORDS_MAX = 16384  # how far back a resend's original copy is looked for
 
 _INDEX_MAGIC = b"MQIX"
 _INDEX_HEADER = struct.Struct("<4sIQ")  # magic, version, queue offset of the first entry
@@ -100,6 +104,7 @@ class PutResult:
     queue_id: int
     queue_offset: int
     commit_offset: int
+    duplicate: bool = False  # a replicated copy stored before (its original's position; -1: too old)
 
 
 def _check_int(kind: str, value: object, minimum: int, maximum: int) -> int:
@@ -248,6 +253,8 @@ class MessageStore:
         self._consumer_offsets: dict[ConsumerKey, Progress] = {}
         self._checkpoint_offset = 0
         self._checkpoint_consumer_offsets: dict[ConsumerKey, Progress] = {}
+        self._origins = OriginTable()  # per origin queue, the highest copy held (broker_agent.origins)
+        self._checkpoint_origins = OriginTable()
         self.log = CommitLog(self.directory / "commitlog", segment_bytes, fsync)
         try:
             self.epochs = EpochFile(self.directory / "epochs.json", fsync)
@@ -307,23 +314,28 @@ class MessageStore:
                 log.warning("%s: the index is incomplete; rebuilding it from the commit log", self.directory)
                 shutil.rmtree(self._index_dir)
             self._queues, self._consumer_offsets = {}, {}
+            self._origins = OriginTable()
             self._checkpoint_offset = self.log.min_offset
             self._checkpoint_consumer_offsets = {}
+            self._checkpoint_origins = OriginTable()
             return self.log.min_offset
-        indexed_offset, consumer_offsets, _ = checkpoint
+        indexed_offset, consumer_offsets, _, origins = checkpoint
         trusted = min(indexed_offset, self.log.max_offset)
         self._queues = queues
         for queue in queues.values():
             queue.cut(trusted)
         if indexed_offset <= self.log.max_offset:
             self._consumer_offsets = dict(consumer_offsets)
+            self._origins = origins
         else:  # the log was cut below the checkpoint: replay the offsets it still holds
             self._consumer_offsets = self._replay_consumer_offsets({}, self.log.min_offset, trusted)
+            self._origins = self._replay_origins(OriginTable(), self.log.min_offset)
         self._checkpoint_offset = trusted
         self._checkpoint_consumer_offsets = dict(self._consumer_offsets)
+        self._checkpoint_origins = self._origins.copy()
         return trusted
 
-    def _read_checkpoint(self) -> tuple[int, dict[ConsumerKey, Progress], list[Any]] | None:
+    def _read_checkpoint(self) -> tuple[int, dict[ConsumerKey, Progress], list[Any], OriginTable] | None:
         """(indexed offset, consumer offsets, queue list), or None when missing or unusable
         (the index is derived data: it is rebuilt, never trusted when in doubt)."""
         if not self._checkpoint_path.exists():
@@ -338,10 +350,12 @@ class MessageStore:
             queues = body["queues"]
             if type(indexed_offset) is not int or not isinstance(queues, list):
                 raise TypeError("indexed_offset or queues")
+            # A checkpoint from before origins were kept: rebuilt once, from the whole log.
+            origins = OriginTable.from_rows(body["origins"])  # type: ignore[arg-type]
         except (CorruptData, KeyError, TypeError, ValueError) as exc:
             log.warning("%s: unusable (%s); the index will be rebuilt", self._checkpoint_path, exc)
             return None
-        return indexed_offset, offsets, queues
+        return indexed_offset, offsets, queues, origins
 
     def _load_queue_files(self, listed: list[Any]) -> dict[QueueKey, _QueueIndex] | None:
         queues: dict[QueueKey, _QueueIndex] = {}
@@ -410,6 +424,7 @@ class MessageStore:
                 if record.topic == CONSUMER_OFFSET_TOPIC:
                     key, value = _parse_consumer_offset(record)
                     self._consumer_offsets[key] = value
+                self._note_origin(self._origins, record)
             offset += len(data)
 
     def _index_record(
@@ -442,6 +457,25 @@ class MessageStore:
             offsets[key] = value
         return offsets
 
+    def _note_origin(self, table: OriginTable, record: StoredRecord) -> None:
+        try:
+            origin = origin_of(record.properties)
+        except InvalidArgument as error:  # checked when it was sent: written by another version
+            log.warning("%s: record at %d: %s", self.directory, record.commit_offset, error.message)
+            return
+        if origin is not None:
+            table.note(origin, _head(origin, record.topic, record.queue_id, record.queue_offset, record))
+
+    def _replay_origins(self, table: OriginTable, start: int) -> OriginTable:
+        """`table` updated with the replicated copies in [start, max_offset) of the log."""
+        offset, end = max(start, self.log.min_offset), self.log.max_offset
+        while offset < end:
+            data = self.log.read(offset, SCAN_READ_BYTES)
+            for record in iter_records(data, offset):
+                self._note_origin(table, record)
+            offset += len(data)
+        return table
+
     # Checkpoint ----------------------------------------------------------------------------------
     def _write_checkpoint(self) -> None:
         self._index_dir.mkdir(parents=True, exist_ok=True)
@@ -461,10 +495,12 @@ class MessageStore:
                 [g, t, q, o, [list(r) for r in acked]] if acked else [g, t, q, o]
                 for (g, t, q), (o, acked) in sorted(self._consumer_offsets.items())
             ],
+            "origins": self._origins.to_rows(),
         }
         write_atomically(self._checkpoint_path, dump_checksummed(body), self.fsync)
         self._checkpoint_offset = indexed_offset
         self._checkpoint_consumer_offsets = dict(self._consumer_offsets)
+        self._checkpoint_origins = self._origins.copy()
 
     def _maybe_checkpoint(self) -> None:
         if self.log.max_offset - self._checkpoint_offset >= self.index_checkpoint_bytes:
@@ -509,10 +545,51 @@ class MessageStore:
                 raise InvalidArgument(f"expected a Message, got {type(message).__name__}")
             if message.topic == CONSUMER_OFFSET_TOPIC:
                 raise InvalidArgument(f"{CONSUMER_OFFSET_TOPIC} is written by commit_consumer_offset only")
+        origins = [origin_of(m.properties) for m in messages]  # InvalidArgument when malformed
         with self._lock:
             self._check_open()
             self._check_epoch(epoch)
-            return self._put_locked(messages, epoch, now_ms)
+            if not any(origins):
+                return self._put_locked(messages, epoch, now_ms)
+            return self._put_copies_locked(messages, origins, epoch, now_ms)
+
+    def _put_copies_locked(
+        self, messages: list[Message], origins: list[Origin | None], epoch: int, now_ms: int
+    ) -> list[PutResult]:
+        """A send of replicated copies: judged against the origin table and appended under
+        the one lock, so no other send of the same origin queue comes between. Copies
+        stored before are not stored again; they are answered with the original's position."""
+        incoming = [Incoming(o, m.topic, m.queue_id) for m, o in zip(messages, origins, strict=True)]
+        duplicates = self._origins.judge(incoming)
+        new = [m for m, duplicate in zip(messages, duplicates, strict=True) if not duplicate]
+        stored = iter(self._put_locked(new, epoch, now_ms) if new else [])
+        return [
+            self._original_of(origin) if duplicate and origin is not None else next(stored)
+            for origin, duplicate in zip(origins, duplicates, strict=True)
+        ]
+
+    def _original_of(self, origin: Origin) -> PutResult:
+        """Where the copy of `origin` is: looked for back from its queue's head (bounded)."""
+        head = self._origins.heads[origin.key]
+        queue = self._queues[(head.topic, head.queue_id)]
+        low = max(queue.first_at_or_after(self.log.min_offset), head.queue_offset - COPY_SEARCH_RECORDS_MAX)
+        for i in range(head.queue_offset - queue.base, low - queue.base - 1, -1):
+            record = self.log.read_record_at(*queue.entry(i))
+            found = origin_of(record.properties)
+            if found is None or found.key != origin.key:
+                continue
+            if found.offset < origin.offset:
+                break  # a filtered-out offset: never sent, so never stored
+            if found.offset == origin.offset:
+                return PutResult(
+                    record.msg_id,
+                    record.topic,
+                    record.queue_id,
+                    record.queue_offset,
+                    record.commit_offset,
+                    True,
+                )
+        return PutResult("", head.topic, head.queue_id, -1, -1, True)
 
     def _put_locked(self, messages: list[Message], epoch: int, now_ms: int) -> list[PutResult]:
         position = self.log.max_offset
@@ -525,7 +602,9 @@ class MessageStore:
             if queue_offset is None:
                 queue = self._queues.get(key)
                 queue_offset = queue.max_offset if queue is not None else 0
-            msg_id = make_msg_id(self.broker_name, position, epoch)
+            msg_id = message.properties.get(MSG_ID, "")  # a replicated copy keeps its id
+            if not MSG_ID_PATTERN.fullmatch(msg_id):
+                msg_id = make_msg_id(self.broker_name, position, epoch)
             record = encode_record(message, epoch, now_ms, queue_offset, msg_id)
             if position + len(record) - self.log.max_offset > PUT_BATCH_BYTES_MAX:
                 raise InvalidArgument(f"a put of more than {PUT_BATCH_BYTES_MAX} bytes")
@@ -539,10 +618,23 @@ class MessageStore:
             )
         offsets = self.log.append(encoded)
         assert offsets == [r.commit_offset for r in results], (offsets, results)
-        for result, record in zip(results, encoded, strict=True):
+        for message, result, record in zip(messages, results, encoded, strict=True):
             self._index_record(
                 result.topic, result.queue_id, result.queue_offset, result.commit_offset, len(record)
             )
+            origin = origin_of(message.properties) if message.properties else None
+            if origin is not None:
+                self._origins.note(
+                    origin,
+                    OriginHead(
+                        origin.offset,
+                        result.topic,
+                        result.queue_id,
+                        result.queue_offset,
+                        result.commit_offset,
+                        len(record),
+                    ),
+                )
         self._maybe_checkpoint()
         return results
 
@@ -614,6 +706,7 @@ class MessageStore:
                 self._index_record(
                     record.topic, record.queue_id, record.queue_offset, record.commit_offset, record.size
                 )
+                self._note_origin(self._origins, record)
             self._consumer_offsets.update(consumer_offsets)
             self._maybe_checkpoint()
             return end
@@ -672,8 +765,10 @@ class MessageStore:
                 self._consumer_offsets = self._replay_consumer_offsets(
                     self._checkpoint_consumer_offsets, self._checkpoint_offset, offset
                 )
+                self._origins = self._replay_origins(self._checkpoint_origins.copy(), self._checkpoint_offset)
             else:
                 self._consumer_offsets = self._replay_consumer_offsets({}, self.log.min_offset, offset)
+                self._origins = self._replay_origins(OriginTable(), self.log.min_offset)
             self._write_checkpoint()
             self._remove_intent()
 
@@ -788,6 +883,44 @@ class MessageStore:
         with self._lock:
             return sorted(self._queues)
 
+    def translate_origin(self, key: OriginKey, offset: int) -> int | None:
+        """The target queue offset matching source consumer offset `offset` of origin queue
+        `key` (everything below `offset` consumed): one past the copy of the highest origin
+        offset below it, or the first copy held when none is below it (an earlier one was
+        filtered or is too old to look up). None when this store holds no copy of `key`."""
+        with self._lock:
+            head = self._origins.heads.get(key)
+            if head is None:
+                return None
+            if head.offset < offset:
+                return head.queue_offset + 1
+            queue = self._queues[(head.topic, head.queue_id)]
+            low = max(
+                queue.first_at_or_after(self.log.min_offset), head.queue_offset - COPY_SEARCH_RECORDS_MAX
+            )
+            lowest_copy = head.queue_offset
+            for i in range(head.queue_offset - queue.base, low - queue.base - 1, -1):
+                record = self.log.read_record_at(*queue.entry(i))
+                found = origin_of(record.properties)
+                if found is None or found.key != key:
+                    continue
+                if found.offset < offset:
+                    return record.queue_offset + 1
+                lowest_copy = record.queue_offset
+            return lowest_copy
+
+    def consumer_offsets_of(self, topic: str, queue_id: int) -> list[tuple[str, int]]:
+        """(group, committed offset) of every group with progress in topic/queue_id."""
+        with self._lock:
+            return sorted(
+                (g, p[0]) for (g, t, q), p in self._consumer_offsets.items() if (t, q) == (topic, queue_id)
+            )
+
+    def origin_head(self, key: OriginKey) -> OriginHead | None:
+        """The highest copy of origin queue `key` this store holds, or None."""
+        with self._lock:
+            return self._origins.heads.get(key)
+
     def consumer_offset(self, group: str, topic: str, queue_id: int) -> int | None:
         """The latest committed offset of group on topic/queue_id, or None."""
         with self._lock:
@@ -817,3 +950,7 @@ class MessageStore:
             finally:
                 self._closed = True
                 self.log.close()
+
+
+def _head(origin: Origin, topic: str, queue_id: int, queue_offset: int, record: StoredRecord) -> OriginHead:
+    return OriginHead(origin.offset, topic, queue_id, queue_offset, record.commit_offset, record.size)

@@ -5,14 +5,22 @@ so running the command again on the same DIR restarts the same cluster from its 
 The command holds the cluster's ports while it runs (cluster/ports.py), so no other
 process takes one before its child binds it. Once every node answers, DIR/cluster.json
 says where everything is.
+
+With `--clusters N` it runs N such clusters named a, b, ...: the first in DIR (its
+brokers in cluster `a`, listed at the top of cluster.json as with one cluster), the
+others in DIR/cluster-b, ...; cluster.json adds "clusters" (each one's controllers,
+nameserver and brokers). `--replicate` adds one `mqmeta replicator` worker with a rule
+a -> b for every topic (DIR/replicator.toml), listed under "replicators".
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import signal
 import sys
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,10 +35,23 @@ from cluster.layout import (
 )
 from cluster.ready import wait_brokers_ready, wait_ready
 from cluster.supervisor import Supervisor
+from mqmeta.client import ControllerClient
 from mqmeta.errors import InvalidArgument
 from mqmeta.formats.atomic import write_json_atomically
+from mqmeta.pb import controller_pb2 as pb
 
 CONTROLLERS_MAX = 7
+CLUSTERS_MAX = 4
+CLUSTER_NAMES = "abcd"
+REPLICATOR_NAME = "replicator-1"
+
+
+@dataclass(frozen=True)
+class _Site:
+    name: str  # the brokers' cluster name ("" for a lone cluster: the default cluster)
+    root: Path
+    layout: Layout
+    supervisor: Supervisor
 
 
 def local_up(args: argparse.Namespace) -> int:
@@ -38,65 +59,118 @@ def local_up(args: argparse.Namespace) -> int:
         raise InvalidArgument(f"--controllers must be odd, from 1 to {CONTROLLERS_MAX}")
     if not 0 <= args.broker_sets <= 26 or not 1 <= args.replicas <= 5:
         raise InvalidArgument("--broker-sets must be 0 to 26 and --replicas 1 to 5")
+    clusters, replicate = getattr(args, "clusters", 1), getattr(args, "replicate", False)
+    if not 1 <= clusters <= CLUSTERS_MAX:
+        raise InvalidArgument(f"--clusters must be from 1 to {CLUSTERS_MAX}")
+    if replicate and (clusters < 2 or args.broker_sets < 1):
+        raise InvalidArgument("--replicate needs --clusters 2 or more, each with a broker set")
     root = args.data_dir.resolve()
-    layout, ports = load_or_create_layout(
-        root, args.controllers, args.embedded, args.broker_sets, args.replicas
-    )
-    with ports:
-        return _run(root, layout)
+    with contextlib.ExitStack() as held:
+        sites = []
+        for i in range(clusters):
+            site_root = root if i == 0 else root / f"cluster-{CLUSTER_NAMES[i]}"
+            layout, ports = load_or_create_layout(
+                site_root, args.controllers, args.embedded, args.broker_sets, args.replicas
+            )
+            held.enter_context(ports)
+            name = CLUSTER_NAMES[i] if clusters > 1 else ""
+            sites.append(_Site(name, site_root, layout, Supervisor(site_root)))
+        return _run(root, sites, replicate)
 
 
-def _run(root: Path, layout: Layout) -> int:
-    ensure_secret(root)
-    supervisor = Supervisor(root)
+def _run(root: Path, sites: list[_Site], replicate: bool) -> int:
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())
     try:
-        for node in layout.controllers:
-            supervisor.start(node.id, controller_command(root, layout, node))
-        if not layout.embedded:
-            supervisor.start("namesrv", namesrv_command(layout))
-        wait_ready(layout.controller_addresses, layout.namesrv)
-        for broker in layout.brokers:
-            supervisor.start(broker.name, broker_command(root, layout, broker))
-        statuses = wait_brokers_ready(layout.brokers) if layout.brokers else {}
-        document = cluster_document(root, layout, supervisor)
-        document["brokers"] = [
-            {
-                "cluster": statuses[b.name].cluster,
-                "broker_name": b.broker_name,
-                "broker_id": statuses[b.name].broker_id,
-                "grpc": b.grpc,
-                "pid": supervisor.children[b.name].pid,
-                "data_dir": str(root / b.data_dir),
-            }
-            for b in layout.brokers
-        ]
+        documents = [_start_site(site) for site in sites]
+        document = dict(documents[0])
+        if len(sites) > 1:
+            document["clusters"] = [{"name": s.name, **d} for s, d in zip(sites, documents, strict=True)]
+        if replicate:
+            document["replicators"] = [_start_replicator(root, sites)]
         write_json_atomically(root / "cluster.json", document, indent=2)
-        print(
-            f"mqmeta local cluster ready: controllers {layout.controller_addresses}; "
-            f"nameserver {','.join(layout.namesrv)}; see {root / 'cluster.json'}",
-            flush=True,
-        )
-        _supervise(supervisor, stop)
+        for site in sites:
+            print(
+                f"mqmeta local cluster {site.name + ' ' if site.name else ''}ready: controllers "
+                f"{site.layout.controller_addresses}; nameserver {','.join(site.layout.namesrv)}; "
+                f"see {root / 'cluster.json'}",
+                flush=True,
+            )
+        _supervise([s.supervisor for s in sites], stop)
     finally:
-        supervisor.stop_all()
+        for site in reversed(sites):
+            site.supervisor.stop_all()
     return 0
 
 
-def _supervise(supervisor: Supervisor, stop: threading.Event) -> None:
-    reported: set[str] = set()
+def _start_site(site: _Site) -> dict[str, Any]:
+    """Starts one cluster and waits until it is ready; its part of cluster.json."""
+    root, layout, supervisor = site.root, site.layout, site.supervisor
+    ensure_secret(root)
+    for node in layout.controllers:
+        supervisor.start(node.id, controller_command(root, layout, node))
+    if not layout.embedded:
+        supervisor.start("namesrv", namesrv_command(layout))
+    wait_ready(layout.controller_addresses, layout.namesrv)
+    if site.name:  # topics created without --cluster go to this cluster's brokers
+        with ControllerClient(layout.controller_addresses) as client:
+            client.call("UpdateConfig", pb.UpdateConfigRequest(values={"default_cluster": site.name}))
+    cluster_flag = ["--cluster", site.name] if site.name else []
+    for broker in layout.brokers:
+        supervisor.start(broker.name, broker_command(root, layout, broker) + cluster_flag)
+    statuses = wait_brokers_ready(layout.brokers) if layout.brokers else {}
+    document = cluster_document(root, layout, supervisor)
+    document["brokers"] = [
+        {
+            "cluster": statuses[b.name].cluster,
+            "broker_name": b.broker_name,
+            "broker_id": statuses[b.name].broker_id,
+            "grpc": b.grpc,
+            "pid": supervisor.children[b.name].pid,
+            "data_dir": str(root / b.data_dir),
+        }
+        for b in layout.brokers
+    ]
+    return document
+
+
+def _start_replicator(root: Path, sites: list[_Site]) -> dict[str, Any]:
+    """One worker with a rule a -> b for every topic (each must exist in both clusters)."""
+    source, target = sites[0], sites[1]
+    config = root / "replicator.toml"
+    config.write_text(
+        "\n".join(
+            [
+                "[[rules]]",
+                f'name = "{source.name}-to-{target.name}"',
+                f'source_namesrv = "{",".join(source.layout.namesrv)}"',
+                f'target_namesrv = "{",".join(target.layout.namesrv)}"',
+                'topic = "re:.*"',
+                'start = "earliest"',
+            ]
+        )
+        + "\n"
+    )
+    command = [sys.executable, "-m", "mqmeta.cli", "replicator", "--config", str(config)]
+    process = source.supervisor.start(REPLICATOR_NAME, [*command, "--worker-id", "w1"])
+    return {"pid": process.pid, "config": str(config), "metrics": None}
+
+
+def _supervise(supervisors: list[Supervisor], stop: threading.Event) -> None:
+    reported: set[tuple[int, str]] = set()
     while not stop.wait(0.5):
-        for name in supervisor.dead():
-            if name not in reported:
-                reported.add(name)
-                print(
-                    f"mqmeta local: {name} exited with status "
-                    f"{supervisor.children[name].returncode}; see logs/{name}.log",
-                    file=sys.stderr,
-                    flush=True,
-                )
+        for i, supervisor in enumerate(supervisors):
+            where = f"cluster-{CLUSTER_NAMES[i]}/" if i else ""
+            for name in supervisor.dead():
+                if (i, name) not in reported:
+                    reported.add((i, name))
+                    print(
+                        f"mqmeta local: {name} exited with status "
+                        f"{supervisor.children[name].returncode}; see {where}logs/{name}.log",
+                        file=sys.stderr,
+                        flush=True,
+                    )
 
 
 def cluster_document(root: Path, layout: Layout, supervisor: Supervisor) -> dict[str, Any]:

@@ -9,7 +9,7 @@ controller cluster through the client library (NameServerServicer, on a thread p
 from __future__ import annotations
 
 from controller.core import ControllerCore
-from controller.service import broker_route_pb, route_pb
+from controller.service import broker_route_pb, route_pb, topic_pb
 from mqmeta.client import ControllerClient
 from mqmeta.pb import controller_pb2 as pb
 from mqmeta.pb import namesrv_pb2 as ns_pb
@@ -47,6 +47,10 @@ class NameServerServicer(ns_grpc.NameServerServicer):
             ]
         )
 
+    @rpc
+    def ListTopics(self, request, context):
+        return self.client.call("ListTopics", pb.ListTopicsRequest())
+
 
 class EmbeddedNameServer(ns_grpc.NameServerServicer):
     """The nameserver of a controller node (`--embed-controller`), on its AsyncServer."""
@@ -64,6 +68,11 @@ class EmbeddedNameServer(ns_grpc.NameServerServicer):
         cluster = validate_name("cluster", request.cluster) if request.cluster else ""
         routes = await self.core.cluster_routes_async(cluster)
         return ns_pb.ClusterInfo(brokers=[broker_route_pb(r) for r in routes])
+
+    @rpc_async
+    async def ListTopics(self, request, context):
+        state = await self.core.read_barrier_async()
+        return pb.ListTopicsResponse(topics=[topic_pb(t) for t in state.topics()])
 
 
 # The RocketMQ 5 client protocol -------------------------------------------------------------

@@ -134,6 +134,11 @@ def _call_master(
     raise DeadlineExceeded(f"{method} to {broker_name} did not succeed in {timeout_s:.1f}s: {last}")
 
 
+# The pieces a replicator (or any client of several clusters) builds its own calls from.
+Channels = _Channels
+call_master = _call_master
+
+
 class Producer:
     def __init__(self, namesrv: list[str] | str, timeout_s: float = CALL_TIMEOUT_S) -> None:
         self._channels = _Channels()

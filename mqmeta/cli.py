@@ -70,6 +70,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     up.add_argument("--broker-sets", type=int, default=1, help="broker sets (0-26)")
     up.add_argument("--replicas", type=int, default=3, help="brokers per set (1-5)")
+    up.add_argument("--clusters", type=int, default=1, help="clusters a, b, ... (1-4), each like the first")
+    up.add_argument(
+        "--replicate", action="store_true", help="also run a replicator with a rule a -> b for every topic"
+    )
 
     from broker_agent.service import add_broker_parser
     from mqmeta.data_cli import add_data_parsers
@@ -87,6 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
     from spark.cli import add_audit_parser
 
     add_audit_parser(sub)
+    from replicator import add_replicator_parser
+
+    add_replicator_parser(sub)
     return parser
 
 
@@ -150,6 +157,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         from spark.cli import run_audit
 
         return run_audit(args)
+    if args.command == "replicator":
+        from replicator import run_replicator
+
+        return run_replicator(args)
     raise AssertionError(args.command)
 
 

@@ -1,7 +1,10 @@
 """`mqmeta produce` and `mqmeta consume`: the data plane from the command line.
 
 --record writes one JSON line per acknowledged (produce) or received (consume)
-message: {"msg_id", "value", "queue_id", "queue_offset"} (consume adds "broker_name").
+message: {"msg_id", "value", "queue_id", "queue_offset"} (consume adds "broker_name"),
+plus "tag" and "keys" when the message has them (produce --tag TAG --keys K1,K2) and, on
+consume, "origin" for a message a replicator copied (cluster, broker_name, topic,
+queue_id, queue_offset, path).
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from pathlib import Path
 
 from mqmeta.broker_client import Consumer, Producer
 from mqmeta.errors import InvalidArgument, MqmetaError
+from mqmeta.formats import origin as origin_format
+from mqmeta.formats.records import TAGS_BYTES_MAX
 
 SIZE_MAX = 4 << 20
 COUNT_MAX = 10_000_000
@@ -57,6 +62,8 @@ def add_data_parsers(sub) -> None:
     )
     produce.add_argument("--rate", type=_positive_float, help="messages per second at most")
     produce.add_argument("--batch", type=_positive("--batch", 1024), default=1)
+    produce.add_argument("--tag", default="", help="every message's tag (consumers filter on it)")
+    produce.add_argument("--keys", default="", help="every message's keys, K1,K2 (stored space-separated)")
     produce.add_argument("--record", type=Path, help="JSON line per acknowledged message")
     produce.add_argument("--json", action="store_true")
 
@@ -74,8 +81,42 @@ def add_data_parsers(sub) -> None:
     consume.add_argument("--json", action="store_true")
 
 
+def _keys(text: str) -> str:
+    """--keys K1,K2 as the message's keys field (RocketMQ's space-separated KEYS)."""
+    keys = [k.strip() for k in text.split(",") if k.strip()]
+    if any(" " in k for k in keys):
+        raise InvalidArgument(f"--keys {text!r}: a key cannot hold a space; separate keys with commas")
+    return " ".join(keys)
+
+
+def _origin_fields(properties) -> dict[str, object]:
+    """A replicated message's origin, for a --record line (empty for one that was not)."""
+    try:
+        found = origin_format.origin_of(properties)
+    except InvalidArgument:
+        return {}
+    if found is None:
+        return {}
+    return {
+        "origin": {
+            "cluster": found.key.cluster,
+            "broker_name": found.key.broker_name,
+            "topic": found.key.topic,
+            "queue_id": found.key.queue_id,
+            "queue_offset": found.offset,
+            "path": origin_format.path_of(properties),
+        }
+    }
+
+
 def run_produce(args: argparse.Namespace) -> int:
     run_id = uuid.uuid4().hex[:8]
+    keys = _keys(args.keys)
+    if len(args.tag.encode()) > TAGS_BYTES_MAX or "||" in args.tag:
+        raise InvalidArgument(f"--tag must be at most {TAGS_BYTES_MAX} bytes without ||")
+    labels: dict[str, object] = {"tag": args.tag} if args.tag else {}
+    if keys:
+        labels["keys"] = keys.split(" ")
     producer = Producer(args.namesrv)
     record = _open_record(args.record)
     sent = acked = failed = 0
@@ -88,7 +129,7 @@ def run_produce(args: argparse.Namespace) -> int:
             bodies = [v.encode().ljust(args.size, b".") for v in values]
             sent += len(values)
             try:
-                results = producer.send(args.topic, bodies)
+                results = producer.send(args.topic, bodies, tags=args.tag, keys=[keys] * len(bodies))
             except MqmetaError as error:
                 if "does not exist" in error.message:
                     raise
@@ -105,6 +146,7 @@ def run_produce(args: argparse.Namespace) -> int:
                                 "value": value,
                                 "queue_id": result.queue_id,
                                 "queue_offset": result.queue_offset,
+                                **labels,
                             }
                         )
                         + "\n"
@@ -175,6 +217,9 @@ def run_consume(args: argparse.Namespace) -> int:
                                 "value": value,
                                 "queue_id": m.queue_id,
                                 "queue_offset": m.queue_offset,
+                                **({"tag": m.tags} if m.tags else {}),
+                                **({"keys": m.keys.split(" ")} if m.keys else {}),
+                                **_origin_fields(m.properties),
                             }
                         )
                         + "\n"

@@ -150,6 +150,26 @@ def produce_and_consume(tmp_path: Path, document: dict, addresses: str) -> None:
     received = [json.loads(line) for line in received_file.read_text().splitlines()]
     assert {r["value"] for r in sent} == {r["value"] for r in received}
     assert set(sent[0]) == {"msg_id", "value", "queue_id", "queue_offset"}
+    labelled = [
+        "--tag",
+        "TagA",
+        "--keys",
+        "k1,k2",
+        "--count",
+        "5",
+        "--record",
+        str(tmp_path / "tagged.jsonl"),
+    ]
+    tagged = run("produce", "--namesrv", namesrv, "--topic", "Kept", *labelled)
+    assert tagged.returncode == 0, tagged.stderr
+    again = run(
+        "consume", "--namesrv", namesrv, "--topic", "Kept", "--group", "cli", "--until-idle", "2",
+        "--record", str(tmp_path / "tagged-received.jsonl"),
+    )  # fmt: skip
+    assert again.returncode == 0, again.stderr
+    for name in ("tagged.jsonl", "tagged-received.jsonl"):
+        lines = [json.loads(line) for line in (tmp_path / name).read_text().splitlines()]
+        assert len(lines) == 5 and all((r["tag"], r["keys"]) == ("TagA", ["k1", "k2"]) for r in lines), name
     status = run("admin", "--controllers", addresses, "ha-status", "--broker-name", "broker-a", "--json")
     assert status.returncode == 0, status.stderr
     roles = sorted(r["role"] for r in json.loads(status.stdout)["replicas"])
@@ -199,6 +219,9 @@ def test_bad_input_without_a_cluster_exits_2():
         "--size must be",
     )
     assert_bad_input(run("consume", "--namesrv", unreachable, "--topic", "T"), "--group")
+    assert_bad_input(
+        run("produce", "--namesrv", unreachable, "--topic", "T", "--count", "1", "--keys", "a b"), "--keys"
+    )
     assert_bad_input(
         run("consume", "--namesrv", unreachable, "--topic", "T", "--group", "g", "--until-idle", "nan"),
         "must be positive",

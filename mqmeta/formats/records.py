@@ -82,7 +82,7 @@ RECORD_BYTES_MAX = (
 )
 
 TOPIC_PATTERN = NAME_PATTERN  # also a safe file name (index files)
-_MSG_ID_PATTERN = re.compile(r"[0-9a-f]{32}")
+MSG_ID_PATTERN = re.compile(r"[0-9a-f]{32}")
 
 
 class TornRecord(Exception):
@@ -187,7 +187,7 @@ def encode_record(
     _check_uint("store_timestamp_ms", store_timestamp_ms, U64_MAX)
     _check_uint("queue_offset", queue_offset, U64_MAX)
     _check_uint("producer_seq", message.producer_seq, U64_MAX)
-    if not isinstance(msg_id, str) or not _MSG_ID_PATTERN.fullmatch(msg_id):
+    if not isinstance(msg_id, str) or not MSG_ID_PATTERN.fullmatch(msg_id):
         raise InvalidArgument(f"msg_id {msg_id!r} is not {MSG_ID_CHARS} lowercase hex characters")
     if not isinstance(message.body, bytes | bytearray | memoryview):
         raise InvalidArgument(f"body must be bytes, not {type(message.body).__name__}")
@@ -395,7 +395,7 @@ def decode_record(buf: bytes | bytearray | memoryview, pos: int, commit_offset: 
         raise CorruptData(
             f"record at commit offset {commit_offset}: fields end at {reader.pos - pos} of {total} bytes"
         )
-    if not TOPIC_PATTERN.fullmatch(topic) or not _MSG_ID_PATTERN.fullmatch(msg_id):
+    if not TOPIC_PATTERN.fullmatch(topic) or not MSG_ID_PATTERN.fullmatch(msg_id):
         raise CorruptData(
             f"record at commit offset {commit_offset}: malformed topic {topic!r} or msg_id {msg_id!r}"
         )

@@ -40,18 +40,20 @@ class SendRequest(_message.Message):
     def __init__(self, messages: _Optional[_Iterable[_Union[Message, _Mapping]]] = ...) -> None: ...
 
 class SendResult(_message.Message):
-    __slots__ = ("msg_id", "topic", "queue_id", "queue_offset", "commit_offset")
+    __slots__ = ("msg_id", "topic", "queue_id", "queue_offset", "commit_offset", "duplicate")
     MSG_ID_FIELD_NUMBER: _ClassVar[int]
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
     QUEUE_OFFSET_FIELD_NUMBER: _ClassVar[int]
     COMMIT_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATE_FIELD_NUMBER: _ClassVar[int]
     msg_id: str
     topic: str
     queue_id: int
     queue_offset: int
     commit_offset: int
-    def __init__(self, msg_id: _Optional[str] = ..., topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., queue_offset: _Optional[int] = ..., commit_offset: _Optional[int] = ...) -> None: ...
+    duplicate: bool
+    def __init__(self, msg_id: _Optional[str] = ..., topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., queue_offset: _Optional[int] = ..., commit_offset: _Optional[int] = ..., duplicate: _Optional[bool] = ...) -> None: ...
 
 class SendResponse(_message.Message):
     __slots__ = ("results", "master_epoch")
@@ -271,3 +273,53 @@ class HaFetchResponse(_message.Message):
     min_offset: int
     offset_moved_to_tiered: bool
     def __init__(self, master_epoch: _Optional[int] = ..., master_max_offset: _Optional[int] = ..., confirm_offset: _Optional[int] = ..., truncate_to: _Optional[int] = ..., data_offset: _Optional[int] = ..., data: _Optional[bytes] = ..., epoch_entries: _Optional[_Iterable[_Union[EpochEntry, _Mapping]]] = ..., min_offset: _Optional[int] = ..., offset_moved_to_tiered: _Optional[bool] = ...) -> None: ...
+
+class QueryOriginRequest(_message.Message):
+    __slots__ = ("cluster", "broker_name", "topic", "queue_id", "translate")
+    CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    BROKER_NAME_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    TRANSLATE_FIELD_NUMBER: _ClassVar[int]
+    cluster: str
+    broker_name: str
+    topic: str
+    queue_id: int
+    translate: int
+    def __init__(self, cluster: _Optional[str] = ..., broker_name: _Optional[str] = ..., topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., translate: _Optional[int] = ...) -> None: ...
+
+class QueryOriginResponse(_message.Message):
+    __slots__ = ("offset", "topic", "queue_id", "queue_offset", "translated")
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    TRANSLATED_FIELD_NUMBER: _ClassVar[int]
+    offset: int
+    topic: str
+    queue_id: int
+    queue_offset: int
+    translated: int
+    def __init__(self, offset: _Optional[int] = ..., topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., queue_offset: _Optional[int] = ..., translated: _Optional[int] = ...) -> None: ...
+
+class ListConsumerOffsetsRequest(_message.Message):
+    __slots__ = ("topic", "queue_id")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    queue_id: int
+    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ...) -> None: ...
+
+class ConsumerOffset(_message.Message):
+    __slots__ = ("group", "offset")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    offset: int
+    def __init__(self, group: _Optional[str] = ..., offset: _Optional[int] = ...) -> None: ...
+
+class ListConsumerOffsetsResponse(_message.Message):
+    __slots__ = ("offsets",)
+    OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    offsets: _containers.RepeatedCompositeFieldContainer[ConsumerOffset]
+    def __init__(self, offsets: _Optional[_Iterable[_Union[ConsumerOffset, _Mapping]]] = ...) -> None: ...

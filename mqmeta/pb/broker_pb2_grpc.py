@@ -69,6 +69,16 @@ class BrokerServiceStub:
                 request_serializer=mqmeta_dot_pb_dot_broker__pb2.HaFetchRequest.SerializeToString,
                 response_deserializer=mqmeta_dot_pb_dot_broker__pb2.HaFetchResponse.FromString,
                 _registered_method=True)
+        self.QueryOrigin = channel.unary_unary(
+                '/mqmeta.v1.BrokerService/QueryOrigin',
+                request_serializer=mqmeta_dot_pb_dot_broker__pb2.QueryOriginRequest.SerializeToString,
+                response_deserializer=mqmeta_dot_pb_dot_broker__pb2.QueryOriginResponse.FromString,
+                _registered_method=True)
+        self.ListConsumerOffsets = channel.unary_unary(
+                '/mqmeta.v1.BrokerService/ListConsumerOffsets',
+                request_serializer=mqmeta_dot_pb_dot_broker__pb2.ListConsumerOffsetsRequest.SerializeToString,
+                response_deserializer=mqmeta_dot_pb_dot_broker__pb2.ListConsumerOffsetsResponse.FromString,
+                _registered_method=True)
 
 
 class BrokerServiceServicer:
@@ -116,6 +126,18 @@ class BrokerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def QueryOrigin(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListConsumerOffsets(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -153,6 +175,16 @@ def add_BrokerServiceServicer_to_server(servicer, server):
                     servicer.HaFetch,
                     request_deserializer=mqmeta_dot_pb_dot_broker__pb2.HaFetchRequest.FromString,
                     response_serializer=mqmeta_dot_pb_dot_broker__pb2.HaFetchResponse.SerializeToString,
+            ),
+            'QueryOrigin': grpc.unary_unary_rpc_method_handler(
+                    servicer.QueryOrigin,
+                    request_deserializer=mqmeta_dot_pb_dot_broker__pb2.QueryOriginRequest.FromString,
+                    response_serializer=mqmeta_dot_pb_dot_broker__pb2.QueryOriginResponse.SerializeToString,
+            ),
+            'ListConsumerOffsets': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListConsumerOffsets,
+                    request_deserializer=mqmeta_dot_pb_dot_broker__pb2.ListConsumerOffsetsRequest.FromString,
+                    response_serializer=mqmeta_dot_pb_dot_broker__pb2.ListConsumerOffsetsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -344,6 +376,60 @@ class BrokerService:
             '/mqmeta.v1.BrokerService/HaFetch',
             mqmeta_dot_pb_dot_broker__pb2.HaFetchRequest.SerializeToString,
             mqmeta_dot_pb_dot_broker__pb2.HaFetchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def QueryOrigin(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mqmeta.v1.BrokerService/QueryOrigin',
+            mqmeta_dot_pb_dot_broker__pb2.QueryOriginRequest.SerializeToString,
+            mqmeta_dot_pb_dot_broker__pb2.QueryOriginResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListConsumerOffsets(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mqmeta.v1.BrokerService/ListConsumerOffsets',
+            mqmeta_dot_pb_dot_broker__pb2.ListConsumerOffsetsRequest.SerializeToString,
+            mqmeta_dot_pb_dot_broker__pb2.ListConsumerOffsetsResponse.FromString,
             options,
             channel_credentials,
             insecure,

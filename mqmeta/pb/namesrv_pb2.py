@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from mqmeta.pb import controller_pb2 as mqmeta_dot_pb_dot_controller__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17mqmeta/pb/namesrv.proto\x12\tmqmeta.v1\x1a\x1amqmeta/pb/controller.proto\"\"\n\x11QueryRouteRequest\x12\r\n\x05topic\x18\x01 \x01(\t\"%\n\x12\x43lusterInfoRequest\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\"6\n\x0b\x43lusterInfo\x12\'\n\x07\x62rokers\x18\x01 \x03(\x0b\x32\x16.mqmeta.v1.BrokerRoute2\x98\x01\n\nNameServer\x12\x41\n\nQueryRoute\x12\x1c.mqmeta.v1.QueryRouteRequest\x1a\x15.mqmeta.v1.TopicRoute\x12G\n\x0eGetClusterInfo\x12\x1d.mqmeta.v1.ClusterInfoRequest\x1a\x16.mqmeta.v1.ClusterInfob\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17mqmeta/pb/namesrv.proto\x12\tmqmeta.v1\x1a\x1amqmeta/pb/controller.proto\"\"\n\x11QueryRouteRequest\x12\r\n\x05topic\x18\x01 \x01(\t\"%\n\x12\x43lusterInfoRequest\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\"6\n\x0b\x43lusterInfo\x12\'\n\x07\x62rokers\x18\x01 \x03(\x0b\x32\x16.mqmeta.v1.BrokerRoute2\xe3\x01\n\nNameServer\x12\x41\n\nQueryRoute\x12\x1c.mqmeta.v1.QueryRouteRequest\x1a\x15.mqmeta.v1.TopicRoute\x12G\n\x0eGetClusterInfo\x12\x1d.mqmeta.v1.ClusterInfoRequest\x1a\x16.mqmeta.v1.ClusterInfo\x12I\n\nListTopics\x12\x1c.mqmeta.v1.ListTopicsRequest\x1a\x1d.mqmeta.v1.ListTopicsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -39,5 +39,5 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CLUSTERINFO']._serialized_start=141
   _globals['_CLUSTERINFO']._serialized_end=195
   _globals['_NAMESERVER']._serialized_start=198
-  _globals['_NAMESERVER']._serialized_end=350
+  _globals['_NAMESERVER']._serialized_end=425
 # @@protoc_insertion_point(module_scope)

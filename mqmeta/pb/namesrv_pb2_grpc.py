@@ -45,6 +45,11 @@ class NameServerStub:
                 request_serializer=mqmeta_dot_pb_dot_namesrv__pb2.ClusterInfoRequest.SerializeToString,
                 response_deserializer=mqmeta_dot_pb_dot_namesrv__pb2.ClusterInfo.FromString,
                 _registered_method=True)
+        self.ListTopics = channel.unary_unary(
+                '/mqmeta.v1.NameServer/ListTopics',
+                request_serializer=mqmeta_dot_pb_dot_controller__pb2.ListTopicsRequest.SerializeToString,
+                response_deserializer=mqmeta_dot_pb_dot_controller__pb2.ListTopicsResponse.FromString,
+                _registered_method=True)
 
 
 class NameServerServicer:
@@ -62,6 +67,13 @@ class NameServerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListTopics(self, request, context):
+        """Every topic (a replicator's rule with topic = "re:REGEX" finds its topics here).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_NameServerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -74,6 +86,11 @@ def add_NameServerServicer_to_server(servicer, server):
                     servicer.GetClusterInfo,
                     request_deserializer=mqmeta_dot_pb_dot_namesrv__pb2.ClusterInfoRequest.FromString,
                     response_serializer=mqmeta_dot_pb_dot_namesrv__pb2.ClusterInfo.SerializeToString,
+            ),
+            'ListTopics': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListTopics,
+                    request_deserializer=mqmeta_dot_pb_dot_controller__pb2.ListTopicsRequest.FromString,
+                    response_serializer=mqmeta_dot_pb_dot_controller__pb2.ListTopicsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -130,6 +147,33 @@ class NameServer:
             '/mqmeta.v1.NameServer/GetClusterInfo',
             mqmeta_dot_pb_dot_namesrv__pb2.ClusterInfoRequest.SerializeToString,
             mqmeta_dot_pb_dot_namesrv__pb2.ClusterInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListTopics(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mqmeta.v1.NameServer/ListTopics',
+            mqmeta_dot_pb_dot_controller__pb2.ListTopicsRequest.SerializeToString,
+            mqmeta_dot_pb_dot_controller__pb2.ListTopicsResponse.FromString,
             options,
             channel_credentials,
             insecure,
