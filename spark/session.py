@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 SHUFFLE_PARTITIONS_DEFAULT = 4
+JVM_EXIT_WAIT_S = 30.0
 LOG4J_FILE = Path(__file__).with_name("log4j2.properties")
 _lock = threading.Lock()
 _session: Any = None
@@ -68,8 +69,26 @@ def get_session(master: str | None = None, shuffle_partitions: int = SHUFFLE_PAR
 
 
 def stop_session() -> None:
+    """Stops the session and the JVM behind it (a stopped session's JVM would go on using
+    memory and some CPU); the next get_session starts a new one."""
     global _session
     with _lock:
         if _session is not None:
             _session.stop()
             _session = None
+            _stop_gateway()
+
+
+def _stop_gateway() -> None:
+    from pyspark import SparkContext
+
+    gateway = SparkContext._gateway
+    if gateway is None:
+        return
+    SparkContext._gateway = None
+    SparkContext._jvm = None
+    gateway.shutdown()
+    proc = getattr(gateway, "proc", None)  # set by pyspark's launch_gateway
+    if proc is not None:
+        proc.terminate()
+        proc.wait(JVM_EXIT_WAIT_S)

@@ -1,10 +1,33 @@
-"""Shared fixtures: a real 3-node controller cluster on loopback per test that asks."""
+"""Shared fixtures: a real 3-node controller cluster on loopback per test that asks; and how
+the run is laid out over pytest-xdist's workers.
+
+The suite runs on two workers (`-n 2 --dist loadgroup` in pyproject.toml): most tests wait
+on real processes more than they compute. Each module is one group, so a module's shared
+cluster is built once, on one worker. Every test marked `spark` (the modules that start
+the shared Spark session) is in one group, on one worker, one after the other, and the
+session and its JVM stop after the last of them instead of using a core for the rest of
+the run.
+"""
 
 from __future__ import annotations
 
 import pytest
 
 from cluster.harness import Cluster
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        group = "spark" if item.get_closest_marker("spark") else item.nodeid.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    if item.get_closest_marker("spark") and (nextitem is None or not nextitem.get_closest_marker("spark")):
+        from spark.session import stop_session
+
+        stop_session()
 
 
 @pytest.fixture

@@ -33,6 +33,7 @@ from tests.support.audit_data import clean_data_dir, copy_data_dir, spark_sessio
 
 pytestmark = [
     pytest.mark.cluster,
+    pytest.mark.spark,
     pytest.mark.timeout(180),
     # pyspark 4.3 warns that pandas 3 is newer than the versions it was tested with; the
     # audit reads through Arrow and never converts to pandas.

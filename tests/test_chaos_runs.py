@@ -22,7 +22,7 @@ from chaos.linearizability import check_linearizability
 from chaos.runner import RunConfig, run
 from tests.support import audit_in_shared_session
 
-pytestmark = [pytest.mark.cluster, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.cluster, pytest.mark.spark, pytest.mark.timeout(240)]
 
 SHORT_TIME_S = 16.0
 SHORT_INTERVAL_S = 4.0

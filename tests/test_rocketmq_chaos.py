@@ -18,7 +18,7 @@ from tests.support import audit_in_shared_session
 # About 170 s (the official client needs up to 30 s to find the new master, and the run drains
 # for 40 s): a long run, outside CI. CI covers the same kill -9 through the official client in
 # tests/test_rocketmq_failover.py (every acknowledged send received, held messages redelivered).
-pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.spark, pytest.mark.timeout(240)]
 
 
 def test_short_run_through_the_official_client(tmp_path):
