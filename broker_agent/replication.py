@@ -24,6 +24,7 @@ import grpc
 
 from broker_agent.core import (
     AnswerFetch,
+    Departure,
     Effect,
     FetchAnswered,
     FetchStillWaiting,
@@ -112,6 +113,7 @@ def _fetch_once(
         epoch_entries=_entries(store.epochs.entries) if handshake else [],
         max_bytes=settings.max_bytes,
         wait_ms=settings.wait_ms,
+        leaving=view.departure is Departure.LEAVING,
     )
     reply = stub.HaFetch(request, timeout=settings.wait_ms / 1000 + FETCH_DEADLINE_SLACK_S)
     if reply.offset_moved_to_tiered:
@@ -142,6 +144,7 @@ def serve_fetch(host: BrokerHost, request: bpb.HaFetchRequest) -> bpb.HaFetchRes
             request.handshake,
             tuple((e.epoch, e.start_offset) for e in request.epoch_entries),
             log_view(store),
+            request.leaving,
         )
         answer = _answer(host.feed(fetch))  # a refusal is raised here
         if answer.truncate_to >= 0:
