@@ -141,6 +141,17 @@ class BrokerServicer(bpb_grpc.BrokerServiceServicer):
             raise NotFound(f"this broker serves {self.agent.config.broker_name}, not {request.broker_name}")
         return replication.serve_fetch(self.agent, request)
 
+    @rpc
+    def Handoff(self, request, context):
+        preferred = validate_int("preferred_broker_id", request.preferred_broker_id, 0, REQUEST_INT_MAX)
+        view, unavailable_ms = self.agent.handoff(preferred)
+        return bpb.HandoffResponse(
+            master_broker_id=view.master_broker_id,
+            master_address=view.master_address,
+            master_epoch=view.master_epoch,
+            unavailable_ms=unavailable_ms,
+        )
+
 
 def ha_status(agent: BrokerAgent) -> bpb.HaStatus:
     with agent.lock:
@@ -260,6 +271,9 @@ def run_broker(args: argparse.Namespace) -> int:
 
     class _Node:
         def stop(self) -> None:
+            # SIGTERM: hand off (a master) or leave the SyncStateSet (a slave) while the
+            # server still answers the slaves' fetches, then stop serving.
+            agent.depart()
             server.stop(grace=1).wait()
             rmq.stop()
             agent.stop()

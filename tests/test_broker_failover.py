@@ -57,6 +57,7 @@ class ProduceLoop(threading.Thread):
         self.producer = Producer(cluster.namesrv, timeout_s=8.0)
         self.prefix, self.batch = prefix, batch
         self.acked: list[str] = []
+        self.ack_times: list[float] = []  # time.monotonic() of each acknowledged batch
         self.unknown: list[str] = []
         self.stop_event = threading.Event()
 
@@ -68,6 +69,7 @@ class ProduceLoop(threading.Thread):
             try:
                 self.producer.send("Orders", [v.encode() for v in values])
                 self.acked += values
+                self.ack_times.append(time.monotonic())
             except MqmetaError:
                 self.unknown += values
 
