@@ -34,6 +34,8 @@ from controller.state_machine import ControllerState, apply
 from mqmeta.dialmap import dial
 from mqmeta.errors import DeadlineExceeded, InvalidArgument, Unavailable
 
+TRANSFER_POLL_INTERVAL_S = 0.01  # how often a stopping leader checks that another took over
+
 log = logging.getLogger(__name__)
 
 Json = dict[str, Any]
@@ -165,6 +167,7 @@ class ControllerRaft(pysyncobj_compat.RaftFixes):
         self._on_events = on_events
         self._state = ControllerState()
         self._snapshots = StateSnapshots(lambda: self._state, self._install_state)
+        self._transfer_requested = threading.Event()  # pysyncobj_compat.LeadershipTransfer
         others = [p.raft for p in peers if p.raft != raft_address]
         super().__init__(
             raft_address,
@@ -222,6 +225,17 @@ class ControllerRaft(pysyncobj_compat.RaftFixes):
     def status(self) -> Json:
         return self.getStatus()
 
+    def hand_over_leadership(self, timeout_s: float) -> bool:
+        """As leader: asks the most caught-up follower to take over now, and waits (bounded)
+        until this node is no longer the leader. True if it is not the leader (any more)."""
+        if not self.is_leader():
+            return True
+        self.request_leadership_transfer()
+        deadline = time.monotonic() + timeout_s
+        while self.is_leader() and time.monotonic() < deadline:
+            time.sleep(TRANSFER_POLL_INTERVAL_S)
+        return not self.is_leader()
+
     def close(self) -> None:
         self.destroy()
         self._snapshots.close()
@@ -245,6 +259,7 @@ class Proposer:
         self._queue: deque[tuple[Json, Future]] = deque()
         self._inflight: deque[_Batch] = deque()
         self._stopped = False
+        self._paused = False  # draining before a leadership handover: nothing new is sent
         self._thread = threading.Thread(target=self._run, name="proposer", daemon=True)
         self._thread.start()
 
@@ -267,6 +282,17 @@ class Proposer:
             return future.result(timeout=timeout_s)
         except TimeoutError:
             raise not_committed(command, timeout_s) from None
+
+    def drain(self, timeout_s: float) -> bool:
+        """Sends nothing new from now on (waiting commands stay queued, and fail with
+        Unavailable at stop(): never proposed, so a client's retry elsewhere is safe) and
+        waits, bounded, until every batch sent has its answer. True if none is left."""
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            self._paused = True
+            while self._inflight and time.monotonic() < deadline:
+                self._lock.wait(timeout=max(0.0, min(0.05, deadline - time.monotonic())))
+            return not self._inflight
 
     def stop(self) -> None:
         with self._lock:
@@ -292,7 +318,11 @@ class Proposer:
             self._raft._apply_entry(payload, callback=lambda res, err, b=batch: self._done(b, res, err))
 
     def _ready_to_send(self) -> bool:
-        return bool(self._queue) and len(self._inflight) < self._settings.inflight_batches_max
+        return (
+            not self._paused
+            and bool(self._queue)
+            and len(self._inflight) < self._settings.inflight_batches_max
+        )
 
     def _expire_inflight(self, timeout_s: float) -> None:
         # pysyncobj may never call back for a command lost in a leader change.

@@ -107,6 +107,8 @@ class RunningNode:
         self.client = client
 
     def stop(self) -> None:
+        if self.core is not None:  # while still serving: calls in flight are redirected
+            self.core.step_down()
         for server in self.servers:
             server.stop(grace=1).wait()
         if self.core is not None:
