@@ -24,7 +24,7 @@ import pytest
 from cluster.harness import Cluster
 from mqmeta.pb import controller_pb2 as pb
 from tests.support import consume_all, wait_for, wait_in_sync
-from tests.test_broker_failover import FLAGS, ProduceLoop, check_no_loss
+from tests.support.producing import FLAGS, ProduceLoop, check_no_loss
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(120)]
 
