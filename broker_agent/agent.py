@@ -49,6 +49,7 @@ from broker_agent.core import (
     Refuse,
     Registered,
     ReplicaInfo,
+    ReportMasterUnreachable,
     RequestRefresh,
     RoleView,
     StartFetching,
@@ -85,7 +86,7 @@ log = logging.getLogger(__name__)
 
 SEND_BATCH_MAX = 1024
 CONTROLLER_CALL_TIMEOUT_S = 1.0
-HEARTBEAT_INTERVAL_MS_DEFAULT = 1000  # until the controller's config says otherwise
+HEARTBEAT_INTERVAL_MS_DEFAULT = 300  # the controller's default, until its config is read
 # Graceful departure (SIGTERM, admin handoff): how long a master waits for its successor to
 # hold everything (then it gives up and writes again), how long the election call may take,
 # and how long a slave waits to be taken out of the SyncStateSet before it exits anyway.
@@ -185,6 +186,7 @@ class BrokerAgent:
         self.tiered: TieredUploader | None = None
         self._refresh_needed = threading.Event()
         self._wake = threading.Event()  # the controller loop has something to do now
+        self._report: ReportMasterUnreachable | None = None  # for the controller loop to send
         self._threads: list[threading.Thread] = []
         self._fetch = FetchSettings(config.fetch_max_bytes, config.fetch_wait_ms, config.tiered_url)
 
@@ -238,6 +240,9 @@ class BrokerAgent:
                     self._note_confirm(effect)
                 case RequestRefresh():
                     self._refresh_needed.set()
+                    self._wake.set()
+                case ReportMasterUnreachable():
+                    self._report = effect
                     self._wake.set()
                 case StartFetching():
                     self._start_fetching(effect)
@@ -339,7 +344,9 @@ class BrokerAgent:
         elif not self.identity.path.exists():
             self.identity.save(identity)
         config = self.controller.call("GetConfig", cpb.GetConfigRequest()).values
-        self.heartbeat_interval_ms = int(config.get("broker_heartbeat_interval_ms", 1000))
+        self.heartbeat_interval_ms = int(
+            config.get("broker_heartbeat_interval_ms", HEARTBEAT_INTERVAL_MS_DEFAULT)
+        )
         self.feed(Registered(reply.broker_id, int(config.get("lease_ms", LEASE_MS_DEFAULT))))
         log.info(
             "registered %s/%s as broker %d", self.config.cluster, self.config.broker_name, reply.broker_id
@@ -358,6 +365,7 @@ class BrokerAgent:
                 if self._refresh_needed.is_set():
                     self._refresh_needed.clear()
                     self._apply_or_elect(self._replica_info())
+                self._send_report()
                 if time.monotonic() >= next_heartbeat:
                     next_heartbeat = time.monotonic() + self.heartbeat_interval_ms / 1000
                     self._heartbeat()
@@ -370,6 +378,25 @@ class BrokerAgent:
                 log.info("controller: %s", exc)
             self._wake.wait(min(0.05, self.heartbeat_interval_ms / 4000))
             self._wake.clear()
+
+    def _send_report(self) -> None:
+        """A slave's fetch found its master unreachable: ask the controller to elect. It
+        elects only if the master is dead by its rules (silent for dead-after, or its port
+        refusing connections); otherwise it answers the current replica info."""
+        report, self._report = self._report, None
+        if report is None:
+            return
+        info = self.controller.call(
+            "ElectMaster",
+            cpb.ElectMasterRequest(
+                cluster=self.config.cluster,
+                broker_name=self.config.broker_name,
+                trigger=cpb.ELECT_TRIGGER_BROKER,
+                requester_broker_id=self.core.broker_id,
+                master_unreachable=True,
+            ),
+        )
+        self.apply_replica_info(info)
 
     def _replica_info(self) -> cpb.ReplicaInfo:
         return self.controller.call(

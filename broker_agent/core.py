@@ -26,6 +26,10 @@ pending_grace_ms has passed (HandoffFailed): the controller's master lease argum
 (Leave): its fetches say so and its master takes it out of the SyncStateSet (and does
 not add it back), so acknowledgements never wait for a replica that is shutting down.
 
+A slave whose fetch cannot reach its master reports it (ReportMasterUnreachable, at
+most once per REPORT_INTERVAL_MS): the controller leader then elects at once if the
+master's port refuses connections (its process is gone), not after dead-after.
+
 What it answers without effects: may this broker write now (check_writable), is a
 write acknowledged yet (write_outcome), and read-only snapshots (view).
 """
@@ -41,8 +45,11 @@ from broker_agent.ha import Lease, Role, SlaveProgress, SyncStateTracker, confir
 from mqmeta.errors import FailedPrecondition, FencedEpoch, MqmetaError, NotMaster
 from mqmeta.formats.epochs import EpochEntry, consistent_point
 
-LEASE_MS_DEFAULT = 2000  # until the controller's config says otherwise (at registration)
+LEASE_MS_DEFAULT = 1200  # the controller's default lease_ms, until its config is read (at registration)
 PENDING_GRACE_MS = 7000  # longer than the controller's proposal timeout (5 s)
+# A slave reports an unreachable master at most this often (each report costs the
+# controller leader a TCP connect to the master's address).
+REPORT_INTERVAL_MS = 200
 
 
 class Departure(enum.Enum):
@@ -218,6 +225,14 @@ class Fence:
 
 
 @dataclass(frozen=True)
+class MasterUnreachable:
+    """This slave's fetch of session `session` could not reach its master."""
+
+    now_ms: int
+    session: int
+
+
+@dataclass(frozen=True)
 class HandoffStart:
     """Hand the master role to an in-sync slave: refuse new writes from now on; give up
     (HandoffTick refuses) if no successor holds everything by `deadline_ms`."""
@@ -269,6 +284,7 @@ Event = (
     | MasterAnswered
     | Replicated
     | UploadStarting
+    | MasterUnreachable
     | HandoffStart
     | HandoffTick
     | HandoffFailed
@@ -338,6 +354,15 @@ class RequestRefresh:
 
 
 @dataclass(frozen=True)
+class ReportMasterUnreachable:
+    """Tell the controller that this slave cannot reach the master of `master_epoch`."""
+
+    ORDER: ClassVar[int] = 3
+    master_broker_id: int
+    master_epoch: int
+
+
+@dataclass(frozen=True)
 class ElectSuccessor:
     """Ask the controller to elect `successor_broker_id` in place of this master, which
     holds `master_epoch` and has stopped taking writes (ELECT_TRIGGER_HANDOFF)."""
@@ -399,6 +424,7 @@ Effect = (
     | NoteConfirm
     | ProposeSyncStateSet
     | RequestRefresh
+    | ReportMasterUnreachable
     | ElectSuccessor
     | StartFetching
     | LeaseRevoked
@@ -497,6 +523,7 @@ class _State:
     lease: Lease = field(default_factory=lambda: Lease(lease_ms=LEASE_MS_DEFAULT))
     departure: Departure = Departure.STAYING
     handoff: _Handoff | None = None  # while HANDING_OFF
+    reported_ms: int | None = None  # the last ReportMasterUnreachable
 
 
 class BrokerCore:
@@ -884,6 +911,14 @@ def _on_upload_starting(s: _State, event: UploadStarting) -> list[Effect]:
     return [_note(s, force=True)]
 
 
+def _on_master_unreachable(s: _State, event: MasterUnreachable) -> list[Effect]:
+    recent = s.reported_ms is not None and event.now_ms - s.reported_ms < REPORT_INTERVAL_MS
+    if not _follows(s, event.session) or recent:
+        return []
+    s.reported_ms = event.now_ms
+    return [ReportMasterUnreachable(s.master_broker_id, s.master_epoch)]
+
+
 def _on_handoff_start(s: _State, event: HandoffStart) -> list[Effect]:
     if s.role != Role.MASTER:
         not_master = f"broker {s.broker_id} of {s.broker_name} is {s.role.value}, not the master"
@@ -999,6 +1034,7 @@ _HANDLERS: dict[type, Callable[[_State, Any], list[Effect]]] = {
     MasterAnswered: _on_master_answered,
     Replicated: _on_replicated,
     UploadStarting: _on_upload_starting,
+    MasterUnreachable: _on_master_unreachable,
     HandoffStart: _on_handoff_start,
     HandoffTick: _on_handoff_tick,
     HandoffFailed: _on_handoff_failed,

@@ -29,6 +29,7 @@ from broker_agent.core import (
     FetchAnswered,
     FetchStillWaiting,
     MasterAnswered,
+    MasterUnreachable,
     Replicated,
     SlaveFetch,
     Truncate,
@@ -79,6 +80,9 @@ def follow(host: BrokerHost, session: int, settings: FetchSettings) -> None:
                 log.debug("fetch from %s failed: %s", address, error)
                 if isinstance(error, NotMaster | FencedEpoch):
                     host.request_refresh()
+                elif rpc_error.code() == grpc.StatusCode.UNAVAILABLE:
+                    # Refused or reset: the master's process may be gone (the controller checks).
+                    host.feed(MasterUnreachable(now_ms(), session))
                 handshake = True
                 host.stopping.wait(RETRY_PAUSE_S)
             except MqmetaError as error:

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
-from controller.liveness import Heartbeat, Liveness
+from controller.liveness import Heartbeat, Liveness, listener_gone
 from controller.raft_node import ControllerRaft, Peer, Proposer, RaftSettings, not_committed
 from controller.state_machine import (
     ControllerState,
@@ -297,6 +297,29 @@ class ControllerCore:
             for i, b in beats.items()
         }
 
+    def _without_a_gone_master(self, cluster: str, broker_name: str, alive: Json) -> Json:
+        """A slave could not reach its master: if the master's port refuses connections its
+        process is gone (liveness.listener_gone), so it is dead now rather than after
+        dead-after. This keeps the lease argument (broker_agent/ha.py): a gone process
+        accepts no write, whatever its lease said."""
+        bs = self.state.broker_set(cluster, broker_name)
+        if bs is None:
+            return alive
+        master = str(bs["master_broker_id"])
+        if master not in alive or master not in bs["replicas"]:
+            return alive
+        address = bs["replicas"][master]["address"]
+        if not listener_gone(address):
+            return alive
+        log.warning(
+            "master %s of %s/%s at %s refuses connections: its process is gone",
+            master,
+            cluster,
+            broker_name,
+            address,
+        )
+        return {i: info for i, info in alive.items() if i != master}
+
     def register_broker(self, request: Json) -> Json:
         self.require_leader()
         result = self.propose(dict(request, type="register_broker", now_ms=wall_ms()))
@@ -331,12 +354,11 @@ class ControllerCore:
 
     def elect_master(self, request: Json) -> Json:
         self.require_leader()
-        command = dict(
-            request,
-            type="elect_master",
-            now_ms=wall_ms(),
-            alive=self._alive(request["cluster"], request["broker_name"]),
-        )
+        request = dict(request)
+        alive = self._alive(request["cluster"], request["broker_name"])
+        if request.pop("master_unreachable", False):
+            alive = self._without_a_gone_master(request["cluster"], request["broker_name"], alive)
+        command = dict(request, type="elect_master", now_ms=wall_ms(), alive=alive)
         result = self.proposer.propose(command, 5.0)
         if not result.get("ok"):
             raise error_from_code(result["code"], result["message"])

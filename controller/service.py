@@ -204,6 +204,7 @@ class ControllerServicer(pb_grpc.ControllerServiceServicer):
                 "requester_broker_id": _broker_id(request.requester_broker_id, allow_zero=True),
                 "preferred_broker_id": _broker_id(request.preferred_broker_id, allow_zero=True),
                 **({"master_epoch": request.master_epoch} if trigger == "handoff" else {}),
+                **({"master_unreachable": True} if request.master_unreachable else {}),
             }
         )
         return replica_info_pb(view)

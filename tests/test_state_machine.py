@@ -1043,8 +1043,8 @@ def test_update_config_parses_and_stores_values():
 @pytest.mark.parametrize(
     "values",
     [
-        {"lease_ms": "2499"},
-        {"broker_dead_after_ms": "3000"},
+        {"lease_ms": "1599"},
+        {"broker_dead_after_ms": "1601"},
         {"broker_heartbeat_interval_ms": "50"},
         {"lease_margin_ms": "0"},
         {"default_queue_count": str(QUEUE_COUNT_MAX)},
@@ -1068,11 +1068,12 @@ def test_update_config_accepts_boundaries(values):
         {"lease_ms": "1.5"},
         {"lease_ms": ""},
         {"default_cluster": "bad name"},
-        {"broker_heartbeat_interval_ms": "1001"},  # 3 x 1001 > broker_dead_after_ms 3000
-        {"broker_dead_after_ms": "2999"},  # < 3 x heartbeat 1000
-        {"lease_ms": "2500"},  # 2500 + 500 is not below 3000
-        {"lease_margin_ms": "1000"},  # 2000 + 1000 is not below 3000
-        {"lease_ms": "2400", "bogus": "1"},  # one bad key rejects the whole change
+        {"broker_heartbeat_interval_ms": "667"},  # 3 x 667 > broker_dead_after_ms 2000
+        {"broker_dead_after_ms": "1600"},  # lease 1200 + margin 400 is not below it
+        {"broker_dead_after_ms": "899", "lease_ms": "400"},  # < 3 x heartbeat 300
+        {"lease_ms": "1600"},  # 1600 + 400 is not below 2000
+        {"lease_margin_ms": "800"},  # 1200 + 800 is not below 2000
+        {"lease_ms": "1500", "bogus": "1"},  # one bad key rejects the whole change
         {},
         None,
         "lease_ms=1",
