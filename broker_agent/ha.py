@@ -12,6 +12,17 @@ while a new one is elected, RocketMQ #4800/#6662):
 - the controller enforces lease_ms + lease_margin_ms < broker_dead_after_ms, so the old
   master has stopped accepting writes at least `lease_margin_ms` before a successor can
   be elected (the margin absorbs clock-rate differences between the two machines).
+
+Two elections do not wait for dead-after, and neither breaks the argument, because in
+both the old master can no longer accept a write:
+- a graceful handoff (core.py HandoffStart): the master itself stopped taking writes
+  before it asked for its successor's election, and keeps refusing them for a grace
+  longer than the controller's proposal timeout if the call fails;
+- a master whose process is gone (controller/liveness.py listener_gone): a slave that
+  cannot reach it reports it, and the leader elects only if the master's port refuses
+  connections, i.e. nothing listens there any more (a killed process's kernel closes
+  its socket at once). A stopped or partitioned master still accepts connections or
+  does not answer: it is left to dead-after.
 """
 
 from __future__ import annotations
