@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import logging
+import time
 from pathlib import Path
 
 from broker_agent import replication
 from broker_agent.agent import BrokerAgent, BrokerConfig
+from broker_agent.metrics import BrokerMetrics
 from mqmeta.clock import now_ms
 from mqmeta.errors import InvalidArgument, NotFound
 from mqmeta.formats.records import Message
@@ -56,13 +58,19 @@ def _stored(record) -> bpb.StoredMessage:
 
 
 class BrokerServicer(bpb_grpc.BrokerServiceServicer):
-    def __init__(self, agent: BrokerAgent) -> None:
+    def __init__(self, agent: BrokerAgent, metrics: BrokerMetrics | None = None) -> None:
         self.agent = agent
+        self.metrics = metrics
 
     @rpc
     def Send(self, request, context):
         messages = [_message(m) for m in request.messages]
+        started = time.perf_counter()
         results, epoch = self.agent.send(messages)
+        if self.metrics is not None:
+            self.metrics.send_seconds.observe(time.perf_counter() - started)
+            self.metrics.messages_in.inc(len(messages))
+            self.metrics.bytes_in.inc(sum(len(m.body) for m in request.messages))
         return bpb.SendResponse(
             master_epoch=epoch,
             results=[
@@ -139,7 +147,12 @@ class BrokerServicer(bpb_grpc.BrokerServiceServicer):
     def HaFetch(self, request, context):
         if request.broker_name != self.agent.config.broker_name:
             raise NotFound(f"this broker serves {self.agent.config.broker_name}, not {request.broker_name}")
-        return replication.serve_fetch(self.agent, request)
+        started = time.perf_counter()
+        reply = replication.serve_fetch(self.agent, request)
+        if self.metrics is not None:
+            self.metrics.fetch_seconds.observe(time.perf_counter() - started)
+            self.metrics.bytes_out.inc(len(reply.data))
+        return reply
 
     @rpc
     def Handoff(self, request, context):
@@ -206,6 +219,9 @@ def add_broker_parser(sub) -> None:
     broker.add_argument("--send-timeout-ms", type=int, default=3000)
     broker.add_argument("--segment-bytes", type=int, default=64 << 20)
     broker.add_argument(
+        "--metrics-listen", default="", help="serve Prometheus metrics over HTTP on HOST:PORT"
+    )
+    broker.add_argument(
         "--tiered-store", default="", help="tiered storage location: a directory or an fsspec URL"
     )
     broker.add_argument("--tiered-upload-bytes", type=int, default=4 << 20)
@@ -259,15 +275,19 @@ def run_broker(args: argparse.Namespace) -> int:
     from mqmeta.pb.apache.rocketmq.v2 import service_pb2_grpc as rsvc_grpc
     from mqmeta.rocketmq import MESSAGING_SERVICE
 
+    if args.metrics_listen:
+        parse_addresses(args.metrics_listen, "--metrics-listen address")
     agent = BrokerAgent(config)
     rmq = RmqBroker(agent)
     server = build_server(config.listen, SERVER_WORKERS, REQUEST_BYTES_MAX)
-    bpb_grpc.add_BrokerServiceServicer_to_server(BrokerServicer(agent), server)
+    metrics = BrokerMetrics(agent)
+    bpb_grpc.add_BrokerServiceServicer_to_server(BrokerServicer(agent, metrics), server)
     rsvc_grpc.add_MessagingServiceServicer_to_server(MessagingServicer(rmq), server)
     add_health_and_reflection(server, [BROKER_SERVICE, MESSAGING_SERVICE])
     server.start()
     agent.start()
     rmq.start()
+    metrics.serve(args.metrics_listen)
 
     class _Node:
         def stop(self) -> None:
@@ -277,6 +297,7 @@ def run_broker(args: argparse.Namespace) -> int:
             server.stop(grace=1).wait()
             rmq.stop()
             agent.stop()
+            metrics.stop()
 
     serve_until_signal(_Node())  # type: ignore[arg-type]
     return 0

@@ -286,6 +286,10 @@ class ControllerCore:
         self.raft.close()
 
     # Liveness-dependent calls (leader only) -----------------------------------------
+    def alive_ids(self, cluster: str, broker_name: str) -> Json:
+        """Who is alive by this leader's liveness (what an election would be given)."""
+        return self._alive(cluster, broker_name)
+
     def _alive(self, cluster: str, broker_name: str) -> Json:
         bs = self.state.broker_set(cluster, broker_name)
         ids = [int(i) for i in bs["replicas"]] if bs else []

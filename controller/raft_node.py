@@ -34,6 +34,7 @@ from controller.state_machine import ControllerState, apply
 from mqmeta.dialmap import dial
 from mqmeta.errors import DeadlineExceeded, InvalidArgument, Unavailable
 
+RAFT_STATE_LEADER = 2  # pysyncobj's _RAFT_STATE.LEADER, as onStateChanged reports it
 TRANSFER_POLL_INTERVAL_S = 0.01  # how often a stopping leader checks that another took over
 
 log = logging.getLogger(__name__)
@@ -82,6 +83,7 @@ def _syncobj_conf(
     data_dir: Path,
     bind_address: str | None = None,
     snapshots: StateSnapshots | None = None,
+    on_state_changed: Callable[[int, int], None] | None = None,
 ) -> SyncObjConf:
     """pysyncobj's configuration for a node; with `snapshots`, the state snapshot is
     written beside the Raft thread (controller/snapshot.py), else pysyncobj's own."""
@@ -92,6 +94,8 @@ def _syncobj_conf(
             "serializeChecker": snapshots.check,
             "deserializer": snapshots.deserialize,
         }
+    if on_state_changed is not None:
+        hooks["onStateChanged"] = on_state_changed
     return SyncObjConf(
         # The Raft port listens on its own address only (pysyncobj's default is every
         # interface): its wire format is pickle, reachable only where it must be.
@@ -168,17 +172,23 @@ class ControllerRaft(pysyncobj_compat.RaftFixes):
         self._state = ControllerState()
         self._snapshots = StateSnapshots(lambda: self._state, self._install_state)
         self._transfer_requested = threading.Event()  # pysyncobj_compat.LeadershipTransfer
+        self.on_applied: Callable[[float, int], None] | None = None  # (seconds, commands): metrics
+        self.leader_terms = 0  # how often this node became leader (metrics)
         others = [p.raft for p in peers if p.raft != raft_address]
         super().__init__(
             raft_address,
             others,
-            _syncobj_conf(settings, data_dir, raft_address, self._snapshots),
+            _syncobj_conf(settings, data_dir, raft_address, self._snapshots, self._state_changed),
             transportClass=_DialingTransport,
         )
 
     @property
     def state(self) -> ControllerState:
         return self._state
+
+    def _state_changed(self, old_state: int, new_state: int) -> None:
+        if new_state == RAFT_STATE_LEADER:
+            self.leader_terms += 1
 
     def _install_state(self, state: ControllerState) -> None:
         """A snapshot was loaded (at start, or received from the leader): readers that
@@ -192,6 +202,7 @@ class ControllerRaft(pysyncobj_compat.RaftFixes):
 
     @replicated
     def _apply_entry(self, payload: str) -> list[Json]:
+        started = time.perf_counter()
         index, term = self._entry_position()
         commands = json.loads(payload)
         results, events, effects = [], [], {}
@@ -214,6 +225,8 @@ class ControllerRaft(pysyncobj_compat.RaftFixes):
         )
         if events:
             self._on_events(index, events)
+        if self.on_applied is not None:
+            self.on_applied(time.perf_counter() - started, len(commands))
         return results
 
     def leader_raft_address(self) -> str:
