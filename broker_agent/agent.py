@@ -33,16 +33,23 @@ from broker_agent.core import (
     AppendReplicated,
     BeginEpoch,
     BrokerCore,
+    Departure,
     Effect,
+    ElectSuccessor,
     Event,
     Fence,
+    HandoffFailed,
+    HandoffStart,
+    HandoffTick,
     HeartbeatAnswered,
     LeaseRevoked,
+    Leave,
     NoteConfirm,
     ProposeSyncStateSet,
     Refuse,
     Registered,
     ReplicaInfo,
+    ReportMasterUnreachable,
     RequestRefresh,
     RoleView,
     StartFetching,
@@ -55,13 +62,22 @@ from broker_agent.core import (
     WakeWaiters,
     WriteOutcome,
 )
+from broker_agent.ha import Role
 from broker_agent.replication import FetchSettings
 from broker_agent.seams import log_view
 from broker_agent.store import MessageStore
 from broker_agent.tiered import TieredConfig, TieredUploader
 from mqmeta.client import ControllerClient
 from mqmeta.clock import now_ms, wall_ms
-from mqmeta.errors import DeadlineExceeded, InvalidArgument, MqmetaError, NotFound, NotMaster
+from mqmeta.errors import (
+    DeadlineExceeded,
+    FailedPrecondition,
+    InvalidArgument,
+    MqmetaError,
+    NotFound,
+    NotMaster,
+    Unavailable,
+)
 from mqmeta.formats.atomic import write_json_atomically
 from mqmeta.formats.records import Message
 from mqmeta.pb import controller_pb2 as cpb
@@ -70,6 +86,15 @@ log = logging.getLogger(__name__)
 
 SEND_BATCH_MAX = 1024
 CONTROLLER_CALL_TIMEOUT_S = 1.0
+HEARTBEAT_INTERVAL_MS_DEFAULT = 300  # the controller's default, until its config is read
+# Graceful departure (SIGTERM, admin handoff): how long a master waits for its successor to
+# hold everything (then it gives up and writes again), how long the election call may take,
+# and how long a slave waits to be taken out of the SyncStateSet before it exits anyway.
+HANDOFF_DRAIN_TIMEOUT_MS = 2000
+HANDOFF_ELECT_TIMEOUT_MS = 2000
+HANDOFF_POLL_INTERVAL_S = 0.01  # acks wake the drain loop; this bounds a missed wake-up
+LEAVE_TIMEOUT_MS = 2000
+LEAVE_REFRESH_INTERVAL_S = 0.25
 
 
 @dataclass
@@ -157,9 +182,11 @@ class BrokerAgent:
         )
         self.lock = threading.Condition()  # guards the core; role-dependent store writes hold it
         self.stopping = threading.Event()
-        self.heartbeat_interval_ms = 1000
+        self.heartbeat_interval_ms = HEARTBEAT_INTERVAL_MS_DEFAULT
         self.tiered: TieredUploader | None = None
         self._refresh_needed = threading.Event()
+        self._wake = threading.Event()  # the controller loop has something to do now
+        self._report: ReportMasterUnreachable | None = None  # for the controller loop to send
         self._threads: list[threading.Thread] = []
         self._fetch = FetchSettings(config.fetch_max_bytes, config.fetch_wait_ms, config.tiered_url)
 
@@ -184,6 +211,7 @@ class BrokerAgent:
 
     def request_refresh(self) -> None:
         self._refresh_needed.set()
+        self._wake.set()
 
     def call_controller(self, method: str, request: Any) -> Any:
         return self.controller.call(method, request)
@@ -212,6 +240,10 @@ class BrokerAgent:
                     self._note_confirm(effect)
                 case RequestRefresh():
                     self._refresh_needed.set()
+                    self._wake.set()
+                case ReportMasterUnreachable():
+                    self._report = effect
+                    self._wake.set()
                 case StartFetching():
                     self._start_fetching(effect)
                 case LeaseRevoked(master_broker_id=master, master_epoch=epoch):
@@ -222,8 +254,8 @@ class BrokerAgent:
                     self.lock.notify_all()
                 case Refuse(error=error):
                     raise error
-                case StopFetching() | ProposeSyncStateSet() | AnswerFetch():
-                    pass  # a fetcher ends on its own once its session is stale
+                case StopFetching() | ProposeSyncStateSet() | AnswerFetch() | ElectSuccessor():
+                    pass  # a fetcher ends on its own; the others are sent by their callers
 
     def _begin_epoch(self, epoch: int) -> None:
         try:
@@ -278,6 +310,7 @@ class BrokerAgent:
 
     def stop(self) -> None:
         self.stopping.set()
+        self._wake.set()
         self.feed(Stop())
         for thread in self._threads:
             thread.join(timeout=3)
@@ -311,7 +344,9 @@ class BrokerAgent:
         elif not self.identity.path.exists():
             self.identity.save(identity)
         config = self.controller.call("GetConfig", cpb.GetConfigRequest()).values
-        self.heartbeat_interval_ms = int(config.get("broker_heartbeat_interval_ms", 1000))
+        self.heartbeat_interval_ms = int(
+            config.get("broker_heartbeat_interval_ms", HEARTBEAT_INTERVAL_MS_DEFAULT)
+        )
         self.feed(Registered(reply.broker_id, int(config.get("lease_ms", LEASE_MS_DEFAULT))))
         log.info(
             "registered %s/%s as broker %d", self.config.cluster, self.config.broker_name, reply.broker_id
@@ -330,6 +365,7 @@ class BrokerAgent:
                 if self._refresh_needed.is_set():
                     self._refresh_needed.clear()
                     self._apply_or_elect(self._replica_info())
+                self._send_report()
                 if time.monotonic() >= next_heartbeat:
                     next_heartbeat = time.monotonic() + self.heartbeat_interval_ms / 1000
                     self._heartbeat()
@@ -340,7 +376,27 @@ class BrokerAgent:
                 registered = False  # cleaned from the metadata: register again
             except MqmetaError as exc:
                 log.info("controller: %s", exc)
-            self.stopping.wait(min(0.05, self.heartbeat_interval_ms / 4000))
+            self._wake.wait(min(0.05, self.heartbeat_interval_ms / 4000))
+            self._wake.clear()
+
+    def _send_report(self) -> None:
+        """A slave's fetch found its master unreachable: ask the controller to elect. It
+        elects only if the master is dead by its rules (silent for dead-after, or its port
+        refusing connections); otherwise it answers the current replica info."""
+        report, self._report = self._report, None
+        if report is None:
+            return
+        info = self.controller.call(
+            "ElectMaster",
+            cpb.ElectMasterRequest(
+                cluster=self.config.cluster,
+                broker_name=self.config.broker_name,
+                trigger=cpb.ELECT_TRIGGER_BROKER,
+                requester_broker_id=self.core.broker_id,
+                master_unreachable=True,
+            ),
+        )
+        self.apply_replica_info(info)
 
     def _replica_info(self) -> cpb.ReplicaInfo:
         return self.controller.call(
@@ -448,6 +504,94 @@ class BrokerAgent:
         log.info("SyncStateSet %s -> %s", list(request.new_sync_state_set), list(info.sync_state_set))
         with self.lock:
             self.feed(SyncStateSetChanged(self._replica_info_event(info)))
+
+    # Graceful departure ---------------------------------------------------------------------
+    def handoff(self, preferred_broker_id: int = 0, then_leave: bool = False) -> tuple[RoleView, int]:
+        """Hands the master role to an in-sync slave: refuses new writes at once, waits
+        until the successor holds everything (the writes in flight acknowledged), has the
+        controller elect it, and stays as a slave (leaving at once with `then_leave`).
+        Returns the role it ends in and how long writes were refused (ms). With no
+        in-sync slave, FailedPrecondition is raised before anything was asked and writes
+        resume at once; a failed election call is raised too (see core.HandoffFailed)."""
+        started = now_ms()
+        self.feed(HandoffStart(started, started + HANDOFF_DRAIN_TIMEOUT_MS, preferred_broker_id, then_leave))
+        elect = self._drain_for_handoff(started + HANDOFF_DRAIN_TIMEOUT_MS + HANDOFF_ELECT_TIMEOUT_MS)
+        if elect is not None:
+            self._elect_successor(elect)
+        unavailable_ms = now_ms() - started
+        view = self.view()
+        log.info(
+            "handed off to broker %d at epoch %d; writes refused for %d ms",
+            view.master_broker_id,
+            view.master_epoch,
+            unavailable_ms,
+        )
+        return view, unavailable_ms
+
+    def _drain_for_handoff(self, deadline_ms: int) -> ElectSuccessor | None:
+        """Waits (woken by every ack) until the core names the successor to elect (returned),
+        or, when another caller's handoff is under way, until this broker is no longer the
+        master (None). The core gives up by itself at the handoff's deadline (raised here)."""
+        with self.lock:
+            while now_ms() < deadline_ms:
+                for effect in self.feed(HandoffTick(now_ms(), log_view(self.store))):
+                    if isinstance(effect, ElectSuccessor):
+                        return effect
+                if self.core.role is not Role.MASTER:
+                    return None
+                if self.core.departure is not Departure.HANDING_OFF:
+                    raise FailedPrecondition("the handoff was given up before a successor was elected")
+                self.lock.wait(timeout=HANDOFF_POLL_INTERVAL_S)
+        raise Unavailable("the handoff under way did not finish in time; it may still complete")
+
+    def _elect_successor(self, elect: ElectSuccessor) -> None:
+        """One call (the client retries unreachable nodes): on success the successor's
+        replica info makes this broker a slave at once. On any failure writes stay
+        refused for the core's grace (the election may commit late) and it is raised."""
+        request = cpb.ElectMasterRequest(
+            cluster=self.config.cluster,
+            broker_name=self.config.broker_name,
+            trigger=cpb.ELECT_TRIGGER_HANDOFF,
+            requester_broker_id=self.core.broker_id,
+            preferred_broker_id=elect.successor_broker_id,
+            master_epoch=elect.master_epoch,
+        )
+        try:
+            info = self.controller.call("ElectMaster", request, timeout_s=HANDOFF_ELECT_TIMEOUT_MS / 1000)
+        except MqmetaError as error:
+            self.feed(HandoffFailed(now_ms(), str(error)))
+            log.warning("handoff to broker %d failed: %s", elect.successor_broker_id, error)
+            raise
+        self.apply_replica_info(info)
+
+    def depart(self, timeout_ms: int = LEAVE_TIMEOUT_MS) -> None:
+        """Before shutting down (SIGTERM): a master hands off to an in-sync slave; a slave
+        (the old master too, after its handoff) leaves the SyncStateSet and waits, bounded,
+        until the controller shows it out, so that no acknowledgement waits for a replica
+        that is gone. Failures are logged: the broker stops anyway, and the controller's
+        failover takes over."""
+        view = self.view()
+        if view.role is Role.MASTER:
+            try:
+                self.handoff(then_leave=True)
+            except MqmetaError as error:
+                log.warning("handoff before stopping failed (%s); stopping as master", error)
+                return
+        try:
+            self.feed(Leave())
+        except MqmetaError as error:
+            log.warning("cannot leave the SyncStateSet: %s", error)
+            return
+        deadline = time.monotonic() + timeout_ms / 1000
+        next_refresh = 0.0
+        with self.lock:
+            while self.core.broker_id in self.core.sync_state_set and time.monotonic() < deadline:
+                if time.monotonic() >= next_refresh:  # the watch stream may be down
+                    next_refresh = time.monotonic() + LEAVE_REFRESH_INTERVAL_S
+                    self.request_refresh()
+                self.lock.wait(timeout=0.05)
+            if self.core.broker_id in self.core.sync_state_set:
+                log.warning("still in the SyncStateSet %s after %d ms", self.core.sync_state_set, timeout_ms)
 
     # Data plane ------------------------------------------------------------------------------
     def writable(self, now: int | None = None) -> bool:

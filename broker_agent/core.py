@@ -15,6 +15,21 @@ with the current set until it commits or fails, RocketMQ #5663), the confirm off
 the master lease (ha.Lease: why it makes a dual master impossible is written there)
 and the slaves' progress (ha.SyncStateTracker: when to shrink or expand the set).
 
+Leaving gracefully (SIGTERM, `mqmeta admin handoff`): a master hands off (HandoffStart):
+it refuses new writes at once, lets the ones in flight be acknowledged, and once its
+successor (the in-sync slave that holds the most, or the preferred one) holds every
+byte it appended, asks the controller to elect it (ElectSuccessor). Before it asks,
+giving up is safe (writes resume at once). Once it has asked, a failed call may still
+commit (a proposal that timed out), so it never writes again in that epoch before
+pending_grace_ms has passed (HandoffFailed): the controller's master lease argument
+(ha.py) does not cover an election the master itself requested. A slave leaves
+(Leave): its fetches say so and its master takes it out of the SyncStateSet (and does
+not add it back), so acknowledgements never wait for a replica that is shutting down.
+
+A slave whose fetch cannot reach its master reports it (ReportMasterUnreachable, at
+most once per REPORT_INTERVAL_MS): the controller leader then elects at once if the
+master's port refuses connections (its process is gone), not after dead-after.
+
 What it answers without effects: may this broker write now (check_writable), is a
 write acknowledged yet (write_outcome), and read-only snapshots (view).
 """
@@ -30,8 +45,19 @@ from broker_agent.ha import Lease, Role, SlaveProgress, SyncStateTracker, confir
 from mqmeta.errors import FailedPrecondition, FencedEpoch, MqmetaError, NotMaster
 from mqmeta.formats.epochs import EpochEntry, consistent_point
 
-LEASE_MS_DEFAULT = 2000  # until the controller's config says otherwise (at registration)
+LEASE_MS_DEFAULT = 1200  # the controller's default lease_ms, until its config is read (at registration)
 PENDING_GRACE_MS = 7000  # longer than the controller's proposal timeout (5 s)
+# A slave reports an unreachable master at most this often (each report costs the
+# controller leader a TCP connect to the master's address).
+REPORT_INTERVAL_MS = 200
+
+
+class Departure(enum.Enum):
+    """Whether this broker is on its way out, and how."""
+
+    STAYING = "STAYING"
+    HANDING_OFF = "HANDING_OFF"  # master: refuses new writes until a successor is elected
+    LEAVING = "LEAVING"  # slave: its fetches ask the master to drop it from the SyncStateSet
 
 
 # The log as the core needs to see it ---------------------------------------------------
@@ -134,7 +160,8 @@ class Appended:
 
 @dataclass(frozen=True)
 class SlaveFetch:
-    """A slave asks this master for bytes from `fetch_offset` (which acknowledges them)."""
+    """A slave asks this master for bytes from `fetch_offset` (which acknowledges them);
+    `leaving`: the slave is shutting down."""
 
     now_ms: int
     broker_id: int
@@ -143,6 +170,7 @@ class SlaveFetch:
     handshake: bool
     epoch_entries: tuple[EpochEntry, ...]
     log: LogView
+    leaving: bool = False
 
 
 @dataclass(frozen=True)
@@ -197,6 +225,47 @@ class Fence:
 
 
 @dataclass(frozen=True)
+class MasterUnreachable:
+    """This slave's fetch of session `session` could not reach its master."""
+
+    now_ms: int
+    session: int
+
+
+@dataclass(frozen=True)
+class HandoffStart:
+    """Hand the master role to an in-sync slave: refuse new writes from now on; give up
+    (HandoffTick refuses) if no successor holds everything by `deadline_ms`."""
+
+    now_ms: int
+    deadline_ms: int
+    preferred_broker_id: int = 0  # 0 = the slave that holds the most
+    then_leave: bool = False  # shutting down: once a slave, leave at once (never rejoin the set)
+
+
+@dataclass(frozen=True)
+class HandoffTick:
+    """The shell asks whether the successor can be elected now (acks moved, time passed)."""
+
+    now_ms: int
+    log: LogView
+
+
+@dataclass(frozen=True)
+class HandoffFailed:
+    """Asking the controller to elect the successor failed (refused, or no answer): the
+    election may still commit, so writes stay refused for pending_grace_ms from now."""
+
+    now_ms: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class Leave:
+    """This slave is shutting down: ask the master to take it out of the SyncStateSet."""
+
+
+@dataclass(frozen=True)
 class Stop:
     """The broker is shutting down: refuse everything from now on."""
 
@@ -215,6 +284,11 @@ Event = (
     | MasterAnswered
     | Replicated
     | UploadStarting
+    | MasterUnreachable
+    | HandoffStart
+    | HandoffTick
+    | HandoffFailed
+    | Leave
     | Fence
     | Stop
 )
@@ -280,6 +354,25 @@ class RequestRefresh:
 
 
 @dataclass(frozen=True)
+class ReportMasterUnreachable:
+    """Tell the controller that this slave cannot reach the master of `master_epoch`."""
+
+    ORDER: ClassVar[int] = 3
+    master_broker_id: int
+    master_epoch: int
+
+
+@dataclass(frozen=True)
+class ElectSuccessor:
+    """Ask the controller to elect `successor_broker_id` in place of this master, which
+    holds `master_epoch` and has stopped taking writes (ELECT_TRIGGER_HANDOFF)."""
+
+    ORDER: ClassVar[int] = 3
+    successor_broker_id: int
+    master_epoch: int
+
+
+@dataclass(frozen=True)
 class StartFetching:
     ORDER: ClassVar[int] = 4
     session: int
@@ -331,6 +424,8 @@ Effect = (
     | NoteConfirm
     | ProposeSyncStateSet
     | RequestRefresh
+    | ReportMasterUnreachable
+    | ElectSuccessor
     | StartFetching
     | LeaseRevoked
     | WakeWaiters
@@ -353,6 +448,7 @@ class RoleView:
     sync_state_set_epoch: int
     confirm_offset: int
     fetch_session: int
+    departure: Departure = Departure.STAYING
 
 
 @dataclass
@@ -362,6 +458,18 @@ class _PendingChange:
     members: tuple[int, ...]
     base_epoch: int  # the SyncStateSet epoch it was proposed against
     failed_ms: int = 0  # when the proposal was reported failed (0 = not yet)
+
+
+@dataclass
+class _Handoff:
+    """A handoff in progress: until when to wait, whom to prefer, whether the successor's
+    election was asked for already (it is asked once; the shell reports the answer)."""
+
+    deadline_ms: int
+    preferred_broker_id: int
+    then_leave: bool
+    asked: bool = False
+    failed_ms: int = 0  # when asking failed (0 = not failed): writes resume after the grace
 
 
 # Pure rules (module functions: a test may swap one for a planted bug) ----------------
@@ -413,6 +521,9 @@ class _State:
     newest_master_epoch_seen: int = 0  # from any controller answer, heartbeats included
     stopped: bool = False
     lease: Lease = field(default_factory=lambda: Lease(lease_ms=LEASE_MS_DEFAULT))
+    departure: Departure = Departure.STAYING
+    handoff: _Handoff | None = None  # while HANDING_OFF
+    reported_ms: int | None = None  # the last ReportMasterUnreachable
 
 
 class BrokerCore:
@@ -449,6 +560,7 @@ class BrokerCore:
             s.sync_state_set_epoch,
             s.confirm_offset,
             s.fetch_session,
+            s.departure,
         )
 
     @property
@@ -492,7 +604,12 @@ class BrokerCore:
         return self._state.lease.valid(now_ms)
 
     def writable(self, now_ms: int) -> bool:
-        return self._state.role == Role.MASTER and self._state.lease.valid(now_ms)
+        s = self._state
+        return s.role == Role.MASTER and s.lease.valid(now_ms) and s.departure is Departure.STAYING
+
+    @property
+    def departure(self) -> Departure:
+        return self._state.departure
 
     def check_master(self) -> None:
         s = self._state
@@ -510,6 +627,12 @@ class BrokerCore:
             raise NotMaster(
                 f"master {s.broker_id} of {s.broker_name} has no valid "
                 "lease from the controller; it refuses writes until it renews",
+                leader="",
+            )
+        if s.departure is not Departure.STAYING:
+            raise NotMaster(
+                f"master {s.broker_id} of {s.broker_name} is handing off to an in-sync slave or "
+                "shutting down; retry: the route names the new master in a moment",
                 leader="",
             )
         if len(set(s.sync_state_set) | {s.broker_id}) < s.policy.min_in_sync_replicas:
@@ -622,6 +745,9 @@ def _on_replica_info(s: _State, info: ReplicaInfo) -> list[Effect]:
     if same and s.role != Role.FENCED:
         return _recompute_confirm(s, info.log)
     effects = _new_session(s)  # any running fetcher stops
+    if s.departure is Departure.HANDING_OFF:  # the successor (or another) was elected
+        leave = s.handoff is not None and s.handoff.then_leave
+        s.departure, s.handoff = (Departure.LEAVING if leave else Departure.STAYING), None
     s.master_epoch = info.master_epoch
     s.master_broker_id = info.master_broker_id
     s.master_address = info.master_address
@@ -685,11 +811,12 @@ def _on_heartbeat_answered(s: _State, reply: HeartbeatAnswered) -> list[Effect]:
 
 
 def _on_tick(s: _State, tick: Tick) -> list[Effect]:
+    effects = _handoff_grace_over(s, tick.now_ms)
     pending = s.pending
     if pending is not None and pending.failed_ms and tick.now_ms - pending.failed_ms > s.pending_grace_ms:
         s.pending = pending = None  # it never committed
     if s.role != Role.MASTER or pending is not None:
-        return []
+        return effects
     plan = s.tracker.plan(
         tick.now_ms,
         s.broker_id,
@@ -699,9 +826,18 @@ def _on_tick(s: _State, tick: Tick) -> list[Effect]:
         set(s.registered_ids),
     )
     if plan is None:
-        return []
+        return effects
     s.pending = _PendingChange(tuple(plan), s.sync_state_set_epoch)
-    return [ProposeSyncStateSet(s.broker_id, s.master_epoch, s.sync_state_set_epoch, tuple(plan))]
+    return effects + [ProposeSyncStateSet(s.broker_id, s.master_epoch, s.sync_state_set_epoch, tuple(plan))]
+
+
+def _handoff_grace_over(s: _State, now_ms: int) -> list[Effect]:
+    """A failed handoff's election can no longer commit: take writes again."""
+    handoff = s.handoff
+    if handoff is None or not handoff.failed_ms or now_ms - handoff.failed_ms <= s.pending_grace_ms:
+        return []
+    s.departure, s.handoff = Departure.STAYING, None
+    return [WakeWaiters()]
 
 
 def _on_appended(s: _State, event: Appended) -> list[Effect]:
@@ -723,7 +859,7 @@ def _on_slave_fetch(s: _State, fetch: SlaveFetch) -> list[Effect]:
         return [AnswerFetch(moved_to_tiered=True)]  # retention deleted it here
     effects: list[Effect] = []
     if fetch.broker_id in s.registered_ids:
-        s.tracker.on_fetch(fetch.broker_id, fetch.fetch_offset, log.max_offset, fetch.now_ms)
+        s.tracker.on_fetch(fetch.broker_id, fetch.fetch_offset, log.max_offset, fetch.now_ms, fetch.leaving)
         effects += _recompute_confirm(s, log)
     return [*effects, AnswerFetch(from_offset=fetch.fetch_offset)]
 
@@ -775,6 +911,102 @@ def _on_upload_starting(s: _State, event: UploadStarting) -> list[Effect]:
     return [_note(s, force=True)]
 
 
+def _on_master_unreachable(s: _State, event: MasterUnreachable) -> list[Effect]:
+    recent = s.reported_ms is not None and event.now_ms - s.reported_ms < REPORT_INTERVAL_MS
+    if not _follows(s, event.session) or recent:
+        return []
+    s.reported_ms = event.now_ms
+    return [ReportMasterUnreachable(s.master_broker_id, s.master_epoch)]
+
+
+def _on_handoff_start(s: _State, event: HandoffStart) -> list[Effect]:
+    if s.role != Role.MASTER:
+        not_master = f"broker {s.broker_id} of {s.broker_name} is {s.role.value}, not the master"
+        return [Refuse(NotMaster(f"{not_master}; hand off on the master", leader=s.master_address))]
+    if s.handoff is not None and s.handoff.failed_ms:
+        error = FailedPrecondition(
+            f"a handoff of master {s.broker_id} of {s.broker_name} failed at {s.handoff.failed_ms} ms and "
+            f"its election may still commit; writes resume {s.pending_grace_ms} ms after it: retry then"
+        )
+        return [Refuse(error)]
+    if s.departure is Departure.HANDING_OFF:
+        return []  # already under way (SIGTERM during an admin handoff): the caller waits for it
+    if s.departure is Departure.LEAVING:
+        return [Refuse(FailedPrecondition(f"broker {s.broker_id} of {s.broker_name} is shutting down"))]
+    s.departure = Departure.HANDING_OFF
+    s.handoff = _Handoff(event.deadline_ms, event.preferred_broker_id, event.then_leave)
+    return [WakeWaiters()]
+
+
+def _successor(s: _State) -> tuple[int, int] | None:
+    """The in-sync slave to hand off to (the preferred one, else the one that holds the
+    most; not one that is leaving) and how far it holds the log."""
+    assert s.handoff is not None
+    acked = s.tracker.acked()
+    candidates = [i for i in s.sync_state_set if i != s.broker_id and i not in s.tracker.leaving]
+    preferred = s.handoff.preferred_broker_id
+    if preferred:
+        candidates = [i for i in candidates if i == preferred]
+    if not candidates:
+        return None
+    best = max(candidates, key=lambda i: (acked.get(i, 0), -i))
+    return best, acked.get(best, 0)
+
+
+def _on_handoff_tick(s: _State, tick: HandoffTick) -> list[Effect]:
+    """Elect the successor once it holds every byte this master appended (so it holds
+    every acknowledged write, whatever the ack policy) and every write in flight is
+    acknowledged, or at the deadline if it holds everything by then; else give up."""
+    handoff = s.handoff
+    if s.role != Role.MASTER or handoff is None or handoff.asked:
+        return []
+    successor = _successor(s)
+    name = f"{s.broker_name} (master {s.broker_id})"
+    if successor is None:
+        which = f"slave {handoff.preferred_broker_id}" if handoff.preferred_broker_id else "slave"
+        error = FailedPrecondition(
+            f"no in-sync {which} of {name} can take over: the SyncStateSet is "
+            f"{list(s.sync_state_set)}; wait until a slave has caught up",
+            code="NO_IN_SYNC_SLAVE",
+        )
+        return _abort_handoff(s, error)
+    broker_id, held = successor
+    end = tick.log.max_offset
+    drained = s.confirm_offset >= end
+    if held >= end and (drained or tick.now_ms >= handoff.deadline_ms):
+        handoff.asked = True
+        return [ElectSuccessor(broker_id, s.master_epoch)]
+    if tick.now_ms >= handoff.deadline_ms:
+        error = FailedPrecondition(
+            f"in-sync slave {broker_id} of {name} holds {held} of the {end} bytes appended "
+            "and did not catch up in time; writes resume here",
+            code="NO_IN_SYNC_SLAVE",
+        )
+        return _abort_handoff(s, error)
+    return []
+
+
+def _abort_handoff(s: _State, error: MqmetaError) -> list[Effect]:
+    s.departure, s.handoff = Departure.STAYING, None
+    return [WakeWaiters(), Refuse(error)]
+
+
+def _on_handoff_failed(s: _State, event: HandoffFailed) -> list[Effect]:
+    """Writes stay refused (see the module's docstring); a refresh shows whether the
+    election committed after all."""
+    if s.departure is Departure.HANDING_OFF and s.handoff is not None:
+        s.handoff.failed_ms = max(1, event.now_ms)
+    return [RequestRefresh()]
+
+
+def _on_leave(s: _State, event: Leave) -> list[Effect]:
+    if s.role == Role.MASTER:
+        error = FailedPrecondition(f"broker {s.broker_id} of {s.broker_name} is the master: hand off instead")
+        return [Refuse(error)]
+    s.departure = Departure.LEAVING
+    return []
+
+
 def _on_fence(s: _State, event: Fence) -> list[Effect]:
     effects = _new_session(s)
     s.role = Role.FENCED
@@ -802,6 +1034,11 @@ _HANDLERS: dict[type, Callable[[_State, Any], list[Effect]]] = {
     MasterAnswered: _on_master_answered,
     Replicated: _on_replicated,
     UploadStarting: _on_upload_starting,
+    MasterUnreachable: _on_master_unreachable,
+    HandoffStart: _on_handoff_start,
+    HandoffTick: _on_handoff_tick,
+    HandoffFailed: _on_handoff_failed,
+    Leave: _on_leave,
     Fence: _on_fence,
     Stop: _on_stop,
 }

@@ -12,6 +12,17 @@ while a new one is elected, RocketMQ #4800/#6662):
 - the controller enforces lease_ms + lease_margin_ms < broker_dead_after_ms, so the old
   master has stopped accepting writes at least `lease_margin_ms` before a successor can
   be elected (the margin absorbs clock-rate differences between the two machines).
+
+Two elections do not wait for dead-after, and neither breaks the argument, because in
+both the old master can no longer accept a write:
+- a graceful handoff (core.py HandoffStart): the master itself stopped taking writes
+  before it asked for its successor's election, and keeps refusing them for a grace
+  longer than the controller's proposal timeout if the call fails;
+- a master whose process is gone (controller/liveness.py listener_gone): a slave that
+  cannot reach it reports it, and the leader elects only if the master's port refuses
+  connections, i.e. nothing listens there any more (a killed process's kernel closes
+  its socket at once). A stopped or partitioned master still accepts connections or
+  does not answer: it is left to dead-after.
 """
 
 from __future__ import annotations
@@ -73,17 +84,26 @@ class SyncStateTracker:
 
     max_not_catchup_ms: int
     slaves: dict[int, SlaveProgress] = field(default_factory=dict)
+    leaving: set[int] = field(default_factory=set)  # slaves shutting down: out of the set
 
     def reset(self, now_ms: int, members: list[int]) -> None:
         """A new master epoch: slaves are credited with nothing past the epoch start."""
         self.slaves = {
             m: SlaveProgress(acked_offset=0, last_fetch_ms=now_ms, last_caught_up_ms=now_ms) for m in members
         }
+        self.leaving = set()
 
-    def on_fetch(self, broker_id: int, fetch_offset: int, master_max_offset: int, now_ms: int) -> None:
+    def on_fetch(
+        self, broker_id: int, fetch_offset: int, master_max_offset: int, now_ms: int, leaving: bool = False
+    ) -> None:
         """Under steady writes a fetch never equals the master's end of that instant; as
         in Kafka, reaching the end the master had when it last answered proves the slave
-        was caught up as of that answer."""
+        was caught up as of that answer. A fetch says whether its slave is leaving (a
+        restarted slave's fetches say it no longer is)."""
+        if leaving:
+            self.leaving.add(broker_id)
+        else:
+            self.leaving.discard(broker_id)
         progress = self.slaves.setdefault(broker_id, SlaveProgress(last_caught_up_ms=0))
         progress.acked_offset = fetch_offset
         progress.last_fetch_ms = now_ms
@@ -117,12 +137,15 @@ class SyncStateTracker:
     ) -> list[int] | None:
         """The SyncStateSet to propose now, or None to leave it.
 
-        Shrink: a member that has not caught up with the master for max_not_catchup_ms.
+        Shrink: a member that has not caught up with the master for max_not_catchup_ms,
+        or that is leaving (shutting down: acknowledgements must not wait for it).
         Expand: a registered non-member whose acked offset reached both the confirm
-        offset and the start of the current epoch (it holds everything acknowledged).
+        offset and the start of the current epoch (it holds everything acknowledged),
+        unless it is leaving.
         """
         members = set(current_set) | {master_id}
-        removed = set()
+        removed = set(self.leaving) - {master_id}
+        members -= removed
         for broker_id in sorted(members - {master_id}):
             if not self._caught_up_recently(broker_id, now_ms):
                 members.discard(broker_id)

@@ -24,10 +24,12 @@ import grpc
 
 from broker_agent.core import (
     AnswerFetch,
+    Departure,
     Effect,
     FetchAnswered,
     FetchStillWaiting,
     MasterAnswered,
+    MasterUnreachable,
     Replicated,
     SlaveFetch,
     Truncate,
@@ -78,6 +80,9 @@ def follow(host: BrokerHost, session: int, settings: FetchSettings) -> None:
                 log.debug("fetch from %s failed: %s", address, error)
                 if isinstance(error, NotMaster | FencedEpoch):
                     host.request_refresh()
+                elif rpc_error.code() == grpc.StatusCode.UNAVAILABLE:
+                    # Refused or reset: the master's process may be gone (the controller checks).
+                    host.feed(MasterUnreachable(now_ms(), session))
                 handshake = True
                 host.stopping.wait(RETRY_PAUSE_S)
             except MqmetaError as error:
@@ -112,6 +117,7 @@ def _fetch_once(
         epoch_entries=_entries(store.epochs.entries) if handshake else [],
         max_bytes=settings.max_bytes,
         wait_ms=settings.wait_ms,
+        leaving=view.departure is Departure.LEAVING,
     )
     reply = stub.HaFetch(request, timeout=settings.wait_ms / 1000 + FETCH_DEADLINE_SLACK_S)
     if reply.offset_moved_to_tiered:
@@ -142,6 +148,7 @@ def serve_fetch(host: BrokerHost, request: bpb.HaFetchRequest) -> bpb.HaFetchRes
             request.handshake,
             tuple((e.epoch, e.start_offset) for e in request.epoch_entries),
             log_view(store),
+            request.leaving,
         )
         answer = _answer(host.feed(fetch))  # a refusal is raised here
         if answer.truncate_to >= 0:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from broker_agent import replication
 from broker_agent.agent import BrokerAgent, BrokerConfig
+from broker_agent.metrics import BrokerMetrics
 from broker_agent.origins import ORIGIN_AHEAD
 from mqmeta.clock import now_ms
 from mqmeta.errors import FailedPrecondition, InvalidArgument, NotFound
@@ -61,13 +62,19 @@ def _stored(record) -> bpb.StoredMessage:
 
 
 class BrokerServicer(bpb_grpc.BrokerServiceServicer):
-    def __init__(self, agent: BrokerAgent) -> None:
+    def __init__(self, agent: BrokerAgent, metrics: BrokerMetrics | None = None) -> None:
         self.agent = agent
+        self.metrics = metrics
 
     @rpc
     def Send(self, request, context):
         messages = [_message(m) for m in request.messages]
+        started = time.perf_counter()
         results, epoch = self._send_in_origin_order(messages)
+        if self.metrics is not None:
+            self.metrics.send_seconds.observe(time.perf_counter() - started)
+            self.metrics.messages_in.inc(len(messages))
+            self.metrics.bytes_in.inc(sum(len(m.body) for m in request.messages))
         return bpb.SendResponse(
             master_epoch=epoch,
             results=[
@@ -199,7 +206,23 @@ class BrokerServicer(bpb_grpc.BrokerServiceServicer):
     def HaFetch(self, request, context):
         if request.broker_name != self.agent.config.broker_name:
             raise NotFound(f"this broker serves {self.agent.config.broker_name}, not {request.broker_name}")
-        return replication.serve_fetch(self.agent, request)
+        started = time.perf_counter()
+        reply = replication.serve_fetch(self.agent, request)
+        if self.metrics is not None:
+            self.metrics.fetch_seconds.observe(time.perf_counter() - started)
+            self.metrics.bytes_out.inc(len(reply.data))
+        return reply
+
+    @rpc
+    def Handoff(self, request, context):
+        preferred = validate_int("preferred_broker_id", request.preferred_broker_id, 0, REQUEST_INT_MAX)
+        view, unavailable_ms = self.agent.handoff(preferred)
+        return bpb.HandoffResponse(
+            master_broker_id=view.master_broker_id,
+            master_address=view.master_address,
+            master_epoch=view.master_epoch,
+            unavailable_ms=unavailable_ms,
+        )
 
 
 def ha_status(agent: BrokerAgent) -> bpb.HaStatus:
@@ -255,6 +278,9 @@ def add_broker_parser(sub) -> None:
     broker.add_argument("--send-timeout-ms", type=int, default=3000)
     broker.add_argument("--segment-bytes", type=int, default=64 << 20)
     broker.add_argument(
+        "--metrics-listen", default="", help="serve Prometheus metrics over HTTP on HOST:PORT"
+    )
+    broker.add_argument(
         "--tiered-store", default="", help="tiered storage location: a directory or an fsspec URL"
     )
     broker.add_argument("--tiered-upload-bytes", type=int, default=4 << 20)
@@ -308,21 +334,29 @@ def run_broker(args: argparse.Namespace) -> int:
     from mqmeta.pb.apache.rocketmq.v2 import service_pb2_grpc as rsvc_grpc
     from mqmeta.rocketmq import MESSAGING_SERVICE
 
+    if args.metrics_listen:
+        parse_addresses(args.metrics_listen, "--metrics-listen address")
     agent = BrokerAgent(config)
     rmq = RmqBroker(agent)
     server = build_server(config.listen, SERVER_WORKERS, REQUEST_BYTES_MAX)
-    bpb_grpc.add_BrokerServiceServicer_to_server(BrokerServicer(agent), server)
+    metrics = BrokerMetrics(agent)
+    bpb_grpc.add_BrokerServiceServicer_to_server(BrokerServicer(agent, metrics), server)
     rsvc_grpc.add_MessagingServiceServicer_to_server(MessagingServicer(rmq), server)
     add_health_and_reflection(server, [BROKER_SERVICE, MESSAGING_SERVICE])
     server.start()
     agent.start()
     rmq.start()
+    metrics.serve(args.metrics_listen)
 
     class _Node:
         def stop(self) -> None:
+            # SIGTERM: hand off (a master) or leave the SyncStateSet (a slave) while the
+            # server still answers the slaves' fetches, then stop serving.
+            agent.depart()
             server.stop(grace=1).wait()
             rmq.stop()
             agent.stop()
+            metrics.stop()
 
     serve_until_signal(_Node())  # type: ignore[arg-type]
     return 0

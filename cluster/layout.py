@@ -25,6 +25,7 @@ class NodeLayout:
     raft: str
     data_dir: str  # relative to the cluster directory
     namesrv: str = ""  # embedded deployment: this node's nameserver address
+    metrics: str = ""  # Prometheus text (HTTP); empty in layouts written before metrics
 
 
 @dataclass
@@ -33,6 +34,7 @@ class BrokerLayout:
     broker_name: str
     grpc: str
     data_dir: str  # relative to the cluster directory
+    metrics: str = ""  # Prometheus text (HTTP); empty in layouts written before metrics
 
 
 def broker_set_name(index: int) -> str:
@@ -45,12 +47,15 @@ class Layout:
     controllers: list[NodeLayout]
     namesrv: list[str]
     brokers: list[BrokerLayout] = field(default_factory=list)
+    namesrv_metrics: str = ""  # the standalone nameserver's metrics address
 
     @staticmethod
     def port_count(count: int, embedded: bool, broker_sets: int = 0, replicas: int = 0) -> int:
         """How many ports such a cluster listens on: gRPC and Raft per controller, a nameserver
-        per controller (embedded) or one standalone, one per broker."""
-        return count * (3 if embedded else 2) + (0 if embedded else 1) + broker_sets * replicas
+        per controller (embedded) or one standalone, one per broker; then one metrics port
+        per process."""
+        processes = count + (0 if embedded else 1) + broker_sets * replicas
+        return count * (3 if embedded else 2) + (0 if embedded else 1) + broker_sets * replicas + processes
 
     @staticmethod
     def create(count: int, embedded: bool, broker_sets: int, replicas: int, addresses: list[str]) -> Layout:
@@ -75,13 +80,21 @@ class Layout:
             for s in range(broker_sets)
             for r in range(replicas)
         ]
-        return Layout(embedded, nodes, namesrv_addresses, brokers)
+        for node in nodes:  # metrics ports come last: older layouts keep theirs
+            node.metrics = next(free)
+        for broker in brokers:
+            broker.metrics = next(free)
+        namesrv_metrics = "" if embedded else next(free)
+        return Layout(embedded, nodes, namesrv_addresses, brokers, namesrv_metrics)
 
     def addresses(self) -> list[str]:
         """Every address a process of this cluster listens on (what its reservation holds)."""
         found = [a for n in self.controllers for a in (n.grpc, n.raft, n.namesrv) if a]
         found += [a for a in self.namesrv if a not in found]
-        return found + [b.grpc for b in self.brokers]
+        found += [b.grpc for b in self.brokers]
+        metrics = [n.metrics for n in self.controllers] + [b.metrics for b in self.brokers]
+        metrics.append(self.namesrv_metrics)
+        return found + [a for a in metrics if a]
 
     def peer_flags(self) -> list[str]:
         flags = []
@@ -115,6 +128,7 @@ def load_or_create_layout(
             [NodeLayout(**n) for n in data["controllers"]],
             data["namesrv"],
             [BrokerLayout(**b) for b in data.get("brokers", [])],
+            data.get("namesrv_metrics", ""),
         )
         if (
             len(layout.controllers) != count
@@ -159,6 +173,7 @@ def controller_command(root: Path, layout: Layout, node: NodeLayout) -> list[str
         "--secret-file",
         str(root / "secret"),
         *layout.peer_flags(),
+        *(["--metrics-listen", node.metrics] if node.metrics else []),
     ]
     if layout.embedded:
         return [*base, "namesrv", "--listen", node.namesrv, "--embed-controller", *flags]
@@ -181,6 +196,7 @@ def broker_command(root: Path, layout: Layout, broker: BrokerLayout) -> list[str
         str(root / broker.data_dir),
         "--tiered-store",
         str(tiered_dir(root)),
+        *(["--metrics-listen", broker.metrics] if broker.metrics else []),
     ]
 
 
@@ -199,4 +215,5 @@ def namesrv_command(layout: Layout) -> list[str]:
         layout.namesrv[0],
         "--controllers",
         layout.controller_addresses,
+        *(["--metrics-listen", layout.namesrv_metrics] if layout.namesrv_metrics else []),
     ]

@@ -129,6 +129,7 @@ def _start_site(site: _Site) -> dict[str, Any]:
             "grpc": b.grpc,
             "pid": supervisor.children[b.name].pid,
             "data_dir": str(root / b.data_dir),
+            "metrics": b.metrics,
         }
         for b in layout.brokers
     ]
@@ -181,13 +182,23 @@ def cluster_document(root: Path, layout: Layout, supervisor: Supervisor) -> dict
             "raft": n.raft,
             "pid": supervisor.children[n.id].pid,
             "data_dir": str(root / n.data_dir),
+            "metrics": n.metrics,
         }
         for n in layout.controllers
     ]
     if layout.embedded:
-        namesrv = [{"grpc": n.namesrv, "pid": supervisor.children[n.id].pid} for n in layout.controllers]
+        namesrv = [
+            {"grpc": n.namesrv, "pid": supervisor.children[n.id].pid, "metrics": n.metrics}
+            for n in layout.controllers
+        ]  # one process: the controller's metrics
     else:
-        namesrv = [{"grpc": layout.namesrv[0], "pid": supervisor.children["namesrv"].pid}]
+        namesrv = [
+            {
+                "grpc": layout.namesrv[0],
+                "pid": supervisor.children["namesrv"].pid,
+                "metrics": layout.namesrv_metrics,
+            }
+        ]
     tiered = {"url": str(tiered_dir(root))} if layout.brokers else None
     return {
         "controllers": controllers,

@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from mqmeta.client import ControllerClient
-from mqmeta.errors import InvalidArgument
+from mqmeta.errors import FailedPrecondition, InvalidArgument
 from mqmeta.pb import controller_pb2 as pb
 
 Json = dict[str, Any]
@@ -62,6 +62,11 @@ def add_admin_commands(admin: argparse.ArgumentParser) -> None:
     elect = _leaf(sub, "elect-master", "elect a master (optionally a preferred broker)", elect_master)
     _broker_set_flags(elect)
     elect.add_argument("--broker-id", type=_broker_id, default=0, help="preferred broker id")
+    handoff = _leaf(
+        sub, "handoff", "hand the master role to an in-sync slave (no failed sends)", handoff_master
+    )
+    _broker_set_flags(handoff)
+    handoff.add_argument("--broker-id", type=_broker_id, default=0, help="preferred successor's broker id")
     clean = _leaf(sub, "clean-broker", "remove broker ids (or a whole set) from metadata", clean_broker)
     _broker_set_flags(clean)
     clean.add_argument("--broker-id", type=_broker_id, action="append", default=[])
@@ -244,6 +249,38 @@ def elect_master(client: ControllerClient, args):
     )
     document = _replica_document(info)
     return document, {k: v for k, v in document.items() if k != "replicas"}
+
+
+def handoff_master(client: ControllerClient, args):
+    """Asks the broker set's master (found through the controller) to hand off: it stops
+    taking sends, lets those in flight finish and has the controller elect an in-sync slave."""
+    import grpc
+
+    from mqmeta.pb import broker_pb2, broker_pb2_grpc
+    from mqmeta.rpc import from_rpc_error
+
+    info = client.call("GetReplicaInfo", _ref(args))  # NOT_FOUND for an unknown broker set
+    if not info.master_broker_id:
+        raise FailedPrecondition(
+            f"{args.cluster}/{args.broker_name} has no master to hand off; see `sync-state`"
+        )
+    with grpc.insecure_channel(info.master_address) as channel:
+        stub = broker_pb2_grpc.BrokerServiceStub(channel)
+        try:
+            reply = stub.Handoff(
+                broker_pb2.HandoffRequest(preferred_broker_id=args.broker_id), timeout=args.timeout
+            )
+        except grpc.RpcError as error:
+            raise from_rpc_error(error) from None
+    document = {
+        "broker_name": args.broker_name,
+        "previous_master_broker_id": info.master_broker_id,
+        "master_broker_id": reply.master_broker_id,
+        "master_address": reply.master_address,
+        "master_epoch": reply.master_epoch,
+        "unavailable_ms": reply.unavailable_ms,
+    }
+    return document, document
 
 
 def clean_broker(client: ControllerClient, args):

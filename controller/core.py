@@ -18,7 +18,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
-from controller.liveness import Heartbeat, Liveness
+from controller.liveness import Heartbeat, Liveness, listener_gone
 from controller.raft_node import ControllerRaft, Peer, Proposer, RaftSettings, not_committed
 from controller.state_machine import (
     ControllerState,
@@ -36,6 +36,7 @@ SCAN_INTERVAL_S = 0.1
 ELECTIONS_IN_FLIGHT_MAX = 16  # elections the liveness scan runs at once (one thread each)
 WATCH_QUEUE_MAX = 1024
 WATCH_STREAMS_MAX = 10_000  # per node; each is a queue on the event loop, not a thread
+LEADERSHIP_TRANSFER_TIMEOUT_S = 2.0  # a stopping leader waits this long for a successor
 
 Encode = Callable[[Json], Any]
 
@@ -262,6 +263,22 @@ class ControllerCore:
         await self.propose_async({"type": "barrier"}, timeout_s)
         return self.state
 
+    def step_down(self, timeout_s: float = LEADERSHIP_TRANSFER_TIMEOUT_S) -> None:
+        """Before stopping (SIGTERM): a leader hands its role to a caught-up follower, so
+        writes pause for one vote rather than an election timeout. Bounded; a node that
+        could not hand over stops anyway (the others elect after their timeout)."""
+        if self.raft.is_leader():
+            # Writes in flight finish first, so the successor holds every entry (pysyncobj
+            # hands over only to a follower that does) and none is lost in the change.
+            drained = self.proposer.drain(timeout_s / 2)
+            handed = self.raft.hand_over_leadership(timeout_s / 2)
+            self.proposer.stop()  # the writes still queued fail now (never proposed): retried elsewhere
+            log.info(
+                "leadership %s before stopping (writes in flight %s)",
+                "handed over" if handed else "NOT handed over",
+                "finished" if drained else "still unanswered",
+            )
+
     def close(self) -> None:
         self._stop.set()
         self._scanner.join(timeout=2)
@@ -269,6 +286,10 @@ class ControllerCore:
         self.raft.close()
 
     # Liveness-dependent calls (leader only) -----------------------------------------
+    def alive_ids(self, cluster: str, broker_name: str) -> Json:
+        """Who is alive by this leader's liveness (what an election would be given)."""
+        return self._alive(cluster, broker_name)
+
     def _alive(self, cluster: str, broker_name: str) -> Json:
         bs = self.state.broker_set(cluster, broker_name)
         ids = [int(i) for i in bs["replicas"]] if bs else []
@@ -279,6 +300,29 @@ class ControllerCore:
             str(i): {"epoch": b.epoch, "max_offset": b.max_offset, "priority": b.priority}
             for i, b in beats.items()
         }
+
+    def _without_a_gone_master(self, cluster: str, broker_name: str, alive: Json) -> Json:
+        """A slave could not reach its master: if the master's port refuses connections its
+        process is gone (liveness.listener_gone), so it is dead now rather than after
+        dead-after. This keeps the lease argument (broker_agent/ha.py): a gone process
+        accepts no write, whatever its lease said."""
+        bs = self.state.broker_set(cluster, broker_name)
+        if bs is None:
+            return alive
+        master = str(bs["master_broker_id"])
+        if master not in alive or master not in bs["replicas"]:
+            return alive
+        address = bs["replicas"][master]["address"]
+        if not listener_gone(address):
+            return alive
+        log.warning(
+            "master %s of %s/%s at %s refuses connections: its process is gone",
+            master,
+            cluster,
+            broker_name,
+            address,
+        )
+        return {i: info for i, info in alive.items() if i != master}
 
     def register_broker(self, request: Json) -> Json:
         self.require_leader()
@@ -314,12 +358,11 @@ class ControllerCore:
 
     def elect_master(self, request: Json) -> Json:
         self.require_leader()
-        command = dict(
-            request,
-            type="elect_master",
-            now_ms=wall_ms(),
-            alive=self._alive(request["cluster"], request["broker_name"]),
-        )
+        request = dict(request)
+        alive = self._alive(request["cluster"], request["broker_name"])
+        if request.pop("master_unreachable", False):
+            alive = self._without_a_gone_master(request["cluster"], request["broker_name"], alive)
+        command = dict(request, type="elect_master", now_ms=wall_ms(), alive=alive)
         result = self.proposer.propose(command, 5.0)
         if not result.get("ok"):
             raise error_from_code(result["code"], result["message"])

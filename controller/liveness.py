@@ -7,8 +7,13 @@ it gives every registered broker the benefit of the doubt and declares nobody de
 
 from __future__ import annotations
 
+import socket
 import threading
 from dataclasses import dataclass
+
+from mqmeta.dialmap import dial
+
+PROBE_TIMEOUT_S = 0.3  # a connect to a live (or stopped) process answers within this here
 
 BrokerKey = tuple[str, str, int]  # cluster, broker name, broker id
 
@@ -67,3 +72,23 @@ class Liveness:
                 elif beat is None and grace:
                     result[broker_id] = Heartbeat(seen_ms=now_ms)
         return result
+
+
+def listener_gone(address: str, timeout_s: float = PROBE_TIMEOUT_S) -> bool:
+    """Is nothing listening at `address` any more (the connection is refused)?
+
+    A killed process's kernel closes its listening socket at once, so a refusal proves
+    that the process serving `address` is gone (or has stopped serving: a broker stops
+    its server only on its way out, and one restarted starts fenced, without a lease).
+    Anything else (accepted, timed out, unreachable) proves nothing: a stopped (SIGSTOP)
+    or partitioned process may still hold its lease, so it is left to dead-after. A
+    firewall that rejects with a TCP reset would fake a refusal: do not put one between
+    the controllers and the brokers."""
+    host, _, port = dial(address).rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+            return False
+    except ConnectionRefusedError:
+        return True
+    except (OSError, ValueError):
+        return False

@@ -8,6 +8,8 @@ controller cluster through the client library (NameServerServicer, on a thread p
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from controller.core import ControllerCore
 from controller.service import broker_route_pb, route_pb, topic_pb
 from mqmeta.client import ControllerClient
@@ -21,12 +23,14 @@ from mqmeta.validate import validate_name
 class NameServerServicer(ns_grpc.NameServerServicer):
     """A standalone nameserver: every answer comes from the controller cluster."""
 
-    def __init__(self, client: ControllerClient) -> None:
+    def __init__(self, client: ControllerClient, on_route: Callable[[], None] = lambda: None) -> None:
         self.client = client
+        self._on_route = on_route  # metrics: a route query answered
 
     @rpc
     def QueryRoute(self, request, context):
         name = validate_name("topic name", request.topic)
+        self._on_route()
         return self.client.call("GetTopicRoute", pb.NameRequest(name=name))
 
     @rpc

@@ -40,7 +40,7 @@ import pysyncobj.pickle
 import pysyncobj.serializer
 import pysyncobj.syncobj
 import pysyncobj.transport
-from pysyncobj import SyncObj
+from pysyncobj import FAIL_REASON, SyncObj
 from pysyncobj.monotonic import monotonic as monotonic_time
 from pysyncobj.transport import CONNECTION_STATE, TCPTransport
 
@@ -139,6 +139,9 @@ REQUIREMENTS: tuple[Requirement, ...] = (
     Requirement(_SYNCOBJ, "SyncObj", "raftLastApplied", PROPERTY, "the index of the entry being applied"),
     Requirement(_SYNCOBJ, "SyncObj", "_getLeader", ROUTINE, "leader_address"),
     Requirement(_SYNCOBJ, "SyncObj", "_isLeader", ROUTINE, "is_leader"),
+    # LeadershipTransfer
+    Requirement(_SYNCOBJ, "SyncObj", "transferLeadership", ROUTINE, "a stopping leader hands off"),
+    Requirement(_SYNCOBJ, "FAIL_REASON", "SUCCESS", ATTRIBUTE, "transferLeadership's answer"),
     # benchmark profiling (wrap_tick, wrap_transport_send)
     Requirement(_SYNCOBJ, "SyncObj", "_onTick", ROUTINE, "wrap_tick wraps it"),
     Requirement(_SYNCOBJ, "SyncObj._autoTickThread", "_onTick", USES, "every tick runs it"),
@@ -433,8 +436,35 @@ class InputFirstFix(SyncObj):
         super()._onTick(timeToWait)
 
 
-class RaftFixes(InputFirstFix, HeldEntriesFix, NextIndexFix):
-    """Every Raft fix: what every controller node runs with."""
+class LeadershipTransfer(SyncObj):
+    """A leader about to stop hands its role to its most caught-up connected follower
+    first (Raft's TimeoutNow, pysyncobj's transferLeadership), so that writes pause for a
+    vote instead of a whole election timeout. pysyncobj's state belongs to its tick
+    thread, so another thread only asks (request_leadership_transfer) and the tick does
+    it; pysyncobj denies a follower that is not fully caught up, so the tick tries again
+    until it is (or this node is no longer the leader). The subclass creates
+    `_transfer_requested` (a threading.Event) before SyncObj.__init__: runtime only."""
+
+    _transfer_requested: Any
+
+    def request_leadership_transfer(self) -> None:
+        self._transfer_requested.set()
+
+    def _onTick(self, timeToWait: float = 0.0) -> None:  # noqa: N803 - pysyncobj's name
+        if self._transfer_requested.is_set():
+            if self._isLeader():
+                self.transferLeadership(None, self._transfer_answered)
+            else:
+                self._transfer_requested.clear()
+        super()._onTick(timeToWait)
+
+    def _transfer_answered(self, result: Any, error: Any) -> None:
+        if error == FAIL_REASON.SUCCESS:  # sent: the follower starts its election now
+            self._transfer_requested.clear()
+
+
+class RaftFixes(LeadershipTransfer, InputFirstFix, HeldEntriesFix, NextIndexFix):
+    """Every Raft fix, and leadership transfer: what every controller node runs with."""
 
 
 # The transport ------------------------------------------------------------------------------

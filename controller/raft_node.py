@@ -34,6 +34,9 @@ from controller.state_machine import ControllerState, apply
 from mqmeta.dialmap import dial
 from mqmeta.errors import DeadlineExceeded, InvalidArgument, Unavailable
 
+RAFT_STATE_LEADER = 2  # pysyncobj's _RAFT_STATE.LEADER, as onStateChanged reports it
+TRANSFER_POLL_INTERVAL_S = 0.01  # how often a stopping leader checks that another took over
+
 log = logging.getLogger(__name__)
 
 Json = dict[str, Any]
@@ -80,6 +83,7 @@ def _syncobj_conf(
     data_dir: Path,
     bind_address: str | None = None,
     snapshots: StateSnapshots | None = None,
+    on_state_changed: Callable[[int, int], None] | None = None,
 ) -> SyncObjConf:
     """pysyncobj's configuration for a node; with `snapshots`, the state snapshot is
     written beside the Raft thread (controller/snapshot.py), else pysyncobj's own."""
@@ -90,6 +94,8 @@ def _syncobj_conf(
             "serializeChecker": snapshots.check,
             "deserializer": snapshots.deserialize,
         }
+    if on_state_changed is not None:
+        hooks["onStateChanged"] = on_state_changed
     return SyncObjConf(
         # The Raft port listens on its own address only (pysyncobj's default is every
         # interface): its wire format is pickle, reachable only where it must be.
@@ -165,17 +171,24 @@ class ControllerRaft(pysyncobj_compat.RaftFixes):
         self._on_events = on_events
         self._state = ControllerState()
         self._snapshots = StateSnapshots(lambda: self._state, self._install_state)
+        self._transfer_requested = threading.Event()  # pysyncobj_compat.LeadershipTransfer
+        self.on_applied: Callable[[float, int], None] | None = None  # (seconds, commands): metrics
+        self.leader_terms = 0  # how often this node became leader (metrics)
         others = [p.raft for p in peers if p.raft != raft_address]
         super().__init__(
             raft_address,
             others,
-            _syncobj_conf(settings, data_dir, raft_address, self._snapshots),
+            _syncobj_conf(settings, data_dir, raft_address, self._snapshots, self._state_changed),
             transportClass=_DialingTransport,
         )
 
     @property
     def state(self) -> ControllerState:
         return self._state
+
+    def _state_changed(self, old_state: int, new_state: int) -> None:
+        if new_state == RAFT_STATE_LEADER:
+            self.leader_terms += 1
 
     def _install_state(self, state: ControllerState) -> None:
         """A snapshot was loaded (at start, or received from the leader): readers that
@@ -189,6 +202,7 @@ class ControllerRaft(pysyncobj_compat.RaftFixes):
 
     @replicated
     def _apply_entry(self, payload: str) -> list[Json]:
+        started = time.perf_counter()
         index, term = self._entry_position()
         commands = json.loads(payload)
         results, events, effects = [], [], {}
@@ -211,6 +225,8 @@ class ControllerRaft(pysyncobj_compat.RaftFixes):
         )
         if events:
             self._on_events(index, events)
+        if self.on_applied is not None:
+            self.on_applied(time.perf_counter() - started, len(commands))
         return results
 
     def leader_raft_address(self) -> str:
@@ -221,6 +237,17 @@ class ControllerRaft(pysyncobj_compat.RaftFixes):
 
     def status(self) -> Json:
         return self.getStatus()
+
+    def hand_over_leadership(self, timeout_s: float) -> bool:
+        """As leader: asks the most caught-up follower to take over now, and waits (bounded)
+        until this node is no longer the leader. True if it is not the leader (any more)."""
+        if not self.is_leader():
+            return True
+        self.request_leadership_transfer()
+        deadline = time.monotonic() + timeout_s
+        while self.is_leader() and time.monotonic() < deadline:
+            time.sleep(TRANSFER_POLL_INTERVAL_S)
+        return not self.is_leader()
 
     def close(self) -> None:
         self.destroy()
@@ -245,6 +272,7 @@ class Proposer:
         self._queue: deque[tuple[Json, Future]] = deque()
         self._inflight: deque[_Batch] = deque()
         self._stopped = False
+        self._paused = False  # draining before a leadership handover: nothing new is sent
         self._thread = threading.Thread(target=self._run, name="proposer", daemon=True)
         self._thread.start()
 
@@ -267,6 +295,17 @@ class Proposer:
             return future.result(timeout=timeout_s)
         except TimeoutError:
             raise not_committed(command, timeout_s) from None
+
+    def drain(self, timeout_s: float) -> bool:
+        """Sends nothing new from now on (waiting commands stay queued, and fail with
+        Unavailable at stop(): never proposed, so a client's retry elsewhere is safe) and
+        waits, bounded, until every batch sent has its answer. True if none is left."""
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            self._paused = True
+            while self._inflight and time.monotonic() < deadline:
+                self._lock.wait(timeout=max(0.0, min(0.05, deadline - time.monotonic())))
+            return not self._inflight
 
     def stop(self) -> None:
         with self._lock:
@@ -292,7 +331,11 @@ class Proposer:
             self._raft._apply_entry(payload, callback=lambda res, err, b=batch: self._done(b, res, err))
 
     def _ready_to_send(self) -> bool:
-        return bool(self._queue) and len(self._inflight) < self._settings.inflight_batches_max
+        return (
+            not self._paused
+            and bool(self._queue)
+            and len(self._inflight) < self._settings.inflight_batches_max
+        )
 
     def _expire_inflight(self, timeout_s: float) -> None:
         # pysyncobj may never call back for a command lost in a leader change.

@@ -18,7 +18,7 @@ from mqmeta.errors import InvalidArgument
 from mqmeta.rpc import serve_until_signal
 from mqmeta.validate import parse_addresses
 
-NODE_KEYS = ("node_id", "grpc", "raft", "peer", "data_dir", "secret_file")
+NODE_KEYS = ("node_id", "grpc", "raft", "peer", "data_dir", "secret_file", "metrics_listen")
 
 
 def _merged(args: argparse.Namespace) -> dict[str, Any]:
@@ -54,6 +54,7 @@ def controller_config(args: argparse.Namespace) -> ControllerConfig:
         data_dir=Path(values["data_dir"]),
         peers=[parse_peer(p) for p in values.get("peer", [])],
         raft_settings=raft_settings_from(values.get("raft_settings", {}), secret),
+        metrics_listen=str(values.get("metrics_listen") or ""),
     )
 
 
@@ -67,7 +68,7 @@ def run_namesrv(args: argparse.Namespace) -> int:
     if args.embed_controller:
         node = start_controller(controller_config(args), namesrv_address=args.listen)
     elif args.controllers:
-        node = start_namesrv(args.listen, parse_addresses(args.controllers))
+        node = start_namesrv(args.listen, parse_addresses(args.controllers), args.metrics_listen or "")
     else:
         raise InvalidArgument("a nameserver needs --controllers ADDRS or --embed-controller")
     serve_until_signal(node)

@@ -13,11 +13,13 @@ from typing import Any, Protocol
 import grpc
 
 from controller.core import ControllerCore
+from controller.metrics import controller_metrics
 from controller.namesrv import EmbeddedNameServer, NameServerServicer, add_messaging_service
 from controller.raft_node import Peer, RaftSettings
 from controller.service import ControllerServicer, watch_event_pb
 from mqmeta.client import ControllerClient
 from mqmeta.errors import InvalidArgument
+from mqmeta.metrics import Metrics
 from mqmeta.pb import controller_pb2, controller_pb2_grpc, namesrv_pb2, namesrv_pb2_grpc
 from mqmeta.rpc import AsyncServer, add_health_and_reflection, add_health_and_reflection_async, build_server
 from mqmeta.validate import parse_addresses
@@ -39,9 +41,12 @@ class ControllerConfig:
     data_dir: Path
     peers: list[Peer] = field(default_factory=list)
     raft_settings: RaftSettings = field(default_factory=RaftSettings)
+    metrics_listen: str = ""  # HOST:PORT for Prometheus text; empty = none
 
     def validate(self) -> None:
         parse_addresses(self.grpc, "--grpc address")
+        if self.metrics_listen:
+            parse_addresses(self.metrics_listen, "--metrics-listen address")
         parse_addresses(self.raft, "--raft address")
         ids = [p.id for p in self.peers]
         if len(ids) != len(set(ids)):
@@ -101,18 +106,24 @@ class RunningNode:
         servers: list[StoppableServer],
         core: ControllerCore | None,
         client: ControllerClient | None,
+        metrics: Metrics | None = None,
     ) -> None:
         self.servers = servers
         self.core = core
         self.client = client
+        self.metrics = metrics
 
     def stop(self) -> None:
+        if self.core is not None:  # while still serving: calls in flight are redirected
+            self.core.step_down()
         for server in self.servers:
             server.stop(grace=1).wait()
         if self.core is not None:
             self.core.close()
         if self.client is not None:
             self.client.close()
+        if self.metrics is not None:
+            self.metrics.stop()
 
 
 def start_controller(config: ControllerConfig, namesrv_address: str = "") -> RunningNode:
@@ -142,7 +153,9 @@ def start_controller(config: ControllerConfig, namesrv_address: str = "") -> Run
             server.stop(grace=0)
         core.close()
         raise
-    return RunningNode(servers, core, None)
+    metrics = controller_metrics(core)
+    metrics.serve(config.metrics_listen)
+    return RunningNode(servers, core, None, metrics)
 
 
 def _started(server: AsyncServer) -> AsyncServer:
@@ -165,13 +178,21 @@ def _embedded_route(core: ControllerCore):
     return lambda topic: route_pb(core.topic_route(topic))
 
 
-def start_namesrv(address: str, controllers: list[str]) -> RunningNode:
+def start_namesrv(address: str, controllers: list[str], metrics_listen: str = "") -> RunningNode:
     client = ControllerClient(controllers)
-    server = build_server(address, GRPC_WORKERS_MAX)
-    namesrv_pb2_grpc.add_NameServerServicer_to_server(NameServerServicer(client), server)
-    messaging = add_messaging_service(
-        server, lambda topic: client.call("GetTopicRoute", controller_pb2.NameRequest(name=topic))
+    metrics = Metrics()
+    routes = metrics.counter(
+        "mqmeta_namesrv_route_queries", "route queries answered (QueryRoute, GetTopicRoute)"
     )
+    server = build_server(address, GRPC_WORKERS_MAX)
+    namesrv_pb2_grpc.add_NameServerServicer_to_server(NameServerServicer(client, routes.inc), server)
+
+    def route(topic: str):
+        routes.inc()
+        return client.call("GetTopicRoute", controller_pb2.NameRequest(name=topic))
+
+    messaging = add_messaging_service(server, route)
     add_health_and_reflection(server, [NAMESRV_SERVICE, messaging])
     server.start()
-    return RunningNode([server], None, client)
+    metrics.serve(metrics_listen)
+    return RunningNode([server], None, client, metrics)

@@ -30,6 +30,7 @@ TRIGGERS = {
     pb.ELECT_TRIGGER_ADMIN: "admin",
     pb.ELECT_TRIGGER_BROKER: "broker",
     pb.ELECT_TRIGGER_CONTROLLER: "controller",
+    pb.ELECT_TRIGGER_HANDOFF: "handoff",
 }
 
 
@@ -202,6 +203,8 @@ class ControllerServicer(pb_grpc.ControllerServiceServicer):
                 "trigger": trigger,
                 "requester_broker_id": _broker_id(request.requester_broker_id, allow_zero=True),
                 "preferred_broker_id": _broker_id(request.preferred_broker_id, allow_zero=True),
+                **({"master_epoch": request.master_epoch} if trigger == "handoff" else {}),
+                **({"master_unreachable": True} if request.master_unreachable else {}),
             }
         )
         return replica_info_pb(view)

@@ -42,10 +42,12 @@ RETRY_MAX_TIMES_MAX = 64
 # name -> (type, default, minimum, maximum); bool entries ignore min/max.
 CONFIG_SCHEMA: dict[str, tuple[type, Any, int, int]] = {
     "enable_unclean_master_election": (bool, False, 0, 0),
-    "broker_heartbeat_interval_ms": (int, 1000, 50, 60_000),
-    "broker_dead_after_ms": (int, 3000, 200, 600_000),
-    "lease_ms": (int, 2000, 100, 600_000),
-    "lease_margin_ms": (int, 500, 0, 600_000),
+    # Defaults chosen for failover within 1.5 s (kill) / 3 s (stop) on a loaded 2-core machine;
+    # the reasoning is in broker_agent/ha.py (the lease) and README-ops (the measurements).
+    "broker_heartbeat_interval_ms": (int, 300, 50, 60_000),
+    "broker_dead_after_ms": (int, 2000, 200, 600_000),
+    "lease_ms": (int, 1200, 100, 600_000),
+    "lease_margin_ms": (int, 400, 0, 600_000),
     "default_cluster": (str, "DefaultCluster", 0, 0),
     "default_queue_count": (int, 8, 1, QUEUE_COUNT_MAX),
 }
@@ -346,7 +348,9 @@ def _elect_master(state: ControllerState, command: Json, index: int):
     alive = _alive_ids(command)
     current = bs["master_broker_id"]
     preferred = validate_int("preferred_broker_id", command.get("preferred_broker_id", 0), 0, REQUEST_INT_MAX)
-    if preferred:
+    if command.get("trigger") == "handoff":
+        new_master = _handoff_successor(bs, command, preferred, alive)
+    elif preferred:
         _check_preferred(bs, preferred, alive, unclean)
         if preferred == current:
             return {"ok": True, "changed": False, "replica_info": replica_view(bs)}, {}, []
@@ -369,6 +373,32 @@ def _elect_master(state: ControllerState, command: Json, index: int):
     bs["sync_state_set_epoch"] += 1
     result = {"ok": True, "changed": True, "replica_info": replica_view(bs)}
     return result, {key: bs}, [_broker_set_event("role", bs)]
+
+
+def _handoff_successor(bs: Json, command: Json, preferred: int, alive: dict[int, Json]) -> int:
+    """The master itself hands off (it has stopped taking writes and its successor holds
+    everything it appended): the alive master is replaced, by an alive SyncStateSet member
+    only (never an unclean election), the preferred one when given."""
+    name = f"{bs['cluster']}/{bs['broker_name']}"
+    requester = validate_int("requester_broker_id", command.get("requester_broker_id", 0), 0, REQUEST_INT_MAX)
+    epoch = validate_int("master_epoch", command.get("master_epoch", 0), 0, REQUEST_INT_MAX)
+    if not requester or requester != bs["master_broker_id"] or epoch != bs["master_epoch"]:
+        raise error_from_code(
+            "FENCED_MASTER_EPOCH",
+            f"broker {requester} at master epoch {epoch} is not the master of {name} (master "
+            f"{bs['master_broker_id']} at epoch {bs['master_epoch']}); only the master hands off",
+        )
+    pool = [i for i in bs["sync_state_set"] if i != requester and i in alive and str(i) in bs["replicas"]]
+    if preferred:
+        pool = [i for i in pool if i == preferred]
+    if not pool:
+        which = f"broker {preferred}" if preferred else "slave"
+        raise error_from_code(
+            "NO_IN_SYNC_SLAVE",
+            f"no alive in-sync {which} of {name} can take over from master {requester} "
+            f"(SyncStateSet {bs['sync_state_set']}); wait until a slave has caught up",
+        )
+    return _election_order(bs, command, pool)[0]
 
 
 def _check_preferred(bs: Json, preferred: int, alive: dict[int, Json], unclean: bool) -> None:

@@ -40,6 +40,7 @@ def _add_node_flags(parser: argparse.ArgumentParser, required: bool) -> None:
     parser.add_argument(
         "--secret-file", type=Path, help="file holding the Raft secret (authenticates and encrypts peers)"
     )
+    parser.add_argument("--metrics-listen", help="serve Prometheus metrics over HTTP on HOST:PORT")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -89,6 +89,7 @@ CODE_CLASSES: dict[str, type[MqmetaError]] = {
     "GROUP_EXISTS": AlreadyExists,
     "TOPIC_CHANGED": FailedPrecondition,
     "MASTER_NOT_AVAILABLE": FailedPrecondition,
+    "NO_IN_SYNC_SLAVE": FailedPrecondition,
     "BROKER_ALIVE": FailedPrecondition,
     "IN_SYNC_REPLICAS_NOT_ENOUGH": FailedPrecondition,
     "FLUSH_SLAVE_TIMEOUT": DeadlineExceeded,

@@ -19,19 +19,17 @@ import shutil
 import subprocess
 import threading
 import time
-from collections import Counter
 
 import grpc
 import pytest
 
 from mqmeta.broker_client import Producer
-from mqmeta.errors import MqmetaError
 from mqmeta.pb import controller_pb2 as pb
 from tests.support import TcpCut, consume_all, wait_for, wait_in_sync, wait_same_end
+from tests.support.producing import FLAGS, ProduceLoop, check_no_loss
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(120)]
 
-FLAGS = ["--ha-max-time-slave-not-catchup-ms", "1500", "--send-timeout-ms", "3000"]
 # Acknowledged sends before the fault, and again on the new master after it.
 ACKED_BEFORE_FAULT_MIN = 50
 ACKED_ON_NEW_MASTER_MIN = 50
@@ -47,47 +45,6 @@ def broker_cluster(cluster_factory, replicas: int = 3, start_brokers: bool = Tru
     with cluster.client() as client:
         client.call("CreateTopic", pb.TopicSpec(name="Orders", queue_count=4))
     return cluster
-
-
-class ProduceLoop(threading.Thread):
-    """Sends batches until stopped; remembers what was acknowledged and what failed."""
-
-    def __init__(self, cluster, prefix: str, batch: int = 5) -> None:
-        super().__init__(daemon=True)
-        self.producer = Producer(cluster.namesrv, timeout_s=8.0)
-        self.prefix, self.batch = prefix, batch
-        self.acked: list[str] = []
-        self.unknown: list[str] = []
-        self.stop_event = threading.Event()
-
-    def run(self) -> None:
-        i = 0
-        while not self.stop_event.is_set() and i < 50_000:
-            values = [f"{self.prefix}-{i + k}" for k in range(self.batch)]
-            i += self.batch
-            try:
-                self.producer.send("Orders", [v.encode() for v in values])
-                self.acked += values
-            except MqmetaError:
-                self.unknown += values
-
-    def stop(self) -> None:
-        self.stop_event.set()
-        self.join(timeout=20)
-        self.producer.close()
-
-
-def check_no_loss(acked: list[str], seen: list) -> None:
-    values = Counter(m.body.decode() for m in seen)
-    lost = [v for v in acked if v not in values]
-    assert not lost, f"{len(lost)} acknowledged messages lost, e.g. {lost[:5]}"
-    positions = Counter((m.queue_id, m.queue_offset) for m in seen)
-    assert max(positions.values()) == 1, "a queue offset was delivered twice"
-    by_queue: dict[int, list[int]] = {}
-    for m in seen:
-        by_queue.setdefault(m.queue_id, []).append(m.queue_offset)
-    for queue_id, offsets in by_queue.items():
-        assert sorted(offsets) == list(range(len(offsets))), f"queue {queue_id} has gaps"
 
 
 def failover_with(cluster, fault, replicas: int) -> None:

@@ -11,7 +11,10 @@ replication.py do. Faults, per seed at an intensity of its own: crashes (a write
 flight is torn, an epoch entry may lead its records; recovery cuts the torn tail and
 drops entries past the end), restarts with a fresh core, partitions of one link or of
 every link of one broker, and each clock running at its own rate within what the lease
-margin absorbs (broker_agent/ha.py).
+margin absorbs (broker_agent/ha.py). Graceful departures too: the master hands off
+(HandoffStart, then HandoffTick until the core names its successor, then an election
+with the handoff trigger, whose reply may be lost: HandoffFailed), and a slave starts
+leaving the SyncStateSet; test_the_seeds_hand_off checks that handoffs did elect.
 
 Properties checked after every step, and at the end after healing everything and
 letting the set converge:
@@ -58,11 +61,17 @@ from broker_agent.core import (
     AppendReplicated,
     BeginEpoch,
     BrokerCore,
+    Departure,
     Effect,
+    ElectSuccessor,
     Event,
     FetchAnswered,
     FetchStillWaiting,
+    HandoffFailed,
+    HandoffStart,
+    HandoffTick,
     HeartbeatAnswered,
+    Leave,
     LogView,
     MasterAnswered,
     ProposeSyncStateSet,
@@ -129,6 +138,9 @@ CRASH_RATE = 0.0015
 RESTART_RATE = 0.02
 CUT_RATE = 0.0015
 ISOLATE_RATE = 0.0005
+HANDOFF_RATE = 0.002  # the master hands off (SIGTERM, admin handoff)
+LEAVE_RATE = 0.0005  # a slave starts leaving (a fresh core after a restart stays)
+HANDOFF_DRAIN_MS = 300
 INTENSITIES = (0.5, 1.0, 2.0, 4.0)
 
 # The lease argument (broker_agent/ha.py) with drifting clocks: an isolated master's
@@ -393,6 +405,7 @@ class SimController:
             "heartbeat": self._heartbeat,
             "replica_info": self._replica_info,
             "elect": self._decide,
+            "handoff": self._decide,
             "alter": self._decide,
         }[message.kind]
         reply = handler(message.src, body)
@@ -608,11 +621,44 @@ class SimBroker:
             self.next_heartbeat_ms, self.heartbeat_sent_ms = now + HEARTBEAT_INTERVAL_MS, now
             epoch = self.log.view().last_epoch or self.core.master_epoch
             self.call("heartbeat", {"broker_id": self.broker_id, "epoch": epoch, "max_offset": self.log.end})
+        if self.core.view().departure is Departure.HANDING_OFF and "handoff" not in self.calls:
+            self._handoff_tick(now)
         if now >= self.next_tick_ms and "alter" not in self.calls:
             self.next_tick_ms = now + TICK_INTERVAL_MS
             for effect in self.feed(Tick(now, self.log.view())):
                 if isinstance(effect, ProposeSyncStateSet):
                     self._propose(effect)
+
+    def start_handoff(self) -> None:
+        """What BrokerAgent.handoff does first: refuse writes, then drain (below)."""
+        assert self.core is not None
+        now, others = self.now(), [b.broker_id for b in self.sim.brokers if b is not self and b.broker_id]
+        preferred = self.sim.rng.choice([0, *others])
+        try:
+            self.feed(HandoffStart(now, now + HANDOFF_DRAIN_MS, preferred))
+        except MqmetaError as error:
+            self.sim.trace(f"{self.slot} cannot hand off: {error}")
+            return
+        self.sim.handoffs_started += 1
+        self.sim.trace(f"{self.slot} hands off (preferred {preferred})")
+
+    def _handoff_tick(self, now: int) -> None:
+        try:
+            effects = self.feed(HandoffTick(now, self.log.view()))
+        except MqmetaError as error:
+            self.sim.trace(f"{self.slot} gives the handoff up: {error}")
+            return
+        for effect in effects:
+            if isinstance(effect, ElectSuccessor):
+                self.sim.trace(f"{self.slot} asks to elect {effect.successor_broker_id}")
+                body = {
+                    "type": "elect_master",
+                    "trigger": "handoff",
+                    "requester_broker_id": self.broker_id,
+                    "preferred_broker_id": effect.successor_broker_id,
+                    "master_epoch": effect.master_epoch,
+                }
+                self.call("handoff", body)
 
     def _propose(self, proposal: ProposeSyncStateSet) -> None:
         body = {
@@ -625,7 +671,9 @@ class SimBroker:
         self.call("alter", body)
 
     def _call_failed(self, kind: str) -> None:
-        if kind == "alter":
+        if kind == "handoff":
+            self.feed(HandoffFailed(self.now(), "no answer or refused"))
+        elif kind == "alter":
             self.feed(SyncStateSetFailed(self.now()))
         elif kind in ("replica_info", "elect"):
             self.refresh_needed = True
@@ -645,7 +693,9 @@ class SimBroker:
             self._apply_or_elect(body["info"])
         elif kind == "replica_info":
             self._apply_or_elect(body["info"])
-        elif kind == "elect":
+        elif kind in ("elect", "handoff"):
+            if kind == "handoff":
+                self.sim.handoffs_elected += 1
             self.apply_info(body["info"])
         elif kind == "alter":
             self.apply_info(body["info"], committed_proposal=True)
@@ -686,6 +736,7 @@ class SimBroker:
             "fetch_offset": self.log.end,
             "handshake": fetch.handshake,
             "entries": tuple(self.log.epochs) if fetch.handshake else (),
+            "leaving": self.core.view().departure is Departure.LEAVING,
         }
         self.send(master, "fetch", body)
 
@@ -727,6 +778,7 @@ class SimBroker:
             body["handshake"],
             body["entries"],
             self.log.view(),
+            body["leaving"],
         )
         try:
             effects = self.feed(fetch)
@@ -845,6 +897,8 @@ class Simulation:
         self.acknowledged: dict[int, bytes] = {}  # offset -> the acknowledged record there
         self.acks = 0
         self.masters = 0
+        self.handoffs_started = 0
+        self.handoffs_elected = 0
         self.faults = True
         self.load_on = False
         self.load_until_ms = 0.0
@@ -997,6 +1051,17 @@ class Simulation:
                 self.network.cut(self.t, a, b, duration, hold=False)
             self.trace(f"isolate {a} for {duration:.0f} ms")
 
+    def depart(self) -> None:
+        """Graceful departures: the controller's master hands off; a slave starts leaving."""
+        rng, master = self.rng, self.master()
+        if master is not None and rng.random() < HANDOFF_RATE * self.intensity:
+            master.start_handoff()
+        slaves = [b for b in self.brokers if b.core is not None and b.core.role == Role.SLAVE]
+        if slaves and rng.random() < LEAVE_RATE * self.intensity:
+            slave = rng.choice(slaves)
+            slave.feed(Leave())
+            self.trace(f"{slave.slot} starts leaving")
+
     def produce(self) -> None:
         """Bursts of writes and quiet gaps, mostly to the controller's master."""
         if self.t >= self.load_until_ms:
@@ -1018,6 +1083,7 @@ class Simulation:
         self.network.heal(self.t)
         if self.faults:
             self.inject()
+            self.depart()
         if load:
             self.produce()
         for message in self.network.due(self.t):
@@ -1052,7 +1118,8 @@ class Simulation:
         self.network.heal(self.t, everything=True)
         self.network.drop_rate = 0.0
         for broker in self.brokers:
-            if not broker.alive:
+            leaving = broker.core is not None and broker.core.view().departure is Departure.LEAVING
+            if not broker.alive or leaving:  # a leaving broker exits and comes back
                 broker.start()
         for _ in range(SETTLE_STEPS_MAX):
             self.tick(load=False)
@@ -1085,6 +1152,18 @@ def test_simulated_broker_set_keeps_its_invariants(seed):
     sim.run()
     assert sim.acks > 50, f"seed={seed}: only {sim.acks} writes were acknowledged"
     assert sim.masters >= 1, f"seed={seed}: no master was ever elected"
+    HANDOFF_COUNTS.append((sim.handoffs_started, sim.handoffs_elected))
+
+
+HANDOFF_COUNTS: list[tuple[int, int]] = []
+
+
+def test_the_seeds_hand_off():
+    """The seeds above exercised handoffs (this runs after them, in file order)."""
+    if len(HANDOFF_COUNTS) < len(SIM_SEEDS):
+        pytest.skip("needs every seed of test_simulated_broker_set_keeps_its_invariants in this run")
+    elected = sum(e for _, e in HANDOFF_COUNTS)
+    assert elected >= len(SIM_SEEDS), f"only {elected} handoffs elected a successor: {HANDOFF_COUNTS}"
 
 
 def counted_members_without_the_pending_union(
@@ -1117,6 +1196,7 @@ def lease_always_valid(self: Lease, now_ms: int) -> bool:
 
 
 # name -> (where, what, the buggy variant, what the simulation must report)
+
 PLANTED_BUGS: dict[str, tuple[Any, str, Callable[..., Any], str]] = {
     "confirm offset without the pending union": (
         core_module,

@@ -1,7 +1,8 @@
 """The `mqmeta` command as an operator uses it, in real subprocesses.
 
 Properties checked:
-- `mqmeta local up` starts a whole cluster, writes cluster.json once it answers,
+- `mqmeta local up` starts a whole cluster, writes cluster.json once it answers (every
+  process with its "metrics" address, which serves Prometheus text),
   stops every child on SIGTERM, and a second run on the same DIR keeps the data;
 - admin commands print the documented JSON documents;
 - every kind of bad input exits 2 with one sentence on stderr and no traceback.
@@ -14,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import grpc
@@ -90,6 +92,9 @@ def test_local_up_runs_restarts_and_stops_cleanly(tmp_path):
         brokers = document["brokers"]
         assert len(brokers) == 3 and {b["broker_name"] for b in brokers} == {"broker-a"}
         assert sorted(b["broker_id"] for b in brokers) == [1, 2, 3]
+        for process in document["controllers"] + document["namesrv"] + brokers:  # Prometheus text
+            with urllib.request.urlopen(f"http://{process['metrics']}/metrics", timeout=10) as answer:
+                assert b"mqmeta_" in answer.read()
         produce_and_consume(tmp_path, document, addresses)
     finally:
         stop_local(proc, document)

@@ -22,6 +22,13 @@ Properties checked:
   and takes the master's confirm offset capped at its own log end;
 - ack policies: all of the set, or in_sync_replicas copies; min_in_sync_replicas and a
   missing lease refuse writes; a deposed master never reports a write acknowledged;
+- a handoff (graceful departure of a master) refuses new writes at once, asks for the
+  successor's election only once the successor holds every byte appended and the writes
+  in flight are acknowledged (or, at the deadline, once it holds everything), prefers
+  the named slave, gives up at once when no in-sync slave exists, keeps writes refused
+  for the grace after a failed election call, and ends when the successor is elected
+  (leaving, when shutting down); a leaving slave's fetches take it out of the set and
+  keep it out;
 - the shell (agent.py) carries the effects out: BeginEpoch reaches the epoch file, and a
   failure to begin the epoch fences the broker instead of leaving it master.
 """
@@ -39,10 +46,16 @@ from broker_agent.core import (
     AppendReplicated,
     BeginEpoch,
     BrokerCore,
+    Departure,
+    ElectSuccessor,
     FetchAnswered,
     FetchStillWaiting,
+    HandoffFailed,
+    HandoffStart,
+    HandoffTick,
     HeartbeatAnswered,
     LeaseRevoked,
+    Leave,
     LogView,
     MasterAnswered,
     NoteConfirm,
@@ -478,6 +491,92 @@ def test_after_stop_every_event_is_ignored():
     core.handle(info(2, 1, (2, 1)))
     assert core.handle(Stop()) == [StopFetching(1), WakeWaiters()]
     assert core.handle(info(1, 2, (1,))) == [] and core.role == Role.FENCED
+
+
+# core.py: graceful handoff and leaving -----------------------------------------------------
+def handing_off(preferred: int = 0, deadline_ms: int = 3000) -> BrokerCore:
+    """Master 1 of (1, 2, 3) with 100 bytes appended, acked by 2 (80) and 3 (60)."""
+    core = master_core(log=epoch1(100))
+    core.handle(fetch(2, 80, epoch1(100)))
+    core.handle(fetch(3, 60, epoch1(100)))
+    assert core.handle(HandoffStart(0, deadline_ms, preferred)) == [WakeWaiters()]
+    return core
+
+
+def test_a_handoff_refuses_writes_at_once_and_elects_only_a_successor_holding_everything():
+    core = handing_off()
+    assert not core.writable(1) and core.view().departure is Departure.HANDING_OFF
+    with pytest.raises(NotMaster, match="handing off"):
+        core.check_writable(1)
+    assert core.handle(HandoffTick(10, epoch1(100))) == [], "nobody holds all 100 bytes yet"
+    core.handle(fetch(2, 100, epoch1(100)))
+    assert core.handle(HandoffTick(20, epoch1(100))) == [], "broker 3 has not acked: a write is in flight"
+    core.handle(fetch(3, 100, epoch1(100)))
+    assert core.write_outcome(100, 1) is WriteOutcome.ACKNOWLEDGED
+    assert core.handle(HandoffTick(30, epoch1(100))) == [ElectSuccessor(2, 1)], "the first that holds it all"
+    assert core.handle(HandoffTick(40, epoch1(100))) == [], "asked once"
+    core.handle(info(2, 2, (2,)))
+    assert core.role == Role.SLAVE and core.view().departure is Departure.STAYING
+
+
+def test_at_the_deadline_a_successor_holding_everything_is_elected_else_the_handoff_gives_up():
+    core = handing_off(deadline_ms=100)
+    core.handle(fetch(3, 100, epoch1(100)))
+    assert core.handle(HandoffTick(100, epoch1(100))) == [ElectSuccessor(3, 1)], "2 still lags: 3 holds all"
+    stuck = handing_off(deadline_ms=100)
+    effects = stuck.handle(HandoffTick(100, epoch1(100)))
+    assert isinstance(effects[-1], Refuse) and "did not catch up" in str(effects[-1].error)
+    assert stuck.writable(101), "nothing was asked: writes resume at once"
+
+
+def test_a_handoff_prefers_the_named_slave_and_needs_an_in_sync_one():
+    core = handing_off(preferred=3)
+    core.handle(fetch(2, 100, epoch1(100)))
+    core.handle(fetch(3, 100, epoch1(100)))
+    assert core.handle(HandoffTick(10, epoch1(100))) == [ElectSuccessor(3, 1)]
+    alone = master_core(members=(1,), log=epoch1(100))
+    alone.handle(HandoffStart(0, 3000))
+    effects = alone.handle(HandoffTick(1, epoch1(100)))
+    assert isinstance(effects[-1], Refuse) and effects[-1].error.code == "NO_IN_SYNC_SLAVE"
+    assert alone.writable(2)
+    slave = new_core()
+    slave.handle(info(2, 1, (2, 1)))
+    assert isinstance(slave.handle(HandoffStart(0, 3000))[0], Refuse), "only the master hands off"
+
+
+def test_after_a_failed_election_call_writes_stay_refused_for_the_grace():
+    core = handing_off()
+    for broker_id in (2, 3):
+        core.handle(fetch(broker_id, 100, epoch1(100)))
+    assert core.handle(HandoffTick(10, epoch1(100))) == [ElectSuccessor(2, 1)]
+    assert core.handle(HandoffFailed(20, "deadline exceeded")) == [RequestRefresh()]
+    assert not core.writable(25)
+    again = core.handle(HandoffStart(30, 3000))
+    assert isinstance(again[0], Refuse) and "may still commit" in str(again[0].error)
+    core.handle(Tick(20 + 7000, epoch1(100)))
+    assert not core.writable(20 + 7000), "the grace (7000 ms) has not passed"
+    core.handle(HeartbeatAnswered(7000, 1, 1, 1, lease_ms=0))  # still the master: the lease runs on
+    core.handle(Tick(20 + 7001, epoch1(100)))
+    assert core.writable(20 + 7001) and core.view().departure is Departure.STAYING
+
+
+def test_a_master_shutting_down_leaves_after_its_handoff_and_a_leaving_slave_is_dropped():
+    core = master_core(log=epoch1(100))
+    core.handle(HandoffStart(0, 3000, then_leave=True))
+    core.handle(info(2, 2, (2,)))
+    assert core.role == Role.SLAVE and core.view().departure is Departure.LEAVING
+    master = master_core(log=epoch1(100))
+    for broker_id in (2, 3):
+        master.handle(fetch(broker_id, 100, epoch1(100), now_ms=10))
+    master.handle(fetch(3, 100, epoch1(100), now_ms=20, leaving=True))
+    assert master.handle(Tick(30, epoch1(100))) == [ProposeSyncStateSet(1, 1, 1, (1, 2))]
+    master.handle(SyncStateSetChanged(info(1, 1, (1, 2), set_epoch=2, log=epoch1(100))))
+    master.handle(fetch(3, 100, epoch1(100), now_ms=40, leaving=True))
+    assert master.handle(Tick(50, epoch1(100))) == [], "a leaving slave is not added back"
+    master.handle(fetch(3, 100, epoch1(100), now_ms=60))  # restarted: it stays now
+    assert master.handle(Tick(70, epoch1(100))) == [ProposeSyncStateSet(1, 1, 2, (1, 2, 3))]
+    alone_master = master_core()
+    assert isinstance(alone_master.handle(Leave())[0], Refuse), "a master hands off instead"
 
 
 # agent.py: the shell carries the effects out ----------------------------------------------

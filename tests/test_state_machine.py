@@ -7,7 +7,8 @@ Properties checked:
   explicit id; argument validation), elect_master (first election: the requester wins; an
   alive master is kept; otherwise the alive SyncStateSet member with the highest epoch,
   then max offset, then the smallest priority, then the smallest id; no unclean election
-  unless enabled; no candidate clears and fences the dead master; admin preferred id),
+  unless enabled; no candidate clears and fences the dead master; admin preferred id;
+  a handoff: only the master of the current epoch, to an alive in-sync slave),
   alter_sync_state_set (fencing by master epoch and SyncStateSet epoch, membership
   checks, an epoch bump per change), clean_broker_data (live brokers refused unless
   forced; epochs never go back), topics, groups, topic_route(), update_config (value
@@ -29,7 +30,8 @@ Properties checked:
   SyncStateSet holds only registered ids.
 - A seeded simulation (TigerBeetle VOPR style) of 3 brokers per set that crash, restart,
   write, shrink and expand their SyncStateSet, get cleaned and re-register, with a
-  leader that elects a new master when the master dies: M1-M4 after every command,
+  leader that elects a new master when the master dies, and masters that hand off to a
+  caught-up in-sync slave (or retry a handoff that already committed): M1-M4 after every command,
   zombie masters are fenced, and with unclean election off no acknowledged offset is
   lost. A failure message names the seed.
 
@@ -537,6 +539,36 @@ def test_admin_preferred_broker_wins_only_if_alive_and_in_sync():
     assert result["ok"] is True and roles(ctl) == (3, 3, [3], 4)
 
 
+def test_a_handoff_replaces_the_alive_master_by_an_alive_in_sync_slave_only():
+    """Property: only the master at its current epoch hands off, to an alive SyncStateSet
+    member (the preferred one when named), never unclean; a refusal changes nothing."""
+    ctl = with_master((1, 2))
+    everyone = alive(1, 2, 3)
+    fields = {"cluster": CLUSTER, "broker_name": NAME, "trigger": "handoff"}
+    ctl.rejected(
+        "FENCED_MASTER_EPOCH", "elect_master", alive=everyone, requester_broker_id=2, master_epoch=1, **fields
+    )
+    ctl.rejected(
+        "FENCED_MASTER_EPOCH", "elect_master", alive=everyone, requester_broker_id=1, master_epoch=0, **fields
+    )
+    ctl.rejected(
+        "NO_IN_SYNC_SLAVE", "elect_master", alive=everyone, requester_broker_id=1, master_epoch=1,
+        preferred_broker_id=3, **fields,
+    )  # fmt: skip
+    ctl.rejected(
+        "NO_IN_SYNC_SLAVE", "elect_master", alive=alive(1, 3), requester_broker_id=1, master_epoch=1, **fields
+    )
+    ctl.ok("update_config", values={"enable_unclean_master_election": "yes"})
+    ctl.rejected(
+        "NO_IN_SYNC_SLAVE", "elect_master", alive=alive(1, 3), requester_broker_id=1, master_epoch=1, **fields
+    )
+    result = ctl.elect(everyone, trigger="handoff", requester_broker_id=1, master_epoch=1)
+    assert result["ok"] is True and result["changed"] is True and roles(ctl) == (2, 2, [2], 3)
+    ctl.rejected(
+        "FENCED_MASTER_EPOCH", "elect_master", alive=everyone, requester_broker_id=1, master_epoch=1, **fields
+    )  # a retried handoff after it committed
+
+
 def test_elect_on_an_unknown_broker_set_is_refused():
     ctl = with_master()
     ctl.rejected(
@@ -1011,8 +1043,8 @@ def test_update_config_parses_and_stores_values():
 @pytest.mark.parametrize(
     "values",
     [
-        {"lease_ms": "2499"},
-        {"broker_dead_after_ms": "3000"},
+        {"lease_ms": "1599"},
+        {"broker_dead_after_ms": "1601"},
         {"broker_heartbeat_interval_ms": "50"},
         {"lease_margin_ms": "0"},
         {"default_queue_count": str(QUEUE_COUNT_MAX)},
@@ -1036,11 +1068,12 @@ def test_update_config_accepts_boundaries(values):
         {"lease_ms": "1.5"},
         {"lease_ms": ""},
         {"default_cluster": "bad name"},
-        {"broker_heartbeat_interval_ms": "1001"},  # 3 x 1001 > broker_dead_after_ms 3000
-        {"broker_dead_after_ms": "2999"},  # < 3 x heartbeat 1000
-        {"lease_ms": "2500"},  # 2500 + 500 is not below 3000
-        {"lease_margin_ms": "1000"},  # 2000 + 1000 is not below 3000
-        {"lease_ms": "2400", "bogus": "1"},  # one bad key rejects the whole change
+        {"broker_heartbeat_interval_ms": "667"},  # 3 x 667 > broker_dead_after_ms 2000
+        {"broker_dead_after_ms": "1600"},  # lease 1200 + margin 400 is not below it
+        {"broker_dead_after_ms": "899", "lease_ms": "400"},  # < 3 x heartbeat 300
+        {"lease_ms": "1600"},  # 1600 + 400 is not below 2000
+        {"lease_margin_ms": "800"},  # 1200 + 800 is not below 2000
+        {"lease_ms": "1500", "bogus": "1"},  # one bad key rejects the whole change
         {},
         None,
         "lease_ms=1",
@@ -1400,6 +1433,9 @@ def check_refused_election(
 ) -> None:
     alive_map = {int(i): info for i, info in command["alive"].items()}
     preferred = command.get("preferred_broker_id", 0)
+    if command.get("trigger") == "handoff":
+        check_refused_handoff(prior, command, result, alive_map, where)
+        return
     if preferred:
         assert not (
             isinstance(preferred, int)
@@ -1417,6 +1453,33 @@ def check_refused_election(
     emptied_by_clean = not prior["sync_state_set"] and prior["master_epoch"] > 0
     assert not pool or emptied_by_clean, f"no master elected although {pool} were eligible; {where}"
     assert bool(changes) == bool(prior["master_broker_id"]), f"dead master not fenced; {where}"
+
+
+def handoff_pool(prior: Json, command: Json, alive_map: dict[int, Json]) -> list[int] | None:
+    """Whom a handoff may elect (None: the requester is not the master of that epoch)."""
+    requester = command.get("requester_broker_id", 0)
+    if (
+        not requester
+        or requester != prior["master_broker_id"]
+        or command.get("master_epoch") != prior["master_epoch"]
+    ):
+        return None
+    preferred = command.get("preferred_broker_id", 0)
+    return [
+        i
+        for i in prior["sync_state_set"]
+        if i != requester and i in alive_map and str(i) in prior["replicas"] and preferred in (0, i)
+    ]
+
+
+def check_refused_handoff(
+    prior: Json, command: Json, result: Json, alive_map: dict[int, Json], where: str
+) -> None:
+    pool = handoff_pool(prior, command, alive_map)
+    expected = "FENCED_MASTER_EPOCH" if pool is None else "NO_IN_SYNC_SLAVE"
+    assert result["code"] == expected and not pool, (
+        f"handoff refused with {result['code']}, pool {pool}; {where}"
+    )
 
 
 def check_election(
@@ -1442,6 +1505,10 @@ def check_election(
     assert after["master_epoch"] == prior["master_epoch"] + 1, where
     assert after["sync_state_set"] == [master], where
     assert after["sync_state_set_epoch"] == prior["sync_state_set_epoch"] + 1, where
+    if command.get("trigger") == "handoff":  # the master itself asked: an in-sync slave only
+        pool = handoff_pool(prior, command, alive_map)
+        assert pool and master in pool, f"handoff to {master}, allowed {pool}; {where}"
+        return
     if command.get("preferred_broker_id"):
         assert master == command["preferred_broker_id"], where
         assert preferred_allowed(prior, master, alive_map, unclean), where
@@ -1679,6 +1746,7 @@ class Simulation:
         self.deposed: dict[str, tuple[int, int, int]] = {}  # last master's id and epochs
         self.trace: list[str] = []
         self.elections = 0
+        self.handoffs = 0
 
     def where(self) -> str:
         recent = "\n  ".join(self.trace[-8:])
@@ -1717,6 +1785,7 @@ class Simulation:
             (self.change_sync_state_set, 20),
             (self.zombie_alter, 5),
             (self.admin_switch, 3),
+            (self.handoff, 12),
             (self.toggle_unclean, 2),
             (self.clean_dead, 4),
         ]
@@ -1835,6 +1904,56 @@ class Simulation:
             return
         preferred = self.rng.choice(candidates).broker_id
         self.elect(name, {"trigger": "admin", "preferred_broker_id": preferred})
+
+    def handoff(self, name: str) -> None:
+        """The master hands off to a slave holding all it has (what broker_agent/core.py
+        waits for), sometimes late (a retry after the handoff committed: a stale epoch)."""
+        master, bs = self.master(name), self.bs(name)
+        if master is None or not master.alive or bs is None:
+            return
+        caught_up = [
+            b.broker_id
+            for b in self.brokers[name]
+            if b is not master and b.broker_id in bs["sync_state_set"] and b.max_offset == master.max_offset
+        ]
+        if not caught_up:
+            return  # the broker gives up before asking (core.py: no successor holds it all)
+        stale = self.rng.random() < 0.2
+        fields = {
+            "trigger": "handoff",
+            "requester_broker_id": master.broker_id,
+            "master_epoch": bs["master_epoch"] - (1 if stale else 0),
+            "preferred_broker_id": self.rng.choice(caught_up),
+        }
+        before = copy.deepcopy(bs)
+        result = self.apply(
+            {
+                "type": "elect_master",
+                "cluster": SIM_CLUSTER,
+                "broker_name": name,
+                "alive": self.alive_map(name),
+                **fields,
+            }
+        )
+        if stale:
+            assert result["code"] == "FENCED_MASTER_EPOCH", (result, self.where())
+            return
+        successor = self.by_id(name, fields["preferred_broker_id"])
+        alive_successor = successor is not None and successor.alive
+        assert result["ok"] is alive_successor, (result, self.where())
+        if not result["ok"]:
+            assert result["code"] == "NO_IN_SYNC_SLAVE", (result, self.where())
+            return
+        self.elections += 1
+        self.handoffs += 1
+        self.deposed[name] = (
+            before["master_broker_id"],
+            before["master_epoch"],
+            before["sync_state_set_epoch"],
+        )
+        new_master = self.by_id(name, self.bs(name)["master_broker_id"])
+        assert new_master is not None and new_master.max_offset >= self.acked[name], self.where()
+        new_master.epoch = self.bs(name)["master_epoch"]
 
     def toggle_unclean(self, name: str) -> None:
         self.unclean = not self.unclean
@@ -1955,6 +2074,7 @@ def test_seeded_simulation_keeps_m1_to_m4_and_acknowledged_offsets(seed):
     sim.run()
     assert sim.index > SIM_STEPS, f"seed={seed}: too few commands applied"
     assert sim.elections > 0, f"seed={seed}: no election ever happened"
+    assert sim.handoffs > 0, f"seed={seed}: no handoff ever happened"
     for name in SIM_SETS:
         bs = sim.bs(name)
         assert bs is not None and bs["master_epoch"] > 0, f"seed={seed}: {name} never elected"

@@ -231,7 +231,7 @@ class HaStatus(_message.Message):
     def __init__(self, cluster: _Optional[str] = ..., broker_name: _Optional[str] = ..., broker_id: _Optional[int] = ..., role: _Optional[str] = ..., master_epoch: _Optional[int] = ..., master_broker_id: _Optional[int] = ..., master_address: _Optional[str] = ..., max_offset: _Optional[int] = ..., confirm_offset: _Optional[int] = ..., sync_state_set: _Optional[_Iterable[int]] = ..., sync_state_set_epoch: _Optional[int] = ..., slaves: _Optional[_Iterable[_Union[SlaveStatus, _Mapping]]] = ..., lease_valid: _Optional[bool] = ..., writable: _Optional[bool] = ...) -> None: ...
 
 class HaFetchRequest(_message.Message):
-    __slots__ = ("cluster", "broker_name", "broker_id", "master_epoch", "fetch_offset", "epoch_entries", "handshake", "max_bytes", "wait_ms")
+    __slots__ = ("cluster", "broker_name", "broker_id", "master_epoch", "fetch_offset", "epoch_entries", "handshake", "max_bytes", "wait_ms", "leaving")
     CLUSTER_FIELD_NUMBER: _ClassVar[int]
     BROKER_NAME_FIELD_NUMBER: _ClassVar[int]
     BROKER_ID_FIELD_NUMBER: _ClassVar[int]
@@ -241,6 +241,7 @@ class HaFetchRequest(_message.Message):
     HANDSHAKE_FIELD_NUMBER: _ClassVar[int]
     MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
     WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    LEAVING_FIELD_NUMBER: _ClassVar[int]
     cluster: str
     broker_name: str
     broker_id: int
@@ -250,7 +251,8 @@ class HaFetchRequest(_message.Message):
     handshake: bool
     max_bytes: int
     wait_ms: int
-    def __init__(self, cluster: _Optional[str] = ..., broker_name: _Optional[str] = ..., broker_id: _Optional[int] = ..., master_epoch: _Optional[int] = ..., fetch_offset: _Optional[int] = ..., epoch_entries: _Optional[_Iterable[_Union[EpochEntry, _Mapping]]] = ..., handshake: _Optional[bool] = ..., max_bytes: _Optional[int] = ..., wait_ms: _Optional[int] = ...) -> None: ...
+    leaving: bool
+    def __init__(self, cluster: _Optional[str] = ..., broker_name: _Optional[str] = ..., broker_id: _Optional[int] = ..., master_epoch: _Optional[int] = ..., fetch_offset: _Optional[int] = ..., epoch_entries: _Optional[_Iterable[_Union[EpochEntry, _Mapping]]] = ..., handshake: _Optional[bool] = ..., max_bytes: _Optional[int] = ..., wait_ms: _Optional[int] = ..., leaving: _Optional[bool] = ...) -> None: ...
 
 class HaFetchResponse(_message.Message):
     __slots__ = ("master_epoch", "master_max_offset", "confirm_offset", "truncate_to", "data_offset", "data", "epoch_entries", "min_offset", "offset_moved_to_tiered")
@@ -323,3 +325,21 @@ class ListConsumerOffsetsResponse(_message.Message):
     OFFSETS_FIELD_NUMBER: _ClassVar[int]
     offsets: _containers.RepeatedCompositeFieldContainer[ConsumerOffset]
     def __init__(self, offsets: _Optional[_Iterable[_Union[ConsumerOffset, _Mapping]]] = ...) -> None: ...
+
+class HandoffRequest(_message.Message):
+    __slots__ = ("preferred_broker_id",)
+    PREFERRED_BROKER_ID_FIELD_NUMBER: _ClassVar[int]
+    preferred_broker_id: int
+    def __init__(self, preferred_broker_id: _Optional[int] = ...) -> None: ...
+
+class HandoffResponse(_message.Message):
+    __slots__ = ("master_broker_id", "master_address", "master_epoch", "unavailable_ms")
+    MASTER_BROKER_ID_FIELD_NUMBER: _ClassVar[int]
+    MASTER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    MASTER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    UNAVAILABLE_MS_FIELD_NUMBER: _ClassVar[int]
+    master_broker_id: int
+    master_address: str
+    master_epoch: int
+    unavailable_ms: int
+    def __init__(self, master_broker_id: _Optional[int] = ..., master_address: _Optional[str] = ..., master_epoch: _Optional[int] = ..., unavailable_ms: _Optional[int] = ...) -> None: ...

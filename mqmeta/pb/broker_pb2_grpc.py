@@ -79,6 +79,11 @@ class BrokerServiceStub:
                 request_serializer=mqmeta_dot_pb_dot_broker__pb2.ListConsumerOffsetsRequest.SerializeToString,
                 response_deserializer=mqmeta_dot_pb_dot_broker__pb2.ListConsumerOffsetsResponse.FromString,
                 _registered_method=True)
+        self.Handoff = channel.unary_unary(
+                '/mqmeta.v1.BrokerService/Handoff',
+                request_serializer=mqmeta_dot_pb_dot_broker__pb2.HandoffRequest.SerializeToString,
+                response_deserializer=mqmeta_dot_pb_dot_broker__pb2.HandoffResponse.FromString,
+                _registered_method=True)
 
 
 class BrokerServiceServicer:
@@ -138,6 +143,15 @@ class BrokerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Handoff(self, request, context):
+        """Graceful handoff (`mqmeta admin handoff`): the master stops taking sends, lets the
+        ones in flight finish, has the controller elect an in-sync slave, and stays as a slave.
+        FAILED_PRECONDITION when it is not the master or no in-sync slave can take over.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -185,6 +199,11 @@ def add_BrokerServiceServicer_to_server(servicer, server):
                     servicer.ListConsumerOffsets,
                     request_deserializer=mqmeta_dot_pb_dot_broker__pb2.ListConsumerOffsetsRequest.FromString,
                     response_serializer=mqmeta_dot_pb_dot_broker__pb2.ListConsumerOffsetsResponse.SerializeToString,
+            ),
+            'Handoff': grpc.unary_unary_rpc_method_handler(
+                    servicer.Handoff,
+                    request_deserializer=mqmeta_dot_pb_dot_broker__pb2.HandoffRequest.FromString,
+                    response_serializer=mqmeta_dot_pb_dot_broker__pb2.HandoffResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -430,6 +449,33 @@ class BrokerService:
             '/mqmeta.v1.BrokerService/ListConsumerOffsets',
             mqmeta_dot_pb_dot_broker__pb2.ListConsumerOffsetsRequest.SerializeToString,
             mqmeta_dot_pb_dot_broker__pb2.ListConsumerOffsetsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Handoff(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mqmeta.v1.BrokerService/Handoff',
+            mqmeta_dot_pb_dot_broker__pb2.HandoffRequest.SerializeToString,
+            mqmeta_dot_pb_dot_broker__pb2.HandoffResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -13,10 +13,12 @@ class ElectTrigger(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ELECT_TRIGGER_BROKER: _ClassVar[ElectTrigger]
     ELECT_TRIGGER_ADMIN: _ClassVar[ElectTrigger]
     ELECT_TRIGGER_CONTROLLER: _ClassVar[ElectTrigger]
+    ELECT_TRIGGER_HANDOFF: _ClassVar[ElectTrigger]
 ELECT_TRIGGER_UNSPECIFIED: ElectTrigger
 ELECT_TRIGGER_BROKER: ElectTrigger
 ELECT_TRIGGER_ADMIN: ElectTrigger
 ELECT_TRIGGER_CONTROLLER: ElectTrigger
+ELECT_TRIGGER_HANDOFF: ElectTrigger
 
 class BrokerSetRef(_message.Message):
     __slots__ = ("cluster", "broker_name")
@@ -119,18 +121,22 @@ class HeartbeatResponse(_message.Message):
     def __init__(self, master_broker_id: _Optional[int] = ..., master_epoch: _Optional[int] = ..., sync_state_set_epoch: _Optional[int] = ..., lease_ms: _Optional[int] = ...) -> None: ...
 
 class ElectMasterRequest(_message.Message):
-    __slots__ = ("cluster", "broker_name", "trigger", "requester_broker_id", "preferred_broker_id")
+    __slots__ = ("cluster", "broker_name", "trigger", "requester_broker_id", "preferred_broker_id", "master_epoch", "master_unreachable")
     CLUSTER_FIELD_NUMBER: _ClassVar[int]
     BROKER_NAME_FIELD_NUMBER: _ClassVar[int]
     TRIGGER_FIELD_NUMBER: _ClassVar[int]
     REQUESTER_BROKER_ID_FIELD_NUMBER: _ClassVar[int]
     PREFERRED_BROKER_ID_FIELD_NUMBER: _ClassVar[int]
+    MASTER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    MASTER_UNREACHABLE_FIELD_NUMBER: _ClassVar[int]
     cluster: str
     broker_name: str
     trigger: ElectTrigger
     requester_broker_id: int
     preferred_broker_id: int
-    def __init__(self, cluster: _Optional[str] = ..., broker_name: _Optional[str] = ..., trigger: _Optional[_Union[ElectTrigger, str]] = ..., requester_broker_id: _Optional[int] = ..., preferred_broker_id: _Optional[int] = ...) -> None: ...
+    master_epoch: int
+    master_unreachable: bool
+    def __init__(self, cluster: _Optional[str] = ..., broker_name: _Optional[str] = ..., trigger: _Optional[_Union[ElectTrigger, str]] = ..., requester_broker_id: _Optional[int] = ..., preferred_broker_id: _Optional[int] = ..., master_epoch: _Optional[int] = ..., master_unreachable: _Optional[bool] = ...) -> None: ...
 
 class AlterSyncStateSetRequest(_message.Message):
     __slots__ = ("cluster", "broker_name", "master_broker_id", "master_epoch", "sync_state_set_epoch", "new_sync_state_set")

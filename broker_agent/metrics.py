@@ -1,0 +1,72 @@
+"""A broker's Prometheus metrics (`--metrics-listen`): role, offsets and replication read at
+scrape time; send and fetch latencies and traffic counted on their paths (service.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client.core import GaugeMetricFamily, Metric
+
+from broker_agent.agent import BrokerAgent
+from broker_agent.ha import Role
+from mqmeta.metrics import Metrics, gauge, gauges
+
+PREFIX = "mqmeta_broker_"
+
+
+class BrokerMetrics:
+    """What the data path records; the rest is read from the agent when scraped."""
+
+    def __init__(self, agent: BrokerAgent) -> None:
+        self.metrics = Metrics()
+        self.send_seconds = self.metrics.histogram(
+            PREFIX + "send_seconds", "a Send call, append to acknowledgement"
+        )
+        self.fetch_seconds = self.metrics.histogram(PREFIX + "fetch_seconds", "a slave's HaFetch, as served")
+        self.messages_in = self.metrics.counter(PREFIX + "messages_in", "messages acknowledged to producers")
+        self.bytes_in = self.metrics.counter(
+            PREFIX + "bytes_in", "message body bytes acknowledged to producers"
+        )
+        self.bytes_out = self.metrics.counter(PREFIX + "replicated_bytes_out", "log bytes served to slaves")
+        self.metrics.on_scrape(lambda: _collect(agent))
+
+    def serve(self, listen: str) -> None:
+        self.metrics.serve(listen)
+
+    def stop(self) -> None:
+        self.metrics.stop()
+
+
+def _collect(agent: BrokerAgent) -> Iterator[Metric]:
+    with agent.lock:
+        view = agent.core.view()
+        max_offset = agent.store.max_offset
+        acked = agent.core.acked_offsets()
+    roles = {role.value: 1.0 if view.role is role else 0.0 for role in Role}
+    yield gauges(PREFIX + "role", "1 for the role this broker holds", "role", roles)
+    yield gauge(PREFIX + "master_epoch", "the master epoch this broker follows or leads", view.master_epoch)
+    yield gauge(PREFIX + "max_offset", "the end of the local commit log (bytes)", max_offset)
+    yield gauge(PREFIX + "confirm_offset", "what the SyncStateSet durably holds (bytes)", view.confirm_offset)
+    yield gauge(
+        PREFIX + "sync_state_set_size",
+        "members of the SyncStateSet, master included",
+        len(view.sync_state_set),
+    )
+    lag = GaugeMetricFamily(
+        PREFIX + "slave_lag_bytes",
+        "master only: log bytes a slave has not acknowledged",
+        labels=["slave_broker_id"],
+    )
+    for broker_id, offset in sorted(acked.items()):
+        lag.add_metric([str(broker_id)], max(0, max_offset - offset))
+    yield lag
+    tiered = agent.tiered
+    checkpoint = tiered.checkpoint if tiered is not None else None
+    if checkpoint is not None and view.role is Role.MASTER:
+        yield gauge(
+            PREFIX + "tiered_uploaded_offset",
+            "the committed tiered checkpoint (bytes)",
+            checkpoint.uploaded_offset,
+        )
+        lag_bytes = max(0, view.confirm_offset - checkpoint.uploaded_offset)
+        yield gauge(PREFIX + "tiered_lag_bytes", "confirmed bytes not yet in the tiered store", lag_bytes)

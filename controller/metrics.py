@@ -1,0 +1,66 @@
+"""A controller node's Prometheus metrics (`--metrics-listen`): read from the node at scrape
+time, except the apply latency and the write count, which the Raft apply path records."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client.core import GaugeMetricFamily, Metric
+
+from controller.core import ControllerCore
+from mqmeta.metrics import Metrics, gauge
+
+PREFIX = "mqmeta_controller_"
+
+
+def controller_metrics(core: ControllerCore) -> Metrics:
+    metrics = Metrics()
+    apply_seconds = metrics.histogram(PREFIX + "apply_seconds", "time to apply one Raft entry (a batch)")
+    writes = metrics.counter(PREFIX + "writes", "commands applied from the Raft log")
+
+    def applied(seconds: float, commands: int) -> None:
+        apply_seconds.observe(seconds)
+        writes.inc(commands)
+
+    core.raft.on_applied = applied
+    metrics.on_scrape(lambda: _collect(core))
+    return metrics
+
+
+def _collect(core: ControllerCore) -> Iterator[Metric]:
+    raft = core.raft
+    leader = raft.is_leader()
+    yield gauge(PREFIX + "is_leader", "1 on the Raft leader, 0 elsewhere", 1.0 if leader else 0.0)
+    yield gauge(PREFIX + "term", "the Raft term this node is in", raft.raftCurrentTerm)
+    yield gauge(PREFIX + "commit_index", "the Raft commit index this node knows", raft.raftCommitIndex)
+    yield gauge(PREFIX + "applied_index", "the last Raft entry this node applied", raft.raftLastApplied)
+    yield gauge(
+        PREFIX + "leader_terms",
+        "how often this node became leader (sum over nodes: leader changes)",
+        raft.leader_terms,
+    )
+    yield (
+        _liveness(core)
+        if leader
+        else GaugeMetricFamily(
+            PREFIX + "broker_alive",
+            "1 while a broker heartbeats within dead-after (leader only)",
+            labels=["cluster", "broker_name", "broker_id"],
+        )
+    )
+
+
+def _liveness(core: ControllerCore) -> GaugeMetricFamily:
+    family = GaugeMetricFamily(
+        PREFIX + "broker_alive",
+        "1 while a broker heartbeats within dead-after (leader only)",
+        labels=["cluster", "broker_name", "broker_id"],
+    )
+    for bs in core.state.broker_sets():
+        ids = sorted(int(i) for i in bs["replicas"])
+        alive = core.alive_ids(bs["cluster"], bs["broker_name"])
+        for broker_id in ids:
+            family.add_metric(
+                [bs["cluster"], bs["broker_name"], str(broker_id)], 1.0 if str(broker_id) in alive else 0.0
+            )
+    return family
