@@ -18,6 +18,13 @@ LocalBackend writes POSIX files with temp + fsync + link + directory fsync; the
 hard link publishes the object without ever replacing an existing one, so the
 immutability check has no race between two local writers.
 
+`put_checked` stores an object from an ObjectSource (bytes, or a range of a file that
+the kernel copies without the bytes passing through Python) and calls a check on the
+bytes *as stored* before it publishes them: LocalBackend runs the check over a memory
+map of its temporary file while that file is fsynced, and links the file only when the
+check passed, so what is checked is exactly what is published; FsspecBackend reads the
+source once, checks those bytes and puts them.
+
 FsspecBackend serves any fsspec URL. Where the filesystem renames atomically
 (memory, local, and the other non-object stores) it writes `key + TEMP_MARK + uuid`
 and moves it into place. Object stores (s3, gs, azure, ...) cannot rename: a move
@@ -38,17 +45,26 @@ from __future__ import annotations
 
 import builtins
 import errno
+import mmap
 import os
 import re
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import fsspec
 
-from mqmeta.errors import FailedPrecondition, InvalidArgument, MqmetaError, NotFound, Unavailable
+from mqmeta.errors import (
+    CorruptData,
+    FailedPrecondition,
+    InvalidArgument,
+    MqmetaError,
+    NotFound,
+    Unavailable,
+)
 from mqmeta.formats.atomic import fsync_dir
 from mqmeta.formats.tiered import OBJECT_BYTES_MAX
 
@@ -65,6 +81,44 @@ _OBJECT_STORE_SCHEMES = frozenset(
 )
 
 
+T = TypeVar("T")
+Check = Callable[[memoryview], T]
+
+
+class ObjectSource(Protocol):
+    """The bytes of an object to be put, read at most once."""
+
+    @property
+    def length(self) -> int: ...
+
+    def write_to(self, fd: int) -> None:
+        """Writes all `length` bytes to `fd` from its start (CorruptData when fewer exist)."""
+        ...
+
+    def read(self) -> bytes:
+        """All `length` bytes (CorruptData when fewer exist)."""
+        ...
+
+
+class BytesSource:
+    """An ObjectSource over bytes already in memory."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    @property
+    def length(self) -> int:
+        return len(self.data)
+
+    def write_to(self, fd: int) -> None:
+        view = memoryview(self.data)
+        while view:
+            view = view[os.write(fd, view) :]
+
+    def read(self) -> bytes:
+        return self.data
+
+
 class TieredBackend(Protocol):
     """An object store of immutable whole objects under '/'-separated keys."""
 
@@ -76,6 +130,12 @@ class TieredBackend(Protocol):
     def put(self, key: str, data: bytes) -> None:
         """Stores `data` at `key` atomically; the same bytes again is a no-op,
         different bytes FailedPrecondition."""
+        ...
+
+    def put_checked(self, key: str, source: ObjectSource, check: Check[T]) -> T:
+        """Stores `source`'s bytes at `key` like `put`, but first calls `check` on the
+        bytes as they will be stored and publishes nothing when it raises; returns what
+        `check` returned. `check` must not keep the view (or a slice of it)."""
         ...
 
     def get(self, key: str) -> bytes:
@@ -141,6 +201,11 @@ def _check_data(key: str, data: bytes) -> bytes:
     if len(data) > OBJECT_BYTES_MAX:
         raise InvalidArgument(f"object {key!r} would be {len(data)} bytes; the limit is {OBJECT_BYTES_MAX}")
     return bytes(data)
+
+
+def _check_length(key: str, length: int) -> None:
+    if length > OBJECT_BYTES_MAX:
+        raise InvalidArgument(f"object {key!r} would be {length} bytes; the limit is {OBJECT_BYTES_MAX}")
 
 
 def _check_range(start: int, length: int) -> None:
@@ -223,6 +288,46 @@ class LocalBackend:
                 same = self._publish(path, data)
             if not same:
                 raise _refuse_overwrite(key)
+
+    def put_checked(self, key: str, source: ObjectSource, check: Check[T]) -> T:
+        path = self._path(key)
+        _check_length(key, source.length)
+        with _translated("write", key):
+            self._make_parents(path)
+            tmp = path.with_name(path.name + TEMP_MARK + uuid.uuid4().hex)
+            try:
+                result = self._write_checked(tmp, source, check)
+                try:
+                    os.link(tmp, path)
+                except FileExistsError:
+                    if not _same_files(path, tmp):
+                        raise _refuse_overwrite(key) from None
+                return result
+            finally:
+                tmp.unlink(missing_ok=True)
+                if self.fsync:
+                    fsync_dir(path.parent)
+
+    def _write_checked(self, tmp: Path, source: ObjectSource, check: Check[T]) -> T:
+        """Writes `source` to the new file `tmp` and runs `check` over a map of what it
+        holds while another thread fsyncs it (both release the GIL for their I/O)."""
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            source.write_to(fd)
+            size = os.fstat(fd).st_size
+            if size != source.length:
+                raise CorruptData(f"{tmp.name}: {size} bytes written, {source.length} expected")
+            if not self.fsync:
+                return _check_file(fd, size, check)
+            with ThreadPoolExecutor(max_workers=1, thread_name_prefix="tiered-fsync") as pool:
+                synced = pool.submit(os.fsync, fd)
+                try:
+                    result = _check_file(fd, size, check)
+                finally:
+                    synced.result()  # the fd stays open until the fsync is done
+                return result
+        finally:
+            os.close(fd)
 
     def _publish(self, path: Path, data: bytes) -> bool | None:
         """Writes a temporary file and hard-links it at `path`; when another writer got
@@ -311,6 +416,34 @@ class LocalBackend:
         return sorted(keys)
 
 
+def _check_file(fd: int, size: int, check: Check[T]) -> T:
+    """`check` over a shared map of the file's `size` bytes: the page cache the object
+    is published from, not a copy. The map is writable only because ctypes (the CRC32C
+    call) needs a writable buffer for its address; nothing writes through it."""
+    if not size:
+        return check(memoryview(b""))
+    with mmap.mmap(fd, size, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)) as mapped:
+        view = memoryview(mapped)
+        try:
+            return check(view)
+        finally:
+            view.release()
+
+
+def _same_files(path: Path, other: Path) -> bool:
+    """Whether two files hold the same bytes."""
+    with open(path, "rb") as a, open(other, "rb") as b:
+        if os.fstat(a.fileno()).st_size != os.fstat(b.fileno()).st_size:
+            return False
+        for _ in range(OBJECT_BYTES_MAX // _COMPARE_CHUNK_BYTES + 1):  # bounded by the object limit
+            chunk = a.read(_COMPARE_CHUNK_BYTES)
+            if chunk != b.read(_COMPARE_CHUNK_BYTES):
+                return False
+            if not chunk:
+                return True
+    return False
+
+
 def _raise_unless_missing(error: OSError) -> None:
     if error.errno not in (errno.ENOENT, errno.ENOTDIR):  # nothing listed under a file
         raise error
@@ -363,6 +496,17 @@ class FsspecBackend:
                     self._settle(key, path, data)
             else:
                 self._publish(path, data)
+
+    def put_checked(self, key: str, source: ObjectSource, check: Check[T]) -> T:
+        _check_length(key, source.length)
+        data = source.read()  # the one read of the source
+        view = memoryview(data)
+        try:
+            result = check(view)
+        finally:
+            view.release()
+        self.put(key, data)
+        return result
 
     def _publish(self, path: str, data: bytes) -> None:
         tmp = path + TEMP_MARK + uuid.uuid4().hex
