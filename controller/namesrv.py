@@ -2,13 +2,16 @@
 
 Embedded (`--embed-controller`) it reads the local controller node's state after a
 read barrier (EmbeddedNameServer: coroutines on the controller's event loop, so a
-route read waits for its barrier without holding a thread); standalone it asks the
-controller cluster through the client library (NameServerServicer, on a thread pool).
+route read waits for its barrier without holding a thread); standalone it answers
+routes from a copy of the metadata that a watch stream keeps current (RouteCache: why
+that is safe is written there), and asks the controller cluster through the client
+library whenever the copy cannot answer (NameServerServicer, on a thread pool).
 """
 
 from __future__ import annotations
 
 from controller.core import ControllerCore
+from controller.route_cache import RouteCache
 from controller.service import broker_route_pb, route_pb
 from mqmeta.client import ControllerClient
 from mqmeta.pb import controller_pb2 as pb
@@ -19,15 +22,22 @@ from mqmeta.validate import validate_name
 
 
 class NameServerServicer(ns_grpc.NameServerServicer):
-    """A standalone nameserver: every answer comes from the controller cluster."""
+    """A standalone nameserver: routes from `cache` when it can answer, else (and every
+    other answer) from the controller cluster."""
 
-    def __init__(self, client: ControllerClient) -> None:
+    def __init__(self, client: ControllerClient, cache: RouteCache | None = None) -> None:
         self.client = client
+        self.cache = cache
+
+    def route(self, name: str) -> pb.TopicRoute:
+        cached = self.cache.route(name) if self.cache is not None else None
+        if cached is not None:
+            return cached
+        return self.client.call("GetTopicRoute", pb.NameRequest(name=name))
 
     @rpc
     def QueryRoute(self, request, context):
-        name = validate_name("topic name", request.topic)
-        return self.client.call("GetTopicRoute", pb.NameRequest(name=name))
+        return self.route(validate_name("topic name", request.topic))
 
     @rpc
     def GetClusterInfo(self, request, context):

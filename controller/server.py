@@ -6,6 +6,7 @@ import asyncio
 import logging
 import threading
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -15,6 +16,7 @@ import grpc
 from controller.core import ControllerCore
 from controller.namesrv import EmbeddedNameServer, NameServerServicer, add_messaging_service
 from controller.raft_node import Peer, RaftSettings
+from controller.route_cache import RouteCache
 from controller.service import ControllerServicer, watch_event_pb
 from mqmeta.client import ControllerClient
 from mqmeta.errors import InvalidArgument
@@ -101,10 +103,12 @@ class RunningNode:
         servers: list[StoppableServer],
         core: ControllerCore | None,
         client: ControllerClient | None,
+        closers: list[Callable[[], None]] | None = None,
     ) -> None:
         self.servers = servers
         self.core = core
         self.client = client
+        self.closers = closers or []
 
     def stop(self) -> None:
         for server in self.servers:
@@ -113,6 +117,8 @@ class RunningNode:
             self.core.close()
         if self.client is not None:
             self.client.close()
+        for close in self.closers:
+            close()
 
 
 def start_controller(config: ControllerConfig, namesrv_address: str = "") -> RunningNode:
@@ -166,12 +172,15 @@ def _embedded_route(core: ControllerCore):
 
 
 def start_namesrv(address: str, controllers: list[str]) -> RunningNode:
+    """A standalone nameserver: routes from a watched copy of the metadata (RouteCache),
+    the controller's barrier read when the copy cannot answer."""
     client = ControllerClient(controllers)
+    cache = RouteCache(ControllerClient(controllers))
+    servicer = NameServerServicer(client, cache)
     server = build_server(address, GRPC_WORKERS_MAX)
-    namesrv_pb2_grpc.add_NameServerServicer_to_server(NameServerServicer(client), server)
-    messaging = add_messaging_service(
-        server, lambda topic: client.call("GetTopicRoute", controller_pb2.NameRequest(name=topic))
-    )
+    namesrv_pb2_grpc.add_NameServerServicer_to_server(servicer, server)
+    messaging = add_messaging_service(server, servicer.route)
     add_health_and_reflection(server, [NAMESRV_SERVICE, messaging])
     server.start()
-    return RunningNode([server], None, client)
+    cache.start()
+    return RunningNode([server], None, client, closers=[cache.stop, cache.client.close])
