@@ -1130,9 +1130,53 @@ def heartbeat_and_route_phase(
     route["baselines"] = _baselines_for_routes(
         cluster, sizes["topics"], args.route_reads // 2, args.phase_s / 2
     )
+    route["change_seen_by_nameserver"] = _route_change_delays(cluster, sizes["topics"], ROUTE_CHANGES)
     seq = route["sequential"]
     log(f"route via nameserver: p50 {seq.get('p50_ms')} p99 {seq.get('p99_ms')} ms; errors {seq['errors']}")
     return {"heartbeat": heartbeat, "route": route}
+
+
+ROUTE_CHANGES = 10
+ROUTE_CHANGE_WAIT_S = 10.0
+
+
+def _route_change_delays(cluster: ScaleCluster, topics: int, count: int) -> dict[str, Any]:
+    """The nameserver answers from a watched copy: how long after an UpdateTopic call
+    returned its route shows the change (polled every ms through the nameserver). The copy
+    does not answer a topic between the event and its reload (the barrier read does), so
+    this is the delay a client can see, not only the copy's."""
+    import grpc
+
+    from mqmeta.client import ControllerClient
+    from mqmeta.pb import controller_pb2 as pb
+    from mqmeta.pb import namesrv_pb2 as ns_pb
+    from mqmeta.pb import namesrv_pb2_grpc as ns_grpc
+
+    delays: list[float] = []
+    missed = 0
+    rng = random.Random(11)
+    with ControllerClient(cluster.addresses()) as client, grpc.insecure_channel(cluster.namesrv) as channel:
+        stub = ns_grpc.NameServerStub(channel)
+        for _ in range(count):
+            name = topic_name(rng.randrange(topics))
+            before = stub.QueryRoute(ns_pb.QueryRouteRequest(topic=name), timeout=5.0)
+            queue_count = before.queues[0].read_queue_count + 1 if before.queues else 9
+            client.call("UpdateTopic", pb.TopicSpec(name=name, queue_count=queue_count))
+            changed = time.monotonic()
+            seen = None
+            while time.monotonic() - changed < ROUTE_CHANGE_WAIT_S:
+                route = stub.QueryRoute(ns_pb.QueryRouteRequest(topic=name), timeout=5.0)
+                if route.queues and route.queues[0].read_queue_count == queue_count:
+                    seen = time.monotonic() - changed
+                    break
+                time.sleep(0.001)
+            if seen is None:
+                missed += 1
+            else:
+                delays.append(seen)
+    out = latency_summary(delays)
+    out["not_seen_within_s"] = {"count": missed, "wait_s": ROUTE_CHANGE_WAIT_S}
+    return out
 
 
 def capacity_phase(cluster: ScaleCluster, fleet: BrokerFleet, sizes: dict[str, int], args) -> dict[str, Any]:
@@ -1388,10 +1432,11 @@ def _raw_window(node, payload: str, window: int, seconds: float, success: int) -
 
 
 def raw_phase(root: Path, entry_bytes: int, seconds: float) -> dict[str, Any]:
-    from cluster.layout import free_ports
+    from cluster.ports import PortReservation
 
     secret = (root / "cluster" / "secret").read_text().strip()
-    addresses = [f"127.0.0.1:{p}" for p in free_ports(3)]
+    with PortReservation.pick(3) as reserved:  # released before the raw nodes bind them
+        addresses = reserved.addresses
     pool = ChildPool("raw")
     try:
         pool.start(_raw_node, [(i, addresses, secret, str(root / f"raw{i}")) for i in range(3)])
@@ -1874,6 +1919,7 @@ def summarize(result: dict[str, Any]) -> None:
         "route_p99_ms": route_p99,
         "route_concurrent_reads_per_s": get("route", "concurrent", "reads_per_s"),
         "route_concurrent_p99_ms": get("route", "concurrent", "p99_ms"),
+        "route_change_seen_by_nameserver_p99_ms": get("route", "change_seen_by_nameserver", "p99_ms"),
         "heartbeats_per_s": get("heartbeat", "heartbeats_per_s"),
         "heartbeat_p99_ms": get("heartbeat", "p99_ms"),
         "heartbeat_leader_cpu_percent": get("heartbeat", "leader_cpu_percent"),
