@@ -32,6 +32,7 @@ import os
 import re
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
 
 from mqmeta.errors import CorruptData, FailedPrecondition, InvalidArgument
@@ -56,7 +57,7 @@ SEGMENT_BYTES_MIN = 4 << 10
 SEGMENT_BYTES_MAX = 1 << 30
 READ_BYTES_MAX = 16 << 20
 BULK_READ_BYTES_MAX = 64 << 20  # read_bulk: one tiered upload is one read
-COPY_CHUNK_BYTES = 16 << 20  # FileRange.write_to: one copy_file_range call
+COPY_CHUNK_BYTES = 16 << 20  # FileRange.write_to: one copy_file_range call (a check follows it)
 APPEND_BYTES_MAX = 64 << 20
 APPEND_RECORDS_MAX = 16_384
 MARK_INTERVAL_BYTES = 4096
@@ -105,7 +106,7 @@ class FileRange:
     def length(self) -> int:
         return self._length
 
-    def write_to(self, fd: int) -> None:
+    def write_to(self, fd: int, progress: Callable[[int], None] | None = None) -> None:
         copied = 0
         for _ in range(self._length // COPY_CHUNK_BYTES + 2):  # bounded: each pass copies or fails
             if copied == self._length:
@@ -118,6 +119,8 @@ class FileRange:
             if done <= 0:
                 break
             copied += done
+            if progress is not None:
+                progress(copied)
         if copied != self._length:
             raise CorruptData(f"{self.path}: copied {copied} of {self._length} bytes; the file is shorter")
 

@@ -21,9 +21,10 @@ immutability check has no race between two local writers.
 `put_checked` stores an object from an ObjectSource (bytes, or a range of a file that
 the kernel copies without the bytes passing through Python) and calls a check on the
 bytes *as stored* before it publishes them: LocalBackend runs the check over a memory
-map of its temporary file while that file is fsynced, and links the file only when the
-check passed, so what is checked is exactly what is published; FsspecBackend reads the
-source once, checks those bytes and puts them.
+map of its temporary file while the kernel is still copying into it (the check follows
+the copy's progress) and while it is fsynced, and links the file only when the check
+passed, so what is checked is exactly what is published; FsspecBackend reads the source
+once, checks those bytes and puts them.
 
 FsspecBackend serves any fsspec URL. Where the filesystem renames atomically
 (memory, local, and the other non-object stores) it writes `key + TEMP_MARK + uuid`
@@ -48,9 +49,11 @@ import errno
 import mmap
 import os
 import re
+import threading
 import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import wait as wait_all
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -82,7 +85,13 @@ _OBJECT_STORE_SCHEMES = frozenset(
 
 
 T = TypeVar("T")
-Check = Callable[[memoryview], T]
+Ready = Callable[[int], int]
+# check(view, ready): `view` is the whole object, but only its first ready(n) bytes are
+# there yet: ready(n) blocks until at least min(n, len(view)) bytes are and returns how many
+# are (it raises when the copy failed). A check reads only below what ready returned.
+Check = Callable[[memoryview, Ready], T]
+Progress = Callable[[int], None]
+COPY_CHUNK_BYTES = 16 << 20  # BytesSource.write_to: one pwrite (a check follows it)
 
 
 class ObjectSource(Protocol):
@@ -91,8 +100,9 @@ class ObjectSource(Protocol):
     @property
     def length(self) -> int: ...
 
-    def write_to(self, fd: int) -> None:
-        """Writes all `length` bytes to `fd` from its start (CorruptData when fewer exist)."""
+    def write_to(self, fd: int, progress: Progress | None = None) -> None:
+        """Writes all `length` bytes to `fd` at offset 0 on, calling progress(bytes written
+        so far) as it goes (CorruptData when fewer bytes exist)."""
         ...
 
     def read(self) -> bytes:
@@ -110,10 +120,13 @@ class BytesSource:
     def length(self) -> int:
         return len(self.data)
 
-    def write_to(self, fd: int) -> None:
+    def write_to(self, fd: int, progress: Progress | None = None) -> None:
         view = memoryview(self.data)
-        while view:
-            view = view[os.write(fd, view) :]
+        written = 0
+        while written < len(view):
+            written += os.pwrite(fd, view[written : written + COPY_CHUNK_BYTES], written)
+            if progress is not None:
+                progress(written)
 
     def read(self) -> bytes:
         return self.data
@@ -309,25 +322,43 @@ class LocalBackend:
                     fsync_dir(path.parent)
 
     def _write_checked(self, tmp: Path, source: ObjectSource, check: Check[T]) -> T:
-        """Writes `source` to the new file `tmp` and runs `check` over a map of what it
-        holds while another thread fsyncs it (both release the GIL for their I/O)."""
+        """Copies `source` into the new file `tmp` in a worker thread (then fsyncs it there)
+        while `check` runs here over a map of the file, following the copy's progress:
+        copy, fsync and check overlap (the copy and the fsync release the GIL)."""
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
         try:
-            source.write_to(fd)
-            size = os.fstat(fd).st_size
-            if size != source.length:
-                raise CorruptData(f"{tmp.name}: {size} bytes written, {source.length} expected")
-            if not self.fsync:
-                return _check_file(fd, size, check)
-            with ThreadPoolExecutor(max_workers=1, thread_name_prefix="tiered-fsync") as pool:
-                synced = pool.submit(os.fsync, fd)
+            length = source.length
+            if not length:
+                return check(memoryview(b""), lambda n: 0)
+            os.ftruncate(fd, length)  # the map's size; the copy fills it
+            progress = _Progress(length)
+            with (
+                mmap.mmap(fd, length, flags=mmap.MAP_SHARED) as mapped,
+                ThreadPoolExecutor(max_workers=1, thread_name_prefix="tiered-copy") as pool,
+            ):
+                copied = pool.submit(self._copy_and_sync, source, fd, progress)
+                view = memoryview(mapped)
                 try:
-                    result = _check_file(fd, size, check)
-                finally:
-                    synced.result()  # the fd stays open until the fsync is done
-                return result
+                    result, error = check(view, progress.wait), None
+                except BaseException as raised:
+                    result, error = None, _without_frames(raised)
+                view.release()
+                wait_all([copied])  # the fd and the map stay until the copy is done
+            if error is not None:
+                raise error
+            copied.result()
+            return result  # type: ignore[return-value]
         finally:
             os.close(fd)
+
+    def _copy_and_sync(self, source: ObjectSource, fd: int, progress: _Progress) -> None:
+        try:
+            source.write_to(fd, progress.advance)
+            if self.fsync:
+                os.fsync(fd)
+        except BaseException as error:
+            progress.fail(error)
+            raise
 
     def _publish(self, path: Path, data: bytes) -> bool | None:
         """Writes a temporary file and hard-links it at `path`; when another writer got
@@ -416,18 +447,49 @@ class LocalBackend:
         return sorted(keys)
 
 
-def _check_file(fd: int, size: int, check: Check[T]) -> T:
-    """`check` over a shared map of the file's `size` bytes: the page cache the object
-    is published from, not a copy. The map is writable only because ctypes (the CRC32C
-    call) needs a writable buffer for its address; nothing writes through it."""
-    if not size:
-        return check(memoryview(b""))
-    with mmap.mmap(fd, size, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)) as mapped:
-        view = memoryview(mapped)
-        try:
-            return check(view)
-        finally:
-            view.release()
+def _without_frames(error: BaseException) -> BaseException:
+    """`error` with its traceback (and its context's) dropped: their frames hold slices of
+    the object's memory map, which cannot be closed while they live. The message stays."""
+    seen: BaseException | None = error
+    for _ in range(16):  # bounded: exception chains are short
+        if seen is None:
+            break
+        seen.__traceback__ = None
+        seen = seen.__context__ or seen.__cause__
+    return error
+
+
+class _Progress:
+    """How much of an object a copy has written, for a check that follows it."""
+
+    def __init__(self, length: int) -> None:
+        self.length = length
+        self._written = 0
+        self._error: BaseException | None = None
+        self._changed = threading.Condition()
+
+    def advance(self, written: int) -> None:
+        with self._changed:
+            self._written = written
+            self._changed.notify_all()
+
+    def fail(self, error: BaseException) -> None:
+        with self._changed:
+            self._error = error
+            self._changed.notify_all()
+
+    def wait(self, wanted: int) -> int:
+        """Blocks until min(wanted, length) bytes are written; returns how many are."""
+        wanted = min(wanted, self.length)
+        with self._changed:
+            while self._written < wanted:
+                if self._error is not None:
+                    raise CorruptData(f"the copy of the object failed: {self._error}")
+                self._changed.wait(COPY_WAIT_S)
+            return self._written
+
+
+COPY_WAIT_S = 1.0  # a follower re-checks for a failed copy at least this often
 
 
 def _same_files(path: Path, other: Path) -> bool:
@@ -502,7 +564,7 @@ class FsspecBackend:
         data = source.read()  # the one read of the source
         view = memoryview(data)
         try:
-            result = check(view)
+            result = check(view, lambda n: len(data))
         finally:
             view.release()
         self.put(key, data)

@@ -35,8 +35,11 @@ Properties checked:
   to 64 MiB and checks CRCs unless told not to (a flipped byte on disk is CorruptData from
   read and read_bulk); verify_stored is size-only on a fsyncing LocalBackend and
   re-checksums on fsspec (a replaced object fails);
-- put_checked (every backend) runs its check over exactly the bytes it stores, publishes
-  nothing and leaves no temporary when the check raises, and keeps immutability;
+- put_checked (every backend) runs its check over exactly the bytes it stores (a check
+  that follows the copy sees every byte once the copy is done), publishes nothing and
+  leaves no temporary when the check raises or the source is short, and keeps
+  immutability; a source larger than one copy step (several steps followed) is checked
+  whole;
 - checksums (P11): new segments carry crc32c:<8 hex digits>, equal to google_crc32c's
   value whatever buffer it is taken over (bytes, memoryview, bytearray, a memory map);
   segments uploaded before with SHA-256 still verify (verify_segment, verify_stored,
@@ -49,6 +52,7 @@ import hashlib
 import os
 import threading
 import uuid
+import zlib
 from collections.abc import Iterator
 
 import fsspec
@@ -57,6 +61,7 @@ import pytest
 
 import broker_agent.tiered_backend as tiered_backend
 from broker_agent import MessageStore
+from broker_agent.commitlog import COPY_CHUNK_BYTES
 from broker_agent.tiered_backend import (
     TEMP_MARK,
     FsspecBackend,
@@ -583,7 +588,7 @@ def test_keys_and_meta_are_validated():
 # The uploader's fast path ------------------------------------------------------------------------
 
 
-def test_write_upload_makes_what_the_decoding_twins_make(tmp_path, store, backend):
+def test_write_upload_makes_what_the_decoding_twins_make(tmp_path, store, backend, steps):
     from broker_agent.tiered import prepare_upload, write_upload
 
     data = _store_bytes(store)
@@ -608,7 +613,22 @@ def test_write_upload_makes_what_the_decoding_twins_make(tmp_path, store, backen
         assert backend.exists(lineage) and set(upload.keys()) == {meta.key, *indexes, lineage}
 
 
-def test_write_upload_refuses_corrupt_bytes(tmp_path, store):
+@pytest.fixture(params=["whole", "small-steps"])
+def steps(request, monkeypatch):
+    """The uploader's checks follow the copy in steps; "small-steps" makes a range of this
+    test store take many copy and check steps (records straddle every step's end)."""
+    if request.param == "small-steps":
+        import broker_agent.commitlog as commitlog
+        import broker_agent.tiered as tiered
+
+        monkeypatch.setattr(commitlog, "COPY_CHUNK_BYTES", 1000)
+        monkeypatch.setattr(tiered_backend, "COPY_CHUNK_BYTES", 1000)
+        monkeypatch.setattr(tiered, "RECORD_STEP_BYTES", 700)
+        monkeypatch.setattr(tiered, "CHECK_STEP_BYTES", 900)
+    return request.param
+
+
+def test_write_upload_refuses_corrupt_bytes(tmp_path, store, steps):
     import dataclasses
 
     from broker_agent.tiered import prepare_upload, write_upload
@@ -628,7 +648,8 @@ def test_write_upload_refuses_corrupt_bytes(tmp_path, store):
     # a flipped byte in the log file itself, copied by the kernel (the uploader's path)
     first = store.log.segment_paths()[0]
     raw = first.read_bytes()
-    first.write_bytes(raw[:300] + bytes([raw[300] ^ 0x01]) + raw[301:])
+    flip_at = len(raw) - 100  # in the last step when the steps are small
+    first.write_bytes(raw[:flip_at] + bytes([raw[flip_at] ^ 0x01]) + raw[flip_at + 1 :])
     for target in (LocalBackend(tmp_path / "c"), LocalBackend(tmp_path / "d", fsync=False)):
         with store.open_bulk(0, 1 << 20) as source:
             upload = prepare_upload(store, source, 0, cluster=CLUSTER, broker_name=BROKER)
@@ -681,7 +702,8 @@ def test_put_checked_checks_what_it_stores_and_publishes_only_on_success(backend
 
     seen: list[bytes] = []
 
-    def keep(view: memoryview) -> int:
+    def keep(view: memoryview, ready) -> int:
+        assert ready(len(view)) == len(view)
         seen.append(bytes(view))
         return len(view)
 
@@ -693,7 +715,7 @@ def test_put_checked_checks_what_it_stores_and_publishes_only_on_success(backend
         assert backend.put_checked("a/file", source, keep) == 100
     assert seen[-1] == (b"0123456789" * 50)[20:120] == backend.get("a/file")
 
-    def refuse(view: memoryview) -> int:
+    def refuse(view: memoryview, ready) -> int:
         raise CorruptData("a record failed its CRC")
 
     with pytest.raises(CorruptData, match="CRC"):
@@ -706,6 +728,22 @@ def test_put_checked_checks_what_it_stores_and_publishes_only_on_success(backend
     with FileRange(os.open(path, os.O_RDONLY), 450, 100, path) as short, pytest.raises(CorruptData):
         backend.put_checked("a/short", short, keep)  # the file ends 50 bytes early
     assert not backend.exists("a/short")
+    big = os.urandom(3 * COPY_CHUNK_BYTES + 12345)
+    path.write_bytes(big)
+    steps: list[int] = []
+
+    def follow(view: memoryview, ready) -> int:
+        value = done = 0
+        while done < len(view):
+            available = ready(done + 1)
+            steps.append(available)
+            value = zlib.crc32(view[done:available], value)
+            done = available
+        return value
+
+    with FileRange(os.open(path, os.O_RDONLY), 0, len(big), path) as source:
+        assert backend.put_checked("a/big", source, follow) == zlib.crc32(big)
+    assert backend.get("a/big") == big and steps[-1] == len(big)
 
 
 def test_crc32c_over_any_buffer_and_sha256_segments_still_verify(tmp_path, memory_url, store):

@@ -57,25 +57,27 @@ def _load() -> None:
         _value = google_crc32c.value
 
 
-def crc32c(data: _Buffer) -> int:
-    """CRC32C of `data` (bytes, or a contiguous buffer: memoryview, mmap, bytearray)."""
+def crc32c(data: _Buffer, value: int = 0) -> int:
+    """CRC32C of `data` (bytes, or a contiguous buffer: memoryview, mmap, bytearray),
+    continuing from `value` (the CRC32C of the bytes before `data`)."""
     if _value is None:
         _load()
-    assert _value is not None
     extend = _extend
     if extend is None:
-        return _value(data if isinstance(data, bytes) else bytes(data))
+        import google_crc32c
+
+        return int(google_crc32c.extend(value, data if isinstance(data, bytes) else bytes(data)))
     if isinstance(data, bytes):
-        return extend(0, data, len(data))
+        return extend(value, data, len(data))
     view = memoryview(data)
     if not view.nbytes:
-        return 0
+        return value
     if view.readonly or not view.c_contiguous:
-        return _value(bytes(view))
+        return extend(value, bytes(view), view.nbytes)
     # from_buffer needs a writable buffer; the object only lives for this call
     window = (ctypes.c_char * view.nbytes).from_buffer(view)
     try:
-        return extend(0, ctypes.addressof(window), view.nbytes)
+        return extend(value, ctypes.addressof(window), view.nbytes)
     finally:
         del window
 
