@@ -11,15 +11,20 @@ upload      in-process, no cluster. A real MessageStore (fsync=True) filled with
             (broker_agent.tiered: TieredUploader._upload without the controller RPCs
             TieredUploadStart and TieredCommit) is timed range by range for ranges of 4 MiB
             and of 64 MiB (the --tiered-upload-bytes default and maximum):
-                store.read_bulk(check=False) (exact whole-record pread) -> prepare_upload
-                (index objects sliced from the store's index; lineage) -> marker put ->
-                write_upload (one CRC-32 pass over every record in the caller's thread
-                while workers compute the SHA-256 and put the segment, index objects and
-                lineage; nothing is committed unless the CRCs check) -> verify_stored
-                (size only: LocalBackend with fsync writes from the hashed buffer and
-                fsyncs; SHA-256 re-read when fsync is off)
+                store.open_bulk (a FileRange) -> prepare_upload (index objects sliced from
+                the store's index; lineage) -> marker put -> write_upload (the kernel
+                copies the range into the object's temporary file; every record's CRC-32
+                and the object's CRC32C are checked over a map of it as the copy
+                progresses and while it is fsynced; published only then) -> verify_stored
+                (size only on a LocalBackend with fsync; CRC32C re-read when fsync is off)
             with the time of every step, once with a LocalBackend that fsyncs (as brokers
-            run) and once without. Baselines in the same run, median of 3: shutil.copyfile
+            run) and once without; "{size}_before" runs the pre-P11 write path in the same
+            run (read_bulk into memory, CRC-32 pass + SHA-256, put from the buffer).
+            paired_64MiB: each 64 MiB range copied with fsync and then uploaded, back to
+            back, for both paths (the fairest same-run ratio on a machine whose writeback
+            state drifts; a first small upload, not timed, creates the store's directories
+            as a running broker has them); --profile adds py-spy (all threads) over both
+            paths. Baselines in the same run, median of 3: shutil.copyfile
             of the store's commit-log segment files (the same bytes) to another directory,
             without and with fsync (file + directory). Target: upload >= 50 % of the copy,
             measured like for like: fsync upload vs copy + fsync (ratios "{size}_vs_copy_
@@ -113,6 +118,7 @@ DEFAULT_FLAGS = ["--ha-max-time-slave-not-catchup-ms", "1500", "--send-timeout-m
 TARGETS = {"upload_vs_copy_min": 0.50}
 COPY_TRIALS = 3  # per baseline, before and again after the upload runs
 PROFILE_RATE_HZ = 200
+WARMUP_BYTES = 64 << 10  # paired_run's first, untimed upload
 PROFILE_REPEATS = 4
 POLL_S = 0.01  # status and checkpoint polling period of the failover watchers
 
@@ -194,7 +200,13 @@ def legacy_write_upload(backend: Any, upload: Any) -> Any:
 
 
 def upload_run(
-    store: Any, backend_dir: Path, range_bytes: int, deadline: float, fsync: bool = True, path: str = "p11"
+    store: Any,
+    backend_dir: Path,
+    range_bytes: int,
+    deadline: float,
+    fsync: bool = True,
+    path: str = "p11",
+    only: int | None = None,
 ) -> dict[str, Any]:
     """TieredUploader._upload's own code over the whole log, range by range, without the
     controller RPCs (TieredUploadStart, TieredCommit). path "p11" (today's uploader):
@@ -216,7 +228,8 @@ def upload_run(
     backend = LocalBackend(backend_dir, fsync=fsync)
     steps = dict.fromkeys(STEPS, 0.0)
     end_of_log = store.max_offset
-    position, uploads, index_objects, records = 0, 0, 0, 0
+    first = position = only or 0
+    uploads, index_objects, records = 0, 0, 0
     per_upload: list[float] = []
     cpu0 = time.process_time()
     wall0 = time.perf_counter()
@@ -252,6 +265,8 @@ def upload_run(
         uploads += 1
         position += meta.size
         del segment, upload, meta
+        if only is not None:  # one range (paired_run)
+            break
     wall = time.perf_counter() - wall0
     cpu = time.process_time() - cpu0
     total = sum(steps.values())
@@ -260,11 +275,11 @@ def upload_run(
         "range_bytes": range_bytes,
         "fsync": fsync,
         "uploads": uploads,
-        "bytes": position,
+        "bytes": position - first,
         "records": records,
         "index_objects": index_objects,
         "elapsed_s": _r(wall, 3),
-        "mib_per_s": mib_per_s(position, wall),
+        "mib_per_s": mib_per_s(position - first, wall),
         "cpu_s": _r(cpu, 3),
         "cpu_share_of_wall": _r(cpu / wall, 3) if wall else None,
         "per_upload_p50_s": _r(percentile(per_upload, 50), 4),
@@ -337,6 +352,62 @@ def copy_baseline(store_dir: Path, dest: Path, fsync: bool) -> dict[str, Any]:
         "elapsed_s": _r(elapsed, 3),
         "mib_per_s": mib_per_s(total, elapsed),
         "fsync": fsync,
+    }
+
+
+def paired_run(store: Any, root: Path, range_bytes: int, path: str, deadline: float) -> dict[str, Any]:
+    """Each range twice, back to back: copied with fsync (os.copy_file_range of the same
+    bytes of the segment file into a new file, fsync of the file and of its directory: what
+    the copy baseline does) and then uploaded (upload_run's steps, fsync on). The machine's
+    writeback state drifts during a run (other processes write too), so pairing each
+    upload with a copy of the same bytes made just before it compares like with like;
+    ratio = total copy time / total upload time."""
+    from broker_agent.commitlog import COPY_CHUNK_BYTES
+    from mqmeta.formats.atomic import fsync_dir
+
+    copy_dir = root / f"paired-copy-{path}"
+    copy_dir.mkdir(parents=True, exist_ok=True)
+    backend_dir = root / f"paired-{path}"
+    warm = upload_run(store, backend_dir, WARMUP_BYTES, deadline, path=path, only=0)  # makes the dirs
+    copy_s = upload_s = 0.0
+    position, pairs = warm["bytes"], 0
+    for _ in range(store.max_offset // 4096 + 2):  # bounded
+        if position >= store.max_offset or time.monotonic() > deadline:
+            break
+        with store.open_bulk(position, min(range_bytes, store.max_offset - position)) as source:
+            length = source.length
+            t0 = time.perf_counter()
+            fd = os.open(copy_dir / f"{position:020d}", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            try:
+                copied = 0
+                while copied < length:
+                    count = min(COPY_CHUNK_BYTES, length - copied)
+                    copied += os.copy_file_range(source.fd, fd, count, source.position + copied, copied)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            fsync_dir(copy_dir)
+            copy_s += time.perf_counter() - t0
+        one = upload_run(
+            store, root / f"paired-{path}-{position}", range_bytes, deadline, path=path, only=position
+        )
+        shutil.rmtree(root / f"paired-{path}-{position}", ignore_errors=True)
+        upload_s += one["elapsed_s"]
+        position += one["bytes"]
+        pairs += 1
+    shutil.rmtree(copy_dir, ignore_errors=True)
+    shutil.rmtree(backend_dir, ignore_errors=True)
+    position -= warm["bytes"]
+    return {
+        "path": path,
+        "range_bytes": range_bytes,
+        "pairs": pairs,
+        "bytes": position,
+        "copy_fsync_s": _r(copy_s, 3),
+        "upload_s": _r(upload_s, 3),
+        "copy_fsync_mib_per_s": mib_per_s(position, copy_s),
+        "upload_mib_per_s": mib_per_s(position, upload_s),
+        "upload_vs_copy_fsync": _r(copy_s / upload_s, 4) if upload_s else None,
     }
 
 
@@ -429,6 +500,12 @@ def upload_phase(
             ratios[f"{name}_vs_copy"] = _ratio(run["mib_per_s"], out["copy"]["mib_per_s"], 4)
             ratios[f"{name}_vs_copy_fsync"] = _ratio(run["mib_per_s"], out["copy_fsync"]["mib_per_s"], 4)
         out["ratios"] = ratios
+        paired: dict[str, Any] = {}
+        out["paired_64MiB"] = paired  # filled as it goes
+        for path in PATHS:
+            log(f"upload: paired copy+fsync / upload of each 64 MiB range, path {path}")
+            paired[path] = paired_run(store, root, UPLOAD_SIZES["64MiB"], path, deadline)
+            log(f"upload: paired {path}: ratio {paired[path]['upload_vs_copy_fsync']}")
         if args.profile:
             out["profile"] = profile_uploads(store, root, deadline)
         out["target_measured_against"] = (
@@ -860,6 +937,15 @@ def summarize(result: dict[str, Any]) -> None:
         }
         for label in UPLOAD_SIZES
     }
+    paired = p1.get("paired_64MiB", {})
+    result["before_after_vs_copy_fsync"]["64MiB_paired"] = {
+        "before_p11": paired.get("before", {}).get("upload_vs_copy_fsync"),
+        "after": paired.get("p11", {}).get("upload_vs_copy_fsync"),
+    }
+    if paired.get("p11", {}).get("upload_vs_copy_fsync") is not None:
+        met["upload_64MiB_paired_ge_50pct_of_copy_fsync"] = (
+            paired["p11"]["upload_vs_copy_fsync"] >= TARGETS["upload_vs_copy_min"]
+        )
     runs = p1.get("upload", {})
     if runs:
         parts = [
