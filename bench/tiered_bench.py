@@ -267,19 +267,35 @@ def upload_run(
         del segment, upload, meta
         if only is not None:  # one range (paired_run)
             break
-    wall = time.perf_counter() - wall0
-    cpu = time.process_time() - cpu0
-    total = sum(steps.values())
-    return {
-        "path": path,
-        "range_bytes": range_bytes,
-        "fsync": fsync,
+    counts = {
         "uploads": uploads,
         "bytes": position - first,
         "records": records,
         "index_objects": index_objects,
+    }
+    return _run_summary(
+        {"path": path, "range_bytes": range_bytes, "fsync": fsync, **counts},
+        steps,
+        per_upload,
+        time.perf_counter() - wall0,
+        time.process_time() - cpu0,
+        truncated,
+    )
+
+
+def _run_summary(
+    head: dict[str, Any],
+    steps: dict[str, float],
+    per_upload: list[float],
+    wall: float,
+    cpu: float,
+    truncated: bool,
+) -> dict[str, Any]:
+    total = sum(steps.values())
+    return {
+        **head,
         "elapsed_s": _r(wall, 3),
-        "mib_per_s": mib_per_s(position - first, wall),
+        "mib_per_s": mib_per_s(head["bytes"], wall),
         "cpu_s": _r(cpu, 3),
         "cpu_share_of_wall": _r(cpu / wall, 3) if wall else None,
         "per_upload_p50_s": _r(percentile(per_upload, 50), 4),
@@ -353,6 +369,24 @@ def copy_baseline(store_dir: Path, dest: Path, fsync: bool) -> dict[str, Any]:
         "mib_per_s": mib_per_s(total, elapsed),
         "fsync": fsync,
     }
+
+
+def run_variants(store: Any, root: Path, deadline: float, runs: dict[str, Any]) -> None:
+    """fsync on both sides (the uploader's LocalBackend fsyncs every object) is the like-
+    for-like pair; the no-fsync upload beside the plain copy is the other pair. "_before"
+    runs are the pre-P11 write path (legacy_write_upload), same run."""
+    variants = [(label, size, True, "p11") for label, size in UPLOAD_SIZES.items()]
+    variants += [(f"{label}_before", size, True, "before") for label, size in UPLOAD_SIZES.items()]
+    variants += [(f"{label}_nofsync", size, False, "p11") for label, size in UPLOAD_SIZES.items()]
+    for name, size, fsync, path in variants:
+        log(f"upload: {name}: ranges of {size // MiB} MiB, fsync {fsync}, path {path}")
+        backend_dir = root / f"tiered-{name}"
+        runs[name] = upload_run(store, backend_dir, size, deadline, fsync=fsync, path=path)
+        shutil.rmtree(backend_dir, ignore_errors=True)
+        log(
+            f"upload: {name}: {runs[name]['mib_per_s']} MiB/s, dominant step "
+            f"{runs[name]['dominant_step']} ({runs[name]['steps_share']})"
+        )
 
 
 def paired_run(store: Any, root: Path, range_bytes: int, path: str, deadline: float) -> dict[str, Any]:
@@ -471,21 +505,7 @@ def upload_phase(
         out["cost_breakdown"] = cost_breakdown(store, 16 * MiB)
         runs: dict[str, Any] = {}
         out["upload"] = runs  # filled as it goes (an interrupted run keeps what it has)
-        # fsync on both sides (the uploader's LocalBackend fsyncs every object) is the like-
-        # for-like pair; the no-fsync upload beside the plain copy is the other pair.
-        # "_before" runs are the pre-P11 write path (legacy_write_upload), same run.
-        variants = [(label, size, True, "p11") for label, size in UPLOAD_SIZES.items()]
-        variants += [(f"{label}_before", size, True, "before") for label, size in UPLOAD_SIZES.items()]
-        variants += [(f"{label}_nofsync", size, False, "p11") for label, size in UPLOAD_SIZES.items()]
-        for name, size, fsync, path in variants:
-            log(f"upload: {name}: ranges of {size // MiB} MiB, fsync {fsync}, path {path}")
-            backend_dir = root / f"tiered-{name}"
-            runs[name] = upload_run(store, backend_dir, size, deadline, fsync=fsync, path=path)
-            shutil.rmtree(backend_dir, ignore_errors=True)
-            log(
-                f"upload: {name}: {runs[name]['mib_per_s']} MiB/s, dominant step "
-                f"{runs[name]['dominant_step']} ({runs[name]['steps_share']})"
-            )
+        run_variants(store, root, deadline, runs)
         measure_copies(root, trials, "after")
         for name, done in trials.items():
             median = sorted(done, key=lambda c: c["elapsed_s"])[len(done) // 2]

@@ -34,7 +34,7 @@ multipart ones included, becomes visible only when complete), so the object is
 written directly with fsspec's `mode="create"`, which implementations may map to a
 conditional put-if-absent. For any filesystem that offers neither, the commit
 protocol above this layer keeps partial objects unreachable: a reader follows only
-keys named by a committed upload record, and checks their length and sha256
+keys named by a committed upload record, and checks their length and checksum
 (tiered_objects.verify_segment) before trusting them. FsspecBackend checks
 immutability by reading before writing, which races between two concurrent
 writers; only one uploader per broker set is allowed to write (the caller's job).
