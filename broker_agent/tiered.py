@@ -456,11 +456,11 @@ def write_upload(writes: UploadWrites | TieredBackend, upload: PreparedUpload) -
     store and checked there, as stored, before they are published (put_checked; the
     checks follow the copy as it progresses): framing and every record's CRC-32 (the
     check_whole_records loop, this thread), the record count against the store's index,
-    and the object's CRC32C (another thread, the GIL released), all over the same memory. A corrupt record raises CorruptData and
-    nothing is published at the segment's key; the index and lineage objects, put
-    meanwhile by worker threads, stay unreachable garbage (readers follow only committed
-    checkpoints; a retry replaces them, see _put_over_garbage) - corrupt bytes are never
-    uploaded silently.
+    and the object's CRC32C (another thread, the GIL released), all over the same
+    memory. A corrupt record raises CorruptData and nothing is published at the
+    segment's key; the index and lineage objects, put meanwhile by worker threads, stay
+    unreachable garbage (readers follow only committed checkpoints; a retry replaces
+    them, see _put_over_garbage) - corrupt bytes are never uploaded silently.
     """
     with ThreadPoolExecutor(max_workers=PUT_WORKERS_MAX, thread_name_prefix="tiered-put") as pool:
         puts = [pool.submit(writes.put, k, body) for k, body in upload.objects]
