@@ -81,6 +81,7 @@ class RouteCache:
         self._stream: Any = None
         self._loaded = False  # topics and the broker-set list were read after subscribing
         self._generation = 0  # bumped when the copy is dropped: older reloads are discarded
+        self._unknown_kinds: set[str] = set()
         self.stats = {"hits": 0, "fallbacks": 0, "events": 0, "subscriptions": 0, "topic_loads": 0}
         self._threads = [
             threading.Thread(target=self._follow_loop, name="route-cache-watch", daemon=True),
@@ -199,9 +200,13 @@ class RouteCache:
             elif event.kind == "topic":
                 self._dirty.add(event.name)
             elif event.kind not in ("group", "config", "tiered"):
-                log.warning("route cache: unknown event kind %r; reloading", event.kind)
-                self._live = False
-                raise MqmetaError(f"unknown watch event kind {event.kind!r}")
+                # A kind this copy does not know (a newer controller): it may change a topic,
+                # so no topic is answered until the next topic load (broker-set changes
+                # carry replica_info, handled above whatever their kind).
+                if event.kind not in self._unknown_kinds:
+                    self._unknown_kinds.add(event.kind)
+                    log.warning("route cache: unknown watch event kind %r; reloading topics", event.kind)
+                self._dirty.update(self._topics)
 
     def _drop(self) -> None:
         with self._lock:

@@ -7,7 +7,9 @@ Properties checked:
 - a change is seen within a bound (ROUTE_CHANGE_BOUND_S, measured from the call that made
   it): a new replica's address, a new broker set (gained by the topics on every set),
   an updated topic, a deleted topic; while a topic's new definition is not loaded yet
-  the copy does not answer it (never the old definition after the event arrived);
+  the copy does not answer it (never the old definition after the event arrived); an
+  event of a kind the copy does not know stops it answering any topic until it has
+  reloaded the topics (the stream stays open);
 - a copy that lost its watch falls back: when the node its stream is on is SIGSTOPped
   (no reset ever arrives: keepalive must notice) it stops answering within
   LOST_WATCH_BOUND_S, and after kill -9 of that node too; it answers again, equal to the
@@ -109,6 +111,13 @@ def test_the_copy_answers_as_the_barrier_read_and_follows_changes(loaded):
     wait_for(lambda: cache.route("Later"), ROUTE_CHANGE_BOUND_S + 5, "a created topic answered")
     assert cache.route("Later") == _barrier_route(client, "Later")
     assert cache.stats["hits"] > 0 and cache.stats["fallbacks"] > 0
+    # an event kind this copy does not know: no topic answered until the next topic load
+    started = time.monotonic()
+    cache._apply(pb.WatchEvent(index=1, kind="a-future-kind"))
+    assert cache.route("Everywhere") is None and cache.live
+    seen["unknown event kind"] = _seen_within(
+        cache, "Everywhere", _barrier_route(client, "Everywhere"), started, "topics after an unknown kind"
+    )
     print("route change -> seen by the copy (s):", {k: round(v, 3) for k, v in seen.items()})
 
 
