@@ -8,10 +8,12 @@ The scripts run as `python bench/X.py`, so this directory is sys.path[0] and the
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -263,3 +265,61 @@ def run_main(
         else:
             shutil.rmtree(root, ignore_errors=True)
     return status
+
+
+# py-spy (the dev extra pins it) ---------------------------------------------------------
+
+
+def profile_start(pid: int, out: Path, rate_hz: int = 50) -> subprocess.Popen | None:
+    exe = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    if not Path(exe).exists():
+        return None
+    command = [exe, "record", "--pid", str(pid), "--rate", str(rate_hz), "--format", "raw"]
+    command += ["--output", str(out), "--nonblocking", "--duration", "600"]
+    return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def profile_stop(proc: subprocess.Popen | None, out: Path, top: int = 12) -> dict[str, Any]:
+    """Stops py-spy (SIGINT makes it write its file) and summarizes the collapsed stacks:
+    the functions most often on top of a stack (self) and anywhere in it (inclusive)."""
+    if proc is None:
+        return {"error": "py-spy is not installed (pip install py-spy, the dev extra pins it)"}
+    proc.send_signal(2)
+    try:
+        proc.wait(timeout=30.0)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    try:
+        lines = out.read_text().splitlines()
+    except OSError as exc:
+        return {"error": f"no profile written: {exc}"}
+    own: collections.Counter = collections.Counter()
+    inclusive: collections.Counter = collections.Counter()
+    total = 0
+    for line in lines:
+        stack, _, count_text = line.rpartition(" ")
+        try:
+            count = int(count_text)
+        except ValueError:
+            continue
+        frames = [_frame_name(f) for f in stack.split(";") if f]
+        if not frames:
+            continue
+        total += count
+        own[frames[-1]] += count
+        for frame in set(frames):
+            inclusive[frame] += count
+    return {
+        "samples": total,
+        "self_top": [[f, n, _r(100 * n / max(1, total), 1)] for f, n in own.most_common(top)],
+        "inclusive_top": [[f, n, _r(100 * n / max(1, total), 1)] for f, n in inclusive.most_common(top)],
+        "columns": ["function (file)", "samples", "percent of samples"],
+    }
+
+
+def _frame_name(frame: str) -> str:
+    """'apply (controller/state_machine.py:612)' -> 'apply (state_machine.py)'."""
+    name, _, where = frame.partition(" (")
+    path = where.rstrip(")").rsplit(":", 1)[0]
+    return f"{name} ({Path(path).name})" if path else name

@@ -656,7 +656,8 @@ def failover_round(cluster, kind: str, k: int, attempt_timeout_s: float, wait_s:
 def start_py_spy(
     profile: dict[str, Any], pids: dict[str, int], duration_s: float
 ) -> list[tuple[str, subprocess.Popen, Path]]:
-    spy = REPO / ".venv" / "bin" / "py-spy"
+    # the venv running this bench (a worktree has no .venv of its own)
+    spy = Path(shutil.which("py-spy") or Path(sys.executable).with_name("py-spy"))
     out_dir: Path = profile["dir"]
     spies = []
     for name, pid in pids.items():

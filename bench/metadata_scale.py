@@ -58,8 +58,6 @@ import os
 import pickle
 import platform
 import random
-import shutil
-import subprocess
 import sys
 import tempfile
 import threading
@@ -79,6 +77,8 @@ from benchlib import (
     machine_busy_percent,
     make_log,
     percentile,
+    profile_start,
+    profile_stop,
     run_main,
     stop_clusters,
 )
@@ -663,64 +663,6 @@ class LeaderMonitor:
         self.thread.join(timeout=3.0)
 
 
-# py-spy -----------------------------------------------------------------------------------
-
-
-def profile_start(pid: int, out: Path, rate_hz: int = 50) -> subprocess.Popen | None:
-    exe = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
-    if not Path(exe).exists():
-        return None
-    command = [exe, "record", "--pid", str(pid), "--rate", str(rate_hz), "--format", "raw"]
-    command += ["--output", str(out), "--nonblocking", "--duration", "600"]
-    return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-
-def profile_stop(proc: subprocess.Popen | None, out: Path, top: int = 12) -> dict[str, Any]:
-    """Stops py-spy (SIGINT makes it write its file) and summarizes the collapsed stacks:
-    the functions most often on top of a stack (self) and anywhere in it (inclusive)."""
-    if proc is None:
-        return {"error": "py-spy is not installed (pip install py-spy, the dev extra pins it)"}
-    proc.send_signal(2)
-    try:
-        proc.wait(timeout=30.0)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-    try:
-        lines = out.read_text().splitlines()
-    except OSError as exc:
-        return {"error": f"no profile written: {exc}"}
-    own: collections.Counter = collections.Counter()
-    inclusive: collections.Counter = collections.Counter()
-    total = 0
-    for line in lines:
-        stack, _, count_text = line.rpartition(" ")
-        try:
-            count = int(count_text)
-        except ValueError:
-            continue
-        frames = [_frame_name(f) for f in stack.split(";") if f]
-        if not frames:
-            continue
-        total += count
-        own[frames[-1]] += count
-        for frame in set(frames):
-            inclusive[frame] += count
-    return {
-        "samples": total,
-        "self_top": [[f, n, _r(100 * n / max(1, total), 1)] for f, n in own.most_common(top)],
-        "inclusive_top": [[f, n, _r(100 * n / max(1, total), 1)] for f, n in inclusive.most_common(top)],
-        "columns": ["function (file)", "samples", "percent of samples"],
-    }
-
-
-def _frame_name(frame: str) -> str:
-    """'apply (controller/state_machine.py:612)' -> 'apply (state_machine.py)'."""
-    name, _, where = frame.partition(" (")
-    path = where.rstrip(")").rsplit(":", 1)[0]
-    return f"{name} ({Path(path).name})" if path else name
-
-
 # The cluster under test --------------------------------------------------------------------
 
 
@@ -1188,9 +1130,53 @@ def heartbeat_and_route_phase(
     route["baselines"] = _baselines_for_routes(
         cluster, sizes["topics"], args.route_reads // 2, args.phase_s / 2
     )
+    route["change_seen_by_nameserver"] = _route_change_delays(cluster, sizes["topics"], ROUTE_CHANGES)
     seq = route["sequential"]
     log(f"route via nameserver: p50 {seq.get('p50_ms')} p99 {seq.get('p99_ms')} ms; errors {seq['errors']}")
     return {"heartbeat": heartbeat, "route": route}
+
+
+ROUTE_CHANGES = 10
+ROUTE_CHANGE_WAIT_S = 10.0
+
+
+def _route_change_delays(cluster: ScaleCluster, topics: int, count: int) -> dict[str, Any]:
+    """The nameserver answers from a watched copy: how long after an UpdateTopic call
+    returned its route shows the change (polled every ms through the nameserver). The copy
+    does not answer a topic between the event and its reload (the barrier read does), so
+    this is the delay a client can see, not only the copy's."""
+    import grpc
+
+    from mqmeta.client import ControllerClient
+    from mqmeta.pb import controller_pb2 as pb
+    from mqmeta.pb import namesrv_pb2 as ns_pb
+    from mqmeta.pb import namesrv_pb2_grpc as ns_grpc
+
+    delays: list[float] = []
+    missed = 0
+    rng = random.Random(11)
+    with ControllerClient(cluster.addresses()) as client, grpc.insecure_channel(cluster.namesrv) as channel:
+        stub = ns_grpc.NameServerStub(channel)
+        for _ in range(count):
+            name = topic_name(rng.randrange(topics))
+            before = stub.QueryRoute(ns_pb.QueryRouteRequest(topic=name), timeout=5.0)
+            queue_count = before.queues[0].read_queue_count + 1 if before.queues else 9
+            client.call("UpdateTopic", pb.TopicSpec(name=name, queue_count=queue_count))
+            changed = time.monotonic()
+            seen = None
+            while time.monotonic() - changed < ROUTE_CHANGE_WAIT_S:
+                route = stub.QueryRoute(ns_pb.QueryRouteRequest(topic=name), timeout=5.0)
+                if route.queues and route.queues[0].read_queue_count == queue_count:
+                    seen = time.monotonic() - changed
+                    break
+                time.sleep(0.001)
+            if seen is None:
+                missed += 1
+            else:
+                delays.append(seen)
+    out = latency_summary(delays)
+    out["not_seen_within_s"] = {"count": missed, "wait_s": ROUTE_CHANGE_WAIT_S}
+    return out
 
 
 def capacity_phase(cluster: ScaleCluster, fleet: BrokerFleet, sizes: dict[str, int], args) -> dict[str, Any]:
@@ -1934,6 +1920,7 @@ def summarize(result: dict[str, Any]) -> None:
         "route_p99_ms": route_p99,
         "route_concurrent_reads_per_s": get("route", "concurrent", "reads_per_s"),
         "route_concurrent_p99_ms": get("route", "concurrent", "p99_ms"),
+        "route_change_seen_by_nameserver_p99_ms": get("route", "change_seen_by_nameserver", "p99_ms"),
         "heartbeats_per_s": get("heartbeat", "heartbeats_per_s"),
         "heartbeat_p99_ms": get("heartbeat", "p99_ms"),
         "heartbeat_leader_cpu_percent": get("heartbeat", "leader_cpu_percent"),

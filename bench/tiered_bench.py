@@ -11,15 +11,20 @@ upload      in-process, no cluster. A real MessageStore (fsync=True) filled with
             (broker_agent.tiered: TieredUploader._upload without the controller RPCs
             TieredUploadStart and TieredCommit) is timed range by range for ranges of 4 MiB
             and of 64 MiB (the --tiered-upload-bytes default and maximum):
-                store.read_bulk(check=False) (exact whole-record pread) -> prepare_upload
-                (index objects sliced from the store's index; lineage) -> marker put ->
-                write_upload (one CRC-32 pass over every record in the caller's thread
-                while workers compute the SHA-256 and put the segment, index objects and
-                lineage; nothing is committed unless the CRCs check) -> verify_stored
-                (size only: LocalBackend with fsync writes from the hashed buffer and
-                fsyncs; SHA-256 re-read when fsync is off)
+                store.open_bulk (a FileRange) -> prepare_upload (index objects sliced from
+                the store's index; lineage) -> marker put -> write_upload (the kernel
+                copies the range into the object's temporary file; every record's CRC-32
+                and the object's CRC32C are checked over a map of it as the copy
+                progresses and while it is fsynced; published only then) -> verify_stored
+                (size only on a LocalBackend with fsync; CRC32C re-read when fsync is off)
             with the time of every step, once with a LocalBackend that fsyncs (as brokers
-            run) and once without. Baselines in the same run, median of 3: shutil.copyfile
+            run) and once without; "{size}_before" runs the pre-P11 write path in the same
+            run (read_bulk into memory, CRC-32 pass + SHA-256, put from the buffer).
+            paired_64MiB: each 64 MiB range copied with fsync and then uploaded, back to
+            back, for both paths (the fairest same-run ratio on a machine whose writeback
+            state drifts; a first small upload, not timed, creates the store's directories
+            as a running broker has them); --profile adds py-spy (all threads) over both
+            paths. Baselines in the same run, median of 3: shutil.copyfile
             of the store's commit-log segment files (the same bytes) to another directory,
             without and with fsync (file + directory). Target: upload >= 50 % of the copy,
             measured like for like: fsync upload vs copy + fsync (ratios "{size}_vs_copy_
@@ -70,7 +75,17 @@ from typing import Any
 
 if __package__:  # imported as bench.X: benchlib sits next to this file (sys.path[0] when run)
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import _r, _ratio, make_log, percentile, run_main, seconds_summary, stop_clusters
+from benchlib import (
+    _r,
+    _ratio,
+    make_log,
+    percentile,
+    profile_start,
+    profile_stop,
+    run_main,
+    seconds_summary,
+    stop_clusters,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
@@ -101,7 +116,10 @@ TEST_FLAGS = [
 ]
 DEFAULT_FLAGS = ["--ha-max-time-slave-not-catchup-ms", "1500", "--send-timeout-ms", "3000"]
 TARGETS = {"upload_vs_copy_min": 0.50}
-COPY_TRIALS = 3
+COPY_TRIALS = 3  # per baseline, before and again after the upload runs
+PROFILE_RATE_HZ = 200
+WARMUP_BYTES = 64 << 10  # paired_run's first, untimed upload
+PROFILE_REPEATS = 4
 POLL_S = 0.01  # status and checkpoint polling period of the failover watchers
 
 
@@ -150,25 +168,56 @@ def fill_store(store_dir: Path, target_bytes: int, deadline: float) -> tuple[Any
     }
 
 
-def read_range(store: Any, base: int, limit: int) -> bytes:
-    """What the uploader reads for [base, limit): one store.read_bulk call (as
-    TieredUploader._upload does; it ends early at a commit-log segment end)."""
-    return store.read_bulk(base, limit - base, check=False)  # write_upload checks the CRCs
-
-
 STEPS = ["read", "prepare", "put_marker", "write_upload", "verify"]
+PATHS = ("p11", "before")
+
+
+def legacy_write_upload(backend: Any, upload: Any) -> Any:
+    """The uploader's write before P11, kept here as the same-run "before": the segment read
+    into memory (read_bulk), a CRC-32 pass over every record in this thread while workers
+    compute a SHA-256 and put the segment from that buffer and the other objects."""
+    import hashlib
+    from concurrent.futures import ThreadPoolExecutor
+    from concurrent.futures import wait as wait_all
+
+    from broker_agent.commitlog import check_whole_records
+    from mqmeta.errors import CorruptData
+
+    data = upload.segment.read()
+    with ThreadPoolExecutor(max_workers=4, thread_name_prefix="tiered-put") as pool:
+        digest = pool.submit(lambda: hashlib.sha256(data).hexdigest())
+        objects = [(upload.segment_key, data), *upload.objects]
+        puts = [pool.submit(backend.put, key, body) for key, body in objects]
+        try:
+            records = check_whole_records(data, upload.base_offset)
+        finally:
+            wait_all([digest, *puts])
+    for future in puts:
+        future.result()
+    if records != upload.record_count:
+        raise CorruptData("record count differs from the index")
+    return upload.meta(digest.result())
 
 
 def upload_run(
-    store: Any, backend_dir: Path, range_bytes: int, deadline: float, fsync: bool = True
+    store: Any,
+    backend_dir: Path,
+    range_bytes: int,
+    deadline: float,
+    fsync: bool = True,
+    path: str = "p11",
+    only: int | None = None,
 ) -> dict[str, Any]:
     """TieredUploader._upload's own code over the whole log, range by range, without the
-    controller RPCs (TieredUploadStart, TieredCommit): store.read_bulk(check=False) (an
-    exact whole-record pread) -> prepare_upload (index and lineage objects from the
-    store's index) -> marker put -> write_upload (the CRC-32 pass over every record in
-    this thread while workers hash the segment and put the segment, index objects and
-    lineage) -> verify_stored (size only on a LocalBackend with fsync; SHA-256 re-read
-    without)."""
+    controller RPCs (TieredUploadStart, TieredCommit). path "p11" (today's uploader):
+    store.open_bulk (a FileRange of the segment file) -> prepare_upload (index and lineage
+    objects from the store's index) -> marker put -> write_upload (the kernel copies the
+    range into the object's temporary file; every record's CRC-32 and the object's CRC32C
+    are checked over a map of it while it is fsynced; then it is published) ->
+    verify_stored (size only on a LocalBackend with fsync; CRC32C re-read without).
+    path "before": read_bulk(check=False) into memory -> the same prepare and marker ->
+    legacy_write_upload (the pre-P11 write: CRC-32 pass + SHA-256 + put from the buffer)
+    -> verify_stored."""
     import uuid
 
     from broker_agent.tiered import prepare_upload, write_upload
@@ -179,7 +228,8 @@ def upload_run(
     backend = LocalBackend(backend_dir, fsync=fsync)
     steps = dict.fromkeys(STEPS, 0.0)
     end_of_log = store.max_offset
-    position, uploads, index_objects, records = 0, 0, 0, 0
+    first = position = only or 0
+    uploads, index_objects, records = 0, 0, 0
     per_upload: list[float] = []
     cpu0 = time.process_time()
     wall0 = time.perf_counter()
@@ -192,39 +242,60 @@ def upload_run(
             break
         start = time.perf_counter()
         marks = [start]
-        data = read_range(store, position, min(end_of_log, position + range_bytes))
-        marks.append(time.perf_counter())
-        upload = prepare_upload(store, data, position, cluster=CLUSTER_NAME, broker_name=BROKER_NAME)
-        marks.append(time.perf_counter())
-        backend.put(
-            upload_marker_key(CLUSTER_NAME, BROKER_NAME, uuid.uuid4().hex),
-            json.dumps({"keys": upload.keys(), "epoch": 1}).encode(),
-        )
-        marks.append(time.perf_counter())
-        meta = write_upload(backend.put, upload)
-        marks.append(time.perf_counter())
+        limit = min(end_of_log, position + range_bytes)
+        with store.open_bulk(position, limit - position) as source:
+            segment = source if path == "p11" else store.read_bulk(position, limit - position, check=False)
+            marks.append(time.perf_counter())
+            upload = prepare_upload(store, segment, position, cluster=CLUSTER_NAME, broker_name=BROKER_NAME)
+            marks.append(time.perf_counter())
+            backend.put(
+                upload_marker_key(CLUSTER_NAME, BROKER_NAME, uuid.uuid4().hex),
+                json.dumps({"keys": upload.keys(), "epoch": 1}).encode(),
+            )
+            marks.append(time.perf_counter())
+            meta = write_upload(backend, upload) if path == "p11" else legacy_write_upload(backend, upload)
+            marks.append(time.perf_counter())
         verify_stored(backend, meta)
         marks.append(time.perf_counter())
         for step, (t0, t1) in zip(STEPS, zip(marks, marks[1:], strict=False), strict=True):
             steps[step] += t1 - t0
         per_upload.append(marks[-1] - start)
         records += meta.record_count
-        index_objects += len(upload.objects) - 2
+        index_objects += len(upload.objects) - 1
         uploads += 1
-        position += len(data)
-        del data, upload, meta
-    wall = time.perf_counter() - wall0
-    cpu = time.process_time() - cpu0
-    total = sum(steps.values())
-    return {
-        "range_bytes": range_bytes,
-        "fsync": fsync,
+        position += meta.size
+        del segment, upload, meta
+        if only is not None:  # one range (paired_run)
+            break
+    counts = {
         "uploads": uploads,
-        "bytes": position,
+        "bytes": position - first,
         "records": records,
         "index_objects": index_objects,
+    }
+    return _run_summary(
+        {"path": path, "range_bytes": range_bytes, "fsync": fsync, **counts},
+        steps,
+        per_upload,
+        time.perf_counter() - wall0,
+        time.process_time() - cpu0,
+        truncated,
+    )
+
+
+def _run_summary(
+    head: dict[str, Any],
+    steps: dict[str, float],
+    per_upload: list[float],
+    wall: float,
+    cpu: float,
+    truncated: bool,
+) -> dict[str, Any]:
+    total = sum(steps.values())
+    return {
+        **head,
         "elapsed_s": _r(wall, 3),
-        "mib_per_s": mib_per_s(position, wall),
+        "mib_per_s": mib_per_s(head["bytes"], wall),
         "cpu_s": _r(cpu, 3),
         "cpu_share_of_wall": _r(cpu / wall, 3) if wall else None,
         "per_upload_p50_s": _r(percentile(per_upload, 50), 4),
@@ -238,11 +309,12 @@ def upload_run(
 
 def cost_breakdown(store: Any, sample_bytes: int) -> dict[str, Any]:
     """The per-byte costs of an upload on a sample range: the raw pread of the segment
-    file, store.read_bulk (pread + one CRC-32 pass over every record), the CRC-32 pass
-    alone (check_whole_records) and SHA-256."""
+    file, store.read_bulk(check=False) (pread of whole records), the CRC-32 pass over
+    every record alone (check_whole_records), SHA-256 (before P11) and CRC32C (since)."""
     import hashlib
 
     from broker_agent.commitlog import check_whole_records
+    from mqmeta.formats.checksum import crc32c
 
     path = sorted((Path(store.directory) / "commitlog").glob("*.log"))[0]
     timings: dict[str, float] = {}
@@ -251,7 +323,7 @@ def cost_breakdown(store: Any, sample_bytes: int) -> dict[str, Any]:
         raw = os.pread(f.fileno(), sample_bytes, 0)
     timings["pread_only"] = time.perf_counter() - t
     t = time.perf_counter()
-    data = read_range(store, 0, min(store.max_offset, sample_bytes))
+    data = store.read_bulk(0, min(store.max_offset, sample_bytes), check=False)
     timings["read_bytes_unchecked"] = time.perf_counter() - t
     t = time.perf_counter()
     check_whole_records(data, 0)
@@ -259,6 +331,9 @@ def cost_breakdown(store: Any, sample_bytes: int) -> dict[str, Any]:
     t = time.perf_counter()
     hashlib.sha256(data).hexdigest()
     timings["sha256"] = time.perf_counter() - t
+    t = time.perf_counter()
+    crc32c(data)
+    timings["crc32c"] = time.perf_counter() - t
     return {
         "sample_bytes": len(data),
         "raw_bytes": len(raw),
@@ -296,6 +371,108 @@ def copy_baseline(store_dir: Path, dest: Path, fsync: bool) -> dict[str, Any]:
     }
 
 
+def run_variants(store: Any, root: Path, deadline: float, runs: dict[str, Any]) -> None:
+    """fsync on both sides (the uploader's LocalBackend fsyncs every object) is the like-
+    for-like pair; the no-fsync upload beside the plain copy is the other pair. "_before"
+    runs are the pre-P11 write path (legacy_write_upload), same run."""
+    variants = [(label, size, True, "p11") for label, size in UPLOAD_SIZES.items()]
+    variants += [(f"{label}_before", size, True, "before") for label, size in UPLOAD_SIZES.items()]
+    variants += [(f"{label}_nofsync", size, False, "p11") for label, size in UPLOAD_SIZES.items()]
+    for name, size, fsync, path in variants:
+        log(f"upload: {name}: ranges of {size // MiB} MiB, fsync {fsync}, path {path}")
+        backend_dir = root / f"tiered-{name}"
+        runs[name] = upload_run(store, backend_dir, size, deadline, fsync=fsync, path=path)
+        shutil.rmtree(backend_dir, ignore_errors=True)
+        log(
+            f"upload: {name}: {runs[name]['mib_per_s']} MiB/s, dominant step "
+            f"{runs[name]['dominant_step']} ({runs[name]['steps_share']})"
+        )
+
+
+def paired_run(store: Any, root: Path, range_bytes: int, path: str, deadline: float) -> dict[str, Any]:
+    """Each range twice, back to back: copied with fsync (os.copy_file_range of the same
+    bytes of the segment file into a new file, fsync of the file and of its directory: what
+    the copy baseline does) and then uploaded (upload_run's steps, fsync on). The machine's
+    writeback state drifts during a run (other processes write too), so pairing each
+    upload with a copy of the same bytes made just before it compares like with like;
+    ratio = total copy time / total upload time."""
+    from broker_agent.commitlog import COPY_CHUNK_BYTES
+    from mqmeta.formats.atomic import fsync_dir
+
+    copy_dir = root / f"paired-copy-{path}"
+    copy_dir.mkdir(parents=True, exist_ok=True)
+    backend_dir = root / f"paired-{path}"
+    warm = upload_run(store, backend_dir, WARMUP_BYTES, deadline, path=path, only=0)  # makes the dirs
+    copy_s = upload_s = 0.0
+    position, pairs = warm["bytes"], 0
+    for _ in range(store.max_offset // 4096 + 2):  # bounded
+        if position >= store.max_offset or time.monotonic() > deadline:
+            break
+        with store.open_bulk(position, min(range_bytes, store.max_offset - position)) as source:
+            length = source.length
+            t0 = time.perf_counter()
+            fd = os.open(copy_dir / f"{position:020d}", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            try:
+                copied = 0
+                while copied < length:
+                    count = min(COPY_CHUNK_BYTES, length - copied)
+                    copied += os.copy_file_range(source.fd, fd, count, source.position + copied, copied)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            fsync_dir(copy_dir)
+            copy_s += time.perf_counter() - t0
+        one = upload_run(
+            store, root / f"paired-{path}-{position}", range_bytes, deadline, path=path, only=position
+        )
+        shutil.rmtree(root / f"paired-{path}-{position}", ignore_errors=True)
+        upload_s += one["elapsed_s"]
+        position += one["bytes"]
+        pairs += 1
+    shutil.rmtree(copy_dir, ignore_errors=True)
+    shutil.rmtree(backend_dir, ignore_errors=True)
+    position -= warm["bytes"]
+    return {
+        "path": path,
+        "range_bytes": range_bytes,
+        "pairs": pairs,
+        "bytes": position,
+        "copy_fsync_s": _r(copy_s, 3),
+        "upload_s": _r(upload_s, 3),
+        "copy_fsync_mib_per_s": mib_per_s(position, copy_s),
+        "upload_mib_per_s": mib_per_s(position, upload_s),
+        "upload_vs_copy_fsync": _r(copy_s / upload_s, 4) if upload_s else None,
+    }
+
+
+def measure_copies(root: Path, trials: dict[str, list[dict[str, Any]]], when: str) -> None:
+    for fsync in (False, True):
+        name = "copy_fsync" if fsync else "copy"
+        for i in range(COPY_TRIALS):
+            dest = root / f"{name}-{when}-{i}"
+            trials[name].append(copy_baseline(root / "store", dest, fsync))
+            shutil.rmtree(dest, ignore_errors=True)
+
+
+def profile_uploads(store: Any, root: Path, deadline: float) -> dict[str, Any]:
+    """py-spy on this process (all threads, 200 Hz) while each path uploads the log in
+    64 MiB ranges PROFILE_REPEATS times (fsync on): where the time goes, self and
+    inclusive. Separate from the measured runs (sampling costs CPU here)."""
+    out: dict[str, Any] = {"rate_hz": PROFILE_RATE_HZ, "repeats": PROFILE_REPEATS}
+    for path in PATHS:
+        target = root / f"pyspy-{path}.txt"
+        spy = profile_start(os.getpid(), target, rate_hz=PROFILE_RATE_HZ)
+        time.sleep(0.5)  # py-spy attaches
+        try:
+            for i in range(PROFILE_REPEATS):
+                backend_dir = root / f"tiered-profile-{path}-{i}"
+                upload_run(store, backend_dir, UPLOAD_SIZES["64MiB"], deadline, path=path)
+                shutil.rmtree(backend_dir, ignore_errors=True)
+        finally:
+            out[path] = profile_stop(spy, target, top=15)
+    return out
+
+
 def upload_phase(
     root: Path, args: argparse.Namespace, deadline: float, out: dict[str, Any]
 ) -> dict[str, Any]:
@@ -321,40 +498,36 @@ def upload_phase(
         except MqmetaError as exc:
             single = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
         out["uploader_single_read_of_64MiB"] = dict(single, read_bytes_max=READ_BYTES_MAX)
-        # Baseline first (the store's files are in the page cache for every variant).
-        for fsync in (False, True):
-            name = "copy_fsync" if fsync else "copy"
-            trials = []
-            for i in range(COPY_TRIALS):
-                dest = root / f"{name}-{i}"
-                trials.append(copy_baseline(root / "store", dest, fsync))
-                shutil.rmtree(dest, ignore_errors=True)
-            best = sorted(trials, key=lambda c: c["elapsed_s"])[len(trials) // 2]  # median
-            out[name] = dict(
-                best, trials_mib_per_s=[c["mib_per_s"] for c in trials], reported="median of the trials"
-            )
-            log(f"upload: baseline {name}: {out[name]['mib_per_s']} MiB/s")
+        # Baselines before and after the uploads (the store's files are in the page cache
+        # for every variant; the disk's writeback state drifts during a run)
+        trials: dict[str, list[dict[str, Any]]] = {"copy": [], "copy_fsync": []}
+        measure_copies(root, trials, "before")
         out["cost_breakdown"] = cost_breakdown(store, 16 * MiB)
         runs: dict[str, Any] = {}
         out["upload"] = runs  # filled as it goes (an interrupted run keeps what it has)
-        # fsync on both sides (the uploader's LocalBackend fsyncs every object) is the like-
-        # for-like pair; the no-fsync upload beside the plain copy is the other pair.
-        for fsync in (True, False):
-            for label, size in UPLOAD_SIZES.items():
-                name = label if fsync else f"{label}_nofsync"
-                log(f"upload: ranges of {label}, fsync {fsync}")
-                backend_dir = root / f"tiered-{name}"
-                runs[name] = upload_run(store, backend_dir, size, deadline, fsync=fsync)
-                shutil.rmtree(backend_dir, ignore_errors=True)
-                log(
-                    f"upload: {name}: {runs[name]['mib_per_s']} MiB/s, dominant step "
-                    f"{runs[name]['dominant_step']} ({runs[name]['steps_share']})"
-                )
+        run_variants(store, root, deadline, runs)
+        measure_copies(root, trials, "after")
+        for name, done in trials.items():
+            median = sorted(done, key=lambda c: c["elapsed_s"])[len(done) // 2]
+            out[name] = dict(
+                median,
+                trials_mib_per_s=[c["mib_per_s"] for c in done],
+                reported=f"median of the {len(done)} trials, half before and half after the uploads",
+            )
+            log(f"upload: baseline {name}: {out[name]['mib_per_s']} MiB/s")
         ratios = {}
         for name, run in runs.items():
             ratios[f"{name}_vs_copy"] = _ratio(run["mib_per_s"], out["copy"]["mib_per_s"], 4)
             ratios[f"{name}_vs_copy_fsync"] = _ratio(run["mib_per_s"], out["copy_fsync"]["mib_per_s"], 4)
         out["ratios"] = ratios
+        paired: dict[str, Any] = {}
+        out["paired_64MiB"] = paired  # filled as it goes
+        for path in PATHS:
+            log(f"upload: paired copy+fsync / upload of each 64 MiB range, path {path}")
+            paired[path] = paired_run(store, root, UPLOAD_SIZES["64MiB"], path, deadline)
+            log(f"upload: paired {path}: ratio {paired[path]['upload_vs_copy_fsync']}")
+        if args.profile:
+            out["profile"] = profile_uploads(store, root, deadline)
         out["target_measured_against"] = (
             "copy_fsync: the uploader fsyncs every object (LocalBackend fsync=True), so the "
             "like-for-like baseline is shutil.copyfile + fsync of the same segment files; "
@@ -777,6 +950,22 @@ def summarize(result: dict[str, Any]) -> None:
         cache = ratios.get(f"{label}_nofsync_vs_copy")
         if cache is not None:
             met[f"upload_{label}_nofsync_ge_50pct_of_copy"] = cache >= TARGETS["upload_vs_copy_min"]
+    result["before_after_vs_copy_fsync"] = {
+        label: {
+            "before_p11": ratios.get(f"{label}_before_vs_copy_fsync"),
+            "after": ratios.get(f"{label}_vs_copy_fsync"),
+        }
+        for label in UPLOAD_SIZES
+    }
+    paired = p1.get("paired_64MiB", {})
+    result["before_after_vs_copy_fsync"]["64MiB_paired"] = {
+        "before_p11": paired.get("before", {}).get("upload_vs_copy_fsync"),
+        "after": paired.get("p11", {}).get("upload_vs_copy_fsync"),
+    }
+    if paired.get("p11", {}).get("upload_vs_copy_fsync") is not None:
+        met["upload_64MiB_paired_ge_50pct_of_copy_fsync"] = (
+            paired["p11"]["upload_vs_copy_fsync"] >= TARGETS["upload_vs_copy_min"]
+        )
     runs = p1.get("upload", {})
     if runs:
         parts = [
@@ -865,6 +1054,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--only", default="", help="comma list of phases: upload,promotion,defaults")
     p.add_argument("--rounds", type=int, default=0, help="failover rounds (default 5, quick 2)")
     p.add_argument("--default-rounds", type=int, default=4)
+    p.add_argument("--profile", action="store_true", help="py-spy the upload paths (adds ~10 s)")
     args = p.parse_args(argv)
     phases = {"upload", "promotion"} | (set() if args.quick else {"defaults"})
     args.phases = set(args.only.split(",")) if args.only else phases

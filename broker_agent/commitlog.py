@@ -19,8 +19,8 @@ Crash safety:
 - retention deletes segments oldest first, leaving a gap-free suffix.
 
 Every read checks each record's CRC (outside the lock, in one tight pass); only
-read_bulk(check=False) leaves that to its caller (the tiered uploader checks while it
-writes). A sparse in-memory list of record starts (one
+read_bulk(check=False) and open_bulk leave that to their caller (the tiered uploader
+checks the bytes it stored before it publishes them). A sparse in-memory list of record starts (one
 every MARK_INTERVAL_BYTES) makes "is this offset a record boundary?" exact and cheap.
 """
 
@@ -32,6 +32,7 @@ import os
 import re
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
 
 from mqmeta.errors import CorruptData, FailedPrecondition, InvalidArgument
@@ -56,6 +57,7 @@ SEGMENT_BYTES_MIN = 4 << 10
 SEGMENT_BYTES_MAX = 1 << 30
 READ_BYTES_MAX = 16 << 20
 BULK_READ_BYTES_MAX = 64 << 20  # read_bulk: one tiered upload is one read
+COPY_CHUNK_BYTES = 16 << 20  # FileRange.write_to: one copy_file_range call (a check follows it)
 APPEND_BYTES_MAX = 64 << 20
 APPEND_RECORDS_MAX = 16_384
 MARK_INTERVAL_BYTES = 4096
@@ -90,6 +92,56 @@ def record_pieces(data: bytes, offset: int, records: list[StoredRecord]) -> list
     return [bytes(data[r.commit_offset - offset : r.end_offset - offset]) for r in records]
 
 
+class FileRange:
+    """Whole records of one segment file, [position, position + length) of it: an
+    ObjectSource (broker_agent.tiered_backend) that the kernel copies to another file
+    without the bytes passing through Python. It holds its own duplicate of the
+    segment's descriptor (retention or the descriptor cache closing the log's own fd
+    does not disturb it): use it as a context manager, or close() it."""
+
+    def __init__(self, fd: int, position: int, length: int, path: Path) -> None:
+        self.fd, self.position, self._length, self.path = fd, position, length, path
+
+    @property
+    def length(self) -> int:
+        return self._length
+
+    def write_to(self, fd: int, progress: Callable[[int], None] | None = None) -> None:
+        copied = 0
+        for _ in range(self._length // COPY_CHUNK_BYTES + 2):  # bounded: each pass copies or fails
+            if copied == self._length:
+                return
+            count = min(COPY_CHUNK_BYTES, self._length - copied)
+            try:
+                done = os.copy_file_range(self.fd, fd, count, self.position + copied, copied)
+            except OSError:  # not supported between these files: copy through memory
+                done = os.pwrite(fd, os.pread(self.fd, count, self.position + copied), copied)
+            if done <= 0:
+                break
+            copied += done
+            if progress is not None:
+                progress(copied)
+        if copied != self._length:
+            raise CorruptData(f"{self.path}: copied {copied} of {self._length} bytes; the file is shorter")
+
+    def read(self) -> bytes:
+        data = os.pread(self.fd, self._length, self.position)
+        if len(data) != self._length:
+            raise CorruptData(f"{self.path}: read {len(data)} of {self._length} bytes; the file is shorter")
+        return data
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def __enter__(self) -> FileRange:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 def check_whole_records(buf: bytes, offset: int) -> int:
     """How many records `buf` (read from commit `offset`) holds; it must be whole,
     checksum-valid records end to end (CorruptData otherwise)."""
@@ -102,6 +154,11 @@ def check_whole_records(buf: bytes, offset: int) -> int:
             raise CorruptData(f"data does not end on a record boundary: {exc}") from None
         raise AssertionError(f"check_whole_records stopped at a valid record ({offset + pos})")
     return len(found)
+
+
+def _check_max_bytes(max_bytes: int, limit: int) -> None:
+    if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or not 1 <= max_bytes <= limit:
+        raise InvalidArgument(f"max_bytes {max_bytes!r} is outside [1, {limit}]")
 
 
 class CommitLog:
@@ -392,17 +449,28 @@ class CommitLog:
         while it writes them)."""
         return self._read(offset, max_bytes, BULK_READ_BYTES_MAX, check)
 
+    def open_bulk(self, offset: int, max_bytes: int) -> FileRange:
+        """The whole records read_bulk(check=False) would return, as a FileRange of the
+        segment file instead of a copy in memory: the tiered uploader's one read. Their
+        checksums are NOT checked: the caller checks the bytes it copied."""
+        _check_max_bytes(max_bytes, BULK_READ_BYTES_MAX)
+        with self._lock:
+            self._check_open()
+            self._require_boundary(offset)
+            if offset == self._segments[-1].end:
+                return FileRange(
+                    os.dup(self._fd(self._segments[-1])), self._segments[-1].size, 0, self.directory
+                )
+            segment = self._segment_for(offset)
+            end = self._records_end(segment, offset, min(offset + max_bytes, segment.end))
+            return FileRange(os.dup(self._fd(segment)), offset - segment.base, end - offset, segment.path)
+
     def _read(self, offset: int, max_bytes: int, max_bytes_limit: int, check: bool = True) -> bytes:
         """Under the lock: find where the last whole record within `max_bytes` ends (from
         the sparse marks, a few header reads) and pread exactly that; the checksums are
         checked after the lock is released (the bytes are a private copy by then), so
         writers wait only for the pread."""
-        if (
-            isinstance(max_bytes, bool)
-            or not isinstance(max_bytes, int)
-            or not 1 <= max_bytes <= max_bytes_limit
-        ):
-            raise InvalidArgument(f"max_bytes {max_bytes!r} is outside [1, {max_bytes_limit}]")
+        _check_max_bytes(max_bytes, max_bytes_limit)
         with self._lock:
             self._check_open()
             self._require_boundary(offset)

@@ -50,7 +50,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from broker_agent.commitlog import APPEND_BYTES_MAX, SEGMENT_BYTES_DEFAULT, CommitLog, record_pieces
+from broker_agent.commitlog import (
+    APPEND_BYTES_MAX,
+    SEGMENT_BYTES_DEFAULT,
+    CommitLog,
+    FileRange,
+    record_pieces,
+)
 from broker_agent.origins import Incoming, OriginHead, OriginTable
 from mqmeta.errors import CorruptData, FailedPrecondition, FencedEpoch, InvalidArgument
 from mqmeta.formats.atomic import fsync_dir, write_atomically
@@ -808,6 +814,11 @@ class MessageStore:
     def read_bulk(self, offset: int, max_bytes: int, check: bool = True) -> bytes:
         """read_bytes up to 64 MiB, for the tiered uploader (see CommitLog.read_bulk)."""
         return self.log.read_bulk(offset, max_bytes, check)
+
+    def open_bulk(self, offset: int, max_bytes: int) -> FileRange:
+        """read_bulk(check=False)'s bytes as a FileRange, for the tiered uploader
+        (see CommitLog.open_bulk)."""
+        return self.log.open_bulk(offset, max_bytes)
 
     def get_messages(
         self,

@@ -6,9 +6,10 @@ Rules (REFERENCE.md section 2; RocketMQ never finished this, Kafka KIP-405 is th
 - uploads are batched by size (`upload_bytes`) and by age (`upload_interval_ms`);
 - each upload is two-phase and fenced by the master epoch: a marker object naming what
   it will write -> "upload started" in the controller -> the objects (segment, per-queue
-  index, epoch lineage), written while every record's CRC is checked and the segment
-  hashed (write_upload) -> verify what is stored -> commit the checkpoint in the
-  controller. A stale master's start or commit is refused there;
+  index, epoch lineage; the segment is published only once every record's CRC-32 in the
+  bytes as stored checked out, and its CRC32C taken from those bytes: write_upload) ->
+  verify what is stored -> commit the checkpoint in the controller. A stale master's
+  start or commit is refused there;
 - demotion stops the uploader at once: it re-checks role and epoch between steps and
   commits nothing once they changed;
 - a new master resumes from the controller's checkpoint only if its own epoch lineage
@@ -21,7 +22,6 @@ Rules (REFERENCE.md section 2; RocketMQ never finished this, Kafka KIP-405 is th
 from __future__ import annotations
 
 import bisect
-import hashlib
 import json
 import logging
 import threading
@@ -31,16 +31,24 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import wait as wait_all
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from broker_agent.commitlog import BULK_READ_BYTES_MAX, check_whole_records
 from broker_agent.core import UploadStarting
 from broker_agent.ha import Role
-from broker_agent.tiered_backend import open_backend
+from broker_agent.tiered_backend import (
+    BytesSource,
+    Check,
+    ObjectSource,
+    Ready,
+    TieredBackend,
+    open_backend,
+)
 from broker_agent.tiered_objects import verify_stored
 from mqmeta.errors import CorruptData, FailedPrecondition, InvalidArgument, MqmetaError
+from mqmeta.formats.checksum import checksum_matches, crc32c, crc32c_checksum
 from mqmeta.formats.epochs import EpochEntry, consistent_point, epoch_covering
-from mqmeta.formats.records import StoredRecord, decode_record
+from mqmeta.formats.records import RECORD_BYTES_MAX, StoredRecord, decode_record, valid_run
 from mqmeta.formats.tiered import (
     INDEX_ENTRY_BYTES,
     SegmentMeta,
@@ -82,6 +90,9 @@ class TieredConfig:
             raise InvalidArgument("tiered upload interval must be from 10 ms to 1 hour")
         if self.local_retention_bytes < 0:
             raise InvalidArgument("local retention bytes must be 0 (keep all) or positive")
+
+
+T = TypeVar("T")
 
 
 class Demoted(Exception):
@@ -180,18 +191,50 @@ class TieredUploader:
 
     def _upload(self, epoch: int, base: int, limit: int) -> None:
         host, store = self.host, self.host.store
-        cluster, name = host.cluster, host.broker_name
-        master_broker_id = host.view().broker_id
-        data = store.read_bulk(base, limit - base, check=False)  # write_upload checks
-        end = base + len(data)
-        if not data or end > limit:
-            raise FailedPrecondition(f"cannot read whole records in [{base}, {limit})")
-        with host.lock:
-            self._still(epoch)
-            # T1: the core refuses an end past the confirm offset; else the audit's
-            # evidence of the confirm offset is written before the upload starts
-            host.feed(UploadStarting(end))
-        upload = prepare_upload(store, data, base, cluster=cluster, broker_name=name)
+        with store.open_bulk(base, limit - base) as source:  # write_upload checks the bytes
+            end = base + source.length
+            if not source.length or end > limit:
+                raise FailedPrecondition(f"cannot read whole records in [{base}, {limit})")
+            with host.lock:
+                self._still(epoch)
+                # T1: the core refuses an end past the confirm offset; else the audit's
+                # evidence of the confirm offset is written before the upload starts
+                host.feed(UploadStarting(end))
+            upload = prepare_upload(store, source, base, cluster=host.cluster, broker_name=host.broker_name)
+            upload_id = self._start_upload(epoch, upload)
+            meta = write_upload(_FencedWrites(self, epoch), upload)  # checks before publishing
+        verify_stored(self.backend, meta)
+        self._still(epoch)
+        self.checkpoint = self._controller(
+            "TieredCommit",
+            cpb.TieredCommitRequest(
+                cluster=host.cluster,
+                broker_name=host.broker_name,
+                master_broker_id=host.view().broker_id,
+                master_epoch=epoch,
+                upload_id=upload_id,
+                segments=[
+                    cpb.TieredSegment(
+                        key=meta.key,
+                        base_offset=meta.base_offset,
+                        end_offset=meta.end_offset,
+                        size=meta.size,
+                        sha256=meta.sha256,  # the checksum (crc32c:...), see SegmentMeta
+                        record_count=meta.record_count,
+                        first_epoch=meta.first_epoch,
+                        last_epoch=meta.last_epoch,
+                    )
+                ],
+                epochs=[cpb.TieredEpoch(epoch=e, start_offset=s) for e, s in upload.epochs],
+            ),
+        )
+        self.last_upload = time.monotonic()
+        log.info("uploaded [%d, %d) to %s", base, meta.end_offset, meta.key)
+        self._apply_retention()
+
+    def _start_upload(self, epoch: int, upload: PreparedUpload) -> str:
+        """Phase one: the marker naming every key, then "upload started" in the controller."""
+        cluster, name = self.host.cluster, self.host.broker_name
         upload_id = uuid.uuid4().hex
         self.backend.put(
             upload_marker_key(cluster, name, upload_id),
@@ -202,47 +245,14 @@ class TieredUploader:
             cpb.TieredUploadStartRequest(
                 cluster=cluster,
                 broker_name=name,
-                master_broker_id=master_broker_id,
+                master_broker_id=self.host.view().broker_id,
                 master_epoch=epoch,
                 upload_id=upload_id,
-                base_offset=base,
-                end_offset=end,
+                base_offset=upload.base_offset,
+                end_offset=upload.end_offset,
             ),
         )
-
-        def put(key: str, body: bytes) -> None:
-            self._still(epoch)
-            self._put_over_garbage(key, body)
-
-        meta = write_upload(put, upload)  # checks every record's CRC while putting
-        verify_stored(self.backend, meta)
-        self._still(epoch)
-        self.checkpoint = self._controller(
-            "TieredCommit",
-            cpb.TieredCommitRequest(
-                cluster=cluster,
-                broker_name=name,
-                master_broker_id=master_broker_id,
-                master_epoch=epoch,
-                upload_id=upload_id,
-                segments=[
-                    cpb.TieredSegment(
-                        key=meta.key,
-                        base_offset=meta.base_offset,
-                        end_offset=meta.end_offset,
-                        size=meta.size,
-                        sha256=meta.sha256,
-                        record_count=meta.record_count,
-                        first_epoch=meta.first_epoch,
-                        last_epoch=meta.last_epoch,
-                    )
-                ],
-                epochs=[cpb.TieredEpoch(epoch=e, start_offset=s) for e, s in upload.epochs],
-            ),
-        )
-        self.last_upload = time.monotonic()
-        log.info("uploaded [%d, %d) to %s", base, end, meta.key)
-        self._apply_retention()
+        return upload_id
 
     def _apply_retention(self) -> None:
         """Local segments go only once committed to the tiered store and past retention."""
@@ -313,17 +323,17 @@ class TieredUploader:
                     return records
         return records
 
-    def _put_over_garbage(self, key: str, body: bytes) -> None:
+    def _put_over_garbage(self, key: str, put: Callable[[], T]) -> T:
         """Objects are immutable; a different object at a key above the checkpoint can only
         be left by an abandoned upload (only the fenced master writes there): replace it."""
         try:
-            self.backend.put(key, body)
+            return put()
         except FailedPrecondition:
             assert self.checkpoint is not None
             assert key not in {s.key for s in self.checkpoint.segments}, key
             log.warning("replacing %s left by an abandoned upload", key)
             self.backend.delete(key)
-            self.backend.put(key, body)
+            return put()
 
     def _collect_garbage(self, epoch: int) -> None:
         """Deletes what abandoned uploads wrote, except objects a committed segment uses."""
@@ -353,29 +363,61 @@ class TieredUploader:
         log.info("deleted the objects of abandoned uploads %s", abandoned)
 
 
+class _FencedWrites:
+    """The uploader's writes for one upload: each re-checks role and epoch first, and
+    replaces what an abandoned upload left at its key."""
+
+    def __init__(self, uploader: TieredUploader, epoch: int) -> None:
+        self.uploader, self.epoch = uploader, epoch
+
+    def put(self, key: str, body: bytes) -> None:
+        self.uploader._still(self.epoch)
+        backend = self.uploader.backend
+        self.uploader._put_over_garbage(key, lambda: backend.put(key, body))
+
+    def put_checked(self, key: str, source: ObjectSource, check: Check[T]) -> T:
+        self.uploader._still(self.epoch)
+        backend = self.uploader.backend
+        return self.uploader._put_over_garbage(key, lambda: backend.put_checked(key, source, check))
+
+
+class UploadWrites(Protocol):
+    """What write_upload needs of a backend (a TieredBackend has both)."""
+
+    def put(self, key: str, body: bytes) -> None: ...
+
+    def put_checked(self, key: str, source: ObjectSource, check: Check[T]) -> T: ...
+
+
 @dataclass(frozen=True)
 class PreparedUpload:
-    """One upload before its segment is hashed: the objects (the segment first, then the
-    per-queue index objects, then the epoch lineage) and what the segment meta needs."""
+    """One upload before its segment is checked: the segment's key and source, the other
+    objects (the per-queue index objects, then the epoch lineage) and what the segment
+    meta needs."""
 
     base_offset: int
     record_count: int
     first_epoch: int
     last_epoch: int
+    segment_key: str
+    segment: ObjectSource
     objects: list[tuple[str, bytes]]
     epochs: list[EpochEntry]
 
-    def keys(self) -> list[str]:
-        return [key for key, _ in self.objects]
+    @property
+    def end_offset(self) -> int:
+        return self.base_offset + self.segment.length
 
-    def meta(self, sha256: str) -> SegmentMeta:
-        key, data = self.objects[0]
+    def keys(self) -> list[str]:
+        return [self.segment_key, *(key for key, _ in self.objects)]
+
+    def meta(self, checksum: str) -> SegmentMeta:
         return SegmentMeta(
-            key=key,
+            key=self.segment_key,
             base_offset=self.base_offset,
-            end_offset=self.base_offset + len(data),
-            size=len(data),
-            sha256=sha256,
+            end_offset=self.end_offset,
+            size=self.segment.length,
+            sha256=checksum,
             record_count=self.record_count,
             first_epoch=self.first_epoch,
             last_epoch=self.last_epoch,
@@ -383,11 +425,13 @@ class PreparedUpload:
 
 
 def prepare_upload(
-    store: MessageStore, data: bytes, base: int, *, cluster: str, broker_name: str
+    store: MessageStore, segment: ObjectSource | bytes, base: int, *, cluster: str, broker_name: str
 ) -> PreparedUpload:
-    """The objects for `data`, read from this broker's own store at `base`. The store's
-    index and epoch file describe the bytes: no record is decoded here."""
-    end = base + len(data)
+    """The objects for the segment bytes at `base` of this broker's own store (a
+    FileRange from store.open_bulk, or bytes read from it). The store's index and epoch
+    file describe the bytes: no record is decoded here."""
+    source = BytesSource(segment) if isinstance(segment, bytes) else segment
+    end = base + source.length
     runs = store.index_runs_between(base, end)
     epochs = [(e, s) for e, s in store.epochs.entries if s < end]
     indexes = build_index_objects(runs, cluster=cluster, broker_name=broker_name)
@@ -398,43 +442,93 @@ def prepare_upload(
         record_count,
         epoch_covering(epochs, base),
         epochs[-1][0],
-        [(segment_key(cluster, broker_name, base, end), data), *indexes.items(), (lineage_key, lineage)],
+        segment_key(cluster, broker_name, base, end),
+        source,
+        [*indexes.items(), (lineage_key, lineage)],
         epochs,
     )
 
 
-def write_upload(put: Callable[[str, bytes], None], upload: PreparedUpload) -> SegmentMeta:
-    """Puts every object of `upload` while its segment bytes are checked and hashed, and
-    returns the segment's meta once all of that succeeded.
+def write_upload(writes: UploadWrites | TieredBackend, upload: PreparedUpload) -> SegmentMeta:
+    """Puts every object of `upload` and returns the segment's meta once all succeeded.
 
-    The segment was read without its checksums checked (CommitLog.read_bulk with
-    check=False): here every record's CRC-32 is checked (check_whole_records) in this
-    thread while worker threads hash the bytes and put the objects (SHA-256, writes and
-    fsyncs release the GIL). A corrupt record raises CorruptData: the upload is never
-    committed, so its objects stay unreachable garbage (readers follow only committed
-    checkpoints; a retry replaces them, see _put_over_garbage) - corrupt bytes are never
-    uploaded silently. The record count must match the store's index too.
+    The segment's bytes were never checked (store.open_bulk): they are copied to the
+    store and checked there, as stored, before they are published (put_checked; the
+    checks follow the copy as it progresses): framing and every record's CRC-32 (the
+    check_whole_records loop, this thread), the record count against the store's index,
+    and the object's CRC32C (another thread, the GIL released), all over the same
+    memory. A corrupt record raises CorruptData and nothing is published at the
+    segment's key; the index and lineage objects, put meanwhile by worker threads, stay
+    unreachable garbage (readers follow only committed checkpoints; a retry replaces
+    them, see _put_over_garbage) - corrupt bytes are never uploaded silently.
     """
-    key, data = upload.objects[0]
     with ThreadPoolExecutor(max_workers=PUT_WORKERS_MAX, thread_name_prefix="tiered-put") as pool:
-        digest = pool.submit(_sha256_hex, data)
-        puts = [pool.submit(put, k, body) for k, body in upload.objects]
+        puts = [pool.submit(writes.put, k, body) for k, body in upload.objects]
+
+        def check(view: memoryview, ready: Ready) -> str:
+            digest = pool.submit(_crc32c_following, view, ready)
+            try:
+                records = _check_records_following(view, ready, upload.base_offset)
+            finally:
+                wait_all([digest])
+            if records != upload.record_count:
+                raise CorruptData(
+                    f"{upload.segment_key}: {records} records in the commit log, "
+                    f"{upload.record_count} in the store's index"
+                )
+            return crc32c_checksum(digest.result())
+
         try:
-            records = check_whole_records(data, upload.base_offset)
+            checksum = writes.put_checked(upload.segment_key, upload.segment, check)
         finally:
-            wait_all([digest])
             wait_all(puts)
     for future in puts:
         future.result()
-    if records != upload.record_count:
-        raise CorruptData(
-            f"{key}: {records} records in the commit log, {upload.record_count} in the store's index"
-        )
-    return upload.meta(digest.result())
+    return upload.meta(checksum)
 
 
-def _sha256_hex(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
+def _check_records_following(view: memoryview, ready: Ready, base_offset: int) -> int:
+    """check_whole_records over `view` as its bytes arrive: every record's framing and CRC-32;
+    the number of records, or CorruptData."""
+    length = len(view)
+    position = available = records = 0
+    for _ in range(2 * length // RECORD_STEP_BYTES + 4):  # bounded: each pass advances or waits
+        if available < length and available - position < RECORD_STEP_BYTES:
+            available = ready(position + RECORD_STEP_BYTES)
+        found: list[int] = []
+        stop = min(available, position + RECORD_STEP_BYTES + RECORD_BYTES_MAX)
+        reached = valid_run(view[:stop], position, found)  # type: ignore[arg-type]
+        records += len(found)
+        if reached == position and stop == available:  # nothing more to read here
+            if available == length:
+                break
+            available = ready(available + 1)
+        position = reached
+    if position != length:  # names what is wrong there (CorruptData)
+        check_whole_records(view[position:], base_offset + position)  # type: ignore[arg-type]
+        raise AssertionError(f"no record error found at {base_offset + position}")
+    return records
+
+
+def _crc32c_following(view: memoryview, ready: Ready) -> int:
+    """CRC32C of `view` as its bytes arrive (the GIL is released while it runs)."""
+    value = done = 0
+    for _ in range(len(view) // CHECK_STEP_BYTES + 2):  # bounded like the records' check
+        if done == len(view):
+            break
+        available = ready(done + CHECK_STEP_BYTES)
+        value = crc32c(view[done:available], value)
+        done = available
+    return value
+
+
+# The checks follow the copy in steps: the CRC32C thread in steps of the copy's, the records'
+# check (which holds the GIL) in smaller ones. Measured on 64 MiB ranges (2 busy cores): the
+# copy waits for the GIL between its steps, so smaller steps (4 MiB copies, 1 MiB checks,
+# even yielding the GIL after each) were slower; 16/4 MiB overlapped best, about level with
+# copying everything first and checking afterwards.
+CHECK_STEP_BYTES = 16 << 20
+RECORD_STEP_BYTES = 4 << 20
 
 
 def bootstrap_from_tiered(
@@ -442,7 +536,7 @@ def bootstrap_from_tiered(
 ) -> None:
     """A slave whose next offset the master no longer holds copies the tiered range.
 
-    Segments are verified (size and sha256) and appended like replicated bytes, so the
+    Segments are verified (size and checksum) and appended like replicated bytes, so the
     store rebuilds its index, epoch entries and consumer offsets from the records.
     Stopping half-way is safe: the next handshake starts from wherever the log ends.
     """
@@ -472,7 +566,7 @@ def bootstrap_from_tiered(
         if segment.base_offset > store.max_offset:
             raise FailedPrecondition(f"the tiered store has no segment at {store.max_offset}")
         data = backend.get(segment.key)  # without the host's lock: it may be large and slow
-        if len(data) != segment.size or hashlib.sha256(data).hexdigest() != segment.sha256:
+        if len(data) != segment.size or not checksum_matches(data, segment.sha256):
             raise CorruptData(f"tiered segment {segment.key} does not match its checksum")
         offset = store.max_offset
         for piece in _pieces(data[offset - segment.base_offset :], BOOTSTRAP_APPEND_BYTES):

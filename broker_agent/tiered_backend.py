@@ -18,6 +18,14 @@ LocalBackend writes POSIX files with temp + fsync + link + directory fsync; the
 hard link publishes the object without ever replacing an existing one, so the
 immutability check has no race between two local writers.
 
+`put_checked` stores an object from an ObjectSource (bytes, or a range of a file that
+the kernel copies without the bytes passing through Python) and calls a check on the
+bytes *as stored* before it publishes them: LocalBackend runs the check over a memory
+map of its temporary file while the kernel is still copying into it (the check follows
+the copy's progress) and while it is fsynced, and links the file only when the check
+passed, so what is checked is exactly what is published; FsspecBackend reads the source
+once, checks those bytes and puts them.
+
 FsspecBackend serves any fsspec URL. Where the filesystem renames atomically
 (memory, local, and the other non-object stores) it writes `key + TEMP_MARK + uuid`
 and moves it into place. Object stores (s3, gs, azure, ...) cannot rename: a move
@@ -26,7 +34,7 @@ multipart ones included, becomes visible only when complete), so the object is
 written directly with fsspec's `mode="create"`, which implementations may map to a
 conditional put-if-absent. For any filesystem that offers neither, the commit
 protocol above this layer keeps partial objects unreachable: a reader follows only
-keys named by a committed upload record, and checks their length and sha256
+keys named by a committed upload record, and checks their length and checksum
 (tiered_objects.verify_segment) before trusting them. FsspecBackend checks
 immutability by reading before writing, which races between two concurrent
 writers; only one uploader per broker set is allowed to write (the caller's job).
@@ -38,17 +46,28 @@ from __future__ import annotations
 
 import builtins
 import errno
+import mmap
 import os
 import re
+import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import wait as wait_all
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import fsspec
 
-from mqmeta.errors import FailedPrecondition, InvalidArgument, MqmetaError, NotFound, Unavailable
+from mqmeta.errors import (
+    CorruptData,
+    FailedPrecondition,
+    InvalidArgument,
+    MqmetaError,
+    NotFound,
+    Unavailable,
+)
 from mqmeta.formats.atomic import fsync_dir
 from mqmeta.formats.tiered import OBJECT_BYTES_MAX
 
@@ -65,6 +84,54 @@ _OBJECT_STORE_SCHEMES = frozenset(
 )
 
 
+T = TypeVar("T")
+Ready = Callable[[int], int]
+# check(view, ready): `view` is the whole object, but only its first ready(n) bytes are
+# there yet: ready(n) blocks until at least min(n, len(view)) bytes are and returns how many
+# are (it raises when the copy failed). A check reads only below what ready returned.
+Check = Callable[[memoryview, Ready], T]
+Progress = Callable[[int], None]
+COPY_CHUNK_BYTES = 16 << 20  # BytesSource.write_to: one pwrite (a check follows it)
+
+
+class ObjectSource(Protocol):
+    """The bytes of an object to be put, read at most once."""
+
+    @property
+    def length(self) -> int: ...
+
+    def write_to(self, fd: int, progress: Progress | None = None) -> None:
+        """Writes all `length` bytes to `fd` at offset 0 on, calling progress(bytes written
+        so far) as it goes (CorruptData when fewer bytes exist)."""
+        ...
+
+    def read(self) -> bytes:
+        """All `length` bytes (CorruptData when fewer exist)."""
+        ...
+
+
+class BytesSource:
+    """An ObjectSource over bytes already in memory."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    @property
+    def length(self) -> int:
+        return len(self.data)
+
+    def write_to(self, fd: int, progress: Progress | None = None) -> None:
+        view = memoryview(self.data)
+        written = 0
+        while written < len(view):
+            written += os.pwrite(fd, view[written : written + COPY_CHUNK_BYTES], written)
+            if progress is not None:
+                progress(written)
+
+    def read(self) -> bytes:
+        return self.data
+
+
 class TieredBackend(Protocol):
     """An object store of immutable whole objects under '/'-separated keys."""
 
@@ -76,6 +143,12 @@ class TieredBackend(Protocol):
     def put(self, key: str, data: bytes) -> None:
         """Stores `data` at `key` atomically; the same bytes again is a no-op,
         different bytes FailedPrecondition."""
+        ...
+
+    def put_checked(self, key: str, source: ObjectSource, check: Check[T]) -> T:
+        """Stores `source`'s bytes at `key` like `put`, but first calls `check` on the
+        bytes as they will be stored and publishes nothing when it raises; returns what
+        `check` returned. `check` must not keep the view (or a slice of it)."""
         ...
 
     def get(self, key: str) -> bytes:
@@ -141,6 +214,11 @@ def _check_data(key: str, data: bytes) -> bytes:
     if len(data) > OBJECT_BYTES_MAX:
         raise InvalidArgument(f"object {key!r} would be {len(data)} bytes; the limit is {OBJECT_BYTES_MAX}")
     return bytes(data)
+
+
+def _check_length(key: str, length: int) -> None:
+    if length > OBJECT_BYTES_MAX:
+        raise InvalidArgument(f"object {key!r} would be {length} bytes; the limit is {OBJECT_BYTES_MAX}")
 
 
 def _check_range(start: int, length: int) -> None:
@@ -223,6 +301,64 @@ class LocalBackend:
                 same = self._publish(path, data)
             if not same:
                 raise _refuse_overwrite(key)
+
+    def put_checked(self, key: str, source: ObjectSource, check: Check[T]) -> T:
+        path = self._path(key)
+        _check_length(key, source.length)
+        with _translated("write", key):
+            self._make_parents(path)
+            tmp = path.with_name(path.name + TEMP_MARK + uuid.uuid4().hex)
+            try:
+                result = self._write_checked(tmp, source, check)
+                try:
+                    os.link(tmp, path)
+                except FileExistsError:
+                    if not _same_files(path, tmp):
+                        raise _refuse_overwrite(key) from None
+                return result
+            finally:
+                tmp.unlink(missing_ok=True)
+                if self.fsync:
+                    fsync_dir(path.parent)
+
+    def _write_checked(self, tmp: Path, source: ObjectSource, check: Check[T]) -> T:
+        """Copies `source` into the new file `tmp` in a worker thread (then fsyncs it there)
+        while `check` runs here over a map of the file, following the copy's progress:
+        copy, fsync and check overlap (the copy and the fsync release the GIL)."""
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            length = source.length
+            if not length:
+                return check(memoryview(b""), lambda n: 0)
+            os.ftruncate(fd, length)  # the map's size; the copy fills it
+            progress = _Progress(length)
+            with (
+                mmap.mmap(fd, length, flags=mmap.MAP_SHARED) as mapped,
+                ThreadPoolExecutor(max_workers=1, thread_name_prefix="tiered-copy") as pool,
+            ):
+                copied = pool.submit(self._copy_and_sync, source, fd, progress)
+                view = memoryview(mapped)
+                try:
+                    result, error = check(view, progress.wait), None
+                except BaseException as raised:
+                    result, error = None, _without_frames(raised)
+                view.release()
+                wait_all([copied])  # the fd and the map stay until the copy is done
+            if error is not None:
+                raise error
+            copied.result()
+            return result  # type: ignore[return-value]
+        finally:
+            os.close(fd)
+
+    def _copy_and_sync(self, source: ObjectSource, fd: int, progress: _Progress) -> None:
+        try:
+            source.write_to(fd, progress.advance)
+            if self.fsync:
+                os.fsync(fd)
+        except BaseException as error:
+            progress.fail(error)
+            raise
 
     def _publish(self, path: Path, data: bytes) -> bool | None:
         """Writes a temporary file and hard-links it at `path`; when another writer got
@@ -311,6 +447,65 @@ class LocalBackend:
         return sorted(keys)
 
 
+def _without_frames(error: BaseException) -> BaseException:
+    """`error` with its traceback (and its context's) dropped: their frames hold slices of
+    the object's memory map, which cannot be closed while they live. The message stays."""
+    seen: BaseException | None = error
+    for _ in range(16):  # bounded: exception chains are short
+        if seen is None:
+            break
+        seen.__traceback__ = None
+        seen = seen.__context__ or seen.__cause__
+    return error
+
+
+class _Progress:
+    """How much of an object a copy has written, for a check that follows it."""
+
+    def __init__(self, length: int) -> None:
+        self.length = length
+        self._written = 0
+        self._error: BaseException | None = None
+        self._changed = threading.Condition()
+
+    def advance(self, written: int) -> None:
+        with self._changed:
+            self._written = written
+            self._changed.notify_all()
+
+    def fail(self, error: BaseException) -> None:
+        with self._changed:
+            self._error = error
+            self._changed.notify_all()
+
+    def wait(self, wanted: int) -> int:
+        """Blocks until min(wanted, length) bytes are written; returns how many are."""
+        wanted = min(wanted, self.length)
+        with self._changed:
+            while self._written < wanted:
+                if self._error is not None:
+                    raise CorruptData(f"the copy of the object failed: {self._error}")
+                self._changed.wait(COPY_WAIT_S)
+            return self._written
+
+
+COPY_WAIT_S = 1.0  # a follower re-checks for a failed copy at least this often
+
+
+def _same_files(path: Path, other: Path) -> bool:
+    """Whether two files hold the same bytes."""
+    with open(path, "rb") as a, open(other, "rb") as b:
+        if os.fstat(a.fileno()).st_size != os.fstat(b.fileno()).st_size:
+            return False
+        for _ in range(OBJECT_BYTES_MAX // _COMPARE_CHUNK_BYTES + 1):  # bounded by the object limit
+            chunk = a.read(_COMPARE_CHUNK_BYTES)
+            if chunk != b.read(_COMPARE_CHUNK_BYTES):
+                return False
+            if not chunk:
+                return True
+    return False
+
+
 def _raise_unless_missing(error: OSError) -> None:
     if error.errno not in (errno.ENOENT, errno.ENOTDIR):  # nothing listed under a file
         raise error
@@ -363,6 +558,17 @@ class FsspecBackend:
                     self._settle(key, path, data)
             else:
                 self._publish(path, data)
+
+    def put_checked(self, key: str, source: ObjectSource, check: Check[T]) -> T:
+        _check_length(key, source.length)
+        data = source.read()  # the one read of the source
+        view = memoryview(data)
+        try:
+            result = check(view, lambda n: len(data))
+        finally:
+            view.release()
+        self.put(key, data)
+        return result
 
     def _publish(self, path: str, data: bytes) -> None:
         tmp = path + TEMP_MARK + uuid.uuid4().hex

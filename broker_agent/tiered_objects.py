@@ -7,12 +7,12 @@ format in mqmeta.formats.tiered; these functions read a backend through it.
 from __future__ import annotations
 
 import bisect
-import hashlib
 from collections.abc import Sequence
 
 from broker_agent.commitlog import READ_BYTES_MAX
 from broker_agent.tiered_backend import TieredBackend
 from mqmeta.errors import CorruptData, InvalidArgument
+from mqmeta.formats.checksum import checksum_matches
 from mqmeta.formats.epochs import EpochEntry, epoch_covering
 from mqmeta.formats.records import PREFIX_BYTES, TornRecord, check_record, peek_length, split_records
 from mqmeta.formats.tiered import SegmentMeta, check_offset, check_records, find_gaps_and_overlaps
@@ -21,15 +21,16 @@ from mqmeta.formats.tiered import SegmentMeta, check_offset, check_records, find
 def verify_segment(
     backend: TieredBackend, meta: SegmentMeta, epochs: Sequence[EpochEntry] | None = None
 ) -> None:
-    """Re-reads the object: its length, sha256, and that it is whole valid records from
+    """Re-reads the object: its length, checksum (CRC32C, or SHA-256 for objects uploaded
+    before P11), and that it is whole valid records from
     base_offset matching the meta (CorruptData otherwise; NotFound when missing).
     With `epochs`, each record's epoch must be the one the lineage gives its offset."""
     size = backend.size(meta.key)
     if size != meta.size:
         raise CorruptData(f"{meta.key}: {size} bytes stored, {meta.size} expected")
     data = backend.get(meta.key)
-    if len(data) != meta.size or hashlib.sha256(data).hexdigest() != meta.sha256:
-        raise CorruptData(f"{meta.key}: sha256 mismatch (the stored object is not what was uploaded)")
+    if len(data) != meta.size or not checksum_matches(data, meta.sha256):
+        raise CorruptData(f"{meta.key}: checksum mismatch (the stored object is not what was uploaded)")
     try:
         records = split_records(data, meta.base_offset)
         check_records(records, meta.key.split("/")[1])
@@ -120,15 +121,15 @@ def _read_records(
 
 
 def verify_stored(backend: TieredBackend, meta: SegmentMeta) -> None:
-    """After a put: the object is exactly the bytes hashed (size and SHA-256). A backend
-    whose puts are verified (LocalBackend with fsync: written from the hashed buffer and
-    fsynced, or an existing object compared byte for byte) is checked by size alone:
-    re-reading a file just written would hash the page cache, not the disk."""
+    """After a put: the object is exactly the bytes checked (size and checksum). A backend
+    whose puts are verified (LocalBackend with fsync: the checksum was taken over the
+    fsynced file it publishes, or an existing object compared byte for byte) is checked
+    by size alone: re-reading a file just written would read the page cache, not the disk."""
     if backend.puts_are_verified:
         size = backend.size(meta.key)
         if size != meta.size:
             raise CorruptData(f"{meta.key}: {size} bytes stored, {meta.size} uploaded")
         return
     data = backend.get(meta.key)
-    if len(data) != meta.size or hashlib.sha256(data).hexdigest() != meta.sha256:
+    if len(data) != meta.size or not checksum_matches(data, meta.sha256):
         raise CorruptData(f"{meta.key}: the stored object is not what was uploaded")

@@ -2,8 +2,10 @@
 
 Embedded (`--embed-controller`) it reads the local controller node's state after a
 read barrier (EmbeddedNameServer: coroutines on the controller's event loop, so a
-route read waits for its barrier without holding a thread); standalone it asks the
-controller cluster through the client library (NameServerServicer, on a thread pool).
+route read waits for its barrier without holding a thread); standalone it answers
+routes from a copy of the metadata that a watch stream keeps current (RouteCache: why
+that is safe is written there), and asks the controller cluster through the client
+library whenever the copy cannot answer (NameServerServicer, on a thread pool).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from controller.core import ControllerCore
+from controller.route_cache import RouteCache
 from controller.service import broker_route_pb, route_pb, topic_pb
 from mqmeta.client import ControllerClient
 from mqmeta.pb import controller_pb2 as pb
@@ -21,17 +24,30 @@ from mqmeta.validate import validate_name
 
 
 class NameServerServicer(ns_grpc.NameServerServicer):
-    """A standalone nameserver: every answer comes from the controller cluster."""
+    """A standalone nameserver: routes from `cache` when it can answer, else (and every
+    other answer) from the controller cluster."""
 
-    def __init__(self, client: ControllerClient, on_route: Callable[[], None] = lambda: None) -> None:
+    def __init__(
+        self,
+        client: ControllerClient,
+        cache: RouteCache | None = None,
+        on_route: Callable[[], None] = lambda: None,
+    ) -> None:
         self.client = client
+        self.cache = cache
         self._on_route = on_route  # metrics: a route query answered
+
+    def route(self, name: str) -> pb.TopicRoute:
+        cached = self.cache.route(name) if self.cache is not None else None
+        if cached is not None:
+            return cached
+        return self.client.call("GetTopicRoute", pb.NameRequest(name=name))
 
     @rpc
     def QueryRoute(self, request, context):
         name = validate_name("topic name", request.topic)
         self._on_route()
-        return self.client.call("GetTopicRoute", pb.NameRequest(name=name))
+        return self.route(name)
 
     @rpc
     def GetClusterInfo(self, request, context):

@@ -6,6 +6,7 @@ import asyncio
 import logging
 import threading
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -16,6 +17,7 @@ from controller.core import ControllerCore
 from controller.metrics import controller_metrics
 from controller.namesrv import EmbeddedNameServer, NameServerServicer, add_messaging_service
 from controller.raft_node import Peer, RaftSettings
+from controller.route_cache import RouteCache
 from controller.service import ControllerServicer, watch_event_pb
 from mqmeta.client import ControllerClient
 from mqmeta.errors import InvalidArgument
@@ -107,11 +109,13 @@ class RunningNode:
         core: ControllerCore | None,
         client: ControllerClient | None,
         metrics: Metrics | None = None,
+        closers: list[Callable[[], None]] | None = None,
     ) -> None:
         self.servers = servers
         self.core = core
         self.client = client
         self.metrics = metrics
+        self.closers = closers or []
 
     def stop(self) -> None:
         if self.core is not None:  # while still serving: calls in flight are redirected
@@ -124,6 +128,8 @@ class RunningNode:
             self.client.close()
         if self.metrics is not None:
             self.metrics.stop()
+        for close in self.closers:
+            close()
 
 
 def start_controller(config: ControllerConfig, namesrv_address: str = "") -> RunningNode:
@@ -179,20 +185,25 @@ def _embedded_route(core: ControllerCore):
 
 
 def start_namesrv(address: str, controllers: list[str], metrics_listen: str = "") -> RunningNode:
+    """A standalone nameserver: routes from a watched copy of the metadata (RouteCache),
+    the controller's barrier read when the copy cannot answer."""
     client = ControllerClient(controllers)
+    cache = RouteCache(ControllerClient(controllers))
     metrics = Metrics()
     routes = metrics.counter(
         "mqmeta_namesrv_route_queries", "route queries answered (QueryRoute, GetTopicRoute)"
     )
+    servicer = NameServerServicer(client, cache, routes.inc)
     server = build_server(address, GRPC_WORKERS_MAX)
-    namesrv_pb2_grpc.add_NameServerServicer_to_server(NameServerServicer(client, routes.inc), server)
+    namesrv_pb2_grpc.add_NameServerServicer_to_server(servicer, server)
 
     def route(topic: str):
         routes.inc()
-        return client.call("GetTopicRoute", controller_pb2.NameRequest(name=topic))
+        return servicer.route(topic)
 
     messaging = add_messaging_service(server, route)
     add_health_and_reflection(server, [NAMESRV_SERVICE, messaging])
     server.start()
+    cache.start()
     metrics.serve(metrics_listen)
-    return RunningNode([server], None, client, metrics)
+    return RunningNode([server], None, client, metrics, closers=[cache.stop, cache.client.close])

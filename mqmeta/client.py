@@ -43,6 +43,7 @@ class ControllerClient:
         self._lock = threading.Lock()
         self._channels: dict[str, grpc.Channel] = {}
         self._stubs: dict[str, pb_grpc.ControllerServiceStub] = {}
+        self._watch_channels: dict[str, grpc.Channel] = {}  # keepalive watch streams, per node
         self._target = self.addresses[0]
         self._leader_known = False
 
@@ -110,16 +111,48 @@ class ControllerClient:
                 target = self._next_target(target)
                 time.sleep(min(RETRY_PAUSE_S, max(0.0, deadline - time.monotonic())))
 
-    def watch(self, cluster: str = "", broker_name: str = "", timeout_s: float | None = None):
-        """Server stream of WatchEvents from one node (the current target)."""
+    def watch(
+        self,
+        cluster: str = "",
+        broker_name: str = "",
+        timeout_s: float | None = None,
+        keepalive_ms: tuple[int, int] | None = None,
+    ):
+        """Server stream of WatchEvents from one node (the current target). With
+        `keepalive_ms` (interval, timeout) the stream runs on a channel of its own that
+        pings the node and fails the stream when a ping goes unanswered: a silently cut
+        stream (a stopped node, a black-holed link) then ends instead of waiting forever."""
         request = pb.WatchRequest(cluster=cluster, broker_name=broker_name)
-        return self._stub(self._target).Watch(request, timeout=timeout_s)
+        if keepalive_ms is None:
+            return self._stub(self._target).Watch(request, timeout=timeout_s)
+        interval_ms, timeout_ms = keepalive_ms
+        channel = grpc.insecure_channel(
+            dial(self._target),
+            options=[
+                ("grpc.max_receive_message_length", REPLY_BYTES_MAX),
+                ("grpc.keepalive_time_ms", interval_ms),
+                ("grpc.keepalive_timeout_ms", timeout_ms),
+                ("grpc.keepalive_permit_without_calls", 1),
+                # an idle stream sends no data: without these, gRPC pings it at most
+                # twice, then once per 5 minutes, and waits a minute for the answer
+                ("grpc.http2.max_pings_without_data", 0),
+                ("grpc.http2.min_time_between_pings_ms", interval_ms),
+                ("grpc.http2.ping_timeout_ms", timeout_ms),
+            ],
+        )
+        with self._lock:
+            old = self._watch_channels.pop(self._target, None)
+            self._watch_channels[self._target] = channel
+        if old is not None:
+            old.close()  # the previous keepalive stream to this node, ended or abandoned
+        return pb_grpc.ControllerServiceStub(channel).Watch(request, timeout=timeout_s)
 
     def close(self) -> None:
         with self._lock:
-            for channel in self._channels.values():
+            for channel in [*self._channels.values(), *self._watch_channels.values()]:
                 channel.close()
             self._channels.clear()
+            self._watch_channels.clear()
             self._stubs.clear()
 
     def __enter__(self) -> ControllerClient:

@@ -187,6 +187,16 @@ ServerSetup = Callable[[grpc.aio.Server], Awaitable[None]]
 SERVER_START_TIMEOUT_S = 30.0
 
 
+# Clients that keep a watch stream alive ping every second or so (controller/route_cache.py):
+# gRPC's server default (at most one ping per 5 minutes without data, then GOAWAY) would
+# cut those streams. A ping costs the server one small frame.
+PING_TOLERANT_OPTIONS = [
+    ("grpc.http2.min_ping_interval_without_data_ms", 500),
+    ("grpc.http2.max_ping_strikes", 0),  # 0: never GOAWAY a client for pinging
+    ("grpc.keepalive_permit_without_calls", 1),
+]
+
+
 class AsyncServer:
     """A grpc.aio server on an event loop of its own thread.
 
@@ -214,7 +224,9 @@ class AsyncServer:
             raise
 
     async def _start(self) -> None:
-        server = grpc.aio.server(migration_thread_pool=self._pool, options=[("grpc.so_reuseport", 0)])
+        server = grpc.aio.server(
+            migration_thread_pool=self._pool, options=[("grpc.so_reuseport", 0), *PING_TOLERANT_OPTIONS]
+        )
         try:
             server.add_insecure_port(self.address)
         except RuntimeError:

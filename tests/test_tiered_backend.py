@@ -25,14 +25,25 @@ Properties checked:
   per-queue index objects match the store's index and detect corruption; the epoch
   lineage round-trips and detects corruption; gaps and overlaps (also duplicates and
   nesting) are each reported; SegmentMeta round-trips through to_dict/from_dict;
-- the uploader's fast path (prepare_upload + write_upload over read_bulk(check=False))
-  makes exactly the objects and meta of the decoding twins (build_segment,
-  build_index_segments), for every range cut; a flipped byte in the bytes read raises
-  CorruptData from write_upload (never a meta to commit), as does a record count that
-  disagrees with the index; check_whole_records agrees with split_records and names a
-  torn tail; read_bulk serves up to 64 MiB and checks CRCs unless told not to (a flipped
-  byte on disk is CorruptData from read and read_bulk); verify_stored is size-only on a
-  fsyncing LocalBackend and re-hashes on fsspec (a replaced object fails).
+- the uploader's fast path (prepare_upload + write_upload over store.open_bulk, a
+  FileRange the kernel copies, and over bytes from read_bulk(check=False)) makes exactly
+  the objects and meta of the decoding twins (build_segment, build_index_segments), for
+  every range cut and every backend; a flipped byte in the log file or in the bytes read
+  raises CorruptData from write_upload (never a meta to commit) and nothing is published
+  at the segment's key, as does a record count that disagrees with the index;
+  check_whole_records agrees with split_records and names a torn tail; read_bulk serves up
+  to 64 MiB and checks CRCs unless told not to (a flipped byte on disk is CorruptData from
+  read and read_bulk); verify_stored is size-only on a fsyncing LocalBackend and
+  re-checksums on fsspec (a replaced object fails);
+- put_checked (every backend) runs its check over exactly the bytes it stores (a check
+  that follows the copy sees every byte once the copy is done), publishes nothing and
+  leaves no temporary when the check raises or the source is short, and keeps
+  immutability; a source larger than one copy step (several steps followed) is checked
+  whole;
+- checksums (P11): new segments carry crc32c:<8 hex digits>, equal to google_crc32c's
+  value whatever buffer it is taken over (bytes, memoryview, bytearray, a memory map);
+  segments uploaded before with SHA-256 still verify (verify_segment, verify_stored,
+  checksum_matches), and a flipped byte fails either format.
 """
 
 from __future__ import annotations
@@ -41,13 +52,16 @@ import hashlib
 import os
 import threading
 import uuid
+import zlib
 from collections.abc import Iterator
 
 import fsspec
+import google_crc32c
 import pytest
 
 import broker_agent.tiered_backend as tiered_backend
 from broker_agent import MessageStore
+from broker_agent.commitlog import COPY_CHUNK_BYTES
 from broker_agent.tiered_backend import (
     TEMP_MARK,
     FsspecBackend,
@@ -63,6 +77,7 @@ from mqmeta.formats.tiered import (
     build_epoch_lineage,
     build_index_segments,
     build_segment,
+    epochs_key,
     find_gaps_and_overlaps,
     index_key,
     parse_epoch_lineage,
@@ -374,7 +389,7 @@ def test_segment_is_the_store_bytes_and_verifies(tmp_path, store):
     obj, meta = build_segment(data, 0, cluster=CLUSTER, broker_name=BROKER)
     assert obj == data  # T2: byte-identical to the replicas' commit log
     assert (meta.base_offset, meta.end_offset, meta.size) == (0, len(data), len(data))
-    assert meta.sha256 == hashlib.sha256(data).hexdigest()
+    assert meta.sha256 == f"crc32c:{google_crc32c.value(data):08x}"
     assert meta.record_count == len(split_records(data, 0)) == 61
     assert (meta.first_epoch, meta.last_epoch) == (1, 2)
     assert meta.key == segment_key(CLUSTER, BROKER, 0, len(data))
@@ -562,8 +577,10 @@ def test_keys_and_meta_are_validated():
     ):
         with pytest.raises(InvalidArgument):
             call()
-    with pytest.raises(CorruptData):
-        SegmentMeta.from_dict({**_meta(0, 100).to_dict(), "sha256": "nope"})
+    for bad in ("nope", "crc32c:0123abc", "crc32c:0123abcg", "crc32:0123abcd", "0" * 63):
+        with pytest.raises(CorruptData):
+            SegmentMeta.from_dict({**_meta(0, 100).to_dict(), "sha256": bad})
+    assert SegmentMeta.from_dict({**_meta(0, 100).to_dict(), "sha256": "crc32c:0123abcd"})
     with pytest.raises(CorruptData):
         SegmentMeta.from_dict({"key": "x"})
 
@@ -571,17 +588,20 @@ def test_keys_and_meta_are_validated():
 # The uploader's fast path ------------------------------------------------------------------------
 
 
-def test_write_upload_makes_what_the_decoding_twins_make(tmp_path, store):
+def test_write_upload_makes_what_the_decoding_twins_make(tmp_path, store, backend, steps):
     from broker_agent.tiered import prepare_upload, write_upload
 
     data = _store_bytes(store)
     records = split_records(data, 0)
-    for cut in (0, records[17].commit_offset, records[40].commit_offset):
+    for cut, from_file in ((0, True), (records[17].commit_offset, False), (records[40].commit_offset, True)):
         piece = store.read_bulk(cut, len(data) - cut, check=False)
         assert piece == data[cut : cut + len(piece)]
-        upload = prepare_upload(store, piece, cut, cluster=CLUSTER, broker_name=BROKER)
-        backend = LocalBackend(tmp_path / f"objects-{cut}")
-        meta = write_upload(backend.put, upload)
+        with store.open_bulk(cut, len(data) - cut) as source:
+            assert source.length == len(piece) and source.read() == piece
+            upload = prepare_upload(
+                store, source if from_file else piece, cut, cluster=CLUSTER, broker_name=BROKER
+            )
+            meta = write_upload(backend, upload)
         obj, expected = build_segment(piece, cut, cluster=CLUSTER, broker_name=BROKER)
         assert meta == expected and backend.get(meta.key) == obj
         indexes = build_index_segments(split_records(piece, cut), cluster=CLUSTER, broker_name=BROKER)
@@ -589,10 +609,26 @@ def test_write_upload_makes_what_the_decoding_twins_make(tmp_path, store):
             assert backend.get(key) == body
         verify_stored(backend, meta)
         verify_segment(backend, meta, epochs=store.epochs.entries)
-        assert set(upload.keys()) == {meta.key, *indexes, *backend.list(f"{CLUSTER}/{BROKER}/epochs/")}
+        lineage = epochs_key(CLUSTER, BROKER, meta.end_offset)
+        assert backend.exists(lineage) and set(upload.keys()) == {meta.key, *indexes, lineage}
 
 
-def test_write_upload_refuses_corrupt_bytes(tmp_path, store):
+@pytest.fixture(params=["whole", "small-steps"])
+def steps(request, monkeypatch):
+    """The uploader's checks follow the copy in steps; "small-steps" makes a range of this
+    test store take many copy and check steps (records straddle every step's end)."""
+    if request.param == "small-steps":
+        import broker_agent.commitlog as commitlog
+        import broker_agent.tiered as tiered
+
+        monkeypatch.setattr(commitlog, "COPY_CHUNK_BYTES", 1000)
+        monkeypatch.setattr(tiered_backend, "COPY_CHUNK_BYTES", 1000)
+        monkeypatch.setattr(tiered, "RECORD_STEP_BYTES", 700)
+        monkeypatch.setattr(tiered, "CHECK_STEP_BYTES", 900)
+    return request.param
+
+
+def test_write_upload_refuses_corrupt_bytes(tmp_path, store, steps):
     import dataclasses
 
     from broker_agent.tiered import prepare_upload, write_upload
@@ -600,13 +636,27 @@ def test_write_upload_refuses_corrupt_bytes(tmp_path, store):
     data = store.read_bulk(0, store.max_offset, check=False)
     flipped = data[:700] + bytes([data[700] ^ 0x10]) + data[701:]
     upload = prepare_upload(store, flipped, 0, cluster=CLUSTER, broker_name=BROKER)
+    local = LocalBackend(tmp_path / "a")
     with pytest.raises(CorruptData, match="checksum"):
-        write_upload(LocalBackend(tmp_path / "a").put, upload)
+        write_upload(local, upload)
+    assert not local.exists(upload.segment_key)  # never published
     miscounted = dataclasses.replace(
         prepare_upload(store, data, 0, cluster=CLUSTER, broker_name=BROKER), record_count=5
     )
     with pytest.raises(CorruptData, match="index"):
-        write_upload(LocalBackend(tmp_path / "b").put, miscounted)
+        write_upload(LocalBackend(tmp_path / "b"), miscounted)
+    # a flipped byte in the log file itself, copied by the kernel (the uploader's path)
+    first = store.log.segment_paths()[0]
+    raw = first.read_bytes()
+    flip_at = len(raw) - 100  # in the last step when the steps are small
+    first.write_bytes(raw[:flip_at] + bytes([raw[flip_at] ^ 0x01]) + raw[flip_at + 1 :])
+    for target in (LocalBackend(tmp_path / "c"), LocalBackend(tmp_path / "d", fsync=False)):
+        with store.open_bulk(0, 1 << 20) as source:
+            upload = prepare_upload(store, source, 0, cluster=CLUSTER, broker_name=BROKER)
+            with pytest.raises(CorruptData, match="checksum"):
+                write_upload(target, upload)
+        assert not target.exists(upload.segment_key)
+        assert [f for _, _, files in os.walk(target.root) for f in files if TEMP_MARK in f] == []
 
 
 def test_check_whole_records_and_read_bulk(tmp_path, store):
@@ -637,10 +687,96 @@ def test_verify_stored_size_only_when_puts_are_verified(tmp_path, memory_url, st
     data = store.read_bulk(0, store.max_offset)
     local = LocalBackend(tmp_path / "objects")
     assert local.puts_are_verified and not LocalBackend(tmp_path / "x", fsync=False).puts_are_verified
-    meta = write_upload(local.put, prepare_upload(store, data, 0, cluster=CLUSTER, broker_name=BROKER))
+    meta = write_upload(local, prepare_upload(store, data, 0, cluster=CLUSTER, broker_name=BROKER))
     verify_stored(local, meta)
     remote = FsspecBackend(memory_url)
     assert not remote.puts_are_verified
     remote.put(meta.key, data[:-1] + bytes([data[-1] ^ 1]))  # same size, other bytes
     with pytest.raises(CorruptData):
         verify_stored(remote, meta)
+
+
+def test_put_checked_checks_what_it_stores_and_publishes_only_on_success(backend, tmp_path):
+    from broker_agent.commitlog import FileRange
+    from broker_agent.tiered_backend import BytesSource
+
+    seen: list[bytes] = []
+
+    def keep(view: memoryview, ready) -> int:
+        assert ready(len(view)) == len(view)
+        seen.append(bytes(view))
+        return len(view)
+
+    assert backend.put_checked("a/seg", BytesSource(b"abc" * 100), keep) == 300
+    assert seen == [b"abc" * 100] and backend.get("a/seg") == b"abc" * 100
+    path = tmp_path / "source.log"
+    path.write_bytes(b"0123456789" * 50)
+    with FileRange(os.open(path, os.O_RDONLY), 20, 100, path) as source:
+        assert backend.put_checked("a/file", source, keep) == 100
+    assert seen[-1] == (b"0123456789" * 50)[20:120] == backend.get("a/file")
+
+    def refuse(view: memoryview, ready) -> int:
+        raise CorruptData("a record failed its CRC")
+
+    with pytest.raises(CorruptData, match="CRC"):
+        backend.put_checked("a/bad", BytesSource(b"xyz" * 10), refuse)
+    assert not backend.exists("a/bad") and backend.list("a/") == ["a/file", "a/seg"]
+    assert backend.put_checked("a/seg", BytesSource(b"abc" * 100), keep) == 300  # same bytes: fine
+    with pytest.raises(FailedPrecondition):
+        backend.put_checked("a/seg", BytesSource(b"abd" * 100), keep)  # immutable
+    assert backend.get("a/seg") == b"abc" * 100
+    with FileRange(os.open(path, os.O_RDONLY), 450, 100, path) as short, pytest.raises(CorruptData):
+        backend.put_checked("a/short", short, keep)  # the file ends 50 bytes early
+    assert not backend.exists("a/short")
+    big = os.urandom(3 * COPY_CHUNK_BYTES + 12345)
+    path.write_bytes(big)
+    steps: list[int] = []
+
+    def follow(view: memoryview, ready) -> int:
+        value = done = 0
+        while done < len(view):
+            available = ready(done + 1)
+            steps.append(available)
+            value = zlib.crc32(view[done:available], value)
+            done = available
+        return value
+
+    with FileRange(os.open(path, os.O_RDONLY), 0, len(big), path) as source:
+        assert backend.put_checked("a/big", source, follow) == zlib.crc32(big)
+    assert backend.get("a/big") == big and steps[-1] == len(big)
+
+
+def test_crc32c_over_any_buffer_and_sha256_segments_still_verify(tmp_path, memory_url, store):
+    import dataclasses
+    import mmap
+
+    from mqmeta.formats.checksum import checksum_matches, crc32c, object_checksum
+
+    data = _store_bytes(store)
+    expected = google_crc32c.value(data)
+    assert crc32c(data) == crc32c(memoryview(data)) == crc32c(bytearray(data)) == expected
+    assert crc32c(memoryview(data)[10:99]) == google_crc32c.value(data[10:99])
+    path = tmp_path / "mapped"
+    path.write_bytes(data)
+    with open(path, "r+b") as f, mmap.mmap(f.fileno(), len(data)) as mapped:
+        view = memoryview(mapped)
+        assert crc32c(view) == expected
+        view.release()
+    assert object_checksum(data) == f"crc32c:{expected:08x}"
+    flipped = data[:9] + bytes([data[9] ^ 4]) + data[10:]
+    for checksum in (object_checksum(data), hashlib.sha256(data).hexdigest()):
+        assert checksum_matches(data, checksum) and not checksum_matches(flipped, checksum)
+    # a segment uploaded before P11: its meta names a SHA-256, and it still verifies
+    _, meta = build_segment(data, 0, cluster=CLUSTER, broker_name=BROKER)
+    old = dataclasses.replace(meta, sha256=hashlib.sha256(data).hexdigest())
+    assert SegmentMeta.from_dict(old.to_dict()) == old
+    for backend in (LocalBackend(tmp_path / "objects"), FsspecBackend(memory_url)):
+        backend.put(old.key, data)
+        verify_segment(backend, old)
+        verify_stored(backend, old)
+    remote = FsspecBackend(memory_url)
+    remote.delete(old.key)
+    remote.put(old.key, flipped)
+    for check in (verify_segment, verify_stored):
+        with pytest.raises(CorruptData):
+            check(remote, old)

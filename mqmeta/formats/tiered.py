@@ -23,7 +23,6 @@ the same bytes, a different range gets a different key.
 
 from __future__ import annotations
 
-import hashlib
 import re
 import struct
 import zlib
@@ -31,6 +30,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 
 from mqmeta.errors import CorruptData, InvalidArgument
+from mqmeta.formats.checksum import CHECKSUM_PATTERN, object_checksum
 from mqmeta.formats.checksummed import dump_checksummed, loads_checksummed
 from mqmeta.formats.epochs import EPOCH_ENTRIES_MAX, EpochEntry
 from mqmeta.formats.records import (
@@ -46,7 +46,6 @@ OFFSET_MAX = (1 << 63) - 1
 OBJECT_BYTES_MAX = 1 << 30  # one object; a segment is one commit-log read (64 MiB) in practice
 _UPLOAD_ID_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _SEGMENT_NAME = re.compile(r"(\d{20})-(\d{20})\.seg")
-_SHA256_PATTERN = re.compile(r"[0-9a-f]{64}")
 
 INDEX_MAGIC = b"MQTI"
 INDEX_VERSION = 1
@@ -118,7 +117,11 @@ def upload_marker_key(cluster: str, broker_name: str, upload_id: str) -> str:
 # Segments --------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class SegmentMeta:
-    """What the uploader knows of one commit-log segment object; checked at construction."""
+    """What the uploader knows of one commit-log segment object; checked at construction.
+
+    `sha256` is the object's checksum in either format of mqmeta.formats.checksum
+    (`crc32c:` + 8 hex digits since P11, a SHA-256 before); the name stays because it is
+    the field's name in the controller's checkpoint, the proto and the audit."""
 
     key: str
     base_offset: int
@@ -136,8 +139,11 @@ class SegmentMeta:
             )
         if self.size != self.end_offset - self.base_offset:
             raise InvalidArgument(f"segment {self.key!r}: size {self.size} is not end - base")
-        if not isinstance(self.sha256, str) or not _SHA256_PATTERN.fullmatch(self.sha256):
-            raise InvalidArgument(f"segment {self.key!r}: sha256 {self.sha256!r} is not 64 hex digits")
+        if not isinstance(self.sha256, str) or not CHECKSUM_PATTERN.fullmatch(self.sha256):
+            raise InvalidArgument(
+                f"segment {self.key!r}: checksum {self.sha256!r} is neither crc32c:<8 hex digits> "
+                "nor a SHA-256 (64 hex digits)"
+            )
         for kind in ("record_count", "first_epoch", "last_epoch"):
             value = getattr(self, kind)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -184,7 +190,7 @@ def build_segment(
         base_offset=base_offset,
         end_offset=end_offset,
         size=len(data),
-        sha256=hashlib.sha256(data).hexdigest(),
+        sha256=object_checksum(data),
         record_count=len(records),
         first_epoch=records[0].epoch,
         last_epoch=records[-1].epoch,

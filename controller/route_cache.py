@@ -1,0 +1,264 @@
+"""The standalone nameserver's copy of the routing metadata, fed by the controller's watch stream.
+
+A route read used to be a linearizable read in the controller (a Raft barrier: a fsynced
+entry on a majority, 10-36 ms at p99 here). The nameserver now answers from a copy of
+the two things a route is made of - every topic's definition and every broker set's
+master, epoch and addresses - that one watch stream keeps current, and falls back to
+the barrier read whenever the copy cannot answer.
+
+Why a copy that may lag is safe. A route only tells a client where to send; it grants
+nothing. Every write a client then makes goes to a broker master, and masters are fenced
+by epoch (DESIGN: at most one master accepts writes per broker set at any instant: the
+controller's epoch plus the master lease). A stale route names either a broker that is no
+longer master, which refuses the send (it is a slave, or fenced, or dead), or misses a
+broker set the topic was just given, which loses nothing either. Either way the client
+asks again, and the copy has caught up within one watch delivery (milliseconds; measured
+by tests/test_route_cache.py and bench/metadata_scale.py). So the nameserver's answers
+were never the thing that made writes safe: fencing is, in the brokers and the
+controller, and neither changed. What does change: a route read is no longer
+linearizable - a client may see a route up to one watch delivery old (RocketMQ's own
+nameservers are eventually consistent, refreshed every 30 s; this is milliseconds).
+
+When the copy answers, and when it does not (then: the barrier read, as before):
+- only while its watch stream is open and it has loaded every broker set the
+  controller listed after subscribing, and every topic (ListTopics after subscribing:
+  any change after that read comes on the stream);
+- a topic it does not know (just created, or absent: the barrier read answers
+  NOT_FOUND properly) or whose definition changed since its last topic load (a "topic"
+  event marks it; a refresher reloads the topics at most every TOPIC_RELOAD_INTERVAL_S);
+- broker sets are updated from the stream itself (every broker-set event carries the set
+  as it is at that Raft index; an event older than what the copy holds is ignored, since
+  the stream may repeat a change already in its opening snapshot);
+- when the stream ends or fails (the controller node died, the stream fell behind, the
+  network broke) the copy is dropped at once and every read falls back until a new
+  stream has loaded everything again (retried every RESUBSCRIBE_INTERVAL_S). A stream
+  that is silently cut (a stopped process, a black-holed link: no reset ever arrives)
+  is noticed by gRPC keepalive: the stream's channel pings every WATCH_KEEPALIVE_MS and
+  fails the stream when a ping is not answered within WATCH_KEEPALIVE_TIMEOUT_MS, so the
+  copy answers at most about their sum after its stream stopped delivering.
+- no broker set at all: no stream message ever proves the subscription, so the copy
+  never goes live (every read is a barrier read, as before).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+import grpc
+
+from mqmeta.client import ControllerClient
+from mqmeta.errors import MqmetaError
+from mqmeta.pb import controller_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+RESUBSCRIBE_INTERVAL_S = 1.0
+TOPIC_RELOAD_INTERVAL_S = 1.0  # at most one ListTopics per interval while topics change
+# ...and at most this share of the time: a ListTopics of 100,000 topics is 6.8 MB and takes
+# the leader a while; while topics are created in bulk the reloads must not double its load
+TOPIC_RELOAD_DUTY_MAX = 0.1
+WATCH_KEEPALIVE_MS = 1_000
+WATCH_KEEPALIVE_TIMEOUT_MS = 2_000
+BrokerKey = tuple[str, str]  # (cluster, broker name)
+
+
+class RouteCache:
+    """Routes from a watched copy; `route(name)` is None when the barrier read must answer."""
+
+    def __init__(self, client: ControllerClient) -> None:
+        self.client = client
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._live = False
+        self._topics: dict[str, pb.Topic] = {}
+        self._dirty: set[str] = set()  # topics changed since the last load: not answered
+        self._brokers: dict[BrokerKey, tuple[int, pb.BrokerRoute]] = {}  # (index, route)
+        self._cluster_sets: dict[str, list[str]] | None = None  # sorted names, per cluster
+        self._awaited: set[BrokerKey] = set()  # listed by ListBrokerSets, not yet streamed
+        self._stream: Any = None
+        self._loaded = False  # topics and the broker-set list were read after subscribing
+        self._generation = 0  # bumped when the copy is dropped: older reloads are discarded
+        self._unknown_kinds: set[str] = set()
+        self.stats = {"hits": 0, "fallbacks": 0, "events": 0, "subscriptions": 0, "topic_loads": 0}
+        self._threads = [
+            threading.Thread(target=self._follow_loop, name="route-cache-watch", daemon=True),
+            threading.Thread(target=self._refresh_loop, name="route-cache-refresh", daemon=True),
+        ]
+
+    def start(self) -> RouteCache:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        stream = self._stream
+        if stream is not None:
+            stream.cancel()
+        for thread in self._threads:
+            thread.join(timeout=5.0)
+
+    @property
+    def live(self) -> bool:
+        with self._lock:
+            return self._live
+
+    # Reads ------------------------------------------------------------------------------
+    def route(self, name: str) -> pb.TopicRoute | None:
+        with self._lock:
+            topic = self._topics.get(name) if self._live and name not in self._dirty else None
+            if topic is None:
+                self.stats["fallbacks"] += 1
+                return None
+            self.stats["hits"] += 1
+            return self._build(topic)
+
+    def _build(self, topic: pb.Topic) -> pb.TopicRoute:
+        """The route the controller's topic_route builds from the same state."""
+        if topic.broker_names:
+            names = list(topic.broker_names)
+        else:
+            if self._cluster_sets is None:
+                sets: dict[str, list[str]] = {}
+                for (cluster, name), (_, route) in self._brokers.items():
+                    if route.addresses:
+                        sets.setdefault(cluster, []).append(name)
+                self._cluster_sets = {c: sorted(n) for c, n in sets.items()}
+            names = self._cluster_sets.get(topic.cluster, [])
+        queues, brokers = [], []
+        for name in names:
+            found = self._brokers.get((topic.cluster, name))
+            if found is None or not found[1].addresses:
+                continue
+            queues.append(
+                pb.QueueRoute(
+                    broker_name=name,
+                    read_queue_count=topic.queue_count,
+                    write_queue_count=topic.queue_count,
+                    perm=topic.perm,
+                )
+            )
+            brokers.append(found[1])
+        return pb.TopicRoute(
+            topic=topic.name, message_type=topic.message_type, queues=queues, brokers=brokers
+        )
+
+    # The watch stream -----------------------------------------------------------------------
+    def _follow_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._follow()
+            except (grpc.RpcError, MqmetaError) as error:
+                if not self._stop.is_set():
+                    log.info("route cache: watch stream ended (%s); reads fall back", _describe(error))
+            except Exception:  # the nameserver must outlive any one failure here
+                log.exception("route cache: watch stream failed; reads fall back")
+            self._drop()
+            self._stop.wait(RESUBSCRIBE_INTERVAL_S)
+
+    def _follow(self) -> None:
+        self.client.call("GetMetadata", pb.GetMetadataRequest())  # points the client at a live node
+        stream = self.client.watch(keepalive_ms=(WATCH_KEEPALIVE_MS, WATCH_KEEPALIVE_TIMEOUT_MS))
+        self._stream = stream
+        self.stats["subscriptions"] += 1
+        loaded = False
+        for event in stream:
+            if self._stop.is_set():
+                return
+            if not loaded:  # the first message proves the subscription is registered
+                self._load()
+                loaded = True
+            self._apply(event)
+
+    def _load(self) -> None:
+        """Everything read after subscribing: a change after these reads comes on the stream."""
+        listed = self.client.call("ListBrokerSets", pb.ListBrokerSetsRequest())
+        topics = self.client.call("ListTopics", pb.ListTopicsRequest())
+        with self._lock:
+            self._topics = {t.name: t for t in topics.topics}
+            self._dirty.clear()
+            self._awaited = {(s.cluster, s.broker_name) for s in listed.broker_sets} - set(self._brokers)
+            self._loaded = True
+            self._live = not self._awaited
+            self.stats["topic_loads"] += 1
+
+    def _apply(self, event: pb.WatchEvent) -> None:
+        with self._lock:
+            self.stats["events"] += 1
+            if event.HasField("replica_info"):
+                key = (event.replica_info.cluster, event.replica_info.broker_name)
+                held = self._brokers.get(key)
+                if held is None or event.index >= held[0]:
+                    self._brokers[key] = (event.index, _broker_route(event.replica_info))
+                    self._cluster_sets = None
+                self._awaited.discard(key)
+                if not self._awaited and self._loaded:
+                    self._live = True
+            elif event.kind == "topic":
+                self._dirty.add(event.name)
+            elif event.kind not in ("group", "config", "tiered"):
+                # A kind this copy does not know (a newer controller): it may change a topic,
+                # so no topic is answered until the next topic load (broker-set changes
+                # carry replica_info, handled above whatever their kind).
+                if event.kind not in self._unknown_kinds:
+                    self._unknown_kinds.add(event.kind)
+                    log.warning("route cache: unknown watch event kind %r; reloading topics", event.kind)
+                self._dirty.update(self._topics)
+
+    def _drop(self) -> None:
+        with self._lock:
+            self._live = False
+            self._stream = None
+            self._topics, self._brokers, self._dirty = {}, {}, set()
+            self._cluster_sets, self._awaited = None, set()
+            self._loaded = False
+            self._generation += 1
+
+    # Refresher -------------------------------------------------------------------------
+    def _refresh_loop(self) -> None:
+        pause_s = TOPIC_RELOAD_INTERVAL_S
+        while not self._stop.wait(pause_s):
+            started = time.monotonic()
+            try:
+                self._reload_dirty_topics()
+            except (grpc.RpcError, MqmetaError) as error:
+                log.info("route cache: topic reload failed (%s)", _describe(error))
+            except Exception:
+                log.exception("route cache: topic reload failed")
+            took_s = time.monotonic() - started
+            pause_s = max(TOPIC_RELOAD_INTERVAL_S, took_s / TOPIC_RELOAD_DUTY_MAX - took_s)
+
+    def _reload_dirty_topics(self) -> None:
+        """One ListTopics for every topic marked since the last load. The read is a barrier
+        read made after the events that marked them, so it holds those changes."""
+        with self._lock:
+            if not self._live or not self._dirty:
+                return
+            dirty, generation = set(self._dirty), self._generation
+        topics = self.client.call("ListTopics", pb.ListTopicsRequest())
+        with self._lock:
+            if generation != self._generation:
+                return  # the copy was dropped meanwhile
+            self._topics = {t.name: t for t in topics.topics}
+            self._dirty -= dirty  # a topic marked again meanwhile stays dirty
+            self.stats["topic_loads"] += 1
+
+
+def _broker_route(info: pb.ReplicaInfo) -> pb.BrokerRoute:
+    return pb.BrokerRoute(
+        cluster=info.cluster,
+        broker_name=info.broker_name,
+        master_broker_id=info.master_broker_id,
+        master_address=info.master_address,
+        master_epoch=info.master_epoch,
+        addresses={r.broker_id: r.address for r in info.replicas},
+    )
+
+
+def _describe(error: BaseException) -> str:
+    if isinstance(error, grpc.RpcError):
+        return f"{error.code().name}: {error.details()}"  # type: ignore[attr-defined]
+    return str(error)

@@ -1,0 +1,149 @@
+"""The standalone nameserver's route copy (controller/route_cache.py), on a real 3-node cluster.
+
+Properties checked:
+- once live, the copy answers every topic exactly as the controller's barrier read
+  (GetTopicRoute) does: a topic on every broker set of its cluster, one on named sets,
+  one in another cluster; a topic it does not know is not answered (falls back);
+- a change is seen within a bound (ROUTE_CHANGE_BOUND_S, measured from the call that made
+  it): a new replica's address, a new broker set (gained by the topics on every set),
+  an updated topic, a deleted topic; while a topic's new definition is not loaded yet
+  the copy does not answer it (never the old definition after the event arrived); an
+  event of a kind the copy does not know stops it answering any topic until it has
+  reloaded the topics (the stream stays open);
+- a copy that lost its watch falls back: when the node its stream is on is SIGSTOPped
+  (no reset ever arrives: keepalive must notice) it stops answering within
+  LOST_WATCH_BOUND_S, and after kill -9 of that node too; it answers again, equal to the
+  barrier read, once it has resubscribed to a live node.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from cluster.wait import wait_for
+from controller.route_cache import WATCH_KEEPALIVE_MS, WATCH_KEEPALIVE_TIMEOUT_MS, RouteCache
+from mqmeta.client import ControllerClient
+from mqmeta.errors import NotFound
+from mqmeta.pb import controller_pb2 as pb
+
+pytestmark = pytest.mark.timeout(150)
+
+ROUTE_CHANGE_BOUND_S = 3.0  # a watch delivery, plus one topic reload (TOPIC_RELOAD_INTERVAL_S)
+LOST_WATCH_BOUND_S = (WATCH_KEEPALIVE_MS + WATCH_KEEPALIVE_TIMEOUT_MS) / 1000 + 2.0
+LIVE_TIMEOUT_S = 20.0
+
+
+def _register(client: ControllerClient, cluster: str, broker_name: str, index: int) -> None:
+    client.call(
+        "RegisterBroker",
+        pb.RegisterBrokerRequest(
+            cluster=cluster,
+            broker_name=broker_name,
+            check_code=f"{broker_name}-{index}",
+            address=f"127.0.0.1:{21000 + index}",
+        ),
+    )
+
+
+def _barrier_route(client: ControllerClient, name: str) -> pb.TopicRoute:
+    return client.call("GetTopicRoute", pb.NameRequest(name=name))
+
+
+def _seen_within(cache: RouteCache, name: str, expected, started: float, what: str) -> float:
+    """Waits until the copy answers `name` with `expected` (None: does not answer);
+    returns the seconds since `started`, which must be within ROUTE_CHANGE_BOUND_S."""
+    wait_for(lambda: cache.route(name), ROUTE_CHANGE_BOUND_S + 5, what, until=lambda r: r == expected)
+    elapsed = time.monotonic() - started
+    assert elapsed <= ROUTE_CHANGE_BOUND_S, f"{what}: {elapsed:.2f} s"
+    return elapsed
+
+
+@pytest.fixture
+def loaded(cluster):
+    with cluster.client() as client:
+        for i, (c, b) in enumerate([("C1", "bs-a"), ("C1", "bs-a"), ("C1", "bs-b"), ("C2", "bs-x")]):
+            _register(client, c, b, i)
+        client.call("CreateTopic", pb.TopicSpec(name="Everywhere", cluster="C1", queue_count=4))
+        client.call("CreateTopic", pb.TopicSpec(name="Named", cluster="C1", broker_names=["bs-b"], perm="R"))
+        client.call("CreateTopic", pb.TopicSpec(name="Other", cluster="C2", message_type="FIFO"))
+        cache = RouteCache(ControllerClient(cluster.addresses)).start()
+        try:
+            wait_for(lambda: cache.live, LIVE_TIMEOUT_S, "the route copy to go live")
+            yield cluster, client, cache
+        finally:
+            cache.stop()
+            cache.client.close()
+
+
+def test_the_copy_answers_as_the_barrier_read_and_follows_changes(loaded):
+    cluster, client, cache = loaded
+    for name in ("Everywhere", "Named", "Other"):
+        assert cache.route(name) == _barrier_route(client, name), name
+    assert len(cache.route("Everywhere").brokers) == 2
+    assert cache.route("Missing") is None  # the barrier read answers (NOT_FOUND)
+    seen: dict[str, float] = {}
+    started = time.monotonic()
+    _register(client, "C1", "bs-b", 10)  # a new replica address
+    expected = _barrier_route(client, "Named")
+    assert len(expected.brokers[0].addresses) == 2
+    seen["new replica"] = _seen_within(cache, "Named", expected, started, "a new replica's address")
+    started = time.monotonic()
+    _register(client, "C1", "bs-c", 11)  # a new broker set: topics on every set gain it
+    expected = _barrier_route(client, "Everywhere")
+    assert [q.broker_name for q in expected.queues] == ["bs-a", "bs-b", "bs-c"]
+    seen["new broker set"] = _seen_within(cache, "Everywhere", expected, started, "a new broker set")
+    assert cache.route("Named") == _barrier_route(client, "Named")  # not on bs-c
+    started = time.monotonic()
+    client.call(
+        "UpdateTopic", pb.TopicSpec(name="Named", cluster="C1", queue_count=16, broker_names=["bs-b"])
+    )
+    updated = _barrier_route(client, "Named")
+    assert updated.queues[0].read_queue_count == 16
+    seen["topic update"] = _seen_within(cache, "Named", updated, started, "an updated topic")
+    started = time.monotonic()
+    client.call("DeleteTopic", pb.NameRequest(name="Other"))
+    with pytest.raises(NotFound):
+        _barrier_route(client, "Other")
+    seen["topic delete"] = _seen_within(cache, "Other", None, started, "a deleted topic")
+    client.call("CreateTopic", pb.TopicSpec(name="Later", cluster="C1"))
+    wait_for(lambda: cache.route("Later"), ROUTE_CHANGE_BOUND_S + 5, "a created topic answered")
+    assert cache.route("Later") == _barrier_route(client, "Later")
+    assert cache.stats["hits"] > 0 and cache.stats["fallbacks"] > 0
+    # an event kind this copy does not know: no topic answered until the next topic load
+    started = time.monotonic()
+    cache._apply(pb.WatchEvent(index=1, kind="a-future-kind"))
+    assert cache.route("Everywhere") is None and cache.live
+    seen["unknown event kind"] = _seen_within(
+        cache, "Everywhere", _barrier_route(client, "Everywhere"), started, "topics after an unknown kind"
+    )
+    print("route change -> seen by the copy (s):", {k: round(v, 3) for k, v in seen.items()})
+
+
+def _stream_node(cluster, cache: RouteCache) -> str:
+    target = cache.client._target  # the node its stream was opened on
+    return next(n.id for n in cluster.layout.controllers if n.grpc == target)
+
+
+def test_a_copy_that_lost_its_watch_falls_back(loaded):
+    cluster, client, cache = loaded
+    for fault in ("pause", "kill"):
+        node = _stream_node(cluster, cache)
+        started = time.monotonic()
+        getattr(cluster, fault)(node)
+        try:
+            wait_for(lambda: not cache.live, LOST_WATCH_BOUND_S + 5, f"the copy to drop after {fault} {node}")
+            elapsed = time.monotonic() - started
+            assert elapsed <= LOST_WATCH_BOUND_S, f"{fault}: the copy answered {elapsed:.2f} s"
+            assert cache.route("Everywhere") is None  # the barrier read answers meanwhile
+        finally:
+            if fault == "pause":
+                cluster.resume(node)
+            else:
+                cluster.restart(node)
+        with ControllerClient(cluster.addresses) as fresh:
+            wait_for(lambda: cache.live, LIVE_TIMEOUT_S, f"the copy to resubscribe after {fault}")
+            for name in ("Everywhere", "Named", "Other"):
+                assert cache.route(name) == _barrier_route(fresh, name), name
+    assert cache.stats["subscriptions"] >= 3
