@@ -16,6 +16,7 @@ import pytest
 from cluster.harness import Cluster
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         group = "spark" if item.get_closest_marker("spark") else item.nodeid.split("::")[0]
