@@ -1,25 +1,51 @@
 """Shared fixtures: a real 3-node controller cluster on loopback per test that asks; and how
 the run is laid out over pytest-xdist's workers.
 
-The suite runs on two workers (`-n 2 --dist loadgroup` in pyproject.toml): most tests wait
-on real processes more than they compute. Each module is one group, so a module's shared
+The suite runs on two workers (`-n 2` in pyproject.toml): most tests wait
+on real processes more than they compute. Each module is one scope, so a module's shared
 cluster is built once, on one worker. Every test marked `spark` (the modules that start
-the shared Spark session) is in one group, on one worker, one after the other, and the
+the shared Spark session) is in one scope, on one worker, one after the other, and the
 session and its JVM stop after the last of them instead of using a core for the rest of
 the run.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import pytest
 
 from cluster.harness import Cluster
 
+# The modules whose tests use the shared Spark session (marked `spark`): one scope.
+SPARK_MODULES = frozenset({"test_audit.py", "test_chaos_runs.py", "test_rocketmq_chaos.py"})
+
+
+def _scope(nodeid: str) -> str:
+    module = nodeid.split("::")[0]
+    return "spark" if Path(module).name in SPARK_MODULES else module
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """xdist's scope scheduling (a scope's tests go to one worker, in order) with every
+    Spark module in one scope. (Its `loadgroup` mode leaves groups split with pytest 9.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SparkTogether(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _scope(nodeid)
+
+    return SparkTogether(config, log)
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        group = "spark" if item.get_closest_marker("spark") else item.nodeid.split("::")[0]
-        item.add_marker(pytest.mark.xdist_group(group))
+        marked = item.get_closest_marker("spark") is not None
+        if marked != (item.path.name in SPARK_MODULES):
+            raise pytest.UsageError(
+                f"{item.nodeid}: mark a module `spark` exactly when SPARK_MODULES lists it"
+            )
 
 
 @pytest.hookimpl(trylast=True)
