@@ -1435,8 +1435,8 @@ def raw_phase(root: Path, entry_bytes: int, seconds: float) -> dict[str, Any]:
     from cluster.ports import PortReservation
 
     secret = (root / "cluster" / "secret").read_text().strip()
-    ports = PortReservation.pick(3)  # held until the raw nodes stop (they bind with SO_REUSEADDR)
-    addresses = ports.addresses
+    with PortReservation.pick(3) as reserved:  # released before the raw nodes bind them
+        addresses = reserved.addresses
     pool = ChildPool("raw")
     try:
         pool.start(_raw_node, [(i, addresses, secret, str(root / f"raw{i}")) for i in range(3)])
@@ -1467,7 +1467,6 @@ def raw_phase(root: Path, entry_bytes: int, seconds: float) -> dict[str, Any]:
         return out
     finally:
         pool.stop()
-        ports.release()
 
 
 # Phase: watch fan-out ----------------------------------------------------------------------------

@@ -30,6 +30,7 @@ import gzip
 import importlib.metadata
 import inspect
 import os
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -442,10 +443,12 @@ class LeadershipTransfer(SyncObj):
     vote instead of a whole election timeout. pysyncobj's state belongs to its tick
     thread, so another thread only asks (request_leadership_transfer) and the tick does
     it; pysyncobj denies a follower that is not fully caught up, so the tick tries again
-    until it is (or this node is no longer the leader). The subclass creates
-    `_transfer_requested` (a threading.Event) before SyncObj.__init__: runtime only."""
+    until it is (or this node is no longer the leader)."""
 
-    _transfer_requested: Any
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # before SyncObj.__init__, which may start the tick thread that reads it
+        self._transfer_requested = threading.Event()
+        super().__init__(*args, **kwargs)
 
     def request_leadership_transfer(self) -> None:
         self._transfer_requested.set()

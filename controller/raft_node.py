@@ -171,7 +171,6 @@ class ControllerRaft(pysyncobj_compat.RaftFixes):
         self._on_events = on_events
         self._state = ControllerState()
         self._snapshots = StateSnapshots(lambda: self._state, self._install_state)
-        self._transfer_requested = threading.Event()  # pysyncobj_compat.LeadershipTransfer
         self.on_applied: Callable[[float, int], None] | None = None  # (seconds, commands): metrics
         self.leader_terms = 0  # how often this node became leader (metrics)
         others = [p.raft for p in peers if p.raft != raft_address]

@@ -90,5 +90,7 @@ def _stop_gateway() -> None:
     gateway.shutdown()
     proc = getattr(gateway, "proc", None)  # set by pyspark's launch_gateway
     if proc is not None:
+        if proc.stdin is not None:
+            proc.stdin.close()  # the JVM exits when its stdin closes
         proc.terminate()
         proc.wait(JVM_EXIT_WAIT_S)
