@@ -75,6 +75,11 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument(
         "--replicate", action="store_true", help="also run a replicator with a rule a -> b for every topic"
     )
+    up.add_argument(
+        "--tls",
+        action="store_true",
+        help="make a local CA in DIR/tls/ and run every gRPC port over mutual TLS",
+    )
 
     from broker_agent.service import add_broker_parser
     from mqmeta.data_cli import add_data_parsers
@@ -95,7 +100,28 @@ def build_parser() -> argparse.ArgumentParser:
     from replicator import add_replicator_parser
 
     add_replicator_parser(sub)
+    _add_tls_flags_to_leaves(sub, TLS_COMMANDS)
     return parser
+
+
+# The subcommands that serve or dial gRPC (`local up` makes its own: --tls).
+TLS_COMMANDS = ("controller", "namesrv", "broker", "produce", "consume", "admin", "replicator")
+
+
+def _add_tls_flags_to_leaves(sub: argparse._SubParsersAction, names: tuple[str, ...]) -> None:
+    """--tls-* on every leaf parser under `names` (on a leaf only: a subparser's defaults
+    would overwrite the values its parent parsed)."""
+    from mqmeta.tls import add_tls_flags
+
+    for name in names:
+        pending = [sub.choices[name]]
+        while pending:
+            parser = pending.pop()
+            nested = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+            if not nested:
+                add_tls_flags(parser)
+            for action in nested:
+                pending.extend(dict.fromkeys(action.choices.values()))
 
 
 def _setup_logging(level: str) -> None:
@@ -113,9 +139,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mqmeta: error: unknown --log-level {args.log_level!r}", file=sys.stderr)
         return EXIT_BAD_INPUT
     try:
-        from mqmeta import dialmap
+        from mqmeta import dialmap, tls
 
         dialmap.load_from_environment()
+        tls.configure(tls.config_from_args(args))
         return _dispatch(args)
     except MqmetaError as error:
         print(f"mqmeta: error: {error.message}", file=sys.stderr)
