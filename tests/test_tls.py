@@ -144,6 +144,13 @@ def test_clients_without_the_right_credentials_are_refused(tls_cluster, tmp_path
     assert "Traceback" not in refused.stderr
 
 
+def test_a_plaintext_producer_is_told_why(tls_cluster):
+    _, document = tls_cluster
+    sent = run("produce", "--namesrv", document["namesrv"][0]["grpc"], "--topic", "Secure", "--count", "1")
+    assert sent.returncode != 0 and "acknowledged 0" in sent.stdout
+    assert "the server may want TLS: pass --tls-ca" in sent.stderr, sent.stderr
+
+
 def test_a_plaintext_channel_gets_unavailable(tls_cluster):
     _, document = tls_cluster
     with grpc.insecure_channel(document["controllers"][0]["grpc"]) as channel:
