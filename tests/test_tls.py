@@ -220,6 +220,41 @@ def test_bad_certificate_files_exit_2_with_one_sentence(tmp_path):
     assert server.returncode == 2 and "does not match" in server.stderr, server.stderr
 
 
+def test_server_tls_without_client_certificates(tmp_path):
+    """Without --tls-client-ca a TLS server takes any client that trusts its CA, with a
+    certificate or without; a plaintext client is still refused."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from mqmeta.rpc import add_health_and_reflection
+
+    certs = ensure_local_certs(tmp_path / "ca")
+    server = grpc.server(ThreadPoolExecutor(max_workers=2))
+    tls.configure(tls.load(cert=certs.node_cert, key=certs.node_key))
+    try:
+        port = tls.add_port(server, "127.0.0.1:0")
+    finally:
+        tls.configure(None)
+    add_health_and_reflection(server, [])
+    server.start()
+    request = health_pb2.HealthCheckRequest()
+    try:
+        for config in (
+            tls.load(ca=certs.ca),
+            tls.load(ca=certs.ca, cert=certs.client_cert, key=certs.client_key),
+        ):
+            tls.configure(config)
+            with tls.channel(f"127.0.0.1:{port}") as channel:
+                answer = health_pb2_grpc.HealthStub(channel).Check(request, timeout=5)
+            assert answer.status == health_pb2.HealthCheckResponse.SERVING
+        tls.configure(None)
+        with tls.channel(f"127.0.0.1:{port}") as channel, pytest.raises(grpc.RpcError) as refused:
+            health_pb2_grpc.HealthStub(channel).Check(request, timeout=5)
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+    finally:
+        tls.configure(None)
+        server.stop(0)
+
+
 def test_every_server_and_channel_goes_through_the_tls_module():
     pattern = re.compile(r"insecure_channel\(|add_insecure_port\(|secure_channel\(|add_secure_port\(")
     offenders = []
