@@ -119,7 +119,6 @@ class Cluster:
         return next(b for b in self.layout.brokers if b.name == name)
 
     def broker_status(self, name: str, timeout_s: float = 2.0):
-
         from mqmeta.pb import broker_pb2, broker_pb2_grpc
 
         with tls.channel(self.broker(name).grpc) as channel:

@@ -116,7 +116,6 @@ def add_messaging_service(server, route_of) -> str:
 
 
 def _namesrv_messaging(route_of):
-
     from mqmeta.errors import NotFound
     from mqmeta.pb.apache.rocketmq.v2 import definition_pb2 as rdef
     from mqmeta.pb.apache.rocketmq.v2 import service_pb2 as rsvc
