@@ -110,12 +110,39 @@ def _write_key(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
     data = key.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
     )
-    # created 0600: the key is never readable by others, not even for a moment
-    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, KEY_FILE_MODE)
-    with os.fdopen(descriptor, "wb") as file:
-        file.write(data)
-    os.chmod(path, KEY_FILE_MODE)  # an existing file keeps its mode through O_CREAT
+    _write_private(path, data)
 
 
 def _write_cert(path: Path, certificate: x509.Certificate) -> None:
     path.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
+
+
+@dataclass(frozen=True)
+class LocalTokens:
+    auth_file: Path  # the servers' NAME ROLE TOKEN lines
+    admin_token: Path
+    read_token: Path
+
+
+def ensure_local_tokens(directory: Path) -> LocalTokens:
+    """Random bearer tokens for `local up --auth` (made when absent; every file mode 0600)."""
+    import secrets
+
+    tokens = LocalTokens(directory / "tokens", directory / "admin.token", directory / "read.token")
+    if all(p.exists() for p in (tokens.auth_file, tokens.admin_token, tokens.read_token)):
+        return tokens
+    directory.mkdir(parents=True, exist_ok=True)
+    admin, reader = secrets.token_urlsafe(32), secrets.token_urlsafe(32)
+    _write_private(tokens.admin_token, f"{admin}\n".encode())
+    _write_private(tokens.read_token, f"{reader}\n".encode())
+    _write_private(tokens.auth_file, f"operator admin {admin}\nviewer read {reader}\n".encode())
+    return tokens
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    """Created 0600: never readable by others, not even for a moment (chmod: an existing
+    file keeps its mode through O_CREAT)."""
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, KEY_FILE_MODE)
+    with os.fdopen(descriptor, "wb") as file:
+        file.write(data)
+    os.chmod(path, KEY_FILE_MODE)

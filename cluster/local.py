@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cluster.certs import LocalCerts, ensure_local_certs
+from cluster.certs import LocalCerts, LocalTokens, ensure_local_certs, ensure_local_tokens
 from cluster.layout import (
     Layout,
     broker_command,
@@ -36,7 +36,7 @@ from cluster.layout import (
 )
 from cluster.ready import wait_brokers_ready, wait_ready
 from cluster.supervisor import Supervisor
-from mqmeta import tls
+from mqmeta import auth, tls
 from mqmeta.client import ControllerClient
 from mqmeta.errors import InvalidArgument
 from mqmeta.formats.atomic import write_json_atomically
@@ -54,7 +54,8 @@ class _Site:
     root: Path
     layout: Layout
     supervisor: Supervisor
-    tls_flags: tuple[str, ...] = ()  # every child's --tls-* flags (local up --tls)
+    tls_flags: tuple[str, ...] = ()  # every child's --tls-* and --token-file flags
+    server_flags: tuple[str, ...] = ()  # the servers' --auth-file (local up --auth)
 
 
 def local_up(args: argparse.Namespace) -> int:
@@ -70,6 +71,10 @@ def local_up(args: argparse.Namespace) -> int:
     root = args.data_dir.resolve()
     certs = _setup_tls(root) if getattr(args, "tls", False) else None
     tls_flags = tuple(certs.server_flags()) if certs else ()
+    tokens = _setup_auth(root) if getattr(args, "auth", False) else None
+    if tokens is not None:
+        tls_flags += ("--token-file", str(tokens.admin_token))
+    server_flags = ("--auth-file", str(tokens.auth_file)) if tokens else ()
     with contextlib.ExitStack() as held:
         sites = []
         for i in range(clusters):
@@ -79,8 +84,8 @@ def local_up(args: argparse.Namespace) -> int:
             )
             held.enter_context(ports)
             name = CLUSTER_NAMES[i] if clusters > 1 else ""
-            sites.append(_Site(name, site_root, layout, Supervisor(site_root), tls_flags))
-        return _run(root, sites, replicate, certs)
+            sites.append(_Site(name, site_root, layout, Supervisor(site_root), tls_flags, server_flags))
+        return _run(root, sites, replicate, certs, tokens)
 
 
 def _setup_tls(root: Path) -> LocalCerts:
@@ -89,6 +94,14 @@ def _setup_tls(root: Path) -> LocalCerts:
     certs = ensure_local_certs(root / "tls")
     tls.configure(tls.load(cert=certs.client_cert, key=certs.client_key, ca=certs.ca))
     return certs
+
+
+def _setup_auth(root: Path) -> LocalTokens:
+    """DIR/auth/: an admin token (every process and the operator) and a read-only one; this
+    process sends the admin token."""
+    tokens = ensure_local_tokens(root / "auth")
+    auth.configure(token=auth.load_token(tokens.admin_token))
+    return tokens
 
 
 def _tls_document(certs: LocalCerts) -> dict[str, Any]:
@@ -101,7 +114,13 @@ def _tls_document(certs: LocalCerts) -> dict[str, Any]:
     }
 
 
-def _run(root: Path, sites: list[_Site], replicate: bool, certs: LocalCerts | None = None) -> int:
+def _run(
+    root: Path,
+    sites: list[_Site],
+    replicate: bool,
+    certs: LocalCerts | None = None,
+    tokens: LocalTokens | None = None,
+) -> int:
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())
@@ -114,6 +133,11 @@ def _run(root: Path, sites: list[_Site], replicate: bool, certs: LocalCerts | No
             document["replicators"] = [_start_replicator(root, sites)]
         if certs is not None:
             document["tls"] = _tls_document(certs)
+        if tokens is not None:  # the files' paths, never a token
+            document["auth"] = {
+                "admin_token_file": str(tokens.admin_token),
+                "read_token_file": str(tokens.read_token),
+            }
         write_json_atomically(root / "cluster.json", document, indent=2)
         for site in sites:
             print(
@@ -133,7 +157,7 @@ def _start_site(site: _Site) -> dict[str, Any]:
     """Starts one cluster and waits until it is ready; its part of cluster.json."""
     root, layout, supervisor = site.root, site.layout, site.supervisor
     ensure_secret(root)
-    flags = list(site.tls_flags)
+    flags = [*site.tls_flags, *site.server_flags]
     for node in layout.controllers:
         supervisor.start(node.id, controller_command(root, layout, node) + flags)
     if not layout.embedded:

@@ -80,6 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="make a local CA in DIR/tls/ and run every gRPC port over mutual TLS",
     )
+    up.add_argument(
+        "--auth", action="store_true", help="admin writes need a bearer token (made in DIR/auth/)"
+    )
 
     from broker_agent.service import add_broker_parser
     from mqmeta.data_cli import add_data_parsers
@@ -108,9 +111,13 @@ def build_parser() -> argparse.ArgumentParser:
 TLS_COMMANDS = ("controller", "namesrv", "broker", "produce", "consume", "admin", "replicator")
 
 
+SERVING_COMMANDS = ("controller", "namesrv", "broker")  # they take --auth-file
+
+
 def _add_tls_flags_to_leaves(sub: argparse._SubParsersAction, names: tuple[str, ...]) -> None:
     """--tls-* on every leaf parser under `names` (on a leaf only: a subparser's defaults
     would overwrite the values its parent parsed)."""
+    from mqmeta.auth import add_auth_flags
     from mqmeta.tls import add_tls_flags
 
     for name in names:
@@ -120,6 +127,7 @@ def _add_tls_flags_to_leaves(sub: argparse._SubParsersAction, names: tuple[str, 
             nested = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
             if not nested:
                 add_tls_flags(parser)
+                add_auth_flags(parser, serves=name in SERVING_COMMANDS)
             for action in nested:
                 pending.extend(dict.fromkeys(action.choices.values()))
 
@@ -139,10 +147,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mqmeta: error: unknown --log-level {args.log_level!r}", file=sys.stderr)
         return EXIT_BAD_INPUT
     try:
-        from mqmeta import dialmap, tls
+        from mqmeta import auth, dialmap, tls
 
         dialmap.load_from_environment()
         tls.configure(tls.config_from_args(args))
+        auth.configure_from_args(args)
         return _dispatch(args)
     except MqmetaError as error:
         print(f"mqmeta: error: {error.message}", file=sys.stderr)

@@ -25,7 +25,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from mqmeta import tls
+from mqmeta import auth, tls
 from mqmeta.errors import (
     AlreadyExists,
     CorruptData,
@@ -164,6 +164,7 @@ def build_server(
     server = grpc.server(
         ThreadPoolExecutor(max_workers=workers_max, thread_name_prefix="rpc"),
         options=options,
+        interceptors=auth.server_interceptors(),
     )
     if tls.add_port(server, address) == 0:
         raise InvalidArgument(f"cannot listen on {address}: the port is taken or not local")
@@ -232,7 +233,9 @@ class AsyncServer:
 
     async def _start(self) -> None:
         server = grpc.aio.server(
-            migration_thread_pool=self._pool, options=[("grpc.so_reuseport", 0), *PING_TOLERANT_OPTIONS]
+            migration_thread_pool=self._pool,
+            options=[("grpc.so_reuseport", 0), *PING_TOLERANT_OPTIONS],
+            interceptors=auth.aio_server_interceptors(),
         )
         try:
             bound = tls.add_port(server, self.address)

@@ -2,7 +2,7 @@
 
 A process is configured once at startup (`configure`, from its `--tls-*` flags); then every
 server (`add_port`, used by rpc.build_server and rpc.AsyncServer) and every channel
-(`channel`, `aio_channel`) takes its credentials from here, so no part can forget them.
+(`channel`) takes its credentials from here, so no part can forget them.
 Without a configuration everything stays plaintext, as before.
 
 - `--tls-cert/--tls-key`: this process's certificate: what its servers present, and its
@@ -166,20 +166,14 @@ def channel(target: str, options: Sequence[tuple[str, Any]] | None = None) -> gr
     this process trusts a CA, plaintext otherwise."""
     import grpc
 
-    config = _current
-    if config is None or not config.dials_tls:
-        return grpc.insecure_channel(target, options=options)
-    return grpc.secure_channel(target, channel_credentials(config), options=options)
-
-
-def aio_channel(target: str, options: Sequence[tuple[str, Any]] | None = None) -> grpc.aio.Channel:
-    """`channel` for grpc.aio."""
-    import grpc.aio
+    from mqmeta import auth
 
     config = _current
     if config is None or not config.dials_tls:
-        return grpc.aio.insecure_channel(target, options=options)
-    return grpc.aio.secure_channel(target, channel_credentials(config), options=options)
+        made = grpc.insecure_channel(target, options=options)
+    else:
+        made = grpc.secure_channel(target, channel_credentials(config), options=options)
+    return auth.with_token(made)  # the bearer token of --token-file on every call
 
 
 def flags_of(paths: dict[str, Path]) -> list[str]:

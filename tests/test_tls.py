@@ -1,4 +1,5 @@
-"""TLS on every gRPC port, on a real `mqmeta local up --tls` cluster (one for the module).
+"""TLS on every gRPC port, and admin writes behind a bearer token, on a real
+`mqmeta local up --tls --auth` cluster (one for the module).
 
 Properties checked:
 - a TLS cluster (mutual TLS) elects a broker master, its slave replicates over TLS (the
@@ -10,7 +11,11 @@ Properties checked:
 - key files are mode 0600 and cluster.json lists paths, never a key's contents;
 - bad certificate files (missing, not PEM, key not matching) exit 2 with one sentence,
   for a client and for a server;
-- no server or channel of the product skips mqmeta/tls.py.
+- no server or channel of the product skips mqmeta/tls.py;
+- (`--auth`) admin writes without a bearer token or with an unknown one are
+  UNAUTHENTICATED, with a read-only identity's token PERMISSION_DENIED, with the admin
+  token done (brokers elect with it); reads stay anonymous; no token reaches a log or
+  cluster.json.
 """
 
 from __future__ import annotations
@@ -50,7 +55,7 @@ def tls_cluster(tmp_path_factory):
     output = data_dir.parent / "local-up.out"
     with open(output, "ab") as sink:
         proc = subprocess.Popen(
-            [*MQMETA, "local", "up", "--tls", "--data-dir", str(data_dir), "--replicas", "2"],
+            [*MQMETA, "local", "up", "--tls", "--auth", "--data-dir", str(data_dir), "--replicas", "2"],
             stdout=sink,
             stderr=subprocess.STDOUT,
         )
@@ -97,7 +102,10 @@ def test_tls_cluster_elects_replicates_and_takes_sends(tls_cluster):
     # the slave replicates from the master over mutual TLS, or it never joins the set
     state = wait_for(in_sync, 30.0, "a master and its slave in the SyncStateSet", interval_s=0.3)
     assert state["master_epoch"] >= 1
-    created = run("admin", "--controllers", controllers, "topic", "create", "Secure", "--json", *flags)
+    token = ["--token-file", document["auth"]["admin_token_file"]]
+    created = run(
+        "admin", "--controllers", controllers, "topic", "create", "Secure", "--json", *flags, *token
+    )
     assert created.returncode == 0, created.stderr
     namesrv = document["namesrv"][0]["grpc"]
     sent = run("produce", "--namesrv", namesrv, "--topic", "Secure", "--count", "20", *flags)
@@ -266,3 +274,49 @@ def test_every_server_and_channel_goes_through_the_tls_module():
                 if pattern.search(line):
                     offenders.append(f"{path.relative_to(REPO)}:{number}")
     assert not offenders, f"use mqmeta.tls.channel / add_port instead: {offenders}"
+
+
+def _token_metadata(path: str) -> list[tuple[str, str]]:
+    return [("authorization", f"Bearer {Path(path).read_text().strip()}")]
+
+
+def test_admin_writes_need_a_bearer_token_of_an_admin(tls_cluster):
+    data_dir, document = tls_cluster
+    from mqmeta.pb import broker_pb2, broker_pb2_grpc, controller_pb2_grpc
+
+    with _secure_channel(document, document["controllers"][0]["grpc"]) as channel:
+        meta = controller_pb2_grpc.ControllerServiceStub(channel).GetMetadata(
+            pb.GetMetadataRequest(), timeout=5
+        )
+    leader = next(c["grpc"] for c in document["controllers"] if c["id"] == meta.leader_id)
+    read, admin = document["auth"]["read_token_file"], document["auth"]["admin_token_file"]
+    expected = [
+        ([], grpc.StatusCode.UNAUTHENTICATED),
+        ([("authorization", "Bearer not-a-known-token")], grpc.StatusCode.UNAUTHENTICATED),
+        (_token_metadata(read), grpc.StatusCode.PERMISSION_DENIED),
+    ]
+    with _secure_channel(document, leader) as channel:
+        stub = controller_pb2_grpc.ControllerServiceStub(channel)
+        for metadata, code in expected:
+            with pytest.raises(grpc.RpcError) as refused:
+                stub.CreateTopic(pb.TopicSpec(name="Guarded", queue_count=1), metadata=metadata, timeout=5)
+            assert refused.value.code() == code and refused.value.details(), metadata
+        listed = stub.ListTopics(pb.ListTopicsRequest(), timeout=5)  # reads stay anonymous
+        assert "Guarded" not in {t.name for t in listed.topics}  # a refused write changed nothing
+        stub.CreateTopic(
+            pb.TopicSpec(name="Guarded", queue_count=1), metadata=_token_metadata(admin), timeout=5
+        )
+    with _secure_channel(document, document["brokers"][0]["grpc"]) as channel:  # handoff too
+        with pytest.raises(grpc.RpcError) as refused:
+            broker_pb2_grpc.BrokerServiceStub(channel).Handoff(
+                broker_pb2.HandoffRequest(), metadata=_token_metadata(read), timeout=5
+            )
+        assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    refused_cli = run(
+        "admin", "--controllers", leader, "topic", "delete", "Guarded", *_client_flags(document)
+    )
+    assert refused_cli.returncode == 2 and "needs a bearer token: pass --token-file" in refused_cli.stderr
+    secrets_ = [Path(p).read_text().strip() for p in (read, admin)]
+    for path in [data_dir / "cluster.json", *(data_dir / "logs").glob("*.log")]:
+        text = path.read_text(errors="replace")
+        assert not any(secret in text for secret in secrets_), path
