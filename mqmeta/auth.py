@@ -36,6 +36,15 @@ ADMIN_WRITE_METHODS = frozenset(
                 "ElectMaster",
                 "CleanBrokerData",
                 "Write",
+                # a broker's own writes: the cluster credential keeps a stranger from
+                # registering a broker, faking its liveness or moving its checkpoints
+                "RegisterBroker",
+                "GetNextBrokerId",
+                "Heartbeat",
+                "AlterSyncStateSet",
+                "TieredUploadStart",
+                "TieredCommit",
+                "TieredForgetAbandoned",
             )
         ),
         "/mqmeta.v1.BrokerService/Handoff",
