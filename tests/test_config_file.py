@@ -10,7 +10,9 @@ Properties checked:
 - the standalone sample deployment (3 controllers, a nameserver, a broker set of 3), its
   addresses moved to loopback ports and its directories into tmp_path, starts: the
   controllers elect a leader, the broker set a master, a send is acknowledged; and a
-  flag given beside a sample file overrides it in the real process.
+  flag given beside a sample file overrides it in the real process;
+- the embedded samples (3 nameservers, each with a controller), moved the same way, start
+  and elect a controller leader, and every nameserver serves.
 """
 
 from __future__ import annotations
@@ -270,5 +272,29 @@ def test_the_standalone_samples_start_elect_and_take_a_send(tmp_path):
             )
             assert sent.returncode == 0, sent.stderr
             assert json.loads(sent.stdout)["acked"] == 3
+        finally:
+            supervisor.stop_all()
+
+
+@pytest.mark.cluster
+def test_the_embedded_samples_start_and_elect(tmp_path):
+    samples = sorted((DEPLOY / "embedded").glob("*.toml"))
+    addresses = sorted({a for path in samples for a in ADDRESS.findall(path.read_text())})
+    secret = write(tmp_path / "secret", "sample-deployment-secret\n")
+    with PortReservation.pick(len(addresses)) as ports:
+        moved = dict(zip(addresses, ports.addresses, strict=True))
+        supervisor = Supervisor(tmp_path)
+        try:
+            listens, controllers = [], []
+            for path in samples:
+                config = write(
+                    tmp_path / path.name, rewrite(path.read_text(), moved, tmp_path / path.stem, secret)
+                )
+                values = tomllib.loads(config.read_text())
+                listens.append(values["listen"])
+                controllers.append(values["grpc"])
+                supervisor.start(path.stem, [*MQMETA, "namesrv", "--config", str(config)])
+            wait_ready(",".join(controllers), listens, timeout_s=STARTED_TIMEOUT_S)
+            assert supervisor.dead() == []
         finally:
             supervisor.stop_all()
