@@ -2,7 +2,8 @@
 
 Properties checked:
 - a key sets its flag, a flag given on the command line wins over the file, and a flag in
-  neither keeps its default (switches and repeated flags too);
+  neither keeps its default (switches and repeated flags too); a flag added to a parser
+  after accept_config_file() (so no key could set it) fails loudly;
 - an unknown key is refused by name (with the known keys), a key of the wrong type is
   refused by name, bad TOML is refused with its line, a missing or unreadable file is
   refused: exit 2, one sentence, never a value of the file;
@@ -17,6 +18,7 @@ Properties checked:
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 import subprocess
@@ -33,7 +35,7 @@ from cluster.ports import PortReservation
 from cluster.ready import wait_brokers_ready, wait_ready
 from cluster.supervisor import Supervisor
 from mqmeta import cli
-from mqmeta.config_file import apply_config_file
+from mqmeta.config_file import accept_config_file, apply_config_file
 from mqmeta.formats.replication_rules import load_config
 
 pytestmark = [pytest.mark.timeout(60)]
@@ -93,6 +95,15 @@ def test_flags_override_the_file_and_defaults_fill_the_rest(tmp_path):
     rules = write(tmp_path / "r.toml", '[replicator]\nworker_id = "file-worker"\n')
     assert parsed("replicator", "--config", str(rules)).worker_id == "file-worker"
     assert parsed("replicator", "--config", str(rules), "--worker-id", "w7").worker_id == "w7"
+
+
+def test_a_flag_added_after_accept_config_file_is_a_bug_caught_at_once(tmp_path):
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--listen")
+    accept_config_file(parser)
+    parser.add_argument("--tls-cert")  # too late: the file could never set it
+    with pytest.raises(AssertionError, match="tls_cert"):
+        apply_config_file(parser.parse_args(["--listen", "127.0.0.1:1"]))
 
 
 def test_required_flags_may_come_from_either(tmp_path, capsys):
