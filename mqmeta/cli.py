@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
+from mqmeta.config_file import accept_config_file, apply_config_file
 from mqmeta.errors import MqmetaError
 
 EXIT_BAD_INPUT = 2
@@ -50,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     controller = sub.add_parser("controller", help="run one standalone controller node")
     _add_node_flags(controller, required=True)
+    accept_config_file(controller, tables=("raft_settings",))
 
     namesrv = sub.add_parser("namesrv", help="run a nameserver (optionally embedding a controller)")
     namesrv.add_argument("--listen", required=True, help="nameserver gRPC address HOST:PORT")
@@ -58,6 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--embed-controller", action="store_true", help="also run a controller node in this process"
     )
     _add_node_flags(namesrv, required=False)
+    accept_config_file(namesrv, tables=("raft_settings",))
 
     local = sub.add_parser("local", help="run a whole cluster on this machine")
     local_sub = local.add_subparsers(dest="local_command", required=True, parser_class=_Parser)
@@ -116,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         from mqmeta import dialmap
 
         dialmap.load_from_environment()
-        return _dispatch(args)
+        return _dispatch(apply_config_file(args))
     except MqmetaError as error:
         print(f"mqmeta: error: {error.message}", file=sys.stderr)
         return EXIT_BAD_INPUT
