@@ -12,6 +12,7 @@ from broker_agent.agent import BrokerAgent, BrokerConfig
 from broker_agent.metrics import BrokerMetrics
 from broker_agent.origins import ORIGIN_AHEAD
 from mqmeta.clock import now_ms
+from mqmeta.config_file import accept_config_file
 from mqmeta.errors import FailedPrecondition, InvalidArgument, NotFound
 from mqmeta.formats.origin import OriginKey
 from mqmeta.formats.records import Message
@@ -291,6 +292,7 @@ def add_broker_parser(sub) -> None:
         default=0,
         help="keep at least this many bytes locally once uploaded (0 = keep all)",
     )
+    accept_config_file(broker)  # last: every flag above is a key of the file
 
 
 def run_broker(args: argparse.Namespace) -> int:

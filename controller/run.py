@@ -1,14 +1,12 @@
-"""`mqmeta controller` and `mqmeta namesrv`: turn flags (or a TOML file) into a node."""
+"""`mqmeta controller` and `mqmeta namesrv`: turn flags (merged with a TOML file) into a node."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
 
 from controller.server import (
     ControllerConfig,
-    load_config_file,
     parse_peer,
     raft_settings_from,
     start_controller,
@@ -18,29 +16,16 @@ from mqmeta.errors import InvalidArgument
 from mqmeta.rpc import serve_until_signal
 from mqmeta.validate import parse_addresses
 
-NODE_KEYS = ("node_id", "grpc", "raft", "peer", "data_dir", "secret_file", "metrics_listen")
-
-
-def _merged(args: argparse.Namespace) -> dict[str, Any]:
-    values: dict[str, Any] = {}
-    if args.config is not None:
-        values.update(load_config_file(args.config))
-    for key in NODE_KEYS:
-        flag = getattr(args, key)
-        if flag not in (None, []):
-            values[key] = flag
-    return values
-
 
 def controller_config(args: argparse.Namespace) -> ControllerConfig:
-    values = _merged(args)
-    missing = [k for k in ("node_id", "grpc", "raft", "data_dir") if not values.get(k)]
+    """A node from the parsed flags (mqmeta.config_file has merged --config into them)."""
+    missing = [k for k in ("node_id", "grpc", "raft", "data_dir") if not getattr(args, k, None)]
     if missing:
         flags = ", ".join("--" + k.replace("node_id", "id").replace("_", "-") for k in missing)
         raise InvalidArgument(f"a controller node needs {flags} (flags or --config keys)")
     secret = None
-    if values.get("secret_file"):
-        path = Path(values["secret_file"])
+    if args.secret_file:
+        path = Path(args.secret_file)
         try:
             secret = path.read_text().strip()
         except OSError as exc:
@@ -48,13 +33,13 @@ def controller_config(args: argparse.Namespace) -> ControllerConfig:
         if not secret:
             raise InvalidArgument(f"--secret-file {path} is empty")
     return ControllerConfig(
-        node_id=str(values["node_id"]),
-        grpc=str(values["grpc"]),
-        raft=str(values["raft"]),
-        data_dir=Path(values["data_dir"]),
-        peers=[parse_peer(p) for p in values.get("peer", [])],
-        raft_settings=raft_settings_from(values.get("raft_settings", {}), secret),
-        metrics_listen=str(values.get("metrics_listen") or ""),
+        node_id=str(args.node_id),
+        grpc=str(args.grpc),
+        raft=str(args.raft),
+        data_dir=Path(args.data_dir),
+        peers=[parse_peer(p) for p in args.peer or []],
+        raft_settings=raft_settings_from(getattr(args, "raft_settings", None) or {}, secret),
+        metrics_listen=str(args.metrics_listen or ""),
     )
 
 

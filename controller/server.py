@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -78,22 +77,18 @@ def parse_peer(text: str) -> Peer:
     return Peer(node_id, raft, grpc_address)
 
 
-def load_config_file(path: Path) -> dict[str, Any]:
-    """A TOML file with the same keys as the command-line flags (peers as a list)."""
-    try:
-        return tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise InvalidArgument(f"config file {path} does not exist") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise InvalidArgument(f"config file {path} is not valid TOML: {exc}") from None
-
-
 def raft_settings_from(values: dict[str, Any], secret: str | None) -> RaftSettings:
-    known = RaftSettings.__dataclass_fields__
-    unknown = sorted(set(values) - set(known))
-    if unknown:
-        raise InvalidArgument(f"unknown raft settings {unknown}; known: {sorted(known)}")
-    return replace(RaftSettings(), secret=secret, **values)
+    """[raft_settings] of a node's TOML file; the secret comes from --secret-file only."""
+    defaults = RaftSettings()
+    known = sorted(name for name in RaftSettings.__dataclass_fields__ if name != "secret")
+    for key, value in values.items():
+        if key not in known:
+            raise InvalidArgument(f"unknown key {key!r} in [raft_settings]; known keys: {', '.join(known)}")
+        expected = type(getattr(defaults, key))  # int or bool
+        if isinstance(value, bool) != (expected is bool) or not isinstance(value, expected):
+            what = "true or false" if expected is bool else "a whole number"
+            raise InvalidArgument(f"key {key!r} in [raft_settings] must be {what}")
+    return replace(defaults, secret=secret, **values)
 
 
 class StoppableServer(Protocol):

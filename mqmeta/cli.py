@@ -9,12 +9,14 @@ as one sentence on stderr and exit status 2, never a traceback.
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
 import sys
 from pathlib import Path
 from typing import NoReturn
 
+from mqmeta.config_file import accept_config_file, apply_config_file, extend_config_file
 from mqmeta.errors import MqmetaError
 
 EXIT_BAD_INPUT = 2
@@ -50,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     controller = sub.add_parser("controller", help="run one standalone controller node")
     _add_node_flags(controller, required=True)
+    accept_config_file(controller, tables=("raft_settings",))
 
     namesrv = sub.add_parser("namesrv", help="run a nameserver (optionally embedding a controller)")
     namesrv.add_argument("--listen", required=True, help="nameserver gRPC address HOST:PORT")
@@ -58,6 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--embed-controller", action="store_true", help="also run a controller node in this process"
     )
     _add_node_flags(namesrv, required=False)
+    accept_config_file(namesrv, tables=("raft_settings",))
 
     local = sub.add_parser("local", help="run a whole cluster on this machine")
     local_sub = local.add_subparsers(dest="local_command", required=True, parser_class=_Parser)
@@ -121,13 +125,14 @@ def _add_tls_flags_to_leaves(sub: argparse._SubParsersAction, names: tuple[str, 
     from mqmeta.tls import add_tls_flags
 
     for name in names:
+        serves = name in SERVING_COMMANDS
         pending = [sub.choices[name]]
         while pending:
             parser = pending.pop()
             nested = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
             if not nested:
-                add_tls_flags(parser)
-                add_auth_flags(parser, serves=name in SERVING_COMMANDS)
+                extend_config_file(parser, add_tls_flags)
+                extend_config_file(parser, functools.partial(add_auth_flags, serves=serves))
             for action in nested:
                 pending.extend(dict.fromkeys(action.choices.values()))
 
@@ -150,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         from mqmeta import auth, dialmap, tls
 
         dialmap.load_from_environment()
+        args = apply_config_file(args)  # first: a --config file may give the TLS flags
         tls.configure(tls.config_from_args(args))
         auth.configure_from_args(args)
         return _dispatch(args)

@@ -15,6 +15,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from mqmeta.config_file import accept_config_file
 from mqmeta.errors import MqmetaError
 from mqmeta.formats.replication_rules import ReplicatorConfig, Rule, load_config
 from mqmeta.validate import parse_addresses, validate_name
@@ -34,6 +35,8 @@ def add_replicator_parser(sub: Any) -> None:
     parser.add_argument(
         "--metrics-listen", default="", help="HOST:PORT for Prometheus text per task (port 0: any)"
     )
+    # worker_id and metrics_listen may also be keys of the file's [replicator] table
+    accept_config_file(parser, section="replicator")
 
 
 class Worker:

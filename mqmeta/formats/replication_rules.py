@@ -2,6 +2,7 @@
 
     [replicator]                    # optional
     controllers = "HOST:PORT,..."   # where tasks and leases will live (Raft; not used yet)
+    worker_id = "w1"                # and metrics_listen: the command's flags (flags win)
     [[rules]]
     name = "orders-dr"
     source_namesrv = "HOST:PORT"
@@ -40,6 +41,8 @@ RULES_MAX = 256
 TAGS_EXPRESSION_BYTES_MAX = 1024
 SYSTEM_TOPIC_PREFIX = "%"
 
+# `mqmeta replicator`'s flags, also keys of [replicator] (mqmeta.config_file reads them).
+FLAG_KEYS = ("worker_id", "metrics_listen")
 SETTINGS_DEFAULTS: dict[str, int] = {
     "heartbeat_interval_ms": 500,
     "lease_ms": 1500,
@@ -198,11 +201,10 @@ def _addresses(value: Any, what: str) -> list[str]:
 
 
 def _settings(section: dict[str, Any]) -> dict[str, int]:
-    unknown = sorted(set(section) - set(SETTINGS_DEFAULTS) - {"controllers"})
+    known = {*SETTINGS_DEFAULTS, "controllers", *FLAG_KEYS}
+    unknown = sorted(set(section) - known)
     if unknown:
-        raise InvalidArgument(
-            f"[replicator] has an unknown key {unknown[0]!r}; known: {sorted(SETTINGS_DEFAULTS)}"
-        )
+        raise InvalidArgument(f"[replicator] has an unknown key {unknown[0]!r}; known: {sorted(known)}")
     settings = dict(SETTINGS_DEFAULTS)
     for key, (low, high) in SETTINGS_BOUNDS.items():
         value = section.get(key, settings[key])

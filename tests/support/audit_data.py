@@ -20,11 +20,16 @@ from pathlib import Path
 import grpc
 
 from cluster.harness import Cluster
-from cluster.wait import wait_for
+from cluster.wait import WaitTimeout, wait_for
 from mqmeta.broker_client import Producer
 from mqmeta.errors import MqmetaError
 from mqmeta.pb import controller_pb2 as pb
 from tests.support.broker_sets import wait_in_sync
+
+# After the load stops, uploads catch up with the log (about 1 MB here); on a loaded 2-core
+# machine a round of uploads (marker, Raft start, objects, Raft commit) can take seconds.
+SETTLE_TIMEOUT_S = 60
+LOG_TAIL_LINES = 25
 
 FLAGS = [
     "--ha-max-time-slave-not-catchup-ms",
@@ -92,6 +97,16 @@ def _progress(cluster: Cluster) -> dict[str, int]:
     }
 
 
+def _log_tails(cluster: Cluster) -> str:
+    """The last lines of each broker's log: where an upload that stopped says why."""
+    tails = []
+    for broker in cluster.layout.brokers:
+        path = cluster.root / "logs" / f"{broker.name}.log"
+        lines = path.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:] if path.exists() else []
+        tails.append(f"--- {path}\n" + "\n".join(lines))
+    return "\n".join(tails)
+
+
 def _settled(progress: dict[str, int]) -> bool:
     """Every replica holds the master's whole log, all of it confirmed and uploaded."""
     return (
@@ -132,13 +147,16 @@ def build_clean_data(root: Path) -> Path:
             )
         finally:
             load.stop()
-        wait_for(
-            lambda: _progress(cluster),
-            20,
-            "every replica to hold the whole log, confirmed and uploaded",
-            until=_settled,
-            retry_on=(MqmetaError, grpc.RpcError),
-        )
+        try:
+            wait_for(
+                lambda: _progress(cluster),
+                SETTLE_TIMEOUT_S,
+                "every replica to hold the whole log, confirmed and uploaded",
+                until=_settled,
+                retry_on=(MqmetaError, grpc.RpcError),
+            )
+        except WaitTimeout as stuck:
+            raise WaitTimeout(f"{stuck}\n{_log_tails(cluster)}") from None
     finally:
         cluster.stop()
     return root / "cluster"
