@@ -10,7 +10,7 @@ Properties checked:
 - grpc health and reflection still answer over TLS;
 - key files are mode 0600 and cluster.json lists paths, never a key's contents;
 - bad certificate files (missing, not PEM, key not matching) exit 2 with one sentence,
-  for a client and for a server;
+  for a client and for a server, given as flags or as keys of a --config file;
 - no server or channel of the product skips mqmeta/tls.py;
 - (`--auth`) admin writes without a bearer token or with an unknown one are
   UNAUTHENTICATED, with a read-only identity's token PERMISSION_DENIED, with the admin
@@ -226,6 +226,12 @@ def test_bad_certificate_files_exit_2_with_one_sentence(tmp_path):
         "--tls-cert", str(certs.node_cert), "--tls-key", str(other.node_key),
     )  # fmt: skip
     assert server.returncode == 2 and "does not match" in server.stderr, server.stderr
+    config = tmp_path / "replicator.toml"  # a --config file gives the TLS flags as keys too
+    config.write_text(f'[replicator]\ntls_ca = "{missing}"\n')
+    from_file = run("replicator", "--config", str(config))
+    assert from_file.returncode == 2 and f"--tls-ca {missing}: cannot read it" in from_file.stderr, (
+        from_file.stderr
+    )
 
 
 def test_server_tls_without_client_certificates(tmp_path):
