@@ -37,6 +37,7 @@ from broker_agent.core import (
 from broker_agent.ha import Role
 from broker_agent.seams import BrokerHost, log_view
 from broker_agent.tiered import bootstrap_from_tiered
+from mqmeta import tls
 from mqmeta.clock import now_ms
 from mqmeta.dialmap import dial
 from mqmeta.errors import FencedEpoch, MqmetaError, NotMaster
@@ -68,7 +69,7 @@ def _entries(pairs: Sequence[EpochEntry]) -> list[bpb.EpochEntry]:
 def follow(host: BrokerHost, session: int, settings: FetchSettings) -> None:
     """The slave's fetch loop; ends when the host starts another session."""
     address = host.view().master_address
-    channel = grpc.insecure_channel(dial(address))
+    channel = tls.channel(dial(address))
     stub = bpb_grpc.BrokerServiceStub(channel)
     handshake = True
     try:

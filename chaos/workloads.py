@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import grpc
 
 from chaos.history import HistoryRecorder, RequestEvent, ResponseEvent, Result, encode_cas_value
+from mqmeta import tls
 from mqmeta.broker_client import Consumer, Producer, QueueRef
 from mqmeta.clock import wall_ms
 from mqmeta.dialmap import dial
@@ -243,7 +244,7 @@ class _MetadataClient(_Paced):
         self.values = values
         self.last_read: dict[str, int] = {}
         self.last_success_ms = 0
-        self.channel = grpc.insecure_channel(dial(controllers[client_id % len(controllers)]))
+        self.channel = tls.channel(dial(controllers[client_id % len(controllers)]))
         self.stub = pb_grpc.ControllerServiceStub(self.channel)
 
     def operate(self) -> None:

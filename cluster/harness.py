@@ -27,6 +27,7 @@ from cluster.ports import PortReservation
 from cluster.ready import wait_brokers_ready, wait_ready
 from cluster.supervisor import Supervisor
 from cluster.wait import wait_for
+from mqmeta import tls
 from mqmeta.client import ControllerClient
 from mqmeta.errors import MqmetaError
 from mqmeta.pb import controller_pb2 as pb
@@ -118,11 +119,9 @@ class Cluster:
         return next(b for b in self.layout.brokers if b.name == name)
 
     def broker_status(self, name: str, timeout_s: float = 2.0):
-        import grpc
-
         from mqmeta.pb import broker_pb2, broker_pb2_grpc
 
-        with grpc.insecure_channel(self.broker(name).grpc) as channel:
+        with tls.channel(self.broker(name).grpc) as channel:
             return broker_pb2_grpc.BrokerServiceStub(channel).GetHaStatus(
                 broker_pb2.HaStatusRequest(), timeout=timeout_s
             )

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cluster.certs import LocalCerts, LocalTokens, ensure_local_certs, ensure_local_tokens
 from cluster.layout import (
     Layout,
     broker_command,
@@ -35,6 +36,7 @@ from cluster.layout import (
 )
 from cluster.ready import wait_brokers_ready, wait_ready
 from cluster.supervisor import Supervisor
+from mqmeta import auth, tls
 from mqmeta.client import ControllerClient
 from mqmeta.errors import InvalidArgument
 from mqmeta.formats.atomic import write_json_atomically
@@ -52,6 +54,8 @@ class _Site:
     root: Path
     layout: Layout
     supervisor: Supervisor
+    tls_flags: tuple[str, ...] = ()  # every child's --tls-* and --token-file flags
+    server_flags: tuple[str, ...] = ()  # the servers' --auth-file (local up --auth)
 
 
 def local_up(args: argparse.Namespace) -> int:
@@ -65,6 +69,12 @@ def local_up(args: argparse.Namespace) -> int:
     if replicate and (clusters < 2 or args.broker_sets < 1):
         raise InvalidArgument("--replicate needs --clusters 2 or more, each with a broker set")
     root = args.data_dir.resolve()
+    certs = _setup_tls(root) if getattr(args, "tls", False) else None
+    tls_flags = tuple(certs.server_flags()) if certs else ()
+    tokens = _setup_auth(root) if getattr(args, "auth", False) else None
+    if tokens is not None:
+        tls_flags += ("--token-file", str(tokens.admin_token))
+    server_flags = ("--auth-file", str(tokens.auth_file)) if tokens else ()
     with contextlib.ExitStack() as held:
         sites = []
         for i in range(clusters):
@@ -74,11 +84,43 @@ def local_up(args: argparse.Namespace) -> int:
             )
             held.enter_context(ports)
             name = CLUSTER_NAMES[i] if clusters > 1 else ""
-            sites.append(_Site(name, site_root, layout, Supervisor(site_root)))
-        return _run(root, sites, replicate)
+            sites.append(_Site(name, site_root, layout, Supervisor(site_root), tls_flags, server_flags))
+        return _run(root, sites, replicate, certs, tokens)
 
 
-def _run(root: Path, sites: list[_Site], replicate: bool) -> int:
+def _setup_tls(root: Path) -> LocalCerts:
+    """The local CA and certificates in DIR/tls/; this process (which waits for the cluster
+    and configures it) dials with the client certificate."""
+    certs = ensure_local_certs(root / "tls")
+    tls.configure(tls.load(cert=certs.client_cert, key=certs.client_key, ca=certs.ca))
+    return certs
+
+
+def _setup_auth(root: Path) -> LocalTokens:
+    """DIR/auth/: an admin token (every process and the operator) and a read-only one; this
+    process sends the admin token."""
+    tokens = ensure_local_tokens(root / "auth")
+    auth.configure(token=auth.load_token(tokens.admin_token))
+    return tokens
+
+
+def _tls_document(certs: LocalCerts) -> dict[str, Any]:
+    """Where the CA and the client certificate are (paths only: never a key's contents)."""
+    return {
+        "ca": str(certs.ca),
+        "client_cert": str(certs.client_cert),
+        "client_key": str(certs.client_key),
+        "mutual": True,
+    }
+
+
+def _run(
+    root: Path,
+    sites: list[_Site],
+    replicate: bool,
+    certs: LocalCerts | None = None,
+    tokens: LocalTokens | None = None,
+) -> int:
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())
@@ -89,6 +131,13 @@ def _run(root: Path, sites: list[_Site], replicate: bool) -> int:
             document["clusters"] = [{"name": s.name, **d} for s, d in zip(sites, documents, strict=True)]
         if replicate:
             document["replicators"] = [_start_replicator(root, sites)]
+        if certs is not None:
+            document["tls"] = _tls_document(certs)
+        if tokens is not None:  # the files' paths, never a token
+            document["auth"] = {
+                "admin_token_file": str(tokens.admin_token),
+                "read_token_file": str(tokens.read_token),
+            }
         write_json_atomically(root / "cluster.json", document, indent=2)
         for site in sites:
             print(
@@ -108,17 +157,18 @@ def _start_site(site: _Site) -> dict[str, Any]:
     """Starts one cluster and waits until it is ready; its part of cluster.json."""
     root, layout, supervisor = site.root, site.layout, site.supervisor
     ensure_secret(root)
+    flags = [*site.tls_flags, *site.server_flags]
     for node in layout.controllers:
-        supervisor.start(node.id, controller_command(root, layout, node))
+        supervisor.start(node.id, controller_command(root, layout, node) + flags)
     if not layout.embedded:
-        supervisor.start("namesrv", namesrv_command(layout))
+        supervisor.start("namesrv", namesrv_command(layout) + flags)
     wait_ready(layout.controller_addresses, layout.namesrv)
     if site.name:  # topics created without --cluster go to this cluster's brokers
         with ControllerClient(layout.controller_addresses) as client:
             client.call("UpdateConfig", pb.UpdateConfigRequest(values={"default_cluster": site.name}))
     cluster_flag = ["--cluster", site.name] if site.name else []
     for broker in layout.brokers:
-        supervisor.start(broker.name, broker_command(root, layout, broker) + cluster_flag)
+        supervisor.start(broker.name, broker_command(root, layout, broker) + cluster_flag + flags)
     statuses = wait_brokers_ready(layout.brokers) if layout.brokers else {}
     document = cluster_document(root, layout, supervisor)
     document["brokers"] = [
@@ -154,7 +204,7 @@ def _start_replicator(root: Path, sites: list[_Site]) -> dict[str, Any]:
         + "\n"
     )
     command = [sys.executable, "-m", "mqmeta.cli", "replicator", "--config", str(config)]
-    process = source.supervisor.start(REPLICATOR_NAME, [*command, "--worker-id", "w1"])
+    process = source.supervisor.start(REPLICATOR_NAME, [*command, "--worker-id", "w1", *source.tls_flags])
     return {"pid": process.pid, "config": str(config), "metrics": None}
 
 

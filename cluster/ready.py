@@ -8,6 +8,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from cluster.layout import BrokerLayout
 from cluster.wait import wait_for
+from mqmeta import tls
 from mqmeta.client import ControllerClient
 from mqmeta.errors import MqmetaError
 from mqmeta.pb import controller_pb2 as pb
@@ -23,7 +24,7 @@ def wait_brokers_ready(brokers: list[BrokerLayout], timeout_s: float = READY_TIM
     def statuses() -> dict:
         found = {}
         for broker in brokers:
-            with grpc.insecure_channel(broker.grpc) as channel:
+            with tls.channel(broker.grpc) as channel:
                 found[broker.name] = broker_pb2_grpc.BrokerServiceStub(channel).GetHaStatus(
                     broker_pb2.HaStatusRequest(), timeout=1.0
                 )
@@ -77,7 +78,7 @@ def _leader_known(address: str) -> bool:
 
 
 def _serving(address: str) -> bool:
-    with grpc.insecure_channel(address) as channel:
+    with tls.channel(address) as channel:
         try:
             reply = health_pb2_grpc.HealthStub(channel).Check(
                 health_pb2.HealthCheckRequest(service=""), timeout=1.0

@@ -16,6 +16,7 @@ from google.protobuf.descriptor import FieldDescriptor
 from rich.console import Console
 from rich.table import Table
 
+from mqmeta import tls
 from mqmeta.client import ControllerClient
 from mqmeta.errors import FailedPrecondition, InvalidArgument
 from mqmeta.pb import controller_pb2 as pb
@@ -264,7 +265,7 @@ def handoff_master(client: ControllerClient, args):
         raise FailedPrecondition(
             f"{args.cluster}/{args.broker_name} has no master to hand off; see `sync-state`"
         )
-    with grpc.insecure_channel(info.master_address) as channel:
+    with tls.channel(info.master_address) as channel:
         stub = broker_pb2_grpc.BrokerServiceStub(channel)
         try:
             reply = stub.Handoff(
@@ -390,7 +391,7 @@ def _each_replica(client: ControllerClient, args, method: str, request: Any) -> 
     info = client.call("GetReplicaInfo", _ref(args))
     answers = []
     for replica in info.replicas:
-        with grpc.insecure_channel(replica.address) as channel:
+        with tls.channel(replica.address) as channel:
             stub = broker_pb2_grpc.BrokerServiceStub(channel)
             try:
                 answers.append(_dict(getattr(stub, method)(request, timeout=args.timeout)))
@@ -449,7 +450,7 @@ def tiered_status(client: ControllerClient, args):
     info = client.call("GetReplicaInfo", _ref(args))
     confirm = None
     if info.master_address:
-        with grpc.insecure_channel(info.master_address) as channel:
+        with tls.channel(info.master_address) as channel:
             try:
                 confirm = (
                     broker_pb2_grpc.BrokerServiceStub(channel)

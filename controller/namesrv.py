@@ -15,6 +15,7 @@ from collections.abc import Callable
 from controller.core import ControllerCore
 from controller.route_cache import RouteCache
 from controller.service import broker_route_pb, route_pb, topic_pb
+from mqmeta import tls
 from mqmeta.client import ControllerClient
 from mqmeta.pb import controller_pb2 as pb
 from mqmeta.pb import namesrv_pb2 as ns_pb
@@ -115,8 +116,6 @@ def add_messaging_service(server, route_of) -> str:
 
 
 def _namesrv_messaging(route_of):
-    import grpc
-
     from mqmeta.errors import NotFound
     from mqmeta.pb.apache.rocketmq.v2 import definition_pb2 as rdef
     from mqmeta.pb.apache.rocketmq.v2 import service_pb2 as rsvc
@@ -169,7 +168,7 @@ def _namesrv_messaging(route_of):
             if not found:
                 raise RmqError(rdef.TOPIC_NOT_FOUND, f"topic {topic} has no broker set with a master")
             metadata = [(k, v) for k, v in context.invocation_metadata() if k.startswith("x-mq-")]
-            with grpc.insecure_channel(address_of(found[0].broker.endpoints)) as channel:
+            with tls.channel(address_of(found[0].broker.endpoints)) as channel:
                 stub = rsvc_grpc.MessagingServiceStub(channel)
                 return stub.QueryAssignment(request, metadata=metadata, timeout=FORWARD_TIMEOUT_S)
 

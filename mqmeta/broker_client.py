@@ -16,6 +16,7 @@ from typing import Any
 
 import grpc
 
+from mqmeta import tls
 from mqmeta.dialmap import dial
 from mqmeta.errors import (
     DeadlineExceeded,
@@ -47,7 +48,7 @@ class _Channels:
         with self._lock:
             channel = self._channels.get(address)
             if channel is None:
-                channel = self._channels[address] = grpc.insecure_channel(dial(address))
+                channel = self._channels[address] = tls.channel(dial(address))
             return channel
 
     def close(self) -> None:

@@ -9,13 +9,14 @@ as one sentence on stderr and exit status 2, never a traceback.
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
 import sys
 from pathlib import Path
 from typing import NoReturn
 
-from mqmeta.config_file import accept_config_file, apply_config_file
+from mqmeta.config_file import accept_config_file, apply_config_file, extend_config_file
 from mqmeta.errors import MqmetaError
 
 EXIT_BAD_INPUT = 2
@@ -78,6 +79,14 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument(
         "--replicate", action="store_true", help="also run a replicator with a rule a -> b for every topic"
     )
+    up.add_argument(
+        "--tls",
+        action="store_true",
+        help="make a local CA in DIR/tls/ and run every gRPC port over mutual TLS",
+    )
+    up.add_argument(
+        "--auth", action="store_true", help="admin writes need a bearer token (made in DIR/auth/)"
+    )
 
     from broker_agent.service import add_broker_parser
     from mqmeta.data_cli import add_data_parsers
@@ -98,7 +107,34 @@ def build_parser() -> argparse.ArgumentParser:
     from replicator import add_replicator_parser
 
     add_replicator_parser(sub)
+    _add_tls_flags_to_leaves(sub, TLS_COMMANDS)
     return parser
+
+
+# The subcommands that serve or dial gRPC (`local up` makes its own: --tls).
+TLS_COMMANDS = ("controller", "namesrv", "broker", "produce", "consume", "admin", "replicator")
+
+
+SERVING_COMMANDS = ("controller", "namesrv", "broker")  # they take --auth-file
+
+
+def _add_tls_flags_to_leaves(sub: argparse._SubParsersAction, names: tuple[str, ...]) -> None:
+    """--tls-* on every leaf parser under `names` (on a leaf only: a subparser's defaults
+    would overwrite the values its parent parsed)."""
+    from mqmeta.auth import add_auth_flags
+    from mqmeta.tls import add_tls_flags
+
+    for name in names:
+        serves = name in SERVING_COMMANDS
+        pending = [sub.choices[name]]
+        while pending:
+            parser = pending.pop()
+            nested = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+            if not nested:
+                extend_config_file(parser, add_tls_flags)
+                extend_config_file(parser, functools.partial(add_auth_flags, serves=serves))
+            for action in nested:
+                pending.extend(dict.fromkeys(action.choices.values()))
 
 
 def _setup_logging(level: str) -> None:
@@ -116,10 +152,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mqmeta: error: unknown --log-level {args.log_level!r}", file=sys.stderr)
         return EXIT_BAD_INPUT
     try:
-        from mqmeta import dialmap
+        from mqmeta import auth, dialmap, tls
 
         dialmap.load_from_environment()
-        return _dispatch(apply_config_file(args))
+        args = apply_config_file(args)  # first: a --config file may give the TLS flags
+        tls.configure(tls.config_from_args(args))
+        auth.configure_from_args(args)
+        return _dispatch(args)
     except MqmetaError as error:
         print(f"mqmeta: error: {error.message}", file=sys.stderr)
         return EXIT_BAD_INPUT

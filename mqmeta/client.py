@@ -17,6 +17,7 @@ from typing import Any
 
 import grpc
 
+from mqmeta import tls
 from mqmeta.dialmap import dial
 from mqmeta.errors import (
     DeadlineExceeded,
@@ -51,7 +52,7 @@ class ControllerClient:
         with self._lock:
             stub = self._stubs.get(address)
             if stub is None:
-                channel = grpc.insecure_channel(
+                channel = tls.channel(
                     dial(address), options=[("grpc.max_receive_message_length", REPLY_BYTES_MAX)]
                 )
                 self._channels[address] = channel
@@ -126,7 +127,7 @@ class ControllerClient:
         if keepalive_ms is None:
             return self._stub(self._target).Watch(request, timeout=timeout_s)
         interval_ms, timeout_ms = keepalive_ms
-        channel = grpc.insecure_channel(
+        channel = tls.channel(
             dial(self._target),
             options=[
                 ("grpc.max_receive_message_length", REPLY_BYTES_MAX),

@@ -21,6 +21,7 @@ import argparse
 import difflib
 import re
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -82,6 +83,25 @@ def accept_config_file(
         action.required = False  # checked after the merge: the file may give it
     spec = _Spec(actions, defaults, required, tables, section, parser)
     parser.set_defaults(**{SPEC_DEST: spec})
+
+
+def extend_config_file(
+    parser: argparse.ArgumentParser, add_flags: Callable[[argparse.ArgumentParser], None]
+) -> None:
+    """`add_flags(parser)`, on a parser that already took accept_config_file() or not: its
+    new flags become keys of the --config file like the others (flags added to every
+    subcommand at once, e.g. --tls-*, come after each part's own accept_config_file())."""
+    spec: _Spec | None = parser.get_default(SPEC_DEST)
+    before = set(_actions(parser))
+    add_flags(parser)
+    if spec is None:
+        return
+    for key, action in _actions(parser).items():
+        if key not in before:
+            assert not action.required, f"{key}: a late flag cannot be required"
+            spec.actions[key] = action
+            spec.defaults[key] = action.default
+            action.default = None  # None after parsing = not given on the command line
 
 
 def apply_config_file(args: argparse.Namespace) -> argparse.Namespace:

@@ -25,6 +25,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from mqmeta import auth, tls
 from mqmeta.errors import (
     AlreadyExists,
     CorruptData,
@@ -93,6 +94,10 @@ async def abort_with_async(context: grpc.aio.ServicerContext, error: MqmetaError
     await context.abort(status_of(error), error.message, trailing_metadata=tuple(metadata))
 
 
+# A failed TLS handshake is UNAVAILABLE, or UNKNOWN when gRPC reports the TLS error itself.
+_TRANSPORT_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNKNOWN)
+
+
 def from_rpc_error(err: grpc.RpcError) -> MqmetaError:
     """Turns a failed call back into the typed error the server raised."""
     code = err.code() if hasattr(err, "code") else grpc.StatusCode.UNKNOWN
@@ -103,7 +108,9 @@ def from_rpc_error(err: grpc.RpcError) -> MqmetaError:
     if domain:
         typed = error_from_code(domain, details or domain)
     else:
-        typed = _ERROR_OF_STATUS.get(code, MqmetaError)(details or str(code))
+        hint = tls.explain_refusal(details or "") if code in _TRANSPORT_CODES else ""
+        message = f"{details} ({hint})" if hint else details or str(code)
+        typed = _ERROR_OF_STATUS.get(code, MqmetaError)(message)
     typed.leader = leader
     return typed
 
@@ -157,8 +164,9 @@ def build_server(
     server = grpc.server(
         ThreadPoolExecutor(max_workers=workers_max, thread_name_prefix="rpc"),
         options=options,
+        interceptors=auth.server_interceptors(),
     )
-    if server.add_insecure_port(address) == 0:
+    if tls.add_port(server, address) == 0:
         raise InvalidArgument(f"cannot listen on {address}: the port is taken or not local")
     return server
 
@@ -225,11 +233,15 @@ class AsyncServer:
 
     async def _start(self) -> None:
         server = grpc.aio.server(
-            migration_thread_pool=self._pool, options=[("grpc.so_reuseport", 0), *PING_TOLERANT_OPTIONS]
+            migration_thread_pool=self._pool,
+            options=[("grpc.so_reuseport", 0), *PING_TOLERANT_OPTIONS],
+            interceptors=auth.aio_server_interceptors(),
         )
         try:
-            server.add_insecure_port(self.address)
+            bound = tls.add_port(server, self.address)
         except RuntimeError:
+            bound = 0
+        if bound == 0:
             raise InvalidArgument(
                 f"cannot listen on {self.address}: the port is taken or not local"
             ) from None
