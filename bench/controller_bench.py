@@ -366,7 +366,7 @@ class Cluster:
             cmd += ["--config", str(self.config_file)]
         if self.args.no_secret:  # experiment: pysyncobj without password (no Fernet)
             i = cmd.index("--secret-file")
-            del cmd[i : i + 2]
+            cmd[i : i + 2] = ["--insecure-raft"]
         wrap = []
         if self.args.grpc_workers:
             wrap += ["--grpc-workers", str(self.args.grpc_workers)]

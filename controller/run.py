@@ -32,6 +32,12 @@ def controller_config(args: argparse.Namespace) -> ControllerConfig:
             raise InvalidArgument(f"cannot read --secret-file {path}: {exc.strerror}") from None
         if not secret:
             raise InvalidArgument(f"--secret-file {path} is empty")
+    elif args.peer and not getattr(args, "insecure_raft", False):
+        # pysyncobj's wire format is pickle: an unauthenticated Raft port runs code it is sent
+        raise InvalidArgument(
+            "a controller node with peers needs --secret-file (the same secret on every node), "
+            "or --insecure-raft to run without one on a network no untrusted host can reach"
+        )
     return ControllerConfig(
         node_id=str(args.node_id),
         grpc=str(args.grpc),

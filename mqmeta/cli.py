@@ -42,6 +42,12 @@ def _add_node_flags(parser: argparse.ArgumentParser, required: bool) -> None:
     parser.add_argument(
         "--secret-file", type=Path, help="file holding the Raft secret (authenticates and encrypts peers)"
     )
+    parser.add_argument(
+        "--insecure-raft",
+        action="store_true",
+        help="let a node with peers run without --secret-file (its Raft port must be unreachable "
+        "from untrusted hosts: the wire format is pickle)",
+    )
     parser.add_argument("--metrics-listen", help="serve Prometheus metrics over HTTP on HOST:PORT")
 
 

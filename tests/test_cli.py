@@ -213,6 +213,10 @@ def test_bad_input_without_a_cluster_exits_2():
     assert_bad_input(run("admin", "--controllers", unreachable, "config", "set", "novalue"), "KEY=VALUE")
     assert_bad_input(run("admin", "topic", "list"), "--controllers")
     assert_bad_input(run("controller", "--id", "c1"), "needs --grpc")
+    node = ["--id", "c1", "--grpc", "127.0.0.1:1", "--raft", "127.0.0.1:2", "--data-dir", "/nonexistent"]
+    assert_bad_input(  # a Raft port without a secret runs pickled code it is sent
+        run("controller", *node, "--peer", "c2=127.0.0.1:3/127.0.0.1:4"), "needs --secret-file"
+    )
     assert_bad_input(run("local", "up", "--controllers", "2"), "must be odd")
     assert_bad_input(run("namesrv", "--listen", "127.0.0.1:1"), "--controllers")
     assert_bad_input(run("namesrv", "--listen", "nowhere"), "--listen address")
