@@ -23,6 +23,7 @@ end (pytest -s).
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -43,7 +44,7 @@ pytestmark = [
 ]
 
 EXAMPLES = 12
-EXAMPLES_LONG = 300
+EXAMPLES_LONG = int(os.environ.get("MQMETA_FUZZ_EXAMPLES", "300"))  # per method, `slow` only
 CLIENT_ID = "fuzz-client"
 RMQ_INTERNAL_SERVER_ERROR = 50001  # apache.rocketmq.v2.Code
 RMQ_ILLEGAL_ACCESS_POINT = 40001

@@ -11,6 +11,7 @@ it without the mqmeta.v1 ones mattering.
 from __future__ import annotations
 
 import collections
+import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,6 +24,7 @@ from tests.support.pb_fuzz import message_class
 
 CALL_TIMEOUT_S = 5.0
 STREAM_ANSWERS_MAX = 3
+STREAM_READ_S = 1.0  # a stream is cancelled after this (long polls and watches wait by design)
 # Statuses a refusal may carry on every method (mqmeta.rpc's table, minus UNAVAILABLE and
 # DEADLINE_EXCEEDED: those only where a method waits by design, see LONG_POLL_STATUSES).
 REFUSALS = frozenset(
@@ -85,6 +87,8 @@ def call(
 
 def _read_then_cancel(stream: Any) -> Outcome:
     answers = []
+    timer = threading.Timer(STREAM_READ_S, stream.cancel)
+    timer.start()
     try:
         for answer in stream:
             answers.append(answer)
@@ -93,6 +97,8 @@ def _read_then_cancel(stream: Any) -> Outcome:
     except grpc.RpcError as error:
         if error.code() != grpc.StatusCode.CANCELLED:
             return Outcome(error.code(), error.details() or "", answers)
+    finally:
+        timer.cancel()
     stream.cancel()
     return Outcome(grpc.StatusCode.OK, "", answers)
 
