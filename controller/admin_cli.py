@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -20,22 +21,49 @@ from mqmeta import tls
 from mqmeta.client import ControllerClient
 from mqmeta.errors import FailedPrecondition, InvalidArgument
 from mqmeta.pb import controller_pb2 as pb
+from mqmeta.validate import QUEUE_COUNT_MAX, REQUEST_INT_MAX
+
+# --timeout: a whole call's bound; past an hour (or inf, nan) a call to an unreachable
+# controller would wait forever.
+TIMEOUT_S_MAX = 3600.0
+INT32_MAX = 2**31 - 1
+INT64_MAX = 2**63 - 1
 
 Json = dict[str, Any]
 
 
-def _count(text: str) -> int:
+def _int_in(minimum: int, maximum: int) -> Callable[[str], int]:
+    """An argparse type: a whole number from minimum to maximum (a larger one would not fit
+    the request's protobuf field and fail there with a traceback)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text[:64]!r} is not a whole number") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{value} must be at least {minimum}")
+        if value > maximum:
+            raise argparse.ArgumentTypeError(f"{text[:64]} must be at most {maximum}")
+        return value
+
+    return parse
+
+
+_count = _int_in(1, QUEUE_COUNT_MAX)
+_broker_id = _int_in(1, REQUEST_INT_MAX)
+
+
+def _timeout_s(text: str) -> float:
     try:
-        value = int(text)
+        value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
+        raise argparse.ArgumentTypeError(f"{text[:64]!r} is not a number of seconds") from None
+    if not math.isfinite(value) or not 0 < value <= TIMEOUT_S_MAX:
+        raise argparse.ArgumentTypeError(
+            f"{text[:64]} is not more than 0 and at most {TIMEOUT_S_MAX:g} seconds"
+        )
     return value
-
-
-def _broker_id(text: str) -> int:
-    return _count(text)
 
 
 def _leaf(sub, name: str, help_text: str, handler: Callable) -> argparse.ArgumentParser:
@@ -52,7 +80,7 @@ def _broker_set_flags(parser: argparse.ArgumentParser) -> None:
 
 def add_admin_commands(admin: argparse.ArgumentParser) -> None:
     admin.add_argument("--controllers", required=True, help="HOST:PORT[,HOST:PORT...]")
-    admin.add_argument("--timeout", type=float, default=5.0, help="seconds for the whole call")
+    admin.add_argument("--timeout", type=_timeout_s, default=5.0, help="seconds for the whole call")
     sub = admin.add_subparsers(dest="admin_command", required=True, parser_class=type(admin))
 
     _leaf(sub, "cluster-status", "controller nodes, leader, term, commit index", cluster_status)
@@ -107,8 +135,8 @@ def add_admin_commands(admin: argparse.ArgumentParser) -> None:
             "--subscription", action="append", default=[], help="TOPIC or TOPIC:TAG_EXPRESSION (repeat)"
         )
         p.add_argument("--consume-from", default="", choices=["", "LAST_OFFSET", "FIRST_OFFSET", "TIMESTAMP"])
-        p.add_argument("--consume-timestamp-ms", type=int, default=0)
-        p.add_argument("--retry-max-times", type=int, default=0)
+        p.add_argument("--consume-timestamp-ms", type=_int_in(-INT64_MAX - 1, INT64_MAX), default=0)
+        p.add_argument("--retry-max-times", type=_int_in(-INT32_MAX - 1, INT32_MAX), default=0)
         p.add_argument("--retry-policy", default="", choices=["", "EXPONENTIAL", "FIXED"])
     _leaf(group_sub, "delete", "delete a group", group_delete).add_argument("name")
     _leaf(group_sub, "list", "list groups", group_list)

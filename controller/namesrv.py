@@ -193,6 +193,7 @@ def _namesrv_messaging(route_of):
         ("UpdateOffset", rsvc.UpdateOffsetResponse),
         ("GetOffset", rsvc.GetOffsetResponse),
         ("QueryOffset", rsvc.QueryOffsetResponse),
+        ("SyncLiteSubscription", rsvc.SyncLiteSubscriptionResponse),
     ):
         setattr(NameServerMessaging, method, refuse(response, method))
 

@@ -45,6 +45,10 @@ ERROR_CODE_KEY = "mqmeta-error-code"
 LEADER_KEY = "mqmeta-leader"
 GRPC_WORKERS_MAX = 64
 STOP_GRACE_S = 1.0
+# A status message is sent percent-encoded in the grpc-message header (up to 12 bytes per
+# character); a client drops a header over 16 KiB and sees RESOURCE_EXHAUSTED instead of
+# the status. So a message is cut to this many characters.
+MESSAGE_CHARS_MAX = 1024
 
 # The status of each error class (a subclass takes its nearest listed ancestor's).
 STATUS_OF: dict[type[MqmetaError], grpc.StatusCode] = {
@@ -70,6 +74,14 @@ _ERROR_OF_STATUS: dict[grpc.StatusCode, type[MqmetaError]] = {
 }
 
 
+def bounded(message: str) -> str:
+    """`message` cut to MESSAGE_CHARS_MAX characters (see there)."""
+    if len(message) <= MESSAGE_CHARS_MAX:
+        return message
+    suffix = f"... ({len(message)} characters)"
+    return message[: MESSAGE_CHARS_MAX - len(suffix)] + suffix
+
+
 def status_of(error: MqmetaError) -> grpc.StatusCode:
     for cls in type(error).__mro__:
         if cls in STATUS_OF:
@@ -83,7 +95,7 @@ def abort_with(context: grpc.ServicerContext, error: MqmetaError) -> None:
     if error.leader:
         metadata.append((LEADER_KEY, error.leader))
     context.set_trailing_metadata(metadata)
-    context.abort(status_of(error), error.message)
+    context.abort(status_of(error), bounded(error.message))
 
 
 async def abort_with_async(context: grpc.aio.ServicerContext, error: MqmetaError) -> None:
@@ -91,7 +103,7 @@ async def abort_with_async(context: grpc.aio.ServicerContext, error: MqmetaError
     metadata: list[tuple[str, str]] = [(ERROR_CODE_KEY, error.code)]
     if error.leader:
         metadata.append((LEADER_KEY, error.leader))
-    await context.abort(status_of(error), error.message, trailing_metadata=tuple(metadata))
+    await context.abort(status_of(error), bounded(error.message), trailing_metadata=tuple(metadata))
 
 
 # A failed TLS handshake is UNAVAILABLE, or UNKNOWN when gRPC reports the TLS error itself.
@@ -129,7 +141,7 @@ def rpc(method: Callable) -> Callable:
             raise  # context.abort's own exception, or a call this method made and let fail
         except Exception as exc:  # a bug: report it without leaking internals
             log.exception("%s failed", method.__name__)
-            context.abort(grpc.StatusCode.INTERNAL, f"internal error in {method.__name__}: {exc}")
+            context.abort(grpc.StatusCode.INTERNAL, bounded(f"internal error in {method.__name__}: {exc}"))
 
     return wrapper
 
@@ -147,7 +159,9 @@ def rpc_async(method: Callable) -> Callable:
             raise  # context.abort's own exception, a failed call, or the client went away
         except Exception as exc:  # a bug: report it without leaking internals
             log.exception("%s failed", method.__name__)
-            await context.abort(grpc.StatusCode.INTERNAL, f"internal error in {method.__name__}: {exc}")
+            await context.abort(
+                grpc.StatusCode.INTERNAL, bounded(f"internal error in {method.__name__}: {exc}")
+            )
 
     return wrapper
 

@@ -22,17 +22,30 @@ QUEUE_ID_MAX = QUEUE_COUNT_MAX - 1
 # and protobuf's int64, so sums of two never overflow either.
 REQUEST_INT_MAX = 2**62
 PORT_MAX = 65535
+# A value quoted in an error message is cut to this: the message travels in a gRPC header
+# (grpc-message), and a client drops a header over 16 KiB with the status it carries.
+SHOWN_CHARS_MAX = 64
+
+
+def shown(value: Any) -> str:
+    """`value` quoted for an error message, cut to SHOWN_CHARS_MAX characters."""
+    if isinstance(value, str) and len(value) > SHOWN_CHARS_MAX:
+        return f"{value[:SHOWN_CHARS_MAX]!r}... ({len(value)} characters)"
+    text = repr(value)
+    return text if len(text) <= SHOWN_CHARS_MAX else f"{text[:SHOWN_CHARS_MAX]}... ({len(text)} characters)"
 
 
 def validate_name(kind: str, value: Any) -> str:
     if not isinstance(value, str) or not NAME_PATTERN.fullmatch(value):
-        raise InvalidArgument(f"{kind} {value!r} is malformed: use 1-127 characters from A-Z a-z 0-9 _ - % |")
+        raise InvalidArgument(
+            f"{kind} {shown(value)} is malformed: use 1-127 characters from A-Z a-z 0-9 _ - % |"
+        )
     return value
 
 
 def validate_address(value: Any) -> str:
     if not isinstance(value, str) or not ADDRESS_PATTERN.fullmatch(value):
-        raise InvalidArgument(f"address {value!r} is malformed: use HOST:PORT")
+        raise InvalidArgument(f"address {shown(value)} is malformed: use HOST:PORT")
     return value
 
 
@@ -40,7 +53,7 @@ def validate_choice(kind: str, value: Any, choices: tuple[str, ...], default: st
     if value in ("", None):
         return default
     if value not in choices:
-        raise InvalidArgument(f"{kind} {value!r} is not one of {', '.join(choices)}")
+        raise InvalidArgument(f"{kind} {shown(value)} is not one of {', '.join(choices)}")
     return str(value)
 
 
@@ -59,5 +72,5 @@ def parse_addresses(text: str, what: str = "controller address", allow_port_zero
     for address in addresses:
         host, _, port = address.rpartition(":")
         if not host or not port.isdigit() or not lowest <= int(port) <= PORT_MAX:
-            raise InvalidArgument(f"{what} {address!r} is malformed: use HOST:PORT")
+            raise InvalidArgument(f"{what} {shown(address)} is malformed: use HOST:PORT")
     return addresses
