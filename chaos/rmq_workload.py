@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from chaos.history import HistoryRecorder, RequestEvent, ResponseEvent, Result
-from chaos.workloads import KEYS_PER_PRODUCER, SEND_TIMEOUT_S, TOPIC, WorkloadConfig, _Paced
+from chaos.workloads import KEYS_PER_PRODUCER, SEND_TIMEOUT_S, TOPIC, WorkloadConfig, _Paced, record_dequeue
 from mqmeta.clock import wall_ms
 
 GROUP = "chaos-checker"
@@ -128,15 +128,7 @@ class _Consumer(threading.Thread):
         self.consumer.shutdown()
 
     def _record(self, body: bytes) -> None:
-        value, key, sent = body.decode().split("|")
-        at_ms = wall_ms()
-        self.recorder.record(RequestEvent(self.client_id, "dequeue", None, None, at_ms))
-        self.recorder.record(
-            ResponseEvent(
-                self.client_id, "dequeue", Result.SUCCESS, value, key, at_ms, 0, None, at_ms - int(sent)
-            )
-        )
-        self.delivered.add(value)
+        self.delivered.add(record_dequeue(self.recorder, self.client_id, body))
 
 
 class RmqQueueWorkload:

@@ -170,15 +170,19 @@ class _QueueConsumer(threading.Thread):
         self.consumer.close()
 
     def _record(self, body: bytes) -> None:
-        value, key, sent = body.decode().split("|")
-        at_ms = wall_ms()
-        self.recorder.record(RequestEvent(self.client_id, "dequeue", None, None, at_ms))
-        self.recorder.record(
-            ResponseEvent(
-                self.client_id, "dequeue", Result.SUCCESS, value, key, at_ms, 0, None, at_ms - int(sent)
-            )
-        )
-        self.delivered.add(value)
+        self.delivered.add(record_dequeue(self.recorder, self.client_id, body))
+
+
+def record_dequeue(recorder: HistoryRecorder, client_id: int, body: bytes) -> str:
+    """Records one delivery of a queue-workload message (body `value|key|sent ms`) in the
+    history; returns its value."""
+    value, key, sent = body.decode().split("|")
+    at_ms = wall_ms()
+    recorder.record(RequestEvent(client_id, "dequeue", None, None, at_ms))
+    recorder.record(
+        ResponseEvent(client_id, "dequeue", Result.SUCCESS, value, key, at_ms, 0, None, at_ms - int(sent))
+    )
+    return value
 
 
 class QueueWorkload:
