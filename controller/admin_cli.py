@@ -550,7 +550,17 @@ def replicator_status(client: ControllerClient, args):
                 "messages_per_s": round(rule.messages_per_s, 3),
             }
         )
-    return {"rules": rules, "workers": list(reply.workers)}, rows
+    workers = [
+        {
+            "worker_id": w.worker_id,
+            "running": [
+                {"rule": t.rule, "topic": t.topic, "broker_name": t.broker_name, "queue_id": t.queue_id}
+                for t in w.running
+            ],
+        }
+        for w in reply.workers
+    ]
+    return {"rules": rules, "workers": workers}, rows
 
 
 def _put(method: str, spec: Callable[[Any], Any]) -> Callable:

@@ -148,7 +148,10 @@ def status(state: Any, beat_of: Callable, rule: str = "") -> Json:
                 "messages_per_s": round(sum(t["messages_per_s"] for t in tasks), 3),
             }
         )
-    workers = sorted(leases.live_workers(state))
+    workers = []
+    for worker_id in sorted(leases.live_workers(state)):
+        beat = beat_of(worker_id)
+        workers.append({"worker_id": worker_id, "running": sorted(beat.running) if beat else []})
     return {"rules": documents, "workers": workers}
 
 

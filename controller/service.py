@@ -445,9 +445,11 @@ class ControllerServicer(pb_grpc.ControllerServiceServicer):
     def GetReplicatorStatus(self, request, context):
         rule = validate_name("rule name", request.rule) if request.rule else ""
         document = self.core.replicator_status(rule)
-        return pb.ReplicatorStatus(
-            rules=[_rule_status_pb(r) for r in document["rules"]], workers=document["workers"]
-        )
+        workers = [
+            pb.ReplicatorWorker(worker_id=w["worker_id"], running=[_task_key_pb(t) for t in w["running"]])
+            for w in document["workers"]
+        ]
+        return pb.ReplicatorStatus(rules=[_rule_status_pb(r) for r in document["rules"]], workers=workers)
 
     async def Watch(self, request, context) -> AsyncIterator[pb.WatchEvent]:
         hub = self.core.watch_hub

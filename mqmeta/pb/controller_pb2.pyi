@@ -739,10 +739,18 @@ class ReplicatorRuleStatus(_message.Message):
     messages_per_s: float
     def __init__(self, name: _Optional[str] = ..., tasks: _Optional[_Iterable[_Union[ReplicatorTaskStatus, _Mapping]]] = ..., replicated: _Optional[int] = ..., lag_messages: _Optional[int] = ..., delay_ms: _Optional[int] = ..., last_sync_ms: _Optional[int] = ..., messages_per_s: _Optional[float] = ...) -> None: ...
 
+class ReplicatorWorker(_message.Message):
+    __slots__ = ("worker_id", "running")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    running: _containers.RepeatedCompositeFieldContainer[ReplicatorTaskKey]
+    def __init__(self, worker_id: _Optional[str] = ..., running: _Optional[_Iterable[_Union[ReplicatorTaskKey, _Mapping]]] = ...) -> None: ...
+
 class ReplicatorStatus(_message.Message):
     __slots__ = ("rules", "workers")
     RULES_FIELD_NUMBER: _ClassVar[int]
     WORKERS_FIELD_NUMBER: _ClassVar[int]
     rules: _containers.RepeatedCompositeFieldContainer[ReplicatorRuleStatus]
-    workers: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, rules: _Optional[_Iterable[_Union[ReplicatorRuleStatus, _Mapping]]] = ..., workers: _Optional[_Iterable[str]] = ...) -> None: ...
+    workers: _containers.RepeatedCompositeFieldContainer[ReplicatorWorker]
+    def __init__(self, rules: _Optional[_Iterable[_Union[ReplicatorRuleStatus, _Mapping]]] = ..., workers: _Optional[_Iterable[_Union[ReplicatorWorker, _Mapping]]] = ...) -> None: ...
