@@ -24,20 +24,41 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from mqmeta.client import ControllerClient
 from mqmeta.errors import FailedPrecondition, MqmetaError, NotFound
+from mqmeta.formats.replication_rules import ReplicatorConfig
 from mqmeta.pb import controller_pb2 as cpb
-
-if TYPE_CHECKING:
-    from replicator.task import Task, TaskKey
-    from replicator.worker import Worker
 
 log = logging.getLogger(__name__)
 
 RATE_SAMPLES_MAX = 10  # heartbeats over which messages/s is averaged (5 s at the default interval)
 NO_OFFSET = -1
+
+
+class Task(Protocol):
+    """What the keeper reads of a running task (replicator.task.Task)."""
+
+    key: Any  # replicator.task.TaskKey: rule, topic, broker_name, queue_id
+    stats: Any  # replicator.task.TaskStats
+    stop: threading.Event
+    lease: TaskLease | None
+    acked_offset: int
+
+    @property
+    def lease_id(self) -> tuple[Any, int]: ...
+
+
+class Worker(Protocol):
+    """What the keeper needs of its worker (replicator.worker.Worker)."""
+
+    config: ReplicatorConfig
+    discovered: set[Any]
+
+    def running(self) -> list[Any]: ...
+
+    def reconcile(self, leases: list, keeper: LeaseKeeper) -> None: ...
 
 
 @dataclass
@@ -68,8 +89,8 @@ class LeaseKeeper:
         self.client = ControllerClient(list(controllers), timeout_s=self._call_timeout_s())
         self._valid_until = 0.0  # monotonic
         self._lapsed = False  # the lease ran out since the last answer: re-check before going on
-        self._committed: dict[tuple[TaskKey, int], tuple[int, int]] = {}
-        self._rates: dict[TaskKey, deque[tuple[float, int]]] = {}
+        self._committed: dict[tuple[Any, int], tuple[int, int]] = {}
+        self._rates: dict[Any, deque[tuple[float, int]]] = {}
 
     def _call_timeout_s(self) -> float:
         return max(0.2, self.settings["lease_ms"] / 1000)
@@ -175,7 +196,7 @@ class LeaseKeeper:
         self.client.close()
 
 
-def task_key_pb(key: TaskKey) -> cpb.ReplicatorTaskKey:
+def task_key_pb(key: Any) -> cpb.ReplicatorTaskKey:
     return cpb.ReplicatorTaskKey(
         rule=key.rule, topic=key.topic, broker_name=key.broker_name, queue_id=key.queue_id
     )
