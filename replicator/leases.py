@@ -1,10 +1,11 @@
 """A worker's side of task leases (`[replicator] controllers`): heartbeats, commits, fencing.
 
-Every heartbeat_interval_ms the keeper first commits each running task's progress (the
-source offset below which the target acknowledged every copy, and its copies so far)
-under the task's lease epoch, then heartbeats the controllers' leader with the tasks its
-discovery found and the ones it runs, with their stats. The answer lists the leases
-granted to it; the worker starts what it was granted and stops the rest.
+Every heartbeat_interval_ms the keeper first commits each running task's progress when it
+moved (at most every commit_interval_ms: the source offset below which the target
+acknowledged every copy, and its copies so far) under the task's lease epoch, then
+heartbeats the controllers' leader with the tasks its discovery found and the ones it
+runs, with their stats. The answer lists the leases granted to it; the worker starts
+what it was granted and stops the rest.
 
 A lease holds for lease_ms from the moment the answered heartbeat was *sent* (this
 process's monotonic clock); the leader gives a worker's tasks away only after
@@ -89,6 +90,7 @@ class LeaseKeeper:
         self.client = ControllerClient(list(controllers), timeout_s=self._call_timeout_s())
         self._valid_until = 0.0  # monotonic
         self._lapsed = False  # the lease ran out since the last answer: re-check before going on
+        self._commit_due = 0.0  # monotonic: progress is committed every commit_interval_ms
         self._committed: dict[tuple[Any, int], tuple[int, int]] = {}
         self._rates: dict[Any, deque[tuple[float, int]]] = {}
 
@@ -112,7 +114,9 @@ class LeaseKeeper:
     def round(self) -> None:
         if not self.valid() and self._valid_until:
             self._lapsed = True
-        self._commit_running(force=self._lapsed)
+        if self._lapsed or time.monotonic() >= self._commit_due:
+            self._commit_due = time.monotonic() + self.settings["commit_interval_ms"] / 1000
+            self._commit_running(force=self._lapsed)
         sent = time.monotonic()
         reply = self.client.call("ReplicatorHeartbeat", self._heartbeat_request())
         self._valid_until = sent + self.settings["lease_ms"] / 1000
