@@ -11,6 +11,8 @@ Properties checked:
   start stays; the acknowledged offset never moves back; replicated counts survive moves;
 - the grant rule: a task moved away from a live worker is granted to its new holder only
   once the former holder heartbeated after the move without running it;
+- the leader expires a worker silent past its dead-after, never within its own first
+  dead-after as leader;
 - a seeded simulation (joins, heartbeats in random order, crashes, restarts, expiry, new
   tasks): no task ever runs on two live workers at once (exclusivity), and once the
   workers have heartbeated, every task of a rule some live worker has runs (liveness).
@@ -23,7 +25,7 @@ import random
 import pytest
 
 from controller.replicator_leases import FENCED, assign, live_workers, task_key_text
-from controller.replicator_liveness import WorkerBeat, granted, lease_view, status
+from controller.replicator_liveness import WorkerBeat, WorkerLiveness, granted, lease_view, status
 from controller.state_machine import ControllerState, apply
 from mqmeta.errors import FailedPrecondition, error_from_code
 
@@ -263,3 +265,19 @@ def test_simulation_exclusive_and_live(seed):
         sim.step()
         sim.check_exclusive(seed)
     sim.settle_and_check_live(seed)
+
+
+def test_the_leader_expires_silent_workers_only_after_its_grace():
+    """A new leader has heard nobody: for the longest dead-after it expires nobody; then a
+    worker silent for its own dead-after is expired, one heard recently is not."""
+    workers = {"w1": {"dead_after_ms": 1000}, "w2": {"dead_after_ms": 3000}}
+    liveness = WorkerLiveness()
+    assert liveness.silent(workers, 10_000) == [], "a follower expires nobody"
+    liveness.on_leadership(True, 10_000)
+    assert liveness.silent(workers, 12_999) == [], "expired within the grace"
+    liveness.record("w2", WorkerBeat(12_500, 1, 3000))
+    assert liveness.silent(workers, 13_000) == ["w1"]
+    assert liveness.silent(workers, 15_500) == ["w1", "w2"]
+    liveness.on_leadership(False, 15_600)
+    liveness.on_leadership(True, 15_700)
+    assert liveness.silent(workers, 16_000) == [], "a leader again starts a new grace"
