@@ -13,8 +13,8 @@ Properties checked:
   once the former holder heartbeated after the move without running it;
 - the leader expires a worker silent past its dead-after, never within its own first
   dead-after as leader;
-- a seeded simulation (joins, heartbeats in random order, crashes, restarts, expiry, new
-  tasks): no task ever runs on two live workers at once (exclusivity), and once the
+- a seeded simulation (joins, heartbeats in random order, crashes, restarts with a new
+  incarnation, expiry, new tasks): no task ever runs on two live workers at once (exclusivity), and once the
   workers have heartbeated, every task of a rule some live worker has runs (liveness).
 """
 
@@ -191,10 +191,10 @@ class Simulation:
         result, _, _ = apply(self.state, command, self.index)
         assert result["ok"], result
 
-    def heartbeat(self, worker: str) -> None:
+    def heartbeat(self, worker: str, report_all: bool = False) -> None:
         self.beats[worker] = WorkerBeat(0, self.index, 2500, running=dict(self.running[worker]))
         mine = [t for t in self.tasks if t[0] in self.rules[worker]]
-        reported = self.random.sample(mine, k=self.random.randint(0, len(mine)))
+        reported = mine if report_all else self.random.sample(mine, k=self.random.randint(0, len(mine)))
         self.propose(
             {
                 "type": "replicator_heartbeat",
@@ -230,7 +230,11 @@ class Simulation:
             gone = sorted(self.crashed)  # silent past dead-after: the leader expires them
             self.propose({"type": "replicator_expire", "worker_ids": gone})
             self.crashed.clear()
-        elif choice < 0.25:
+        elif choice < 0.22 and live:
+            worker = self.random.choice(live)  # killed and started again at once: a new incarnation
+            self.running[worker] = {}
+            self.incarnation[worker] += 1
+        elif choice < 0.27:
             rule = self.random.choice(["r", "s"])
             self.tasks.append((rule, f"T{len(self.tasks)}", "broker-a", 0))
         elif live:
@@ -247,9 +251,9 @@ class Simulation:
         if self.crashed:
             self.propose({"type": "replicator_expire", "worker_ids": sorted(self.crashed)})
             self.crashed.clear()
-        for _ in range(3):
+        for round_number in range(3):  # the first reports every task: no new one after it
             for worker in sorted(self.running):
-                self.heartbeat(worker)
+                self.heartbeat(worker, report_all=round_number == 0)
                 self.check_exclusive(seed)
         running = {t for tasks in self.running.values() for t in tasks}
         for _, task in self.state.with_prefix("repltask/"):
