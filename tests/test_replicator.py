@@ -504,12 +504,16 @@ def test_leased_workers_split_the_tasks_fence_a_stale_one_and_take_over_a_killed
     assert "FENCED_LEASE_EPOCH" in log_text() or "does not hold task" in log_text()
     wait_for(lambda: each_task_runs_once_on(b, "leased", both), REPLICATE_TIMEOUT_S, f"{split}, again")
 
+    import time
+
     b.kill("w-lease-2")
+    killed_at = time.monotonic()
     wait_for(
         lambda: each_task_runs_once_on(b, "leased", {stale}),
         DEAD_AFTER_S + MOVE_SLACK_S,
         "the killed worker's task to run on the other",
     )
+    print(f"the killed worker's task ran on the other after {time.monotonic() - killed_at:.2f} s")
     acked = loop.finish()
     check_exactly_once(a, b, "Leased", acked, "leased")
 
@@ -572,6 +576,62 @@ def test_start_latest_survives_a_restart_before_the_first_copy_and_status_counts
         env=dict(os.environ, COLUMNS="200"),
     )
     assert table.returncode == 0 and "Latest/broker-a/1" in table.stdout and "w-latest" in table.stdout, table
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_leased_workers_go_on_through_a_kill_9_of_the_controllers_leader(sites, tmp_path_factory):
+    """Leases in a target cluster of 3 controllers (each embedded in a nameserver): kill -9
+    of the leader mid-stream; the workers follow the new leader, keep one task each, and
+    the target holds every message exactly once."""
+    a, _ = sites
+    c = Cluster(
+        tmp_path_factory.mktemp("site-c"),
+        count=3,
+        embedded=True,
+        broker_sets=1,
+        replicas=2,
+        broker_flags=[*FLAGS, "--cluster", "c"],
+    )
+    try:
+        c.start()
+        create_topic(a, "Leader", "a")
+        create_topic(c, "Leader", "c")
+        loop = ProduceLoop(a, "Leader", "leader", PRODUCED_MAX)
+        loop.start()
+        both = {"w-leader-1", "w-leader-2"}
+        for worker in sorted(both):
+            start_worker(c, worker, [("leader", a, c, "Leader")], settings=leased(c))
+        wait_for(lambda: each_task_runs_once_on(c, "leader", both), REPLICATE_TIMEOUT_S, "one task each")
+        copies_at_least(c, "Leader", SENT_BEFORE_FAULT_MIN, "probe-leader-1")
+        leader = c.leader_id()
+        epochs = holders(c, "leader")
+        c.kill(leader)
+        c.leader_id(exclude=leader)
+        before = len(loop.acked)
+        wait_for(lambda: len(loop.acked) >= before + 200, 30, "200 more sends after the leader change")
+        wait_for(
+            lambda: each_task_runs_once_on(c, "leader", both),
+            REPLICATE_TIMEOUT_S,
+            "one task each after the leader change",
+            retry_on=(MqmetaError,),
+        )
+        c.start_node(leader)
+        acked = loop.finish()
+        source = a
+        records = consume_all(source, "src-leader", acked, topic="Leader")
+        expected = {m.body for m in records}
+        copies = consume_all(c, "dst-leader", expected, timeout_s=REPLICATE_TIMEOUT_S, topic="Leader")
+        counts = Counter(m.msg_id for m in copies)
+        assert max(counts.values()) == 1 and set(counts) == {m.msg_id for m in records}
+        moved = [q for q, (worker, epoch, _) in holders(c, "leader").items() if epoch != epochs[q][1]]
+        print(f"tasks that changed epoch across the leader change: {moved}")
+    finally:
+        for name, process in c.supervisor.children.items():
+            if name.startswith("w-") and process.poll() is None:
+                process.kill()
+                process.wait()
+        c.stop()
 
 
 def test_local_up_with_two_clusters_and_a_replicator(tmp_path):
