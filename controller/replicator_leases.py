@@ -43,6 +43,7 @@ WORKERS_PER_COMMAND_MAX = 1024
 LEASE_MS_MIN, LEASE_MS_MAX = 100, 600_000
 DEAD_AFTER_MS_MIN, DEAD_AFTER_MS_MAX = 200, 600_000
 INCARNATION_CHARS_MAX = 64
+RULE_DIGEST_CHARS_MAX = 64
 NO_OFFSET = -1
 FENCED = "FENCED_LEASE_EPOCH"
 
@@ -194,6 +195,7 @@ def _new_task(task: TaskKey, index: int) -> Json:
         "moved_index": index,  # every worker hears of it before it is granted
         "start_offset": NO_OFFSET,
         "acked_offset": NO_OFFSET,
+        "rule_digest": "",
         "replicated_base": 0,
         "replicated_epoch": 0,
     }
@@ -284,6 +286,11 @@ def commit_handler(state: StateView, command: Json, index: int):
     start = _offset(command, "start_offset")
     acked = _offset(command, "acked_offset")
     replicated = validate_int("replicated", command.get("replicated", 0), 0, REQUEST_INT_MAX)
+    digest = command.get("rule_digest", "")
+    if not isinstance(digest, str) or len(digest) > RULE_DIGEST_CHARS_MAX:
+        raise error_from_code(
+            "INVALID_ARGUMENT", f"rule_digest is at most {RULE_DIGEST_CHARS_MAX} characters"
+        )
     key = task_key_text(task)
     stored = state.get(key)
     if stored is None:
@@ -298,8 +305,12 @@ def commit_handler(state: StateView, command: Json, index: int):
             f"({holder} holds it at epoch {stored['epoch']}); stop the task",
         )
     record = copy.deepcopy(stored)
+    if start != NO_OFFSET and record["start_offset"] != NO_OFFSET and record["rule_digest"] != digest:
+        # the rule was changed (another target, another start): its old progress does not apply
+        record["start_offset"], record["acked_offset"] = NO_OFFSET, NO_OFFSET
     if start != NO_OFFSET and record["start_offset"] == NO_OFFSET:
         record["start_offset"] = start  # the first lessee's choice stays: `latest` is durable
+        record["rule_digest"] = digest
     if acked != NO_OFFSET:
         record["acked_offset"] = max(record["acked_offset"], acked)
     record["replicated_epoch"] = max(record["replicated_epoch"], replicated)

@@ -109,6 +109,7 @@ def lease_view(record: Json) -> Json:
         "epoch": record["epoch"],
         "start_offset": record["start_offset"],
         "acked_offset": record["acked_offset"],
+        "rule_digest": record.get("rule_digest", ""),
         "replicated": record["replicated_base"] + record["replicated_epoch"],
     }
 

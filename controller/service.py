@@ -415,6 +415,7 @@ class ControllerServicer(pb_grpc.ControllerServiceServicer):
                     epoch=lease["epoch"],
                     start_offset=lease["start_offset"],
                     acked_offset=lease["acked_offset"],
+                    rule_digest=lease["rule_digest"],
                 )
                 for lease in granted
             ]
@@ -430,6 +431,7 @@ class ControllerServicer(pb_grpc.ControllerServiceServicer):
             "start_offset": validate_int("start_offset", request.start_offset, NO_OFFSET, REQUEST_INT_MAX),
             "acked_offset": validate_int("acked_offset", request.acked_offset, NO_OFFSET, REQUEST_INT_MAX),
             "replicated": validate_int("replicated", request.replicated, 0, REQUEST_INT_MAX),
+            "rule_digest": request.rule_digest,
         }
         view = lease_view(self.core.propose(command)["checkpoint"])
         return pb.ReplicatorCheckpoint(

@@ -70,14 +70,22 @@ class TaskLease:
     epoch: int
     start_offset: int
     acked_offset: int
+    rule_digest: str  # the rule definition the checkpoint was made under
     keeper: LeaseKeeper
 
     def valid(self) -> bool:
         return self.keeper.valid()
 
-    def record_start(self, task: Task, start_offset: int) -> int:
-        """Records the task's start (first writer wins); the start to use."""
-        checkpoint = self.keeper.commit(task, start_offset=start_offset)
+    def checkpoint_applies(self, rule_digest: str) -> bool:
+        """A checkpoint made under another definition of the rule (changed in place: another
+        target, another start) is not this rule's progress."""
+        return self.rule_digest == rule_digest
+
+    def record_start(self, task: Task, start_offset: int, rule_digest: str) -> int:
+        """Records the task's start (first writer wins, per rule definition); the start to use."""
+        checkpoint = self.keeper.commit(task, start_offset=start_offset, rule_digest=rule_digest)
+        self.rule_digest = rule_digest
+        self.acked_offset = int(checkpoint.acked_offset)  # dropped if made under another definition
         return int(checkpoint.start_offset)
 
 
@@ -173,7 +181,12 @@ class LeaseKeeper:
             self._committed[task.lease_id] = progress
 
     def commit(
-        self, task: Task, start_offset: int = NO_OFFSET, acked_offset: int = NO_OFFSET, replicated: int = 0
+        self,
+        task: Task,
+        start_offset: int = NO_OFFSET,
+        acked_offset: int = NO_OFFSET,
+        replicated: int = 0,
+        rule_digest: str = "",
     ) -> cpb.ReplicatorCheckpoint:
         assert task.lease is not None
         request = cpb.CommitReplicatorTaskRequest(
@@ -183,6 +196,7 @@ class LeaseKeeper:
             start_offset=start_offset,
             acked_offset=acked_offset,
             replicated=replicated,
+            rule_digest=rule_digest,
         )
         return self.client.call("CommitReplicatorTask", request)
 

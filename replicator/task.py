@@ -201,10 +201,11 @@ class Task:
         skipped), else the start the first lessee recorded, so that `latest` means the
         end of the queue when the task first ran, not when it last restarted."""
         lease = self.lease
-        if lease is not None and max(lease.acked_offset, self.acked_offset) != NO_OFFSET:
-            return max(lease.acked_offset, self.acked_offset)
-        if lease is not None and lease.start_offset != NO_OFFSET:
-            return lease.start_offset
+        if lease is not None and lease.checkpoint_applies(self.rule.digest):
+            if max(lease.acked_offset, self.acked_offset) != NO_OFFSET:
+                return max(lease.acked_offset, self.acked_offset)
+            if lease.start_offset != NO_OFFSET:
+                return lease.start_offset
         if self.rule.start != "latest":
             first = 0  # earliest, or a time: read from the start and skip what is older
         else:
@@ -214,7 +215,7 @@ class Task:
             reply = source.call(self.key.topic, self.key.broker_name, "Pull", request, CALL_TIMEOUT_S)
             first = int(reply.max_queue_offset)
         if lease is not None:
-            first = lease.record_start(self, first)
+            first = lease.record_start(self, first, self.rule.digest)
             lease.start_offset = first
         return first
 

@@ -120,7 +120,9 @@ class Worker:
         for key, lease in sorted(granted.items(), key=lambda item: str(item[0])):
             if key.rule not in names:
                 continue
-            task_lease = TaskLease(lease.epoch, lease.start_offset, lease.acked_offset, keeper)
+            task_lease = TaskLease(
+                lease.epoch, lease.start_offset, lease.acked_offset, lease.rule_digest, keeper
+            )
             self._start(self.config.rule(key.rule), key, None, task_lease)
 
     def run(self) -> None:

@@ -8,7 +8,8 @@ Properties checked:
   change of holder (a worker joins, expires, or restarts with a new incarnation) bumps the
   task's epoch; a commit under a stale epoch or from a worker not holding the task is
   refused FENCED_LEASE_EPOCH (FAILED_PRECONDITION) and changes nothing; the first recorded
-  start stays; the acknowledged offset never moves back; replicated counts survive moves;
+  start stays (unless recorded under another definition of the rule: then its progress is
+  dropped); the acknowledged offset never moves back; replicated counts survive moves;
 - the grant rule: a task moved away from a live worker is granted to its new holder only
   once the former holder heartbeated after the move without running it;
 - the leader expires a worker silent past its dead-after, never within its own first
@@ -97,10 +98,20 @@ def test_holders_epochs_and_fenced_commits_through_apply():
         assert isinstance(error_from_code(result["code"], result["message"]), FailedPrecondition)
         assert state.digest == digest, "a refused commit changed the state"
     commit = {"type": "replicator_commit", "worker_id": "w2", "task": list(task), "epoch": 2}
-    assert apply(state, dict(commit, start_offset=7), 4)[0]["checkpoint"]["start_offset"] == 7
-    assert apply(state, dict(commit, start_offset=9), 5)[0]["checkpoint"]["start_offset"] == 7
+    assert (
+        apply(state, dict(commit, start_offset=7, rule_digest="d1"), 4)[0]["checkpoint"]["start_offset"] == 7
+    )
+    assert (
+        apply(state, dict(commit, start_offset=9, rule_digest="d1"), 5)[0]["checkpoint"]["start_offset"] == 7
+    )
     assert apply(state, dict(commit, acked_offset=20, replicated=13), 6)[0]["ok"]
     assert apply(state, dict(commit, acked_offset=10, replicated=3), 7)[0]["checkpoint"]["acked_offset"] == 20
+    changed = apply(
+        ControllerState.from_items(state.freeze().items()), dict(commit, start_offset=3, rule_digest="d2"), 7
+    )
+    assert (changed[0]["checkpoint"]["start_offset"], changed[0]["checkpoint"]["acked_offset"]) == (3, -1), (
+        "a rule changed in place must not resume from its old definition's progress"
+    )
     result, _, _ = apply(state, {"type": "replicator_expire", "worker_ids": ["w2"]}, 8)
     assert result["expired"] == ["w2"]
     after = record(state, task)

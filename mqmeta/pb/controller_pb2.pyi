@@ -648,16 +648,18 @@ class ReplicatorHeartbeatRequest(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., incarnation: _Optional[str] = ..., lease_ms: _Optional[int] = ..., dead_after_ms: _Optional[int] = ..., rules: _Optional[_Iterable[str]] = ..., tasks: _Optional[_Iterable[_Union[ReplicatorTaskKey, _Mapping]]] = ..., running: _Optional[_Iterable[_Union[ReplicatorTaskStats, _Mapping]]] = ..., leaving: _Optional[bool] = ...) -> None: ...
 
 class ReplicatorLease(_message.Message):
-    __slots__ = ("task", "epoch", "start_offset", "acked_offset")
+    __slots__ = ("task", "epoch", "start_offset", "acked_offset", "rule_digest")
     TASK_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     START_OFFSET_FIELD_NUMBER: _ClassVar[int]
     ACKED_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    RULE_DIGEST_FIELD_NUMBER: _ClassVar[int]
     task: ReplicatorTaskKey
     epoch: int
     start_offset: int
     acked_offset: int
-    def __init__(self, task: _Optional[_Union[ReplicatorTaskKey, _Mapping]] = ..., epoch: _Optional[int] = ..., start_offset: _Optional[int] = ..., acked_offset: _Optional[int] = ...) -> None: ...
+    rule_digest: str
+    def __init__(self, task: _Optional[_Union[ReplicatorTaskKey, _Mapping]] = ..., epoch: _Optional[int] = ..., start_offset: _Optional[int] = ..., acked_offset: _Optional[int] = ..., rule_digest: _Optional[str] = ...) -> None: ...
 
 class ReplicatorHeartbeatResponse(_message.Message):
     __slots__ = ("leases",)
@@ -666,20 +668,22 @@ class ReplicatorHeartbeatResponse(_message.Message):
     def __init__(self, leases: _Optional[_Iterable[_Union[ReplicatorLease, _Mapping]]] = ...) -> None: ...
 
 class CommitReplicatorTaskRequest(_message.Message):
-    __slots__ = ("worker_id", "task", "epoch", "start_offset", "acked_offset", "replicated")
+    __slots__ = ("worker_id", "task", "epoch", "start_offset", "acked_offset", "replicated", "rule_digest")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     TASK_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     START_OFFSET_FIELD_NUMBER: _ClassVar[int]
     ACKED_OFFSET_FIELD_NUMBER: _ClassVar[int]
     REPLICATED_FIELD_NUMBER: _ClassVar[int]
+    RULE_DIGEST_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     task: ReplicatorTaskKey
     epoch: int
     start_offset: int
     acked_offset: int
     replicated: int
-    def __init__(self, worker_id: _Optional[str] = ..., task: _Optional[_Union[ReplicatorTaskKey, _Mapping]] = ..., epoch: _Optional[int] = ..., start_offset: _Optional[int] = ..., acked_offset: _Optional[int] = ..., replicated: _Optional[int] = ...) -> None: ...
+    rule_digest: str
+    def __init__(self, worker_id: _Optional[str] = ..., task: _Optional[_Union[ReplicatorTaskKey, _Mapping]] = ..., epoch: _Optional[int] = ..., start_offset: _Optional[int] = ..., acked_offset: _Optional[int] = ..., replicated: _Optional[int] = ..., rule_digest: _Optional[str] = ...) -> None: ...
 
 class ReplicatorCheckpoint(_message.Message):
     __slots__ = ("task", "worker_id", "epoch", "start_offset", "acked_offset", "replicated")
