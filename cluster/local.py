@@ -187,12 +187,16 @@ def _start_site(site: _Site) -> dict[str, Any]:
 
 
 def _start_replicator(root: Path, sites: list[_Site]) -> dict[str, Any]:
-    """One worker with a rule a -> b for every topic (each must exist in both clusters)."""
+    """One worker with a rule a -> b for every topic (each must exist in both clusters).
+    Its leases and checkpoints live in the target's controllers: the copies and the DR
+    site are there, so progress survives the loss of the source site with them."""
     source, target = sites[0], sites[1]
     config = root / "replicator.toml"
     config.write_text(
         "\n".join(
             [
+                "[replicator]",
+                f'controllers = "{target.layout.controller_addresses}"',
                 "[[rules]]",
                 f'name = "{source.name}-to-{target.name}"',
                 f'source_namesrv = "{",".join(source.layout.namesrv)}"',

@@ -105,6 +105,10 @@ def add_admin_commands(admin: argparse.ArgumentParser) -> None:
     _broker_set_flags(_leaf(sub, "broker-epoch", "each replica's epoch cache", broker_epoch))
     _broker_set_flags(_leaf(sub, "tiered-status", "what the tiered store holds, and the lag", tiered_status))
 
+    _leaf(
+        sub, "replicator-status", "replication rules: tasks, their workers and progress", replicator_status
+    ).add_argument("--rule", default="", help="one rule only")
+
     topic = sub.add_parser("topic", help="create, update, delete, list topics; show a route")
     topic_sub = topic.add_subparsers(dest="topic_command", required=True, parser_class=type(admin))
     for name, handler in (("create", topic_create), ("update", topic_update)):
@@ -498,6 +502,65 @@ def tiered_status(client: ControllerClient, args):
         "abandoned_uploads": len(checkpoint.abandoned_upload_ids),
     }
     return document, document
+
+
+def replicator_status(client: ControllerClient, args):
+    """Per rule: its tasks (worker, lease epoch, checkpoint, the stats the worker reported)
+    and their sums; the table has one row per task."""
+    reply = client.call("GetReplicatorStatus", pb.GetReplicatorStatusRequest(rule=args.rule))
+    rules, rows = [], []
+    for rule in reply.rules:
+        tasks = []
+        for status in rule.tasks:
+            stats = status.stats
+            task = {
+                "topic": status.task.topic,
+                "broker_name": status.task.broker_name,
+                "queue_id": status.task.queue_id,
+                "worker": status.worker_id,
+                "epoch": status.epoch,
+                "running": status.running,
+                "start_offset": status.start_offset,
+                "acked_offset": status.acked_offset,
+                "replicated": stats.replicated,
+                "lag_messages": stats.lag_messages,
+                "delay_ms": stats.delay_ms,
+                "last_sync_ms": stats.last_sync_ms,
+                "messages_per_s": round(stats.messages_per_s, 3),
+                "errors": stats.errors,
+            }
+            tasks.append(task)
+            queue = f"{task['topic']}/{task['broker_name']}/{task['queue_id']}"
+            rows.append(
+                {
+                    "rule": rule.name,
+                    "task": queue,
+                    **{k: task[k] for k in ("worker", "epoch", "replicated", "lag_messages", "delay_ms")},
+                    "msg/s": task["messages_per_s"],
+                }
+            )
+        rules.append(
+            {
+                "name": rule.name,
+                "tasks": tasks,
+                "replicated": rule.replicated,
+                "lag_messages": rule.lag_messages,
+                "delay_ms": rule.delay_ms,
+                "last_sync_ms": rule.last_sync_ms,
+                "messages_per_s": round(rule.messages_per_s, 3),
+            }
+        )
+    workers = [
+        {
+            "worker_id": w.worker_id,
+            "running": [
+                {"rule": t.rule, "topic": t.topic, "broker_name": t.broker_name, "queue_id": t.queue_id}
+                for t in w.running
+            ],
+        }
+        for w in reply.workers
+    ]
+    return {"rules": rules, "workers": workers}, rows
 
 
 def _put(method: str, spec: Callable[[Any], Any]) -> Callable:

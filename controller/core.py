@@ -18,6 +18,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
+from controller import replicator_leases, replicator_liveness
 from controller.liveness import Heartbeat, Liveness, listener_gone
 from controller.raft_node import ControllerRaft, Peer, Proposer, RaftSettings, not_committed
 from controller.state_machine import (
@@ -181,6 +182,8 @@ class ControllerCore:
         self.settings = settings
         self.watch_hub = WatchHub()
         self.liveness = Liveness()
+        self.workers = replicator_liveness.WorkerLiveness()  # replicator workers' heartbeats
+        self._expiring = threading.Event()  # a replicator_expire proposal is in flight
         self.raft = ControllerRaft(
             node_id, self.self_peer.raft, peers, data_dir, settings, self.watch_hub.publish
         )
@@ -461,6 +464,9 @@ class ControllerCore:
         now = now_ms()
         is_leader = self.raft.is_leader()
         self.liveness.on_leadership(is_leader, now)
+        self.workers.on_leadership(is_leader, now)
+        if is_leader:
+            self._expire_silent_workers(now)
         dead_after_ms = self.state.config_value("broker_dead_after_ms")
         if not is_leader or self.liveness.in_grace(now, dead_after_ms):
             return
@@ -478,6 +484,60 @@ class ControllerCore:
                 continue
             self._electing.add(key)
             threading.Thread(target=self._elect_dead, args=(key,), daemon=True).start()
+
+    # Replicator workers (controller.replicator_liveness) ------------------------------------
+    def replicator_heartbeat(self, request: Json) -> list[Json]:
+        """Records a worker's heartbeat; proposes what it changes; its granted leases."""
+        self.require_leader()
+        worker_id = request["worker_id"]
+        if request["leaving"]:
+            self.workers.forget(worker_id)
+            if self.state.get(replicator_leases.worker_key(worker_id)) is not None:
+                self.propose({"type": "replicator_expire", "worker_ids": [worker_id], "trigger": "leaving"})
+            return []
+        beat = replicator_liveness.WorkerBeat(
+            seen_ms=now_ms(),
+            seen_index=self.raft.raftLastApplied,
+            dead_after_ms=request["dead_after_ms"],
+            running={r["task"]: r["epoch"] for r in request["running"]},
+            stats={r["task"]: r for r in request["running"]},
+        )
+        self.workers.record(worker_id, beat)
+        if replicator_liveness.needs_proposal(self.state, request):
+            command = {
+                k: request[k] for k in ("worker_id", "incarnation", "lease_ms", "dead_after_ms", "rules")
+            }
+            command["tasks"] = [list(t) for t in request["tasks"]]
+            self.propose(dict(command, type="replicator_heartbeat"))
+        state = self.state
+        workers = replicator_leases.live_workers(state)
+        return [
+            replicator_liveness.lease_view(record)
+            for _, record in state.with_prefix(replicator_leases.TASK_PREFIX)
+            if replicator_liveness.granted(record, worker_id, workers, self.workers.beat)
+        ]
+
+    def replicator_status(self, rule: str) -> Json:
+        self.require_leader()  # the tasks' stats are in this leader's memory
+        return replicator_liveness.status(self.read_barrier(), self.workers.beat, rule)
+
+    def _expire_silent_workers(self, now: int) -> None:
+        if self._expiring.is_set():
+            return
+        gone = self.workers.silent(replicator_leases.live_workers(self.state), now)
+        if not gone:
+            return
+        self._expiring.set()
+        threading.Thread(target=self._expire, args=(gone,), name="expire-workers", daemon=True).start()
+
+    def _expire(self, gone: list[str]) -> None:
+        try:
+            result = self.propose({"type": "replicator_expire", "worker_ids": gone, "trigger": "silent"})
+            log.warning("replicator workers %s expired (silent past their dead-after)", result["expired"])
+        except MqmetaError as exc:
+            log.warning("could not expire replicator workers %s: %s", gone, exc)
+        finally:
+            self._expiring.clear()
 
     def _elect_dead(self, key: tuple[str, str]) -> None:
         try:

@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import collections
 import logging
+import math
 from collections.abc import AsyncIterator
 from typing import Any
 
 from controller.core import ControllerCore, WatchSubscription
+from controller.replicator_leases import NO_OFFSET, TaskKey, validate_task
+from controller.replicator_liveness import STATS_FIELDS, lease_view, validate_heartbeat
 from controller.state_machine import replica_view, tiered_key
 from mqmeta.errors import InvalidArgument, MqmetaError, NotFound, Unavailable
 from mqmeta.pb import controller_pb2 as pb
@@ -389,6 +392,67 @@ class ControllerServicer(pb_grpc.ControllerServiceServicer):
             return pb.TieredCheckpoint(cluster=cluster, broker_name=broker_name)
         return tiered_checkpoint_pb(checkpoint)
 
+    @rpc
+    def ReplicatorHeartbeat(self, request, context):
+        worker_id = validate_name("worker_id", request.worker_id)
+        heartbeat = validate_heartbeat(
+            {
+                "worker_id": worker_id,
+                "incarnation": request.incarnation,
+                "lease_ms": request.lease_ms,
+                "dead_after_ms": request.dead_after_ms,
+                "rules": list(request.rules),
+                "tasks": [_task_key(t) for t in request.tasks],
+                "running": [_task_stats(r) for r in request.running],
+                "leaving": request.leaving,
+            }
+        )
+        granted = self.core.replicator_heartbeat(heartbeat)
+        return pb.ReplicatorHeartbeatResponse(
+            leases=[
+                pb.ReplicatorLease(
+                    task=_task_key_pb(lease["task"]),
+                    epoch=lease["epoch"],
+                    start_offset=lease["start_offset"],
+                    acked_offset=lease["acked_offset"],
+                    rule_digest=lease["rule_digest"],
+                )
+                for lease in granted
+            ]
+        )
+
+    @rpc
+    def CommitReplicatorTask(self, request, context):
+        command = {
+            "type": "replicator_commit",
+            "worker_id": validate_name("worker_id", request.worker_id),
+            "task": list(_task_key(request.task)),
+            "epoch": validate_int("epoch", request.epoch, 1, REQUEST_INT_MAX),
+            "start_offset": validate_int("start_offset", request.start_offset, NO_OFFSET, REQUEST_INT_MAX),
+            "acked_offset": validate_int("acked_offset", request.acked_offset, NO_OFFSET, REQUEST_INT_MAX),
+            "replicated": validate_int("replicated", request.replicated, 0, REQUEST_INT_MAX),
+            "rule_digest": request.rule_digest,
+        }
+        view = lease_view(self.core.propose(command)["checkpoint"])
+        return pb.ReplicatorCheckpoint(
+            task=_task_key_pb(view["task"]),
+            worker_id=view["worker_id"],
+            epoch=view["epoch"],
+            start_offset=view["start_offset"],
+            acked_offset=view["acked_offset"],
+            replicated=view["replicated"],
+        )
+
+    @rpc
+    def GetReplicatorStatus(self, request, context):
+        rule = validate_name("rule name", request.rule) if request.rule else ""
+        document = self.core.replicator_status(rule)
+        workers = [
+            pb.ReplicatorWorker(worker_id=w["worker_id"], running=[_task_key_pb(t) for t in w["running"]])
+            for w in document["workers"]
+        ]
+        return pb.ReplicatorStatus(rules=[_rule_status_pb(r) for r in document["rules"]], workers=workers)
+
     async def Watch(self, request, context) -> AsyncIterator[pb.WatchEvent]:
         hub = self.core.watch_hub
         try:
@@ -428,6 +492,65 @@ class ControllerServicer(pb_grpc.ControllerServiceServicer):
 WRITE_BATCH_MAX = 1024
 SNAPSHOT_EVENTS_CACHED_MAX = 4096
 _INT_SEGMENT_FIELDS = ("base_offset", "end_offset", "size", "record_count", "first_epoch", "last_epoch")
+
+
+def _task_key(key: pb.ReplicatorTaskKey) -> TaskKey:
+    if not key.rule and not key.topic:
+        raise InvalidArgument("a replicator task names its rule, topic, broker_name and queue_id")
+    return validate_task([key.rule, key.topic, key.broker_name, key.queue_id])
+
+
+def _task_key_pb(task: TaskKey) -> pb.ReplicatorTaskKey:
+    rule, topic, broker_name, queue_id = task
+    return pb.ReplicatorTaskKey(rule=rule, topic=topic, broker_name=broker_name, queue_id=queue_id)
+
+
+def _task_stats(stats: pb.ReplicatorTaskStats) -> Json:
+    rate = stats.messages_per_s
+    if not math.isfinite(rate) or rate < 0:
+        raise InvalidArgument("messages_per_s must be a finite number of at least 0")
+    document: Json = {
+        "task": _task_key(stats.task),
+        "epoch": validate_int("epoch", stats.epoch, 1, REQUEST_INT_MAX),
+        "messages_per_s": rate,
+    }
+    for name in STATS_FIELDS:
+        document[name] = validate_int(name, getattr(stats, name), 0, REQUEST_INT_MAX)
+    return document
+
+
+def _rule_status_pb(rule: Json) -> pb.ReplicatorRuleStatus:
+    tasks = []
+    for task in rule["tasks"]:
+        key = pb.ReplicatorTaskKey(
+            rule=task["rule"], topic=task["topic"], broker_name=task["broker_name"], queue_id=task["queue_id"]
+        )
+        stats = pb.ReplicatorTaskStats(
+            task=key,
+            epoch=task["epoch"],
+            messages_per_s=task["messages_per_s"],
+            **{name: task[name] for name in STATS_FIELDS},
+        )
+        tasks.append(
+            pb.ReplicatorTaskStatus(
+                task=key,
+                worker_id=task["worker_id"],
+                epoch=task["epoch"],
+                start_offset=task["start_offset"],
+                acked_offset=task["acked_offset"],
+                running=task["running"],
+                stats=stats,
+            )
+        )
+    return pb.ReplicatorRuleStatus(
+        name=rule["name"],
+        tasks=tasks,
+        replicated=rule["replicated"],
+        lag_messages=rule["lag_messages"],
+        delay_ms=rule["delay_ms"],
+        last_sync_ms=rule["last_sync_ms"],
+        messages_per_s=rule["messages_per_s"],
+    )
 
 
 def tiered_checkpoint_pb(checkpoint: Json) -> pb.TieredCheckpoint:

@@ -6,7 +6,8 @@ alive) arrives inside the command, so every node that applies the same log reach
 the same state, and a test can drive it without a network.
 
 State is a flat map of keys to JSON values:
-  brokerset/{cluster}/{broker_name}, topic/{name}, group/{name}, config
+  brokerset/{cluster}/{broker_name}, topic/{name}, group/{name}, config,
+  tiered/..., replworker/..., repltask/... (controller.replicator_leases)
 The state digest is the sum (mod 2**256) of sha256(key, canonical value) over all
 keys, so it is kept up to date per changed key instead of re-hashing everything.
 """
@@ -19,6 +20,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from controller import replicator_leases
 from mqmeta.errors import MqmetaError, error_from_code
 from mqmeta.formats.checksummed import canonical_json
 from mqmeta.validate import (
@@ -729,6 +731,7 @@ HANDLERS: dict[str, Handler] = {
     "put_group": _put_group,
     "delete_group": _delete_named("group"),
     "update_config": _update_config,
+    **replicator_leases.HANDLERS,
 }
 
 

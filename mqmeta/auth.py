@@ -45,6 +45,9 @@ ADMIN_WRITE_METHODS = frozenset(
                 "TieredUploadStart",
                 "TieredCommit",
                 "TieredForgetAbandoned",
+                # a replicator worker's: leases and checkpoints of cross-cluster tasks
+                "ReplicatorHeartbeat",
+                "CommitReplicatorTask",
             )
         ),
         "/mqmeta.v1.BrokerService/Handoff",

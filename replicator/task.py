@@ -21,16 +21,19 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
-from mqmeta.errors import InvalidArgument, MqmetaError, NotFound
+from mqmeta.errors import FailedPrecondition, InvalidArgument, MqmetaError, NotFound
 from mqmeta.formats.origin import NO_PREVIOUS, STORE_MS, Origin, OriginKey, path_of, replicated_properties
 from mqmeta.formats.replication_rules import Rule
 from mqmeta.pb import broker_pb2 as bpb
 from mqmeta.rpc import from_rpc_error
 from replicator.site import Site
+
+if TYPE_CHECKING:
+    from replicator.leases import TaskLease
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +46,8 @@ MISSING_PAUSE_S = 5.0  # after NOT_FOUND (a target topic not created yet)
 IDLE_PAUSE_MIN_S = 0.02
 IDLE_PAUSE_MAX_S = 0.32
 END_OF_QUEUE = 2**62  # a Pull from here returns nothing but the queue's readable end
+LEASE_WAIT_S = 0.05  # a task whose lease ran out checks again after this
+NO_OFFSET = -1
 
 
 @dataclass(frozen=True)
@@ -87,6 +92,7 @@ class _InFlight:
     count: int
     body_bytes: int
     last_store_ms: int
+    next_offset: int  # the source offset after this batch (and the messages skipped behind it)
 
 
 @dataclass
@@ -94,18 +100,30 @@ class Task:
     key: TaskKey
     rule: Rule
     settings: dict[str, int]
-    stop: threading.Event
-    source_index: int = 0  # this queue's place among the topic's source queues (sorted)
+    stop: threading.Event  # this task's own: set when the worker stops or the lease is lost
+    source_index: int | None = 0  # this queue's place among the topic's source queues (None: look)
+    lease: TaskLease | None = None  # with [replicator] controllers: the lease it runs under
     stats: TaskStats = field(default_factory=TaskStats)
+    acked_offset: int = NO_OFFSET  # the target acknowledged every copy below this source offset
     _synced: dict[str, tuple[int, int]] = field(default_factory=dict)  # group -> (source, target) offsets
+
+    @property
+    def lease_id(self) -> tuple[TaskKey, int]:
+        return (self.key, self.lease.epoch if self.lease else 0)
 
     def run(self) -> None:
         source, target = Site(self.rule.source_namesrv), Site(self.rule.target_namesrv)
         try:
             while not self.stop.is_set():
                 try:
+                    self._wait_for_lease()
                     position = self._position(source, target)
                     self._replicate(source, target, position)
+                except FailedPrecondition as fenced:
+                    if fenced.code != "FENCED_LEASE_EPOCH":
+                        raise
+                    log.warning("task %s: %s; stopping it", self.key.label(), fenced.message)
+                    self.stop.set()
                 except MqmetaError as error:
                     self.stats.errors += 1
                     self.stats.last_error = error.message
@@ -117,6 +135,11 @@ class Task:
         finally:
             source.close()
             target.close()
+
+    def _wait_for_lease(self) -> None:
+        """Past the worker's lease nothing is sent: wait until it is renewed (or the task stops)."""
+        while self.lease is not None and not self.lease.valid() and not self.stop.is_set():
+            self.stop.wait(LEASE_WAIT_S)
 
     # Where to go on ---------------------------------------------------------------------
     def _position(self, source: Site, target: Site) -> _Position:
@@ -138,7 +161,7 @@ class Task:
         else:
             # Source queues go to distinct target queues while there are enough of them, so
             # that a translated consumer offset (mode full) covers one origin queue only.
-            broker, queue_id = queues[self.source_index % len(queues)]
+            broker, queue_id = queues[self._source_index(source) % len(queues)]
             first = self._start_offset(source)
             start = _Position(
                 origin, target_topic, broker, queue_id, "", first, NO_PREVIOUS, self.rule.start_ms
@@ -147,7 +170,15 @@ class Task:
         start.target_cluster = target.cluster_of(start.target_topic, start.target_broker)
         if start.target_cluster == cluster:
             raise InvalidArgument(f"rule {self.rule.name}: its target is its source cluster {cluster}")
+        self.acked_offset = start.next_offset  # nothing before it is left to copy
         return start
+
+    def _source_index(self, source: Site) -> int:
+        if self.source_index is None:
+            queues = source.read_queues(self.key.topic)
+            place = (self.key.broker_name, self.key.queue_id)
+            self.source_index = queues.index(place) if place in queues else 0
+        return self.source_index
 
     def _find_head(
         self, target: Site, target_topic: str, origin: OriginKey, brokers: list[str]
@@ -165,13 +196,28 @@ class Task:
         return None
 
     def _start_offset(self, source: Site) -> int:
+        """Where a task the target holds no copy of starts. Under a lease the controllers'
+        checkpoint decides: the offset acknowledged last (every copy before it stored or
+        skipped), else the start the first lessee recorded, so that `latest` means the
+        end of the queue when the task first ran, not when it last restarted."""
+        lease = self.lease
+        if lease is not None and lease.checkpoint_applies(self.rule.digest):
+            if max(lease.acked_offset, self.acked_offset) != NO_OFFSET:
+                return max(lease.acked_offset, self.acked_offset)
+            if lease.start_offset != NO_OFFSET:
+                return lease.start_offset
         if self.rule.start != "latest":
-            return 0  # earliest, or a time: read from the start and skip what is older
-        request = bpb.PullRequest(
-            topic=self.key.topic, queue_id=self.key.queue_id, queue_offset=END_OF_QUEUE, max_count=1
-        )
-        reply = source.call(self.key.topic, self.key.broker_name, "Pull", request, CALL_TIMEOUT_S)
-        return int(reply.max_queue_offset)
+            first = 0  # earliest, or a time: read from the start and skip what is older
+        else:
+            request = bpb.PullRequest(
+                topic=self.key.topic, queue_id=self.key.queue_id, queue_offset=END_OF_QUEUE, max_count=1
+            )
+            reply = source.call(self.key.topic, self.key.broker_name, "Pull", request, CALL_TIMEOUT_S)
+            first = int(reply.max_queue_offset)
+        if lease is not None:
+            first = lease.record_start(self, first, self.rule.digest)
+            lease.start_offset = first
+        return first
 
     # Copying ------------------------------------------------------------------------------------
     def _replicate(self, source: Site, target: Site, at: _Position) -> None:
@@ -181,6 +227,12 @@ class Task:
         idle_s = IDLE_PAUSE_MIN_S
         try:
             while not self.stop.is_set():
+                if self.lease is not None and not self.lease.valid():
+                    if window:
+                        self._settle(window.popleft())  # what is in flight lands; nothing new goes
+                    else:
+                        self.stop.wait(LEASE_WAIT_S)
+                    continue
                 if self.rule.mode == "full" and time.monotonic() >= offsets_due:
                     self._sync_offsets(source, target, at)
                     offsets_due = time.monotonic() + self.settings["offsets_interval_ms"] / 1000
@@ -215,20 +267,32 @@ class Task:
         if not reply.messages:
             return False
         self.stats.caught_up = False
-        copies = []
+        copies: list[bpb.Message] = []
+        ends: list[int] = []  # the source offset after each copy
         for message in reply.messages:
             if self._keeps(message, at):
                 copies.append(self._copy(message, at))
+                ends.append(message.queue_offset + 1)
                 at.previous = message.queue_offset
                 at.since_ms = 0
             else:
                 self.stats.skipped += 1
         at.next_offset = reply.next_queue_offset
-        for chunk in _chunks(copies, self.settings["batch_bytes_max"]):
+        chunks = _chunks(copies, self.settings["batch_bytes_max"])
+        sent = 0
+        for number, chunk in enumerate(chunks):
             future = stub.Send.future(bpb.SendRequest(messages=chunk), timeout=SEND_TIMEOUT_S)
             body_bytes = sum(len(c.body) for c in chunk)
             last_store_ms = int(chunk[-1].properties[STORE_MS])
-            window.append(_InFlight(future, len(chunk), body_bytes, last_store_ms))
+            sent += len(chunk)
+            # the last chunk also covers the messages the rule skipped after it
+            next_offset = at.next_offset if number == len(chunks) - 1 else ends[sent - 1]
+            window.append(_InFlight(future, len(chunk), body_bytes, last_store_ms, next_offset))
+        if not chunks:  # every message skipped: done once what is in flight is
+            if window:
+                window[-1].next_offset = at.next_offset
+            else:
+                self.acked_offset = at.next_offset
         return True
 
     def _keeps(self, message: bpb.StoredMessage, at: _Position) -> bool:
@@ -292,6 +356,7 @@ class Task:
         self.stats.replicated_bytes += sent.body_bytes if stored == sent.count else 0
         self.stats.last_store_ms = sent.last_store_ms
         self.stats.last_sync_ms = int(time.time() * 1000)
+        self.acked_offset = sent.next_offset
 
 
 def _chunks(copies: list[bpb.Message], bytes_max: int) -> list[list[bpb.Message]]:

@@ -2,8 +2,10 @@
 
 A task is (rule, source broker set, queue) for every source topic a rule matches;
 discovery runs again every `discovery_interval_ms`, so new topics and queues are picked
-up. This worker runs every task itself: leases that share tasks among several workers
-through the controllers are not built yet, so run one worker per config file.
+up. Without `[replicator] controllers` this worker runs every task itself. With them, it
+reports what it found to the controllers' leader and runs only the tasks leased to it
+(replicator.leases), so several workers on one config share the tasks, each task run by
+one of them, and a dead worker's tasks move to the others.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from mqmeta.config_file import accept_config_file
 from mqmeta.errors import MqmetaError
 from mqmeta.formats.replication_rules import ReplicatorConfig, Rule, load_config
 from mqmeta.validate import parse_addresses, validate_name
+from replicator.leases import LeaseKeeper, TaskLease
 from replicator.site import Site
 from replicator.task import Task, TaskKey
 
@@ -31,7 +34,11 @@ STOP_JOIN_S = 15.0  # how long a stopping worker waits for a task's in-flight se
 def add_replicator_parser(sub: Any) -> None:
     parser = sub.add_parser("replicator", help="run a cross-cluster replication worker")
     parser.add_argument("--config", type=Path, required=True, help="TOML file: [replicator] and [[rules]]")
-    parser.add_argument("--worker-id", default="w1", help="this worker's name in logs")
+    parser.add_argument(
+        "--worker-id",
+        default="w1",
+        help="this worker's name in logs and, with controllers, its identity (unique per worker)",
+    )
     parser.add_argument(
         "--metrics-listen", default="", help="HOST:PORT for Prometheus text per task (port 0: any)"
     )
@@ -44,34 +51,102 @@ class Worker:
         self.config = config
         self.worker_id = worker_id
         self.stop = threading.Event()
-        self.tasks: dict[TaskKey, Task] = {}
-        self._threads: list[threading.Thread] = []
+        self.tasks: dict[TaskKey, Task] = {}  # started, until their thread ends
+        self.discovered: set[TaskKey] = set()
+        self._threads: dict[TaskKey, threading.Thread] = {}
+        self._lock = threading.Lock()
+        self.keeper = LeaseKeeper(self, config.controllers, worker_id) if config.controllers else None
 
     def discover(self) -> None:
         for rule in self.config.rules:
             try:
                 for index, key in enumerate(_task_keys(rule)):
-                    self._start(rule, key, index)
+                    if self.keeper is not None:
+                        if len(self.discovered) < TASKS_MAX:
+                            self.discovered.add(key)  # run once leased
+                    else:
+                        self._start(rule, key, index, None)
             except MqmetaError as error:
                 log.warning("rule %s: cannot list its source queues yet: %s", rule.name, error.message)
 
-    def _start(self, rule: Rule, key: TaskKey, source_index: int) -> None:
-        if key in self.tasks or len(self.tasks) >= TASKS_MAX:
-            return
-        task = Task(key, rule, self.config.settings, self.stop, source_index)
-        self.tasks[key] = task
-        thread = threading.Thread(target=task.run, name=f"task-{key.label()}", daemon=True)
-        self._threads.append(thread)
+    def _start(self, rule: Rule, key: TaskKey, source_index: int | None, lease: TaskLease | None) -> None:
+        with self._lock:
+            if key in self.tasks or len(self.tasks) >= TASKS_MAX or self.stop.is_set():
+                return
+            task = Task(key, rule, self.config.settings, threading.Event(), source_index, lease)
+            self.tasks[key] = task
+            thread = threading.Thread(
+                target=self._run_task, args=(task,), name=f"task-{key.label()}", daemon=True
+            )
+            self._threads[key] = thread
         thread.start()
-        log.info("worker %s: started task %s", self.worker_id, key.label())
+        epoch = f" under lease epoch {lease.epoch}" if lease else ""
+        log.info("worker %s: started task %s%s", self.worker_id, key.label(), epoch)
+
+    def _run_task(self, task: Task) -> None:
+        try:
+            task.run()
+        finally:
+            with self._lock:
+                if self.tasks.get(task.key) is task:
+                    del self.tasks[task.key]
+                    del self._threads[task.key]
+            log.info("worker %s: task %s ended", self.worker_id, task.key.label())
+
+    def running(self) -> list[Task]:
+        """Every task whose thread has not ended (a stopping one still sends what it has)."""
+        with self._lock:
+            return list(self.tasks.values())
+
+    def reconcile(self, leases: list, keeper: LeaseKeeper) -> None:
+        """Runs exactly the tasks leased to this worker: stops the others (and any run under
+        an older epoch), starts those granted and not running."""
+        granted = {}
+        for lease in leases:
+            key = TaskKey(lease.task.rule, lease.task.topic, lease.task.broker_name, lease.task.queue_id)
+            granted[key] = lease
+        for task in self.running():
+            lease = granted.get(task.key)
+            if not task.stop.is_set() and (
+                lease is None or task.lease is None or lease.epoch != task.lease.epoch
+            ):
+                log.warning(
+                    "worker %s: task %s is no longer leased to it; stopping it",
+                    self.worker_id,
+                    task.key.label(),
+                )
+                task.stop.set()
+        names = {rule.name for rule in self.config.rules}
+        for key, lease in sorted(granted.items(), key=lambda item: str(item[0])):
+            if key.rule not in names:
+                continue
+            task_lease = TaskLease(
+                lease.epoch, lease.start_offset, lease.acked_offset, lease.rule_digest, keeper
+            )
+            self._start(self.config.rule(key.rule), key, None, task_lease)
 
     def run(self) -> None:
         interval_s = self.config.settings["discovery_interval_ms"] / 1000
+        keeper_thread = None
+        if self.keeper is not None:
+            keeper_thread = threading.Thread(
+                target=self.keeper.run, args=(self.stop,), name="leases", daemon=True
+            )
+            keeper_thread.start()
         while not self.stop.is_set():
             self.discover()
             self.stop.wait(interval_s)
-        for thread in self._threads:
+        for task in self.running():
+            task.stop.set()
+        with self._lock:
+            threads = list(self._threads.values())
+        for thread in threads:
             thread.join(timeout=STOP_JOIN_S)
+        if self.keeper is not None:
+            if keeper_thread is not None:
+                keeper_thread.join(timeout=STOP_JOIN_S)
+            self.keeper.leave()
+            self.keeper.close()
 
 
 def _task_keys(rule: Rule) -> list[TaskKey]:
@@ -95,7 +170,7 @@ def run_replicator(args: argparse.Namespace) -> int:
         from replicator.metrics import serve_metrics
 
         address = parse_addresses(args.metrics_listen, "--metrics-listen address", allow_port_zero=True)[0]
-        bound = serve_metrics(address, lambda: list(worker.tasks.values()))
+        bound = serve_metrics(address, worker.running)
         log.warning("worker %s: metrics on %s", args.worker_id, bound)  # tests and scripts read the port
 
     def _stop(signum: int, frame: object) -> None:
@@ -103,6 +178,7 @@ def run_replicator(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
-    log.info("worker %s: %d rules", args.worker_id, len(config.rules))
+    where = f"leases from {','.join(config.controllers)}" if config.controllers else "every task itself"
+    log.info("worker %s: %d rules, runs %s", args.worker_id, len(config.rules), where)
     worker.run()
     return 0

@@ -17,7 +17,16 @@ Properties checked (X1, X2 of DESIGN.md):
 - mode full: a source group's offsets, translated, let the same group resume at the
   target exactly (nothing skipped, nothing consumed again), through a target failover;
 - a <-> b active-active on one topic: every message is in both clusters exactly once and
-  never comes back to a cluster on its path (no loops).
+  never comes back to a cluster on its path (no loops);
+- leases (`[replicator] controllers`, b's): two workers on one config split the tasks, each
+  task running on exactly one of them; a worker stopped (SIGSTOP) past its dead-after
+  loses its tasks to the other, and once continued its commit is refused and it stops
+  them; kill -9 of a worker moves its tasks to the other within dead-after + slack; the
+  target holds every message exactly once through all of it;
+- `start = "latest"` is recorded in the controllers when a task first runs: a worker killed
+  and restarted before the first copy still starts there (the messages produced while it
+  was down are copied, the older ones are not), and `admin replicator-status` counts
+  exactly the copies made, with zero lag.
 
 One pair of clusters serves the module; each test uses its own topics and workers.
 """
@@ -90,9 +99,12 @@ def start_worker(
     *extra: str,
     env: dict[str, str] | None = None,
     mode: str = "enqueue",
+    settings: tuple[str, ...] = (),
+    start: str = "earliest",
 ):
-    """A worker process with one rule per (name, source, target, topic), earliest start."""
-    lines = ["[replicator]", "discovery_interval_ms = 500"]
+    """A worker process with one rule per (name, source, target, topic), earliest start
+    unless told; `settings` are more [replicator] lines."""
+    lines = ["[replicator]", "discovery_interval_ms = 500", *settings]
     for rule, source, target, topic in rules:
         lines += [
             "[[rules]]",
@@ -101,7 +113,7 @@ def start_worker(
             f'target_namesrv = "{target.namesrv}"',
             f'topic = "{topic}"',
             f'tags = "{tags}"',
-            'start = "earliest"',
+            f'start = "{start}"',
             f'mode = "{mode}"',
         ]
     config = site.root / f"{name}.toml"
@@ -418,6 +430,208 @@ def test_active_active_a_and_b_never_loop(sites):
             path = origin_format.path_of(message.properties)
             native = message.body.startswith(f"both-{name}-".encode())
             assert path == ([] if native else ["b" if name == "a" else "a"]), (name, message.body, path)
+
+
+# Leases -----------------------------------------------------------------------------------------
+LEASE_SETTINGS = ("heartbeat_interval_ms = 200", "lease_ms = 700", "dead_after_ms = 1200")
+DEAD_AFTER_S = 1.2
+MOVE_SLACK_S = 5.0  # a heartbeat, the leader's scan, a Raft write and a grant, on a loaded machine
+
+
+def leased(site: Cluster) -> tuple[str, ...]:
+    return (f'controllers = "{site.layout.controller_addresses}"', *LEASE_SETTINGS)
+
+
+def status(site: Cluster, rule: str) -> tuple[dict, dict[str, set]]:
+    """The rule's status (from the leader) and what each live worker reports running."""
+    with site.client() as client:
+        reply = client.call("GetReplicatorStatus", pb.GetReplicatorStatusRequest(rule=rule))
+    rules = {r.name: r for r in reply.rules}
+    running = {
+        w.worker_id: {(t.topic, t.queue_id) for t in w.running if t.rule == rule} for w in reply.workers
+    }
+    return (rules[rule] if rule in rules else None), running
+
+
+def holders(site: Cluster, rule: str) -> dict[int, tuple[str, int, bool]]:
+    """queue -> (worker, lease epoch, whether that worker reports it running)."""
+    found, _ = status(site, rule)
+    if found is None:
+        return {}
+    return {t.task.queue_id: (t.worker_id, t.epoch, t.running) for t in found.tasks}
+
+
+def each_task_runs_once_on(site: Cluster, rule: str, workers: set[str]) -> bool:
+    found, running = status(site, rule)
+    if found is None or len(found.tasks) != QUEUES:
+        return False
+    held = {t.task.queue_id: t.worker_id for t in found.tasks if t.running}
+    ran = [queue for worker in workers for _, queue in running.get(worker, ())]
+    return set(held.values()) == workers and sorted(ran) == list(range(QUEUES)) == sorted(held)
+
+
+def test_leased_workers_split_the_tasks_fence_a_stale_one_and_take_over_a_killed_ones(sites):
+    a, b = sites
+    for name, site in zip("ab", sites, strict=True):
+        create_topic(site, "Leased", name)
+    loop = ProduceLoop(a, "Leased", "leased", PRODUCED_MAX)
+    loop.start()
+    rule = [("leased", a, b, "Leased")]
+    both = {"w-lease-1", "w-lease-2"}
+    for worker in sorted(both):
+        start_worker(b, worker, rule, settings=leased(b))
+    split = "each worker to run one task, each task on one worker"
+    wait_for(lambda: each_task_runs_once_on(b, "leased", both), REPLICATE_TIMEOUT_S, split)
+    copies_at_least(b, "Leased", SENT_BEFORE_FAULT_MIN, "probe-leased-1")
+    assert loop.is_alive(), "the source stream ended before the faults: raise ProduceLoop's count"
+
+    stale = "w-lease-1"
+    epochs = holders(b, "leased")
+    b.pause(stale)  # past its dead-after: its task goes to the other worker
+    try:
+        wait_for(
+            lambda: holders(b, "leased"),
+            DEAD_AFTER_S + MOVE_SLACK_S,
+            "the stopped worker's task to run on the other",
+            until=lambda h: {w for w, _, r in h.values() if r} == {"w-lease-2"} and len(h) == QUEUES,
+        )
+    finally:
+        b.resume(stale)
+    moved = holders(b, "leased")
+    assert all(moved[q][1] > epochs[q][1] for q in moved if epochs[q][0] == stale), "no new lease epoch"
+    log_text = lambda: (b.root / "logs" / f"{stale}.log").read_text()  # noqa: E731
+    wait_for(lambda: "commit refused" in log_text(), REPLICATE_TIMEOUT_S, "the stale worker's commit refused")
+    assert "FENCED_LEASE_EPOCH" in log_text() or "does not hold task" in log_text()
+    wait_for(lambda: each_task_runs_once_on(b, "leased", both), REPLICATE_TIMEOUT_S, f"{split}, again")
+
+    import time
+
+    b.kill("w-lease-2")
+    killed_at = time.monotonic()
+    wait_for(
+        lambda: each_task_runs_once_on(b, "leased", {stale}),
+        DEAD_AFTER_S + MOVE_SLACK_S,
+        "the killed worker's task to run on the other",
+    )
+    print(f"the killed worker's task ran on the other after {time.monotonic() - killed_at:.2f} s")
+    acked = loop.finish()
+    check_exactly_once(a, b, "Leased", acked, "leased")
+
+
+def test_start_latest_survives_a_restart_before_the_first_copy_and_status_counts_copies(sites):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    a, b = sites
+    for name, site in zip("ab", sites, strict=True):
+        create_topic(site, "Latest", name)
+    producer = Producer(a.namesrv)
+    old = [f"old-{i}".encode() for i in range(20)]
+    producer.send("Latest", old, tags="t")
+    rule = [("latest", a, b, "Latest")]
+    start_worker(b, "w-latest", rule, settings=leased(b), start="latest")
+    recorded = wait_for(
+        lambda: status(b, "latest")[0],
+        REPLICATE_TIMEOUT_S,
+        "both tasks' start recorded",
+        until=lambda r: (
+            r is not None and len(r.tasks) == QUEUES and all(t.start_offset >= 0 for t in r.tasks)
+        ),
+    )
+    assert sum(t.start_offset for t in recorded.tasks) == len(old), "latest is not the end of each queue"
+    b.kill("w-latest")  # before any copy
+    new = [f"new-{i}".encode() for i in range(30)]
+    for i in range(0, 30, 10):
+        producer.send("Latest", new[i : i + 10], tags="t")
+    producer.close()
+    start_worker(b, "w-latest", rule, settings=leased(b), start="latest")
+    copies = consume_all(b, "dst-latest", set(new), timeout_s=REPLICATE_TIMEOUT_S, topic="Latest")
+    assert sorted(m.body for m in copies) == sorted(new), "copied too much, too little or twice"
+    wait_for(
+        lambda: status(b, "latest")[0],
+        REPLICATE_TIMEOUT_S,
+        "the status to count every copy with zero lag",
+        until=lambda r: r.replicated == len(new) and r.lag_messages == 0 and r.delay_ms == 0,
+    )
+    command = [sys.executable, "-m", "mqmeta.cli", "admin", "--controllers", b.layout.controller_addresses]
+    shown = subprocess.run(
+        [*command, "replicator-status", "--rule", "latest", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert shown.returncode == 0, shown.stderr
+    (document,) = json.loads(shown.stdout)["rules"]
+    assert (document["name"], document["replicated"], document["lag_messages"]) == ("latest", len(new), 0)
+    assert sorted(t["queue_id"] for t in document["tasks"]) == list(range(QUEUES))
+    assert {t["worker"] for t in document["tasks"]} == {"w-latest"}
+    assert sum(t["replicated"] for t in document["tasks"]) == len(new)
+    table = subprocess.run(
+        [*command, "replicator-status"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=dict(os.environ, COLUMNS="200"),
+    )
+    assert table.returncode == 0 and "Latest/broker-a/1" in table.stdout and "w-latest" in table.stdout, table
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_leased_workers_go_on_through_a_kill_9_of_the_controllers_leader(sites, tmp_path_factory):
+    """Leases in a target cluster of 3 controllers (each embedded in a nameserver): kill -9
+    of the leader mid-stream; the workers follow the new leader, keep one task each, and
+    the target holds every message exactly once."""
+    a, _ = sites
+    c = Cluster(
+        tmp_path_factory.mktemp("site-c"),
+        count=3,
+        embedded=True,
+        broker_sets=1,
+        replicas=2,
+        broker_flags=[*FLAGS, "--cluster", "c"],
+    )
+    try:
+        c.start()
+        create_topic(a, "Leader", "a")
+        create_topic(c, "Leader", "c")
+        loop = ProduceLoop(a, "Leader", "leader", PRODUCED_MAX)
+        loop.start()
+        both = {"w-leader-1", "w-leader-2"}
+        for worker in sorted(both):
+            start_worker(c, worker, [("leader", a, c, "Leader")], settings=leased(c))
+        wait_for(lambda: each_task_runs_once_on(c, "leader", both), REPLICATE_TIMEOUT_S, "one task each")
+        copies_at_least(c, "Leader", SENT_BEFORE_FAULT_MIN, "probe-leader-1")
+        leader = c.leader_id()
+        epochs = holders(c, "leader")
+        c.kill(leader)
+        c.leader_id(exclude=leader)
+        before = len(loop.acked)
+        wait_for(lambda: len(loop.acked) >= before + 200, 30, "200 more sends after the leader change")
+        wait_for(
+            lambda: each_task_runs_once_on(c, "leader", both),
+            REPLICATE_TIMEOUT_S,
+            "one task each after the leader change",
+            retry_on=(MqmetaError,),
+        )
+        c.start_node(leader)
+        acked = loop.finish()
+        source = a
+        records = consume_all(source, "src-leader", acked, topic="Leader")
+        expected = {m.body for m in records}
+        copies = consume_all(c, "dst-leader", expected, timeout_s=REPLICATE_TIMEOUT_S, topic="Leader")
+        counts = Counter(m.msg_id for m in copies)
+        assert max(counts.values()) == 1 and set(counts) == {m.msg_id for m in records}
+        moved = [q for q, (worker, epoch, _) in holders(c, "leader").items() if epoch != epochs[q][1]]
+        print(f"tasks that changed epoch across the leader change: {moved}")
+    finally:
+        for name, process in c.supervisor.children.items():
+            if name.startswith("w-") and process.poll() is None:
+                process.kill()
+                process.wait()
+        c.stop()
 
 
 def test_local_up_with_two_clusters_and_a_replicator(tmp_path):

@@ -183,6 +183,10 @@ def test_handlers_are_the_covered_command_types():
         "tiered_upload_start",
         "tiered_commit",
         "tiered_forget_abandoned",
+        # covered by tests/test_replicator_leases.py
+        "replicator_heartbeat",
+        "replicator_expire",
+        "replicator_commit",
     }
 
 

@@ -1,7 +1,7 @@
 """The replicator's configuration file (TOML): its settings and its routing rules.
 
     [replicator]                    # optional
-    controllers = "HOST:PORT,..."   # where tasks and leases will live (Raft; not used yet)
+    controllers = "HOST:PORT,..."   # task leases and checkpoints (Raft); unset: run every task
     worker_id = "w1"                # and metrics_listen: the command's flags (flags win)
     [[rules]]
     name = "orders-dr"
@@ -178,8 +178,8 @@ def parse_config(text: str, where: str = "the config") -> ReplicatorConfig:
     section = data.get("replicator", {})
     if not isinstance(section, dict):
         raise InvalidArgument(f"{where}: replicator must be a table: [replicator]")
-    # Leases and checkpoints in the controllers are not built yet: a worker without them
-    # runs every task itself and resumes from the targets' origin tables.
+    # Without controllers a worker runs every task itself and resumes from the targets'
+    # origin tables; with them it runs the tasks leased to it (replicator.leases).
     controllers = (
         _addresses(section["controllers"], "[replicator] controllers") if "controllers" in section else []
     )

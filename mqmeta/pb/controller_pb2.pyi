@@ -592,3 +592,169 @@ class WatchEvent(_message.Message):
     name: str
     replica_info: ReplicaInfo
     def __init__(self, index: _Optional[int] = ..., kind: _Optional[str] = ..., cluster: _Optional[str] = ..., broker_name: _Optional[str] = ..., name: _Optional[str] = ..., replica_info: _Optional[_Union[ReplicaInfo, _Mapping]] = ...) -> None: ...
+
+class ReplicatorTaskKey(_message.Message):
+    __slots__ = ("rule", "topic", "broker_name", "queue_id")
+    RULE_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    BROKER_NAME_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    rule: str
+    topic: str
+    broker_name: str
+    queue_id: int
+    def __init__(self, rule: _Optional[str] = ..., topic: _Optional[str] = ..., broker_name: _Optional[str] = ..., queue_id: _Optional[int] = ...) -> None: ...
+
+class ReplicatorTaskStats(_message.Message):
+    __slots__ = ("task", "epoch", "replicated", "replicated_bytes", "errors", "lag_messages", "delay_ms", "last_sync_ms", "messages_per_s")
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    REPLICATED_FIELD_NUMBER: _ClassVar[int]
+    REPLICATED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    ERRORS_FIELD_NUMBER: _ClassVar[int]
+    LAG_MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    DELAY_MS_FIELD_NUMBER: _ClassVar[int]
+    LAST_SYNC_MS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_PER_S_FIELD_NUMBER: _ClassVar[int]
+    task: ReplicatorTaskKey
+    epoch: int
+    replicated: int
+    replicated_bytes: int
+    errors: int
+    lag_messages: int
+    delay_ms: int
+    last_sync_ms: int
+    messages_per_s: float
+    def __init__(self, task: _Optional[_Union[ReplicatorTaskKey, _Mapping]] = ..., epoch: _Optional[int] = ..., replicated: _Optional[int] = ..., replicated_bytes: _Optional[int] = ..., errors: _Optional[int] = ..., lag_messages: _Optional[int] = ..., delay_ms: _Optional[int] = ..., last_sync_ms: _Optional[int] = ..., messages_per_s: _Optional[float] = ...) -> None: ...
+
+class ReplicatorHeartbeatRequest(_message.Message):
+    __slots__ = ("worker_id", "incarnation", "lease_ms", "dead_after_ms", "rules", "tasks", "running", "leaving")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    LEASE_MS_FIELD_NUMBER: _ClassVar[int]
+    DEAD_AFTER_MS_FIELD_NUMBER: _ClassVar[int]
+    RULES_FIELD_NUMBER: _ClassVar[int]
+    TASKS_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_FIELD_NUMBER: _ClassVar[int]
+    LEAVING_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    incarnation: str
+    lease_ms: int
+    dead_after_ms: int
+    rules: _containers.RepeatedScalarFieldContainer[str]
+    tasks: _containers.RepeatedCompositeFieldContainer[ReplicatorTaskKey]
+    running: _containers.RepeatedCompositeFieldContainer[ReplicatorTaskStats]
+    leaving: bool
+    def __init__(self, worker_id: _Optional[str] = ..., incarnation: _Optional[str] = ..., lease_ms: _Optional[int] = ..., dead_after_ms: _Optional[int] = ..., rules: _Optional[_Iterable[str]] = ..., tasks: _Optional[_Iterable[_Union[ReplicatorTaskKey, _Mapping]]] = ..., running: _Optional[_Iterable[_Union[ReplicatorTaskStats, _Mapping]]] = ..., leaving: _Optional[bool] = ...) -> None: ...
+
+class ReplicatorLease(_message.Message):
+    __slots__ = ("task", "epoch", "start_offset", "acked_offset", "rule_digest")
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    START_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    ACKED_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    RULE_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    task: ReplicatorTaskKey
+    epoch: int
+    start_offset: int
+    acked_offset: int
+    rule_digest: str
+    def __init__(self, task: _Optional[_Union[ReplicatorTaskKey, _Mapping]] = ..., epoch: _Optional[int] = ..., start_offset: _Optional[int] = ..., acked_offset: _Optional[int] = ..., rule_digest: _Optional[str] = ...) -> None: ...
+
+class ReplicatorHeartbeatResponse(_message.Message):
+    __slots__ = ("leases",)
+    LEASES_FIELD_NUMBER: _ClassVar[int]
+    leases: _containers.RepeatedCompositeFieldContainer[ReplicatorLease]
+    def __init__(self, leases: _Optional[_Iterable[_Union[ReplicatorLease, _Mapping]]] = ...) -> None: ...
+
+class CommitReplicatorTaskRequest(_message.Message):
+    __slots__ = ("worker_id", "task", "epoch", "start_offset", "acked_offset", "replicated", "rule_digest")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    START_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    ACKED_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    REPLICATED_FIELD_NUMBER: _ClassVar[int]
+    RULE_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    task: ReplicatorTaskKey
+    epoch: int
+    start_offset: int
+    acked_offset: int
+    replicated: int
+    rule_digest: str
+    def __init__(self, worker_id: _Optional[str] = ..., task: _Optional[_Union[ReplicatorTaskKey, _Mapping]] = ..., epoch: _Optional[int] = ..., start_offset: _Optional[int] = ..., acked_offset: _Optional[int] = ..., replicated: _Optional[int] = ..., rule_digest: _Optional[str] = ...) -> None: ...
+
+class ReplicatorCheckpoint(_message.Message):
+    __slots__ = ("task", "worker_id", "epoch", "start_offset", "acked_offset", "replicated")
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    START_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    ACKED_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    REPLICATED_FIELD_NUMBER: _ClassVar[int]
+    task: ReplicatorTaskKey
+    worker_id: str
+    epoch: int
+    start_offset: int
+    acked_offset: int
+    replicated: int
+    def __init__(self, task: _Optional[_Union[ReplicatorTaskKey, _Mapping]] = ..., worker_id: _Optional[str] = ..., epoch: _Optional[int] = ..., start_offset: _Optional[int] = ..., acked_offset: _Optional[int] = ..., replicated: _Optional[int] = ...) -> None: ...
+
+class GetReplicatorStatusRequest(_message.Message):
+    __slots__ = ("rule",)
+    RULE_FIELD_NUMBER: _ClassVar[int]
+    rule: str
+    def __init__(self, rule: _Optional[str] = ...) -> None: ...
+
+class ReplicatorTaskStatus(_message.Message):
+    __slots__ = ("task", "worker_id", "epoch", "start_offset", "acked_offset", "running", "stats")
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    START_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    ACKED_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_FIELD_NUMBER: _ClassVar[int]
+    STATS_FIELD_NUMBER: _ClassVar[int]
+    task: ReplicatorTaskKey
+    worker_id: str
+    epoch: int
+    start_offset: int
+    acked_offset: int
+    running: bool
+    stats: ReplicatorTaskStats
+    def __init__(self, task: _Optional[_Union[ReplicatorTaskKey, _Mapping]] = ..., worker_id: _Optional[str] = ..., epoch: _Optional[int] = ..., start_offset: _Optional[int] = ..., acked_offset: _Optional[int] = ..., running: _Optional[bool] = ..., stats: _Optional[_Union[ReplicatorTaskStats, _Mapping]] = ...) -> None: ...
+
+class ReplicatorRuleStatus(_message.Message):
+    __slots__ = ("name", "tasks", "replicated", "lag_messages", "delay_ms", "last_sync_ms", "messages_per_s")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    TASKS_FIELD_NUMBER: _ClassVar[int]
+    REPLICATED_FIELD_NUMBER: _ClassVar[int]
+    LAG_MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    DELAY_MS_FIELD_NUMBER: _ClassVar[int]
+    LAST_SYNC_MS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_PER_S_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    tasks: _containers.RepeatedCompositeFieldContainer[ReplicatorTaskStatus]
+    replicated: int
+    lag_messages: int
+    delay_ms: int
+    last_sync_ms: int
+    messages_per_s: float
+    def __init__(self, name: _Optional[str] = ..., tasks: _Optional[_Iterable[_Union[ReplicatorTaskStatus, _Mapping]]] = ..., replicated: _Optional[int] = ..., lag_messages: _Optional[int] = ..., delay_ms: _Optional[int] = ..., last_sync_ms: _Optional[int] = ..., messages_per_s: _Optional[float] = ...) -> None: ...
+
+class ReplicatorWorker(_message.Message):
+    __slots__ = ("worker_id", "running")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    running: _containers.RepeatedCompositeFieldContainer[ReplicatorTaskKey]
+    def __init__(self, worker_id: _Optional[str] = ..., running: _Optional[_Iterable[_Union[ReplicatorTaskKey, _Mapping]]] = ...) -> None: ...
+
+class ReplicatorStatus(_message.Message):
+    __slots__ = ("rules", "workers")
+    RULES_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
+    rules: _containers.RepeatedCompositeFieldContainer[ReplicatorRuleStatus]
+    workers: _containers.RepeatedCompositeFieldContainer[ReplicatorWorker]
+    def __init__(self, rules: _Optional[_Iterable[_Union[ReplicatorRuleStatus, _Mapping]]] = ..., workers: _Optional[_Iterable[_Union[ReplicatorWorker, _Mapping]]] = ...) -> None: ...

@@ -164,6 +164,21 @@ class ControllerServiceStub:
                 request_serializer=mqmeta_dot_pb_dot_controller__pb2.BrokerSetRef.SerializeToString,
                 response_deserializer=mqmeta_dot_pb_dot_controller__pb2.TieredCheckpoint.FromString,
                 _registered_method=True)
+        self.ReplicatorHeartbeat = channel.unary_unary(
+                '/mqmeta.v1.ControllerService/ReplicatorHeartbeat',
+                request_serializer=mqmeta_dot_pb_dot_controller__pb2.ReplicatorHeartbeatRequest.SerializeToString,
+                response_deserializer=mqmeta_dot_pb_dot_controller__pb2.ReplicatorHeartbeatResponse.FromString,
+                _registered_method=True)
+        self.CommitReplicatorTask = channel.unary_unary(
+                '/mqmeta.v1.ControllerService/CommitReplicatorTask',
+                request_serializer=mqmeta_dot_pb_dot_controller__pb2.CommitReplicatorTaskRequest.SerializeToString,
+                response_deserializer=mqmeta_dot_pb_dot_controller__pb2.ReplicatorCheckpoint.FromString,
+                _registered_method=True)
+        self.GetReplicatorStatus = channel.unary_unary(
+                '/mqmeta.v1.ControllerService/GetReplicatorStatus',
+                request_serializer=mqmeta_dot_pb_dot_controller__pb2.GetReplicatorStatusRequest.SerializeToString,
+                response_deserializer=mqmeta_dot_pb_dot_controller__pb2.ReplicatorStatus.FromString,
+                _registered_method=True)
         self.Watch = channel.unary_stream(
                 '/mqmeta.v1.ControllerService/Watch',
                 request_serializer=mqmeta_dot_pb_dot_controller__pb2.WatchRequest.SerializeToString,
@@ -331,6 +346,25 @@ class ControllerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReplicatorHeartbeat(self, request, context):
+        """Replicator workers (leader only; NOT_LEADER names the leader) and their commits.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CommitReplicatorTask(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetReplicatorStatus(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Watch(self, request, context):
         """Pushes role, SyncStateSet and route changes as this node applies them. The first
         event is a "snapshot" of every matching broker set.
@@ -471,6 +505,21 @@ def add_ControllerServiceServicer_to_server(servicer, server):
                     servicer.GetTieredCheckpoint,
                     request_deserializer=mqmeta_dot_pb_dot_controller__pb2.BrokerSetRef.FromString,
                     response_serializer=mqmeta_dot_pb_dot_controller__pb2.TieredCheckpoint.SerializeToString,
+            ),
+            'ReplicatorHeartbeat': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReplicatorHeartbeat,
+                    request_deserializer=mqmeta_dot_pb_dot_controller__pb2.ReplicatorHeartbeatRequest.FromString,
+                    response_serializer=mqmeta_dot_pb_dot_controller__pb2.ReplicatorHeartbeatResponse.SerializeToString,
+            ),
+            'CommitReplicatorTask': grpc.unary_unary_rpc_method_handler(
+                    servicer.CommitReplicatorTask,
+                    request_deserializer=mqmeta_dot_pb_dot_controller__pb2.CommitReplicatorTaskRequest.FromString,
+                    response_serializer=mqmeta_dot_pb_dot_controller__pb2.ReplicatorCheckpoint.SerializeToString,
+            ),
+            'GetReplicatorStatus': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetReplicatorStatus,
+                    request_deserializer=mqmeta_dot_pb_dot_controller__pb2.GetReplicatorStatusRequest.FromString,
+                    response_serializer=mqmeta_dot_pb_dot_controller__pb2.ReplicatorStatus.SerializeToString,
             ),
             'Watch': grpc.unary_stream_rpc_method_handler(
                     servicer.Watch,
@@ -1180,6 +1229,87 @@ class ControllerService:
             '/mqmeta.v1.ControllerService/GetTieredCheckpoint',
             mqmeta_dot_pb_dot_controller__pb2.BrokerSetRef.SerializeToString,
             mqmeta_dot_pb_dot_controller__pb2.TieredCheckpoint.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReplicatorHeartbeat(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mqmeta.v1.ControllerService/ReplicatorHeartbeat',
+            mqmeta_dot_pb_dot_controller__pb2.ReplicatorHeartbeatRequest.SerializeToString,
+            mqmeta_dot_pb_dot_controller__pb2.ReplicatorHeartbeatResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CommitReplicatorTask(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mqmeta.v1.ControllerService/CommitReplicatorTask',
+            mqmeta_dot_pb_dot_controller__pb2.CommitReplicatorTaskRequest.SerializeToString,
+            mqmeta_dot_pb_dot_controller__pb2.ReplicatorCheckpoint.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetReplicatorStatus(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mqmeta.v1.ControllerService/GetReplicatorStatus',
+            mqmeta_dot_pb_dot_controller__pb2.GetReplicatorStatusRequest.SerializeToString,
+            mqmeta_dot_pb_dot_controller__pb2.ReplicatorStatus.FromString,
             options,
             channel_credentials,
             insecure,
