@@ -372,6 +372,15 @@ def as_copy(message: Any) -> checkers.Copy:
     )
 
 
+def _refresh(consumer: Consumer) -> None:
+    """Asks b's nameserver for the topic's route again; while b is down (all-kill) it does
+    not answer, and the next poll tries again."""
+    try:
+        consumer.refresh()
+    except MqmetaError:
+        pass
+
+
 class _TargetConsumer(threading.Thread):
     """Member `index` of `count` of one group at b: records each target position once."""
 
@@ -390,7 +399,7 @@ class _TargetConsumer(threading.Thread):
             try:
                 messages = self.consumer.poll()
             except MqmetaError:
-                self.consumer.refresh()
+                _refresh(self.consumer)
                 self.stopping.wait(0.2)
                 continue
             for message in messages:
@@ -465,7 +474,7 @@ def read_target(b: Cluster, expected: set[str], timeout_s: float = SCAN_TIMEOUT_
             try:
                 batch = consumer.poll()
             except MqmetaError:
-                consumer.refresh()
+                _refresh(consumer)
                 time.sleep(0.2)
                 continue
             for message in batch:
