@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from enum import Enum
-from typing import Any
+from typing import Any, NamedTuple
 
 from chaos.history import (
     FaultEvent,
@@ -301,3 +301,60 @@ def _timeline(history: Sequence[HistoryEvent], operation: str) -> list[FaultEven
         or (isinstance(event, ResponseEvent) and event.operation == operation)
     ]
     return sorted(selected, key=lambda event: event.timestamp_ms)
+
+
+class Copy(NamedTuple):
+    """One record read at a replication target: where it is stored there, where it came
+    from (origin key (cluster, broker set, topic, queue) and origin offset; None when the
+    record has no origin properties) and the workload value of its body."""
+
+    queue_id: int
+    queue_offset: int
+    origin: tuple[str, str, str, int] | None
+    origin_offset: int
+    value: str
+
+
+def check_replication(copies: Iterable[Copy], acknowledged: Iterable[str]) -> dict:
+    """What a full read of the target says (pure): a source record (origin key and offset)
+    stored at more than one target position is *duplicated*; a target queue whose copies of
+    one origin queue do not have strictly increasing origin offsets breaks *origin order*;
+    a record without origin properties was not replicated (*unexpected*); an acknowledged
+    value absent from the read is *lost*. Re-reads of one position are not copies."""
+    positions: dict[tuple, set[tuple[int, int]]] = {}
+    by_queue: dict[int, list[Copy]] = {}
+    values: set[str] = set()
+    unexpected = 0
+    for copy in copies:
+        if copy.origin is None:
+            unexpected += 1
+            continue
+        positions.setdefault((*copy.origin, copy.origin_offset), set()).add(
+            (copy.queue_id, copy.queue_offset)
+        )
+        by_queue.setdefault(copy.queue_id, []).append(copy)
+        values.add(copy.value)
+    duplicated = sorted(key for key, where in positions.items() if len(where) > 1)
+    order_violations = 0
+    for queue_copies in by_queue.values():
+        last: dict[tuple, int] = {}
+        seen_offsets: set[int] = set()
+        for copy in sorted(queue_copies, key=lambda c: c.queue_offset):
+            if copy.queue_offset in seen_offsets:
+                continue
+            seen_offsets.add(copy.queue_offset)
+            assert copy.origin is not None
+            if copy.origin_offset <= last.get(copy.origin, -1):
+                order_violations += 1
+            last[copy.origin] = copy.origin_offset
+    lost = sorted(set(acknowledged) - values)
+    return {
+        "copyCount": len(positions),
+        "duplicatedByOrigin": len(duplicated),
+        "duplicatedOrigins": [list(key) for key in duplicated[:SAMPLE_COUNT_MAX_DEFAULT]],
+        "originOrderViolations": order_violations,
+        "unexpectedCount": unexpected,
+        "lostCount": len(lost),
+        "lostValues": lost[:SAMPLE_COUNT_MAX_DEFAULT],
+        "isValid": not duplicated and not order_violations and not unexpected and not lost,
+    }

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from mqmeta.errors import InvalidArgument
 
 if TYPE_CHECKING:
-    from chaos.runner import AuditFunction
+    from chaos.runner import AuditFunction, ReplicationAuditFunction
 
 EXIT_FAILED = 1
 
@@ -50,8 +50,12 @@ def _add_run_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-r", "--rate", type=float, default=20.0, help="operations per second (20)")
     parser.add_argument("-t", "--time", type=float, default=60.0, help="time limit in s (60)")
     parser.add_argument("-i", "--interval", type=float, default=30.0, help="fault interval in s (30)")
-    parser.add_argument("--fault-target", default="all", choices=["controllers", "brokers", "all"])
-    parser.add_argument("--workload", default="queue", choices=["queue", "metadata"])
+    parser.add_argument(
+        "--fault-target",
+        default="all",
+        help="controllers, brokers or all; replication workload: all or a list of source,target,link,workers",
+    )
+    parser.add_argument("--workload", default="queue", choices=["queue", "metadata", "replication"])
     parser.add_argument(
         "--client",
         default="native",
@@ -87,24 +91,26 @@ def run_chaos(
     args: argparse.Namespace,
     matrix_audit: AuditFunction | None = None,
     matrix_audit_done: Callable[[], None] | None = None,
+    replication_audit: ReplicationAuditFunction | None = None,
 ) -> int:
     """`mqmeta chaos ...`. A matrix audits each run with `matrix_audit` (the front door
     gives it one in-process Spark session; without it each run audits in a subprocess) and
-    calls `matrix_audit_done` at its end."""
+    calls `matrix_audit_done` at its end. Replication runs (run and matrix) are audited by
+    `replication_audit` (X1) when given, else by `mqmeta audit` in a subprocess."""
     if args.chaos_command == "toxiproxy":
         from chaos.toxiproxy import run_toxiproxy
 
         return run_toxiproxy(args)
     if args.chaos_command == "run":
-        return _run_one(args)
-    return _run_matrix(args, matrix_audit, matrix_audit_done)
+        return _run_one(args, replication_audit)
+    return _run_matrix(args, matrix_audit, matrix_audit_done, replication_audit)
 
 
-def _run_one(args: argparse.Namespace) -> int:
+def _run_one(args: argparse.Namespace, replication_audit: ReplicationAuditFunction | None = None) -> int:
     from chaos.runner import run
 
     config = _config(args, args.fault, args.output_dir)
-    outcome = run(config)
+    outcome = run(config, replication_audit=replication_audit)
     summary = {k: outcome.result.get(k) for k in ("passed", "failures")}
     queue = outcome.result.get("queue")
     if queue:
@@ -119,6 +125,8 @@ def _run_one(args: argparse.Namespace) -> int:
                 "isValid",
             )
         }
+    if "replication" in outcome.result:
+        summary["replication"] = outcome.result["replication"]
     summary["linearizable"] = outcome.result.get("linearizable")
     summary["audit"] = outcome.result["audit"]
     summary["output_dir"] = str(config.output_dir)
@@ -127,29 +135,35 @@ def _run_one(args: argparse.Namespace) -> int:
 
 
 def _run_matrix(
-    args: argparse.Namespace, audit: AuditFunction | None, audit_done: Callable[[], None] | None
+    args: argparse.Namespace,
+    audit: AuditFunction | None,
+    audit_done: Callable[[], None] | None,
+    replication_audit: ReplicationAuditFunction | None = None,
 ) -> int:
     from chaos.faults import FAULT_NAMES
     from chaos.runner import run
 
     faults = [f.strip() for f in args.faults.split(",") if f.strip()]
-    unknown = [f for f in faults if f not in FAULT_NAMES]
+    if any("@" in f for f in faults) and args.workload != "replication":
+        raise InvalidArgument("--faults: FAULT@PLACE is for the replication workload only")
+    unknown = [f for f in faults if f.partition("@")[0] not in FAULT_NAMES]
     if not faults or unknown:
         raise InvalidArgument(
             f"--faults: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(FAULT_NAMES)}"
         )
     if not 1 <= args.runs <= 100:
         raise InvalidArgument("--runs must be between 1 and 100")
-    configs = [
-        _config(args, fault, args.output_dir / f"{fault}-{i + 1}")
-        for fault in faults
-        for i in range(args.runs)
-    ]
+    configs = []
+    for item in faults:
+        fault, _, place = item.partition("@")  # replication: this fault at this place
+        one = argparse.Namespace(**{**vars(args), "fault_target": place or args.fault_target})
+        name = item.replace("@", "-at-")
+        configs += [_config(one, fault, args.output_dir / f"{name}-{i + 1}") for i in range(args.runs)]
     rows: list[dict] = []
     args.output_dir.mkdir(parents=True, exist_ok=True)
     try:
         for config in configs:
-            outcome = run(config, audit=audit)
+            outcome = run(config, audit=audit, replication_audit=replication_audit)
             rows.append(_row(config.fault, config.output_dir, outcome.result, outcome.passed))
             # the table so far, so that a matrix stopped part-way still says what it found
             (args.output_dir / "matrix.json").write_text(json.dumps(rows, indent=2) + "\n")
@@ -168,6 +182,21 @@ def _run_matrix(
 def _row(fault: str, out: Path, result: dict, passed: bool) -> dict:
     queue = result.get("queue") or {}
     rtos = [r["rtoTime"] for r in result.get("rto") or [] if r.get("rtoTime") is not None]
+    if "replication" in result:  # lost / duplicated as stored at the target; order at the target
+        copies = result["replication"]
+        return {
+            "fault": fault,
+            "target": result["config"]["fault_target"],
+            "run": out.name,
+            "passed": passed,
+            "acked": queue.get("enqueueSuccessCount"),
+            "lost": max(queue.get("lostMessageCount", 0), copies["lostCount"]),
+            "duplicated": copies["duplicatedByOrigin"],
+            "order_violations": copies["originOrderViolations"] + (0 if result["order"]["isOrder"] else 1),
+            "catch_up_ms": copies.get("catchUpMs"),
+            "max_rto_ms": max(rtos) if rtos else None,
+            "audit": (result.get("audit") or {}).get("passed"),
+        }
     return {
         "fault": fault,
         "run": out.name,

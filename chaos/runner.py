@@ -54,6 +54,8 @@ AUDIT_TIMEOUT_S = 600.0
 HEAL_SETTLE_S = 2.0
 
 AuditFunction = Callable[[Path, Path], int]
+# (source cluster dir, target cluster dir, rules file, report dir) -> exit code; see chaos/replication.py
+ReplicationAuditFunction = Callable[[Path, Path, Path, Path], int]
 
 
 @dataclass
@@ -72,14 +74,21 @@ class RunConfig:
     audit: bool = True
     toxiproxy_url: str = ""
     client: str = "native"  # the queue workload's client: ours or the official RocketMQ 5 one
+    workers: int = 2  # replicator processes (replication workload)
 
     def validate(self) -> None:
-        if self.fault not in FAULT_NAMES:
+        if self.workload == "replication":
+            from chaos.replication import parse_plan
+
+            parse_plan(self.fault, self.fault_target)  # comma-separated lists; their own places
+            if not 1 <= self.workers <= 8:
+                raise InvalidArgument("the replication workload runs between 1 and 8 workers")
+        elif self.fault not in FAULT_NAMES:
             raise InvalidArgument(f"unknown fault {self.fault!r}; choose one of {', '.join(FAULT_NAMES)}")
-        if self.fault_target not in TARGETS:
+        elif self.fault_target not in TARGETS:
             raise InvalidArgument(f"--fault-target must be one of {', '.join(TARGETS)}")
-        if self.workload not in ("queue", "metadata"):
-            raise InvalidArgument("--workload must be queue or metadata")
+        if self.workload not in ("queue", "metadata", "replication"):
+            raise InvalidArgument("--workload must be queue, metadata or replication")
         if self.client not in ("native", "rocketmq"):
             raise InvalidArgument("--client must be native or rocketmq")
         if self.client == "rocketmq" and self.workload != "queue":
@@ -94,7 +103,7 @@ class RunConfig:
             raise InvalidArgument("-t (time limit, s) must be between 1 and 86400")
         if not 0.5 <= self.interval_s <= self.time_limit_s:
             raise InvalidArgument("-i (fault interval, s) must be at least 0.5 and at most -t")
-        if (self.output_dir / "cluster").exists() or (self.output_dir / "history.tsv").exists():
+        if any((self.output_dir / name).exists() for name in ("cluster", "cluster-a", "history.tsv")):
             # its layout and data would be reused, and the audit would read both runs
             raise InvalidArgument(f"{self.output_dir} already holds a chaos run; give a new --output-dir")
 
@@ -150,7 +159,13 @@ class _ToxiproxyProcess:
             self.process.stdout.close()
 
 
-def run(config: RunConfig, audit: AuditFunction | None = None) -> RunResult:
+def run(
+    config: RunConfig,
+    audit: AuditFunction | None = None,
+    replication_audit: ReplicationAuditFunction | None = None,
+) -> RunResult:
+    """One run. `audit` checks a queue or metadata run's cluster dir; `replication_audit`
+    (X1) a replication run's two cluster dirs and rules (chaos/replication.py)."""
     config.validate()
     out = config.output_dir
     out.mkdir(parents=True, exist_ok=True)
@@ -159,6 +174,8 @@ def run(config: RunConfig, audit: AuditFunction | None = None) -> RunResult:
     if not url:
         proxy = _ToxiproxyProcess(out)
         url = proxy.url
+    if config.workload == "replication":
+        return _run_replication(config, url, proxy, replication_audit)
     cluster = Cluster(out / "cluster", count=3, broker_sets=1, replicas=3, broker_flags=BROKER_FLAGS)
     network = ProxiedNetwork(cluster, url)
     recorder = HistoryRecorder()
@@ -178,6 +195,25 @@ def run(config: RunConfig, audit: AuditFunction | None = None) -> RunResult:
         if proxy is not None:
             proxy.stop()
     return _conclude(config, recorder, faults, audit)
+
+
+def _run_replication(
+    config: RunConfig,
+    url: str,
+    proxy: _ToxiproxyProcess | None,
+    audit: ReplicationAuditFunction | None,
+) -> RunResult:
+    from chaos.replication import run_replication
+
+    try:
+        result, failures = run_replication(config, url, audit)
+    finally:
+        if proxy is not None:
+            proxy.stop()
+    config_fields = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(config).items()}
+    result = {"config": config_fields, **result, "passed": not failures, "failures": failures}
+    (config.output_dir / "result.json").write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+    return RunResult(not failures, result, config.output_dir, failures)
 
 
 def _execute(

@@ -105,6 +105,41 @@ def test_run_settings_are_validated(tmp_path):
         (["chaos", "matrix", "--faults", "noop,meteor", "--output-dir", "x"], "unknown meteor"),
         (["chaos", "run", "--fault", "noop", "-t", "5", "-i", "9", "--output-dir", "x"], "interval"),
         (["chaos", "run", "--fault", "noop", "--consumers", "0", "--output-dir", "x"], "consumers"),
+        (
+            ["chaos", "run", "--fault", "noop", "--fault-target", "clients", "--output-dir", "x"],
+            "fault-target",
+        ),
+        (
+            [
+                "chaos",
+                "run",
+                "--workload",
+                "replication",
+                "--fault",
+                "random-delay",
+                "--fault-target",
+                "workers",
+            ]
+            + ["--output-dir", "x"],
+            "applies to none of workers",
+        ),
+        (
+            [
+                "chaos",
+                "matrix",
+                "--workload",
+                "replication",
+                "--faults",
+                "leader-kill@link",
+                "--output-dir",
+                "x",
+            ],
+            "applies to none of link",
+        ),
+        (
+            ["chaos", "matrix", "--faults", "leader-kill@link", "--output-dir", "x"],
+            "replication workload only",
+        ),
     ],
 )
 def test_chaos_cli_rejects_bad_input_with_exit_2(argv, message, tmp_path):

@@ -6,7 +6,16 @@ import threading
 
 import pytest
 
-from chaos.checkers import check_all, check_order, check_queue, check_recovery, check_rto, latency_buckets
+from chaos.checkers import (
+    Copy,
+    check_all,
+    check_order,
+    check_queue,
+    check_recovery,
+    check_replication,
+    check_rto,
+    latency_buckets,
+)
 from chaos.history import (
     FaultEvent,
     FaultPhase,
@@ -381,3 +390,29 @@ def test_latency_plot_without_data_writes_png(tmp_path, history):
     """An empty history, or one without latency points, still yields a valid PNG saying so."""
     data = latency_png(history, tmp_path / "latency.png").read_bytes()
     assert data.startswith(PNG_MAGIC) and len(data) > len(PNG_MAGIC)
+
+
+A0 = ("a", "broker-a", "chaos", 0)
+A1 = ("a", "broker-a", "chaos", 1)
+
+
+def test_replication_clean_read_is_valid_and_rereads_are_not_copies():
+    copies = [Copy(0, 0, A0, 0, "1-0"), Copy(0, 1, A0, 1, "1-1"), Copy(1, 0, A1, 0, "2-0")]
+    result = check_replication([*copies, copies[0]], {"1-0", "1-1", "2-0"})
+    assert result["isValid"] and result["copyCount"] == 3 and result["duplicatedByOrigin"] == 0
+
+
+def test_replication_flags_a_source_record_stored_twice_at_the_target():
+    copies = [Copy(0, 0, A0, 0, "1-0"), Copy(0, 1, A0, 0, "1-0"), Copy(1, 0, A1, 0, "2-0")]
+    result = check_replication(copies, {"1-0", "2-0"})
+    assert result["duplicatedByOrigin"] == 1 and result["duplicatedOrigins"] == [[*A0, 0]]
+    assert not result["isValid"]
+
+
+def test_replication_flags_origin_order_lost_and_unexpected():
+    copies = [Copy(0, 0, A0, 1, "1-1"), Copy(0, 1, A0, 0, "1-0"), Copy(0, 2, None, -1, "x")]
+    result = check_replication(copies, {"1-0", "1-1", "1-2"})
+    assert result["originOrderViolations"] == 1
+    assert result["unexpectedCount"] == 1
+    assert result["lostCount"] == 1 and result["lostValues"] == ["1-2"]
+    assert not result["isValid"]
