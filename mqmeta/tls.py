@@ -47,6 +47,11 @@ class TlsConfig:
     def dials_tls(self) -> bool:
         return self.ca is not None
 
+    @property
+    def mutual(self) -> bool:
+        """Its servers require and verify client certificates: a peer's is an identity."""
+        return self.client_ca is not None
+
 
 _current: TlsConfig | None = None
 
