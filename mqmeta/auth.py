@@ -87,7 +87,7 @@ _ACCESS_BY_SERVICE: dict[str, dict[str, Access]] = {
     },
     # probes (a kubelet's gRPC probe sends no credential); with mutual TLS the handshake
     # still wants a client certificate
-    "grpc.health.v1.Health": dict.fromkeys(["Check", "Watch"], _O),
+    "grpc.health.v1.Health": dict.fromkeys(["Check", "Watch", "List"], _O),
     # the schema only, but a read like any other (grpcurl sends -H and -cert)
     "grpc.reflection.v1alpha.ServerReflection": {"ServerReflectionInfo": _R},
 }
@@ -197,7 +197,8 @@ def configure_from_args(args: argparse.Namespace, peer_certificates: bool = Fals
     """This process's server policy and client token (None: none). `peer_certificates`:
     its servers verify client certificates (mutual TLS), so `cn:` lines can match."""
     auth_file, token_file = getattr(args, "auth_file", None), getattr(args, "token_file", None)
-    reads = bool(getattr(args, "auth_reads", False))
+    # only a serving command's --auth-reads (`local up` has a flag of that name for its children)
+    reads = hasattr(args, "auth_file") and bool(getattr(args, "auth_reads", False))
     if reads and auth_file is None:
         raise InvalidArgument("--auth-reads needs --auth-file (the identities that may read)")
     policy = load_policy(auth_file, reads) if auth_file else None
