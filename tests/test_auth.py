@@ -252,8 +252,8 @@ def test_every_client_works_when_reads_need_a_credential(guarded, tmp_path):
 
         def in_sync(controllers: str = controllers, site: dict = site) -> bool:
             shown = run(
-                "admin", "--controllers", controllers, "sync-state", "--cluster", site["name"], "--broker-name", "broker-a", "--json",
-                *_flags(document, "client"),
+                "admin", "--controllers", controllers, "sync-state", "--cluster", site["name"],
+                "--broker-name", "broker-a", "--json", *_flags(document, "client"),
             )  # fmt: skip
             assert shown.returncode == 0, shown.stderr
             return len(json.loads(shown.stdout)["sync_state_set"]) == 2
@@ -337,3 +337,27 @@ def test_a_refused_write_changes_nothing(guarded):
             stub.CreateTopic(pb.TopicSpec(name="NotByReaders", queue_count=1), timeout=5)
         assert denied.value.code() == grpc.StatusCode.PERMISSION_DENIED
         assert stub.GetMetadata(pb.GetMetadataRequest(), timeout=5).state_digest == digest
+
+
+def test_bad_authorization_settings_exit_2_with_one_sentence(tmp_path):
+    """Settings that cannot work are refused at startup, as flags or as --config keys:
+    --auth-reads without an allow list, certificate lines without mutual TLS, a malformed
+    line; `local up --auth-reads` without --auth."""
+    allow = tmp_path / "allow"
+    allow.write_text("nodes admin cn:mqmeta node\n")
+    bad = tmp_path / "bad"
+    bad.write_text("viewer reader tok\n")
+    config = tmp_path / "c1.toml"
+    config.write_text("auth_reads = true\n")
+    node = ["controller", "--id", "c1", "--grpc", "127.0.0.1:0", "--raft", "127.0.0.1:0"]
+    node += ["--data-dir", str(tmp_path / "c1")]
+    cases = [
+        ([*node, "--config", str(config)], "--auth-reads needs --auth-file"),
+        ([*node, "--auth-file", str(allow)], "lists certificate identities (cn:), which need mutual TLS"),
+        ([*node, "--auth-file", str(bad)], "line 1: expected NAME ROLE TOKEN or NAME ROLE cn:CN"),
+        (["local", "up", "--data-dir", str(tmp_path / "local"), "--auth-reads"], "--auth-reads needs --auth"),
+    ]
+    for args, why in cases:
+        done = run(*args)
+        assert done.returncode == 2 and why in done.stderr, (args, done.stderr)
+        assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
