@@ -46,6 +46,7 @@ LOCAL_UP_READY_TIMEOUT_S = 90.0
 REPLICATE_TIMEOUT_S = 60.0
 IN_SYNC_TIMEOUT_S = 30.0
 SENT = 20
+CALL_TIMEOUT_S = 2.0  # long polls (Watch, HaFetch, ReceiveMessage) hold a call this long
 RMQ_SERVICE = "apache.rocketmq.v2.MessagingService"
 RMQ_PROTO = Path(__file__).resolve().parent.parent / "proto/apache/rocketmq/v2/service.proto"
 NEEDS = "needs a credential (reads are not anonymous here)"
@@ -144,12 +145,16 @@ def _call(channel: grpc.Channel, method: str, request, metadata=()) -> grpc.RpcE
     return None  # answered (a domain refusal such as NOT_FOUND is an answer)
 
 
-def test_every_served_method_has_an_access_class(guarded):
-    data_dir, document = guarded
+RPC_PATTERN = re.compile(r"^\s*rpc (\w+)\((stream )?[\w.]+\) returns \((stream )?[\w.]+\)", re.MULTILINE)
+
+
+def _served(document: dict) -> list[tuple[str, str, bool, bool]]:
+    """(address, method path, client streams, server streams) of every method of every
+    service each process serves, as its own reflection lists them."""
     from google.protobuf import descriptor_pool
 
     pool = descriptor_pool.Default()
-    unlisted = []
+    found = []
     for address in _addresses(document).values():
         with _channel(document, address, _cert(document, "admin")) as channel:
             answers = reflection_pb2_grpc.ServerReflectionStub(channel).ServerReflectionInfo(
@@ -159,11 +164,58 @@ def test_every_served_method_has_an_access_class(guarded):
         assert names, address
         for name in names:
             if name == RMQ_SERVICE:  # its stubs stay out of this process: the rpcs from the proto
-                methods = re.findall(r"^\s*rpc (\w+)\(", RMQ_PROTO.read_text(), re.MULTILINE)
+                rpcs = [(m, bool(c), bool(r)) for m, c, r in RPC_PATTERN.findall(RMQ_PROTO.read_text())]
             else:
-                methods = [m.name for m in pool.FindServiceByName(name).methods]
-            unlisted += [f"/{name}/{m}" for m in methods if f"/{name}/{m}" not in auth.METHOD_ACCESS]
+                methods = pool.FindServiceByName(name).methods
+                rpcs = [(m.name, m.client_streaming, m.server_streaming) for m in methods]
+            found += [(address, f"/{name}/{m}", client, server) for m, client, server in rpcs]
+    return found
+
+
+def test_every_served_method_has_an_access_class(guarded):
+    _, document = guarded
+    served = _served(document)
+    assert len({method for _, method, _, _ in served}) >= 60  # 4 services and health, reflection
+    unlisted = sorted({method for _, method, _, _ in served if method not in auth.METHOD_ACCESS})
     assert not unlisted, f"add these to mqmeta.auth's access table: {unlisted}"
+
+
+def _raw_call(channel: grpc.Channel, method: str, client: bool, server: bool, metadata=()) -> grpc.StatusCode:
+    """The status of `method` called with empty requests (OK when it answered)."""
+    kind = {(False, False): "unary_unary", (False, True): "unary_stream"}
+    kind |= {(True, False): "stream_unary", (True, True): "stream_stream"}
+    call = getattr(channel, kind[(client, server)])(method)
+    request = iter([b""]) if client else b""
+    try:
+        answer = call(request, metadata=list(metadata), timeout=CALL_TIMEOUT_S)
+        if server:
+            for _ in answer:
+                break
+    except grpc.RpcError as error:
+        return error.code()
+    return grpc.StatusCode.OK
+
+
+def test_every_method_refuses_whom_its_access_class_refuses(guarded):
+    """Each method of each process, of every handler shape (sync or async, streams both
+    ways): a caller without an identity is UNAUTHENTICATED unless the method is OPEN; a
+    `read` identity is PERMISSION_DENIED exactly on the ADMIN methods (and runs the rest)."""
+    data_dir, document = guarded
+    stranger, wrong = [], []
+    for address, method, client, server in _served(document):
+        access = auth.METHOD_ACCESS[method]
+        with _channel(document, address, _stranger(data_dir)) as channel:
+            code = _raw_call(channel, method, client, server)
+        if (code == grpc.StatusCode.UNAUTHENTICATED) == (access is auth.Access.OPEN):
+            stranger.append((method, code))
+        with _channel(document, address, _cert(document, "client")) as channel:
+            code = _raw_call(channel, method, client, server)
+        if code == grpc.StatusCode.UNAUTHENTICATED or (
+            (code == grpc.StatusCode.PERMISSION_DENIED) != (access is auth.Access.ADMIN)
+        ):
+            wrong.append((method, code))
+    assert not stranger, stranger
+    assert not wrong, wrong
 
 
 def test_reads_need_a_credential_on_every_process(guarded):
