@@ -180,11 +180,6 @@ def load_policy(path: Path, reads_need_credential: bool = False) -> Policy:
     return Policy(tokens, certificates, reads_need_credential)
 
 
-def load_tokens(path: Path) -> dict[str, Identity]:
-    """The token identities of an auth file (its certificate lines aside)."""
-    return load_policy(path).tokens
-
-
 def load_token(path: Path) -> str:
     lines = _read(path, "--token-file").splitlines()
     token = lines[0].strip() if lines else ""

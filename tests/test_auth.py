@@ -413,3 +413,24 @@ def test_bad_authorization_settings_exit_2_with_one_sentence(tmp_path):
         done = run(*args)
         assert done.returncode == 2 and why in done.stderr, (args, done.stderr)
         assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+
+
+def test_the_commented_security_keys_of_the_deploy_samples_are_known_keys(tmp_path):
+    """Uncommented, the TLS and authorization keys of every sample in deploy/ load (a typo
+    there would only show on the day an operator turns them on)."""
+    from mqmeta import cli
+    from mqmeta.config_file import apply_config_file
+
+    deploy = Path(__file__).resolve().parent.parent / "deploy"
+    commented = re.compile(r"^# ((?:tls|auth|token)_\w+ = .*)$", re.MULTILINE)
+    samples = sorted(deploy.glob("*/*.toml")) + [deploy / "replicator.toml"]
+    for path in samples:
+        text, count = commented.subn(r"\1", path.read_text())
+        assert count >= 4, path
+        command = next(c for c in ("controller", "namesrv", "broker", "replicator") if c in path.name)
+        sample = tmp_path / path.name
+        sample.write_text(text)
+        args = apply_config_file(cli.build_parser().parse_args([command, "--config", str(sample)]))
+        assert args.tls_ca == Path("/etc/mqmeta/ca.pem"), path
+        if command != "replicator":
+            assert args.auth_reads is True and args.auth_file == Path("/etc/mqmeta/allow"), path

@@ -14,8 +14,14 @@ Properties checked:
 - no server or channel of the product skips mqmeta/tls.py;
 - (`--auth`) admin writes without a bearer token or with an unknown one are
   UNAUTHENTICATED, with a read-only identity's token PERMISSION_DENIED, with the admin
-  token done (brokers elect with it); reads stay anonymous; no token reaches a log or
-  cluster.json.
+  token done; reads stay anonymous; no token reaches a log or cluster.json;
+- mTLS identities on the allow list: the admin certificate writes without a token, the
+  client certificate (a `read` identity) is PERMISSION_DENIED, a certificate of the same CA
+  that the list does not name is UNAUTHENTICATED, each naming the CN; a refused write
+  changes nothing; a token sent with a certificate decides alone; metadata cannot claim a
+  certificate identity; a certificate of another CA is refused at the handshake;
+- the brokers (and every other process) run with no token file: they register and are
+  elected on node.pem's identity.
 """
 
 from __future__ import annotations
