@@ -1,6 +1,7 @@
 """Reads that need a credential (`--auth-reads`), on a real `mqmeta local up --tls --auth
---auth-reads --clusters 2 --replicate` (one for the module: two clusters of one controller,
-a nameserver and a broker set of two replicas, and a replicator a -> b).
+--auth-reads --clusters 2 --replicate` (two clusters of one controller, a nameserver and a
+broker set of two replicas, and a replicator a -> b), and on a plaintext `local up --auth
+--auth-reads` where tokens are the only credentials (one broker).
 
 Properties checked:
 - every service every process serves (listed by its own reflection) has every method in
@@ -17,7 +18,11 @@ Properties checked:
   alone, and a CreateTopic by a `read` identity leaves the controller's state digest alone;
 - RocketMQ 5 clients' own credentials (the official client's MQv2-HMAC-SHA1 signature,
   AccessKey = identity name, SecretKey = its token) are an identity; a wrong SecretKey is
-  UNAUTHENTICATED.
+  UNAUTHENTICATED; the unchanged official client sends with them and fails without;
+- tokens alone: brokers register with the admin token, the CLI produces with the read
+  token and is refused without one;
+- settings that cannot work exit 2 with one sentence; the commented TLS and authorization
+  keys of every deploy/ sample are known keys.
 """
 
 from __future__ import annotations
@@ -434,3 +439,85 @@ def test_the_commented_security_keys_of_the_deploy_samples_are_known_keys(tmp_pa
         assert args.tls_ca == Path("/etc/mqmeta/ca.pem"), path
         if command != "replicator":
             assert args.auth_reads is True and args.auth_file == Path("/etc/mqmeta/allow"), path
+
+
+# --- tokens only (plaintext), with the official RocketMQ 5 client ------------------------
+
+OFFICIAL_SEND = """
+import sys
+from tests.support.rmq_client import client
+rmq = client()
+namesrv, access_key, secret_key, topic = sys.argv[1:]
+config = rmq.ClientConfiguration(namesrv, rmq.Credentials(access_key, secret_key), request_timeout=3)
+producer = rmq.Producer(config, (topic,))
+producer.startup()
+try:
+    message = rmq.Message()
+    message.topic, message.body = topic, b"signed"
+    print("sent", producer.send(message).message_id)
+finally:
+    producer.shutdown()
+"""
+
+
+@pytest.fixture(scope="module")
+def tokens_only(tmp_path_factory):
+    """`local up --auth --auth-reads` without TLS: every process sends the admin token."""
+    data_dir = tmp_path_factory.mktemp("auth-plain") / "local"
+    output = data_dir.parent / "local-up.out"
+    flags = ["--auth", "--auth-reads", "--controllers", "1", "--replicas", "1"]
+    with open(output, "ab") as sink:
+        proc = subprocess.Popen(
+            [*MQMETA, "local", "up", "--data-dir", str(data_dir), *flags],
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        wait_for(
+            lambda: (data_dir / "cluster.json").exists() or proc.poll() is not None,
+            LOCAL_UP_READY_TIMEOUT_S,
+            "local up --auth --auth-reads to write cluster.json",
+            interval_s=0.2,
+        )
+        assert proc.poll() is None, output.read_text()
+        yield json.loads((data_dir / "cluster.json").read_text())
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+
+
+def test_tokens_alone_and_the_official_client_with_credentials(tokens_only):
+    """Without TLS the tokens are the credentials: the brokers registered with the admin
+    token, the CLI produces with the read token and is refused without one, and the
+    official RocketMQ 5 client sends with Credentials(identity name, its token) and fails
+    with a wrong SecretKey or none."""
+    document = tokens_only
+    auth_files = document["auth"]
+    controllers, namesrv = document["controllers"][0]["grpc"], document["namesrv"][0]["grpc"]
+    assert all(b["broker_id"] for b in document["brokers"])  # registered with the admin token
+    created = run(
+        "admin", "--controllers", controllers, "topic", "create", "Signed", "--message-type", "NORMAL",
+        "--token-file", auth_files["admin_token_file"],
+    )  # fmt: skip
+    assert created.returncode == 0, created.stderr
+    produce = ["produce", "--namesrv", namesrv, "--topic", "Signed", "--count", "3"]
+    sent = run(*produce, "--token-file", auth_files["read_token_file"])
+    assert sent.returncode == 0 and "acknowledged 3, failed 0" in sent.stdout, sent.stderr
+    refused = run(*produce)
+    assert refused.returncode != 0 and "QueryRoute " + NEEDS in refused.stderr, refused.stderr
+    read_token = Path(auth_files["read_token_file"]).read_text().strip()
+    for access_key, secret_key, works in [
+        ("viewer", read_token, True),
+        ("viewer", "wrong", False),
+        ("", "", False),
+    ]:
+        official = subprocess.run(
+            [sys.executable, "-c", OFFICIAL_SEND, namesrv, access_key, secret_key, "Signed"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert (official.returncode == 0 and "sent " in official.stdout) == works, (
+            access_key,
+            official.stderr,
+        )
