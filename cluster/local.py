@@ -68,13 +68,17 @@ def local_up(args: argparse.Namespace) -> int:
         raise InvalidArgument(f"--clusters must be from 1 to {CLUSTERS_MAX}")
     if replicate and (clusters < 2 or args.broker_sets < 1):
         raise InvalidArgument("--replicate needs --clusters 2 or more, each with a broker set")
+    auth_on, auth_reads = getattr(args, "auth", False), getattr(args, "auth_reads", False)
+    if auth_reads and not auth_on:
+        raise InvalidArgument("--auth-reads needs --auth (the identities that may read)")
     root = args.data_dir.resolve()
-    certs = _setup_tls(root) if getattr(args, "tls", False) else None
+    certs = _setup_tls(root, admin=auth_on) if getattr(args, "tls", False) else None
     tls_flags = tuple(certs.server_flags()) if certs else ()
-    tokens = _setup_auth(root) if getattr(args, "auth", False) else None
-    if tokens is not None:
+    tokens = _setup_auth(root, certificates=certs is not None) if auth_on else None
+    if tokens is not None and certs is None:  # with mutual TLS, node.pem is the cluster credential
         tls_flags += ("--token-file", str(tokens.admin_token))
-    server_flags = ("--auth-file", str(tokens.auth_file)) if tokens else ()
+    server_flags: tuple[str, ...] = ("--auth-file", str(tokens.auth_file)) if tokens else ()
+    server_flags += ("--auth-reads",) if auth_reads else ()
     with contextlib.ExitStack() as held:
         sites = []
         for i in range(clusters):
@@ -85,31 +89,36 @@ def local_up(args: argparse.Namespace) -> int:
             held.enter_context(ports)
             name = CLUSTER_NAMES[i] if clusters > 1 else ""
             sites.append(_Site(name, site_root, layout, Supervisor(site_root), tls_flags, server_flags))
-        return _run(root, sites, replicate, certs, tokens)
+        return _run(root, sites, replicate, certs, tokens, auth_reads)
 
 
-def _setup_tls(root: Path) -> LocalCerts:
+def _setup_tls(root: Path, admin: bool) -> LocalCerts:
     """The local CA and certificates in DIR/tls/; this process (which waits for the cluster
-    and configures it) dials with the client certificate."""
+    and configures it) dials with the admin certificate when admin writes need a credential,
+    else with the client certificate."""
     certs = ensure_local_certs(root / "tls")
-    tls.configure(tls.load(cert=certs.client_cert, key=certs.client_key, ca=certs.ca))
+    cert, key = (certs.admin_cert, certs.admin_key) if admin else (certs.client_cert, certs.client_key)
+    tls.configure(tls.load(cert=cert, key=key, ca=certs.ca))
     return certs
 
 
-def _setup_auth(root: Path) -> LocalTokens:
-    """DIR/auth/: an admin token (every process and the operator) and a read-only one; this
-    process sends the admin token."""
-    tokens = ensure_local_tokens(root / "auth")
-    auth.configure(token=auth.load_token(tokens.admin_token))
+def _setup_auth(root: Path, certificates: bool) -> LocalTokens:
+    """DIR/auth/: an admin token and a read-only one, and the allow list (with mutual TLS it
+    also names the certificates' CNs). Without TLS every process and this one send the admin
+    token; with it, they dial with a certificate of an admin identity and send none."""
+    tokens = ensure_local_tokens(root / "auth", certificates)
+    auth.configure(token=None if certificates else auth.load_token(tokens.admin_token))
     return tokens
 
 
 def _tls_document(certs: LocalCerts) -> dict[str, Any]:
-    """Where the CA and the client certificate are (paths only: never a key's contents)."""
+    """Where the CA and the client certificates are (paths only: never a key's contents)."""
     return {
         "ca": str(certs.ca),
         "client_cert": str(certs.client_cert),
         "client_key": str(certs.client_key),
+        "admin_cert": str(certs.admin_cert),
+        "admin_key": str(certs.admin_key),
         "mutual": True,
     }
 
@@ -120,6 +129,7 @@ def _run(
     replicate: bool,
     certs: LocalCerts | None = None,
     tokens: LocalTokens | None = None,
+    auth_reads: bool = False,
 ) -> int:
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
@@ -135,8 +145,10 @@ def _run(
             document["tls"] = _tls_document(certs)
         if tokens is not None:  # the files' paths, never a token
             document["auth"] = {
+                "auth_file": str(tokens.auth_file),
                 "admin_token_file": str(tokens.admin_token),
                 "read_token_file": str(tokens.read_token),
+                "reads_need_credential": auth_reads,
             }
         write_json_atomically(root / "cluster.json", document, indent=2)
         for site in sites:

@@ -1,61 +1,112 @@
-"""Admin writes need a credential: a bearer token, checked by a server interceptor.
+"""Who may call what: bearer tokens and client certificates, checked by a server interceptor.
 
-Servers started with `--auth-file FILE` read lines `NAME ROLE TOKEN` (ROLE is `admin` or
-`read`; `#` starts a comment). An admin write (ADMIN_WRITE_METHODS) without a token, or
-with one the file does not list, is UNAUTHENTICATED; with the token of a `read` identity,
-PERMISSION_DENIED. Reads stay anonymous. Clients send `authorization: Bearer TOKEN` on
-every call when started with `--token-file FILE` (the token on its first line); every
-channel made by mqmeta.tls carries it. Tokens are never logged: messages name the
-identity, never the token.
+Servers started with `--auth-file FILE` read one identity a line (`#` starts a comment):
+
+    NAME ROLE TOKEN           a bearer token (`authorization: Bearer TOKEN`)
+    NAME ROLE cn:COMMON NAME  a client certificate whose subject CN is exactly COMMON NAME
+                              (the rest of the line; mutual TLS only: --tls-client-ca)
+
+ROLE is `admin` or `read`. Every method has an access class in METHOD_ACCESS (the one
+table: add a new RPC there): ADMIN needs an admin identity; READ and DATA stay anonymous
+unless the server takes `--auth-reads`, then they need any listed identity; OPEN (health
+checks) is never checked. A method missing from the table is ADMIN (fail closed).
+
+A call's identity: the bearer token when the call carries an `authorization` header (a
+token the file does not list is refused, never replaced by the certificate: an explicit
+credential that is wrong is an error); otherwise, on a mutual TLS port, the verified peer
+certificate's CN, read from gRPC's auth context (the TLS handshake, never from metadata);
+otherwise none. RocketMQ 5 clients' own signature (`MQv2-HMAC-SHA1`, AccessKey = NAME,
+SecretKey = TOKEN) counts as that token identity.
+
+Refusals: no identity, or a credential the file does not list, is UNAUTHENTICATED; a
+`read` identity calling an ADMIN method is PERMISSION_DENIED; each with one sentence that
+names the identity or the certificate's CN, never a token. Clients send
+`authorization: Bearer TOKEN` on every call when started with `--token-file FILE` (the
+token on its first line); every channel made by mqmeta.tls carries it, and carries the
+process's certificate (--tls-cert) when it dials with TLS.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import enum
+import hashlib
 import hmac
+import inspect
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from mqmeta.errors import InvalidArgument
 
-ADMIN_WRITE_METHODS = frozenset(
-    [
-        *(
-            f"/mqmeta.v1.ControllerService/{name}"
-            for name in (
-                "CreateTopic",
-                "UpdateTopic",
-                "DeleteTopic",
-                "CreateGroup",
-                "UpdateGroup",
-                "DeleteGroup",
-                "UpdateConfig",
-                "ElectMaster",
-                "CleanBrokerData",
-                "Write",
-                # a broker's own writes: the cluster credential keeps a stranger from
-                # registering a broker, faking its liveness or moving its checkpoints
-                "RegisterBroker",
-                "GetNextBrokerId",
-                "Heartbeat",
-                "AlterSyncStateSet",
-                "TieredUploadStart",
-                "TieredCommit",
-                "TieredForgetAbandoned",
-                # a replicator worker's: leases and checkpoints of cross-cluster tasks
-                "ReplicatorHeartbeat",
-                "CommitReplicatorTask",
-            )
+
+class Access(enum.Enum):
+    OPEN = "open"  # never checked
+    READ = "read"  # anonymous unless --auth-reads; then any listed identity
+    DATA = "data"  # producing and consuming: checked like READ (no per-topic permissions)
+    ADMIN = "admin"  # an admin identity whenever the server takes --auth-file
+
+
+_A, _R, _D, _O = Access.ADMIN, Access.READ, Access.DATA, Access.OPEN
+# Every method of every service a process serves. A new RPC goes here (a method missing
+# is ADMIN, and tests/test_auth.py fails until every served method is listed).
+_ACCESS_BY_SERVICE: dict[str, dict[str, Access]] = {
+    "mqmeta.v1.ControllerService": {
+        # admin writes
+        **dict.fromkeys(
+            ["CreateTopic", "UpdateTopic", "DeleteTopic", "CreateGroup", "UpdateGroup", "DeleteGroup"], _A
         ),
-        "/mqmeta.v1.BrokerService/Handoff",
-    ]
-)
+        **dict.fromkeys(["UpdateConfig", "ElectMaster", "CleanBrokerData", "Write"], _A),
+        # a broker's own writes: the cluster credential keeps a stranger from registering a
+        # broker, faking its liveness or moving its checkpoints
+        **dict.fromkeys(["RegisterBroker", "GetNextBrokerId", "Heartbeat", "AlterSyncStateSet"], _A),
+        **dict.fromkeys(["TieredUploadStart", "TieredCommit", "TieredForgetAbandoned"], _A),
+        # a replicator worker's: leases and checkpoints of cross-cluster tasks
+        **dict.fromkeys(["ReplicatorHeartbeat", "CommitReplicatorTask"], _A),
+        # reads (Watch: the nameservers' route copies)
+        **dict.fromkeys(["GetReplicaInfo", "GetSyncStateData", "GetMetadata", "ListBrokerSets"], _R),
+        **dict.fromkeys(["ListTopics", "GetTopicRoute", "ListGroups", "GetConfig"], _R),
+        **dict.fromkeys(["GetTieredCheckpoint", "GetReplicatorStatus", "Watch"], _R),
+    },
+    "mqmeta.v1.NameServer": dict.fromkeys(["QueryRoute", "GetClusterInfo", "ListTopics"], _R),
+    "mqmeta.v1.BrokerService": {
+        "Handoff": _A,
+        **dict.fromkeys(["Send", "Pull", "CommitOffset"], _D),
+        # HaFetch: a slave replicating from its master (brokers dial with their certificate)
+        **dict.fromkeys(["QueryOffset", "GetEpochCache", "GetHaStatus", "HaFetch"], _R),
+        **dict.fromkeys(["QueryOrigin", "ListConsumerOffsets"], _R),
+    },
+    "apache.rocketmq.v2.MessagingService": {
+        **dict.fromkeys(["QueryRoute", "QueryAssignment", "GetOffset", "QueryOffset"], _R),
+        **dict.fromkeys(["Heartbeat", "NotifyClientTermination", "Telemetry", "SendMessage"], _D),
+        **dict.fromkeys(["ReceiveMessage", "AckMessage", "ChangeInvisibleDuration", "PullMessage"], _D),
+        **dict.fromkeys(["ForwardMessageToDeadLetterQueue", "EndTransaction", "UpdateOffset"], _D),
+        **dict.fromkeys(["RecallMessage", "SyncLiteSubscription"], _D),
+    },
+    # probes (a kubelet's gRPC probe sends no credential); with mutual TLS the handshake
+    # still wants a client certificate
+    "grpc.health.v1.Health": dict.fromkeys(["Check", "Watch", "List"], _O),
+    # the schema only, but a read like any other (grpcurl sends -H and -cert)
+    "grpc.reflection.v1alpha.ServerReflection": {"ServerReflectionInfo": _R},
+}
+METHOD_ACCESS: dict[str, Access] = {
+    f"/{service}/{method}": access
+    for service, methods in _ACCESS_BY_SERVICE.items()
+    for method, access in methods.items()
+}
+ADMIN_WRITE_METHODS = frozenset(m for m, access in METHOD_ACCESS.items() if access is Access.ADMIN)
+
 ROLES = ("admin", "read")
 TOKEN_FILE_BYTES_MAX = 1 << 16
 AUTHORIZATION_KEY = "authorization"
+CERT_PREFIX = "cn:"
+BEARER = "Bearer "
+RMQ_SIGNATURE = "MQv2-HMAC-SHA1 "  # RocketMQ 5 clients' Credentials (AccessKey, SecretKey)
+RMQ_DATE_KEY = "x-mq-date-time"  # the header such a signature signs
+# The auth context key of the verified peer certificate's subject CN (gRPC's TSI names).
+PEER_CN_KEY = "x509_common_name"
 
 
 @dataclass(frozen=True)
@@ -64,8 +115,18 @@ class Identity:
     role: str
 
 
-_tokens: dict[str, Identity] | None = None  # server side: token -> identity
+@dataclass(frozen=True)
+class Policy:
+    """A server's allow list (from --auth-file) and whether reads need a credential."""
+
+    tokens: dict[str, Identity] = field(default_factory=dict)  # token -> identity
+    certificates: dict[str, Identity] = field(default_factory=dict)  # subject CN -> identity
+    reads_need_credential: bool = False
+
+
+_policy: Policy | None = None  # server side (None: no --auth-file, nothing checked)
 _token: str | None = None  # client side: sent on every call
+_peer_certificates = False  # this process's servers verify client certificates (mutual TLS)
 
 
 def add_auth_flags(parser: argparse.ArgumentParser, serves: bool) -> None:
@@ -73,7 +134,14 @@ def add_auth_flags(parser: argparse.ArgumentParser, serves: bool) -> None:
     group.add_argument("--token-file", type=Path, help="file whose first line is the bearer token to send")
     if serves:
         group.add_argument(
-            "--auth-file", type=Path, help="lines NAME ROLE TOKEN (admin|read): admin writes need a token"
+            "--auth-file",
+            type=Path,
+            help="lines NAME ROLE TOKEN or NAME ROLE cn:CERT-CN (ROLE admin|read): admin writes need one",
+        )
+        group.add_argument(
+            "--auth-reads",
+            action="store_true",
+            help="reads, sends and fetches need a listed identity too (with --auth-file)",
         )
 
 
@@ -85,20 +153,31 @@ def _read(path: Path, flag: str) -> str:
         raise InvalidArgument(f"{flag} {path}: cannot read it as text ({error})") from None
 
 
-def load_tokens(path: Path) -> dict[str, Identity]:
+def load_policy(path: Path, reads_need_credential: bool = False) -> Policy:
     tokens: dict[str, Identity] = {}
+    certificates: dict[str, Identity] = {}
     for number, line in enumerate(_read(path, "--auth-file").splitlines(), 1):
-        fields = line.split("#", 1)[0].split()
+        fields = line.split("#", 1)[0].split(None, 2)
         if not fields:
             continue
         if len(fields) != 3 or fields[1] not in ROLES:
             raise InvalidArgument(
-                f"--auth-file {path} line {number}: expected NAME ROLE TOKEN, ROLE admin or read"
+                f"--auth-file {path} line {number}: expected NAME ROLE TOKEN or NAME ROLE cn:CN, "
+                "ROLE admin or read"
             )
-        tokens[fields[2]] = Identity(fields[0], fields[1])
-    if not tokens:
+        credential = fields[2].strip()
+        if credential.startswith(CERT_PREFIX):
+            common_name = credential[len(CERT_PREFIX) :].strip()
+            if not common_name:
+                raise InvalidArgument(f"--auth-file {path} line {number}: cn: needs a certificate CN")
+            certificates[common_name] = Identity(fields[0], fields[1])
+        elif len(credential.split()) != 1:
+            raise InvalidArgument(f"--auth-file {path} line {number}: a token has no spaces")
+        else:
+            tokens[credential] = Identity(fields[0], fields[1])
+    if not tokens and not certificates:
         raise InvalidArgument(f"--auth-file {path} lists no identity")
-    return tokens
+    return Policy(tokens, certificates, reads_need_credential)
 
 
 def load_token(path: Path) -> str:
@@ -109,60 +188,217 @@ def load_token(path: Path) -> str:
     return token
 
 
-def configure_from_args(args: argparse.Namespace) -> None:
-    """This process's server tokens and client token (None: none)."""
-    global _tokens, _token
+def configure_from_args(args: argparse.Namespace, peer_certificates: bool = False) -> None:
+    """This process's server policy and client token (None: none). `peer_certificates`:
+    its servers verify client certificates (mutual TLS), so `cn:` lines can match."""
     auth_file, token_file = getattr(args, "auth_file", None), getattr(args, "token_file", None)
-    _tokens = load_tokens(auth_file) if auth_file else None
-    _token = load_token(token_file) if token_file else None
+    # only a serving command's --auth-reads (`local up` has a flag of that name for its children)
+    reads = hasattr(args, "auth_file") and bool(getattr(args, "auth_reads", False))
+    if reads and auth_file is None:
+        raise InvalidArgument("--auth-reads needs --auth-file (the identities that may read)")
+    policy = load_policy(auth_file, reads) if auth_file else None
+    if policy is not None and policy.certificates and not peer_certificates:
+        raise InvalidArgument(
+            f"--auth-file {auth_file} lists certificate identities (cn:), which need mutual TLS: "
+            "pass --tls-client-ca"
+        )
+    configure(policy, load_token(token_file) if token_file else None, peer_certificates)
 
 
-def configure(tokens: dict[str, Identity] | None = None, token: str | None = None) -> None:
-    global _tokens, _token
-    _tokens, _token = tokens, token
+def configure(
+    policy: Policy | dict[str, Identity] | None = None,
+    token: str | None = None,
+    peer_certificates: bool = False,
+) -> None:
+    """Sets this process's server policy (a Policy, or tokens alone) and client token."""
+    global _policy, _token, _peer_certificates
+    _policy = Policy(tokens=policy) if isinstance(policy, dict) else policy
+    _token, _peer_certificates = token, peer_certificates
 
 
 def client_token() -> str | None:
     return _token
 
 
-def refusal(method: str, metadata: Any) -> tuple[Any, str] | None:
+def access_of(method: str) -> Access:
+    return METHOD_ACCESS.get(method, Access.ADMIN)
+
+
+@dataclass(frozen=True)
+class _Caller:
+    identity: Identity | None
+    what: str = ""  # how the caller is named in a refusal (never a token)
+    rejected: str = ""  # why the credential it sent is refused ("" when it sent none)
+    unlisted: str = ""  # the CN of its certificate when the allow list does not name it
+
+
+def _header(metadata: Any, key: str) -> str | None:
+    return next((str(v) for k, v in metadata or () if k == key), None)
+
+
+def _peer_common_name(auth_context: dict[str, list[bytes]] | None) -> str | None:
+    names = (auth_context or {}).get(PEER_CN_KEY) or []
+    return names[0].decode(errors="replace") if names else None
+
+
+def _by_token(policy: Policy, sent: str) -> Identity | None:
+    wanted = sent.encode()
+    found = None
+    for token, identity in policy.tokens.items():  # compare_digest each: no early exit on a match
+        if hmac.compare_digest(token.encode(), wanted):
+            found = identity
+    return found
+
+
+def _by_rocketmq_signature(policy: Policy, header: str, metadata: Any) -> Identity | None:
+    """RocketMQ 5's `MQv2-HMAC-SHA1 Credential=AK, SignedHeaders=x-mq-date-time,
+    Signature=HEX`: HMAC-SHA1 of the date header keyed with the SecretKey (the token of the
+    identity named AK)."""
+    parts = dict(p.strip().partition("=")[::2] for p in header[len(RMQ_SIGNATURE) :].split(","))
+    access_key, signature = parts.get("Credential", ""), parts.get("Signature", "")
+    signed = _header(metadata, RMQ_DATE_KEY)
+    if signed is None or parts.get("SignedHeaders") != RMQ_DATE_KEY:
+        return None
+    found = None
+    for token, identity in policy.tokens.items():
+        expected = hmac.new(token.encode(), signed.encode(), hashlib.sha1).hexdigest()
+        if identity.name == access_key and hmac.compare_digest(expected, signature.lower()):
+            found = identity
+    return found
+
+
+def _caller(policy: Policy, metadata: Any, auth_context: dict[str, list[bytes]] | None) -> _Caller:
+    """Who is calling: the token when one is sent (see the module's docstring), else the
+    verified peer certificate on a mutual TLS port, else nobody."""
+    header = _header(metadata, AUTHORIZATION_KEY)
+    if header is not None:
+        if header.startswith(BEARER):
+            identity = _by_token(policy, header[len(BEARER) :])
+            rejected = "the bearer token is not known to this server"
+        elif header.startswith(RMQ_SIGNATURE):
+            identity = _by_rocketmq_signature(policy, header, metadata)
+            rejected = "the RocketMQ credentials (AccessKey, SecretKey) match no identity of this server"
+        else:
+            identity, rejected = None, "the authorization header is neither a bearer token nor RocketMQ's"
+        if identity is None:
+            return _Caller(None, rejected=rejected)
+        return _Caller(identity, f"identity {identity.name}")
+    common_name = _peer_common_name(auth_context) if _peer_certificates else None
+    identity = policy.certificates.get(common_name) if common_name is not None else None
+    if identity is None:
+        return _Caller(None, unlisted=common_name or "")
+    return _Caller(identity, f"identity {identity.name} (certificate CN {common_name!r})")
+
+
+def refusal(
+    method: str, metadata: Any, auth_context: dict[str, list[bytes]] | None = None
+) -> tuple[Any, str] | None:
     """(status, sentence) when this call must be refused, None when it may go on."""
     import grpc
 
-    tokens = _tokens
-    if tokens is None or method not in ADMIN_WRITE_METHODS:
+    policy, access = _policy, access_of(method)
+    if policy is None or access is Access.OPEN:
+        return None
+    if access is not Access.ADMIN and not policy.reads_need_credential:
         return None
     name = method.rsplit("/", 1)[-1]
-    header = next((str(v) for k, v in metadata or () if k == AUTHORIZATION_KEY), "")
-    if not header.startswith("Bearer "):
-        return grpc.StatusCode.UNAUTHENTICATED, f"{name} needs a bearer token: pass --token-file"
-    sent = header[len("Bearer ") :].encode()
-    identity = next((i for t, i in tokens.items() if hmac.compare_digest(t.encode(), sent)), None)
-    if identity is None:
-        return (
-            grpc.StatusCode.UNAUTHENTICATED,
-            f"{name} refused: the bearer token is not known to this server",
+    caller = _caller(policy, metadata, auth_context)
+    if caller.identity is None:
+        if caller.rejected:
+            return grpc.StatusCode.UNAUTHENTICATED, f"{name} refused: {caller.rejected}"
+        need = "a bearer token" if access is Access.ADMIN else "a credential (reads are not anonymous here)"
+        why = (
+            f"certificate CN {caller.unlisted!r} is not on this server's allow list"
+            if caller.unlisted
+            else "or, with mutual TLS, a client certificate on the server's allow list"
         )
-    if identity.role != "admin":
-        return grpc.StatusCode.PERMISSION_DENIED, f"{name} refused: identity {identity.name} may only read"
+        return grpc.StatusCode.UNAUTHENTICATED, f"{name} needs {need}: pass --token-file ({why})"
+    if access is Access.ADMIN and caller.identity.role != "admin":
+        return grpc.StatusCode.PERMISSION_DENIED, f"{name} refused: {caller.what} may only read"
     return None
+
+
+def needs_peer(method: str) -> bool:
+    """Whether deciding on `method` may need the peer's certificate (the handler's context)."""
+    policy = _policy
+    if policy is None or access_of(method) is Access.OPEN:
+        return False
+    return access_of(method) is Access.ADMIN or policy.reads_need_credential
+
+
+def _guarded(behaviour: Callable, method: str, metadata: Any, streams: bool) -> Callable:
+    """`behaviour` (a handler of any of the four shapes, sync or async; `streams`: it
+    answers with a stream) checking the call first; the peer's certificate is only known to
+    the handler's context, so the check runs there, before the handler."""
+
+    def decide(context: Any) -> tuple[Any, str] | None:
+        return refusal(method, metadata, context.auth_context())
+
+    if inspect.isasyncgenfunction(behaviour):
+
+        async def guarded_stream(request: Any, context: Any) -> Any:
+            refused = decide(context)
+            if refused is not None:
+                await context.abort(*refused)
+            async for item in behaviour(request, context):
+                yield item
+
+        return guarded_stream
+    if inspect.iscoroutinefunction(behaviour):
+
+        async def guarded_async(request: Any, context: Any) -> Any:
+            refused = decide(context)
+            if refused is not None:
+                await context.abort(*refused)
+            return await behaviour(request, context)
+
+        return guarded_async
+
+    if streams:  # a generator, also when `behaviour` merely returns one: grpc.aio waits
+        # forever on a sync stream handler that raises before it returns its iterator
+
+        def guarded_iterator(request: Any, context: Any) -> Any:
+            refused = decide(context)
+            if refused is not None:
+                context.abort(*refused)  # raises
+            yield from behaviour(request, context)
+
+        return guarded_iterator
+
+    def guarded(request: Any, context: Any) -> Any:
+        refused = decide(context)
+        if refused is not None:
+            context.abort(*refused)  # raises
+        return behaviour(request, context)
+
+    return guarded
+
+
+def _wrap(handler: Any, method: str, metadata: Any) -> Any:
+    if handler is None:
+        return None  # an unknown method: gRPC answers UNIMPLEMENTED
+    shape = next(
+        name
+        for name in ("unary_unary", "unary_stream", "stream_unary", "stream_stream")
+        if getattr(handler, name)
+    )
+    guarded = _guarded(getattr(handler, shape), method, metadata, streams=handler.response_streaming)
+    return handler._replace(**{shape: guarded})
 
 
 def server_interceptors() -> list[Any]:
     """The interceptor of a grpc.Server (empty without --auth-file)."""
     import grpc
 
-    if _tokens is None:
+    if _policy is None:
         return []
 
     class _Check(grpc.ServerInterceptor):
         def intercept_service(self, continuation: Callable, details: Any) -> Any:
-            refused = refusal(details.method, details.invocation_metadata)
-            if refused is None:
-                return continuation(details)
-            code, message = refused
-            return grpc.unary_unary_rpc_method_handler(lambda request, context: context.abort(code, message))
+            handler = continuation(details)
+            if not needs_peer(details.method):
+                return handler
+            return _wrap(handler, details.method, details.invocation_metadata)
 
     return [_Check()]
 
@@ -171,20 +407,15 @@ def aio_server_interceptors() -> list[Any]:
     """The interceptor of a grpc.aio.Server (empty without --auth-file)."""
     import grpc.aio
 
-    if _tokens is None:
+    if _policy is None:
         return []
 
     class _Check(grpc.aio.ServerInterceptor):
         async def intercept_service(self, continuation: Callable, details: Any) -> Any:
-            refused = refusal(details.method, details.invocation_metadata)
-            if refused is None:
-                return await continuation(details)
-            code, message = refused
-
-            async def abort(request: Any, context: Any) -> None:
-                await context.abort(code, message)
-
-            return grpc.unary_unary_rpc_method_handler(abort)
+            handler = await continuation(details)
+            if not needs_peer(details.method):
+                return handler
+            return _wrap(handler, details.method, details.invocation_metadata)
 
     return [_Check()]
 
@@ -196,7 +427,7 @@ def with_token(channel: Any) -> Any:
     token = _token
     if token is None:
         return channel
-    header = (AUTHORIZATION_KEY, f"Bearer {token}")
+    header = (AUTHORIZATION_KEY, f"{BEARER}{token}")
 
     class _Details(
         collections.namedtuple(

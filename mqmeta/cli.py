@@ -91,7 +91,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="make a local CA in DIR/tls/ and run every gRPC port over mutual TLS",
     )
     up.add_argument(
-        "--auth", action="store_true", help="admin writes need a bearer token (made in DIR/auth/)"
+        "--auth",
+        action="store_true",
+        help="admin writes need a credential: tokens in DIR/auth/ (with --tls, certificates too)",
+    )
+    up.add_argument(
+        "--auth-reads", action="store_true", help="with --auth: reads, sends and fetches need one too"
     )
 
     from broker_agent.service import add_broker_parser
@@ -162,8 +167,9 @@ def main(argv: list[str] | None = None) -> int:
 
         dialmap.load_from_environment()
         args = apply_config_file(args)  # first: a --config file may give the TLS flags
-        tls.configure(tls.config_from_args(args))
-        auth.configure_from_args(args)
+        tls_config = tls.config_from_args(args)
+        tls.configure(tls_config)
+        auth.configure_from_args(args, peer_certificates=tls_config is not None and tls_config.mutual)
         return _dispatch(args)
     except MqmetaError as error:
         print(f"mqmeta: error: {error.message}", file=sys.stderr)

@@ -8,7 +8,8 @@ Without a configuration everything stays plaintext, as before.
 - `--tls-cert/--tls-key`: this process's certificate: what its servers present, and its
   identity when it dials a server that wants mutual TLS.
 - `--tls-ca`: the CA this process trusts when it dials (setting it turns channels to TLS).
-- `--tls-client-ca`: its servers require a client certificate signed by this CA (mutual TLS).
+- `--tls-client-ca`: its servers require a client certificate signed by this CA (mutual TLS);
+  a verified client certificate's subject CN is then an identity for mqmeta.auth's allow list.
 
 The Raft port is not gRPC and keeps its own password (--secret-file), not TLS.
 """
@@ -46,6 +47,11 @@ class TlsConfig:
     @property
     def dials_tls(self) -> bool:
         return self.ca is not None
+
+    @property
+    def mutual(self) -> bool:
+        """Its servers require and verify client certificates: a peer's is an identity."""
+        return self.client_ca is not None
 
 
 _current: TlsConfig | None = None

@@ -14,8 +14,14 @@ Properties checked:
 - no server or channel of the product skips mqmeta/tls.py;
 - (`--auth`) admin writes without a bearer token or with an unknown one are
   UNAUTHENTICATED, with a read-only identity's token PERMISSION_DENIED, with the admin
-  token done (brokers elect with it); reads stay anonymous; no token reaches a log or
-  cluster.json.
+  token done; reads stay anonymous; no token reaches a log or cluster.json;
+- mTLS identities on the allow list: the admin certificate writes without a token, the
+  client certificate (a `read` identity) is PERMISSION_DENIED, a certificate of the same CA
+  that the list does not name is UNAUTHENTICATED, each naming the CN; a refused write
+  changes nothing; a token sent with a certificate decides alone; metadata cannot claim a
+  certificate identity; a certificate of another CA is refused at the handshake;
+- the brokers (and every other process) run with no token file: they register and are
+  elected on node.pem's identity.
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from cluster.certs import LocalCerts, ensure_local_certs
+from cluster.certs import LocalCerts, ensure_local_certs, issue_certificate
 from mqmeta import tls
 from mqmeta.client import ControllerClient
 from mqmeta.pb import controller_pb2 as pb
@@ -167,12 +173,14 @@ def test_a_plaintext_channel_gets_unavailable(tls_cluster):
     assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
 
 
-def _secure_channel(document: dict, address: str) -> grpc.Channel:
+def _secure_channel(document: dict, address: str, cert: tuple[str, str] | None = None) -> grpc.Channel:
+    """A mutual TLS channel with the client certificate (or `cert`: (cert path, key path))."""
     paths = document["tls"]
+    cert_path, key_path = cert or (paths["client_cert"], paths["client_key"])
     credentials = grpc.ssl_channel_credentials(
         root_certificates=Path(paths["ca"]).read_bytes(),
-        private_key=Path(paths["client_key"]).read_bytes(),
-        certificate_chain=Path(paths["client_cert"]).read_bytes(),
+        private_key=Path(key_path).read_bytes(),
+        certificate_chain=Path(cert_path).read_bytes(),
     )
     return grpc.secure_channel(address, credentials)
 
@@ -286,22 +294,35 @@ def _token_metadata(path: str) -> list[tuple[str, str]]:
     return [("authorization", f"Bearer {Path(path).read_text().strip()}")]
 
 
-def test_admin_writes_need_a_bearer_token_of_an_admin(tls_cluster):
-    data_dir, document = tls_cluster
-    from mqmeta.pb import broker_pb2, broker_pb2_grpc, controller_pb2_grpc
+def _stranger(data_dir: Path) -> tuple[str, str]:
+    """A client certificate of the cluster's CA whose CN no allow list names."""
+    cert, key = issue_certificate(data_dir / "tls", "stranger", "mqmeta stranger")
+    return str(cert), str(key)
+
+
+def _leader(document: dict) -> str:
+    from mqmeta.pb import controller_pb2_grpc
 
     with _secure_channel(document, document["controllers"][0]["grpc"]) as channel:
         meta = controller_pb2_grpc.ControllerServiceStub(channel).GetMetadata(
             pb.GetMetadataRequest(), timeout=5
         )
-    leader = next(c["grpc"] for c in document["controllers"] if c["id"] == meta.leader_id)
+    return next(c["grpc"] for c in document["controllers"] if c["id"] == meta.leader_id)
+
+
+def test_admin_writes_need_a_bearer_token_of_an_admin(tls_cluster):
+    data_dir, document = tls_cluster
+    from mqmeta.pb import broker_pb2, broker_pb2_grpc, controller_pb2_grpc
+
+    leader = _leader(document)
     read, admin = document["auth"]["read_token_file"], document["auth"]["admin_token_file"]
-    expected = [
+    expected = [  # on a channel whose certificate no allow list names: the token decides
         ([], grpc.StatusCode.UNAUTHENTICATED),
         ([("authorization", "Bearer not-a-known-token")], grpc.StatusCode.UNAUTHENTICATED),
         (_token_metadata(read), grpc.StatusCode.PERMISSION_DENIED),
     ]
-    with _secure_channel(document, leader) as channel:
+    stranger = _stranger(data_dir)
+    with _secure_channel(document, leader, stranger) as channel:
         stub = controller_pb2_grpc.ControllerServiceStub(channel)
         for metadata, code in expected:
             with pytest.raises(grpc.RpcError) as refused:
@@ -318,11 +339,104 @@ def test_admin_writes_need_a_bearer_token_of_an_admin(tls_cluster):
                 broker_pb2.HandoffRequest(), metadata=_token_metadata(read), timeout=5
             )
         assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
-    refused_cli = run(
-        "admin", "--controllers", leader, "topic", "delete", "Guarded", *_client_flags(document)
-    )
+    flags = ["--tls-ca", document["tls"]["ca"], "--tls-cert", stranger[0], "--tls-key", stranger[1]]
+    refused_cli = run("admin", "--controllers", leader, "topic", "delete", "Guarded", *flags)
     assert refused_cli.returncode == 2 and "needs a bearer token: pass --token-file" in refused_cli.stderr
+    assert "certificate CN 'mqmeta stranger' is not on this server's allow list" in refused_cli.stderr
     secrets_ = [Path(p).read_text().strip() for p in (read, admin)]
     for path in [data_dir / "cluster.json", *(data_dir / "logs").glob("*.log")]:
         text = path.read_text(errors="replace")
         assert not any(secret in text for secret in secrets_), path
+
+
+def _create(
+    document: dict, leader: str, name: str, cert: tuple[str, str], metadata=()
+) -> grpc.RpcError | None:
+    """CreateTopic `name` over a channel with client certificate `cert`: the error, or None."""
+    from mqmeta.pb import controller_pb2_grpc
+
+    with _secure_channel(document, leader, cert) as channel:
+        try:
+            controller_pb2_grpc.ControllerServiceStub(channel).CreateTopic(
+                pb.TopicSpec(name=name, queue_count=1), metadata=list(metadata), timeout=5
+            )
+        except grpc.RpcError as error:
+            return error
+    return None
+
+
+def _topics(document: dict, leader: str) -> set[str]:
+    from mqmeta.pb import controller_pb2_grpc
+
+    with _secure_channel(document, leader) as channel:
+        listed = controller_pb2_grpc.ControllerServiceStub(channel).ListTopics(
+            pb.ListTopicsRequest(), timeout=5
+        )
+    return {t.name for t in listed.topics}
+
+
+def test_a_client_certificate_on_the_allow_list_is_an_identity(tls_cluster):
+    """mTLS identities: the admin certificate writes without a token, the client
+    certificate (a `read` identity) is PERMISSION_DENIED, a certificate of the same CA that
+    the allow list does not name is UNAUTHENTICATED, each refusal naming the CN; a refused
+    write changes nothing."""
+    data_dir, document = tls_cluster
+    leader, paths = _leader(document), document["tls"]
+    admin_cert = (paths["admin_cert"], paths["admin_key"])
+    client_cert = (paths["client_cert"], paths["client_key"])
+    assert _create(document, leader, "ByAdminCert", admin_cert) is None
+    denied = _create(document, leader, "ByClientCert", client_cert)
+    assert denied is not None and denied.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert (
+        denied.details()
+        == "CreateTopic refused: identity clients (certificate CN 'mqmeta client') may only read"
+    )
+    unknown = _create(document, leader, "ByStranger", _stranger(data_dir))
+    assert unknown is not None and unknown.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert "certificate CN 'mqmeta stranger' is not on this server's allow list" in unknown.details()
+    topics = _topics(document, leader)
+    assert "ByAdminCert" in topics and not {"ByClientCert", "ByStranger"} & topics
+    # the CLI: the admin certificate alone is enough
+    flags = ["--tls-ca", paths["ca"], "--tls-cert", paths["admin_cert"], "--tls-key", paths["admin_key"]]
+    deleted = run("admin", "--controllers", leader, "topic", "delete", "ByAdminCert", *flags)
+    assert deleted.returncode == 0, deleted.stderr
+
+
+def test_a_token_wins_over_the_certificate_and_metadata_cannot_claim_one(tls_cluster):
+    """A token sent with an admin certificate decides alone (a read token: PERMISSION_DENIED;
+    an unknown one: UNAUTHENTICATED, no fallback to the certificate); metadata that names a
+    certificate identity is not one (only the TLS handshake's verified peer certificate is)."""
+    data_dir, document = tls_cluster
+    leader, paths = _leader(document), document["tls"]
+    admin_cert = (paths["admin_cert"], paths["admin_key"])
+    read = _token_metadata(document["auth"]["read_token_file"])
+    with_read_token = _create(document, leader, "TokenWins", admin_cert, read)
+    assert with_read_token is not None and with_read_token.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert "identity viewer may only read" in with_read_token.details()
+    unknown = _create(document, leader, "TokenWins", admin_cert, [("authorization", "Bearer nope")])
+    assert unknown is not None and unknown.code() == grpc.StatusCode.UNAUTHENTICATED
+    spoofed = [("x509_common_name", "mqmeta admin"), ("x-client-cert-cn", "mqmeta admin")]
+    claimed = _create(document, leader, "TokenWins", _stranger(data_dir), spoofed)
+    assert claimed is not None and claimed.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert "TokenWins" not in _topics(document, leader)
+
+
+def test_a_certificate_of_another_ca_is_refused_at_the_handshake(tls_cluster, tmp_path):
+    """A client that trusts the cluster's CA but presents a certificate another CA signed
+    (even with an admin CN) never reaches the servicer: UNAVAILABLE, no status of ours."""
+    _, document = tls_cluster
+    other = ensure_local_certs(tmp_path / "other", "another CA")  # its admin.pem: CN "mqmeta admin"
+    error = _create(document, _leader(document), "OtherCa", (str(other.admin_cert), str(other.admin_key)))
+    assert error is not None and error.code() == grpc.StatusCode.UNAVAILABLE
+
+
+def test_brokers_register_by_certificate_without_a_token_file(tls_cluster):
+    """`local up --tls --auth` gives its processes no token: the brokers registered, were
+    elected and replicate (test_tls_cluster_elects_replicates_and_takes_sends) on the
+    strength of node.pem (CN `mqmeta node`, an admin on the allow list)."""
+    data_dir, document = tls_cluster
+    for process in [*document["brokers"], *document["controllers"], *document["namesrv"]]:
+        command = Path(f"/proc/{process['pid']}/cmdline").read_bytes().split(b"\0")
+        assert b"--token-file" not in command and b"--auth-file" in command, command
+    assert "cn:mqmeta node" in Path(document["auth"]["auth_file"]).read_text()
+    assert all(b["broker_id"] for b in document["brokers"])  # registered: the controller gave ids
