@@ -5,9 +5,10 @@ Set-up (real processes, as cluster/harness.py builds them): clusters `a` (source
 (target), each one controller with an embedded nameserver and one broker set of 2
 replicas, in OUT/cluster-a and OUT/cluster-b; topic `chaos` (4 queues) in both; `workers`
 `mqmeta replicator` processes (OUT/workers/logs) all running one rule a -> b
-(OUT/replicator.toml, start earliest). Each worker dials b through fault proxies ("the
-link": one proxy per address of b, on the run's Toxiproxy-compatible server) and a
-directly.
+(OUT/replicator.toml, start earliest), sharing the tasks through leases held by b's
+controllers (`[replicator] controllers`, the production mode). Each worker dials b through
+fault proxies ("the link": one proxy per address of b, its controllers included, on the
+run's Toxiproxy-compatible server) and a directly.
 
 Workload: the queue workload's producers send keyed messages into a (each key pinned to
 one queue, sent in sequence; SUCCESS = a acknowledged). `consumers` consumers of one
@@ -163,7 +164,12 @@ class Link:
         self.server.update_api_consumer(host, int(port))
         self.server.destroy_all()
         mapping = {}
-        upstreams = [*target.layout.namesrv, *(b.grpc for b in target.layout.brokers)]
+        # b's controllers too: the workers hold their task leases there (cut with the link).
+        upstreams = [
+            *(n.grpc for n in target.layout.controllers),
+            *target.layout.namesrv,
+            *(b.grpc for b in target.layout.brokers),
+        ]
         self.names = []
         for i, upstream in enumerate(upstreams):
             name = f"workers__b{i}"
@@ -231,6 +237,7 @@ def _site(root: Path, name: str) -> Cluster:
 def _write_rules(path: Path, a: Cluster, b: Cluster) -> Path:
     path.write_text(
         f"[replicator]\ndiscovery_interval_ms = {DISCOVERY_INTERVAL_MS}\n"
+        f'controllers = "{b.addresses}"\n'
         f'[[rules]]\nname = "{RULE}"\nsource_namesrv = "{a.namesrv}"\ntarget_namesrv = "{b.namesrv}"\n'
         f'topic = "{TOPIC}"\nstart = "earliest"\n'
     )
