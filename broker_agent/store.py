@@ -55,7 +55,6 @@ from broker_agent.commitlog import (
     SEGMENT_BYTES_DEFAULT,
     CommitLog,
     FileRange,
-    record_pieces,
 )
 from broker_agent.origins import Incoming, OriginHead, OriginTable
 from mqmeta.errors import CorruptData, FailedPrecondition, FencedEpoch, InvalidArgument
@@ -68,11 +67,13 @@ from mqmeta.formats.records import (
     QUEUE_ID_MAX,
     TOPIC_PATTERN,
     Message,
+    RecordHead,
     StoredRecord,
+    decode_record,
     encode_record,
     iter_records,
     make_msg_id,
-    split_records,
+    scan_records,
     validate_topic,
 )
 
@@ -463,7 +464,7 @@ class MessageStore:
             offsets[key] = value
         return offsets
 
-    def _note_origin(self, table: OriginTable, record: StoredRecord) -> None:
+    def _note_origin(self, table: OriginTable, record: StoredRecord | RecordHead) -> None:
         try:
             origin = origin_of(record.properties)
         except InvalidArgument as error:  # checked when it was sent: written by another version
@@ -694,31 +695,32 @@ class MessageStore:
         written unless every record is valid and continues this store's epochs and queues."""
         if len(data) > APPEND_BYTES_MAX:
             raise InvalidArgument(f"{len(data)} bytes in one append; the limit is {APPEND_BYTES_MAX}")
-        records = split_records(data, offset)
+        records = scan_records(data, offset)
         with self._lock:
             self._check_open()
             if offset != self.log.max_offset:
                 raise FailedPrecondition(
                     f"replicated data starts at {offset} but this store ends at {self.log.max_offset}"
                 )
-            new_epochs, consumer_offsets = self._plan_replicated(records)
+            new_epochs, consumer_offsets = self._plan_replicated(data, offset, records)
             for epoch, start in new_epochs:
                 self.epochs.append(epoch, start)  # the epoch file leads the log
-            if records:  # split_records decoded and checked them: append() re-checks CRCs only
-                written = self.log.append(record_pieces(data, offset, records), expected_offset=offset)
-                assert written == [r.commit_offset for r in records], (written, records)
+            if records:  # scan_records checked every record's bytes and layout
+                written = self.log.append_verified(data, [r.size for r in records], expected_offset=offset)
+                assert written[-1] == records[-1].commit_offset, (written, records)
             end = self.log.max_offset
             for record in records:
                 self._index_record(
                     record.topic, record.queue_id, record.queue_offset, record.commit_offset, record.size
                 )
-                self._note_origin(self._origins, record)
+                if record.properties:
+                    self._note_origin(self._origins, record)
             self._consumer_offsets.update(consumer_offsets)
             self._maybe_checkpoint()
             return end
 
     def _plan_replicated(
-        self, records: Iterable[StoredRecord]
+        self, data: bytes, offset: int, records: Iterable[RecordHead]
     ) -> tuple[list[tuple[int, int]], dict[ConsumerKey, Progress]]:
         last_epoch = self.epochs.last_epoch
         new_epochs: list[tuple[int, int]] = []
@@ -747,8 +749,9 @@ class MessageStore:
                     f"which expects {expected}"
                 )
             next_offsets[key] = expected + 1
-            if record.topic == CONSUMER_OFFSET_TOPIC:
-                consumer_key, value = _parse_consumer_offset(record)
+            if record.topic == CONSUMER_OFFSET_TOPIC:  # its body is read: decode it whole
+                whole = decode_record(data, record.commit_offset - offset, record.commit_offset)
+                consumer_key, value = _parse_consumer_offset(whole)
                 consumer_offsets[consumer_key] = value
         return new_epochs, consumer_offsets
 
@@ -963,5 +966,7 @@ class MessageStore:
                 self.log.close()
 
 
-def _head(origin: Origin, topic: str, queue_id: int, queue_offset: int, record: StoredRecord) -> OriginHead:
+def _head(
+    origin: Origin, topic: str, queue_id: int, queue_offset: int, record: StoredRecord | RecordHead
+) -> OriginHead:
     return OriginHead(origin.offset, topic, queue_id, queue_offset, record.commit_offset, record.size)

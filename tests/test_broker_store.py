@@ -35,7 +35,9 @@ from __future__ import annotations
 import json
 import os
 import random
+import struct
 import threading
+import zlib
 from pathlib import Path
 
 import pytest
@@ -44,6 +46,8 @@ from broker_agent import CONSUMER_OFFSET_TOPIC, CommitLog, MessageStore
 from mqmeta.errors import CorruptData, FailedPrecondition, FencedEpoch, InvalidArgument
 from mqmeta.formats.epochs import EpochFile, consistent_point
 from mqmeta.formats.records import (
+    CRC_AT,
+    PREFIX_BYTES,
     PROPERTIES_BYTES_MAX,
     RECORD_BODY_MAX,
     Message,
@@ -52,6 +56,8 @@ from mqmeta.formats.records import (
     encode_record,
     iter_records,
     make_msg_id,
+    scan_records,
+    split_records,
 )
 
 pytestmark = pytest.mark.timeout(30)
@@ -157,6 +163,61 @@ def test_record_round_trips_every_field():
     assert hash(message) == hash(Message(**{**message.__dict__}))  # hashable despite the dict
     both = list(iter_records(data + data, 100))
     assert [r.commit_offset for r in both] == [100, 100 + len(data)]
+
+
+def _resealed(data: bytes) -> bytes:
+    """`data` with its CRC-32 recomputed: a layout error the checksum does not catch."""
+    return data[:CRC_AT] + struct.pack("<I", zlib.crc32(data[PREFIX_BYTES:])) + data[PREFIX_BYTES:]
+
+
+def test_scan_records_accepts_and_refuses_exactly_what_decode_record_does():
+    """The slave's append checks replicated records with scan_records (no StoredRecord per
+    record): over every byte of three records (with properties, without, non-ASCII text),
+    changed and resealed with a valid CRC so that only the layout checks can catch it,
+    scan_records raises CorruptData exactly when decode_record does, and otherwise
+    reports the same fields; a plain flipped byte or a cut buffer is CorruptData."""
+    plain = Message(topic="T", queue_id=3, body=b"x" * 40, producer_id="p", producer_seq=9)
+    records = [record(1, size=30), encode_record(plain, 2, 5, 7, make_msg_id("b", 1, 2)), record(2, size=0)]
+    blob = b"".join(records)
+    heads = scan_records(blob, 1000)
+    expected = split_records(blob, 1000)
+    assert [tuple(h) for h in heads] == [
+        (r.commit_offset, r.size, r.epoch, r.topic, r.queue_id, r.queue_offset, r.properties)
+        for r in expected
+    ]
+    checked = 0
+    for index, original in enumerate(records):
+        start = sum(len(r) for r in records[:index])
+        for position in range(PREFIX_BYTES, len(original)):
+            for change in (0x01, 0x80, 0xFF):
+                damaged = bytearray(original)
+                damaged[position] ^= change
+                resealed = _resealed(bytes(damaged))
+                buf = blob[:start] + resealed + blob[start + len(original) :]
+                try:
+                    want = decode_record(resealed, 0, 1000 + start)
+                except CorruptData:
+                    with pytest.raises(CorruptData):
+                        scan_records(buf, 1000)
+                    checked += 1
+                    continue
+                got = scan_records(buf, 1000)[index]
+                assert (got.size, got.epoch, got.topic, got.queue_id, got.queue_offset, got.properties) == (
+                    want.size,
+                    want.epoch,
+                    want.topic,
+                    want.queue_id,
+                    want.queue_offset,
+                    want.properties,
+                )
+            flipped = bytearray(blob)
+            flipped[start + position] ^= 0x20
+            with pytest.raises(CorruptData):
+                scan_records(bytes(flipped), 1000)
+    assert checked > 100  # the layout checks were reached, not only the CRC
+    with pytest.raises(CorruptData, match="record boundary"):
+        scan_records(blob[:-3], 1000)
+    assert scan_records(b"", 0) == []
 
 
 def test_record_limits_are_refused():

@@ -295,6 +295,91 @@ def next_valid_record(buf: bytes, pos: int) -> int:
     return -1
 
 
+class RecordHead(NamedTuple):
+    """What a slave's append needs of a record (scan_records): where it is, its epoch,
+    queue and properties; the other fields were checked but are not kept."""
+
+    commit_offset: int
+    size: int
+    epoch: int
+    topic: str
+    queue_id: int
+    queue_offset: int
+    properties: Mapping[str, str]
+
+    @property
+    def end_offset(self) -> int:
+        return self.commit_offset + self.size
+
+
+_MSG_ID_BYTES = re.compile(rb"[0-9a-f]{32}")
+_NO_PROPERTIES = _U16.pack(0)
+_TEXT_LIMITS = (PRODUCER_ID_BYTES_MAX, TAGS_BYTES_MAX, KEYS_BYTES_MAX)
+_TEXT_KINDS = ("producer_id", "tags", "keys")
+
+
+def scan_records(buf: bytes, base_offset: int) -> list[RecordHead]:
+    """The records of `buf` (whole records from commit offset `base_offset`) with the
+    checks decode_record makes (CRC-32, magic, lengths, layout, UTF-8, topic and msg_id
+    patterns, limits) but without building a StoredRecord per record: a slave's append
+    of replicated bytes. CorruptData at the first bad record, also when `buf` does not
+    end on a record boundary."""
+    found: list[int] = []
+    if valid_run(buf, 0, found) != len(buf):
+        split_records(buf, base_offset)  # raises the precise CorruptData
+        raise AssertionError("valid_run and split_records disagree")  # pragma: no cover
+    heads: list[RecordHead] = []
+    append, fixed, u16, u32 = heads.append, _FIXED.unpack_from, _U16.unpack_from, _U32.unpack_from
+    topics: dict[bytes, str] = {}
+    for pos in found:
+        commit_offset = base_offset + pos
+        size = _U32.unpack_from(buf, pos + LENGTH_AT)[0]
+        end = pos + size
+        epoch, _, queue_id, queue_offset, _ = fixed(buf, pos + PREFIX_BYTES)
+        try:
+            at = pos + VARIABLE_AT
+            length = u16(buf, at)[0]
+            raw_topic = buf[at + 2 : at + 2 + length]
+            at += 2 + length
+            length = u16(buf, at)[0]
+            raw_id = buf[at + 2 : at + 2 + length]
+            at += 2 + length
+            for limit in _TEXT_LIMITS:  # producer id, tags, keys: UTF-8 within their limits
+                length = u16(buf, at)[0]
+                if length > limit:
+                    raise ValueError
+                buf[at + 2 : at + 2 + length].decode("utf-8")
+                at += 2 + length
+            length = u16(buf, at)[0]
+            raw_properties = buf[at + 2 : at + 2 + length]
+            at += 2 + length
+            body_length = u32(buf, at)[0]
+            at += 4 + body_length
+            topic = topics.get(raw_topic)
+            if topic is None:
+                topic = raw_topic.decode("utf-8")
+                if not TOPIC_PATTERN.fullmatch(topic):
+                    raise ValueError
+                topics[raw_topic] = topic
+            if (
+                at != end
+                or not _MSG_ID_BYTES.fullmatch(raw_id)
+                or body_length > RECORD_BODY_MAX
+                or queue_id > QUEUE_ID_MAX
+            ):
+                raise ValueError
+            properties = (
+                {} if raw_properties == _NO_PROPERTIES else _decode_properties(raw_properties, commit_offset)
+            )
+        except (ValueError, struct.error, CorruptData):
+            decode_record(buf, pos, commit_offset)  # raises the precise CorruptData
+            raise AssertionError(
+                f"scan_records refused a record decode_record accepts ({commit_offset})"
+            ) from None
+        append(RecordHead(commit_offset, size, epoch, topic, queue_id, queue_offset, properties))
+    return heads
+
+
 class AuditFields(NamedTuple):
     """What the audit reports of a record, without a full decode."""
 
