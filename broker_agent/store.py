@@ -104,7 +104,7 @@ Progress = tuple[int, AckedRanges]  # consumed offset, acknowledged ranges above
 ACKED_RANGES_MAX = 4096  # per progress record: bounds its size (about 40 KB)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class PutResult:
     msg_id: str
     topic: str
@@ -112,6 +112,33 @@ class PutResult:
     queue_offset: int
     commit_offset: int
     duplicate: bool = False  # a replicated copy stored before (its original's position; -1: too old)
+
+    def __init__(
+        self,
+        msg_id: str,
+        topic: str,
+        queue_id: int,
+        queue_offset: int,
+        commit_offset: int,
+        duplicate: bool = False,
+    ) -> None:
+        # One per record written: all fields at once instead of the frozen dataclass's
+        # object.__setattr__ per field (see records.Message).
+        _set_attribute(
+            self,
+            "__dict__",
+            {
+                "msg_id": msg_id,
+                "topic": topic,
+                "queue_id": queue_id,
+                "queue_offset": queue_offset,
+                "commit_offset": commit_offset,
+                "duplicate": duplicate,
+            },
+        )
+
+
+_set_attribute = object.__setattr__
 
 
 def _check_int(kind: str, value: object, minimum: int, maximum: int) -> int:
@@ -437,6 +464,11 @@ class MessageStore:
     def _index_record(
         self, topic: str, queue_id: int, queue_offset: int, commit_offset: int, size: int
     ) -> None:
+        self._queue_at(topic, queue_id, queue_offset, commit_offset).append(commit_offset, size)
+
+    def _queue_at(self, topic: str, queue_id: int, queue_offset: int, commit_offset: int) -> _QueueIndex:
+        """The index of topic/queue_id, whose next entry must be `queue_offset` (made at it
+        when new); CorruptData otherwise, naming the record at `commit_offset`."""
         queue = self._queues.get((topic, queue_id))
         if queue is None:
             queue = _QueueIndex(topic, queue_id, queue_offset, self._index_dir / topic / str(queue_id))
@@ -446,7 +478,7 @@ class MessageStore:
                 f"{self.directory}: the record at {commit_offset} has queue offset "
                 f"{queue_offset} in {topic}/{queue_id}, which expects {queue.max_offset}"
             )
-        queue.append(commit_offset, size)
+        return queue
 
     def _replay_consumer_offsets(
         self, start_from: dict[ConsumerKey, Progress], start: int, end: int
@@ -552,7 +584,8 @@ class MessageStore:
                 raise InvalidArgument(f"expected a Message, got {type(message).__name__}")
             if message.topic == CONSUMER_OFFSET_TOPIC:
                 raise InvalidArgument(f"{CONSUMER_OFFSET_TOPIC} is written by commit_consumer_offset only")
-        origins = [origin_of(m.properties) for m in messages]  # InvalidArgument when malformed
+        # InvalidArgument when malformed; a message without properties is no copy
+        origins = [origin_of(m.properties) if m.properties else None for m in messages]
         with self._lock:
             self._check_open()
             self._check_epoch(epoch)
@@ -599,7 +632,7 @@ class MessageStore:
         return PutResult("", head.topic, head.queue_id, -1, -1, True)
 
     def _put_locked(self, messages: list[Message], epoch: int, now_ms: int) -> list[PutResult]:
-        position = self.log.max_offset
+        start = position = self.log.max_offset
         next_offsets: dict[QueueKey, int] = {}
         encoded: list[bytes] = []
         results: list[PutResult] = []
@@ -609,26 +642,27 @@ class MessageStore:
             if queue_offset is None:
                 queue = self._queues.get(key)
                 queue_offset = queue.max_offset if queue is not None else 0
-            msg_id = message.properties.get(MSG_ID, "")  # a replicated copy keeps its id
-            if not MSG_ID_PATTERN.fullmatch(msg_id):
+            properties = message.properties
+            msg_id = properties.get(MSG_ID, "") if properties else ""  # a replicated copy keeps its id
+            if not msg_id or not MSG_ID_PATTERN.fullmatch(msg_id):
                 msg_id = make_msg_id(self.broker_name, position, epoch)
             record = encode_record(message, epoch, now_ms, queue_offset, msg_id)
-            if position + len(record) - self.log.max_offset > PUT_BATCH_BYTES_MAX:
+            if position + len(record) - start > PUT_BATCH_BYTES_MAX:
                 raise InvalidArgument(f"a put of more than {PUT_BATCH_BYTES_MAX} bytes")
             encoded.append(record)
-            results.append(PutResult(msg_id, message.topic, message.queue_id, queue_offset, position))
+            results.append(PutResult(msg_id, key[0], key[1], queue_offset, position))
             next_offsets[key] = queue_offset + 1
             position += len(record)
         if len(self._queues) + len(next_offsets.keys() - self._queues.keys()) > QUEUES_MAX:
             raise FailedPrecondition(
                 f"this store already holds {len(self._queues)} queues; the limit is {QUEUES_MAX}"
             )
-        offsets = self.log.append(encoded)
+        sizes = [len(record) for record in encoded]
+        # encode_record made these bytes and their checksums just now: no re-check
+        offsets = self.log.append_verified(b"".join(encoded), sizes)
         assert offsets == [r.commit_offset for r in results], (offsets, results)
-        for message, result, record in zip(messages, results, encoded, strict=True):
-            self._index_record(
-                result.topic, result.queue_id, result.queue_offset, result.commit_offset, len(record)
-            )
+        self._index_batch(results, sizes)
+        for message, result, size in zip(messages, results, sizes, strict=True):
             origin = origin_of(message.properties) if message.properties else None
             if origin is not None:
                 self._origins.note(
@@ -639,11 +673,29 @@ class MessageStore:
                         result.queue_id,
                         result.queue_offset,
                         result.commit_offset,
-                        len(record),
+                        size,
                     ),
                 )
         self._maybe_checkpoint()
         return results
+
+    def _index_batch(self, results: list[PutResult], sizes: list[int]) -> None:
+        """_index_record of each record just appended, with one entry write per queue."""
+        entries: dict[QueueKey, list[bytes]] = {}
+        first: dict[QueueKey, PutResult] = {}
+        pack = _INDEX_ENTRY.pack
+        for result, size in zip(results, sizes, strict=True):
+            key = (result.topic, result.queue_id)
+            found = entries.get(key)
+            if found is None:
+                entries[key] = found = []
+                first[key] = result
+            found.append(pack(result.commit_offset, size))
+        for key, packed in entries.items():
+            head = first[key]
+            queue = self._queue_at(head.topic, head.queue_id, head.queue_offset, head.commit_offset)
+            queue.entries += b"".join(packed)
+            queue.dirty = True
 
     def commit_consumer_offset(
         self, group: str, topic: str, queue_id: int, offset: int, epoch: int, now_ms: int
