@@ -19,8 +19,9 @@ Crash safety:
 - retention deletes segments oldest first, leaving a gap-free suffix.
 
 Every read checks each record's CRC (outside the lock, in one tight pass); only
-read_bulk(check=False) and open_bulk leave that to their caller (the tiered uploader
-checks the bytes it stored before it publishes them). A sparse in-memory list of record starts (one
+read(check=False), read_bulk(check=False) and open_bulk leave that to their caller (a
+slave checks the bytes of a fetch before it writes them, the tiered uploader the bytes
+it stored before it publishes them). A sparse in-memory list of record starts (one
 every MARK_INTERVAL_BYTES) makes "is this offset a record boundary?" exact and cheap.
 """
 
@@ -460,11 +461,13 @@ class CommitLog:
             raise
 
     # Reads ---------------------------------------------------------------------------------
-    def read(self, offset: int, max_bytes: int) -> bytes:
+    def read(self, offset: int, max_bytes: int, check: bool = True) -> bytes:
         """Whole records from `offset` (a record start, or max_offset for b""), at most
         `max_bytes` unless the first record alone is larger, never past the end of the
-        segment holding `offset`. Each record's checksum is checked."""
-        return self._read(offset, max_bytes, READ_BYTES_MAX, True)
+        segment holding `offset`. Each record's checksum is checked, unless check=False:
+        then the caller must check them before trusting the bytes (a master serving a
+        slave's fetch: the slave checks every record before it writes one)."""
+        return self._read(offset, max_bytes, READ_BYTES_MAX, check)
 
     def read_bulk(self, offset: int, max_bytes: int, check: bool = True) -> bytes:
         """`read` with up to BULK_READ_BYTES_MAX bytes: the tiered uploader's one read

@@ -862,9 +862,10 @@ class MessageStore:
             self.log.truncate(offset)
 
     # Reads -------------------------------------------------------------------------------------------
-    def read_bytes(self, offset: int, max_bytes: int) -> bytes:
-        """Whole records from `offset` for a slave (see CommitLog.read)."""
-        return self.log.read(offset, max_bytes)
+    def read_bytes(self, offset: int, max_bytes: int, check: bool = True) -> bytes:
+        """Whole records from `offset` for a slave (see CommitLog.read: with check=False
+        their checksums are the reader's to check)."""
+        return self.log.read(offset, max_bytes, check)
 
     def read_bulk(self, offset: int, max_bytes: int, check: bool = True) -> bytes:
         """read_bytes up to 64 MiB, for the tiered uploader (see CommitLog.read_bulk)."""

@@ -765,8 +765,33 @@ def test_epoch_entries_must_cover_the_log(tmp_path):
 
 def replicate(master: MessageStore, slave: MessageStore, chunk: int) -> None:
     offset = slave.max_offset
-    while offset < master.max_offset:
-        offset = slave.append_replicated(offset, master.read_bytes(offset, chunk))
+    while offset < master.max_offset:  # unchecked, as the master serves a fetch
+        offset = slave.append_replicated(offset, master.read_bytes(offset, chunk, check=False))
+
+
+def test_a_record_corrupt_on_the_masters_disk_is_refused_by_the_slave(tmp_path):
+    """The master serves fetches without checking CRCs (read_bytes(check=False)); a byte
+    flipped on its disk is then refused by the slave's append (CorruptData), which
+    writes nothing, while a checked read still refuses to serve it."""
+    master = new_store(tmp_path / "m", broker_name="a", segment_bytes=1 << 20)
+    slave = new_store(tmp_path / "s", broker_name="a", segment_bytes=1 << 20)
+    master.begin_epoch(1)
+    fill(master, 1, 20)
+    replicate(master, slave, 1 << 20)
+    before = segment_files(tmp_path / "s" / "commitlog")
+    offset = slave.max_offset
+    fill(master, 1, 10, start=20)
+    (segment,) = (tmp_path / "m" / "commitlog").glob("*.log")
+    flip(segment, offset + (master.max_offset - offset) // 2)
+    data = master.read_bytes(offset, 1 << 20, check=False)
+    assert len(data) == master.max_offset - offset
+    with pytest.raises(CorruptData):
+        slave.append_replicated(offset, data)
+    with pytest.raises(CorruptData, match="never served"):
+        master.read_bytes(offset, 1 << 20)
+    assert slave.max_offset == offset and segment_files(tmp_path / "s" / "commitlog") == before
+    master.close()
+    slave.close()
 
 
 def test_slave_fed_by_read_bytes_ends_byte_identical(tmp_path):
