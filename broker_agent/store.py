@@ -45,7 +45,7 @@ import os
 import shutil
 import struct
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -679,10 +679,10 @@ class MessageStore:
         self._maybe_checkpoint()
         return results
 
-    def _index_batch(self, results: list[PutResult], sizes: list[int]) -> None:
+    def _index_batch(self, results: Sequence[PutResult | RecordHead], sizes: list[int]) -> None:
         """_index_record of each record just appended, with one entry write per queue."""
         entries: dict[QueueKey, list[bytes]] = {}
-        first: dict[QueueKey, PutResult] = {}
+        first: dict[QueueKey, PutResult | RecordHead] = {}
         pack = _INDEX_ENTRY.pack
         for result, size in zip(results, sizes, strict=True):
             key = (result.topic, result.queue_id)
@@ -761,10 +761,8 @@ class MessageStore:
                 written = self.log.append_verified(data, [r.size for r in records], expected_offset=offset)
                 assert written[-1] == records[-1].commit_offset, (written, records)
             end = self.log.max_offset
+            self._index_batch(records, [r.size for r in records])  # _plan_replicated checked the offsets
             for record in records:
-                self._index_record(
-                    record.topic, record.queue_id, record.queue_offset, record.commit_offset, record.size
-                )
                 if record.properties:
                     self._note_origin(self._origins, record)
             self._consumer_offsets.update(consumer_offsets)
