@@ -89,11 +89,6 @@ class _Segment:
         del self.marks[bisect.bisect_left(self.marks, offset) :]
 
 
-def record_pieces(data: bytes, offset: int, records: list[StoredRecord]) -> list[bytes]:
-    """The bytes of each of `records`, decoded from `data` that starts at commit `offset`."""
-    return [bytes(data[r.commit_offset - offset : r.end_offset - offset]) for r in records]
-
-
 class FileRange:
     """Whole records of one segment file, [position, position + length) of it: an
     ObjectSource (broker_agent.tiered_backend) that the kernel copies to another file
