@@ -93,6 +93,7 @@ HEARTBEAT_INTERVAL_MS_DEFAULT = 300  # the controller's default, until its confi
 HANDOFF_DRAIN_TIMEOUT_MS = 2000
 HANDOFF_ELECT_TIMEOUT_MS = 2000
 HANDOFF_POLL_INTERVAL_S = 0.01  # acks wake the drain loop; this bounds a missed wake-up
+ACK_POLL_INTERVAL_S = 0.1  # _wake_writers wakes a waiting writer; this bounds a missed wake-up
 LEAVE_TIMEOUT_MS = 2000
 LEAVE_REFRESH_INTERVAL_S = 0.25
 
@@ -677,7 +678,7 @@ class BrokerAgent:
                             "the SyncStateSet did not acknowledge the write in time; its outcome is unknown",
                             code="FLUSH_SLAVE_TIMEOUT",
                         )
-                    condition.wait(timeout=min(remaining, 0.1))
+                    condition.wait(timeout=min(remaining, ACK_POLL_INTERVAL_S))
             finally:
                 del self._writers[condition]
 
