@@ -83,7 +83,7 @@ class BrokerServicer(bpb_grpc.BrokerServiceServicer):
         if self.metrics is not None:
             self.metrics.send_seconds.observe(time.perf_counter() - started)
             self.metrics.messages_in.inc(len(messages))
-            self.metrics.bytes_in.inc(sum(len(m.body) for m in request.messages))
+            self.metrics.bytes_in.inc(sum(len(m.body) for m in messages))
         return bpb.SendResponse(
             master_epoch=epoch,
             results=[
