@@ -93,6 +93,7 @@ HEARTBEAT_INTERVAL_MS_DEFAULT = 300  # the controller's default, until its confi
 HANDOFF_DRAIN_TIMEOUT_MS = 2000
 HANDOFF_ELECT_TIMEOUT_MS = 2000
 HANDOFF_POLL_INTERVAL_S = 0.01  # acks wake the drain loop; this bounds a missed wake-up
+ACK_POLL_INTERVAL_S = 0.1  # _wake_writers wakes a waiting writer; this bounds a missed wake-up
 LEAVE_TIMEOUT_MS = 2000
 LEAVE_REFRESH_INTERVAL_S = 0.25
 
@@ -180,7 +181,13 @@ class BrokerAgent:
             AckPolicy(config.all_ack_in_sync_state_set, config.in_sync_replicas, config.min_in_sync_replicas),
             max_not_catchup_ms=config.ha_max_time_slave_not_catchup_ms,
         )
-        self.lock = threading.Condition()  # guards the core; role-dependent store writes hold it
+        self._mutex = threading.RLock()
+        self.lock = threading.Condition(self._mutex)  # guards the core; role-dependent store writes hold it
+        # Writers waiting in wait_acknowledged, each on its own condition of the same lock
+        # (-> the end offset it waits for): woken only when their outcome may have changed,
+        # not by every append and every other writer's acknowledgement.
+        self._writers: dict[threading.Condition, int] = {}
+        self._writers_seen: tuple[Role, int, int] | None = None  # role, epoch, confirm last woken for
         self.stopping = threading.Event()
         self.heartbeat_interval_ms = HEARTBEAT_INTERVAL_MS_DEFAULT
         self.tiered: TieredUploader | None = None
@@ -252,10 +259,26 @@ class BrokerAgent:
                     )
                 case WakeWaiters():
                     self.lock.notify_all()
+                    self._wake_writers()
                 case Refuse(error=error):
                     raise error
                 case StopFetching() | ProposeSyncStateSet() | AnswerFetch() | ElectSuccessor():
                     pass  # a fetcher ends on its own; the others are sent by their callers
+
+    def _wake_writers(self) -> None:
+        """Wakes the writers whose write_outcome may have changed. With acks from the whole
+        SyncStateSet it depends only on the role, the master epoch and the confirm offset:
+        a new role or epoch wakes them all, a higher confirm offset those it covers. With
+        acks from in_sync_replicas copies it also depends on each slave's ack: all wake."""
+        core = self.core
+        seen = (core.role, core.master_epoch, core.confirm_offset)
+        everyone = not self.config.all_ack_in_sync_state_set or (
+            self._writers_seen is None or seen[:2] != self._writers_seen[:2]
+        )
+        self._writers_seen = seen
+        for condition, end in self._writers.items():
+            if everyone or end <= seen[2]:
+                condition.notify()
 
     def _begin_epoch(self, epoch: int) -> None:
         try:
@@ -636,23 +659,28 @@ class BrokerAgent:
         """Blocks until the ack policy holds for everything before `end`."""
         deadline = time.monotonic() + self.config.send_timeout_ms / 1000
         with self.lock:
-            while True:
-                outcome = self.core.write_outcome(end, epoch)
-                if outcome is WriteOutcome.ACKNOWLEDGED:
-                    return
-                if outcome is WriteOutcome.DEPOSED:
-                    raise NotMaster(
-                        "this broker stopped being the master before the write "
-                        "was replicated; its outcome is unknown",
-                        leader=self.core.master_address,
-                    )
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise DeadlineExceeded(
-                        "the SyncStateSet did not acknowledge the write in time; its outcome is unknown",
-                        code="FLUSH_SLAVE_TIMEOUT",
-                    )
-                self.lock.wait(timeout=min(remaining, 0.1))
+            condition = threading.Condition(self._mutex)  # woken by _wake_writers
+            self._writers[condition] = end
+            try:
+                while True:
+                    outcome = self.core.write_outcome(end, epoch)
+                    if outcome is WriteOutcome.ACKNOWLEDGED:
+                        return
+                    if outcome is WriteOutcome.DEPOSED:
+                        raise NotMaster(
+                            "this broker stopped being the master before the write "
+                            "was replicated; its outcome is unknown",
+                            leader=self.core.master_address,
+                        )
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise DeadlineExceeded(
+                            "the SyncStateSet did not acknowledge the write in time; its outcome is unknown",
+                            code="FLUSH_SLAVE_TIMEOUT",
+                        )
+                    condition.wait(timeout=min(remaining, ACK_POLL_INTERVAL_S))
+            finally:
+                del self._writers[condition]
 
     def require_master(self) -> None:
         with self.lock:

@@ -19,14 +19,16 @@ Crash safety:
 - retention deletes segments oldest first, leaving a gap-free suffix.
 
 Every read checks each record's CRC (outside the lock, in one tight pass); only
-read_bulk(check=False) and open_bulk leave that to their caller (the tiered uploader
-checks the bytes it stored before it publishes them). A sparse in-memory list of record starts (one
+read(check=False), read_bulk(check=False) and open_bulk leave that to their caller (a
+slave checks the bytes of a fetch before it writes them, the tiered uploader the bytes
+it stored before it publishes them). A sparse in-memory list of record starts (one
 every MARK_INTERVAL_BYTES) makes "is this offset a record boundary?" exact and cheap.
 """
 
 from __future__ import annotations
 
 import bisect
+import itertools
 import logging
 import os
 import re
@@ -46,7 +48,7 @@ from mqmeta.formats.records import (
     decode_record,
     next_valid_record,
     peek_length,
-    split_records,
+    scan_records,
     valid_run,
 )
 
@@ -85,11 +87,6 @@ class _Segment:
 
     def cut_marks(self, offset: int) -> None:
         del self.marks[bisect.bisect_left(self.marks, offset) :]
-
-
-def record_pieces(data: bytes, offset: int, records: list[StoredRecord]) -> list[bytes]:
-    """The bytes of each of `records`, decoded from `data` that starts at commit `offset`."""
-    return [bytes(data[r.commit_offset - offset : r.end_offset - offset]) for r in records]
 
 
 class FileRange:
@@ -330,15 +327,8 @@ class CommitLog:
         """Appends whole encoded records; returns their commit offsets. Durable on return
         (when fsync): one write and one fdatasync per segment touched. With
         `expected_offset`, the log must end there (FailedPrecondition otherwise)."""
-        if not 0 < len(encoded_records) <= APPEND_RECORDS_MAX:
-            if not encoded_records:
-                return []
-            raise InvalidArgument(
-                f"{len(encoded_records)} records in one append; the limit is {APPEND_RECORDS_MAX}"
-            )
-        total = sum(len(r) for r in encoded_records)
-        if total > APPEND_BYTES_MAX:
-            raise InvalidArgument(f"an append of {total} bytes; the limit is {APPEND_BYTES_MAX}")
+        if not encoded_records:
+            return []
         for record in encoded_records:
             try:
                 length = check_record(record, 0, -1)  # the checksum is checked when writing too
@@ -346,6 +336,24 @@ class CommitLog:
                 raise InvalidArgument(f"not a whole record: {exc}") from None
             if length != len(record):
                 raise InvalidArgument(f"an encoded record is {len(record)} bytes but says {length}")
+        return self.append_verified(
+            b"".join(encoded_records), [len(r) for r in encoded_records], expected_offset
+        )
+
+    def append_verified(self, data: bytes, sizes: list[int], expected_offset: int | None = None) -> list[int]:
+        """`append` of records whose bytes the caller has just made or checked itself
+        (encode_record's output, or replicated bytes scan_records verified): `data` is
+        the records end to end, `sizes` their lengths. Their checksums are not checked
+        again; the reads and the recovery scan still check every record."""
+        if not 0 < len(sizes) <= APPEND_RECORDS_MAX:
+            if not sizes:
+                return []
+            raise InvalidArgument(f"{len(sizes)} records in one append; the limit is {APPEND_RECORDS_MAX}")
+        if len(data) > APPEND_BYTES_MAX:
+            raise InvalidArgument(f"an append of {len(data)} bytes; the limit is {APPEND_BYTES_MAX}")
+        ends = list(itertools.accumulate(sizes))
+        if ends[-1] != len(data) or min(sizes) < RECORD_BYTES_MIN:
+            raise InvalidArgument(f"record sizes add up to {ends[-1]}, not the {len(data)} bytes given")
         with self._lock:
             self._check_open()
             if expected_offset is not None and expected_offset != self._segments[-1].end:
@@ -353,7 +361,7 @@ class CommitLog:
                     f"replicated data starts at {expected_offset} but this "
                     f"log ends at {self._segments[-1].end}"
                 )
-            return self._append_locked(encoded_records)
+            return self._append_locked(memoryview(data), ends)
 
     def append_raw(self, offset: int, data: bytes) -> int:
         """A slave's append of bytes copied from its master; returns the new max_offset.
@@ -363,7 +371,7 @@ class CommitLog:
         """
         if len(data) > APPEND_BYTES_MAX:
             raise InvalidArgument(f"{len(data)} bytes in one append; the limit is {APPEND_BYTES_MAX}")
-        records = split_records(data, offset)
+        records = scan_records(data, offset)
         if not records:
             with self._lock:
                 if offset != self._segments[-1].end:
@@ -371,50 +379,63 @@ class CommitLog:
                         f"replicated data starts at {offset} but this log ends at {self._segments[-1].end}"
                     )
                 return offset
-        offsets = self.append(record_pieces(data, offset, records), expected_offset=offset)
+        offsets = self.append_verified(data, [r.size for r in records], expected_offset=offset)
         assert offsets == [r.commit_offset for r in records], (offsets, records)
         return offsets[-1] + records[-1].size
 
-    def _append_locked(self, records: list[bytes]) -> list[int]:
+    def _append_locked(self, data: memoryview, ends: list[int]) -> list[int]:
+        """Writes the records ending at `ends` (positions in `data`): as many as fit in
+        the active segment in one write, then a new segment for the rest (a record never
+        spans two; one larger than a segment gets an empty segment to itself)."""
         offsets: list[int] = []
         undo: list[tuple[_Segment, int]] = []
         created: list[_Segment] = []
         try:
             active = self._segments[-1]
-            pending: list[bytes] = []
-            pending_bytes = 0
-            for record in records:
-                used = active.size + pending_bytes
-                if used > 0 and used + len(record) > self.segment_bytes:
-                    self._write(active, pending, undo)  # durable before the next segment exists
+            first = 0  # the first record not written yet
+            while first < len(ends):
+                start = ends[first - 1] if first else 0
+                fit = bisect.bisect_right(ends, start + self.segment_bytes - active.size, lo=first)
+                if fit == first and active.size == 0:
+                    fit = first + 1  # alone in an empty segment
+                if fit > first:
+                    starts = [start, *ends[first : fit - 1]]
+                    base = active.end - start
+                    offsets.extend(base + s for s in starts)
+                    self._write(active, data[start : ends[fit - 1]], starts, base, undo)
+                    first = fit
+                if first < len(ends):  # durable before the next segment exists
                     active = self._create_segment(active.end)
                     self._segments.append(active)
                     created.append(active)
-                    pending, pending_bytes = [], 0
-                offsets.append(active.end + pending_bytes)
-                pending.append(record)
-                pending_bytes += len(record)
-            self._write(active, pending, undo)
         except BaseException:
             self._undo(undo, created)
             raise
         return offsets
 
-    def _write(self, segment: _Segment, records: list[bytes], undo: list[tuple[_Segment, int]]) -> None:
-        if not records:
-            return
+    def _write(
+        self,
+        segment: _Segment,
+        data: memoryview,
+        starts: list[int],
+        base: int,
+        undo: list[tuple[_Segment, int]],
+    ) -> None:
+        """`data` at the segment's end, then fdatasync; `starts` are its records' positions
+        in the append's buffer, `base` + a position is its commit offset."""
         undo.append((segment, segment.size))
-        data = memoryview(b"".join(records))
         fd = self._fd(segment)
         written = 0
         while written < len(data):
             written += os.pwrite(fd, data[written:], segment.size + written)
         if self.fsync:
             os.fdatasync(fd)
-        position = segment.end
-        for record in records:
-            segment.add_mark(position)
-            position += len(record)
+        marks = segment.marks
+        last = marks[-1] if marks else -MARK_INTERVAL_BYTES
+        for start in starts:
+            if base + start - last >= MARK_INTERVAL_BYTES:
+                last = base + start
+                marks.append(last)
         segment.size += len(data)
 
     def _undo(self, undo: list[tuple[_Segment, int]], created: list[_Segment]) -> None:
@@ -435,11 +456,13 @@ class CommitLog:
             raise
 
     # Reads ---------------------------------------------------------------------------------
-    def read(self, offset: int, max_bytes: int) -> bytes:
+    def read(self, offset: int, max_bytes: int, check: bool = True) -> bytes:
         """Whole records from `offset` (a record start, or max_offset for b""), at most
         `max_bytes` unless the first record alone is larger, never past the end of the
-        segment holding `offset`. Each record's checksum is checked."""
-        return self._read(offset, max_bytes, READ_BYTES_MAX, True)
+        segment holding `offset`. Each record's checksum is checked, unless check=False:
+        then the caller must check them before trusting the bytes (a master serving a
+        slave's fetch: the slave checks every record before it writes one)."""
+        return self._read(offset, max_bytes, READ_BYTES_MAX, check)
 
     def read_bulk(self, offset: int, max_bytes: int, check: bool = True) -> bytes:
         """`read` with up to BULK_READ_BYTES_MAX bytes: the tiered uploader's one read

@@ -7,7 +7,9 @@ the slave's durable end offset, which acknowledges everything before it.
 
 Master: records each fetch offset as that slave's ack (advancing the confirm offset),
 then returns whole records from the fetch offset, waiting up to wait_ms when there
-is nothing new.
+is nothing new. It does not check their CRCs: the slave checks every record (CRC-32,
+framing, layout) before it writes any, which also catches bytes corrupted on the
+master's disk (the fetch fails there, as it did here before, and nothing is written).
 
 What to do is the core's (core.py: SlaveFetch, MasterAnswered, Replicated); this
 module does the I/O around it and sees the broker only as a seams.BrokerHost.
@@ -160,7 +162,9 @@ def serve_fetch(host: BrokerHost, request: bpb.HaFetchRequest) -> bpb.HaFetchRes
         while store.max_offset <= request.fetch_offset and time.monotonic() < deadline:
             host.lock.wait(timeout=deadline - time.monotonic())
             host.feed(FetchStillWaiting(request.master_epoch))
-        data = store.read_bytes(request.fetch_offset, max_bytes)
+        # Unchecked here: the slave checks every record's CRC and layout (scan_records)
+        # before it writes any, so a record corrupted on this disk is refused there.
+        data = store.read_bytes(request.fetch_offset, max_bytes, check=False)
         host.feed(FetchAnswered(now_ms(), request.broker_id, log_view(store)))  # the host's clock
         return _reply(host, data_offset=request.fetch_offset, data=data)
 

@@ -45,7 +45,7 @@ import os
 import shutil
 import struct
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -55,7 +55,6 @@ from broker_agent.commitlog import (
     SEGMENT_BYTES_DEFAULT,
     CommitLog,
     FileRange,
-    record_pieces,
 )
 from broker_agent.origins import Incoming, OriginHead, OriginTable
 from mqmeta.errors import CorruptData, FailedPrecondition, FencedEpoch, InvalidArgument
@@ -68,11 +67,13 @@ from mqmeta.formats.records import (
     QUEUE_ID_MAX,
     TOPIC_PATTERN,
     Message,
+    RecordHead,
     StoredRecord,
+    decode_record,
     encode_record,
     iter_records,
     make_msg_id,
-    split_records,
+    scan_records,
     validate_topic,
 )
 
@@ -103,7 +104,7 @@ Progress = tuple[int, AckedRanges]  # consumed offset, acknowledged ranges above
 ACKED_RANGES_MAX = 4096  # per progress record: bounds its size (about 40 KB)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class PutResult:
     msg_id: str
     topic: str
@@ -111,6 +112,33 @@ class PutResult:
     queue_offset: int
     commit_offset: int
     duplicate: bool = False  # a replicated copy stored before (its original's position; -1: too old)
+
+    def __init__(
+        self,
+        msg_id: str,
+        topic: str,
+        queue_id: int,
+        queue_offset: int,
+        commit_offset: int,
+        duplicate: bool = False,
+    ) -> None:
+        # One per record written: all fields at once instead of the frozen dataclass's
+        # object.__setattr__ per field (see records.Message).
+        _set_attribute(
+            self,
+            "__dict__",
+            {
+                "msg_id": msg_id,
+                "topic": topic,
+                "queue_id": queue_id,
+                "queue_offset": queue_offset,
+                "commit_offset": commit_offset,
+                "duplicate": duplicate,
+            },
+        )
+
+
+_set_attribute = object.__setattr__
 
 
 def _check_int(kind: str, value: object, minimum: int, maximum: int) -> int:
@@ -436,6 +464,11 @@ class MessageStore:
     def _index_record(
         self, topic: str, queue_id: int, queue_offset: int, commit_offset: int, size: int
     ) -> None:
+        self._queue_at(topic, queue_id, queue_offset, commit_offset).append(commit_offset, size)
+
+    def _queue_at(self, topic: str, queue_id: int, queue_offset: int, commit_offset: int) -> _QueueIndex:
+        """The index of topic/queue_id, whose next entry must be `queue_offset` (made at it
+        when new); CorruptData otherwise, naming the record at `commit_offset`."""
         queue = self._queues.get((topic, queue_id))
         if queue is None:
             queue = _QueueIndex(topic, queue_id, queue_offset, self._index_dir / topic / str(queue_id))
@@ -445,7 +478,7 @@ class MessageStore:
                 f"{self.directory}: the record at {commit_offset} has queue offset "
                 f"{queue_offset} in {topic}/{queue_id}, which expects {queue.max_offset}"
             )
-        queue.append(commit_offset, size)
+        return queue
 
     def _replay_consumer_offsets(
         self, start_from: dict[ConsumerKey, Progress], start: int, end: int
@@ -463,7 +496,7 @@ class MessageStore:
             offsets[key] = value
         return offsets
 
-    def _note_origin(self, table: OriginTable, record: StoredRecord) -> None:
+    def _note_origin(self, table: OriginTable, record: StoredRecord | RecordHead) -> None:
         try:
             origin = origin_of(record.properties)
         except InvalidArgument as error:  # checked when it was sent: written by another version
@@ -551,7 +584,8 @@ class MessageStore:
                 raise InvalidArgument(f"expected a Message, got {type(message).__name__}")
             if message.topic == CONSUMER_OFFSET_TOPIC:
                 raise InvalidArgument(f"{CONSUMER_OFFSET_TOPIC} is written by commit_consumer_offset only")
-        origins = [origin_of(m.properties) for m in messages]  # InvalidArgument when malformed
+        # InvalidArgument when malformed; a message without properties is no copy
+        origins = [origin_of(m.properties) if m.properties else None for m in messages]
         with self._lock:
             self._check_open()
             self._check_epoch(epoch)
@@ -598,7 +632,7 @@ class MessageStore:
         return PutResult("", head.topic, head.queue_id, -1, -1, True)
 
     def _put_locked(self, messages: list[Message], epoch: int, now_ms: int) -> list[PutResult]:
-        position = self.log.max_offset
+        start = position = self.log.max_offset
         next_offsets: dict[QueueKey, int] = {}
         encoded: list[bytes] = []
         results: list[PutResult] = []
@@ -608,26 +642,27 @@ class MessageStore:
             if queue_offset is None:
                 queue = self._queues.get(key)
                 queue_offset = queue.max_offset if queue is not None else 0
-            msg_id = message.properties.get(MSG_ID, "")  # a replicated copy keeps its id
-            if not MSG_ID_PATTERN.fullmatch(msg_id):
+            properties = message.properties
+            msg_id = properties.get(MSG_ID, "") if properties else ""  # a replicated copy keeps its id
+            if not msg_id or not MSG_ID_PATTERN.fullmatch(msg_id):
                 msg_id = make_msg_id(self.broker_name, position, epoch)
             record = encode_record(message, epoch, now_ms, queue_offset, msg_id)
-            if position + len(record) - self.log.max_offset > PUT_BATCH_BYTES_MAX:
+            if position + len(record) - start > PUT_BATCH_BYTES_MAX:
                 raise InvalidArgument(f"a put of more than {PUT_BATCH_BYTES_MAX} bytes")
             encoded.append(record)
-            results.append(PutResult(msg_id, message.topic, message.queue_id, queue_offset, position))
+            results.append(PutResult(msg_id, key[0], key[1], queue_offset, position))
             next_offsets[key] = queue_offset + 1
             position += len(record)
         if len(self._queues) + len(next_offsets.keys() - self._queues.keys()) > QUEUES_MAX:
             raise FailedPrecondition(
                 f"this store already holds {len(self._queues)} queues; the limit is {QUEUES_MAX}"
             )
-        offsets = self.log.append(encoded)
+        sizes = [len(record) for record in encoded]
+        # encode_record made these bytes and their checksums just now: no re-check
+        offsets = self.log.append_verified(b"".join(encoded), sizes)
         assert offsets == [r.commit_offset for r in results], (offsets, results)
-        for message, result, record in zip(messages, results, encoded, strict=True):
-            self._index_record(
-                result.topic, result.queue_id, result.queue_offset, result.commit_offset, len(record)
-            )
+        self._index_batch(results, sizes)
+        for message, result, size in zip(messages, results, sizes, strict=True):
             origin = origin_of(message.properties) if message.properties else None
             if origin is not None:
                 self._origins.note(
@@ -638,11 +673,29 @@ class MessageStore:
                         result.queue_id,
                         result.queue_offset,
                         result.commit_offset,
-                        len(record),
+                        size,
                     ),
                 )
         self._maybe_checkpoint()
         return results
+
+    def _index_batch(self, results: Sequence[PutResult | RecordHead], sizes: list[int]) -> None:
+        """_index_record of each record just appended, with one entry write per queue."""
+        entries: dict[QueueKey, list[bytes]] = {}
+        first: dict[QueueKey, PutResult | RecordHead] = {}
+        pack = _INDEX_ENTRY.pack
+        for result, size in zip(results, sizes, strict=True):
+            key = (result.topic, result.queue_id)
+            found = entries.get(key)
+            if found is None:
+                entries[key] = found = []
+                first[key] = result
+            found.append(pack(result.commit_offset, size))
+        for key, packed in entries.items():
+            head = first[key]
+            queue = self._queue_at(head.topic, head.queue_id, head.queue_offset, head.commit_offset)
+            queue.entries += b"".join(packed)
+            queue.dirty = True
 
     def commit_consumer_offset(
         self, group: str, topic: str, queue_id: int, offset: int, epoch: int, now_ms: int
@@ -694,31 +747,30 @@ class MessageStore:
         written unless every record is valid and continues this store's epochs and queues."""
         if len(data) > APPEND_BYTES_MAX:
             raise InvalidArgument(f"{len(data)} bytes in one append; the limit is {APPEND_BYTES_MAX}")
-        records = split_records(data, offset)
+        records = scan_records(data, offset)
         with self._lock:
             self._check_open()
             if offset != self.log.max_offset:
                 raise FailedPrecondition(
                     f"replicated data starts at {offset} but this store ends at {self.log.max_offset}"
                 )
-            new_epochs, consumer_offsets = self._plan_replicated(records)
+            new_epochs, consumer_offsets = self._plan_replicated(data, offset, records)
             for epoch, start in new_epochs:
                 self.epochs.append(epoch, start)  # the epoch file leads the log
-            if records:  # split_records decoded and checked them: append() re-checks CRCs only
-                written = self.log.append(record_pieces(data, offset, records), expected_offset=offset)
-                assert written == [r.commit_offset for r in records], (written, records)
+            if records:  # scan_records checked every record's bytes and layout
+                written = self.log.append_verified(data, [r.size for r in records], expected_offset=offset)
+                assert written[-1] == records[-1].commit_offset, (written, records)
             end = self.log.max_offset
+            self._index_batch(records, [r.size for r in records])  # _plan_replicated checked the offsets
             for record in records:
-                self._index_record(
-                    record.topic, record.queue_id, record.queue_offset, record.commit_offset, record.size
-                )
-                self._note_origin(self._origins, record)
+                if record.properties:
+                    self._note_origin(self._origins, record)
             self._consumer_offsets.update(consumer_offsets)
             self._maybe_checkpoint()
             return end
 
     def _plan_replicated(
-        self, records: Iterable[StoredRecord]
+        self, data: bytes, offset: int, records: Iterable[RecordHead]
     ) -> tuple[list[tuple[int, int]], dict[ConsumerKey, Progress]]:
         last_epoch = self.epochs.last_epoch
         new_epochs: list[tuple[int, int]] = []
@@ -747,8 +799,9 @@ class MessageStore:
                     f"which expects {expected}"
                 )
             next_offsets[key] = expected + 1
-            if record.topic == CONSUMER_OFFSET_TOPIC:
-                consumer_key, value = _parse_consumer_offset(record)
+            if record.topic == CONSUMER_OFFSET_TOPIC:  # its body is read: decode it whole
+                whole = decode_record(data, record.commit_offset - offset, record.commit_offset)
+                consumer_key, value = _parse_consumer_offset(whole)
                 consumer_offsets[consumer_key] = value
         return new_epochs, consumer_offsets
 
@@ -807,9 +860,10 @@ class MessageStore:
             self.log.truncate(offset)
 
     # Reads -------------------------------------------------------------------------------------------
-    def read_bytes(self, offset: int, max_bytes: int) -> bytes:
-        """Whole records from `offset` for a slave (see CommitLog.read)."""
-        return self.log.read(offset, max_bytes)
+    def read_bytes(self, offset: int, max_bytes: int, check: bool = True) -> bytes:
+        """Whole records from `offset` for a slave (see CommitLog.read: with check=False
+        their checksums are the reader's to check)."""
+        return self.log.read(offset, max_bytes, check)
 
     def read_bulk(self, offset: int, max_bytes: int, check: bool = True) -> bytes:
         """read_bytes up to 64 MiB, for the tiered uploader (see CommitLog.read_bulk)."""
@@ -963,5 +1017,7 @@ class MessageStore:
                 self.log.close()
 
 
-def _head(origin: Origin, topic: str, queue_id: int, queue_offset: int, record: StoredRecord) -> OriginHead:
+def _head(
+    origin: Origin, topic: str, queue_id: int, queue_offset: int, record: StoredRecord | RecordHead
+) -> OriginHead:
     return OriginHead(origin.offset, topic, queue_id, queue_offset, record.commit_offset, record.size)

@@ -35,7 +35,9 @@ from __future__ import annotations
 import json
 import os
 import random
+import struct
 import threading
+import zlib
 from pathlib import Path
 
 import pytest
@@ -44,6 +46,8 @@ from broker_agent import CONSUMER_OFFSET_TOPIC, CommitLog, MessageStore
 from mqmeta.errors import CorruptData, FailedPrecondition, FencedEpoch, InvalidArgument
 from mqmeta.formats.epochs import EpochFile, consistent_point
 from mqmeta.formats.records import (
+    CRC_AT,
+    PREFIX_BYTES,
     PROPERTIES_BYTES_MAX,
     RECORD_BODY_MAX,
     Message,
@@ -52,6 +56,8 @@ from mqmeta.formats.records import (
     encode_record,
     iter_records,
     make_msg_id,
+    scan_records,
+    split_records,
 )
 
 pytestmark = pytest.mark.timeout(30)
@@ -157,6 +163,89 @@ def test_record_round_trips_every_field():
     assert hash(message) == hash(Message(**{**message.__dict__}))  # hashable despite the dict
     both = list(iter_records(data + data, 100))
     assert [r.commit_offset for r in both] == [100, 100 + len(data)]
+
+
+def test_record_bytes_are_those_of_format_version_1():
+    """The record format does not change with the encoder: two records (every field set,
+    and the smallest) are byte for byte what format version 1 wrote (logs and tiered
+    objects written before stay readable, and replicas of mixed versions agree)."""
+    full = Message(
+        topic="Golden",
+        queue_id=5,
+        body=b"body\x00\xff",
+        tags="t",
+        keys="k1 k2",
+        properties={"b": "2", "a": "ü"},
+        producer_id="p",
+        producer_seq=7,
+    )
+    data = encode_record(full, 3, 1_700_000_000_000, 42, make_msg_id("broker-a", 4096, 3))
+    assert data.hex() == (
+        "4d510181000000de50367203000000000000000068e5cf8b010000050000002a00000000000000070000000000"
+        "00000600476f6c64656e2000376432633462326434646266653637396433666466636435646664346665626601"
+        "007001007405006b31206b320f0002000100610200c3bc01006201003206000000626f647900ff"
+    )
+    smallest = encode_record(Message(topic="T", queue_id=0, body=b""), 1, 0, 0, make_msg_id("b", 0, 1))
+    assert smallest.hex() == (
+        "4d510162000000227215d901000000000000000000000000000000000000000000000000000000000000000000"
+        "000001005420006532396630666635303463643764653932323131623061386339643536646637000000000000"
+        "0200000000000000"
+    )
+
+
+def _resealed(data: bytes) -> bytes:
+    """`data` with its CRC-32 recomputed: a layout error the checksum does not catch."""
+    return data[:CRC_AT] + struct.pack("<I", zlib.crc32(data[PREFIX_BYTES:])) + data[PREFIX_BYTES:]
+
+
+def test_scan_records_accepts_and_refuses_exactly_what_decode_record_does():
+    """The slave's append checks replicated records with scan_records (no StoredRecord per
+    record): over every byte of three records (with properties, without, non-ASCII text),
+    changed and resealed with a valid CRC so that only the layout checks can catch it,
+    scan_records raises CorruptData exactly when decode_record does, and otherwise
+    reports the same fields; a plain flipped byte or a cut buffer is CorruptData."""
+    plain = Message(topic="T", queue_id=3, body=b"x" * 40, producer_id="p", producer_seq=9)
+    records = [record(1, size=30), encode_record(plain, 2, 5, 7, make_msg_id("b", 1, 2)), record(2, size=0)]
+    blob = b"".join(records)
+    heads = scan_records(blob, 1000)
+    expected = split_records(blob, 1000)
+    assert [tuple(h) for h in heads] == [
+        (r.commit_offset, r.size, r.epoch, r.topic, r.queue_id, r.queue_offset, r.properties)
+        for r in expected
+    ]
+    checked = 0
+    for index, original in enumerate(records):
+        start = sum(len(r) for r in records[:index])
+        for position in range(PREFIX_BYTES, len(original)):
+            for change in (0x01, 0x80, 0xFF):
+                damaged = bytearray(original)
+                damaged[position] ^= change
+                resealed = _resealed(bytes(damaged))
+                buf = blob[:start] + resealed + blob[start + len(original) :]
+                try:
+                    want = decode_record(resealed, 0, 1000 + start)
+                except CorruptData:
+                    with pytest.raises(CorruptData):
+                        scan_records(buf, 1000)
+                    checked += 1
+                    continue
+                got = scan_records(buf, 1000)[index]
+                assert (got.size, got.epoch, got.topic, got.queue_id, got.queue_offset, got.properties) == (
+                    want.size,
+                    want.epoch,
+                    want.topic,
+                    want.queue_id,
+                    want.queue_offset,
+                    want.properties,
+                )
+            flipped = bytearray(blob)
+            flipped[start + position] ^= 0x20
+            with pytest.raises(CorruptData):
+                scan_records(bytes(flipped), 1000)
+    assert checked > 100  # the layout checks were reached, not only the CRC
+    with pytest.raises(CorruptData, match="record boundary"):
+        scan_records(blob[:-3], 1000)
+    assert scan_records(b"", 0) == []
 
 
 def test_record_limits_are_refused():
@@ -676,8 +765,33 @@ def test_epoch_entries_must_cover_the_log(tmp_path):
 
 def replicate(master: MessageStore, slave: MessageStore, chunk: int) -> None:
     offset = slave.max_offset
-    while offset < master.max_offset:
-        offset = slave.append_replicated(offset, master.read_bytes(offset, chunk))
+    while offset < master.max_offset:  # unchecked, as the master serves a fetch
+        offset = slave.append_replicated(offset, master.read_bytes(offset, chunk, check=False))
+
+
+def test_a_record_corrupt_on_the_masters_disk_is_refused_by_the_slave(tmp_path):
+    """The master serves fetches without checking CRCs (read_bytes(check=False)); a byte
+    flipped on its disk is then refused by the slave's append (CorruptData), which
+    writes nothing, while a checked read still refuses to serve it."""
+    master = new_store(tmp_path / "m", broker_name="a", segment_bytes=1 << 20)
+    slave = new_store(tmp_path / "s", broker_name="a", segment_bytes=1 << 20)
+    master.begin_epoch(1)
+    fill(master, 1, 20)
+    replicate(master, slave, 1 << 20)
+    before = segment_files(tmp_path / "s" / "commitlog")
+    offset = slave.max_offset
+    fill(master, 1, 10, start=20)
+    (segment,) = (tmp_path / "m" / "commitlog").glob("*.log")
+    flip(segment, offset + (master.max_offset - offset) // 2)
+    data = master.read_bytes(offset, 1 << 20, check=False)
+    assert len(data) == master.max_offset - offset
+    with pytest.raises(CorruptData):
+        slave.append_replicated(offset, data)
+    with pytest.raises(CorruptData, match="never served"):
+        master.read_bytes(offset, 1 << 20)
+    assert slave.max_offset == offset and segment_files(tmp_path / "s" / "commitlog") == before
+    master.close()
+    slave.close()
 
 
 def test_slave_fed_by_read_bytes_ends_byte_identical(tmp_path):

@@ -30,13 +30,17 @@ Properties checked:
   (leaving, when shutting down); a leaving slave's fetches take it out of the set and
   keep it out;
 - the shell (agent.py) carries the effects out: BeginEpoch reaches the epoch file, and a
-  failure to begin the epoch fences the broker instead of leaving it master.
+  failure to begin the epoch fences the broker instead of leaving it master; a writer
+  waiting for acknowledgement is woken by the ack that covers its end (no polling).
 """
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
+from broker_agent import agent as agent_module
 from broker_agent import core as core_module
 from broker_agent.agent import BrokerAgent, BrokerConfig
 from broker_agent.core import (
@@ -80,6 +84,7 @@ from broker_agent.core import (
     truncation_point,
 )
 from broker_agent.ha import Lease, Role, SyncStateTracker, confirm_offset
+from cluster.wait import wait_for
 from mqmeta.clock import now_ms
 from mqmeta.errors import FailedPrecondition, FencedEpoch, NotMaster
 from mqmeta.formats.epochs import consistent_point
@@ -651,6 +656,40 @@ def test_a_failed_epoch_begin_fences_the_broker(agent, monkeypatch):
     monkeypatch.undo()
     a.apply_replica_info(replica_info(1, 1, [1]))
     assert a.view().role == Role.MASTER and a.store.epochs.entries == [(1, 0)]
+
+
+def test_a_waiting_writer_is_woken_when_the_confirm_offset_covers_it_and_only_then(agent, monkeypatch):
+    """Writers wait for acknowledgement on their own conditions (agent._wake_writers):
+    with the periodic re-check made longer than the test, a writer returns only because
+    the slave's ack that covers its end woke it; a writer whose end is not covered yet
+    keeps waiting (an append acknowledges nothing) until an ack covers it too."""
+    monkeypatch.setattr(agent_module, "ACK_POLL_INTERVAL_S", 60.0)
+    a = agent(send_timeout_ms=60_000)
+    a.feed(Registered(1, lease_ms=600_000))
+    a.apply_replica_info(replica_info(1, 1, [1, 2]))
+    a.feed(HeartbeatAnswered(now_ms(), 1, 1, 1, lease_ms=0))
+    ends: list[int] = []
+    for i in range(2):
+        _, end, epoch = a.append(lambda e, i=i: a.store.put_messages([Message("T", 0, b"x" * (i + 1))], e, 1))
+        ends.append(end)
+    done: list[int] = []
+    writers = [
+        threading.Thread(
+            target=lambda end=end: (a.wait_acknowledged(end, epoch), done.append(end)), daemon=True
+        )
+        for end in ends
+    ]
+    for writer in writers:
+        writer.start()
+    wait_for(lambda: len(a._writers) == 2, 10, "both writers waiting")
+    _, third, _ = a.append(lambda e: a.store.put_messages([Message("T", 0, b"z")], e, 1))
+    assert done == [], "an append acknowledges nothing while the slave has acked nothing"
+    a.feed(fetch(2, ends[0], LogView(a.store.max_offset, ((1, 0),)), now_ms=now_ms()))
+    writers[0].join(10)
+    assert done == [ends[0]] and writers[1].is_alive(), "only the covered writer returned"
+    a.feed(fetch(2, third, LogView(a.store.max_offset, ((1, 0),)), now_ms=now_ms()))
+    writers[1].join(10)
+    assert done == ends and not a._writers
 
 
 # core.py: stale messages from the controller and from slaves -------------------------------

@@ -83,13 +83,21 @@ RECORD_BYTES_MAX = (
 
 TOPIC_PATTERN = NAME_PATTERN  # also a safe file name (index files)
 MSG_ID_PATTERN = re.compile(r"[0-9a-f]{32}")
+TOPIC_FIELDS_CACHED_MAX = 4096  # topics whose encoded field encode_record remembers
+_TOPIC_FIELDS: dict[str, bytes] = {}
+_EMPTY_FIELD = _U16.pack(0)  # an empty text field, or no properties
+_MSG_ID_LENGTH = _U16.pack(MSG_ID_CHARS)
+_NO_PROPERTIES_FIELD = _U16.pack(_U16.size) + _EMPTY_FIELD  # u16 length 2, then a count of 0
+
+
+_set_attribute = object.__setattr__
 
 
 class TornRecord(Exception):
     """Fewer bytes are present than the record's header says: an interrupted append."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class Message:
     """What a producer sends. `properties` takes no part in hashing (a dict is mutable)."""
 
@@ -101,6 +109,35 @@ class Message:
     properties: Mapping[str, str] = field(default_factory=dict, hash=False)
     producer_id: str = ""
     producer_seq: int = 0
+
+    def __init__(
+        self,
+        topic: str,
+        queue_id: int,
+        body: bytes,
+        tags: str = "",
+        keys: str = "",
+        properties: Mapping[str, str] | None = None,
+        producer_id: str = "",
+        producer_seq: int = 0,
+    ) -> None:
+        # The generated __init__ of a frozen dataclass sets each field with its own
+        # object.__setattr__ call; one message is built per record sent, so this sets
+        # them all at once (same fields, same defaults).
+        _set_attribute(
+            self,
+            "__dict__",
+            {
+                "topic": topic,
+                "queue_id": queue_id,
+                "body": body,
+                "tags": tags,
+                "keys": keys,
+                "properties": {} if properties is None else properties,
+                "producer_id": producer_id,
+                "producer_seq": producer_seq,
+            },
+        )
 
 
 @dataclass(frozen=True)
@@ -150,6 +187,22 @@ def _text(kind: str, value: str, limit: int) -> bytes:
     return data
 
 
+def _text_field(kind: str, value: str, limit: int) -> bytes:
+    """`value` as a record field: u16 length + UTF-8 (InvalidArgument past `limit`)."""
+    if value == "" and type(value) is str:
+        return _EMPTY_FIELD
+    data = _text(kind, value, limit)
+    return _U16.pack(len(data)) + data
+
+
+def _properties_field(properties: Mapping[str, str]) -> bytes:
+    """The properties as a record field: u16 length + their encoding (_encode_properties)."""
+    if not properties:
+        return _NO_PROPERTIES_FIELD
+    encoded = _encode_properties(properties)
+    return _U16.pack(len(encoded)) + encoded
+
+
 def _encode_properties(properties: Mapping[str, str]) -> bytes:
     parts = [_U16.pack(len(properties))]
     for key in sorted(properties):
@@ -177,38 +230,66 @@ def validate_topic(topic: str) -> None:
         )
 
 
+def _topic_field(topic: str) -> bytes:
+    """The record field of a valid topic (InvalidArgument otherwise), remembered: a broker
+    writes few topics, and the pattern check is a large part of encoding a small record."""
+    field = _TOPIC_FIELDS.get(topic) if type(topic) is str else None
+    if field is None:
+        validate_topic(topic)
+        data = topic.encode()
+        field = _U16.pack(len(data)) + data
+        if len(_TOPIC_FIELDS) >= TOPIC_FIELDS_CACHED_MAX:
+            _TOPIC_FIELDS.clear()
+        _TOPIC_FIELDS[topic] = field
+    return field
+
+
 def encode_record(
     message: Message, epoch: int, store_timestamp_ms: int, queue_offset: int, msg_id: str
 ) -> bytes:
     """The record bytes for `message`; InvalidArgument when a field is past its limit."""
-    validate_topic(message.topic)
-    _check_uint("queue_id", message.queue_id, QUEUE_ID_MAX)
-    _check_uint("epoch", epoch, U64_MAX)
-    _check_uint("store_timestamp_ms", store_timestamp_ms, U64_MAX)
-    _check_uint("queue_offset", queue_offset, U64_MAX)
-    _check_uint("producer_seq", message.producer_seq, U64_MAX)
+    topic_field = _topic_field(message.topic)
+    queue_id, producer_seq = message.queue_id, message.producer_seq
+    if not (  # the common case in one test; _check_uint below names what is wrong
+        type(queue_id) is int
+        and type(epoch) is int
+        and type(store_timestamp_ms) is int
+        and type(queue_offset) is int
+        and type(producer_seq) is int
+        and 0 <= queue_id <= QUEUE_ID_MAX
+        and 0 <= epoch <= U64_MAX
+        and 0 <= store_timestamp_ms <= U64_MAX
+        and 0 <= queue_offset <= U64_MAX
+        and 0 <= producer_seq <= U64_MAX
+    ):
+        _check_uint("queue_id", queue_id, QUEUE_ID_MAX)
+        _check_uint("epoch", epoch, U64_MAX)
+        _check_uint("store_timestamp_ms", store_timestamp_ms, U64_MAX)
+        _check_uint("queue_offset", queue_offset, U64_MAX)
+        _check_uint("producer_seq", producer_seq, U64_MAX)
     if not isinstance(msg_id, str) or not MSG_ID_PATTERN.fullmatch(msg_id):
         raise InvalidArgument(f"msg_id {msg_id!r} is not {MSG_ID_CHARS} lowercase hex characters")
-    if not isinstance(message.body, bytes | bytearray | memoryview):
-        raise InvalidArgument(f"body must be bytes, not {type(message.body).__name__}")
-    body = bytes(message.body)
+    body = message.body
+    if type(body) is not bytes:
+        if not isinstance(body, bytes | bytearray | memoryview):
+            raise InvalidArgument(f"body must be bytes, not {type(body).__name__}")
+        body = bytes(body)
     if len(body) > RECORD_BODY_MAX:
         raise InvalidArgument(f"body is {len(body)} bytes; the limit is {RECORD_BODY_MAX}")
-    fields = [
-        message.topic.encode(),
-        msg_id.encode(),
-        _text("producer_id", message.producer_id, PRODUCER_ID_BYTES_MAX),
-        _text("tags", message.tags, TAGS_BYTES_MAX),
-        _text("keys", message.keys, KEYS_BYTES_MAX),
-        _encode_properties(message.properties),
-    ]
-    parts = [_FIXED.pack(epoch, store_timestamp_ms, message.queue_id, queue_offset, message.producer_seq)]
-    for data in fields:
-        parts.append(_U16.pack(len(data)))
-        parts.append(data)
-    parts.append(_U32.pack(len(body)))
-    parts.append(body)
-    payload = b"".join(parts)
+    payload = b"".join(
+        (
+            _FIXED.pack(epoch, store_timestamp_ms, queue_id, queue_offset, producer_seq),
+            topic_field,
+            _MSG_ID_LENGTH,
+            msg_id.encode(),
+            _text_field("producer_id", message.producer_id, PRODUCER_ID_BYTES_MAX),
+            _text_field("tags", message.tags, TAGS_BYTES_MAX),
+            _text_field("keys", message.keys, KEYS_BYTES_MAX),
+            _properties_field(message.properties),
+            _U32.pack(len(body)),
+            body,
+        )
+    )
     total = PREFIX_BYTES + len(payload)
     return _PREFIX.pack(RECORD_MAGIC, RECORD_VERSION, total, zlib.crc32(payload)) + payload
 
@@ -293,6 +374,90 @@ def next_valid_record(buf: bytes, pos: int) -> int:
             return start
         start = buf.find(RECORD_TAG, start + 1)
     return -1
+
+
+class RecordHead(NamedTuple):
+    """What a slave's append needs of a record (scan_records): where it is, its epoch,
+    queue and properties; the other fields were checked but are not kept."""
+
+    commit_offset: int
+    size: int
+    epoch: int
+    topic: str
+    queue_id: int
+    queue_offset: int
+    properties: Mapping[str, str]
+
+    @property
+    def end_offset(self) -> int:
+        return self.commit_offset + self.size
+
+
+_MSG_ID_BYTES = re.compile(rb"[0-9a-f]{32}")
+_TEXT_LIMITS = (PRODUCER_ID_BYTES_MAX, TAGS_BYTES_MAX, KEYS_BYTES_MAX)
+_TEXT_KINDS = ("producer_id", "tags", "keys")
+
+
+def scan_records(buf: bytes, base_offset: int) -> list[RecordHead]:
+    """The records of `buf` (whole records from commit offset `base_offset`) with the
+    checks decode_record makes (CRC-32, magic, lengths, layout, UTF-8, topic and msg_id
+    patterns, limits) but without building a StoredRecord per record: a slave's append
+    of replicated bytes. CorruptData at the first bad record, also when `buf` does not
+    end on a record boundary."""
+    found: list[int] = []
+    if valid_run(buf, 0, found) != len(buf):
+        split_records(buf, base_offset)  # raises the precise CorruptData
+        raise AssertionError("valid_run and split_records disagree")  # pragma: no cover
+    heads: list[RecordHead] = []
+    append, fixed, u16, u32 = heads.append, _FIXED.unpack_from, _U16.unpack_from, _U32.unpack_from
+    topics: dict[bytes, str] = {}
+    for pos in found:
+        commit_offset = base_offset + pos
+        size = _U32.unpack_from(buf, pos + LENGTH_AT)[0]
+        end = pos + size
+        epoch, _, queue_id, queue_offset, _ = fixed(buf, pos + PREFIX_BYTES)
+        try:
+            at = pos + VARIABLE_AT
+            length = u16(buf, at)[0]
+            raw_topic = buf[at + 2 : at + 2 + length]
+            at += 2 + length
+            length = u16(buf, at)[0]
+            raw_id = buf[at + 2 : at + 2 + length]
+            at += 2 + length
+            for limit in _TEXT_LIMITS:  # producer id, tags, keys: UTF-8 within their limits
+                length = u16(buf, at)[0]
+                if length > limit:
+                    raise ValueError
+                buf[at + 2 : at + 2 + length].decode("utf-8")
+                at += 2 + length
+            length = u16(buf, at)[0]
+            raw_properties = buf[at + 2 : at + 2 + length]
+            at += 2 + length
+            body_length = u32(buf, at)[0]
+            at += 4 + body_length
+            topic = topics.get(raw_topic)
+            if topic is None:
+                topic = raw_topic.decode("utf-8")
+                if not TOPIC_PATTERN.fullmatch(topic):
+                    raise ValueError
+                topics[raw_topic] = topic
+            if (
+                at != end
+                or not _MSG_ID_BYTES.fullmatch(raw_id)
+                or body_length > RECORD_BODY_MAX
+                or queue_id > QUEUE_ID_MAX
+            ):
+                raise ValueError
+            properties = (
+                {} if raw_properties == _EMPTY_FIELD else _decode_properties(raw_properties, commit_offset)
+            )
+        except (ValueError, struct.error, CorruptData):
+            decode_record(buf, pos, commit_offset)  # raises the precise CorruptData
+            raise AssertionError(
+                f"scan_records refused a record decode_record accepts ({commit_offset})"
+            ) from None
+        append(RecordHead(commit_offset, size, epoch, topic, queue_id, queue_offset, properties))
+    return heads
 
 
 class AuditFields(NamedTuple):
