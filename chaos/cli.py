@@ -58,6 +58,13 @@ def _add_run_flags(parser: argparse.ArgumentParser) -> None:
         choices=["native", "rocketmq"],
         help="the queue workload's client: mqmeta's own, or the official RocketMQ 5 Python client",
     )
+    parser.add_argument(
+        "--liveness",
+        default="test",
+        choices=["test", "defaults"],
+        help="broker liveness: the harness's fast test settings (heartbeat 200 ms, dead after 1 s, "
+        "lease 500 ms), or the controller's own defaults",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-audit", action="store_true", help="skip the Spark audit")
 
@@ -76,6 +83,7 @@ def _config(args: argparse.Namespace, fault: str, output_dir: Path):
         fault_target=args.fault_target,
         workload=args.workload,
         client=args.client,
+        liveness=args.liveness,
         seed=args.seed,
         audit=not args.no_audit,
     )
@@ -119,6 +127,8 @@ def _run_one(args: argparse.Namespace) -> int:
                 "isValid",
             )
         }
+    failover = outcome.result.get("failover") or {}
+    summary["failover"] = {k: failover.get(k) for k in ("falseFailoverCount", "failoverMs")}
     summary["linearizable"] = outcome.result.get("linearizable")
     summary["audit"] = outcome.result["audit"]
     summary["output_dir"] = str(config.output_dir)
@@ -168,6 +178,7 @@ def _run_matrix(
 def _row(fault: str, out: Path, result: dict, passed: bool) -> dict:
     queue = result.get("queue") or {}
     rtos = [r["rtoTime"] for r in result.get("rto") or [] if r.get("rtoTime") is not None]
+    failover = result.get("failover") or {}
     return {
         "fault": fault,
         "run": out.name,
@@ -177,6 +188,8 @@ def _row(fault: str, out: Path, result: dict, passed: bool) -> dict:
         "duplicated": queue.get("duplicateMessageCount"),
         "recovered": queue.get("recoveredMessageCount"),
         "max_rto_ms": max(rtos) if rtos else None,
+        "false_failovers": failover.get("falseFailoverCount"),
+        "failover_ms": ",".join(str(ms) for ms in failover.get("failoverMs", [])) or None,
         "linearizable": result.get("linearizable"),
         "audit": (result.get("audit") or {}).get("passed"),
     }

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from chaos import checkers
+from chaos.failover import check_run as check_failovers
 from chaos.faults import FAULT_NAMES, TARGETS, FaultContext, make_fault
 from chaos.history import FaultEvent, FaultPhase, HistoryRecorder
 from chaos.net import ProxiedNetwork
@@ -53,6 +54,9 @@ TOXIPROXY_START_TIMEOUT_S = 10.0
 AUDIT_TIMEOUT_S = 600.0
 HEAL_SETTLE_S = 2.0
 
+LIVENESS_CHOICES = ("test", "defaults")
+BROKER_SET = "broker-a"
+
 AuditFunction = Callable[[Path, Path], int]
 
 
@@ -72,6 +76,7 @@ class RunConfig:
     audit: bool = True
     toxiproxy_url: str = ""
     client: str = "native"  # the queue workload's client: ours or the official RocketMQ 5 one
+    liveness: str = "test"  # "test": the harness's fast broker liveness; "defaults": the controller's
 
     def validate(self) -> None:
         if self.fault not in FAULT_NAMES:
@@ -82,6 +87,8 @@ class RunConfig:
             raise InvalidArgument("--workload must be queue or metadata")
         if self.client not in ("native", "rocketmq"):
             raise InvalidArgument("--client must be native or rocketmq")
+        if self.liveness not in LIVENESS_CHOICES:
+            raise InvalidArgument(f"--liveness must be one of {', '.join(LIVENESS_CHOICES)}")
         if self.client == "rocketmq" and self.workload != "queue":
             raise InvalidArgument("--client rocketmq runs the queue workload only")
         if not 1 <= self.concurrency <= 64:
@@ -159,7 +166,14 @@ def run(config: RunConfig, audit: AuditFunction | None = None) -> RunResult:
     if not url:
         proxy = _ToxiproxyProcess(out)
         url = proxy.url
-    cluster = Cluster(out / "cluster", count=3, broker_sets=1, replicas=3, broker_flags=BROKER_FLAGS)
+    cluster = Cluster(
+        out / "cluster",
+        count=3,
+        broker_sets=1,
+        replicas=3,
+        broker_flags=BROKER_FLAGS,
+        test_liveness=config.liveness == "test",
+    )
     network = ProxiedNetwork(cluster, url)
     recorder = HistoryRecorder()
     faults: list[dict[str, Any]] = []
@@ -177,7 +191,8 @@ def run(config: RunConfig, audit: AuditFunction | None = None) -> RunResult:
         dialmap.install({})
         if proxy is not None:
             proxy.stop()
-    return _conclude(config, recorder, faults, audit)
+    failovers = check_failovers(out / "cluster", cluster.layout, faults, BROKER_SET)
+    return _conclude(config, recorder, faults, audit, failovers)
 
 
 def _execute(
@@ -198,7 +213,7 @@ def _execute(
     elif config.workload == "queue":
         with cluster.client() as client:
             client.call("CreateTopic", pb.TopicSpec(name=TOPIC, queue_count=4))
-        workload = QueueWorkload(cluster.namesrv, recorder, wconfig, ["broker-a"])
+        workload = QueueWorkload(cluster.namesrv, recorder, wconfig, [BROKER_SET])
     else:
         workload = MetadataWorkload(
             [n.grpc for n in cluster.layout.controllers], recorder, wconfig, config.seed
@@ -237,13 +252,18 @@ def _fault_loop(
                 "end_ms": end_ms,
                 "what": what,
                 "affected": fault.affected,
+                "cut": fault.cut,
             }
         )
     time.sleep(min(HEAL_SETTLE_S, max(0.0, end - time.monotonic())))
 
 
 def _conclude(
-    config: RunConfig, recorder: HistoryRecorder, faults: list[dict[str, Any]], audit: AuditFunction | None
+    config: RunConfig,
+    recorder: HistoryRecorder,
+    faults: list[dict[str, Any]],
+    audit: AuditFunction | None,
+    failovers: dict[str, Any],
 ) -> RunResult:
     from chaos.linearizability import check_linearizability
     from chaos.plot import latency_png
@@ -255,8 +275,14 @@ def _conclude(
     result: dict[str, Any] = {
         "config": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(config).items()},
         "faults": faults,
+        "failover": failovers,
     }
     failures = []
+    if failovers["falseFailoverCount"]:
+        failures.append(
+            f"{failovers['falseFailoverCount']} false failover(s): the master changed while no fault "
+            f"touched it (see result.json's failover)"
+        )
     if config.workload == "queue":
         result.update(
             queue=checkers.check_queue(history),
