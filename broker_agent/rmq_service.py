@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 from broker_agent.agent import BrokerAgent
 from broker_agent.ha import Role
+from broker_agent.metrics import BrokerMetrics
 from broker_agent.pop import AckResult, Candidate, Delivery, LeaseGrant, QueueCursor, Verdict
 from broker_agent.rmq_metadata import Members, Metadata, allocate, fifo_queue
 from broker_agent.rmq_system import SystemQueues
@@ -470,9 +471,10 @@ class RmqBroker:
 
 
 class MessagingServicer(rsvc_grpc.MessagingServiceServicer):
-    def __init__(self, broker: RmqBroker) -> None:
+    def __init__(self, broker: RmqBroker, metrics: BrokerMetrics | None = None) -> None:
         self.broker = broker
         self.metadata = broker.metadata
+        self.metrics = metrics  # the same counters as the native Send's
 
     @rmq_call(rsvc.QueryRouteResponse)
     def QueryRoute(self, request, context):
@@ -502,7 +504,13 @@ class MessagingServicer(rsvc_grpc.MessagingServiceServicer):
         now = wall_ms()
         record, deliver_at = self.broker.to_record(request.messages[0], client_id, now)
         kind = request.messages[0].system_properties.message_type or rdef.NORMAL
+        started = time.perf_counter()
         entry = self.broker.send(record, deliver_at, kind)
+        if self.metrics is not None:
+            self.metrics.send_seconds.observe(time.perf_counter() - started)
+            if entry.status.code == rdef.OK:  # acknowledged: counted as the native Send counts
+                self.metrics.messages_in.inc()
+                self.metrics.bytes_in.inc(len(request.messages[0].body))
         return rsvc.SendMessageResponse(status=entry.status, entries=[entry])
 
     @rmq_call(rsvc.QueryAssignmentResponse)
@@ -637,6 +645,9 @@ class MessagingServicer(rsvc_grpc.MessagingServiceServicer):
             yield rsvc.ReceiveMessageResponse(status=status(rdef.MESSAGE_NOT_FOUND, "no new message"))
             return
         yield rsvc.ReceiveMessageResponse(status=status())
+        if self.metrics is not None:
+            self.metrics.messages_out.inc(len(found))
+            self.metrics.delivered_bytes_out.inc(sum(len(record.body) for record, _ in found))
         epoch = self.broker.master_epoch()
         for record, delivery in found:
             message = to_message(record, record.topic, self.broker.agent.config.listen)

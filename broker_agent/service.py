@@ -343,7 +343,7 @@ def run_broker(args: argparse.Namespace) -> int:
     server = build_server(config.listen, SERVER_WORKERS, REQUEST_BYTES_MAX)
     metrics = BrokerMetrics(agent)
     bpb_grpc.add_BrokerServiceServicer_to_server(BrokerServicer(agent, metrics), server)
-    rsvc_grpc.add_MessagingServiceServicer_to_server(MessagingServicer(rmq), server)
+    rsvc_grpc.add_MessagingServiceServicer_to_server(MessagingServicer(rmq, metrics), server)
     add_health_and_reflection(server, [BROKER_SERVICE, MESSAGING_SERVICE])
     server.start()
     agent.start()

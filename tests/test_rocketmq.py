@@ -16,6 +16,8 @@ Properties checked:
 - PushConsumer: queues are shared among the live members of a group (a second member
   joining takes some, and its leaving gives them back); a message its listener keeps
   failing is retried with the group's backoff and then moved to %DLQ%{group};
+- the master's metrics count the client's sends (messages and bytes in, send latency) and
+  deliveries (messages and bytes out);
 - Telemetry answers each Settings with OK and the merged settings on an open stream;
   Heartbeat and NotifyClientTermination are answered;
 - bad input (unknown topic, oversize body, illegal delivery time, bad filter, bad receipt
@@ -35,6 +37,7 @@ from cluster.harness import Cluster
 from mqmeta.errors import AlreadyExists
 from mqmeta.pb import controller_pb2 as cpb
 from tests.support import wait_for
+from tests.support.prometheus import delta, scrape
 from tests.support.rmq_client import client
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(120)]
@@ -142,6 +145,33 @@ def test_send_sync_async_and_receive_with_tag_filter(cluster):
     finally:
         consumer.shutdown()
         producer.shutdown()
+
+
+def test_rocketmq_traffic_counts_in_the_brokers_metrics(cluster):
+    """The master's messages/bytes in and send latency count each acknowledged SendMessage, as
+    they count the native Send; messages/bytes out count each message ReceiveMessage delivers."""
+    master = cluster.broker(cluster.master_of("broker-a"))
+    tag = f"m{uuid.uuid4().hex[:6]}"
+    producer = started(rmq.Producer, config(cluster), ("Plain",))
+    consumer = started(rmq.SimpleConsumer, config(cluster), group(), {"Plain": rmq.FilterExpression(tag)}, 1)
+    bodies = [f"metrics-{'x' * i}" for i in range(5)]
+    try:
+        before = scrape(master.metrics)
+        for body in bodies:
+            producer.send(message("Plain", body, tag=tag))
+        sent = scrape(master.metrics)
+        got = receive_all(consumer, len(bodies))
+        after = scrape(master.metrics)
+    finally:
+        consumer.shutdown()
+        producer.shutdown()
+    assert sorted(m.body.decode() for m in got) == sorted(bodies)
+    size = sum(len(b) for b in bodies)
+    assert delta(sent, before, "mqmeta_broker_messages_in_total") == len(bodies)
+    assert delta(sent, before, "mqmeta_broker_bytes_in_total") == size
+    assert delta(sent, before, "mqmeta_broker_send_seconds_count") == len(bodies)
+    assert delta(after, sent, "mqmeta_broker_messages_out_total") == len(bodies)
+    assert delta(after, sent, "mqmeta_broker_bytes_out_total") == size
 
 
 def test_a_simple_consumer_gets_a_waiting_message_whichever_queue_it_names(cluster):
