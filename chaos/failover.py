@@ -9,7 +9,9 @@ bridges) — from the fault's start until GRACE_AFTER_FAULT_MS after its heal. E
 master change is a false failover: the master was running and reachable, and the
 controllers replaced it anyway (e.g. heartbeats late on a loaded machine, or a controller
 leader change forgetting the brokers' liveness). Delays and connection losses on the
-master's links do not excuse a change: the master stays reachable through them.
+master's links do not excuse a change: the master stays reachable through them. A change
+from no master at all (the controllers cleared a dead master when no replica could take
+over, e.g. every broker killed) is a recovery, never a false failover, however late.
 
 The grace window covers what a heal sets off: a killed master restarts, registers and may be
 elected again only then (when no other replica was in sync), which takes a few seconds on a
@@ -101,6 +103,8 @@ def check_false_failovers(
     touching = [f for f in faults if touches(f, master_at(changes, first_master, f["start_ms"]))]
     false_ones = []
     for change in changes:
+        if not change.previous:
+            continue  # the set had no master (cleared when none could be elected): a recovery
         if not any(f["start_ms"] <= change.at_ms <= f["end_ms"] + grace_ms for f in touching):
             false_ones.append(change)
     failover_ms = []

@@ -4,7 +4,8 @@ Property checked: a master change of a broker set is reported as a false failove
 no injected fault touched the master the set had at the fault's start (kill, suspend, or a cut
 link of it) between that fault's start and its heal plus the grace window; delays and losses
 never excuse one; the master timeline is read from the controllers' applied.jsonl (the union of
-the nodes' logs, the first master not counted as a change, a re-election at a new epoch counted).
+the nodes' logs, the first master not counted as a change, a re-election at a new epoch counted);
+electing a master for a set left without one is a recovery, never a false failover.
 """
 
 from __future__ import annotations
@@ -69,6 +70,24 @@ def test_the_master_touched_is_the_one_at_the_faults_start():
     result = check_false_failovers(changes, "b1", faults)
     assert [c["epoch"] for c in result["falseFailovers"]] == [3]
     assert result["failoverMs"] == [1_000]
+
+
+def test_electing_a_master_for_a_set_that_has_none_is_a_recovery_not_a_failover():
+    """Every broker killed: the master is cleared in the fault; the restarted brokers elect one
+    only after the grace window on a slow machine. That election replaces no master."""
+    changes = [
+        MasterChange(11_000, 2, "", "b1"),
+        MasterChange(20_000 + GRACE_AFTER_FAULT_MS + 500, 3, "b2", ""),
+    ]
+    result = check_false_failovers(changes, "b1", [_fault("all-kill", 10_000, 20_000, ["b1", "b2", "b3"])])
+    assert result["falseFailoverCount"] == 0
+    later = MasterChange(20_000 + GRACE_AFTER_FAULT_MS + 900, 4, "b3", "b2")  # but replacing b2 is one
+    assert (
+        check_false_failovers([*changes, later], "b1", [_fault("all-kill", 10_000, 20_000, ["b1"])])[
+            "falseFailoverCount"
+        ]
+        == 1
+    )
 
 
 def test_delay_and_loss_never_touch_and_all_kill_always_does():
