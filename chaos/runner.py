@@ -31,6 +31,15 @@ from chaos import checkers
 from chaos.failover import check_run as check_failovers
 from chaos.faults import FAULT_NAMES, TARGETS, FaultContext, make_fault
 from chaos.history import FaultEvent, FaultPhase, HistoryRecorder
+from chaos.limits import (
+    CONCURRENCY_MAX,
+    CONSUMERS_MAX,
+    INTERVAL_S_MIN,
+    RATE_MAX,
+    RATE_MIN,
+    TIME_S_MAX,
+    TIME_S_MIN,
+)
 from chaos.net import ProxiedNetwork
 from chaos.workloads import TOPIC, MetadataWorkload, QueueWorkload, WorkloadConfig
 from cluster.harness import Cluster
@@ -91,16 +100,18 @@ class RunConfig:
             raise InvalidArgument(f"--liveness must be one of {', '.join(LIVENESS_CHOICES)}")
         if self.client == "rocketmq" and self.workload != "queue":
             raise InvalidArgument("--client rocketmq runs the queue workload only")
-        if not 1 <= self.concurrency <= 64:
-            raise InvalidArgument("-c (concurrency) must be between 1 and 64")
-        if not 1 <= self.consumers <= 16:
-            raise InvalidArgument("--consumers must be between 1 and 16")
-        if not 0.1 <= self.rate_per_s <= 2000:
-            raise InvalidArgument("-r (rate per second) must be between 0.1 and 2000")
-        if not 1 <= self.time_limit_s <= 24 * 3600:
-            raise InvalidArgument("-t (time limit, s) must be between 1 and 86400")
-        if not 0.5 <= self.interval_s <= self.time_limit_s:
-            raise InvalidArgument("-i (fault interval, s) must be at least 0.5 and at most -t")
+        if not 1 <= self.concurrency <= CONCURRENCY_MAX:
+            raise InvalidArgument(f"-c (concurrency) must be between 1 and {CONCURRENCY_MAX}")
+        if not 1 <= self.consumers <= CONSUMERS_MAX:
+            raise InvalidArgument(f"--consumers must be between 1 and {CONSUMERS_MAX}")
+        if not RATE_MIN <= self.rate_per_s <= RATE_MAX:
+            raise InvalidArgument(f"-r (rate per second) must be between {RATE_MIN:g} and {RATE_MAX:g}")
+        if not TIME_S_MIN <= self.time_limit_s <= TIME_S_MAX:
+            raise InvalidArgument(f"-t (time limit, s) must be between {TIME_S_MIN:g} and {TIME_S_MAX:g}")
+        if not INTERVAL_S_MIN <= self.interval_s <= self.time_limit_s:
+            raise InvalidArgument(
+                f"-i (fault interval, s) must be at least {INTERVAL_S_MIN:g} and at most -t"
+            )
         if (self.output_dir / "cluster").exists() or (self.output_dir / "history.tsv").exists():
             # its layout and data would be reused, and the audit would read both runs
             raise InvalidArgument(f"{self.output_dir} already holds a chaos run; give a new --output-dir")
