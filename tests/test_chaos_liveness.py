@@ -1,10 +1,10 @@
 """`mqmeta chaos run --liveness defaults` on real processes, with the false-failover checker.
 
 Properties checked: with --liveness defaults the harness leaves the controller's liveness
-settings alone (no update_config in any controller's applied log); every kill of the master is followed by a new master within the default
-dead-after (a killed master is detected by the refused connection, not by silence), and the
-checker finds no false failover, nothing acknowledged is lost; --liveness takes test or
-defaults only (exit 2 otherwise).
+settings alone (no update_config in any controller's applied log); every kill of the master
+is followed by a new master within the default dead-after (a killed master is detected by
+the refused connection, not by silence), the checker finds no false failover, and nothing
+acknowledged is lost; --liveness takes test or defaults only (exit 2 otherwise).
 """
 
 from __future__ import annotations
