@@ -1,5 +1,6 @@
 """A broker's Prometheus metrics (`--metrics-listen`): role, offsets and replication read at
-scrape time; send and fetch latencies and traffic counted on their paths (service.py)."""
+scrape time; send and fetch latencies and traffic counted on their paths (service.py for the
+native service, rmq_service.py for apache.rocketmq.v2: one set of counters for both)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ class BrokerMetrics:
     def __init__(self, agent: BrokerAgent) -> None:
         self.metrics = Metrics()
         self.send_seconds = self.metrics.histogram(
-            PREFIX + "send_seconds", "a Send call, append to acknowledgement"
+            PREFIX + "send_seconds", "a Send or RocketMQ 5 SendMessage call, append to acknowledgement"
         )
         self.fetch_seconds = self.metrics.histogram(PREFIX + "fetch_seconds", "a slave's HaFetch, as served")
         self.messages_in = self.metrics.counter(PREFIX + "messages_in", "messages acknowledged to producers")
@@ -28,6 +29,13 @@ class BrokerMetrics:
             PREFIX + "bytes_in", "message body bytes acknowledged to producers"
         )
         self.bytes_out = self.metrics.counter(PREFIX + "replicated_bytes_out", "log bytes served to slaves")
+        self.messages_out = self.metrics.counter(
+            PREFIX + "messages_out", "messages delivered to RocketMQ 5 consumers (redeliveries included)"
+        )
+        self.delivered_bytes_out = self.metrics.counter(
+            PREFIX + "bytes_out",
+            "message body bytes delivered to RocketMQ 5 consumers (redeliveries included)",
+        )
         self.metrics.on_scrape(lambda: _collect(agent))
 
     def serve(self, listen: str) -> None:

@@ -30,11 +30,12 @@ from dataclasses import dataclass, field
 
 from broker_agent.agent import BrokerAgent
 from broker_agent.ha import Role
+from broker_agent.metrics import BrokerMetrics
 from broker_agent.pop import AckResult, Candidate, Delivery, LeaseGrant, QueueCursor, Verdict
 from broker_agent.rmq_metadata import Members, Metadata, allocate, fifo_queue
 from broker_agent.rmq_system import SystemQueues
-from mqmeta.clock import wall_ms
-from mqmeta.errors import MqmetaError, NotMaster
+from mqmeta.clock import now_ms, wall_ms
+from mqmeta.errors import FailedPrecondition, MqmetaError, NotMaster
 from mqmeta.formats.records import KEYS_BYTES_MAX, TAGS_BYTES_MAX, Message, StoredRecord
 from mqmeta.pb.apache.rocketmq.v2 import definition_pb2 as rdef
 from mqmeta.pb.apache.rocketmq.v2 import service_pb2 as rsvc
@@ -59,6 +60,7 @@ from mqmeta.rocketmq import (
     answer_settings,
     check_name,
     client_id_of,
+    code_of_error,
     delivery_ms,
     duration_ms,
     message_queues,
@@ -140,7 +142,7 @@ class RmqBroker:
 
     # Role and cursors ------------------------------------------------------------------------
     def master_epoch(self) -> int:
-        """The epoch this broker is master of; NotMaster (TOO_MANY_REQUESTS) otherwise."""
+        """The epoch this broker is master of; NotMaster (HA_NOT_AVAILABLE) otherwise."""
         view = self.agent.view()
         if view.role != Role.MASTER:
             raise NotMaster(
@@ -380,14 +382,9 @@ class RmqBroker:
 
     def send(self, record: Message, deliver_at: int, kind: int) -> rsvc.SendResultEntry:
         """Writes one message (to its topic, or to the delay or half queue) and waits for the
-        ack policy. Refused before writing -> TOO_MANY_REQUESTS; unknown outcome ->
+        ack policy. Refused before writing -> HA_NOT_AVAILABLE; unknown outcome ->
         a persistence timeout, which the client retries with the same message id."""
-        if not self.agent.writable():
-            raise RmqError(
-                rdef.TOO_MANY_REQUESTS,
-                f"broker set {self.agent.broker_name}: this broker cannot take writes now (not the "
-                "master, or its lease lapsed); the client's route refreshes within 30 s",
-            )
+        self._check_writable()
         if kind == rdef.TRANSACTION:
             return self.system.send_half(record)
         if deliver_at:
@@ -399,6 +396,19 @@ class RmqBroker:
         return rsvc.SendResultEntry(
             status=status(), message_id=record.properties[MESSAGE_ID], offset=result.queue_offset
         )
+
+    def _check_writable(self) -> None:
+        """Refused before writing (not the master, lease lapsed, handing off, SyncStateSet too
+        small): HA_NOT_AVAILABLE with the reason, which the official clients retry."""
+        with self.agent.lock:
+            try:
+                self.agent.core.check_writable(now_ms())
+            except FailedPrecondition as error:
+                raise RmqError(
+                    code_of_error(error),
+                    f"broker set {self.agent.broker_name}: {error.message} (the client's route "
+                    "refreshes within 30 s)",
+                ) from None
 
     def dead_letter(self, group: str, record: StoredRecord) -> None:
         topic = DEAD_LETTER_PREFIX + group
@@ -470,9 +480,10 @@ class RmqBroker:
 
 
 class MessagingServicer(rsvc_grpc.MessagingServiceServicer):
-    def __init__(self, broker: RmqBroker) -> None:
+    def __init__(self, broker: RmqBroker, metrics: BrokerMetrics | None = None) -> None:
         self.broker = broker
         self.metadata = broker.metadata
+        self.metrics = metrics  # the same counters as the native Send's
 
     @rmq_call(rsvc.QueryRouteResponse)
     def QueryRoute(self, request, context):
@@ -502,7 +513,13 @@ class MessagingServicer(rsvc_grpc.MessagingServiceServicer):
         now = wall_ms()
         record, deliver_at = self.broker.to_record(request.messages[0], client_id, now)
         kind = request.messages[0].system_properties.message_type or rdef.NORMAL
+        started = time.perf_counter()
         entry = self.broker.send(record, deliver_at, kind)
+        if self.metrics is not None:
+            self.metrics.send_seconds.observe(time.perf_counter() - started)
+            if entry.status.code == rdef.OK:  # acknowledged: counted as the native Send counts
+                self.metrics.messages_in.inc()
+                self.metrics.bytes_in.inc(len(request.messages[0].body))
         return rsvc.SendMessageResponse(status=entry.status, entries=[entry])
 
     @rmq_call(rsvc.QueryAssignmentResponse)
@@ -637,6 +654,9 @@ class MessagingServicer(rsvc_grpc.MessagingServiceServicer):
             yield rsvc.ReceiveMessageResponse(status=status(rdef.MESSAGE_NOT_FOUND, "no new message"))
             return
         yield rsvc.ReceiveMessageResponse(status=status())
+        if self.metrics is not None:
+            self.metrics.messages_out.inc(len(found))
+            self.metrics.delivered_bytes_out.inc(sum(len(record.body) for record, _ in found))
         epoch = self.broker.master_epoch()
         for record, delivery in found:
             message = to_message(record, record.topic, self.broker.agent.config.listen)

@@ -9,8 +9,10 @@ from pathlib import Path
 
 from broker_agent import replication
 from broker_agent.agent import BrokerAgent, BrokerConfig
+from broker_agent.commitlog import SEGMENT_BYTES_MAX, SEGMENT_BYTES_MIN
 from broker_agent.metrics import BrokerMetrics
 from broker_agent.origins import ORIGIN_AHEAD
+from broker_agent.tiered import UPLOAD_BYTES_MAX
 from mqmeta.clock import now_ms
 from mqmeta.config_file import accept_config_file
 from mqmeta.errors import FailedPrecondition, InvalidArgument, NotFound
@@ -19,7 +21,14 @@ from mqmeta.formats.records import Message
 from mqmeta.pb import broker_pb2 as bpb
 from mqmeta.pb import broker_pb2_grpc as bpb_grpc
 from mqmeta.rpc import add_health_and_reflection, build_server, rpc, serve_until_signal
-from mqmeta.validate import QUEUE_ID_MAX, REQUEST_INT_MAX, parse_addresses, validate_int, validate_name
+from mqmeta.validate import (
+    QUEUE_ID_MAX,
+    REQUEST_INT_MAX,
+    FlagNumber,
+    parse_addresses,
+    validate_int,
+    validate_name,
+)
 
 log = logging.getLogger(__name__)
 
@@ -268,6 +277,21 @@ def ha_status(agent: BrokerAgent) -> bpb.HaStatus:
         )
 
 
+# The ranges of the broker's numeric flags (and --config keys), checked at parse time: a
+# value outside would start a broker that loops on a refused registration (priority), fails a
+# protobuf field, or overflows a timer at its first send.
+PRIORITY_MAX = 1_000_000  # the controller's bound on election_priority
+REPLICAS_MAX = 16
+TIMEOUT_MS_MIN, TIMEOUT_MS_MAX = 100, 3_600_000
+RETENTION_BYTES_MAX = 1 << 50  # 1 PiB
+UPLOAD_BYTES_MIN = 1 << 10  # as TieredConfig.validate checks them when --tiered-store is given
+UPLOAD_INTERVAL_MS_MIN, UPLOAD_INTERVAL_MS_MAX = 10, 3_600_000
+
+
+def _bounded(flag: str, minimum: int, maximum: int) -> FlagNumber:
+    return FlagNumber(flag, int, minimum, maximum)
+
+
 def add_broker_parser(sub) -> None:
     broker = sub.add_parser("broker", help="run one broker agent")
     broker.add_argument("--cluster", default="DefaultCluster")
@@ -275,28 +299,50 @@ def add_broker_parser(sub) -> None:
     broker.add_argument("--listen", required=True, help="gRPC address HOST:PORT")
     broker.add_argument("--controllers", required=True, help="HOST:PORT[,HOST:PORT...]")
     broker.add_argument("--data-dir", type=Path, required=True)
-    broker.add_argument("--election-priority", type=int, default=0)
-    broker.add_argument("--in-sync-replicas", type=int, default=1)
-    broker.add_argument("--min-in-sync-replicas", type=int, default=1)
+    broker.add_argument(
+        "--election-priority", type=_bounded("--election-priority", 0, PRIORITY_MAX), default=0
+    )
+    broker.add_argument("--in-sync-replicas", type=_bounded("--in-sync-replicas", 1, REPLICAS_MAX), default=1)
+    broker.add_argument(
+        "--min-in-sync-replicas", type=_bounded("--min-in-sync-replicas", 1, REPLICAS_MAX), default=1
+    )
     broker.add_argument(
         "--no-all-ack",
         action="store_true",
         help="acknowledge at in_sync_replicas copies instead of the whole set",
     )
-    broker.add_argument("--ha-max-time-slave-not-catchup-ms", type=int, default=15_000)
-    broker.add_argument("--send-timeout-ms", type=int, default=3000)
-    broker.add_argument("--segment-bytes", type=int, default=64 << 20)
+    broker.add_argument(
+        "--ha-max-time-slave-not-catchup-ms",
+        type=_bounded("--ha-max-time-slave-not-catchup-ms", TIMEOUT_MS_MIN, TIMEOUT_MS_MAX),
+        default=15_000,
+    )
+    broker.add_argument(
+        "--send-timeout-ms", type=_bounded("--send-timeout-ms", TIMEOUT_MS_MIN, TIMEOUT_MS_MAX), default=3000
+    )
+    broker.add_argument(
+        "--segment-bytes",
+        type=_bounded("--segment-bytes", SEGMENT_BYTES_MIN, SEGMENT_BYTES_MAX),
+        default=64 << 20,
+    )
     broker.add_argument(
         "--metrics-listen", default="", help="serve Prometheus metrics over HTTP on HOST:PORT"
     )
     broker.add_argument(
         "--tiered-store", default="", help="tiered storage location: a directory or an fsspec URL"
     )
-    broker.add_argument("--tiered-upload-bytes", type=int, default=4 << 20)
-    broker.add_argument("--tiered-upload-interval-ms", type=int, default=2000)
+    broker.add_argument(
+        "--tiered-upload-bytes",
+        type=_bounded("--tiered-upload-bytes", UPLOAD_BYTES_MIN, UPLOAD_BYTES_MAX),
+        default=4 << 20,
+    )
+    broker.add_argument(
+        "--tiered-upload-interval-ms",
+        type=_bounded("--tiered-upload-interval-ms", UPLOAD_INTERVAL_MS_MIN, UPLOAD_INTERVAL_MS_MAX),
+        default=2000,
+    )
     broker.add_argument(
         "--local-retention-bytes",
-        type=int,
+        type=_bounded("--local-retention-bytes", 0, RETENTION_BYTES_MAX),
         default=0,
         help="keep at least this many bytes locally once uploaded (0 = keep all)",
     )
@@ -351,7 +397,7 @@ def run_broker(args: argparse.Namespace) -> int:
     server = build_server(config.listen, SERVER_WORKERS, REQUEST_BYTES_MAX)
     metrics = BrokerMetrics(agent)
     bpb_grpc.add_BrokerServiceServicer_to_server(BrokerServicer(agent, metrics), server)
-    rsvc_grpc.add_MessagingServiceServicer_to_server(MessagingServicer(rmq), server)
+    rsvc_grpc.add_MessagingServiceServicer_to_server(MessagingServicer(rmq, metrics), server)
     add_health_and_reflection(server, [BROKER_SERVICE, MESSAGING_SERVICE])
     server.start()
     agent.start()

@@ -9,12 +9,25 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from chaos.limits import (
+    CONCURRENCY_MAX,
+    CONSUMERS_MAX,
+    INTERVAL_S_MIN,
+    RATE_MAX,
+    RATE_MIN,
+    TIME_S_MAX,
+    TIME_S_MIN,
+)
 from mqmeta.errors import InvalidArgument
+from mqmeta.validate import FlagNumber
 
 if TYPE_CHECKING:
     from chaos.runner import AuditFunction, ReplicationAuditFunction
 
 EXIT_FAILED = 1
+# The flags' ranges, as RunConfig.validate checks them (a matrix with more runs is many matrices).
+RUNS_MAX = 100
+SEED_MAX = 2**63 - 1
 
 
 def add_chaos_parsers(sub) -> None:
@@ -33,23 +46,49 @@ def add_chaos_parsers(sub) -> None:
     run.add_argument("--output-dir", type=Path, required=True)
     matrix = chaos_sub.add_parser("matrix", help="many runs, one table")
     matrix.add_argument("--faults", required=True, help="comma-separated fault names")
-    matrix.add_argument("--runs", type=int, default=1, help="runs per fault")
+    matrix.add_argument(
+        "--runs", type=FlagNumber("--runs", int, 1, RUNS_MAX), default=1, help="runs per fault"
+    )
     _add_run_flags(matrix)
     matrix.add_argument("--output-dir", type=Path, required=True)
     matrix.add_argument("--json", action="store_true", help="print the table as one JSON document")
 
 
 def _add_run_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("-c", "--concurrency", type=int, default=4, help="client threads (4)")
+    parser.add_argument(
+        "-c",
+        "--concurrency",
+        type=FlagNumber("-c", int, 1, CONCURRENCY_MAX),
+        default=4,
+        help="client threads (4)",
+    )
     parser.add_argument(
         "--consumers",
-        type=int,
+        type=FlagNumber("--consumers", int, 1, CONSUMERS_MAX),
         default=2,
         help="consumer threads of the queue workload, splitting the queues (2)",
     )
-    parser.add_argument("-r", "--rate", type=float, default=20.0, help="operations per second (20)")
-    parser.add_argument("-t", "--time", type=float, default=60.0, help="time limit in s (60)")
-    parser.add_argument("-i", "--interval", type=float, default=30.0, help="fault interval in s (30)")
+    parser.add_argument(
+        "-r",
+        "--rate",
+        type=FlagNumber("-r", float, RATE_MIN, RATE_MAX),
+        default=20.0,
+        help="operations per second (20)",
+    )
+    parser.add_argument(
+        "-t",
+        "--time",
+        type=FlagNumber("-t", float, TIME_S_MIN, TIME_S_MAX),
+        default=60.0,
+        help="time limit in s (60)",
+    )
+    parser.add_argument(
+        "-i",
+        "--interval",
+        type=FlagNumber("-i", float, INTERVAL_S_MIN, TIME_S_MAX),
+        default=30.0,
+        help="fault interval in s (30; at most -t)",
+    )
     parser.add_argument(
         "--fault-target",
         default="all",
@@ -62,7 +101,14 @@ def _add_run_flags(parser: argparse.ArgumentParser) -> None:
         choices=["native", "rocketmq"],
         help="the queue workload's client: mqmeta's own, or the official RocketMQ 5 Python client",
     )
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--liveness",
+        default="test",
+        choices=["test", "defaults"],
+        help="broker liveness: the harness's fast test settings (heartbeat 200 ms, dead after 1 s, "
+        "lease 500 ms), or the controller's own defaults",
+    )
+    parser.add_argument("--seed", type=FlagNumber("--seed", int, 0, SEED_MAX), default=0)
     parser.add_argument("--no-audit", action="store_true", help="skip the Spark audit")
 
 
@@ -80,6 +126,7 @@ def _config(args: argparse.Namespace, fault: str, output_dir: Path):
         fault_target=args.fault_target,
         workload=args.workload,
         client=args.client,
+        liveness=args.liveness,
         seed=args.seed,
         audit=not args.no_audit,
     )
@@ -127,6 +174,9 @@ def _run_one(args: argparse.Namespace, replication_audit: ReplicationAuditFuncti
         }
     if "replication" in outcome.result:
         summary["replication"] = outcome.result["replication"]
+    if "failover" in outcome.result:
+        failover = outcome.result["failover"] or {}
+        summary["failover"] = {k: failover.get(k) for k in ("falseFailoverCount", "failoverMs")}
     summary["linearizable"] = outcome.result.get("linearizable")
     summary["audit"] = outcome.result["audit"]
     summary["output_dir"] = str(config.output_dir)
@@ -151,8 +201,8 @@ def _run_matrix(
         raise InvalidArgument(
             f"--faults: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(FAULT_NAMES)}"
         )
-    if not 1 <= args.runs <= 100:
-        raise InvalidArgument("--runs must be between 1 and 100")
+    if not 1 <= args.runs <= RUNS_MAX:
+        raise InvalidArgument(f"--runs must be between 1 and {RUNS_MAX}")
     configs = []
     for item in faults:
         fault, _, place = item.partition("@")  # replication: this fault at this place
@@ -197,6 +247,7 @@ def _row(fault: str, out: Path, result: dict, passed: bool) -> dict:
             "max_rto_ms": max(rtos) if rtos else None,
             "audit": (result.get("audit") or {}).get("passed"),
         }
+    failover = result.get("failover") or {}
     return {
         "fault": fault,
         "run": out.name,
@@ -206,6 +257,8 @@ def _row(fault: str, out: Path, result: dict, passed: bool) -> dict:
         "duplicated": queue.get("duplicateMessageCount"),
         "recovered": queue.get("recoveredMessageCount"),
         "max_rto_ms": max(rtos) if rtos else None,
+        "false_failovers": failover.get("falseFailoverCount"),
+        "failover_ms": ",".join(str(ms) for ms in failover.get("failoverMs", [])) or None,
         "linearizable": result.get("linearizable"),
         "audit": (result.get("audit") or {}).get("passed"),
     }

@@ -84,6 +84,7 @@ class Fault:
     name: str
     context: FaultContext
     affected: list[str] = field(default_factory=list)
+    cut: list[tuple[str, str]] = field(default_factory=list)  # the node pairs a partition cut
     _heal: Callable[[], None] | None = None
 
     def inject(self) -> str:
@@ -167,7 +168,8 @@ def _suspend(fault: Fault) -> str:
 def _partition(fault: Fault) -> str:
     chosen = _choose(fault)
     rest = [n for n in fault.context.nodes if n not in chosen]
-    fault.context.network.cut((a, b) for a in chosen for b in rest)
+    fault.cut = [(a, b) for a in chosen for b in rest]
+    fault.context.network.cut(fault.cut)
     fault.affected = chosen
     fault._heal = fault.context.network.heal
     return f"isolated {','.join(chosen)} from {','.join(rest)}"
@@ -205,7 +207,8 @@ def bridge(nodes: list[str], rng: random.Random) -> set[frozenset[str]]:
 def _ring_or_bridge(fault: Fault) -> str:
     build = majorities_ring if fault.name == "partition-majorities-ring" else bridge
     pairs = build(fault.context.nodes, fault.context.rng)
-    fault.context.network.cut(_as_pair(p) for p in pairs)
+    fault.cut = [_as_pair(p) for p in pairs]
+    fault.context.network.cut(fault.cut)
     fault.affected = sorted({n for p in pairs for n in p})
     fault._heal = fault.context.network.heal
     return "cut " + ",".join("-".join(sorted(p)) for p in sorted(pairs, key=sorted))

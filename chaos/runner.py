@@ -28,8 +28,18 @@ from pathlib import Path
 from typing import Any
 
 from chaos import checkers
+from chaos.failover import check_run as check_failovers
 from chaos.faults import FAULT_NAMES, TARGETS, FaultContext, make_fault
 from chaos.history import FaultEvent, FaultPhase, HistoryRecorder
+from chaos.limits import (
+    CONCURRENCY_MAX,
+    CONSUMERS_MAX,
+    INTERVAL_S_MIN,
+    RATE_MAX,
+    RATE_MIN,
+    TIME_S_MAX,
+    TIME_S_MIN,
+)
 from chaos.net import ProxiedNetwork
 from chaos.workloads import TOPIC, MetadataWorkload, QueueWorkload, WorkloadConfig
 from cluster.harness import Cluster
@@ -53,6 +63,9 @@ TOXIPROXY_START_TIMEOUT_S = 10.0
 AUDIT_TIMEOUT_S = 600.0
 HEAL_SETTLE_S = 2.0
 
+LIVENESS_CHOICES = ("test", "defaults")
+BROKER_SET = "broker-a"
+
 AuditFunction = Callable[[Path, Path], int]
 # (source cluster dir, target cluster dir, rules file, report dir) -> exit code; see chaos/replication.py
 ReplicationAuditFunction = Callable[[Path, Path, Path, Path], int]
@@ -75,6 +88,7 @@ class RunConfig:
     toxiproxy_url: str = ""
     client: str = "native"  # the queue workload's client: ours or the official RocketMQ 5 one
     workers: int = 2  # replicator processes (replication workload)
+    liveness: str = "test"  # "test": the harness's fast broker liveness; "defaults": the controller's
 
     def validate(self) -> None:
         if self.workload == "replication":
@@ -91,18 +105,22 @@ class RunConfig:
             raise InvalidArgument("--workload must be queue, metadata or replication")
         if self.client not in ("native", "rocketmq"):
             raise InvalidArgument("--client must be native or rocketmq")
+        if self.liveness not in LIVENESS_CHOICES:
+            raise InvalidArgument(f"--liveness must be one of {', '.join(LIVENESS_CHOICES)}")
         if self.client == "rocketmq" and self.workload != "queue":
             raise InvalidArgument("--client rocketmq runs the queue workload only")
-        if not 1 <= self.concurrency <= 64:
-            raise InvalidArgument("-c (concurrency) must be between 1 and 64")
-        if not 1 <= self.consumers <= 16:
-            raise InvalidArgument("--consumers must be between 1 and 16")
-        if not 0.1 <= self.rate_per_s <= 2000:
-            raise InvalidArgument("-r (rate per second) must be between 0.1 and 2000")
-        if not 1 <= self.time_limit_s <= 24 * 3600:
-            raise InvalidArgument("-t (time limit, s) must be between 1 and 86400")
-        if not 0.5 <= self.interval_s <= self.time_limit_s:
-            raise InvalidArgument("-i (fault interval, s) must be at least 0.5 and at most -t")
+        if not 1 <= self.concurrency <= CONCURRENCY_MAX:
+            raise InvalidArgument(f"-c (concurrency) must be between 1 and {CONCURRENCY_MAX}")
+        if not 1 <= self.consumers <= CONSUMERS_MAX:
+            raise InvalidArgument(f"--consumers must be between 1 and {CONSUMERS_MAX}")
+        if not RATE_MIN <= self.rate_per_s <= RATE_MAX:
+            raise InvalidArgument(f"-r (rate per second) must be between {RATE_MIN:g} and {RATE_MAX:g}")
+        if not TIME_S_MIN <= self.time_limit_s <= TIME_S_MAX:
+            raise InvalidArgument(f"-t (time limit, s) must be between {TIME_S_MIN:g} and {TIME_S_MAX:g}")
+        if not INTERVAL_S_MIN <= self.interval_s <= self.time_limit_s:
+            raise InvalidArgument(
+                f"-i (fault interval, s) must be at least {INTERVAL_S_MIN:g} and at most -t"
+            )
         if any((self.output_dir / name).exists() for name in ("cluster", "cluster-a", "history.tsv")):
             # its layout and data would be reused, and the audit would read both runs
             raise InvalidArgument(f"{self.output_dir} already holds a chaos run; give a new --output-dir")
@@ -176,7 +194,14 @@ def run(
         url = proxy.url
     if config.workload == "replication":
         return _run_replication(config, url, proxy, replication_audit)
-    cluster = Cluster(out / "cluster", count=3, broker_sets=1, replicas=3, broker_flags=BROKER_FLAGS)
+    cluster = Cluster(
+        out / "cluster",
+        count=3,
+        broker_sets=1,
+        replicas=3,
+        broker_flags=BROKER_FLAGS,
+        test_liveness=config.liveness == "test",
+    )
     network = ProxiedNetwork(cluster, url)
     recorder = HistoryRecorder()
     faults: list[dict[str, Any]] = []
@@ -194,7 +219,8 @@ def run(
         dialmap.install({})
         if proxy is not None:
             proxy.stop()
-    return _conclude(config, recorder, faults, audit)
+    failovers = check_failovers(out / "cluster", cluster.layout, faults, BROKER_SET)
+    return _conclude(config, recorder, faults, audit, failovers)
 
 
 def _run_replication(
@@ -234,7 +260,7 @@ def _execute(
     elif config.workload == "queue":
         with cluster.client() as client:
             client.call("CreateTopic", pb.TopicSpec(name=TOPIC, queue_count=4))
-        workload = QueueWorkload(cluster.namesrv, recorder, wconfig, ["broker-a"])
+        workload = QueueWorkload(cluster.namesrv, recorder, wconfig, [BROKER_SET])
     else:
         workload = MetadataWorkload(
             [n.grpc for n in cluster.layout.controllers], recorder, wconfig, config.seed
@@ -273,13 +299,18 @@ def _fault_loop(
                 "end_ms": end_ms,
                 "what": what,
                 "affected": fault.affected,
+                "cut": fault.cut,
             }
         )
     time.sleep(min(HEAL_SETTLE_S, max(0.0, end - time.monotonic())))
 
 
 def _conclude(
-    config: RunConfig, recorder: HistoryRecorder, faults: list[dict[str, Any]], audit: AuditFunction | None
+    config: RunConfig,
+    recorder: HistoryRecorder,
+    faults: list[dict[str, Any]],
+    audit: AuditFunction | None,
+    failovers: dict[str, Any],
 ) -> RunResult:
     from chaos.linearizability import check_linearizability
     from chaos.plot import latency_png
@@ -291,8 +322,14 @@ def _conclude(
     result: dict[str, Any] = {
         "config": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(config).items()},
         "faults": faults,
+        "failover": failovers,
     }
     failures = []
+    if failovers["falseFailoverCount"]:
+        failures.append(
+            f"{failovers['falseFailoverCount']} false failover(s): the master changed while no fault "
+            f"touched it (see result.json's failover)"
+        )
     if config.workload == "queue":
         result.update(
             queue=checkers.check_queue(history),

@@ -45,8 +45,11 @@ class Cluster:
         broker_sets: int = 0,
         replicas: int = 0,
         broker_flags: list[str] | None = None,
+        test_liveness: bool = True,
     ) -> None:
         self.root = root
+        # False: the brokers run with the controller's default liveness settings (chaos --liveness)
+        self.test_liveness = test_liveness
         self.layout: Layout
         self.layout, self._ports = load_or_create_layout(root, count, embedded, broker_sets, replicas)
         self.broker_flags = list(broker_flags or [])
@@ -73,8 +76,9 @@ class Cluster:
             self.start_node(node.id)
         if wait:
             self.wait_ready()
-        if self.layout.brokers:
+        if self.layout.brokers and self.test_liveness:
             self.configure_controller()
+        if self.layout.brokers:
             if not self.layout.embedded:
                 self.start_namesrv()
                 if wait:

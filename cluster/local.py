@@ -44,6 +44,8 @@ from mqmeta.pb import controller_pb2 as pb
 
 CONTROLLERS_MAX = 7
 CLUSTERS_MAX = 4
+BROKER_SETS_MAX = 26  # broker sets are named a-z
+REPLICAS_MAX = 5
 CLUSTER_NAMES = "abcd"
 REPLICATOR_NAME = "replicator-1"
 
@@ -61,8 +63,10 @@ class _Site:
 def local_up(args: argparse.Namespace) -> int:
     if not 1 <= args.controllers <= CONTROLLERS_MAX or args.controllers % 2 == 0:
         raise InvalidArgument(f"--controllers must be odd, from 1 to {CONTROLLERS_MAX}")
-    if not 0 <= args.broker_sets <= 26 or not 1 <= args.replicas <= 5:
-        raise InvalidArgument("--broker-sets must be 0 to 26 and --replicas 1 to 5")
+    if not 0 <= args.broker_sets <= BROKER_SETS_MAX or not 1 <= args.replicas <= REPLICAS_MAX:
+        raise InvalidArgument(
+            f"--broker-sets must be 0 to {BROKER_SETS_MAX} and --replicas 1 to {REPLICAS_MAX}"
+        )
     clusters, replicate = getattr(args, "clusters", 1), getattr(args, "replicate", False)
     if not 1 <= clusters <= CLUSTERS_MAX:
         raise InvalidArgument(f"--clusters must be from 1 to {CLUSTERS_MAX}")

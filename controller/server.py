@@ -77,6 +77,24 @@ def parse_peer(text: str) -> Peer:
     return Peer(node_id, raft, grpc_address)
 
 
+# The range of each [raft_settings] number: 0 or less would make a busy loop or time out every
+# proposal at once, and a huge one an election or a proposal that never times out.
+MS_MAX = 600_000
+RAFT_SETTINGS_BOUNDS: dict[str, tuple[int, int]] = {
+    "heartbeat_ms": (1, 60_000),
+    "election_min_ms": (1, MS_MAX),
+    "election_max_ms": (1, MS_MAX),
+    "leader_fallback_ms": (1, MS_MAX),
+    "connection_retry_ms": (1, MS_MAX),
+    "compaction_min_entries": (1, 1_000_000_000),
+    "compaction_min_time_s": (0, 30 * 24 * 3600),
+    "batch_commands_max": (1, 100_000),
+    "inflight_batches_max": (1, 1024),
+    "queue_commands_max": (1, 10_000_000),
+    "proposal_timeout_ms": (1, MS_MAX),
+}
+
+
 def raft_settings_from(values: dict[str, Any], secret: str | None) -> RaftSettings:
     """[raft_settings] of a node's TOML file; the secret comes from --secret-file only."""
     defaults = RaftSettings()
@@ -88,6 +106,11 @@ def raft_settings_from(values: dict[str, Any], secret: str | None) -> RaftSettin
         if isinstance(value, bool) != (expected is bool) or not isinstance(value, expected):
             what = "true or false" if expected is bool else "a whole number"
             raise InvalidArgument(f"key {key!r} in [raft_settings] must be {what}")
+        low, high = RAFT_SETTINGS_BOUNDS.get(key, (value, value))
+        if not low <= value <= high:
+            raise InvalidArgument(
+                f"key {key!r} in [raft_settings] must be a whole number from {low} to {high}"
+            )
     return replace(defaults, secret=secret, **values)
 
 

@@ -18,6 +18,7 @@ from typing import NoReturn
 
 from mqmeta.config_file import accept_config_file, apply_config_file, extend_config_file
 from mqmeta.errors import MqmetaError
+from mqmeta.validate import FlagNumber
 
 EXIT_BAD_INPUT = 2
 
@@ -73,15 +74,37 @@ def build_parser() -> argparse.ArgumentParser:
     local_sub = local.add_subparsers(dest="local_command", required=True, parser_class=_Parser)
     up = local_sub.add_parser("up", help="start the cluster in the foreground")
     up.add_argument("--data-dir", type=Path, default=Path("mqmeta-data"))
-    up.add_argument("--controllers", type=int, default=3, help="controller nodes (odd, 1-7)")
+    from cluster.local import BROKER_SETS_MAX, CLUSTERS_MAX, CONTROLLERS_MAX, REPLICAS_MAX
+
+    up.add_argument(
+        "--controllers",
+        type=FlagNumber("--controllers", int, 1, CONTROLLERS_MAX),
+        default=3,
+        help=f"controller nodes (odd, 1-{CONTROLLERS_MAX})",
+    )
     up.add_argument(
         "--embedded",
         action="store_true",
         help="run the controllers inside the nameservers (one per controller)",
     )
-    up.add_argument("--broker-sets", type=int, default=1, help="broker sets (0-26)")
-    up.add_argument("--replicas", type=int, default=3, help="brokers per set (1-5)")
-    up.add_argument("--clusters", type=int, default=1, help="clusters a, b, ... (1-4), each like the first")
+    up.add_argument(
+        "--broker-sets",
+        type=FlagNumber("--broker-sets", int, 0, BROKER_SETS_MAX),
+        default=1,
+        help=f"broker sets (0-{BROKER_SETS_MAX})",
+    )
+    up.add_argument(
+        "--replicas",
+        type=FlagNumber("--replicas", int, 1, REPLICAS_MAX),
+        default=3,
+        help=f"brokers per set (1-{REPLICAS_MAX})",
+    )
+    up.add_argument(
+        "--clusters",
+        type=FlagNumber("--clusters", int, 1, CLUSTERS_MAX),
+        default=1,
+        help=f"clusters a, b, ... (1-{CLUSTERS_MAX}), each like the first",
+    )
     up.add_argument(
         "--replicate", action="store_true", help="also run a replicator with a rule a -> b for every topic"
     )

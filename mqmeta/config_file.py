@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from mqmeta.errors import InvalidArgument
+from mqmeta.validate import FlagNumber
 
 # The namespace attribute that carries a parser's _Spec from argparse to apply_config_file.
 SPEC_DEST = "_config_file_spec"
@@ -171,6 +172,11 @@ def _typed(action: argparse.Action, key: str, value: Any, default: Any, where: s
 
 
 def _scalar(action: argparse.Action, key: str, value: Any, where: str) -> Any:
+    if isinstance(action.type, FlagNumber):  # a bounded number: the flag's type, then its range
+        whole = action.type.kind is int
+        if isinstance(value, bool) or not isinstance(value, int if whole else int | float):
+            raise _wrong_type(key, where, "a whole number" if whole else "a number", value)
+        return action.type.check(value, key, where)
     if action.type is int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise _wrong_type(key, where, "a whole number", value)

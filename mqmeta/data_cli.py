@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 import uuid
@@ -21,47 +20,30 @@ from mqmeta.broker_client import Consumer, Producer
 from mqmeta.errors import InvalidArgument, MqmetaError
 from mqmeta.formats import origin as origin_format
 from mqmeta.formats.records import TAGS_BYTES_MAX
+from mqmeta.validate import FlagNumber
 
 SIZE_MAX = 4 << 20
 COUNT_MAX = 10_000_000
-
-
-def _positive(kind: str, maximum: int):
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{kind} {text!r} is not a whole number") from None
-        if not 1 <= value <= maximum:
-            raise argparse.ArgumentTypeError(f"{kind} must be from 1 to {maximum}")
-        return value
-
-    return parse
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"{value} must be positive")
-    return value
+BATCH_MAX = 1024
+RATE_MIN, RATE_MAX = 0.001, 1_000_000.0  # messages per second (below: a pause past any run; 1/rate overflows)
+UNTIL_IDLE_S_MIN, UNTIL_IDLE_S_MAX = 0.01, 86_400.0  # a day of silence at most
 
 
 def add_data_parsers(sub) -> None:
     produce = sub.add_parser("produce", help="send messages and report what was acknowledged")
     produce.add_argument("--namesrv", required=True, help="HOST:PORT[,HOST:PORT...]")
     produce.add_argument("--topic", required=True)
-    produce.add_argument("--count", type=_positive("--count", COUNT_MAX), required=True)
+    produce.add_argument("--count", type=FlagNumber("--count", int, 1, COUNT_MAX), required=True)
     produce.add_argument(
         "--size",
-        type=_positive("--size", SIZE_MAX),
+        type=FlagNumber("--size", int, 1, SIZE_MAX),
         default=64,
         help="body bytes (at least the value's length)",
     )
-    produce.add_argument("--rate", type=_positive_float, help="messages per second at most")
-    produce.add_argument("--batch", type=_positive("--batch", 1024), default=1)
+    produce.add_argument(
+        "--rate", type=FlagNumber("--rate", float, RATE_MIN, RATE_MAX), help="messages per second at most"
+    )
+    produce.add_argument("--batch", type=FlagNumber("--batch", int, 1, BATCH_MAX), default=1)
     produce.add_argument("--tag", default="", help="every message's tag (consumers filter on it)")
     produce.add_argument("--keys", default="", help="every message's keys, K1,K2 (stored space-separated)")
     produce.add_argument("--record", type=Path, help="JSON line per acknowledged message")
@@ -73,7 +55,7 @@ def add_data_parsers(sub) -> None:
     consume.add_argument("--group", required=True)
     consume.add_argument(
         "--until-idle",
-        type=_positive_float,
+        type=FlagNumber("--until-idle", float, UNTIL_IDLE_S_MIN, UNTIL_IDLE_S_MAX),
         default=5.0,
         help="stop after this many seconds without a new message",
     )

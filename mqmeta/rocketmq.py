@@ -30,11 +30,14 @@ from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from mqmeta.errors import (
+    AlreadyExists,
     DeadlineExceeded,
     FailedPrecondition,
+    FencedEpoch,
     InvalidArgument,
     MqmetaError,
     NotFound,
+    NotLeader,
     NotMaster,
     Unavailable,
 )
@@ -98,26 +101,44 @@ def status(code: int = rdef.OK, message: str = "OK") -> rdef.Status:
 _CODE_OF_DOMAIN: dict[str, int] = {
     "TOPIC_NOT_FOUND": rdef.TOPIC_NOT_FOUND,
     "GROUP_NOT_FOUND": rdef.CONSUMER_GROUP_NOT_FOUND,
-    # Nothing was written: the set is too small to acknowledge; back off (not retried).
-    "IN_SYNC_REPLICAS_NOT_ENOUGH": rdef.TOO_MANY_REQUESTS,
+    # Nothing was written: the SyncStateSet is too small to acknowledge. RocketMQ's proxy
+    # answers its SLAVE_NOT_AVAILABLE with HA_NOT_AVAILABLE too; the client retries.
+    "IN_SYNC_REPLICAS_NOT_ENOUGH": rdef.HA_NOT_AVAILABLE,
     # Written locally, not acknowledged in time: outcome unknown; the client retries.
     "FLUSH_SLAVE_TIMEOUT": rdef.SLAVE_PERSISTENCE_TIMEOUT,
 }
+# Conditions of the replicated service that pass (a new master, a renewed lease, a controller
+# leader) are HA_NOT_AVAILABLE: "the HA mechanism is not working now", which the official
+# clients raise as an InternalErrorException and retry. TOO_MANY_REQUESTS would stop their
+# retries (it means throttling) and INTERNAL_SERVER_ERROR would call a normal failover a bug.
 _CODE_OF_CLASS: list[tuple[type[MqmetaError], int]] = [
-    (NotMaster, rdef.TOO_MANY_REQUESTS),  # refused before writing (a deposed write is mapped by the caller)
+    # refused before writing: not the master, lease lapsed, handing off (a deposed write is
+    # mapped by the caller to MASTER_PERSISTENCE_TIMEOUT: its outcome is unknown)
+    (NotMaster, rdef.HA_NOT_AVAILABLE),
+    (FencedEpoch, rdef.HA_NOT_AVAILABLE),  # a newer master epoch exists: this one was deposed
     (InvalidArgument, rdef.BAD_REQUEST),
+    (AlreadyExists, rdef.BAD_REQUEST),
     (NotFound, rdef.NOT_FOUND),
     (DeadlineExceeded, rdef.PROXY_TIMEOUT),
-    (Unavailable, rdef.INTERNAL_SERVER_ERROR),
+    (NotLeader, rdef.HA_NOT_AVAILABLE),  # a controller that is not the Raft leader
+    (Unavailable, rdef.HA_NOT_AVAILABLE),  # no controller leader / master reachable right now
     (FailedPrecondition, rdef.BAD_REQUEST),
+    # CorruptData (and an unknown class) stay INTERNAL_SERVER_ERROR: a checksum that does not
+    # match is a fault of the server's storage, which an operator must look at
 ]
 
 
-def status_of_error(error: MqmetaError) -> rdef.Status:
+def code_of_error(error: MqmetaError) -> int:
+    """The apache.rocketmq.v2 Code for one of our errors (INTERNAL_SERVER_ERROR only for an
+    error class this table does not know, which would be a bug)."""
     code: int | None = _CODE_OF_DOMAIN.get(error.code)
     if code is None:
         code = next((c for cls, c in _CODE_OF_CLASS if isinstance(error, cls)), rdef.INTERNAL_SERVER_ERROR)
-    return status(code, f"{error.code}: {error.message}")
+    return code
+
+
+def status_of_error(error: MqmetaError) -> rdef.Status:
+    return status(code_of_error(error), f"{error.code}: {error.message}")
 
 
 def rmq_call(response_type: Any) -> Callable:

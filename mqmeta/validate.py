@@ -74,3 +74,42 @@ def parse_addresses(text: str, what: str = "controller address", allow_port_zero
         if not host or not port.isdigit() or not lowest <= int(port) <= PORT_MAX:
             raise InvalidArgument(f"{what} {shown(address)} is malformed: use HOST:PORT")
     return addresses
+
+
+class FlagNumber:
+    """An argparse `type` for a numeric flag with its allowed range, so that a bad value is
+    refused at parse time (exit 2, one sentence naming the flag and the range) and never
+    reaches a server that would start, hang, overflow a timer or fail a protobuf field later.
+    A --config file's key of such a flag is checked by the same range (config_file.py)."""
+
+    def __init__(self, flag: str, kind: type[int] | type[float], minimum: float, maximum: float) -> None:
+        self.flag, self.kind, self.minimum, self.maximum = flag, kind, minimum, maximum
+        self.__name__ = kind.__name__  # argparse names the type in its own messages
+
+    @property
+    def allowed(self) -> str:
+        what = "a whole number" if self.kind is int else "a number"
+        return f"{what} from {_number(self.minimum)} to {_number(self.maximum)}"
+
+    def __call__(self, text: str) -> int | float:
+        import argparse  # only the CLIs call this
+
+        try:
+            value = self.kind(text)
+        except (ValueError, OverflowError):
+            value = None
+        if value is None or not self.minimum <= value <= self.maximum:  # nan compares false
+            # argparse puts "argument FLAG: " in front
+            raise argparse.ArgumentTypeError(f"must be {self.allowed}, not {shown(text)}")
+        return value
+
+    def check(self, value: Any, key: str, where: str) -> int | float:
+        """A --config file's value (never shown: a file may hold secrets)."""
+        numeric = isinstance(value, int) if self.kind is int else isinstance(value, int | float)
+        if isinstance(value, bool) or not numeric or not self.minimum <= value <= self.maximum:
+            raise InvalidArgument(f"key {key!r} in {where} ({self.flag}) must be {self.allowed}")
+        return self.kind(value)
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"

@@ -221,11 +221,12 @@ def test_bad_input_without_a_cluster_exits_2():
     assert_bad_input(run("namesrv", "--listen", "127.0.0.1:1"), "--controllers")
     assert_bad_input(run("namesrv", "--listen", "nowhere"), "--listen address")
     assert_bad_input(
-        run("produce", "--namesrv", unreachable, "--topic", "T", "--count", "0"), "must be from 1"
+        run("produce", "--namesrv", unreachable, "--topic", "T", "--count", "0"),
+        "--count: must be a whole number from 1",
     )
     assert_bad_input(
         run("produce", "--namesrv", unreachable, "--topic", "T", "--count", "1", "--size", "999999999"),
-        "--size must be",
+        "--size: must be a whole number from 1 to",
     )
     assert_bad_input(run("consume", "--namesrv", unreachable, "--topic", "T"), "--group")
     assert_bad_input(
@@ -233,7 +234,7 @@ def test_bad_input_without_a_cluster_exits_2():
     )
     assert_bad_input(
         run("consume", "--namesrv", unreachable, "--topic", "T", "--group", "g", "--until-idle", "nan"),
-        "must be positive",
+        "--until-idle: must be a number from 0.01 to 86400",
     )
     assert_bad_input(
         run(

@@ -9,9 +9,14 @@ escaping main fails the test) and never a hang. The controller address is unreac
 answered" (exit 2) and nothing is changed anywhere; what a live controller answers to
 bad requests is tests/test_fuzz_services.py's part.
 
-Not here: the server commands (controller, namesrv, broker, replicator, local up, chaos,
-audit) start processes that run until stopped, and produce/consume wait on a nameserver;
-their flags are checked by tests/test_cli.py's bad-input cases.
+Numbers of the server and data commands (broker, produce, consume, local up, chaos run and
+matrix; controller, namesrv and replicator have none on the command line): every numeric flag
+has a range (a bare int or float flag fails the walk); each out of its range (negative, zero
+where meaningless, huge, nan, inf, not a number) is exit 2 with one line naming the flag and
+the range, and the range's ends are taken; drawn combinations reach the command exactly when
+every number is in range. main()'s dispatch is replaced by a sentinel, so nothing starts. The
+same ranges hold for a --config file's keys, and [raft_settings] numbers have theirs.
+(What the server commands do with addresses and files: tests/test_cli.py's bad-input cases.)
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mqmeta.cli import EXIT_BAD_INPUT, build_parser, main
+from mqmeta.validate import FlagNumber
 
 pytestmark = [pytest.mark.timeout(300)]
 
@@ -177,3 +183,209 @@ def test_every_admin_command_is_fuzzed():
     """The walk found the admin commands (a parser change that hid them would fail here)."""
     names = {" ".join(p) for p, _ in LEAVES}
     assert {"topic create", "group update", "config set", "elect-master", "handoff"} <= names
+
+
+# The numbers of the server and data commands -------------------------------------------------
+# Each command's required flags; a numeric flag is added to them. main()'s dispatch is replaced
+# by a sentinel, so an argv that parses stops there: nothing starts, nothing waits.
+SERVER_COMMANDS: dict[str, list[str]] = {
+    "broker": ["--broker-name", "b", "--listen", "127.0.0.1:1", "--controllers", UNREACHABLE],
+    "namesrv": ["--listen", "127.0.0.1:1"],
+    "controller": [],
+    "replicator": [],
+    "produce": ["--namesrv", UNREACHABLE, "--topic", "T", "--count", "1"],
+    "consume": ["--namesrv", UNREACHABLE, "--topic", "T", "--group", "G"],
+    "local up": [],
+    "chaos run": ["--fault", "noop"],
+    "chaos matrix": ["--faults", "noop"],
+}
+NUMBERS_BAD = ["nan", "inf", "-inf", "1e400", "99999999999999999999999", "-1", "abc", "", "0x10", "1e3"]
+
+
+class _Reached(Exception):
+    """main() parsed the argv and went on to run the command."""
+
+
+def _command_leaves() -> dict[str, argparse.ArgumentParser]:
+    top = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    leaves = {" ".join(path): leaf for path, leaf in _leaves_of(top)}
+    return {name: leaves[name] for name in SERVER_COMMANDS}
+
+
+def _leaves_of(top: argparse._SubParsersAction) -> list[tuple[list[str], argparse.ArgumentParser]]:
+    return [pair for name, child in top.choices.items() for pair in _leaves(child, [name])]
+
+
+def _numeric(leaf: argparse.ArgumentParser) -> list[argparse.Action]:
+    return [
+        a
+        for a in leaf._actions
+        if a.option_strings and (a.type in (int, float) or isinstance(a.type, FlagNumber))
+    ]
+
+
+COMMAND_LEAVES = _command_leaves()
+NUMERIC_FLAGS = [(name, action) for name, leaf in COMMAND_LEAVES.items() for action in _numeric(leaf)]
+
+
+def _run_until_dispatch(argv: list[str], monkeypatch, capsys) -> tuple[int | str | None, str]:
+    """(exit status, stderr), or ("reached", "") when main() would have run the command."""
+
+    def reached(args):
+        raise _Reached()
+
+    monkeypatch.setattr("mqmeta.cli._dispatch", reached)
+    try:
+        code: int | str | None = main(argv)
+    except SystemExit as exit_:
+        code = exit_.code
+    except _Reached:
+        code = "reached"
+    return code, capsys.readouterr().err
+
+
+def _argv_for(command: str, tmp_path, extra: list[str]) -> list[str]:
+    argv = [*command.split(), *SERVER_COMMANDS[command]]
+    if command in ("broker", "local up", "chaos run", "chaos matrix"):
+        argv += ["--data-dir" if command in ("broker", "local up") else "--output-dir", str(tmp_path / "d")]
+    return [*argv, *extra]
+
+
+def test_every_numeric_flag_of_the_server_and_data_commands_has_a_range():
+    """A bare int or float flag would take nan, inf, negatives and numbers past any timer."""
+    assert {name for name, _ in NUMERIC_FLAGS} == set(SERVER_COMMANDS) - {
+        "namesrv",
+        "controller",
+        "replicator",
+    }
+    bare = [
+        f"{name} {a.option_strings[-1]}" for name, a in NUMERIC_FLAGS if not isinstance(a.type, FlagNumber)
+    ]
+    assert not bare, f"numeric flags without a range: {bare}"
+
+
+@pytest.mark.parametrize(
+    ("command", "action"), NUMERIC_FLAGS, ids=[f"{n} {a.option_strings[-1]}" for n, a in NUMERIC_FLAGS]
+)
+def test_a_numeric_flag_out_of_its_range_is_exit_2_naming_flag_and_range(
+    command, action, tmp_path, monkeypatch, capsys
+):
+    bound: FlagNumber = action.type
+    flag = action.option_strings[-1]
+    below, above = bound.minimum - 1, bound.maximum * 2 + 1
+    values = [v for v in NUMBERS_BAD if bound.kind is int or v != "1e3"]  # 1e3 is a fine float
+    values += [repr(below) if bound.kind is float else str(int(below)), str(int(above))]
+    if bound.minimum > 0:
+        values.append("0")
+    for value in values:
+        CASES[command] += 1
+        code, err = _run_until_dispatch(
+            _argv_for(command, tmp_path, [f"{flag}={value}"]), monkeypatch, capsys
+        )
+        lines = [line for line in err.splitlines() if line.strip()]
+        assert code == EXIT_BAD_INPUT, f"{command} {flag}={value!r}: {code} {err!r}"
+        assert len(lines) == 1 and lines[0].startswith("mqmeta: error: "), err
+        assert flag in lines[0] and bound.allowed in lines[0], lines[0]
+    # and the range's ends are taken
+    for value in (bound.minimum, bound.maximum):
+        text = repr(float(value)) if bound.kind is float else str(int(value))
+        code, err = _run_until_dispatch(_argv_for(command, tmp_path, [f"{flag}={text}"]), monkeypatch, capsys)
+        assert code == "reached", f"{command} {flag}={text}: {code} {err!r}"
+
+
+@st.composite
+def _numbers_argv(draw: st.DrawFn, command: str) -> tuple[list[str], bool]:
+    """Some numeric flags with drawn values; whether every one of them is in its range."""
+    extra, good = [], True
+    for action in _numeric(COMMAND_LEAVES[command]):
+        if not draw(st.booleans()):
+            continue
+        bound: FlagNumber = action.type
+        value = draw(
+            st.one_of(
+                st.sampled_from(NUMBERS_BAD + ["0", "1", "2"]),
+                st.integers(-(2**70), 2**70).map(str),
+                st.floats(allow_nan=True, allow_infinity=True).map(repr),
+            )
+        )
+        try:
+            bound(value)
+        except argparse.ArgumentTypeError:
+            good = False
+        extra.append(f"{action.option_strings[-1]}={value}")
+    return extra, good
+
+
+@pytest.mark.parametrize("command", sorted(set(SERVER_COMMANDS) - {"namesrv", "controller", "replicator"}))
+def test_numeric_flags_fuzzed(command, tmp_path, monkeypatch, capsys):
+    """Drawn values: an argv whose every number is in range reaches the command; any other is
+    exit 2 with one "mqmeta: error:" line, never a traceback."""
+
+    @settings(
+        max_examples=EXAMPLES * 2,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(drawn=_numbers_argv(command))
+    def case(drawn):
+        extra, good = drawn
+        CASES[command] += 1
+        code, err = _run_until_dispatch(_argv_for(command, tmp_path, extra), monkeypatch, capsys)
+        if good:
+            assert code == "reached", f"{extra}: {code} {err!r}"
+        else:
+            assert code == EXIT_BAD_INPUT and err.startswith("mqmeta: error: ") and "Traceback" not in err, (
+                err
+            )
+
+    case()
+
+
+@pytest.mark.parametrize(
+    ("line", "fragment"),
+    [
+        (
+            "send_timeout_ms = -1",
+            "'send_timeout_ms' in {} (--send-timeout-ms) must be a whole number from 100",
+        ),
+        ("send_timeout_ms = 99999999999999999999", "(--send-timeout-ms) must be a whole number from 100"),
+        # a protobuf traceback at registration before
+        ("election_priority = 2147483648", "'election_priority' in {} (--election-priority) must be"),
+        ("segment_bytes = 0", "(--segment-bytes) must be a whole number from 4096 to 1073741824"),
+        (
+            "tiered_upload_interval_ms = nan",
+            "'tiered_upload_interval_ms' in {} must be a whole number, not a",
+        ),
+        ("local_retention_bytes = inf", "'local_retention_bytes' in {} must be a whole number, not a number"),
+        ("in_sync_replicas = 1.5", "'in_sync_replicas' in {} must be a whole number, not a number"),
+    ],
+)
+def test_a_config_file_number_out_of_its_flags_range_is_exit_2(line, fragment, tmp_path, monkeypatch, capsys):
+    config = tmp_path / "broker.toml"
+    config.write_text(line + "\n")
+    code, err = _run_until_dispatch(
+        _argv_for("broker", tmp_path, ["--config", str(config)]), monkeypatch, capsys
+    )
+    assert code == EXIT_BAD_INPUT and err.startswith("mqmeta: error: ") and "Traceback" not in err, err
+    assert fragment.format(config) in err, err
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("heartbeat_ms", 0),
+        ("heartbeat_ms", -5),
+        ("proposal_timeout_ms", 10**12),
+        ("election_max_ms", 0),
+        ("compaction_min_time_s", -1),
+        ("queue_commands_max", 0),
+    ],
+)
+def test_raft_settings_out_of_range_are_refused_naming_the_key(key, value):
+    from controller.server import raft_settings_from
+    from mqmeta.errors import InvalidArgument
+
+    with pytest.raises(InvalidArgument, match=f"'{key}' in \\[raft_settings\\] must be a whole number from"):
+        raft_settings_from({key: value}, None)

@@ -13,16 +13,15 @@ from __future__ import annotations
 
 import json
 import re
-import urllib.request
 from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from cluster.harness import Cluster
 from mqmeta.broker_client import Producer
 from mqmeta.pb import controller_pb2 as pb
 from tests.support import wait_for, wait_in_sync
+from tests.support.prometheus import scrape
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(90)]
 
@@ -40,17 +39,6 @@ def cluster(tmp_path_factory):
         yield cluster
     finally:
         cluster.stop()
-
-
-def scrape(address: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """Every sample by (name, sorted labels)."""
-    with urllib.request.urlopen(f"http://{address}/metrics", timeout=5) as answer:
-        text = answer.read().decode()
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
 
 
 def test_every_process_serves_metrics(cluster):

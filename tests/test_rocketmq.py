@@ -16,17 +16,26 @@ Properties checked:
 - PushConsumer: queues are shared among the live members of a group (a second member
   joining takes some, and its leaving gives them back); a message its listener keeps
   failing is retried with the group's backoff and then moved to %DLQ%{group};
+- the master's metrics count the client's sends (messages and bytes in, send latency) and
+  deliveries (messages and bytes out);
 - Telemetry answers each Settings with OK and the merged settings on an open stream;
   Heartbeat and NotifyClientTermination are answered;
+- error classes map to apache.rocketmq.v2 codes the official client retries (not master,
+  lease, handoff, no controller leader -> HA_NOT_AVAILABLE) or reports as bad input, never
+  INTERNAL_SERVER_ERROR; a send to a slave answers HA_NOT_AVAILABLE saying why;
 - bad input (unknown topic, oversize body, illegal delivery time, bad filter, bad receipt
   handle) gets its apache.rocketmq.v2 code and a message, never an internal error.
 """
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import threading
 import time
 import uuid
+from pathlib import Path
 
 import grpc
 import pytest
@@ -35,6 +44,7 @@ from cluster.harness import Cluster
 from mqmeta.errors import AlreadyExists
 from mqmeta.pb import controller_pb2 as cpb
 from tests.support import wait_for
+from tests.support.prometheus import delta, scrape
 from tests.support.rmq_client import client
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(120)]
@@ -142,6 +152,33 @@ def test_send_sync_async_and_receive_with_tag_filter(cluster):
     finally:
         consumer.shutdown()
         producer.shutdown()
+
+
+def test_rocketmq_traffic_counts_in_the_brokers_metrics(cluster):
+    """The master's messages/bytes in and send latency count each acknowledged SendMessage, as
+    they count the native Send; messages/bytes out count each message ReceiveMessage delivers."""
+    master = cluster.broker(cluster.master_of("broker-a"))
+    tag = f"m{uuid.uuid4().hex[:6]}"
+    producer = started(rmq.Producer, config(cluster), ("Plain",))
+    consumer = started(rmq.SimpleConsumer, config(cluster), group(), {"Plain": rmq.FilterExpression(tag)}, 1)
+    bodies = [f"metrics-{'x' * i}" for i in range(5)]
+    try:
+        before = scrape(master.metrics)
+        for body in bodies:
+            producer.send(message("Plain", body, tag=tag))
+        sent = scrape(master.metrics)
+        got = receive_all(consumer, len(bodies))
+        after = scrape(master.metrics)
+    finally:
+        consumer.shutdown()
+        producer.shutdown()
+    assert sorted(m.body.decode() for m in got) == sorted(bodies)
+    size = sum(len(b) for b in bodies)
+    assert delta(sent, before, "mqmeta_broker_messages_in_total") == len(bodies)
+    assert delta(sent, before, "mqmeta_broker_bytes_in_total") == size
+    assert delta(sent, before, "mqmeta_broker_send_seconds_count") == len(bodies)
+    assert delta(after, sent, "mqmeta_broker_messages_out_total") == len(bodies)
+    assert delta(after, sent, "mqmeta_broker_bytes_out_total") == size
 
 
 def test_a_simple_consumer_gets_a_waiting_message_whichever_queue_it_names(cluster):
@@ -392,6 +429,70 @@ def route_of(stub, topic: str):
     answer = stub.QueryRoute(rsvc.QueryRouteRequest(topic=rdef.Resource(name=topic)), timeout=10)
     assert answer.status.code == rdef.OK
     return list(answer.message_queues)
+
+
+# Error classes: (our error, its domain code or "") -> the apache.rocketmq.v2 Code expected.
+RETRYABLE = {
+    ("NotMaster", ""): "HA_NOT_AVAILABLE",  # a slave, a lapsed lease, a handoff under way
+    ("FencedEpoch", ""): "HA_NOT_AVAILABLE",
+    ("NotLeader", ""): "HA_NOT_AVAILABLE",
+    ("Unavailable", ""): "HA_NOT_AVAILABLE",
+    ("FailedPrecondition", "IN_SYNC_REPLICAS_NOT_ENOUGH"): "HA_NOT_AVAILABLE",
+    ("DeadlineExceeded", ""): "PROXY_TIMEOUT",
+    ("FailedPrecondition", "FLUSH_SLAVE_TIMEOUT"): "SLAVE_PERSISTENCE_TIMEOUT",
+}
+CLIENT_ERRORS = {
+    ("InvalidArgument", ""): "BAD_REQUEST",
+    ("AlreadyExists", ""): "BAD_REQUEST",
+    ("FailedPrecondition", ""): "BAD_REQUEST",
+    ("NotFound", ""): "NOT_FOUND",
+    ("NotFound", "TOPIC_NOT_FOUND"): "TOPIC_NOT_FOUND",
+}
+_TABLE_SCRIPT = """
+import json, sys
+from mqmeta import errors
+from mqmeta.rocketmq import code_of_error
+cases = json.loads(sys.argv[1])
+print(json.dumps([code_of_error(getattr(errors, name)("x", code=code or None)) for name, code in cases]))
+"""
+
+
+def _server_codes(cases: list[tuple[str, str]]) -> list[int]:
+    """mqmeta.rocketmq's table, asked in a process of its own (this one holds the client's stubs)."""
+    answer = subprocess.run(
+        [sys.executable, "-c", _TABLE_SCRIPT, json.dumps(cases)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=Path(__file__).resolve().parents[1],
+    )
+    assert answer.returncode == 0, answer.stderr
+    return json.loads(answer.stdout)
+
+
+def test_error_classes_map_to_codes_the_client_retries_or_reports_as_bad_input():
+    """Each condition that passes (new master, lease, controller leader) gets a code the
+    official client raises as a retryable exception (the producer stops retrying only on
+    TooManyRequestsException); bad input gets a client-error code; none is INTERNAL."""
+    from rocketmq.v5.exception import InternalErrorException, ProxyTimeoutException, TooManyRequestsException
+    from rocketmq.v5.util.messaging_result_checker import MessagingResultChecker
+
+    table = {**RETRYABLE, **CLIENT_ERRORS}
+    codes = dict(zip(table, _server_codes(list(table)), strict=True))
+    assert {case: rdef.Code.Name(code) for case, code in codes.items()} == table
+    for case in RETRYABLE:
+        with pytest.raises((InternalErrorException, ProxyTimeoutException)) as raised:
+            MessagingResultChecker.check(rdef.Status(code=codes[case], message="m"))
+        assert not isinstance(raised.value, TooManyRequestsException), case
+
+
+def test_a_send_to_a_slave_answers_ha_not_available_saying_why(cluster):
+    master = cluster.master_of("broker-a")
+    slave = next(b for b in cluster.layout.brokers if b.name != master)
+    stub = rsvc_grpc.MessagingServiceStub(grpc.insecure_channel(slave.grpc))
+    answer = _send(stub, "Plain", b"to a slave")
+    assert rdef.Code.Name(answer.code) == "HA_NOT_AVAILABLE"
+    assert "not the master" in answer.message and "broker-a" in answer.message
 
 
 def test_telemetry_answers_every_settings_and_stays_open(cluster):
