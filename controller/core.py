@@ -361,11 +361,12 @@ class ControllerCore:
 
     def elect_master(self, request: Json) -> Json:
         self.require_leader()
+        term = self.raft.current_term()  # before the view: see state_machine.stale_view
         request = dict(request)
         alive = self._alive(request["cluster"], request["broker_name"])
         if request.pop("master_unreachable", False):
             alive = self._without_a_gone_master(request["cluster"], request["broker_name"], alive)
-        command = dict(request, type="elect_master", now_ms=wall_ms(), alive=alive)
+        command = dict(request, type="elect_master", now_ms=wall_ms(), alive=alive, leader_term=term)
         result = self.proposer.propose(command, 5.0)
         if not result.get("ok"):
             raise error_from_code(result["code"], result["message"])
@@ -376,6 +377,7 @@ class ControllerCore:
         command = dict(
             request,
             type="alter_sync_state_set",
+            leader_term=self.raft.current_term(),  # before the view: see state_machine.stale_view
             now_ms=wall_ms(),
             alive=self._alive(request["cluster"], request["broker_name"]),
         )
@@ -386,6 +388,7 @@ class ControllerCore:
         command = dict(
             request,
             type="clean_broker_data",
+            leader_term=self.raft.current_term(),  # before the view: see state_machine.stale_view
             now_ms=wall_ms(),
             alive=self._alive(request["cluster"], request["broker_name"]),
         )
@@ -524,15 +527,22 @@ class ControllerCore:
     def _expire_silent_workers(self, now: int) -> None:
         if self._expiring.is_set():
             return
+        term = self.raft.current_term()  # before the view: see state_machine.stale_view
         gone = self.workers.silent(replicator_leases.live_workers(self.state), now)
         if not gone:
             return
         self._expiring.set()
-        threading.Thread(target=self._expire, args=(gone,), name="expire-workers", daemon=True).start()
+        threading.Thread(target=self._expire, args=(gone, term), name="expire-workers", daemon=True).start()
 
-    def _expire(self, gone: list[str]) -> None:
+    def _expire(self, gone: list[str], term: int) -> None:
         try:
-            result = self.propose({"type": "replicator_expire", "worker_ids": gone, "trigger": "silent"})
+            command = {
+                "type": "replicator_expire",
+                "worker_ids": gone,
+                "trigger": "silent",
+                "leader_term": term,
+            }
+            result = self.propose(command)
             log.warning("replicator workers %s expired (silent past their dead-after)", result["expired"])
         except MqmetaError as exc:
             log.warning("could not expire replicator workers %s: %s", gone, exc)

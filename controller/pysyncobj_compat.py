@@ -517,6 +517,11 @@ def leader_address(node: SyncObj) -> str:
     return leader.address if leader is not None else ""
 
 
+def current_term(node: SyncObj) -> int:
+    """The Raft term this node is in (as far as it has heard)."""
+    return int(node.raftCurrentTerm)
+
+
 def is_leader(node: SyncObj) -> bool:
     """Whether this node thinks it leads (two nodes can, until one hears a newer term)."""
     return bool(node._isLeader())

@@ -206,7 +206,7 @@ class ControllerRaft(pysyncobj_compat.RaftFixes):
         commands = json.loads(payload)
         results, events, effects = [], [], {}
         for command in commands:
-            result, command_events, changes = apply(self._state, command, index)
+            result, command_events, changes = apply(self._state, command, index, term)
             results.append(result)
             events.extend(command_events)
             effects.update(changes)
@@ -233,6 +233,9 @@ class ControllerRaft(pysyncobj_compat.RaftFixes):
 
     def is_leader(self) -> bool:
         return pysyncobj_compat.is_leader(self)
+
+    def current_term(self) -> int:
+        return pysyncobj_compat.current_term(self)
 
     def status(self) -> Json:
         return self.getStatus()

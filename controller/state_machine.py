@@ -735,11 +735,39 @@ HANDLERS: dict[str, Handler] = {
 }
 
 
-def apply(state: ControllerState, command: Json, index: int) -> tuple[Json, list[Json], dict]:
+def stale_view(command: Json, term: int | None) -> Json | None:
+    """The refusal of a command decided on a view this entry's leader does not vouch for.
+
+    Commands built from a leader's in-memory liveness view (who is alive, which workers are
+    silent) carry `leader_term`, the term in which their proposer was leader when it read
+    that view. Raft appends an entry in the term of the leader that appended it, so an
+    entry whose term differs was built by a node that was not the leader of that term: a
+    former leader stopped (SIGSTOP) for longer than dead-after, resumed, whose scan ran on
+    its 15-s-old view before it heard of the new term and whose proposal was forwarded to
+    the new leader. Applying it would depose a healthy master. The term of an entry is the
+    same on every node, so every node refuses it alike."""
+    leader_term = command.get("leader_term")
+    if term is None or term < 0 or leader_term is None or leader_term == term:
+        return None
+    return {
+        "ok": False,
+        "code": "NOT_LEADER",
+        "message": f"decided on the view of the leader of term {leader_term}, "
+        f"committed in term {term}: refused (ask the current leader)",
+    }
+
+
+def apply(
+    state: ControllerState, command: Json, index: int, term: int | None = None
+) -> tuple[Json, list[Json], dict]:
     """Applies one command. Returns (result, events, changes); state is updated in place.
 
     A rejected command changes nothing and returns {"ok": False, "code", "message"}.
+    `term` is the Raft term of the entry (None: not checked, e.g. in unit tests).
     """
+    stale = stale_view(command, term)
+    if stale is not None:
+        return stale, [], {}
     handler = HANDLERS.get(command.get("type", ""))
     if handler is None:
         return (

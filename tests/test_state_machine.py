@@ -430,6 +430,21 @@ def test_first_election_with_nobody_alive_fails_without_change():
     assert ctl.state.digest == digest and ctl.last_changes == {}
 
 
+def test_an_election_decided_on_an_older_terms_view_is_refused_without_change():
+    """A resumed former leader's liveness view (every broker silent) must not depose a
+    master: a command whose view term differs from its entry's term changes nothing."""
+    ctl = with_master((1, 2, 3))
+    digest = ctl.state.digest
+    command = {"type": "elect_master", "cluster": CLUSTER, "broker_name": NAME, "alive": {}}
+    command.update(trigger="controller", now_ms=1, leader_term=1)
+    result, events, changes = apply(ctl.state, command, 99, term=3)
+    assert result["ok"] is False and result["code"] == "NOT_LEADER", result
+    assert "term 1" in result["message"] and "term 3" in result["message"]
+    assert (events, changes, ctl.state.digest) == ([], {}, digest)
+    same_term, _, _ = apply(ctl.state, dict(command, leader_term=3), 99, term=3)
+    assert same_term["code"] != "NOT_LEADER"  # judged on its merits in the term of its view
+
+
 @pytest.mark.parametrize("trigger", ["controller", "broker"])
 def test_alive_master_is_kept(trigger):
     ctl = with_master((1, 2, 3))
