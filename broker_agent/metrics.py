@@ -30,11 +30,12 @@ class BrokerMetrics:
         )
         self.bytes_out = self.metrics.counter(PREFIX + "replicated_bytes_out", "log bytes served to slaves")
         self.messages_out = self.metrics.counter(
-            PREFIX + "messages_out", "messages delivered to RocketMQ 5 consumers (redeliveries included)"
+            PREFIX + "messages_out",
+            "messages delivered to consumers: native Pull and RocketMQ 5 (redeliveries included)",
         )
         self.delivered_bytes_out = self.metrics.counter(
             PREFIX + "bytes_out",
-            "message body bytes delivered to RocketMQ 5 consumers (redeliveries included)",
+            "message body bytes delivered to consumers: native Pull and RocketMQ 5 (redeliveries included)",
         )
         self.metrics.on_scrape(lambda: _collect(agent))
 

@@ -143,6 +143,9 @@ class BrokerServicer(bpb_grpc.BrokerServiceServicer):
             )
         next_offset = records[-1].queue_offset + 1 if records else request.queue_offset
         readable = self.agent.store.readable_queue_max_offset(request.topic, request.queue_id, confirm)
+        if self.metrics is not None:
+            self.metrics.messages_out.inc(len(records))
+            self.metrics.delivered_bytes_out.inc(sum(len(r.body) for r in records))
         return bpb.PullResponse(
             messages=[_stored(r) for r in records], next_queue_offset=next_offset, max_queue_offset=readable
         )

@@ -3,10 +3,11 @@
 Properties checked (one cluster for the module: 3 controllers, a nameserver, a broker set
 of 3): every process answers on its metrics address; the master's metrics agree with its
 admin API (role, master epoch, max and confirm offset, SyncStateSet size) and count
-exactly the messages and Send calls made to it; the leader's liveness gauges show the 3
-brokers alive; exactly one controller reports mqmeta_controller_is_leader 1, the one the
-cluster names leader, and after it is killed exactly one other does; the sample
-Grafana dashboard queries only metrics that are served.
+exactly the messages and Send calls made to it and the messages pulled back through the
+native Pull; the leader's liveness gauges show the 3 brokers alive; exactly one
+controller reports mqmeta_controller_is_leader 1, the one the cluster names leader, and
+after it is killed exactly one other does; the sample Grafana dashboard queries only
+metrics that are served.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from cluster.harness import Cluster
-from mqmeta.broker_client import Producer
+from mqmeta.broker_client import Consumer, Producer
 from mqmeta.pb import controller_pb2 as pb
 from tests.support import wait_for, wait_in_sync
 from tests.support.prometheus import scrape
@@ -81,6 +82,25 @@ def test_the_master_metrics_agree_with_its_admin_api(cluster):
         samples[("mqmeta_broker_send_seconds_count", ())] - before[("mqmeta_broker_send_seconds_count", ())]
     )
     assert (sent, calls) == (BATCHES * BATCH, BATCHES)
+    consumer = Consumer(cluster.namesrv, "Orders", "metrics-reader")
+    try:
+        pulled: list = []
+        wait_for(
+            lambda: pulled.extend(consumer.poll()) or len(pulled),
+            10,
+            "the messages back through the native Pull",
+            until=lambda count: count >= BATCHES * BATCH,
+        )
+    finally:
+        consumer.close()
+    delivered = scrape(metrics_address)
+    out = (
+        delivered[("mqmeta_broker_messages_out_total", ())] - before[("mqmeta_broker_messages_out_total", ())]
+    )
+    out_bytes = (
+        delivered[("mqmeta_broker_bytes_out_total", ())] - before[("mqmeta_broker_bytes_out_total", ())]
+    )
+    assert (out, out_bytes) == (len(pulled), sum(len(m.body) for m in pulled))
     lags = {labels: v for (name, labels), v in samples.items() if name == "mqmeta_broker_slave_lag_bytes"}
     assert len(lags) == 2, lags
     slave = next(b for b in cluster.layout.brokers if b.name != master)
