@@ -8,7 +8,7 @@ Properties checked:
 - each fault planted in a copy of b's data dir (records rewritten with the formats
   module, valid checksums, so only X1 can see them) is found by its name and no other: a
   duplicated copy, a missing copy, two copies swapped in order, an altered body / tag /
-  key, an orphan copy, and a translated group offset moved ahead (mode full);
+  key, an orphan copy, and a translated group offset moved ahead and one moved behind (mode full);
 - `mqmeta audit SRC_DIR TARGET_DIR --rules FILE --report DIR` exits 1 with the report on
   a fault, and bad input exits 2 with one sentence (missing dir, bad rules file, dirs in
   the wrong order for the rules, a wrong number of dirs, X1 without --rules).
@@ -218,7 +218,9 @@ def test_clean_replication_passes_x1(spark, run, tmp_path):
 
 
 # Planting faults in a copy of b's data dir -----------------------------------------------------
-def _encode(record: StoredRecord, queue_offset: int | None = None, **changes) -> bytes:
+def _encode(
+    record: StoredRecord, queue_offset: int | None = None, store_ms: int | None = None, **changes
+) -> bytes:
     """The record's bytes, with `changes` to its message fields and its queue offset."""
     fields = dict(
         topic=record.topic,
@@ -233,7 +235,8 @@ def _encode(record: StoredRecord, queue_offset: int | None = None, **changes) ->
     fields.update(changes)
     message = Message(**fields)
     offset = record.queue_offset if queue_offset is None else queue_offset
-    return encode_record(message, record.epoch, record.store_timestamp_ms, offset, record.msg_id)
+    stored = record.store_timestamp_ms if store_ms is None else store_ms
+    return encode_record(message, record.epoch, stored, offset, record.msg_id)
 
 
 def rewrite_target(run, destination: Path, change) -> Path:
@@ -290,6 +293,15 @@ def _plant(records: list[StoredRecord], planted: dict) -> list[bytes]:
         records[latest], body=json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
     )
     planted["ahead"] = body["offset"]
+    # G's offset at b on queue 1 moved 3 behind, committed 10 s after the copies it skips
+    # back over were stored (the worker had them then: not a lag)
+    latest = max(i for i, r in enumerate(records) if _progress(r) == ("G", 1))
+    body = json.loads(records[latest].body)
+    body["offset"] -= 3
+    late_ms = records[latest].store_timestamp_ms + 10_000
+    encoded = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+    out[latest] = _encode(records[latest], store_ms=late_ms, body=encoded)
+    planted["behind"] = body["offset"]
     # appended: a second copy of a queue-1 copy, and an orphan (an origin offset a never had)
     last1, last_event = records[q1[-1]], records[events[-1]]
     out.append(_encode(records[q1[10]], queue_offset=last1.queue_offset + 1))
@@ -331,6 +343,7 @@ def test_planted_faults_are_found_by_name_and_nothing_else(planted):
         "altered": 3,
         "orphan": 1,
         "offset_ahead": 1,
+        "offset_behind": 1,
     }, outcome["samples"]
     assert not outcome["ok"]
 
@@ -375,6 +388,13 @@ def test_translated_offset_ahead(planted):
     (sample,) = outcome["samples"]["offset_ahead"]
     assert sample["group"] == "G" and sample["queue_id"] == 0
     assert sample["target_offset"] == where["ahead"] == sample["translated"] + 5
+
+
+def test_translated_offset_behind(planted):
+    outcome, where, _ = planted
+    (sample,) = outcome["samples"]["offset_behind"]
+    assert sample["group"] == "G" and sample["queue_id"] == 1
+    assert sample["target_offset"] == where["behind"] < sample["translated"]
 
 
 # The command line ------------------------------------------------------------------------------
