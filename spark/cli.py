@@ -268,3 +268,26 @@ def stop_shared_session() -> None:
     from spark.session import stop_session
 
     stop_session()
+
+
+def shared_session_replication_audit(
+    source_dir: Path, target_dir: Path, rules_path: Path, report_dir: Path
+) -> dict[str, Any]:
+    """X1 of one replication run in this process's one Spark session (the chaos runner's
+    audit hook): spark.replication.audit_replication's dict ({"ok", "violations", ...}).
+    Bad input or a Spark failure is {"ok": False, "violations": {}, "error": one sentence},
+    never an exception, so a matrix goes on."""
+    from spark.replication import audit_replication
+    from spark.replication_sites import load_sites
+    from spark.session import get_session
+
+    try:
+        load_sites(str(source_dir), str(target_dir), Path(rules_path))  # before a JVM is started
+        return audit_replication(get_session(None), source_dir, target_dir, rules_path, report_dir)
+    except BadInput as exc:
+        return {"ok": False, "violations": {}, "error": exc.message}
+    except Exception as exc:  # py4j/pyspark errors: one sentence, never a Java trace
+        if not type(exc).__module__.startswith(("py4j", "pyspark")):
+            raise
+        first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+        return {"ok": False, "violations": {}, "error": f"Spark failed: {first}"}

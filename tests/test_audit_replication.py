@@ -200,7 +200,11 @@ def _found(outcome: dict) -> dict[str, int]:
 
 
 def test_clean_replication_passes_x1(spark, run, tmp_path):
-    outcome = x1(spark, run, report=tmp_path / "report")
+    """Through the chaos runner's hook (the run's one session): what audit_replication returns."""
+    from spark.cli import shared_session_replication_audit
+
+    source, target, rules, _ = run
+    outcome = shared_session_replication_audit(source, target, rules, tmp_path / "report")
     assert outcome["ok"], json.dumps(outcome, indent=1)[:3000]
     assert outcome["expected"] == run[3]["expected"], "X1 must expect exactly the records the rules match"
     assert outcome["copies"] == run[3]["expected"]
@@ -441,6 +445,10 @@ def test_bad_input_exits_2(run, tmp_path):
     )
     _one_sentence(_cli(str(source), str(target), "--rules", str(bad), "--report", report), "'mode'")
     _one_sentence(_cli(str(target), str(source), "--rules", str(rules), "--report", report), "no rule of")
+    from spark.cli import shared_session_replication_audit
+
+    refused = shared_session_replication_audit(target, source, rules, tmp_path / "hook")
+    assert not refused["ok"] and "no rule of" in refused["error"]
     _one_sentence(_cli(str(source), "--rules", str(rules), "--report", report), "two INPUTs")
     _one_sentence(_cli(str(source), "--checks", "X1", "--report", report), "needs --rules")
     _one_sentence(_cli(str(source), str(source), "--rules", str(rules), "--report", report), "both cluster a")
