@@ -46,6 +46,7 @@ SAMPLES_PER_KIND = 5
 # this before the target's offset commit may not have been seen by the worker's sync
 # (it lists the source's offsets, asks the target to translate, then commits).
 SYNC_SLACK_MS = 3000
+OFFSET_NEVER = 2**62  # a start past every queue offset: nothing of that queue is expected
 VIOLATION_KINDS = (
     "missing",
     "duplicated",
@@ -210,7 +211,8 @@ def _expected(frames: _Frames, rules: DataFrame) -> DataFrame:
     starts = by_time.unionByName(by_latest)
     judged = matched.join(starts, per_queue, "left").withColumn(
         "started",
-        (F.col("start") == "earliest") | (F.col("queue_offset") >= F.coalesce("from_offset", F.lit(2**62))),
+        (F.col("start") == "earliest")
+        | (F.col("queue_offset") >= F.coalesce("from_offset", F.lit(OFFSET_NEVER))),
     )
     frames.sizes["unjudged"] = judged.filter((F.col("start") == "latest") & F.col("from_offset").isNull())
     return (
