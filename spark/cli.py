@@ -291,3 +291,21 @@ def shared_session_replication_audit(
             raise
         first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
         return {"ok": False, "violations": {}, "error": f"Spark failed: {first}"}
+
+
+def shared_session_replication_status(
+    source_dir: Path, target_dir: Path, rules_path: Path, report_dir: Path
+) -> int:
+    """X1 as the chaos runner's ReplicationAuditFunction: `mqmeta audit SRC TARGET --rules
+    FILE --report DIR`'s exit status (0 passed, 1 violations, 2 bad input or Spark failed,
+    one sentence on stderr), in this process's one Spark session."""
+    import io
+
+    from rich.console import Console
+
+    return _status(
+        lambda: run_replication(
+            str(source_dir), str(target_dir), rules_path, report_dir, None, Console(file=io.StringIO())
+        ),
+        prefix=f"X1 audit of {source_dir} -> {target_dir}: ",
+    )
