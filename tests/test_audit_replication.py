@@ -452,3 +452,13 @@ def test_bad_input_exits_2(run, tmp_path):
     _one_sentence(_cli(str(source), "--rules", str(rules), "--report", report), "two INPUTs")
     _one_sentence(_cli(str(source), "--checks", "X1", "--report", report), "needs --rules")
     _one_sentence(_cli(str(source), str(source), "--rules", str(rules), "--report", report), "both cluster a")
+
+
+def test_chaos_hook_bad_input_is_exit_2(run, tmp_path, capsys):
+    """The chaos runner's X1 hook (an exit status): dirs in the wrong order are 2, one sentence."""
+    from spark.cli import shared_session_replication_status
+
+    source, target, rules, _ = run
+    assert shared_session_replication_status(target, source, rules, tmp_path / "hook") == 2
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("X1 audit of ") and "no rule of" in lines[0], lines
