@@ -228,9 +228,14 @@ def _dispatch(args: argparse.Namespace) -> int:
         return run_admin(args)
     if args.command == "chaos":
         from chaos.cli import run_chaos
-        from spark.cli import shared_session_audit, stop_shared_session
+        from spark.cli import shared_session_audit, shared_session_replication_status, stop_shared_session
 
-        return run_chaos(args, shared_session_audit, stop_shared_session)
+        try:
+            return run_chaos(
+                args, shared_session_audit, stop_shared_session, shared_session_replication_status
+            )
+        finally:
+            stop_shared_session()  # a replication run's X1 used the session too
     if args.command == "audit":
         from spark.cli import run_audit
 

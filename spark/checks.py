@@ -28,8 +28,10 @@ class CheckResult:
     violation_count: int
     samples: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    kinds: dict[str, int] | None = None  # X1: violations by name (reported as "violations")
 
     def to_dict(self) -> dict[str, Any]:
+        extra = {} if self.kinds is None else {"violations": dict(self.kinds)}
         return {
             "id": self.id,
             "description": self.description,
@@ -38,6 +40,7 @@ class CheckResult:
             "violation_count": self.violation_count,
             "samples": self.samples,
             "notes": self.notes,
+            **extra,
         }
 
 
@@ -78,6 +81,8 @@ DESCRIPTIONS = {
     "T3": "committed tiered segments have no gaps or overlaps, and each object exists",
     "T4": "the committed checkpoint never moves backwards; its epoch is the master epoch in force",
     "H1": "every enqueue a chaos history acknowledged is in a valid record of a replica or the tiered store",
+    "X1": "every source record a replication rule matches is at the target exactly once, in origin order, "
+    "unaltered; no orphan copies; mode full: translated consumer offsets consistent",
 }
 
 

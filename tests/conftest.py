@@ -19,7 +19,9 @@ import pytest
 from cluster.harness import Cluster
 
 # The modules whose tests use the shared Spark session (marked `spark`): one scope.
-SPARK_MODULES = frozenset({"test_audit.py", "test_chaos_runs.py", "test_rocketmq_chaos.py"})
+SPARK_MODULES = frozenset(
+    {"test_audit.py", "test_audit_replication.py", "test_chaos_runs.py", "test_rocketmq_chaos.py"}
+)
 
 
 def _scope(nodeid: str) -> str:

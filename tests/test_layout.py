@@ -37,7 +37,7 @@ ALLOWED_ABOVE_BASE: dict[str, tuple[str, ...]] = {
     "replicator": (),
 }
 SPARK_BASE_MODULES = ("mqmeta.formats", "mqmeta.errors", "mqmeta.validate")
-SPARK_EXECUTOR_MODULES = ("spark.sources", "spark.walk", "spark.fs")
+SPARK_EXECUTOR_MODULES = ("spark.sources", "spark.walk", "spark.fs", "spark.messages")
 
 
 def _module_name(path: Path) -> str:
