@@ -24,6 +24,7 @@ from concurrent.futures import Future
 import pytest
 
 from controller import core as core_module
+from controller import replicator_liveness
 from controller.core import ELECTIONS_IN_FLIGHT_MAX, WATCH_QUEUE_MAX, ControllerCore, LoopFutures, WatchHub
 from controller.liveness import Liveness
 from controller.state_machine import ControllerState, apply
@@ -116,6 +117,9 @@ class _Raft:
     def is_leader(self) -> bool:
         return True
 
+    def current_term(self) -> int:
+        return 1
+
 
 def test_a_liveness_storm_runs_a_bounded_number_of_elections_at_once(monkeypatch):
     state = ControllerState()
@@ -135,6 +139,8 @@ def test_a_liveness_storm_runs_a_bounded_number_of_elections_at_once(monkeypatch
     core = ControllerCore.__new__(ControllerCore)  # the scan alone: no Raft, no server
     core.raft = _Raft()  # type: ignore[assignment]
     core.liveness = Liveness()
+    core.workers = replicator_liveness.WorkerLiveness()  # no replicator workers
+    core._expiring = threading.Event()
     core._electing = set()
     monkeypatch.setattr(ControllerCore, "state", property(lambda self: state))
     release = threading.Event()
