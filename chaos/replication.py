@@ -64,7 +64,14 @@ from chaos.faults import (
 )
 from chaos.history import FaultEvent, FaultPhase, HistoryRecorder
 from chaos.net import ProxiedNetwork
-from chaos.workloads import SEND_TIMEOUT_S, TOPIC, WorkloadConfig, _QueueProducer, record_dequeue
+from chaos.workloads import (
+    SEND_TIMEOUT_S,
+    TOPIC,
+    WorkloadConfig,
+    _QueueProducer,
+    record_dequeue,
+    stop_producers_after_recovery,
+)
 from cluster.harness import Cluster
 from cluster.supervisor import Supervisor
 from mqmeta.broker_client import Consumer
@@ -448,12 +455,7 @@ class ReplicationWorkload:
         producers, then lets b catch up until every acknowledged value was delivered there
         (at most catch_up_s; `catch_up_ms` is how long it took, None if it never did)."""
         deadline = time.monotonic() + catch_up_s
-        while time.monotonic() < deadline and max(p.last_success_ms for p in self.producers) <= healed_ms:
-            time.sleep(0.1)
-        for producer in self.producers:
-            producer.stopping.set()
-        for producer in self.producers:
-            producer.join(timeout=SEND_TIMEOUT_S * 2)
+        stop_producers_after_recovery(self.producers, healed_ms, deadline)
         acknowledged = self.acknowledged()
         started = time.monotonic()
         deadline = started + catch_up_s

@@ -26,7 +26,15 @@ from pathlib import Path
 from typing import Any
 
 from chaos.history import HistoryRecorder, RequestEvent, ResponseEvent, Result
-from chaos.workloads import KEYS_PER_PRODUCER, SEND_TIMEOUT_S, TOPIC, WorkloadConfig, _Paced, record_dequeue
+from chaos.workloads import (
+    KEYS_PER_PRODUCER,
+    SEND_TIMEOUT_S,
+    TOPIC,
+    WorkloadConfig,
+    _Paced,
+    record_dequeue,
+    stop_producers_after_recovery,
+)
 from mqmeta.clock import wall_ms
 
 GROUP = "chaos-checker"
@@ -155,12 +163,7 @@ class RmqQueueWorkload:
         """As QueueWorkload.stop: produce until a send succeeds after the last heal, then
         drain until every acknowledged value is delivered (each wait bounded by drain_s)."""
         deadline = time.monotonic() + drain_s
-        while time.monotonic() < deadline and max(p.last_success_ms for p in self.producers) <= healed_ms:
-            time.sleep(0.1)
-        for producer in self.producers:
-            producer.stopping.set()
-        for producer in self.producers:
-            producer.join(timeout=SEND_TIMEOUT_S * 2)
+        stop_producers_after_recovery(self.producers, healed_ms, deadline)
         acknowledged = set().union(*(p.acknowledged for p in self.producers))
         deadline = time.monotonic() + drain_s
         while time.monotonic() < deadline and not acknowledged <= self.delivered():

@@ -26,8 +26,9 @@ import random
 import threading
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import grpc
 
@@ -185,6 +186,24 @@ def record_dequeue(recorder: HistoryRecorder, client_id: int, body: bytes) -> st
     return value
 
 
+class _Producing(Protocol):
+    last_success_ms: int
+    stopping: threading.Event
+
+    def join(self, timeout: float | None = None) -> None: ...
+
+
+def stop_producers_after_recovery(producers: Sequence[_Producing], healed_ms: int, deadline: float) -> None:
+    """Lets the producers go on until one send succeeds after the last heal (the service is
+    back) or `deadline` (monotonic) passes, then stops them and waits for their threads."""
+    while time.monotonic() < deadline and max(p.last_success_ms for p in producers) <= healed_ms:
+        time.sleep(0.1)
+    for producer in producers:
+        producer.stopping.set()
+    for producer in producers:
+        producer.join(timeout=SEND_TIMEOUT_S * 2)
+
+
 class QueueWorkload:
     def __init__(
         self, namesrv: str, recorder: HistoryRecorder, config: WorkloadConfig, broker_names: list[str]
@@ -214,12 +233,7 @@ class QueueWorkload:
         every acknowledged message (at most drain_s more) and one quiet second for stragglers.
         The waits only bound how long the run lasts; the checkers judge what happened."""
         deadline = time.monotonic() + drain_s
-        while time.monotonic() < deadline and max(p.last_success_ms for p in self.producers) <= healed_ms:
-            time.sleep(0.1)
-        for producer in self.producers:
-            producer.stopping.set()
-        for producer in self.producers:
-            producer.join(timeout=SEND_TIMEOUT_S * 2)
+        stop_producers_after_recovery(self.producers, healed_ms, deadline)
         acknowledged = set().union(*(p.acknowledged for p in self.producers))
         deadline = time.monotonic() + drain_s
         while time.monotonic() < deadline and not acknowledged <= self.delivered():
