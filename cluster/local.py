@@ -72,9 +72,9 @@ def local_up(args: argparse.Namespace) -> int:
         raise InvalidArgument(f"--clusters must be from 1 to {CLUSTERS_MAX}")
     if replicate and (clusters < 2 or args.broker_sets < 1):
         raise InvalidArgument("--replicate needs --clusters 2 or more, each with a broker set")
-    auth_on, auth_reads = getattr(args, "auth", False), getattr(args, "auth_reads", False)
-    if auth_reads and not auth_on:
-        raise InvalidArgument("--auth-reads needs --auth (the identities that may read)")
+    auth_on, anonymous = getattr(args, "auth", False), getattr(args, "anonymous_reads", False)
+    if anonymous and not auth_on:
+        raise InvalidArgument("--anonymous-reads needs --auth (without it nothing is checked)")
     root = args.data_dir.resolve()
     certs = _setup_tls(root, admin=auth_on) if getattr(args, "tls", False) else None
     tls_flags = tuple(certs.server_flags()) if certs else ()
@@ -82,7 +82,7 @@ def local_up(args: argparse.Namespace) -> int:
     if tokens is not None and certs is None:  # with mutual TLS, node.pem is the cluster credential
         tls_flags += ("--token-file", str(tokens.admin_token))
     server_flags: tuple[str, ...] = ("--auth-file", str(tokens.auth_file)) if tokens else ()
-    server_flags += ("--auth-reads",) if auth_reads else ()
+    server_flags += ("--anonymous-reads",) if anonymous else ()
     with contextlib.ExitStack() as held:
         sites = []
         for i in range(clusters):
@@ -93,7 +93,7 @@ def local_up(args: argparse.Namespace) -> int:
             held.enter_context(ports)
             name = CLUSTER_NAMES[i] if clusters > 1 else ""
             sites.append(_Site(name, site_root, layout, Supervisor(site_root), tls_flags, server_flags))
-        return _run(root, sites, replicate, certs, tokens, auth_reads)
+        return _run(root, sites, replicate, certs, tokens, reads_need_credential=not anonymous)
 
 
 def _setup_tls(root: Path, admin: bool) -> LocalCerts:
@@ -133,7 +133,7 @@ def _run(
     replicate: bool,
     certs: LocalCerts | None = None,
     tokens: LocalTokens | None = None,
-    auth_reads: bool = False,
+    reads_need_credential: bool = True,
 ) -> int:
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
@@ -152,7 +152,7 @@ def _run(
                 "auth_file": str(tokens.auth_file),
                 "admin_token_file": str(tokens.admin_token),
                 "read_token_file": str(tokens.read_token),
-                "reads_need_credential": auth_reads,
+                "reads_need_credential": reads_need_credential,
             }
         write_json_atomically(root / "cluster.json", document, indent=2)
         for site in sites:

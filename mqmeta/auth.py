@@ -7,9 +7,9 @@ Servers started with `--auth-file FILE` read one identity a line (`#` starts a c
                               (the rest of the line; mutual TLS only: --tls-client-ca)
 
 ROLE is `admin` or `read`. Every method has an access class in METHOD_ACCESS (the one
-table: add a new RPC there): ADMIN needs an admin identity; READ and DATA stay anonymous
-unless the server takes `--auth-reads`, then they need any listed identity; OPEN (health
-checks) is never checked. A method missing from the table is ADMIN (fail closed).
+table: add a new RPC there): ADMIN needs an admin identity; READ and DATA need any listed
+identity, unless the server takes `--anonymous-reads` (anonymous reads are opt-in); OPEN
+(health checks) is never checked. A method missing from the table is ADMIN (fail closed).
 
 A call's identity: the bearer token when the call carries an `authorization` header (a
 token the file does not list is refused, never replaced by the certificate: an explicit
@@ -44,7 +44,7 @@ from mqmeta.errors import InvalidArgument
 
 class Access(enum.Enum):
     OPEN = "open"  # never checked
-    READ = "read"  # anonymous unless --auth-reads; then any listed identity
+    READ = "read"  # any listed identity; anonymous only with --anonymous-reads
     DATA = "data"  # producing and consuming: checked like READ (no per-topic permissions)
     ADMIN = "admin"  # an admin identity whenever the server takes --auth-file
 
@@ -139,9 +139,10 @@ def add_auth_flags(parser: argparse.ArgumentParser, serves: bool) -> None:
             help="lines NAME ROLE TOKEN or NAME ROLE cn:CERT-CN (ROLE admin|read): admin writes need one",
         )
         group.add_argument(
-            "--auth-reads",
+            "--anonymous-reads",
             action="store_true",
-            help="reads, sends and fetches need a listed identity too (with --auth-file)",
+            help="with --auth-file: reads, sends and fetches need no credential "
+            "(by default they need a listed identity)",
         )
 
 
@@ -153,7 +154,7 @@ def _read(path: Path, flag: str) -> str:
         raise InvalidArgument(f"{flag} {path}: cannot read it as text ({error})") from None
 
 
-def load_policy(path: Path, reads_need_credential: bool = False) -> Policy:
+def load_policy(path: Path, reads_need_credential: bool = True) -> Policy:
     tokens: dict[str, Identity] = {}
     certificates: dict[str, Identity] = {}
     for number, line in enumerate(_read(path, "--auth-file").splitlines(), 1):
@@ -192,11 +193,11 @@ def configure_from_args(args: argparse.Namespace, peer_certificates: bool = Fals
     """This process's server policy and client token (None: none). `peer_certificates`:
     its servers verify client certificates (mutual TLS), so `cn:` lines can match."""
     auth_file, token_file = getattr(args, "auth_file", None), getattr(args, "token_file", None)
-    # only a serving command's --auth-reads (`local up` has a flag of that name for its children)
-    reads = hasattr(args, "auth_file") and bool(getattr(args, "auth_reads", False))
-    if reads and auth_file is None:
-        raise InvalidArgument("--auth-reads needs --auth-file (the identities that may read)")
-    policy = load_policy(auth_file, reads) if auth_file else None
+    # only a serving command's flag (`local up` has one of that name for its children)
+    anonymous = hasattr(args, "auth_file") and bool(getattr(args, "anonymous_reads", False))
+    if anonymous and auth_file is None:
+        raise InvalidArgument("--anonymous-reads needs --auth-file (without one nothing is checked)")
+    policy = load_policy(auth_file, not anonymous) if auth_file else None
     if policy is not None and policy.certificates and not peer_certificates:
         raise InvalidArgument(
             f"--auth-file {auth_file} lists certificate identities (cn:), which need mutual TLS: "

@@ -119,7 +119,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="admin writes need a credential: tokens in DIR/auth/ (with --tls, certificates too)",
     )
     up.add_argument(
-        "--auth-reads", action="store_true", help="with --auth: reads, sends and fetches need one too"
+        "--anonymous-reads",
+        action="store_true",
+        help="with --auth: reads, sends and fetches need no credential (by default they need one)",
     )
 
     from broker_agent.service import add_broker_parser

@@ -1,7 +1,8 @@
-"""Reads that need a credential (`--auth-reads`), on a real `mqmeta local up --tls --auth
---auth-reads --clusters 2 --replicate` (two clusters of one controller, a nameserver and a
-broker set of two replicas, and a replicator a -> b), and on a plaintext `local up --auth
---auth-reads` where tokens are the only credentials (one broker).
+"""Reads that need a credential (the default with an allow list; `--anonymous-reads` opts
+out, see tests/test_tls.py), on a real `mqmeta local up --tls --auth --clusters 2
+--replicate` (two clusters of one controller, a nameserver and a broker set of two
+replicas, and a replicator a -> b), and on a plaintext `local up --auth` where tokens are
+the only credentials (one broker).
 
 Properties checked:
 - every service every process serves (listed by its own reflection) has every method in
@@ -65,7 +66,7 @@ def run(*args: str, timeout: float = 30) -> subprocess.CompletedProcess:
 def guarded(tmp_path_factory):
     data_dir = tmp_path_factory.mktemp("auth") / "local"
     output = data_dir.parent / "local-up.out"
-    flags = ["--tls", "--auth", "--auth-reads", "--controllers", "1", "--replicas", "2"]
+    flags = ["--tls", "--auth", "--controllers", "1", "--replicas", "2"]
     with open(output, "ab") as sink:
         proc = subprocess.Popen(
             [*MQMETA, "local", "up", "--data-dir", str(data_dir), *flags, "--clusters", "2", "--replicate"],
@@ -79,9 +80,7 @@ def guarded(tmp_path_factory):
         return (data_dir / "cluster.json").exists()
 
     try:
-        wait_for(
-            written, LOCAL_UP_READY_TIMEOUT_S, "local up --auth-reads to write cluster.json", interval_s=0.2
-        )
+        wait_for(written, LOCAL_UP_READY_TIMEOUT_S, "local up --auth to write cluster.json", interval_s=0.2)
     except (WaitTimeout, ChildProcessError) as error:
         proc.kill()
         proc.wait()
@@ -398,21 +397,24 @@ def test_a_refused_write_changes_nothing(guarded):
 
 def test_bad_authorization_settings_exit_2_with_one_sentence(tmp_path):
     """Settings that cannot work are refused at startup, as flags or as --config keys:
-    --auth-reads without an allow list, certificate lines without mutual TLS, a malformed
-    line; `local up --auth-reads` without --auth."""
+    --anonymous-reads without an allow list, certificate lines without mutual TLS, a
+    malformed line; `local up --anonymous-reads` without --auth."""
     allow = tmp_path / "allow"
     allow.write_text("nodes admin cn:mqmeta node\n")
     bad = tmp_path / "bad"
     bad.write_text("viewer reader tok\n")
     config = tmp_path / "c1.toml"
-    config.write_text("auth_reads = true\n")
+    config.write_text("anonymous_reads = true\n")
     node = ["controller", "--id", "c1", "--grpc", "127.0.0.1:0", "--raft", "127.0.0.1:0"]
     node += ["--data-dir", str(tmp_path / "c1")]
     cases = [
-        ([*node, "--config", str(config)], "--auth-reads needs --auth-file"),
+        ([*node, "--config", str(config)], "--anonymous-reads needs --auth-file"),
         ([*node, "--auth-file", str(allow)], "lists certificate identities (cn:), which need mutual TLS"),
         ([*node, "--auth-file", str(bad)], "line 1: expected NAME ROLE TOKEN or NAME ROLE cn:CN"),
-        (["local", "up", "--data-dir", str(tmp_path / "local"), "--auth-reads"], "--auth-reads needs --auth"),
+        (
+            ["local", "up", "--data-dir", str(tmp_path / "local"), "--anonymous-reads"],
+            "--anonymous-reads needs --auth",
+        ),
     ]
     for args, why in cases:
         done = run(*args)
@@ -427,7 +429,7 @@ def test_the_commented_security_keys_of_the_deploy_samples_are_known_keys(tmp_pa
     from mqmeta.config_file import apply_config_file
 
     deploy = Path(__file__).resolve().parent.parent / "deploy"
-    commented = re.compile(r"^# ((?:tls|auth|token)_\w+ = .*)$", re.MULTILINE)
+    commented = re.compile(r"^# ((?:tls|auth|token|anonymous)_\w+ = .*)$", re.MULTILINE)
     samples = sorted(deploy.glob("*/*.toml")) + [deploy / "replicator.toml"]
     for path in samples:
         text, count = commented.subn(r"\1", path.read_text())
@@ -438,7 +440,7 @@ def test_the_commented_security_keys_of_the_deploy_samples_are_known_keys(tmp_pa
         args = apply_config_file(cli.build_parser().parse_args([command, "--config", str(sample)]))
         assert args.tls_ca == Path("/etc/mqmeta/ca.pem"), path
         if command != "replicator":
-            assert args.auth_reads is True and args.auth_file == Path("/etc/mqmeta/allow"), path
+            assert args.anonymous_reads is False and args.auth_file == Path("/etc/mqmeta/allow"), path
 
 
 # --- tokens only (plaintext), with the official RocketMQ 5 client ------------------------
@@ -462,10 +464,10 @@ finally:
 
 @pytest.fixture(scope="module")
 def tokens_only(tmp_path_factory):
-    """`local up --auth --auth-reads` without TLS: every process sends the admin token."""
+    """`local up --auth` without TLS: every process sends the admin token."""
     data_dir = tmp_path_factory.mktemp("auth-plain") / "local"
     output = data_dir.parent / "local-up.out"
-    flags = ["--auth", "--auth-reads", "--controllers", "1", "--replicas", "1"]
+    flags = ["--auth", "--controllers", "1", "--replicas", "1"]
     with open(output, "ab") as sink:
         proc = subprocess.Popen(
             [*MQMETA, "local", "up", "--data-dir", str(data_dir), *flags],
@@ -476,7 +478,7 @@ def tokens_only(tmp_path_factory):
         wait_for(
             lambda: (data_dir / "cluster.json").exists() or proc.poll() is not None,
             LOCAL_UP_READY_TIMEOUT_S,
-            "local up --auth --auth-reads to write cluster.json",
+            "local up --auth to write cluster.json",
             interval_s=0.2,
         )
         assert proc.poll() is None, output.read_text()

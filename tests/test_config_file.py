@@ -120,7 +120,7 @@ def test_unknown_keys_are_refused_by_name(tmp_path, capsys):
     broker = write(tmp_path / "broker.toml", 'listne = "127.0.0.1:1"\n')
     error = refused(capsys, "broker", "--config", str(broker))
     assert f"unknown key 'listne' in {broker}" in error and "did you mean 'listen'" in error
-    assert "known keys: auth_file, auth_reads, broker_name, cluster, controllers" in error
+    assert "known keys: anonymous_reads, auth_file, broker_name, cluster, controllers" in error
     node = write(tmp_path / "c1.toml", 'node_id = "c1"\nconfig = "x.toml"\n')
     assert "unknown key 'config'" in refused(capsys, "controller", "--config", str(node))
     raft = write(tmp_path / "raft.toml", "[raft_settings]\nheartbeat = 50\n")

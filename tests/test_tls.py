@@ -14,7 +14,7 @@ Properties checked:
 - no server or channel of the product skips mqmeta/tls.py;
 - (`--auth`) admin writes without a bearer token or with an unknown one are
   UNAUTHENTICATED, with a read-only identity's token PERMISSION_DENIED, with the admin
-  token done; reads stay anonymous; no token reaches a log or cluster.json;
+  token done; reads stay anonymous (`--anonymous-reads`: opt-in); no token reaches a log or cluster.json;
 - mTLS identities on the allow list: the admin certificate writes without a token, the
   client certificate (a `read` identity) is PERMISSION_DENIED, a certificate of the same CA
   that the list does not name is UNAUTHENTICATED, each naming the CN; a refused write
@@ -61,7 +61,8 @@ def tls_cluster(tmp_path_factory):
     output = data_dir.parent / "local-up.out"
     with open(output, "ab") as sink:
         proc = subprocess.Popen(
-            [*MQMETA, "local", "up", "--tls", "--auth", "--data-dir", str(data_dir), "--replicas", "2"],
+            [*MQMETA, "local", "up", "--tls", "--auth", "--anonymous-reads", "--data-dir", str(data_dir)]
+            + ["--replicas", "2"],
             stdout=sink,
             stderr=subprocess.STDOUT,
         )
@@ -328,7 +329,7 @@ def test_admin_writes_need_a_bearer_token_of_an_admin(tls_cluster):
             with pytest.raises(grpc.RpcError) as refused:
                 stub.CreateTopic(pb.TopicSpec(name="Guarded", queue_count=1), metadata=metadata, timeout=5)
             assert refused.value.code() == code and refused.value.details(), metadata
-        listed = stub.ListTopics(pb.ListTopicsRequest(), timeout=5)  # reads stay anonymous
+        listed = stub.ListTopics(pb.ListTopicsRequest(), timeout=5)  # anonymous: --anonymous-reads
         assert "Guarded" not in {t.name for t in listed.topics}  # a refused write changed nothing
         stub.CreateTopic(
             pb.TopicSpec(name="Guarded", queue_count=1), metadata=_token_metadata(admin), timeout=5
