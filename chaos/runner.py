@@ -325,7 +325,11 @@ def _conclude(
         "failover": failovers,
     }
     failures = []
-    if failovers["falseFailoverCount"]:
+    # The harness's test liveness (dead after 1 s) trades false failovers on a loaded machine
+    # for quick runs: they are counted there, and fail a run only with the defaults that
+    # users run (--liveness defaults), where one is a bug (it found one: state_machine.stale_view).
+    failovers["judged"] = config.liveness == "defaults"
+    if failovers["falseFailoverCount"] and failovers["judged"]:
         failures.append(
             f"{failovers['falseFailoverCount']} false failover(s): the master changed while no fault "
             f"touched it (see result.json's failover)"

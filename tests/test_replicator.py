@@ -43,7 +43,7 @@ from mqmeta.broker_client import Producer
 from mqmeta.errors import MqmetaError
 from mqmeta.formats import origin as origin_format
 from mqmeta.pb import controller_pb2 as pb
-from tests.support import TcpCut, consume_all, wait_for
+from tests.support import TcpCut, consume_all, wait_for, wait_in_sync
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(120)]
 
@@ -295,7 +295,7 @@ def test_kill_9_of_the_target_master_loses_and_duplicates_nothing(sites):
     loop.start()
     start_worker(b, "w-failover", [("failover", a, b, "Failover")])
     copies_at_least(b, "Failover", SENT_BEFORE_FAULT_MIN, "probe-failover-1")
-    master = b.master_of("broker-a")
+    master = wait_in_sync(b, 2)  # a slave able to take over: the property needs one
     assert loop.is_alive(), "the source stream ended before the fault: raise ProduceLoop's count"
     b.kill(master)
     b.master_of("broker-a", exclude=master)
@@ -312,7 +312,7 @@ def test_kill_9_of_the_source_master_loses_and_duplicates_nothing(sites):
     loop.start()
     start_worker(b, "w-source-down", [("source-down", a, b, "SourceDown")])
     copies_at_least(b, "SourceDown", SENT_BEFORE_FAULT_MIN, "probe-source-down")
-    master = a.master_of("broker-a")
+    master = wait_in_sync(a, 2)  # a slave able to take over: the property needs one
     assert loop.is_alive(), "the source stream ended before the fault: raise ProduceLoop's count"
     a.kill(master)
     a.master_of("broker-a", exclude=master)
@@ -400,7 +400,7 @@ def test_full_mode_carries_a_group_to_the_target_exactly_through_a_failover(site
         until=lambda o: o == [50, 50],
         retry_on=(grpc.RpcError,),
     )
-    master = b.master_of("broker-a")
+    master = wait_in_sync(b, 2)  # a slave able to take over: the property needs one
     b.kill(master)
     b.master_of("broker-a", exclude=master)
     remainder = set(sent) - {m.body for m in consumed}
