@@ -325,11 +325,6 @@ class ControllerCore:
             broker_name,
             address,
         )
-        # Forgotten, not only left out of this election: otherwise the liveness scan, which
-        # still sees its last heartbeat (younger than dead-after), elects it again, and the
-        # two paths take turns bumping the epoch until dead-after (seen under load in CI).
-        # A restarted process registers and heartbeats again.
-        self.liveness.forget((cluster, broker_name, int(master)))
         return {i: info for i, info in alive.items() if i != master}
 
     def register_broker(self, request: Json) -> Json:
