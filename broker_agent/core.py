@@ -734,8 +734,14 @@ def _on_replica_info(s: _State, info: ReplicaInfo) -> list[Effect]:
     calls travel separately, so a late decision must not undo a newer one."""
     if info.master_epoch < max(s.master_epoch, s.newest_master_epoch_seen):
         return []
+    same_epoch = info.master_epoch == s.newest_master_epoch_seen
     s.newest_master_epoch_seen = info.master_epoch
-    s.registered_ids = info.registered_ids
+    # Within one master epoch an info carries no order of its own: the reply to this
+    # master's AlterSyncStateSet, built before a broker registered, may arrive after the
+    # watch event that named it. Replacing the set then dropped that broker until the next
+    # change (its fetches were not counted, so it never joined the SyncStateSet: seen in
+    # CI). Registrations only add within an epoch here; a new epoch takes the info's.
+    s.registered_ids = s.registered_ids | info.registered_ids if same_epoch else info.registered_ids
     if s.pending is not None and info.sync_state_set_epoch > s.pending.base_epoch:
         s.pending = None  # the set moved on: count what it is now
     if info.sync_state_set_epoch >= s.sync_state_set_epoch:

@@ -264,6 +264,18 @@ def test_a_slave_promoted_stops_fetching_first_and_keeps_only_what_it_knew_confi
     assert core.confirm_offset == 300
 
 
+def test_a_late_reply_of_the_same_epoch_does_not_forget_a_registration():
+    """Within one master epoch, infos carry no order: the reply to the master's own
+    AlterSyncStateSet, built before broker 3 registered, can arrive after the watch event
+    that named 3. Broker 3 must stay registered, so its fetches count and it joins the set
+    (CI: a fresh cluster's third replica stayed out of the SyncStateSet for good)."""
+    core = master_core(members=(1,))  # the watch named brokers 1, 2 and 3
+    core.handle(info(1, 1, (1, 2), set_epoch=2, registered=frozenset({1, 2})))  # the late reply
+    core.handle(fetch(3, 0, EMPTY_LOG, now_ms=1))
+    proposals = [e for e in core.handle(Tick(2, EMPTY_LOG)) if isinstance(e, ProposeSyncStateSet)]
+    assert proposals and 3 in proposals[0].new_sync_state_set, proposals
+
+
 def test_an_unregistered_broker_never_becomes_master():
     core = BrokerCore("b")
     core.handle(info(0, 1, ()))
