@@ -874,6 +874,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     p.add_argument("--keep", action="store_true", help="keep the data directory")
     p.add_argument(
+        "--fsync-delay-us",
+        type=int,
+        default=0,
+        help="emulate a slower disk: every process of the run (raw append included) sleeps "
+        "this long before each fsync/fdatasync (bench/slow_fsync.c, LD_PRELOAD; needs cc)",
+    )
+    p.add_argument(
         "--quiet-wait-s",
         type=float,
         default=None,
@@ -1206,8 +1213,25 @@ def git_state() -> dict[str, Any]:
     }
 
 
+def preload_slow_fsync(delay_us: int, argv: list[str]) -> None:
+    """Re-runs this bench with bench/slow_fsync.c preloaded (every child inherits it)."""
+    if not 0 <= delay_us <= 1_000_000:
+        sys.exit("--fsync-delay-us must be in [0, 1000000]")
+    if delay_us == 0 or os.environ.get("SLOW_FSYNC_US") == str(delay_us):
+        return
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        sys.exit("--fsync-delay-us needs a C compiler (cc) to build bench/slow_fsync.c")
+    library = Path(tempfile.mkdtemp(prefix="mqmeta-slow-fsync-")) / "slow_fsync.so"
+    source = Path(__file__).with_name("slow_fsync.c")
+    subprocess.run([compiler, "-shared", "-fPIC", "-O2", "-o", str(library), str(source), "-ldl"], check=True)
+    env = {**os.environ, "LD_PRELOAD": str(library), "SLOW_FSYNC_US": str(delay_us)}
+    os.execve(sys.executable, [sys.executable, __file__, *argv], env)
+
+
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
+    preload_slow_fsync(args.fsync_delay_us, argv)
     import grpc
 
     root = Path(tempfile.mkdtemp(prefix="mqmeta-broker-bench-"))
@@ -1220,6 +1244,13 @@ def main(argv: list[str]) -> int:
             "grpcio": grpc.__version__,
             "host": "127.0.0.1",
             "data_dir_fs": str(root),
+            "fsync_delay_us": args.fsync_delay_us,
+            "fsync_delay": (
+                "emulated slower disk: bench/slow_fsync.c preloaded into every process of the "
+                f"run sleeps {args.fsync_delay_us} us before each fsync/fdatasync"
+                if args.fsync_delay_us
+                else "none (this machine's disk)"
+            ),
         },
     }
     busy0 = machine_busy()

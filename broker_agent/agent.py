@@ -55,6 +55,7 @@ from broker_agent.core import (
     StartFetching,
     Stop,
     StopFetching,
+    Synced,
     SyncStateSetChanged,
     SyncStateSetFailed,
     Tick,
@@ -172,6 +173,7 @@ class BrokerAgent:
             segment_bytes=config.segment_bytes,
             fsync=config.fsync,
             broker_name=config.broker_name,
+            group_commit=True,  # wait_acknowledged syncs: one fdatasync for all writers waiting
         )
         self.controller = ControllerClient(config.controllers, timeout_s=CONTROLLER_CALL_TIMEOUT_S)
         self.identity = Identity(config.data_dir)
@@ -502,6 +504,7 @@ class BrokerAgent:
             self.feed(self._replica_info_event(info))
 
     def _manage_sync_state_set(self) -> None:
+        self._sync_written()
         with self.lock:
             effects = self.feed(Tick(now_ms(), log_view(self.store)))
         for effect in effects:
@@ -655,9 +658,29 @@ class BrokerAgent:
             self.feed(Appended(log_view(self.store)))  # also wakes the slaves' long-polling fetches
         return results, end, epoch
 
+    def _sync_written(self, end: int | None = None) -> None:
+        """The group commit (MessageStore.sync), outside the agent lock, then the core
+        hears how far the log is durable. Every writer calls it before it waits; the
+        controller loop also calls it, so bytes whose writer went away are synced too."""
+        if self.store.durable_offset < (self.store.max_offset if end is None else end):
+            try:
+                self.store.sync(end)
+            except OSError as error:  # the commit log closed itself: never master again here
+                with self.lock:
+                    self.feed(Fence(f"fdatasync of the commit log failed: {error}"))
+                raise Unavailable(
+                    f"the commit log could not be synced ({error}); this broker is fenced"
+                ) from None
+            with self.lock:
+                self.feed(Synced(log_view(self.store)))
+
     def wait_acknowledged(self, end: int, epoch: int) -> None:
-        """Blocks until the ack policy holds for everything before `end`."""
+        """Blocks until the ack policy holds for everything before `end`: first the
+        group commit makes this broker's own bytes durable (outside the agent lock, so
+        appends and fetches go on; one fdatasync covers every writer waiting), then the
+        SyncStateSet's acks."""
         deadline = time.monotonic() + self.config.send_timeout_ms / 1000
+        self._sync_written(end)
         with self.lock:
             condition = threading.Condition(self._mutex)  # woken by _wake_writers
             self._writers[condition] = end

@@ -8,6 +8,12 @@ record never spans two segments: a batch that does not fit rolls to a new one.
 Crash safety:
 - an append is one pwrite per segment it touches, then fdatasync; a segment is made
   durable before the next one is created, so only the last segment can end torn;
+- group commit: an append with sync=False only writes, and `sync` makes everything
+  written so far durable with one fdatasync, however many appends wait for it (a
+  master's writers each call it; whoever comes while one runs finds its bytes covered
+  by the next). `durable_offset` says how far the disk holds the log; a failed
+  fdatasync closes the log (the kernel may have dropped the dirty pages, so a retry
+  could report success for data that is gone);
 - recovery scans every record (CRC-32 each). In the last segment, a bad record with no
   valid record after it is a torn tail (an append the crash interrupted: the bytes may
   be short, zero-filled or half-written, which a checksum cannot tell from a flipped
@@ -172,10 +178,15 @@ class CommitLog:
         self.segment_bytes = segment_bytes
         self.fsync = fsync
         self._lock = threading.Lock()
+        self._sync_lock = threading.Lock()  # one group fdatasync at a time; taken before _lock
         self._open: OrderedDict[int, _Segment] = OrderedDict()  # segments holding an fd
         self._closed = False
+        self._truncations = 0  # a sync that overlapped a truncation does not move _durable
         self.directory.mkdir(parents=True, exist_ok=True)
         self._segments = self._recover()
+        if self.fsync:  # what a killed process wrote may still be only in the page cache
+            os.fdatasync(self._fd(self._segments[-1]))
+        self._durable = self._segments[-1].end
 
     # Recovery ---------------------------------------------------------------------------
     def _recover(self) -> list[_Segment]:
@@ -286,6 +297,46 @@ class CommitLog:
         with self._lock:
             return self._segments[-1].end
 
+    @property
+    def closed(self) -> bool:
+        """Closed by close(), or by a failed fdatasync or undo."""
+        return self._closed
+
+    @property
+    def durable_offset(self) -> int:
+        """How far the log is on disk: appends with sync=False wait for `sync`."""
+        with self._lock:
+            return self._durable if self.fsync else self._segments[-1].end
+
+    def sync(self, end: int | None = None) -> int:
+        """Group commit: on return the log is durable up to `end` (default: everything
+        appended before the call); returns the durable offset. The fdatasync runs outside
+        the append lock, so appends go on meanwhile, and one fdatasync serves every
+        caller waiting for it."""
+        if not self.fsync:
+            return self.max_offset
+        with self._sync_lock:
+            with self._lock:
+                self._check_open()
+                target = self._segments[-1].end
+                if self._durable >= (target if end is None else min(end, target)):
+                    return self._durable
+                fd = os.dup(self._fd(self._segments[-1]))  # a close meanwhile cannot reuse it
+                truncations = self._truncations
+            try:
+                os.fdatasync(fd)
+            except OSError:
+                with self._lock:
+                    self._closed = True
+                log.exception("%s: fdatasync failed; closing the commit log", self.directory)
+                raise
+            finally:
+                os.close(fd)
+            with self._lock:
+                if truncations == self._truncations:
+                    self._durable = max(self._durable, target)
+                return self._durable
+
     def segment_paths(self) -> list[Path]:
         with self._lock:
             return [s.path for s in self._segments]
@@ -340,11 +391,14 @@ class CommitLog:
             b"".join(encoded_records), [len(r) for r in encoded_records], expected_offset
         )
 
-    def append_verified(self, data: bytes, sizes: list[int], expected_offset: int | None = None) -> list[int]:
+    def append_verified(
+        self, data: bytes, sizes: list[int], expected_offset: int | None = None, sync: bool = True
+    ) -> list[int]:
         """`append` of records whose bytes the caller has just made or checked itself
         (encode_record's output, or replicated bytes scan_records verified): `data` is
         the records end to end, `sizes` their lengths. Their checksums are not checked
-        again; the reads and the recovery scan still check every record."""
+        again; the reads and the recovery scan still check every record. With sync=False
+        the bytes are written but durable only after `sync` (group commit)."""
         if not 0 < len(sizes) <= APPEND_RECORDS_MAX:
             if not sizes:
                 return []
@@ -361,7 +415,7 @@ class CommitLog:
                     f"replicated data starts at {expected_offset} but this "
                     f"log ends at {self._segments[-1].end}"
                 )
-            return self._append_locked(memoryview(data), ends)
+            return self._append_locked(memoryview(data), ends, sync)
 
     def append_raw(self, offset: int, data: bytes) -> int:
         """A slave's append of bytes copied from its master; returns the new max_offset.
@@ -383,7 +437,7 @@ class CommitLog:
         assert offsets == [r.commit_offset for r in records], (offsets, records)
         return offsets[-1] + records[-1].size
 
-    def _append_locked(self, data: memoryview, ends: list[int]) -> list[int]:
+    def _append_locked(self, data: memoryview, ends: list[int], sync: bool = True) -> list[int]:
         """Writes the records ending at `ends` (positions in `data`): as many as fit in
         the active segment in one write, then a new segment for the rest (a record never
         spans two; one larger than a segment gets an empty segment to itself)."""
@@ -402,9 +456,12 @@ class CommitLog:
                     starts = [start, *ends[first : fit - 1]]
                     base = active.end - start
                     offsets.extend(base + s for s in starts)
-                    self._write(active, data[start : ends[fit - 1]], starts, base, undo)
+                    self._write(active, data[start : ends[fit - 1]], starts, base, undo, sync)
                     first = fit
                 if first < len(ends):  # durable before the next segment exists
+                    if self.fsync and self._durable < active.end:
+                        os.fdatasync(self._fd(active))
+                        self._durable = active.end
                     active = self._create_segment(active.end)
                     self._segments.append(active)
                     created.append(active)
@@ -420,16 +477,19 @@ class CommitLog:
         starts: list[int],
         base: int,
         undo: list[tuple[_Segment, int]],
+        sync: bool = True,
     ) -> None:
-        """`data` at the segment's end, then fdatasync; `starts` are its records' positions
-        in the append's buffer, `base` + a position is its commit offset."""
+        """`data` at the segment's end, then fdatasync (unless not `sync`); `starts` are
+        its records' positions in the append's buffer, `base` + a position is its commit
+        offset."""
         undo.append((segment, segment.size))
         fd = self._fd(segment)
         written = 0
         while written < len(data):
             written += os.pwrite(fd, data[written:], segment.size + written)
-        if self.fsync:
-            os.fdatasync(fd)
+        if self.fsync and sync:
+            os.fdatasync(fd)  # everything before it in this segment too
+            self._durable = segment.end + len(data)
         marks = segment.marks
         last = marks[-1] if marks else -MARK_INTERVAL_BYTES
         for start in starts:
@@ -450,6 +510,8 @@ class CommitLog:
                     os.ftruncate(self._fd(segment), size)
                     segment.size = size
                     segment.cut_marks(segment.base + size)
+            self._durable = min(self._durable, self._segments[-1].end)
+            self._truncations += 1
         except BaseException:
             self._closed = True  # the in-memory view may no longer match the files
             log.exception("%s: could not undo a failed append; closing the log", self.directory)
@@ -591,6 +653,8 @@ class CommitLog:
                 os.fsync(fd)
             segment.size = offset - segment.base
             segment.cut_marks(offset)
+            self._durable = min(self._durable, offset)
+            self._truncations += 1
             log.info("%s: truncated to %d", self.directory, offset)
 
     def delete_segments_before(self, offset: int) -> int:

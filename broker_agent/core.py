@@ -68,6 +68,15 @@ class LogView:
     max_offset: int
     epochs: tuple[EpochEntry, ...] = ()
     min_offset: int = 0
+    # How far the log is on disk (fdatasync'd). A master appends without waiting for the
+    # disk and syncs once for every append waiting (group commit), so it may lag
+    # max_offset; None: the whole log (a slave syncs before it acknowledges).
+    durable_offset: int | None = None
+
+    @property
+    def durable(self) -> int:
+        """What the master counts as its own ack: never bytes a power loss could take."""
+        return self.max_offset if self.durable_offset is None else self.durable_offset
 
     @property
     def last_epoch(self) -> int:
@@ -154,6 +163,13 @@ class Tick:
 @dataclass(frozen=True)
 class Appended:
     """The master appended records; `log` ends after them."""
+
+    log: LogView
+
+
+@dataclass(frozen=True)
+class Synced:
+    """The master's group commit made its log durable up to `log.durable`."""
 
     log: LogView
 
@@ -278,6 +294,7 @@ Event = (
     | HeartbeatAnswered
     | Tick
     | Appended
+    | Synced
     | SlaveFetch
     | FetchStillWaiting
     | FetchAnswered
@@ -400,7 +417,9 @@ class WakeWaiters:
 @dataclass(frozen=True)
 class AnswerFetch:
     """What to send a fetching slave: a truncation point, a pointer to the tiered
-    store, or the bytes from `from_offset` (the shell reads them)."""
+    store, or the bytes from `from_offset` (the shell reads them, only below its durable
+    offset: a slave never holds bytes a power loss could take from its master, which
+    could then write other bytes there in the same epoch)."""
 
     ORDER: ClassVar[int] = 7
     truncate_to: int = -1
@@ -693,7 +712,7 @@ def _recompute_confirm(s: _State, log: LogView) -> list[Effect]:
     """As master: the confirm offset never moves backwards within a role."""
     if s.role != Role.MASTER:
         return []
-    computed = confirm_offset(s.broker_id, log.max_offset, s.tracker.acked(), _counted(s))
+    computed = confirm_offset(s.broker_id, log.durable, s.tracker.acked(), _counted(s))
     if computed <= s.confirm_offset:
         return []
     s.confirm_offset = computed
@@ -777,8 +796,8 @@ def _become_master(s: _State, now_ms: int, log: LogView) -> list[Effect]:
     others = [i for i in s.sync_state_set if i != s.broker_id]
     s.tracker.reset(now_ms, others)
     s.pending = None
-    # Alone in its set it confirms all it has; otherwise nothing beyond what it knew.
-    s.confirm_offset = log.max_offset if not others else min(s.confirm_offset, log.max_offset)
+    # Alone in its set it confirms all it has on disk; otherwise nothing beyond what it knew.
+    s.confirm_offset = log.durable if not others else min(s.confirm_offset, log.durable)
     s.role = Role.MASTER
     return [*effects, _note(s, force=True)]
 
@@ -850,6 +869,11 @@ def _on_appended(s: _State, event: Appended) -> list[Effect]:
     return [*_recompute_confirm(s, event.log), WakeWaiters()]  # also wakes long-polling fetches
 
 
+def _on_synced(s: _State, event: Synced) -> list[Effect]:
+    # slaves are served only durable bytes: this wakes their long-polling fetches
+    return [*_recompute_confirm(s, event.log), WakeWaiters()]
+
+
 def _on_slave_fetch(s: _State, fetch: SlaveFetch) -> list[Effect]:
     """The master's side of a fetch: refuse, ask for a truncation, point to the tiered
     store, or record the fetch offset as the slave's ack and serve from it."""
@@ -865,7 +889,8 @@ def _on_slave_fetch(s: _State, fetch: SlaveFetch) -> list[Effect]:
         return [AnswerFetch(moved_to_tiered=True)]  # retention deleted it here
     effects: list[Effect] = []
     if fetch.broker_id in s.registered_ids:
-        s.tracker.on_fetch(fetch.broker_id, fetch.fetch_offset, log.max_offset, fetch.now_ms, fetch.leaving)
+        # what the master can serve is its durable log: caught up means holding all of it
+        s.tracker.on_fetch(fetch.broker_id, fetch.fetch_offset, log.durable, fetch.now_ms, fetch.leaving)
         effects += _recompute_confirm(s, log)
     return [*effects, AnswerFetch(from_offset=fetch.fetch_offset)]
 
@@ -876,7 +901,7 @@ def _on_fetch_still_waiting(s: _State, event: FetchStillWaiting) -> list[Effect]
 
 def _on_fetch_answered(s: _State, event: FetchAnswered) -> list[Effect]:
     if s.role == Role.MASTER and event.broker_id in s.registered_ids:
-        s.tracker.on_answer(event.broker_id, event.log.max_offset, event.now_ms)
+        s.tracker.on_answer(event.broker_id, event.log.durable, event.now_ms)
     return []
 
 
@@ -1034,6 +1059,7 @@ _HANDLERS: dict[type, Callable[[_State, Any], list[Effect]]] = {
     HeartbeatAnswered: _on_heartbeat_answered,
     Tick: _on_tick,
     Appended: _on_appended,
+    Synced: _on_synced,
     SlaveFetch: _on_slave_fetch,
     FetchStillWaiting: _on_fetch_still_waiting,
     FetchAnswered: _on_fetch_answered,

@@ -159,12 +159,19 @@ def serve_fetch(host: BrokerHost, request: bpb.HaFetchRequest) -> bpb.HaFetchRes
         if answer.moved_to_tiered:
             return _reply(host, moved=True)
         deadline = time.monotonic() + wait_s
-        while store.max_offset <= request.fetch_offset and time.monotonic() < deadline:
+        # Only durable bytes (group commit, AnswerFetch): woken by Synced
+        while (durable := store.durable_offset) <= request.fetch_offset and time.monotonic() < deadline:
             host.lock.wait(timeout=deadline - time.monotonic())
             host.feed(FetchStillWaiting(request.master_epoch))
         # Unchecked here: the slave checks every record's CRC and layout (scan_records)
         # before it writes any, so a record corrupted on this disk is refused there.
-        data = store.read_bytes(request.fetch_offset, max_bytes, check=False)
+        data = (
+            store.read_bytes(
+                request.fetch_offset, min(max_bytes, durable - request.fetch_offset), check=False
+            )
+            if durable > request.fetch_offset
+            else b""
+        )
         host.feed(FetchAnswered(now_ms(), request.broker_id, log_view(store)))  # the host's clock
         return _reply(host, data_offset=request.fetch_offset, data=data)
 

@@ -55,4 +55,4 @@ class BrokerHost(Protocol):
 
 def log_view(store: MessageStore) -> LogView:
     """The store's shape as the core sees it."""
-    return LogView(store.max_offset, tuple(store.epochs.entries), store.min_offset)
+    return LogView(store.max_offset, tuple(store.epochs.entries), store.min_offset, store.durable_offset)

@@ -269,6 +269,7 @@ class MessageStore:
         broker_name: str = "b",
         *,
         index_checkpoint_bytes: int = INDEX_CHECKPOINT_BYTES_DEFAULT,
+        group_commit: bool = False,
     ) -> None:
         if not isinstance(broker_name, str) or not 0 < len(broker_name.encode()) <= BROKER_NAME_BYTES_MAX:
             raise InvalidArgument(f"broker_name {broker_name!r} must be 1-{BROKER_NAME_BYTES_MAX} bytes")
@@ -277,6 +278,9 @@ class MessageStore:
         self.directory.mkdir(parents=True, exist_ok=True)
         self.broker_name = broker_name
         self.fsync = fsync
+        # group_commit: a put only writes; the caller makes it durable with sync() (the
+        # broker's master: one fdatasync for every writer waiting, outside the locks)
+        self.group_commit = group_commit
         self.index_checkpoint_bytes = index_checkpoint_bytes
         self._lock = threading.Lock()
         self._closed = False
@@ -517,6 +521,7 @@ class MessageStore:
 
     # Checkpoint ----------------------------------------------------------------------------------
     def _write_checkpoint(self) -> None:
+        self.log.sync()  # the checkpoint never names bytes a power loss could take
         self._index_dir.mkdir(parents=True, exist_ok=True)
         made_dirs: set[Path] = set()
         for queue in self._queues.values():
@@ -572,11 +577,13 @@ class MessageStore:
         """Starts writing as master of `epoch`: appends (epoch, max_offset) to the epoch file."""
         with self._lock:
             self._check_open()
+            self.log.sync()  # the epoch never starts past bytes a power loss could take
             self.epochs.append(epoch, self.log.max_offset)
 
     def put_messages(self, messages: list[Message], epoch: int, now_ms: int) -> list[PutResult]:
-        """Appends `messages` (one commit-log write, durable on return when fsync) at the
-        next offset of each queue; `epoch` must be the store's current epoch."""
+        """Appends `messages` (one commit-log write, durable on return when fsync, or
+        after sync() with group_commit) at the next offset of each queue; `epoch` must be
+        the store's current epoch."""
         if not 0 < len(messages) <= PUT_BATCH_MAX:
             raise InvalidArgument(f"a put carries 1 to {PUT_BATCH_MAX} messages, not {len(messages)}")
         for message in messages:
@@ -659,7 +666,7 @@ class MessageStore:
             )
         sizes = [len(record) for record in encoded]
         # encode_record made these bytes and their checksums just now: no re-check
-        offsets = self.log.append_verified(b"".join(encoded), sizes)
+        offsets = self.log.append_verified(b"".join(encoded), sizes, sync=not self.group_commit)
         assert offsets == [r.commit_offset for r in results], (offsets, results)
         self._index_batch(results, sizes)
         for message, result, size in zip(messages, results, sizes, strict=True):
@@ -1005,13 +1012,22 @@ class MessageStore:
     def min_offset(self) -> int:
         return self.log.min_offset
 
+    @property
+    def durable_offset(self) -> int:
+        return self.log.durable_offset
+
+    def sync(self, end: int | None = None) -> int:
+        """Group commit (CommitLog.sync): durable up to `end` on return."""
+        return self.log.sync(end)
+
     def close(self) -> None:
         """Makes the index durable and closes the files; idempotent."""
         with self._lock:
             if self._closed:
                 return
             try:
-                self._write_checkpoint()
+                if not self.log.closed:  # a failed fdatasync closed it: the next open rebuilds
+                    self._write_checkpoint()
             finally:
                 self._closed = True
                 self.log.close()

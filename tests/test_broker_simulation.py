@@ -11,7 +11,10 @@ replication.py do. Faults, per seed at an intensity of its own: crashes (a write
 flight is torn, an epoch entry may lead its records; recovery cuts the torn tail and
 drops entries past the end), restarts with a fresh core, partitions of one link or of
 every link of one broker, and each clock running at its own rate within what the lease
-margin absorbs (broker_agent/ha.py). Graceful departures too: the master hands off
+margin absorbs (broker_agent/ha.py), and group commit with power loss: a master's
+append is only written, made durable later by a sync (agent.wait_acknowledged) that the
+core hears of as Synced, and a crash may be a power loss that takes every byte the
+master wrote but did not sync yet. Graceful departures too: the master hands off
 (HandoffStart, then HandoffTick until the core names its successor, then an election
 with the handoff trigger, whose reply may be lost: HandoffFailed), and a slave starts
 leaving the SyncStateSet; test_the_seeds_hand_off checks that handoffs did elect.
@@ -26,7 +29,9 @@ letting the set converge:
 - B2, B3, B4: records tile each log without gaps or overlaps, every checksum holds,
   and the epoch entries agree with the records' epochs (checked every 500 steps);
 - no acknowledged write is lost: each new master holds every acknowledged record at its
-  offset when it takes over, and so does every replica at the end;
+  offset when it takes over, and so does every replica at the end; a master never
+  confirms bytes a power loss could take (its confirm offset is at most its durable
+  offset);
 - never two masters at one instant: at most one broker may write (MASTER with a valid
   lease) at any moment of true time, checked at every step, write and acknowledgement,
   and that broker is the controller's master of its epoch.
@@ -34,7 +39,8 @@ letting the set converge:
 A failure names the seed, the step, the last events and the test id that replays it.
 Planted bugs put back through a fixture (the confirm offset without the pending
 SyncStateSet union, RocketMQ #5663; truncation above the consistent point; no lease,
-RocketMQ #4800) must each be caught within PLANTED_BUG_SEEDS_MAX seeds.
+RocketMQ #4800; a confirm offset counting the master's unsynced bytes; slaves served
+unsynced bytes) must each be caught within PLANTED_BUG_SEEDS_MAX seeds.
 MQMETA_SIM_SEEDS and MQMETA_SIM_STEPS run more (e.g. 1000 seeds before a release).
 """
 
@@ -83,6 +89,7 @@ from broker_agent.core import (
     SlaveFetch,
     StartFetching,
     StopFetching,
+    Synced,
     SyncStateSetChanged,
     SyncStateSetFailed,
     Tick,
@@ -132,6 +139,7 @@ ISOLATE_MS_MAX = 1500
 FETCH_RECORDS_MAX = 32
 LOAD_PHASE_MS_MAX = 300  # bursts of writes and quiet gaps (the set grows in a gap)
 WRITE_RATE = 0.3  # per step during a burst, 1 to 3 records each
+SYNC_RATE = 0.3  # per step, a master with unsynced bytes syncs them (group commit)
 
 # Faults per step, before the seed's intensity (0.5x to 4x)
 CRASH_RATE = 0.0015
@@ -141,6 +149,7 @@ ISOLATE_RATE = 0.0005
 HANDOFF_RATE = 0.002  # the master hands off (SIGTERM, admin handoff)
 LEAVE_RATE = 0.0005  # a slave starts leaving (a fresh core after a restart stays)
 HANDOFF_DRAIN_MS = 300
+LEAVE_EXIT_MS = 200  # agent.depart: a leaving broker stops after LEAVE_TIMEOUT_MS (2 s), in the set or not
 INTENSITIES = (0.5, 1.0, 2.0, 4.0)
 
 # The lease argument (broker_agent/ha.py) with drifting clocks: an isolated master's
@@ -206,13 +215,23 @@ class SimLog:
     data: bytearray = field(default_factory=bytearray)
     starts: list[int] = field(default_factory=list)
     epochs: list[EpochEntry] = field(default_factory=list)
+    durable: int = 0  # what a power loss leaves (CommitLog.durable_offset)
 
     @property
     def end(self) -> int:
         return len(self.data)
 
     def view(self) -> LogView:
-        return LogView(self.end, tuple(self.epochs))
+        return LogView(self.end, tuple(self.epochs), 0, self.durable)
+
+    def sync(self) -> None:
+        """CommitLog.sync: one fdatasync makes everything written so far durable."""
+        self.durable = self.end
+
+    def lose_unsynced(self) -> None:
+        """A power loss: the page cache, and with it every byte past `durable`, is gone."""
+        del self.data[self.durable :]
+        del self.starts[bisect.bisect_left(self.starts, self.durable) :]
 
     def is_boundary(self, offset: int) -> bool:
         i = bisect.bisect_left(self.starts, offset)
@@ -222,6 +241,7 @@ class SimLog:
         """EpochFile.append: a newer epoch; an entry at the same start replaces the last."""
         if self.epochs and epoch <= self.epochs[-1][0]:
             raise StoreError(f"epoch {epoch} is not newer than {self.epochs[-1][0]}")
+        self.sync()  # MessageStore.begin_epoch syncs the log before the epoch file
         if self.epochs and self.epochs[-1][1] == self.end:
             self.epochs.pop()
         self.epochs.append((epoch, self.end))
@@ -252,6 +272,7 @@ class SimLog:
                 last = record.epoch
         self.starts += [r.offset for r in records]
         self.data += data
+        self.durable = self.end  # a slave's append is synced before it acknowledges
 
     def truncate(self, offset: int) -> None:
         if not self.is_boundary(offset):
@@ -259,12 +280,17 @@ class SimLog:
         self.epochs = [e for e in self.epochs if e[1] < offset]
         del self.starts[bisect.bisect_left(self.starts, offset) :]
         del self.data[offset:]
+        self.durable = min(self.durable, offset)
 
     def read(self, offset: int, records_max: int) -> bytes:
+        """Up to `records_max` records from `offset`, never past `durable`: a master serves
+        its slaves only bytes a power loss cannot take from it (replication.serve_fetch)."""
         if not self.is_boundary(offset):
             raise StoreError(f"offset {offset} is not a record start")
         i = bisect.bisect_left(self.starts, offset) + records_max
-        return bytes(self.data[offset : self.starts[i] if i < len(self.starts) else self.end])
+        return bytes(
+            self.data[offset : min(self.starts[i] if i < len(self.starts) else self.end, self.durable)]
+        )
 
     def recover(self) -> None:
         """Opening after a crash: the torn tail goes, and the entries past the end."""
@@ -272,6 +298,7 @@ class SimLog:
         del self.data[valid_end:]
         self.starts = [r.offset for r in records]
         self.epochs = [e for e in self.epochs if e[1] <= valid_end]
+        self.durable = self.end  # CommitLog syncs the last segment when it opens
 
     def check(self, where: str) -> None:
         """B2 (records tile the log), B3 (checksums), B4 (entries agree with records)."""
@@ -517,10 +544,22 @@ class SimBroker:
         self.fetch: FetchState | None = None
         self.parked: list[tuple[Message, int]] = []  # long-polling fetches and their deadlines
         self.writes: list[PendingWrite] = []
+        self.leaving_since_ms: float | None = None
+
+    def exit(self) -> None:
+        """A leaving broker's process stops (agent.depart's bound): a clean exit."""
+        self.core = None
+        self.down_since_ms = self.sim.t
+        self.sim.trace(f"{self.slot} stops after leaving (log end {self.log.end})")
 
     def crash(self) -> None:
-        """kill -9: the core and everything in flight go; a write in progress is torn."""
+        """kill -9: the core and everything in flight go; a write in progress is torn.
+        Half of them are power losses: what the master wrote but did not sync goes too."""
         rng = self.sim.rng
+        if rng.random() < 0.5:
+            lost = self.log.end - self.log.durable
+            self.log.lose_unsynced()
+            self.sim.trace(f"power loss at {self.slot}: {lost} unsynced bytes gone")
         if rng.random() < 0.5:
             if self.fetch is not None and self.fetch.answered and rng.random() < 0.5:
                 self._tear_epoch_entry(self.fetch.master_id)
@@ -790,7 +829,7 @@ class SimBroker:
             self.sim.check_consistent_point(self, message, answer)
         if answer.truncate_to >= 0:
             self._answer(message, truncate_to=answer.truncate_to)
-        elif self.log.end > body["fetch_offset"]:
+        elif self.log.durable > body["fetch_offset"]:
             self._serve(message)
         else:
             self.parked.append((message, self.now() + FETCH_WAIT_MS))
@@ -799,7 +838,7 @@ class SimBroker:
         """Long polls: answered once data arrives or the wait ends, after a re-check."""
         waiting = []
         for message, deadline_ms in self.parked:
-            if self.log.end <= message.body["fetch_offset"] and self.now() < deadline_ms:
+            if self.log.durable <= message.body["fetch_offset"] and self.now() < deadline_ms:
                 waiting.append((message, deadline_ms))
                 continue
             try:
@@ -844,9 +883,16 @@ class SimBroker:
         self.sim.check_one_writer(f"slot {self.slot} accepts a write")
         epoch, rng = self.core.master_epoch, self.sim.rng
         records = [encode_record(epoch, i, rng.randbytes(rng.randint(0, 24))) for i in message.body["ids"]]
-        placed = self.log.put(epoch, records)
+        placed = self.log.put(epoch, records)  # written, not synced (group commit)
         self.feed(Appended(self.log.view()))
         self.writes.append(PendingWrite(self.log.end, epoch, placed, self.now() + SEND_TIMEOUT_MS))
+
+    def group_commit(self) -> None:
+        """agent.wait_acknowledged's sync: some steps after the append, one sync for all."""
+        assert self.core is not None
+        if self.log.durable < self.log.end and self.sim.rng.random() < SYNC_RATE:
+            self.log.sync()
+            self.feed(Synced(self.log.view()))
 
     def resolve_writes(self) -> None:
         assert self.core is not None
@@ -877,6 +923,7 @@ class SimBroker:
         self.controller_loop()
         self.fetch_loop()
         self.serve_parked()
+        self.group_commit()
         self.resolve_writes()
 
 
@@ -974,6 +1021,16 @@ class Simulation:
                     f"acknowledged record at {offset} lost: {who} (slot {broker.slot}) does not hold it"
                 )
 
+    def check_confirmed_bytes_are_durable(self) -> None:
+        """Group commit: no master confirms bytes a power loss could take from it."""
+        for broker in self.brokers:
+            core = broker.core
+            if core is not None and core.role == Role.MASTER and core.confirm_offset > broker.log.durable:
+                self.fail(
+                    f"slot {broker.slot} confirms up to {core.confirm_offset} but its log is durable "
+                    f"only up to {broker.log.durable} (log end {broker.log.end})"
+                )
+
     def check_sync_state_set_holds_the_confirmed_bytes(self) -> None:
         """The confirm offset is what the SyncStateSet durably holds: every member the
         controller could elect next, up or down, holds the master's bytes below it."""
@@ -1060,7 +1117,12 @@ class Simulation:
         if slaves and rng.random() < LEAVE_RATE * self.intensity:
             slave = rng.choice(slaves)
             slave.feed(Leave())
+            slave.leaving_since_ms = self.t
             self.trace(f"{slave.slot} starts leaving")
+        for broker in self.brokers:  # each stops LEAVE_EXIT_MS later (maybe elected meanwhile)
+            if broker.core is not None and broker.leaving_since_ms is not None:
+                if self.t - broker.leaving_since_ms > LEAVE_EXIT_MS:
+                    broker.exit()
 
     def produce(self) -> None:
         """Bursts of writes and quiet gaps, mostly to the controller's master."""
@@ -1093,6 +1155,7 @@ class Simulation:
             if broker.alive:
                 broker.step()
         self.check_one_writer("a step")
+        self.check_confirmed_bytes_are_durable()
         self.check_sync_state_set_holds_the_confirmed_bytes()
         self.check_slaves_are_prefixes()
         if self.step_index % 500 == 0:
@@ -1195,6 +1258,18 @@ def lease_always_valid(self: Lease, now_ms: int) -> bool:
     return True
 
 
+def confirm_counting_unsynced_bytes(self: LogView) -> int:
+    """Group commit: the master counts what it wrote, not what it synced, as its own ack."""
+    return self.max_offset
+
+
+def read_past_durable(self: SimLog, offset: int, records_max: int) -> bytes:
+    """Group commit: the master serves its slaves bytes it has not synced yet (a power loss
+    takes them from the master while a slave keeps them, in the same epoch)."""
+    i = bisect.bisect_left(self.starts, offset) + records_max
+    return bytes(self.data[offset : self.starts[i] if i < len(self.starts) else self.end])
+
+
 # name -> (where, what, the buggy variant, what the simulation must report)
 
 PLANTED_BUGS: dict[str, tuple[Any, str, Callable[..., Any], str]] = {
@@ -1211,6 +1286,13 @@ PLANTED_BUGS: dict[str, tuple[Any, str, Callable[..., Any], str]] = {
         "above the consistent point",
     ),
     "no master lease": (Lease, "valid", lease_always_valid, "may write as master"),
+    "confirm counts unsynced bytes": (
+        LogView,
+        "durable",
+        property(confirm_counting_unsynced_bytes),
+        "its log is durable only up to",
+    ),
+    "slaves served unsynced bytes": (SimLog, "read", read_past_durable, "is not a prefix of its log"),
 }
 
 

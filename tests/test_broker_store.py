@@ -573,6 +573,96 @@ def test_failed_write_leaves_the_log_unchanged(tmp_path, monkeypatch):
     assert log.append([record(9, size=300)]) == [before[0]]
 
 
+def _counting_fdatasync(monkeypatch) -> list[int]:
+    calls: list[int] = []
+    real = os.fdatasync
+
+    def counted(fd: int) -> None:
+        calls.append(fd)
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", counted)
+    return calls
+
+
+def _append_unsynced(log: CommitLog, records: list[bytes]) -> list[int]:
+    return log.append_verified(b"".join(records), [len(r) for r in records], sync=False)
+
+
+def test_group_commit_one_fdatasync_covers_every_append_before_it(tmp_path, monkeypatch):
+    log = CommitLog(tmp_path, segment_bytes=SEGMENT, fsync=True)
+    calls = _counting_fdatasync(monkeypatch)
+    for i in range(3):
+        _append_unsynced(log, [record(i, size=300)])
+    assert calls == [] and log.durable_offset == 0 < log.max_offset, "written, not durable"
+    first_end = log.max_offset
+    assert log.sync() == first_end and len(calls) == 1 and log.durable_offset == first_end
+    assert log.sync(first_end) == first_end and len(calls) == 1, "already durable: no second fdatasync"
+    _append_unsynced(log, [record(3, size=300)])
+    assert log.sync(first_end) == first_end and len(calls) == 1, "what the caller waits for is durable"
+    assert log.sync() == log.max_offset and len(calls) == 2
+    log.append([record(4, size=300)])  # a synced append makes everything before it durable too
+    assert log.durable_offset == log.max_offset and len(calls) == 3
+
+
+def test_group_commit_syncs_a_segment_before_the_next_one_exists(tmp_path, monkeypatch):
+    """Only the last segment may hold unsynced bytes, as only it may end torn."""
+    log = CommitLog(tmp_path, segment_bytes=SEGMENT, fsync=True)
+    calls = _counting_fdatasync(monkeypatch)
+    _append_unsynced(log, [record(i, size=300) for i in range(20)])  # rolls at least once
+    bases = [int(p.stem) for p in sorted(tmp_path.glob("*.log"))]
+    assert len(bases) >= 2 and calls, "the rolled segments were synced"
+    assert log.durable_offset == bases[-1] < log.max_offset
+
+
+def test_group_commit_truncation_and_reopen(tmp_path):
+    log = CommitLog(tmp_path, segment_bytes=SEGMENT, fsync=True)
+    offsets = _append_unsynced(log, [record(i, size=300) for i in range(3)])
+    log.sync()
+    _append_unsynced(log, [record(3, size=300)])
+    log.truncate(offsets[1])
+    assert log.durable_offset == offsets[1] == log.max_offset, "durable never past the end"
+    _append_unsynced(log, [record(4, size=300)])
+    end = log.max_offset
+    log.close()  # as a kill -9 would leave it: written, never synced by this process
+    reopened = CommitLog(tmp_path, segment_bytes=SEGMENT, fsync=True)
+    assert reopened.max_offset == end == reopened.durable_offset, "opening syncs what it finds"
+
+
+def test_a_failed_group_fdatasync_closes_the_log(tmp_path, monkeypatch):
+    """A failed fdatasync may have dropped the dirty pages (a retry could then succeed
+    for bytes that are gone), so the log refuses everything after it. The failure is
+    injected: a real EIO cannot be produced on this machine."""
+    log = CommitLog(tmp_path, segment_bytes=SEGMENT, fsync=True)
+    _append_unsynced(log, [record(0, size=300)])
+
+    def failing(fd: int) -> None:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(os, "fdatasync", failing)
+    with pytest.raises(OSError):
+        log.sync()
+    monkeypatch.undo()
+    assert log.durable_offset == 0
+    with pytest.raises(FailedPrecondition, match="closed"):
+        log.append([record(1, size=300)])
+    with pytest.raises(FailedPrecondition, match="closed"):
+        log.sync()
+
+
+def test_a_group_commit_store_syncs_before_its_checkpoint_and_epoch(tmp_path):
+    store = new_store(tmp_path, fsync=True, group_commit=True, index_checkpoint_bytes=1 << 30)
+    store.begin_epoch(1)
+    store.put_messages([msg(i) for i in range(3)], 1, 1)
+    assert store.durable_offset < store.max_offset
+    store.checkpoint()
+    assert store.durable_offset == store.max_offset, "a checkpoint never names unsynced bytes"
+    store.put_messages([msg(3)], 1, 1)
+    store.begin_epoch(2)
+    assert store.durable_offset == store.max_offset == store.epochs.entries[-1][1]
+    store.close()
+
+
 # Store -------------------------------------------------------------------------------------------------
 
 

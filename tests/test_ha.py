@@ -36,12 +36,14 @@ Properties checked:
 
 from __future__ import annotations
 
+import os
 import threading
 
 import pytest
 
 from broker_agent import agent as agent_module
 from broker_agent import core as core_module
+from broker_agent import replication
 from broker_agent.agent import BrokerAgent, BrokerConfig
 from broker_agent.core import (
     AckPolicy,
@@ -73,6 +75,7 @@ from broker_agent.core import (
     StartFetching,
     Stop,
     StopFetching,
+    Synced,
     SyncStateSetChanged,
     SyncStateSetFailed,
     Tick,
@@ -84,11 +87,13 @@ from broker_agent.core import (
     truncation_point,
 )
 from broker_agent.ha import Lease, Role, SyncStateTracker, confirm_offset
+from broker_agent.seams import log_view
 from cluster.wait import wait_for
 from mqmeta.clock import now_ms
-from mqmeta.errors import FailedPrecondition, FencedEpoch, NotMaster
+from mqmeta.errors import FailedPrecondition, FencedEpoch, MqmetaError, NotMaster, Unavailable
 from mqmeta.formats.epochs import consistent_point
 from mqmeta.formats.records import Message
+from mqmeta.pb import broker_pb2 as bpb
 from mqmeta.pb import controller_pb2 as cpb
 
 pytestmark = pytest.mark.timeout(30)
@@ -702,6 +707,51 @@ def test_a_waiting_writer_is_woken_when_the_confirm_offset_covers_it_and_only_th
     a.feed(fetch(2, third, LogView(a.store.max_offset, ((1, 0),)), now_ms=now_ms()))
     writers[1].join(10)
     assert done == ends and not a._writers
+
+
+def test_the_master_serves_its_slaves_only_synced_bytes(agent):
+    """Group commit: an append is written at once but synced later; a slave is served
+    only bytes the master has synced (a power loss could take the others from the
+    master, which would then write different bytes there in the same epoch), and the
+    master's own ack is its durable offset."""
+    a = agent(fsync=True)
+    a.feed(Registered(1, lease_ms=600_000))
+    a.apply_replica_info(replica_info(1, 1, [1, 2]))
+    a.feed(HeartbeatAnswered(now_ms(), 1, 1, 1, lease_ms=0))
+    _, end, _ = a.append(lambda e: a.store.put_messages([Message("T", 0, b"x" * 100)], e, 1))
+    assert a.store.durable_offset == 0 < end
+
+    def fetch_from(offset: int) -> bpb.HaFetchResponse:
+        request = bpb.HaFetchRequest(broker_id=2, master_epoch=1, fetch_offset=offset, wait_ms=0)
+        return replication.serve_fetch(a, request)
+
+    assert fetch_from(0).data == b"", "nothing synced yet: nothing served"
+    a.store.sync(end)
+    a.feed(Synced(log_view(a.store)))
+    assert len(fetch_from(0).data) == end
+    assert a.view().confirm_offset == 0, "the slave has not acknowledged it yet"
+    a.feed(fetch(2, end, LogView(a.store.max_offset, ((1, 0),), 0, a.store.durable_offset), now_ms=now_ms()))
+    assert a.view().confirm_offset == end
+
+
+def test_a_failed_group_commit_fences_the_master(agent, monkeypatch):
+    """The fdatasync failure is injected (no real EIO can be made here): the write is
+    not acknowledged, and the broker writes nothing more as master."""
+    a = agent(fsync=True)
+    a.feed(Registered(1, lease_ms=600_000))
+    a.apply_replica_info(replica_info(1, 1, [1]))
+    a.feed(HeartbeatAnswered(now_ms(), 1, 1, 1, lease_ms=0))
+
+    def failing(fd: int) -> None:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(os, "fdatasync", failing)
+    with pytest.raises(Unavailable, match="fenced"):
+        a.send([Message(topic="T", queue_id=0, body=b"x")])
+    monkeypatch.undo()
+    assert a.view().role == Role.FENCED and a.view().confirm_offset == 0
+    with pytest.raises(MqmetaError):
+        a.send([Message(topic="T", queue_id=0, body=b"y")])
 
 
 # core.py: stale messages from the controller and from slaves -------------------------------
