@@ -18,7 +18,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -80,7 +80,7 @@ from mqmeta.errors import (
     Unavailable,
 )
 from mqmeta.formats.atomic import write_json_atomically
-from mqmeta.formats.records import Message
+from mqmeta.formats.records import MessageFields
 from mqmeta.pb import controller_pb2 as cpb
 
 log = logging.getLogger(__name__)
@@ -624,7 +624,7 @@ class BrokerAgent:
         with self.lock:
             return self.core.writable(now or now_ms())
 
-    def send(self, messages: list[Message]) -> tuple[list[Any], int]:
+    def send(self, messages: Sequence[MessageFields]) -> tuple[list[Any], int]:
         if not 1 <= len(messages) <= SEND_BATCH_MAX:
             raise InvalidArgument(f"a send carries 1 to {SEND_BATCH_MAX} messages")
         return self._write(lambda epoch: self.store.put_messages(messages, epoch, wall_ms()))

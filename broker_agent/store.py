@@ -67,6 +67,7 @@ from mqmeta.formats.records import (
     QUEUE_ID_MAX,
     TOPIC_PATTERN,
     Message,
+    MessageFields,
     RecordHead,
     StoredRecord,
     decode_record,
@@ -76,8 +77,12 @@ from mqmeta.formats.records import (
     scan_records,
     validate_topic,
 )
+from mqmeta.pb import broker_pb2
 
 log = logging.getLogger(__name__)
+
+# What put_messages takes: its own Message, or the broker protocol's (the Send path)
+_MESSAGE_TYPES = (Message, broker_pb2.Message)
 
 CONSUMER_OFFSET_TOPIC = "%CONSUMER_OFFSET%"
 PUT_BATCH_MAX = 1024
@@ -580,19 +585,21 @@ class MessageStore:
             self.log.sync()  # the epoch never starts past bytes a power loss could take
             self.epochs.append(epoch, self.log.max_offset)
 
-    def put_messages(self, messages: list[Message], epoch: int, now_ms: int) -> list[PutResult]:
-        """Appends `messages` (one commit-log write, durable on return when fsync, or
-        after sync() with group_commit) at the next offset of each queue; `epoch` must be
-        the store's current epoch."""
+    def put_messages(self, messages: Sequence[MessageFields], epoch: int, now_ms: int) -> list[PutResult]:
+        """Appends `messages` (Message, or the broker protocol's Message: one commit-log
+        write, durable on return when fsync, or after sync() with group_commit) at the
+        next offset of each queue; `epoch` must be the store's current epoch."""
         if not 0 < len(messages) <= PUT_BATCH_MAX:
             raise InvalidArgument(f"a put carries 1 to {PUT_BATCH_MAX} messages, not {len(messages)}")
+        origins: list[Origin | None] = []
         for message in messages:
-            if not isinstance(message, Message):
+            if type(message) not in _MESSAGE_TYPES:
                 raise InvalidArgument(f"expected a Message, got {type(message).__name__}")
             if message.topic == CONSUMER_OFFSET_TOPIC:
                 raise InvalidArgument(f"{CONSUMER_OFFSET_TOPIC} is written by commit_consumer_offset only")
-        # InvalidArgument when malformed; a message without properties is no copy
-        origins = [origin_of(m.properties) if m.properties else None for m in messages]
+            properties = message.properties
+            # InvalidArgument when malformed; a message without properties is no copy
+            origins.append(origin_of(properties) if properties else None)
         with self._lock:
             self._check_open()
             self._check_epoch(epoch)
@@ -601,7 +608,7 @@ class MessageStore:
             return self._put_copies_locked(messages, origins, epoch, now_ms)
 
     def _put_copies_locked(
-        self, messages: list[Message], origins: list[Origin | None], epoch: int, now_ms: int
+        self, messages: Sequence[MessageFields], origins: list[Origin | None], epoch: int, now_ms: int
     ) -> list[PutResult]:
         """A send of replicated copies: judged against the origin table and appended under
         the one lock, so no other send of the same origin queue comes between. Copies
@@ -638,7 +645,7 @@ class MessageStore:
                 )
         return PutResult("", head.topic, head.queue_id, -1, -1, True)
 
-    def _put_locked(self, messages: list[Message], epoch: int, now_ms: int) -> list[PutResult]:
+    def _put_locked(self, messages: Sequence[MessageFields], epoch: int, now_ms: int) -> list[PutResult]:
         start = position = self.log.max_offset
         next_offsets: dict[QueueKey, int] = {}
         encoded: list[bytes] = []

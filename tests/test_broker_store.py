@@ -54,7 +54,9 @@ from mqmeta.formats.records import (
     TornRecord,
     decode_record,
     encode_record,
+    is_msg_id_of,
     iter_records,
+    legacy_msg_id,
     make_msg_id,
     scan_records,
     split_records,
@@ -179,13 +181,13 @@ def test_record_bytes_are_those_of_format_version_1():
         producer_id="p",
         producer_seq=7,
     )
-    data = encode_record(full, 3, 1_700_000_000_000, 42, make_msg_id("broker-a", 4096, 3))
+    data = encode_record(full, 3, 1_700_000_000_000, 42, legacy_msg_id("broker-a", 4096, 3))
     assert data.hex() == (
         "4d510181000000de50367203000000000000000068e5cf8b010000050000002a00000000000000070000000000"
         "00000600476f6c64656e2000376432633462326434646266653637396433666466636435646664346665626601"
         "007001007405006b31206b320f0002000100610200c3bc01006201003206000000626f647900ff"
     )
-    smallest = encode_record(Message(topic="T", queue_id=0, body=b""), 1, 0, 0, make_msg_id("b", 0, 1))
+    smallest = encode_record(Message(topic="T", queue_id=0, body=b""), 1, 0, 0, legacy_msg_id("b", 0, 1))
     assert smallest.hex() == (
         "4d510162000000227215d901000000000000000000000000000000000000000000000000000000000000000000"
         "000001005420006532396630666635303463643764653932323131623061386339643536646637000000000000"
@@ -297,6 +299,20 @@ def test_msg_ids_are_deterministic_hex():
         )
         == 4
     )
+    assert a.endswith(f"{100:016x}") and a[:16] == make_msg_id("broker-a", 7, 1)[:16]
+    with pytest.raises(InvalidArgument):
+        make_msg_id("broker-a", -1, 1)
+
+
+def test_tiered_check_accepts_both_id_forms_and_nothing_else():
+    """Records written before P11 carry a SHA-256 id of (broker, offset, epoch); both forms
+    name their offset, and neither matches another offset, broker or epoch."""
+    for form in (make_msg_id, legacy_msg_id):
+        msg_id = form("broker-a", 4096, 3)
+        assert is_msg_id_of(msg_id, "broker-a", 4096, 3)
+        assert not is_msg_id_of(msg_id, "broker-a", 4097, 3)
+        assert not is_msg_id_of(msg_id, "broker-b", 4096, 3)
+        assert not is_msg_id_of(msg_id, "broker-a", 4096, 4)
 
 
 # Epoch file -------------------------------------------------------------------------------------

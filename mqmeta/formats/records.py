@@ -18,13 +18,14 @@ commit log, so replicated bytes mean the same thing on every replica.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 import struct
 import zlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 from mqmeta.errors import CorruptData, InvalidArgument
 from mqmeta.validate import NAME_PATTERN
@@ -95,6 +96,28 @@ _set_attribute = object.__setattr__
 
 class TornRecord(Exception):
     """Fewer bytes are present than the record's header says: an interrupted append."""
+
+
+class MessageFields(Protocol):
+    """What the store reads of a message to write: a Message, or the broker protocol's
+    Message itself (same field names; the broker's Send passes those straight through)."""
+
+    @property
+    def topic(self) -> str: ...
+    @property
+    def queue_id(self) -> int: ...
+    @property
+    def body(self) -> bytes: ...
+    @property
+    def tags(self) -> str: ...
+    @property
+    def keys(self) -> str: ...
+    @property
+    def properties(self) -> Mapping[str, str]: ...
+    @property
+    def producer_id(self) -> str: ...
+    @property
+    def producer_seq(self) -> int: ...
 
 
 @dataclass(frozen=True, init=False)
@@ -168,14 +191,37 @@ class StoredRecord:
         return hashlib.sha256(self.body).hexdigest()
 
 
+@functools.lru_cache(maxsize=1024)
+def _msg_id_prefix(broker_address_or_name: str, epoch: int) -> str:
+    return hashlib.sha256(f"{broker_address_or_name}\x00{epoch}".encode()).hexdigest()[:16]
+
+
 def make_msg_id(broker_address_or_name: str, commit_offset: int, epoch: int = 0) -> str:
-    """A 32-hex-char id, deterministic in (broker, commit offset, epoch).
+    """A 32-hex-char id, deterministic in (broker, commit offset, epoch): 16 hex digits of
+    a SHA-256 of (broker, epoch), then the commit offset in 16 hex digits (RocketMQ's
+    offset message id also ends with the commit offset). One hash per broker and epoch,
+    not per message (P11: the hash was 10 % of the master's send path).
 
     The epoch is mixed in because after a slave truncates a divergent tail, the same
     commit offset is reused by a different message of a later epoch.
     """
+    if not 0 <= commit_offset <= U64_MAX:
+        raise InvalidArgument(f"commit offset {commit_offset!r} is not in [0, {U64_MAX}]")
+    return _msg_id_prefix(broker_address_or_name, epoch) + format(commit_offset, "016x")
+
+
+def legacy_msg_id(broker_address_or_name: str, commit_offset: int, epoch: int = 0) -> str:
+    """The id records written before P11 carry: a SHA-256 of (broker, offset, epoch)."""
     seed = f"{broker_address_or_name}\x00{commit_offset}\x00{epoch}".encode()
     return hashlib.sha256(seed).hexdigest()[:MSG_ID_CHARS]
+
+
+def is_msg_id_of(msg_id: str, broker_address_or_name: str, commit_offset: int, epoch: int) -> bool:
+    """Whether `msg_id` is the id `broker` gave `commit_offset` in `epoch` (either form)."""
+    return msg_id in (
+        make_msg_id(broker_address_or_name, commit_offset, epoch),
+        legacy_msg_id(broker_address_or_name, commit_offset, epoch),
+    )
 
 
 def _text(kind: str, value: str, limit: int) -> bytes:
@@ -245,7 +291,7 @@ def _topic_field(topic: str) -> bytes:
 
 
 def encode_record(
-    message: Message, epoch: int, store_timestamp_ms: int, queue_offset: int, msg_id: str
+    message: MessageFields, epoch: int, store_timestamp_ms: int, queue_offset: int, msg_id: str
 ) -> bytes:
     """The record bytes for `message`; InvalidArgument when a field is past its limit."""
     topic_field = _topic_field(message.topic)

@@ -36,7 +36,7 @@ from mqmeta.formats.epochs import EPOCH_ENTRIES_MAX, EpochEntry
 from mqmeta.formats.records import (
     QUEUE_ID_MAX,
     StoredRecord,
-    make_msg_id,
+    is_msg_id_of,
     split_records,
     validate_topic,
 )
@@ -202,8 +202,9 @@ def check_records(records: Sequence[StoredRecord], broker_name: str) -> None:
     """Epochs never decrease, and each record sits at the offset its message id names.
 
     A record does not store its commit offset, but its message id is
-    make_msg_id(broker_name, commit_offset, epoch): checking it catches bytes labelled
-    with the wrong base offset or taken from another broker set's log.
+    make_msg_id(broker_name, commit_offset, epoch) (or, written before P11,
+    legacy_msg_id): checking it catches bytes labelled with the wrong base offset or
+    taken from another broker set's log.
     """
     for before, after in zip(records, records[1:], strict=False):
         if after.epoch < before.epoch:
@@ -214,7 +215,7 @@ def check_records(records: Sequence[StoredRecord], broker_name: str) -> None:
     for record in records:
         if record.epoch == 0:
             raise CorruptData(f"the record at {record.commit_offset} has epoch 0")
-        if record.msg_id != make_msg_id(broker_name, record.commit_offset, record.epoch):
+        if not is_msg_id_of(record.msg_id, broker_name, record.commit_offset, record.epoch):
             raise CorruptData(
                 f"the record at {record.commit_offset} has message id "
                 f"{record.msg_id}, which {broker_name} did not give that offset in "
