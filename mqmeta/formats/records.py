@@ -192,7 +192,8 @@ class StoredRecord:
 
 
 @functools.lru_cache(maxsize=1024)
-def _msg_id_prefix(broker_address_or_name: str, epoch: int) -> str:
+def msg_id_prefix(broker_address_or_name: str, epoch: int) -> str:
+    """The first 16 hex digits of every id `broker` gives in `epoch` (make_msg_id)."""
     return hashlib.sha256(f"{broker_address_or_name}\x00{epoch}".encode()).hexdigest()[:16]
 
 
@@ -207,7 +208,7 @@ def make_msg_id(broker_address_or_name: str, commit_offset: int, epoch: int = 0)
     """
     if not 0 <= commit_offset <= U64_MAX:
         raise InvalidArgument(f"commit offset {commit_offset!r} is not in [0, {U64_MAX}]")
-    return _msg_id_prefix(broker_address_or_name, epoch) + format(commit_offset, "016x")
+    return msg_id_prefix(broker_address_or_name, epoch) + format(commit_offset, "016x")
 
 
 def legacy_msg_id(broker_address_or_name: str, commit_offset: int, epoch: int = 0) -> str:
