@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import json
 import re
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -44,7 +43,8 @@ from cluster.certs import issue_certificate
 from mqmeta import auth
 from mqmeta.pb import broker_pb2, broker_pb2_grpc, controller_pb2_grpc, namesrv_pb2
 from mqmeta.pb import controller_pb2 as pb
-from tests.support import WaitTimeout, wait_for
+from tests.support import wait_for
+from tests.support.local_up import local_up
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.cluster]
 MQMETA = [sys.executable, "-m", "mqmeta.cli"]
@@ -65,30 +65,9 @@ def run(*args: str, timeout: float = 30) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def guarded(tmp_path_factory):
     data_dir = tmp_path_factory.mktemp("auth") / "local"
-    output = data_dir.parent / "local-up.out"
-    flags = ["--tls", "--auth", "--controllers", "1", "--replicas", "2"]
-    with open(output, "ab") as sink:
-        proc = subprocess.Popen(
-            [*MQMETA, "local", "up", "--data-dir", str(data_dir), *flags, "--clusters", "2", "--replicate"],
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-        )
-
-    def written() -> bool:
-        if proc.poll() is not None:
-            raise ChildProcessError(f"local up exited with status {proc.returncode}")
-        return (data_dir / "cluster.json").exists()
-
-    try:
-        wait_for(written, LOCAL_UP_READY_TIMEOUT_S, "local up --auth to write cluster.json", interval_s=0.2)
-    except (WaitTimeout, ChildProcessError) as error:
-        proc.kill()
-        proc.wait()
-        pytest.fail(f"{error}: {output.read_text()}")
-    document = json.loads((data_dir / "cluster.json").read_text())
-    yield data_dir, document
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=60) == 0
+    flags = ["--tls", "--auth", "--controllers", "1", "--replicas", "2", "--clusters", "2", "--replicate"]
+    with local_up(data_dir, *flags, timeout_s=LOCAL_UP_READY_TIMEOUT_S) as document:
+        yield data_dir, document
 
 
 def _cert(document: dict, which: str) -> tuple[str, str]:
@@ -466,26 +445,9 @@ finally:
 def tokens_only(tmp_path_factory):
     """`local up --auth` without TLS: every process sends the admin token."""
     data_dir = tmp_path_factory.mktemp("auth-plain") / "local"
-    output = data_dir.parent / "local-up.out"
     flags = ["--auth", "--controllers", "1", "--replicas", "1"]
-    with open(output, "ab") as sink:
-        proc = subprocess.Popen(
-            [*MQMETA, "local", "up", "--data-dir", str(data_dir), *flags],
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-        )
-    try:
-        wait_for(
-            lambda: (data_dir / "cluster.json").exists() or proc.poll() is not None,
-            LOCAL_UP_READY_TIMEOUT_S,
-            "local up --auth to write cluster.json",
-            interval_s=0.2,
-        )
-        assert proc.poll() is None, output.read_text()
-        yield json.loads((data_dir / "cluster.json").read_text())
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=60) == 0
+    with local_up(data_dir, *flags, timeout_s=LOCAL_UP_READY_TIMEOUT_S) as document:
+        yield document
 
 
 def test_tokens_alone_and_the_official_client_with_credentials(tokens_only):

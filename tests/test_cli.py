@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import urllib.request
@@ -23,7 +22,7 @@ import pytest
 
 from mqmeta.pb import namesrv_pb2 as ns_pb
 from mqmeta.pb import namesrv_pb2_grpc as ns_grpc
-from tests.support import WaitTimeout, wait_for
+from tests.support.local_up import start_local_up, stop_local_up
 
 pytestmark = [pytest.mark.timeout(120)]
 MQMETA = [sys.executable, "-m", "mqmeta.cli"]
@@ -35,30 +34,11 @@ def run(*args: str, timeout: float = 30) -> subprocess.CompletedProcess:
 
 
 def start_local(data_dir: Path) -> tuple[subprocess.Popen, dict]:
-    (data_dir / "cluster.json").unlink(missing_ok=True)
-    output = data_dir.parent / "local-up.out"
-    with open(output, "ab") as sink:
-        proc = subprocess.Popen(
-            [*MQMETA, "local", "up", "--data-dir", str(data_dir)], stdout=sink, stderr=subprocess.STDOUT
-        )
-
-    def written() -> bool:
-        if proc.poll() is not None:
-            raise ChildProcessError(f"local up exited with status {proc.returncode}")
-        return (data_dir / "cluster.json").exists()
-
-    try:
-        wait_for(written, LOCAL_UP_READY_TIMEOUT_S, "local up to write cluster.json", interval_s=0.1)
-    except (WaitTimeout, ChildProcessError) as error:
-        proc.kill()
-        proc.wait()
-        pytest.fail(f"{error}: {output.read_text()}")
-    return proc, json.loads((data_dir / "cluster.json").read_text())
+    return start_local_up(data_dir, timeout_s=LOCAL_UP_READY_TIMEOUT_S)
 
 
 def stop_local(proc: subprocess.Popen, document: dict) -> None:
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=30) == 0
+    stop_local_up(proc, timeout_s=30)
     for child in document["controllers"] + document["namesrv"]:
         with pytest.raises(ProcessLookupError):
             os.kill(child["pid"], 0)  # every child is gone

@@ -640,20 +640,14 @@ def test_local_up_with_two_clusters_and_a_replicator(tmp_path):
     b with its tag, keys and origin; SIGTERM stops every child, the worker included."""
     import json
     import os
-    import signal
     import subprocess
-    import sys
 
-    mqmeta = [sys.executable, "-m", "mqmeta.cli"]
+    from tests.support.local_up import MQMETA as mqmeta
+    from tests.support.local_up import local_up
+
     data_dir = tmp_path / "local"
     flags = ["--controllers", "1", "--replicas", "1", "--clusters", "2", "--replicate"]
-    with open(tmp_path / "local-up.out", "ab") as sink:
-        proc = subprocess.Popen(
-            [*mqmeta, "local", "up", "--data-dir", str(data_dir), *flags], stdout=sink, stderr=sink
-        )
-    try:
-        wait_for(lambda: (data_dir / "cluster.json").exists() or proc.poll(), 60, "cluster.json")
-        document = json.loads((data_dir / "cluster.json").read_text())
+    with local_up(data_dir, *flags) as document:
         assert [c["name"] for c in document["clusters"]] == ["a", "b"]
         assert document["controllers"] == document["clusters"][0]["controllers"]
         assert {b["cluster"] for b in document["clusters"][1]["brokers"]} == {"b"}
@@ -689,8 +683,5 @@ def test_local_up_with_two_clusters_and_a_replicator(tmp_path):
         lines = [json.loads(line) for line in record.read_text().splitlines()]
         assert len(lines) == 20 and len({r["value"] for r in lines}) == 20
         assert all((r["tag"], r["keys"], r["origin"]["cluster"]) == ("T", ["k1", "k2"], "a") for r in lines)
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=60) == 0
     with pytest.raises(ProcessLookupError):
         os.kill(replicator["pid"], 0)

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import json
 import re
-import signal
 import stat
 import subprocess
 import sys
@@ -43,7 +42,8 @@ from cluster.certs import LocalCerts, ensure_local_certs, issue_certificate
 from mqmeta import tls
 from mqmeta.client import ControllerClient
 from mqmeta.pb import controller_pb2 as pb
-from tests.support import WaitTimeout, wait_for
+from tests.support import wait_for
+from tests.support.local_up import local_up
 
 pytestmark = [pytest.mark.timeout(90), pytest.mark.cluster]
 MQMETA = [sys.executable, "-m", "mqmeta.cli"]
@@ -58,30 +58,9 @@ def run(*args: str, timeout: float = 30) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def tls_cluster(tmp_path_factory):
     data_dir = tmp_path_factory.mktemp("tls") / "local"
-    output = data_dir.parent / "local-up.out"
-    with open(output, "ab") as sink:
-        proc = subprocess.Popen(
-            [*MQMETA, "local", "up", "--tls", "--auth", "--anonymous-reads", "--data-dir", str(data_dir)]
-            + ["--replicas", "2"],
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-        )
-
-    def written() -> bool:
-        if proc.poll() is not None:
-            raise ChildProcessError(f"local up exited with status {proc.returncode}")
-        return (data_dir / "cluster.json").exists()
-
-    try:
-        wait_for(written, LOCAL_UP_READY_TIMEOUT_S, "local up --tls to write cluster.json", interval_s=0.1)
-    except (WaitTimeout, ChildProcessError) as error:
-        proc.kill()
-        proc.wait()
-        pytest.fail(f"{error}: {output.read_text()}")
-    document = json.loads((data_dir / "cluster.json").read_text())
-    yield data_dir, document
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=30) == 0
+    flags = ["--tls", "--auth", "--anonymous-reads", "--replicas", "2"]
+    with local_up(data_dir, *flags, timeout_s=LOCAL_UP_READY_TIMEOUT_S) as document:
+        yield data_dir, document
 
 
 def _client_flags(document: dict) -> list[str]:
