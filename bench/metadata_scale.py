@@ -83,11 +83,16 @@ from benchlib import (
     stop_clusters,
 )
 
+from controller.state_machine import CONFIG_SCHEMA  # noqa: E402 (after benchlib's path)
+
 CLUSTER = "DefaultCluster"
 FULL_SIZES = {"topics": 100_000, "queues": 8, "groups": 10_000, "broker_sets": 300, "replicas": 3}
 TARGETS = {"restart_one_s_max": 10.0, "restart_all_s_max": 10.0, "route_p99_ms_max": 5.0}
 WRITE_BATCH = 1024  # writes per Write RPC (the RPC's own maximum)
 SETS_PER_TOPIC = 2  # each topic lives on this many broker sets (8 queues on each)
+# The fleet heartbeats as real brokers do by default: at the controllers' default interval
+# (P9 made it 300 ms with dead-after 2 s; at 1 s, two late heartbeats made a master dead).
+DEFAULT_HEARTBEAT_INTERVAL_MS = CONFIG_SCHEMA["broker_heartbeat_interval_ms"][1]
 HEARTBEAT_TIMEOUT_S = 2.0
 FLEET_BROKERS_PER_PROCESS = 300
 WATCH_STREAMS_PER_PROCESS = 300
@@ -859,7 +864,7 @@ def journal_bytes(cluster: ScaleCluster, node: str) -> int:
 
 def load_phase(cluster: ScaleCluster, fleet: BrokerFleet, sizes: dict[str, int], args) -> dict[str, Any]:
     t0 = time.monotonic()
-    registered = fleet.start_fleet(1000, timeout_s=300.0)
+    registered = fleet.start_fleet(args.heartbeat_interval_ms, timeout_s=300.0)
     out: dict[str, Any] = {"brokers_registered": len(registered), "register_s": _r(time.monotonic() - t0, 2)}
     out["heartbeating"] = fleet.wait_heartbeating(len(registered), timeout_s=60.0)
     log(f"registered {len(registered)} brokers in {out['register_s']}s; electing masters")
@@ -1210,7 +1215,7 @@ def capacity_phase(cluster: ScaleCluster, fleet: BrokerFleet, sizes: dict[str, i
         if not kept_up:
             break
         best = window
-    fleet.set_interval(1000)
+    fleet.set_interval(args.heartbeat_interval_ms)
     return {
         "steps": steps,
         "sustained_heartbeats_per_s": best["heartbeats_per_s"] if best else None,
@@ -1786,7 +1791,17 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--phase-s", type=float, default=0.0, help="seconds per measuring window")
     p.add_argument("--route-clients", type=int, default=4)
     p.add_argument("--load-threads", type=int, default=4)
-    p.add_argument("--capacity-intervals", default="1000,500,250,125", help="heartbeat intervals (ms) to try")
+    p.add_argument(
+        "--heartbeat-interval-ms",
+        type=int,
+        default=DEFAULT_HEARTBEAT_INTERVAL_MS,
+        help=f"the fleet's heartbeat interval (default: the controllers', {DEFAULT_HEARTBEAT_INTERVAL_MS})",
+    )
+    p.add_argument(
+        "--capacity-intervals",
+        default="",
+        help="heartbeat intervals (ms) to try (default: the fleet's interval, then 1/2, 1/4, 1/8 of it)",
+    )
     p.add_argument("--compaction-min-entries", type=int, default=0, help="raft setting (0: the node default)")
     p.add_argument("--watch-streams", type=int, default=0, help="0: one per broker")
     p.add_argument("--watch-rounds", type=int, default=5)
@@ -1800,7 +1815,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args.phase_s = args.phase_s or (2.0 if small else 10.0)
     args.warmup_s = 0.5 if small else 2.0
     args.capacity_s = args.phase_s / 2 if small else 6.0
-    args.capacity_intervals = [int(x) for x in args.capacity_intervals.split(",") if x]
+    if not 50 <= args.heartbeat_interval_ms <= 60_000:
+        p.error("--heartbeat-interval-ms must be in [50, 60000] (the controllers' bounds)")
+    args.capacity_intervals = [int(x) for x in args.capacity_intervals.split(",") if x] or [
+        max(1, args.heartbeat_interval_ms // k) for k in (1, 2, 4, 8)
+    ]
     args.watch_styles = [x for x in args.watch_styles.split(",") if x]
     if not set(args.watch_styles) <= {"broker", "cluster"}:
         p.error("--watch-styles takes broker, cluster or both")
