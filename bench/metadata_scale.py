@@ -862,10 +862,30 @@ def journal_bytes(cluster: ScaleCluster, node: str) -> int:
         return 0
 
 
+def liveness_config(interval_ms: int) -> dict[str, str]:
+    """The controllers' liveness settings for a fleet heartbeating every `interval_ms`:
+    none to change at the default interval; otherwise dead-after at least 4 intervals (the
+    controllers refuse less than 3), never below its default."""
+    if interval_ms == DEFAULT_HEARTBEAT_INTERVAL_MS:
+        return {}
+    dead_after = max(CONFIG_SCHEMA["broker_dead_after_ms"][1], 4 * interval_ms)
+    return {"broker_heartbeat_interval_ms": str(interval_ms), "broker_dead_after_ms": str(dead_after)}
+
+
 def load_phase(cluster: ScaleCluster, fleet: BrokerFleet, sizes: dict[str, int], args) -> dict[str, Any]:
+    from mqmeta.pb import controller_pb2 as pb
+
     t0 = time.monotonic()
+    config = liveness_config(args.heartbeat_interval_ms)
+    if config:  # what a real broker would read from the controllers and follow
+        with cluster.leader_client() as client:
+            client.call("UpdateConfig", pb.UpdateConfigRequest(values=config))
     registered = fleet.start_fleet(args.heartbeat_interval_ms, timeout_s=300.0)
-    out: dict[str, Any] = {"brokers_registered": len(registered), "register_s": _r(time.monotonic() - t0, 2)}
+    out: dict[str, Any] = {
+        "liveness_config": config or "the defaults",
+        "brokers_registered": len(registered),
+        "register_s": _r(time.monotonic() - t0, 2),
+    }
     out["heartbeating"] = fleet.wait_heartbeating(len(registered), timeout_s=60.0)
     log(f"registered {len(registered)} brokers in {out['register_s']}s; electing masters")
     out.update(elect_and_sync(cluster, registered))
