@@ -891,7 +891,13 @@ def load_phase(cluster: ScaleCluster, fleet: BrokerFleet, sizes: dict[str, int],
     out.update(elect_and_sync(cluster, registered))
     leader = cluster.leader()
     bytes0 = journal_bytes(cluster, leader)
+    loading_from = time.time()
     out["topics"] = _write_batches(cluster, topic_ops(sizes), args.load_threads, "topics")
+    # sent below the offered rate: the fleet was late; answered late: the leader was
+    out["heartbeats_during_topic_load"] = dict(
+        fleet.window(loading_from, time.time()),
+        offered_per_s=_r(len(registered) * 1000 / args.heartbeat_interval_ms, 1),
+    )
     grown = journal_bytes(cluster, leader) - bytes0
     if grown > 0 and out["topics"]["raft_entries"]:
         out["topics"]["entry_bytes_mean"] = round(grown / out["topics"]["raft_entries"])
