@@ -504,7 +504,8 @@ class BrokerAgent:
             self.feed(self._replica_info_event(info))
 
     def _manage_sync_state_set(self) -> None:
-        self._sync_written()
+        if not self.store.log_closed:  # closed by a failed fdatasync: fenced, nothing to sync
+            self._sync_written()
         with self.lock:
             effects = self.feed(Tick(now_ms(), log_view(self.store)))
         for effect in effects:

@@ -998,6 +998,11 @@ class MessageStore:
     def durable_offset(self) -> int:
         return self.log.durable_offset
 
+    @property
+    def log_closed(self) -> bool:
+        """The commit log is closed: by close(), or by itself after a failed fdatasync."""
+        return self.log.closed
+
     def sync(self, end: int | None = None) -> int:
         """Group commit (CommitLog.sync): durable up to `end` on return."""
         return self.log.sync(end)

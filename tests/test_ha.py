@@ -752,6 +752,7 @@ def test_a_failed_group_commit_fences_the_master(agent, monkeypatch):
     assert a.view().role == Role.FENCED and a.view().confirm_offset == 0
     with pytest.raises(MqmetaError):
         a.send([Message(topic="T", queue_id=0, body=b"y")])
+    a._manage_sync_state_set()  # the controller loop's tick goes on: nothing left to sync
 
 
 # core.py: stale messages from the controller and from slaves -------------------------------
