@@ -20,7 +20,7 @@ from typing import Any
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 from spark.fs import read_bytes
-from spark.sources import SPLIT_BYTES_DEFAULT, FileRange, _ddl
+from spark.sources import FileRange, FileRangeReader, _ddl
 from spark.walk import scan
 
 CONSUMER_OFFSET_TOPIC = "%CONSUMER_OFFSET%"  # broker_agent.store's system topic of group progress
@@ -123,19 +123,7 @@ def message_row(spec: dict[str, Any], record: Any) -> tuple[Any, ...]:
     )
 
 
-class _MessageReader(DataSourceReader):
-    def __init__(self, options: dict[str, str]) -> None:
-        self.files: list[dict[str, Any]] = json.loads(options.get("files", "[]"))
-        self.split_bytes = int(options.get("split_bytes", SPLIT_BYTES_DEFAULT))
-
-    def partitions(self) -> list[InputPartition]:
-        parts: list[InputPartition] = []
-        for spec in self.files:
-            size = int(spec.get("size", 0))
-            for lo in range(0, max(size, 1), self.split_bytes):
-                parts.append(FileRange(spec, lo, min(size, lo + self.split_bytes)))
-        return parts or [FileRange({}, 0, 0)]
-
+class _MessageReader(FileRangeReader):
     def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
         from mqmeta.errors import CorruptData
         from mqmeta.formats.records import TornRecord, decode_record

@@ -66,11 +66,13 @@ class FileRange(InputPartition):
     hi: int
 
 
-class _RecordReader(DataSourceReader):
-    def __init__(self, options: dict[str, str], detail: bool) -> None:
+class FileRangeReader(DataSourceReader):
+    """A reader of the `files` option's files, each split into FileRanges of `split_bytes`
+    (one empty range when there is no file: Spark wants a partition)."""
+
+    def __init__(self, options: dict[str, str]) -> None:
         self.files: list[dict[str, Any]] = json.loads(options.get("files", "[]"))
         self.split_bytes = int(options.get("split_bytes", SPLIT_BYTES_DEFAULT))
-        self.detail = detail
 
     def partitions(self) -> list[InputPartition]:
         parts: list[InputPartition] = []
@@ -79,6 +81,12 @@ class _RecordReader(DataSourceReader):
             for lo in range(0, max(size, 1), self.split_bytes):
                 parts.append(FileRange(spec, lo, min(size, lo + self.split_bytes)))
         return parts or [FileRange({}, 0, 0)]
+
+
+class _RecordReader(FileRangeReader):
+    def __init__(self, options: dict[str, str], detail: bool) -> None:
+        super().__init__(options)
+        self.detail = detail
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         import numpy as np
