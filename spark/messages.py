@@ -19,8 +19,7 @@ from typing import Any
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
-from spark.fs import read_bytes
-from spark.sources import FileRange, FileRangeReader, _ddl
+from spark.sources import FileRangeReader, _ddl
 from spark.walk import scan
 
 CONSUMER_OFFSET_TOPIC = "%CONSUMER_OFFSET%"  # broker_agent.store's system topic of group progress
@@ -128,13 +127,10 @@ class _MessageReader(FileRangeReader):
         from mqmeta.errors import CorruptData
         from mqmeta.formats.records import TornRecord, decode_record
 
-        assert isinstance(partition, FileRange)
-        if not partition.spec:
+        ranged = self.range_bytes(partition)
+        if ranged is None:
             return
-        spec, lo, hi = partition.spec, partition.lo, partition.hi
-        buf = read_bytes(spec["path"])
-        if hi >= int(spec.get("size", 0)):
-            hi = len(buf) + 1  # the last range takes whatever the file holds now
+        spec, buf, lo, hi = ranged
         base = int(spec["base_offset"])
         found, _ = scan(buf, base)
         for pos in found:

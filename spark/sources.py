@@ -82,6 +82,19 @@ class FileRangeReader(DataSourceReader):
                 parts.append(FileRange(spec, lo, min(size, lo + self.split_bytes)))
         return parts or [FileRange({}, 0, 0)]
 
+    @staticmethod
+    def range_bytes(partition: InputPartition) -> tuple[dict[str, Any], bytes, int, int] | None:
+        """(spec, the whole file's bytes, lo, hi) of a range; None for the empty one. The
+        last range of a file takes whatever the file holds now."""
+        assert isinstance(partition, FileRange)
+        if not partition.spec:
+            return None
+        spec, lo, hi = partition.spec, partition.lo, partition.hi
+        buf = read_bytes(spec["path"])
+        if hi >= int(spec.get("size", 0)):
+            hi = len(buf) + 1
+        return spec, buf, lo, hi
+
 
 class _RecordReader(FileRangeReader):
     def __init__(self, options: dict[str, str], detail: bool) -> None:
@@ -91,13 +104,10 @@ class _RecordReader(FileRangeReader):
     def read(self, partition: InputPartition) -> Iterator[Any]:
         import numpy as np
 
-        assert isinstance(partition, FileRange)
-        if not partition.spec:
+        ranged = self.range_bytes(partition)
+        if ranged is None:
             return
-        spec, lo, hi = partition.spec, partition.lo, partition.hi
-        buf = read_bytes(spec["path"])
-        if hi >= int(spec.get("size", 0)):
-            hi = len(buf) + 1  # the last range takes whatever the file holds now
+        spec, buf, lo, hi = ranged
         found, others = scan(buf, spec["base_offset"])
         valid = np.asarray(found, dtype=np.int64)
         valid = valid[(valid >= lo) & (valid < hi)]
