@@ -34,6 +34,7 @@ One pair of clusters serves the module; each test uses its own topics and worker
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter
 
 import pytest
@@ -52,6 +53,9 @@ QUEUES = 2
 REPLICATE_TIMEOUT_S = 40.0
 SENT_BEFORE_FAULT_MIN = 100  # copies at the target before a fault is injected
 PRODUCED_MAX = 50_000  # a bound on each produce loop (it is stopped long before)
+# Paced, so that what a test must replicate does not grow with the brokers' speed (P11 made
+# sends fast enough for an unpaced loop to send 47,670 before a worker had copied 100)
+PRODUCE_RATE_MAX = 1_000  # messages a second
 
 
 @pytest.fixture(scope="module")
@@ -136,7 +140,11 @@ class ProduceLoop(threading.Thread):
 
     def run(self) -> None:
         i = 0
+        started = time.monotonic()
         while not self.stop_event.is_set() and i < self.count_max:
+            ahead_s = started + i / PRODUCE_RATE_MAX - time.monotonic()
+            if ahead_s > 0 and self.stop_event.wait(ahead_s):
+                break
             bodies = [f"{self.prefix}-{i + k}".encode() for k in range(5)]
             i += 5
             try:
