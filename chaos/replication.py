@@ -317,7 +317,8 @@ def _worker_fault(
 
         return f"workers: killed {','.join(chosen)}", chosen, restart
     for name in chosen:
-        workers.signal(name, signal.SIGSTOP)
+        if workers.is_running(name):
+            workers.supervisor.suspend(name)  # stopped for sure before anything else happens
 
     def resume() -> None:
         for name in chosen:

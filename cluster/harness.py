@@ -72,22 +72,29 @@ class Cluster:
     def start(self, wait: bool = True, brokers: bool = True) -> Cluster:
         if not self._ports.held:  # started again after stop()
             self._ports = PortReservation.hold(self.layout.addresses())
-        for node in self.layout.controllers:
-            self.start_node(node.id)
+        started = [node.id for node in self.layout.controllers]
+        for node_id in started:
+            self.start_node(node_id)
+
+        def check_running() -> None:  # a child that exits ends the wait at once, with its log
+            self.supervisor.check_running(started)
+
         if wait:
-            self.wait_ready()
+            wait_ready(self.addresses, [], check_running=check_running)
         if self.layout.brokers and self.test_liveness:
             self.configure_controller()
         if self.layout.brokers:
             if not self.layout.embedded:
                 self.start_namesrv()
+                started.append("namesrv")
                 if wait:
-                    wait_ready(self.addresses, self.layout.namesrv)
+                    wait_ready(self.addresses, self.layout.namesrv, check_running=check_running)
             if brokers:
                 for broker in self.layout.brokers:
                     self.start_broker(broker.name)
+                    started.append(broker.name)
                 if wait:
-                    wait_brokers_ready(self.layout.brokers)
+                    wait_brokers_ready(self.layout.brokers, check_running=check_running)
         return self
 
     def configure_controller(self, values: dict[str, str] | None = None) -> None:
@@ -186,10 +193,11 @@ class Cluster:
         proc.wait()
 
     def pause(self, node_id: str) -> None:
-        os.kill(self.supervisor.children[node_id].pid, signal.SIGSTOP)
+        """Returns once every thread of the node has stopped (Supervisor.suspend)."""
+        self.supervisor.suspend(node_id)
 
     def resume(self, node_id: str) -> None:
-        os.kill(self.supervisor.children[node_id].pid, signal.SIGCONT)
+        self.supervisor.resume(node_id)
 
     def restart(self, node_id: str) -> None:
         if self.is_running(node_id):

@@ -178,14 +178,20 @@ def _start_site(site: _Site) -> dict[str, Any]:
         supervisor.start(node.id, controller_command(root, layout, node) + flags)
     if not layout.embedded:
         supervisor.start("namesrv", namesrv_command(layout) + flags)
-    wait_ready(layout.controller_addresses, layout.namesrv)
+    started = list(supervisor.children)
+
+    def check_running() -> None:  # a child that exits ends the wait at once, with its log
+        supervisor.check_running(started)
+
+    wait_ready(layout.controller_addresses, layout.namesrv, check_running=check_running)
     if site.name:  # topics created without --cluster go to this cluster's brokers
         with ControllerClient(layout.controller_addresses) as client:
             client.call("UpdateConfig", pb.UpdateConfigRequest(values={"default_cluster": site.name}))
     cluster_flag = ["--cluster", site.name] if site.name else []
     for broker in layout.brokers:
         supervisor.start(broker.name, broker_command(root, layout, broker) + cluster_flag + flags)
-    statuses = wait_brokers_ready(layout.brokers) if layout.brokers else {}
+        started.append(broker.name)
+    statuses = wait_brokers_ready(layout.brokers, check_running=check_running) if layout.brokers else {}
     document = cluster_document(root, layout, supervisor)
     document["brokers"] = [
         {

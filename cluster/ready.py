@@ -3,6 +3,8 @@ brokers with a role and a writable master per broker set."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -16,12 +18,22 @@ from mqmeta.pb import controller_pb2 as pb
 READY_TIMEOUT_S = 60.0
 
 
-def wait_brokers_ready(brokers: list[BrokerLayout], timeout_s: float = READY_TIMEOUT_S) -> dict:
+def _nothing_exited() -> None:
+    pass
+
+
+def wait_brokers_ready(
+    brokers: list[BrokerLayout],
+    timeout_s: float = READY_TIMEOUT_S,
+    check_running: Callable[[], None] = _nothing_exited,
+) -> dict:
     """Every broker registered with a role, and every broker set with a writable master;
-    returns each broker's HA status by process name."""
+    returns each broker's HA status by process name. `check_running` raises when a process
+    the wait depends on has exited (Supervisor.check_running): no point waiting on."""
     from mqmeta.pb import broker_pb2, broker_pb2_grpc
 
     def statuses() -> dict:
+        check_running()
         found = {}
         for broker in brokers:
             with tls.channel(broker.grpc) as channel:
@@ -46,12 +58,19 @@ def wait_brokers_ready(brokers: list[BrokerLayout], timeout_s: float = READY_TIM
     )
 
 
-def wait_ready(controllers: str, namesrv: list[str], timeout_s: float = READY_TIMEOUT_S) -> None:
-    """Every controller agrees on a leader and every nameserver reports SERVING."""
+def wait_ready(
+    controllers: str,
+    namesrv: list[str],
+    timeout_s: float = READY_TIMEOUT_S,
+    check_running: Callable[[], None] = _nothing_exited,
+) -> None:
+    """Every controller agrees on a leader and every nameserver reports SERVING
+    (`check_running`: as in wait_brokers_ready)."""
     addresses = controllers.split(",")
 
     def not_ready() -> str:
         """The first thing not ready yet, "" once everything is (no more calls than needed)."""
+        check_running()
         for address in addresses:
             if not _leader_known(address):
                 return f"controller {address} knows no leader"

@@ -6,9 +6,56 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 STOP_TIMEOUT_S = 10.0
+SUSPEND_TIMEOUT_S = 10.0  # a thread in uninterruptible sleep (fdatasync) stops when it returns
+SUSPEND_POLL_S = 0.001
+EXIT_LOG_LINES = 20  # of an exited child's log, in the error that reports it
+STOPPED_STATES = frozenset("Tt")  # /proc's "stopped" and "tracing stop"
+GONE_STATES = frozenset("ZX")
+
+
+def thread_states(pid: int) -> dict[int, str]:
+    """Each thread's scheduler state (/proc/PID/task/TID/stat's third field); {} when
+    the process is gone. The command name may hold spaces and parentheses: the state is
+    the first field after the last ')'."""
+    states: dict[int, str] = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except FileNotFoundError:
+        return states
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat", "rb") as stat:
+                states[int(tid)] = stat.read().rsplit(b")", 1)[1].split()[0].decode()
+        except (FileNotFoundError, ProcessLookupError, IndexError):
+            continue  # a thread that ended meanwhile
+    return states
+
+
+def suspend(proc: subprocess.Popen, timeout_s: float = SUSPEND_TIMEOUT_S) -> None:
+    """SIGSTOP, then wait until every thread of the process has stopped. kill(2) returns
+    as soon as the signal is queued; each thread stops only when it is next scheduled,
+    so on a loaded machine the process can run on for milliseconds, while SIGCONT to
+    another process takes effect at once. A test that stops A and then resumes B must
+    not let B meet a running A (a fetch answered after "stop": RocketMQ #6662's test)."""
+    proc.send_signal(signal.SIGSTOP)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        states = thread_states(proc.pid)
+        if proc.poll() is not None or all(s in STOPPED_STATES or s in GONE_STATES for s in states.values()):
+            return
+        if time.monotonic() >= deadline:
+            raise RuntimeError(
+                f"process {proc.pid} did not stop within {timeout_s} s; thread states {states}"
+            )
+        time.sleep(SUSPEND_POLL_S)
+
+
+class ChildExited(RuntimeError):
+    """A child that was meant to be running has exited (a wait for it to answer ends at once)."""
 
 
 class Supervisor:
@@ -32,6 +79,26 @@ class Supervisor:
         log_file.close()
         self.children[name] = proc
         return proc
+
+    def suspend(self, name: str) -> None:
+        """SIGSTOP the child and return once all its threads have stopped (see suspend)."""
+        suspend(self.children[name])
+
+    def resume(self, name: str) -> None:
+        self.children[name].send_signal(signal.SIGCONT)
+
+    def check_running(self, names: Iterable[str]) -> None:
+        """Raises ChildExited for the first of `names` that has exited: its exit code and
+        its log's last lines (why it could not start, e.g. a port in use)."""
+        for name in names:
+            code = self.children[name].poll()
+            if code is not None:
+                path = self.root / "logs" / f"{name}.log"
+                lines = (
+                    path.read_text(errors="replace").splitlines()[-EXIT_LOG_LINES:] if path.exists() else []
+                )
+                tail = "\n".join(lines) or "(its log is empty)"
+                raise ChildExited(f"{name} exited with code {code}; the end of {path}:\n{tail}")
 
     def dead(self) -> list[str]:
         return [name for name, p in self.children.items() if p.poll() is not None]

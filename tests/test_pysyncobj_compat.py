@@ -36,7 +36,7 @@ import threading
 import time
 import tomllib
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +47,7 @@ import pytest
 from pysyncobj import SyncObj, SyncObjConf, SyncObjException, replicated
 from pysyncobj.transport import TCPTransport
 
+from cluster.ports import PortReservation
 from controller import pysyncobj_compat as compat
 from controller import raft_node
 from controller.journal import FILE_MAGIC, DurableJournal, parse_records
@@ -406,13 +407,22 @@ def manual_conf(address: str, election_s: float) -> SyncObjConf:
     )
 
 
+_HELD: list[PortReservation] = []  # for the whole module: never handed out twice
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _release_held_ports() -> Iterator[None]:
+    yield
+    while _HELD:
+        _HELD.pop().release()
+
+
 def loopback_addresses(count: int) -> list[str]:
-    sockets = [socket.create_server(("127.0.0.1", 0)) for _ in range(count)]
-    try:
-        return [f"127.0.0.1:{s.getsockname()[1]}" for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
+    """Ports held (cluster.ports.PortReservation) until the test process ends. A port found
+    by listening on port 0 and closing is free for anyone: a cluster on the other worker
+    could reserve it before pysyncobj binds it, and then lose it to pysyncobj."""
+    _HELD.append(PortReservation.pick(count))
+    return _HELD[-1].addresses
 
 
 def start_pair(leader_class: type, follower_class: type, transport: type = TCPTransport) -> tuple[Any, Any]:

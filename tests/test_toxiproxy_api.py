@@ -9,12 +9,14 @@ from __future__ import annotations
 import http.client
 import json
 import socket
+from collections.abc import Callable, Iterator
 
 import pytest
 from toxiproxy import Toxiproxy
 from toxiproxy.exceptions import NotFound, ProxyExists
 
 from chaos.toxiproxy import NAME_LENGTH_MAX, TOXIC_COUNT_MAX, VERSION, ToxiproxyServer, collection
+from cluster.ports import PortReservation
 from tests.support.fault_proxy import (
     Upstream,
     api,
@@ -41,10 +43,21 @@ def _port(listen: str) -> int:
     return int(listen.rpartition(":")[2])
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+@pytest.fixture
+def free_ports() -> Iterator[Callable[[int], list[int]]]:
+    """Ports held for the test (cluster.ports.PortReservation) that a proxy may listen on. A
+    port found by binding port 0 and closing is free for anyone: a cluster on the other
+    worker could reserve it meanwhile, and the proxy, listening first, would take it from
+    that cluster's process ("Address already in use" in a CI run)."""
+    held: list[PortReservation] = []
+
+    def take(count: int) -> list[int]:
+        held.append(PortReservation.pick(count))
+        return held[-1].ports
+
+    yield take
+    for reservation in held:
+        reservation.release()
 
 
 # --- middleware: request id, browsers, version --------------------------------------------------
@@ -80,12 +93,14 @@ def test_version_is_json(server: ToxiproxyServer, toxiproxy: Toxiproxy) -> None:
 # --- proxies ------------------------------------------------------------------------------------
 
 
-def test_index_create_show_and_listen_resolution(server: ToxiproxyServer, toxiproxy: Toxiproxy) -> None:
+def test_index_create_show_and_listen_resolution(
+    server: ToxiproxyServer, toxiproxy: Toxiproxy, free_ports: Callable[[int], list[int]]
+) -> None:
     """TestIndexWithNoProxies, TestListingProxies, TestCreateAndGetProxy: an empty index; a proxy
     created on "localhost:PORT" listens on and shows "127.0.0.1:PORT", enabled, without toxics;
     the upstream is kept as written (it is only dialled when a client connects)."""
     assert api(server, "GET", "/proxies").body == {}
-    port = _free_port()
+    (port,) = free_ports(1)
     body = {"name": "mysql_master", "listen": f"localhost:{port}", "upstream": "localhost:20001"}
     created = api(server, "POST", "/proxies", body)
     expected = {
@@ -131,11 +146,13 @@ def test_create_needs_a_name_and_an_upstream(server: ToxiproxyServer) -> None:
     assert api(server, "GET", "/proxies").body == {}
 
 
-def test_create_disabled_then_enable_and_disable(server: ToxiproxyServer, toxiproxy: Toxiproxy) -> None:
+def test_create_disabled_then_enable_and_disable(
+    server: ToxiproxyServer, toxiproxy: Toxiproxy, free_ports: Callable[[int], list[int]]
+) -> None:
     """TestCreateDisabledProxy, TestCreateDisabledProxyAndEnable, TestStopProxyBeforeStarting: a
     proxy created disabled keeps its listen text as given and does not listen; enabling it
     listens, disabling stops it again."""
-    port = _free_port()
+    (port,) = free_ports(1)
     body = {
         "name": "mysql_master",
         "listen": f"localhost:{port}",
@@ -256,11 +273,11 @@ def test_refused_upstream_closes_the_client(toxiproxy: Toxiproxy) -> None:
 
 
 def test_populate_creates_enabled_by_default_or_disabled(
-    server: ToxiproxyServer, toxiproxy: Toxiproxy
+    server: ToxiproxyServer, toxiproxy: Toxiproxy, free_ports: Callable[[int], list[int]]
 ) -> None:
     """TestPopulateProxy, TestPopulateDefaultEnabled, TestPopulateDisabledProxy,
     TestPopulateAddToxic: 201 with the proxies in order; enabled unless the entry says false."""
-    ports = [_free_port(), _free_port()]
+    ports = free_ports(2)
     answer = api(
         server,
         "POST",

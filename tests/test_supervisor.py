@@ -1,0 +1,100 @@
+"""The harness's suspend: SIGSTOP returns before the target has stopped (each thread
+stops when it is next scheduled), so Supervisor.suspend waits until /proc shows every
+thread stopped. Real child processes; no cluster."""
+
+from __future__ import annotations
+
+import socket
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from cluster.harness import Cluster
+from cluster.ready import READY_TIMEOUT_S
+from cluster.supervisor import STOPPED_STATES, ChildExited, Supervisor, thread_states
+
+# Four threads spin and one writes a counter to a file every millisecond.
+SPINNER = """
+import os, sys, threading, time
+count = 0
+def spin():
+    global count
+    while True:
+        count += 1
+for _ in range(4):
+    threading.Thread(target=spin, daemon=True).start()
+path = sys.argv[1]
+while True:
+    with open(path + ".tmp", "w") as f:
+        f.write(str(count))
+    os.replace(path + ".tmp", path)
+    time.sleep(0.001)
+"""
+
+
+@pytest.fixture
+def supervisor(tmp_path: Path):
+    sup = Supervisor(tmp_path)
+    yield sup
+    for name in sup.children:
+        sup.resume(name)
+    sup.stop_all()
+
+
+def _start_spinner(supervisor: Supervisor, tmp_path: Path) -> Path:
+    counter = tmp_path / "count"
+    supervisor.start("spinner", [sys.executable, "-c", SPINNER, str(counter)])
+    deadline = time.monotonic() + 10
+    while not counter.exists() or len(thread_states(supervisor.children["spinner"].pid)) < 5:
+        assert time.monotonic() < deadline, "the spinner never started its threads"
+        time.sleep(0.01)
+    return counter
+
+
+def test_suspend_returns_only_when_every_thread_has_stopped(supervisor: Supervisor, tmp_path: Path) -> None:
+    counter = _start_spinner(supervisor, tmp_path)
+    pid = supervisor.children["spinner"].pid
+    for _ in range(20):  # a bare SIGSTOP would leave a spinning thread running now and then
+        supervisor.suspend("spinner")
+        states = thread_states(pid)
+        assert len(states) >= 5 and all(s in STOPPED_STATES for s in states.values()), states
+        frozen = counter.read_text()
+        time.sleep(0.02)
+        assert counter.read_text() == frozen, "the process wrote after suspend returned"
+        supervisor.resume("spinner")
+        deadline = time.monotonic() + 5
+        while counter.read_text() == frozen:
+            assert time.monotonic() < deadline, "the process did not run again after resume"
+            time.sleep(0.005)
+
+
+def test_suspend_of_a_process_that_exited_returns(supervisor: Supervisor) -> None:
+    proc = supervisor.start("brief", [sys.executable, "-c", "pass"])
+    proc.wait(timeout=10)
+    supervisor.suspend("brief")  # gone: nothing to wait for
+    assert thread_states(proc.pid) == {}
+
+
+def test_a_cluster_whose_controller_cannot_bind_fails_at_once_with_its_log(tmp_path: Path) -> None:
+    """A child that exits while the harness waits for it ends the wait at once, with its exit
+    code and its log, rather than after the readiness timeout (a CI run waited 30 s on a
+    controller whose port a proxy had taken)."""
+    cluster = Cluster(tmp_path / "c", count=1)
+    node = cluster.layout.controllers[0]
+    host, _, port = node.grpc.rpartition(":")
+    squatter = socket.socket()
+    squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    squatter.bind((host, int(port)))  # beside the reservation, which never listens
+    squatter.listen()
+    started = time.monotonic()
+    try:
+        with pytest.raises(ChildExited) as raised:
+            cluster.start()
+    finally:
+        squatter.close()
+        cluster.stop()
+    assert time.monotonic() - started < READY_TIMEOUT_S / 2
+    message = str(raised.value)
+    assert message.startswith(f"{node.id} exited with code ") and "Address already in use" in message, message
