@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
@@ -220,24 +219,26 @@ class ControllerCore:
 
     def propose_many(self, commands: list[Json], timeout_s: float = 5.0) -> list[Json | MqmetaError]:
         """Independent writes sharing the group commit; one result or error each."""
-        futures = [self.proposer.submit(c) for c in commands]
-        deadline = time.monotonic() + timeout_s
+        group = self.proposer.submit_group(commands)
+        try:
+            settled = group.future.result(timeout=timeout_s)
+        except TimeoutError:
+            settled = group.outcomes()  # those committed in time are reported as such
         outcomes: list[Json | MqmetaError] = []
-        for future, command in zip(futures, commands, strict=True):
-            try:
-                result = future.result(timeout=max(0.0, deadline - time.monotonic()))
-            except TimeoutError:
+        for outcome, command in zip(settled, commands, strict=True):
+            if outcome is None:
                 outcomes.append(
                     DeadlineExceeded(
                         f"{command['type']} was not committed within {timeout_s:.1f}s; its outcome is unknown"
                     )
                 )
-                continue
-            except MqmetaError as error:
-                outcomes.append(error)
-                continue
-            ok = result.get("ok")
-            outcomes.append(result if ok else error_from_code(result["code"], result["message"]))
+            elif isinstance(outcome, MqmetaError):
+                outcomes.append(outcome)
+            elif isinstance(outcome, Exception):
+                raise outcome
+            else:
+                ok = outcome.get("ok")
+                outcomes.append(outcome if ok else error_from_code(outcome["code"], outcome["message"]))
         return outcomes
 
     def read_barrier(self, timeout_s: float = 5.0) -> ControllerState:
