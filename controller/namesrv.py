@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from controller.core import ControllerCore
 from controller.route_cache import RouteCache
-from controller.service import broker_route_pb, route_pb, topic_pb
+from controller.service import broker_route_pb, list_topics_names, list_topics_pb, route_pb
 from mqmeta import tls
 from mqmeta.client import ControllerClient
 from mqmeta.pb import controller_pb2 as pb
@@ -70,7 +70,8 @@ class NameServerServicer(ns_grpc.NameServerServicer):
 
     @rpc
     def ListTopics(self, request, context):
-        return self.client.call("ListTopics", pb.ListTopicsRequest())
+        list_topics_names(request)  # refused here, before the controller is asked
+        return self.client.call("ListTopics", request)
 
 
 class EmbeddedNameServer(ns_grpc.NameServerServicer):
@@ -92,8 +93,8 @@ class EmbeddedNameServer(ns_grpc.NameServerServicer):
 
     @rpc_async
     async def ListTopics(self, request, context):
-        state = await self.core.read_barrier_async()
-        return pb.ListTopicsResponse(topics=[topic_pb(t) for t in state.topics()])
+        names = list_topics_names(request)
+        return list_topics_pb(await self.core.read_barrier_async(), names)
 
 
 # The RocketMQ 5 client protocol -------------------------------------------------------------

@@ -60,6 +60,7 @@ TOPIC_RELOAD_INTERVAL_S = 1.0  # at most one ListTopics per interval while topic
 # ...and at most this share of the time: a ListTopics of 100,000 topics is 6.8 MB and takes
 # the leader a while; while topics are created in bulk the reloads must not double its load
 TOPIC_RELOAD_DUTY_MAX = 0.1
+TOPIC_RELOAD_NAMES_MAX = 50_000  # more marked topics than this: one ListTopics of every topic
 WATCH_KEEPALIVE_MS = 1_000
 WATCH_KEEPALIVE_TIMEOUT_MS = 2_000
 BrokerKey = tuple[str, str]  # (cluster, broker name)
@@ -74,7 +75,12 @@ class RouteCache:
         self._stop = threading.Event()
         self._live = False
         self._topics: dict[str, pb.Topic] = {}
-        self._dirty: set[str] = set()  # topics changed since the last load: not answered
+        # Topics changed since the last load (not answered), each with the mark of its last
+        # change: a reload clears only the marks it read after (an event that arrives while
+        # the reload is under way may be newer than what the reload read).
+        self._dirty: dict[str, int] = {}
+        self._marks = 0
+        self._reload_all = 0  # the mark of an unknown event kind: the next reload lists every topic
         self._brokers: dict[BrokerKey, tuple[int, pb.BrokerRoute]] = {}  # (index, route)
         self._cluster_sets: dict[str, list[str]] | None = None  # sorted names, per cluster
         self._awaited: set[BrokerKey] = set()  # listed by ListBrokerSets, not yet streamed
@@ -82,7 +88,14 @@ class RouteCache:
         self._loaded = False  # topics and the broker-set list were read after subscribing
         self._generation = 0  # bumped when the copy is dropped: older reloads are discarded
         self._unknown_kinds: set[str] = set()
-        self.stats = {"hits": 0, "fallbacks": 0, "events": 0, "subscriptions": 0, "topic_loads": 0}
+        self.stats = {
+            "hits": 0,
+            "fallbacks": 0,
+            "events": 0,
+            "subscriptions": 0,
+            "topic_loads": 0,
+            "topics_read": 0,  # by the reloads after the first load: what they cost the leader
+        }
         self._threads = [
             threading.Thread(target=self._follow_loop, name="route-cache-watch", daemon=True),
             threading.Thread(target=self._refresh_loop, name="route-cache-refresh", daemon=True),
@@ -180,6 +193,7 @@ class RouteCache:
         with self._lock:
             self._topics = {t.name: t for t in topics.topics}
             self._dirty.clear()
+            self._reload_all = 0
             self._awaited = {(s.cluster, s.broker_name) for s in listed.broker_sets} - set(self._brokers)
             self._loaded = True
             self._live = not self._awaited
@@ -198,7 +212,8 @@ class RouteCache:
                 if not self._awaited and self._loaded:
                     self._live = True
             elif event.kind == "topic":
-                self._dirty.add(event.name)
+                self._marks += 1
+                self._dirty[event.name] = self._marks
             elif event.kind not in ("group", "config", "tiered"):
                 # A kind this copy does not know (a newer controller): it may change a topic,
                 # so no topic is answered until the next topic load (broker-set changes
@@ -206,15 +221,17 @@ class RouteCache:
                 if event.kind not in self._unknown_kinds:
                     self._unknown_kinds.add(event.kind)
                     log.warning("route cache: unknown watch event kind %r; reloading topics", event.kind)
-                self._dirty.update(self._topics)
+                self._marks += 1
+                self._dirty.update(dict.fromkeys(self._topics, self._marks))
+                self._reload_all = self._marks
 
     def _drop(self) -> None:
         with self._lock:
             self._live = False
             self._stream = None
-            self._topics, self._brokers, self._dirty = {}, {}, set()
+            self._topics, self._brokers, self._dirty = {}, {}, {}
             self._cluster_sets, self._awaited = None, set()
-            self._loaded = False
+            self._loaded, self._reload_all = False, 0
             self._generation += 1
 
     # Refresher -------------------------------------------------------------------------
@@ -232,19 +249,36 @@ class RouteCache:
             pause_s = max(TOPIC_RELOAD_INTERVAL_S, took_s / TOPIC_RELOAD_DUTY_MAX - took_s)
 
     def _reload_dirty_topics(self) -> None:
-        """One ListTopics for every topic marked since the last load. The read is a barrier
-        read made after the events that marked them, so it holds those changes."""
+        """One ListTopics naming the topics marked since the last load (all of them when
+        too many are marked): a bulk creation costs the leader the new topics, not the whole
+        list again. The read is a barrier read made after the events that marked them, so
+        it holds those changes; a named topic it lacks was deleted."""
         with self._lock:
             if not self._live or not self._dirty:
                 return
-            dirty, generation = set(self._dirty), self._generation
-        topics = self.client.call("ListTopics", pb.ListTopicsRequest())
+            dirty, generation, reload_all = dict(self._dirty), self._generation, self._reload_all
+        named = not reload_all and len(dirty) <= TOPIC_RELOAD_NAMES_MAX
+        request = pb.ListTopicsRequest(names=sorted(dirty)) if named else pb.ListTopicsRequest()
+        topics = self.client.call("ListTopics", request)
         with self._lock:
             if generation != self._generation:
                 return  # the copy was dropped meanwhile
-            self._topics = {t.name: t for t in topics.topics}
-            self._dirty -= dirty  # a topic marked again meanwhile stays dirty
+            listed = {t.name: t for t in topics.topics}
+            if named:
+                for name in dirty:
+                    if name in listed:
+                        self._topics[name] = listed[name]
+                    else:
+                        self._topics.pop(name, None)
+            else:
+                self._topics = listed
+                if self._reload_all == reload_all:
+                    self._reload_all = 0
+            for name, mark in dirty.items():  # a topic marked again meanwhile stays dirty
+                if self._dirty.get(name) == mark:
+                    del self._dirty[name]
             self.stats["topic_loads"] += 1
+            self.stats["topics_read"] += len(listed)
 
 
 def _broker_route(info: pb.ReplicaInfo) -> pb.BrokerRoute:

@@ -18,7 +18,7 @@ from typing import Any
 from controller.core import ControllerCore, WatchSubscription
 from controller.replicator_leases import NO_OFFSET, TaskKey, validate_task
 from controller.replicator_liveness import STATS_FIELDS, lease_view, validate_heartbeat
-from controller.state_machine import replica_view, tiered_key
+from controller.state_machine import ControllerState, replica_view, tiered_key
 from mqmeta.errors import InvalidArgument, MqmetaError, NotFound, Unavailable
 from mqmeta.pb import controller_pb2 as pb
 from mqmeta.pb import controller_pb2_grpc as pb_grpc
@@ -57,6 +57,28 @@ def replica_info_pb(view: Json) -> pb.ReplicaInfo:
         sync_state_set_epoch=view["sync_state_set_epoch"],
         replicas=replicas,
     )
+
+
+LIST_TOPICS_NAMES_MAX = 100_000
+
+
+def list_topics_names(request: pb.ListTopicsRequest) -> list[str] | None:
+    """The topics a ListTopics names (checked before any read), None for every topic."""
+    if not request.names:
+        return None
+    if len(request.names) > LIST_TOPICS_NAMES_MAX:
+        raise InvalidArgument(
+            f"ListTopics names {len(request.names)} topics; name at most {LIST_TOPICS_NAMES_MAX:,}, "
+            "or none for every topic"
+        )
+    return [validate_name("topic name", name) for name in request.names]
+
+
+def list_topics_pb(state: ControllerState, names: list[str] | None) -> pb.ListTopicsResponse:
+    if names is None:
+        return pb.ListTopicsResponse(topics=[topic_pb(t) for t in state.topics()])
+    found = (state.get(f"topic/{name}") for name in dict.fromkeys(names))
+    return pb.ListTopicsResponse(topics=[topic_pb(t) for t in found if t is not None])
 
 
 def topic_pb(topic: Json) -> pb.Topic:
@@ -283,7 +305,8 @@ class ControllerServicer(pb_grpc.ControllerServiceServicer):
 
     @rpc
     def ListTopics(self, request, context):
-        return pb.ListTopicsResponse(topics=[topic_pb(t) for t in self.core.read_barrier().topics()])
+        names = list_topics_names(request)
+        return list_topics_pb(self.core.read_barrier(), names)
 
     @rpc_async
     async def GetTopicRoute(self, request, context):

@@ -379,6 +379,13 @@ def test_write_batch_commits_each_write_independently(cluster):
         assert results[6].config.values["default_queue_count"] == "3"
         names = {t.name for t in client.call("ListTopics", pb.ListTopicsRequest()).topics}
         assert names == {"B1"}
+        # named: only those that exist, once each (a nameserver's copy reloads what changed)
+        named = client.call("ListTopics", pb.ListTopicsRequest(names=["B2", "B1", "Nope", "B1"])).topics
+        assert [(t.name, t.queue_count) for t in named] == [("B1", 2)]
+        for bad_names, says in ((["bad name"], "is malformed"), (["T"] * 100_001, "at most 100,000")):
+            with pytest.raises(MqmetaError) as refused:
+                client.call("ListTopics", pb.ListTopicsRequest(names=bad_names))
+            assert refused.value.code == "INVALID_ARGUMENT" and says in str(refused.value), refused.value
         for bad in (
             pb.WriteBatch(),
             pb.WriteBatch(writes=[pb.WriteOp()] * 1025),

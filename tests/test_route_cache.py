@@ -25,7 +25,7 @@ import pytest
 from cluster.wait import wait_for
 from controller.route_cache import WATCH_KEEPALIVE_MS, WATCH_KEEPALIVE_TIMEOUT_MS, RouteCache
 from mqmeta.client import ControllerClient
-from mqmeta.errors import NotFound
+from mqmeta.errors import NotFound, Unavailable
 from mqmeta.pb import controller_pb2 as pb
 
 pytestmark = pytest.mark.timeout(150)
@@ -147,3 +147,91 @@ def test_a_copy_that_lost_its_watch_falls_back(loaded):
             for name in ("Everywhere", "Named", "Other"):
                 assert cache.route(name) == _barrier_route(fresh, name), name
     assert cache.stats["subscriptions"] >= 3
+
+
+# The topic reload, driven by hand against a scripted controller (no threads, no cluster):
+# what it asks for and which marks it clears. The cluster tests above cover the same copy live.
+class ScriptedController:
+    """Answers ListBrokerSets (none) and ListTopics from `topics`; runs `during` inside the
+    next ListTopics, after its answer was read (an event arriving while a reload is under way)."""
+
+    def __init__(self, *names: str) -> None:
+        self.topics = {name: pb.Topic(name=name, cluster="C1", message_type="NORMAL") for name in names}
+        self.asked: list[list[str]] = []
+        self.during = None
+        self.fail_next = False
+
+    def call(self, method: str, request):
+        if method == "ListBrokerSets":
+            return pb.ListBrokerSetsResponse()
+        assert method == "ListTopics", method
+        if self.fail_next:
+            self.fail_next = False
+            raise Unavailable("the leader is busy")
+        names = list(request.names)
+        self.asked.append(names)
+        answer = pb.ListTopicsResponse(
+            topics=[t for n, t in sorted(self.topics.items()) if not names or n in names]
+        )
+        if self.during is not None:
+            during, self.during = self.during, None
+            during()
+        return answer
+
+
+def _scripted_cache(*names: str) -> tuple[RouteCache, ScriptedController]:
+    controller = ScriptedController(*names)
+    cache = RouteCache(controller)  # type: ignore[arg-type]
+    cache._load()  # what the first stream message does; no broker set: live at once
+    assert cache.live and controller.asked == [[]]
+    return cache, controller
+
+
+def _topic_event(name: str) -> pb.WatchEvent:
+    return pb.WatchEvent(index=1, kind="topic", name=name)
+
+
+def test_a_reload_reads_only_the_changed_topics_and_drops_the_deleted_ones():
+    cache, controller = _scripted_cache("A", "B", "C")
+    controller.topics["A"] = pb.Topic(name="A", cluster="C1", message_type="FIFO")
+    del controller.topics["C"]
+    cache._apply(_topic_event("A"))
+    cache._apply(_topic_event("C"))
+    assert cache.route("A") is None and cache.route("C") is None  # changed: not answered
+    cache._reload_dirty_topics()
+    assert controller.asked[-1] == ["A", "C"]  # not the whole list again
+    assert cache.route("A").message_type == "FIFO"
+    assert cache.route("C") is None and "C" not in cache._topics
+    assert cache.route("B").message_type == "NORMAL"
+    assert cache.stats["topics_read"] == 1
+
+
+def test_a_topic_changed_again_during_its_reload_stays_unanswered():
+    cache, controller = _scripted_cache("A", "B")
+    cache._apply(_topic_event("A"))
+
+    def changed_meanwhile() -> None:  # the reload's answer may predate this change
+        controller.topics["A"] = pb.Topic(name="A", cluster="C1", message_type="FIFO")
+        cache._apply(_topic_event("A"))
+
+    controller.during = changed_meanwhile
+    cache._reload_dirty_topics()
+    assert cache.route("A") is None, "answered a definition older than the last event"
+    cache._reload_dirty_topics()
+    assert cache.route("A").message_type == "FIFO"
+
+
+def test_an_unknown_event_kind_makes_the_next_reload_list_every_topic_even_after_a_failure():
+    cache, controller = _scripted_cache("A", "B")
+    cache._apply(pb.WatchEvent(index=1, kind="a-future-kind"))
+    assert cache.route("A") is None and cache.route("B") is None
+    controller.fail_next = True
+    with pytest.raises(Unavailable):
+        cache._reload_dirty_topics()
+    controller.topics["D"] = pb.Topic(name="D", cluster="C1")  # made by the unknown kind, say
+    cache._reload_dirty_topics()
+    assert controller.asked[-1] == []  # every topic
+    assert cache.route("A") is not None and cache.route("D") is not None
+    cache._apply(_topic_event("B"))
+    cache._reload_dirty_topics()
+    assert controller.asked[-1] == ["B"]  # named again once the full reload is done

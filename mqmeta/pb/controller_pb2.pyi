@@ -283,8 +283,10 @@ class DeleteResponse(_message.Message):
     def __init__(self, name: _Optional[str] = ...) -> None: ...
 
 class ListTopicsRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("names",)
+    NAMES_FIELD_NUMBER: _ClassVar[int]
+    names: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, names: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ListTopicsResponse(_message.Message):
     __slots__ = ("topics",)
