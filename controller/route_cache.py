@@ -60,7 +60,10 @@ TOPIC_RELOAD_INTERVAL_S = 1.0  # at most one ListTopics per interval while topic
 # ...and at most this share of the time: a ListTopics of 100,000 topics is 6.8 MB and takes
 # the leader a while; while topics are created in bulk the reloads must not double its load
 TOPIC_RELOAD_DUTY_MAX = 0.1
-TOPIC_RELOAD_NAMES_MAX = 50_000  # more marked topics than this: one ListTopics of every topic
+# A named reload's request stays far below gRPC's 4 MiB request limit (100,000 names of up
+# to 127 characters would not fit); more marked names than this: one ListTopics of every topic.
+TOPIC_RELOAD_NAMES_BYTES_MAX = 1 << 20
+NAME_ENCODING_BYTES = 3  # per repeated string: its tag and length (names are ASCII)
 WATCH_KEEPALIVE_MS = 1_000
 WATCH_KEEPALIVE_TIMEOUT_MS = 2_000
 BrokerKey = tuple[str, str]  # (cluster, broker name)
@@ -257,7 +260,9 @@ class RouteCache:
             if not self._live or not self._dirty:
                 return
             dirty, generation, reload_all = dict(self._dirty), self._generation, self._reload_all
-        named = not reload_all and len(dirty) <= TOPIC_RELOAD_NAMES_MAX
+        named = not reload_all and (
+            sum(len(name) + NAME_ENCODING_BYTES for name in dirty) <= TOPIC_RELOAD_NAMES_BYTES_MAX
+        )
         request = pb.ListTopicsRequest(names=sorted(dirty)) if named else pb.ListTopicsRequest()
         topics = self.client.call("ListTopics", request)
         with self._lock:

@@ -23,6 +23,7 @@ import time
 import pytest
 
 from cluster.wait import wait_for
+from controller import route_cache
 from controller.route_cache import WATCH_KEEPALIVE_MS, WATCH_KEEPALIVE_TIMEOUT_MS, RouteCache
 from mqmeta.client import ControllerClient
 from mqmeta.errors import NotFound, Unavailable
@@ -204,6 +205,23 @@ def test_a_reload_reads_only_the_changed_topics_and_drops_the_deleted_ones():
     assert cache.route("C") is None and "C" not in cache._topics
     assert cache.route("B").message_type == "NORMAL"
     assert cache.stats["topics_read"] == 1
+
+
+def test_a_reload_naming_more_than_its_request_bound_lists_every_topic(monkeypatch):
+    """The names are bounded in bytes, not in count: gRPC refuses a request over 4 MiB."""
+    cache, controller = _scripted_cache("Aaaa", "Bbbb", "Cccc")
+    monkeypatch.setattr(
+        route_cache, "TOPIC_RELOAD_NAMES_BYTES_MAX", 2 * (4 + route_cache.NAME_ENCODING_BYTES)
+    )
+    for name in ("Aaaa", "Bbbb"):
+        cache._apply(_topic_event(name))
+    cache._reload_dirty_topics()
+    assert controller.asked[-1] == ["Aaaa", "Bbbb"]  # exactly at the bound: named
+    for name in ("Aaaa", "Bbbb", "Cccc"):
+        cache._apply(_topic_event(name))
+    cache._reload_dirty_topics()
+    assert controller.asked[-1] == []  # past it: every topic
+    assert all(cache.route(name) is not None for name in ("Aaaa", "Bbbb", "Cccc"))
 
 
 def test_a_topic_changed_again_during_its_reload_stays_unanswered():
