@@ -234,8 +234,6 @@ class ControllerCore:
                 )
             elif isinstance(outcome, MqmetaError):
                 outcomes.append(outcome)
-            elif isinstance(outcome, Exception):
-                raise outcome
             else:
                 ok = outcome.get("ok")
                 outcomes.append(outcome if ok else error_from_code(outcome["code"], outcome["message"]))

@@ -32,7 +32,7 @@ from controller.journal import DurableJournal, reconcile_with_snapshot
 from controller.snapshot import StateSnapshots, guarded_replace
 from controller.state_machine import ControllerState, apply
 from mqmeta.dialmap import dial
-from mqmeta.errors import DeadlineExceeded, InvalidArgument, Unavailable
+from mqmeta.errors import DeadlineExceeded, InvalidArgument, MqmetaError, Unavailable
 
 RAFT_STATE_LEADER = 2  # pysyncobj's _RAFT_STATE.LEADER, as onStateChanged reports it
 TRANSFER_POLL_INTERVAL_S = 0.01  # how often a stopping leader checks that another took over
@@ -268,11 +268,11 @@ class CommandGroup:
     def __init__(self, count: int) -> None:
         self.future: Future = Future()
         self.future.set_running_or_notify_cancel()  # a waiter that gives up cannot cancel it
-        self._outcomes: list[Json | Exception | None] = [None] * count
+        self._outcomes: list[Json | MqmetaError | None] = [None] * count
         self._remaining = count
         self._lock = threading.Lock()
 
-    def settle(self, index: int, outcome: Json | Exception) -> None:
+    def settle(self, index: int, outcome: Json | MqmetaError) -> None:
         with self._lock:
             if self._outcomes[index] is not None:
                 return
@@ -282,7 +282,7 @@ class CommandGroup:
         if finished:
             self.future.set_result(list(self._outcomes))
 
-    def outcomes(self) -> list[Json | Exception | None]:
+    def outcomes(self) -> list[Json | MqmetaError | None]:
         """What is settled so far (None: not yet)."""
         with self._lock:
             return list(self._outcomes)
@@ -292,11 +292,11 @@ class CommandGroup:
 Target = Future | tuple[CommandGroup, int]
 
 
-def _settle(target: Target, outcome: Json | Exception) -> None:
+def _settle(target: Target, outcome: Json | MqmetaError) -> None:
     if isinstance(target, tuple):
         target[0].settle(target[1], outcome)
     elif not target.done():
-        if isinstance(outcome, Exception):
+        if isinstance(outcome, MqmetaError):
             target.set_exception(outcome)
         else:
             target.set_result(outcome)
@@ -431,7 +431,7 @@ def not_committed(command: Json, timeout_s: float) -> DeadlineExceeded:
     )
 
 
-def _fail(targets: list[Target], error: Exception) -> None:
+def _fail(targets: list[Target], error: MqmetaError) -> None:
     for target in targets:
         _settle(target, error)
 
