@@ -45,6 +45,7 @@ from mqmeta.errors import MqmetaError
 from mqmeta.formats import origin as origin_format
 from mqmeta.pb import controller_pb2 as pb
 from tests.support import TcpCut, consume_all, wait_for, wait_in_sync
+from tests.support.producing import PRODUCE_RATE_MAX
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(120)]
 
@@ -53,9 +54,8 @@ QUEUES = 2
 REPLICATE_TIMEOUT_S = 40.0
 SENT_BEFORE_FAULT_MIN = 100  # copies at the target before a fault is injected
 PRODUCED_MAX = 50_000  # a bound on each produce loop (it is stopped long before)
-# Paced, so that what a test must replicate does not grow with the brokers' speed (P11 made
-# sends fast enough for an unpaced loop to send 47,670 before a worker had copied 100)
-PRODUCE_RATE_MAX = 1_000  # messages a second
+# Paced at tests.support.producing.PRODUCE_RATE_MAX, so that what a test must replicate does
+# not grow with the brokers' speed (an unpaced loop sent 47,670 before a worker copied 100)
 
 
 @pytest.fixture(scope="module")

@@ -14,8 +14,15 @@ from mqmeta.errors import MqmetaError
 FLAGS = ["--ha-max-time-slave-not-catchup-ms", "1500", "--send-timeout-ms", "3000"]
 
 
+# A produce loop under test is paced: its volume must not grow with the brokers' speed (an
+# unpaced loop reached its count bound mid-test once sends got faster, CI runs 11 and 19).
+PRODUCE_RATE_MAX = 1_000  # messages a second
+PRODUCED_MAX = 200_000  # 200 s at that rate: longer than any test's timeout
+
+
 class ProduceLoop(threading.Thread):
-    """Sends batches until stopped; remembers what was acknowledged and what failed."""
+    """Sends batches, paced at PRODUCE_RATE_MAX, until stopped; remembers what was
+    acknowledged and what failed."""
 
     def __init__(self, cluster, prefix: str, batch: int = 5) -> None:
         super().__init__(daemon=True)
@@ -28,7 +35,11 @@ class ProduceLoop(threading.Thread):
 
     def run(self) -> None:
         i = 0
-        while not self.stop_event.is_set() and i < 50_000:
+        started = time.monotonic()
+        while not self.stop_event.is_set() and i < PRODUCED_MAX:
+            ahead_s = started + i / PRODUCE_RATE_MAX - time.monotonic()
+            if ahead_s > 0 and self.stop_event.wait(ahead_s):
+                break
             values = [f"{self.prefix}-{i + k}" for k in range(self.batch)]
             i += self.batch
             try:
