@@ -6,8 +6,9 @@
 At --scale 1.0 (the issue's sizes): 100,000 topics x 8 queues, 10,000 subscription groups,
 300 broker sets x 3 replicas registered and heartbeating at the default interval (the 900
 brokers are simulated by a few load-generator processes speaking the real RegisterBroker
-and Heartbeat gRPC calls), one watch stream per broker, and a standalone nameserver. Every
-count scales with --scale (at least one broker set); --scale 0.01 runs in seconds.
+call and HeartbeatStream, or Heartbeat calls with --heartbeat-transport unary), one watch
+stream per broker, and a standalone nameserver. Every count scales with --scale (at least
+one broker set); --scale 0.01 runs in seconds.
 
 Prints ONE JSON document on stdout (progress on stderr). Phases, in order:
 
@@ -24,7 +25,9 @@ route       QueryRoute through the nameserver for random topics under that heart
             the gRPC floor (Health.Check on the nameserver) and GetTopicRoute straight to
             the leader as baselines; a py-spy profile of the leader meanwhile;
 capacity    the fleet's heartbeat interval is shortened step by step (bounded) until the
-            leader no longer keeps up: the highest rate sustained, its p99 and CPU;
+            leader no longer keeps up: the highest rate sustained, its p99 and CPU, and the
+            leader's CPU per heartbeat; first on HeartbeatStream (as the broker agents send
+            them), then with unary Heartbeat calls as the same run's baseline;
 snapshot    reads are driven until every node has written a Raft snapshot (log
             compaction): its size, how long it took (the temp file's lifetime), the longest
             read stall and any leader change meanwhile; baselines: a plain pickle/unpickle
@@ -53,6 +56,7 @@ import argparse
 import asyncio
 import collections
 import gzip
+import math
 import multiprocessing as mp
 import os
 import pickle
@@ -95,6 +99,7 @@ SETS_PER_TOPIC = 2  # each topic lives on this many broker sets (8 queues on eac
 DEFAULT_HEARTBEAT_INTERVAL_MS = CONFIG_SCHEMA["broker_heartbeat_interval_ms"][1]
 HEARTBEAT_TIMEOUT_S = 2.0
 FLEET_BROKERS_PER_PROCESS = 300
+TRANSPORTS = ("stream", "unary")  # how the fleet heartbeats: HeartbeatStream, or Heartbeat calls
 WATCH_STREAMS_PER_PROCESS = 300
 SAMPLES_MAX = 3_000_000  # per fleet process: ~1 hour of one broker per second each
 SNAPSHOT_READERS_PER_NODE = 2  # sequential readers per node driving barrier entries
@@ -148,11 +153,15 @@ def thread_count(pid: int) -> int | None:
 # The broker fleet: processes that register brokers and heartbeat like broker agents ----------
 
 
-def _fleet_process(brokers: list[tuple[str, int]], controllers: list[str], interval_ms: int, conn) -> None:
+def _fleet_process(
+    brokers: list[tuple[str, int]], controllers: list[str], interval_ms: int, transport: str, conn
+) -> None:
     """One load generator: registers `brokers` (broker set, replica number), then sends each
-    one's Heartbeat every interval (spread evenly), following the leader; obeys the parent."""
+    one's heartbeat every interval (spread evenly), following the leader; obeys the parent.
+    `transport` "stream": each broker on its own HeartbeatStream, waiting for each answer
+    as the broker agent does; "unary": Heartbeat calls sent on schedule."""
     try:
-        fleet = _Fleet(brokers, controllers, interval_ms)
+        fleet = _Fleet(brokers, controllers, interval_ms, transport)
         fleet.run(conn)
     except BaseException as exc:  # report, never hang the parent
         try:
@@ -162,11 +171,15 @@ def _fleet_process(brokers: list[tuple[str, int]], controllers: list[str], inter
 
 
 class _Fleet:
-    def __init__(self, brokers: list[tuple[str, int]], controllers: list[str], interval_ms: int) -> None:
+    def __init__(
+        self, brokers: list[tuple[str, int]], controllers: list[str], interval_ms: int, transport: str
+    ) -> None:
         import grpc
 
         from mqmeta.pb import controller_pb2_grpc
 
+        self.transport = transport
+        self.stopping = threading.Event()
         self.brokers = brokers
         self.controllers = controllers
         self.interval_s = interval_ms / 1000
@@ -213,6 +226,15 @@ class _Fleet:
         once every broker is registered, then obeys the parent."""
         registering = threading.Thread(target=self.register, name="register", daemon=True)
         registering.start()
+        streaming = threading.Thread(target=lambda: asyncio.run(self._streams()), name="streams", daemon=True)
+        streaming.start()
+        try:
+            self._run(conn, registering)
+        finally:
+            self.stopping.set()
+            streaming.join(timeout=5.0)
+
+    def _run(self, conn, registering: threading.Thread) -> None:
         reported = False
         position = 0
         next_at = time.monotonic()
@@ -227,9 +249,9 @@ class _Fleet:
                 return
             now = time.monotonic()
             step = self.interval_s / len(self.brokers)
-            while next_at <= now:  # send every heartbeat that is due
+            while next_at <= now:  # send every heartbeat that is due (streams send their own)
                 request = self._request(self.brokers[position % len(self.brokers)])
-                if request is not None:
+                if request is not None and self.transport == "unary":
                     self._send(request)
                 position += 1
                 next_at += step
@@ -266,24 +288,103 @@ class _Fleet:
         future.add_done_callback(lambda f: self._done(f, target, sent_wall, sent))
 
     def _done(self, future, target: str, sent_wall: float, sent: float) -> None:
-        from mqmeta.rpc import from_rpc_error
-
         latency = time.perf_counter() - sent
         code = ""
         try:
             future.result()
         except Exception as exc:  # grpc.RpcError; anything else counts as an error too
-            error = from_rpc_error(exc) if hasattr(exc, "code") else None
-            code = error.code if error is not None else type(exc).__name__
-            if error is not None and error.leader in self.stubs:
-                self.target = error.leader
-            elif target == self.target:
-                index = self.controllers.index(target)
-                self.target = self.controllers[(index + 1) % len(self.controllers)]
+            code = self._failed(exc, target)
         with self.lock:
             self.outstanding -= 1
+        self._sample(sent_wall, latency, code)
+
+    def _failed(self, exc: BaseException, target: str) -> str:
+        """The error's code; points the fleet at the leader it names, or the next node."""
+        from mqmeta.rpc import from_rpc_error
+
+        error = from_rpc_error(exc) if hasattr(exc, "code") else None  # type: ignore[arg-type]
+        if error is not None and error.leader in self.stubs:
+            self.target = error.leader
+        elif target == self.target:
+            index = self.controllers.index(target)
+            self.target = self.controllers[(index + 1) % len(self.controllers)]
+        return error.code if error is not None else type(exc).__name__
+
+    def _sample(self, sent_wall: float, latency: float, code: str) -> None:
+        with self.lock:
             if len(self.samples) < SAMPLES_MAX:
                 self.samples.append((sent_wall, latency, code))
+
+    async def _streams(self) -> None:
+        """Every broker's HeartbeatStream (grpc.aio: no thread per stream), each started at
+        its place in the interval as the unary schedule spreads them."""
+        import grpc.aio
+
+        from mqmeta.pb import controller_pb2_grpc
+
+        channels = {a: grpc.aio.insecure_channel(a) for a in self.controllers}
+        stubs = {a: controller_pb2_grpc.ControllerServiceStub(c) for a, c in channels.items()}
+        count = len(self.brokers)
+        start = asyncio.get_running_loop().time()
+        try:
+            await asyncio.gather(
+                *(self._stream(stubs, broker, start, k / count) for k, broker in enumerate(self.brokers))
+            )
+        finally:
+            for channel in channels.values():
+                await channel.close()
+
+    async def _stream(
+        self, stubs: dict[str, Any], broker: tuple[str, int], start: float, phase: float
+    ) -> None:
+        """One broker: a heartbeat every interval on its stream, each waiting for its answer
+        (HEARTBEAT_TIMEOUT_S at most); a failed stream is dropped and the next heartbeat opens
+        one to the node the error points at. Its heartbeats fall at `phase` (a fraction) of
+        each interval counted from `start`, so the fleet's stay spread evenly when the
+        interval changes. A heartbeat whose time passed while the previous one waited is
+        skipped, as the agent's loop skips it."""
+        import grpc.aio
+
+        loop = asyncio.get_running_loop()
+
+        def due_after(moment: float) -> float:
+            interval = self.interval_s
+            return start + (math.floor((moment - start) / interval - phase) + 1 + phase) * interval
+
+        call, target = None, ""
+        await asyncio.sleep(max(0.0, due_after(loop.time()) - loop.time()))
+        while not self.stopping.is_set():
+            request = self._request(broker)
+            if self.transport != "stream" or request is None:
+                if call is not None:
+                    call.cancel()
+                    call = None
+                await asyncio.sleep(max(0.0, due_after(loop.time()) - loop.time()))
+                continue
+            if call is None:
+                target = self.target
+                call = stubs[target].HeartbeatStream()
+            sent_wall, sent = time.time(), time.perf_counter()
+            code = ""
+            try:
+                await call.write(request)
+                reply = await asyncio.wait_for(call.read(), HEARTBEAT_TIMEOUT_S)
+                if reply is grpc.aio.EOF:
+                    raise RuntimeError("the controller ended the stream")
+            except TimeoutError:
+                code = "DEADLINE_EXCEEDED"
+                self._failed(RuntimeError(code), target)
+            except Exception as exc:  # grpc.aio.AioRpcError; a stream that ended
+                code = self._failed(exc, target)
+            if code:
+                call.cancel()
+                call = None
+            self._sample(sent_wall, time.perf_counter() - sent, code)
+            now = loop.time()
+            next_at = due_after(now)
+            missed = round((next_at - due_after(now - (time.perf_counter() - sent))) / self.interval_s) - 1
+            self.skipped += max(0, missed)
+            await asyncio.sleep(next_at - now)
 
     def _command(self, conn) -> bool:
         message = conn.recv()
@@ -292,6 +393,9 @@ class _Fleet:
             return False
         if message[0] == "interval":
             self.interval_s = message[1] / 1000
+            conn.send(("ok", None))
+        elif message[0] == "transport":
+            self.transport = message[1]
             conn.send(("ok", None))
         elif message[0] == "window":
             _, start_wall, end_wall = message
@@ -364,8 +468,8 @@ class BrokerFleet(ChildPool):
         count = max(1, -(-len(brokers) // FLEET_BROKERS_PER_PROCESS))
         self.parts = [brokers[i::count] for i in range(count)]
 
-    def start_fleet(self, interval_ms: int, timeout_s: float) -> list[tuple[str, int, int]]:
-        self.start(_fleet_process, [(part, self.controllers, interval_ms) for part in self.parts])
+    def start_fleet(self, interval_ms: int, transport: str, timeout_s: float) -> list[tuple[str, int, int]]:
+        self.start(_fleet_process, [(part, self.controllers, interval_ms, transport) for part in self.parts])
         registered: list[tuple[str, int, int]] = []
         for i in range(len(self.parts)):
             registered += self.receive(i, timeout_s)
@@ -373,6 +477,9 @@ class BrokerFleet(ChildPool):
 
     def set_interval(self, interval_ms: int) -> None:
         self.ask_all(("interval", interval_ms), 10.0)
+
+    def set_transport(self, transport: str) -> None:
+        self.ask_all(("transport", transport), 10.0)
 
     def wait_heartbeating(self, brokers: int, timeout_s: float) -> dict[str, Any]:
         """Until the last second's heartbeats were all answered (every broker alive)."""
@@ -880,7 +987,7 @@ def load_phase(cluster: ScaleCluster, fleet: BrokerFleet, sizes: dict[str, int],
     if config:  # what a real broker would read from the controllers and follow
         with cluster.leader_client() as client:
             client.call("UpdateConfig", pb.UpdateConfigRequest(values=config))
-    registered = fleet.start_fleet(args.heartbeat_interval_ms, timeout_s=300.0)
+    registered = fleet.start_fleet(args.heartbeat_interval_ms, args.heartbeat_transport, timeout_s=300.0)
     out: dict[str, Any] = {
         "liveness_config": config or "the defaults",
         "brokers_registered": len(registered),
@@ -1211,6 +1318,29 @@ def _route_change_delays(cluster: ScaleCluster, topics: int, count: int) -> dict
 
 
 def capacity_phase(cluster: ScaleCluster, fleet: BrokerFleet, sizes: dict[str, int], args) -> dict[str, Any]:
+    """For each transport (the stream first, then the unary call as the same run's
+    baseline): the heartbeat capacity steps below, and the leader's CPU per heartbeat."""
+    out: dict[str, Any] = {}
+    for transport in args.capacity_transports:
+        fleet.set_transport(transport)
+        out[transport] = _capacity_steps(cluster, fleet, sizes, args, transport)
+    fleet.set_transport(args.heartbeat_transport)
+    if {"stream", "unary"} <= out.keys():
+        stream, unary = out["stream"], out["unary"]
+        out["stream_to_unary"] = {
+            "sustained_heartbeats_per_s": _ratio(
+                stream["sustained_heartbeats_per_s"], unary["sustained_heartbeats_per_s"]
+            ),
+            "leader_cpu_us_per_heartbeat_first_step": _ratio(
+                stream["steps"][0].get("leader_cpu_us_per_heartbeat"),
+                unary["steps"][0].get("leader_cpu_us_per_heartbeat"),
+            ),
+        }
+    out["note"] = "the fleet runs on the same 2 cores: its CPU is listed per step"
+    return out
+
+
+def _capacity_steps(cluster: ScaleCluster, fleet: BrokerFleet, sizes: dict[str, int], args, transport: str):
     """Shortens the fleet's heartbeat interval step by step; stops at the first step the
     leader does not keep up with (< 90% of the offered rate answered, or p99 > 100 ms)."""
     steps = []
@@ -1226,28 +1356,37 @@ def capacity_phase(cluster: ScaleCluster, fleet: BrokerFleet, sizes: dict[str, i
         cpu = meter.stop()
         window = fleet.window(start_wall, time.time())
         offered = sizes["brokers"] * 1000 / interval_ms
+        leader_cpu = cpu.get(leader)
+        answered = window["heartbeats_per_s"] or 0
         window.update(
             {
                 "interval_ms": interval_ms,
                 "offered_per_s": _r(offered, 1),
-                "leader_cpu_percent": cpu.get(leader),
+                "leader_cpu_percent": leader_cpu,
+                # CPU percent of one core = 10,000 us per second
+                "leader_cpu_us_per_heartbeat": _r(leader_cpu * 10_000 / answered, 1)
+                if leader_cpu is not None and answered
+                else None,
                 "fleet_cpu_percent": _r(sum(v or 0 for k, v in cpu.items() if k.startswith("fleet")), 1),
             }
         )
-        kept_up = (window["heartbeats_per_s"] or 0) >= 0.9 * offered and (window.get("p99_ms") or 1e9) <= 100
+        kept_up = answered >= 0.9 * offered and (window.get("p99_ms") or 1e9) <= 100
         window["kept_up"] = kept_up
         steps.append(window)
-        log(f"capacity: {interval_ms} ms -> {window['heartbeats_per_s']}/s p99 {window.get('p99_ms')} ms")
+        log(
+            f"capacity ({transport}): {interval_ms} ms -> {window['heartbeats_per_s']}/s "
+            f"p99 {window.get('p99_ms')} ms, leader {window['leader_cpu_us_per_heartbeat']} us each"
+        )
         if not kept_up:
             break
         best = window
     fleet.set_interval(args.heartbeat_interval_ms)
+    time.sleep(args.warmup_s)
     return {
         "steps": steps,
         "sustained_heartbeats_per_s": best["heartbeats_per_s"] if best else None,
         "sustained_p99_ms": best.get("p99_ms") if best else None,
         "sustained_leader_cpu_percent": best["leader_cpu_percent"] if best else None,
-        "note": "the fleet runs on the same 2 cores: its CPU is listed per step",
     }
 
 
@@ -1824,6 +1963,17 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help=f"the fleet's heartbeat interval (default: the controllers', {DEFAULT_HEARTBEAT_INTERVAL_MS})",
     )
     p.add_argument(
+        "--heartbeat-transport",
+        choices=TRANSPORTS,
+        default="stream",
+        help="how the fleet heartbeats (stream: one HeartbeatStream per broker, as the broker agent does)",
+    )
+    p.add_argument(
+        "--capacity-transports",
+        default=",".join(TRANSPORTS),
+        help="the capacity phase's steps for each of these (the unary call is the baseline)",
+    )
+    p.add_argument(
         "--capacity-intervals",
         default="",
         help="heartbeat intervals (ms) to try (default: the fleet's interval, then 1/2, 1/4, 1/8 of it)",
@@ -1846,6 +1996,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args.capacity_intervals = [int(x) for x in args.capacity_intervals.split(",") if x] or [
         max(1, args.heartbeat_interval_ms // k) for k in (1, 2, 4, 8)
     ]
+    args.capacity_transports = [x for x in args.capacity_transports.split(",") if x]
+    if not args.capacity_transports or not set(args.capacity_transports) <= set(TRANSPORTS):
+        p.error(f"--capacity-transports takes one or more of {', '.join(TRANSPORTS)}")
     args.watch_styles = [x for x in args.watch_styles.split(",") if x]
     if not set(args.watch_styles) <= {"broker", "cluster"}:
         p.error("--watch-styles takes broker, cluster or both")
@@ -1969,7 +2122,8 @@ def summarize(result: dict[str, Any]) -> None:
         "heartbeat_p99_ms": get("heartbeat", "p99_ms"),
         "heartbeat_leader_cpu_percent": get("heartbeat", "leader_cpu_percent"),
         "heartbeat_leader_cpu_ms_each": get("heartbeat", "leader_cpu_ms_per_heartbeat"),
-        "heartbeats_sustained_per_s": get("capacity", "sustained_heartbeats_per_s"),
+        "heartbeats_sustained_per_s": get("capacity", "stream", "sustained_heartbeats_per_s"),
+        "heartbeats_sustained_unary_per_s": get("capacity", "unary", "sustained_heartbeats_per_s"),
         "watch_broker_streams_served": get("watch", "broker_streams", "open", "streams_served"),
         "watch_cluster_streams_served": get("watch", "cluster_streams", "open", "streams_served"),
         "watch_fan_out_streams": get("watch", "cluster_streams", "fan_out", "streams_per_change"),
@@ -1987,6 +2141,9 @@ def summarize(result: dict[str, Any]) -> None:
     result["ratios"] = {
         "snapshot_write_vs_plain_pickle_gzip9": _ratio(
             figures["snapshot_write_s"], get("snapshot", "baseline", "stock_pysyncobj_snapshot_s")
+        ),
+        "heartbeat_leader_cpu_stream_vs_unary": get(
+            "capacity", "stream_to_unary", "leader_cpu_us_per_heartbeat_first_step"
         ),
         "route_p99_vs_grpc_floor_p99": _ratio(
             route_p99, get("route", "baselines", "nameserver_health_check", "p99_ms")

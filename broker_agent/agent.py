@@ -445,8 +445,7 @@ class BrokerAgent:
     def _heartbeat(self) -> None:
         sent_ms = now_ms()
         view = self.view()
-        reply = self.controller.call(
-            "Heartbeat",
+        reply = self.controller.heartbeat(
             cpb.HeartbeatRequest(
                 cluster=self.config.cluster,
                 broker_name=self.config.broker_name,

@@ -1,8 +1,8 @@
 """gRPC ControllerService: validates requests, calls ControllerCore, maps errors.
 
 Protobuf <-> dict translation lives here and nowhere else. The service runs on an
-AsyncServer (mqmeta/rpc.py): the hot calls are coroutines on its event loop (Heartbeat,
-the linearizable reads that only wait for a barrier, and the Watch stream, which holds no
+AsyncServer (mqmeta/rpc.py): the hot calls are coroutines on its event loop (Heartbeat
+and HeartbeatStream, the linearizable reads that only wait for a barrier, and the Watch stream, which holds no
 thread however many brokers watch); every other call is a plain method run in the
 server's thread pool.
 """
@@ -15,6 +15,8 @@ import math
 from collections.abc import AsyncIterator
 from typing import Any
 
+import grpc
+
 from controller.core import ControllerCore, WatchSubscription
 from controller.replicator_leases import NO_OFFSET, TaskKey, validate_task
 from controller.replicator_liveness import STATS_FIELDS, lease_view, validate_heartbeat
@@ -22,7 +24,7 @@ from controller.state_machine import ControllerState, replica_view, tiered_key
 from mqmeta.errors import InvalidArgument, MqmetaError, NotFound, Unavailable
 from mqmeta.pb import controller_pb2 as pb
 from mqmeta.pb import controller_pb2_grpc as pb_grpc
-from mqmeta.rpc import abort_with_async, rpc, rpc_async
+from mqmeta.rpc import abort_with_async, bounded, rpc, rpc_async
 from mqmeta.validate import REQUEST_INT_MAX, validate_int, validate_name
 
 log = logging.getLogger(__name__)
@@ -195,8 +197,7 @@ class ControllerServicer(pb_grpc.ControllerServiceServicer):
         bs = self.core.read_barrier().broker_set(cluster, broker_name)
         return pb.NextBrokerIdResponse(next_broker_id=bs["next_broker_id"] if bs else 1)
 
-    @rpc_async
-    async def Heartbeat(self, request, context):
+    def _heartbeat(self, request: pb.HeartbeatRequest) -> pb.HeartbeatResponse:
         cluster, broker_name = _broker_set_ref(request)
         reply = self.core.heartbeat(
             {
@@ -210,6 +211,25 @@ class ControllerServicer(pb_grpc.ControllerServiceServicer):
             }
         )
         return pb.HeartbeatResponse(**reply)
+
+    @rpc_async
+    async def Heartbeat(self, request, context):
+        return self._heartbeat(request)
+
+    async def HeartbeatStream(self, request_iterator, context) -> AsyncIterator[pb.HeartbeatResponse]:
+        """Each request answered in order, as the unary call would; the first one refused
+        (malformed, not registered, this node not the leader) ends the stream with the unary
+        call's status, so the broker turns to the leader or registers again."""
+        try:
+            async for request in request_iterator:
+                yield self._heartbeat(request)
+        except MqmetaError as error:
+            await abort_with_async(context, error)
+        except Exception as exc:  # a bug: report it without leaking internals, as rpc_async does
+            log.exception("HeartbeatStream failed")
+            await context.abort(
+                grpc.StatusCode.INTERNAL, bounded(f"internal error in HeartbeatStream: {exc}")
+            )
 
     @rpc
     def GetReplicaInfo(self, request, context):

@@ -61,7 +61,9 @@ _ACCESS_BY_SERVICE: dict[str, dict[str, Access]] = {
         **dict.fromkeys(["UpdateConfig", "ElectMaster", "CleanBrokerData", "Write"], _A),
         # a broker's own writes: the cluster credential keeps a stranger from registering a
         # broker, faking its liveness or moving its checkpoints
-        **dict.fromkeys(["RegisterBroker", "GetNextBrokerId", "Heartbeat", "AlterSyncStateSet"], _A),
+        **dict.fromkeys(
+            ["RegisterBroker", "GetNextBrokerId", "Heartbeat", "HeartbeatStream", "AlterSyncStateSet"], _A
+        ),
         **dict.fromkeys(["TieredUploadStart", "TieredCommit", "TieredForgetAbandoned"], _A),
         # a replicator worker's: leases and checkpoints of cross-cluster tasks
         **dict.fromkeys(["ReplicatorHeartbeat", "CommitReplicatorTask"], _A),

@@ -5,12 +5,18 @@ names the leader, and the next attempt goes there when that address is one of th
 configured ones (otherwise the next configured address: they may be proxies or NAT
 addresses that differ from what the controllers advertise); an unreachable node is
 skipped.
+Heartbeats go on one long-lived HeartbeatStream to the leader (about half the leader's CPU
+of a unary call); when it breaks, that heartbeat goes as a unary call (which finds the
+leader) and the next one opens a stream there. A controller without the stream
+(UNIMPLEMENTED: an older version during a rolling upgrade) is sent unary calls from then on.
 Retries make writes at-least-once: creates answer ALREADY_EXISTS when retried after
 an outcome the client could not see, and the other writes are idempotent or fenced.
 """
 
 from __future__ import annotations
 
+import logging
+import queue
 import threading
 import time
 from typing import Any
@@ -30,11 +36,77 @@ from mqmeta.pb import controller_pb2_grpc as pb_grpc
 from mqmeta.rpc import from_rpc_error
 from mqmeta.validate import parse_addresses
 
+log = logging.getLogger(__name__)
+
 CALL_TIMEOUT_S = 5.0
 # gRPC's default reply limit is 4 MB: ListTopics of 100,000 topics (6.8 MB) failed with it.
 REPLY_BYTES_MAX = 256 << 20
 ATTEMPT_TIMEOUT_S = 2.0
 RETRY_PAUSE_S = 0.05
+
+
+class _StreamEnded(Exception):
+    """The stream's own end, not a refusal of the heartbeat: the caller goes unary."""
+
+    def __init__(self, error: MqmetaError, unimplemented: bool = False) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.unimplemented = unimplemented
+
+
+_END = object()  # ends the request iterator that feeds a HeartbeatStream
+
+
+class HeartbeatCall:
+    """One HeartbeatStream to `target`: `exchange` sends a request and waits for its
+    answer (the stream answers in order, one each). A reader thread moves the answers into
+    a queue, so a wait is bounded even when the node stops answering. Any failure closes
+    the stream for good; a stale answer can never be read as a later request's."""
+
+    def __init__(self, stub: pb_grpc.ControllerServiceStub, target: str) -> None:
+        self.target = target
+        self.closed = False
+        self._requests: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._replies: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._call = stub.HeartbeatStream(iter(self._requests.get, _END))
+        self._reader = threading.Thread(target=self._read, name="heartbeat-stream", daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        try:
+            for reply in self._call:
+                self._replies.put(reply)
+            self._replies.put(_StreamEnded(Unavailable(f"{self.target} ended the heartbeat stream")))
+        except grpc.RpcError as rpc_error:
+            error = from_rpc_error(rpc_error)
+            if rpc_error.code() == grpc.StatusCode.UNIMPLEMENTED:
+                self._replies.put(_StreamEnded(error, unimplemented=True))
+            elif isinstance(error, Unavailable | NotLeader) or rpc_error.code() == grpc.StatusCode.CANCELLED:
+                self._replies.put(_StreamEnded(error))
+            else:
+                self._replies.put(error)  # refused as the unary call would be: NOT_FOUND, ...
+
+    def exchange(self, request: pb.HeartbeatRequest, timeout_s: float) -> pb.HeartbeatResponse:
+        """The answer; MqmetaError when the controller refused it; _StreamEnded when the
+        stream broke or gave no answer within `timeout_s` (the stream is then closed)."""
+        self._requests.put(request)
+        try:
+            item = self._replies.get(timeout=timeout_s)
+        except queue.Empty:
+            self.close()
+            raise _StreamEnded(
+                DeadlineExceeded(f"{self.target} did not answer a heartbeat in {timeout_s:.1f} s")
+            ) from None
+        if isinstance(item, _StreamEnded | MqmetaError):
+            self.close()
+            raise item
+        return item
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self._requests.put(_END)
+            self._call.cancel()
 
 
 class ControllerClient:
@@ -47,6 +119,9 @@ class ControllerClient:
         self._watch_channels: dict[str, grpc.Channel] = {}  # keepalive watch streams, per node
         self._target = self.addresses[0]
         self._leader_known = False
+        self._heartbeat_lock = threading.Lock()
+        self._heartbeat_call: HeartbeatCall | None = None
+        self._heartbeat_streams = True  # False once a controller answered UNIMPLEMENTED
 
     def _stub(self, address: str) -> pb_grpc.ControllerServiceStub:
         with self._lock:
@@ -112,6 +187,43 @@ class ControllerClient:
                 target = self._next_target(target)
                 time.sleep(min(RETRY_PAUSE_S, max(0.0, deadline - time.monotonic())))
 
+    def heartbeat(self, request: pb.HeartbeatRequest, timeout_s: float | None = None) -> pb.HeartbeatResponse:
+        """`request` on the heartbeat stream to the leader, or as a unary call when the
+        stream cannot take it (see the module's docstring); the same errors as `call`."""
+        deadline = time.monotonic() + (timeout_s or self.timeout_s)
+        with self._heartbeat_lock:
+            if self._heartbeat_streams:
+                try:
+                    return self._stream_heartbeat(
+                        request, min(ATTEMPT_TIMEOUT_S, deadline - time.monotonic())
+                    )
+                except _StreamEnded as ended:
+                    self._stream_ended(ended)
+            return self.call("Heartbeat", request, max(0.001, deadline - time.monotonic()))
+
+    def _stream_heartbeat(self, request: pb.HeartbeatRequest, timeout_s: float) -> pb.HeartbeatResponse:
+        if not self._leader_known and len(self.addresses) > 1:
+            self._discover_leader(time.monotonic() + timeout_s)
+        call = self._heartbeat_call
+        if call is None or call.closed or call.target != self._target:
+            if call is not None:
+                call.close()
+            call = self._heartbeat_call = HeartbeatCall(self._stub(self._target), self._target)
+        return call.exchange(request, timeout_s)
+
+    def _stream_ended(self, ended: _StreamEnded) -> None:
+        """Where the next attempt goes, as `call` decides after the same error."""
+        if ended.unimplemented:
+            log.info("%s has no HeartbeatStream (%s): heartbeats go as unary calls", self._target, ended)
+            self._heartbeat_streams = False
+            return
+        self._leader_known = False
+        leader = ended.error.leader
+        if isinstance(ended.error, NotLeader) and leader in self.addresses:
+            self._target = leader
+        else:
+            self._target = self._next_target(self._target)
+
     def watch(
         self,
         cluster: str = "",
@@ -149,6 +261,9 @@ class ControllerClient:
         return pb_grpc.ControllerServiceStub(channel).Watch(request, timeout=timeout_s)
 
     def close(self) -> None:
+        with self._heartbeat_lock:
+            if self._heartbeat_call is not None:
+                self._heartbeat_call.close()
         with self._lock:
             for channel in [*self._channels.values(), *self._watch_channels.values()]:
                 channel.close()

@@ -394,3 +394,77 @@ def test_write_batch_commits_each_write_independently(cluster):
             with pytest.raises(MqmetaError) as refused:
                 client.call("Write", bad)
             assert refused.value.code == "INVALID_ARGUMENT"
+
+
+def test_heartbeat_stream_answers_in_order_refuses_like_the_unary_call_and_follows_the_leader(cluster):
+    """HeartbeatStream: each request answered in order with what the unary call answers; a
+    refused request ends the stream with the unary call's status (NOT_FOUND, INVALID_ARGUMENT,
+    NOT_LEADER naming the leader); the client keeps one stream and, when its leader is killed,
+    heartbeats reach the new leader on a new stream."""
+    from mqmeta.pb import controller_pb2_grpc as pb_grpc
+
+    broker = FakeBroker(cluster.addresses, "broker-s", 1)
+    try:
+        broker.register()
+        with cluster.client() as client:
+            client.call(
+                "ElectMaster",
+                pb.ElectMasterRequest(
+                    cluster="DefaultCluster",
+                    broker_name="broker-s",
+                    trigger=pb.ELECT_TRIGGER_BROKER,
+                    requester_broker_id=broker.broker_id,
+                ),
+            )
+
+        def beat(
+            broker_id: int = broker.broker_id, cluster_name: str = "DefaultCluster"
+        ) -> pb.HeartbeatRequest:
+            return pb.HeartbeatRequest(
+                cluster=cluster_name, broker_name="broker-s", broker_id=broker_id, epoch=1
+            )
+
+        leader = cluster.node(cluster.leader_id()).grpc
+        follower = cluster.node(cluster.followers()[0]).grpc
+        with grpc.insecure_channel(leader) as channel:
+            stub = pb_grpc.ControllerServiceStub(channel)
+            unary = stub.Heartbeat(beat(), timeout=5)
+            assert unary.master_broker_id == broker.broker_id and unary.lease_ms > 0
+            assert list(stub.HeartbeatStream(iter([beat()] * 3), timeout=5)) == [unary] * 3
+            for requests, status in [
+                ([beat(), beat(broker_id=99)], grpc.StatusCode.NOT_FOUND),
+                ([beat(cluster_name="bad name!")], grpc.StatusCode.INVALID_ARGUMENT),
+            ]:
+                answered = []
+                with pytest.raises(grpc.RpcError) as refused:
+                    answered.extend(stub.HeartbeatStream(iter(requests), timeout=5))
+                assert refused.value.code() == status, refused.value.details()
+                assert refused.value.details(), "every error carries a message"
+                assert answered == [unary] * (len(requests) - 1), "the requests before it are answered"
+        with grpc.insecure_channel(follower) as channel:
+            with pytest.raises(grpc.RpcError) as not_leader:
+                list(pb_grpc.ControllerServiceStub(channel).HeartbeatStream(iter([beat()]), timeout=5))
+        trailing = dict(not_leader.value.trailing_metadata())
+        assert (trailing["mqmeta-error-code"], trailing["mqmeta-leader"]) == ("NOT_LEADER", leader)
+
+        with cluster.client() as client:
+            replies = [client.heartbeat(beat()) for _ in range(5)]
+            call = client._heartbeat_call
+            assert call is not None and not call.closed and call.target == leader, "one open stream"
+            assert replies == [unary] * 5
+            old = cluster.leader_id()
+            cluster.kill(old)
+            new_leader = cluster.node(cluster.leader_id(exclude=old)).grpc
+
+            def beats_reach_the_new_leader() -> bool:
+                try:
+                    client.heartbeat(beat())
+                except MqmetaError:
+                    return False  # the old stream broke; the election may still run
+                current = client._heartbeat_call
+                return current is not None and not current.closed and current.target == new_leader
+
+            wait_for(beats_reach_the_new_leader, 20, "heartbeats on a stream to the new leader")
+            assert call.closed, "the stream to the killed leader was closed"
+    finally:
+        broker.close()

@@ -82,10 +82,18 @@ def test_the_run_reports_every_figure(report):
     missing = [name for name in FIGURES if report["figures"].get(name) in (None, {}, [])]
     assert not missing, f"figures without a value: {missing}"
     assert set(report["figures"]["controller_rss_mb"]) == {"c1", "c2", "c3"}
-    for ratio in ("snapshot_write_vs_plain_pickle_gzip9", "route_p99_vs_grpc_floor_p99"):
+    ratios = (
+        "snapshot_write_vs_plain_pickle_gzip9",
+        "route_p99_vs_grpc_floor_p99",
+        "heartbeat_leader_cpu_stream_vs_unary",
+    )
+    for ratio in ratios:
         assert report["ratios"][ratio] is not None, ratio
     assert report["raw"]["windows"][0]["entries_per_s"] > 0
-    assert report["capacity"]["steps"], "no heartbeat capacity step ran"
+    for transport in ("stream", "unary"):
+        steps = report["capacity"][transport]["steps"]
+        assert steps, f"no heartbeat capacity step ran on {transport}"
+        assert steps[0]["errors"] == {} and steps[0]["heartbeats_per_s"] > 0, (transport, steps[0])
     assert set(report["targets_met"]) == {
         "restart_one_node_le_10s",
         "restart_all_nodes_le_10s",

@@ -49,6 +49,11 @@ class ControllerServiceStub:
                 request_serializer=mqmeta_dot_pb_dot_controller__pb2.HeartbeatRequest.SerializeToString,
                 response_deserializer=mqmeta_dot_pb_dot_controller__pb2.HeartbeatResponse.FromString,
                 _registered_method=True)
+        self.HeartbeatStream = channel.stream_stream(
+                '/mqmeta.v1.ControllerService/HeartbeatStream',
+                request_serializer=mqmeta_dot_pb_dot_controller__pb2.HeartbeatRequest.SerializeToString,
+                response_deserializer=mqmeta_dot_pb_dot_controller__pb2.HeartbeatResponse.FromString,
+                _registered_method=True)
         self.GetReplicaInfo = channel.unary_unary(
                 '/mqmeta.v1.ControllerService/GetReplicaInfo',
                 request_serializer=mqmeta_dot_pb_dot_controller__pb2.BrokerSetRef.SerializeToString,
@@ -203,6 +208,15 @@ class ControllerServiceServicer:
 
     def Heartbeat(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def HeartbeatStream(self, request_iterator, context):
+        """The same exchange on one long-lived stream per broker (leader only): each request is
+        answered by one response, in order. It costs the leader about half of a unary call.
+        An error ends the stream with the status the unary call would have answered.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -388,6 +402,11 @@ def add_ControllerServiceServicer_to_server(servicer, server):
             ),
             'Heartbeat': grpc.unary_unary_rpc_method_handler(
                     servicer.Heartbeat,
+                    request_deserializer=mqmeta_dot_pb_dot_controller__pb2.HeartbeatRequest.FromString,
+                    response_serializer=mqmeta_dot_pb_dot_controller__pb2.HeartbeatResponse.SerializeToString,
+            ),
+            'HeartbeatStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.HeartbeatStream,
                     request_deserializer=mqmeta_dot_pb_dot_controller__pb2.HeartbeatRequest.FromString,
                     response_serializer=mqmeta_dot_pb_dot_controller__pb2.HeartbeatResponse.SerializeToString,
             ),
@@ -606,6 +625,33 @@ class ControllerService:
             request,
             target,
             '/mqmeta.v1.ControllerService/Heartbeat',
+            mqmeta_dot_pb_dot_controller__pb2.HeartbeatRequest.SerializeToString,
+            mqmeta_dot_pb_dot_controller__pb2.HeartbeatResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def HeartbeatStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/mqmeta.v1.ControllerService/HeartbeatStream',
             mqmeta_dot_pb_dot_controller__pb2.HeartbeatRequest.SerializeToString,
             mqmeta_dot_pb_dot_controller__pb2.HeartbeatResponse.FromString,
             options,

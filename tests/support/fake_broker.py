@@ -55,8 +55,7 @@ class FakeBroker:
         return reply
 
     def heartbeat_once(self) -> pb.HeartbeatResponse:
-        return self.client.call(
-            "Heartbeat",
+        return self.client.heartbeat(
             pb.HeartbeatRequest(
                 cluster=self.cluster,
                 broker_name=self.broker_name,

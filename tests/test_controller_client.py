@@ -1,0 +1,96 @@
+"""ControllerClient.heartbeat against stand-in controllers (real gRPC servers in this process
+whose ControllerService answers only Heartbeat): the cases a real controller cannot be made
+to show on demand.
+
+Properties checked:
+- a controller without HeartbeatStream (UNIMPLEMENTED: an older version during a rolling
+  upgrade) gets unary heartbeats, every one answered, and the stream is not tried again;
+- a stream that stops answering is given up after the attempt's bound and that heartbeat
+  is answered by a unary call; the silent stream is closed, never read again.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+import pytest
+
+from mqmeta.client import ControllerClient
+from mqmeta.pb import controller_pb2 as pb
+from mqmeta.pb import controller_pb2_grpc as pb_grpc
+
+pytestmark = pytest.mark.timeout(60)
+
+REPLY = pb.HeartbeatResponse(master_broker_id=1, master_epoch=3, sync_state_set_epoch=4, lease_ms=500)
+REQUEST = pb.HeartbeatRequest(cluster="DefaultCluster", broker_name="b", broker_id=1, epoch=3)
+
+
+class UnaryOnly(pb_grpc.ControllerServiceServicer):
+    """A controller from before HeartbeatStream: the base class answers it UNIMPLEMENTED."""
+
+    def __init__(self) -> None:
+        self.unary = 0
+
+    def Heartbeat(self, request, context):
+        self.unary += 1
+        return REPLY
+
+
+class SilentStream(UnaryOnly):
+    """Takes the stream's requests and never answers them (a stuck handler)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.streamed = 0
+        self.release = threading.Event()
+
+    def HeartbeatStream(self, request_iterator, context):
+        for _ in request_iterator:
+            self.streamed += 1
+            self.release.wait(30)
+            return
+        yield REPLY  # a generator: never reached
+
+
+@pytest.fixture
+def serve():
+    servers = []
+
+    def start(servicer) -> str:
+        server = grpc.server(ThreadPoolExecutor(max_workers=4))
+        pb_grpc.add_ControllerServiceServicer_to_server(servicer, server)
+        port = server.add_insecure_port("127.0.0.1:0")  # the server binds: no port race
+        server.start()
+        servers.append((server, servicer))
+        return f"127.0.0.1:{port}"
+
+    yield start
+    for server, servicer in servers:
+        if isinstance(servicer, SilentStream):
+            servicer.release.set()
+        server.stop(0)
+
+
+def test_a_controller_without_the_stream_gets_unary_heartbeats(serve):
+    servicer = UnaryOnly()
+    with ControllerClient([serve(servicer)]) as client:
+        assert [client.heartbeat(REQUEST) for _ in range(4)] == [REPLY] * 4
+        assert servicer.unary == 4, "every heartbeat went as a unary call"
+        assert client._heartbeat_streams is False, "the stream is not tried again"
+
+
+def test_a_silent_stream_is_given_up_and_the_heartbeat_answered_unary(serve):
+    servicer = SilentStream()
+    with ControllerClient([serve(servicer)], timeout_s=5.0) as client:
+        started = time.monotonic()
+        assert client.heartbeat(REQUEST) == REPLY
+        took = time.monotonic() - started
+        call = client._heartbeat_call
+        assert servicer.streamed == 1 and servicer.unary == 1
+        assert call is not None and call.closed, "the silent stream is closed"
+        assert 1.5 <= took < 4.5, f"gave the stream its 2 s attempt, then went unary ({took:.2f} s)"
+        assert client.heartbeat(REQUEST) == REPLY  # a new stream, silent again: unary again
+        assert client._heartbeat_call is not call and servicer.streamed == 2
