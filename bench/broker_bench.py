@@ -7,7 +7,8 @@ Prints ONE JSON document on stdout; progress goes to stderr. Phases (--only pick
 
 raw         the baseline: MessageStore(tmpdir, fsync=True).put_messages of the same
             batches of 1 KB records in this process (no network, no replication), per
-            batch size; fsync=False as a reference;
+            batch size; fsync=False as a reference; and the machine's ceiling for a set:
+            one such append per replica (3), in parallel processes, nothing else;
 micro       CPU microseconds per message of each step of the write path (request
             build, message conversion, record encoding, the commit log's re-check, the
             response, the slave's decode), timed in this process without I/O;
@@ -104,6 +105,7 @@ TARGETS = {
     "sigstop_failover_p99_s_max": 3.0,
 }
 CALLS_MAX_PER_THREAD = 1_000_000
+REPLICAS = 3  # the throughput cluster's replicas (the ceiling runs one raw append for each)
 PROBE_ATTEMPTS_MAX = 100_000
 
 
@@ -329,7 +331,10 @@ def throughput_run(
 # Phase 2: raw local append ------------------------------------------------------------------
 
 
-def raw_append(root: Path, batch: int, duration_s: float, fsync: bool) -> dict[str, Any]:
+def raw_append(
+    root: Path, batch: int, duration_s: float, fsync: bool, start_at_wall: float | None = None
+) -> dict[str, Any]:
+    """`start_at_wall`: start at this time.time() (copies in other processes start together)."""
     from broker_agent.store import MessageStore
     from mqmeta.formats.records import Message
 
@@ -342,6 +347,8 @@ def raw_append(root: Path, batch: int, duration_s: float, fsync: bool) -> dict[s
         seq = 0
         lats: list[float] = []
         queue = 0
+        if start_at_wall is not None:
+            time.sleep(max(0.0, start_at_wall - time.time()))
         cpu0 = time.process_time()
         t_start = time.monotonic()
         end_at = t_start + duration_s
@@ -375,6 +382,29 @@ def raw_append(root: Path, batch: int, duration_s: float, fsync: bool) -> dict[s
     finally:
         store.close()
         shutil.rmtree(directory, ignore_errors=True)
+
+
+def raw_append_copies(root: Path, batch: int, duration_s: float, copies: int) -> dict[str, Any]:
+    """The machine's ceiling for a replicated set: `copies` raw appends (one per replica,
+    each in its own process, fsync on, its own directory) run at the same time, and
+    nothing else: no client building messages, no gRPC, no fetches, no controllers. Each
+    replica of a set must at least do this work for every message, so the slowest copy's
+    rate over one raw append's rate bounds the set's ratio to raw append on this machine."""
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(max_workers=copies, mp_context=mp.get_context("spawn")) as pool:
+        start_at = time.time() + 3.0  # the children import the store meanwhile
+        futures = [pool.submit(raw_append, root, batch, duration_s, True, start_at) for _ in range(copies)]
+        runs = [f.result(timeout=duration_s + 60.0) for f in futures]
+    rates = [r["msgs_per_s"] for r in runs]
+    return {
+        "batch": batch,
+        "copies": copies,
+        "msgs_per_s_each": rates,
+        "msgs_per_s_slowest": min(rates),
+        "cpu_percent_each": [r["cpu_percent"] for r in runs],
+    }
 
 
 # Per-record CPU cost of the steps of the write path (this process, no I/O) ----------------------
@@ -969,10 +999,14 @@ def run(args: argparse.Namespace, root: Path, result: dict[str, Any], t_begin: f
             r = raw_append(root, batch, raw_s / 2, fsync=False)
             raw["no_fsync_reference"].append(r)
             log(f"raw append batch {batch} no fsync: {r['msgs_per_s']} msg/s")
+            r = raw_append_copies(root, batch, raw_s, REPLICAS)
+            raw.setdefault("replica_copies_ceiling", []).append(r)
+            log(f"raw append batch {batch}, {REPLICAS} copies at once: {r['msgs_per_s_each']} msg/s each")
         raw["what"] = (
             "MessageStore(tmpdir, fsync=True).put_messages of batches of the same "
             "1 KB records (topic, 8 queues round robin, producer id/seq) in this "
-            "process: no network, no replication; no_fsync_reference: fsync=False"
+            "process: no network, no replication; no_fsync_reference: fsync=False; "
+            "replica_copies_ceiling: one such append per replica, in parallel processes"
         )
         result["raw_append"] = raw
     if "micro" in args.phases:
@@ -1163,6 +1197,13 @@ def summarize(result: dict[str, Any]) -> None:
                 ratios["throughput_best_vs_raw_append_same_batch"] = _ratio(
                     best["msgs_per_s"], same[0]["msgs_per_s"]
                 )
+    for r in raw.get("replica_copies_ceiling", []):
+        single = [x for x in raw.get("fsync", []) if x["batch"] == r["batch"]]
+        if single:
+            # the best ratio to raw append a replicated set could reach on this machine
+            ratios[f"ceiling_{r['copies']}_copies_b{r['batch']}_vs_raw_b{r['batch']}"] = _ratio(
+                r["msgs_per_s_slowest"], single[0]["msgs_per_s"]
+            )
             for r in tp.get("runs", []):
                 match = [x for x in raw["fsync"] if x["batch"] == r["batch"]]
                 if match:

@@ -1240,14 +1240,16 @@ def heartbeat_and_route_phase(
     cpu = meter.stop()
     heartbeat = fleet.window(start_wall, time.time())
     heartbeat["leader"] = leader
-    heartbeat["leader_cpu_percent"] = cpu.get(leader)
+    heartbeat["leader_cpu_percent"] = leader_cpu_of(cluster, leader, cpu)
     heartbeat["cpu_percent"] = cpu
     heartbeat["machine_busy_percent"] = machine_busy_percent(busy0)
-    if heartbeat["heartbeats_per_s"] and cpu.get(leader) is not None:
-        heartbeat["leader_cpu_ms_per_heartbeat"] = _r(10.0 * cpu[leader] / heartbeat["heartbeats_per_s"])
+    if heartbeat["heartbeats_per_s"] and heartbeat["leader_cpu_percent"] is not None:
+        heartbeat["leader_cpu_ms_per_heartbeat"] = _r(
+            10.0 * heartbeat["leader_cpu_percent"] / heartbeat["heartbeats_per_s"]
+        )
     heartbeat["seconds"] = _r(time.monotonic() - t0, 1)
     rate, p99 = heartbeat["heartbeats_per_s"], heartbeat.get("p99_ms")
-    log(f"heartbeats: {rate}/s p99 {p99} ms, leader CPU {cpu.get(leader)}%")
+    log(f"heartbeats: {rate}/s p99 {p99} ms, leader CPU {heartbeat['leader_cpu_percent']}%")
 
     route: dict[str, Any] = {}
     profile_out = root / "profile-route.txt"
@@ -1317,6 +1319,16 @@ def _route_change_delays(cluster: ScaleCluster, topics: int, count: int) -> dict
     return out
 
 
+def leader_cpu_of(cluster: ScaleCluster, leader: str, cpu: dict[str, float | None]) -> float | None:
+    """The CPU% of the node that led for the whole window (`leader` at its start); None
+    when the leader changed meanwhile, whose CPU would be some other node's."""
+    try:
+        still = cluster.leader(timeout_s=5.0) == leader
+    except Exception:  # no leader within 5 s: the window had no single leader either
+        still = False
+    return cpu.get(leader) if still else None
+
+
 def capacity_phase(cluster: ScaleCluster, fleet: BrokerFleet, sizes: dict[str, int], args) -> dict[str, Any]:
     """For each transport (the stream first, then the unary call as the same run's
     baseline): the heartbeat capacity steps below, and the leader's CPU per heartbeat."""
@@ -1344,25 +1356,24 @@ def _capacity_steps(cluster: ScaleCluster, fleet: BrokerFleet, sizes: dict[str, 
     """Shortens the fleet's heartbeat interval step by step; stops at the first step the
     leader does not keep up with (< 90% of the offered rate answered, or p99 > 100 ms)."""
     steps = []
-    leader = cluster.leader()
     pids = dict(cluster.pids(), **fleet.pids())
     best = None
     for interval_ms in args.capacity_intervals:
         fleet.set_interval(interval_ms)
         time.sleep(args.warmup_s)
+        leader = cluster.leader()
         start_wall = time.time()
         meter = CpuMeter(pids)
         time.sleep(args.capacity_s)
         cpu = meter.stop()
         window = fleet.window(start_wall, time.time())
         offered = sizes["brokers"] * 1000 / interval_ms
-        leader_cpu = cpu.get(leader)
+        leader_cpu = window["leader_cpu_percent"] = leader_cpu_of(cluster, leader, cpu)
         answered = window["heartbeats_per_s"] or 0
         window.update(
             {
                 "interval_ms": interval_ms,
                 "offered_per_s": _r(offered, 1),
-                "leader_cpu_percent": leader_cpu,
                 # CPU percent of one core = 10,000 us per second
                 "leader_cpu_us_per_heartbeat": _r(leader_cpu * 10_000 / answered, 1)
                 if leader_cpu is not None and answered
