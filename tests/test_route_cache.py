@@ -161,8 +161,14 @@ class ScriptedController:
         self.asked: list[list[str]] = []
         self.during = None
         self.fail_next = False
+        self.events: list[pb.WatchEvent] = []  # what watch() streams
+
+    def watch(self, keepalive_ms=None):
+        return iter(self.events)
 
     def call(self, method: str, request):
+        if method == "GetMetadata":
+            return pb.ControllerMetadata()
         if method == "ListBrokerSets":
             return pb.ListBrokerSetsResponse()
         assert method == "ListTopics", method
@@ -190,6 +196,30 @@ def _scripted_cache(*names: str) -> tuple[RouteCache, ScriptedController]:
 
 def _topic_event(name: str) -> pb.WatchEvent:
     return pb.WatchEvent(index=1, kind="topic", name=name)
+
+
+def test_a_topic_changed_during_the_first_load_is_not_answered_until_reloaded():
+    """The first load runs when the stream's first message arrives, on the thread that
+    applies the events: an event of a change made while the load ran waits in the stream and
+    is applied after it, so the topic it names is not answered from the load's older read."""
+    controller = ScriptedController("A", "B")
+    snapshot = pb.WatchEvent(
+        index=1, kind="snapshot", replica_info=pb.ReplicaInfo(cluster="C1", broker_name="b")
+    )
+    controller.events = [snapshot, _topic_event("A")]
+
+    def change_a() -> None:  # after the load's ListTopics read its answer
+        controller.topics["A"] = pb.Topic(name="A", cluster="C1", message_type="FIFO")
+
+    controller.during = change_a
+    cache = RouteCache(controller)  # type: ignore[arg-type]
+    cache._follow()  # the snapshot, then the change's event; the stream then ends
+    assert controller.asked == [[]] and cache.live
+    assert cache.route("A") is None, "served the first load's older answer"
+    assert cache.route("B").message_type == "NORMAL"
+    cache._reload_dirty_topics()
+    assert controller.asked[-1] == ["A"]
+    assert cache.route("A").message_type == "FIFO"
 
 
 def test_a_reload_reads_only_the_changed_topics_and_drops_the_deleted_ones():
