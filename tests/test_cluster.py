@@ -190,16 +190,8 @@ def test_embedded_nameserver_serves_routes(cluster_factory):
     broker = FakeBroker(cluster.addresses, "broker-a", 1)
     try:
         broker.register()
+        broker.elect_self()
         with cluster.client() as client:
-            client.call(
-                "ElectMaster",
-                pb.ElectMasterRequest(
-                    cluster="DefaultCluster",
-                    broker_name="broker-a",
-                    trigger=pb.ELECT_TRIGGER_BROKER,
-                    requester_broker_id=broker.broker_id,
-                ),
-            )
             client.call("CreateTopic", pb.TopicSpec(name="Routed", queue_count=4))
         for address in cluster.layout.namesrv:
             with grpc.insecure_channel(address) as channel:
@@ -406,16 +398,7 @@ def test_heartbeat_stream_answers_in_order_refuses_like_the_unary_call_and_follo
     broker = FakeBroker(cluster.addresses, "broker-s", 1)
     try:
         broker.register()
-        with cluster.client() as client:
-            client.call(
-                "ElectMaster",
-                pb.ElectMasterRequest(
-                    cluster="DefaultCluster",
-                    broker_name="broker-s",
-                    trigger=pb.ELECT_TRIGGER_BROKER,
-                    requester_broker_id=broker.broker_id,
-                ),
-            )
+        broker.elect_self()
 
         def beat(
             broker_id: int = broker.broker_id, cluster_name: str = "DefaultCluster"

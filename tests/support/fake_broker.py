@@ -54,6 +54,18 @@ class FakeBroker:
         self.broker_id = reply.broker_id
         return reply
 
+    def elect_self(self) -> pb.ReplicaInfo:
+        """Ask for an election naming this broker as the requester (a first election makes it master)."""
+        return self.client.call(
+            "ElectMaster",
+            pb.ElectMasterRequest(
+                cluster=self.cluster,
+                broker_name=self.broker_name,
+                trigger=pb.ELECT_TRIGGER_BROKER,
+                requester_broker_id=self.broker_id,
+            ),
+        )
+
     def heartbeat_once(self) -> pb.HeartbeatResponse:
         return self.client.heartbeat(
             pb.HeartbeatRequest(
