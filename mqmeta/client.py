@@ -8,7 +8,8 @@ skipped.
 Heartbeats go on one long-lived HeartbeatStream to the leader (about half the leader's CPU
 of a unary call); when it breaks, that heartbeat goes as a unary call (which finds the
 leader) and the next one opens a stream there. A controller without the stream
-(UNIMPLEMENTED: an older version during a rolling upgrade) is sent unary calls from then on.
+(UNIMPLEMENTED: an older version during a rolling upgrade) is sent unary calls, and the
+stream is tried again STREAM_RETRY_S later (the upgrade may have reached it by then).
 Retries make writes at-least-once: creates answer ALREADY_EXISTS when retried after
 an outcome the client could not see, and the other writes are idempotent or fenced.
 """
@@ -43,6 +44,7 @@ CALL_TIMEOUT_S = 5.0
 REPLY_BYTES_MAX = 256 << 20
 ATTEMPT_TIMEOUT_S = 2.0
 RETRY_PAUSE_S = 0.05
+STREAM_RETRY_S = 60.0  # after UNIMPLEMENTED, heartbeats go unary this long before the stream is tried again
 
 
 class _StreamEnded(Exception):
@@ -121,7 +123,9 @@ class ControllerClient:
         self._leader_known = False
         self._heartbeat_lock = threading.Lock()
         self._heartbeat_call: HeartbeatCall | None = None
-        self._heartbeat_streams = True  # False once a controller answered UNIMPLEMENTED
+        self._heartbeat_stream_after = (
+            0.0  # monotonic time; set ahead when a controller answers UNIMPLEMENTED
+        )
 
     def _stub(self, address: str) -> pb_grpc.ControllerServiceStub:
         with self._lock:
@@ -192,7 +196,7 @@ class ControllerClient:
         stream cannot take it (see the module's docstring); the same errors as `call`."""
         deadline = time.monotonic() + (timeout_s or self.timeout_s)
         with self._heartbeat_lock:
-            if self._heartbeat_streams:
+            if time.monotonic() >= self._heartbeat_stream_after:
                 try:
                     return self._stream_heartbeat(
                         request, min(ATTEMPT_TIMEOUT_S, deadline - time.monotonic())
@@ -214,8 +218,13 @@ class ControllerClient:
     def _stream_ended(self, ended: _StreamEnded) -> None:
         """Where the next attempt goes, as `call` decides after the same error."""
         if ended.unimplemented:
-            log.info("%s has no HeartbeatStream (%s): heartbeats go as unary calls", self._target, ended)
-            self._heartbeat_streams = False
+            log.info(
+                "%s has no HeartbeatStream (%s): heartbeats go as unary calls for %.0f s",
+                self._target,
+                ended,
+                STREAM_RETRY_S,
+            )
+            self._heartbeat_stream_after = time.monotonic() + STREAM_RETRY_S
             return
         self._leader_known = False
         leader = ended.error.leader

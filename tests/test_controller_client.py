@@ -4,7 +4,9 @@ to show on demand.
 
 Properties checked:
 - a controller without HeartbeatStream (UNIMPLEMENTED: an older version during a rolling
-  upgrade) gets unary heartbeats, every one answered, and the stream is not tried again;
+  upgrade) gets unary heartbeats, every one answered, and the stream is not tried again
+  until STREAM_RETRY_S has passed; once the controller has it (upgraded), the heartbeats
+  after that time go on the stream, with no new client;
 - a stream that stops answering is given up after the attempt's bound and that heartbeat
   is answered by a unary call; the silent stream is closed, never read again.
 """
@@ -18,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import pytest
 
+from mqmeta import client as client_module
 from mqmeta.client import ControllerClient
 from mqmeta.pb import controller_pb2 as pb
 from mqmeta.pb import controller_pb2_grpc as pb_grpc
@@ -37,6 +40,24 @@ class UnaryOnly(pb_grpc.ControllerServiceServicer):
     def Heartbeat(self, request, context):
         self.unary += 1
         return REPLY
+
+
+class Upgradable(UnaryOnly):
+    """Answers HeartbeatStream UNIMPLEMENTED, as an older controller does, until `upgraded`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.refused_streams = 0
+        self.streamed = 0
+        self.upgraded = threading.Event()
+
+    def HeartbeatStream(self, request_iterator, context):
+        if not self.upgraded.is_set():
+            self.refused_streams += 1
+            context.abort(grpc.StatusCode.UNIMPLEMENTED, "Method not found!")
+        for _ in request_iterator:
+            self.streamed += 1
+            yield REPLY
 
 
 class SilentStream(UnaryOnly):
@@ -75,11 +96,32 @@ def serve():
 
 
 def test_a_controller_without_the_stream_gets_unary_heartbeats(serve):
-    servicer = UnaryOnly()
+    servicer = Upgradable()
     with ControllerClient([serve(servicer)]) as client:
         assert [client.heartbeat(REQUEST) for _ in range(4)] == [REPLY] * 4
         assert servicer.unary == 4, "every heartbeat went as a unary call"
-        assert client._heartbeat_streams is False, "the stream is not tried again"
+        assert servicer.refused_streams == 1, "the stream is not tried again before STREAM_RETRY_S"
+        assert servicer.streamed == 0
+
+
+def test_the_stream_is_tried_again_after_the_retry_time_and_used_once_the_controller_has_it(
+    serve, monkeypatch
+):
+    monkeypatch.setattr(client_module, "STREAM_RETRY_S", 0.5)
+    servicer = Upgradable()
+    with ControllerClient([serve(servicer)]) as client:
+        assert [client.heartbeat(REQUEST) for _ in range(3)] == [REPLY] * 3
+        assert (servicer.refused_streams, servicer.unary) == (1, 3)
+        time.sleep(0.6)
+        assert client.heartbeat(REQUEST) == REPLY  # still old: refused again, answered unary
+        assert (servicer.refused_streams, servicer.unary) == (2, 4)
+        servicer.upgraded.set()
+        assert [client.heartbeat(REQUEST) for _ in range(3)] == [REPLY] * 3
+        assert servicer.unary == 7 and servicer.streamed == 0, "within the retry time: unary"
+        time.sleep(0.6)
+        assert [client.heartbeat(REQUEST) for _ in range(3)] == [REPLY] * 3
+        assert servicer.streamed == 3 and servicer.unary == 7, "after it: on the stream"
+        assert servicer.refused_streams == 2
 
 
 def test_a_silent_stream_is_given_up_and_the_heartbeat_answered_unary(serve):
