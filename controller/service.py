@@ -15,8 +15,6 @@ import math
 from collections.abc import AsyncIterator
 from typing import Any
 
-import grpc
-
 from controller.core import ControllerCore, WatchSubscription
 from controller.replicator_leases import NO_OFFSET, TaskKey, validate_task
 from controller.replicator_liveness import STATS_FIELDS, lease_view, validate_heartbeat
@@ -24,7 +22,7 @@ from controller.state_machine import ControllerState, replica_view, tiered_key
 from mqmeta.errors import InvalidArgument, MqmetaError, NotFound, Unavailable
 from mqmeta.pb import controller_pb2 as pb
 from mqmeta.pb import controller_pb2_grpc as pb_grpc
-from mqmeta.rpc import abort_with_async, bounded, rpc, rpc_async
+from mqmeta.rpc import abort_with_async, rpc, rpc_async, rpc_async_stream
 from mqmeta.validate import REQUEST_INT_MAX, validate_int, validate_name
 
 log = logging.getLogger(__name__)
@@ -216,20 +214,13 @@ class ControllerServicer(pb_grpc.ControllerServiceServicer):
     async def Heartbeat(self, request, context):
         return self._heartbeat(request)
 
+    @rpc_async_stream
     async def HeartbeatStream(self, request_iterator, context) -> AsyncIterator[pb.HeartbeatResponse]:
         """Each request answered in order, as the unary call would; the first one refused
         (malformed, not registered, this node not the leader) ends the stream with the unary
         call's status, so the broker turns to the leader or registers again."""
-        try:
-            async for request in request_iterator:
-                yield self._heartbeat(request)
-        except MqmetaError as error:
-            await abort_with_async(context, error)
-        except Exception as exc:  # a bug: report it without leaking internals, as rpc_async does
-            log.exception("HeartbeatStream failed")
-            await context.abort(
-                grpc.StatusCode.INTERNAL, bounded(f"internal error in HeartbeatStream: {exc}")
-            )
+        async for request in request_iterator:
+            yield self._heartbeat(request)
 
     @rpc
     def GetReplicaInfo(self, request, context):

@@ -17,7 +17,7 @@ import functools
 import logging
 import signal
 import threading
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
@@ -153,17 +153,37 @@ def rpc_async(method: Callable) -> Callable:
     async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
         try:
             return await method(self, request, context)
-        except MqmetaError as error:
-            await abort_with_async(context, error)
-        except (grpc.aio.AbortError, grpc.RpcError, asyncio.CancelledError):
-            raise  # context.abort's own exception, a failed call, or the client went away
-        except Exception as exc:  # a bug: report it without leaking internals
-            log.exception("%s failed", method.__name__)
-            await context.abort(
-                grpc.StatusCode.INTERNAL, bounded(f"internal error in {method.__name__}: {exc}")
-            )
+        except Exception as exc:
+            await _abort_async_for(context, exc, method.__name__)
 
     return wrapper
+
+
+def rpc_async_stream(method: Callable) -> Callable:
+    """`rpc_async` for a streaming coroutine handler (an async generator): an error ends the
+    stream with the status the unary call would answer."""
+
+    @functools.wraps(method)
+    async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        try:
+            async for reply in method(self, request, context):
+                yield reply
+        except Exception as exc:
+            await _abort_async_for(context, exc, method.__name__)
+
+    return wrapper
+
+
+async def _abort_async_for(context: grpc.aio.ServicerContext, exc: Exception, name: str) -> None:
+    """Ends a coroutine handler's call for `exc`, raised in handler `name` (called from its
+    `except` clause)."""
+    if isinstance(exc, MqmetaError):
+        await abort_with_async(context, exc)
+    elif isinstance(exc, grpc.aio.AbortError | grpc.RpcError):
+        raise exc  # context.abort's own exception, or a failed call
+    else:  # a bug: report it without leaking internals
+        log.exception("%s failed", name)
+        await context.abort(grpc.StatusCode.INTERNAL, bounded(f"internal error in {name}: {exc}"))
 
 
 def build_server(
