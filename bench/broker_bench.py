@@ -1190,26 +1190,25 @@ def summarize(result: dict[str, Any]) -> None:
     if raw.get("fsync"):
         best_raw = max(raw["fsync"], key=lambda r: r["msgs_per_s"])
         ratios["raw_append_best_msgs_per_s"] = best_raw["msgs_per_s"]
+        raw_of_batch = {
+            r["batch"]: r["msgs_per_s"] for r in reversed(raw["fsync"])
+        }  # the first run of a batch
         if best:
             ratios["throughput_best_vs_raw_append_best"] = _ratio(best["msgs_per_s"], best_raw["msgs_per_s"])
-            same = [r for r in raw["fsync"] if r["batch"] == best["batch"]]
-            if same:
+            if best["batch"] in raw_of_batch:
                 ratios["throughput_best_vs_raw_append_same_batch"] = _ratio(
-                    best["msgs_per_s"], same[0]["msgs_per_s"]
+                    best["msgs_per_s"], raw_of_batch[best["batch"]]
                 )
-    for r in raw.get("replica_copies_ceiling", []):
-        single = [x for x in raw.get("fsync", []) if x["batch"] == r["batch"]]
-        if single:
-            # the best ratio to raw append a replicated set could reach on this machine
-            ratios[f"ceiling_{r['copies']}_copies_b{r['batch']}_vs_raw_b{r['batch']}"] = _ratio(
-                r["msgs_per_s_slowest"], single[0]["msgs_per_s"]
-            )
-            for r in tp.get("runs", []):
-                match = [x for x in raw["fsync"] if x["batch"] == r["batch"]]
-                if match:
-                    ratios[f"t{r['threads']}_b{r['batch']}_vs_raw_b{r['batch']}"] = _ratio(
-                        r["msgs_per_s"], match[0]["msgs_per_s"]
+            for run in tp.get("runs", []):
+                if run["batch"] in raw_of_batch:
+                    ratios[f"t{run['threads']}_b{run['batch']}_vs_raw_b{run['batch']}"] = _ratio(
+                        run["msgs_per_s"], raw_of_batch[run["batch"]]
                     )
+        for ceiling in raw.get("replica_copies_ceiling", []):
+            if ceiling["batch"] in raw_of_batch:
+                # the best ratio to raw append a replicated set could reach on this machine
+                name = f"ceiling_{ceiling['copies']}_copies_b{ceiling['batch']}_vs_raw_b{ceiling['batch']}"
+                ratios[name] = _ratio(ceiling["msgs_per_s_slowest"], raw_of_batch[ceiling["batch"]])
     fo = result.get("failover", {})
     for kind, limit in (("SIGKILL", 1.5), ("SIGSTOP", 3.0)):
         r = fo.get(kind)
