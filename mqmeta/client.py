@@ -123,9 +123,8 @@ class ControllerClient:
         self._leader_known = False
         self._heartbeat_lock = threading.Lock()
         self._heartbeat_call: HeartbeatCall | None = None
-        self._heartbeat_stream_after = (
-            0.0  # monotonic time; set ahead when a controller answers UNIMPLEMENTED
-        )
+        # monotonic time from which heartbeats try the stream; set ahead on UNIMPLEMENTED
+        self._heartbeat_stream_after = 0.0
 
     def _stub(self, address: str) -> pb_grpc.ControllerServiceStub:
         with self._lock:
