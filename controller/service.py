@@ -503,9 +503,15 @@ class ControllerServicer(pb_grpc.ControllerServiceServicer):
             hub.unsubscribe(subscription)
 
     async def _watch_stream(self, subscription: WatchSubscription, context) -> AsyncIterator[pb.WatchEvent]:
-        """The broker sets that match as they are after a barrier, then every event the
-        node applies from the moment of subscribing (a change may come twice: in the
-        snapshot and as an event), until the client goes away or falls behind."""
+        """The broker sets that match as they are after a barrier (each stamped with the
+        barrier's index), then every event the node applies after that index, until the
+        client goes away or falls behind. An event at or below the index is already in
+        the snapshot and in whatever the client reads after the first message, so it is
+        not sent: a node that is catching up (just restarted, or back from a partition)
+        applies its backlog after the subscription, and would otherwise replay every
+        topic and broker change of its log as news (a route copy then stopped answering
+        every topic until its next reload). A change may still come twice: the snapshot
+        is read just after its index, and an event above the index may repeat it."""
         try:
             state = await self.core.read_barrier_async()
         except MqmetaError as error:
@@ -520,7 +526,8 @@ class ControllerServicer(pb_grpc.ControllerServiceServicer):
             if item is None:
                 await abort_with_async(context, Unavailable("watch stream fell behind; resubscribe"))
                 return
-            yield item[1]
+            if item[0]["index"] > index:
+                yield item[1]
 
 
 WRITE_BATCH_MAX = 1024

@@ -2,7 +2,9 @@
 
 Properties checked:
 - a write sent to a follower commits and is visible on every node (forwarding, barrier reads);
-- kill -9 of the leader elects a new one and loses no acknowledged write;
+- kill -9 of the leader elects a new one and loses no acknowledged write; a watch on the
+  restarted node, opened before it has caught up, sends nothing older than its opening
+  snapshot (its backlog is not replayed as news);
 - a minority cannot commit or serve a linearizable read;
 - a dead master is replaced automatically, by the election policy's order;
 - the watch stream delivers role changes as they commit;
@@ -21,9 +23,11 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+from mqmeta import tls
 from mqmeta.errors import AlreadyExists, DeadlineExceeded, MqmetaError, Unavailable
 from mqmeta.formats.jsonlines import parse_line
 from mqmeta.pb import controller_pb2 as pb
+from mqmeta.pb.controller_pb2_grpc import ControllerServiceStub
 from mqmeta.pb import namesrv_pb2 as ns_pb
 from mqmeta.pb import namesrv_pb2_grpc as ns_grpc
 from tests.support import FAST_LIVENESS, FakeBroker, topic_names, wait_for, wait_same_digest
@@ -47,8 +51,35 @@ def test_write_through_follower_is_visible_on_every_node(cluster):
         assert "ViaFollower" in topic_names(cluster, node.id)
 
 
+def _watch_while_catching_up(cluster, node_id: str) -> list[pb.WatchEvent]:
+    """Watches `node_id` from the moment its server answers (before its Raft log has been
+    applied again: the backlog is applied after the subscription), then writes a marker
+    topic; returns the events after the opening snapshot up to the marker's."""
+    retry_fast = [("grpc.initial_reconnect_backoff_ms", 20), ("grpc.max_reconnect_backoff_ms", 50)]
+    with tls.channel(cluster.node(node_id).grpc, options=retry_fast) as channel:
+        stream = ControllerServiceStub(channel).Watch(pb.WatchRequest(), timeout=20, wait_for_ready=True)
+        try:
+            snapshot = next(stream)
+            assert snapshot.kind == "snapshot"
+            with cluster.client() as client:
+                client.call("CreateTopic", pb.TopicSpec(name="marker"))
+            events = []
+            for event in stream:
+                assert event.index > snapshot.index, f"{event.kind} {event.name} at {event.index}"
+                events.append(event)
+                if event.name == "marker":
+                    return events
+            raise AssertionError("the stream ended before the marker topic")
+        finally:
+            stream.cancel()
+
+
 def test_kill_leader_elects_new_leader_and_keeps_acknowledged_writes(cluster):
     with cluster.client() as client:
+        client.call(  # a broker set: a watch opens with its snapshot
+            "RegisterBroker",
+            pb.RegisterBrokerRequest(cluster="C1", broker_name="bs", check_code="bs-0", address="127.0.0.1:1"),
+        )
         acked = create_topics(client, "before", 20)
     leader = cluster.leader_id()
     cluster.kill(leader)
@@ -60,6 +91,8 @@ def test_kill_leader_elects_new_leader_and_keeps_acknowledged_writes(cluster):
     for node in survivors:
         assert set(acked) <= topic_names(cluster, node)
     cluster.restart(leader)  # the old leader rejoins and catches up
+    events = _watch_while_catching_up(cluster, leader)
+    assert [(e.kind, e.name) for e in events] == [("topic", "marker")], "the backlog was replayed"
     cluster.wait_ready()
     assert set(acked) <= topic_names(cluster, leader)
     wait_same_digest(cluster, [n.id for n in cluster.layout.controllers])
