@@ -27,9 +27,9 @@ from mqmeta import tls
 from mqmeta.errors import AlreadyExists, DeadlineExceeded, MqmetaError, Unavailable
 from mqmeta.formats.jsonlines import parse_line
 from mqmeta.pb import controller_pb2 as pb
-from mqmeta.pb.controller_pb2_grpc import ControllerServiceStub
 from mqmeta.pb import namesrv_pb2 as ns_pb
 from mqmeta.pb import namesrv_pb2_grpc as ns_grpc
+from mqmeta.pb.controller_pb2_grpc import ControllerServiceStub
 from tests.support import FAST_LIVENESS, FakeBroker, topic_names, wait_for, wait_same_digest
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(90)]
@@ -78,7 +78,9 @@ def test_kill_leader_elects_new_leader_and_keeps_acknowledged_writes(cluster):
     with cluster.client() as client:
         client.call(  # a broker set: a watch opens with its snapshot
             "RegisterBroker",
-            pb.RegisterBrokerRequest(cluster="C1", broker_name="bs", check_code="bs-0", address="127.0.0.1:1"),
+            pb.RegisterBrokerRequest(
+                cluster="C1", broker_name="bs", check_code="bs-0", address="127.0.0.1:1"
+            ),
         )
         acked = create_topics(client, "before", 20)
     leader = cluster.leader_id()
