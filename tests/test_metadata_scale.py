@@ -87,8 +87,11 @@ def test_the_run_reports_every_figure(report):
         "route_p99_vs_grpc_floor_p99",
         "heartbeat_leader_cpu_stream_vs_unary",
     )
+    first_steps = {
+        t: (c.get("steps") or [None])[0] for t, c in report["capacity"].items() if isinstance(c, dict)
+    }
     for ratio in ratios:
-        assert report["ratios"][ratio] is not None, ratio
+        assert report["ratios"][ratio] is not None, (ratio, report["heartbeat"], first_steps)
     assert report["raw"]["windows"][0]["entries_per_s"] > 0
     for transport in ("stream", "unary"):
         steps = report["capacity"][transport]["steps"]
