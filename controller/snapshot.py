@@ -118,7 +118,7 @@ class SnapshotWriter:
                 pysyncobj_compat.durable_replace(self.tmp_path, self.target_path)
             self.seconds = time.monotonic() - self.started
             log.info(
-                "snapshot at index %d written: %d keys, %d bytes in %.2f s (beside the Raft thread)",
+                "snapshot at index %d written: %d keys, %d bytes in %.3f s (beside the Raft thread)",
                 self.raft_tail[0][1],
                 len(self.frozen.entries),
                 self.bytes,
