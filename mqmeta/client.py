@@ -183,12 +183,19 @@ class ControllerClient:
             if not isinstance(error, Unavailable | NotLeader):
                 raise error
             last_error = error
-            self._leader_known = False  # the next call looks for the leader again
-            if isinstance(error, NotLeader) and error.leader in self.addresses:
-                target = error.leader  # only configured endpoints: they may be proxies
-            else:
-                target = self._next_target(target)
+            target = self._retry_target(target, error)
+            if target != error.leader:  # no leader to go to: a pause before the next node
                 time.sleep(min(RETRY_PAUSE_S, max(0.0, deadline - time.monotonic())))
+
+    def _retry_target(self, failed: str, error: MqmetaError) -> str:
+        """Where the next attempt goes after `error` (UNAVAILABLE or NOT_LEADER) from
+        `failed`: the leader it names when that is a configured address (only configured
+        endpoints: they may be proxies), otherwise the next configured address. The next
+        call looks for the leader again."""
+        self._leader_known = False
+        if isinstance(error, NotLeader) and error.leader in self.addresses:
+            return error.leader
+        return self._next_target(failed)
 
     def heartbeat(self, request: pb.HeartbeatRequest, timeout_s: float | None = None) -> pb.HeartbeatResponse:
         """`request` on the heartbeat stream to the leader, or as a unary call when the
@@ -215,7 +222,7 @@ class ControllerClient:
         return call.exchange(request, timeout_s)
 
     def _stream_ended(self, ended: _StreamEnded) -> None:
-        """Where the next attempt goes, as `call` decides after the same error."""
+        """Where the next attempt goes: unary for a while (UNIMPLEMENTED), or as `call` goes."""
         if ended.unimplemented:
             log.info(
                 "%s has no HeartbeatStream (%s): heartbeats go as unary calls for %.0f s",
@@ -225,12 +232,7 @@ class ControllerClient:
             )
             self._heartbeat_stream_after = time.monotonic() + STREAM_RETRY_S
             return
-        self._leader_known = False
-        leader = ended.error.leader
-        if isinstance(ended.error, NotLeader) and leader in self.addresses:
-            self._target = leader
-        else:
-            self._target = self._next_target(self._target)
+        self._target = self._retry_target(self._target, ended.error)
 
     def watch(
         self,
