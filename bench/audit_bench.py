@@ -47,11 +47,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import benchlib  # noqa: E402
+from mqmeta.broker_agent.store import MessageStore  # noqa: E402
+from mqmeta.spark.walk import Piece, piece_digest, walk  # noqa: E402
 
-from broker_agent.store import MessageStore  # noqa: E402
 from mqmeta.formats.jsonlines import line_crc  # noqa: E402
 from mqmeta.formats.records import Message  # noqa: E402
-from spark.walk import Piece, piece_digest, walk  # noqa: E402
 
 log = benchlib.make_log("audit-bench")
 SEGMENT_BYTES = 16 << 20
@@ -160,10 +160,10 @@ def _compare(
 
 # The Spark audit -----------------------------------------------------------------------------------
 def spark_audit(root: Path) -> dict[str, Any]:
-    from spark import checks_logs
-    from spark.data import AuditData
-    from spark.layout import discover
-    from spark.session import get_session
+    from mqmeta.spark import checks_logs
+    from mqmeta.spark.data import AuditData
+    from mqmeta.spark.layout import discover
+    from mqmeta.spark.session import get_session
 
     spark = get_session()
     started = time.monotonic()
@@ -263,7 +263,7 @@ def main() -> int:
     def run(t0: float) -> None:
         os.environ["MQMETA_SPARK_MASTER"] = "local[2]"
         os.environ.setdefault("MQMETA_SPARK_DRIVER_MEMORY", "6g")  # 30 M cached rows and the B1 shuffle
-        from spark.session import get_session
+        from mqmeta.spark.session import get_session
 
         started = time.monotonic()
         get_session("local[2]")
@@ -277,7 +277,7 @@ def main() -> int:
             run_size(root / str(count), count, result["sizes"])
 
     def cleanup() -> None:
-        from spark.session import stop_session
+        from mqmeta.spark.session import stop_session
 
         stop_session()
 

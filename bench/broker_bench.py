@@ -335,7 +335,8 @@ def raw_append(
     root: Path, batch: int, duration_s: float, fsync: bool, start_at_wall: float | None = None
 ) -> dict[str, Any]:
     """`start_at_wall`: start at this time.time() (copies in other processes start together)."""
-    from broker_agent.store import MessageStore
+    from mqmeta.broker_agent.store import MessageStore
+
     from mqmeta.formats.records import Message
 
     directory = Path(tempfile.mkdtemp(prefix=f"raw-{batch}-", dir=root))
@@ -416,8 +417,9 @@ def cost_breakdown(batch: int, budget_s: float) -> dict[str, Any]:
     besides fsync and waiting."""
     import zlib
 
-    from broker_agent.service import check_sent_messages, send_response
-    from broker_agent.store import MessageStore
+    from mqmeta.broker_agent.service import check_sent_messages, send_response
+    from mqmeta.broker_agent.store import MessageStore
+
     from mqmeta.formats.records import (
         _FIXED,
         PREFIX_BYTES,
@@ -931,7 +933,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def start_cluster(root: Path, name: str, flags: list[str], no_tiered: bool = False):
-    from cluster.harness import Cluster
+    from mqmeta.cluster.harness import Cluster
+
     from mqmeta.pb import controller_pb2 as pb
 
     t0 = time.monotonic()

@@ -99,7 +99,7 @@ def node_launcher(argv: list[str]) -> int:
     known = parser.parse_args(opts)
     if known.switch_interval:
         sys.setswitchinterval(known.switch_interval)
-    import controller.server as server_module
+    import mqmeta.controller.server as server_module
 
     if known.grpc_workers:
         server_module.GRPC_WORKERS_MAX = known.grpc_workers
@@ -127,7 +127,7 @@ class MessageCounter:
     entries they carry, and how many of those entries were sent before (resends)."""
 
     def __init__(self, out: Path) -> None:
-        from controller import pysyncobj_compat
+        from mqmeta.controller import pysyncobj_compat
 
         self.out = out
         self.active = False
@@ -186,7 +186,7 @@ class TickProfiler:
     def __init__(self, out: Path) -> None:
         import cProfile
 
-        from controller import pysyncobj_compat
+        from mqmeta.controller import pysyncobj_compat
 
         self.out = out
         self.active = False
@@ -336,8 +336,8 @@ class StackSampler:
 
 class Cluster:
     def __init__(self, root: Path, args: argparse.Namespace) -> None:
-        from cluster.layout import ensure_secret, reserve_layout
-        from cluster.supervisor import Supervisor
+        from mqmeta.cluster.layout import ensure_secret, reserve_layout
+        from mqmeta.cluster.supervisor import Supervisor
 
         self.root = root
         self.args = args
@@ -359,7 +359,7 @@ class Cluster:
         return path
 
     def command(self, node_id: str) -> list[str]:
-        from cluster.layout import controller_command
+        from mqmeta.cluster.layout import controller_command
 
         cmd = controller_command(self.root, self.layout, self.by_id[node_id])
         if self.config_file is not None:
@@ -382,7 +382,7 @@ class Cluster:
         return cmd
 
     def start(self) -> None:
-        from cluster.ready import wait_ready
+        from mqmeta.cluster.ready import wait_ready
 
         for node in self.layout.controllers:
             self.supervisor.start(node.id, self.command(node.id))
@@ -766,8 +766,8 @@ def _raw_conf(kind: str, secret: str, data_dir: str):
         return SyncObjConf()
     if kind not in RAW_CONFS:
         raise ValueError(f"unknown raw conf {kind}; known: {sorted(RAW_CONFS)}")
-    import controller.raft_node as raft_node
-    from controller import pysyncobj_compat
+    import mqmeta.controller.raft_node as raft_node
+    from mqmeta.controller import pysyncobj_compat
 
     raft_node.install_pysyncobj_patches()
     conf = raft_node._syncobj_conf(
@@ -791,9 +791,8 @@ def _raw_node(
     patch_next_index: bool = False,
 ) -> None:
     """One node of the raw cluster; obeys commands from the parent over a Pipe."""
+    from mqmeta.controller import pysyncobj_compat
     from pysyncobj import SyncObj, SyncObjException, replicated
-
-    from controller import pysyncobj_compat
 
     base = pysyncobj_compat.NextIndexFix if patch_next_index else SyncObj
 
@@ -910,7 +909,7 @@ def _raw_async(node, duration: float, warmup: float, window: int) -> dict[str, A
 
 class RawCluster:
     def __init__(self, root: Path, kind: str, secret: str, patch_next_index: bool = False) -> None:
-        from cluster.ports import PortReservation
+        from mqmeta.cluster.ports import PortReservation
 
         self.kind = kind
         self.ports = PortReservation.pick(3)  # held until stop(): the nodes bind them with SO_REUSEADDR

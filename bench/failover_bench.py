@@ -55,9 +55,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def start_with_defaults(root: Path):
     """The harness configures the tests' fast liveness before brokers start; put the
     defaults back first (brokers read heartbeat interval and lease at registration)."""
-    from cluster.harness import Cluster
-    from cluster.ready import wait_brokers_ready
-    from controller.state_machine import CONFIG_SCHEMA
+    from mqmeta.cluster.harness import Cluster
+    from mqmeta.cluster.ready import wait_brokers_ready
+    from mqmeta.controller.state_machine import CONFIG_SCHEMA
+
     from mqmeta.pb import controller_pb2 as pb
 
     cluster = Cluster(root / "defaults", broker_sets=1, replicas=3, broker_flags=["--tiered-store", ""])

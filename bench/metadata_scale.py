@@ -87,8 +87,7 @@ from benchlib import (
     run_main,
     stop_clusters,
 )
-
-from controller.state_machine import CONFIG_SCHEMA  # noqa: E402 (after benchlib's path)
+from mqmeta.controller.state_machine import CONFIG_SCHEMA  # noqa: E402 (after benchlib's path)
 
 CLUSTER = "DefaultCluster"
 FULL_SIZES = {"topics": 100_000, "queues": 8, "groups": 10_000, "broker_sets": 300, "replicas": 3}
@@ -783,13 +782,13 @@ class ScaleCluster:
     """3 controllers and a standalone nameserver (cluster.harness), plus the bench's views."""
 
     def __init__(self, root: Path, raft_settings: dict[str, Any]) -> None:
-        from cluster.harness import Cluster
+        from mqmeta.cluster.harness import Cluster
 
         self.harness = Cluster(root / "cluster", raft_settings=raft_settings)
         self.ids = [n.id for n in self.harness.layout.controllers]
 
     def start(self) -> None:
-        from cluster.ready import wait_ready
+        from mqmeta.cluster.ready import wait_ready
 
         self.harness.start()
         self.harness.start_namesrv()
@@ -1527,7 +1526,7 @@ def _snapshot_log_lines(cluster: ScaleCluster) -> dict[str, list[dict[str, Any]]
 def load_snapshot_state(path: Path) -> Any:
     """The ControllerState in a node's snapshot file, whichever format wrote it."""
     try:
-        from controller.snapshot import read_state  # the controller's own reader, when it has one
+        from mqmeta.controller.snapshot import read_state  # the controller's own reader, when it has one
     except ImportError:
         read_state = None
     if read_state is not None:
@@ -1576,10 +1575,9 @@ def pickle_baseline(path: Path) -> dict[str, Any]:
 def _raw_node(index: int, addresses: list[str], secret: str, data_dir: str, conn) -> None:
     """A pysyncobj node with the controller's SyncObjConf whose replicated method stores
     nothing but the size of its argument; obeys the parent over a Pipe."""
+    import mqmeta.controller.raft_node as raft_node
+    from mqmeta.controller import pysyncobj_compat
     from pysyncobj import FAIL_REASON, replicated
-
-    import controller.raft_node as raft_node
-    from controller import pysyncobj_compat
 
     raft_node.install_pysyncobj_patches()
     Path(data_dir).mkdir(parents=True, exist_ok=True)
@@ -1663,7 +1661,7 @@ def _raw_window(node, payload: str, window: int, seconds: float, success: int) -
 
 
 def raw_phase(root: Path, entry_bytes: int, seconds: float) -> dict[str, Any]:
-    from cluster.ports import PortReservation
+    from mqmeta.cluster.ports import PortReservation
 
     secret = (root / "cluster" / "secret").read_text().strip()
     with PortReservation.pick(3) as reserved:  # released before the raw nodes bind them

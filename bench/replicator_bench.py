@@ -38,8 +38,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from cluster.harness import Cluster  # noqa: E402
-from cluster.wait import wait_for  # noqa: E402
+from mqmeta.cluster.harness import Cluster  # noqa: E402
+from mqmeta.cluster.wait import wait_for  # noqa: E402
+
 from mqmeta.broker_client import Channels, Consumer, Producer, RouteCache, call_master  # noqa: E402
 from mqmeta.errors import MqmetaError  # noqa: E402
 from mqmeta.formats import origin as origin_format  # noqa: E402
@@ -268,7 +269,7 @@ def run(
         replicated = _replicate(a, b, "Bench", messages, queues, root, {})
         _progress(f"backlog: {messages} x 1 KB into a for the run with {latency_ms} ms each way")
         _produce(a, "Wan", messages)
-        from chaos.toxiproxy import ToxiproxyServer
+        from mqmeta.chaos.toxiproxy import ToxiproxyServer
 
         with ToxiproxyServer("127.0.0.1:0") as server:
             wan_env = _with_latency(b, latency_ms, root, server)

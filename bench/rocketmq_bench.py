@@ -29,7 +29,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from cluster.harness import Cluster  # noqa: E402
+from mqmeta.cluster.harness import Cluster  # noqa: E402
+
 from mqmeta.broker_client import Consumer, Producer  # noqa: E402
 from mqmeta.errors import AlreadyExists  # noqa: E402
 from mqmeta.pb import controller_pb2 as cpb  # noqa: E402

@@ -134,7 +134,8 @@ def mib_per_s(nbytes: int, seconds: float) -> float | None:
 
 
 def fill_store(store_dir: Path, target_bytes: int, deadline: float) -> tuple[Any, dict[str, Any]]:
-    from broker_agent.store import MessageStore
+    from mqmeta.broker_agent.store import MessageStore
+
     from mqmeta.formats.records import Message
 
     store = MessageStore(store_dir, fsync=True, broker_name=BROKER_NAME)
@@ -180,7 +181,8 @@ def legacy_write_upload(backend: Any, upload: Any) -> Any:
     from concurrent.futures import ThreadPoolExecutor
     from concurrent.futures import wait as wait_all
 
-    from broker_agent.commitlog import check_whole_records
+    from mqmeta.broker_agent.commitlog import check_whole_records
+
     from mqmeta.errors import CorruptData
 
     data = upload.segment.read()
@@ -220,9 +222,10 @@ def upload_run(
     -> verify_stored."""
     import uuid
 
-    from broker_agent.tiered import prepare_upload, write_upload
-    from broker_agent.tiered_backend import LocalBackend
-    from broker_agent.tiered_objects import verify_stored
+    from mqmeta.broker_agent.tiered import prepare_upload, write_upload
+    from mqmeta.broker_agent.tiered_backend import LocalBackend
+    from mqmeta.broker_agent.tiered_objects import verify_stored
+
     from mqmeta.formats.tiered import upload_marker_key
 
     backend = LocalBackend(backend_dir, fsync=fsync)
@@ -313,7 +316,8 @@ def cost_breakdown(store: Any, sample_bytes: int) -> dict[str, Any]:
     every record alone (check_whole_records), SHA-256 (before P11) and CRC32C (since)."""
     import hashlib
 
-    from broker_agent.commitlog import check_whole_records
+    from mqmeta.broker_agent.commitlog import check_whole_records
+
     from mqmeta.formats.checksum import crc32c
 
     path = sorted((Path(store.directory) / "commitlog").glob("*.log"))[0]
@@ -396,7 +400,8 @@ def paired_run(store: Any, root: Path, range_bytes: int, path: str, deadline: fl
     writeback state drifts during a run (other processes write too), so pairing each
     upload with a copy of the same bytes made just before it compares like with like;
     ratio = total copy time / total upload time."""
-    from broker_agent.commitlog import COPY_CHUNK_BYTES
+    from mqmeta.broker_agent.commitlog import COPY_CHUNK_BYTES
+
     from mqmeta.formats.atomic import fsync_dir
 
     copy_dir = root / f"paired-copy-{path}"
@@ -476,8 +481,9 @@ def profile_uploads(store: Any, root: Path, deadline: float) -> dict[str, Any]:
 def upload_phase(
     root: Path, args: argparse.Namespace, deadline: float, out: dict[str, Any]
 ) -> dict[str, Any]:
-    from broker_agent.commitlog import BULK_READ_BYTES_MAX as READ_BYTES_MAX
-    from broker_agent.commitlog import SEGMENT_BYTES_DEFAULT
+    from mqmeta.broker_agent.commitlog import BULK_READ_BYTES_MAX as READ_BYTES_MAX
+    from mqmeta.broker_agent.commitlog import SEGMENT_BYTES_DEFAULT
+
     from mqmeta.errors import MqmetaError
 
     target = (64 if args.quick else 256) * MiB
@@ -820,8 +826,9 @@ def promotion_phase(
     out: dict[str, Any],
     settle_every_other_s: float = 0.0,
 ) -> dict[str, Any]:
-    from cluster.harness import Cluster
-    from controller.state_machine import CONFIG_SCHEMA
+    from mqmeta.cluster.harness import Cluster
+    from mqmeta.controller.state_machine import CONFIG_SCHEMA
+
     from mqmeta.pb import controller_pb2 as pb
 
     liveness = ("broker_heartbeat_interval_ms", "broker_dead_after_ms", "lease_ms")
@@ -930,7 +937,7 @@ def run(args: argparse.Namespace, root: Path, result: dict[str, Any], t_start: f
 
 
 def summarize(result: dict[str, Any]) -> None:
-    from broker_agent.tiered import STEP_INTERVAL_S, TieredConfig
+    from mqmeta.broker_agent.tiered import STEP_INTERVAL_S, TieredConfig
 
     defaults = TieredConfig(url="x")
     result["default_settings"] = {

@@ -2,9 +2,9 @@
 replication, tiered storage and the broker's gRPC service. Record, epoch and tiered
 formats live in mqmeta.formats."""
 
-from broker_agent.commitlog import CommitLog
-from broker_agent.core import BrokerCore
-from broker_agent.seams import BrokerHost
-from broker_agent.store import CONSUMER_OFFSET_TOPIC, MessageStore, PutResult
+from mqmeta.broker_agent.commitlog import CommitLog
+from mqmeta.broker_agent.core import BrokerCore
+from mqmeta.broker_agent.seams import BrokerHost
+from mqmeta.broker_agent.store import CONSUMER_OFFSET_TOPIC, MessageStore, PutResult
 
 __all__ = ["CONSUMER_OFFSET_TOPIC", "BrokerCore", "BrokerHost", "CommitLog", "MessageStore", "PutResult"]

@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from broker_agent import replication
-from broker_agent.confirm_log import ConfirmLog
-from broker_agent.core import (
+from mqmeta.broker_agent import replication
+from mqmeta.broker_agent.confirm_log import ConfirmLog
+from mqmeta.broker_agent.core import (
     LEASE_MS_DEFAULT,
     AckPolicy,
     AnswerFetch,
@@ -63,11 +63,12 @@ from broker_agent.core import (
     WakeWaiters,
     WriteOutcome,
 )
-from broker_agent.ha import Role
-from broker_agent.replication import FetchSettings
-from broker_agent.seams import log_view
-from broker_agent.store import MessageStore
-from broker_agent.tiered import TieredConfig, TieredUploader
+from mqmeta.broker_agent.ha import Role
+from mqmeta.broker_agent.replication import FetchSettings
+from mqmeta.broker_agent.seams import log_view
+from mqmeta.broker_agent.store import MessageStore
+from mqmeta.broker_agent.tiered import TieredConfig, TieredUploader
+
 from mqmeta.client import ControllerClient
 from mqmeta.clock import now_ms, wall_ms
 from mqmeta.errors import (

@@ -41,7 +41,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from broker_agent.ha import Lease, Role, SlaveProgress, SyncStateTracker, confirm_offset
+from mqmeta.broker_agent.ha import Lease, Role, SlaveProgress, SyncStateTracker, confirm_offset
+
 from mqmeta.errors import FailedPrecondition, FencedEpoch, MqmetaError, NotMaster
 from mqmeta.formats.epochs import EpochEntry, consistent_point
 

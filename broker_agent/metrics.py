@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from mqmeta.broker_agent.agent import BrokerAgent
+from mqmeta.broker_agent.ha import Role
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from broker_agent.agent import BrokerAgent
-from broker_agent.ha import Role
 from mqmeta.metrics import Metrics, gauge, gauges
 
 PREFIX = "mqmeta_broker_"

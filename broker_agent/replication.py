@@ -23,8 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import grpc
-
-from broker_agent.core import (
+from mqmeta.broker_agent.core import (
     AnswerFetch,
     Departure,
     Effect,
@@ -36,9 +35,10 @@ from broker_agent.core import (
     SlaveFetch,
     Truncate,
 )
-from broker_agent.ha import Role
-from broker_agent.seams import BrokerHost, log_view
-from broker_agent.tiered import bootstrap_from_tiered
+from mqmeta.broker_agent.ha import Role
+from mqmeta.broker_agent.seams import BrokerHost, log_view
+from mqmeta.broker_agent.tiered import bootstrap_from_tiered
+
 from mqmeta import tls
 from mqmeta.clock import now_ms
 from mqmeta.dialmap import dial

@@ -28,12 +28,13 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from broker_agent.agent import BrokerAgent
-from broker_agent.ha import Role
-from broker_agent.metrics import BrokerMetrics
-from broker_agent.pop import AckResult, Candidate, Delivery, LeaseGrant, QueueCursor, Verdict
-from broker_agent.rmq_metadata import Members, Metadata, allocate, fifo_queue
-from broker_agent.rmq_system import SystemQueues
+from mqmeta.broker_agent.agent import BrokerAgent
+from mqmeta.broker_agent.ha import Role
+from mqmeta.broker_agent.metrics import BrokerMetrics
+from mqmeta.broker_agent.pop import AckResult, Candidate, Delivery, LeaseGrant, QueueCursor, Verdict
+from mqmeta.broker_agent.rmq_metadata import Members, Metadata, allocate, fifo_queue
+from mqmeta.broker_agent.rmq_system import SystemQueues
+
 from mqmeta.clock import now_ms, wall_ms
 from mqmeta.errors import FailedPrecondition, MqmetaError, NotMaster
 from mqmeta.formats.records import KEYS_BYTES_MAX, TAGS_BYTES_MAX, Message, StoredRecord

@@ -25,9 +25,10 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from broker_agent.agent import BrokerAgent
-from broker_agent.pop import QueueCursor
-from broker_agent.rmq_metadata import Members, Metadata
+from mqmeta.broker_agent.agent import BrokerAgent
+from mqmeta.broker_agent.pop import QueueCursor
+from mqmeta.broker_agent.rmq_metadata import Members, Metadata
+
 from mqmeta.clock import wall_ms
 from mqmeta.errors import MqmetaError, NotMaster
 from mqmeta.formats.records import Message, StoredRecord

@@ -12,8 +12,8 @@ from __future__ import annotations
 import threading
 from typing import Any, Protocol
 
-from broker_agent.core import Effect, Event, LogView, RoleView
-from broker_agent.store import MessageStore
+from mqmeta.broker_agent.core import Effect, Event, LogView, RoleView
+from mqmeta.broker_agent.store import MessageStore
 
 
 class BrokerHost(Protocol):

@@ -8,13 +8,14 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from broker_agent import replication
-from broker_agent.agent import BrokerAgent, BrokerConfig
-from broker_agent.commitlog import SEGMENT_BYTES_MAX, SEGMENT_BYTES_MIN
-from broker_agent.metrics import BrokerMetrics
-from broker_agent.origins import ORIGIN_AHEAD
-from broker_agent.store import PutResult
-from broker_agent.tiered import UPLOAD_BYTES_MAX
+from mqmeta.broker_agent import replication
+from mqmeta.broker_agent.agent import BrokerAgent, BrokerConfig
+from mqmeta.broker_agent.commitlog import SEGMENT_BYTES_MAX, SEGMENT_BYTES_MIN
+from mqmeta.broker_agent.metrics import BrokerMetrics
+from mqmeta.broker_agent.origins import ORIGIN_AHEAD
+from mqmeta.broker_agent.store import PutResult
+from mqmeta.broker_agent.tiered import UPLOAD_BYTES_MAX
+
 from mqmeta.clock import now_ms
 from mqmeta.config_file import accept_config_file
 from mqmeta.errors import FailedPrecondition, InvalidArgument, NotFound
@@ -373,7 +374,7 @@ def run_broker(args: argparse.Namespace) -> int:
         local_retention_bytes=args.local_retention_bytes,
     )
     if config.tiered_url:
-        from broker_agent.tiered import TieredConfig
+        from mqmeta.broker_agent.tiered import TieredConfig
 
         TieredConfig(
             config.tiered_url,
@@ -388,7 +389,13 @@ def run_broker(args: argparse.Namespace) -> int:
         )
     # The RocketMQ 5 service (and its stubs, which clash with the official client's in one
     # process) is imported only here, in the broker process.
-    from broker_agent.rmq_service import REQUEST_BYTES_MAX, SERVER_WORKERS, MessagingServicer, RmqBroker
+    from mqmeta.broker_agent.rmq_service import (
+        REQUEST_BYTES_MAX,
+        SERVER_WORKERS,
+        MessagingServicer,
+        RmqBroker,
+    )
+
     from mqmeta.pb.apache.rocketmq.v2 import service_pb2_grpc as rsvc_grpc
     from mqmeta.rocketmq import MESSAGING_SERVICE
 

@@ -49,13 +49,14 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from broker_agent.commitlog import (
+from mqmeta.broker_agent.commitlog import (
     APPEND_BYTES_MAX,
     SEGMENT_BYTES_DEFAULT,
     CommitLog,
     FileRange,
 )
-from broker_agent.origins import Incoming, OriginHead, OriginTable
+from mqmeta.broker_agent.origins import Incoming, OriginHead, OriginTable
+
 from mqmeta.errors import CorruptData, FailedPrecondition, FencedEpoch, InvalidArgument
 from mqmeta.formats.atomic import fsync_dir, write_atomically
 from mqmeta.formats.checksummed import dump_checksummed, load_checksummed

@@ -33,10 +33,10 @@ from concurrent.futures import wait as wait_all
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
-from broker_agent.commitlog import BULK_READ_BYTES_MAX, check_whole_records
-from broker_agent.core import UploadStarting
-from broker_agent.ha import Role
-from broker_agent.tiered_backend import (
+from mqmeta.broker_agent.commitlog import BULK_READ_BYTES_MAX, check_whole_records
+from mqmeta.broker_agent.core import UploadStarting
+from mqmeta.broker_agent.ha import Role
+from mqmeta.broker_agent.tiered_backend import (
     BytesSource,
     Check,
     ObjectSource,
@@ -44,7 +44,8 @@ from broker_agent.tiered_backend import (
     TieredBackend,
     open_backend,
 )
-from broker_agent.tiered_objects import verify_stored
+from mqmeta.broker_agent.tiered_objects import verify_stored
+
 from mqmeta.errors import CorruptData, FailedPrecondition, InvalidArgument, MqmetaError
 from mqmeta.formats.checksum import checksum_matches, crc32c, crc32c_checksum
 from mqmeta.formats.epochs import EpochEntry, consistent_point, epoch_covering
@@ -62,8 +63,8 @@ from mqmeta.formats.tiered import (
 from mqmeta.pb import controller_pb2 as cpb
 
 if TYPE_CHECKING:
-    from broker_agent.seams import BrokerHost
-    from broker_agent.store import MessageStore
+    from mqmeta.broker_agent.seams import BrokerHost
+    from mqmeta.broker_agent.store import MessageStore
 
 log = logging.getLogger(__name__)
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 import bisect
 from collections.abc import Sequence
 
-from broker_agent.commitlog import READ_BYTES_MAX
-from broker_agent.tiered_backend import TieredBackend
+from mqmeta.broker_agent.commitlog import READ_BYTES_MAX
+from mqmeta.broker_agent.tiered_backend import TieredBackend
+
 from mqmeta.errors import CorruptData, InvalidArgument
 from mqmeta.formats.checksum import checksum_matches
 from mqmeta.formats.epochs import EpochEntry, epoch_covering

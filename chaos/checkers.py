@@ -30,7 +30,7 @@ from collections.abc import Iterable, Sequence
 from enum import Enum
 from typing import Any, NamedTuple
 
-from chaos.history import (
+from mqmeta.chaos.history import (
     FaultEvent,
     FaultPhase,
     HistoryEvent,

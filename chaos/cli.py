@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from chaos.limits import (
+from mqmeta.chaos.limits import (
     CONCURRENCY_MAX,
     CONSUMERS_MAX,
     INTERVAL_S_MIN,
@@ -18,11 +18,12 @@ from chaos.limits import (
     TIME_S_MAX,
     TIME_S_MIN,
 )
+
 from mqmeta.errors import InvalidArgument
 from mqmeta.validate import FlagNumber
 
 if TYPE_CHECKING:
-    from chaos.runner import AuditFunction, ReplicationAuditFunction
+    from mqmeta.chaos.runner import AuditFunction, ReplicationAuditFunction
 
 EXIT_FAILED = 1
 # The flags' ranges, as RunConfig.validate checks them (a matrix with more runs is many matrices).
@@ -33,7 +34,7 @@ SEED_MAX = 2**63 - 1
 def add_chaos_parsers(sub) -> None:
     chaos = sub.add_parser("chaos", help="chaos runs: faults, workloads, checkers, audit")
     chaos_sub = chaos.add_subparsers(dest="chaos_command", required=True, parser_class=type(chaos))
-    from chaos.toxiproxy import add_toxiproxy_arguments
+    from mqmeta.chaos.toxiproxy import add_toxiproxy_arguments
 
     add_toxiproxy_arguments(
         chaos_sub.add_parser(
@@ -113,7 +114,7 @@ def _add_run_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _config(args: argparse.Namespace, fault: str, output_dir: Path):
-    from chaos.runner import RunConfig
+    from mqmeta.chaos.runner import RunConfig
 
     config = RunConfig(
         fault=fault,
@@ -145,7 +146,7 @@ def run_chaos(
     calls `matrix_audit_done` at its end. Replication runs (run and matrix) are audited by
     `replication_audit` (X1) when given, else by `mqmeta audit` in a subprocess."""
     if args.chaos_command == "toxiproxy":
-        from chaos.toxiproxy import run_toxiproxy
+        from mqmeta.chaos.toxiproxy import run_toxiproxy
 
         return run_toxiproxy(args)
     if args.chaos_command == "run":
@@ -154,7 +155,7 @@ def run_chaos(
 
 
 def _run_one(args: argparse.Namespace, replication_audit: ReplicationAuditFunction | None = None) -> int:
-    from chaos.runner import run
+    from mqmeta.chaos.runner import run
 
     config = _config(args, args.fault, args.output_dir)
     outcome = run(config, replication_audit=replication_audit)
@@ -190,8 +191,8 @@ def _run_matrix(
     audit_done: Callable[[], None] | None,
     replication_audit: ReplicationAuditFunction | None = None,
 ) -> int:
-    from chaos.faults import FAULT_NAMES
-    from chaos.runner import run
+    from mqmeta.chaos.faults import FAULT_NAMES
+    from mqmeta.chaos.runner import run
 
     faults = [f.strip() for f in args.faults.split(",") if f.strip()]
     if any("@" in f for f in faults) and args.workload != "replication":

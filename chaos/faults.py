@@ -22,8 +22,9 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from chaos.net import NAMESRV, ProxiedNetwork
-from cluster.harness import Cluster
+from mqmeta.chaos.net import NAMESRV, ProxiedNetwork
+from mqmeta.cluster.harness import Cluster
+
 from mqmeta.errors import InvalidArgument
 
 FAULT_NAMES = (

@@ -36,7 +36,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from chaos.history import HistoryError, HistoryEvent, Result, decode_cas_value, pair_operations
+from mqmeta.chaos.history import HistoryError, HistoryEvent, Result, decode_cas_value, pair_operations
 
 TIME_LIMIT_S_DEFAULT = 30.0
 STATE_COUNT_MAX_DEFAULT = 2_000_000

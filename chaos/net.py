@@ -21,9 +21,8 @@ import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from mqmeta.cluster.harness import Cluster
 from toxiproxy import Toxiproxy
-
-from cluster.harness import Cluster
 
 CLIENT = "client"
 NAMESRV = "namesrv"

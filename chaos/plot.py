@@ -18,9 +18,8 @@ from pathlib import Path
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
-
-from chaos.checkers import DEQUEUE, ENQUEUE
-from chaos.history import FaultEvent, FaultPhase, HistoryEvent, Result, responses
+from mqmeta.chaos.checkers import DEQUEUE, ENQUEUE
+from mqmeta.chaos.history import FaultEvent, FaultPhase, HistoryEvent, Result, responses
 
 LATENCY_FLOOR_MS = 0.1
 FIGURE_SIZE_INCHES = (12.0, 5.0)

@@ -50,10 +50,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol, cast
 
-from toxiproxy import Toxiproxy
-
-from chaos import checkers
-from chaos.faults import (
+from mqmeta.chaos import checkers
+from mqmeta.chaos.faults import (
     DELAY_JITTER_MS,
     DELAY_MS,
     FAULT_NAMES,
@@ -62,9 +60,9 @@ from chaos.faults import (
     FaultContext,
     make_fault,
 )
-from chaos.history import FaultEvent, FaultPhase, HistoryRecorder
-from chaos.net import ProxiedNetwork
-from chaos.workloads import (
+from mqmeta.chaos.history import FaultEvent, FaultPhase, HistoryRecorder
+from mqmeta.chaos.net import ProxiedNetwork
+from mqmeta.chaos.workloads import (
     SEND_TIMEOUT_S,
     TOPIC,
     WorkloadConfig,
@@ -72,8 +70,10 @@ from chaos.workloads import (
     record_dequeue,
     stop_producers_after_recovery,
 )
-from cluster.harness import Cluster
-from cluster.supervisor import Supervisor
+from mqmeta.cluster.harness import Cluster
+from mqmeta.cluster.supervisor import Supervisor
+from toxiproxy import Toxiproxy
+
 from mqmeta.broker_client import Consumer
 from mqmeta.errors import InvalidArgument, MqmetaError
 from mqmeta.formats import origin as origin_format
@@ -562,7 +562,7 @@ def _conclude(
     dirs: tuple[Path, Path, Path],
     audit: ReplicationAuditFunction | None,
 ) -> tuple[dict[str, Any], list[str]]:
-    from chaos.plot import latency_png
+    from mqmeta.chaos.plot import latency_png
 
     out = config.output_dir
     history = recorder.events()

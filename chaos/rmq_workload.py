@@ -25,8 +25,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from chaos.history import HistoryRecorder, RequestEvent, ResponseEvent, Result
-from chaos.workloads import (
+from mqmeta.chaos.history import HistoryRecorder, RequestEvent, ResponseEvent, Result
+from mqmeta.chaos.workloads import (
     KEYS_PER_PRODUCER,
     SEND_TIMEOUT_S,
     TOPIC,
@@ -35,6 +35,7 @@ from chaos.workloads import (
     record_dequeue,
     stop_producers_after_recovery,
 )
+
 from mqmeta.clock import wall_ms
 
 GROUP = "chaos-checker"

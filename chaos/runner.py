@@ -27,11 +27,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from chaos import checkers
-from chaos.failover import check_run as check_failovers
-from chaos.faults import FAULT_NAMES, TARGETS, FaultContext, make_fault
-from chaos.history import FaultEvent, FaultPhase, HistoryRecorder
-from chaos.limits import (
+from mqmeta.chaos import checkers
+from mqmeta.chaos.failover import check_run as check_failovers
+from mqmeta.chaos.faults import FAULT_NAMES, TARGETS, FaultContext, make_fault
+from mqmeta.chaos.history import FaultEvent, FaultPhase, HistoryRecorder
+from mqmeta.chaos.limits import (
     CONCURRENCY_MAX,
     CONSUMERS_MAX,
     INTERVAL_S_MIN,
@@ -40,9 +40,10 @@ from chaos.limits import (
     TIME_S_MAX,
     TIME_S_MIN,
 )
-from chaos.net import ProxiedNetwork
-from chaos.workloads import TOPIC, MetadataWorkload, QueueWorkload, WorkloadConfig
-from cluster.harness import Cluster
+from mqmeta.chaos.net import ProxiedNetwork
+from mqmeta.chaos.workloads import TOPIC, MetadataWorkload, QueueWorkload, WorkloadConfig
+from mqmeta.cluster.harness import Cluster
+
 from mqmeta import dialmap
 from mqmeta.errors import InvalidArgument, MqmetaError
 from mqmeta.pb import controller_pb2 as pb
@@ -92,7 +93,7 @@ class RunConfig:
 
     def validate(self) -> None:
         if self.workload == "replication":
-            from chaos.replication import parse_plan
+            from mqmeta.chaos.replication import parse_plan
 
             parse_plan(self.fault, self.fault_target)  # comma-separated lists; their own places
             if not 1 <= self.workers <= 8:
@@ -229,7 +230,7 @@ def _run_replication(
     proxy: _ToxiproxyProcess | None,
     audit: ReplicationAuditFunction | None,
 ) -> RunResult:
-    from chaos.replication import run_replication
+    from mqmeta.chaos.replication import run_replication
 
     try:
         result, failures = run_replication(config, url, audit)
@@ -252,7 +253,7 @@ def _execute(
     workload: QueueWorkload | MetadataWorkload | Any
     wconfig = WorkloadConfig(config.concurrency, config.rate_per_s, config.consumers)
     if config.client == "rocketmq":
-        from chaos.rmq_workload import RmqQueueWorkload  # imports the official client
+        from mqmeta.chaos.rmq_workload import RmqQueueWorkload  # imports the official client
 
         with cluster.client() as client:  # FIFO: each sharding key is a message group, kept in order
             client.call("CreateTopic", pb.TopicSpec(name=TOPIC, queue_count=4, message_type="FIFO"))
@@ -312,8 +313,8 @@ def _conclude(
     audit: AuditFunction | None,
     failovers: dict[str, Any],
 ) -> RunResult:
-    from chaos.linearizability import check_linearizability
-    from chaos.plot import latency_png
+    from mqmeta.chaos.linearizability import check_linearizability
+    from mqmeta.chaos.plot import latency_png
 
     out = config.output_dir
     history = recorder.events()

@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import grpc
+from mqmeta.chaos.history import HistoryRecorder, RequestEvent, ResponseEvent, Result, encode_cas_value
 
-from chaos.history import HistoryRecorder, RequestEvent, ResponseEvent, Result, encode_cas_value
 from mqmeta import tls
 from mqmeta.broker_client import Consumer, Producer, QueueRef
 from mqmeta.clock import wall_ms

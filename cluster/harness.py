@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from cluster.layout import (
+from mqmeta.cluster.layout import (
     Layout,
     broker_command,
     controller_command,
@@ -23,10 +23,11 @@ from cluster.layout import (
     load_or_create_layout,
     namesrv_command,
 )
-from cluster.ports import PortReservation
-from cluster.ready import wait_brokers_ready, wait_ready
-from cluster.supervisor import Supervisor
-from cluster.wait import wait_for
+from mqmeta.cluster.ports import PortReservation
+from mqmeta.cluster.ready import wait_brokers_ready, wait_ready
+from mqmeta.cluster.supervisor import Supervisor
+from mqmeta.cluster.wait import wait_for
+
 from mqmeta import tls
 from mqmeta.client import ControllerClient
 from mqmeta.errors import MqmetaError

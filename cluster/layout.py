@@ -13,7 +13,8 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from cluster.ports import PortReservation
+from mqmeta.cluster.ports import PortReservation
+
 from mqmeta.errors import InvalidArgument
 from mqmeta.formats.atomic import write_json_atomically
 

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cluster.certs import LocalCerts, LocalTokens, ensure_local_certs, ensure_local_tokens
-from cluster.layout import (
+from mqmeta.cluster.certs import LocalCerts, LocalTokens, ensure_local_certs, ensure_local_tokens
+from mqmeta.cluster.layout import (
     Layout,
     broker_command,
     controller_command,
@@ -34,8 +34,9 @@ from cluster.layout import (
     namesrv_command,
     tiered_dir,
 )
-from cluster.ready import wait_brokers_ready, wait_ready
-from cluster.supervisor import Supervisor
+from mqmeta.cluster.ready import wait_brokers_ready, wait_ready
+from mqmeta.cluster.supervisor import Supervisor
+
 from mqmeta import auth, tls
 from mqmeta.client import ControllerClient
 from mqmeta.errors import InvalidArgument

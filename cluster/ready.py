@@ -7,9 +7,9 @@ from collections.abc import Callable
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from mqmeta.cluster.layout import BrokerLayout
+from mqmeta.cluster.wait import wait_for
 
-from cluster.layout import BrokerLayout
-from cluster.wait import wait_for
 from mqmeta import tls
 from mqmeta.client import ControllerClient
 from mqmeta.errors import MqmetaError

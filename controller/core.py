@@ -17,15 +17,16 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
-from controller import replicator_leases, replicator_liveness
-from controller.liveness import Heartbeat, Liveness, listener_gone
-from controller.raft_node import ControllerRaft, Peer, Proposer, RaftSettings, not_committed
-from controller.state_machine import (
+from mqmeta.controller import replicator_leases, replicator_liveness
+from mqmeta.controller.liveness import Heartbeat, Liveness, listener_gone
+from mqmeta.controller.raft_node import ControllerRaft, Peer, Proposer, RaftSettings, not_committed
+from mqmeta.controller.state_machine import (
     ControllerState,
     broker_route,
     replica_view,
     topic_route,
 )
+
 from mqmeta.clock import now_ms, wall_ms
 from mqmeta.errors import DeadlineExceeded, MqmetaError, NotFound, NotLeader, Unavailable, error_from_code
 

@@ -27,7 +27,8 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-from controller import pysyncobj_compat
+from mqmeta.controller import pysyncobj_compat
+
 from mqmeta.errors import CorruptData
 from mqmeta.formats.atomic import write_atomically
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from mqmeta.controller.core import ControllerCore
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from controller.core import ControllerCore
 from mqmeta.metrics import Metrics, gauge
 
 PREFIX = "mqmeta_controller_"

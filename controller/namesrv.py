@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from controller.core import ControllerCore
-from controller.route_cache import RouteCache
-from controller.service import broker_route_pb, list_topics_names, list_topics_pb, route_pb
+from mqmeta.controller.core import ControllerCore
+from mqmeta.controller.route_cache import RouteCache
+from mqmeta.controller.service import broker_route_pb, list_topics_names, list_topics_pb, route_pb
+
 from mqmeta import tls
 from mqmeta.client import ControllerClient
 from mqmeta.pb import controller_pb2 as pb

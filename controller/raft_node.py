@@ -23,14 +23,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mqmeta.controller import pysyncobj_compat
+from mqmeta.controller.applied_log import AppliedLog
+from mqmeta.controller.journal import DurableJournal, reconcile_with_snapshot
+from mqmeta.controller.snapshot import StateSnapshots, guarded_replace
+from mqmeta.controller.state_machine import ControllerState, apply
 from pysyncobj import FAIL_REASON, SyncObjConf, replicated
 from pysyncobj.journal import MemoryJournal
 
-from controller import pysyncobj_compat
-from controller.applied_log import AppliedLog
-from controller.journal import DurableJournal, reconcile_with_snapshot
-from controller.snapshot import StateSnapshots, guarded_replace
-from controller.state_machine import ControllerState, apply
 from mqmeta.dialmap import dial
 from mqmeta.errors import DeadlineExceeded, InvalidArgument, MqmetaError, Unavailable
 

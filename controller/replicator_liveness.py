@@ -23,8 +23,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from controller import replicator_leases as leases
-from controller.replicator_leases import TaskKey
+from mqmeta.controller import replicator_leases as leases
+from mqmeta.controller.replicator_leases import TaskKey
+
 from mqmeta.errors import error_from_code
 from mqmeta.validate import validate_name
 

@@ -5,13 +5,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from controller.server import (
+from mqmeta.controller.server import (
     ControllerConfig,
     parse_peer,
     raft_settings_from,
     start_controller,
     start_namesrv,
 )
+
 from mqmeta.errors import InvalidArgument
 from mqmeta.rpc import serve_until_signal
 from mqmeta.validate import parse_addresses

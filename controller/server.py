@@ -11,13 +11,13 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import grpc
+from mqmeta.controller.core import ControllerCore
+from mqmeta.controller.metrics import controller_metrics
+from mqmeta.controller.namesrv import EmbeddedNameServer, NameServerServicer, add_messaging_service
+from mqmeta.controller.raft_node import Peer, RaftSettings
+from mqmeta.controller.route_cache import RouteCache
+from mqmeta.controller.service import ControllerServicer, watch_event_pb
 
-from controller.core import ControllerCore
-from controller.metrics import controller_metrics
-from controller.namesrv import EmbeddedNameServer, NameServerServicer, add_messaging_service
-from controller.raft_node import Peer, RaftSettings
-from controller.route_cache import RouteCache
-from controller.service import ControllerServicer, watch_event_pb
 from mqmeta.client import ControllerClient
 from mqmeta.errors import InvalidArgument
 from mqmeta.metrics import Metrics
@@ -197,7 +197,7 @@ def _namesrv_setup(core: ControllerCore):
 
 
 def _embedded_route(core: ControllerCore):
-    from controller.service import route_pb
+    from mqmeta.controller.service import route_pb
 
     return lambda topic: route_pb(core.topic_route(topic))
 

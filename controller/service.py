@@ -15,10 +15,11 @@ import math
 from collections.abc import AsyncIterator
 from typing import Any
 
-from controller.core import ControllerCore, WatchSubscription
-from controller.replicator_leases import NO_OFFSET, TaskKey, validate_task
-from controller.replicator_liveness import STATS_FIELDS, lease_view, validate_heartbeat
-from controller.state_machine import ControllerState, replica_view, tiered_key
+from mqmeta.controller.core import ControllerCore, WatchSubscription
+from mqmeta.controller.replicator_leases import NO_OFFSET, TaskKey, validate_task
+from mqmeta.controller.replicator_liveness import STATS_FIELDS, lease_view, validate_heartbeat
+from mqmeta.controller.state_machine import ControllerState, replica_view, tiered_key
+
 from mqmeta.errors import InvalidArgument, MqmetaError, NotFound, Unavailable
 from mqmeta.pb import controller_pb2 as pb
 from mqmeta.pb import controller_pb2_grpc as pb_grpc

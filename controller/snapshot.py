@@ -39,10 +39,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from mqmeta.controller import pysyncobj_compat
+from mqmeta.controller.state_machine import ControllerState, FrozenState
 from pysyncobj import SERIALIZER_STATE
 
-from controller import pysyncobj_compat
-from controller.state_machine import ControllerState, FrozenState
 from mqmeta.errors import CorruptData
 
 log = logging.getLogger(__name__)

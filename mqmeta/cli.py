@@ -74,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     local_sub = local.add_subparsers(dest="local_command", required=True, parser_class=_Parser)
     up = local_sub.add_parser("up", help="start the cluster in the foreground")
     up.add_argument("--data-dir", type=Path, default=Path("mqmeta-data"))
-    from cluster.local import BROKER_SETS_MAX, CLUSTERS_MAX, CONTROLLERS_MAX, REPLICAS_MAX
+    from mqmeta.cluster.local import BROKER_SETS_MAX, CLUSTERS_MAX, CONTROLLERS_MAX, REPLICAS_MAX
 
     up.add_argument(
         "--controllers",
@@ -124,23 +124,23 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --auth: reads, sends and fetches need no credential (by default they need one)",
     )
 
-    from broker_agent.service import add_broker_parser
+    from mqmeta.broker_agent.service import add_broker_parser
     from mqmeta.data_cli import add_data_parsers
 
     add_broker_parser(sub)
     add_data_parsers(sub)
 
     admin = sub.add_parser("admin", help="gRPC admin calls")
-    from controller.admin_cli import add_admin_commands
+    from mqmeta.controller.admin_cli import add_admin_commands
 
     add_admin_commands(admin)
-    from chaos.cli import add_chaos_parsers
+    from mqmeta.chaos.cli import add_chaos_parsers
 
     add_chaos_parsers(sub)
-    from spark.cli import add_audit_parser
+    from mqmeta.spark.cli import add_audit_parser
 
     add_audit_parser(sub)
-    from replicator import add_replicator_parser
+    from mqmeta.replicator import add_replicator_parser
 
     add_replicator_parser(sub)
     _add_tls_flags_to_leaves(sub, TLS_COMMANDS)
@@ -205,19 +205,19 @@ def main(argv: list[str] | None = None) -> int:
 
 def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "controller":
-        from controller.run import run_controller
+        from mqmeta.controller.run import run_controller
 
         return run_controller(args)
     if args.command == "namesrv":
-        from controller.run import run_namesrv
+        from mqmeta.controller.run import run_namesrv
 
         return run_namesrv(args)
     if args.command == "local":
-        from cluster.local import local_up
+        from mqmeta.cluster.local import local_up
 
         return local_up(args)
     if args.command == "broker":
-        from broker_agent.service import run_broker
+        from mqmeta.broker_agent.service import run_broker
 
         return run_broker(args)
     if args.command in ("produce", "consume"):
@@ -225,12 +225,16 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         return data_cli.run_produce(args) if args.command == "produce" else data_cli.run_consume(args)
     if args.command == "admin":
-        from controller.admin_cli import run_admin
+        from mqmeta.controller.admin_cli import run_admin
 
         return run_admin(args)
     if args.command == "chaos":
-        from chaos.cli import run_chaos
-        from spark.cli import shared_session_audit, shared_session_replication_status, stop_shared_session
+        from mqmeta.chaos.cli import run_chaos
+        from mqmeta.spark.cli import (
+            shared_session_audit,
+            shared_session_replication_status,
+            stop_shared_session,
+        )
 
         try:
             return run_chaos(
@@ -239,11 +243,11 @@ def _dispatch(args: argparse.Namespace) -> int:
         finally:
             stop_shared_session()  # a replication run's X1 used the session too
     if args.command == "audit":
-        from spark.cli import run_audit
+        from mqmeta.spark.cli import run_audit
 
         return run_audit(args)
     if args.command == "replicator":
-        from replicator import run_replicator
+        from mqmeta.replicator import run_replicator
 
         return run_replicator(args)
     raise AssertionError(args.command)

@@ -1,5 +1,5 @@
 """Cross-cluster replication workers (P7): rules, tasks, origin-keyed exactly-once sends."""
 
-from replicator.worker import add_replicator_parser, run_replicator
+from mqmeta.replicator.worker import add_replicator_parser, run_replicator
 
 __all__ = ["add_replicator_parser", "run_replicator"]

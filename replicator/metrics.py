@@ -10,11 +10,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 
+from mqmeta.replicator.task import Task
 from prometheus_client import start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
-
-from replicator.task import Task
 
 LABELS = ["rule", "topic", "broker_name", "queue_id"]
 

@@ -24,16 +24,16 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import grpc
+from mqmeta.replicator.site import Site
 
 from mqmeta.errors import FailedPrecondition, InvalidArgument, MqmetaError, NotFound
 from mqmeta.formats.origin import NO_PREVIOUS, STORE_MS, Origin, OriginKey, path_of, replicated_properties
 from mqmeta.formats.replication_rules import Rule
 from mqmeta.pb import broker_pb2 as bpb
 from mqmeta.rpc import from_rpc_error
-from replicator.site import Site
 
 if TYPE_CHECKING:
-    from replicator.leases import TaskLease
+    from mqmeta.replicator.leases import TaskLease
 
 log = logging.getLogger(__name__)
 

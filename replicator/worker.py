@@ -17,13 +17,14 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from mqmeta.replicator.leases import LeaseKeeper, TaskLease
+from mqmeta.replicator.site import Site
+from mqmeta.replicator.task import Task, TaskKey
+
 from mqmeta.config_file import accept_config_file
 from mqmeta.errors import MqmetaError
 from mqmeta.formats.replication_rules import ReplicatorConfig, Rule, load_config
 from mqmeta.validate import parse_addresses, validate_name
-from replicator.leases import LeaseKeeper, TaskLease
-from replicator.site import Site
-from replicator.task import Task, TaskKey
 
 log = logging.getLogger(__name__)
 
@@ -167,7 +168,7 @@ def run_replicator(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     worker = Worker(config, args.worker_id)
     if args.metrics_listen:
-        from replicator.metrics import serve_metrics
+        from mqmeta.replicator.metrics import serve_metrics
 
         address = parse_addresses(args.metrics_listen, "--metrics-listen address", allow_port_zero=True)[0]
         bound = serve_metrics(address, worker.running)

@@ -11,10 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from mqmeta.spark.data import AuditData
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
-
-from spark.data import AuditData
 
 SAMPLES_MAX = 20
 

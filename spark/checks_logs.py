@@ -12,11 +12,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from mqmeta.spark.checks import DESCRIPTIONS, SAMPLES_MAX, CheckResult, _result, _samples
+from mqmeta.spark.data import AuditData
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
-
-from spark.checks import DESCRIPTIONS, SAMPLES_MAX, CheckResult, _result, _samples
-from spark.data import AuditData
 
 CHUNK_BYTES = 1 << 20  # B1's unit of comparison by fingerprint
 _SAMPLE_COLUMNS = ["broker_set", "replica", "file", "offset", "length", "crc_valid", "truncated"]

@@ -2,7 +2,7 @@
 `mqmeta audit SRC_DIR TARGET_DIR --rules FILE --report DIR` (X1: cross-cluster replication).
 
 Exit 0 when every check holds, 1 when one does not, 2 on bad input (one sentence on
-stderr, never a Java stack trace). Also runnable as `python -m spark.cli` (what
+stderr, never a Java stack trace). Also runnable as `python -m mqmeta.spark.cli` (what
 spark-submit runs; see README, Audit).
 """
 
@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from spark.errors import BadInput
-from spark.registry import CHECK_IDS, parse_ids
+from mqmeta.spark.errors import BadInput
+from mqmeta.spark.registry import CHECK_IDS, parse_ids
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 RESCANNING_CHECKS = {"B4", "T2", "H1"}  # they read every replica record again: cache them
@@ -96,13 +96,12 @@ def run_checks(
     inputs: list[str], report_dir: Path, master: str | None, ids: list[str], console: Any = None
 ) -> int:
     """Discovers, loads, checks and reports; returns the exit status."""
+    from mqmeta.spark.data import AuditData
+    from mqmeta.spark.layout import discover
+    from mqmeta.spark.registry import check_functions
+    from mqmeta.spark.report import build_document, write_report
+    from mqmeta.spark.session import get_session
     from rich.progress import Progress
-
-    from spark.data import AuditData
-    from spark.layout import discover
-    from spark.registry import check_functions
-    from spark.report import build_document, write_report
-    from spark.session import get_session
 
     started = time.monotonic()
     inventory = discover(inputs)
@@ -173,7 +172,7 @@ def run_audit(args: argparse.Namespace) -> int:
             )
         return audit_status(args.inputs, args.report, args.master, ids)
     finally:
-        from spark.session import stop_session
+        from mqmeta.spark.session import stop_session
 
         stop_session()
 
@@ -182,9 +181,9 @@ def run_replication(
     source: str, target: str, rules: Path, report_dir: Path, master: str | None, console: Any = None
 ) -> int:
     """X1 over two clusters' dirs (spark.replication); returns the exit status."""
-    from spark.replication import audit_replication
-    from spark.replication_sites import load_sites
-    from spark.session import get_session
+    from mqmeta.spark.replication import audit_replication
+    from mqmeta.spark.replication_sites import load_sites
+    from mqmeta.spark.session import get_session
 
     load_sites(source, target, rules)  # bad input is told before Spark starts
     _check_writable(report_dir)
@@ -233,7 +232,7 @@ def _status(run: Callable[[], int], prefix: str = "mqmeta: error: ") -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The entry point of `spark-submit .../spark/cli.py` and `python -m spark.cli`."""
+    """The entry point of `spark-submit .../spark/cli.py` and `python -m mqmeta.spark.cli`."""
     parser = argparse.ArgumentParser(prog="mqmeta-audit", description=__doc__)
     _add_arguments(parser)
     return run_audit(parser.parse_args(argv))
@@ -249,9 +248,8 @@ def shared_session_audit(run_dir: Path, report_dir: Path) -> int:
     audit (exit 2, one sentence) and the matrix goes on."""
     import io
 
+    from mqmeta.spark.registry import CHECK_IDS
     from rich.console import Console
-
-    from spark.registry import CHECK_IDS
 
     return audit_status(
         [str(run_dir)],
@@ -265,7 +263,7 @@ def shared_session_audit(run_dir: Path, report_dir: Path) -> int:
 
 def stop_shared_session() -> None:
     """Ends the session shared_session_audit used (at the end of a chaos matrix)."""
-    from spark.session import stop_session
+    from mqmeta.spark.session import stop_session
 
     stop_session()
 
@@ -277,9 +275,9 @@ def shared_session_replication_audit(
     audit hook): spark.replication.audit_replication's dict ({"ok", "violations", ...}).
     Bad input or a Spark failure is {"ok": False, "violations": {}, "error": one sentence},
     never an exception, so a matrix goes on."""
-    from spark.replication import audit_replication
-    from spark.replication_sites import load_sites
-    from spark.session import get_session
+    from mqmeta.spark.replication import audit_replication
+    from mqmeta.spark.replication_sites import load_sites
+    from mqmeta.spark.session import get_session
 
     try:
         load_sites(str(source_dir), str(target_dir), Path(rules_path))  # before a JVM is started

@@ -11,12 +11,13 @@ import json
 from functools import cached_property
 from typing import Any
 
+from mqmeta.spark.fs import open_path, read_bytes
+from mqmeta.spark.layout import Inventory
+from mqmeta.spark.sources import DETAIL_FIELDS, KIND_FIELDS, LINE_FIELDS, RECORD_FIELDS, _ddl
+
 from mqmeta.errors import CorruptData
 from mqmeta.formats.checksummed import load_checksummed
 from mqmeta.formats.tiered import parse_epoch_lineage
-from spark.fs import open_path, read_bytes
-from spark.layout import Inventory
-from spark.sources import DETAIL_FIELDS, KIND_FIELDS, LINE_FIELDS, RECORD_FIELDS, _ddl
 
 LINEAGE_SCHEMA = (
     "broker_set string, file string, end_offset bigint, position int, epoch bigint, "

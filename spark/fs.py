@@ -19,7 +19,7 @@ from pathlib import Path, PurePosixPath
 from types import SimpleNamespace
 from typing import Any
 
-from spark.errors import BadInput
+from mqmeta.spark.errors import BadInput
 
 LISTED_FILES_MAX = 1_000_000
 

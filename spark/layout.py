@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from spark.errors import BadInput
-from spark.fs import RemotePath, is_remote, remote_root
-from spark.fs import walk as remote_walk
+from mqmeta.spark.errors import BadInput
+from mqmeta.spark.fs import RemotePath, is_remote, remote_root
+from mqmeta.spark.fs import walk as remote_walk
 
 SCAN_DEPTH_MAX = 8
 SCAN_DIRS_MAX = 100_000

@@ -17,10 +17,9 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
+from mqmeta.spark.sources import FileRangeReader, _ddl
+from mqmeta.spark.walk import scan
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
-
-from spark.sources import FileRangeReader, _ddl
-from spark.walk import scan
 
 CONSUMER_OFFSET_TOPIC = "%CONSUMER_OFFSET%"  # broker_agent.store's system topic of group progress
 

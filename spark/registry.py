@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from spark import checks, checks_logs
-from spark.checks import CheckResult
-from spark.data import AuditData
+from mqmeta.spark import checks, checks_logs
+from mqmeta.spark.checks import CheckResult
+from mqmeta.spark.data import AuditData
 
 CHECK_IDS = ["R1", "R2", "M1", "M2", "M3", "M4", "B1", "B2", "B3", "B4", "T1", "T2", "T3", "T4", "H1"]
 

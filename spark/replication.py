@@ -33,13 +33,13 @@ from functools import reduce
 from pathlib import Path
 from typing import Any
 
+from mqmeta.spark.checks import DESCRIPTIONS, SAMPLES_MAX, CheckResult
+from mqmeta.spark.messages import CONSUMER_OFFSET_TOPIC, MESSAGE_SCHEMA
+from mqmeta.spark.replication_sites import Sites, chosen_specs, load_sites
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
 from mqmeta.errors import InvalidArgument
-from spark.checks import DESCRIPTIONS, SAMPLES_MAX, CheckResult
-from spark.messages import CONSUMER_OFFSET_TOPIC, MESSAGE_SCHEMA
-from spark.replication_sites import Sites, chosen_specs, load_sites
 
 SAMPLES_PER_KIND = 5
 # Mode full: a group's commit at the source, or a copy at the target, stored less than
@@ -76,8 +76,8 @@ def _messages(spark: Any, specs: list[dict[str, Any]]) -> DataFrame:
 def _confirm(spark: Any, sites: Sites) -> tuple[dict[str, str], dict[str, int]]:
     """Per broker set of either site (one job): the replica that was master last (by its
     confirm.log) and the highest confirm offset a master recorded."""
-    from spark.data import AuditData
-    from spark.layout import Inventory
+    from mqmeta.spark.data import AuditData
+    from mqmeta.spark.layout import Inventory
 
     both = Inventory(confirm_logs=sites.source.inventory.confirm_logs + sites.target.inventory.confirm_logs)
     data = AuditData(spark, both)
@@ -450,7 +450,7 @@ def audit_replication(
     and returns {"ok", "violations": {kind: count}, "samples": {kind: [...]}, "notes",
     "rows_examined", "expected", "copies", "report"}. Raises spark.errors.BadInput (an InvalidArgument, one
     sentence) when the dirs or the rules file do not fit."""
-    from spark.report import build_document, write_report
+    from mqmeta.spark.report import build_document, write_report
 
     started = time.monotonic()
     sites = load_sites(str(source_dir), str(target_dir), Path(rules_path))

@@ -19,10 +19,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mqmeta.spark.errors import BadInput
+from mqmeta.spark.layout import Inventory, discover
+
 from mqmeta.errors import InvalidArgument
 from mqmeta.formats.replication_rules import Rule, load_config
-from spark.errors import BadInput
-from spark.layout import Inventory, discover
 
 
 @dataclass

@@ -15,10 +15,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from mqmeta.spark.checks import CheckResult
+from mqmeta.spark.data import AuditData
 from pyspark.sql import functions as F
-
-from spark.checks import CheckResult
-from spark.data import AuditData
 
 PLOT_POINTS_MAX = 20_000
 

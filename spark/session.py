@@ -61,8 +61,8 @@ def get_session(master: str | None = None, shuffle_partitions: int = SHUFFLE_PAR
             )
             spark = builder.getOrCreate()
         _quiet_log4j(spark)
-        from spark.messages import MessageSource
-        from spark.sources import register_sources
+        from mqmeta.spark.messages import MessageSource
+        from mqmeta.spark.sources import register_sources
 
         register_sources(spark)
         spark.dataSource.register(MessageSource)

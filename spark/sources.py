@@ -21,11 +21,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from mqmeta.spark.fs import read_bytes
+from mqmeta.spark.walk import DIGEST_MIX, Piece, piece_digest, scan
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 from mqmeta.formats.records import CRC_AT, FIELD_AT, LENGTH_AT, audit_fields
-from spark.fs import read_bytes
-from spark.walk import DIGEST_MIX, Piece, piece_digest, scan
 
 SPLIT_BYTES_DEFAULT = 32 << 20
 ARROW_BATCH_ROWS = 32_768

@@ -15,8 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from cluster.harness import Cluster
+from mqmeta.cluster.harness import Cluster
 
 # The modules whose tests use the shared Spark session (marked `spark`): one scope.
 SPARK_MODULES = frozenset(
@@ -53,7 +52,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.hookimpl(trylast=True)
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
     if item.get_closest_marker("spark") and (nextitem is None or not nextitem.get_closest_marker("spark")):
-        from spark.session import stop_session
+        from mqmeta.spark.session import stop_session
 
         stop_session()
 

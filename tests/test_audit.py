@@ -47,16 +47,15 @@ def spark():
     try:
         yield session
     finally:
-        from spark.session import stop_session
+        from mqmeta.spark.session import stop_session
 
         stop_session()
 
 
 def audit(spark, data_dir: Path, report: Path, checks: str | None = None) -> dict:
+    from mqmeta.spark.cli import run_checks
+    from mqmeta.spark.registry import parse_ids
     from rich.console import Console
-
-    from spark.cli import run_checks
-    from spark.registry import parse_ids
 
     status = run_checks([str(data_dir)], report, "local[2]", parse_ids(checks), Console(quiet=True))
     document = json.loads((report / "report.json").read_text())
@@ -174,8 +173,8 @@ def test_s3a_input_that_does_not_exist_exits_2(tmp_path, s3_endpoint):
 
 
 def test_offset_range_partitions_read_the_same_records(spark):
-    from spark.data import AuditData
-    from spark.layout import discover
+    from mqmeta.spark.data import AuditData
+    from mqmeta.spark.layout import discover
 
     inventory = discover([str(clean_data_dir())])
     split_bytes = 4096
@@ -214,7 +213,7 @@ def test_checksum_valid_divergent_record_is_caught_by_b1_alone(spark, tmp_path):
     rot): only the replica comparison can see it, through the chunk fingerprints."""
     import zlib
 
-    from spark.walk import walk
+    from mqmeta.spark.walk import walk
 
     data_dir = copy_data_dir(tmp_path)
     segment = _first_segment(data_dir, "broker-a-2")

@@ -25,8 +25,8 @@ from pathlib import Path
 
 import grpc
 import pytest
+from mqmeta.cluster.harness import Cluster
 
-from cluster.harness import Cluster
 from mqmeta.broker_client import Consumer, Producer
 from mqmeta.formats import origin as origin_format
 from mqmeta.formats.records import Message, StoredRecord, encode_record, split_records
@@ -188,7 +188,7 @@ def spark():
 
 
 def x1(spark, run, target: Path | None = None, report: Path | None = None) -> dict:
-    from spark.replication import audit_replication
+    from mqmeta.spark.replication import audit_replication
 
     source, clean_target, rules, _ = run
     target = target or clean_target
@@ -201,7 +201,7 @@ def _found(outcome: dict) -> dict[str, int]:
 
 def test_clean_replication_passes_x1(spark, run, tmp_path):
     """Through the chaos runner's hook (the run's one session): what audit_replication returns."""
-    from spark.cli import shared_session_replication_audit
+    from mqmeta.spark.cli import shared_session_replication_audit
 
     source, target, rules, _ = run
     outcome = shared_session_replication_audit(source, target, rules, tmp_path / "report")
@@ -420,9 +420,8 @@ def _one_sentence(result: subprocess.CompletedProcess, words: str) -> None:
 
 def test_fault_exits_1_with_the_report(spark, run, planted, tmp_path):
     """The command's path (in this process's Spark session): exit 1, report.json and .html."""
+    from mqmeta.spark.cli import run_replication
     from rich.console import Console
-
-    from spark.cli import run_replication
 
     source, _, rules, _ = run
     status = run_replication(str(source), str(planted[2]), rules, tmp_path / "r", None, Console(quiet=True))
@@ -445,7 +444,7 @@ def test_bad_input_exits_2(run, tmp_path):
     )
     _one_sentence(_cli(str(source), str(target), "--rules", str(bad), "--report", report), "'mode'")
     _one_sentence(_cli(str(target), str(source), "--rules", str(rules), "--report", report), "no rule of")
-    from spark.cli import shared_session_replication_audit
+    from mqmeta.spark.cli import shared_session_replication_audit
 
     refused = shared_session_replication_audit(target, source, rules, tmp_path / "hook")
     assert not refused["ok"] and "no rule of" in refused["error"]
@@ -456,7 +455,7 @@ def test_bad_input_exits_2(run, tmp_path):
 
 def test_chaos_hook_bad_input_is_exit_2(run, tmp_path, capsys):
     """The chaos runner's X1 hook (an exit status): dirs in the wrong order are 2, one sentence."""
-    from spark.cli import shared_session_replication_status
+    from mqmeta.spark.cli import shared_session_replication_status
 
     source, target, rules, _ = run
     assert shared_session_replication_status(target, source, rules, tmp_path / "hook") == 2

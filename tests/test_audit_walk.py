@@ -17,11 +17,11 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from mqmeta.spark.sources import FileRange, _RecordReader
+from mqmeta.spark.walk import piece_digest, scan, walk
 
 from mqmeta.errors import CorruptData
 from mqmeta.formats.records import Message, TornRecord, check_record, encode_record
-from spark.sources import FileRange, _RecordReader
-from spark.walk import piece_digest, scan, walk
 
 BASE = 1 << 20
 
@@ -116,7 +116,7 @@ def _reader_rows(buf: bytes, tmp_path, detail: bool) -> list[dict]:
     }
     reader = _RecordReader({"files": "[]"}, detail)
     batches = list(reader.read(FileRange(spec, 0, len(buf))))
-    from spark.sources import _arrow_schema
+    from mqmeta.spark.sources import _arrow_schema
 
     assert all(batch.schema == _arrow_schema(detail) for batch in batches)
     return sorted((row for batch in batches for row in batch.to_pylist()), key=lambda r: r["offset"])

@@ -38,8 +38,8 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from mqmeta.cluster.certs import issue_certificate
 
-from cluster.certs import issue_certificate
 from mqmeta import auth
 from mqmeta.pb import broker_pb2, broker_pb2_grpc, controller_pb2_grpc, namesrv_pb2
 from mqmeta.pb import controller_pb2 as pb

@@ -58,9 +58,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-
-from broker_agent import core as core_module
-from broker_agent.core import (
+from mqmeta.broker_agent import core as core_module
+from mqmeta.broker_agent.core import (
     AckPolicy,
     AnswerFetch,
     Appended,
@@ -96,8 +95,9 @@ from broker_agent.core import (
     Truncate,
     WriteOutcome,
 )
-from broker_agent.ha import Lease, Role
-from controller.state_machine import ControllerState, apply, replica_view
+from mqmeta.broker_agent.ha import Lease, Role
+from mqmeta.controller.state_machine import ControllerState, apply, replica_view
+
 from mqmeta.errors import FencedEpoch, MqmetaError, NotMaster
 from mqmeta.formats.epochs import EpochEntry, epoch_covering
 

@@ -41,8 +41,8 @@ import zlib
 from pathlib import Path
 
 import pytest
+from mqmeta.broker_agent import CONSUMER_OFFSET_TOPIC, CommitLog, MessageStore
 
-from broker_agent import CONSUMER_OFFSET_TOPIC, CommitLog, MessageStore
 from mqmeta.errors import CorruptData, FailedPrecondition, FencedEpoch, InvalidArgument
 from mqmeta.formats.epochs import EpochFile, consistent_point
 from mqmeta.formats.records import (

@@ -15,11 +15,11 @@ import subprocess
 import sys
 
 import pytest
+from mqmeta.chaos.faults import FAULT_NAMES, bridge, majorities_ring
+from mqmeta.chaos.net import _links
+from mqmeta.chaos.runner import RunConfig
+from mqmeta.cluster.harness import Cluster
 
-from chaos.faults import FAULT_NAMES, bridge, majorities_ring
-from chaos.net import _links
-from chaos.runner import RunConfig
-from cluster.harness import Cluster
 from mqmeta.errors import InvalidArgument
 
 pytestmark = pytest.mark.timeout(60)
@@ -157,8 +157,8 @@ def test_network_cuts_poisons_and_heals_the_right_proxies(tmp_path):
     chosen links, heal restores everything; each process's dial map names its own proxies."""
     import json
 
-    from chaos.net import ProxiedNetwork
-    from chaos.toxiproxy import ToxiproxyServer
+    from mqmeta.chaos.net import ProxiedNetwork
+    from mqmeta.chaos.toxiproxy import ToxiproxyServer
 
     with (
         ToxiproxyServer("127.0.0.1:0") as server,

@@ -12,8 +12,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from mqmeta.chaos.runner import RunConfig, run
 
-from chaos.runner import RunConfig, run
 from mqmeta.cli import EXIT_BAD_INPUT, main
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(240)]

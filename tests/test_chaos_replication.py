@@ -18,8 +18,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from mqmeta.chaos.runner import RunConfig, run
 
-from chaos.runner import RunConfig, run
 from mqmeta.errors import InvalidArgument
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(240)]

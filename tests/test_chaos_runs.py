@@ -16,10 +16,10 @@ import json
 from pathlib import Path
 
 import pytest
+from mqmeta.chaos.history import ResponseEvent, Result, read_history
+from mqmeta.chaos.linearizability import check_linearizability
+from mqmeta.chaos.runner import RunConfig, run
 
-from chaos.history import ResponseEvent, Result, read_history
-from chaos.linearizability import check_linearizability
-from chaos.runner import RunConfig, run
 from tests.support import audit_in_shared_session
 
 pytestmark = [pytest.mark.cluster, pytest.mark.spark, pytest.mark.timeout(240)]
@@ -87,7 +87,7 @@ def _check(report: Path, check_id: str) -> dict:
 def _assert_h1_catches_a_forged_acknowledgement(output_dir: Path) -> None:
     """The audit's H1 on the same real run, with one acknowledged enqueue added to the
     history that no producer ever sent: exactly that one is reported missing."""
-    from spark.cli import run_checks
+    from mqmeta.spark.cli import run_checks
 
     with (output_dir / "history.tsv").open("a") as history:
         history.write("99\tenqueue\tREQUEST\t99-0\tp99-k0\t1795254066193\tnull\n")

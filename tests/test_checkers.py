@@ -5,8 +5,7 @@ from __future__ import annotations
 import threading
 
 import pytest
-
-from chaos.checkers import (
+from mqmeta.chaos.checkers import (
     Copy,
     check_all,
     check_order,
@@ -16,7 +15,7 @@ from chaos.checkers import (
     check_rto,
     latency_buckets,
 )
-from chaos.history import (
+from mqmeta.chaos.history import (
     FaultEvent,
     FaultPhase,
     HistoryError,
@@ -33,7 +32,7 @@ from chaos.history import (
     read_history,
     write_history,
 )
-from chaos.plot import latency_png
+from mqmeta.chaos.plot import latency_png
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -29,11 +29,11 @@ from pathlib import Path
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from mqmeta.cluster.layout import BrokerLayout
+from mqmeta.cluster.ports import PortReservation
+from mqmeta.cluster.ready import wait_brokers_ready, wait_ready
+from mqmeta.cluster.supervisor import Supervisor
 
-from cluster.layout import BrokerLayout
-from cluster.ports import PortReservation
-from cluster.ready import wait_brokers_ready, wait_ready
-from cluster.supervisor import Supervisor
 from mqmeta import cli
 from mqmeta.config_file import accept_config_file, apply_config_file
 from mqmeta.formats.replication_rules import load_config

@@ -4,8 +4,8 @@ forced line is written at once, a torn final line is skipped and a corrupt one i
 from __future__ import annotations
 
 import pytest
+from mqmeta.broker_agent.confirm_log import MASTER_INTERVAL_MS, ConfirmLog, read_confirm_log
 
-from broker_agent.confirm_log import MASTER_INTERVAL_MS, ConfirmLog, read_confirm_log
 from mqmeta.errors import CorruptData
 
 

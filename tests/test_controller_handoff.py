@@ -15,8 +15,8 @@ import threading
 import time
 
 import pytest
+from mqmeta.cluster.harness import Cluster
 
-from cluster.harness import Cluster
 from mqmeta.errors import AlreadyExists, MqmetaError
 from mqmeta.pb import controller_pb2 as pb
 from tests.support import wait_for

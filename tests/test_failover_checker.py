@@ -12,7 +12,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from chaos.failover import GRACE_AFTER_FAULT_MS, MasterChange, check_false_failovers, master_timeline, touches
+from mqmeta.chaos.failover import (
+    GRACE_AFTER_FAULT_MS,
+    MasterChange,
+    check_false_failovers,
+    master_timeline,
+    touches,
+)
+
 from mqmeta.formats.jsonlines import format_line
 
 

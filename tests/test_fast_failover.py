@@ -17,9 +17,9 @@ import socket
 import time
 
 import pytest
+from mqmeta.cluster.harness import Cluster
+from mqmeta.controller.liveness import listener_gone
 
-from cluster.harness import Cluster
-from controller.liveness import listener_gone
 from mqmeta.pb import controller_pb2 as pb
 from tests.support import wait_for, wait_in_sync
 from tests.support.producing import FLAGS

@@ -384,7 +384,8 @@ def test_a_config_file_number_out_of_its_flags_range_is_exit_2(line, fragment, t
     ],
 )
 def test_raft_settings_out_of_range_are_refused_naming_the_key(key, value):
-    from controller.server import raft_settings_from
+    from mqmeta.controller.server import raft_settings_from
+
     from mqmeta.errors import InvalidArgument
 
     with pytest.raises(InvalidArgument, match=f"'{key}' in \\[raft_settings\\] must be a whole number from"):

@@ -28,9 +28,9 @@ import os
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from mqmeta.cluster.harness import Cluster
+from mqmeta.cluster.wait import wait_for
 
-from cluster.harness import Cluster
-from cluster.wait import wait_for
 from mqmeta.errors import AlreadyExists
 from mqmeta.pb import controller_pb2 as cpb
 from tests.support.fuzz_calls import CASES, Outcome, call, check_status, serving

@@ -40,12 +40,11 @@ import os
 import threading
 
 import pytest
-
-from broker_agent import agent as agent_module
-from broker_agent import core as core_module
-from broker_agent import replication
-from broker_agent.agent import BrokerAgent, BrokerConfig
-from broker_agent.core import (
+from mqmeta.broker_agent import agent as agent_module
+from mqmeta.broker_agent import core as core_module
+from mqmeta.broker_agent import replication
+from mqmeta.broker_agent.agent import BrokerAgent, BrokerConfig
+from mqmeta.broker_agent.core import (
     AckPolicy,
     AnswerFetch,
     Appended,
@@ -86,9 +85,10 @@ from broker_agent.core import (
     counted_members,
     truncation_point,
 )
-from broker_agent.ha import Lease, Role, SyncStateTracker, confirm_offset
-from broker_agent.seams import log_view
-from cluster.wait import wait_for
+from mqmeta.broker_agent.ha import Lease, Role, SyncStateTracker, confirm_offset
+from mqmeta.broker_agent.seams import log_view
+from mqmeta.cluster.wait import wait_for
+
 from mqmeta.clock import now_ms
 from mqmeta.errors import FailedPrecondition, FencedEpoch, MqmetaError, NotMaster, Unavailable
 from mqmeta.formats.epochs import consistent_point

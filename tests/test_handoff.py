@@ -20,8 +20,8 @@ import subprocess
 import sys
 
 import pytest
+from mqmeta.cluster.harness import Cluster
 
-from cluster.harness import Cluster
 from mqmeta.pb import controller_pb2 as pb
 from tests.support import consume_all, wait_for, wait_in_sync
 from tests.support.producing import FLAGS, ProduceLoop, check_no_loss

@@ -17,9 +17,9 @@ from __future__ import annotations
 import gzip
 
 import pytest
+from mqmeta.controller.journal import DurableJournal, reconcile_with_snapshot
 from pysyncobj import pickle as syncobj_pickle
 
-from controller.journal import DurableJournal, reconcile_with_snapshot
 from mqmeta.errors import CorruptData
 
 

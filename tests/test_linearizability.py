@@ -6,8 +6,7 @@ import time
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from chaos.history import (
+from mqmeta.chaos.history import (
     HistoryEvent,
     RequestEvent,
     ResponseEvent,
@@ -16,7 +15,7 @@ from chaos.history import (
     read_history,
     write_history,
 )
-from chaos.linearizability import COUNTEREXAMPLE_OP_COUNT_MAX, check_linearizability
+from mqmeta.chaos.linearizability import COUNTEREXAMPLE_OP_COUNT_MAX, check_linearizability
 
 _next_client_id = iter(range(1, 10**9))
 

@@ -21,8 +21,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from controller.server import GRPC_WORKERS_MAX
+from mqmeta.controller.server import GRPC_WORKERS_MAX
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(240)]
 

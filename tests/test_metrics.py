@@ -17,8 +17,8 @@ import re
 from pathlib import Path
 
 import pytest
+from mqmeta.cluster.harness import Cluster
 
-from cluster.harness import Cluster
 from mqmeta.broker_client import Consumer, Producer
 from mqmeta.pb import controller_pb2 as pb
 from tests.support import wait_for, wait_in_sync

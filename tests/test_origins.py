@@ -21,9 +21,9 @@ import json
 import threading
 
 import pytest
+from mqmeta.broker_agent import MessageStore
+from mqmeta.broker_agent.origins import Incoming, OriginHead, OriginTable
 
-from broker_agent import MessageStore
-from broker_agent.origins import Incoming, OriginHead, OriginTable
 from mqmeta.errors import FailedPrecondition, InvalidArgument
 from mqmeta.formats import origin as origin_format
 from mqmeta.formats.checksummed import dump_checksummed, load_checksummed

@@ -21,10 +21,10 @@ import subprocess
 import sys
 
 import pytest
+from mqmeta.cluster.harness import Cluster
+from mqmeta.cluster.layout import Layout
+from mqmeta.cluster.ports import RESERVATION_PORTS_MAX, PortReservation
 
-from cluster.harness import Cluster
-from cluster.layout import Layout
-from cluster.ports import RESERVATION_PORTS_MAX, PortReservation
 from mqmeta.errors import Unavailable
 
 pytestmark = pytest.mark.timeout(60)

@@ -12,9 +12,9 @@ from concurrent.futures import Future
 from typing import Any
 
 import pytest
+from mqmeta.controller.raft_node import Proposer, RaftSettings
 from pysyncobj import FAIL_REASON
 
-from controller.raft_node import Proposer, RaftSettings
 from mqmeta.errors import DeadlineExceeded, Unavailable
 
 

@@ -44,14 +44,14 @@ import pysyncobj.journal
 import pysyncobj.serializer
 import pysyncobj.syncobj
 import pytest
+from mqmeta.cluster.ports import PortReservation
+from mqmeta.controller import pysyncobj_compat as compat
+from mqmeta.controller import raft_node
+from mqmeta.controller.journal import FILE_MAGIC, DurableJournal, parse_records
+from mqmeta.controller.raft_node import ControllerRaft, Peer, RaftSettings
 from pysyncobj import SyncObj, SyncObjConf, SyncObjException, replicated
 from pysyncobj.transport import TCPTransport
 
-from cluster.ports import PortReservation
-from controller import pysyncobj_compat as compat
-from controller import raft_node
-from controller.journal import FILE_MAGIC, DurableJournal, parse_records
-from controller.raft_node import ControllerRaft, Peer, RaftSettings
 from mqmeta import dialmap
 
 pytestmark = pytest.mark.timeout(60)
@@ -164,7 +164,7 @@ def test_an_upgraded_pysyncobj_fails_at_import(tmp_path):
     metadata = shadow / "pysyncobj-0.3.18.dist-info" / "METADATA"
     metadata.write_text(metadata.read_text().replace(f"Version: {compat.PINNED_VERSION}", "Version: 0.3.18"))
     run = subprocess.run(
-        [sys.executable, "-c", "import controller.raft_node"],
+        [sys.executable, "-c", "import mqmeta.controller.raft_node"],
         env={**os.environ, "PYTHONPATH": f"{shadow}{os.pathsep}{ROOT}"},
         capture_output=True,
         text=True,
@@ -190,9 +190,9 @@ def test_import_changes_nothing_and_install_is_explicit_and_idempotent():
     script = """
 import os
 import pysyncobj.journal, pysyncobj.serializer, pysyncobj.syncobj
-import controller.raft_node as raft_node
-from controller import pysyncobj_compat as compat
-from controller import snapshot
+import mqmeta.controller.raft_node as raft_node
+from mqmeta.controller import pysyncobj_compat as compat
+from mqmeta.controller import snapshot
 stock = (pysyncobj.journal.createJournal, os.rename)
 assert (pysyncobj.syncobj.createJournal, pysyncobj.serializer.atomicReplace) == stock, "import patched"
 raft_node.install_pysyncobj_patches()

@@ -38,8 +38,8 @@ import time
 from collections import Counter
 
 import pytest
+from mqmeta.cluster.harness import Cluster
 
-from cluster.harness import Cluster
 from mqmeta.broker_client import Producer
 from mqmeta.errors import MqmetaError
 from mqmeta.formats import origin as origin_format

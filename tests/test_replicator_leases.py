@@ -24,10 +24,10 @@ from __future__ import annotations
 import random
 
 import pytest
+from mqmeta.controller.replicator_leases import FENCED, assign, live_workers, task_key_text
+from mqmeta.controller.replicator_liveness import WorkerBeat, WorkerLiveness, granted, lease_view, status
+from mqmeta.controller.state_machine import ControllerState, apply
 
-from controller.replicator_leases import FENCED, assign, live_workers, task_key_text
-from controller.replicator_liveness import WorkerBeat, WorkerLiveness, granted, lease_view, status
-from controller.state_machine import ControllerState, apply
 from mqmeta.errors import FailedPrecondition, error_from_code
 
 pytestmark = pytest.mark.timeout(60)

@@ -39,8 +39,8 @@ from pathlib import Path
 
 import grpc
 import pytest
+from mqmeta.cluster.harness import Cluster
 
-from cluster.harness import Cluster
 from mqmeta.errors import AlreadyExists
 from mqmeta.pb import controller_pb2 as cpb
 from tests.support import wait_for

@@ -11,8 +11,8 @@ audit passes, its H1 finding every acknowledged enqueue in the commit logs.
 from __future__ import annotations
 
 import pytest
+from mqmeta.chaos.runner import RunConfig, run
 
-from chaos.runner import RunConfig, run
 from tests.support import audit_in_shared_session
 
 # About 170 s (the official client needs up to 30 s to find the new master, and the run drains

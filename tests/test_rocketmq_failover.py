@@ -19,8 +19,8 @@ from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from mqmeta.cluster.harness import Cluster
 
-from cluster.harness import Cluster
 from mqmeta.errors import AlreadyExists, MqmetaError
 from mqmeta.pb import controller_pb2 as cpb
 from tests.support import wait_for

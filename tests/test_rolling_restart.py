@@ -12,9 +12,9 @@ from __future__ import annotations
 import signal
 
 import pytest
+from mqmeta.cluster.harness import Cluster
+from mqmeta.cluster.ready import wait_ready
 
-from cluster.harness import Cluster
-from cluster.ready import wait_ready
 from mqmeta.pb import controller_pb2 as pb
 from tests.support import consume_all, wait_for, wait_in_sync
 from tests.support.producing import FLAGS, ProduceLoop, check_no_loss

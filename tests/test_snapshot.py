@@ -25,11 +25,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from mqmeta.controller import pysyncobj_compat, snapshot
+from mqmeta.controller.snapshot import SnapshotInProgress, StateSnapshots, guarded_replace, read_snapshot
+from mqmeta.controller.state_machine import ControllerState, apply
 from pysyncobj import SERIALIZER_STATE
 
-from controller import pysyncobj_compat, snapshot
-from controller.snapshot import SnapshotInProgress, StateSnapshots, guarded_replace, read_snapshot
-from controller.state_machine import ControllerState, apply
 from mqmeta.errors import CorruptData
 
 pytestmark = pytest.mark.timeout(60)

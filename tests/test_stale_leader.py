@@ -19,8 +19,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from mqmeta.cluster.harness import Cluster
 
-from cluster.harness import Cluster
 from tests.support.sampling import sample_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(120)]

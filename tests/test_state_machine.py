@@ -52,8 +52,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
-
-from controller.state_machine import (
+from mqmeta.controller.state_machine import (
     CONFIG_SCHEMA,
     HANDLERS,
     ControllerState,
@@ -61,6 +60,7 @@ from controller.state_machine import (
     broker_set_key,
     topic_route,
 )
+
 from mqmeta.errors import InvalidArgument, NotFound
 from mqmeta.formats.checksummed import canonical_json
 from mqmeta.validate import QUEUE_COUNT_MAX

@@ -10,10 +10,9 @@ import time
 from pathlib import Path
 
 import pytest
-
-from cluster.harness import Cluster
-from cluster.ready import READY_TIMEOUT_S
-from cluster.supervisor import STOPPED_STATES, ChildExited, Supervisor, thread_states
+from mqmeta.cluster.harness import Cluster
+from mqmeta.cluster.ready import READY_TIMEOUT_S
+from mqmeta.cluster.supervisor import STOPPED_STATES, ChildExited, Supervisor, thread_states
 
 # Four threads spin and one writes a counter to a file every millisecond.
 SPINNER = """

@@ -20,9 +20,9 @@ import threading
 from pathlib import Path
 
 import pytest
+from mqmeta.broker_agent.confirm_log import read_confirm_log
+from mqmeta.broker_agent.tiered_backend import LocalBackend
 
-from broker_agent.confirm_log import read_confirm_log
-from broker_agent.tiered_backend import LocalBackend
 from mqmeta.broker_client import Producer
 from mqmeta.errors import MqmetaError
 from mqmeta.formats.tiered import SegmentMeta, find_gaps_and_overlaps

@@ -57,19 +57,19 @@ from collections.abc import Iterator
 
 import fsspec
 import google_crc32c
+import mqmeta.broker_agent.tiered_backend as tiered_backend
 import pytest
-
-import broker_agent.tiered_backend as tiered_backend
-from broker_agent import MessageStore
-from broker_agent.commitlog import COPY_CHUNK_BYTES
-from broker_agent.tiered_backend import (
+from mqmeta.broker_agent import MessageStore
+from mqmeta.broker_agent.commitlog import COPY_CHUNK_BYTES
+from mqmeta.broker_agent.tiered_backend import (
     TEMP_MARK,
     FsspecBackend,
     LocalBackend,
     TieredBackend,
     open_backend,
 )
-from broker_agent.tiered_objects import read_range, verify_segment, verify_stored
+from mqmeta.broker_agent.tiered_objects import read_range, verify_segment, verify_stored
+
 from mqmeta.errors import CorruptData, FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from mqmeta.formats.records import Message, split_records
 from mqmeta.formats.tiered import (
@@ -589,7 +589,7 @@ def test_keys_and_meta_are_validated():
 
 
 def test_write_upload_makes_what_the_decoding_twins_make(tmp_path, store, backend, steps):
-    from broker_agent.tiered import prepare_upload, write_upload
+    from mqmeta.broker_agent.tiered import prepare_upload, write_upload
 
     data = _store_bytes(store)
     records = split_records(data, 0)
@@ -618,8 +618,8 @@ def steps(request, monkeypatch):
     """The uploader's checks follow the copy in steps; "small-steps" makes a range of this
     test store take many copy and check steps (records straddle every step's end)."""
     if request.param == "small-steps":
-        import broker_agent.commitlog as commitlog
-        import broker_agent.tiered as tiered
+        import mqmeta.broker_agent.commitlog as commitlog
+        import mqmeta.broker_agent.tiered as tiered
 
         monkeypatch.setattr(commitlog, "COPY_CHUNK_BYTES", 1000)
         monkeypatch.setattr(tiered_backend, "COPY_CHUNK_BYTES", 1000)
@@ -631,7 +631,7 @@ def steps(request, monkeypatch):
 def test_write_upload_refuses_corrupt_bytes(tmp_path, store, steps):
     import dataclasses
 
-    from broker_agent.tiered import prepare_upload, write_upload
+    from mqmeta.broker_agent.tiered import prepare_upload, write_upload
 
     data = store.read_bulk(0, store.max_offset, check=False)
     flipped = data[:700] + bytes([data[700] ^ 0x10]) + data[701:]
@@ -660,7 +660,7 @@ def test_write_upload_refuses_corrupt_bytes(tmp_path, store, steps):
 
 
 def test_check_whole_records_and_read_bulk(tmp_path, store):
-    from broker_agent.commitlog import BULK_READ_BYTES_MAX, check_whole_records
+    from mqmeta.broker_agent.commitlog import BULK_READ_BYTES_MAX, check_whole_records
 
     data = _store_bytes(store)
     assert check_whole_records(data, 0) == len(split_records(data, 0))
@@ -682,7 +682,7 @@ def test_check_whole_records_and_read_bulk(tmp_path, store):
 
 
 def test_verify_stored_size_only_when_puts_are_verified(tmp_path, memory_url, store):
-    from broker_agent.tiered import prepare_upload, write_upload
+    from mqmeta.broker_agent.tiered import prepare_upload, write_upload
 
     data = store.read_bulk(0, store.max_offset)
     local = LocalBackend(tmp_path / "objects")
@@ -697,8 +697,8 @@ def test_verify_stored_size_only_when_puts_are_verified(tmp_path, memory_url, st
 
 
 def test_put_checked_checks_what_it_stores_and_publishes_only_on_success(backend, tmp_path):
-    from broker_agent.commitlog import FileRange
-    from broker_agent.tiered_backend import BytesSource
+    from mqmeta.broker_agent.commitlog import FileRange
+    from mqmeta.broker_agent.tiered_backend import BytesSource
 
     seen: list[bytes] = []
 

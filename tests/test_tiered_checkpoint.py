@@ -10,7 +10,7 @@ Properties checked:
 
 from __future__ import annotations
 
-from controller.state_machine import ControllerState, apply, tiered_key
+from mqmeta.controller.state_machine import ControllerState, apply, tiered_key
 
 CLUSTER, NAME = "C", "b"
 

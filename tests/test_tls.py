@@ -37,8 +37,8 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from mqmeta.cluster.certs import LocalCerts, ensure_local_certs, issue_certificate
 
-from cluster.certs import LocalCerts, ensure_local_certs, issue_certificate
 from mqmeta import tls
 from mqmeta.client import ControllerClient
 from mqmeta.pb import controller_pb2 as pb

@@ -16,11 +16,11 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from mqmeta.chaos.toxiproxy import VERSION, ToxiproxyError, ToxiproxyServer
 from toxiproxy import Toxiproxy
 from toxiproxy.exceptions import InvalidToxic, NotFound, ProxyExists
 from toxiproxy.proxy import Proxy
 
-from chaos.toxiproxy import VERSION, ToxiproxyError, ToxiproxyServer
 from tests.support.fault_proxy import (
     SOCKET_TIMEOUT_S,
     address,
@@ -229,11 +229,11 @@ def test_start_on_a_busy_or_bad_address_fails_clearly(server: ToxiproxyServer) -
 
 
 def test_command_line_serves_config_until_sigterm(tmp_path: Path, echo: str, server: ToxiproxyServer) -> None:
-    """python -m chaos.toxiproxy on port 0 reports the port it bound, populates --config, serves,
+    """python -m mqmeta.chaos.toxiproxy on port 0 reports the port it bound, populates --config, serves,
     exits 0 on SIGTERM; it and mqmeta chaos toxiproxy exit 2 with one sentence on bad input."""
     config = tmp_path / "proxies.json"
     config.write_text(json.dumps([{"name": "cfg", "listen": "127.0.0.1:0", "upstream": echo}]))
-    command = [sys.executable, "-m", "chaos.toxiproxy"]
+    command = [sys.executable, "-m", "mqmeta.chaos.toxiproxy"]
     process = subprocess.Popen(
         [*command, "--listen", "127.0.0.1:0", "--config", str(config)],
         cwd=REPO_ROOT,

@@ -12,11 +12,11 @@ import socket
 from collections.abc import Callable, Iterator
 
 import pytest
+from mqmeta.chaos.toxiproxy import NAME_LENGTH_MAX, TOXIC_COUNT_MAX, VERSION, ToxiproxyServer, collection
+from mqmeta.cluster.ports import PortReservation
 from toxiproxy import Toxiproxy
 from toxiproxy.exceptions import NotFound, ProxyExists
 
-from chaos.toxiproxy import NAME_LENGTH_MAX, TOXIC_COUNT_MAX, VERSION, ToxiproxyServer, collection
-from cluster.ports import PortReservation
 from tests.support.fault_proxy import (
     Upstream,
     api,

@@ -17,10 +17,10 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from mqmeta.chaos.toxiproxy import ToxiproxyServer, datapath
+from mqmeta.chaos.toxiproxy.datapath import slice_bounds
 from toxiproxy import Toxiproxy
 
-from chaos.toxiproxy import ToxiproxyServer, datapath
-from chaos.toxiproxy.datapath import slice_bounds
 from tests.support.fault_proxy import (
     Established,
     Upstream,

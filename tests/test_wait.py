@@ -13,8 +13,8 @@ from __future__ import annotations
 import time
 
 import pytest
+from mqmeta.cluster.wait import SHOWN_CHARS_MAX, WaitTimeout, wait_for
 
-from cluster.wait import SHOWN_CHARS_MAX, WaitTimeout, wait_for
 from mqmeta.errors import Unavailable
 from tests import support
 

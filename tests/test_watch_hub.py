@@ -22,12 +22,17 @@ import time
 from concurrent.futures import Future
 
 import pytest
-
-from controller import core as core_module
-from controller import replicator_liveness
-from controller.core import ELECTIONS_IN_FLIGHT_MAX, WATCH_QUEUE_MAX, ControllerCore, LoopFutures, WatchHub
-from controller.liveness import Liveness
-from controller.state_machine import ControllerState, apply
+from mqmeta.controller import core as core_module
+from mqmeta.controller import replicator_liveness
+from mqmeta.controller.core import (
+    ELECTIONS_IN_FLIGHT_MAX,
+    WATCH_QUEUE_MAX,
+    ControllerCore,
+    LoopFutures,
+    WatchHub,
+)
+from mqmeta.controller.liveness import Liveness
+from mqmeta.controller.state_machine import ControllerState, apply
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -23,9 +23,9 @@ are refused; a proxy's upstream connect gives up after UPSTREAM_CONNECT_TIMEOUT_
 are sent as application/json; no /metrics endpoint.
 """
 
-from chaos.toxiproxy.api import API_CONNECTION_COUNT_MAX, REQUEST_BODY_BYTES_MAX, REQUEST_TIMEOUT_S
-from chaos.toxiproxy.datapath import LINK_COUNT_MAX, PIPE_BUFFER_BYTES_MAX, UPSTREAM_CONNECT_TIMEOUT_S
-from chaos.toxiproxy.model import (
+from mqmeta.chaos.toxiproxy.api import API_CONNECTION_COUNT_MAX, REQUEST_BODY_BYTES_MAX, REQUEST_TIMEOUT_S
+from mqmeta.chaos.toxiproxy.datapath import LINK_COUNT_MAX, PIPE_BUFFER_BYTES_MAX, UPSTREAM_CONNECT_TIMEOUT_S
+from mqmeta.chaos.toxiproxy.model import (
     NAME_LENGTH_MAX,
     PROXY_COUNT_MAX,
     TOXIC_COUNT_MAX,
@@ -36,7 +36,7 @@ from chaos.toxiproxy.model import (
     Toxic,
     ToxiproxyError,
 )
-from chaos.toxiproxy.server import (
+from mqmeta.chaos.toxiproxy.server import (
     DEFAULT_LISTEN,
     ToxiproxyServer,
     add_toxiproxy_arguments,

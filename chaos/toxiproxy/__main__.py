@@ -1,7 +1,7 @@
-"""`python -m chaos.toxiproxy --listen HOST:PORT [--config FILE]`."""
+"""`python -m mqmeta.chaos.toxiproxy --listen HOST:PORT [--config FILE]`."""
 
 import sys
 
-from chaos.toxiproxy.server import main
+from mqmeta.chaos.toxiproxy.server import main
 
 sys.exit(main())

@@ -18,9 +18,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
-
-from chaos.toxiproxy.collection import PopulateError, ProxyCollection
-from chaos.toxiproxy.model import VERSION, ApiError, ToxiproxyError, parse_body
+from mqmeta.chaos.toxiproxy.collection import PopulateError, ProxyCollection
+from mqmeta.chaos.toxiproxy.model import VERSION, ApiError, ToxiproxyError, parse_body
 
 API_CONNECTION_COUNT_MAX = 256  # open HTTP connections; more are closed at once
 REQUEST_BODY_BYTES_MAX = 1024 * 1024  # larger bodies are answered 413

@@ -19,7 +19,7 @@ import asyncio
 import random
 from typing import Any
 
-from chaos.toxiproxy.datapath import (
+from mqmeta.chaos.toxiproxy.datapath import (
     Close,
     ListenError,
     Proxy,
@@ -27,7 +27,7 @@ from chaos.toxiproxy.datapath import (
     next_toxic_number,
     resolved_listen,
 )
-from chaos.toxiproxy.model import (
+from mqmeta.chaos.toxiproxy.model import (
     PROXY_COUNT_MAX,
     PROXY_EXISTS,
     PROXY_NOT_FOUND,

@@ -39,7 +39,7 @@ import struct
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
-from chaos.toxiproxy.model import (
+from mqmeta.chaos.toxiproxy.model import (
     AddressError,
     Stream,
     Toxic,

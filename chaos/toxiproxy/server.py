@@ -1,5 +1,5 @@
 """The server process: the HTTP API and every proxy on one asyncio event loop in one daemon thread,
-and the command line (`mqmeta chaos toxiproxy`, `python -m chaos.toxiproxy`)."""
+and the command line (`mqmeta chaos toxiproxy`, `python -m mqmeta.chaos.toxiproxy`)."""
 
 from __future__ import annotations
 
@@ -16,10 +16,10 @@ import sys
 import threading
 from typing import Any
 
-from chaos.toxiproxy.api import ApiServer
-from chaos.toxiproxy.collection import PopulateError, ProxyCollection
-from chaos.toxiproxy.datapath import resolve_address
-from chaos.toxiproxy.model import (
+from mqmeta.chaos.toxiproxy.api import ApiServer
+from mqmeta.chaos.toxiproxy.collection import PopulateError, ProxyCollection
+from mqmeta.chaos.toxiproxy.datapath import resolve_address
+from mqmeta.chaos.toxiproxy.model import (
     VERSION,
     AddressError,
     ApiError,
@@ -219,7 +219,7 @@ def run_toxiproxy(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m chaos.toxiproxy", description="A Toxiproxy-compatible server."
+        prog="python -m mqmeta.chaos.toxiproxy", description="A Toxiproxy-compatible server."
     )
     add_toxiproxy_arguments(parser)
     return run_toxiproxy(parser.parse_args(argv))

@@ -6,7 +6,8 @@ Tests wait on a condition through `wait_for` (cluster/wait.py: the same function
 harness and the launcher use), never on a fixed sleep.
 """
 
-from cluster.wait import WaitTimeout, wait_for
+from mqmeta.cluster.wait import WaitTimeout, wait_for
+
 from tests.support.audit_data import audit_in_shared_session, clean_data_dir, copy_data_dir, spark_session
 from tests.support.broker_sets import consume_all, wait_in_sync, wait_same_end
 from tests.support.controllers import topic_names, wait_same_digest

@@ -18,9 +18,9 @@ import threading
 from pathlib import Path
 
 import grpc
+from mqmeta.cluster.harness import Cluster
+from mqmeta.cluster.wait import WaitTimeout, wait_for
 
-from cluster.harness import Cluster
-from cluster.wait import WaitTimeout, wait_for
 from mqmeta.broker_client import Producer
 from mqmeta.errors import MqmetaError
 from mqmeta.pb import controller_pb2 as pb
@@ -181,14 +181,14 @@ def copy_data_dir(destination: Path) -> Path:
 
 def spark_session():
     """The one Spark session of the test run (local[2], 4 shuffle partitions, no UI)."""
-    from spark.session import get_session
+    from mqmeta.spark.session import get_session
 
     return get_session("local[2]")
 
 
 def audit_in_shared_session(output_dir: Path, report_dir: Path) -> int:
     """The Spark audit over a chaos run's data dirs, in this process's one Spark session."""
-    from spark.cli import run_checks
-    from spark.registry import parse_ids
+    from mqmeta.spark.cli import run_checks
+    from mqmeta.spark.registry import parse_ids
 
     return run_checks([str(output_dir)], report_dir, None, parse_ids(None))

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Collection
 
 import grpc
+from mqmeta.cluster.harness import Cluster
+from mqmeta.cluster.wait import wait_for
 
-from cluster.harness import Cluster
-from cluster.wait import wait_for
 from mqmeta.broker_client import Consumer
 from mqmeta.errors import MqmetaError
 from mqmeta.pb import broker_pb2

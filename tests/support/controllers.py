@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from cluster.harness import Cluster
-from cluster.wait import wait_for
+from mqmeta.cluster.harness import Cluster
+from mqmeta.cluster.wait import wait_for
+
 from mqmeta.pb import controller_pb2 as pb
 
 CONVERGE_TIMEOUT_S = 10.0

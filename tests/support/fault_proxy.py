@@ -19,10 +19,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from mqmeta.chaos.toxiproxy import ToxiproxyServer
 from toxiproxy import Toxiproxy
 from toxiproxy.proxy import Proxy
-
-from chaos.toxiproxy import ToxiproxyServer
 
 SOCKET_TIMEOUT_S = 5.0
 

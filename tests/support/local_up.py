@@ -13,8 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-
-from cluster.wait import WaitTimeout, wait_for
+from mqmeta.cluster.wait import WaitTimeout, wait_for
 
 MQMETA = [sys.executable, "-m", "mqmeta.cli"]
 READY_TIMEOUT_S = 60.0
