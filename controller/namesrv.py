@@ -210,6 +210,6 @@ def _namesrv_messaging(route_of):
 
         return handler
 
-    NameServerMessaging.ReceiveMessage = refuse_stream(rsvc.ReceiveMessageResponse, "ReceiveMessage")  # type: ignore[attr-defined]
-    NameServerMessaging.PullMessage = refuse_stream(rsvc.PullMessageResponse, "PullMessage")  # type: ignore[attr-defined]
+    NameServerMessaging.ReceiveMessage = refuse_stream(rsvc.ReceiveMessageResponse, "ReceiveMessage")  # type: ignore[method-assign]
+    NameServerMessaging.PullMessage = refuse_stream(rsvc.PullMessageResponse, "PullMessage")  # type: ignore[method-assign]
     return NameServerMessaging()
