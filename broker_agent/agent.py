@@ -348,8 +348,7 @@ class BrokerAgent:
     # Controller interaction --------------------------------------------------------------
     def _register(self) -> cpb.ReplicaInfo:
         identity = self.identity.load()
-        reply = self.controller.call(
-            "RegisterBroker",
+        reply = self.controller.register_broker(
             cpb.RegisterBrokerRequest(
                 cluster=self.config.cluster,
                 broker_name=self.config.broker_name,
@@ -369,7 +368,7 @@ class BrokerAgent:
             self.identity.save(identity)
         elif not self.identity.path.exists():
             self.identity.save(identity)
-        config = self.controller.call("GetConfig", cpb.GetConfigRequest()).values
+        config = self.controller.get_config(cpb.GetConfigRequest()).values
         self.heartbeat_interval_ms = int(
             config.get("broker_heartbeat_interval_ms", HEARTBEAT_INTERVAL_MS_DEFAULT)
         )
@@ -412,8 +411,7 @@ class BrokerAgent:
         report, self._report = self._report, None
         if report is None:
             return
-        info = self.controller.call(
-            "ElectMaster",
+        info = self.controller.elect_master(
             cpb.ElectMasterRequest(
                 cluster=self.config.cluster,
                 broker_name=self.config.broker_name,
@@ -425,15 +423,13 @@ class BrokerAgent:
         self.apply_replica_info(info)
 
     def _replica_info(self) -> cpb.ReplicaInfo:
-        return self.controller.call(
-            "GetReplicaInfo",
+        return self.controller.get_replica_info(
             cpb.BrokerSetRef(cluster=self.config.cluster, broker_name=self.config.broker_name),
         )
 
     def _apply_or_elect(self, info: cpb.ReplicaInfo) -> None:
         if info.master_broker_id == 0:
-            info = self.controller.call(
-                "ElectMaster",
+            info = self.controller.elect_master(
                 cpb.ElectMasterRequest(
                     cluster=self.config.cluster,
                     broker_name=self.config.broker_name,
@@ -522,7 +518,7 @@ class BrokerAgent:
             new_sync_state_set=list(proposal.new_sync_state_set),
         )
         try:
-            info = self.controller.call("AlterSyncStateSet", request)
+            info = self.controller.alter_sync_state_set(request)
         except MqmetaError as exc:
             # It may still commit (a timed-out proposal): the core keeps counting the union.
             log.info("SyncStateSet change %s not confirmed: %s", list(proposal.new_sync_state_set), exc)
@@ -584,7 +580,7 @@ class BrokerAgent:
             master_epoch=elect.master_epoch,
         )
         try:
-            info = self.controller.call("ElectMaster", request, timeout_s=HANDOFF_ELECT_TIMEOUT_MS / 1000)
+            info = self.controller.elect_master(request, timeout_s=HANDOFF_ELECT_TIMEOUT_MS / 1000)
         except MqmetaError as error:
             self.feed(HandoffFailed(now_ms(), str(error)))
             log.warning("handoff to broker %d failed: %s", elect.successor_broker_id, error)

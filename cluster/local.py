@@ -187,7 +187,7 @@ def _start_site(site: _Site) -> dict[str, Any]:
     wait_ready(layout.controller_addresses, layout.namesrv, check_running=check_running)
     if site.name:  # topics created without --cluster go to this cluster's brokers
         with ControllerClient(layout.controller_addresses) as client:
-            client.call("UpdateConfig", pb.UpdateConfigRequest(values={"default_cluster": site.name}))
+            client.update_config(pb.UpdateConfigRequest(values={"default_cluster": site.name}))
     cluster_flag = ["--cluster", site.name] if site.name else []
     for broker in layout.brokers:
         supervisor.start(broker.name, broker_command(root, layout, broker) + cluster_flag + flags)

@@ -215,7 +215,7 @@ def _numbers(descriptor: Any, document: Json) -> Json:
 
 
 def cluster_status(client: ControllerClient, args):
-    meta = client.call("GetMetadata", pb.GetMetadataRequest())
+    meta = client.get_metadata(pb.GetMetadataRequest())
     nodes = [
         {"id": n.id, "grpc": n.grpc, "raft": n.raft, "role": n.role, "healthy": n.healthy} for n in meta.nodes
     ]
@@ -258,21 +258,20 @@ def _ref(args) -> pb.BrokerSetRef:
 
 
 def sync_state(client: ControllerClient, args):
-    data = client.call("GetSyncStateData", _ref(args))
+    data = client.get_sync_state_data(_ref(args))
     document = _replica_document(data.replica_info)
     return document, document["replicas"]
 
 
 def broker_sets(client: ControllerClient, args):
-    reply = client.call("ListBrokerSets", pb.ListBrokerSetsRequest(cluster=args.cluster))
+    reply = client.list_broker_sets(pb.ListBrokerSetsRequest(cluster=args.cluster))
     sets = [_replica_document(s) for s in reply.broker_sets]
     rows = [{k: v for k, v in s.items() if k != "replicas"} for s in sets]
     return {"broker_sets": sets}, rows
 
 
 def elect_master(client: ControllerClient, args):
-    info = client.call(
-        "ElectMaster",
+    info = client.elect_master(
         pb.ElectMasterRequest(
             cluster=args.cluster,
             broker_name=args.broker_name,
@@ -292,7 +291,7 @@ def handoff_master(client: ControllerClient, args):
     from mqmeta.pb import broker_pb2, broker_pb2_grpc
     from mqmeta.rpc import from_rpc_error
 
-    info = client.call("GetReplicaInfo", _ref(args))  # NOT_FOUND for an unknown broker set
+    info = client.get_replica_info(_ref(args))  # NOT_FOUND for an unknown broker set
     if not info.master_broker_id:
         raise FailedPrecondition(
             f"{args.cluster}/{args.broker_name} has no master to hand off; see `sync-state`"
@@ -317,8 +316,7 @@ def handoff_master(client: ControllerClient, args):
 
 
 def clean_broker(client: ControllerClient, args):
-    reply = client.call(
-        "CleanBrokerData",
+    reply = client.clean_broker_data(
         pb.CleanBrokerDataRequest(
             cluster=args.cluster, broker_name=args.broker_name, broker_ids=args.broker_id, force=args.force
         ),
@@ -343,17 +341,17 @@ def _topic_spec(args) -> pb.TopicSpec:
 
 
 def topic_delete(client: ControllerClient, args):
-    client.call("DeleteTopic", pb.NameRequest(name=args.name))
+    client.delete_topic(pb.NameRequest(name=args.name))
     return {"deleted": args.name}, {"deleted": args.name}
 
 
 def topic_list(client: ControllerClient, args):
-    topics = [_dict(t) for t in client.call("ListTopics", pb.ListTopicsRequest()).topics]
+    topics = [_dict(t) for t in client.list_topics(pb.ListTopicsRequest()).topics]
     return {"topics": topics}, topics
 
 
 def topic_route(client: ControllerClient, args):
-    route = _dict(client.call("GetTopicRoute", pb.NameRequest(name=args.name)))
+    route = _dict(client.get_topic_route(pb.NameRequest(name=args.name)))
     rows = [
         {
             "broker_name": b["broker_name"],
@@ -389,17 +387,17 @@ def _group_spec(args) -> pb.GroupSpec:
 
 
 def group_delete(client: ControllerClient, args):
-    client.call("DeleteGroup", pb.NameRequest(name=args.name))
+    client.delete_group(pb.NameRequest(name=args.name))
     return {"deleted": args.name}, {"deleted": args.name}
 
 
 def group_list(client: ControllerClient, args):
-    groups = [_dict(g) for g in client.call("ListGroups", pb.ListGroupsRequest()).groups]
+    groups = [_dict(g) for g in client.list_groups(pb.ListGroupsRequest()).groups]
     return {"groups": groups}, groups
 
 
 def config_get(client: ControllerClient, args):
-    values = dict(client.call("GetConfig", pb.GetConfigRequest()).values)
+    values = dict(client.get_config(pb.GetConfigRequest()).values)
     return values, [{"key": k, "value": v} for k, v in sorted(values.items())]
 
 
@@ -410,7 +408,7 @@ def config_set(client: ControllerClient, args):
         if not sep or not key:
             raise InvalidArgument(f"{pair!r} is not KEY=VALUE")
         changes[key] = value
-    values = dict(client.call("UpdateConfig", pb.UpdateConfigRequest(values=changes)).values)
+    values = dict(client.update_config(pb.UpdateConfigRequest(values=changes)).values)
     return values, [{"key": k, "value": v} for k, v in sorted(values.items())]
 
 
@@ -420,7 +418,7 @@ def _each_replica(client: ControllerClient, args, method: str, request: Any) -> 
 
     from mqmeta.pb import broker_pb2_grpc
 
-    info = client.call("GetReplicaInfo", _ref(args))
+    info = client.get_replica_info(_ref(args))
     answers = []
     for replica in info.replicas:
         with tls.channel(replica.address) as channel:
@@ -478,8 +476,8 @@ def tiered_status(client: ControllerClient, args):
 
     from mqmeta.pb import broker_pb2, broker_pb2_grpc
 
-    checkpoint = client.call("GetTieredCheckpoint", _ref(args))
-    info = client.call("GetReplicaInfo", _ref(args))
+    checkpoint = client.get_tiered_checkpoint(_ref(args))
+    info = client.get_replica_info(_ref(args))
     confirm = None
     if info.master_address:
         with tls.channel(info.master_address) as channel:
@@ -507,7 +505,7 @@ def tiered_status(client: ControllerClient, args):
 def replicator_status(client: ControllerClient, args):
     """Per rule: its tasks (worker, lease epoch, checkpoint, the stats the worker reported)
     and their sums; the table has one row per task."""
-    reply = client.call("GetReplicatorStatus", pb.GetReplicatorStatusRequest(rule=args.rule))
+    reply = client.get_replicator_status(pb.GetReplicatorStatusRequest(rule=args.rule))
     rules, rows = [], []
     for rule in reply.rules:
         tasks = []
@@ -563,15 +561,15 @@ def replicator_status(client: ControllerClient, args):
     return {"rules": rules, "workers": workers}, rows
 
 
-def _put(method: str, spec: Callable[[Any], Any]) -> Callable:
+def _put(call: Callable[[ControllerClient, Any], Any], spec: Callable[[Any], Any]) -> Callable:
     def handler(client: ControllerClient, args):
-        document = _dict(client.call(method, spec(args)))
+        document = _dict(call(client, spec(args)))
         return document, document
 
     return handler
 
 
-topic_create = _put("CreateTopic", _topic_spec)
-topic_update = _put("UpdateTopic", _topic_spec)
-group_create = _put("CreateGroup", _group_spec)
-group_update = _put("UpdateGroup", _group_spec)
+topic_create = _put(ControllerClient.create_topic, _topic_spec)
+topic_update = _put(ControllerClient.update_topic, _topic_spec)
+group_create = _put(ControllerClient.create_group, _group_spec)
+group_update = _put(ControllerClient.update_group, _group_spec)
