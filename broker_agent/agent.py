@@ -26,7 +26,6 @@ from typing import Any
 from mqmeta.broker_agent import replication
 from mqmeta.broker_agent.confirm_log import ConfirmLog
 from mqmeta.broker_agent.core import (
-    LEASE_MS_DEFAULT,
     AckPolicy,
     AnswerFetch,
     Appended,
@@ -83,12 +82,12 @@ from mqmeta.errors import (
 from mqmeta.formats.atomic import write_json_atomically
 from mqmeta.formats.records import MessageFields
 from mqmeta.pb import controller_pb2 as cpb
+from mqmeta.timing import BROKER_HEARTBEAT_INTERVAL_MS_DEFAULT, LEASE_MS_DEFAULT
 
 log = logging.getLogger(__name__)
 
 SEND_BATCH_MAX = 1024
 CONTROLLER_CALL_TIMEOUT_S = 1.0
-HEARTBEAT_INTERVAL_MS_DEFAULT = 300  # the controller's default, until its config is read
 # Graceful departure (SIGTERM, admin handoff): how long a master waits for its successor to
 # hold everything (then it gives up and writes again), how long the election call may take,
 # and how long a slave waits to be taken out of the SyncStateSet before it exits anyway.
@@ -192,7 +191,7 @@ class BrokerAgent:
         self._writers: dict[threading.Condition, int] = {}
         self._writers_seen: tuple[Role, int, int] | None = None  # role, epoch, confirm last woken for
         self.stopping = threading.Event()
-        self.heartbeat_interval_ms = HEARTBEAT_INTERVAL_MS_DEFAULT
+        self.heartbeat_interval_ms = BROKER_HEARTBEAT_INTERVAL_MS_DEFAULT  # until the controller's is read
         self.tiered: TieredUploader | None = None
         self._refresh_needed = threading.Event()
         self._wake = threading.Event()  # the controller loop has something to do now
@@ -370,7 +369,7 @@ class BrokerAgent:
             self.identity.save(identity)
         config = self.controller.get_config(cpb.GetConfigRequest()).values
         self.heartbeat_interval_ms = int(
-            config.get("broker_heartbeat_interval_ms", HEARTBEAT_INTERVAL_MS_DEFAULT)
+            config.get("broker_heartbeat_interval_ms", BROKER_HEARTBEAT_INTERVAL_MS_DEFAULT)
         )
         self.feed(Registered(reply.broker_id, int(config.get("lease_ms", LEASE_MS_DEFAULT))))
         log.info(

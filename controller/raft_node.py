@@ -33,6 +33,7 @@ from pysyncobj.journal import MemoryJournal
 
 from mqmeta.dialmap import dial
 from mqmeta.errors import DeadlineExceeded, InvalidArgument, MqmetaError, Unavailable
+from mqmeta.timing import PENDING_GRACE_MS, PROPOSAL_TIMEOUT_MS_DEFAULT, PROPOSAL_TIMEOUT_MS_MAX
 
 RAFT_STATE_LEADER = 2  # pysyncobj's _RAFT_STATE.LEADER, as onStateChanged reports it
 TRANSFER_POLL_INTERVAL_S = 0.01  # how often a stopping leader checks that another took over
@@ -62,7 +63,7 @@ class RaftSettings:
     batch_commands_max: int = 512
     inflight_batches_max: int = 1
     queue_commands_max: int = 20_000
-    proposal_timeout_ms: int = 5000
+    proposal_timeout_ms: int = PROPOSAL_TIMEOUT_MS_DEFAULT
     journal_fsync: bool = True
     secret: str | None = None
 
@@ -73,6 +74,12 @@ class RaftSettings:
             raise InvalidArgument("election_max_ms must exceed election_min_ms")
         if self.leader_fallback_ms <= self.heartbeat_ms:
             raise InvalidArgument("leader_fallback_ms must exceed heartbeat_ms")
+        if self.proposal_timeout_ms > PROPOSAL_TIMEOUT_MS_MAX:
+            raise InvalidArgument(
+                f"proposal_timeout_ms must be at most {PROPOSAL_TIMEOUT_MS_MAX}: a broker resumes "
+                f"writes {PENDING_GRACE_MS} ms after a proposal's outcome went unknown, so no "
+                "proposal may commit later than that"
+            )
         for name in ("batch_commands_max", "inflight_batches_max", "queue_commands_max"):
             if getattr(self, name) < 1:
                 raise InvalidArgument(f"{name} must be at least 1")

@@ -23,6 +23,7 @@ from mqmeta.errors import InvalidArgument
 from mqmeta.metrics import Metrics
 from mqmeta.pb import controller_pb2, controller_pb2_grpc, namesrv_pb2, namesrv_pb2_grpc
 from mqmeta.rpc import AsyncServer, add_health_and_reflection, add_health_and_reflection_async, build_server
+from mqmeta.timing import PROPOSAL_TIMEOUT_MS_MAX
 from mqmeta.validate import parse_addresses
 
 log = logging.getLogger(__name__)
@@ -91,7 +92,7 @@ RAFT_SETTINGS_BOUNDS: dict[str, tuple[int, int]] = {
     "batch_commands_max": (1, 100_000),
     "inflight_batches_max": (1, 1024),
     "queue_commands_max": (1, 10_000_000),
-    "proposal_timeout_ms": (1, MS_MAX),
+    "proposal_timeout_ms": (1, PROPOSAL_TIMEOUT_MS_MAX),  # mqmeta.timing: brokers' grace
 }
 
 

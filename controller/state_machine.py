@@ -48,6 +48,12 @@ from mqmeta.controller.commands import (
 
 from mqmeta.errors import MqmetaError, error_from_code
 from mqmeta.formats.checksummed import canonical_json
+from mqmeta.timing import (
+    BROKER_DEAD_AFTER_MS_DEFAULT,
+    BROKER_HEARTBEAT_INTERVAL_MS_DEFAULT,
+    LEASE_MARGIN_MS_DEFAULT,
+    LEASE_MS_DEFAULT,
+)
 from mqmeta.validate import (
     QUEUE_COUNT_MAX,
     REQUEST_INT_MAX,
@@ -71,10 +77,10 @@ CONFIG_SCHEMA: dict[str, tuple[type, Any, int, int]] = {
     "enable_unclean_master_election": (bool, False, 0, 0),
     # Defaults chosen for failover within 1.5 s (kill) / 3 s (stop) on a loaded 2-core machine;
     # the reasoning is in broker_agent/ha.py (the lease) and README-ops (the measurements).
-    "broker_heartbeat_interval_ms": (int, 300, 50, 60_000),
-    "broker_dead_after_ms": (int, 2000, 200, 600_000),
-    "lease_ms": (int, 1200, 100, 600_000),
-    "lease_margin_ms": (int, 400, 0, 600_000),
+    "broker_heartbeat_interval_ms": (int, BROKER_HEARTBEAT_INTERVAL_MS_DEFAULT, 50, 60_000),
+    "broker_dead_after_ms": (int, BROKER_DEAD_AFTER_MS_DEFAULT, 200, 600_000),
+    "lease_ms": (int, LEASE_MS_DEFAULT, 100, 600_000),
+    "lease_margin_ms": (int, LEASE_MARGIN_MS_DEFAULT, 0, 600_000),
     "default_cluster": (str, "DefaultCluster", 0, 0),
     "default_queue_count": (int, 8, 1, QUEUE_COUNT_MAX),
 }
