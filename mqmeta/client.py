@@ -24,7 +24,7 @@ from typing import Any
 
 import grpc
 
-from mqmeta import tls
+from mqmeta import backoff, tls
 from mqmeta.dialmap import dial
 from mqmeta.errors import (
     DeadlineExceeded,
@@ -43,7 +43,6 @@ CALL_TIMEOUT_S = 5.0
 # gRPC's default reply limit is 4 MB: ListTopics of 100,000 topics (6.8 MB) failed with it.
 REPLY_BYTES_MAX = 256 << 20
 ATTEMPT_TIMEOUT_S = 2.0
-RETRY_PAUSE_S = 0.05
 STREAM_RETRY_S = 60.0  # after UNIMPLEMENTED, heartbeats go unary this long before the stream is tried again
 
 
@@ -170,6 +169,7 @@ class ControllerClient:
             self._discover_leader(deadline)
         target = self._target
         last_error: MqmetaError | None = None
+        attempts = backoff.Attempts(backoff.CONTROLLER_CALL, deadline)
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -190,7 +190,7 @@ class ControllerClient:
             last_error = error
             target = self._retry_target(target, error)
             if target != error.leader:  # no leader to go to: a pause before the next node
-                time.sleep(min(RETRY_PAUSE_S, max(0.0, deadline - time.monotonic())))
+                time.sleep(attempts.failed())
 
     def _retry_target(self, failed: str, error: MqmetaError) -> str:
         """Where the next attempt goes after `error` (UNAVAILABLE or NOT_LEADER) from
