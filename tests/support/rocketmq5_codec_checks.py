@@ -86,7 +86,7 @@ def through_the_store(record: Message) -> StoredRecord:
     return decode_record(data, 0, 0)
 
 
-EXAMPLES = settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+EXAMPLES = settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck), database=None)
 NO_SHRINK = settings(EXAMPLES, phases=[Phase.generate])  # a planted fault: found is enough
 
 
