@@ -8,9 +8,8 @@ protocol refusals (`RmqError`) into one Status each, as mqmeta.rpc does for gRPC
 statuses. Also here: routes as MessageQueues, the settings answered over Telemetry (and
 the Telemetry streams themselves), tag filters, delivery times and receipt handles; the
 record <-> Message conversion is the codec's (mqmeta.codec.rocketmq5). Only servers
-import this module: the official client
-package registers the same proto symbols in the default descriptor pool, so a process
-holds either it or these stubs, never both.
+import this module: the official client package registers the same proto symbols in the
+default descriptor pool, so a process holds either it or these stubs, never both.
 """
 
 from __future__ import annotations
