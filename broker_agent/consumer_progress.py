@@ -147,6 +147,12 @@ class ConsumerProgress:
         """The checkpoint just written holds `current`."""
         self.at_checkpoint = dict(self.current)
 
+    def roll_back(self, records: Iterable[StoredRecord], from_checkpoint: bool) -> None:
+        """After a truncation: the progress as of the checkpoint (or none, when the log was
+        cut below it) updated with `records`, the progress records the log still holds
+        past that point."""
+        self.current = self.replay(self.at_checkpoint if from_checkpoint else {}, records)
+
     @staticmethod
     def replay(
         start_from: dict[ConsumerKey, Progress], records: Iterable[StoredRecord]

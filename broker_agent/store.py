@@ -557,16 +557,12 @@ class MessageStore:
             write_atomically(self._intent_path, dump_checksummed({"offset": offset}), self.fsync)
             self._truncate_durable(offset)
             self._index.cut(offset)
-            progress = self._progress
-            if offset >= self._checkpoint_offset:
-                records = self._progress_records(self._checkpoint_offset, offset)
-                progress.current = ConsumerProgress.replay(progress.at_checkpoint, records)
-                self._origins = self._replay_origins(self._checkpoint_origins.copy(), self._checkpoint_offset)
-            else:
-                progress.current = ConsumerProgress.replay(
-                    {}, self._progress_records(self.log.min_offset, offset)
-                )
-                self._origins = self._replay_origins(OriginTable(), self.log.min_offset)
+            kept = offset >= self._checkpoint_offset  # the checkpoint's state is still true
+            start = self._checkpoint_offset if kept else self.log.min_offset
+            self._progress.roll_back(self._progress_records(start, offset), from_checkpoint=kept)
+            self._origins = self._replay_origins(
+                self._checkpoint_origins.copy() if kept else OriginTable(), start
+            )
             self._write_checkpoint()
             self._remove_intent()
 
