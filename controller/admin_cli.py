@@ -19,6 +19,7 @@ from rich.table import Table
 
 from mqmeta import tls
 from mqmeta.client import ControllerClient
+from mqmeta.context import CONTROLLERS, add_context_flags
 from mqmeta.errors import FailedPrecondition, InvalidArgument
 from mqmeta.pb import controller_pb2 as pb
 from mqmeta.validate import QUEUE_COUNT_MAX, REQUEST_INT_MAX
@@ -79,7 +80,7 @@ def _broker_set_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def add_admin_commands(admin: argparse.ArgumentParser) -> None:
-    admin.add_argument("--controllers", required=True, help="HOST:PORT[,HOST:PORT...]")
+    add_context_flags(admin, CONTROLLERS)
     admin.add_argument("--timeout", type=_timeout_s, default=5.0, help="seconds for the whole call")
     sub = admin.add_subparsers(dest="admin_command", required=True, parser_class=type(admin))
 

@@ -18,6 +18,7 @@ from typing import NoReturn
 
 from mqmeta.config_file import accept_config_file, apply_config_file, extend_config_file
 from mqmeta.errors import MqmetaError
+from mqmeta.extras import require_extra
 from mqmeta.validate import FlagNumber
 
 EXIT_BAD_INPUT = 2
@@ -152,6 +153,8 @@ TLS_COMMANDS = ("controller", "namesrv", "broker", "produce", "consume", "admin"
 
 
 SERVING_COMMANDS = ("controller", "namesrv", "broker")  # they take --auth-file
+# The commands that dial a cluster, with the credentials they take from a --cluster-dir.
+CONTEXT_ROLES = {"admin": "admin", "produce": "client", "consume": "client"}
 
 
 def _add_tls_flags_to_leaves(sub: argparse._SubParsersAction, names: tuple[str, ...]) -> None:
@@ -188,10 +191,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mqmeta: error: unknown --log-level {args.log_level!r}", file=sys.stderr)
         return EXIT_BAD_INPUT
     try:
-        from mqmeta import auth, dialmap, tls
+        from mqmeta import auth, context, dialmap, tls
 
         dialmap.load_from_environment()
         args = apply_config_file(args)  # first: a --config file may give the TLS flags
+        if args.command in CONTEXT_ROLES:  # then the addresses (and a local cluster's credentials)
+            context.resolve(args, CONTEXT_ROLES[args.command])
         tls_config = tls.config_from_args(args)
         tls.configure(tls_config)
         auth.configure_from_args(args, peer_certificates=tls_config is not None and tls_config.mutual)
@@ -229,6 +234,7 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         return run_admin(args)
     if args.command == "chaos":
+        require_extra("chaos", "the chaos suite")
         from mqmeta.chaos.cli import run_chaos
         from mqmeta.spark.cli import (
             shared_session_audit,

@@ -17,6 +17,7 @@ import uuid
 from pathlib import Path
 
 from mqmeta.broker_client import Consumer, Producer
+from mqmeta.context import NAMESRV, add_context_flags
 from mqmeta.errors import InvalidArgument, MqmetaError
 from mqmeta.formats import origin as origin_format
 from mqmeta.formats.records import TAGS_BYTES_MAX
@@ -31,7 +32,7 @@ UNTIL_IDLE_S_MIN, UNTIL_IDLE_S_MAX = 0.01, 86_400.0  # a day of silence at most
 
 def add_data_parsers(sub) -> None:
     produce = sub.add_parser("produce", help="send messages and report what was acknowledged")
-    produce.add_argument("--namesrv", required=True, help="HOST:PORT[,HOST:PORT...]")
+    add_context_flags(produce, NAMESRV)
     produce.add_argument("--topic", required=True)
     produce.add_argument("--count", type=FlagNumber("--count", int, 1, COUNT_MAX), required=True)
     produce.add_argument(
@@ -50,7 +51,7 @@ def add_data_parsers(sub) -> None:
     produce.add_argument("--json", action="store_true")
 
     consume = sub.add_parser("consume", help="receive messages of a topic as a group")
-    consume.add_argument("--namesrv", required=True)
+    add_context_flags(consume, NAMESRV)
     consume.add_argument("--topic", required=True)
     consume.add_argument("--group", required=True)
     consume.add_argument(
