@@ -185,3 +185,19 @@ def test_produce_to_nothing_is_one_error_line():
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1, result.stderr
     assert "no nameserver answered" in lines[0] and "Traceback" not in result.stderr
+
+
+def test_status_text_shows_the_json_fields(cluster):
+    """cluster-status and ha-status print, as text, every field their --json document has."""
+    for command in (["cluster-status"], ["ha-status", "--broker-name", "broker-a"]):
+        text = run("admin", "--controllers", cluster.addresses, *command, env={"COLUMNS": "100"})
+        document = run("admin", "--controllers", cluster.addresses, *command, "--json")
+        assert text.returncode == 0 and document.returncode == 0, (text.stderr, document.stderr)
+        parsed = json.loads(document.stdout)
+        rows = parsed.get("nodes") or parsed["replicas"]
+        keys = {k for k in parsed if k not in ("nodes", "replicas")} | {k for row in rows for k in row}
+        flat = "".join(text.stdout.split())  # a narrow table folds a header or a value
+        missing = sorted(k for k in keys if "".join(k.split()) not in flat)
+        assert not missing, (command, missing, text.stdout)
+        if command == ["cluster-status"]:
+            assert f"term: {parsed['term']}" in text.stdout and parsed["state_digest"] in flat
