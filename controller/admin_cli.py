@@ -204,7 +204,7 @@ def _print_columns(rows: list[Json]) -> None:
         return
     names = list(dict.fromkeys(k for row in rows for k in row))
     table = Table(show_header=False)
-    table.add_column(style="bold")
+    table.add_column(style="bold", no_wrap=True, min_width=max(len(name) for name in names))
     for _ in rows:
         table.add_column(overflow="fold")
     for name in names:
