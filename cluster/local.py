@@ -39,6 +39,7 @@ from mqmeta.cluster.supervisor import Supervisor
 
 from mqmeta import auth, tls
 from mqmeta.client import ControllerClient
+from mqmeta.context import export_lines
 from mqmeta.errors import InvalidArgument
 from mqmeta.formats.atomic import write_json_atomically
 from mqmeta.pb import controller_pb2 as pb
@@ -163,6 +164,7 @@ def _run(
                 f"see {root / 'cluster.json'}",
                 flush=True,
             )
+        print("\n".join(export_lines(document, root)), flush=True)
         _supervise([s.supervisor for s in sites], stop)
     finally:
         for site in reversed(sites):

@@ -22,7 +22,13 @@ from mqmeta.client import ControllerClient
 from mqmeta.errors import InvalidArgument
 from mqmeta.metrics import Metrics
 from mqmeta.pb import controller_pb2, controller_pb2_grpc, namesrv_pb2, namesrv_pb2_grpc
-from mqmeta.rpc import AsyncServer, add_health_and_reflection, add_health_and_reflection_async, build_server
+from mqmeta.rpc import (
+    AsyncServer,
+    add_health_and_reflection,
+    add_health_and_reflection_async,
+    build_server,
+    check_can_listen,
+)
 from mqmeta.timing import PROPOSAL_TIMEOUT_MS_MAX
 from mqmeta.validate import parse_addresses
 
@@ -155,6 +161,9 @@ def start_controller(config: ControllerConfig, namesrv_address: str = "") -> Run
     """A controller node on an AsyncServer (its Watch streams hold no thread); with
     `namesrv_address`, its embedded nameserver on the same port or on one of its own."""
     config.validate()
+    for address in dict.fromkeys([config.grpc, config.raft, namesrv_address]):
+        if address:  # before the journal opens; pysyncobj would retry a taken Raft port forever
+            check_can_listen(address)
     core = ControllerCore(config.node_id, config.peers, config.data_dir, config.raft_settings)
     embedded_here = namesrv_address == config.grpc
 

@@ -5,7 +5,7 @@ lazy import is still a dependency):
 - the base package mqmeta/ imports no part above it, except its front door mqmeta/cli.py;
 - controller/ and broker_agent/ import only the base; broker_agent/, spark/, chaos/ and
   cluster/ never import controller/ (cluster starts it as a process);
-- spark/ imports only mqmeta.formats and mqmeta.errors of ours (its executors need no
+- spark/ imports only mqmeta.formats, .errors, .validate and .extras of ours (its executors need no
   grpc: checked by importing the executor modules in a fresh interpreter);
 - a codec (mqmeta/codec/, one module per client protocol) converts and nothing else: it
   imports only the record formats, the stubs, the errors and its protocol's module;
@@ -38,7 +38,7 @@ ALLOWED_ABOVE_BASE: dict[str, tuple[str, ...]] = {
     "cluster": ("broker_agent", "replicator"),
     "replicator": (),
 }
-SPARK_BASE_MODULES = ("mqmeta.formats", "mqmeta.errors", "mqmeta.validate")
+SPARK_BASE_MODULES = ("mqmeta.formats", "mqmeta.errors", "mqmeta.validate", "mqmeta.extras")
 SPARK_EXECUTOR_MODULES = ("spark.sources", "spark.walk", "spark.fs", "spark.messages")
 # what a codec (mqmeta.codec.<protocol>) may import of ours
 CODEC_MODULES = (
