@@ -138,3 +138,18 @@ def test_every_metric_the_code_names_is_on_the_metrics_page(pages):
     assert len(named) >= 25, sorted(named)
     documented = set(re.findall(r"^\| `(mqmeta_\w+?)(?:_total|_bucket)?`", pages["metrics.md"], re.MULTILINE))
     assert named <= documented, f"not on the metrics page: {sorted(named - documented)}"
+
+
+def test_a_new_setting_without_a_description_stops_the_generator(monkeypatch):
+    from mqmeta.controller import state_machine
+
+    monkeypatch.setitem(state_machine.CONFIG_SCHEMA, "planted_ms", (int, 5, 1, 9))
+    with pytest.raises(
+        ValueError, match=r"RUNTIME_MEANINGS in tools/docgen.py is out of date for \['planted_ms'\]"
+    ):
+        docgen.config_page()
+    monkeypatch.setitem(docgen.RUNTIME_MEANINGS, "planted_ms", "a planted setting")
+    assert (
+        "| `planted_ms` | integer | a whole number from 1 to 9 | `5` | a planted setting |"
+        in docgen.config_page()
+    )

@@ -304,17 +304,61 @@ def config_file_section(path: list[str], parser: argparse.ArgumentParser, spec: 
     return "\n".join(lines) + "\n\n" + table(header, rows)
 
 
-def bounded_rows(defaults: dict[str, Any], bounds: dict[str, tuple[int, int]]) -> list[list[str]]:
+def bounded_rows(
+    defaults: dict[str, Any], bounds: dict[str, tuple[int, int]], meanings: dict[str, str], where: str
+) -> list[list[str]]:
+    """A row per key; `meanings` must describe exactly these keys (a key added in the code and
+    not described here stops the generator, naming the table in tools/docgen.py to extend)."""
+    drift = sorted(set(defaults) ^ set(meanings))
+    if drift:
+        raise ValueError(f"{where} in tools/docgen.py is out of date for {drift}")
     rows = []
     for key, default in sorted(defaults.items()):
         if isinstance(default, bool):
-            rows.append([code(key), "boolean", "true or false", code(str(default).lower())])
+            kind, allowed, shown = "boolean", "true or false", code(str(default).lower())
         elif isinstance(default, int):
             low, high = bounds[key]
-            rows.append([code(key), "integer", f"a whole number from {low} to {high}", code(default)])
+            kind, allowed, shown = "integer", f"a whole number from {low} to {high}", code(default)
         else:
-            rows.append([code(key), "string", "a name", code(default)])
+            kind, allowed, shown = "string", "a name", code(default)
+        rows.append([code(key), kind, allowed, shown, prose(meanings[key])])
     return rows
+
+
+BOUNDED_HEADER = ["Key", "Type", "Values", "Default", "What it sets"]
+
+# What each [raft_settings] key does (RaftSettings in controller/raft_node.py).
+RAFT_SETTINGS_MEANINGS = {
+    "heartbeat_ms": "how often the leader sends entries or a heartbeat to each follower",
+    "election_min_ms": "a follower that hears no leader for a random time between this and "
+    "`election_max_ms` starts an election (more than 3 x `heartbeat_ms`)",
+    "election_max_ms": "the upper end of that random time (more than `election_min_ms`)",
+    "leader_fallback_ms": "a leader that hears from no majority for this long steps down "
+    "(more than `heartbeat_ms`)",
+    "connection_retry_ms": "the wait before dialing a peer again after a connection failed",
+    "compaction_min_entries": "the log is compacted into a snapshot once it holds this many entries...",
+    "compaction_min_time_s": "... or this long after the last compaction",
+    "batch_commands_max": "the most commands proposed to Raft as one entry",
+    "inflight_batches_max": "how many proposed entries may wait for their commit at once",
+    "queue_commands_max": "commands waiting to be proposed; past it a write is refused (UNAVAILABLE, retry)",
+    "proposal_timeout_ms": "a write not committed within this fails (UNAVAILABLE); it may still commit",
+    "journal_fsync": "fsync the Raft journal before an entry counts as stored (off: faster, and a power "
+    "loss can lose what this node acknowledged)",
+}
+
+# What each run-time key does (CONFIG_SCHEMA in controller/state_machine.py).
+RUNTIME_MEANINGS = {
+    "enable_unclean_master_election": "let the controller elect a broker outside the SyncStateSet when "
+    "no member is alive (it may lose acknowledged messages)",
+    "broker_heartbeat_interval_ms": "how often a broker heartbeats to the controllers",
+    "broker_dead_after_ms": "a broker silent this long is dead and its set's master is re-elected "
+    "(at least 3 x `broker_heartbeat_interval_ms`)",
+    "lease_ms": "how long a master may accept writes after its last acknowledged heartbeat",
+    "lease_margin_ms": "the time between a cut-off master's lease ending and a successor's election "
+    "(`lease_ms` + `lease_margin_ms` below `broker_dead_after_ms`)",
+    "default_cluster": "the cluster of a topic created without `--cluster`",
+    "default_queue_count": "the queues per broker set of a topic created without `--queues`",
+}
 
 
 def raft_settings_section() -> str:
@@ -330,12 +374,23 @@ def raft_settings_section() -> str:
         "`mqmeta namesrv --embed-controller`), in the `[raft_settings]` table of its --config file. "
         "The Raft secret is never a key: it comes from `--secret-file`.\n"
     )
-    return (
-        intro
-        + "\n"
-        + table(["Key", "Type", "Values", "Default"], bounded_rows(defaults, RAFT_SETTINGS_BOUNDS))
-    )
+    rows = bounded_rows(defaults, RAFT_SETTINGS_BOUNDS, RAFT_SETTINGS_MEANINGS, "RAFT_SETTINGS_MEANINGS")
+    return intro + "\n" + table(BOUNDED_HEADER, rows)
 
+
+# What each number in [replicator] does (SETTINGS_DEFAULTS in mqmeta/formats/replication_rules.py).
+REPLICATOR_SETTINGS_MEANINGS = {
+    "heartbeat_interval_ms": "with `controllers`: how often the worker heartbeats (and renews its leases)",
+    "lease_ms": "with `controllers`: how long a task may run after the worker's last answered heartbeat",
+    "dead_after_ms": "with `controllers`: a worker silent this long loses its tasks to the others "
+    "(at least 3 x `heartbeat_interval_ms`, more than `lease_ms`)",
+    "batch_count_max": "the most messages a task reads from the source in one pull",
+    "batch_bytes_max": "the most body bytes a task sends to the target in one call",
+    "inflight_batches_max": "how many batches a task may have sent and not yet had acknowledged",
+    "commit_interval_ms": "with `controllers`: how often the tasks' progress is checkpointed",
+    "offsets_interval_ms": "`full` mode: how often consumer progress is copied",
+    "discovery_interval_ms": "how often the worker looks for new topics and queues its rules match",
+}
 
 # What each key of the replicator's file does (the file's reader, replication_rules.py, says
 # only which values it takes): a key added there and missing here stops the generator.
@@ -361,9 +416,13 @@ def replicator_file_section() -> str:
     missing = sorted({"controllers", *rules.RULE_KEYS} ^ set(REPLICATOR_KEY_MEANINGS))
     if missing:
         raise ValueError(f"REPLICATOR_KEY_MEANINGS in tools/docgen.py is out of date for {missing}")
-    settings = table(
-        ["Key", "Type", "Values", "Default"], bounded_rows(rules.SETTINGS_DEFAULTS, rules.SETTINGS_BOUNDS)
+    rows = bounded_rows(
+        rules.SETTINGS_DEFAULTS,
+        rules.SETTINGS_BOUNDS,
+        REPLICATOR_SETTINGS_MEANINGS,
+        "REPLICATOR_SETTINGS_MEANINGS",
     )
+    settings = table(BOUNDED_HEADER, rows)
     return (
         "## replicator file\n\nBesides the flags' keys above, `mqmeta replicator --config FILE` reads "
         "its settings and its rules. In `[replicator]`: `controllers` (text: "
@@ -404,7 +463,7 @@ def runtime_section() -> str:
         "## run-time settings\n\nReplicated through Raft and the same on every controller: read them "
         "with `mqmeta admin config get`, change them with `mqmeta admin config set KEY=VALUE ...` "
         "(an admin call). Related values are checked together when set.\n\n"
-        + table(["Key", "Type", "Values", "Default"], bounded_rows(defaults, bounds))
+        + table(BOUNDED_HEADER, bounded_rows(defaults, bounds, RUNTIME_MEANINGS, "RUNTIME_MEANINGS"))
     )
 
 
