@@ -79,7 +79,7 @@ def _throwaway_parser() -> argparse.ArgumentParser:
 def test_a_planted_flag_shows_in_the_cli_and_config_pages():
     parser = _throwaway_parser()
     cli = docgen.cli_page(parser)
-    assert "## mqmeta planted\n" in cli and "A command planted by the test" in cli
+    assert "## mqmeta planted\n" in cli and "\na command planted by the test\n" in cli
     assert "| `--planted-count` | a whole number from 2 to 7 | `3` |" in cli
     assert "| `--planted-mode` | one of `fast`, `safe` | `safe` | how to go |" in cli
     config = docgen.config_page(parser)

@@ -235,7 +235,7 @@ def command_section(path: list[str], parser: argparse.ArgumentParser, help_text:
     level = "#" * max(2, min(len(path), 4))
     blocks = [f"{level} {heading}\n"]
     if help_text:
-        blocks.append(prose(help_text[:1].upper() + help_text[1:]) + "\n")
+        blocks.append(prose(help_text) + "\n")
     blocks.append("```text\n" + parser.format_usage().strip() + "\n```\n")
     children = subcommands(parser)
     if children:
