@@ -531,6 +531,15 @@ def metric_row(metric: Any) -> list[str]:
     return ["<br>".join(code(name) for name in series), metric.type, ", ".join(code(n) for n in labels), what]
 
 
+# Which command serves which registry (as controller/run.py starts them), when it is not the
+# command of the registry's name alone.
+METRICS_SERVED_BY = {
+    "controller": "`mqmeta controller --metrics-listen HOST:PORT`, and `mqmeta namesrv "
+    "--embed-controller --metrics-listen HOST:PORT`",
+    "namesrv": "a standalone `mqmeta namesrv --controllers ADDRS --metrics-listen HOST:PORT`",
+}
+
+
 def metrics_page(processes: dict[str, Any] | None = None) -> str:
     found = processes if processes is not None else registries()
     intro = """
@@ -543,7 +552,8 @@ task has one series per broker or task.
     for process, registry in sorted(found.items()):
         metrics = sorted(registry.collect(), key=lambda metric: metric.name)
         rows = [metric_row(metric) for metric in metrics]
-        heading = f"## {process}\n\n`mqmeta {process} --metrics-listen HOST:PORT`:\n\n"
+        served_by = METRICS_SERVED_BY.get(process, f"`mqmeta {process} --metrics-listen HOST:PORT`")
+        heading = f"## {process}\n\nServed by {served_by}.\n\n"
         sections.append(heading + table(["Series", "Type", "Labels", "What it measures"], rows))
     return page("Metrics", intro, sections)
 
@@ -582,6 +592,18 @@ def served_services() -> list[Any]:
     return sorted(ours, key=lambda s: s.full_name) + sorted(others, key=lambda s: s.full_name)
 
 
+# Which commands serve a service (controller/server.py and broker_agent/service.py register them).
+SERVICES_SERVED_BY = {
+    "ControllerService": "Served by `mqmeta controller` and `mqmeta namesrv --embed-controller` "
+    "(on `--grpc`). ",
+    "NameServer": "Served by `mqmeta namesrv` (on `--listen`). ",
+    "BrokerService": "Served by `mqmeta broker` (on `--listen`). ",
+    "MessagingService": "Served by `mqmeta namesrv` (routes) and `mqmeta broker` (messages), on `--listen`. ",
+    "Health": "Served on every gRPC port. ",
+    "ServerReflection": "Served on every gRPC port. ",
+}
+
+
 def defined_in(file: Any) -> str:
     """Where a service's .proto is: ours and the vendored RocketMQ 5 ones are under proto/."""
     if file.package == "mqmeta.v1":
@@ -617,7 +639,8 @@ def grpc_page(access: dict[str, Any] | None = None) -> str:
     sections = []
     for service in served_services():
         rows = method_rows(service, table_)
-        heading = f"## {service.full_name}\n\n{defined_in(service.file)}\n\n"
+        served_by = SERVICES_SERVED_BY.get(service.name, "")
+        heading = f"## {service.full_name}\n\n{served_by}{defined_in(service.file)}\n\n"
         sections.append(heading + table(["Method", "Request", "Response", "Access"], rows))
     return page("gRPC services", intro, sections)
 
