@@ -68,6 +68,7 @@ def test_pages_do_not_depend_on_the_environment(pages, monkeypatch):
 
 def _throwaway_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mqmeta")
+    parser.add_argument("--version", action="version", version="0")
     sub = parser.add_subparsers(dest="command", required=True)
     planted = sub.add_parser("planted", help="a command planted by the test")
     planted.add_argument("--planted-count", type=FlagNumber("--planted-count", int, 2, 7), default=3)
@@ -79,6 +80,7 @@ def _throwaway_parser() -> argparse.ArgumentParser:
 def test_a_planted_flag_shows_in_the_cli_and_config_pages():
     parser = _throwaway_parser()
     cli = docgen.cli_page(parser)
+    assert "| `--version` | switch |   | show program's version number and exit |" in cli
     assert "## mqmeta planted\n" in cli and "\na command planted by the test\n" in cli
     assert "| `--planted-count` | a whole number from 2 to 7 | `3` |" in cli
     assert "| `--planted-mode` | one of `fast`, `safe` | `safe` | how to go |" in cli

@@ -189,10 +189,10 @@ def value_kind(action: argparse.Action) -> tuple[str, str]:
 def shown_default(value: Any, required: bool, switch: bool = False) -> str:
     if required:
         return "required"
+    if value is None or value == [] or value == argparse.SUPPRESS:
+        return "off" if switch and value is None else ""
     if switch:
         return "on" if value else "off"
-    if value is None or value == [] or value == argparse.SUPPRESS:
-        return ""
     if isinstance(value, bool):
         return code(str(value).lower())
     if value == "":
