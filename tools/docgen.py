@@ -21,6 +21,7 @@ import contextlib
 import os
 import re
 import sys
+import tempfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -84,16 +85,20 @@ def anchor(heading: str) -> str:
 
 @contextlib.contextmanager
 def plain_environment() -> Iterator[None]:
-    """No MQMETA_* variables (some become defaults) and a fixed width, restored after."""
-    saved = dict(os.environ)
-    for name in [name for name in os.environ if name.startswith("MQMETA_")]:
-        del os.environ[name]
-    os.environ["COLUMNS"] = USAGE_COLUMNS
-    try:
-        yield
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
+    """No MQMETA_* variables (some become defaults), a fixed width, and an empty working and
+    home directory (so no file a default might be read from is found), all restored after."""
+    saved, cwd = dict(os.environ), os.getcwd()
+    with tempfile.TemporaryDirectory(prefix="docgen-") as empty:
+        for name in [name for name in os.environ if name.startswith("MQMETA_")]:
+            del os.environ[name]
+        os.environ.update(COLUMNS=USAGE_COLUMNS, HOME=empty)
+        os.chdir(empty)
+        try:
+            yield
+        finally:
+            os.chdir(cwd)
+            os.environ.clear()
+            os.environ.update(saved)
 
 
 def cli_parser() -> argparse.ArgumentParser:
