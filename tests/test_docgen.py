@@ -1,5 +1,5 @@
 """The reference pages in docs/reference/ are what `python tools/docgen.py` makes from the code
-now, and what the code declares reaches them.
+now, and what the code declares reaches them (a method's comment in proto/ too).
 
 Properties: each committed page equals the generated one (else: "run python tools/docgen.py"),
 and `--check` exits 1 naming a stale page; the output does not depend on the environment
@@ -104,10 +104,13 @@ def test_a_method_missing_from_the_access_table_shows_as_fail_closed(pages):
     assert auth.METHOD_ACCESS[method] is auth.Access.READ
     assert "not in the access table" not in pages["grpc.md"]  # every served method is listed
     assert "| `GetMetadata` | `mqmeta.v1.GetMetadataRequest` |" in pages["grpc.md"]
+    assert (
+        "| ADMIN | Graceful handoff (`mqmeta admin handoff`): the master" in pages["grpc.md"]
+    )  # proto comment
     access = {name: access for name, access in auth.METHOD_ACCESS.items() if name != method}
     page = docgen.grpc_page(access)
     row = next(line for line in page.splitlines() if line.startswith("| `GetMetadata` |"))
-    assert row.endswith("| ADMIN (not in the access table: fail closed) |")
+    assert "| READ |" not in row and "| ADMIN (not in the access table: fail closed) |" in row
 
 
 def test_a_planted_metric_and_error_class_show_up(pages):

@@ -618,14 +618,51 @@ def defined_in(file: Any) -> str:
     return f"The standard gRPC service (`{file.name}`)."
 
 
-def method_rows(service: Any, access: dict[str, Any]) -> list[list[str]]:
+def compiled_with_comments(include: str, files: list[str]) -> Any:
+    """A FileDescriptorSet of `files` with their source comments (the generated modules'
+    descriptors have none), compiled by grpc_tools' protoc (the dev extra's, as protogen.py)."""
+    from google.protobuf import descriptor_pb2
+    from grpc_tools import protoc
+
+    well_known = Path(protoc.__file__).parent / "_proto"
+    with tempfile.TemporaryDirectory(prefix="docgen-") as tmp:
+        out = Path(tmp) / "descriptors.pb"
+        flags = [f"-I{include}", f"-I{well_known}", "--include_source_info", f"--descriptor_set_out={out}"]
+        if protoc.main(["protoc", *flags, *files]) != 0:
+            raise RuntimeError(f"protoc could not compile {files}")
+        return descriptor_pb2.FileDescriptorSet.FromString(out.read_bytes())
+
+
+def method_comments() -> dict[str, str]:
+    """'/package.Service/Method' -> the first paragraph of the comment above its rpc in proto/."""
+    proto = ROOT / "proto"
+    vendored = sorted(proto.glob("apache/rocketmq/v2/*.proto"))
+    sets = [
+        compiled_with_comments(
+            f"mqmeta/pb={proto}", [f"mqmeta/pb/{p.name}" for p in sorted(proto.glob("*.proto"))]
+        ),
+        compiled_with_comments(str(proto), [str(p.relative_to(proto)) for p in vendored]),
+    ]
+    comments = {}
+    for file in (file for descriptor_set in sets for file in descriptor_set.file):
+        for location in file.source_code_info.location:
+            where = list(location.path)  # 6: FileDescriptorProto.service, 2: ServiceDescriptorProto.method
+            if len(where) == 4 and where[0] == 6 and where[2] == 2:
+                service = file.service[where[1]]
+                name = f"/{file.package}.{service.name}/{service.method[where[3]].name}"
+                comments[name] = location.leading_comments.strip().split("\n\n")[0]
+    return comments
+
+
+def method_rows(service: Any, access: dict[str, Any], comments: dict[str, str]) -> list[list[str]]:
     rows = []
     for method in sorted(service.methods, key=lambda m: m.name):
         request = ("stream " if method.client_streaming else "") + code(method.input_type.full_name)
         response = ("stream " if method.server_streaming else "") + code(method.output_type.full_name)
-        found = access.get(f"/{service.full_name}/{method.name}")
+        path = f"/{service.full_name}/{method.name}"
+        found = access.get(path)
         shown = found.name if found is not None else "ADMIN (not in the access table: fail closed)"
-        rows.append([code(method.name), request, response, shown])
+        rows.append([code(method.name), request, response, shown, prose(comments.get(path, ""))])
     return rows
 
 
@@ -642,11 +679,12 @@ def grpc_page(access: dict[str, Any] | None = None) -> str:
         "or PERMISSION_DENIED (see [Errors](errors.md)).\n\n" + table(["Access", "Who may call"], classes)
     )
     sections = []
+    comments = method_comments()
     for service in served_services():
-        rows = method_rows(service, table_)
+        rows = method_rows(service, table_, comments)
         served_by = SERVICES_SERVED_BY.get(service.name, "")
         heading = f"## {service.full_name}\n\n{served_by}{defined_in(service.file)}\n\n"
-        sections.append(heading + table(["Method", "Request", "Response", "Access"], rows))
+        sections.append(heading + table(["Method", "Request", "Response", "Access", "What it does"], rows))
     return page("gRPC services", intro, sections)
 
 
