@@ -484,18 +484,18 @@ def stand_ins() -> dict[str, Any]:
 
     from mqmeta.broker_agent.ha import Role
 
-    raft = Fake(is_leader=lambda: True, raftCurrentTerm=1, raftCommitIndex=1, raftLastApplied=1)
-    replicas = [{"cluster": "c", "broker_name": "b", "replicas": {"1": {}}}]
-    core = Fake(raft=Fake(**vars(raft), leader_terms=1, on_applied=None), alive_ids=lambda *_: {"1"})
-    core.state = Fake(broker_sets=lambda: replicas)
+    raft = Fake(is_leader=lambda: True, leader_terms=1, on_applied=None)
+    raft.raftCurrentTerm = raft.raftCommitIndex = raft.raftLastApplied = 1
+    core = Fake(raft=raft, alive_ids=lambda *_: {"1"})
+    core.state = Fake(broker_sets=lambda: [{"cluster": "c", "broker_name": "b", "replicas": {"1": {}}}])
     view = Fake(role=Role.MASTER, master_epoch=1, confirm_offset=1, sync_state_set={1, 2})
     agent = Fake(lock=threading.Lock(), store=Fake(max_offset=1))
     agent.core = Fake(view=lambda: view, acked_offsets=lambda: {2: 0})
     agent.tiered = Fake(checkpoint=Fake(uploaded_offset=0))
     key = Fake(rule="r", topic="t", broker_name="b", queue_id=0)
     stats = Fake(replicated=1, replicated_bytes=1, errors=0, lag_messages=0, caught_up=True)
-    task = Fake(key=key, stats=Fake(**vars(stats), last_store_ms=0, last_sync_ms=0))
-    return {"controller": core, "broker": agent, "replicator": [task]}
+    stats.last_store_ms = stats.last_sync_ms = 0
+    return {"controller": core, "broker": agent, "replicator": [Fake(key=key, stats=stats)]}
 
 
 def registries() -> dict[str, Any]:
