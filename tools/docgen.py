@@ -670,6 +670,9 @@ def grpc_page(access: dict[str, Any] | None = None) -> str:
     from mqmeta import auth
 
     table_ = access if access is not None else auth.METHOD_ACCESS
+    drift = sorted({member.name for member in auth.Access} ^ set(ACCESS_MEANINGS))
+    if drift:
+        raise ValueError(f"ACCESS_MEANINGS in tools/docgen.py is out of date for {drift}")
     classes = [[member.name, prose(ACCESS_MEANINGS[member.name])] for member in auth.Access]
     intro = (
         "Every gRPC method the servers serve: the `mqmeta.v1` services, the RocketMQ 5 "
