@@ -3,9 +3,11 @@ now, and what the code declares reaches them (a method's comment in proto/ too).
 
 Properties: each committed page equals the generated one (else: "run python tools/docgen.py"),
 and `--check` exits 1 naming a stale page; the output does not depend on the environment
-(MQMETA_* variables, terminal width); a flag, a --config key, a metric, an error class or a
-method's access class planted in (or taken out of) the code shows up in the page that
-documents it; every metric name the metrics modules spell out is on the metrics page.
+(MQMETA_* variables, terminal width), yet a default taken from a variable is named; a flag, a
+--config key, a metric, an error class or a method's access class planted in (or taken out
+of) the code shows up in the page that documents it; a key or access class with no
+description stops the generator; every metric name the metrics modules spell out is on the
+metrics page.
 """
 
 from __future__ import annotations
@@ -87,6 +89,23 @@ def test_a_planted_flag_shows_in_the_cli_and_config_pages():
     config = docgen.config_page(parser)
     assert "## mqmeta planted --config" in config
     assert "| `planted_count` | integer | a whole number from 2 to 7 | `3` | `--planted-count` |" in config
+
+
+def test_a_default_from_the_environment_is_named(pages):
+    import os
+
+    assert "| `--log-level` | text | `WARNING` (`$MQMETA_LOG_LEVEL` if set) |" in pages["cli.md"]
+
+    def build() -> argparse.ArgumentParser:
+        parser = _throwaway_parser()
+        planted = docgen.subcommands(parser)[0][1]
+        planted.add_argument("--planted-peer", default=os.environ.get("MQMETA_PLANTED_PEER", "p1"))
+        return parser
+
+    environment = docgen.environment_defaults(build, ["MQMETA_PLANTED_PEER", "MQMETA_OTHER"])
+    assert environment == {("mqmeta", "planted", "planted_peer"): "MQMETA_PLANTED_PEER"}
+    page = docgen.cli_page(build(), environment)
+    assert "| `--planted-peer` | text | `p1` (`$MQMETA_PLANTED_PEER` if set) |" in page
 
 
 def test_a_numeric_flag_without_a_range_stops_the_generator():

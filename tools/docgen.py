@@ -148,6 +148,41 @@ def default_of(parser: argparse.ArgumentParser, action: argparse.Action) -> tupl
     return action.default, action.required
 
 
+# The folders of the installed package (tools/typecheck.py's PARTS, and the base package).
+SOURCE_FOLDERS = ("mqmeta", "controller", "broker_agent", "replicator", "cluster", "spark", "chaos")
+EnvironmentDefaults = dict[tuple[str, ...], str]  # (*command path, flag dest) -> variable
+
+
+def environment_names() -> list[str]:
+    """Every MQMETA_* variable the code names (a flag's default may come from one)."""
+    names: set[str] = set()
+    for folder in SOURCE_FOLDERS:
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            names |= set(re.findall(r'"(MQMETA_[A-Z0-9_]+)"', path.read_text(encoding="utf-8")))
+    return sorted(names)
+
+
+def environment_defaults(
+    build: Callable[[], argparse.ArgumentParser], names: Iterable[str]
+) -> EnvironmentDefaults:
+    """Which flag's default comes from which variable: the parsers built again with one
+    variable set to a marker, and the flags whose default is that marker."""
+    found: EnvironmentDefaults = {}
+    for name in names:
+        marker = f"<{name}>"
+        with plain_environment():
+            os.environ[name] = marker
+            try:
+                tree = build()
+            except Exception:  # the parsers check this variable's value: not a plain default
+                continue
+        for path, command, _ in commands(tree):
+            for action in shown_actions(command):
+                if default_of(command, action)[0] == marker:
+                    found[(*path, action.dest)] = name
+    return found
+
+
 # -- What a value may be ----------------------------------------------------------------
 
 
@@ -222,8 +257,14 @@ def argument_name(action: argparse.Action) -> str:
 # -- cli.md ------------------------------------------------------------------------------
 
 
-def cli_page(parser: argparse.ArgumentParser | None = None) -> str:
+def cli_page(
+    parser: argparse.ArgumentParser | None = None, environment: EnvironmentDefaults | None = None
+) -> str:
+    """The page of `parser` (by default mqmeta's), its flags' variables from `environment`
+    (by default found by environment_defaults)."""
     tree = parser or cli_parser()
+    if environment is None:
+        environment = {} if parser is not None else real_environment_defaults()
     intro = """
 Every `mqmeta` command with each of its flags: what values it takes, its default and what
 it does (as `mqmeta COMMAND --help` prints it). A command that takes `--config FILE` reads
@@ -231,11 +272,19 @@ the same settings from a TOML file: see [Configuration](config.md). Bad input is
 sentence on stderr and exit status 2: see [Errors](errors.md).
 """
     with plain_environment():
-        sections = [command_section(path, command, help_text) for path, command, help_text in commands(tree)]
+        sections = [command_section(*command, environment) for command in commands(tree)]
     return page("Command line", intro, sections)
 
 
-def command_section(path: list[str], parser: argparse.ArgumentParser, help_text: str) -> str:
+def real_environment_defaults() -> EnvironmentDefaults:
+    from mqmeta.cli import build_parser
+
+    return environment_defaults(build_parser, environment_names())
+
+
+def command_section(
+    path: list[str], parser: argparse.ArgumentParser, help_text: str, environment: EnvironmentDefaults
+) -> str:
     heading = " ".join(path)
     level = "#" * max(2, min(len(path), 4))
     blocks = [f"{level} {heading}\n"]
@@ -248,26 +297,27 @@ def command_section(path: list[str], parser: argparse.ArgumentParser, help_text:
         blocks.append(table(["Subcommand", "What it does"], rows))
     actions = shown_actions(parser)
     if actions:
-        blocks.append(table(["Argument", "Values", "Default", "What it does"], flag_rows(parser, actions)))
+        rows = flag_rows(
+            parser, actions, {dest: name for (*at, dest), name in environment.items() if at == path}
+        )
+        blocks.append(table(["Argument", "Values", "Default", "What it does"], rows))
     return "\n".join(blocks)
 
 
-def flag_rows(parser: argparse.ArgumentParser, actions: list[argparse.Action]) -> list[list[str]]:
+def flag_rows(
+    parser: argparse.ArgumentParser, actions: list[argparse.Action], variables: dict[str, str]
+) -> list[list[str]]:
+    """A row per flag; `variables`: the environment variable a flag's default comes from, by dest."""
     rows = []
     for action in actions:
         default, required = default_of(parser, action)
         if not action.option_strings and action.nargs not in ("?", "*"):
             required = True  # a positional argument
         _, allowed = value_kind(action)
-        switch = action.nargs == 0
-        rows.append(
-            [
-                argument_name(action),
-                allowed,
-                shown_default(default, required, switch),
-                help_of(parser, action),
-            ]
-        )
+        shown = shown_default(default, required, action.nargs == 0)
+        if action.dest in variables:
+            shown += f" (`${variables[action.dest]}` if set)"
+        rows.append([argument_name(action), allowed, shown, help_of(parser, action)])
     return rows
 
 
