@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 import grpc
 from mqmeta.controller.core import ControllerCore
-from mqmeta.controller.metrics import controller_metrics
+from mqmeta.controller.metrics import controller_metrics, namesrv_metrics
 from mqmeta.controller.namesrv import EmbeddedNameServer, NameServerServicer, add_messaging_service
 from mqmeta.controller.raft_node import Peer, RaftSettings
 from mqmeta.controller.route_cache import RouteCache
@@ -217,10 +217,7 @@ def start_namesrv(address: str, controllers: list[str], metrics_listen: str = ""
     the controller's barrier read when the copy cannot answer."""
     client = ControllerClient(controllers)
     cache = RouteCache(ControllerClient(controllers))
-    metrics = Metrics()
-    routes = metrics.counter(
-        "mqmeta_namesrv_route_queries", "route queries answered (QueryRoute, GetTopicRoute)"
-    )
+    metrics, routes = namesrv_metrics()
     servicer = NameServerServicer(client, cache, routes.inc)
     server = build_server(address, GRPC_WORKERS_MAX)
     namesrv_pb2_grpc.add_NameServerServicer_to_server(servicer, server)
