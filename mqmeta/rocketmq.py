@@ -41,6 +41,22 @@ from mqmeta.errors import (
     NotMaster,
     Unavailable,
 )
+from mqmeta.formats.properties import (
+    BORN_HOST,
+    BORN_MS,
+    DELIVER_MS,
+    KEY_SEPARATOR,
+    MESSAGE_GROUP,
+    MESSAGE_ID,
+    MESSAGE_TYPE,
+    PROPERTY_PREFIX,
+)
+from mqmeta.formats.properties import (
+    DLQ_ORIGIN as DLQ_ORIGIN,
+)
+from mqmeta.formats.properties import (
+    REAL_TOPIC as REAL_TOPIC,
+)
 from mqmeta.formats.records import RECORD_BODY_MAX, TAGS_BYTES_MAX, StoredRecord
 from mqmeta.pb import controller_pb2 as cpb
 from mqmeta.pb.apache.rocketmq.v2 import definition_pb2 as rdef
@@ -52,19 +68,8 @@ log = logging.getLogger(__name__)
 MESSAGING_SERVICE = rsvc.DESCRIPTOR.services_by_name["MessagingService"].full_name
 CLIENT_ID_KEY = "x-mq-client-id"
 
-# Our properties on records written through this protocol (user properties may not use
-# the prefix): what RocketMQ keeps as system properties.
-PROPERTY_PREFIX = "__RMQ_"
-MESSAGE_ID = "__RMQ_MSG_ID"  # the client-made message id
-MESSAGE_TYPE = "__RMQ_TYPE"
-BORN_MS = "__RMQ_BORN_MS"
-BORN_HOST = "__RMQ_BORN_HOST"
-MESSAGE_GROUP = "__RMQ_GROUP"
-DELIVER_MS = "__RMQ_DELIVER_MS"  # delay and transaction messages: where they wait
-REAL_TOPIC = "__RMQ_REAL_TOPIC"
-DLQ_ORIGIN = "__RMQ_DLQ_ORIGIN"  # topic/queue/offset of the message a DLQ record copies
-KEY_SEPARATOR = " "  # RocketMQ's: keys are stored space-separated
-
+# The reserved record properties (PROPERTY_PREFIX, MESSAGE_ID, ...) are mqmeta.formats.properties';
+# imported above, so the services find them here too.
 BODY_BYTES_MAX = RECORD_BODY_MAX
 MESSAGE_ID_CHARS_MAX = 128
 USER_PROPERTIES_MAX = 128

@@ -1,0 +1,2 @@
+"""RocketMQ's classic remoting protocol: the codec (codec.py), the asyncio server
+(server.py), and how messages map to our records (messages.py)."""
