@@ -1,0 +1,243 @@
+"""RocketMQ 4.x clients (the classic remoting protocol) against a real `mqmeta local up`
+cluster (one controller, a standalone nameserver, one broker set; shared by this module).
+
+Properties checked, with two real, unchanged clients (rocketmq-client-python 2.0.0 over
+the C++ client's librocketmq.so, and rocketmq 0.4.4 with its bundled copy):
+- cluster.json names a remoting address for the nameserver and every broker;
+- a sync send with tags and keys is acknowledged; a clustering PushConsumer with a
+  `tagA || tagB` filter receives exactly the matching messages, each once, with its tag,
+  keys, property and the message id the send returned;
+- a message the C++ client sent is read by `mqmeta consume` (same tag and keys) and a
+  message `mqmeta produce` sent is received by the C++ client with the record's id;
+- the nameserver answers TOPIC_NOT_EXIST for an unknown topic;
+- requests on one connection are served concurrently: a heartbeat is answered while a
+  long-polling pull waits on the same connection;
+- bad input gets RocketMQ's error answers and the servers keep serving: a header that is
+  not JSON (SYSTEM_ERROR, the connection goes on), an unknown code
+  (REQUEST_CODE_NOT_SUPPORTED, opaque echoed), a binary header (answered, in JSON), an
+  oversize frame (SYSTEM_ERROR, then the connection closes; a new one is served).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import struct
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+from mqmeta.client import ControllerClient
+from mqmeta.errors import AlreadyExists
+from mqmeta.pb import controller_pb2 as cpb
+from mqmeta.remoting import codec
+from tests.support.local_up import local_up
+from tests.support.remoting_clients import client
+
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(240)]
+
+SOCKET_TIMEOUT_S = 10.0
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    root = tmp_path_factory.mktemp("remoting")
+    with local_up(root / "data", "--controllers", "1", "--broker-sets", "1", "--replicas", "1") as document:
+        document["root"] = root
+        yield document
+
+
+@pytest.fixture(scope="module")
+def namesrv(cluster) -> str:
+    return cluster["namesrv"][0]["remoting"]
+
+
+@pytest.fixture(scope="module")
+def broker(cluster) -> str:
+    return cluster["brokers"][0]["remoting"]
+
+
+def _topic(cluster, queues: int = 2) -> str:
+    name = "R" + uuid.uuid4().hex[:10]
+    with ControllerClient(cluster["controllers"][0]["grpc"]) as admin:
+        try:
+            admin.call("CreateTopic", cpb.TopicSpec(name=name, queue_count=queues))
+        except AlreadyExists:
+            pass
+    return name
+
+
+@pytest.fixture(scope="module")
+def cpp_client(cluster):
+    return client("rocketmq-client-python", cluster["root"] / "home-cpp")
+
+
+@pytest.fixture(scope="module")
+def wheel_client(cluster):
+    return client("rocketmq", cluster["root"] / "home-wheel")
+
+
+def test_cluster_json_names_remoting_addresses(cluster):
+    assert all(":" in n["remoting"] for n in cluster["namesrv"])
+    assert all(":" in b["remoting"] for b in cluster["brokers"])
+
+
+@pytest.mark.parametrize("name", ["cpp_client", "wheel_client"])
+def test_tag_filtered_push_consumer_gets_exactly_the_matching_sends(request, cluster, namesrv, name):
+    rocketmq = request.getfixturevalue(name)
+    topic = _topic(cluster)
+    sent = []
+    for tag, count in (("tagA", 3), ("tagB", 2), ("tagC", 2)):
+        results = rocketmq.produce(namesrv, topic, count, tag=tag, keys=f"key-{tag}", prefix=tag)
+        assert [r["status"] for r in results] == [0] * count, results  # SEND_OK
+        sent += [{**r, "tag": tag} for r in results]
+    wanted = {r["value"]: r for r in sent if r["tag"] in ("tagA", "tagB")}
+    got = rocketmq.consume(namesrv, topic, "cg-" + topic, len(wanted), "tagA || tagB")
+    assert sorted(g["value"] for g in got) == sorted(wanted), got  # exactly, each once
+    for message in got:
+        expected = wanted[message["value"]]
+        assert message["tag"] == expected["tag"]
+        assert message["keys"] == f"key-{expected['tag']}"
+        assert message["origin"] == "remoting"
+        assert message["msg_id"] == expected["msg_id"]
+
+
+def test_cpp_send_is_read_by_mqmeta_consume_and_back(cluster, namesrv, cpp_client, tmp_path):
+    topic = _topic(cluster)
+    sent = cpp_client.produce(namesrv, topic, 3, tag="cross", keys="k1 k2", prefix="cpp")
+    record = tmp_path / "consumed.jsonl"
+    native = cluster["namesrv"][0]["grpc"]
+    mqmeta = [sys.executable, "-m", "mqmeta.cli"]
+    subprocess.run(
+        [*mqmeta, "consume", "--namesrv", native, "--topic", topic, "--group", "native-" + topic,
+         "--record", str(record), "--until-idle", "2"],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    consumed = [json.loads(line) for line in record.read_text().splitlines()]
+    assert sorted(c["value"] for c in consumed) == sorted(s["value"] for s in sent)
+    assert all(c["tag"] == "cross" and c["keys"] == ["k1", "k2"] for c in consumed)
+
+    produced = tmp_path / "produced.jsonl"
+    subprocess.run(
+        [*mqmeta, "produce", "--namesrv", native, "--topic", topic, "--count", "2", "--tag", "back",
+         "--keys", "n1", "--record", str(produced)],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    native_sent = {json.loads(line)["msg_id"]: json.loads(line) for line in produced.read_text().splitlines()}
+    got = cpp_client.consume(namesrv, topic, "cg-back-" + topic, 2, "back")
+    assert {g["msg_id"] for g in got} == set(native_sent), got  # the record's id, kept
+    assert all(g["tag"] == "back" and g["keys"] == "n1" for g in got)
+
+
+# Raw frames -----------------------------------------------------------------------------------
+def _connect(address: str) -> socket.socket:
+    host, _, port = address.rpartition(":")
+    return socket.create_connection((host, int(port)), timeout=SOCKET_TIMEOUT_S)
+
+
+def _read(sock: socket.socket) -> codec.Command | None:
+    """The next frame, or None when the server closed the connection."""
+    prefix = _exactly(sock, 4)
+    if prefix is None:
+        return None
+    body = _exactly(sock, codec.frame_length(prefix))
+    assert body is not None
+    return codec.decode_frame(body)
+
+
+def _exactly(sock: socket.socket, count: int) -> bytes | None:
+    data = b""
+    while len(data) < count:
+        chunk = sock.recv(count - len(data))
+        if not chunk:
+            return None
+        data += chunk
+    return data
+
+
+def _call(sock: socket.socket, command: codec.Command) -> codec.Command:
+    sock.sendall(codec.encode(command))
+    answer = _read(sock)
+    assert answer is not None and answer.is_response
+    return answer
+
+
+def test_unknown_topic_route_is_topic_not_exist(namesrv):
+    with _connect(namesrv) as sock:
+        answer = _call(sock, codec.Command(codec.GET_ROUTEINFO_BY_TOPIC, 5, ext={"topic": "NoSuchTopic"}))
+    assert answer.code == codec.TOPIC_NOT_EXIST and answer.opaque == 5
+    assert "NoSuchTopic" in answer.remark
+
+
+def test_route_names_the_master_remoting_address(cluster, namesrv, broker):
+    topic = _topic(cluster, queues=3)
+    with _connect(namesrv) as sock:
+        answer = _call(sock, codec.Command(codec.GET_ROUTEINFO_BY_TOPIC, 6, ext={"topic": topic}))
+    assert answer.code == codec.SUCCESS
+    assert f'{{0:"{broker}"}}' in answer.body.decode()  # fastjson's unquoted integer key
+    route = codec.fastjson_loads(answer.body)
+    assert [(q["readQueueNums"], q["writeQueueNums"], q["perm"]) for q in route["queueDatas"]] == [(3, 3, 6)]
+
+
+def test_heartbeat_is_answered_while_a_pull_long_polls_on_the_same_connection(cluster, broker):
+    topic = _topic(cluster, queues=1)
+    pull = codec.Command(
+        codec.PULL_MESSAGE,
+        1,
+        ext={
+            "consumerGroup": "cg-poll",
+            "topic": topic,
+            "queueId": 0,
+            "queueOffset": 0,
+            "maxMsgNums": 32,
+            "sysFlag": 2,  # suspend
+            "commitOffset": 0,
+            "suspendTimeoutMillis": 3000,
+            "subscription": "*",
+            "subVersion": 0,
+        },
+    )
+    heartbeat = codec.Command(
+        codec.HEART_BEAT,
+        2,
+        body=json.dumps({"clientID": "c1", "consumerDataSet": [], "producerDataSet": []}).encode(),
+    )
+    with _connect(broker) as sock:
+        started = time.monotonic()
+        sock.sendall(codec.encode(pull) + codec.encode(heartbeat))
+        first = _read(sock)
+        assert first is not None and first.opaque == 2 and first.code == codec.SUCCESS
+        assert time.monotonic() - started < 2.0  # not behind the pull's 3 s wait
+        second = _read(sock)
+    assert second is not None and second.opaque == 1 and second.code == codec.PULL_NOT_FOUND
+    assert second.ext["nextBeginOffset"] == "0" and time.monotonic() - started >= 2.5
+
+
+def test_bad_frames_get_error_answers_and_the_server_keeps_serving(broker, namesrv):
+    with _connect(broker) as sock:
+        garbage = b"{not json"
+        sock.sendall(struct.pack(">ii", 4 + len(garbage), len(garbage)) + garbage)
+        answer = _read(sock)
+        assert answer is not None and answer.code == codec.SYSTEM_ERROR and "JSON" in answer.remark
+        unknown = _call(sock, codec.Command(9999, 77))  # the same connection is still served
+        assert unknown.code == codec.REQUEST_CODE_NOT_SUPPORTED and unknown.opaque == 77
+        assert "9999" in unknown.remark
+        missing = _call(sock, codec.Command(codec.GET_MAX_OFFSET, 78, ext={"topic": "T"}))
+        assert missing.code == codec.SYSTEM_ERROR and "queueId" in missing.remark
+    with _connect(namesrv) as sock:
+        sock.sendall(
+            codec.encode_binary(codec.Command(codec.GET_ROUTEINFO_BY_TOPIC, 9, ext={"topic": "Nope"}))
+        )
+        answer = _read(sock)  # a binary header is read; the answer is JSON
+        assert answer is not None and answer.code == codec.TOPIC_NOT_EXIST and answer.opaque == 9
+        sock.sendall(struct.pack(">i", codec.FRAME_BYTES_MAX + 1))
+        oversize = _read(sock)
+        assert oversize is not None and oversize.code == codec.SYSTEM_ERROR and "length" in oversize.remark
+        assert _read(sock) is None  # its end cannot be found: the connection is closed
+    with _connect(namesrv) as sock:  # and the server still serves
+        assert (
+            _call(sock, codec.Command(codec.GET_ROUTEINFO_BY_TOPIC, 10, ext={"topic": "Nope"})).opaque == 10
+        )
