@@ -34,6 +34,7 @@ from mqmeta.client import ControllerClient
 from mqmeta.errors import AlreadyExists
 from mqmeta.pb import controller_pb2 as cpb
 from mqmeta.remoting import codec
+from tests.support import wait_for
 from tests.support.local_up import local_up
 from tests.support.remoting_clients import client
 
@@ -158,11 +159,16 @@ def _exactly(sock: socket.socket, count: int) -> bytes | None:
     return data
 
 
-def _call(sock: socket.socket, command: codec.Command) -> codec.Command:
+def _call(sock: socket.socket, command: codec.Command, notices: list | None = None) -> codec.Command:
+    """The answer to `command`; requests the server sends meanwhile go to `notices`."""
     sock.sendall(codec.encode(command))
-    answer = _read(sock)
-    assert answer is not None and answer.is_response
-    return answer
+    while True:
+        answer = _read(sock)
+        assert answer is not None
+        if answer.is_response:
+            return answer
+        if notices is not None:
+            notices.append(answer)
 
 
 def test_unknown_topic_route_is_topic_not_exist(namesrv):
@@ -241,3 +247,86 @@ def test_bad_frames_get_error_answers_and_the_server_keeps_serving(broker, names
         assert (
             _call(sock, codec.Command(codec.GET_ROUTEINFO_BY_TOPIC, 10, ext={"topic": "Nope"})).opaque == 10
         )
+
+
+def _send_v2(sock: socket.socket, opaque: int, topic: str, tag: str, body: bytes) -> codec.Command:
+    properties = codec.encode_properties({"TAGS": tag, "UNIQ_KEY": f"U{opaque}"})
+    ext = {"a": "pg-raw", "b": topic, "c": "TBW102", "d": 4, "e": 0, "f": 0, "g": 1, "h": 0, "i": properties}
+    return _call(sock, codec.Command(codec.SEND_MESSAGE_V2, opaque, ext=ext, body=body))
+
+
+def test_pull_filters_by_tag_on_the_broker_and_offsets_are_kept(cluster, broker):
+    topic = _topic(cluster, queues=1)
+    group = "cg-raw-" + topic
+    with _connect(broker) as sock:
+        for i, tag in enumerate(["tagA", "tagB", "tagA", "tagB"]):
+            sent = _send_v2(sock, 100 + i, topic, tag, f"b{i}".encode())
+            assert sent.code == codec.SUCCESS and sent.ext["queueOffset"] == str(i), sent
+            assert sent.ext["msgId"] == f"U{100 + i}"
+        pull = {
+            "consumerGroup": group,
+            "topic": topic,
+            "queueId": 0,
+            "queueOffset": 0,
+            "maxMsgNums": 32,
+            "sysFlag": 4,  # subscription given, no suspend
+            "commitOffset": 0,
+            "suspendTimeoutMillis": 0,
+            "subscription": "tagB",
+        }
+        answer = _call(sock, codec.Command(codec.PULL_MESSAGE, 200, ext=pull))
+        assert answer.code == codec.SUCCESS and answer.ext["nextBeginOffset"] == "4"
+        got = codec.decode_messages(answer.body)
+        assert [(m.body, m.properties["TAGS"], m.queue_offset) for m in got] == [
+            (b"b1", "tagB", 1),
+            (b"b3", "tagB", 3),
+        ]
+        assert all(m.properties["UNIQ_KEY"] == f"U{100 + m.queue_offset}" for m in got)
+
+        query = {"consumerGroup": group, "topic": topic, "queueId": 0}
+        first = _call(sock, codec.Command(codec.QUERY_CONSUMER_OFFSET, 201, ext=query))
+        assert first.code == codec.SUCCESS and first.ext["offset"] == "0"  # a new group starts at the oldest
+        update = _call(
+            sock, codec.Command(codec.UPDATE_CONSUMER_OFFSET, 202, ext={**query, "commitOffset": 4})
+        )
+        assert update.code == codec.SUCCESS
+        assert _call(sock, codec.Command(codec.QUERY_CONSUMER_OFFSET, 203, ext=query)).ext["offset"] == "4"
+        bounds = {"topic": topic, "queueId": 0}
+        assert _call(sock, codec.Command(codec.GET_MAX_OFFSET, 204, ext=bounds)).ext["offset"] == "4"
+        assert _call(sock, codec.Command(codec.GET_MIN_OFFSET, 205, ext=bounds)).ext["offset"] == "0"
+        moved = _call(sock, codec.Command(codec.PULL_MESSAGE, 206, ext={**pull, "queueOffset": 9}))
+        assert moved.code == codec.PULL_OFFSET_MOVED and moved.ext["nextBeginOffset"] == "4"
+
+
+def test_consumer_list_follows_heartbeats_unregister_and_disconnect(cluster, broker):
+    group = "cg-members-" + uuid.uuid4().hex[:6]
+
+    def heartbeat(client_id: str) -> codec.Command:
+        data = {
+            "clientID": client_id,
+            "consumerDataSet": [
+                {"groupName": group, "subscriptionDataSet": [{"topic": "T", "subString": "*"}]}
+            ],
+            "producerDataSet": [],
+        }
+        return codec.Command(codec.HEART_BEAT, 1, body=json.dumps(data).encode())
+
+    def members(sock: socket.socket) -> list[str]:
+        request = codec.Command(codec.GET_CONSUMER_LIST_BY_GROUP, 2, ext={"consumerGroup": group})
+        answer = _call(sock, request, notices)
+        return codec.fastjson_loads(answer.body)["consumerIdList"]
+
+    notices: list[codec.Command] = []
+    with _connect(broker) as first, _connect(broker) as second:
+        assert _call(first, heartbeat("c-1"), notices).code == codec.SUCCESS
+        assert _call(second, heartbeat("c-2")).code == codec.SUCCESS
+        assert members(first) == ["c-1", "c-2"]  # (reading on, c-1 gets its notices)
+        notices += [_read(first)] if not notices else []
+        # members are told when the group changes, so they rebalance at once
+        assert notices and all(n.code == codec.NOTIFY_CONSUMER_IDS_CHANGED and n.is_oneway for n in notices)
+        assert notices[0].ext["consumerGroup"] == group
+        unregister = {"clientID": "c-2", "consumerGroup": group, "producerGroup": ""}
+        assert _call(second, codec.Command(codec.UNREGISTER_CLIENT, 3, ext=unregister)).code == codec.SUCCESS
+        assert members(second) == ["c-1"]
+    with _connect(broker) as third:  # c-1's connection closed: it left
+        wait_for(lambda: members(third) == [], 5.0, "the closed connection's consumer to leave")
