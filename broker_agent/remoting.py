@@ -51,6 +51,12 @@ WAIT_SLICE_S = 0.5
 DELAY_LEVELS_MS = tuple(
     s * 1000 for s in (1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200)
 )
+RETRY_PREFIX = "%RETRY%"
+DEAD_LETTER_PREFIX = "%DLQ%"
+RECONSUME_TIMES_DEFAULT = 16  # RocketMQ's maxReconsumeTimes
+RETRY_FIRST_LEVEL = 3  # the first retry waits 10 s, then each one level more (RocketMQ's)
+RECONSUME_TIMES = "__RMQ_RECONSUME_TIMES"  # deliveries that failed before this copy
+RETRY_TOPIC = "RETRY_TOPIC"  # RocketMQ's: the topic a retry copy came from (clients restore it)
 PULL_FLAG_COMMIT_OFFSET = 0x1
 PULL_FLAG_SUSPEND = 0x2
 PULL_FLAG_SUBSCRIPTION = 0x4
@@ -179,6 +185,7 @@ class RemotingBroker:
             codec.GET_MAX_OFFSET: self.max_offset,
             codec.GET_MIN_OFFSET: self.min_offset,
             codec.PULL_MESSAGE: self.pull,
+            codec.CONSUMER_SEND_MSG_BACK: self.send_back,
         }
 
     def server(self) -> RemotingServer:
@@ -356,6 +363,55 @@ class RemotingBroker:
         )
         return typed, deliver_at, kind
 
+    # Retries --------------------------------------------------------------------------------
+    def send_back(self, command: Command, connection: Connection) -> Command:
+        """A message the consumer failed: again after a delay level through %RETRY%{group}
+        (which the clients subscribe to), or to %DLQ%{group} past its reconsume times."""
+        group = _name("group", ext_text(command, "group"))
+        offset = ext_int(command, "offset", 0, REQUEST_INT_MAX)
+        delay_level = ext_int(command, "delayLevel", -1, 1 << 20, 0)
+        times_max = ext_int(command, "maxReconsumeTimes", -1, 1 << 20, RECONSUME_TIMES_DEFAULT)
+        original = self._record_at(offset, command.ext.get("originTopic", ""))
+        times = _number(original.properties.get(RECONSUME_TIMES)) + 1
+        properties = dict(original.properties)
+        properties.setdefault(RETRY_TOPIC, original.topic)
+        properties[RECONSUME_TIMES] = str(times)
+        properties.pop(DELIVER_MS, None)
+        if delay_level < 0 or times > (times_max if times_max >= 0 else RECONSUME_TIMES_DEFAULT):
+            topic, delay_level = DEAD_LETTER_PREFIX + group, 0
+        else:
+            topic = RETRY_PREFIX + group
+            delay_level = delay_level or min(RETRY_FIRST_LEVEL + times - 1, len(DELAY_LEVELS_MS))
+        self.metadata.ensure_dead_letter_topic(topic)  # creates a one-queue topic on first use
+        record = Message(
+            topic, 0, original.body, original.tags, original.keys, properties, original.producer_id
+        )
+        now = wall_ms()
+        message_id = properties.get(MESSAGE_ID) or original.msg_id
+        typed, deliver_at, kind = self._typed(record, message_id, delay_level, now)
+        try:
+            entry = self.rmq.send(typed, deliver_at, kind)
+        except RmqError as error:
+            raise _refusal(error) from None
+        if entry.status.code != rdef.OK:
+            raise Refusal(_CODE_OF_RMQ.get(entry.status.code, codec.SYSTEM_ERROR), entry.status.message)
+        return command.answer()
+
+    def _record_at(self, offset: int, topic: str) -> StoredRecord:
+        """The stored record at commit offset `offset` (what a pull answered as its physical
+        offset), checked to be a readable record of `topic`."""
+        self.agent.require_master()
+        confirm = self.agent.view().confirm_offset
+        try:
+            record = self.store.log.read_record(offset) if offset < confirm else None
+        except Exception:  # not a record's first byte (client input), or since deleted
+            record = None
+        if record is None or record.end_offset > confirm or (topic and record.topic != topic):
+            raise Refusal(
+                codec.SYSTEM_ERROR, f"no readable message of {topic[:128]} at commit offset {offset}"
+            )
+        return record
+
     # Pulling --------------------------------------------------------------------------------
     def pull(self, command: Command, connection: Connection) -> Command:
         group = _name("consumerGroup", ext_text(command, "consumerGroup"))
@@ -412,7 +468,12 @@ class RemotingBroker:
                 position = records[-1].queue_offset + 1
                 scanned += len(records)
                 if found:
-                    body = b"".join(codec.encode_message(to_wire(r, self.store_host)) for r in found)
+                    body = b"".join(
+                        codec.encode_message(
+                            to_wire(r, self.store_host, _number(r.properties.get(RECONSUME_TIMES)))
+                        )
+                        for r in found
+                    )
                     return command.answer(ext={**bounds, "nextBeginOffset": position}, body=body)
                 if scanned >= PULL_SCAN_MAX:
                     return command.answer(
@@ -450,6 +511,13 @@ def _name(kind: str, value: str) -> str:
         return validate_name(kind, value)
     except MqmetaError as error:
         raise Refusal(codec.SYSTEM_ERROR, error.message) from None
+
+
+def _number(text: str | None) -> int:
+    try:
+        return int(text) if text else 0
+    except ValueError:
+        return 0
 
 
 def _list(value: object) -> list[dict]:

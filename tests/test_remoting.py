@@ -27,6 +27,7 @@ import subprocess
 import sys
 import time
 import uuid
+from dataclasses import replace
 
 import pytest
 
@@ -41,12 +42,14 @@ from tests.support.remoting_clients import client
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(240)]
 
 SOCKET_TIMEOUT_S = 10.0
+READY_TIMEOUT_S = 150.0  # a loaded CI machine starts five processes slowly
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     root = tmp_path_factory.mktemp("remoting")
-    with local_up(root / "data", "--controllers", "1", "--broker-sets", "1", "--replicas", "1") as document:
+    flags = ("--controllers", "1", "--broker-sets", "1", "--replicas", "1")
+    with local_up(root / "data", *flags, timeout_s=READY_TIMEOUT_S) as document:
         document["root"] = root
         yield document
 
@@ -330,3 +333,58 @@ def test_consumer_list_follows_heartbeats_unregister_and_disconnect(cluster, bro
         assert members(second) == ["c-1"]
     with _connect(broker) as third:  # c-1's connection closed: it left
         wait_for(lambda: members(third) == [], 5.0, "the closed connection's consumer to leave")
+
+
+def test_send_back_retries_through_the_retry_topic_then_dead_letters(cluster, broker):
+    topic = _topic(cluster, queues=1)
+    group = "cg-back-" + topic
+
+    def pull(sock: socket.socket, opaque: int, name: str, wait_ms: int = 0) -> list[codec.WireMessage]:
+        ext = {
+            "consumerGroup": group,
+            "topic": name,
+            "queueId": 0,
+            "queueOffset": 0,
+            "maxMsgNums": 8,
+            "sysFlag": 4 | (2 if wait_ms else 0),
+            "commitOffset": 0,
+            "suspendTimeoutMillis": wait_ms,
+            "subscription": "*",
+        }
+        answer = _call(sock, codec.Command(codec.PULL_MESSAGE, opaque, ext=ext))
+        # the retry and dead-letter topics exist from the first send-back on (the broker's
+        # route cache learns of them within a second)
+        assert answer.code in (codec.SUCCESS, codec.PULL_NOT_FOUND, codec.TOPIC_NOT_EXIST), answer
+        return codec.decode_messages(answer.body)
+
+    def send_back(
+        sock: socket.socket, opaque: int, message: codec.WireMessage, times_max: int
+    ) -> codec.Command:
+        ext = {
+            "group": group,
+            "offset": message.commit_offset,
+            "delayLevel": 0 if times_max else 1,
+            "originTopic": message.topic,
+            "originMsgId": message.properties["UNIQ_KEY"],
+            "maxReconsumeTimes": times_max,
+            "unitMode": "false",
+        }
+        return _call(sock, codec.Command(codec.CONSUMER_SEND_MSG_BACK, opaque, ext=ext))
+
+    with _connect(broker) as sock:
+        assert _send_v2(sock, 300, topic, "t", b"failing").code == codec.SUCCESS
+        (original,) = pull(sock, 301, topic)
+        bad = send_back(sock, 302, replace(original, commit_offset=original.commit_offset + 1), 16)
+        assert bad.code == codec.SYSTEM_ERROR and "commit offset" in bad.remark
+        assert send_back(sock, 303, original, 16).code == codec.SUCCESS
+        retried: list[codec.WireMessage] = []
+        wait_for(
+            lambda: retried.extend(pull(sock, 304, "%RETRY%" + group, 1000)) or retried, 20.0, "the retry"
+        )
+        (copy,) = retried
+        assert copy.body == b"failing" and copy.reconsume_times == 1
+        assert copy.properties["RETRY_TOPIC"] == topic and copy.properties["UNIQ_KEY"] == "U300"
+        assert send_back(sock, 305, copy, 1).code == codec.SUCCESS  # past its 1 reconsume time
+        dead: list[codec.WireMessage] = []
+        wait_for(lambda: dead.extend(pull(sock, 306, "%DLQ%" + group, 1000)) or dead, 20.0, "the dead letter")
+        assert [(m.body, m.properties["UNIQ_KEY"]) for m in dead] == [(b"failing", "U300")]
