@@ -25,15 +25,16 @@ import uuid
 from dataclasses import dataclass, field
 
 from mqmeta.broker_agent.agent import BrokerAgent
-from mqmeta.broker_agent.rmq_service import RmqBroker
+from mqmeta.broker_agent.rmq_broker import RmqBroker
 
 from mqmeta.clock import wall_ms
+from mqmeta.codec import remoting as codec
+from mqmeta.codec.remoting import Command
+from mqmeta.codec.rocketmq5 import Send
 from mqmeta.errors import InvalidArgument, MqmetaError
 from mqmeta.formats.properties import DELIVER_MS, MESSAGE_ID, MESSAGE_TYPE
 from mqmeta.formats.records import Message, StoredRecord
 from mqmeta.pb.apache.rocketmq.v2 import definition_pb2 as rdef
-from mqmeta.remoting import codec
-from mqmeta.remoting.codec import Command
 from mqmeta.remoting.messages import MessageRefused, ipv4_host, matches, tag_set, to_record, to_wire
 from mqmeta.remoting.server import Connection, Handler, Refusal, RemotingServer, ext_bool, ext_int, ext_text
 from mqmeta.rocketmq import BODY_BYTES_MAX, RmqError
@@ -333,7 +334,7 @@ class RemotingBroker:
         message_id = sent.message_id or uuid.uuid4().hex.upper()
         record, deliver_at, kind = self._typed(sent.record, message_id, sent.delay_level, now)
         try:
-            entry = self.rmq.send(record, deliver_at, kind)
+            entry = self.rmq.send(Send(record, kind, deliver_at))
         except RmqError as error:
             raise _refusal(error) from None
         if entry.status.code != rdef.OK:
@@ -390,7 +391,7 @@ class RemotingBroker:
         message_id = properties.get(MESSAGE_ID) or original.msg_id
         typed, deliver_at, kind = self._typed(record, message_id, delay_level, now)
         try:
-            entry = self.rmq.send(typed, deliver_at, kind)
+            entry = self.rmq.send(Send(typed, kind, deliver_at))
         except RmqError as error:
             raise _refusal(error) from None
         if entry.status.code != rdef.OK:

@@ -16,12 +16,12 @@ import time
 from collections.abc import Callable
 
 from mqmeta import tls
+from mqmeta.codec import remoting as codec
+from mqmeta.codec.remoting import Command
 from mqmeta.errors import InvalidArgument, MqmetaError, NotFound
 from mqmeta.pb import broker_pb2 as bpb
 from mqmeta.pb import broker_pb2_grpc as bpb_grpc
 from mqmeta.pb import controller_pb2 as cpb
-from mqmeta.remoting import codec
-from mqmeta.remoting.codec import Command
 from mqmeta.remoting.server import Connection, Refusal, RemotingServer, ext_text
 from mqmeta.validate import validate_name
 

@@ -32,9 +32,9 @@ from dataclasses import replace
 import pytest
 
 from mqmeta.client import ControllerClient
+from mqmeta.codec import remoting as codec
 from mqmeta.errors import AlreadyExists
 from mqmeta.pb import controller_pb2 as cpb
-from mqmeta.remoting import codec
 from tests.support import wait_for
 from tests.support.local_up import local_up
 from tests.support.remoting_clients import client

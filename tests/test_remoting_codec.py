@@ -24,9 +24,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from mqmeta.codec import remoting as codec
 from mqmeta.formats.properties import BORN_HOST, BORN_MS, MESSAGE_ID
 from mqmeta.formats.records import StoredRecord
-from mqmeta.remoting import codec
 from mqmeta.remoting.messages import MessageRefused, tag_set, to_record, to_wire
 
 pytestmark = pytest.mark.timeout(60)

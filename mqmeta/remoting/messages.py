@@ -16,9 +16,9 @@ import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from mqmeta.codec.remoting import WireMessage, decode_properties
 from mqmeta.formats.properties import BORN_HOST, BORN_MS, KEY_SEPARATOR, MESSAGE_ID, PROPERTY_PREFIX
 from mqmeta.formats.records import KEYS_BYTES_MAX, TAGS_BYTES_MAX, Message, StoredRecord
-from mqmeta.remoting.codec import WireMessage, decode_properties
 
 TAGS = "TAGS"
 KEYS = "KEYS"

@@ -24,6 +24,8 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 
 from mqmeta import tls
+from mqmeta.codec import remoting as codec
+from mqmeta.codec.remoting import Command, FrameError
 from mqmeta.errors import (
     DeadlineExceeded,
     FailedPrecondition,
@@ -35,8 +37,6 @@ from mqmeta.errors import (
     NotMaster,
     Unavailable,
 )
-from mqmeta.remoting import codec
-from mqmeta.remoting.codec import Command, FrameError
 from mqmeta.validate import parse_addresses
 
 log = logging.getLogger(__name__)
