@@ -58,7 +58,7 @@ from mqmeta.broker_agent.commitlog import (
 from mqmeta.broker_agent.origins import Incoming, OriginHead, OriginTable
 
 from mqmeta.errors import CorruptData, FailedPrecondition, FencedEpoch, InvalidArgument
-from mqmeta.formats.atomic import fsync_dir, write_atomically
+from mqmeta.formats.atomic import fsync_dir, make_directories, write_atomically
 from mqmeta.formats.checksummed import dump_checksummed, load_checksummed
 from mqmeta.formats.epochs import EpochFile, epoch_covering
 from mqmeta.formats.origin import MSG_ID, Origin, OriginKey, origin_of
@@ -219,7 +219,7 @@ class _QueueIndex:
         if not self.dirty:
             return False
         created = not self.path.exists()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        make_directories(self.path.parent, fsync)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             size = _INDEX_ENTRY.size
@@ -255,7 +255,7 @@ class MessageStore:
             raise InvalidArgument(f"broker_name {broker_name!r} must be 1-{BROKER_NAME_BYTES_MAX} bytes")
         _check_int("index_checkpoint_bytes", index_checkpoint_bytes, 1, 1 << 40)
         self.directory = Path(directory)
-        self.directory.mkdir(parents=True, exist_ok=True)
+        make_directories(self.directory, fsync)
         self.broker_name = broker_name
         self.fsync = fsync
         # group_commit: a put only writes; the caller makes it durable with sync() (the
@@ -502,7 +502,7 @@ class MessageStore:
     # Checkpoint ----------------------------------------------------------------------------------
     def _write_checkpoint(self) -> None:
         self.log.sync()  # the checkpoint never names bytes a power loss could take
-        self._index_dir.mkdir(parents=True, exist_ok=True)
+        make_directories(self._index_dir, self.fsync)
         made_dirs: set[Path] = set()
         for queue in self._queues.values():
             if queue.flush(self.fsync):
