@@ -25,6 +25,7 @@ from tests.support.local_up import start_local_up, stop_local_up
 
 pytestmark = [
     pytest.mark.cluster,
+    pytest.mark.timeout(300),
     pytest.mark.skipif(not os.path.exists("/dev/fuse"), reason="no /dev/fuse: FUSE is not in this kernel"),
 ]
 
@@ -141,6 +142,7 @@ def test_power_loss_of_a_one_broker_cluster_loses_no_acknowledged_message(tmp_pa
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)
 def test_power_loss_of_a_replicated_cluster_loses_no_acknowledged_message(tmp_path: Path) -> None:
     """Three controllers, a master and two slaves, all losing power at once."""
     _power_loss_round(tmp_path, (), count=100_000, acked_min=1000)
