@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 from mqmeta.chaos.faultfs import FaultFs
+from mqmeta.chaos.faultfs.cache import Kind, PageCache
 
 from mqmeta.cli import main as cli_main
 
@@ -299,3 +300,35 @@ def test_cli_controls_a_mount(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert cli_main(["chaos", "faultfs", "status", str(tmp_path / "nowhere")]) == 2
     error = capsys.readouterr().err
     assert error.count("\n") == 1 and "no fault filesystem is mounted" in error
+
+
+def test_page_cache_truncate_then_extend_reads_zeros(tmp_path: Path) -> None:
+    """ftruncate(2) down then up: the bytes between read as zeros (not the old synced
+    ones), before and after the next fsync; the page cache alone, without FUSE."""
+    cache = PageCache(tmp_path)
+    inode = cache.make("/f", Kind.FILE, 0o644, 0, 0)
+    cache.sync_directory(cache.lookup("/"))
+    cache.write(inode, 0, b"a" * (3 * PAGE))
+    cache.sync_file(inode, data_only=True)
+    cache.truncate(inode, 100)
+    cache.truncate(inode, 3 * PAGE)
+    expected = b"a" * 100 + bytes(3 * PAGE - 100)
+    assert cache.read(inode, 0, 3 * PAGE) == expected
+    cache.sync_file(inode, data_only=False)
+    cache.lose_power()
+    assert cache.read(cache.lookup("/f"), 0, 3 * PAGE) == expected
+    cache.close(sync=False)
+    assert (tmp_path / "f").read_bytes() == expected
+
+
+def test_page_cache_writes_back_past_its_dirty_bound(tmp_path: Path) -> None:
+    """Past `dirty_bytes_max` the file with most dirty pages is written back, as the
+    kernel's background writeback would: its data then survives a power loss."""
+    cache = PageCache(tmp_path, dirty_bytes_max=4 * PAGE)
+    inode = cache.make("/f", Kind.FILE, 0o644, 0, 0)
+    cache.sync_directory(cache.lookup("/"))
+    cache.write(inode, 0, b"w" * (5 * PAGE))
+    assert cache.counters.writebacks == 1 and cache.dirty_bytes() == 0
+    cache.lose_power()
+    assert cache.read(cache.lookup("/f"), 0, 5 * PAGE) == b"w" * (5 * PAGE)
+    cache.close(sync=False)
