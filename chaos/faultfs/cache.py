@@ -18,8 +18,10 @@ Linux semantics kept on purpose:
   (`writeback_fraction`): a torn write at page granularity, holes read as zeros.
 
 Not modelled: permissions, owners and timestamps are never lost (kept in memory and
-written on unmount); a directory renamed elsewhere keeps one durable place, the newest
-fsynced one. Every method runs under the caller's lock (fuse_ops.FaultOperations).
+written on unmount). A rename between two directories is durable per directory: with only
+the new one fsynced, the entry is durable in both (a directory too: unmount then writes it
+twice, its files hard-linked). Every method runs under the caller's lock
+(fuse_ops.FaultOperations).
 """
 
 from __future__ import annotations
