@@ -332,3 +332,20 @@ def test_page_cache_writes_back_past_its_dirty_bound(tmp_path: Path) -> None:
     cache.lose_power()
     assert cache.read(cache.lookup("/f"), 0, 5 * PAGE) == b"w" * (5 * PAGE)
     cache.close(sync=False)
+
+
+def test_page_cache_unmount_survives_a_durable_directory_cycle(tmp_path: Path) -> None:
+    """Renames across directories fsynced one at a time can leave X inside Y and Y inside
+    X durably; writing the tree back must still end (each directory once per path)."""
+    cache = PageCache(tmp_path)
+    root = cache.lookup("/")
+    for name in ("x", "y"):
+        cache.make(f"/{name}", Kind.DIRECTORY, 0o755, 0, 0)
+    cache.sync_directory(root)
+    cache.rename("/x", "/y/x")
+    cache.sync_directory(cache.lookup("/y"))
+    cache.rename("/y/x", "/x")
+    cache.rename("/y", "/x/y")
+    cache.sync_directory(cache.lookup("/x"))
+    cache.close(sync=False)
+    assert (tmp_path / "x" / "y").is_dir() and (tmp_path / "y" / "x").is_dir()

@@ -460,13 +460,16 @@ class PageCache:
             if inode.kind is Kind.FILE:
                 self._store_path(inode).unlink(missing_ok=True)
 
-    def _materialize(self, directory: Inode, path: Path) -> None:
+    def _materialize(self, directory: Inode, path: Path, above: frozenset[int] = frozenset()) -> None:
+        above = above | {directory.number}
         for name, number in directory.durable_entries.items():
             inode = self.inodes[number]
             target = path / name
             if inode.kind is Kind.DIRECTORY:
+                if number in above:
+                    continue  # renames crossing unsynced directories made a durable cycle
                 target.mkdir()
-                self._materialize(inode, target)
+                self._materialize(inode, target, above)
             elif inode.kind is Kind.SYMLINK:
                 target.symlink_to(inode.target)
                 continue
