@@ -349,3 +349,14 @@ def test_page_cache_unmount_survives_a_durable_directory_cycle(tmp_path: Path) -
     cache.sync_directory(cache.lookup("/x"))
     cache.close(sync=False)
     assert (tmp_path / "x" / "y").is_dir() and (tmp_path / "y" / "x").is_dir()
+
+
+def test_the_cli_never_loads_libfuse() -> None:
+    """Only the mount's own process loads libfuse3 (through mfusepy): `mqmeta` and the
+    FaultFs handle work on a machine without FUSE."""
+    probe = (
+        "import sys, mqmeta.cli; mqmeta.cli.build_parser(); "
+        "from mqmeta.chaos.faultfs import FaultFs; print('mfusepy' in sys.modules)"
+    )
+    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert loaded.stdout.strip() == "False", loaded.stderr

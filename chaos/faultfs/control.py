@@ -15,12 +15,14 @@ import socket
 import socketserver
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mqmeta.chaos.faultfs.cache import PageCache
-from mqmeta.chaos.faultfs.fuse_ops import FaultOperations
 
 from mqmeta.errors import InvalidArgument, Unavailable
+
+if TYPE_CHECKING:  # fuse_ops loads libfuse3: only the filesystem's own process needs it
+    from mqmeta.chaos.faultfs.fuse_ops import FaultOperations
 
 SOCKET_PATH_BYTES_MAX = 107  # sun_path holds 108 bytes with the terminating NUL
 REQUEST_BYTES_MAX = 4096

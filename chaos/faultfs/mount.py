@@ -19,7 +19,6 @@ from typing import Any
 
 from mqmeta.chaos.faultfs.cache import PageCache
 from mqmeta.chaos.faultfs.control import ControlServer, FaultFsControl, default_control_path
-from mqmeta.chaos.faultfs.fuse_ops import FaultFuse, FaultOperations
 from mqmeta.cluster.wait import WaitTimeout, wait_for
 
 from mqmeta.errors import FailedPrecondition, InvalidArgument, Unavailable
@@ -38,6 +37,12 @@ def check_can_mount() -> None:
 
 def serve(backing: Path, mountpoint: Path, control: Path) -> None:
     """The FUSE loop in this process until unmounted (fusermount3 -u, or SIGTERM)."""
+    try:  # mfusepy loads libfuse3 when imported
+        from mqmeta.chaos.faultfs.fuse_ops import FaultFuse, FaultOperations
+    except (ImportError, OSError) as error:
+        raise FailedPrecondition(
+            f"the fault filesystem needs libfuse3 (apt-get install fuse3) and mfusepy: {error}"
+        ) from error
     cache = PageCache(backing)
     operations = FaultOperations(cache)
     server = ControlServer(control, operations)
