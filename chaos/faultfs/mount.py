@@ -23,8 +23,8 @@ from mqmeta.cluster.wait import WaitTimeout, wait_for
 
 from mqmeta.errors import FailedPrecondition, InvalidArgument, Unavailable
 
-MOUNT_TIMEOUT_S = 15.0
-UNMOUNT_TIMEOUT_S = 15.0
+MOUNT_TIMEOUT_S = 30.0
+UNMOUNT_TIMEOUT_S = 30.0
 
 
 def check_can_mount() -> None:
