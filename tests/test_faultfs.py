@@ -229,6 +229,22 @@ def test_failed_fsync_reports_eio_once_and_loses_its_pages(fs: FaultFs, here: Pa
     assert path.read_bytes() == b"synced;" + bytes(len(b"unlucky;"))
 
 
+def test_failed_directory_fsync_reports_eio_and_persists_nothing(fs: FaultFs, here: Path) -> None:
+    """A directory fsync that fails (EIO) made none of its entries durable; the next one
+    succeeds and does."""
+    _write(here / "new", b"data", sync="fsync")
+    fs.fail_next_fsync()
+    with pytest.raises(OSError) as failed:
+        _sync_directory(here)
+    assert failed.value.errno == errno.EIO
+    fs.lose_power()
+    assert os.listdir(here) == []
+    _write(here / "new", b"data", sync="fsync")
+    _sync_directory(here)
+    fs.lose_power()
+    assert os.listdir(here) == ["new"]
+
+
 def test_disk_full_refuses_writes_until_space_returns(fs: FaultFs, here: Path) -> None:
     """ENOSPC: a full disk refuses write(2), creat(2) and mkdir(2); reads and fsync of
     what was accepted go on; once space returns writes succeed again."""

@@ -196,7 +196,8 @@ class PageCache:
     def sync_directory(self, directory: Inode) -> None:
         """fsync of a directory: its entries as readers see them become durable."""
         self.counters.directory_fsyncs += 1
-        self._take_pending_failure()
+        if self._take_pending_failure():  # the entries stay as unsynced as they were
+            raise FsError(errno.EIO, "injected: the next fsync fails")
         directory.durable_entries = dict(directory.entries)
         self._collect()
 
@@ -263,6 +264,17 @@ class PageCache:
             inode.dirty.clear()
             raise FsError(errno.EIO, "injected: the next fsync fails")
         self._write_back(inode)
+
+    def path_of(self, inode: Inode) -> str:
+        """One name of `inode` readers see ("(unlinked)" when none), for log lines."""
+        parents = {n: (d.number, name) for d in self.inodes.values() for name, n in d.entries.items()}
+        names, number = [], inode.number
+        while number != ROOT_NUMBER:
+            if number not in parents or len(names) > len(self.inodes):
+                return "(unlinked)"
+            number, name = parents[number]
+            names.append(name)
+        return "/" + "/".join(reversed(names))
 
     def sync_all(self) -> None:
         """Everything becomes durable (a clean unmount, or `sync`)."""

@@ -14,6 +14,7 @@ restarted process reads what this cache says, not what the kernel remembered.
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import stat
 import threading
@@ -24,6 +25,7 @@ from typing import Any, TypeVar
 import mfusepy
 from mqmeta.chaos.faultfs.cache import FsError, Inode, Kind, PageCache
 
+log = logging.getLogger(__name__)
 T = TypeVar("T")
 _KIND_BITS = {Kind.FILE: stat.S_IFREG, Kind.DIRECTORY: stat.S_IFDIR, Kind.SYMLINK: stat.S_IFLNK}
 
@@ -97,7 +99,12 @@ class FaultOperations(mfusepy.Operations):  # type: ignore[misc]
     def fsyncdir(self, path: str | None, datasync: int, fh: int) -> int:
         self._delay(self.cache.faults.fsync_delay_ms)
         with self._mutex:
-            self.cache.sync_directory(self._inode(path, fh))
+            directory = self._inode(path, fh)
+            try:
+                self.cache.sync_directory(directory)
+            except FsError:
+                log.warning("directory fsync of %s failed with EIO (injected)", self.cache.path_of(directory))
+                raise
         return 0
 
     def mkdir(self, path: str, mode: int) -> int:
@@ -171,7 +178,12 @@ class FaultOperations(mfusepy.Operations):  # type: ignore[misc]
     def fsync(self, path: str | None, datasync: int, fh: int) -> int:
         self._delay(self.cache.faults.fsync_delay_ms)
         with self._mutex:
-            self.cache.sync_file(self._inode(path, fh), data_only=bool(datasync))
+            inode = self._inode(path, fh)
+            try:
+                self.cache.sync_file(inode, data_only=bool(datasync))
+            except FsError:
+                log.warning("fsync of %s failed with EIO (injected)", self.cache.path_of(inode))
+                raise
         return 0
 
     def flush(self, path: str | None, fh: int) -> int:
