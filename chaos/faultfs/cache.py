@@ -268,7 +268,8 @@ class PageCache:
     def path_of(self, inode: Inode) -> str:
         """One name of `inode` readers see ("(unlinked)" when none), for log lines."""
         parents = {n: (d.number, name) for d in self.inodes.values() for name, n in d.entries.items()}
-        names, number = [], inode.number
+        names: list[str] = []
+        number = inode.number
         while number != ROOT_NUMBER:
             if number not in parents or len(names) > len(self.inodes):
                 return "(unlinked)"
