@@ -231,9 +231,10 @@ def test_failed_fsync_reports_eio_once_and_loses_its_pages(fs: FaultFs, here: Pa
 
 def test_failed_directory_fsync_reports_eio_and_persists_nothing(fs: FaultFs, here: Path) -> None:
     """A directory fsync that fails (EIO) made none of its entries durable; the next one
-    succeeds and does."""
+    succeeds and does. A failure armed for a subtree spares fsyncs outside it."""
     _write(here / "new", b"data", sync="fsync")
-    fs.fail_next_fsync()
+    fs.fail_next_fsync(under=f"/{here.name}")
+    _sync_directory(fs.mountpoint)  # not under it: not failed
     with pytest.raises(OSError) as failed:
         _sync_directory(here)
     assert failed.value.errno == errno.EIO

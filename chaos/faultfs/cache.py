@@ -87,6 +87,7 @@ class Faults:
     fsync_delay_ms: int = 0
     read_delay_ms: int = 0
     fsync_failures_pending: int = 0
+    fsync_failure_under: str = "/"  # only fsyncs of paths under this one fail
     disk_full: bool = False
 
 
@@ -196,7 +197,7 @@ class PageCache:
     def sync_directory(self, directory: Inode) -> None:
         """fsync of a directory: its entries as readers see them become durable."""
         self.counters.directory_fsyncs += 1
-        if self._take_pending_failure():  # the entries stay as unsynced as they were
+        if self._take_pending_failure(directory):  # the entries stay as unsynced as they were
             raise FsError(errno.EIO, "injected: the next fsync fails")
         directory.durable_entries = dict(directory.entries)
         self._collect()
@@ -256,7 +257,7 @@ class PageCache:
             self.counters.fdatasyncs += 1
         else:
             self.counters.fsyncs += 1
-        if self._take_pending_failure():
+        if self._take_pending_failure(inode):
             # Linux marks the pages clean without writing them: readable, never durable.
             for index, page in inode.dirty.items():
                 inode.failed[index] = page
@@ -439,8 +440,12 @@ class PageCache:
         inode.failed.clear()
         inode.size = inode.store_valid_bytes = inode.durable_size
 
-    def _take_pending_failure(self) -> bool:
+    def _take_pending_failure(self, inode: Inode) -> bool:
         if self.faults.fsync_failures_pending <= 0:
+            return False
+        if self.faults.fsync_failure_under != "/" and not _is_inside(
+            self.path_of(inode), self.faults.fsync_failure_under
+        ):
             return False
         self.faults.fsync_failures_pending -= 1
         self.counters.failed_fsyncs += 1

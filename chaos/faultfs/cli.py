@@ -52,6 +52,9 @@ def add_faultfs_arguments(parser: argparse.ArgumentParser) -> None:
     fail = _control(sub.add_parser("fail-fsync", help="the next fsyncs fail with EIO"))
     fail.add_argument("mountpoint", type=Path)
     fail.add_argument("--count", type=FlagNumber("--count", int, 0, FAILURES_MAX), default=1)
+    fail.add_argument(
+        "--under", default="/", help="only fsyncs of paths under this one, inside the mount (/)"
+    )
     full = _control(sub.add_parser("disk-full", help="writes fail with ENOSPC (on) or not (off)"))
     full.add_argument("mountpoint", type=Path)
     full.add_argument("state", choices=("on", "off"))
@@ -77,7 +80,7 @@ def run_faultfs(args: argparse.Namespace) -> int:
     elif command == "delay":
         status = control.delay(args.fsync_ms, args.read_ms)
     elif command == "fail-fsync":
-        status = control.fail_next_fsync(args.count)
+        status = control.fail_next_fsync(args.count, args.under)
     elif command == "disk-full":
         status = control.disk_full(args.state == "on")
     elif command == "sync":

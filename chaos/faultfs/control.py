@@ -2,7 +2,7 @@
 
 A request is `{"command": NAME, ...arguments}`; the answer `{"ok": true, "status": {...}}`
 or `{"ok": false, "error": "one sentence"}`. Commands: `status`, `lose-power`
-(`writeback_fraction`, `seed`), `delay` (`fsync_ms`, `read_ms`), `fail-fsync` (`count`),
+(`writeback_fraction`, `seed`), `delay` (`fsync_ms`, `read_ms`), `fail-fsync` (`count`, `under`),
 `disk-full` (`on`), `sync`. `FaultFsControl` is the client.
 """
 
@@ -61,9 +61,10 @@ class FaultFsControl:
         arguments = {"fsync_ms": fsync_ms, "read_ms": read_ms}
         return self.call("delay", **{k: v for k, v in arguments.items() if v is not None})
 
-    def fail_next_fsync(self, count: int = 1) -> dict[str, Any]:
-        """The next `count` fsyncs (file or directory) fail with EIO."""
-        return self.call("fail-fsync", count=count)
+    def fail_next_fsync(self, count: int = 1, under: str = "/") -> dict[str, Any]:
+        """The next `count` fsyncs (file or directory) of paths under `under` (a path
+        inside the mount, "/" for any) fail with EIO."""
+        return self.call("fail-fsync", count=count, under=under)
 
     def disk_full(self, on: bool) -> dict[str, Any]:
         """While on, writes, creates and mkdirs fail with ENOSPC."""
@@ -147,7 +148,14 @@ class ControlServer:
             cache.faults.fsync_delay_ms, cache.faults.read_delay_ms = fsync_ms, read_ms
         elif command == "fail-fsync":
             count = _bounded(request, "count", 1, FAILURES_MAX)
-            operations.locked(lambda: setattr(cache.faults, "fsync_failures_pending", count))
+            under = request.get("under", "/")
+            if not isinstance(under, str) or not under.startswith("/"):
+                raise InvalidArgument(f"under must be a path inside the mount starting with /, not {under!r}")
+
+            def arm() -> None:
+                cache.faults.fsync_failures_pending, cache.faults.fsync_failure_under = count, under
+
+            operations.locked(arm)
         elif command == "disk-full":
             cache.faults.disk_full = bool(request["on"])
         elif command == "sync":
