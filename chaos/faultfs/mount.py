@@ -41,7 +41,8 @@ def serve(backing: Path, mountpoint: Path, control: Path) -> None:
         from mqmeta.chaos.faultfs.fuse_ops import FaultFuse, FaultOperations
     except (ImportError, OSError) as error:
         raise FailedPrecondition(
-            f"the fault filesystem needs libfuse3 (apt-get install fuse3) and mfusepy: {error}"
+            "the fault filesystem needs libfuse3 (apt-get install fuse3) and mfusepy "
+            f"(pip install 'mqmeta[chaos]'): {error}"
         ) from error
     cache = PageCache(backing)
     operations = FaultOperations(cache)
