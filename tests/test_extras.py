@@ -25,7 +25,7 @@ import pytest
 import mqmeta
 from mqmeta.extras import EXTRA_MODULES
 
-pytestmark = [pytest.mark.timeout(60)]
+pytestmark = [pytest.mark.timeout(120)]  # a few interpreter start-ups each, on a loaded machine
 ROOT = Path(__file__).resolve().parent.parent
 EVERY_EXTRA = sorted({module for modules in EXTRA_MODULES.values() for module, _ in modules} | {"s3fs"})
 COMMANDS = ["controller", "namesrv", "local up", "broker", "produce", "consume", "admin", "chaos",
