@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Benchmark of the Spark audit's replica checks (B1-B3) against a pure-Python baseline.
 
-    .venv/bin/python bench/audit_bench.py [--quick] [--sizes 1000000,10000000] [--keep]
+    .venv/bin/python -m bench.audit_bench [--quick] [--sizes 1000000,10000000] [--keep]
 
 Prints ONE JSON document on stdout; progress goes to stderr. For each size N:
 
@@ -46,10 +46,10 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-import benchlib  # noqa: E402
 from mqmeta.broker_agent.store import MessageStore  # noqa: E402
 from mqmeta.spark.walk import Piece, piece_digest, walk  # noqa: E402
 
+from bench import benchlib  # noqa: E402
 from mqmeta.formats.jsonlines import line_crc  # noqa: E402
 from mqmeta.formats.records import Message  # noqa: E402
 

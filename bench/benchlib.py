@@ -1,9 +1,9 @@
-"""Pieces shared by the benchmark scripts in bench/ (controller_bench, broker_bench,
-tiered_bench): statistics, Linux /proc CPU accounting, and run_main(), the common main()
-structure (one JSON document on stdout, a watchdog, SIGINT/SIGTERM handling, cleanup).
+"""Pieces shared by the benchmark scripts in bench/: statistics, Linux /proc CPU
+accounting, profiling, and run_main(), the common main() structure (one JSON document
+on stdout, a watchdog, SIGINT/SIGTERM handling, cleanup).
 
-The scripts run as `python bench/X.py`, so this directory is sys.path[0] and they
-`import benchlib`.
+The scripts run from the repository root as `python -m bench.X` and import this module as
+`bench.benchlib`.
 """
 
 from __future__ import annotations
@@ -21,6 +21,16 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+# The editable install's finder predates broker_agent/: make the repository importable here
+# and in every child process (`python -m mqmeta.cli ...`, `python -m bench.X _node`)
+# whatever the working directory.
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [str(REPO)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+)
 
 
 def make_log(tag: str) -> Callable[[str], None]:
@@ -169,6 +179,20 @@ def machine_busy_percent(before: tuple[float, float] | None) -> float | None:
 
 
 # main() ---------------------------------------------------------------------------------
+
+
+def wait_quiet(max_wait_s: float, threshold: float = 25.0) -> dict[str, Any]:
+    """Waits (bounded) until the machine is below `threshold`% busy over 0.5 s: the machine
+    may be shared, and foreign load distorts a CPU-bound measurement."""
+    t0 = time.monotonic()
+    busy = None
+    for _ in range(1000):
+        before = machine_busy()
+        time.sleep(0.5)
+        busy = machine_busy_percent(before)
+        if busy is None or busy < threshold or time.monotonic() - t0 >= max_wait_s:
+            break
+    return {"waited_s": round(time.monotonic() - t0, 1), "machine_busy_percent": busy}
 
 
 def stop_clusters(clusters: list[Any], log: Callable[[str], None]) -> None:

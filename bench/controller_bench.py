@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Benchmark of a real 3-node mqmeta controller cluster, with a raw pysyncobj baseline.
 
-    .venv/bin/python bench/controller_bench.py [--quick]
+    .venv/bin/python -m bench.controller_bench [--quick]
 
 Prints ONE JSON document on stdout; progress goes to stderr. Phases (--only picks some):
 
@@ -55,9 +55,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-if __package__:  # imported as bench.X: benchlib sits next to this file (sys.path[0] when run)
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import (
+from bench.benchlib import (
     CLK_TCK,
     CpuMeter,
     _r,
@@ -71,7 +69,6 @@ from benchlib import (
     stop_clusters,
 )
 
-BENCH_FILE = Path(__file__).resolve()
 CLIENTS = 16
 TARGETS = {
     "seq_p50_ms_max": 3.0,
@@ -378,7 +375,7 @@ class Cluster:
             wrap += ["--profile-tick"]
         if wrap:
             assert cmd[1:3] == ["-m", "mqmeta.cli"], cmd
-            cmd = [cmd[0], str(BENCH_FILE), "_node", *wrap, "--", *cmd[3:]]
+            cmd = [cmd[0], "-m", "bench.controller_bench", "_node", *wrap, "--", *cmd[3:]]
         return cmd
 
     def start(self) -> None:

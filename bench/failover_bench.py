@@ -1,6 +1,6 @@
 """Broker failover with the DEFAULT liveness settings (what `mqmeta local up` runs).
 
-`python bench/failover_bench.py [--rounds 10] [--load-s 10] [--keep]` starts a real
+`python -m bench.failover_bench [--rounds 10] [--load-s 10] [--keep]` starts a real
 cluster (3 controllers, a nameserver, one broker set of 3 replicas with the broker's
 default flags) and leaves the controller's liveness configuration at its defaults
 (heartbeat, dead-after, lease, margin: printed under "liveness"). Then:
@@ -10,7 +10,7 @@ default flags) and leaves the controller's liveness configuration at its default
   and a shrunk SyncStateSet as set epochs;
 - R rounds of SIGKILL of the master and R rounds of SIGSTOP, each sample the time from
   the fault to the first send acknowledged with a master epoch above the old one, by a
-  probe sending to whoever the nameserver names master (bench/broker_bench.py's
+  probe sending to whoever the nameserver names master (bench/brokerlib.py's
   failover_round; SIGKILLed brokers restarted from their data, SIGSTOPped ones resumed).
 
 Prints one JSON document; targets p99 <= 1.5 s (SIGKILL), <= 3 s (SIGSTOP).
@@ -24,16 +24,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-if __package__:
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from benchlib import make_log, run_main, seconds_summary  # noqa: E402
-
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-import broker_bench  # noqa: E402
+from bench import brokerlib
+from bench.benchlib import make_log, run_main, seconds_summary
 
 log = make_log("failover-bench")
 TARGETS_S = {"SIGKILL": 1.5, "SIGSTOP": 3.0}
@@ -62,7 +54,7 @@ def start_with_defaults(root: Path):
     from mqmeta.pb import controller_pb2 as pb
 
     cluster = Cluster(root / "defaults", broker_sets=1, replicas=3, broker_flags=["--tiered-store", ""])
-    broker_bench.CLUSTERS.append(cluster)
+    brokerlib.CLUSTERS.append(cluster)
     cluster.start(brokers=False)
     defaults = {key: str(CONFIG_SCHEMA[key][1]) for key in LIVENESS_KEYS}
     cluster.configure_controller(defaults)
@@ -70,15 +62,15 @@ def start_with_defaults(root: Path):
         cluster.start_broker(broker.name)
     wait_brokers_ready(cluster.layout.brokers)
     with cluster.client() as client:
-        client.create_topic(pb.TopicSpec(name=broker_bench.TOPIC, queue_count=broker_bench.QUEUES))
+        client.create_topic(pb.TopicSpec(name=brokerlib.TOPIC, queue_count=brokerlib.QUEUES))
         config = dict(client.get_config(pb.GetConfigRequest()).values)
     return cluster, {key: config[key] for key in LIVENESS_KEYS}
 
 
 def load_phase(cluster, seconds: float) -> dict[str, Any]:
-    master = broker_bench.wait_in_sync(cluster, 3, timeout_s=30.0)
+    master = brokerlib.wait_in_sync(cluster, 3, timeout_s=30.0)
     epoch_before = cluster.broker_status(master).master_epoch
-    run = broker_bench.throughput_run(cluster, 8, 128, 1.0, seconds)
+    run = brokerlib.throughput_run(cluster, 8, 128, 1.0, seconds)
     status = cluster.broker_status(master)
     return {
         "msgs_per_s": run.get("msgs_per_s"),
@@ -98,14 +90,14 @@ def run(args: argparse.Namespace, root: Path, result: dict[str, Any]) -> None:
     for kind in ("SIGKILL", "SIGSTOP"):
         rounds = []
         for k in range(args.rounds):
-            r = broker_bench.failover_round(cluster, kind, k, args.attempt_timeout_s, wait_s=15.0)
+            r = brokerlib.failover_round(cluster, kind, k, args.attempt_timeout_s, wait_s=15.0)
             rounds.append(r)
             log(
                 f"{kind} {k + 1}/{args.rounds}: {r['old_master']} -> {r.get('new_master')} "
                 f"in {r['failover_s']} s"
             )
         result[kind] = {"rounds": rounds}
-    broker_bench.stop_cluster(cluster)
+    brokerlib.stop_cluster(cluster)
 
 
 def summarize(result: dict[str, Any]) -> None:
@@ -134,7 +126,7 @@ def main(argv: list[str]) -> int:
         result,
         lambda t0: run(args, root, result),
         summarize,
-        broker_bench.cleanup,
+        brokerlib.cleanup,
         log,
         watchdog_grace_s=5.0,
         json_default=str,

@@ -1,11 +1,11 @@
 """Graceful handoff: how long a broker set takes no writes when its master hands off.
 
-`python bench/handoff_bench.py [--rounds 10] [--keep]` starts a real cluster (3
+`python -m bench.handoff_bench [--rounds 10] [--keep]` starts a real cluster (3
 controllers, a nameserver, one broker set of 3 replicas; the tests' flags and liveness
 settings, which a handoff does not depend on) and hands the master role over R times
 through the master's Handoff RPC (what `mqmeta admin handoff` calls). A probe thread
 sends 4 x 100 B batches to whoever the nameserver names master, retrying after 20 ms on a
-refusal (bench/broker_bench.py's Probe). Per round:
+refusal (bench/brokerlib.py's Probe). Per round:
 
 - unavailable_s: from the Handoff call to the first send acknowledged with a master
   epoch above the old one (what a retrying producer waits);
@@ -27,16 +27,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-if __package__:  # imported as bench.X: benchlib sits next to this file
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from benchlib import make_log, run_main, seconds_summary  # noqa: E402
-
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-import broker_bench  # noqa: E402
+from bench import brokerlib
+from bench.benchlib import make_log, run_main, seconds_summary
 
 log = make_log("handoff-bench")
 UNAVAILABLE_P99_S_MAX = 0.2
@@ -58,9 +50,9 @@ def handoff_round(cluster, k: int) -> dict[str, Any]:
 
     from mqmeta.pb import broker_pb2, broker_pb2_grpc
 
-    old = broker_bench.wait_in_sync(cluster, 3, timeout_s=30.0)
+    old = brokerlib.wait_in_sync(cluster, 3, timeout_s=30.0)
     old_epoch = cluster.broker_status(old).master_epoch
-    probe = broker_bench.Probe(cluster, attempt_timeout_s=1.0)
+    probe = brokerlib.Probe(cluster, attempt_timeout_s=1.0)
     probe.start()
     out: dict[str, Any] = {"round": k + 1, "old_master": old, "old_epoch": old_epoch}
     try:
@@ -93,7 +85,7 @@ def handoff_round(cluster, k: int) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace, root: Path, result: dict[str, Any]) -> None:
-    cluster, info = broker_bench.start_cluster(root, "handoff", broker_bench.FLAGS, no_tiered=True)
+    cluster, info = brokerlib.start_cluster(root, "handoff", brokerlib.FLAGS, no_tiered=True)
     result["cluster"] = info
     rounds = result["rounds"] = []
     for k in range(args.rounds):
@@ -104,7 +96,7 @@ def run(args: argparse.Namespace, root: Path, result: dict[str, Any]) -> None:
             f"(epoch {r['new_epoch']}): first ack after {r['unavailable_s']} s, broker refused writes "
             f"{r['broker_unavailable_ms']} ms, {r['refused_attempts']} refused attempts"
         )
-    broker_bench.stop_cluster(cluster)
+    brokerlib.stop_cluster(cluster)
 
 
 def summarize(result: dict[str, Any]) -> None:
@@ -130,7 +122,7 @@ def main(argv: list[str]) -> int:
         result,
         lambda t0: run(args, root, result),
         summarize,
-        broker_bench.cleanup,
+        brokerlib.cleanup,
         log,
         watchdog_grace_s=5.0,
         json_default=str,

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Metadata at scale: a real 3-node controller cluster and a nameserver holding P11's load.
 
-    .venv/bin/python bench/metadata_scale.py [--scale 1.0]
+    .venv/bin/python -m bench.metadata_scale [--scale 1.0]
 
 At --scale 1.0 (the issue's sizes): 100,000 topics x 8 queues, 10,000 subscription groups,
 300 broker sets x 3 replicas registered and heartbeating at the default interval (the 900
@@ -71,9 +71,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-if __package__:  # imported as bench.X: benchlib sits next to this file (sys.path[0] when run)
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import (
+from mqmeta.controller.state_machine import CONFIG_SCHEMA  # noqa: E402
+
+from bench.benchlib import (
     CpuMeter,
     _r,
     _ratio,
@@ -87,7 +87,6 @@ from benchlib import (
     run_main,
     stop_clusters,
 )
-from mqmeta.controller.state_machine import CONFIG_SCHEMA  # noqa: E402 (after benchlib's path)
 
 CLUSTER = "DefaultCluster"
 FULL_SIZES = {"topics": 100_000, "queues": 8, "groups": 10_000, "broker_sets": 300, "replicas": 3}

@@ -2,7 +2,7 @@
 """Benchmark of cross-cluster replication: two local clusters (a, b; one controller, one
 broker set of 2 replicas each) and one `mqmeta replicator` worker.
 
-    .venv/bin/python bench/replicator_bench.py [--messages N] [--queues Q]
+    .venv/bin/python -m bench.replicator_bench [--messages N] [--queues Q]
 
 Prints ONE JSON document on stdout; progress goes to stderr. In one run:
 direct       N messages of 1 KB produced straight into b (batches of 32, one thread):

@@ -1,6 +1,6 @@
 """Official RocketMQ 5 client throughput against mqmeta, beside our native client, in one run.
 
-    PYTHONPATH=. .venv/bin/python bench/rocketmq_bench.py [--messages N] [--threads T] [--size B]
+    .venv/bin/python -m bench.rocketmq_bench [--messages N] [--threads T] [--size B]
 
 Starts a real cluster (one controller, a nameserver, a broker set of two replicas, acks
 from the whole SyncStateSet), then measures on the same topic:

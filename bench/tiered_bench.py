@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Benchmark of the tiered uploader: upload throughput in-process, and promotion to first upload.
 
-    .venv/bin/python bench/tiered_bench.py [--quick] [--only upload,promotion,defaults]
+    .venv/bin/python -m bench.tiered_bench [--quick] [--only upload,promotion,defaults]
 
 Prints ONE JSON document on stdout; progress goes to stderr. Phases:
 
@@ -73,9 +73,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-if __package__:  # imported as bench.X: benchlib sits next to this file (sys.path[0] when run)
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import (
+from bench.benchlib import (
     _r,
     _ratio,
     make_log,

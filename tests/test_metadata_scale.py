@@ -55,7 +55,8 @@ FIGURES = (
 def report():
     command = [
         sys.executable,
-        str(ROOT / "bench" / "metadata_scale.py"),
+        "-m",
+        "bench.metadata_scale",
         "--scale=0.01",
         "--phase-s=1",
         "--capacity-intervals=1000,250",
