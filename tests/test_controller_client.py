@@ -104,21 +104,36 @@ def test_a_controller_without_the_stream_gets_unary_heartbeats(serve):
         assert servicer.streamed == 0
 
 
+class ShiftedClock:
+    """The client's clock (its module's `time`), real time plus a shift the test advances:
+    the retry time passes without the test sleeping through it."""
+
+    def __init__(self) -> None:
+        self.shift_s = 0.0
+
+    def monotonic(self) -> float:
+        return time.monotonic() + self.shift_s
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)  # the client's own backoff: a pass-through, not the test waiting
+
+
 def test_the_stream_is_tried_again_after_the_retry_time_and_used_once_the_controller_has_it(
     serve, monkeypatch
 ):
-    monkeypatch.setattr(client_module, "STREAM_RETRY_S", 0.5)
+    clock = ShiftedClock()
+    monkeypatch.setattr(client_module, "time", clock)
     servicer = Upgradable()
     with ControllerClient([serve(servicer)]) as client:
         assert [client.heartbeat(REQUEST) for _ in range(3)] == [REPLY] * 3
         assert (servicer.refused_streams, servicer.unary) == (1, 3)
-        time.sleep(0.6)
+        clock.shift_s += client_module.STREAM_RETRY_S + 0.1
         assert client.heartbeat(REQUEST) == REPLY  # still old: refused again, answered unary
         assert (servicer.refused_streams, servicer.unary) == (2, 4)
         servicer.upgraded.set()
         assert [client.heartbeat(REQUEST) for _ in range(3)] == [REPLY] * 3
         assert servicer.unary == 7 and servicer.streamed == 0, "within the retry time: unary"
-        time.sleep(0.6)
+        clock.shift_s += client_module.STREAM_RETRY_S + 0.1
         assert [client.heartbeat(REQUEST) for _ in range(3)] == [REPLY] * 3
         assert servicer.streamed == 3 and servicer.unary == 7, "after it: on the stream"
         assert servicer.refused_streams == 2

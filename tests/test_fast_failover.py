@@ -81,6 +81,8 @@ def test_a_stopped_master_is_kept_until_dead_after(cluster):
         stopped = time.monotonic()
         while time.monotonic() - stopped < STOP_KEPT_MS / 1000:  # bounded by the time, polled
             assert controller_master(cluster) == old_id, "a stopped master was replaced before dead-after"
+            # the sleep is the property: nothing may happen during this interval (a wait on
+            # a condition would end at the first change, which is exactly what must not come)
             time.sleep(0.05)
         wait_for(lambda: controller_master(cluster), 10, "a new master", until=lambda m: m not in (0, old_id))
     finally:

@@ -45,6 +45,7 @@ import pysyncobj.serializer
 import pysyncobj.syncobj
 import pytest
 from mqmeta.cluster.ports import PortReservation
+from mqmeta.cluster.wait import wait_for as cluster_wait_for
 from mqmeta.controller import pysyncobj_compat as compat
 from mqmeta.controller import raft_node
 from mqmeta.controller.journal import FILE_MAGIC, DurableJournal, parse_records
@@ -65,6 +66,8 @@ def wait_for(
 ):
     """Polls `predicate` (running `step` between polls, e.g. a manual Raft tick) until it
     is true; fails the test saying what it waited for."""
+    if step is None:
+        return cluster_wait_for(predicate, timeout_s, what)
     deadline = time.monotonic() + timeout_s
     while True:
         value = predicate()
@@ -72,10 +75,7 @@ def wait_for(
             return value
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout_s}s waiting for {what}")
-        if step is not None:
-            step()
-        else:
-            time.sleep(0.01)
+        step()
 
 
 # Import-time checks -----------------------------------------------------------------------

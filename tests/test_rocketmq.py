@@ -511,7 +511,9 @@ def test_telemetry_answers_every_settings_and_stays_open(cluster):
         yield rsvc.TelemetryCommand(settings=settings)
         more.wait(10)
         yield rsvc.TelemetryCommand(settings=settings)
-        time.sleep(1.5)  # the stream must still be open after the answers
+        # the sleep is the property: the server must keep the stream open through this
+        # interval after its answers (a wait on a condition would end at a close)
+        time.sleep(1.5)
 
     answers = []
     for answer in stub.Telemetry(commands(), metadata=_metadata(), timeout=20):

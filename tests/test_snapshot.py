@@ -19,12 +19,10 @@ import copy
 import gzip
 import pickle
 import threading
-import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
+from mqmeta.cluster.wait import wait_for
 from mqmeta.controller import pysyncobj_compat, snapshot
 from mqmeta.controller.commands import command_from_json
 from mqmeta.controller.snapshot import SnapshotInProgress, StateSnapshots, guarded_replace, read_snapshot
@@ -55,16 +53,6 @@ def loaded_state(topics: int) -> ControllerState:
         )[0]
         assert result["ok"], result
     return state
-
-
-def wait_for(predicate: Callable[[], Any], timeout_s: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.01)
-    pytest.fail(f"timed out after {timeout_s}s waiting for {what}")
 
 
 class Gate:

@@ -13,6 +13,7 @@ import pytest
 from mqmeta.cluster.harness import Cluster
 from mqmeta.cluster.ready import READY_TIMEOUT_S
 from mqmeta.cluster.supervisor import STOPPED_STATES, ChildExited, Supervisor, thread_states
+from mqmeta.cluster.wait import wait_for
 
 # Four threads spin and one writes a counter to a file every millisecond.
 SPINNER = """
@@ -29,7 +30,7 @@ while True:
     with open(path + ".tmp", "w") as f:
         f.write(str(count))
     os.replace(path + ".tmp", path)
-    time.sleep(0.001)
+    time.sleep(0.001)  # the child's write pace (its workload), not a wait of the test
 """
 
 
@@ -45,10 +46,10 @@ def supervisor(tmp_path: Path):
 def _start_spinner(supervisor: Supervisor, tmp_path: Path) -> Path:
     counter = tmp_path / "count"
     supervisor.start("spinner", [sys.executable, "-c", SPINNER, str(counter)])
-    deadline = time.monotonic() + 10
-    while not counter.exists() or len(thread_states(supervisor.children["spinner"].pid)) < 5:
-        assert time.monotonic() < deadline, "the spinner never started its threads"
-        time.sleep(0.01)
+    pid = supervisor.children["spinner"].pid
+    wait_for(
+        lambda: counter.exists() and len(thread_states(pid)) >= 5, 10, "the spinner to start its threads"
+    )
     return counter
 
 
@@ -60,13 +61,12 @@ def test_suspend_returns_only_when_every_thread_has_stopped(supervisor: Supervis
         states = thread_states(pid)
         assert len(states) >= 5 and all(s in STOPPED_STATES for s in states.values()), states
         frozen = counter.read_text()
-        time.sleep(0.02)
+        time.sleep(0.02)  # the sleep is the property: no write may come during this interval
         assert counter.read_text() == frozen, "the process wrote after suspend returned"
         supervisor.resume("spinner")
-        deadline = time.monotonic() + 5
-        while counter.read_text() == frozen:
-            assert time.monotonic() < deadline, "the process did not run again after resume"
-            time.sleep(0.005)
+        wait_for(
+            lambda frozen=frozen: counter.read_text() != frozen, 5, "the process to run again after resume"
+        )
 
 
 def test_suspend_of_a_process_that_exited_returns(supervisor: Supervisor) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import random
+import select
 import socket
 import statistics
 import struct
@@ -312,8 +313,8 @@ def test_a_held_stream_is_read_no_further_than_its_bound(
         try:
             sent += block[: established.client.send(block)]
             stalled_since = time.monotonic()
-        except BlockingIOError:
-            time.sleep(0.01)
+        except BlockingIOError:  # wait (bounded) until the socket takes bytes again
+            select.select([], [established.client], [], 0.01)
     assert len(sent) < 64 * 1024 * 1024, len(sent)  # 1 MiB in the proxy plus the kernels' buffers
     _remove(server, "test", "bandwidth_upstream")
     assert recv_exactly(established.server, len(sent)) == sent

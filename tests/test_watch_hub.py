@@ -22,6 +22,7 @@ import time
 from concurrent.futures import Future
 
 import pytest
+from mqmeta.cluster.wait import wait_for
 from mqmeta.controller import core as core_module
 from mqmeta.controller import replicator_liveness
 from mqmeta.controller.commands import command_from_json
@@ -162,13 +163,18 @@ def test_a_liveness_storm_runs_a_bounded_number_of_elections_at_once(monkeypatch
     core.liveness.on_leadership(True, start)
     core._scan_once()
     core._scan_once()
-    time.sleep(0.2)
+    wait_for(
+        lambda: len(running), 10, "the first elections to run", until=lambda n: n >= ELECTIONS_IN_FLIGHT_MAX
+    )
+    time.sleep(0.2)  # the sleep is the property: no further election may start meanwhile
     assert len(running) == ELECTIONS_IN_FLIGHT_MAX, "a storm must not start an election per set at once"
     release.set()
-    deadline = time.monotonic() + 10.0
-    while len(set(running)) < sets and time.monotonic() < deadline:
+
+    def scan() -> int:
         core._scan_once()
-        time.sleep(0.05)
+        return len(set(running))
+
+    wait_for(scan, 10.0, "every set's election", until=lambda n: n >= sets, interval_s=0.05)
     assert len(set(running)) == sets, "later scans must elect the remaining sets"
 
 
