@@ -59,6 +59,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -383,201 +384,223 @@ def _log_run(label: str, r: dict[str, Any]) -> None:
     )
 
 
+def _phase_raw(
+    args: argparse.Namespace, root: Path, result: dict[str, Any], remaining: Callable[[], float]
+) -> None:
+    raw: dict[str, Any] = {"fsync": [], "no_fsync_reference": []}
+    raw_s = 1.0 if args.quick else 2.0
+    raw["before_phase"] = wait_quiet(args.quiet_wait_s)
+    for batch in args.batch_sizes:
+        r = raw_append(root, batch, raw_s, fsync=True)
+        raw["fsync"].append(r)
+        log(
+            f"raw append batch {batch} fsync: {r['msgs_per_s']} msg/s {r['mb_per_s']} MB/s "
+            f"put p50 {r['put_latency'].get('p50_ms')} ms"
+        )
+        r = raw_append(root, batch, raw_s / 2, fsync=False)
+        raw["no_fsync_reference"].append(r)
+        log(f"raw append batch {batch} no fsync: {r['msgs_per_s']} msg/s")
+        r = raw_append_copies(root, batch, raw_s, REPLICAS)
+        raw.setdefault("replica_copies_ceiling", []).append(r)
+        log(f"raw append batch {batch}, {REPLICAS} copies at once: {r['msgs_per_s_each']} msg/s each")
+    raw["what"] = (
+        "MessageStore(tmpdir, fsync=True).put_messages of batches of the same "
+        "1 KB records (topic, 8 queues round robin, producer id/seq) in this "
+        "process: no network, no replication; no_fsync_reference: fsync=False; "
+        "replica_copies_ceiling: one such append per replica, in parallel processes"
+    )
+    result["raw_append"] = raw
+
+
+def _phase_micro(
+    args: argparse.Namespace, root: Path, result: dict[str, Any], remaining: Callable[[], float]
+) -> None:
+    result["cpu_cost_us_per_message"] = [
+        cost_breakdown(b, 0.5 if args.quick else 1.0) for b in args.batch_sizes
+    ]
+    log(f"cpu cost per message: {result['cpu_cost_us_per_message'][-1]}")
+
+
+def _phase_throughput(
+    args: argparse.Namespace, root: Path, result: dict[str, Any], remaining: Callable[[], float]
+) -> None:
+    flags = [
+        "--ha-max-time-slave-not-catchup-ms",
+        str(args.tp_not_catchup_ms),
+        "--send-timeout-ms",
+        "3000",
+    ]
+    cluster, info = start_cluster(root, "tp-cluster", flags, args.no_tiered)
+    info["why_these_flags"] = (
+        "the master counts a slave as caught up only when a fetch reaches its max offset "
+        "of that instant, which never happens under sustained load: with the tests' 1500 "
+        "ms the slaves leave the SyncStateSet ~1.5-2 s into a run and the rest of the run "
+        "is acknowledged by the master alone (see failover.load_eviction_check). Phase 1 "
+        f"therefore uses {args.tp_not_catchup_ms} ms (the broker default is 15000), longer "
+        "than any run; a run counts only if the SyncStateSet epoch did not change"
+    )
+    result["throughput_cluster"] = info
+    meter = CpuMeter(all_pids(cluster, info["first_master"]))
+    time.sleep(1.0 if args.quick else 2.0)
+    info["idle_cpu_percent"] = meter.stop()
+    log(f"idle cpu: {info['idle_cpu_percent']}")
+    runs = []
+    for batch in args.batch_sizes:
+        for threads in args.thread_counts:
+            if remaining() < 15 + 5 * args.rounds + args.duration + args.quiet_wait_s:
+                log("throughput: skipping the remaining runs to stay within the budget")
+                result["throughput_truncated"] = True
+                break
+            quiet = wait_quiet(args.quiet_wait_s)
+            r = throughput_run(cluster, threads, batch, args.warmup, args.duration)
+            r["before_run"] = quiet
+            runs.append(r)
+            _log_run("throughput", r)
+    valid = [r for r in runs if r["valid_all_3_acked"]]
+    best = max(valid, key=lambda r: r["msgs_per_s"]) if valid else None
+    calm = [r for r in valid if not r["contended"]]
+    result["throughput"] = {
+        "runs": runs,
+        "invalid_runs": len(runs) - len(valid),
+        "contended_runs": sum(1 for r in runs if r["contended"]),
+        "best_uncontended_msgs_per_s": max((r["msgs_per_s"] for r in calm), default=None),
+        "best": None
+        if best is None
+        else {
+            k: best[k]
+            for k in (
+                "threads",
+                "batch",
+                "msgs_per_s",
+                "mb_per_s",
+                "batch_ack_latency",
+                "cpu_percent",
+                "cpu_us_per_message",
+            )
+        },
+    }
+    if args.profile:
+        threads, batch = (int(x) for x in args.profile_run.split(","))
+        pdir = root / "profile"
+        pdir.mkdir(exist_ok=True)
+        result["profile_runs"] = {}
+        for target in args.profile_targets.split(","):
+            log(
+                f"profiling {target} (py-spy, {args.profile_rate} Hz) during a run of "
+                f"{threads} threads x batch {batch}"
+            )
+            r = throughput_run(
+                cluster,
+                threads,
+                batch,
+                args.warmup,
+                max(3.0, args.duration),
+                profile={
+                    "dir": pdir,
+                    "targets": [target],
+                    "rate": args.profile_rate,
+                    "gil": not args.profile_all_threads,
+                    "native": args.profile_native,
+                },
+            )
+            _log_run(f"profiled ({target})", r)
+            result["profile_runs"][target] = r
+    stop_cluster(cluster)
+
+
+def _phase_failover(
+    args: argparse.Namespace, root: Path, result: dict[str, Any], remaining: Callable[[], float]
+) -> None:
+    cluster, info = start_cluster(root, "fo-cluster", FLAGS, args.no_tiered)
+    result["failover"] = {
+        "cluster": info,
+        "settings": {
+            "controller": CONTROLLER_CONFIG,
+            "broker_flags": " ".join(FLAGS),
+            "probe": {
+                "attempt_timeout_s": args.attempt_timeout_s,
+                "pause_after_failure_s": 0.02,
+                "pause_after_success_s": 0.005,
+                "batch": "4 x 100 B",
+                "route": "nameserver QueryRoute after each failure",
+                "sample": "fault -> first send acknowledged with master_epoch > old epoch",
+                "route_names_new_master": "fault -> the nameserver route (polled every "
+                "20 ms by another thread) names another master: "
+                "the server side, without the probe's per-attempt "
+                "timeout granularity",
+            },
+            "recovery": "SIGKILL: restart the broker from its data; SIGSTOP: SIGCONT; then wait "
+            "for 3 SyncStateSet members",
+        },
+    }
+    if args.eviction_check:
+        threads, batch = (int(x) for x in args.profile_run.split(","))
+        secs = 3.0 if args.quick else 4.0
+        log(f"load eviction check: {threads} threads x batch {batch} for {secs} s with the tests' flags")
+        r = throughput_run(cluster, threads, batch, 0.0, secs)
+        _log_run("eviction check", r)
+        result["failover"]["load_eviction_check"] = {
+            k: r[k]
+            for k in (
+                "threads",
+                "batch",
+                "duration_s",
+                "msgs_per_s",
+                "sync_state_set_start",
+                "sync_state_set_end",
+                "sync_state_set_epochs",
+                "sync_state_set_min_size_seen",
+                "sync_state_set_first_shrink_after_load_start_s",
+                "valid_all_3_acked",
+                "batch_ack_latency",
+            )
+        }
+    for kind in ("SIGKILL", "SIGSTOP"):
+        rounds: list[dict[str, Any]] = []
+        for k in range(args.rounds):
+            if remaining() < 12.0:
+                log(f"failover {kind}: stopping after {k} rounds to stay within the budget")
+                result["failover"][f"{kind}_truncated"] = True
+                break
+            try:
+                r = failover_round(cluster, kind, k, args.attempt_timeout_s, wait_s=15.0)
+            except RuntimeError as exc:
+                rounds.append({"round": k + 1, "fault": kind, "error": str(exc)})
+                log(f"failover {kind} round {k + 1}: {exc}")
+                break
+            rounds.append(r)
+            log(
+                f"failover {kind} {k + 1}/{args.rounds}: {r['old_master']} -> "
+                f"{r.get('new_master')} in {r['failover_s']} s (route after "
+                f"{r['route_names_new_master_s']} s; {r['failed_attempts']} failed "
+                f"attempts {r['errors']}), 3 in sync again after {r['back_to_3_in_sync_s']} s"
+            )
+        samples = [r["failover_s"] for r in rounds if r.get("failover_s") is not None]
+        routes = [
+            r["route_names_new_master_s"] for r in rounds if r.get("route_names_new_master_s") is not None
+        ]
+        result["failover"][kind] = dict(
+            seconds_summary(samples),
+            rounds=len(rounds),
+            failed_rounds=len(rounds) - len(samples),
+            route_names_new_master=seconds_summary(routes),
+            detail=rounds,
+        )
+    stop_cluster(cluster)
+
+
 def run(args: argparse.Namespace, root: Path, result: dict[str, Any], t_begin: float) -> None:
     def remaining() -> float:
         return args.budget_s - (time.monotonic() - t_begin)
 
     if "raw" in args.phases:
-        raw: dict[str, Any] = {"fsync": [], "no_fsync_reference": []}
-        raw_s = 1.0 if args.quick else 2.0
-        raw["before_phase"] = wait_quiet(args.quiet_wait_s)
-        for batch in args.batch_sizes:
-            r = raw_append(root, batch, raw_s, fsync=True)
-            raw["fsync"].append(r)
-            log(
-                f"raw append batch {batch} fsync: {r['msgs_per_s']} msg/s {r['mb_per_s']} MB/s "
-                f"put p50 {r['put_latency'].get('p50_ms')} ms"
-            )
-            r = raw_append(root, batch, raw_s / 2, fsync=False)
-            raw["no_fsync_reference"].append(r)
-            log(f"raw append batch {batch} no fsync: {r['msgs_per_s']} msg/s")
-            r = raw_append_copies(root, batch, raw_s, REPLICAS)
-            raw.setdefault("replica_copies_ceiling", []).append(r)
-            log(f"raw append batch {batch}, {REPLICAS} copies at once: {r['msgs_per_s_each']} msg/s each")
-        raw["what"] = (
-            "MessageStore(tmpdir, fsync=True).put_messages of batches of the same "
-            "1 KB records (topic, 8 queues round robin, producer id/seq) in this "
-            "process: no network, no replication; no_fsync_reference: fsync=False; "
-            "replica_copies_ceiling: one such append per replica, in parallel processes"
-        )
-        result["raw_append"] = raw
+        _phase_raw(args, root, result, remaining)
     if "micro" in args.phases:
-        result["cpu_cost_us_per_message"] = [
-            cost_breakdown(b, 0.5 if args.quick else 1.0) for b in args.batch_sizes
-        ]
-        log(f"cpu cost per message: {result['cpu_cost_us_per_message'][-1]}")
-
+        _phase_micro(args, root, result, remaining)
     if "throughput" in args.phases:
-        flags = [
-            "--ha-max-time-slave-not-catchup-ms",
-            str(args.tp_not_catchup_ms),
-            "--send-timeout-ms",
-            "3000",
-        ]
-        cluster, info = start_cluster(root, "tp-cluster", flags, args.no_tiered)
-        info["why_these_flags"] = (
-            "the master counts a slave as caught up only when a fetch reaches its max offset "
-            "of that instant, which never happens under sustained load: with the tests' 1500 "
-            "ms the slaves leave the SyncStateSet ~1.5-2 s into a run and the rest of the run "
-            "is acknowledged by the master alone (see failover.load_eviction_check). Phase 1 "
-            f"therefore uses {args.tp_not_catchup_ms} ms (the broker default is 15000), longer "
-            "than any run; a run counts only if the SyncStateSet epoch did not change"
-        )
-        result["throughput_cluster"] = info
-        meter = CpuMeter(all_pids(cluster, info["first_master"]))
-        time.sleep(1.0 if args.quick else 2.0)
-        info["idle_cpu_percent"] = meter.stop()
-        log(f"idle cpu: {info['idle_cpu_percent']}")
-        runs = []
-        for batch in args.batch_sizes:
-            for threads in args.thread_counts:
-                if remaining() < 15 + 5 * args.rounds + args.duration + args.quiet_wait_s:
-                    log("throughput: skipping the remaining runs to stay within the budget")
-                    result["throughput_truncated"] = True
-                    break
-                quiet = wait_quiet(args.quiet_wait_s)
-                r = throughput_run(cluster, threads, batch, args.warmup, args.duration)
-                r["before_run"] = quiet
-                runs.append(r)
-                _log_run("throughput", r)
-        valid = [r for r in runs if r["valid_all_3_acked"]]
-        best = max(valid, key=lambda r: r["msgs_per_s"]) if valid else None
-        calm = [r for r in valid if not r["contended"]]
-        result["throughput"] = {
-            "runs": runs,
-            "invalid_runs": len(runs) - len(valid),
-            "contended_runs": sum(1 for r in runs if r["contended"]),
-            "best_uncontended_msgs_per_s": max((r["msgs_per_s"] for r in calm), default=None),
-            "best": None
-            if best is None
-            else {
-                k: best[k]
-                for k in (
-                    "threads",
-                    "batch",
-                    "msgs_per_s",
-                    "mb_per_s",
-                    "batch_ack_latency",
-                    "cpu_percent",
-                    "cpu_us_per_message",
-                )
-            },
-        }
-        if args.profile:
-            threads, batch = (int(x) for x in args.profile_run.split(","))
-            pdir = root / "profile"
-            pdir.mkdir(exist_ok=True)
-            result["profile_runs"] = {}
-            for target in args.profile_targets.split(","):
-                log(
-                    f"profiling {target} (py-spy, {args.profile_rate} Hz) during a run of "
-                    f"{threads} threads x batch {batch}"
-                )
-                r = throughput_run(
-                    cluster,
-                    threads,
-                    batch,
-                    args.warmup,
-                    max(3.0, args.duration),
-                    profile={
-                        "dir": pdir,
-                        "targets": [target],
-                        "rate": args.profile_rate,
-                        "gil": not args.profile_all_threads,
-                        "native": args.profile_native,
-                    },
-                )
-                _log_run(f"profiled ({target})", r)
-                result["profile_runs"][target] = r
-        stop_cluster(cluster)
-
+        _phase_throughput(args, root, result, remaining)
     if "failover" in args.phases:
-        cluster, info = start_cluster(root, "fo-cluster", FLAGS, args.no_tiered)
-        result["failover"] = {
-            "cluster": info,
-            "settings": {
-                "controller": CONTROLLER_CONFIG,
-                "broker_flags": " ".join(FLAGS),
-                "probe": {
-                    "attempt_timeout_s": args.attempt_timeout_s,
-                    "pause_after_failure_s": 0.02,
-                    "pause_after_success_s": 0.005,
-                    "batch": "4 x 100 B",
-                    "route": "nameserver QueryRoute after each failure",
-                    "sample": "fault -> first send acknowledged with master_epoch > old epoch",
-                    "route_names_new_master": "fault -> the nameserver route (polled every "
-                    "20 ms by another thread) names another master: "
-                    "the server side, without the probe's per-attempt "
-                    "timeout granularity",
-                },
-                "recovery": "SIGKILL: restart the broker from its data; SIGSTOP: SIGCONT; then wait "
-                "for 3 SyncStateSet members",
-            },
-        }
-        if args.eviction_check:
-            threads, batch = (int(x) for x in args.profile_run.split(","))
-            secs = 3.0 if args.quick else 4.0
-            log(f"load eviction check: {threads} threads x batch {batch} for {secs} s with the tests' flags")
-            r = throughput_run(cluster, threads, batch, 0.0, secs)
-            _log_run("eviction check", r)
-            result["failover"]["load_eviction_check"] = {
-                k: r[k]
-                for k in (
-                    "threads",
-                    "batch",
-                    "duration_s",
-                    "msgs_per_s",
-                    "sync_state_set_start",
-                    "sync_state_set_end",
-                    "sync_state_set_epochs",
-                    "sync_state_set_min_size_seen",
-                    "sync_state_set_first_shrink_after_load_start_s",
-                    "valid_all_3_acked",
-                    "batch_ack_latency",
-                )
-            }
-        for kind in ("SIGKILL", "SIGSTOP"):
-            rounds: list[dict[str, Any]] = []
-            for k in range(args.rounds):
-                if remaining() < 12.0:
-                    log(f"failover {kind}: stopping after {k} rounds to stay within the budget")
-                    result["failover"][f"{kind}_truncated"] = True
-                    break
-                try:
-                    r = failover_round(cluster, kind, k, args.attempt_timeout_s, wait_s=15.0)
-                except RuntimeError as exc:
-                    rounds.append({"round": k + 1, "fault": kind, "error": str(exc)})
-                    log(f"failover {kind} round {k + 1}: {exc}")
-                    break
-                rounds.append(r)
-                log(
-                    f"failover {kind} {k + 1}/{args.rounds}: {r['old_master']} -> "
-                    f"{r.get('new_master')} in {r['failover_s']} s (route after "
-                    f"{r['route_names_new_master_s']} s; {r['failed_attempts']} failed "
-                    f"attempts {r['errors']}), 3 in sync again after {r['back_to_3_in_sync_s']} s"
-                )
-            samples = [r["failover_s"] for r in rounds if r.get("failover_s") is not None]
-            routes = [
-                r["route_names_new_master_s"] for r in rounds if r.get("route_names_new_master_s") is not None
-            ]
-            result["failover"][kind] = dict(
-                seconds_summary(samples),
-                rounds=len(rounds),
-                failed_rounds=len(rounds) - len(samples),
-                route_names_new_master=seconds_summary(routes),
-                detail=rounds,
-            )
-        stop_cluster(cluster)
+        _phase_failover(args, root, result, remaining)
 
 
 def summarize(result: dict[str, Any]) -> None:
