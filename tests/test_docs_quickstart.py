@@ -6,8 +6,9 @@ Properties checked:
   (`mqmeta local up`, run as the page shows it, in a temporary directory), and exits 0;
   Ctrl-C (SIGINT) then stops that cluster within a bound, exit status 0, as the page says.
   The install blocks are not marked: installing is what CI's own setup does;
-- README.md has at most 250 lines and its first sh block is exactly the developer path's
-  two commands.
+- README.md has at most 250 lines, its first sh block is exactly the developer path's
+  two commands, and every relative link it has names a file of the repository (mkdocs
+  checks the links of docs/, not the README's).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ BLOCKS_TIMEOUT_S = 90.0
 STOP_TIMEOUT_S = 20.0
 _MARKED_BLOCK = re.compile(r"<!-- test(?:: (?P<kind>[a-z]+))? -->\n```sh\n(?P<body>.*?)\n```", re.DOTALL)
 _SH_BLOCK = re.compile(r"```sh\n(?P<body>.*?)\n```", re.DOTALL)
+_RELATIVE_LINK = re.compile(r"\]\((?!https?://)(?P<path>[^)#]+)(?:#[^)]*)?\)")
 
 
 def marked_blocks(text: str) -> list[tuple[str, str]]:
@@ -104,3 +106,9 @@ def test_the_readme_is_short_and_opens_with_the_two_commands():
     assert len(text.splitlines()) <= README_LINES_MAX, f"README.md has {len(text.splitlines())} lines"
     first = _SH_BLOCK.search(text)
     assert first is not None and first.group("body").splitlines() == README_COMMANDS, first
+
+
+def test_the_readme_links_name_files_that_exist():
+    links = [m.group("path") for m in _RELATIVE_LINK.finditer(README.read_text())]
+    missing = [link for link in links if not (ROOT / link).exists()]
+    assert links and not missing, f"README.md links to missing files: {missing}"
