@@ -39,6 +39,7 @@ from mqmeta.cluster.supervisor import Supervisor
 
 from mqmeta import auth, tls
 from mqmeta.client import ControllerClient
+from mqmeta.context import export_lines
 from mqmeta.errors import InvalidArgument
 from mqmeta.formats.atomic import write_json_atomically
 from mqmeta.pb import controller_pb2 as pb
@@ -163,6 +164,7 @@ def _run(
                 f"see {root / 'cluster.json'}",
                 flush=True,
             )
+        print("\n".join(export_lines(document, root)), flush=True)
         _supervise([s.supervisor for s in sites], stop)
     finally:
         for site in reversed(sites):
@@ -187,7 +189,7 @@ def _start_site(site: _Site) -> dict[str, Any]:
     wait_ready(layout.controller_addresses, layout.namesrv, check_running=check_running)
     if site.name:  # topics created without --cluster go to this cluster's brokers
         with ControllerClient(layout.controller_addresses) as client:
-            client.call("UpdateConfig", pb.UpdateConfigRequest(values={"default_cluster": site.name}))
+            client.update_config(pb.UpdateConfigRequest(values={"default_cluster": site.name}))
     cluster_flag = ["--cluster", site.name] if site.name else []
     for broker in layout.brokers:
         supervisor.start(broker.name, broker_command(root, layout, broker) + cluster_flag + flags)

@@ -4,6 +4,7 @@ Properties checked:
 - every fenced block of docs/quickstart.md marked `<!-- test -->` runs, in order, in one
   shell, against the cluster that the block marked `<!-- test: background -->` starts
   (`mqmeta local up`, run as the page shows it, in a temporary directory), and exits 0;
+  local up prints the export line the page shows;
   Ctrl-C (SIGINT) then stops that cluster within a bound, exit status 0, as the page says.
   The install blocks are not marked: installing is what CI's own setup does;
 - README.md has at most 250 lines, its first sh block is exactly the developer path's
@@ -23,7 +24,7 @@ from pathlib import Path
 import pytest
 from mqmeta.cluster.wait import wait_for
 
-pytestmark = [pytest.mark.cluster, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(240)]
 
 ROOT = Path(__file__).resolve().parent.parent
 QUICKSTART = ROOT / "docs" / "quickstart.md"
@@ -35,7 +36,7 @@ README_COMMANDS = [
     ".venv/bin/python -m pytest",
 ]
 DATA_DIR = "./mqmeta-data"
-READY_TIMEOUT_S = 60.0
+READY_TIMEOUT_S = 120.0
 BLOCKS_TIMEOUT_S = 90.0
 STOP_TIMEOUT_S = 20.0
 _MARKED_BLOCK = re.compile(r"<!-- test(?:: (?P<kind>[a-z]+))? -->\n```sh\n(?P<body>.*?)\n```", re.DOTALL)
@@ -61,6 +62,7 @@ def test_the_quickstart_commands_run_against_a_real_cluster(tmp_path):
     foreground = [body for kind, body in blocks if kind == ""]
     assert len(background) == 1 and background[0].startswith("mqmeta local up "), background
     assert DATA_DIR in background[0] and len(foreground) >= 3, blocks
+    assert all(DATA_DIR in body for body in foreground), "every quick-start command names the data dir"
     data_dir = tmp_path / "data"
     env = shell_environment()
     start = background[0].replace(DATA_DIR, str(data_dir))
@@ -76,9 +78,7 @@ def test_the_quickstart_commands_run_against_a_real_cluster(tmp_path):
             return (data_dir / "cluster.json").exists()
 
         wait_for(ready, READY_TIMEOUT_S, "the quick start's cluster to write cluster.json", interval_s=0.1)
-        script = "set -euo pipefail\n" + "\n".join(foreground).replace(
-            DATA_DIR.removeprefix("./"), str(data_dir)
-        )
+        script = "set -euo pipefail\n" + "\n".join(foreground).replace(DATA_DIR, str(data_dir))
         done = subprocess.run(
             ["bash", "-c", script],
             cwd=tmp_path,
@@ -89,6 +89,9 @@ def test_the_quickstart_commands_run_against_a_real_cluster(tmp_path):
         )
         assert done.returncode == 0, f"a quick-start command failed:\n{done.stdout}\n{done.stderr}"
         assert '"acked": 1000' in done.stdout and '"received": 1000' in done.stdout, done.stdout
+        assert "export MQMETA_CONTROLLERS=" in log.read_text(), (
+            "local up prints the export line the page shows"
+        )
     finally:
         if cluster.poll() is None:
             cluster.send_signal(signal.SIGINT)
