@@ -8,6 +8,7 @@ Whoever runs the cluster holds its ports (a PortReservation) while its processes
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import sys
 from dataclasses import asdict, dataclass, field
@@ -16,7 +17,7 @@ from pathlib import Path
 from mqmeta.cluster.ports import PortReservation
 
 from mqmeta.errors import InvalidArgument
-from mqmeta.formats.atomic import write_json_atomically
+from mqmeta.formats.atomic import fsync_dir, make_directories, write_json_atomically
 
 
 @dataclass
@@ -144,7 +145,7 @@ def load_or_create_layout(
         return layout, PortReservation.hold(layout.addresses())
     layout, ports = reserve_layout(count, embedded, broker_sets, replicas)
     try:
-        root.mkdir(parents=True, exist_ok=True)
+        make_directories(root)
         write_json_atomically(path, asdict(layout), indent=2)
     except BaseException:
         ports.release()
@@ -154,9 +155,16 @@ def load_or_create_layout(
 
 def ensure_secret(root: Path) -> Path:
     path = root / "secret"
-    if not path.exists():
-        path.write_text(secrets.token_urlsafe(32))
-        path.chmod(0o600)
+    if not path.exists():  # temp (0600) + fsync + rename + directory fsync: never empty
+        tmp = root / "secret.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.write(fd, secrets.token_urlsafe(32).encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+        fsync_dir(root)
     return path
 
 

@@ -332,6 +332,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         from mqmeta.controller.admin_cli import run_admin
 
         return run_admin(args)
+    if args.command == "chaos" and args.chaos_command == "faultfs":
+        from mqmeta.chaos.faultfs.cli import run_faultfs  # needs no Spark session
+
+        return run_faultfs(args)
     if args.command == "chaos":
         require_extra("chaos", "the chaos suite")
         from mqmeta.chaos.cli import run_chaos
