@@ -28,6 +28,7 @@ class NodeLayout:
     data_dir: str  # relative to the cluster directory
     namesrv: str = ""  # embedded deployment: this node's nameserver address
     metrics: str = ""  # Prometheus text (HTTP); empty in layouts written before metrics
+    remoting: str = ""  # embedded: its nameserver's RocketMQ remoting address; empty = none
 
 
 @dataclass
@@ -37,6 +38,7 @@ class BrokerLayout:
     grpc: str
     data_dir: str  # relative to the cluster directory
     metrics: str = ""  # Prometheus text (HTTP); empty in layouts written before metrics
+    remoting: str = ""  # RocketMQ remoting address; empty in layouts written before it
 
 
 def broker_set_name(index: int) -> str:
@@ -50,14 +52,17 @@ class Layout:
     namesrv: list[str]
     brokers: list[BrokerLayout] = field(default_factory=list)
     namesrv_metrics: str = ""  # the standalone nameserver's metrics address
+    namesrv_remoting: str = ""  # the standalone nameserver's RocketMQ remoting address
 
     @staticmethod
     def port_count(count: int, embedded: bool, broker_sets: int = 0, replicas: int = 0) -> int:
         """How many ports such a cluster listens on: gRPC and Raft per controller, a nameserver
         per controller (embedded) or one standalone, one per broker; then one metrics port
-        per process."""
+        per process; then a RocketMQ remoting port per nameserver and per broker."""
         processes = count + (0 if embedded else 1) + broker_sets * replicas
-        return count * (3 if embedded else 2) + (0 if embedded else 1) + broker_sets * replicas + processes
+        nameservers = count if embedded else 1
+        servers = count * (3 if embedded else 2) + (0 if embedded else 1) + broker_sets * replicas
+        return servers + processes + nameservers + broker_sets * replicas
 
     @staticmethod
     def create(count: int, embedded: bool, broker_sets: int, replicas: int, addresses: list[str]) -> Layout:
@@ -87,7 +92,12 @@ class Layout:
         for broker in brokers:
             broker.metrics = next(free)
         namesrv_metrics = "" if embedded else next(free)
-        return Layout(embedded, nodes, namesrv_addresses, brokers, namesrv_metrics)
+        for node in nodes if embedded else []:  # remoting ports after those: older layouts keep theirs
+            node.remoting = next(free)
+        namesrv_remoting = "" if embedded else next(free)
+        for broker in brokers:
+            broker.remoting = next(free)
+        return Layout(embedded, nodes, namesrv_addresses, brokers, namesrv_metrics, namesrv_remoting)
 
     def addresses(self) -> list[str]:
         """Every address a process of this cluster listens on (what its reservation holds)."""
@@ -96,7 +106,9 @@ class Layout:
         found += [b.grpc for b in self.brokers]
         metrics = [n.metrics for n in self.controllers] + [b.metrics for b in self.brokers]
         metrics.append(self.namesrv_metrics)
-        return found + [a for a in metrics if a]
+        remoting = [n.remoting for n in self.controllers] + [self.namesrv_remoting]
+        remoting += [b.remoting for b in self.brokers]
+        return found + [a for a in metrics if a] + [a for a in remoting if a]
 
     def peer_flags(self) -> list[str]:
         flags = []
@@ -131,6 +143,7 @@ def load_or_create_layout(
             data["namesrv"],
             [BrokerLayout(**b) for b in data.get("brokers", [])],
             data.get("namesrv_metrics", ""),
+            data.get("namesrv_remoting", ""),
         )
         if (
             len(layout.controllers) != count
@@ -185,7 +198,8 @@ def controller_command(root: Path, layout: Layout, node: NodeLayout) -> list[str
         *(["--metrics-listen", node.metrics] if node.metrics else []),
     ]
     if layout.embedded:
-        return [*base, "namesrv", "--listen", node.namesrv, "--embed-controller", *flags]
+        remoting = ["--remoting-listen", node.remoting] if node.remoting else []
+        return [*base, "namesrv", "--listen", node.namesrv, "--embed-controller", *remoting, *flags]
     return [*base, "controller", *flags]
 
 
@@ -206,6 +220,7 @@ def broker_command(root: Path, layout: Layout, broker: BrokerLayout) -> list[str
         "--tiered-store",
         str(tiered_dir(root)),
         *(["--metrics-listen", broker.metrics] if broker.metrics else []),
+        *(["--remoting-listen", broker.remoting] if broker.remoting else []),
     ]
 
 
@@ -225,4 +240,5 @@ def namesrv_command(layout: Layout) -> list[str]:
         "--controllers",
         layout.controller_addresses,
         *(["--metrics-listen", layout.namesrv_metrics] if layout.namesrv_metrics else []),
+        *(["--remoting-listen", layout.namesrv_remoting] if layout.namesrv_remoting else []),
     ]
