@@ -79,7 +79,7 @@ from mqmeta.errors import (
     NotMaster,
     Unavailable,
 )
-from mqmeta.formats.atomic import write_json_atomically
+from mqmeta.formats.atomic import make_directories, write_json_atomically
 from mqmeta.formats.records import MessageFields
 from mqmeta.pb import controller_pb2 as cpb
 from mqmeta.timing import BROKER_HEARTBEAT_INTERVAL_MS_DEFAULT, LEASE_MS_DEFAULT
@@ -166,7 +166,7 @@ class BrokerAgent:
 
     def __init__(self, config: BrokerConfig) -> None:
         config.validate()
-        config.data_dir.mkdir(parents=True, exist_ok=True)
+        make_directories(config.data_dir)
         self.config = config
         self.store = MessageStore(
             config.data_dir / "store",

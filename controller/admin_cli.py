@@ -10,6 +10,7 @@ import argparse
 import json
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from google.protobuf import json_format
@@ -19,6 +20,7 @@ from rich.table import Table
 
 from mqmeta import tls
 from mqmeta.client import ControllerClient
+from mqmeta.context import CONTROLLERS, add_context_flags
 from mqmeta.errors import FailedPrecondition, InvalidArgument
 from mqmeta.pb import controller_pb2 as pb
 from mqmeta.validate import QUEUE_COUNT_MAX, REQUEST_INT_MAX
@@ -79,7 +81,7 @@ def _broker_set_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def add_admin_commands(admin: argparse.ArgumentParser) -> None:
-    admin.add_argument("--controllers", required=True, help="HOST:PORT[,HOST:PORT...]")
+    add_context_flags(admin, CONTROLLERS)
     admin.add_argument("--timeout", type=_timeout_s, default=5.0, help="seconds for the whole call")
     sub = admin.add_subparsers(dest="admin_command", required=True, parser_class=type(admin))
 
@@ -153,11 +155,28 @@ def add_admin_commands(admin: argparse.ArgumentParser) -> None:
     )
 
 
+@dataclass(frozen=True)
+class _Report:
+    """A text answer with fields above its table (the --json document's top-level fields)."""
+
+    fields: Json
+    rows: list[Json]
+    by_column: bool = False  # one column per row (many fields, few rows: readable in 80 columns)
+
+
 def run_admin(args: argparse.Namespace) -> int:
     with ControllerClient(args.controllers, timeout_s=args.timeout) as client:
         document, rows = args.handler(client, args)
     if args.json:
         print(json.dumps(document, indent=2, sort_keys=True))
+    elif isinstance(rows, _Report):
+        console = Console()
+        for key, value in rows.fields.items():
+            console.print(f"{key}: {_cell(value)}", highlight=False)
+        if rows.by_column:
+            _print_columns(rows.rows)
+        else:
+            _print_rows(rows.rows)
     else:
         _print_rows(rows)
     return 0
@@ -170,10 +189,27 @@ def _print_rows(rows: list[Json] | Json) -> None:
     if not rows:
         console.print("(none)")
         return
-    table = Table(*rows[0].keys())
+    table = Table()
+    for name in rows[0]:
+        table.add_column(name, overflow="fold")  # a narrow terminal wraps a value, never cuts it
     for row in rows:
         table.add_row(*(_cell(v) for v in row.values()))
     console.print(table)
+
+
+def _print_columns(rows: list[Json]) -> None:
+    """The rows as columns: a first column of field names, then one column per row."""
+    if not rows:
+        Console().print("(none)")
+        return
+    names = list(dict.fromkeys(k for row in rows for k in row))
+    table = Table(show_header=False)
+    table.add_column(style="bold", no_wrap=True, min_width=max(len(name) for name in names))
+    for _ in rows:
+        table.add_column(overflow="fold")
+    for name in names:
+        table.add_row(name, *(_cell(row.get(name, "")) for row in rows))
+    Console().print(table)
 
 
 def _cell(value: Any) -> str:
@@ -229,7 +265,7 @@ def cluster_status(client: ControllerClient, args):
         "state_digest": meta.state_digest,
         "nodes": nodes,
     }
-    return document, nodes
+    return document, _Report({k: v for k, v in document.items() if k != "nodes"}, nodes)
 
 
 def _replica_document(info: pb.ReplicaInfo) -> Json:
@@ -440,23 +476,21 @@ def ha_status(client: ControllerClient, args):
     from mqmeta.pb import broker_pb2
 
     replicas = _each_replica(client, args, "GetHaStatus", broker_pb2.HaStatusRequest())
-    rows = [
-        {
-            k: r.get(k)
-            for k in (
-                "broker_id",
-                "role",
-                "master_epoch",
-                "max_offset",
-                "confirm_offset",
-                "sync_state_set",
-                "writable",
-                "error",
-            )
-        }
-        for r in replicas
-    ]
-    return {"broker_name": args.broker_name, "replicas": replicas}, rows
+    shared = ("cluster", "broker_name")  # the same on every replica: above the table
+    columns = list(dict.fromkeys(k for r in replicas for k in r if k not in shared))
+    rows = [{k: _slaves_text(r[k]) if k == "slaves" else r.get(k, "") for k in columns} for r in replicas]
+    return {"broker_name": args.broker_name, "replicas": replicas}, _Report(
+        {"cluster": args.cluster, "broker_name": args.broker_name}, rows, by_column=True
+    )
+
+
+def _slaves_text(slaves: list[Json]) -> str:
+    """A master's slaves in one cell: `ID: acked OFFSET, lag N B, in sync, fetched N ms ago`."""
+    return "; ".join(
+        f"{s.get('broker_id')}: acked {s.get('acked_offset')}, lag {s.get('lag_bytes')} B, "
+        f"{'in sync' if s.get('in_sync') else 'not in sync'}, fetched {s.get('last_fetch_ms_ago')} ms ago"
+        for s in slaves
+    )
 
 
 def broker_epoch(client: ControllerClient, args):

@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 import grpc
 from mqmeta.controller.core import ControllerCore
-from mqmeta.controller.metrics import controller_metrics
+from mqmeta.controller.metrics import controller_metrics, namesrv_metrics
 from mqmeta.controller.namesrv import EmbeddedNameServer, NameServerServicer, add_messaging_service
 from mqmeta.controller.raft_node import Peer, RaftSettings
 from mqmeta.controller.route_cache import RouteCache
@@ -22,7 +22,13 @@ from mqmeta.client import ControllerClient
 from mqmeta.errors import InvalidArgument
 from mqmeta.metrics import Metrics
 from mqmeta.pb import controller_pb2, controller_pb2_grpc, namesrv_pb2, namesrv_pb2_grpc
-from mqmeta.rpc import AsyncServer, add_health_and_reflection, add_health_and_reflection_async, build_server
+from mqmeta.rpc import (
+    AsyncServer,
+    add_health_and_reflection,
+    add_health_and_reflection_async,
+    build_server,
+    check_can_listen,
+)
 from mqmeta.timing import PROPOSAL_TIMEOUT_MS_MAX
 from mqmeta.validate import parse_addresses
 
@@ -151,10 +157,16 @@ class RunningNode:
             close()
 
 
-def start_controller(config: ControllerConfig, namesrv_address: str = "") -> RunningNode:
+def start_controller(
+    config: ControllerConfig, namesrv_address: str = "", remoting_address: str = ""
+) -> RunningNode:
     """A controller node on an AsyncServer (its Watch streams hold no thread); with
-    `namesrv_address`, its embedded nameserver on the same port or on one of its own."""
+    `namesrv_address`, its embedded nameserver on the same port or on one of its own, and
+    with `remoting_address` that nameserver's RocketMQ remoting listener."""
     config.validate()
+    for address in dict.fromkeys([config.grpc, config.raft, namesrv_address]):
+        if address:  # before the journal opens; pysyncobj would retry a taken Raft port forever
+            check_can_listen(address)
     core = ControllerCore(config.node_id, config.peers, config.data_dir, config.raft_settings)
     embedded_here = namesrv_address == config.grpc
 
@@ -178,9 +190,24 @@ def start_controller(config: ControllerConfig, namesrv_address: str = "") -> Run
             server.stop(grace=0)
         core.close()
         raise
+    closers = []
+    if namesrv_address and remoting_address:
+        try:
+            closers.append(_remoting(remoting_address, _embedded_route(core)).stop)
+        except BaseException:
+            for server in servers:
+                server.stop(grace=0)
+            core.close()
+            raise
     metrics = controller_metrics(core)
     metrics.serve(config.metrics_listen)
-    return RunningNode(servers, core, None, metrics)
+    return RunningNode(servers, core, None, metrics, closers)
+
+
+def _remoting(address: str, route_of: Callable[[str], Any]):
+    from mqmeta.controller.namesrv_remoting import start_namesrv_remoting
+
+    return start_namesrv_remoting(address, route_of)
 
 
 def _started(server: AsyncServer) -> AsyncServer:
@@ -203,15 +230,14 @@ def _embedded_route(core: ControllerCore):
     return lambda topic: route_pb(core.topic_route(topic))
 
 
-def start_namesrv(address: str, controllers: list[str], metrics_listen: str = "") -> RunningNode:
+def start_namesrv(
+    address: str, controllers: list[str], metrics_listen: str = "", remoting_address: str = ""
+) -> RunningNode:
     """A standalone nameserver: routes from a watched copy of the metadata (RouteCache),
     the controller's barrier read when the copy cannot answer."""
     client = ControllerClient(controllers)
     cache = RouteCache(ControllerClient(controllers))
-    metrics = Metrics()
-    routes = metrics.counter(
-        "mqmeta_namesrv_route_queries", "route queries answered (QueryRoute, GetTopicRoute)"
-    )
+    metrics, routes = namesrv_metrics()
     servicer = NameServerServicer(client, cache, routes.inc)
     server = build_server(address, GRPC_WORKERS_MAX)
     namesrv_pb2_grpc.add_NameServerServicer_to_server(servicer, server)
@@ -224,5 +250,13 @@ def start_namesrv(address: str, controllers: list[str], metrics_listen: str = ""
     add_health_and_reflection(server, [NAMESRV_SERVICE, messaging])
     server.start()
     cache.start()
+    closers = [cache.stop, cache.client.close]
+    if remoting_address:
+        try:
+            closers.insert(0, _remoting(remoting_address, route).stop)
+        except BaseException:
+            server.stop(grace=0)
+            cache.stop()
+            raise
     metrics.serve(metrics_listen)
-    return RunningNode([server], None, client, metrics, closers=[cache.stop, cache.client.close])
+    return RunningNode([server], None, client, metrics, closers=closers)

@@ -14,9 +14,11 @@ id, and the client is told INTERNAL with that id only (`internal_error`).
 from __future__ import annotations
 
 import asyncio
+import errno
 import functools
 import logging
 import signal
+import socket
 import threading
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
@@ -195,6 +197,30 @@ async def _abort_async_for(context: grpc.aio.ServicerContext, exc: Exception, na
         await context.abort(grpc.StatusCode.INTERNAL, internal_error(name))
 
 
+def check_can_listen(address: str) -> None:
+    """InvalidArgument (one sentence) when `address` cannot be bound: asked before gRPC
+    binds, whose own failure is a C-core log line on stderr and a bare RuntimeError. A
+    check, not a reservation: gRPC's bind still decides, and its failure is still told."""
+    host, _, port = address.rpartition(":")
+    try:
+        family, kind, _, _, where = socket.getaddrinfo(host.strip("[]"), int(port), type=socket.SOCK_STREAM)[
+            0
+        ]
+    except (OSError, ValueError):
+        raise InvalidArgument(f"cannot listen on {address}: the host does not resolve") from None
+    with socket.socket(family, kind) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC binds
+        try:
+            probe.bind(where)
+        except OSError as error:
+            reason = {
+                errno.EADDRINUSE: "the port is in use (another process listens there)",
+                errno.EADDRNOTAVAIL: "the address is not one of this machine's",
+                errno.EACCES: "this user may not bind that port",
+            }.get(error.errno or 0, error.strerror or "bind failed")
+            raise InvalidArgument(f"cannot listen on {address}: {reason}") from None
+
+
 def build_server(
     address: str, workers_max: int = GRPC_WORKERS_MAX, request_bytes_max: int | None = None
 ) -> grpc.Server:
@@ -209,6 +235,7 @@ def build_server(
         options=options,
         interceptors=auth.server_interceptors(),
     )
+    check_can_listen(address)
     if tls.add_port(server, address) == 0:
         raise InvalidArgument(f"cannot listen on {address}: the port is taken or not local")
     return server
@@ -280,11 +307,8 @@ class AsyncServer:
             options=[("grpc.so_reuseport", 0), *PING_TOLERANT_OPTIONS],
             interceptors=auth.aio_server_interceptors(),
         )
-        try:
-            bound = tls.add_port(server, self.address)
-        except RuntimeError:
-            bound = 0
-        if bound == 0:
+        check_can_listen(self.address)
+        if tls.add_port(server, self.address) == 0:
             raise InvalidArgument(
                 f"cannot listen on {self.address}: the port is taken or not local"
             ) from None
