@@ -21,10 +21,11 @@ STOP_TIMEOUT_S = 60.0
 
 
 def start_local_up(
-    data_dir: Path, *flags: str, timeout_s: float = READY_TIMEOUT_S
+    data_dir: Path, *flags: str, timeout_s: float = READY_TIMEOUT_S, new_session: bool = False
 ) -> tuple[subprocess.Popen, dict]:
     """Starts `mqmeta local up --data-dir DATA_DIR FLAGS`; returns it and its cluster.json.
-    Its output goes to local-up.out beside the data dir."""
+    Its output goes to local-up.out beside the data dir. new_session: it and its children
+    form a process group of their own, which a test signals as a terminal's Ctrl-C does."""
     data_dir.parent.mkdir(parents=True, exist_ok=True)
     (data_dir / "cluster.json").unlink(missing_ok=True)
     output = data_dir.parent / "local-up.out"
@@ -33,6 +34,7 @@ def start_local_up(
             [*MQMETA, "local", "up", "--data-dir", str(data_dir), *flags],
             stdout=sink,
             stderr=subprocess.STDOUT,
+            start_new_session=new_session,
         )
 
     def written() -> bool:
