@@ -40,7 +40,7 @@ from mqmeta.cluster.layout import (
 )
 from mqmeta.cluster.ports import PortReservation
 from mqmeta.cluster.ready import wait_brokers_ready, wait_ready
-from mqmeta.cluster.supervisor import EXIT_BAD_INPUT, Supervisor
+from mqmeta.cluster.supervisor import NOT_RESTARTED, Supervisor
 
 from mqmeta import auth, tls
 from mqmeta.client import ControllerClient
@@ -314,7 +314,7 @@ def _supervise(
     root: Path, supervisors: list[Supervisor], document: dict[str, Any], stop: threading.Event
 ) -> None:
     """Until `stop`: a child that exits is reported and started again (Supervisor.restart_exited:
-    after a bounded backoff, never after a refusal of its flags); cluster.json then names
+    after a bounded backoff; not one that was asked to stop or refused its flags); cluster.json then names
     its new pid."""
     while not stop.wait(SUPERVISE_INTERVAL_S):
         restarted_all: dict[int, int] = {}
@@ -323,7 +323,7 @@ def _supervise(
             exited, restarted = supervisor.restart_exited()
             restarted_all.update(restarted)
             for name, code in exited:
-                again = "" if code == EXIT_BAD_INPUT else "; starting it again"
+                again = "" if code in NOT_RESTARTED else "; starting it again"
                 print(
                     f"mqmeta local: {name} exited with status {code}; see {where}logs/{name}.log{again}",
                     file=sys.stderr,

@@ -18,7 +18,11 @@ SUSPEND_POLL_S = 0.001
 RESTART_BACKOFF_MIN_S = 0.5
 RESTART_BACKOFF_MAX_S = 30.0
 RESTART_STABLE_S = 60.0
-EXIT_BAD_INPUT = 2  # the command's own refusal (mqmeta's exit status for bad input): no restart
+EXIT_BAD_INPUT = 2  # the command's own refusal (mqmeta's exit status for bad input)
+# Exits that a restart would not undo: 0, a child asked to stop (a signal: Ctrl-C reaches
+# every child of a terminal's foreground group, maybe before the launcher heard it), and
+# EXIT_BAD_INPUT, its flags or data dir refused.
+NOT_RESTARTED = frozenset({0, EXIT_BAD_INPUT})
 EXIT_LOG_LINES = 20  # of an exited child's log, in the error that reports it
 STOPPED_STATES = frozenset("Tt")  # /proc's "stopped" and "tracing stop"
 GONE_STATES = frozenset("ZX")
@@ -105,8 +109,8 @@ class Supervisor:
     def restart_exited(self, now: float | None = None) -> tuple[list[tuple[str, int]], dict[int, int]]:
         """Starts again every child that exited, each after a backoff: RESTART_BACKOFF_MIN_S,
         doubling with each exit that came within RESTART_STABLE_S of its start, up to
-        RESTART_BACKOFF_MAX_S. A child that exited with EXIT_BAD_INPUT (its flags or its data
-        dir are wrong) is left down: the same command would fail again. Returns the
+        RESTART_BACKOFF_MAX_S. A child that exited with a status of NOT_RESTARTED (asked to
+        stop, or its flags or data dir refused) is left down. Returns the
         (name, exit status) of each exit seen for the first time, and each restarted
         child's new pid by its old one; call it periodically."""
         now = time.monotonic() if now is None else now
@@ -119,7 +123,7 @@ class Supervisor:
             history = self._restarts[name]
             if history.due_at is None:
                 seen.append((name, code))
-                if code == EXIT_BAD_INPUT:
+                if code in NOT_RESTARTED:
                     history.due_at = float("inf")
                     continue
                 quick = now - history.started_at < RESTART_STABLE_S
