@@ -47,6 +47,7 @@ from mqmeta.client import ControllerClient
 from mqmeta.errors import InvalidArgument
 from mqmeta.formats.atomic import write_json_atomically
 from mqmeta.pb import controller_pb2 as pb
+from mqmeta.rpc import exit_at_once
 
 CONTROLLERS_MAX = 7
 CLUSTERS_MAX = 4
@@ -106,7 +107,8 @@ def local_up(args: argparse.Namespace) -> int:
             if i == 0 and replicate:
                 held.enter_context(_replicator_metrics_port(site_root, layout))
             sites.append(_Site(name, site_root, layout, Supervisor(site_root), tls_flags, server_flags))
-        return _run(root, sites, replicate, certs, tokens, reads_need_credential=not anonymous)
+        status = _run(root, sites, replicate, certs, tokens, reads_need_credential=not anonymous)
+    exit_at_once(status)  # every child has ended: as they do, skip the slow finalization
 
 
 def _check_cluster_count(root: Path, clusters: int) -> None:
