@@ -944,7 +944,7 @@ def start_cluster(root: Path, name: str, flags: list[str], no_tiered: bool = Fal
     CLUSTERS.append(cluster)
     cluster.start()  # also Cluster.configure_controller(): the test liveness settings
     with cluster.client() as client:
-        client.call("CreateTopic", pb.TopicSpec(name=TOPIC, queue_count=QUEUES))
+        client.create_topic(pb.TopicSpec(name=TOPIC, queue_count=QUEUES))
     master = wait_in_sync(cluster, 3, timeout_s=30.0)
     try:  # what the harness really started (it may add flags of its own, e.g. a tiered store)
         argv = Path(f"/proc/{cluster.supervisor.children[master].pid}/cmdline").read_bytes()

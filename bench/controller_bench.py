@@ -405,7 +405,7 @@ class Cluster:
         from mqmeta.pb import controller_pb2 as pb
 
         with ControllerClient([self.grpc(node_id)], timeout_s=timeout_s) as client:
-            return client.call("GetMetadata", pb.GetMetadataRequest())
+            return client.get_metadata(pb.GetMetadataRequest())
 
     def leader_id(self, timeout_s: float = 10.0) -> str:
         from mqmeta.errors import MqmetaError
@@ -483,12 +483,12 @@ def sequential_writes(
     latencies: list[float] = []
     with ControllerClient(addresses, timeout_s=5.0) as client:
         for i in range(warmup):
-            client.call("CreateTopic", topic_request(prefix + "w", i))
+            client.create_topic(topic_request(prefix + "w", i))
         t_start = time.perf_counter()
         limit = t_start + time_limit_s
         for i in range(count):
             t0 = time.perf_counter()
-            client.call("CreateTopic", topic_request(prefix, i))
+            client.create_topic(topic_request(prefix, i))
             latencies.append(time.perf_counter() - t0)
             if t0 > limit:
                 break
@@ -542,7 +542,7 @@ def _client_loop(
     errors = 0
     calls = 0
     with ControllerClient(addresses, timeout_s=5.0) as client:
-        client.call("GetMetadata", _metadata_request())  # connect before the clock starts
+        client.get_metadata(_metadata_request())  # connect before the clock starts
         if op == "health":  # the gRPC server's own ceiling: a trivial RPC, no Raft
             from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -558,14 +558,14 @@ def _client_loop(
                 ops = [
                     pb.WriteOp(create_topic=topic_request(f"{prefix}b{i}-", k)) for k in range(BATCH_WRITES)
                 ]
-                results = client.call("Write", pb.WriteBatch(writes=ops)).results
+                results = client.write(pb.WriteBatch(writes=ops)).results
                 failed = [r.error_code for r in results if r.error_code]
                 if failed:
                     raise MqmetaError(f"{len(failed)} writes of a batch failed: {failed[:3]}")
         else:
 
             def call(i: int) -> None:
-                client.call("CreateTopic", topic_request(prefix, i))
+                client.create_topic(topic_request(prefix, i))
 
         while time.time() < start_at:
             time.sleep(min(0.01, max(0.0, start_at - time.time())))
@@ -593,7 +593,7 @@ def _commit_index(address: str) -> int | None:
 
     try:
         with ControllerClient([address], timeout_s=1.0) as client:
-            return client.call("GetMetadata", _metadata_request()).commit_index
+            return client.get_metadata(_metadata_request()).commit_index
     except MqmetaError:
         return None
 
@@ -1077,7 +1077,7 @@ def failover_round(cluster: Cluster, round_no: int, per_call_timeout_s: float) -
                 break
             attempts += 1
             try:
-                client.call("UpdateConfig", config_request(round_no + i))
+                client.update_config(config_request(round_no + i))
                 committed_at = time.monotonic()
                 break
             except MqmetaError as exc:

@@ -70,8 +70,8 @@ def start_with_defaults(root: Path):
         cluster.start_broker(broker.name)
     wait_brokers_ready(cluster.layout.brokers)
     with cluster.client() as client:
-        client.call("CreateTopic", pb.TopicSpec(name=broker_bench.TOPIC, queue_count=broker_bench.QUEUES))
-        config = dict(client.call("GetConfig", pb.GetConfigRequest()).values)
+        client.create_topic(pb.TopicSpec(name=broker_bench.TOPIC, queue_count=broker_bench.QUEUES))
+        config = dict(client.get_config(pb.GetConfigRequest()).values)
     return cluster, {key: config[key] for key in LIVENESS_KEYS}
 
 

@@ -200,8 +200,7 @@ class _Fleet:
         def one(broker: tuple[str, int]) -> None:
             name, replica = broker
             with ControllerClient(self.controllers, timeout_s=20.0) as client:
-                reply = client.call(
-                    "RegisterBroker",
+                reply = client.register_broker(
                     pb.RegisterBrokerRequest(
                         cluster=CLUSTER,
                         broker_name=name,
@@ -756,7 +755,7 @@ class LeaderMonitor:
                     return
                 for node, client in clients.items():
                     try:
-                        meta = client.call("GetMetadata", pb.GetMetadataRequest())
+                        meta = client.get_metadata(pb.GetMetadataRequest())
                     except MqmetaError:
                         continue
                     self.samples.append((time.monotonic(), node, meta.leader_id, meta.term))
@@ -833,7 +832,7 @@ def _metadata(address: str, timeout_s: float = 2.0):
     from mqmeta.pb import controller_pb2 as pb
 
     with ControllerClient([address], timeout_s=timeout_s) as client:
-        return client.call("GetMetadata", pb.GetMetadataRequest())
+        return client.get_metadata(pb.GetMetadataRequest())
 
 
 # Phase: load ---------------------------------------------------------------------------------
@@ -864,8 +863,7 @@ def elect_and_sync(cluster: ScaleCluster, registered: list[tuple[str, int, int]]
 
     def elect_one(name: str) -> None:
         with cluster.leader_client() as client:
-            info = client.call(
-                "ElectMaster",
+            info = client.elect_master(
                 pb.ElectMasterRequest(
                     cluster=CLUSTER,
                     broker_name=name,
@@ -873,8 +871,7 @@ def elect_and_sync(cluster: ScaleCluster, registered: list[tuple[str, int, int]]
                     requester_broker_id=first[name],
                 ),
             )
-            client.call(
-                "AlterSyncStateSet",
+            client.alter_sync_state_set(
                 pb.AlterSyncStateSetRequest(
                     cluster=CLUSTER,
                     broker_name=name,
@@ -904,7 +901,7 @@ def _write_batches(cluster: ScaleCluster, ops: list[Any], threads: int, what: st
     def run(k: int) -> None:
         with cluster.leader_client(timeout_s=60.0) as client:
             for batch in batches[k::threads]:
-                results = client.call("Write", pb.WriteBatch(writes=batch), timeout_s=60.0).results
+                results = client.write(pb.WriteBatch(writes=batch), timeout_s=60.0).results
                 failed = [r.error_code for r in results if r.error_code]
                 if failed:
                     with lock:
@@ -986,7 +983,7 @@ def load_phase(cluster: ScaleCluster, fleet: BrokerFleet, sizes: dict[str, int],
     config = liveness_config(args.heartbeat_interval_ms)
     if config:  # what a real broker would read from the controllers and follow
         with cluster.leader_client() as client:
-            client.call("UpdateConfig", pb.UpdateConfigRequest(values=config))
+            client.update_config(pb.UpdateConfigRequest(values=config))
     registered = fleet.start_fleet(args.heartbeat_interval_ms, args.heartbeat_transport, timeout_s=300.0)
     out: dict[str, Any] = {
         "liveness_config": config or "the defaults",
@@ -1045,7 +1042,7 @@ def _default_client_lists_topics(address: str) -> dict[str, Any]:
 
     try:
         with ControllerClient([address], timeout_s=120.0) as client:
-            count = len(client.call("ListTopics", pb.ListTopicsRequest()).topics)
+            count = len(client.list_topics(pb.ListTopicsRequest()).topics)
         return {"ok": True, "count": count}
     except MqmetaError as exc:
         return {"ok": False, "error": f"{exc.code}: {exc.message[:200]}"}
@@ -1102,7 +1099,7 @@ def same_digests(cluster: ScaleCluster, timeout_s: float = 60.0) -> dict[str, An
         try:
             for node in cluster.ids:
                 with ControllerClient([cluster.grpc(node)], timeout_s=10.0) as client:
-                    client.call("GetConfig", pb.GetConfigRequest())
+                    client.get_config(pb.GetConfigRequest())
             metas = {n: _metadata(cluster.grpc(n)) for n in cluster.ids}
         except MqmetaError:
             metas = {}
@@ -1294,7 +1291,7 @@ def _route_change_delays(cluster: ScaleCluster, topics: int, count: int) -> dict
             name = topic_name(rng.randrange(topics))
             before = stub.QueryRoute(ns_pb.QueryRouteRequest(topic=name), timeout=5.0)
             queue_count = before.queues[0].read_queue_count + 1 if before.queues else 9
-            client.call("UpdateTopic", pb.TopicSpec(name=name, queue_count=queue_count))
+            client.update_topic(pb.TopicSpec(name=name, queue_count=queue_count))
             changed = time.monotonic()
             seen = None
             while time.monotonic() - changed < ROUTE_CHANGE_WAIT_S:
@@ -1444,7 +1441,7 @@ def snapshot_phase(
     def drive(node: str, k: int) -> None:
         with ControllerClient([cluster.grpc(node)], timeout_s=10.0) as client:
             results[f"{node}.{k}"] = _sequential(
-                lambda i: client.call("GetConfig", pb.GetConfigRequest()),
+                lambda i: client.get_config(pb.GetConfigRequest()),
                 args.snapshot_reads_max,
                 args.snapshot_s_max,
                 stop,
@@ -1746,18 +1743,16 @@ def _fan_out_round(
 
     name = set_name(set_index)
     with cluster.leader_client(timeout_s=10.0) as client:
-        info = client.call("GetReplicaInfo", pb.BrokerSetRef(cluster=CLUSTER, broker_name=name))
+        info = client.get_replica_info(pb.BrokerSetRef(cluster=CLUSTER, broker_name=name))
         if not info.master_broker_id:  # no alive in-sync replica at an election: elect one first
-            info = client.call(
-                "ElectMaster",
+            info = client.elect_master(
                 pb.ElectMasterRequest(cluster=CLUSTER, broker_name=name, trigger=pb.ELECT_TRIGGER_ADMIN),
             )
         if len(info.sync_state_set) < 2:  # an election since the load reset it: widen it first
             info = _all_in_sync(client, info)
         preferred = next(i for i in info.sync_state_set if i != info.master_broker_id)
         called = time.time()
-        reply = client.call(
-            "ElectMaster",
+        reply = client.elect_master(
             pb.ElectMasterRequest(
                 cluster=CLUSTER,
                 broker_name=name,
@@ -1790,8 +1785,7 @@ def _all_in_sync(client, info):
     """Puts every replica of a broker set in its SyncStateSet; the new ReplicaInfo."""
     from mqmeta.pb import controller_pb2 as pb
 
-    return client.call(
-        "AlterSyncStateSet",
+    return client.alter_sync_state_set(
         pb.AlterSyncStateSetRequest(
             cluster=info.cluster,
             broker_name=info.broker_name,
@@ -1899,7 +1893,7 @@ def _topic_burst(cluster: ScaleCluster, watchers: WatchFleet, burst: int, wait_s
     t0 = time.monotonic()
     try:
         with cluster.leader_client(timeout_s=30.0) as client:
-            client.call("Write", pb.WriteBatch(writes=ops), timeout_s=30.0)
+            client.write(pb.WriteBatch(writes=ops), timeout_s=30.0)
     except Exception as exc:
         return {"error": f"{_error_name(exc)}: {str(exc)[:200]}"}
     wanting = watchers.watching("") if watchers.style == "cluster" else 0
@@ -1938,9 +1932,9 @@ def _until_serving(address: str, started: float, limit_s: float) -> dict[str, An
                 break
             try:
                 if out["answering_s"] is None:
-                    client.call("GetMetadata", pb.GetMetadataRequest())
+                    client.get_metadata(pb.GetMetadataRequest())
                     out["answering_s"] = _r(time.monotonic() - started, 3)
-                client.call("GetConfig", pb.GetConfigRequest())
+                client.get_config(pb.GetConfigRequest())
                 out["serving_s"] = _r(time.monotonic() - started, 3)
                 return out
             except MqmetaError:

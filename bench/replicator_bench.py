@@ -260,7 +260,7 @@ def run(
             cluster.configure_controller(BENCH_LIVENESS)
             with cluster.client() as client:
                 for topic in ("Bench", "Wan", "Direct", "Delay", "WanDelay"):
-                    client.call("CreateTopic", pb.TopicSpec(name=topic, cluster=name, queue_count=queues))
+                    client.create_topic(pb.TopicSpec(name=topic, cluster=name, queue_count=queues))
         a, b = sites
         _progress(f"direct: {messages} x 1 KB into b")
         direct_s = _produce(b, "Direct", messages)

@@ -151,7 +151,7 @@ def main() -> int:
         cluster.master_of("broker-a")
         with cluster.client() as admin:
             try:
-                admin.call("CreateTopic", cpb.TopicSpec(name=TOPIC, queue_count=QUEUES))
+                admin.create_topic(cpb.TopicSpec(name=TOPIC, queue_count=QUEUES))
             except AlreadyExists:
                 pass
         body = os.urandom(args.size)

@@ -606,8 +606,7 @@ class Load(threading.Thread):
 def get_checkpoint(client: Any, timeout_s: float = 2.0):
     from mqmeta.pb import controller_pb2 as pb
 
-    return client.call(
-        "GetTieredCheckpoint",
+    return client.get_tiered_checkpoint(
         pb.BrokerSetRef(cluster=CLUSTER_NAME, broker_name=BROKER_NAME),
         timeout_s=timeout_s,
     )
@@ -853,7 +852,7 @@ def promotion_phase(
         cluster.start()
         started_at = {b.name: started for b in cluster.layout.brokers}
         with cluster.client() as client:
-            client.call("CreateTopic", pb.TopicSpec(name=TOPIC, queue_count=QUEUES))
+            client.create_topic(pb.TopicSpec(name=TOPIC, queue_count=QUEUES))
             master = wait_in_sync(cluster, 3, timeout_s=30)
             out["start_to_in_sync_s"] = _r(time.monotonic() - t0, 2)
             load = Load(cluster.namesrv)

@@ -27,7 +27,6 @@ from typing import Any
 from mqmeta.broker_agent import replication
 from mqmeta.broker_agent.confirm_log import ConfirmLog
 from mqmeta.broker_agent.core import (
-    LEASE_MS_DEFAULT,
     AckPolicy,
     AnswerFetch,
     Appended,
@@ -85,12 +84,12 @@ from mqmeta.formats.atomic import write_json_atomically
 from mqmeta.formats.records import MessageFields
 from mqmeta.pb import controller_pb2 as cpb
 from mqmeta.rpc import exit_at_once
+from mqmeta.timing import BROKER_HEARTBEAT_INTERVAL_MS_DEFAULT, LEASE_MS_DEFAULT
 
 log = logging.getLogger(__name__)
 
 SEND_BATCH_MAX = 1024
 CONTROLLER_CALL_TIMEOUT_S = 1.0
-HEARTBEAT_INTERVAL_MS_DEFAULT = 300  # the controller's default, until its config is read
 # Graceful departure (SIGTERM, admin handoff): how long a master waits for its successor to
 # hold everything (then it gives up and writes again), how long the election call may take,
 # and how long a slave waits to be taken out of the SyncStateSet before it exits anyway.
@@ -216,7 +215,7 @@ class BrokerAgent:
         self._writers: dict[threading.Condition, int] = {}
         self._writers_seen: tuple[Role, int, int] | None = None  # role, epoch, confirm last woken for
         self.stopping = threading.Event()
-        self.heartbeat_interval_ms = HEARTBEAT_INTERVAL_MS_DEFAULT
+        self.heartbeat_interval_ms = BROKER_HEARTBEAT_INTERVAL_MS_DEFAULT  # until the controller's is read
         self.tiered: TieredUploader | None = None
         self._refresh_needed = threading.Event()
         self._wake = threading.Event()  # the controller loop has something to do now
@@ -372,8 +371,7 @@ class BrokerAgent:
     # Controller interaction --------------------------------------------------------------
     def _register(self) -> cpb.ReplicaInfo:
         identity = self.identity.load()
-        reply = self.controller.call(
-            "RegisterBroker",
+        reply = self.controller.register_broker(
             cpb.RegisterBrokerRequest(
                 cluster=self.config.cluster,
                 broker_name=self.config.broker_name,
@@ -393,9 +391,9 @@ class BrokerAgent:
             self.identity.save(identity)
         elif not self.identity.path.exists():
             self.identity.save(identity)
-        config = self.controller.call("GetConfig", cpb.GetConfigRequest()).values
+        config = self.controller.get_config(cpb.GetConfigRequest()).values
         self.heartbeat_interval_ms = int(
-            config.get("broker_heartbeat_interval_ms", HEARTBEAT_INTERVAL_MS_DEFAULT)
+            config.get("broker_heartbeat_interval_ms", BROKER_HEARTBEAT_INTERVAL_MS_DEFAULT)
         )
         self.feed(Registered(reply.broker_id, int(config.get("lease_ms", LEASE_MS_DEFAULT))))
         log.info(
@@ -447,8 +445,7 @@ class BrokerAgent:
         report, self._report = self._report, None
         if report is None:
             return
-        info = self.controller.call(
-            "ElectMaster",
+        info = self.controller.elect_master(
             cpb.ElectMasterRequest(
                 cluster=self.config.cluster,
                 broker_name=self.config.broker_name,
@@ -460,15 +457,13 @@ class BrokerAgent:
         self.apply_replica_info(info)
 
     def _replica_info(self) -> cpb.ReplicaInfo:
-        return self.controller.call(
-            "GetReplicaInfo",
+        return self.controller.get_replica_info(
             cpb.BrokerSetRef(cluster=self.config.cluster, broker_name=self.config.broker_name),
         )
 
     def _apply_or_elect(self, info: cpb.ReplicaInfo) -> None:
         if info.master_broker_id == 0:
-            info = self.controller.call(
-                "ElectMaster",
+            info = self.controller.elect_master(
                 cpb.ElectMasterRequest(
                     cluster=self.config.cluster,
                     broker_name=self.config.broker_name,
@@ -557,7 +552,7 @@ class BrokerAgent:
             new_sync_state_set=list(proposal.new_sync_state_set),
         )
         try:
-            info = self.controller.call("AlterSyncStateSet", request)
+            info = self.controller.alter_sync_state_set(request)
         except MqmetaError as exc:
             # It may still commit (a timed-out proposal): the core keeps counting the union.
             log.info("SyncStateSet change %s not confirmed: %s", list(proposal.new_sync_state_set), exc)
@@ -619,7 +614,7 @@ class BrokerAgent:
             master_epoch=elect.master_epoch,
         )
         try:
-            info = self.controller.call("ElectMaster", request, timeout_s=HANDOFF_ELECT_TIMEOUT_MS / 1000)
+            info = self.controller.elect_master(request, timeout_s=HANDOFF_ELECT_TIMEOUT_MS / 1000)
         except MqmetaError as error:
             self.feed(HandoffFailed(now_ms(), str(error)))
             log.warning("handoff to broker %d failed: %s", elect.successor_broker_id, error)

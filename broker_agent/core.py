@@ -45,9 +45,8 @@ from mqmeta.broker_agent.ha import Lease, Role, SlaveProgress, SyncStateTracker,
 
 from mqmeta.errors import FailedPrecondition, FencedEpoch, MqmetaError, NotMaster
 from mqmeta.formats.epochs import EpochEntry, consistent_point
+from mqmeta.timing import LEASE_MS_DEFAULT, PENDING_GRACE_MS
 
-LEASE_MS_DEFAULT = 1200  # the controller's default lease_ms, until its config is read (at registration)
-PENDING_GRACE_MS = 7000  # longer than the controller's proposal timeout (5 s)
 # A slave reports an unreachable master at most this often (each report costs the
 # controller leader a TCP connect to the master's address).
 REPORT_INTERVAL_MS = 200

@@ -39,7 +39,7 @@ from mqmeta.broker_agent.ha import Role
 from mqmeta.broker_agent.seams import BrokerHost, log_view
 from mqmeta.broker_agent.tiered import bootstrap_from_tiered
 
-from mqmeta import tls
+from mqmeta import backoff, tls
 from mqmeta.clock import now_ms
 from mqmeta.dialmap import dial
 from mqmeta.errors import FencedEpoch, MqmetaError, NotMaster
@@ -50,8 +50,7 @@ from mqmeta.rpc import from_rpc_error
 
 log = logging.getLogger(__name__)
 
-RETRY_PAUSE_S = 0.1
-ERROR_PAUSE_S = 1.0
+ERROR_PAUSE_S = 1.0  # at least, after an error of our own (e.g. OSError from the store)
 FETCH_MAX_BYTES_LIMIT = 16 << 20
 FETCH_WAIT_MS_MAX = 1000
 FETCH_DEADLINE_SLACK_S = 2.0  # beyond the long-poll wait, for the answer to arrive
@@ -74,10 +73,12 @@ def follow(host: BrokerHost, session: int, settings: FetchSettings) -> None:
     channel = tls.channel(dial(address))
     stub = bpb_grpc.BrokerServiceStub(channel)
     handshake = True
+    attempts = backoff.Attempts(backoff.REPLICA_FETCH)
     try:
         while _current(host, session):
             try:
                 handshake = _fetch_once(host, session, settings, stub, handshake)
+                attempts.succeeded()
             except grpc.RpcError as rpc_error:
                 error = from_rpc_error(rpc_error)
                 log.debug("fetch from %s failed: %s", address, error)
@@ -87,15 +88,15 @@ def follow(host: BrokerHost, session: int, settings: FetchSettings) -> None:
                     # Refused or reset: the master's process may be gone (the controller checks).
                     host.feed(MasterUnreachable(now_ms(), session))
                 handshake = True
-                host.stopping.wait(RETRY_PAUSE_S)
+                host.stopping.wait(attempts.failed())
             except MqmetaError as error:
                 log.warning("replication from %s: %s", address, error)
                 handshake = True
-                host.stopping.wait(RETRY_PAUSE_S)
+                host.stopping.wait(attempts.failed())
             except Exception:  # e.g. OSError from the store: report, pause, go on
                 log.exception("replication from %s failed", address)
                 handshake = True
-                host.stopping.wait(ERROR_PAUSE_S)
+                host.stopping.wait(max(ERROR_PAUSE_S, attempts.failed()))
     finally:
         channel.close()
 

@@ -30,15 +30,16 @@ from mqmeta.broker_agent.pop import QueueCursor
 from mqmeta.broker_agent.rmq_metadata import Members, Metadata
 
 from mqmeta.clock import wall_ms
+from mqmeta.codec.rocketmq5 import DELIVER_MS, MESSAGE_ID, REAL_TOPIC, to_message
 from mqmeta.errors import MqmetaError, NotMaster
 from mqmeta.formats.records import Message, StoredRecord
 from mqmeta.pb.apache.rocketmq.v2 import definition_pb2 as rdef
 from mqmeta.pb.apache.rocketmq.v2 import service_pb2 as rsvc
-from mqmeta.rocketmq import MESSAGE_ID, REAL_TOPIC, RmqError, TelemetryHub, status, to_message
+from mqmeta.rocketmq import RmqError, TelemetryHub, status
 
 
 class SystemHost(Protocol):
-    """What the system queues use of the RocketMQ 5 service (rmq_service.RmqBroker)."""
+    """What the system queues use of the RocketMQ 5 service (rmq_broker.RmqBroker)."""
 
     agent: BrokerAgent
     store: Any
@@ -111,7 +112,7 @@ class SystemQueues:
     @staticmethod
     def _due(topic: str, record: StoredRecord) -> int:
         if topic == DELAY_TOPIC:
-            return int(record.properties.get("__RMQ_DELIVER_MS", "0"))
+            return int(record.properties.get(DELIVER_MS, "0"))
         return record.store_timestamp_ms + TXN_CHECK_AFTER_MS
 
     @staticmethod

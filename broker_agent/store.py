@@ -1,4 +1,6 @@
-"""The broker's message store: commit log + per-queue index + epoch file + consumer offsets.
+"""The broker's message store: the sequencer of the commit log, the epoch file and what is
+derived from the log — the queue index (queue_index.py), consumer progress
+(consumer_progress.py) and the replicated copies' origins (origins.py).
 
 Layout under `directory`:
 
@@ -10,18 +12,15 @@ Layout under `directory`:
                                     the consumer offsets as of that point
     truncate.json                   a truncation in progress (present only during one)
 
-The index and the consumer offsets are derived from the commit log. Index entries are
-kept in memory and appended to their files lazily: every `index_checkpoint_bytes` of
-log, on truncate and on close, the dirty index files are fsynced and then the
-checkpoint is written (temp + fsync + rename). At open, entries at or past the
-checkpoint are dropped and rebuilt by scanning the log from there; a missing or
-corrupt checkpoint or index file means a full rebuild from the log.
+The index, the consumer offsets and the origins are derived from the commit log. Index
+entries are kept in memory and appended to their files lazily: every
+`index_checkpoint_bytes` of log, on truncate and on close, the dirty index files are
+fsynced and then the checkpoint is written (temp + fsync + rename). At open, entries at
+or past the checkpoint are dropped and rebuilt by scanning the log from there; a missing
+or corrupt checkpoint or index file means a full rebuild from the log.
 
 Consumer offsets are records of the system topic %CONSUMER_OFFSET% (queue 0), so they
-replicate with the data and follow truncation. A record holds a group's progress in one
-queue: the offset below which everything is consumed and, for consumers that acknowledge
-messages one by one (the RocketMQ 5 service), the ranges above it already acknowledged;
-the latest record of a (group, topic, queue) is its whole progress.
+replicate with the data and follow truncation (consumer_progress.py).
 
 Order of effects, each chosen so that a crash between two steps is recovered at open:
 - master append: the epoch entry (begin_epoch) is durable before any record of it;
@@ -38,14 +37,10 @@ Order of effects, each chosen so that a crash between two steps is recovered at 
 
 from __future__ import annotations
 
-import bisect
-import json
 import logging
-import os
 import shutil
-import struct
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -55,7 +50,18 @@ from mqmeta.broker_agent.commitlog import (
     CommitLog,
     FileRange,
 )
+from mqmeta.broker_agent.consumer_progress import (
+    CONSUMER_OFFSET_TOPIC,
+    ConsumerKey,
+    ConsumerProgress,
+    Progress,
+    ProgressEntry,
+    check_int,
+    parse_progress,
+    progress_records,
+)
 from mqmeta.broker_agent.origins import Incoming, OriginHead, OriginTable
+from mqmeta.broker_agent.queue_index import QueueIndex, QueueKey
 
 from mqmeta.errors import CorruptData, FailedPrecondition, FencedEpoch, InvalidArgument
 from mqmeta.formats.atomic import fsync_dir, write_atomically
@@ -65,7 +71,6 @@ from mqmeta.formats.origin import MSG_ID, Origin, OriginKey, origin_of
 from mqmeta.formats.records import (
     MSG_ID_PATTERN,
     QUEUE_ID_MAX,
-    TOPIC_PATTERN,
     Message,
     MessageFields,
     RecordHead,
@@ -75,7 +80,6 @@ from mqmeta.formats.records import (
     iter_records,
     msg_id_prefix,
     scan_records,
-    validate_topic,
 )
 from mqmeta.pb import broker_pb2
 
@@ -84,29 +88,17 @@ log = logging.getLogger(__name__)
 # What put_messages takes: its own Message, or the broker protocol's (the Send path)
 _MESSAGE_TYPES = (Message, broker_pb2.Message)
 
-CONSUMER_OFFSET_TOPIC = "%CONSUMER_OFFSET%"
 PUT_BATCH_MAX = 1024
 PUT_BATCH_BYTES_MAX = 32 << 20
 GET_COUNT_MAX = 1024
 GET_BYTES_DEFAULT = 8 << 20
 GET_BYTES_MAX = 64 << 20
 QUEUES_MAX = 1 << 20
-CONSUMER_OFFSET_KEYS_MAX = 1 << 20
 INDEX_CHECKPOINT_BYTES_DEFAULT = 16 << 20
 SCAN_READ_BYTES = 4 << 20
 BROKER_NAME_BYTES_MAX = 255
 OFFSET_MAX = (1 << 63) - 1
 COPY_SEARCH_RECORDS_MAX = 16384  # how far back a resend's original copy is looked for
-
-_INDEX_MAGIC = b"MQIX"
-_INDEX_HEADER = struct.Struct("<4sIQ")  # magic, version, queue offset of the first entry
-_INDEX_ENTRY = struct.Struct("<QI")  # commit offset, size
-
-QueueKey = tuple[str, int]
-ConsumerKey = tuple[str, str, int]  # group, topic, queue id
-AckedRanges = tuple[tuple[int, int], ...]  # [start, end) queue offsets above the consumed offset
-Progress = tuple[int, AckedRanges]  # consumed offset, acknowledged ranges above it
-ACKED_RANGES_MAX = 4096  # per progress record: bounds its size (about 40 KB)
 
 
 class PutResult(NamedTuple):
@@ -119,123 +111,6 @@ class PutResult(NamedTuple):
     queue_offset: int
     commit_offset: int
     duplicate: bool = False  # a replicated copy stored before (its original's position; -1: too old)
-
-
-def _check_int(kind: str, value: object, minimum: int, maximum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
-        raise InvalidArgument(f"{kind} {value!r} is not an integer in [{minimum}, {maximum}]")
-    return value
-
-
-def _consumer_offset_body(
-    group: str, topic: str, queue_id: int, offset: int, acked: AckedRanges = ()
-) -> bytes:
-    body: dict[str, object] = {"group": group, "offset": offset, "queue_id": queue_id, "topic": topic}
-    if acked:  # absent when empty: a plain consumer offset record keeps its old bytes
-        body["acked"] = [list(r) for r in acked]
-    return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
-
-
-def check_acked_ranges(offset: int, acked: Any) -> AckedRanges:
-    """`acked` as sorted, disjoint, non-adjacent [start, end) ranges above `offset`;
-    ValueError when it is not."""
-    if not isinstance(acked, list | tuple) or len(acked) > ACKED_RANGES_MAX:
-        raise ValueError(f"acked must be a list of at most {ACKED_RANGES_MAX} ranges")
-    ranges: list[tuple[int, int]] = []
-    previous_end = offset
-    for item in acked:
-        if not isinstance(item, list | tuple) or len(item) != 2 or any(type(v) is not int for v in item):
-            raise ValueError(f"acked range {item!r} is not [start, end)")
-        start, end = item
-        if not previous_end < start < end <= OFFSET_MAX:
-            raise ValueError(f"acked range {item!r} is not sorted, disjoint and above {offset}")
-        ranges.append((start, end))
-        previous_end = end
-    return tuple(ranges)
-
-
-def _parse_consumer_offset(record: StoredRecord) -> tuple[ConsumerKey, Progress]:
-    try:
-        body = json.loads(record.body)
-        key = (body["group"], body["topic"], body["queue_id"])
-        offset = body["offset"]
-        if not (
-            isinstance(key[0], str)
-            and isinstance(key[1], str)
-            and type(key[2]) is int
-            and type(offset) is int
-            and offset >= 0
-        ):
-            raise TypeError("group, topic, queue_id or offset")
-        acked = check_acked_ranges(offset, body.get("acked", []))
-    except (ValueError, UnicodeDecodeError, KeyError, TypeError):
-        raise CorruptData(
-            f"consumer offset record at {record.commit_offset} has a malformed body {record.body[:200]!r}"
-        ) from None
-    return key, (offset, acked)
-
-
-class _QueueIndex:
-    """One queue's entries in memory (12 bytes each), mirrored lazily to its file."""
-
-    def __init__(self, topic: str, queue_id: int, base: int, path: Path) -> None:
-        self.topic, self.queue_id, self.base, self.path = topic, queue_id, base, path
-        self.entries = bytearray()
-        self.flushed = 0  # entries durable in the file
-        self.dirty = True  # the file needs writing (or cutting) and an fsync
-
-    @property
-    def count(self) -> int:
-        return len(self.entries) // _INDEX_ENTRY.size
-
-    @property
-    def max_offset(self) -> int:
-        return self.base + self.count
-
-    def entry(self, i: int) -> tuple[int, int]:
-        commit_offset, size = _INDEX_ENTRY.unpack_from(self.entries, i * _INDEX_ENTRY.size)
-        return commit_offset, size
-
-    def append(self, commit_offset: int, size: int) -> None:
-        self.entries += _INDEX_ENTRY.pack(commit_offset, size)
-        self.dirty = True
-
-    def first_at_or_after(self, commit_offset: int) -> int:
-        return bisect.bisect_left(range(self.count), commit_offset, key=lambda i: self.entry(i)[0])
-
-    def count_ending_by(self, end_offset: int) -> int:
-        return bisect.bisect_right(range(self.count), end_offset, key=lambda i: sum(self.entry(i)))
-
-    def cut(self, commit_offset: int) -> None:
-        """Drops the entries at or after `commit_offset`."""
-        keep = self.first_at_or_after(commit_offset)
-        if keep < self.count:
-            del self.entries[keep * _INDEX_ENTRY.size :]
-            self.flushed = min(self.flushed, keep)
-            self.dirty = True
-
-    def flush(self, fsync: bool) -> bool:
-        """Writes the unflushed entries (and cuts stale ones); True when it made the file."""
-        if not self.dirty:
-            return False
-        created = not self.path.exists()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            size = _INDEX_ENTRY.size
-            if created:
-                os.pwrite(fd, _INDEX_HEADER.pack(_INDEX_MAGIC, 1, self.base), 0)
-            os.pwrite(
-                fd, bytes(self.entries[self.flushed * size :]), _INDEX_HEADER.size + self.flushed * size
-            )
-            os.ftruncate(fd, _INDEX_HEADER.size + len(self.entries))
-            if fsync:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
-        self.flushed = self.count
-        self.dirty = False
-        return created
 
 
 class MessageStore:
@@ -253,7 +128,7 @@ class MessageStore:
     ) -> None:
         if not isinstance(broker_name, str) or not 0 < len(broker_name.encode()) <= BROKER_NAME_BYTES_MAX:
             raise InvalidArgument(f"broker_name {broker_name!r} must be 1-{BROKER_NAME_BYTES_MAX} bytes")
-        _check_int("index_checkpoint_bytes", index_checkpoint_bytes, 1, 1 << 40)
+        check_int("index_checkpoint_bytes", index_checkpoint_bytes, 1, 1 << 40)
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.broker_name = broker_name
@@ -267,10 +142,9 @@ class MessageStore:
         self._index_dir = self.directory / "index"
         self._checkpoint_path = self._index_dir / "checkpoint.json"
         self._intent_path = self.directory / "truncate.json"
-        self._queues: dict[QueueKey, _QueueIndex] = {}
-        self._consumer_offsets: dict[ConsumerKey, Progress] = {}
+        self._index = QueueIndex(self._index_dir, str(self.directory))
+        self._progress = ConsumerProgress()
         self._checkpoint_offset = 0
-        self._checkpoint_consumer_offsets: dict[ConsumerKey, Progress] = {}
         self._origins = OriginTable()  # per origin queue, the highest copy held (broker_agent.origins)
         self._checkpoint_origins = OriginTable()
         self.log = CommitLog(self.directory / "commitlog", segment_bytes, fsync)
@@ -324,32 +198,30 @@ class MessageStore:
     def _load_index(self) -> int:
         """Loads the durable part of the index; returns the offset to rebuild from."""
         checkpoint = self._read_checkpoint()
-        queues = self._load_queue_files(checkpoint[2]) if checkpoint is not None else None
-        if checkpoint is not None and checkpoint[0] < self.log.min_offset:
-            queues = None  # retention deleted records the index never saw
-        if checkpoint is None or queues is None:
+        loaded = False
+        if checkpoint is not None:
+            trusted = min(checkpoint[0], self.log.max_offset)
+            loaded = self._index.load(checkpoint[2], trusted)
+            loaded = loaded and checkpoint[0] >= self.log.min_offset  # else retention deleted unseen records
+        if checkpoint is None or not loaded:
             if self._index_dir.exists():
                 log.warning("%s: the index is incomplete; rebuilding it from the commit log", self.directory)
                 shutil.rmtree(self._index_dir)
-            self._queues, self._consumer_offsets = {}, {}
+            self._index.reset()
+            self._progress.restore({}, {})
             self._origins = OriginTable()
             self._checkpoint_offset = self.log.min_offset
-            self._checkpoint_consumer_offsets = {}
             self._checkpoint_origins = OriginTable()
             return self.log.min_offset
         indexed_offset, consumer_offsets, _, origins = checkpoint
-        trusted = min(indexed_offset, self.log.max_offset)
-        self._queues = queues
-        for queue in queues.values():
-            queue.cut(trusted)
         if indexed_offset <= self.log.max_offset:
-            self._consumer_offsets = dict(consumer_offsets)
+            current = consumer_offsets
             self._origins = origins
         else:  # the log was cut below the checkpoint: replay the offsets it still holds
-            self._consumer_offsets = self._replay_consumer_offsets({}, self.log.min_offset, trusted)
+            current = ConsumerProgress.replay({}, self._progress_records(self.log.min_offset, trusted))
             self._origins = self._replay_origins(OriginTable(), self.log.min_offset)
+        self._progress.restore(current, current)
         self._checkpoint_offset = trusted
-        self._checkpoint_consumer_offsets = dict(self._consumer_offsets)
         self._checkpoint_origins = self._origins.copy()
         return trusted
 
@@ -361,10 +233,7 @@ class MessageStore:
         try:
             body = load_checksummed(self._checkpoint_path)
             indexed_offset = body["indexed_offset"]
-            offsets = {
-                (row[0], row[1], row[2]): (row[3], check_acked_ranges(row[3], row[4] if len(row) > 4 else []))
-                for row in body["consumer_offsets"]  # type: ignore[attr-defined]
-            }
+            offsets = ConsumerProgress.from_rows(body["consumer_offsets"])
             queues = body["queues"]
             if type(indexed_offset) is not int or not isinstance(queues, list):
                 raise TypeError("indexed_offset or queues")
@@ -374,51 +243,6 @@ class MessageStore:
             log.warning("%s: unusable (%s); the index will be rebuilt", self._checkpoint_path, exc)
             return None
         return indexed_offset, offsets, queues, origins
-
-    def _load_queue_files(self, listed: list[Any]) -> dict[QueueKey, _QueueIndex] | None:
-        queues: dict[QueueKey, _QueueIndex] = {}
-        try:
-            for topic, queue_id, base, count in listed:
-                if (
-                    not TOPIC_PATTERN.fullmatch(topic)
-                    or type(queue_id) is not int
-                    or type(base) is not int
-                    or type(count) is not int
-                ):
-                    raise ValueError(f"bad queue {topic!r}/{queue_id!r}")
-                queue = self._load_queue_file(topic, queue_id, base, count)
-                if queue is None:
-                    return None
-                queues[(topic, queue_id)] = queue
-        except (TypeError, ValueError) as exc:
-            log.warning("%s: unusable queue list (%s)", self._checkpoint_path, exc)
-            return None
-        names = {(topic, str(queue_id)) for topic, queue_id in queues}
-        for path in self._index_dir.glob("*/*"):
-            if (path.parent.name, path.name) not in names:
-                path.unlink()  # written after the checkpoint: rebuilt from the log
-        return queues
-
-    def _load_queue_file(self, topic: str, queue_id: int, base: int, count: int) -> _QueueIndex | None:
-        path = self._index_dir / topic / str(queue_id)
-        try:
-            data = path.read_bytes()
-        except FileNotFoundError:
-            log.warning("%s: missing although the checkpoint lists it", path)
-            return None
-        size = _INDEX_ENTRY.size
-        if (
-            len(data) < _INDEX_HEADER.size
-            or _INDEX_HEADER.unpack_from(data) != (_INDEX_MAGIC, 1, base)
-            or len(data) < _INDEX_HEADER.size + count * size
-        ):
-            log.warning("%s: header or length does not match the checkpoint", path)
-            return None
-        queue = _QueueIndex(topic, queue_id, base, path)
-        queue.entries = bytearray(data[_INDEX_HEADER.size : _INDEX_HEADER.size + count * size])
-        queue.flushed = count
-        queue.dirty = len(data) != _INDEX_HEADER.size + count * size
-        return queue
 
     def _scan_into_index(self, start: int) -> None:
         """Indexes the records in [start, max_offset), checking each one's epoch entry."""
@@ -436,49 +260,24 @@ class MessageStore:
                         f"{self.directory}: the record at {record.commit_offset} has epoch "
                         f"{record.epoch} but the epoch file says {covering} for that offset"
                     )
-                self._index_record(
+                self._index.add(
                     record.topic, record.queue_id, record.queue_offset, record.commit_offset, record.size
                 )
                 if record.topic == CONSUMER_OFFSET_TOPIC:
-                    key, value = _parse_consumer_offset(record)
-                    self._consumer_offsets[key] = value
+                    self._progress.note(record)
                 self._note_origin(self._origins, record)
             offset += len(data)
 
-    def _index_record(
-        self, topic: str, queue_id: int, queue_offset: int, commit_offset: int, size: int
-    ) -> None:
-        self._queue_at(topic, queue_id, queue_offset, commit_offset).append(commit_offset, size)
-
-    def _queue_at(self, topic: str, queue_id: int, queue_offset: int, commit_offset: int) -> _QueueIndex:
-        """The index of topic/queue_id, whose next entry must be `queue_offset` (made at it
-        when new); CorruptData otherwise, naming the record at `commit_offset`."""
-        queue = self._queues.get((topic, queue_id))
+    def _progress_records(self, start: int, end: int) -> Iterator[StoredRecord]:
+        """The %CONSUMER_OFFSET% records in [start, end) of the log, found by the index."""
+        queue = self._index.get((CONSUMER_OFFSET_TOPIC, 0))
         if queue is None:
-            queue = _QueueIndex(topic, queue_id, queue_offset, self._index_dir / topic / str(queue_id))
-            self._queues[(topic, queue_id)] = queue
-        elif queue_offset != queue.max_offset:
-            raise CorruptData(
-                f"{self.directory}: the record at {commit_offset} has queue offset "
-                f"{queue_offset} in {topic}/{queue_id}, which expects {queue.max_offset}"
-            )
-        return queue
-
-    def _replay_consumer_offsets(
-        self, start_from: dict[ConsumerKey, Progress], start: int, end: int
-    ) -> dict[ConsumerKey, Progress]:
-        """`start_from` updated with the consumer offset records in [start, end)."""
-        offsets = dict(start_from)
-        queue = self._queues.get((CONSUMER_OFFSET_TOPIC, 0))
-        if queue is None:
-            return offsets
+            return
         for i in range(queue.first_at_or_after(max(start, self.log.min_offset)), queue.count):
             commit_offset, size = queue.entry(i)
             if commit_offset >= end:
                 break
-            key, value = _parse_consumer_offset(self.log.read_record_at(commit_offset, size))
-            offsets[key] = value
-        return offsets
+            yield self.log.read_record_at(commit_offset, size)
 
     def _note_origin(self, table: OriginTable, record: StoredRecord | RecordHead) -> None:
         try:
@@ -502,28 +301,17 @@ class MessageStore:
     # Checkpoint ----------------------------------------------------------------------------------
     def _write_checkpoint(self) -> None:
         self.log.sync()  # the checkpoint never names bytes a power loss could take
-        self._index_dir.mkdir(parents=True, exist_ok=True)
-        made_dirs: set[Path] = set()
-        for queue in self._queues.values():
-            if queue.flush(self.fsync):
-                made_dirs.add(queue.path.parent)
-        if self.fsync:
-            for directory in made_dirs:
-                fsync_dir(directory)
-            fsync_dir(self._index_dir)
+        self._index.flush(self.fsync)  # the files before the checkpoint that lists them
         indexed_offset = self.log.max_offset
         body: dict[str, object] = {
             "indexed_offset": indexed_offset,
-            "queues": [[q.topic, q.queue_id, q.base, q.count] for q in self._queues.values()],
-            "consumer_offsets": [
-                [g, t, q, o, [list(r) for r in acked]] if acked else [g, t, q, o]
-                for (g, t, q), (o, acked) in sorted(self._consumer_offsets.items())
-            ],
+            "queues": self._index.rows(),
+            "consumer_offsets": self._progress.rows(),
             "origins": self._origins.to_rows(),
         }
         write_atomically(self._checkpoint_path, dump_checksummed(body), self.fsync)
         self._checkpoint_offset = indexed_offset
-        self._checkpoint_consumer_offsets = dict(self._consumer_offsets)
+        self._progress.checkpointed()
         self._checkpoint_origins = self._origins.copy()
 
     def _maybe_checkpoint(self) -> None:
@@ -600,7 +388,7 @@ class MessageStore:
     def _original_of(self, origin: Origin) -> PutResult:
         """Where the copy of `origin` is: looked for back from its queue's head (bounded)."""
         head = self._origins.heads[origin.key]
-        queue = self._queues[(head.topic, head.queue_id)]
+        queue = self._index.queues[(head.topic, head.queue_id)]
         low = max(queue.first_at_or_after(self.log.min_offset), head.queue_offset - COPY_SEARCH_RECORDS_MAX)
         for i in range(head.queue_offset - queue.base, low - queue.base - 1, -1):
             record = self.log.read_record_at(*queue.entry(i))
@@ -630,8 +418,7 @@ class MessageStore:
             key = (message.topic, message.queue_id)
             queue_offset = next_offsets.get(key)
             if queue_offset is None:
-                queue = self._queues.get(key)
-                queue_offset = queue.max_offset if queue is not None else 0
+                queue_offset = self._index.next_offset(key)
             properties = message.properties
             msg_id = properties.get(MSG_ID, "") if properties else ""  # a replicated copy keeps its id
             if not msg_id or not MSG_ID_PATTERN.fullmatch(msg_id):
@@ -643,15 +430,15 @@ class MessageStore:
             results.append(PutResult(msg_id, key[0], key[1], queue_offset, position))
             next_offsets[key] = queue_offset + 1
             position += len(record)
-        if len(self._queues) + len(next_offsets.keys() - self._queues.keys()) > QUEUES_MAX:
+        if len(self._index) + len(next_offsets.keys() - self._index.queues.keys()) > QUEUES_MAX:
             raise FailedPrecondition(
-                f"this store already holds {len(self._queues)} queues; the limit is {QUEUES_MAX}"
+                f"this store already holds {len(self._index)} queues; the limit is {QUEUES_MAX}"
             )
         sizes = [len(record) for record in encoded]
         # encode_record made these bytes and their checksums just now: no re-check
         offsets = self.log.append_verified(b"".join(encoded), sizes, sync=not self.group_commit)
         assert offsets == [r.commit_offset for r in results], (offsets, results)
-        self._index_batch(results, sizes)
+        self._index.add_batch(results, sizes)
         for message, result, size in zip(messages, results, sizes, strict=True):
             origin = origin_of(message.properties) if message.properties else None
             if origin is not None:
@@ -669,24 +456,6 @@ class MessageStore:
         self._maybe_checkpoint()
         return results
 
-    def _index_batch(self, results: Sequence[PutResult | RecordHead], sizes: list[int]) -> None:
-        """_index_record of each record just appended, with one entry write per queue."""
-        entries: dict[QueueKey, list[bytes]] = {}
-        first: dict[QueueKey, PutResult | RecordHead] = {}
-        pack = _INDEX_ENTRY.pack
-        for result, size in zip(results, sizes, strict=True):
-            key = (result.topic, result.queue_id)
-            found = entries.get(key)
-            if found is None:
-                entries[key] = found = []
-                first[key] = result
-            found.append(pack(result.commit_offset, size))
-        for key, packed in entries.items():
-            head = first[key]
-            queue = self._queue_at(head.topic, head.queue_id, head.queue_offset, head.commit_offset)
-            queue.entries += b"".join(packed)
-            queue.dirty = True
-
     def commit_consumer_offset(
         self, group: str, topic: str, queue_id: int, offset: int, epoch: int, now_ms: int
     ) -> PutResult:
@@ -695,40 +464,19 @@ class MessageStore:
         return result
 
     def commit_consumer_progress(
-        self, entries: list[tuple[str, str, int, int, AckedRanges]], epoch: int, now_ms: int
+        self, entries: list[ProgressEntry], epoch: int, now_ms: int
     ) -> list[PutResult]:
         """Records each (group, topic, queue id, consumed offset, acknowledged ranges above
         it) as a %CONSUMER_OFFSET% record, all in one commit-log write."""
         if not 0 < len(entries) <= PUT_BATCH_MAX:
             raise InvalidArgument(f"a progress commit carries 1 to {PUT_BATCH_MAX} entries")
-        messages: list[Message] = []
-        progress: dict[ConsumerKey, Progress] = {}
-        for group, topic, queue_id, offset, acked in entries:
-            if not isinstance(group, str) or not TOPIC_PATTERN.fullmatch(group):
-                raise InvalidArgument(
-                    f"group {group!r} is malformed: use 1-127 characters from A-Z a-z 0-9 _ - % |"
-                )
-            validate_topic(topic)
-            _check_int("queue_id", queue_id, 0, QUEUE_ID_MAX)
-            _check_int("offset", offset, 0, OFFSET_MAX)
-            try:
-                ranges = check_acked_ranges(offset, acked)
-            except ValueError as exc:
-                raise InvalidArgument(str(exc)) from None
-            progress[(group, topic, queue_id)] = (offset, ranges)
-            messages.append(
-                Message(
-                    CONSUMER_OFFSET_TOPIC, 0, _consumer_offset_body(group, topic, queue_id, offset, ranges)
-                )
-            )
+        messages, progress = progress_records(entries)
         with self._lock:
             self._check_open()
             self._check_epoch(epoch)
-            new_keys = len(progress.keys() - self._consumer_offsets.keys())
-            if len(self._consumer_offsets) + new_keys > CONSUMER_OFFSET_KEYS_MAX:
-                raise FailedPrecondition(f"{CONSUMER_OFFSET_KEYS_MAX} consumer offsets already kept")
+            self._progress.check_room(progress)
             results = self._put_locked(messages, epoch, now_ms)
-            self._consumer_offsets.update(progress)
+            self._progress.update(progress)
             return results
 
     def append_replicated(self, offset: int, data: bytes) -> int:
@@ -751,11 +499,11 @@ class MessageStore:
                 written = self.log.append_verified(data, [r.size for r in records], expected_offset=offset)
                 assert written[-1] == records[-1].commit_offset, (written, records)
             end = self.log.max_offset
-            self._index_batch(records, [r.size for r in records])  # _plan_replicated checked the offsets
+            self._index.add_batch(records, [r.size for r in records])  # _plan_replicated checked the offsets
             for record in records:
                 if record.properties:
                     self._note_origin(self._origins, record)
-            self._consumer_offsets.update(consumer_offsets)
+            self._progress.update(consumer_offsets)
             self._maybe_checkpoint()
             return end
 
@@ -780,7 +528,7 @@ class MessageStore:
             key = (record.topic, record.queue_id)
             expected = next_offsets.get(key)
             if expected is None:
-                queue = self._queues.get(key)
+                queue = self._index.get(key)
                 expected = queue.max_offset if queue is not None else record.queue_offset
             if record.queue_offset != expected:
                 raise CorruptData(
@@ -791,7 +539,7 @@ class MessageStore:
             next_offsets[key] = expected + 1
             if record.topic == CONSUMER_OFFSET_TOPIC:  # its body is read: decode it whole
                 whole = decode_record(data, record.commit_offset - offset, record.commit_offset)
-                consumer_key, value = _parse_consumer_offset(whole)
+                consumer_key, value = parse_progress(whole)
                 consumer_offsets[consumer_key] = value
         return new_epochs, consumer_offsets
 
@@ -799,7 +547,7 @@ class MessageStore:
         """Drops every record at or after `offset` (a record start), their index entries,
         the epoch entries starting at or after it, and recomputes consumer offsets.
         Crash-safe: see the module docstring for the order."""
-        _check_int("offset", offset, 0, OFFSET_MAX)
+        check_int("offset", offset, 0, OFFSET_MAX)
         with self._lock:
             self._check_open()
             if not self.log.is_boundary(offset) or offset < self.log.min_offset:
@@ -808,16 +556,13 @@ class MessageStore:
                 )
             write_atomically(self._intent_path, dump_checksummed({"offset": offset}), self.fsync)
             self._truncate_durable(offset)
-            for queue in self._queues.values():
-                queue.cut(offset)
-            if offset >= self._checkpoint_offset:
-                self._consumer_offsets = self._replay_consumer_offsets(
-                    self._checkpoint_consumer_offsets, self._checkpoint_offset, offset
-                )
-                self._origins = self._replay_origins(self._checkpoint_origins.copy(), self._checkpoint_offset)
-            else:
-                self._consumer_offsets = self._replay_consumer_offsets({}, self.log.min_offset, offset)
-                self._origins = self._replay_origins(OriginTable(), self.log.min_offset)
+            self._index.cut(offset)
+            kept = offset >= self._checkpoint_offset  # the checkpoint's state is still true
+            start = self._checkpoint_offset if kept else self.log.min_offset
+            self._progress.roll_back(self._progress_records(start, offset), from_checkpoint=kept)
+            self._origins = self._replay_origins(
+                self._checkpoint_origins.copy() if kept else OriginTable(), start
+            )
             self._write_checkpoint()
             self._remove_intent()
 
@@ -827,13 +572,7 @@ class MessageStore:
         also the tiered index object's entry layout), sliced without decoding them."""
         with self._lock:
             self._check_open()
-            found: dict[QueueKey, tuple[int, bytes]] = {}
-            for key, queue in self._queues.items():
-                low, high = queue.first_at_or_after(start), queue.first_at_or_after(end)
-                if low < high:
-                    size = _INDEX_ENTRY.size
-                    found[key] = (queue.base + low, bytes(queue.entries[low * size : high * size]))
-            return found
+            return self._index.runs_between(start, end)
 
     def delete_before(self, offset: int) -> int:
         """Retention: deletes whole segments ending at or before `offset` (their range is
@@ -877,17 +616,17 @@ class MessageStore:
         """Up to `max_count` records of topic/queue_id from `queue_offset`, only those
         ending at or before `max_commit_offset` (the confirm offset), at most `max_bytes`
         (but at least one record). Each record's checksum is verified (CorruptData)."""
-        _check_int("queue_id", queue_id, 0, QUEUE_ID_MAX)
-        _check_int("queue_offset", queue_offset, 0, OFFSET_MAX)
-        _check_int("max_count", max_count, 1, GET_COUNT_MAX)
-        _check_int("max_commit_offset", max_commit_offset, 0, OFFSET_MAX)
-        _check_int("max_bytes", max_bytes, 1, GET_BYTES_MAX)
+        check_int("queue_id", queue_id, 0, QUEUE_ID_MAX)
+        check_int("queue_offset", queue_offset, 0, OFFSET_MAX)
+        check_int("max_count", max_count, 1, GET_COUNT_MAX)
+        check_int("max_commit_offset", max_commit_offset, 0, OFFSET_MAX)
+        check_int("max_bytes", max_bytes, 1, GET_BYTES_MAX)
         with self._lock:
             self._check_open()
-            queue = self._queues.get((topic, queue_id))
+            queue = self._index.get((topic, queue_id))
             if queue is None:
                 return []
-            min_offset = self._queue_min_offset(queue)
+            min_offset = queue.min_offset(self.log.min_offset)
             if queue_offset < min_offset:
                 raise InvalidArgument(
                     f"queue offset {queue_offset} of {topic}/{queue_id} is below "
@@ -912,31 +651,27 @@ class MessageStore:
                 total += size
             return records
 
-    def _queue_min_offset(self, queue: _QueueIndex) -> int:
-        return queue.base + queue.first_at_or_after(self.log.min_offset)
-
     def queue_max_offset(self, topic: str, queue_id: int) -> int:
         """The next queue offset of topic/queue_id (0 for an unknown queue)."""
         with self._lock:
-            queue = self._queues.get((topic, queue_id))
-            return queue.max_offset if queue is not None else 0
+            return self._index.next_offset((topic, queue_id))
 
     def queue_min_offset(self, topic: str, queue_id: int) -> int:
         """The first queue offset still readable (its record not deleted by retention)."""
         with self._lock:
-            queue = self._queues.get((topic, queue_id))
-            return self._queue_min_offset(queue) if queue is not None else 0
+            queue = self._index.get((topic, queue_id))
+            return queue.min_offset(self.log.min_offset) if queue is not None else 0
 
     def readable_queue_max_offset(self, topic: str, queue_id: int, max_commit_offset: int) -> int:
         """The queue offset after the last record ending at or before `max_commit_offset`."""
         with self._lock:
-            queue = self._queues.get((topic, queue_id))
+            queue = self._index.get((topic, queue_id))
             return queue.base + queue.count_ending_by(max_commit_offset) if queue is not None else 0
 
     def queues(self) -> list[QueueKey]:
         """Every (topic, queue id) with an index, the system topic included."""
         with self._lock:
-            return sorted(self._queues)
+            return self._index.keys()
 
     def translate_origin(self, key: OriginKey, offset: int) -> int | None:
         """The target queue offset matching source consumer offset `offset` of origin queue
@@ -949,7 +684,7 @@ class MessageStore:
                 return None
             if head.offset < offset:
                 return head.queue_offset + 1
-            queue = self._queues[(head.topic, head.queue_id)]
+            queue = self._index.queues[(head.topic, head.queue_id)]
             low = max(
                 queue.first_at_or_after(self.log.min_offset), head.queue_offset - COPY_SEARCH_RECORDS_MAX
             )
@@ -967,9 +702,7 @@ class MessageStore:
     def consumer_offsets_of(self, topic: str, queue_id: int) -> list[tuple[str, int]]:
         """(group, committed offset) of every group with progress in topic/queue_id."""
         with self._lock:
-            return sorted(
-                (g, p[0]) for (g, t, q), p in self._consumer_offsets.items() if (t, q) == (topic, queue_id)
-            )
+            return self._progress.offsets_of(topic, queue_id)
 
     def origin_head(self, key: OriginKey) -> OriginHead | None:
         """The highest copy of origin queue `key` this store holds, or None."""
@@ -979,13 +712,13 @@ class MessageStore:
     def consumer_offset(self, group: str, topic: str, queue_id: int) -> int | None:
         """The latest committed offset of group on topic/queue_id, or None."""
         with self._lock:
-            progress = self._consumer_offsets.get((group, topic, queue_id))
+            progress = self._progress.get((group, topic, queue_id))
             return None if progress is None else progress[0]
 
     def consumer_progress(self, group: str, topic: str, queue_id: int) -> Progress | None:
         """The latest committed (offset, acknowledged ranges above it), or None."""
         with self._lock:
-            return self._consumer_offsets.get((group, topic, queue_id))
+            return self._progress.get((group, topic, queue_id))
 
     @property
     def max_offset(self) -> int:

@@ -68,6 +68,7 @@ from mqmeta.errors import (
     NotFound,
     Unavailable,
 )
+from mqmeta.extras import require_for_url
 from mqmeta.formats.atomic import fsync_dir
 from mqmeta.formats.tiered import OBJECT_BYTES_MAX
 
@@ -661,6 +662,7 @@ def open_backend(url_or_path: str) -> TieredBackend:
         if not path:
             raise InvalidArgument(f"{url_or_path!r} names no directory")
         return LocalBackend(Path(path))
+    require_for_url(url_or_path, "tiered storage")
     if scheme not in fsspec.available_protocols():
         raise InvalidArgument(
             f"tiered storage location {url_or_path!r} has the unknown scheme "

@@ -517,7 +517,7 @@ def run_replication(
         for name, site in (("a", a), ("b", b)):
             site.start()
             with site.client() as client:
-                client.call("CreateTopic", pb.TopicSpec(name=TOPIC, cluster=name, queue_count=QUEUE_COUNT))
+                client.create_topic(pb.TopicSpec(name=TOPIC, cluster=name, queue_count=QUEUE_COUNT))
         link = Link(b, toxiproxy_url, out)
         workers = Workers(out / "workers", rules, config.workers, link.dial_map)
         for name in workers.names:

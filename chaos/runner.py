@@ -256,18 +256,18 @@ def _execute(
         from mqmeta.chaos.rmq_workload import RmqQueueWorkload  # imports the official client
 
         with cluster.client() as client:  # FIFO: each sharding key is a message group, kept in order
-            client.call("CreateTopic", pb.TopicSpec(name=TOPIC, queue_count=4, message_type="FIFO"))
+            client.create_topic(pb.TopicSpec(name=TOPIC, queue_count=4, message_type="FIFO"))
         workload = RmqQueueWorkload(cluster.namesrv, recorder, wconfig, config.output_dir / "rocketmq-client")
     elif config.workload == "queue":
         with cluster.client() as client:
-            client.call("CreateTopic", pb.TopicSpec(name=TOPIC, queue_count=4))
+            client.create_topic(pb.TopicSpec(name=TOPIC, queue_count=4))
         workload = QueueWorkload(cluster.namesrv, recorder, wconfig, [BROKER_SET])
     else:
         workload = MetadataWorkload(
             [n.grpc for n in cluster.layout.controllers], recorder, wconfig, config.seed
         )
         with cluster.client() as client:
-            workload.prepare(lambda spec: client.call("CreateTopic", spec))
+            workload.prepare(lambda spec: client.create_topic(spec))
     context = FaultContext(cluster, network, config.fault_target, random.Random(config.seed))
     workload.start()
     try:

@@ -109,7 +109,7 @@ class Cluster:
             "lease_margin_ms": "200",
         }
         with self.client() as client:
-            client.call("UpdateConfig", controller_pb2.UpdateConfigRequest(values=values))
+            client.update_config(controller_pb2.UpdateConfigRequest(values=values))
 
     def start_namesrv(self) -> subprocess.Popen:
         return self.supervisor.start("namesrv", namesrv_command(self.layout), self.process_env("namesrv"))
@@ -223,7 +223,7 @@ class Cluster:
 
     def metadata(self, node_id: str, timeout_s: float = 2.0) -> pb.ControllerMetadata:
         with self.client([node_id], timeout_s=timeout_s) as client:
-            return client.call("GetMetadata", pb.GetMetadataRequest())
+            return client.get_metadata(pb.GetMetadataRequest())
 
     def leader_ids(self, exclude: str = "") -> dict[str, str]:
         """The leader each running node (but `exclude`) names, "" when it names none (one look)."""

@@ -44,6 +44,7 @@ from mqmeta.cluster.supervisor import NOT_RESTARTED, Supervisor
 
 from mqmeta import auth, tls
 from mqmeta.client import ControllerClient
+from mqmeta.context import CLUSTER_FILE, STATE_RUNNING, STATE_STOPPED, export_lines
 from mqmeta.errors import InvalidArgument
 from mqmeta.formats.atomic import write_json_atomically
 from mqmeta.pb import controller_pb2 as pb
@@ -55,9 +56,6 @@ BROKER_SETS_MAX = 26  # broker sets are named a-z
 REPLICAS_MAX = 5
 CLUSTER_NAMES = "abcd"
 REPLICATOR_NAME = "replicator-1"
-CLUSTER_DOCUMENT = "cluster.json"
-STATE_RUNNING = "running"
-STATE_STOPPED = "stopped"
 SUPERVISE_INTERVAL_S = 0.5
 
 
@@ -195,14 +193,15 @@ def _run(
                 "read_token_file": str(tokens.read_token),
                 "reads_need_credential": reads_need_credential,
             }
-        write_json_atomically(root / CLUSTER_DOCUMENT, document, indent=2)
+        write_json_atomically(root / CLUSTER_FILE, document, indent=2)
         for site in sites:
             print(
                 f"mqmeta local cluster {site.name + ' ' if site.name else ''}ready: controllers "
                 f"{site.layout.controller_addresses}; nameserver {','.join(site.layout.namesrv)}; "
-                f"see {root / CLUSTER_DOCUMENT}",
+                f"see {root / CLUSTER_FILE}",
                 flush=True,
             )
+        print("\n".join(export_lines(document, root)), flush=True)
         _supervise(root, [s.supervisor for s in sites], document, stop)
     finally:
         # SIGINT: every child stops at once (no broker hands off to a slave that is stopping too)
@@ -215,7 +214,7 @@ def _run(
 def mark_stopped(root: Path) -> None:
     """Rewrites DIR/cluster.json, if there is one, to say the cluster is stopped: "state"
     "stopped" and every "pid" null (the processes it named are gone)."""
-    path = root / CLUSTER_DOCUMENT
+    path = root / CLUSTER_FILE
     try:
         document = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -224,25 +223,6 @@ def mark_stopped(root: Path) -> None:
         write_json_atomically(
             path, _with_pids({**document, "state": STATE_STOPPED}, lambda pid: None), indent=2
         )
-
-
-def load_cluster_document(root: Path) -> dict[str, Any]:
-    """DIR/cluster.json of a running `mqmeta local up`; InvalidArgument (one sentence) when
-    there is none or when it says the cluster is stopped."""
-    path = root / CLUSTER_DOCUMENT
-    try:
-        document = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise InvalidArgument(
-            f"{path} does not exist: start a cluster with `mqmeta local up --data-dir {root}`"
-        ) from None
-    except (OSError, ValueError) as error:
-        raise InvalidArgument(f"cannot read {path}: {error}") from None
-    if document.get("state") == STATE_STOPPED:
-        raise InvalidArgument(
-            f"the cluster in {root} is stopped: start it again with `mqmeta local up --data-dir {root}`"
-        )
-    return document
 
 
 def _start_site(site: _Site) -> dict[str, Any]:
@@ -262,7 +242,7 @@ def _start_site(site: _Site) -> dict[str, Any]:
     wait_ready(layout.controller_addresses, layout.namesrv, check_running=check_running)
     if site.name:  # topics created without --cluster go to this cluster's brokers
         with ControllerClient(layout.controller_addresses) as client:
-            client.call("UpdateConfig", pb.UpdateConfigRequest(values={"default_cluster": site.name}))
+            client.update_config(pb.UpdateConfigRequest(values={"default_cluster": site.name}))
     cluster_flag = ["--cluster", site.name] if site.name else []
     for broker in layout.brokers:
         supervisor.start(broker.name, broker_command(root, layout, broker) + cluster_flag + flags)
@@ -333,7 +313,7 @@ def _supervise(
                 )
         if restarted_all and not stop.is_set():
             document = _with_pids(document, functools.partial(_renamed, restarted_all))
-            write_json_atomically(root / CLUSTER_DOCUMENT, document, indent=2)
+            write_json_atomically(root / CLUSTER_FILE, document, indent=2)
 
 
 def _renamed(pids: dict[int, int], pid: Any) -> Any:

@@ -91,7 +91,7 @@ def wait_ready(
 def _leader_known(address: str) -> bool:
     try:
         with ControllerClient([address], timeout_s=1.0) as client:
-            return bool(client.call("GetMetadata", pb.GetMetadataRequest()).leader_id)
+            return bool(client.get_metadata(pb.GetMetadataRequest()).leader_id)
     except MqmetaError:
         return False
 

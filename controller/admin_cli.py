@@ -10,6 +10,7 @@ import argparse
 import json
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from google.protobuf import json_format
@@ -19,6 +20,7 @@ from rich.table import Table
 
 from mqmeta import tls
 from mqmeta.client import ControllerClient
+from mqmeta.context import CONTROLLERS, add_context_flags
 from mqmeta.errors import FailedPrecondition, InvalidArgument
 from mqmeta.pb import controller_pb2 as pb
 from mqmeta.validate import QUEUE_COUNT_MAX, REQUEST_INT_MAX
@@ -79,7 +81,7 @@ def _broker_set_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def add_admin_commands(admin: argparse.ArgumentParser) -> None:
-    admin.add_argument("--controllers", required=True, help="HOST:PORT[,HOST:PORT...]")
+    add_context_flags(admin, CONTROLLERS)
     admin.add_argument("--timeout", type=_timeout_s, default=5.0, help="seconds for the whole call")
     sub = admin.add_subparsers(dest="admin_command", required=True, parser_class=type(admin))
 
@@ -153,11 +155,28 @@ def add_admin_commands(admin: argparse.ArgumentParser) -> None:
     )
 
 
+@dataclass(frozen=True)
+class _Report:
+    """A text answer with fields above its table (the --json document's top-level fields)."""
+
+    fields: Json
+    rows: list[Json]
+    by_column: bool = False  # one column per row (many fields, few rows: readable in 80 columns)
+
+
 def run_admin(args: argparse.Namespace) -> int:
     with ControllerClient(args.controllers, timeout_s=args.timeout) as client:
         document, rows = args.handler(client, args)
     if args.json:
         print(json.dumps(document, indent=2, sort_keys=True))
+    elif isinstance(rows, _Report):
+        console = Console()
+        for key, value in rows.fields.items():
+            console.print(f"{key}: {_cell(value)}", highlight=False)
+        if rows.by_column:
+            _print_columns(rows.rows)
+        else:
+            _print_rows(rows.rows)
     else:
         _print_rows(rows)
     return 0
@@ -170,10 +189,27 @@ def _print_rows(rows: list[Json] | Json) -> None:
     if not rows:
         console.print("(none)")
         return
-    table = Table(*rows[0].keys())
+    table = Table()
+    for name in rows[0]:
+        table.add_column(name, overflow="fold")  # a narrow terminal wraps a value, never cuts it
     for row in rows:
         table.add_row(*(_cell(v) for v in row.values()))
     console.print(table)
+
+
+def _print_columns(rows: list[Json]) -> None:
+    """The rows as columns: a first column of field names, then one column per row."""
+    if not rows:
+        Console().print("(none)")
+        return
+    names = list(dict.fromkeys(k for row in rows for k in row))
+    table = Table(show_header=False)
+    table.add_column(style="bold", no_wrap=True, min_width=max(len(name) for name in names))
+    for _ in rows:
+        table.add_column(overflow="fold")
+    for name in names:
+        table.add_row(name, *(_cell(row.get(name, "")) for row in rows))
+    Console().print(table)
 
 
 def _cell(value: Any) -> str:
@@ -215,7 +251,7 @@ def _numbers(descriptor: Any, document: Json) -> Json:
 
 
 def cluster_status(client: ControllerClient, args):
-    meta = client.call("GetMetadata", pb.GetMetadataRequest())
+    meta = client.get_metadata(pb.GetMetadataRequest())
     nodes = [
         {"id": n.id, "grpc": n.grpc, "raft": n.raft, "role": n.role, "healthy": n.healthy} for n in meta.nodes
     ]
@@ -229,7 +265,7 @@ def cluster_status(client: ControllerClient, args):
         "state_digest": meta.state_digest,
         "nodes": nodes,
     }
-    return document, nodes
+    return document, _Report({k: v for k, v in document.items() if k != "nodes"}, nodes)
 
 
 def _replica_document(info: pb.ReplicaInfo) -> Json:
@@ -258,21 +294,20 @@ def _ref(args) -> pb.BrokerSetRef:
 
 
 def sync_state(client: ControllerClient, args):
-    data = client.call("GetSyncStateData", _ref(args))
+    data = client.get_sync_state_data(_ref(args))
     document = _replica_document(data.replica_info)
     return document, document["replicas"]
 
 
 def broker_sets(client: ControllerClient, args):
-    reply = client.call("ListBrokerSets", pb.ListBrokerSetsRequest(cluster=args.cluster))
+    reply = client.list_broker_sets(pb.ListBrokerSetsRequest(cluster=args.cluster))
     sets = [_replica_document(s) for s in reply.broker_sets]
     rows = [{k: v for k, v in s.items() if k != "replicas"} for s in sets]
     return {"broker_sets": sets}, rows
 
 
 def elect_master(client: ControllerClient, args):
-    info = client.call(
-        "ElectMaster",
+    info = client.elect_master(
         pb.ElectMasterRequest(
             cluster=args.cluster,
             broker_name=args.broker_name,
@@ -292,7 +327,7 @@ def handoff_master(client: ControllerClient, args):
     from mqmeta.pb import broker_pb2, broker_pb2_grpc
     from mqmeta.rpc import from_rpc_error
 
-    info = client.call("GetReplicaInfo", _ref(args))  # NOT_FOUND for an unknown broker set
+    info = client.get_replica_info(_ref(args))  # NOT_FOUND for an unknown broker set
     if not info.master_broker_id:
         raise FailedPrecondition(
             f"{args.cluster}/{args.broker_name} has no master to hand off; see `sync-state`"
@@ -317,8 +352,7 @@ def handoff_master(client: ControllerClient, args):
 
 
 def clean_broker(client: ControllerClient, args):
-    reply = client.call(
-        "CleanBrokerData",
+    reply = client.clean_broker_data(
         pb.CleanBrokerDataRequest(
             cluster=args.cluster, broker_name=args.broker_name, broker_ids=args.broker_id, force=args.force
         ),
@@ -343,17 +377,17 @@ def _topic_spec(args) -> pb.TopicSpec:
 
 
 def topic_delete(client: ControllerClient, args):
-    client.call("DeleteTopic", pb.NameRequest(name=args.name))
+    client.delete_topic(pb.NameRequest(name=args.name))
     return {"deleted": args.name}, {"deleted": args.name}
 
 
 def topic_list(client: ControllerClient, args):
-    topics = [_dict(t) for t in client.call("ListTopics", pb.ListTopicsRequest()).topics]
+    topics = [_dict(t) for t in client.list_topics(pb.ListTopicsRequest()).topics]
     return {"topics": topics}, topics
 
 
 def topic_route(client: ControllerClient, args):
-    route = _dict(client.call("GetTopicRoute", pb.NameRequest(name=args.name)))
+    route = _dict(client.get_topic_route(pb.NameRequest(name=args.name)))
     rows = [
         {
             "broker_name": b["broker_name"],
@@ -389,17 +423,17 @@ def _group_spec(args) -> pb.GroupSpec:
 
 
 def group_delete(client: ControllerClient, args):
-    client.call("DeleteGroup", pb.NameRequest(name=args.name))
+    client.delete_group(pb.NameRequest(name=args.name))
     return {"deleted": args.name}, {"deleted": args.name}
 
 
 def group_list(client: ControllerClient, args):
-    groups = [_dict(g) for g in client.call("ListGroups", pb.ListGroupsRequest()).groups]
+    groups = [_dict(g) for g in client.list_groups(pb.ListGroupsRequest()).groups]
     return {"groups": groups}, groups
 
 
 def config_get(client: ControllerClient, args):
-    values = dict(client.call("GetConfig", pb.GetConfigRequest()).values)
+    values = dict(client.get_config(pb.GetConfigRequest()).values)
     return values, [{"key": k, "value": v} for k, v in sorted(values.items())]
 
 
@@ -410,7 +444,7 @@ def config_set(client: ControllerClient, args):
         if not sep or not key:
             raise InvalidArgument(f"{pair!r} is not KEY=VALUE")
         changes[key] = value
-    values = dict(client.call("UpdateConfig", pb.UpdateConfigRequest(values=changes)).values)
+    values = dict(client.update_config(pb.UpdateConfigRequest(values=changes)).values)
     return values, [{"key": k, "value": v} for k, v in sorted(values.items())]
 
 
@@ -420,7 +454,7 @@ def _each_replica(client: ControllerClient, args, method: str, request: Any) -> 
 
     from mqmeta.pb import broker_pb2_grpc
 
-    info = client.call("GetReplicaInfo", _ref(args))
+    info = client.get_replica_info(_ref(args))
     answers = []
     for replica in info.replicas:
         with tls.channel(replica.address) as channel:
@@ -442,23 +476,21 @@ def ha_status(client: ControllerClient, args):
     from mqmeta.pb import broker_pb2
 
     replicas = _each_replica(client, args, "GetHaStatus", broker_pb2.HaStatusRequest())
-    rows = [
-        {
-            k: r.get(k)
-            for k in (
-                "broker_id",
-                "role",
-                "master_epoch",
-                "max_offset",
-                "confirm_offset",
-                "sync_state_set",
-                "writable",
-                "error",
-            )
-        }
-        for r in replicas
-    ]
-    return {"broker_name": args.broker_name, "replicas": replicas}, rows
+    shared = ("cluster", "broker_name")  # the same on every replica: above the table
+    columns = list(dict.fromkeys(k for r in replicas for k in r if k not in shared))
+    rows = [{k: _slaves_text(r[k]) if k == "slaves" else r.get(k, "") for k in columns} for r in replicas]
+    return {"broker_name": args.broker_name, "replicas": replicas}, _Report(
+        {"cluster": args.cluster, "broker_name": args.broker_name}, rows, by_column=True
+    )
+
+
+def _slaves_text(slaves: list[Json]) -> str:
+    """A master's slaves in one cell: `ID: acked OFFSET, lag N B, in sync, fetched N ms ago`."""
+    return "; ".join(
+        f"{s.get('broker_id')}: acked {s.get('acked_offset')}, lag {s.get('lag_bytes')} B, "
+        f"{'in sync' if s.get('in_sync') else 'not in sync'}, fetched {s.get('last_fetch_ms_ago')} ms ago"
+        for s in slaves
+    )
 
 
 def broker_epoch(client: ControllerClient, args):
@@ -478,8 +510,8 @@ def tiered_status(client: ControllerClient, args):
 
     from mqmeta.pb import broker_pb2, broker_pb2_grpc
 
-    checkpoint = client.call("GetTieredCheckpoint", _ref(args))
-    info = client.call("GetReplicaInfo", _ref(args))
+    checkpoint = client.get_tiered_checkpoint(_ref(args))
+    info = client.get_replica_info(_ref(args))
     confirm = None
     if info.master_address:
         with tls.channel(info.master_address) as channel:
@@ -507,7 +539,7 @@ def tiered_status(client: ControllerClient, args):
 def replicator_status(client: ControllerClient, args):
     """Per rule: its tasks (worker, lease epoch, checkpoint, the stats the worker reported)
     and their sums; the table has one row per task."""
-    reply = client.call("GetReplicatorStatus", pb.GetReplicatorStatusRequest(rule=args.rule))
+    reply = client.get_replicator_status(pb.GetReplicatorStatusRequest(rule=args.rule))
     rules, rows = [], []
     for rule in reply.rules:
         tasks = []
@@ -563,15 +595,15 @@ def replicator_status(client: ControllerClient, args):
     return {"rules": rules, "workers": workers}, rows
 
 
-def _put(method: str, spec: Callable[[Any], Any]) -> Callable:
+def _put(call: Callable[[ControllerClient, Any], Any], spec: Callable[[Any], Any]) -> Callable:
     def handler(client: ControllerClient, args):
-        document = _dict(client.call(method, spec(args)))
+        document = _dict(call(client, spec(args)))
         return document, document
 
     return handler
 
 
-topic_create = _put("CreateTopic", _topic_spec)
-topic_update = _put("UpdateTopic", _topic_spec)
-group_create = _put("CreateGroup", _group_spec)
-group_update = _put("UpdateGroup", _group_spec)
+topic_create = _put(ControllerClient.create_topic, _topic_spec)
+topic_update = _put(ControllerClient.update_topic, _topic_spec)
+group_create = _put(ControllerClient.create_group, _group_spec)
+group_update = _put(ControllerClient.update_group, _group_spec)

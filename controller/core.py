@@ -11,6 +11,7 @@ Rules for where a call is served:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import threading
 from collections.abc import Callable
@@ -18,6 +19,16 @@ from concurrent.futures import Future
 from typing import Any
 
 from mqmeta.controller import replicator_leases, replicator_liveness
+from mqmeta.controller.commands import (
+    AlterSyncStateSet,
+    Barrier,
+    CleanBrokerData,
+    Command,
+    ElectMaster,
+    RegisterBroker,
+    ReplicatorExpire,
+    ReplicatorHeartbeat,
+)
 from mqmeta.controller.liveness import Heartbeat, Liveness, listener_gone
 from mqmeta.controller.raft_node import ControllerRaft, Peer, Proposer, RaftSettings, not_committed
 from mqmeta.controller.state_machine import (
@@ -212,13 +223,13 @@ class ControllerCore:
             where = f"the leader is {leader}" if leader else "no leader is known yet"
             raise NotLeader(f"controller {self.node_id} is not the leader; {where}", leader=leader)
 
-    def propose(self, command: Json, timeout_s: float = 5.0) -> Json:
+    def propose(self, command: Command, timeout_s: float = 5.0) -> Json:
         result = self.proposer.propose(command, timeout_s)
         if not result.get("ok"):
             raise error_from_code(result["code"], result["message"])
         return result
 
-    def propose_many(self, commands: list[Json], timeout_s: float = 5.0) -> list[Json | MqmetaError]:
+    def propose_many(self, commands: list[Command], timeout_s: float = 5.0) -> list[Json | MqmetaError]:
         """Independent writes sharing the group commit; one result or error each."""
         group = self.proposer.submit_group(commands)
         try:
@@ -230,7 +241,7 @@ class ControllerCore:
             if outcome is None:
                 outcomes.append(
                     DeadlineExceeded(
-                        f"{command['type']} was not committed within {timeout_s:.1f}s; its outcome is unknown"
+                        f"{command.TYPE} was not committed within {timeout_s:.1f}s; its outcome is unknown"
                     )
                 )
             elif isinstance(outcome, MqmetaError):
@@ -241,10 +252,10 @@ class ControllerCore:
         return outcomes
 
     def read_barrier(self, timeout_s: float = 5.0) -> ControllerState:
-        self.proposer.propose({"type": "barrier"}, timeout_s)
+        self.proposer.propose(Barrier(), timeout_s)
         return self.state
 
-    async def propose_async(self, command: Json, timeout_s: float = 5.0) -> Json:
+    async def propose_async(self, command: Command, timeout_s: float = 5.0) -> Json:
         """propose() for a coroutine on the server's event loop: no thread waits."""
         future = self.proposer.submit(command)
         waiter = self._loop_futures(asyncio.get_running_loop()).wrap(future)
@@ -263,7 +274,7 @@ class ControllerCore:
         return bridge
 
     async def read_barrier_async(self, timeout_s: float = 5.0) -> ControllerState:
-        await self.propose_async({"type": "barrier"}, timeout_s)
+        await self.propose_async(Barrier(), timeout_s)
         return self.state
 
     def step_down(self, timeout_s: float = LEADERSHIP_TRANSFER_TIMEOUT_S) -> None:
@@ -327,11 +338,11 @@ class ControllerCore:
         )
         return {i: info for i, info in alive.items() if i != master}
 
-    def register_broker(self, request: Json) -> Json:
+    def register_broker(self, command: RegisterBroker) -> Json:
         self.require_leader()
-        result = self.propose(dict(request, type="register_broker", now_ms=wall_ms()))
-        key = (request["cluster"], request["broker_name"], result["broker_id"])
-        self.liveness.record(key, Heartbeat(seen_ms=now_ms(), priority=request.get("election_priority", 0)))
+        result = self.propose(dataclasses.replace(command, now_ms=wall_ms()))
+        key = (command.cluster, command.broker_name, result["broker_id"])
+        self.liveness.record(key, Heartbeat(seen_ms=now_ms(), priority=command.election_priority))
         return dict(result, replica_info=self._with_alive(result["replica_info"]))
 
     def heartbeat(self, request: Json) -> Json:
@@ -359,42 +370,42 @@ class ControllerCore:
             "lease_ms": self.state.config_value("lease_ms"),
         }
 
-    def elect_master(self, request: Json) -> Json:
+    def elect_master(self, command: ElectMaster, master_unreachable: bool = False) -> Json:
+        """Proposes the election with this leader's view of who is alive; with
+        `master_unreachable` (a slave could not reach the master), a master whose port
+        refuses connections counts as dead now."""
         self.require_leader()
         term = self.raft.current_term()  # before the view: see state_machine.stale_view
-        request = dict(request)
-        alive = self._alive(request["cluster"], request["broker_name"])
-        if request.pop("master_unreachable", False):
-            alive = self._without_a_gone_master(request["cluster"], request["broker_name"], alive)
-        command = dict(request, type="elect_master", now_ms=wall_ms(), alive=alive, leader_term=term)
+        alive = self._alive(command.cluster, command.broker_name)
+        if master_unreachable:
+            alive = self._without_a_gone_master(command.cluster, command.broker_name, alive)
+        command = dataclasses.replace(command, now_ms=wall_ms(), alive=alive, leader_term=term)
         result = self.proposer.propose(command, 5.0)
         if not result.get("ok"):
             raise error_from_code(result["code"], result["message"])
         return self._with_alive(result["replica_info"])
 
-    def alter_sync_state_set(self, request: Json) -> Json:
+    def alter_sync_state_set(self, command: AlterSyncStateSet) -> Json:
         self.require_leader()
-        command = dict(
-            request,
-            type="alter_sync_state_set",
+        command = dataclasses.replace(
+            command,
             leader_term=self.raft.current_term(),  # before the view: see state_machine.stale_view
             now_ms=wall_ms(),
-            alive=self._alive(request["cluster"], request["broker_name"]),
+            alive=self._alive(command.cluster, command.broker_name),
         )
         return self._with_alive(self.propose(command)["replica_info"])
 
-    def clean_broker_data(self, request: Json) -> Json:
+    def clean_broker_data(self, command: CleanBrokerData) -> Json:
         self.require_leader()
-        command = dict(
-            request,
-            type="clean_broker_data",
+        command = dataclasses.replace(
+            command,
             leader_term=self.raft.current_term(),  # before the view: see state_machine.stale_view
             now_ms=wall_ms(),
-            alive=self._alive(request["cluster"], request["broker_name"]),
+            alive=self._alive(command.cluster, command.broker_name),
         )
         result = self.propose(command)
         for broker_id in result["cleaned_broker_ids"]:
-            self.liveness.forget((request["cluster"], request["broker_name"], broker_id))
+            self.liveness.forget((command.cluster, command.broker_name, broker_id))
         return result
 
     def replica_info(self, cluster: str, broker_name: str) -> Json:
@@ -496,7 +507,7 @@ class ControllerCore:
         if request["leaving"]:
             self.workers.forget(worker_id)
             if self.state.get(replicator_leases.worker_key(worker_id)) is not None:
-                self.propose({"type": "replicator_expire", "worker_ids": [worker_id], "trigger": "leaving"})
+                self.propose(ReplicatorExpire(worker_ids=[worker_id], trigger="leaving"))
             return []
         beat = replicator_liveness.WorkerBeat(
             seen_ms=now_ms(),
@@ -507,11 +518,15 @@ class ControllerCore:
         )
         self.workers.record(worker_id, beat)
         if replicator_liveness.needs_proposal(self.state, request):
-            command = {
-                k: request[k] for k in ("worker_id", "incarnation", "lease_ms", "dead_after_ms", "rules")
-            }
-            command["tasks"] = [list(t) for t in request["tasks"]]
-            self.propose(dict(command, type="replicator_heartbeat"))
+            command = ReplicatorHeartbeat(
+                worker_id=request["worker_id"],
+                incarnation=request["incarnation"],
+                lease_ms=request["lease_ms"],
+                dead_after_ms=request["dead_after_ms"],
+                rules=request["rules"],
+                tasks=[list(t) for t in request["tasks"]],
+            )
+            self.propose(command)
         state = self.state
         workers = replicator_leases.live_workers(state)
         return [
@@ -536,13 +551,7 @@ class ControllerCore:
 
     def _expire(self, gone: list[str], term: int) -> None:
         try:
-            command = {
-                "type": "replicator_expire",
-                "worker_ids": gone,
-                "trigger": "silent",
-                "leader_term": term,
-            }
-            result = self.propose(command)
+            result = self.propose(ReplicatorExpire(worker_ids=gone, trigger="silent", leader_term=term))
             log.warning("replicator workers %s expired (silent past their dead-after)", result["expired"])
         except MqmetaError as exc:
             log.warning("could not expire replicator workers %s: %s", gone, exc)
@@ -551,7 +560,7 @@ class ControllerCore:
 
     def _elect_dead(self, key: tuple[str, str]) -> None:
         try:
-            info = self.elect_master({"cluster": key[0], "broker_name": key[1], "trigger": "controller"})
+            info = self.elect_master(ElectMaster(cluster=key[0], broker_name=key[1], trigger="controller"))
             log.info(
                 "elected master %s of %s/%s at epoch %s",
                 info["master_broker_id"],

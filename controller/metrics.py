@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from mqmeta.controller.core import ControllerCore
+from prometheus_client import Counter
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from mqmeta.metrics import Metrics, gauge
@@ -25,6 +26,15 @@ def controller_metrics(core: ControllerCore) -> Metrics:
     core.raft.on_applied = applied
     metrics.on_scrape(lambda: _collect(core))
     return metrics
+
+
+def namesrv_metrics() -> tuple[Metrics, Counter]:
+    """A standalone nameserver's metrics and the route-query counter its handlers count on."""
+    metrics = Metrics()
+    routes = metrics.counter(
+        "mqmeta_namesrv_route_queries", "route queries answered (QueryRoute, GetTopicRoute)"
+    )
+    return metrics, routes
 
 
 def _collect(core: ControllerCore) -> Iterator[Metric]:

@@ -43,7 +43,7 @@ class NameServerServicer(ns_grpc.NameServerServicer):
         cached = self.cache.route(name) if self.cache is not None else None
         if cached is not None:
             return cached
-        return self.client.call("GetTopicRoute", pb.NameRequest(name=name))
+        return self.client.get_topic_route(pb.NameRequest(name=name))
 
     @rpc
     def QueryRoute(self, request, context):
@@ -54,7 +54,7 @@ class NameServerServicer(ns_grpc.NameServerServicer):
     @rpc
     def GetClusterInfo(self, request, context):
         cluster = validate_name("cluster", request.cluster) if request.cluster else ""
-        sets = self.client.call("ListBrokerSets", pb.ListBrokerSetsRequest(cluster=cluster))
+        sets = self.client.list_broker_sets(pb.ListBrokerSetsRequest(cluster=cluster))
         return ns_pb.ClusterInfo(
             brokers=[
                 pb.BrokerRoute(
@@ -72,7 +72,7 @@ class NameServerServicer(ns_grpc.NameServerServicer):
     @rpc
     def ListTopics(self, request, context):
         list_topics_names(request)  # refused here, before the controller is asked
-        return self.client.call("ListTopics", request)
+        return self.client.list_topics(request)
 
 
 class EmbeddedNameServer(ns_grpc.NameServerServicer):
@@ -210,6 +210,6 @@ def _namesrv_messaging(route_of):
 
         return handler
 
-    NameServerMessaging.ReceiveMessage = refuse_stream(rsvc.ReceiveMessageResponse, "ReceiveMessage")  # type: ignore[attr-defined]
-    NameServerMessaging.PullMessage = refuse_stream(rsvc.PullMessageResponse, "PullMessage")  # type: ignore[attr-defined]
+    NameServerMessaging.ReceiveMessage = refuse_stream(rsvc.ReceiveMessageResponse, "ReceiveMessage")  # type: ignore[method-assign]
+    NameServerMessaging.PullMessage = refuse_stream(rsvc.PullMessageResponse, "PullMessage")  # type: ignore[method-assign]
     return NameServerMessaging()

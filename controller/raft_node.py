@@ -12,7 +12,6 @@ callers and the watchers.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import threading
 import time
@@ -25,6 +24,7 @@ from typing import Any
 
 from mqmeta.controller import pysyncobj_compat
 from mqmeta.controller.applied_log import AppliedLog
+from mqmeta.controller.commands import Command, Undecodable, command_json, decode_entry, encode_entry
 from mqmeta.controller.journal import DurableJournal, reconcile_with_snapshot
 from mqmeta.controller.snapshot import StateSnapshots, guarded_replace
 from mqmeta.controller.state_machine import ControllerState, apply
@@ -33,6 +33,7 @@ from pysyncobj.journal import MemoryJournal
 
 from mqmeta.dialmap import dial
 from mqmeta.errors import DeadlineExceeded, InvalidArgument, MqmetaError, Unavailable
+from mqmeta.timing import PENDING_GRACE_MS, PROPOSAL_TIMEOUT_MS_DEFAULT, PROPOSAL_TIMEOUT_MS_MAX
 
 RAFT_STATE_LEADER = 2  # pysyncobj's _RAFT_STATE.LEADER, as onStateChanged reports it
 TRANSFER_POLL_INTERVAL_S = 0.01  # how often a stopping leader checks that another took over
@@ -62,7 +63,7 @@ class RaftSettings:
     batch_commands_max: int = 512
     inflight_batches_max: int = 1
     queue_commands_max: int = 20_000
-    proposal_timeout_ms: int = 5000
+    proposal_timeout_ms: int = PROPOSAL_TIMEOUT_MS_DEFAULT
     journal_fsync: bool = True
     secret: str | None = None
 
@@ -73,6 +74,12 @@ class RaftSettings:
             raise InvalidArgument("election_max_ms must exceed election_min_ms")
         if self.leader_fallback_ms <= self.heartbeat_ms:
             raise InvalidArgument("leader_fallback_ms must exceed heartbeat_ms")
+        if self.proposal_timeout_ms > PROPOSAL_TIMEOUT_MS_MAX:
+            raise InvalidArgument(
+                f"proposal_timeout_ms must be at most {PROPOSAL_TIMEOUT_MS_MAX}: a broker resumes "
+                f"writes {PENDING_GRACE_MS} ms after a proposal's outcome went unknown, so no "
+                "proposal may commit later than that"
+            )
         for name in ("batch_commands_max", "inflight_batches_max", "queue_commands_max"):
             if getattr(self, name) < 1:
                 raise InvalidArgument(f"{name} must be at least 1")
@@ -203,14 +210,16 @@ class ControllerRaft(pysyncobj_compat.RaftFixes):
     def _apply_entry(self, payload: str) -> list[Json]:
         started = time.perf_counter()
         index, term = self._entry_position()
-        commands = json.loads(payload)
-        results, events, effects = [], [], {}
+        commands = decode_entry(payload)
+        results: list[Json] = []
+        events: list[Json] = []
+        effects: dict[str, Json | None] = {}
         for command in commands:
             result, command_events, changes = apply(self._state, command, index, term)
             results.append(result)
             events.extend(command_events)
             effects.update(changes)
-        types = sorted({c.get("type", "") for c in commands})
+        types = sorted({c.TYPE for c in commands})
         self._applied_log.append(
             {
                 "index": index,
@@ -218,7 +227,7 @@ class ControllerRaft(pysyncobj_compat.RaftFixes):
                 "command_type": types[0] if len(types) == 1 else "batch",
                 "command_digest": hashlib.sha256(payload.encode()).hexdigest(),
                 "state_digest": self._state.digest,
-                "commands": commands,
+                "commands": [_logged(c) for c in commands],
                 "effects": effects,
             }
         )
@@ -255,6 +264,13 @@ class ControllerRaft(pysyncobj_compat.RaftFixes):
         self.destroy()
         self._snapshots.close()
         self._applied_log.close()
+
+
+def _logged(command: Command) -> Json:
+    """A command as the applied-entry log shows it (what could not be decoded, as such)."""
+    if isinstance(command, Undecodable):
+        return {"type": command.TYPE, "reason": command.reason}
+    return command_json(command)
 
 
 class CommandGroup:
@@ -316,14 +332,14 @@ class Proposer:
         self._raft = raft
         self._settings = settings
         self._lock = threading.Condition()
-        self._queue: deque[tuple[Json, Target]] = deque()
+        self._queue: deque[tuple[Command, Target]] = deque()
         self._inflight: deque[_Batch] = deque()
         self._stopped = False
         self._paused = False  # draining before a leadership handover: nothing new is sent
         self._thread = threading.Thread(target=self._run, name="proposer", daemon=True)
         self._thread.start()
 
-    def submit(self, command: Json) -> Future:
+    def submit(self, command: Command) -> Future:
         future: Future = Future()
         future.set_running_or_notify_cancel()  # a waiter that gives up cannot cancel it
         with self._lock:
@@ -335,7 +351,7 @@ class Proposer:
             self._lock.notify()
         return future
 
-    def submit_group(self, commands: list[Json]) -> CommandGroup:
+    def submit_group(self, commands: list[Command]) -> CommandGroup:
         """Queues every command or none (a full queue refuses the whole group)."""
         group = CommandGroup(len(commands))
         with self._lock:
@@ -347,7 +363,7 @@ class Proposer:
             self._lock.notify()
         return group
 
-    def propose(self, command: Json, timeout_s: float) -> Json:
+    def propose(self, command: Command, timeout_s: float) -> Json:
         """Submits and waits; raises DeadlineExceeded when the outcome is unknown."""
         future = self.submit(command)
         try:
@@ -386,7 +402,7 @@ class Proposer:
                 items = [self._queue.popleft() for _ in range(take)]
                 batch = _Batch([target for _, target in items])
                 self._inflight.append(batch)
-            payload = json.dumps([c for c, _ in items], separators=(",", ":"))
+            payload = encode_entry([c for c, _ in items])
             self._raft._apply_entry(payload, callback=lambda res, err, b=batch: self._done(b, res, err))
 
     def _ready_to_send(self) -> bool:
@@ -424,9 +440,9 @@ class Proposer:
         self._queue.clear()
 
 
-def not_committed(command: Json, timeout_s: float) -> DeadlineExceeded:
+def not_committed(command: Command, timeout_s: float) -> DeadlineExceeded:
     return DeadlineExceeded(
-        f"the controller did not commit {command.get('type')} within {timeout_s:.1f}s "
+        f"the controller did not commit {command.TYPE} within {timeout_s:.1f}s "
         "(no quorum or leader election in progress); its outcome is unknown"
     )
 

@@ -27,6 +27,8 @@ import copy
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
+from mqmeta.controller.commands import Applied, ReplicatorCommit, ReplicatorExpire, ReplicatorHeartbeat
+
 from mqmeta.errors import error_from_code
 from mqmeta.validate import QUEUE_ID_MAX, REQUEST_INT_MAX, validate_int, validate_name
 
@@ -201,20 +203,20 @@ def _new_task(task: TaskKey, index: int) -> Json:
     }
 
 
-# Command handlers (state, command, index) -> (result, changes, events) ----------------------
+# Command handlers (state, command, index) -> Applied(result, events, changes) ---------------
 
 
-def heartbeat_handler(state: StateView, command: Json, index: int):
-    worker_id = validate_worker_id(command.get("worker_id"))
-    incarnation = command.get("incarnation")
+def heartbeat_handler(state: StateView, command: ReplicatorHeartbeat, index: int) -> Applied:
+    worker_id = validate_worker_id(command.worker_id)
+    incarnation = command.incarnation
     if not isinstance(incarnation, str) or not 1 <= len(incarnation) <= INCARNATION_CHARS_MAX:
         raise error_from_code("INVALID_ARGUMENT", f"incarnation must be 1-{INCARNATION_CHARS_MAX} characters")
-    lease_ms, dead_after_ms = validate_timings(command.get("lease_ms"), command.get("dead_after_ms"))
-    rules = command.get("rules")
+    lease_ms, dead_after_ms = validate_timings(command.lease_ms, command.dead_after_ms)
+    rules = command.rules
     if not isinstance(rules, list) or not 1 <= len(rules) <= RULES_PER_WORKER_MAX:
         raise error_from_code("INVALID_ARGUMENT", f"a worker names 1 to {RULES_PER_WORKER_MAX} rules")
     rules = sorted({validate_name("rule name", r) for r in rules})
-    reported = command.get("tasks") or []
+    reported = command.tasks or []
     if not isinstance(reported, list) or len(reported) > TASKS_PER_HEARTBEAT_MAX:
         raise error_from_code(
             "INVALID_ARGUMENT", f"a heartbeat reports at most {TASKS_PER_HEARTBEAT_MAX} tasks"
@@ -249,7 +251,7 @@ def heartbeat_handler(state: StateView, command: Json, index: int):
         _fence_former_incarnation(state, worker_id, changes, index)
     if previous != record:
         changes[worker_key(worker_id)] = record
-    return {"ok": True, "moved": sum(1 for k in changes if k.startswith(TASK_PREFIX))}, changes, []
+    return Applied({"ok": True, "moved": sum(1 for k in changes if k.startswith(TASK_PREFIX))}, [], changes)
 
 
 def _fence_former_incarnation(state: StateView, worker_id: str, changes: dict[str, Json | None], index: int):
@@ -263,30 +265,30 @@ def _fence_former_incarnation(state: StateView, worker_id: str, changes: dict[st
             changes[key] = record
 
 
-def expire_handler(state: StateView, command: Json, index: int):
-    gone = command.get("worker_ids")
+def expire_handler(state: StateView, command: ReplicatorExpire, index: int) -> Applied:
+    gone = command.worker_ids
     if not isinstance(gone, list) or not 1 <= len(gone) <= WORKERS_PER_COMMAND_MAX:
         raise error_from_code("INVALID_ARGUMENT", f"name 1 to {WORKERS_PER_COMMAND_MAX} workers to expire")
     workers = live_workers(state)
     removed = sorted({validate_worker_id(w) for w in gone} & set(workers))
     if not removed:
-        return {"ok": True, "expired": []}, {}, []
+        return Applied({"ok": True, "expired": []}, [], {})
     for worker_id in removed:
         del workers[worker_id]
     changes = _reassign(state, workers, {}, index)
     for worker_id in removed:
         changes[worker_key(worker_id)] = None
-    return {"ok": True, "expired": removed}, changes, []
+    return Applied({"ok": True, "expired": removed}, [], changes)
 
 
-def commit_handler(state: StateView, command: Json, index: int):
-    worker_id = validate_worker_id(command.get("worker_id"))
-    task = validate_task(command.get("task"))
-    epoch = validate_int("epoch", command.get("epoch"), 1, REQUEST_INT_MAX)
-    start = _offset(command, "start_offset")
-    acked = _offset(command, "acked_offset")
-    replicated = validate_int("replicated", command.get("replicated", 0), 0, REQUEST_INT_MAX)
-    digest = command.get("rule_digest", "")
+def commit_handler(state: StateView, command: ReplicatorCommit, index: int) -> Applied:
+    worker_id = validate_worker_id(command.worker_id)
+    task = validate_task(command.task)
+    epoch = validate_int("epoch", command.epoch, 1, REQUEST_INT_MAX)
+    start = validate_int("start_offset", command.start_offset, NO_OFFSET, REQUEST_INT_MAX)
+    acked = validate_int("acked_offset", command.acked_offset, NO_OFFSET, REQUEST_INT_MAX)
+    replicated = validate_int("replicated", command.replicated, 0, REQUEST_INT_MAX)
+    digest = command.rule_digest
     if not isinstance(digest, str) or len(digest) > RULE_DIGEST_CHARS_MAX:
         raise error_from_code(
             "INVALID_ARGUMENT", f"rule_digest is at most {RULE_DIGEST_CHARS_MAX} characters"
@@ -315,16 +317,4 @@ def commit_handler(state: StateView, command: Json, index: int):
         record["acked_offset"] = max(record["acked_offset"], acked)
     record["replicated_epoch"] = max(record["replicated_epoch"], replicated)
     changes: dict[str, Json | None] = {key: record} if record != stored else {}
-    return {"ok": True, "checkpoint": copy.deepcopy(record)}, changes, []
-
-
-def _offset(command: Json, name: str) -> int:
-    value = command.get(name, NO_OFFSET)
-    return validate_int(name, value, NO_OFFSET, REQUEST_INT_MAX)
-
-
-HANDLERS = {
-    "replicator_heartbeat": heartbeat_handler,
-    "replicator_expire": expire_handler,
-    "replicator_commit": commit_handler,
-}
+    return Applied({"ok": True, "checkpoint": copy.deepcopy(record)}, [], changes)

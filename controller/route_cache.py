@@ -176,7 +176,7 @@ class RouteCache:
             self._stop.wait(RESUBSCRIBE_INTERVAL_S)
 
     def _follow(self) -> None:
-        self.client.call("GetMetadata", pb.GetMetadataRequest())  # points the client at a live node
+        self.client.get_metadata(pb.GetMetadataRequest())  # points the client at a live node
         stream = self.client.watch(keepalive_ms=(WATCH_KEEPALIVE_MS, WATCH_KEEPALIVE_TIMEOUT_MS))
         self._stream = stream
         self.stats["subscriptions"] += 1
@@ -191,8 +191,8 @@ class RouteCache:
 
     def _load(self) -> None:
         """Everything read after subscribing: a change after these reads comes on the stream."""
-        listed = self.client.call("ListBrokerSets", pb.ListBrokerSetsRequest())
-        topics = self.client.call("ListTopics", pb.ListTopicsRequest())
+        listed = self.client.list_broker_sets(pb.ListBrokerSetsRequest())
+        topics = self.client.list_topics(pb.ListTopicsRequest())
         with self._lock:
             self._topics = {t.name: t for t in topics.topics}
             self._dirty.clear()
@@ -264,7 +264,7 @@ class RouteCache:
             sum(len(name) + NAME_ENCODING_BYTES for name in dirty) <= TOPIC_RELOAD_NAMES_BYTES_MAX
         )
         request = pb.ListTopicsRequest(names=sorted(dirty)) if named else pb.ListTopicsRequest()
-        topics = self.client.call("ListTopics", request)
+        topics = self.client.list_topics(request)
         with self._lock:
             if generation != self._generation:
                 return  # the copy was dropped meanwhile

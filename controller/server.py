@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 import grpc
 from mqmeta.controller.core import ControllerCore
-from mqmeta.controller.metrics import controller_metrics
+from mqmeta.controller.metrics import controller_metrics, namesrv_metrics
 from mqmeta.controller.namesrv import EmbeddedNameServer, NameServerServicer, add_messaging_service
 from mqmeta.controller.raft_node import Peer, RaftSettings
 from mqmeta.controller.route_cache import RouteCache
@@ -29,7 +29,9 @@ from mqmeta.rpc import (
     add_health_and_reflection,
     add_health_and_reflection_async,
     build_server,
+    check_can_listen,
 )
+from mqmeta.timing import PROPOSAL_TIMEOUT_MS_MAX
 from mqmeta.validate import parse_addresses
 
 log = logging.getLogger(__name__)
@@ -98,7 +100,7 @@ RAFT_SETTINGS_BOUNDS: dict[str, tuple[int, int]] = {
     "batch_commands_max": (1, 100_000),
     "inflight_batches_max": (1, 1024),
     "queue_commands_max": (1, 10_000_000),
-    "proposal_timeout_ms": (1, MS_MAX),
+    "proposal_timeout_ms": (1, PROPOSAL_TIMEOUT_MS_MAX),  # mqmeta.timing: brokers' grace
 }
 
 
@@ -164,6 +166,9 @@ def start_controller(config: ControllerConfig, namesrv_address: str = "") -> Run
     """A controller node on an AsyncServer (its Watch streams hold no thread); with
     `namesrv_address`, its embedded nameserver on the same port or on one of its own."""
     config.validate()
+    for address in dict.fromkeys([config.grpc, config.raft, namesrv_address]):
+        if address:  # before the journal opens; pysyncobj would retry a taken Raft port forever
+            check_can_listen(address)
     core = ControllerCore(config.node_id, config.peers, config.data_dir, config.raft_settings)
     embedded_here = namesrv_address == config.grpc
 
@@ -217,10 +222,7 @@ def start_namesrv(address: str, controllers: list[str], metrics_listen: str = ""
     the controller's barrier read when the copy cannot answer."""
     client = ControllerClient(controllers)
     cache = RouteCache(ControllerClient(controllers))
-    metrics = Metrics()
-    routes = metrics.counter(
-        "mqmeta_namesrv_route_queries", "route queries answered (QueryRoute, GetTopicRoute)"
-    )
+    metrics, routes = namesrv_metrics()
     servicer = NameServerServicer(client, cache, routes.inc)
     server = build_server(address, GRPC_WORKERS_MAX)
     namesrv_pb2_grpc.add_NameServerServicer_to_server(servicer, server)

@@ -1,6 +1,7 @@
 """gRPC ControllerService: validates requests, calls ControllerCore, maps errors.
 
-Protobuf <-> dict translation lives here and nowhere else. The service runs on an
+Protobuf <-> command (controller/commands.py) and state <-> protobuf translation lives
+here and nowhere else: each request becomes its command once, in a typed function. The service runs on an
 AsyncServer (mqmeta/rpc.py): the hot calls are coroutines on its event loop (Heartbeat
 and HeartbeatStream, the linearizable reads that only wait for a barrier, and the Watch stream, which holds no
 thread however many brokers watch); every other call is a plain method run in the
@@ -15,6 +16,22 @@ import math
 from collections.abc import AsyncIterator
 from typing import Any
 
+from mqmeta.controller.commands import (
+    AlterSyncStateSet,
+    CleanBrokerData,
+    Command,
+    DeleteGroup,
+    DeleteTopic,
+    ElectMaster,
+    PutGroup,
+    PutTopic,
+    RegisterBroker,
+    ReplicatorCommit,
+    TieredCommit,
+    TieredForgetAbandoned,
+    TieredUploadStart,
+    UpdateConfig,
+)
 from mqmeta.controller.core import ControllerCore, WatchSubscription
 from mqmeta.controller.replicator_leases import NO_OFFSET, TaskKey, validate_task
 from mqmeta.controller.replicator_liveness import STATS_FIELDS, lease_view, validate_heartbeat
@@ -175,17 +192,7 @@ class ControllerServicer(pb_grpc.ControllerServiceServicer):
 
     @rpc
     def RegisterBroker(self, request, context):
-        cluster, broker_name = _broker_set_ref(request)
-        result = self.core.register_broker(
-            {
-                "cluster": cluster,
-                "broker_name": broker_name,
-                "broker_id": _broker_id(request.broker_id, allow_zero=True),
-                "check_code": request.check_code,
-                "address": request.address,
-                "election_priority": request.election_priority,
-            }
-        )
+        result = self.core.register_broker(register_command(request))
         return pb.RegisterBrokerResponse(
             broker_id=result["broker_id"], replica_info=replica_info_pb(result["replica_info"])
         )
@@ -229,39 +236,12 @@ class ControllerServicer(pb_grpc.ControllerServiceServicer):
 
     @rpc
     def ElectMaster(self, request, context):
-        cluster, broker_name = _broker_set_ref(request)
-        trigger = TRIGGERS.get(request.trigger)
-        if trigger is None:
-            raise InvalidArgument(f"unknown election trigger {request.trigger}")
-        view = self.core.elect_master(
-            {
-                "cluster": cluster,
-                "broker_name": broker_name,
-                "trigger": trigger,
-                "requester_broker_id": _broker_id(request.requester_broker_id, allow_zero=True),
-                "preferred_broker_id": _broker_id(request.preferred_broker_id, allow_zero=True),
-                **({"master_epoch": request.master_epoch} if trigger == "handoff" else {}),
-                **({"master_unreachable": True} if request.master_unreachable else {}),
-            }
-        )
+        view = self.core.elect_master(elect_command(request), master_unreachable=request.master_unreachable)
         return replica_info_pb(view)
 
     @rpc
     def AlterSyncStateSet(self, request, context):
-        cluster, broker_name = _broker_set_ref(request)
-        if not request.new_sync_state_set:
-            raise InvalidArgument("new_sync_state_set must list at least the master")
-        view = self.core.alter_sync_state_set(
-            {
-                "cluster": cluster,
-                "broker_name": broker_name,
-                "master_broker_id": _broker_id(request.master_broker_id),
-                "master_epoch": request.master_epoch,
-                "sync_state_set_epoch": request.sync_state_set_epoch,
-                "new_sync_state_set": [_broker_id(i) for i in request.new_sync_state_set],
-            }
-        )
-        return replica_info_pb(view)
+        return replica_info_pb(self.core.alter_sync_state_set(alter_sync_state_set_command(request)))
 
     @rpc
     def GetSyncStateData(self, request, context):
@@ -276,15 +256,7 @@ class ControllerServicer(pb_grpc.ControllerServiceServicer):
 
     @rpc
     def CleanBrokerData(self, request, context):
-        cluster, broker_name = _broker_set_ref(request)
-        result = self.core.clean_broker_data(
-            {
-                "cluster": cluster,
-                "broker_name": broker_name,
-                "broker_ids": [_broker_id(i) for i in request.broker_ids],
-                "force": request.force,
-            }
-        )
+        result = self.core.clean_broker_data(clean_command(request))
         return pb.CleanBrokerDataResponse(
             cleaned_broker_ids=result["cleaned_broker_ids"], broker_set_removed=result["broker_set_removed"]
         )
@@ -312,7 +284,7 @@ class ControllerServicer(pb_grpc.ControllerServiceServicer):
 
     @rpc
     def DeleteTopic(self, request, context):
-        self.core.propose({"type": "delete_topic", "name": request.name})
+        self.core.propose(DeleteTopic(name=request.name))
         return pb.DeleteResponse(name=request.name)
 
     @rpc
@@ -334,7 +306,7 @@ class ControllerServicer(pb_grpc.ControllerServiceServicer):
 
     @rpc
     def DeleteGroup(self, request, context):
-        self.core.propose({"type": "delete_group", "name": request.name})
+        self.core.propose(DeleteGroup(name=request.name))
         return pb.DeleteResponse(name=request.name)
 
     @rpc
@@ -347,7 +319,7 @@ class ControllerServicer(pb_grpc.ControllerServiceServicer):
 
     @rpc
     def UpdateConfig(self, request, context):
-        result = self.core.propose({"type": "update_config", "values": dict(request.values)})
+        result = self.core.propose(UpdateConfig(values=dict(request.values)))
         return config_pb(result["config"])
 
     @rpc
@@ -360,61 +332,20 @@ class ControllerServicer(pb_grpc.ControllerServiceServicer):
         outcomes = self.core.propose_many(commands, timeout_s)
         return pb.WriteResults(results=[_write_result(o) for o in outcomes])
 
-    def _tiered(self, command: Json) -> pb.TieredCheckpoint:
+    def _tiered(self, command: Command) -> pb.TieredCheckpoint:
         return tiered_checkpoint_pb(self.core.propose(command)["checkpoint"])
 
     @rpc
     def TieredUploadStart(self, request, context):
-        cluster, broker_name = _broker_set_ref(request)
-        return self._tiered(
-            {
-                "type": "tiered_upload_start",
-                "cluster": cluster,
-                "broker_name": broker_name,
-                "master_broker_id": request.master_broker_id,
-                "master_epoch": request.master_epoch,
-                "upload_id": request.upload_id,
-                "base_offset": request.base_offset,
-                "end_offset": request.end_offset,
-            }
-        )
+        return self._tiered(tiered_upload_start_command(request))
 
     @rpc
     def TieredCommit(self, request, context):
-        cluster, broker_name = _broker_set_ref(request)
-        return self._tiered(
-            {
-                "type": "tiered_commit",
-                "cluster": cluster,
-                "broker_name": broker_name,
-                "master_broker_id": request.master_broker_id,
-                "master_epoch": request.master_epoch,
-                "upload_id": request.upload_id,
-                "segments": [
-                    {
-                        "key": seg.key,
-                        "sha256": seg.sha256,
-                        **{f: getattr(seg, f) for f in _INT_SEGMENT_FIELDS},
-                    }
-                    for seg in request.segments
-                ],
-                "epochs": [[e.epoch, e.start_offset] for e in request.epochs],
-            }
-        )
+        return self._tiered(tiered_commit_command(request))
 
     @rpc
     def TieredForgetAbandoned(self, request, context):
-        cluster, broker_name = _broker_set_ref(request)
-        return self._tiered(
-            {
-                "type": "tiered_forget_abandoned",
-                "cluster": cluster,
-                "broker_name": broker_name,
-                "master_broker_id": request.master_broker_id,
-                "master_epoch": request.master_epoch,
-                "upload_ids": list(request.upload_ids),
-            }
-        )
+        return self._tiered(tiered_forget_command(request))
 
     @rpc
     def GetTieredCheckpoint(self, request, context):
@@ -458,17 +389,7 @@ class ControllerServicer(pb_grpc.ControllerServiceServicer):
 
     @rpc
     def CommitReplicatorTask(self, request, context):
-        command = {
-            "type": "replicator_commit",
-            "worker_id": validate_name("worker_id", request.worker_id),
-            "task": list(_task_key(request.task)),
-            "epoch": validate_int("epoch", request.epoch, 1, REQUEST_INT_MAX),
-            "start_offset": validate_int("start_offset", request.start_offset, NO_OFFSET, REQUEST_INT_MAX),
-            "acked_offset": validate_int("acked_offset", request.acked_offset, NO_OFFSET, REQUEST_INT_MAX),
-            "replicated": validate_int("replicated", request.replicated, 0, REQUEST_INT_MAX),
-            "rule_digest": request.rule_digest,
-        }
-        view = lease_view(self.core.propose(command)["checkpoint"])
+        view = lease_view(self.core.propose(replicator_commit_command(request))["checkpoint"])
         return pb.ReplicatorCheckpoint(
             task=_task_key_pb(view["task"]),
             worker_id=view["worker_id"],
@@ -618,34 +539,138 @@ def tiered_checkpoint_pb(checkpoint: Json) -> pb.TieredCheckpoint:
     )
 
 
-def _topic_command(spec: pb.TopicSpec, mode: str) -> Json:
-    return {
-        "type": "put_topic",
-        "mode": mode,
-        "name": spec.name,
-        "cluster": spec.cluster,
-        "queue_count": spec.queue_count,
-        "broker_names": list(spec.broker_names),
-        "perm": spec.perm,
-        "message_type": spec.message_type,
-        "if_queue_count": spec.if_queue_count,
-    }
+# Requests -> commands (each request once) ---------------------------------------------
 
 
-def _group_command(spec: pb.GroupSpec, mode: str) -> Json:
-    return {
-        "type": "put_group",
-        "mode": mode,
-        "name": spec.name,
-        "subscriptions": [{"topic": s.topic, "expression": s.expression} for s in spec.subscriptions],
-        "consume_from": spec.consume_from,
-        "consume_timestamp_ms": spec.consume_timestamp_ms,
-        "retry_max_times": spec.retry_max_times,
-        "retry_policy": spec.retry_policy,
-    }
+def register_command(request: pb.RegisterBrokerRequest) -> RegisterBroker:
+    cluster, broker_name = _broker_set_ref(request)
+    return RegisterBroker(
+        cluster=cluster,
+        broker_name=broker_name,
+        broker_id=_broker_id(request.broker_id, allow_zero=True),
+        check_code=request.check_code,
+        address=request.address,
+        election_priority=request.election_priority,
+    )
 
 
-def _write_command(position: int, op: pb.WriteOp) -> Json:
+def elect_command(request: pb.ElectMasterRequest) -> ElectMaster:
+    cluster, broker_name = _broker_set_ref(request)
+    trigger = TRIGGERS.get(request.trigger)
+    if trigger is None:
+        raise InvalidArgument(f"unknown election trigger {request.trigger}")
+    return ElectMaster(
+        cluster=cluster,
+        broker_name=broker_name,
+        trigger=trigger,
+        requester_broker_id=_broker_id(request.requester_broker_id, allow_zero=True),
+        preferred_broker_id=_broker_id(request.preferred_broker_id, allow_zero=True),
+        master_epoch=request.master_epoch if trigger == "handoff" else 0,
+    )
+
+
+def alter_sync_state_set_command(request: pb.AlterSyncStateSetRequest) -> AlterSyncStateSet:
+    cluster, broker_name = _broker_set_ref(request)
+    if not request.new_sync_state_set:
+        raise InvalidArgument("new_sync_state_set must list at least the master")
+    return AlterSyncStateSet(
+        cluster=cluster,
+        broker_name=broker_name,
+        master_broker_id=_broker_id(request.master_broker_id),
+        master_epoch=request.master_epoch,
+        sync_state_set_epoch=request.sync_state_set_epoch,
+        new_sync_state_set=[_broker_id(i) for i in request.new_sync_state_set],
+    )
+
+
+def clean_command(request: pb.CleanBrokerDataRequest) -> CleanBrokerData:
+    cluster, broker_name = _broker_set_ref(request)
+    return CleanBrokerData(
+        cluster=cluster,
+        broker_name=broker_name,
+        broker_ids=[_broker_id(i) for i in request.broker_ids],
+        force=request.force,
+    )
+
+
+def tiered_upload_start_command(request: pb.TieredUploadStartRequest) -> TieredUploadStart:
+    cluster, broker_name = _broker_set_ref(request)
+    return TieredUploadStart(
+        cluster=cluster,
+        broker_name=broker_name,
+        master_broker_id=request.master_broker_id,
+        master_epoch=request.master_epoch,
+        upload_id=request.upload_id,
+        base_offset=request.base_offset,
+        end_offset=request.end_offset,
+    )
+
+
+def tiered_commit_command(request: pb.TieredCommitRequest) -> TieredCommit:
+    cluster, broker_name = _broker_set_ref(request)
+    return TieredCommit(
+        cluster=cluster,
+        broker_name=broker_name,
+        master_broker_id=request.master_broker_id,
+        master_epoch=request.master_epoch,
+        upload_id=request.upload_id,
+        segments=[
+            {"key": seg.key, "sha256": seg.sha256, **{f: getattr(seg, f) for f in _INT_SEGMENT_FIELDS}}
+            for seg in request.segments
+        ],
+        epochs=[[e.epoch, e.start_offset] for e in request.epochs],
+    )
+
+
+def tiered_forget_command(request: pb.TieredForgetRequest) -> TieredForgetAbandoned:
+    cluster, broker_name = _broker_set_ref(request)
+    return TieredForgetAbandoned(
+        cluster=cluster,
+        broker_name=broker_name,
+        master_broker_id=request.master_broker_id,
+        master_epoch=request.master_epoch,
+        upload_ids=list(request.upload_ids),
+    )
+
+
+def replicator_commit_command(request: pb.CommitReplicatorTaskRequest) -> ReplicatorCommit:
+    return ReplicatorCommit(
+        worker_id=validate_name("worker_id", request.worker_id),
+        task=list(_task_key(request.task)),
+        epoch=validate_int("epoch", request.epoch, 1, REQUEST_INT_MAX),
+        start_offset=validate_int("start_offset", request.start_offset, NO_OFFSET, REQUEST_INT_MAX),
+        acked_offset=validate_int("acked_offset", request.acked_offset, NO_OFFSET, REQUEST_INT_MAX),
+        replicated=validate_int("replicated", request.replicated, 0, REQUEST_INT_MAX),
+        rule_digest=request.rule_digest,
+    )
+
+
+def _topic_command(spec: pb.TopicSpec, mode: str) -> PutTopic:
+    return PutTopic(
+        mode=mode,
+        name=spec.name,
+        cluster=spec.cluster,
+        queue_count=spec.queue_count,
+        broker_names=list(spec.broker_names),
+        perm=spec.perm,
+        message_type=spec.message_type,
+        if_queue_count=spec.if_queue_count,
+    )
+
+
+def _group_command(spec: pb.GroupSpec, mode: str) -> PutGroup:
+    return PutGroup(
+        mode=mode,
+        name=spec.name,
+        subscriptions=[{"topic": s.topic, "expression": s.expression} for s in spec.subscriptions],
+        consume_from=spec.consume_from,
+        consume_timestamp_ms=spec.consume_timestamp_ms,
+        retry_max_times=spec.retry_max_times,
+        retry_policy=spec.retry_policy,
+    )
+
+
+def _write_command(position: int, op: pb.WriteOp) -> Command:
     kind = op.WhichOneof("op")
     if kind == "create_topic":
         return _topic_command(op.create_topic, "create")
@@ -656,11 +681,11 @@ def _write_command(position: int, op: pb.WriteOp) -> Json:
     if kind == "update_group":
         return _group_command(op.update_group, "update")
     if kind == "delete_topic":
-        return {"type": "delete_topic", "name": op.delete_topic}
+        return DeleteTopic(name=op.delete_topic)
     if kind == "delete_group":
-        return {"type": "delete_group", "name": op.delete_group}
+        return DeleteGroup(name=op.delete_group)
     if kind == "update_config":
-        return {"type": "update_config", "values": dict(op.update_config.values)}
+        return UpdateConfig(values=dict(op.update_config.values))
     raise InvalidArgument(f"write #{position} names no operation")
 
 

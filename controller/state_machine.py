@@ -15,15 +15,45 @@ keys, so it is kept up to date per changed key instead of re-hashing everything.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from mqmeta.controller import replicator_leases
+from mqmeta.controller.commands import (
+    AlterSyncStateSet,
+    Applied,
+    Barrier,
+    CleanBrokerData,
+    Command,
+    DeleteGroup,
+    DeleteTopic,
+    ElectMaster,
+    PutGroup,
+    PutTopic,
+    RegisterBroker,
+    ReplicatorCommit,
+    ReplicatorExpire,
+    ReplicatorHeartbeat,
+    TieredCommit,
+    TieredForgetAbandoned,
+    TieredUploadStart,
+    Undecodable,
+    UpdateConfig,
+    command_json,
+    unchanged,
+)
 
 from mqmeta.errors import MqmetaError, error_from_code
 from mqmeta.formats.checksummed import canonical_json
+from mqmeta.timing import (
+    BROKER_DEAD_AFTER_MS_DEFAULT,
+    BROKER_HEARTBEAT_INTERVAL_MS_DEFAULT,
+    LEASE_MARGIN_MS_DEFAULT,
+    LEASE_MS_DEFAULT,
+)
 from mqmeta.validate import (
     QUEUE_COUNT_MAX,
     REQUEST_INT_MAX,
@@ -47,10 +77,10 @@ CONFIG_SCHEMA: dict[str, tuple[type, Any, int, int]] = {
     "enable_unclean_master_election": (bool, False, 0, 0),
     # Defaults chosen for failover within 1.5 s (kill) / 3 s (stop) on a loaded 2-core machine;
     # the reasoning is in broker_agent/ha.py (the lease) and README-ops (the measurements).
-    "broker_heartbeat_interval_ms": (int, 300, 50, 60_000),
-    "broker_dead_after_ms": (int, 2000, 200, 600_000),
-    "lease_ms": (int, 1200, 100, 600_000),
-    "lease_margin_ms": (int, 400, 0, 600_000),
+    "broker_heartbeat_interval_ms": (int, BROKER_HEARTBEAT_INTERVAL_MS_DEFAULT, 50, 60_000),
+    "broker_dead_after_ms": (int, BROKER_DEAD_AFTER_MS_DEFAULT, 200, 600_000),
+    "lease_ms": (int, LEASE_MS_DEFAULT, 100, 600_000),
+    "lease_margin_ms": (int, LEASE_MARGIN_MS_DEFAULT, 0, 600_000),
     "default_cluster": (str, "DefaultCluster", 0, 0),
     "default_queue_count": (int, 8, 1, QUEUE_COUNT_MAX),
 }
@@ -61,8 +91,8 @@ def _entry_hash(key: str, value: Json) -> int:
     return int.from_bytes(hashlib.sha256(data).digest(), "big")
 
 
-def command_digest(command: Json) -> str:
-    return hashlib.sha256(canonical_json(command).encode()).hexdigest()
+def command_digest(command: Command) -> str:
+    return hashlib.sha256(canonical_json(command_json(command)).encode()).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -219,15 +249,17 @@ def validate_config_relations(config: Json) -> None:
 
 
 # Command handlers ---------------------------------------------------------------
-# Each takes (state, command, index) and returns (result, changes, events). They must
-# not mutate state: they copy what they change and return it in `changes`.
+# Each takes (state, command, index) and returns an Applied (result, events, changes),
+# the order `apply` returns too. They must not mutate state: they copy what they change
+# and return it in `changes`.
 
-Handler = Callable[[ControllerState, Json, int], tuple[Json, dict[str, Json | None], list[Json]]]
+Handler = Callable[[ControllerState, Any, int], Applied]
 
 
-def _require_broker_set(state: ControllerState, command: Json) -> Json:
-    cluster = validate_name("cluster", command.get("cluster"))
-    broker_name = validate_name("broker name", command.get("broker_name"))
+def _require_broker_set(state: ControllerState, command: Any) -> Json:
+    """The broker set a command names (its `cluster` and `broker_name`), as a copy."""
+    cluster = validate_name("cluster", command.cluster)
+    broker_name = validate_name("broker name", command.broker_name)
     bs = state.broker_set(cluster, broker_name)
     if bs is None or not bs["replicas"]:
         raise error_from_code(
@@ -262,26 +294,25 @@ def _broker_set_event(kind: str, bs: Json) -> Json:
     }
 
 
-def _alive_ids(command: Json) -> dict[int, Json]:
-    alive = command.get("alive") or {}
-    return {int(k): v for k, v in alive.items()}
+def _alive_ids(command: ElectMaster | AlterSyncStateSet | CleanBrokerData) -> dict[int, Json]:
+    return {int(k): v for k, v in (command.alive or {}).items()}
 
 
-def _barrier(state: ControllerState, command: Json, index: int):
-    return {"ok": True}, {}, []
+def _barrier(state: ControllerState, command: Barrier, index: int) -> Applied:
+    return unchanged({"ok": True})
 
 
-def _register_broker(state: ControllerState, command: Json, index: int):
-    cluster = validate_name("cluster", command.get("cluster"))
-    broker_name = validate_name("broker name", command.get("broker_name"))
-    address = validate_address(command.get("address"))
-    check_code = command.get("check_code")
+def _register_broker(state: ControllerState, command: RegisterBroker, index: int) -> Applied:
+    cluster = validate_name("cluster", command.cluster)
+    broker_name = validate_name("broker name", command.broker_name)
+    address = validate_address(command.address)
+    check_code = command.check_code
     if not isinstance(check_code, str) or not 1 <= len(check_code) <= 128:
         raise error_from_code(
             "INVALID_ARGUMENT", "check_code must be 1-128 characters identifying the broker"
         )
-    priority = validate_int("election_priority", command.get("election_priority", 0), 0, 1_000_000)
-    requested = validate_int("broker_id", command.get("broker_id", 0), 0, REQUEST_INT_MAX)
+    priority = validate_int("election_priority", command.election_priority, 0, 1_000_000)
+    requested = validate_int("broker_id", command.broker_id, 0, REQUEST_INT_MAX)
     key = broker_set_key(cluster, broker_name)
     bs = copy.deepcopy(state.get(key)) or {
         "cluster": cluster,
@@ -312,7 +343,8 @@ def _register_broker(state: ControllerState, command: Json, index: int):
     events = []
     if before != replicas[str(broker_id)]:
         events.append(_broker_set_event("broker", bs))
-    return {"ok": True, "broker_id": broker_id, "replica_info": replica_view(bs)}, {key: bs}, events
+    result = {"ok": True, "broker_id": broker_id, "replica_info": replica_view(bs)}
+    return Applied(result, events, {key: bs})
 
 
 def _first_election(bs: Json) -> bool:
@@ -324,7 +356,7 @@ def _first_election(bs: Json) -> bool:
     return bs["master_epoch"] == 0 or bool(bs.get("all_replicas_cleaned"))
 
 
-def _election_candidates(bs: Json, command: Json, unclean: bool) -> list[int]:
+def _election_candidates(bs: Json, command: ElectMaster, unclean: bool) -> list[int]:
     alive = _alive_ids(command)
     registered = {int(i) for i in bs["replicas"]}
     in_set = [i for i in bs["sync_state_set"] if i in alive and i in registered]
@@ -333,7 +365,7 @@ def _election_candidates(bs: Json, command: Json, unclean: bool) -> list[int]:
     return in_set
 
 
-def _election_order(bs: Json, command: Json, pool: list[int]) -> list[int]:
+def _election_order(bs: Json, command: ElectMaster, pool: list[int]) -> list[int]:
     alive = _alive_ids(command)
 
     def rank(broker_id: int) -> tuple[int, int, int, int]:
@@ -344,26 +376,26 @@ def _election_order(bs: Json, command: Json, pool: list[int]) -> list[int]:
     return sorted(pool, key=rank)
 
 
-def _elect_master(state: ControllerState, command: Json, index: int):
+def _elect_master(state: ControllerState, command: ElectMaster, index: int) -> Applied:
     bs = _require_broker_set(state, command)
     key = broker_set_key(bs["cluster"], bs["broker_name"])
     unclean = bool(state.config()["enable_unclean_master_election"])
     alive = _alive_ids(command)
     current = bs["master_broker_id"]
-    preferred = validate_int("preferred_broker_id", command.get("preferred_broker_id", 0), 0, REQUEST_INT_MAX)
-    if command.get("trigger") == "handoff":
+    preferred = validate_int("preferred_broker_id", command.preferred_broker_id, 0, REQUEST_INT_MAX)
+    if command.trigger == "handoff":
         new_master = _handoff_successor(bs, command, preferred, alive)
     elif preferred:
         _check_preferred(bs, preferred, alive, unclean)
         if preferred == current:
-            return {"ok": True, "changed": False, "replica_info": replica_view(bs)}, {}, []
+            return unchanged({"ok": True, "changed": False, "replica_info": replica_view(bs)})
         new_master = preferred
     elif current and current in alive:
-        return {"ok": True, "changed": False, "replica_info": replica_view(bs)}, {}, []
+        return unchanged({"ok": True, "changed": False, "replica_info": replica_view(bs)})
     else:
         pool = _election_candidates(bs, command, unclean)
-        requester = command.get("requester_broker_id", 0)
-        if _first_election(bs) and command.get("trigger") == "broker" and requester in pool:
+        requester = command.requester_broker_id
+        if _first_election(bs) and command.trigger == "broker" and requester in pool:
             new_master = requester  # first election: the requester wins
         elif pool:
             new_master = _election_order(bs, command, pool)[0]
@@ -375,16 +407,16 @@ def _elect_master(state: ControllerState, command: Json, index: int):
     bs["sync_state_set"] = [new_master]
     bs["sync_state_set_epoch"] += 1
     result = {"ok": True, "changed": True, "replica_info": replica_view(bs)}
-    return result, {key: bs}, [_broker_set_event("role", bs)]
+    return Applied(result, [_broker_set_event("role", bs)], {key: bs})
 
 
-def _handoff_successor(bs: Json, command: Json, preferred: int, alive: dict[int, Json]) -> int:
+def _handoff_successor(bs: Json, command: ElectMaster, preferred: int, alive: dict[int, Json]) -> int:
     """The master itself hands off (it has stopped taking writes and its successor holds
     everything it appended): the alive master is replaced, by an alive SyncStateSet member
     only (never an unclean election), the preferred one when given."""
     name = f"{bs['cluster']}/{bs['broker_name']}"
-    requester = validate_int("requester_broker_id", command.get("requester_broker_id", 0), 0, REQUEST_INT_MAX)
-    epoch = validate_int("master_epoch", command.get("master_epoch", 0), 0, REQUEST_INT_MAX)
+    requester = validate_int("requester_broker_id", command.requester_broker_id, 0, REQUEST_INT_MAX)
+    epoch = validate_int("master_epoch", command.master_epoch, 0, REQUEST_INT_MAX)
     if not requester or requester != bs["master_broker_id"] or epoch != bs["master_epoch"]:
         raise error_from_code(
             "FENCED_MASTER_EPOCH",
@@ -418,7 +450,7 @@ def _check_preferred(bs: Json, preferred: int, alive: dict[int, Json], unclean: 
         )
 
 
-def _no_master(bs: Json, key: str, current: int):
+def _no_master(bs: Json, key: str, current: int) -> Applied:
     """No eligible replica: clear a dead master and bump the epoch to fence it."""
     changes: dict[str, Json | None] = {}
     events = []
@@ -433,27 +465,27 @@ def _no_master(bs: Json, key: str, current: int):
         "message": f"no alive in-sync replica can become master of {bs['cluster']}/{bs['broker_name']}",
         "replica_info": replica_view(bs),
     }
-    return result, changes, events
+    return Applied(result, events, changes)
 
 
-def _alter_sync_state_set(state: ControllerState, command: Json, index: int):
+def _alter_sync_state_set(state: ControllerState, command: AlterSyncStateSet, index: int) -> Applied:
     bs = _require_broker_set(state, command)
     key = broker_set_key(bs["cluster"], bs["broker_name"])
     name = f"{bs['cluster']}/{bs['broker_name']}"
-    master = command.get("master_broker_id")
-    if master != bs["master_broker_id"] or command.get("master_epoch") != bs["master_epoch"]:
+    master = command.master_broker_id
+    if master != bs["master_broker_id"] or command.master_epoch != bs["master_epoch"]:
         raise error_from_code(
             "FENCED_MASTER_EPOCH",
-            f"master {master} at epoch {command.get('master_epoch')} is not the current master "
+            f"master {master} at epoch {command.master_epoch} is not the current master "
             f"of {name} (master {bs['master_broker_id']} at epoch {bs['master_epoch']})",
         )
-    if command.get("sync_state_set_epoch") != bs["sync_state_set_epoch"]:
+    if command.sync_state_set_epoch != bs["sync_state_set_epoch"]:
         raise error_from_code(
             "FENCED_SYNC_STATE_SET_EPOCH",
-            f"SyncStateSet epoch {command.get('sync_state_set_epoch')} is stale for {name} "
+            f"SyncStateSet epoch {command.sync_state_set_epoch} is stale for {name} "
             f"(current {bs['sync_state_set_epoch']}); re-read the replica info and retry",
         )
-    new_set = sorted({int(i) for i in command.get("new_sync_state_set") or []})
+    new_set = sorted({int(i) for i in command.new_sync_state_set or []})
     if master not in new_set:
         raise error_from_code("INVALID_ARGUMENT", f"the master {master} must stay in the SyncStateSet")
     alive = _alive_ids(command)
@@ -463,18 +495,18 @@ def _alter_sync_state_set(state: ControllerState, command: Json, index: int):
         if member not in alive:
             raise error_from_code("MASTER_NOT_AVAILABLE", f"broker id {member} of {name} is not alive")
     if new_set == sorted(bs["sync_state_set"]):
-        return {"ok": True, "changed": False, "replica_info": replica_view(bs)}, {}, []
+        return unchanged({"ok": True, "changed": False, "replica_info": replica_view(bs)})
     bs["sync_state_set"] = new_set
     bs["sync_state_set_epoch"] += 1
     result = {"ok": True, "changed": True, "replica_info": replica_view(bs)}
-    return result, {key: bs}, [_broker_set_event("sync_state_set", bs)]
+    return Applied(result, [_broker_set_event("sync_state_set", bs)], {key: bs})
 
 
-def _clean_broker_data(state: ControllerState, command: Json, index: int):
+def _clean_broker_data(state: ControllerState, command: CleanBrokerData, index: int) -> Applied:
     bs = _require_broker_set(state, command)
     key = broker_set_key(bs["cluster"], bs["broker_name"])
     registered = sorted(int(i) for i in bs["replicas"])
-    targets = sorted({int(i) for i in command.get("broker_ids") or []}) or registered
+    targets = sorted({int(i) for i in command.broker_ids or []}) or registered
     unknown = [t for t in targets if t not in registered]
     if unknown:
         raise error_from_code(
@@ -482,7 +514,7 @@ def _clean_broker_data(state: ControllerState, command: Json, index: int):
             f"broker ids {unknown} are not registered in {bs['cluster']}/{bs['broker_name']}",
         )
     alive = [t for t in targets if t in _alive_ids(command)]
-    if alive and not command.get("force"):
+    if alive and not command.force:
         raise error_from_code(
             "BROKER_ALIVE",
             f"broker ids {alive} are alive; stop them first or pass force to clean them anyway",
@@ -500,14 +532,14 @@ def _clean_broker_data(state: ControllerState, command: Json, index: int):
         bs["all_replicas_cleaned"] = True  # fresh replicas may then elect from scratch
     # The record stays (with no replicas) so epochs never move backwards.
     result = {"ok": True, "cleaned_broker_ids": targets, "broker_set_removed": not bs["replicas"]}
-    return result, {key: bs}, [_broker_set_event("role", bs)]
+    return Applied(result, [_broker_set_event("role", bs)], {key: bs})
 
 
-def _topic_spec(state: ControllerState, command: Json) -> Json:
+def _topic_spec(state: ControllerState, command: PutTopic) -> Json:
     config = state.config()
-    cluster = validate_name("cluster", command.get("cluster") or config["default_cluster"])
-    queue_count = command.get("queue_count") or config["default_queue_count"]
-    broker_names = sorted(set(command.get("broker_names") or []))
+    cluster = validate_name("cluster", command.cluster or config["default_cluster"])
+    queue_count = command.queue_count or config["default_queue_count"]
+    broker_names = sorted(set(command.broker_names or []))
     for broker_name in broker_names:
         validate_name("broker name", broker_name)
         bs = state.broker_set(cluster, broker_name)
@@ -516,19 +548,19 @@ def _topic_spec(state: ControllerState, command: Json) -> Json:
                 "BROKER_SET_NOT_FOUND", f"broker set {cluster}/{broker_name} is not registered"
             )
     return {
-        "name": validate_name("topic name", command.get("name")),
+        "name": validate_name("topic name", command.name),
         "cluster": cluster,
         "queue_count": validate_int("queue count", queue_count, 1, QUEUE_COUNT_MAX),
         "broker_names": broker_names,
-        "perm": validate_choice("perm", command.get("perm"), PERMS, "RW"),
-        "message_type": validate_choice("message type", command.get("message_type"), MESSAGE_TYPES, "NORMAL"),
+        "perm": validate_choice("perm", command.perm, PERMS, "RW"),
+        "message_type": validate_choice("message type", command.message_type, MESSAGE_TYPES, "NORMAL"),
     }
 
 
-def _put_topic(state: ControllerState, command: Json, index: int):
-    existing = state.get(f"topic/{command.get('name')}")
-    expected = command.get("if_queue_count") or 0
-    if expected and command.get("mode") != "update":
+def _put_topic(state: ControllerState, command: PutTopic, index: int) -> Applied:
+    existing = state.get(f"topic/{command.name}")
+    expected = command.if_queue_count or 0
+    if expected and command.mode != "update":
         raise error_from_code("INVALID_ARGUMENT", "if_queue_count is a condition of updates only")
     if expected and existing is not None and existing["queue_count"] != expected:
         raise error_from_code(
@@ -536,15 +568,16 @@ def _put_topic(state: ControllerState, command: Json, index: int):
             f"topic {existing['name']} has queue_count "
             f"{existing['queue_count']}, not {expected}; read it again",
         )
-    if command.get("mode") == "update" and existing is not None:
+    if command.mode == "update" and existing is not None:
         # proto3 cannot tell "unset" from empty: an update keeps what it leaves empty.
         fields = ("cluster", "queue_count", "broker_names", "perm", "message_type")
-        command = dict(command, **{f: existing[f] for f in fields if command.get(f) in ("", 0, [], None)})
+        kept = {f: existing[f] for f in fields if getattr(command, f) in ("", 0, [], None)}
+        command = dataclasses.replace(command, **kept)
     topic = _topic_spec(state, command)
-    return _put_named(state, "topic", topic, command.get("mode", "create"), index)
+    return _put_named(state, "topic", topic, command.mode, index)
 
 
-def _put_named(state: ControllerState, kind: str, value: Json, mode: str, index: int):
+def _put_named(state: ControllerState, kind: str, value: Json, mode: str, index: int) -> Applied:
     key = f"{kind}/{value['name']}"
     exists = state.get(key) is not None
     if mode == "create" and exists:
@@ -557,60 +590,58 @@ def _put_named(state: ControllerState, kind: str, value: Json, mode: str, index:
         raise error_from_code("INVALID_ARGUMENT", f"mode {mode!r} is not create or update")
     value["version"] = index
     event = {"kind": kind, "name": value["name"], "cluster": value.get("cluster", "")}
-    return {"ok": True, kind: copy.deepcopy(value)}, {key: value}, [event]
+    return Applied({"ok": True, kind: copy.deepcopy(value)}, [event], {key: value})
 
 
 def _delete_named(kind: str) -> Handler:
-    def handler(state: ControllerState, command: Json, index: int):
-        name = validate_name(f"{kind} name", command.get("name"))
+    def handler(state: ControllerState, command: DeleteTopic | DeleteGroup, index: int) -> Applied:
+        name = validate_name(f"{kind} name", command.name)
         key = f"{kind}/{name}"
         existing = state.get(key)
         if existing is None:
             raise error_from_code(f"{kind.upper()}_NOT_FOUND", f"{kind} {name} does not exist")
         event = {"kind": kind, "name": name, "cluster": existing.get("cluster", "")}
-        return {"ok": True, "name": name}, {key: None}, [event]
+        return Applied({"ok": True, "name": name}, [event], {key: None})
 
     return handler
 
 
-def _put_group(state: ControllerState, command: Json, index: int):
+def _put_group(state: ControllerState, command: PutGroup, index: int) -> Applied:
     subscriptions = []
-    for sub in command.get("subscriptions") or []:
+    for sub in command.subscriptions or []:
         expression = sub.get("expression") or "*"
         if not isinstance(expression, str) or len(expression) > 1024:
             raise error_from_code("INVALID_ARGUMENT", "a tag expression must be at most 1024 characters")
         subscriptions.append(
             {"topic": validate_name("topic name", sub.get("topic")), "expression": expression}
         )
-    consume_from = validate_choice("consume_from", command.get("consume_from"), CONSUME_FROM, "LAST_OFFSET")
-    timestamp = command.get("consume_timestamp_ms", 0)
+    consume_from = validate_choice("consume_from", command.consume_from, CONSUME_FROM, "LAST_OFFSET")
+    timestamp = command.consume_timestamp_ms
     if consume_from == "TIMESTAMP":
         validate_int("consume_timestamp_ms", timestamp, 1, REQUEST_INT_MAX)
-    retry = command.get("retry_max_times")
+    retry = command.retry_max_times
     group = {
-        "name": validate_name("group name", command.get("name")),
+        "name": validate_name("group name", command.name),
         "subscriptions": sorted(subscriptions, key=lambda s: (s["topic"], s["expression"])),
         "consume_from": consume_from,
         "consume_timestamp_ms": timestamp if consume_from == "TIMESTAMP" else 0,
         "retry_max_times": 16
         if retry in (None, 0)
         else validate_int("retry_max_times", retry, 0, RETRY_MAX_TIMES_MAX),
-        "retry_policy": validate_choice(
-            "retry_policy", command.get("retry_policy"), RETRY_POLICIES, "EXPONENTIAL"
-        ),
+        "retry_policy": validate_choice("retry_policy", command.retry_policy, RETRY_POLICIES, "EXPONENTIAL"),
     }
-    return _put_named(state, "group", group, command.get("mode", "create"), index)
+    return _put_named(state, "group", group, command.mode, index)
 
 
-def _update_config(state: ControllerState, command: Json, index: int):
-    values = command.get("values")
+def _update_config(state: ControllerState, command: UpdateConfig, index: int) -> Applied:
+    values = command.values
     if not isinstance(values, dict) or not values:
         raise error_from_code("INVALID_ARGUMENT", "give at least one KEY=VALUE to change")
     merged = state.config()
     for name, raw in sorted(values.items()):
         merged[name] = parse_config_value(name, raw)
     validate_config_relations(merged)
-    return {"ok": True, "config": dict(merged)}, {"config": merged}, [{"kind": "config"}]
+    return Applied({"ok": True, "config": dict(merged)}, [{"kind": "config"}], {"config": merged})
 
 
 # Tiered storage checkpoints ------------------------------------------------------------
@@ -627,10 +658,12 @@ def tiered_key(cluster: str, broker_name: str) -> str:
     return f"tiered/{cluster}/{broker_name}"
 
 
-def _tiered_fenced(state: ControllerState, command: Json) -> tuple[Json, str, Json]:
+def _tiered_fenced(
+    state: ControllerState, command: TieredUploadStart | TieredCommit | TieredForgetAbandoned
+) -> tuple[Json, str, Json]:
     bs = _require_broker_set(state, command)
-    master = command.get("master_broker_id")
-    epoch = command.get("master_epoch")
+    master = command.master_broker_id
+    epoch = command.master_epoch
     if master != bs["master_broker_id"] or epoch != bs["master_epoch"] or not master:
         raise error_from_code(
             "FENCED_MASTER_EPOCH",
@@ -652,11 +685,11 @@ def _tiered_fenced(state: ControllerState, command: Json) -> tuple[Json, str, Js
     return bs, key, checkpoint
 
 
-def _tiered_upload_start(state: ControllerState, command: Json, index: int):
+def _tiered_upload_start(state: ControllerState, command: TieredUploadStart, index: int) -> Applied:
     bs, key, checkpoint = _tiered_fenced(state, command)
-    upload_id = validate_name("upload id", command.get("upload_id"))
-    base = validate_int("base_offset", command.get("base_offset"), 0, REQUEST_INT_MAX)
-    end = validate_int("end_offset", command.get("end_offset"), 1, REQUEST_INT_MAX)
+    upload_id = validate_name("upload id", command.upload_id)
+    base = validate_int("base_offset", command.base_offset, 0, REQUEST_INT_MAX)
+    end = validate_int("end_offset", command.end_offset, 1, REQUEST_INT_MAX)
     if base != checkpoint["uploaded_offset"] or end <= base:
         raise error_from_code(
             "TIERED_RANGE_INVALID",
@@ -672,20 +705,19 @@ def _tiered_upload_start(state: ControllerState, command: Json, index: int):
         "base_offset": base,
         "end_offset": end,
     }
-    result = {"ok": True, "checkpoint": copy.deepcopy(checkpoint)}
-    return result, {key: checkpoint}, []
+    return Applied({"ok": True, "checkpoint": copy.deepcopy(checkpoint)}, [], {key: checkpoint})
 
 
-def _tiered_commit(state: ControllerState, command: Json, index: int):
+def _tiered_commit(state: ControllerState, command: TieredCommit, index: int) -> Applied:
     bs, key, checkpoint = _tiered_fenced(state, command)
     inflight = checkpoint["inflight"]
-    upload_id = command.get("upload_id")
+    upload_id = command.upload_id
     if not inflight or inflight["upload_id"] != upload_id or inflight["master_epoch"] != bs["master_epoch"]:
         raise error_from_code(
             "TIERED_UPLOAD_UNKNOWN",
             f"upload {upload_id!r} is not the upload in flight of this master epoch; start it again",
         )
-    segments = command.get("segments") or []
+    segments = command.segments or []
     if not 1 <= len(segments) <= SEGMENTS_PER_COMMIT_MAX:
         raise error_from_code("INVALID_ARGUMENT", f"a commit lists 1 to {SEGMENTS_PER_COMMIT_MAX} segments")
     position = inflight["base_offset"]
@@ -704,39 +736,46 @@ def _tiered_commit(state: ControllerState, command: Json, index: int):
     checkpoint["segments"] = checkpoint["segments"] + [dict(s) for s in segments]
     checkpoint["uploaded_offset"] = position
     checkpoint["checkpoint_epoch"] = bs["master_epoch"]
-    checkpoint["epochs"] = [list(e) for e in command.get("epochs") or []]
+    checkpoint["epochs"] = [list(e) for e in command.epochs or []]
     checkpoint["inflight"] = None
     event = {"kind": "tiered", "cluster": bs["cluster"], "broker_name": bs["broker_name"]}
-    return {"ok": True, "checkpoint": copy.deepcopy(checkpoint)}, {key: checkpoint}, [event]
+    return Applied({"ok": True, "checkpoint": copy.deepcopy(checkpoint)}, [event], {key: checkpoint})
 
 
-def _tiered_forget_abandoned(state: ControllerState, command: Json, index: int):
-    """The uploader deleted the objects of these abandoned uploads."""
-    bs, key, checkpoint = _tiered_fenced(state, command)
-    done = set(command.get("upload_ids") or [])
+def _tiered_forget_abandoned(state: ControllerState, command: TieredForgetAbandoned, index: int) -> Applied:
+    _bs, key, checkpoint = _tiered_fenced(state, command)
+    done = set(command.upload_ids or [])
     checkpoint["abandoned"] = [u for u in checkpoint["abandoned"] if u not in done]
-    return {"ok": True, "checkpoint": copy.deepcopy(checkpoint)}, {key: checkpoint}, []
+    return Applied({"ok": True, "checkpoint": copy.deepcopy(checkpoint)}, [], {key: checkpoint})
 
 
-HANDLERS: dict[str, Handler] = {
-    "tiered_upload_start": _tiered_upload_start,
-    "tiered_commit": _tiered_commit,
-    "tiered_forget_abandoned": _tiered_forget_abandoned,
-    "barrier": _barrier,
-    "register_broker": _register_broker,
-    "elect_master": _elect_master,
-    "alter_sync_state_set": _alter_sync_state_set,
-    "clean_broker_data": _clean_broker_data,
-    "put_topic": _put_topic,
-    "delete_topic": _delete_named("topic"),
-    "put_group": _put_group,
-    "delete_group": _delete_named("group"),
-    "update_config": _update_config,
-    **replicator_leases.HANDLERS,
+def _undecodable(state: ControllerState, command: Undecodable, index: int) -> Applied:
+    raise error_from_code("INVALID_ARGUMENT", command.reason)
+
+
+# One handler per command class (tests/test_commands.py checks that none is missing).
+HANDLERS: dict[type, Handler] = {
+    TieredUploadStart: _tiered_upload_start,
+    TieredCommit: _tiered_commit,
+    TieredForgetAbandoned: _tiered_forget_abandoned,
+    Barrier: _barrier,
+    RegisterBroker: _register_broker,
+    ElectMaster: _elect_master,
+    AlterSyncStateSet: _alter_sync_state_set,
+    CleanBrokerData: _clean_broker_data,
+    PutTopic: _put_topic,
+    DeleteTopic: _delete_named("topic"),
+    PutGroup: _put_group,
+    DeleteGroup: _delete_named("group"),
+    UpdateConfig: _update_config,
+    ReplicatorHeartbeat: replicator_leases.heartbeat_handler,
+    ReplicatorExpire: replicator_leases.expire_handler,
+    ReplicatorCommit: replicator_leases.commit_handler,
+    Undecodable: _undecodable,
 }
 
 
-def stale_view(command: Json, term: int | None) -> Json | None:
+def stale_view(command: Command, term: int | None) -> Json | None:
     """The refusal of a command decided on a view this entry's leader does not vouch for.
 
     Commands built from a leader's in-memory liveness view (who is alive, which workers are
@@ -747,7 +786,7 @@ def stale_view(command: Json, term: int | None) -> Json | None:
     its 15-s-old view before it heard of the new term and whose proposal was forwarded to
     the new leader. Applying it would depose a healthy master. The term of an entry is the
     same on every node, so every node refuses it alike."""
-    leader_term = command.get("leader_term")
+    leader_term = getattr(command, "leader_term", None)
     if term is None or term < 0 or leader_term is None or leader_term == term:
         return None
     return {
@@ -758,9 +797,7 @@ def stale_view(command: Json, term: int | None) -> Json | None:
     }
 
 
-def apply(
-    state: ControllerState, command: Json, index: int, term: int | None = None
-) -> tuple[Json, list[Json], dict]:
+def apply(state: ControllerState, command: Command, index: int, term: int | None = None) -> Applied:
     """Applies one command. Returns (result, events, changes); state is updated in place.
 
     A rejected command changes nothing and returns {"ok": False, "code", "message"}.
@@ -768,33 +805,36 @@ def apply(
     """
     stale = stale_view(command, term)
     if stale is not None:
-        return stale, [], {}
-    handler = HANDLERS.get(command.get("type", ""))
-    if handler is None:
-        return (
-            {
-                "ok": False,
-                "code": "INVALID_ARGUMENT",
-                "message": f"unknown command type {command.get('type')!r}",
-            },
-            [],
-            {},
-        )
+        return unchanged(stale)
+    handler = HANDLERS[type(command)]
     try:
-        result, changes, events = handler(state, command, index)
+        applied = handler(state, command, index)
     except MqmetaError as rejected:
-        return {"ok": False, "code": rejected.code, "message": rejected.message}, [], {}
-    state.commit(changes)
-    _assert_invariants(changes)
-    return result, events, changes
+        return unchanged({"ok": False, "code": rejected.code, "message": rejected.message})
+    before = {key: state.get(key) for key in applied.changes if key.startswith("brokerset/")}
+    state.commit(applied.changes)
+    _assert_invariants(before, applied.changes)
+    return applied
 
 
-def _assert_invariants(changes: dict[str, Json | None]) -> None:
-    """M3: a master is always in its SyncStateSet. A violation is a bug: crash."""
+def _assert_invariants(before: dict[str, Json | None], changes: dict[str, Json | None]) -> None:
+    """M1: a broker set's master epoch never moves back, and moves on whenever its master
+    changes. M3: a master is always in its SyncStateSet. M4: the SyncStateSet epoch never
+    moves back, and moves on whenever the set changes. A violation is a bug: crash."""
     for key, value in changes.items():
-        if value is not None and key.startswith("brokerset/"):
-            master = value["master_broker_id"]
-            assert not master or master in value["sync_state_set"], (key, value)
+        if value is None or not key.startswith("brokerset/"):
+            continue
+        master = value["master_broker_id"]
+        assert not master or master in value["sync_state_set"], ("M3", key, value)
+        old = before.get(key)
+        if old is None:
+            continue
+        assert value["master_epoch"] >= old["master_epoch"], ("M1", key, old, value)
+        if master != old["master_broker_id"]:
+            assert value["master_epoch"] > old["master_epoch"], ("M1", key, old, value)
+        assert value["sync_state_set_epoch"] >= old["sync_state_set_epoch"], ("M4", key, old, value)
+        if sorted(value["sync_state_set"]) != sorted(old["sync_state_set"]):
+            assert value["sync_state_set_epoch"] > old["sync_state_set_epoch"], ("M4", key, old, value)
 
 
 # Derived reads ----------------------------------------------------------------------

@@ -16,7 +16,7 @@ from typing import Any
 
 import grpc
 
-from mqmeta import tls
+from mqmeta import backoff, tls
 from mqmeta.dialmap import dial
 from mqmeta.errors import (
     DeadlineExceeded,
@@ -36,7 +36,6 @@ from mqmeta.validate import parse_addresses
 
 CALL_TIMEOUT_S = 10.0
 ATTEMPT_TIMEOUT_S = 4.0
-RETRY_PAUSE_S = 0.05
 
 
 class _Channels:
@@ -113,9 +112,10 @@ def _call_master(
 ) -> Any:
     """Calls the current master of a broker set, following role changes."""
     deadline = time.monotonic() + timeout_s
+    attempts = backoff.Attempts(backoff.BROKER_CALL, deadline)
     last: MqmetaError | None = None
     refresh = False
-    while time.monotonic() < deadline:
+    while not attempts.expired():
         try:
             if refresh:
                 routes.route(topic, refresh=True)
@@ -131,7 +131,7 @@ def _call_master(
         if not isinstance(last, NotMaster | Unavailable):
             raise last
         refresh = True
-        time.sleep(RETRY_PAUSE_S)
+        time.sleep(attempts.failed())
     raise DeadlineExceeded(f"{method} to {broker_name} did not succeed in {timeout_s:.1f}s: {last}")
 
 

@@ -1,9 +1,9 @@
 """The `mqmeta` command: one front door, a subcommand per part.
 
-This is the composition root, the one module of the base package that imports the parts
-above it (lazily, per subcommand) and wires them together (e.g. the chaos matrix gets
-the Spark audit from here, so that chaos/ does not import spark/). Errors reach the user
-as one sentence on stderr and exit status 2, never a traceback.
+The one module of the base package that imports the parts (lazily, per subcommand) and
+wires them together: e.g. the chaos matrix gets the Spark audit from here, so that
+chaos/ does not import spark/. Errors reach the user as one sentence on stderr and exit
+status 2, never a traceback. The texts a user reads in `--help` are in COMMANDS below.
 """
 
 from __future__ import annotations
@@ -16,8 +16,10 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
+from mqmeta import __version__
 from mqmeta.config_file import accept_config_file, apply_config_file, extend_config_file
 from mqmeta.errors import MqmetaError
+from mqmeta.extras import require_extra
 from mqmeta.validate import FlagNumber
 
 EXIT_BAD_INPUT = 2
@@ -52,9 +54,97 @@ def _add_node_flags(parser: argparse.ArgumentParser, required: bool) -> None:
     parser.add_argument("--metrics-listen", help="serve Prometheus metrics over HTTP on HOST:PORT")
 
 
+DESCRIPTION = """\
+mqmeta keeps the metadata of RocketMQ-style master/slave brokers (broker sets, their
+masters and in-sync replicas, topics, groups) on a Raft group of controllers, and
+elects a new master when one fails.
+
+Try it on one machine:
+  mqmeta local up --data-dir mqmeta-data        # a whole cluster, in the foreground
+  mqmeta admin --cluster-dir mqmeta-data topic create Orders
+  mqmeta produce --cluster-dir mqmeta-data --topic Orders --count 1000
+  mqmeta consume --cluster-dir mqmeta-data --topic Orders --group g1
+"""
+EPILOG = (
+    "Run `mqmeta COMMAND --help` for a command's flags. A bad input is one sentence on stderr and exit 2."
+)
+
+# Each command's line in `mqmeta --help`, and the first lines of its own --help.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "controller": (
+        "run one controller node",
+        "Run one controller node: it keeps the cluster's metadata in a Raft group with its peers "
+        "(--peer) and elects masters. Run three or five for a cluster that survives a failure.",
+    ),
+    "namesrv": (
+        "run a nameserver, where clients find a topic's brokers",
+        "Run a nameserver: producers and consumers ask it which brokers serve a topic. It reads "
+        "the metadata from the controllers (--controllers), or runs a controller node in the "
+        "same process (--embed-controller).",
+    ),
+    "local": (
+        "run a whole cluster on this machine",
+        "Run controllers, a nameserver and brokers on this machine, for trying mqmeta out.",
+    ),
+    "broker": (
+        "run one broker: stores and replicates a broker set's messages",
+        "Run one broker of a broker set: it stores messages, replicates them between the "
+        "set's master and slaves, and takes the role the controllers give it.",
+    ),
+    "produce": (
+        "send messages to a topic",
+        "Send COUNT messages to a topic and report how many the brokers acknowledged.",
+    ),
+    "consume": (
+        "receive a topic's messages as a consumer group",
+        "Receive a topic's messages as a consumer group until none arrives for --until-idle "
+        "seconds, and report how many arrived.",
+    ),
+    "admin": (
+        "look at and change the cluster: controllers, broker sets, topics, groups",
+        "Look at and change the cluster through the controllers: their status, broker sets and "
+        "their masters, topics, subscription groups, run-time configuration.",
+    ),
+    "chaos": (
+        "break a local cluster under load and check what it promised (mqmeta[chaos])",
+        "Run a local cluster behind fault proxies, inject faults (kills, partitions, pauses) "
+        "while a workload runs, then check the history and audit the logs. Needs "
+        "pip install 'mqmeta[chaos]'.",
+    ),
+    "audit": (
+        "check a cluster's logs on disk with Spark (mqmeta[audit])",
+        "Read every log a cluster wrote (a `local up` data dir, a chaos run's output, node data "
+        "dirs) with Spark and check its invariants; write report.json and report.html. Needs "
+        "pip install 'mqmeta[audit]'.",
+    ),
+    "replicator": (
+        "copy topics from one cluster to another",
+        "Run a replication worker: it copies the messages of the topics its rules name from "
+        "one cluster to another, resuming where it stopped.",
+    ),
+}
+
+
+def _describe(sub: argparse._SubParsersAction) -> None:
+    """The texts of COMMANDS on each command's line of `mqmeta --help` and atop its own."""
+    assert set(sub.choices) == set(COMMANDS), set(sub.choices) ^ set(COMMANDS)
+    for line in sub._choices_actions:
+        line.help, sub.choices[line.dest].description = COMMANDS[line.dest]
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="mqmeta", description=__doc__)
-    parser.add_argument("--log-level", default=os.environ.get("MQMETA_LOG_LEVEL", "WARNING"))
+    parser = _Parser(
+        prog="mqmeta",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"mqmeta {__version__}")
+    parser.add_argument(
+        "--log-level",
+        default=os.environ.get("MQMETA_LOG_LEVEL", "WARNING"),
+        help="DEBUG, INFO, WARNING (default, or $MQMETA_LOG_LEVEL) or ERROR",
+    )
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     controller = sub.add_parser("controller", help="run one standalone controller node")
@@ -72,8 +162,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     local = sub.add_parser("local", help="run a whole cluster on this machine")
     local_sub = local.add_subparsers(dest="local_command", required=True, parser_class=_Parser)
-    up = local_sub.add_parser("up", help="start the cluster in the foreground")
-    up.add_argument("--data-dir", type=Path, default=Path("mqmeta-data"))
+    up = local_sub.add_parser(
+        "up",
+        help="start the cluster in the foreground (Ctrl-C stops it)",
+        description="Start a cluster on this machine in the foreground; Ctrl-C stops it. Once every "
+        "node answers, DIR/cluster.json says where everything is, and the command prints the "
+        "export line that points admin, produce and consume at it. Run it again on the same "
+        "DIR to restart the same cluster from its data.",
+    )
+    up.add_argument(
+        "--data-dir", type=Path, default=Path("mqmeta-data"), help="where the cluster keeps everything"
+    )
     from mqmeta.cluster.local import BROKER_SETS_MAX, CLUSTERS_MAX, CONTROLLERS_MAX, REPLICAS_MAX
 
     up.add_argument(
@@ -144,6 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_replicator_parser(sub)
     _add_tls_flags_to_leaves(sub, TLS_COMMANDS)
+    _describe(sub)
     return parser
 
 
@@ -152,6 +252,8 @@ TLS_COMMANDS = ("controller", "namesrv", "broker", "produce", "consume", "admin"
 
 
 SERVING_COMMANDS = ("controller", "namesrv", "broker")  # they take --auth-file
+# The commands that dial a cluster, with the credentials they take from a --cluster-dir.
+CONTEXT_ROLES = {"admin": "admin", "produce": "client", "consume": "client"}
 
 
 def _add_tls_flags_to_leaves(sub: argparse._SubParsersAction, names: tuple[str, ...]) -> None:
@@ -188,10 +290,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mqmeta: error: unknown --log-level {args.log_level!r}", file=sys.stderr)
         return EXIT_BAD_INPUT
     try:
-        from mqmeta import auth, dialmap, tls
+        from mqmeta import auth, context, dialmap, tls
 
         dialmap.load_from_environment()
         args = apply_config_file(args)  # first: a --config file may give the TLS flags
+        if args.command in CONTEXT_ROLES:  # then the addresses (and a local cluster's credentials)
+            context.resolve(args, CONTEXT_ROLES[args.command])
         tls_config = tls.config_from_args(args)
         tls.configure(tls_config)
         auth.configure_from_args(args, peer_certificates=tls_config is not None and tls_config.mutual)
@@ -229,6 +333,7 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         return run_admin(args)
     if args.command == "chaos":
+        require_extra("chaos", "the chaos suite")
         from mqmeta.chaos.cli import run_chaos
         from mqmeta.spark.cli import (
             shared_session_audit,

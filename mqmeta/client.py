@@ -24,7 +24,7 @@ from typing import Any
 
 import grpc
 
-from mqmeta import tls
+from mqmeta import backoff, tls
 from mqmeta.dialmap import dial
 from mqmeta.errors import (
     DeadlineExceeded,
@@ -43,7 +43,6 @@ CALL_TIMEOUT_S = 5.0
 # gRPC's default reply limit is 4 MB: ListTopics of 100,000 topics (6.8 MB) failed with it.
 REPLY_BYTES_MAX = 256 << 20
 ATTEMPT_TIMEOUT_S = 2.0
-RETRY_PAUSE_S = 0.05
 STREAM_RETRY_S = 60.0  # after UNIMPLEMENTED, heartbeats go unary this long before the stream is tried again
 
 
@@ -160,11 +159,17 @@ class ControllerClient:
                 return
 
     def call(self, method: str, request: Any, timeout_s: float | None = None) -> Any:
+        """Any unary method by its name: for tests and ad-hoc scripts. Code calls the typed
+        methods below, which mypy checks against the service's request and reply types."""
+        return self._call(method, request, timeout_s)
+
+    def _call(self, method: str, request: Any, timeout_s: float | None = None) -> Any:
         deadline = time.monotonic() + (timeout_s or self.timeout_s)
         if not self._leader_known and len(self.addresses) > 1:
             self._discover_leader(deadline)
         target = self._target
         last_error: MqmetaError | None = None
+        attempts = backoff.Attempts(backoff.CONTROLLER_CALL, deadline)
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -185,7 +190,7 @@ class ControllerClient:
             last_error = error
             target = self._retry_target(target, error)
             if target != error.leader:  # no leader to go to: a pause before the next node
-                time.sleep(min(RETRY_PAUSE_S, max(0.0, deadline - time.monotonic())))
+                time.sleep(attempts.failed())
 
     def _retry_target(self, failed: str, error: MqmetaError) -> str:
         """Where the next attempt goes after `error` (UNAVAILABLE or NOT_LEADER) from
@@ -196,6 +201,125 @@ class ControllerClient:
         if isinstance(error, NotLeader) and error.leader in self.addresses:
             return error.leader
         return self._next_target(failed)
+
+    # One typed method per unary call of the ControllerService ----------------------------
+    def register_broker(
+        self, request: pb.RegisterBrokerRequest, timeout_s: float | None = None
+    ) -> pb.RegisterBrokerResponse:
+        return self._call("RegisterBroker", request, timeout_s)
+
+    def get_next_broker_id(
+        self, request: pb.BrokerSetRef, timeout_s: float | None = None
+    ) -> pb.NextBrokerIdResponse:
+        return self._call("GetNextBrokerId", request, timeout_s)
+
+    def get_replica_info(self, request: pb.BrokerSetRef, timeout_s: float | None = None) -> pb.ReplicaInfo:
+        return self._call("GetReplicaInfo", request, timeout_s)
+
+    def elect_master(self, request: pb.ElectMasterRequest, timeout_s: float | None = None) -> pb.ReplicaInfo:
+        return self._call("ElectMaster", request, timeout_s)
+
+    def alter_sync_state_set(
+        self, request: pb.AlterSyncStateSetRequest, timeout_s: float | None = None
+    ) -> pb.ReplicaInfo:
+        return self._call("AlterSyncStateSet", request, timeout_s)
+
+    def get_sync_state_data(
+        self, request: pb.BrokerSetRef, timeout_s: float | None = None
+    ) -> pb.SyncStateData:
+        return self._call("GetSyncStateData", request, timeout_s)
+
+    def clean_broker_data(
+        self, request: pb.CleanBrokerDataRequest, timeout_s: float | None = None
+    ) -> pb.CleanBrokerDataResponse:
+        return self._call("CleanBrokerData", request, timeout_s)
+
+    def get_metadata(
+        self, request: pb.GetMetadataRequest, timeout_s: float | None = None
+    ) -> pb.ControllerMetadata:
+        return self._call("GetMetadata", request, timeout_s)
+
+    def list_broker_sets(
+        self, request: pb.ListBrokerSetsRequest, timeout_s: float | None = None
+    ) -> pb.ListBrokerSetsResponse:
+        return self._call("ListBrokerSets", request, timeout_s)
+
+    def create_topic(self, request: pb.TopicSpec, timeout_s: float | None = None) -> pb.Topic:
+        return self._call("CreateTopic", request, timeout_s)
+
+    def update_topic(self, request: pb.TopicSpec, timeout_s: float | None = None) -> pb.Topic:
+        return self._call("UpdateTopic", request, timeout_s)
+
+    def delete_topic(self, request: pb.NameRequest, timeout_s: float | None = None) -> pb.DeleteResponse:
+        return self._call("DeleteTopic", request, timeout_s)
+
+    def list_topics(
+        self, request: pb.ListTopicsRequest, timeout_s: float | None = None
+    ) -> pb.ListTopicsResponse:
+        return self._call("ListTopics", request, timeout_s)
+
+    def get_topic_route(self, request: pb.NameRequest, timeout_s: float | None = None) -> pb.TopicRoute:
+        return self._call("GetTopicRoute", request, timeout_s)
+
+    def create_group(self, request: pb.GroupSpec, timeout_s: float | None = None) -> pb.Group:
+        return self._call("CreateGroup", request, timeout_s)
+
+    def update_group(self, request: pb.GroupSpec, timeout_s: float | None = None) -> pb.Group:
+        return self._call("UpdateGroup", request, timeout_s)
+
+    def delete_group(self, request: pb.NameRequest, timeout_s: float | None = None) -> pb.DeleteResponse:
+        return self._call("DeleteGroup", request, timeout_s)
+
+    def list_groups(
+        self, request: pb.ListGroupsRequest, timeout_s: float | None = None
+    ) -> pb.ListGroupsResponse:
+        return self._call("ListGroups", request, timeout_s)
+
+    def get_config(self, request: pb.GetConfigRequest, timeout_s: float | None = None) -> pb.ControllerConfig:
+        return self._call("GetConfig", request, timeout_s)
+
+    def update_config(
+        self, request: pb.UpdateConfigRequest, timeout_s: float | None = None
+    ) -> pb.ControllerConfig:
+        return self._call("UpdateConfig", request, timeout_s)
+
+    def write(self, request: pb.WriteBatch, timeout_s: float | None = None) -> pb.WriteResults:
+        return self._call("Write", request, timeout_s)
+
+    def tiered_upload_start(
+        self, request: pb.TieredUploadStartRequest, timeout_s: float | None = None
+    ) -> pb.TieredCheckpoint:
+        return self._call("TieredUploadStart", request, timeout_s)
+
+    def tiered_commit(
+        self, request: pb.TieredCommitRequest, timeout_s: float | None = None
+    ) -> pb.TieredCheckpoint:
+        return self._call("TieredCommit", request, timeout_s)
+
+    def tiered_forget_abandoned(
+        self, request: pb.TieredForgetRequest, timeout_s: float | None = None
+    ) -> pb.TieredCheckpoint:
+        return self._call("TieredForgetAbandoned", request, timeout_s)
+
+    def get_tiered_checkpoint(
+        self, request: pb.BrokerSetRef, timeout_s: float | None = None
+    ) -> pb.TieredCheckpoint:
+        return self._call("GetTieredCheckpoint", request, timeout_s)
+
+    def replicator_heartbeat(
+        self, request: pb.ReplicatorHeartbeatRequest, timeout_s: float | None = None
+    ) -> pb.ReplicatorHeartbeatResponse:
+        return self._call("ReplicatorHeartbeat", request, timeout_s)
+
+    def commit_replicator_task(
+        self, request: pb.CommitReplicatorTaskRequest, timeout_s: float | None = None
+    ) -> pb.ReplicatorCheckpoint:
+        return self._call("CommitReplicatorTask", request, timeout_s)
+
+    def get_replicator_status(
+        self, request: pb.GetReplicatorStatusRequest, timeout_s: float | None = None
+    ) -> pb.ReplicatorStatus:
+        return self._call("GetReplicatorStatus", request, timeout_s)
 
     def heartbeat(self, request: pb.HeartbeatRequest, timeout_s: float | None = None) -> pb.HeartbeatResponse:
         """`request` on the heartbeat stream to the leader, or as a unary call when the
@@ -209,7 +333,7 @@ class ControllerClient:
                     )
                 except _StreamEnded as ended:
                     self._stream_ended(ended)
-            return self.call("Heartbeat", request, max(0.001, deadline - time.monotonic()))
+            return self._call("Heartbeat", request, max(0.001, deadline - time.monotonic()))
 
     def _stream_heartbeat(self, request: pb.HeartbeatRequest, timeout_s: float) -> pb.HeartbeatResponse:
         if not self._leader_known and len(self.addresses) > 1:

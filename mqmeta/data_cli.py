@@ -11,12 +11,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, TextIO
 
 from mqmeta.broker_client import Consumer, Producer
+from mqmeta.context import NAMESRV, add_context_flags
 from mqmeta.errors import InvalidArgument, MqmetaError
 from mqmeta.formats import origin as origin_format
 from mqmeta.formats.records import TAGS_BYTES_MAX
@@ -25,13 +29,22 @@ from mqmeta.validate import FlagNumber
 SIZE_MAX = 4 << 20
 COUNT_MAX = 10_000_000
 BATCH_MAX = 1024
+# Batching as Kafka's producer does it (batch.size, linger.ms): a send carries up to
+# --batch messages, and a message waits at most --linger-ms for others to join it.
+BATCH_DEFAULT = 32
+LINGER_MS_DEFAULT, LINGER_MS_MAX = 5, 60_000
 RATE_MIN, RATE_MAX = 0.001, 1_000_000.0  # messages per second (below: a pause past any run; 1/rate overflows)
 UNTIL_IDLE_S_MIN, UNTIL_IDLE_S_MAX = 0.01, 86_400.0  # a day of silence at most
 
 
 def add_data_parsers(sub) -> None:
-    produce = sub.add_parser("produce", help="send messages and report what was acknowledged")
-    produce.add_argument("--namesrv", required=True, help="HOST:PORT[,HOST:PORT...]")
+    produce = sub.add_parser(
+        "produce",
+        epilog="Messages are sent in batches, as Kafka's producer sends them: a send carries up to "
+        "--batch messages, and with --rate a message waits at most --linger-ms for others to join "
+        "its batch.",
+    )
+    add_context_flags(produce, NAMESRV)
     produce.add_argument("--topic", required=True)
     produce.add_argument("--count", type=FlagNumber("--count", int, 1, COUNT_MAX), required=True)
     produce.add_argument(
@@ -43,14 +56,26 @@ def add_data_parsers(sub) -> None:
     produce.add_argument(
         "--rate", type=FlagNumber("--rate", float, RATE_MIN, RATE_MAX), help="messages per second at most"
     )
-    produce.add_argument("--batch", type=FlagNumber("--batch", int, 1, BATCH_MAX), default=1)
+    produce.add_argument(
+        "--batch",
+        type=FlagNumber("--batch", int, 1, BATCH_MAX),
+        default=BATCH_DEFAULT,
+        help=f"messages per send at most (default {BATCH_DEFAULT}; 1 sends each message alone)",
+    )
+    produce.add_argument(
+        "--linger-ms",
+        type=FlagNumber("--linger-ms", int, 0, LINGER_MS_MAX),
+        default=LINGER_MS_DEFAULT,
+        help=f"with --rate, how long a message may wait for others to fill its batch (default "
+        f"{LINGER_MS_DEFAULT})",
+    )
     produce.add_argument("--tag", default="", help="every message's tag (consumers filter on it)")
     produce.add_argument("--keys", default="", help="every message's keys, K1,K2 (stored space-separated)")
     produce.add_argument("--record", type=Path, help="JSON line per acknowledged message")
     produce.add_argument("--json", action="store_true")
 
-    consume = sub.add_parser("consume", help="receive messages of a topic as a group")
-    consume.add_argument("--namesrv", required=True)
+    consume = sub.add_parser("consume")
+    add_context_flags(consume, NAMESRV)
     consume.add_argument("--topic", required=True)
     consume.add_argument("--group", required=True)
     consume.add_argument(
@@ -102,38 +127,26 @@ def run_produce(args: argparse.Namespace) -> int:
     producer = Producer(args.namesrv)
     record = _open_record(args.record)
     sent = acked = failed = 0
+    last_error = ""
     start = time.monotonic()
     try:
-        for first in range(0, args.count, args.batch):
-            values = [f"{run_id}-{i}" for i in range(first, min(args.count, first + args.batch))]
-            if args.rate:
-                _pace(start, first, args.rate)
+        for batch in _batches(args.count, args.batch, args.linger_ms / 1000, args.rate, start):
+            values = [f"{run_id}-{i}" for i in batch]
             bodies = [v.encode().ljust(args.size, b".") for v in values]
             sent += len(values)
             try:
                 results = producer.send(args.topic, bodies, tags=args.tag, keys=[keys] * len(bodies))
             except MqmetaError as error:
-                if "does not exist" in error.message:
-                    raise
+                if "does not exist" in error.message or acked == 0:
+                    raise  # the run cannot start (nothing listens, no such topic): one sentence
                 failed += len(values)
-                print(f"mqmeta produce: {len(values)} not acknowledged: {error.message}", file=sys.stderr)
+                if error.message != last_error:  # a burst of one failure is one line
+                    print(f"mqmeta produce: not acknowledged: {error.message}", file=sys.stderr)
+                    last_error = error.message
                 continue
             acked += len(results)
             if record:
-                for value, result in zip(values, results, strict=True):
-                    record.write(
-                        json.dumps(
-                            {
-                                "msg_id": result.msg_id,
-                                "value": value,
-                                "queue_id": result.queue_id,
-                                "queue_offset": result.queue_offset,
-                                **labels,
-                            }
-                        )
-                        + "\n"
-                    )
-                record.flush()
+                _record_sent(record, values, results, labels)
     finally:
         producer.close()
         if record:
@@ -150,6 +163,36 @@ def run_produce(args: argparse.Namespace) -> int:
         else f"sent {sent}, acknowledged {acked}, failed {failed} in {summary['elapsed_s']} s"
     )
     return 0 if failed == 0 else 1
+
+
+def _batches(
+    count: int, batch_max: int, linger_s: float, rate: float | None, start: float
+) -> Iterator[range]:
+    """The message indexes of each send, when it is due. Without --rate every message is
+    ready at once: full batches. With it, message i is ready at start + i / rate, and a
+    batch takes the messages ready within linger_s of its first (at most batch_max)."""
+    first = 0
+    while first < count:
+        last = min(count, first + batch_max)
+        if rate:
+            lingering = first + 1 + math.floor(linger_s * rate)  # ready by the first's linger end
+            last = min(last, lingering)
+            _pace(start, last - 1, rate)
+        yield range(first, last)
+        first = last
+
+
+def _record_sent(record: TextIO, values: list[str], results: list[Any], labels: dict[str, object]) -> None:
+    for value, result in zip(values, results, strict=True):
+        line = {
+            "msg_id": result.msg_id,
+            "value": value,
+            "queue_id": result.queue_id,
+            "queue_offset": result.queue_offset,
+            **labels,
+        }
+        record.write(json.dumps(line) + "\n")
+    record.flush()
 
 
 def _open_record(path: Path | None):

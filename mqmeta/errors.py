@@ -25,18 +25,26 @@ class MqmetaError(Exception):
 
 
 class InvalidArgument(MqmetaError):
+    """A request, flag or file is malformed or out of range: the message names the field and what to use."""
+
     default_code = "INVALID_ARGUMENT"
 
 
 class NotFound(MqmetaError):
+    """The named cluster, broker set, topic or group does not exist."""
+
     default_code = "NOT_FOUND"
 
 
 class AlreadyExists(MqmetaError):
+    """A topic or group of that name exists already."""
+
     default_code = "ALREADY_EXISTS"
 
 
 class FailedPrecondition(MqmetaError):
+    """A well-formed request refused in the current state (e.g. no in-sync slave to elect)."""
+
     default_code = "FAILED_PRECONDITION"
 
 
@@ -59,10 +67,14 @@ class NotMaster(FailedPrecondition):
 
 
 class Unavailable(MqmetaError):
+    """It cannot be done right now (a server down or shutting down, a queue full, no master yet): retry."""
+
     default_code = "UNAVAILABLE"
 
 
 class DeadlineExceeded(Unavailable):
+    """A call, or the wait it made (e.g. for slaves to confirm a send), ran past its deadline."""
+
     default_code = "DEADLINE_EXCEEDED"
 
 

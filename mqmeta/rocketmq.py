@@ -6,16 +6,15 @@ official clients read that status, not the gRPC one (code 0 is "illegal" to them
 the methods are wrapped by `rmq_call`, which turns our typed errors (mqmeta.errors) and
 protocol refusals (`RmqError`) into one Status each, as mqmeta.rpc does for gRPC
 statuses. Also here: routes as MessageQueues, the settings answered over Telemetry (and
-the Telemetry streams themselves), tag filters, delivery times, receipt handles and the
-record <-> Message conversion. Only servers import this module: the official client
-package registers the same proto symbols in the default descriptor pool, so a process
-holds either it or these stubs, never both.
+the Telemetry streams themselves), tag filters, delivery times and receipt handles; the
+record <-> Message conversion is the codec's (mqmeta.codec.rocketmq5). Only servers
+import this module: the official client package registers the same proto symbols in the
+default descriptor pool, so a process holds either it or these stubs, never both.
 """
 
 from __future__ import annotations
 
 import functools
-import hashlib
 import ipaddress
 import logging
 import queue
@@ -41,7 +40,7 @@ from mqmeta.errors import (
     NotMaster,
     Unavailable,
 )
-from mqmeta.formats.records import RECORD_BODY_MAX, TAGS_BYTES_MAX, StoredRecord
+from mqmeta.formats.records import RECORD_BODY_MAX, TAGS_BYTES_MAX
 from mqmeta.pb import controller_pb2 as cpb
 from mqmeta.pb.apache.rocketmq.v2 import definition_pb2 as rdef
 from mqmeta.pb.apache.rocketmq.v2 import service_pb2 as rsvc
@@ -52,22 +51,7 @@ log = logging.getLogger(__name__)
 MESSAGING_SERVICE = rsvc.DESCRIPTOR.services_by_name["MessagingService"].full_name
 CLIENT_ID_KEY = "x-mq-client-id"
 
-# Our properties on records written through this protocol (user properties may not use
-# the prefix): what RocketMQ keeps as system properties.
-PROPERTY_PREFIX = "__RMQ_"
-MESSAGE_ID = "__RMQ_MSG_ID"  # the client-made message id
-MESSAGE_TYPE = "__RMQ_TYPE"
-BORN_MS = "__RMQ_BORN_MS"
-BORN_HOST = "__RMQ_BORN_HOST"
-MESSAGE_GROUP = "__RMQ_GROUP"
-DELIVER_MS = "__RMQ_DELIVER_MS"  # delay and transaction messages: where they wait
-REAL_TOPIC = "__RMQ_REAL_TOPIC"
-DLQ_ORIGIN = "__RMQ_DLQ_ORIGIN"  # topic/queue/offset of the message a DLQ record copies
-KEY_SEPARATOR = " "  # RocketMQ's: keys are stored space-separated
-
 BODY_BYTES_MAX = RECORD_BODY_MAX
-MESSAGE_ID_CHARS_MAX = 128
-USER_PROPERTIES_MAX = 128
 # Timestamp.seconds above this cannot be seconds (year 5138): the 5.1.2 Python client
 # writes Message.delivery_timestamp, documented in milliseconds, into Timestamp.seconds.
 SECONDS_MAX_PLAUSIBLE = 10**11
@@ -466,38 +450,3 @@ class TelemetryHub:
     def connected(self) -> list[str]:
         with self._lock:
             return list(self._streams)
-
-
-# Records <-> messages ------------------------------------------------------------------------
-def md5_digest(body: bytes) -> rdef.Digest:
-    """MD5 in upper-case hex: what every official client checks the same way (CRC32 is
-    formatted differently from client to client)."""
-    return rdef.Digest(type=rdef.MD5, checksum=hashlib.md5(body).hexdigest().upper())  # type: ignore[arg-type]
-
-
-def to_message(record: StoredRecord, topic: str, store_host: str) -> rdef.Message:
-    """A stored record as the Message a consumer (or a transaction checker) receives."""
-    props = record.properties
-    system = rdef.SystemProperties(
-        keys=[k for k in record.keys.split(KEY_SEPARATOR) if k],
-        message_id=props.get(MESSAGE_ID) or record.msg_id,
-        body_digest=md5_digest(record.body),
-        body_encoding=rdef.IDENTITY,  # type: ignore[arg-type]
-        message_type=int(props.get(MESSAGE_TYPE, rdef.NORMAL)),  # type: ignore[arg-type]
-        born_timestamp=timestamp(int(props.get(BORN_MS, record.store_timestamp_ms))),
-        born_host=props.get(BORN_HOST, ""),
-        store_timestamp=timestamp(record.store_timestamp_ms),
-        store_host=store_host,
-        queue_id=record.queue_id,
-        queue_offset=record.queue_offset,
-    )
-    if record.tags:
-        system.tag = record.tags
-    if MESSAGE_GROUP in props:
-        system.message_group = props[MESSAGE_GROUP]
-    if DELIVER_MS in props:
-        system.delivery_timestamp.CopyFrom(timestamp(int(props[DELIVER_MS])))
-    user = {k: v for k, v in props.items() if not k.startswith(PROPERTY_PREFIX)}
-    return rdef.Message(
-        topic=rdef.Resource(name=topic), user_properties=user, system_properties=system, body=record.body
-    )

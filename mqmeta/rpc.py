@@ -7,20 +7,24 @@ coroutines an AsyncServer runs on its event loop), so a
 domain error reaches a client as exactly one status, with its domain code and (for
 NOT_LEADER / NOT_MASTER) the address to go to in trailing metadata; clients turn a
 failed call back into the same typed error with `from_rpc_error`. Dependency
-exceptions never leak: anything else is INTERNAL with the method named.
+exceptions never leak: anything else (a bug) is logged with its traceback under a fresh
+id, and the client is told INTERNAL with that id only (`internal_error`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import functools
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 import time
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NoReturn, Protocol
@@ -133,6 +137,15 @@ def from_rpc_error(err: grpc.RpcError) -> MqmetaError:
     return typed
 
 
+def internal_error(name: str) -> str:
+    """Logs the exception being handled (a bug in handler `name`) with a fresh id and
+    returns what the client is told: the id, never the exception's text (it may carry
+    paths, keys or data of another caller). Call it from an `except` clause."""
+    error_id = uuid.uuid4().hex[:12]
+    log.exception("%s failed (internal error %s)", name, error_id)
+    return f"internal error {error_id}: see the server log"
+
+
 def rpc(method: Callable) -> Callable:
     """Wraps a unary servicer method: every domain error (and any bug) becomes one status
     with a clear message."""
@@ -145,9 +158,8 @@ def rpc(method: Callable) -> Callable:
             abort_with(context, error)
         except grpc.RpcError:
             raise  # context.abort's own exception, or a call this method made and let fail
-        except Exception as exc:  # a bug: report it without leaking internals
-            log.exception("%s failed", method.__name__)
-            context.abort(grpc.StatusCode.INTERNAL, bounded(f"internal error in {method.__name__}: {exc}"))
+        except Exception:  # a bug: report it without leaking internals
+            context.abort(grpc.StatusCode.INTERNAL, internal_error(method.__name__))
 
     return wrapper
 
@@ -188,8 +200,31 @@ async def _abort_async_for(context: grpc.aio.ServicerContext, exc: Exception, na
     elif isinstance(exc, grpc.aio.AbortError | grpc.RpcError):
         raise exc  # context.abort's own exception, or a failed call
     else:  # a bug: report it without leaking internals
-        log.exception("%s failed", name)
-        await context.abort(grpc.StatusCode.INTERNAL, bounded(f"internal error in {name}: {exc}"))
+        await context.abort(grpc.StatusCode.INTERNAL, internal_error(name))
+
+
+def check_can_listen(address: str) -> None:
+    """InvalidArgument (one sentence) when `address` cannot be bound: asked before gRPC
+    binds, whose own failure is a C-core log line on stderr and a bare RuntimeError. A
+    check, not a reservation: gRPC's bind still decides, and its failure is still told."""
+    host, _, port = address.rpartition(":")
+    try:
+        family, kind, _, _, where = socket.getaddrinfo(host.strip("[]"), int(port), type=socket.SOCK_STREAM)[
+            0
+        ]
+    except (OSError, ValueError):
+        raise InvalidArgument(f"cannot listen on {address}: the host does not resolve") from None
+    with socket.socket(family, kind) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC binds
+        try:
+            probe.bind(where)
+        except OSError as error:
+            reason = {
+                errno.EADDRINUSE: "the port is in use (another process listens there)",
+                errno.EADDRNOTAVAIL: "the address is not one of this machine's",
+                errno.EACCES: "this user may not bind that port",
+            }.get(error.errno or 0, error.strerror or "bind failed")
+            raise InvalidArgument(f"cannot listen on {address}: {reason}") from None
 
 
 def build_server(
@@ -206,6 +241,7 @@ def build_server(
         options=options,
         interceptors=auth.server_interceptors(),
     )
+    check_can_listen(address)
     if tls.add_port(server, address) == 0:
         raise InvalidArgument(f"cannot listen on {address}: the port is taken or not local")
     return server
@@ -277,11 +313,8 @@ class AsyncServer:
             options=[("grpc.so_reuseport", 0), *PING_TOLERANT_OPTIONS],
             interceptors=auth.aio_server_interceptors(),
         )
-        try:
-            bound = tls.add_port(server, self.address)
-        except RuntimeError:
-            bound = 0
-        if bound == 0:
+        check_can_listen(self.address)
+        if tls.add_port(server, self.address) == 0:
             raise InvalidArgument(
                 f"cannot listen on {self.address}: the port is taken or not local"
             ) from None

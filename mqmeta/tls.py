@@ -144,19 +144,23 @@ def current() -> TlsConfig | None:
 
 def add_port(server: Any, address: str) -> int:
     """Binds `address` on a grpc.Server or grpc.aio.Server, with TLS when configured; the
-    bound port (0 when it cannot listen: gRPC's own convention)."""
+    bound port (0 when it cannot listen: gRPC's own convention, which grpcio 1.85 keeps
+    for some failures and replaces by a RuntimeError for others, e.g. a port in use)."""
     import grpc  # here, not at the top: the CLI's parser imports this module
 
     config = _current
-    if config is None or not config.serves_tls:
-        return int(server.add_insecure_port(address))
-    assert config.cert is not None and config.key is not None
-    credentials = grpc.ssl_server_credentials(
-        [(config.key, config.cert)],
-        root_certificates=config.client_ca,
-        require_client_auth=config.client_ca is not None,
-    )
-    return int(server.add_secure_port(address, credentials))
+    try:
+        if config is None or not config.serves_tls:
+            return int(server.add_insecure_port(address))
+        assert config.cert is not None and config.key is not None
+        credentials = grpc.ssl_server_credentials(
+            [(config.key, config.cert)],
+            root_certificates=config.client_ca,
+            require_client_auth=config.client_ca is not None,
+        )
+        return int(server.add_secure_port(address, credentials))
+    except RuntimeError:  # "Failed to bind to address ..."
+        return 0
 
 
 def channel_credentials(config: TlsConfig) -> grpc.ChannelCredentials:

@@ -68,11 +68,14 @@ def parse_addresses(text: str, what: str = "controller address", allow_port_zero
     addresses = [a.strip() for a in text.split(",") if a.strip()]
     if not addresses:
         raise InvalidArgument(f"give at least one {what} as HOST:PORT")
-    lowest = 0 if allow_port_zero else 1
     for address in addresses:
         host, _, port = address.rpartition(":")
-        if not host or not port.isdigit() or not lowest <= int(port) <= PORT_MAX:
+        if not host or not port.isdigit() or not int(port) <= PORT_MAX:
             raise InvalidArgument(f"{what} {shown(address)} is malformed: use HOST:PORT")
+        if int(port) == 0 and not allow_port_zero:  # others dial it: it must be known in advance
+            raise InvalidArgument(
+                f"{what} {shown(address)}: port 0 is not allowed here: give a port from 1 to {PORT_MAX}"
+            )
     return addresses
 
 

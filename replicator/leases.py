@@ -126,7 +126,7 @@ class LeaseKeeper:
             self._commit_due = time.monotonic() + self.settings["commit_interval_ms"] / 1000
             self._commit_running(force=self._lapsed)
         sent = time.monotonic()
-        reply = self.client.call("ReplicatorHeartbeat", self._heartbeat_request())
+        reply = self.client.replicator_heartbeat(self._heartbeat_request())
         self._valid_until = sent + self.settings["lease_ms"] / 1000
         self._lapsed = False
         self.worker.reconcile(list(reply.leases), self)
@@ -198,7 +198,7 @@ class LeaseKeeper:
             replicated=replicated,
             rule_digest=rule_digest,
         )
-        return self.client.call("CommitReplicatorTask", request)
+        return self.client.commit_replicator_task(request)
 
     def leave(self) -> None:
         """A clean stop: the leader gives this worker's tasks to the others at once."""
@@ -206,7 +206,7 @@ class LeaseKeeper:
         request.leaving = True
         del request.running[:]
         try:
-            self.client.call("ReplicatorHeartbeat", request)
+            self.client.replicator_heartbeat(request)
         except MqmetaError as error:
             log.warning("worker %s: could not leave cleanly: %s", self.worker_id, error.message)
 

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 from mqmeta.replicator.site import Site
 
+from mqmeta import backoff
 from mqmeta.errors import InvalidArgument, MqmetaError, NotFound
 from mqmeta.formats.origin import NO_PREVIOUS, STORE_MS, Origin, OriginKey, path_of, replicated_properties
 from mqmeta.formats.replication_rules import Rule
@@ -39,8 +40,7 @@ log = logging.getLogger(__name__)
 
 CALL_TIMEOUT_S = 10.0  # a Pull or QueryOrigin, retried across master changes within it
 SEND_TIMEOUT_S = 10.0  # one Send: the target waits for its SyncStateSet before answering
-RETRY_PAUSE_S = 0.5  # after a failure, before re-resolving and resuming
-MISSING_PAUSE_S = 5.0  # after NOT_FOUND (a target topic not created yet)
+MISSING_PAUSE_S = 5.0  # at least, after NOT_FOUND (a target topic not created yet)
 # A caught-up queue is pulled again after a pause that doubles while it stays quiet (the
 # delay a new message may wait, against the load of polling every quiet queue).
 IDLE_PAUSE_MIN_S = 0.02
@@ -114,6 +114,7 @@ class Task:
 
     def run(self) -> None:
         source, target = Site(self.rule.source_namesrv), Site(self.rule.target_namesrv)
+        attempts = backoff.Attempts(backoff.REPLICATOR_TASK)  # after each failure: re-resolve, resume
         try:
             while not self.stop.is_set():
                 try:
@@ -135,7 +136,8 @@ class Task:
                         "task %s: %s; resuming from the target's head", self.key.label(), error.message
                     )
                     # A missing target topic waits for an operator, not for a failover.
-                    self.stop.wait(MISSING_PAUSE_S if isinstance(error, NotFound) else RETRY_PAUSE_S)
+                    pause_s = attempts.failed()
+                    self.stop.wait(max(MISSING_PAUSE_S, pause_s) if isinstance(error, NotFound) else pause_s)
         finally:
             source.close()
             target.close()

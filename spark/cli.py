@@ -21,6 +21,8 @@ from typing import Any
 from mqmeta.spark.errors import BadInput
 from mqmeta.spark.registry import CHECK_IDS, parse_ids
 
+from mqmeta.extras import MissingExtra, require_extra, require_for_url
+
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 RESCANNING_CHECKS = {"B4", "T2", "H1"}  # they read every replica record again: cache them
 
@@ -155,6 +157,13 @@ def _replication_usage(args: argparse.Namespace) -> str | None:
 
 
 def run_audit(args: argparse.Namespace) -> int:
+    try:
+        require_extra("audit", "the audit")
+        for value in args.inputs:
+            require_for_url(value, "an audit input")
+    except MissingExtra as error:
+        print(f"mqmeta: error: {error.message}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     problem = _replication_usage(args)
     ids: list[str] = []
     if problem is None and args.rules is None:

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from mqmeta.spark import checks, checks_logs
-from mqmeta.spark.checks import CheckResult
-from mqmeta.spark.data import AuditData
+if TYPE_CHECKING:  # the checks import PySpark: `mqmeta --help` parses --checks without it
+    from mqmeta.spark.checks import CheckResult
+    from mqmeta.spark.data import AuditData
 
 CHECK_IDS = ["R1", "R2", "M1", "M2", "M3", "M4", "B1", "B2", "B3", "B4", "T1", "T2", "T3", "T4", "H1"]
 
 
 def check_functions(data: AuditData) -> dict[str, Callable[[], CheckResult]]:
+    from mqmeta.spark import checks, checks_logs
+
     return {
         "R1": lambda: checks.check_r1(data),
         "R2": lambda: checks.check_r2(data),

@@ -96,6 +96,7 @@ from mqmeta.broker_agent.core import (
     WriteOutcome,
 )
 from mqmeta.broker_agent.ha import Lease, Role
+from mqmeta.controller.commands import command_from_json
 from mqmeta.controller.state_machine import ControllerState, apply, replica_view
 
 from mqmeta.errors import FencedEpoch, MqmetaError, NotMaster
@@ -399,7 +400,7 @@ class SimController:
 
     def apply(self, command: Json) -> Json:
         self.index += 1
-        result, _events, changes = apply(self.state, command, self.index)
+        result, _events, changes = apply(self.state, command_from_json(command), self.index)
         if any(key.startswith("brokerset/") for key in changes):
             self.sim.trace(f"controller {command['type']}: {self.summary()}")
             self.sim.watch_event()

@@ -5,8 +5,10 @@ lazy import is still a dependency):
 - the base package mqmeta/ imports no part above it, except its front door mqmeta/cli.py;
 - controller/ and broker_agent/ import only the base; broker_agent/, spark/, chaos/ and
   cluster/ never import controller/ (cluster starts it as a process);
-- spark/ imports only mqmeta.formats and mqmeta.errors of ours (its executors need no
+- spark/ imports only mqmeta.formats, .errors, .validate and .extras of ours (its executors need no
   grpc: checked by importing the executor modules in a fresh interpreter);
+- a codec (mqmeta/codec/, one module per client protocol) converts and nothing else: it
+  imports only the record formats, the stubs, the errors and its protocol's module;
 - no module imports another part's private (underscore) name;
 - the module import graph has no cycle;
 - no test module imports another test module (shared helpers live in tests/support/).
@@ -36,8 +38,17 @@ ALLOWED_ABOVE_BASE: dict[str, tuple[str, ...]] = {
     "cluster": ("broker_agent", "replicator"),
     "replicator": (),
 }
-SPARK_BASE_MODULES = ("mqmeta.formats", "mqmeta.errors", "mqmeta.validate")
+SPARK_BASE_MODULES = ("mqmeta.formats", "mqmeta.errors", "mqmeta.validate", "mqmeta.extras")
 SPARK_EXECUTOR_MODULES = ("spark.sources", "spark.walk", "spark.fs", "spark.messages")
+# what a codec (mqmeta.codec.<protocol>) may import of ours
+CODEC_MODULES = (
+    "mqmeta.codec",
+    "mqmeta.formats",
+    "mqmeta.pb",
+    "mqmeta.errors",
+    "mqmeta.validate",
+    "mqmeta.rocketmq",
+)
 INSTALLED_PARTS = PARTS[1:]  # installed as mqmeta.<part>: the scan names them by their folder
 
 
@@ -134,6 +145,18 @@ def test_parts_import_only_what_the_layout_allows():
             elif other != BASE and other not in ALLOWED_ABOVE_BASE[part]:
                 problems.append(f"{name}:{line} ({part}) imports {target}")
     assert not problems, "imports that break DESIGN.md's layout:\n" + "\n".join(problems)
+
+
+def test_codecs_import_only_formats_stubs_and_their_protocol():
+    codecs = [name for name in MODULES if name.startswith("mqmeta.codec.")]
+    assert "mqmeta.codec.rocketmq5" in codecs
+    problems = [
+        f"{name}:{line} imports {target}"
+        for name in codecs
+        for target, _, line in _imports(name, MODULES[name])
+        if _ours(target) and not any(target == m or target.startswith(m + ".") for m in CODEC_MODULES)
+    ]
+    assert not problems, "a codec converts and nothing else:\n" + "\n".join(problems)
 
 
 def test_no_part_imports_another_parts_private_name():

@@ -6,12 +6,12 @@ and test_cluster.py's Write test runs it on a real cluster."""
 
 from __future__ import annotations
 
-import json
 import threading
 from concurrent.futures import Future
 from typing import Any
 
 import pytest
+from mqmeta.controller.commands import DeleteTopic, decode_entry
 from mqmeta.controller.raft_node import Proposer, RaftSettings
 from pysyncobj import FAIL_REASON
 
@@ -22,12 +22,12 @@ class EntryRecorder:
     """Takes the Proposer's entries; the test answers each with the callback pysyncobj would call."""
 
     def __init__(self) -> None:
-        self.entries: list[tuple[list[dict], Any]] = []
+        self.entries: list[tuple[list[Any], Any]] = []
         self.arrived = threading.Condition()
 
     def _apply_entry(self, payload: str, callback: Any) -> None:
         with self.arrived:
-            self.entries.append((json.loads(payload), callback))
+            self.entries.append((decode_entry(payload), callback))
             self.arrived.notify_all()
 
     def wait_entries(self, count: int) -> None:
@@ -36,7 +36,7 @@ class EntryRecorder:
 
     def commit(self, index: int) -> None:
         commands, callback = self.entries[index]
-        callback([{"ok": True, "n": c["n"]} for c in commands], FAIL_REASON.SUCCESS)
+        callback([{"ok": True, "n": int(c.name[1:])} for c in commands], FAIL_REASON.SUCCESS)
 
     def fail(self, index: int) -> None:
         self.entries[index][1](None, FAIL_REASON.LEADER_CHANGED)
@@ -48,8 +48,9 @@ def proposer(**settings: int) -> tuple[Proposer, EntryRecorder]:
     return Proposer(raft, RaftSettings(**values)), raft  # type: ignore[arg-type]
 
 
-def commands(count: int) -> list[dict]:
-    return [{"type": "t", "n": n} for n in range(count)]
+def commands(count: int) -> list[Any]:
+    """Commands numbered 0 to count - 1 (the recorder answers each with its number)."""
+    return [DeleteTopic(name=f"t{n}") for n in range(count)]
 
 
 def test_a_group_split_across_entries_settles_once_all_have_committed() -> None:
@@ -89,7 +90,7 @@ def test_a_full_queue_refuses_the_whole_group_and_queues_none_of_it() -> None:
         waiting = p.submit_group(commands(4))
         with pytest.raises(Unavailable, match="queue is full"):
             p.submit_group(commands(2))  # 4 + 2 > 5: none of the two is queued
-        single: Future = p.submit({"type": "t", "n": 99})  # 4 + 1 fits
+        single: Future = p.submit(DeleteTopic(name="t99"))  # 4 + 1 fits
         for index in range(4):  # one entry in flight at a time: [first], [w0 w1], [w2 w3], [single]
             raft.wait_entries(index + 1)
             raft.commit(index)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import random
 
 import pytest
+from mqmeta.controller.commands import command_from_json
 from mqmeta.controller.replicator_leases import FENCED, assign, live_workers, task_key_text
 from mqmeta.controller.replicator_liveness import WorkerBeat, WorkerLiveness, granted, lease_view, status
 from mqmeta.controller.state_machine import ControllerState, apply
@@ -53,7 +54,7 @@ def heartbeat(state, worker, rules, tasks, incarnation="i1", index=1):
         "rules": rules,
         "tasks": [list(t) for t in tasks],
     }
-    result, _, _ = apply(state, command, index)
+    result, _, _ = apply(state, command_from_json(command), index)
     assert result["ok"], result
     return result
 
@@ -96,26 +97,39 @@ def test_holders_epochs_and_fenced_commits_through_apply():
     digest = state.digest
     for worker, epoch in (("w1", 1), ("w1", 2), ("w2", 1)):
         stale = {"type": "replicator_commit", "worker_id": worker, "task": list(task), "epoch": epoch}
-        result, _, _ = apply(state, dict(stale, acked_offset=5), 3)
+        result, _, _ = apply(state, command_from_json(dict(stale, acked_offset=5)), 3)
         assert not result["ok"] and result["code"] == FENCED, result
         assert isinstance(error_from_code(result["code"], result["message"]), FailedPrecondition)
         assert state.digest == digest, "a refused commit changed the state"
     commit = {"type": "replicator_commit", "worker_id": "w2", "task": list(task), "epoch": 2}
     assert (
-        apply(state, dict(commit, start_offset=7, rule_digest="d1"), 4)[0]["checkpoint"]["start_offset"] == 7
+        apply(state, command_from_json(dict(commit, start_offset=7, rule_digest="d1")), 4)[0]["checkpoint"][
+            "start_offset"
+        ]
+        == 7
     )
     assert (
-        apply(state, dict(commit, start_offset=9, rule_digest="d1"), 5)[0]["checkpoint"]["start_offset"] == 7
+        apply(state, command_from_json(dict(commit, start_offset=9, rule_digest="d1")), 5)[0]["checkpoint"][
+            "start_offset"
+        ]
+        == 7
     )
-    assert apply(state, dict(commit, acked_offset=20, replicated=13), 6)[0]["ok"]
-    assert apply(state, dict(commit, acked_offset=10, replicated=3), 7)[0]["checkpoint"]["acked_offset"] == 20
+    assert apply(state, command_from_json(dict(commit, acked_offset=20, replicated=13)), 6)[0]["ok"]
+    assert (
+        apply(state, command_from_json(dict(commit, acked_offset=10, replicated=3)), 7)[0]["checkpoint"][
+            "acked_offset"
+        ]
+        == 20
+    )
     changed = apply(
-        ControllerState.from_items(state.freeze().items()), dict(commit, start_offset=3, rule_digest="d2"), 7
+        ControllerState.from_items(state.freeze().items()),
+        command_from_json(dict(commit, start_offset=3, rule_digest="d2")),
+        7,
     )
     assert (changed[0]["checkpoint"]["start_offset"], changed[0]["checkpoint"]["acked_offset"]) == (3, -1), (
         "a rule changed in place must not resume from its old definition's progress"
     )
-    result, _, _ = apply(state, {"type": "replicator_expire", "worker_ids": ["w2"]}, 8)
+    result, _, _ = apply(state, command_from_json({"type": "replicator_expire", "worker_ids": ["w2"]}), 8)
     assert result["expired"] == ["w2"]
     after = record(state, task)
     assert (after["worker"], after["epoch"], after["moved_index"]) == ("w1", 3, 8)
@@ -142,7 +156,7 @@ def test_bad_commands_are_refused_and_change_nothing(command):
     state = ControllerState()
     heartbeat(state, "w0", ["r"], tasks_of("r", 1)[:0])
     digest = state.digest
-    result, _, changes = apply(state, command, 2)
+    result, _, changes = apply(state, command_from_json(command), 2)
     assert not result["ok"] and result["message"] and not changes and state.digest == digest
 
 
@@ -216,7 +230,7 @@ class Simulation:
 
     def propose(self, command: dict) -> None:
         self.index += 1
-        result, _, _ = apply(self.state, command, self.index)
+        result, _, _ = apply(self.state, command_from_json(command), self.index)
         assert result["ok"], result
 
     def heartbeat(self, worker: str, report_all: bool = False) -> None:

@@ -16,6 +16,7 @@ import pytest
 from mqmeta.replicator import task as task_module
 from mqmeta.replicator.task import Task, TaskKey
 
+from mqmeta.backoff import Backoff
 from mqmeta.errors import FailedPrecondition, NotMaster
 from mqmeta.formats.replication_rules import parse_config
 
@@ -43,7 +44,9 @@ def _task(monkeypatch: pytest.MonkeyPatch, refusals: list[Exception]) -> Task:
     """A task whose every attempt to find its position raises the next of `refusals`; once
     they are used up it stops."""
     monkeypatch.setattr(task_module, "Site", _NoSite)
-    monkeypatch.setattr(task_module, "RETRY_PAUSE_S", 0.001)
+    monkeypatch.setattr(
+        task_module.backoff, "REPLICATOR_TASK", Backoff(first_pause_s=0.001, pause_max_s=0.002)
+    )
     config = parse_config(CONFIG)
     task = Task(TaskKey("a-to-b", "T", "broker-a", 0), config.rules[0], config.settings, threading.Event())
 

@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 from mqmeta.controller import pysyncobj_compat, snapshot
+from mqmeta.controller.commands import command_from_json
 from mqmeta.controller.snapshot import SnapshotInProgress, StateSnapshots, guarded_replace, read_snapshot
 from mqmeta.controller.state_machine import ControllerState, apply
 from pysyncobj import SERIALIZER_STATE
@@ -47,9 +48,11 @@ def loaded_state(topics: int) -> ControllerState:
             "address": f"127.0.0.1:{9000 + replica}",
             "check_code": f"b-{replica}",
         }
-        assert apply(state, command, 1)[0]["ok"]
+        assert apply(state, command_from_json(command), 1)[0]["ok"]
     for i in range(topics):
-        result = apply(state, {"type": "put_topic", "name": f"t{i}", "queue_count": 4}, 2 + i)[0]
+        result = apply(
+            state, command_from_json({"type": "put_topic", "name": f"t{i}", "queue_count": 4}), 2 + i
+        )[0]
         assert result["ok"], result
     return state
 
@@ -90,10 +93,16 @@ def test_a_frozen_state_does_not_change_when_the_live_state_does():
     state = loaded_state(50)
     frozen = state.freeze()
     kept = copy.deepcopy(frozen.entries)
-    apply(state, {"type": "put_topic", "mode": "update", "name": "t1", "queue_count": 8}, 100)
-    apply(state, {"type": "delete_topic", "name": "t2"}, 101)
-    apply(state, {"type": "elect_master", "cluster": "c", "broker_name": "b", "alive": {"1": {}}}, 102)
-    apply(state, {"type": "update_config", "values": {"default_queue_count": "16"}}, 103)
+    apply(
+        state, command_from_json({"type": "put_topic", "mode": "update", "name": "t1", "queue_count": 8}), 100
+    )
+    apply(state, command_from_json({"type": "delete_topic", "name": "t2"}), 101)
+    apply(
+        state,
+        command_from_json({"type": "elect_master", "cluster": "c", "broker_name": "b", "alive": {"1": {}}}),
+        102,
+    )
+    apply(state, command_from_json({"type": "update_config", "values": {"default_queue_count": "16"}}), 103)
     assert frozen.entries == kept, "a value shared with the live state was changed in place"
     assert state.digest != frozen.digest
     rebuilt = ControllerState.from_items(frozen.items())

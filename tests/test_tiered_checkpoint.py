@@ -10,13 +10,14 @@ Properties checked:
 
 from __future__ import annotations
 
+from mqmeta.controller.commands import command_from_json
 from mqmeta.controller.state_machine import ControllerState, apply, tiered_key
 
 CLUSTER, NAME = "C", "b"
 
 
 def run(state: ControllerState, command: dict) -> dict:
-    result, _, _ = apply(state, dict(command, cluster=CLUSTER, broker_name=NAME), 1)
+    result, _, _ = apply(state, command_from_json(dict(command, cluster=CLUSTER, broker_name=NAME)), 1)
     return result
 
 

@@ -24,6 +24,7 @@ from concurrent.futures import Future
 import pytest
 from mqmeta.controller import core as core_module
 from mqmeta.controller import replicator_liveness
+from mqmeta.controller.commands import command_from_json
 from mqmeta.controller.core import (
     ELECTIONS_IN_FLIGHT_MAX,
     WATCH_QUEUE_MAX,
@@ -138,9 +139,9 @@ def test_a_liveness_storm_runs_a_bounded_number_of_elections_at_once(monkeypatch
                 "address": f"127.0.0.1:{9000 + replica}",
                 "check_code": f"b{s}-{replica}",
             }
-            assert apply(state, register, 1)[0]["ok"]
+            assert apply(state, command_from_json(register), 1)[0]["ok"]
         elect = {"type": "elect_master", "cluster": "c", "broker_name": f"b{s}", "alive": {"1": {}, "2": {}}}
-        assert apply(state, elect, 2)[0]["ok"]
+        assert apply(state, command_from_json(elect), 2)[0]["ok"]
     core = ControllerCore.__new__(ControllerCore)  # the scan alone: no Raft, no server
     core.raft = _Raft()  # type: ignore[assignment]
     core.liveness = Liveness()

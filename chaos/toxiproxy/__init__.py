@@ -23,11 +23,13 @@ are refused; a proxy's upstream connect gives up after UPSTREAM_CONNECT_TIMEOUT_
 are sent as application/json; no /metrics endpoint.
 """
 
-from mqmeta.chaos.toxiproxy.api import API_CONNECTION_COUNT_MAX, REQUEST_BODY_BYTES_MAX, REQUEST_TIMEOUT_S
 from mqmeta.chaos.toxiproxy.datapath import LINK_COUNT_MAX, PIPE_BUFFER_BYTES_MAX, UPSTREAM_CONNECT_TIMEOUT_S
 from mqmeta.chaos.toxiproxy.model import (
+    API_CONNECTION_COUNT_MAX,
     NAME_LENGTH_MAX,
     PROXY_COUNT_MAX,
+    REQUEST_BODY_BYTES_MAX,
+    REQUEST_TIMEOUT_S,
     TOXIC_COUNT_MAX,
     TOXIC_TYPES,
     VERSION,

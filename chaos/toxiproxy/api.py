@@ -19,11 +19,16 @@ from typing import Any
 
 from aiohttp import web
 from mqmeta.chaos.toxiproxy.collection import PopulateError, ProxyCollection
-from mqmeta.chaos.toxiproxy.model import VERSION, ApiError, ToxiproxyError, parse_body
+from mqmeta.chaos.toxiproxy.model import (
+    API_CONNECTION_COUNT_MAX,
+    REQUEST_BODY_BYTES_MAX,
+    REQUEST_TIMEOUT_S,
+    VERSION,
+    ApiError,
+    ToxiproxyError,
+    parse_body,
+)
 
-API_CONNECTION_COUNT_MAX = 256  # open HTTP connections; more are closed at once
-REQUEST_BODY_BYTES_MAX = 1024 * 1024  # larger bodies are answered 413
-REQUEST_TIMEOUT_S = 25.0  # Toxiproxy's http.TimeoutHandler
 API_IDLE_TIMEOUT_S = 60.0  # an idle keep-alive connection is closed (Toxiproxy's IdleTimeout)
 API_SHUTDOWN_TIMEOUT_S = 5.0  # requests in flight when the server stops get this long
 REQUEST_ID_HEADER = "X-Toxiproxy-Request-Id"

@@ -21,6 +21,9 @@ VERSION = "2.12.0"  # the Toxiproxy release whose behaviour this server follows
 PROXY_COUNT_MAX = 1000
 TOXIC_COUNT_MAX = 64  # per proxy
 NAME_LENGTH_MAX = 1024  # characters of a proxy or toxic name
+API_CONNECTION_COUNT_MAX = 256  # open HTTP connections; more are closed at once
+REQUEST_BODY_BYTES_MAX = 1024 * 1024  # larger bodies are answered 413
+REQUEST_TIMEOUT_S = 25.0  # Toxiproxy's http.TimeoutHandler
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # Go's int64 (and int on 64-bit), the attributes' type
 
 

@@ -16,7 +16,6 @@ import sys
 import threading
 from typing import Any
 
-from mqmeta.chaos.toxiproxy.api import ApiServer
 from mqmeta.chaos.toxiproxy.collection import PopulateError, ProxyCollection
 from mqmeta.chaos.toxiproxy.datapath import resolve_address
 from mqmeta.chaos.toxiproxy.model import (
@@ -27,6 +26,8 @@ from mqmeta.chaos.toxiproxy.model import (
     format_address,
     split_address,
 )
+
+from mqmeta.extras import missing_package
 
 DEFAULT_LISTEN = "127.0.0.1:8474"
 CONFIG_BYTES_MAX = 16 * 1024 * 1024
@@ -135,6 +136,8 @@ class ToxiproxyServer:
     async def _main(self, ready: concurrent.futures.Future[None]) -> None:
         self._loop = asyncio.get_running_loop()
         self._stop_event = asyncio.Event()
+        from mqmeta.chaos.toxiproxy.api import ApiServer  # aiohttp: `mqmeta --help` runs without it
+
         collection = ProxyCollection(self._rng)
         api = ApiServer(collection)
         try:
@@ -192,6 +195,10 @@ def _load_config(path: str) -> list[Any]:
 def run_toxiproxy(args: argparse.Namespace) -> int:
     """Serves in the foreground until SIGINT or SIGTERM; 2 on a bad address or config.
     The first line on stdout names the API's address (the real port when asked for port 0)."""
+    missing = missing_package("chaos")
+    if missing is not None:
+        print(f"toxiproxy: the fault proxy needs {missing}: pip install 'mqmeta[chaos]'", file=sys.stderr)
+        return 2
     stopping = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stopping.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
     server: ToxiproxyServer | None = None

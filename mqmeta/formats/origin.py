@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from typing import NamedTuple
 
 from mqmeta.errors import InvalidArgument
-from mqmeta.validate import NAME_PATTERN
+from mqmeta.validate import NAME_PATTERN, REQUEST_INT_MAX
 
 PREFIX = "__ORIGIN_"
 CLUSTER = "__ORIGIN_CLUSTER"
@@ -41,7 +41,11 @@ KEY_PROPERTIES = (CLUSTER, BROKER, TOPIC, QUEUE, OFFSET)
 RMQ_BORN_MS = "__RMQ_BORN_MS"  # a RocketMQ 5 client's born time (mqmeta.rocketmq.BORN_MS)
 PATH_CLUSTERS_MAX = 16
 NO_PREVIOUS = -1
-OFFSET_MAX = 2**62
+# An origin offset is read from a message property that any producer can set, then summed
+# (the next offset, offset + 1) and sent in int64 fields: it is held to the bound of a value
+# from outside (mqmeta.validate.REQUEST_INT_MAX, 2**62, so a sum of two never overflows),
+# not to the formats' OFFSET_MAX.
+ORIGIN_OFFSET_MAX = REQUEST_INT_MAX
 
 
 class OriginKey(NamedTuple):
@@ -69,7 +73,7 @@ def _int(properties: Mapping[str, str], name: str, minimum: int) -> int:
         value = int(text)
     except ValueError:
         raise InvalidArgument(f"property {name}={text!r} is not a whole number") from None
-    if not minimum <= value <= OFFSET_MAX:
+    if not minimum <= value <= ORIGIN_OFFSET_MAX:
         raise InvalidArgument(f"property {name}={value} is out of range")
     return value
 

@@ -30,6 +30,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 
 from mqmeta.errors import CorruptData, InvalidArgument
+from mqmeta.formats import OFFSET_MAX
 from mqmeta.formats.checksum import CHECKSUM_PATTERN, object_checksum
 from mqmeta.formats.checksummed import dump_checksummed, loads_checksummed
 from mqmeta.formats.epochs import EPOCH_ENTRIES_MAX, EpochEntry
@@ -42,7 +43,6 @@ from mqmeta.formats.records import (
 )
 from mqmeta.validate import NAME_PATTERN  # cluster and broker names are safe key segments
 
-OFFSET_MAX = (1 << 63) - 1
 OBJECT_BYTES_MAX = 1 << 30  # one object; a segment is one commit-log read (64 MiB) in practice
 _UPLOAD_ID_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _SEGMENT_NAME = re.compile(r"(\d{20})-(\d{20})\.seg")
