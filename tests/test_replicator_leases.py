@@ -204,10 +204,10 @@ def test_status_counts_what_the_checkpoints_say_was_replicated():
     (task,) = tasks_of("r", 1)
     heartbeat(state, "w1", ["r"], [task], index=1)
     commit = {"type": "replicator_commit", "worker_id": "w1", "task": list(task), "epoch": 1}
-    assert apply(state, dict(commit, start_offset=100, rule_digest="d1"), 2)[0]["ok"]
-    assert apply(state, dict(commit, acked_offset=1_100, replicated=1_000), 3)[0]["ok"]
+    assert apply(state, command_from_json(dict(commit, start_offset=100, rule_digest="d1")), 2)[0]["ok"]
+    assert apply(state, command_from_json(dict(commit, acked_offset=1_100, replicated=1_000)), 3)[0]["ok"]
     # the task's thread restarted under the same lease: its count began again at zero
-    assert apply(state, dict(commit, acked_offset=1_600, replicated=500), 4)[0]["ok"]
+    assert apply(state, command_from_json(dict(commit, acked_offset=1_600, replicated=500)), 4)[0]["ok"]
     restarted = WorkerBeat(0, 4, 2500, running={task: 1}, stats={task: {"replicated": 500}})
     (rule,) = status(state, {"w1": restarted}.get)["rules"]
     assert rule["tasks"][0]["replicated"] == 1_500 and rule["replicated"] == 1_500, rule
