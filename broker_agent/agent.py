@@ -80,7 +80,7 @@ from mqmeta.errors import (
     NotMaster,
     Unavailable,
 )
-from mqmeta.formats.atomic import write_json_atomically
+from mqmeta.formats.atomic import make_directories, write_json_atomically
 from mqmeta.formats.records import MessageFields
 from mqmeta.pb import controller_pb2 as cpb
 from mqmeta.rpc import exit_at_once
@@ -189,7 +189,7 @@ class BrokerAgent:
 
     def __init__(self, config: BrokerConfig) -> None:
         config.validate()
-        config.data_dir.mkdir(parents=True, exist_ok=True)
+        make_directories(config.data_dir)
         Identity(config.data_dir).check_belongs(config.cluster, config.broker_name)
         self.config = config
         self.store = MessageStore(

@@ -44,7 +44,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from mqmeta.errors import CorruptData, FailedPrecondition, InvalidArgument
-from mqmeta.formats.atomic import fsync_dir
+from mqmeta.formats.atomic import fsync_dir, make_directories
 from mqmeta.formats.records import (
     PREFIX_BYTES,
     RECORD_BYTES_MIN,
@@ -182,7 +182,7 @@ class CommitLog:
         self._open: OrderedDict[int, _Segment] = OrderedDict()  # segments holding an fd
         self._closed = False
         self._truncations = 0  # a sync that overlapped a truncation does not move _durable
-        self.directory.mkdir(parents=True, exist_ok=True)
+        make_directories(self.directory, self.fsync)
         self._segments = self._recover()
         if self.fsync:  # what a killed process wrote may still be only in the page cache
             os.fdatasync(self._fd(self._segments[-1]))

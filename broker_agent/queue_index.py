@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from mqmeta.errors import CorruptData
-from mqmeta.formats.atomic import fsync_dir
+from mqmeta.formats.atomic import fsync_dir, make_directories
 from mqmeta.formats.records import TOPIC_PATTERN
 
 log = logging.getLogger(__name__)
@@ -100,7 +100,7 @@ class QueueFile:
         if not self.dirty:
             return False
         created = not self.path.exists()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        make_directories(self.path.parent, fsync)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             size = INDEX_ENTRY.size
@@ -243,7 +243,7 @@ class QueueIndex:
 
     def flush(self, fsync: bool) -> None:
         """Makes every queue file durable (the checkpoint that lists them comes after)."""
-        self.directory.mkdir(parents=True, exist_ok=True)
+        make_directories(self.directory, fsync)
         made_dirs: set[Path] = set()
         for queue in self.queues.values():
             if queue.flush(fsync):

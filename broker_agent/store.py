@@ -64,7 +64,7 @@ from mqmeta.broker_agent.origins import Incoming, OriginHead, OriginTable
 from mqmeta.broker_agent.queue_index import QueueIndex, QueueKey
 
 from mqmeta.errors import CorruptData, FailedPrecondition, FencedEpoch, InvalidArgument
-from mqmeta.formats.atomic import fsync_dir, write_atomically
+from mqmeta.formats.atomic import fsync_dir, make_directories, write_atomically
 from mqmeta.formats.checksummed import dump_checksummed, load_checksummed
 from mqmeta.formats.epochs import EpochFile, epoch_covering
 from mqmeta.formats.origin import MSG_ID, Origin, OriginKey, origin_of
@@ -130,7 +130,7 @@ class MessageStore:
             raise InvalidArgument(f"broker_name {broker_name!r} must be 1-{BROKER_NAME_BYTES_MAX} bytes")
         check_int("index_checkpoint_bytes", index_checkpoint_bytes, 1, 1 << 40)
         self.directory = Path(directory)
-        self.directory.mkdir(parents=True, exist_ok=True)
+        make_directories(self.directory, fsync)
         self.broker_name = broker_name
         self.fsync = fsync
         # group_commit: a put only writes; the caller makes it durable with sync() (the

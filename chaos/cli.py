@@ -1,4 +1,4 @@
-"""`mqmeta chaos toxiproxy | run | matrix` (flag names and defaults as OpenChaos's)."""
+"""`mqmeta chaos toxiproxy | faultfs | run | matrix` (flag names and defaults as OpenChaos's)."""
 
 from __future__ import annotations
 
@@ -40,6 +40,11 @@ def add_chaos_parsers(sub) -> None:
         chaos_sub.add_parser(
             "toxiproxy", help="serve the Toxiproxy HTTP API (a Toxiproxy-compatible fault proxy)"
         )
+    )
+    from mqmeta.chaos.faultfs.cli import add_faultfs_arguments
+
+    add_faultfs_arguments(
+        chaos_sub.add_parser("faultfs", help="a FUSE filesystem that loses unsynced writes on a power loss")
     )
     run = chaos_sub.add_parser("run", help="one run of a fault against a workload")
     run.add_argument("--fault", required=True, help="an OpenChaos fault name, or all-kill")
@@ -149,6 +154,10 @@ def run_chaos(
         from mqmeta.chaos.toxiproxy import run_toxiproxy
 
         return run_toxiproxy(args)
+    if args.chaos_command == "faultfs":
+        from mqmeta.chaos.faultfs.cli import run_faultfs
+
+        return run_faultfs(args)
     if args.chaos_command == "run":
         return _run_one(args, replication_audit)
     return _run_matrix(args, matrix_audit, matrix_audit_done, replication_audit)

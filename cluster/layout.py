@@ -8,6 +8,7 @@ Whoever runs the cluster holds its ports (a PortReservation) while its processes
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import sys
 from dataclasses import asdict, dataclass, field
@@ -16,7 +17,7 @@ from pathlib import Path
 from mqmeta.cluster.ports import PortReservation
 
 from mqmeta.errors import InvalidArgument
-from mqmeta.formats.atomic import write_json_atomically
+from mqmeta.formats.atomic import fsync_dir, make_directories, write_json_atomically
 
 DEFAULT_CLUSTER = "DefaultCluster"  # the brokers' --cluster default
 
@@ -29,6 +30,7 @@ class NodeLayout:
     data_dir: str  # relative to the cluster directory
     namesrv: str = ""  # embedded deployment: this node's nameserver address
     metrics: str = ""  # Prometheus text (HTTP); empty in layouts written before metrics
+    remoting: str = ""  # embedded: its nameserver's RocketMQ remoting address; empty = none
 
 
 @dataclass
@@ -38,6 +40,7 @@ class BrokerLayout:
     grpc: str
     data_dir: str  # relative to the cluster directory
     metrics: str = ""  # Prometheus text (HTTP); empty in layouts written before metrics
+    remoting: str = ""  # RocketMQ remoting address; empty in layouts written before it
 
 
 def broker_set_name(index: int) -> str:
@@ -51,6 +54,7 @@ class Layout:
     namesrv: list[str]
     brokers: list[BrokerLayout] = field(default_factory=list)
     namesrv_metrics: str = ""  # the standalone nameserver's metrics address
+    namesrv_remoting: str = ""  # the standalone nameserver's RocketMQ remoting address
     cluster: str = ""  # the brokers' cluster name ("": the default cluster)
     replicator_metrics: str = ""  # local up --replicate: its worker's metrics address
 
@@ -58,9 +62,11 @@ class Layout:
     def port_count(count: int, embedded: bool, broker_sets: int = 0, replicas: int = 0) -> int:
         """How many ports such a cluster listens on: gRPC and Raft per controller, a nameserver
         per controller (embedded) or one standalone, one per broker; then one metrics port
-        per process."""
+        per process; then a RocketMQ remoting port per nameserver and per broker."""
         processes = count + (0 if embedded else 1) + broker_sets * replicas
-        return count * (3 if embedded else 2) + (0 if embedded else 1) + broker_sets * replicas + processes
+        nameservers = count if embedded else 1
+        servers = count * (3 if embedded else 2) + (0 if embedded else 1) + broker_sets * replicas
+        return servers + processes + nameservers + broker_sets * replicas
 
     @staticmethod
     def create(count: int, embedded: bool, broker_sets: int, replicas: int, addresses: list[str]) -> Layout:
@@ -90,7 +96,12 @@ class Layout:
         for broker in brokers:
             broker.metrics = next(free)
         namesrv_metrics = "" if embedded else next(free)
-        return Layout(embedded, nodes, namesrv_addresses, brokers, namesrv_metrics)
+        for node in nodes if embedded else []:  # remoting ports after those: older layouts keep theirs
+            node.remoting = next(free)
+        namesrv_remoting = "" if embedded else next(free)
+        for broker in brokers:
+            broker.remoting = next(free)
+        return Layout(embedded, nodes, namesrv_addresses, brokers, namesrv_metrics, namesrv_remoting)
 
     def addresses(self) -> list[str]:
         """Every address a process of this cluster listens on (what its reservation holds)."""
@@ -99,7 +110,9 @@ class Layout:
         found += [b.grpc for b in self.brokers]
         metrics = [n.metrics for n in self.controllers] + [b.metrics for b in self.brokers]
         metrics += [self.namesrv_metrics, self.replicator_metrics]
-        return found + [a for a in metrics if a]
+        remoting = [n.remoting for n in self.controllers] + [self.namesrv_remoting]
+        remoting += [b.remoting for b in self.brokers]
+        return found + [a for a in metrics if a] + [a for a in remoting if a]
 
     def peer_flags(self) -> list[str]:
         flags = []
@@ -136,6 +149,7 @@ def load_or_create_layout(
             data["namesrv"],
             [BrokerLayout(**b) for b in data.get("brokers", [])],
             data.get("namesrv_metrics", ""),
+            data.get("namesrv_remoting", ""),
             data.get("cluster", cluster),
             data.get("replicator_metrics", ""),
         )
@@ -161,7 +175,7 @@ def load_or_create_layout(
     layout, ports = reserve_layout(count, embedded, broker_sets, replicas)
     layout.cluster = cluster
     try:
-        root.mkdir(parents=True, exist_ok=True)
+        make_directories(root)
         write_json_atomically(path, asdict(layout), indent=2)
     except BaseException:
         ports.release()
@@ -175,9 +189,16 @@ def save_layout(root: Path, layout: Layout) -> None:
 
 def ensure_secret(root: Path) -> Path:
     path = root / "secret"
-    if not path.exists():
-        path.write_text(secrets.token_urlsafe(32))
-        path.chmod(0o600)
+    if not path.exists():  # temp (0600) + fsync + rename + directory fsync: never empty
+        tmp = root / "secret.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.write(fd, secrets.token_urlsafe(32).encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+        fsync_dir(root)
     return path
 
 
@@ -198,7 +219,8 @@ def controller_command(root: Path, layout: Layout, node: NodeLayout) -> list[str
         *(["--metrics-listen", node.metrics] if node.metrics else []),
     ]
     if layout.embedded:
-        return [*base, "namesrv", "--listen", node.namesrv, "--embed-controller", *flags]
+        remoting = ["--remoting-listen", node.remoting] if node.remoting else []
+        return [*base, "namesrv", "--listen", node.namesrv, "--embed-controller", *remoting, *flags]
     return [*base, "controller", *flags]
 
 
@@ -219,6 +241,7 @@ def broker_command(root: Path, layout: Layout, broker: BrokerLayout) -> list[str
         "--tiered-store",
         str(tiered_dir(root)),
         *(["--metrics-listen", broker.metrics] if broker.metrics else []),
+        *(["--remoting-listen", broker.remoting] if broker.remoting else []),
     ]
 
 
@@ -238,4 +261,5 @@ def namesrv_command(layout: Layout) -> list[str]:
         "--controllers",
         layout.controller_addresses,
         *(["--metrics-listen", layout.namesrv_metrics] if layout.namesrv_metrics else []),
+        *(["--remoting-listen", layout.namesrv_remoting] if layout.namesrv_remoting else []),
     ]

@@ -33,6 +33,7 @@ from pysyncobj.journal import MemoryJournal
 
 from mqmeta.dialmap import dial
 from mqmeta.errors import DeadlineExceeded, InvalidArgument, MqmetaError, Unavailable
+from mqmeta.formats.atomic import make_directories
 from mqmeta.timing import PENDING_GRACE_MS, PROPOSAL_TIMEOUT_MS_DEFAULT, PROPOSAL_TIMEOUT_MS_MAX
 
 RAFT_STATE_LEADER = 2  # pysyncobj's _RAFT_STATE.LEADER, as onStateChanged reports it
@@ -168,7 +169,7 @@ class ControllerRaft(pysyncobj_compat.RaftFixes):
     ) -> None:
         settings.validate()
         install_pysyncobj_patches()
-        data_dir.mkdir(parents=True, exist_ok=True)
+        make_directories(data_dir)
         journal = data_dir / "raft.journal"
         reconcile_with_snapshot(journal, data_dir / "raft.snapshot")
         _JOURNAL_FSYNC[str(journal)] = settings.journal_fsync

@@ -162,9 +162,12 @@ class RunningNode:
             close()
 
 
-def start_controller(config: ControllerConfig, namesrv_address: str = "") -> RunningNode:
+def start_controller(
+    config: ControllerConfig, namesrv_address: str = "", remoting_address: str = ""
+) -> RunningNode:
     """A controller node on an AsyncServer (its Watch streams hold no thread); with
-    `namesrv_address`, its embedded nameserver on the same port or on one of its own."""
+    `namesrv_address`, its embedded nameserver on the same port or on one of its own, and
+    with `remoting_address` that nameserver's RocketMQ remoting listener."""
     config.validate()
     for address in dict.fromkeys([config.grpc, config.raft, namesrv_address]):
         if address:  # before the journal opens; pysyncobj would retry a taken Raft port forever
@@ -192,9 +195,24 @@ def start_controller(config: ControllerConfig, namesrv_address: str = "") -> Run
             server.stop(grace=0)
         core.close()
         raise
+    closers = []
+    if namesrv_address and remoting_address:
+        try:
+            closers.append(_remoting(remoting_address, _embedded_route(core)).stop)
+        except BaseException:
+            for server in servers:
+                server.stop(grace=0)
+            core.close()
+            raise
     metrics = controller_metrics(core)
     metrics.serve(config.metrics_listen)
-    return RunningNode(servers, core, None, metrics)
+    return RunningNode(servers, core, None, metrics, closers)
+
+
+def _remoting(address: str, route_of: Callable[[str], Any]):
+    from mqmeta.controller.namesrv_remoting import start_namesrv_remoting
+
+    return start_namesrv_remoting(address, route_of)
 
 
 def _started(server: AsyncServer) -> AsyncServer:
@@ -217,7 +235,9 @@ def _embedded_route(core: ControllerCore):
     return lambda topic: route_pb(core.topic_route(topic))
 
 
-def start_namesrv(address: str, controllers: list[str], metrics_listen: str = "") -> RunningNode:
+def start_namesrv(
+    address: str, controllers: list[str], metrics_listen: str = "", remoting_address: str = ""
+) -> RunningNode:
     """A standalone nameserver: routes from a watched copy of the metadata (RouteCache),
     the controller's barrier read when the copy cannot answer."""
     client = ControllerClient(controllers)
@@ -235,5 +255,13 @@ def start_namesrv(address: str, controllers: list[str], metrics_listen: str = ""
     add_health_and_reflection(server, [NAMESRV_SERVICE, messaging])
     server.start()
     cache.start()
+    closers = [cache.stop, cache.client.close]
+    if remoting_address:
+        try:
+            closers.insert(0, _remoting(remoting_address, route).stop)
+        except BaseException:
+            server.stop(grace=0)
+            cache.stop()
+            raise
     metrics.serve(metrics_listen)
-    return RunningNode([server], None, client, metrics, closers=[cache.stop, cache.client.close])
+    return RunningNode([server], None, client, metrics, closers=closers)

@@ -157,6 +157,14 @@ def build_parser() -> argparse.ArgumentParser:
     namesrv.add_argument(
         "--embed-controller", action="store_true", help="also run a controller node in this process"
     )
+    namesrv.add_argument(
+        "--remoting-listen",
+        nargs="?",
+        const="0.0.0.0:9876",
+        default="",
+        help="serve RocketMQ 4.x clients (the classic remoting protocol) on HOST:PORT "
+        "(RocketMQ's 0.0.0.0:9876 when the flag has no value)",
+    )
     _add_node_flags(namesrv, required=False)
     accept_config_file(namesrv, tables=("raft_settings",))
 
@@ -332,6 +340,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         from mqmeta.controller.admin_cli import run_admin
 
         return run_admin(args)
+    if args.command == "chaos" and args.chaos_command == "faultfs":
+        from mqmeta.chaos.faultfs.cli import run_faultfs  # needs no Spark session
+
+        return run_faultfs(args)
     if args.command == "chaos":
         require_extra("chaos", "the chaos suite")
         from mqmeta.chaos.cli import run_chaos

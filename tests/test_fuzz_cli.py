@@ -10,7 +10,7 @@ answered" (exit 2) and nothing is changed anywhere; what a live controller answe
 bad requests is tests/test_fuzz_services.py's part.
 
 Numbers of the server and data commands (broker, produce, consume, local up, chaos run and
-matrix; controller, namesrv and replicator have none on the command line): every numeric flag
+matrix, chaos faultfs; controller, namesrv and replicator have none on the command line): every numeric flag
 has a range (a bare int or float flag fails the walk); each out of its range (negative, zero
 where meaningless, huge, nan, inf, not a number) is exit 2 with one line naming the flag and
 the range, and the range's ends are taken; drawn combinations reach the command exactly when
@@ -198,6 +198,9 @@ SERVER_COMMANDS: dict[str, list[str]] = {
     "local up": [],
     "chaos run": ["--fault", "noop"],
     "chaos matrix": ["--faults", "noop"],
+    "chaos faultfs lose-power": ["/nonexistent"],
+    "chaos faultfs delay": ["/nonexistent"],
+    "chaos faultfs fail-fsync": ["/nonexistent"],
 }
 NUMBERS_BAD = ["nan", "inf", "-inf", "1e400", "99999999999999999999999", "-1", "abc", "", "0x10", "1e3"]
 

@@ -43,7 +43,7 @@ STOP_WITHIN_S = 3.0  # after Ctrl-C, each child on its own (the launcher kills o
 def up(tmp_path_factory):
     """(the launcher, its data dir); the last test stops it, else the teardown does."""
     data_dir = tmp_path_factory.mktemp("local-up") / "local"
-    proc, _ = start_local_up(data_dir, *FLAGS, new_session=True, timeout_s=90)
+    proc, _ = start_local_up(data_dir, *FLAGS, timeout_s=90)
     try:
         yield proc, data_dir
     finally:

@@ -17,6 +17,24 @@ def fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+def make_directories(directory: Path, fsync: bool = True) -> None:
+    """mkdir -p whose new entries survive a power loss: each directory it creates is
+    made durable in its parent by a directory fsync (a fresh data dir whose parent was
+    never fsynced is gone after the cut, with everything fsynced inside it)."""
+    missing = []
+    parent = Path(directory)
+    while not parent.is_dir():
+        missing.append(parent)
+        parent = parent.parent
+    for path in reversed(missing):
+        try:
+            path.mkdir()
+        except FileExistsError:
+            continue  # made meanwhile by another process or thread
+        if fsync:
+            fsync_dir(path.parent)
+
+
 def write_atomically(path: Path, data: bytes, fsync: bool = True) -> None:
     """temp + fsync + rename + directory fsync: the old file stays whole until the new
     one is durable. `fsync=False` keeps the atomic rename but not the durability (tests,
