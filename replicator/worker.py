@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 
 TASKS_MAX = 4096  # threads one worker runs
 STOP_JOIN_S = 15.0  # how long a stopping worker waits for a task's in-flight sends
+STOP_NOW_JOIN_S = 0.5  # the same, stopped at once (SIGINT)
 
 
 def add_replicator_parser(sub: Any) -> None:
@@ -146,8 +147,13 @@ class Worker:
             task.stop.set()
         with self._lock:
             threads = list(self._threads.values())
+        # At once (SIGINT): a task blocked in a call (retried for up to its deadline while the
+        # sites stop too) is not waited for; a worker killed at any instant resumes exactly
+        # once from the target's head, so nothing is lost by leaving it.
+        join_s = STOP_JOIN_S if self.graceful else STOP_NOW_JOIN_S
+        deadline = time.monotonic() + join_s
         for thread in threads:
-            thread.join(timeout=STOP_JOIN_S)
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
         if self.keeper is not None:
             if keeper_thread is not None:
                 keeper_thread.join(timeout=STOP_JOIN_S)
