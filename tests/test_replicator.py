@@ -1,7 +1,7 @@
 """Cross-cluster replication with real processes: two clusters (a, b) and `mqmeta replicator`
 workers between them.
 
-Properties checked (X1, X2 of DESIGN.md):
+Properties checked (X1, X2 of docs/design/properties.md):
 - a -> b: every source message a rule matches is stored exactly once at the target, with
   equal body, tags, keys, user properties and message id, its origin (cluster, broker
   set, topic, queue, offset) and path as properties, in per-queue origin order; a
