@@ -24,7 +24,14 @@ from mqmeta.formats.records import MessageFields
 from mqmeta.pb import broker_pb2 as bpb
 from mqmeta.pb import broker_pb2_grpc as bpb_grpc
 from mqmeta.remoting.server import listen_address
-from mqmeta.rpc import add_health_and_reflection, build_server, rpc, serve_until_signal
+from mqmeta.rpc import (
+    STOP_GRACE_S,
+    STOP_NOW_GRACE_S,
+    add_health_and_reflection,
+    build_server,
+    rpc,
+    serve_until_signal,
+)
 from mqmeta.validate import (
     QUEUE_ID_MAX,
     REQUEST_INT_MAX,
@@ -428,16 +435,19 @@ def run_broker(args: argparse.Namespace) -> int:
     metrics.serve(args.metrics_listen)
 
     class _Node:
-        def stop(self) -> None:
+        def stop(self, graceful: bool = True) -> None:
             # SIGTERM: hand off (a master) or leave the SyncStateSet (a slave) while the
-            # server still answers the slaves' fetches, then stop serving.
-            agent.depart()
-            server.stop(grace=1).wait()
+            # server still answers the slaves' fetches, then stop serving. SIGINT (Ctrl-C,
+            # `local up` stopping the whole cluster): the slaves are stopping too, so a
+            # handoff could only wait for them; the controllers' failover takes over.
+            if graceful:
+                agent.depart()
+            server.stop(grace=STOP_GRACE_S if graceful else STOP_NOW_GRACE_S).wait()
             if remoting is not None:
                 remoting.stop()
             rmq.stop()
             agent.stop()
             metrics.stop()
 
-    serve_until_signal(_Node())  # type: ignore[arg-type]
+    serve_until_signal(_Node())
     return 0

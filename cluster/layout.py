@@ -19,6 +19,8 @@ from mqmeta.cluster.ports import PortReservation
 from mqmeta.errors import InvalidArgument
 from mqmeta.formats.atomic import fsync_dir, make_directories, write_json_atomically
 
+DEFAULT_CLUSTER = "DefaultCluster"  # the brokers' --cluster default
+
 
 @dataclass
 class NodeLayout:
@@ -53,6 +55,8 @@ class Layout:
     brokers: list[BrokerLayout] = field(default_factory=list)
     namesrv_metrics: str = ""  # the standalone nameserver's metrics address
     namesrv_remoting: str = ""  # the standalone nameserver's RocketMQ remoting address
+    cluster: str = ""  # the brokers' cluster name ("": the default cluster)
+    replicator_metrics: str = ""  # local up --replicate: its worker's metrics address
 
     @staticmethod
     def port_count(count: int, embedded: bool, broker_sets: int = 0, replicas: int = 0) -> int:
@@ -105,7 +109,7 @@ class Layout:
         found += [a for a in self.namesrv if a not in found]
         found += [b.grpc for b in self.brokers]
         metrics = [n.metrics for n in self.controllers] + [b.metrics for b in self.brokers]
-        metrics.append(self.namesrv_metrics)
+        metrics += [self.namesrv_metrics, self.replicator_metrics]
         remoting = [n.remoting for n in self.controllers] + [self.namesrv_remoting]
         remoting += [b.remoting for b in self.brokers]
         return found + [a for a in metrics if a] + [a for a in remoting if a]
@@ -131,9 +135,11 @@ def reserve_layout(
 
 
 def load_or_create_layout(
-    root: Path, count: int, embedded: bool, broker_sets: int = 0, replicas: int = 0
+    root: Path, count: int, embedded: bool, broker_sets: int = 0, replicas: int = 0, cluster: str = ""
 ) -> tuple[Layout, PortReservation]:
-    """DIR/layout.json's cluster (created on first use), with its ports held for it."""
+    """DIR/layout.json's cluster (created on first use, with the brokers' cluster name),
+    with its ports held for it. A DIR whose brokers are of another cluster is refused
+    (InvalidArgument): its brokers would register under the wrong name."""
     path = root / "layout.json"
     if path.exists():
         data = json.loads(path.read_text())
@@ -144,7 +150,17 @@ def load_or_create_layout(
             [BrokerLayout(**b) for b in data.get("brokers", [])],
             data.get("namesrv_metrics", ""),
             data.get("namesrv_remoting", ""),
+            data.get("cluster", cluster),
+            data.get("replicator_metrics", ""),
         )
+        if layout.cluster != cluster:
+            raise InvalidArgument(
+                f"{root} holds the brokers of cluster {layout.cluster or DEFAULT_CLUSTER}, not of "
+                f"cluster {cluster or DEFAULT_CLUSTER}: start it as it was first started, or use "
+                "another --data-dir"
+            )
+        if "cluster" not in data:  # written before layouts named their cluster
+            save_layout(root, layout)
         if (
             len(layout.controllers) != count
             or layout.embedded != embedded
@@ -157,6 +173,7 @@ def load_or_create_layout(
             )
         return layout, PortReservation.hold(layout.addresses())
     layout, ports = reserve_layout(count, embedded, broker_sets, replicas)
+    layout.cluster = cluster
     try:
         make_directories(root)
         write_json_atomically(path, asdict(layout), indent=2)
@@ -164,6 +181,10 @@ def load_or_create_layout(
         ports.release()
         raise
     return layout, ports
+
+
+def save_layout(root: Path, layout: Layout) -> None:
+    write_json_atomically(root / "layout.json", asdict(layout), indent=2)
 
 
 def ensure_secret(root: Path) -> Path:

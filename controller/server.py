@@ -23,6 +23,8 @@ from mqmeta.errors import InvalidArgument
 from mqmeta.metrics import Metrics
 from mqmeta.pb import controller_pb2, controller_pb2_grpc, namesrv_pb2, namesrv_pb2_grpc
 from mqmeta.rpc import (
+    STOP_GRACE_S,
+    STOP_NOW_GRACE_S,
     AsyncServer,
     add_health_and_reflection,
     add_health_and_reflection_async,
@@ -142,11 +144,14 @@ class RunningNode:
         self.metrics = metrics
         self.closers = closers or []
 
-    def stop(self) -> None:
-        if self.core is not None:  # while still serving: calls in flight are redirected
+    def stop(self, graceful: bool = True) -> None:
+        """graceful: a leader first hands over (while still serving: calls in flight are
+        redirected) and calls in flight get STOP_GRACE_S to finish; else (the whole cluster
+        stopping) neither waits."""
+        if self.core is not None and graceful:
             self.core.step_down()
         for server in self.servers:
-            server.stop(grace=1).wait()
+            server.stop(grace=STOP_GRACE_S if graceful else STOP_NOW_GRACE_S).wait()
         if self.core is not None:
             self.core.close()
         if self.client is not None:

@@ -128,6 +128,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
 def _describe(sub: argparse._SubParsersAction) -> None:
     """The texts of COMMANDS on each command's line of `mqmeta --help` and atop its own."""
     assert set(sub.choices) == set(COMMANDS), set(sub.choices) ^ set(COMMANDS)
+    listed = {line.dest for line in sub._choices_actions}
+    assert listed == set(COMMANDS), f"commands without a line in --help: {set(COMMANDS) - listed}"
     for line in sub._choices_actions:
         line.help, sub.choices[line.dest].description = COMMANDS[line.dest]
 
