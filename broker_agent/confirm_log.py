@@ -13,8 +13,11 @@ writes a line when its confirm offset advances (coalesced to one line per
 `master_interval_ms`) and always before a tiered upload starts, so every uploaded
 end offset is covered by a line written earlier; a slave writes the confirm offset
 its master told it at most every `slave_interval_ms`. Lines go straight to the page
-cache with one write() each: a kill -9 loses nothing written, a torn final line is
-possible only on power loss and the audit skips it.
+cache with one write() each: a kill -9 loses nothing written. A forced line (a new
+master's first, the one before a tiered upload) is fdatasynced too: the upload itself
+is durable, so the line that covers it must survive a power loss as well (T1 found its
+absence after a power loss). A power loss can leave a torn final line: opening the log
+cuts it, so the next line starts on a line of its own (B1 read a glued one as corrupt).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ class ConfirmLog:
     def __init__(self, path: Path, broker_name: str) -> None:
         self.path = path
         self.broker_name = broker_name
+        _cut_torn_tail(path)
         self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         self._size = os.fstat(self._fd).st_size
         self._last_key: tuple[Any, ...] | None = None
@@ -82,6 +86,8 @@ class ConfirmLog:
         if self._size + len(line) > FILE_BYTES_MAX:
             return
         os.write(self._fd, line)
+        if force:
+            os.fdatasync(self._fd)
         self._size += len(line)
         self._last_write_ms = now_ms
 
@@ -91,6 +97,31 @@ class ConfirmLog:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+
+
+def _cut_torn_tail(path: Path) -> None:
+    """Truncates an unterminated final line (a power loss's torn write), durably."""
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except FileNotFoundError:
+        return
+    try:
+        size = os.fstat(fd).st_size
+        if size == 0 or os.pread(fd, 1, size - 1) == b"\n":
+            return
+        keep, block = 0, 1 << 16
+        end = size
+        while end > 0:  # the last newline, read backwards block by block
+            start = max(0, end - block)
+            found = os.pread(fd, end - start, start).rfind(b"\n")
+            if found >= 0:
+                keep = start + found + 1
+                break
+            end = start
+        os.ftruncate(fd, keep)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def read_confirm_log(path: Path) -> list[dict[str, Any]]:

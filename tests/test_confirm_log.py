@@ -52,3 +52,19 @@ def test_notes_after_close_write_nothing(tmp_path):
     other.close()
     assert [r["confirm_offset"] for r in read_confirm_log(path)] == [100]
     assert (tmp_path / "other").read_bytes() == b""
+
+
+def test_reopening_after_a_torn_final_line_cuts_it_so_new_lines_stay_whole(tmp_path):
+    """A power loss can tear the last line; the broker restarts and appends: the new line
+    must not be glued onto the torn one (the audit would read a corrupt line)."""
+    path = tmp_path / "confirm.log"
+    log = ConfirmLog(path, "broker-a")
+    log.note(1000, 1, "MASTER", 2, 100, 150, {}, force=True)
+    log.close()
+    whole = path.read_bytes()
+    path.write_bytes(whole + b'{"acked":{"2":9298},"broker_id":1,"max')
+    log = ConfirmLog(path, "broker-a")
+    log.note(2000, 1, "SLAVE", 3, 200, 250, {}, force=True)
+    log.close()
+    assert path.read_bytes().startswith(whole)
+    assert [r["confirm_offset"] for r in read_confirm_log(path)] == [100, 200]
