@@ -26,11 +26,12 @@ import os
 from pathlib import Path
 from typing import Any
 
-from mqmeta.formats.jsonlines import format_line, parse_line, split_lines
+from mqmeta.formats.jsonlines import format_line, parse_line, split_lines, unwritten_from
 
 MASTER_INTERVAL_MS = 50
 SLAVE_INTERVAL_MS = 500
 FILE_BYTES_MAX = 256 << 20  # past this the log stops growing (the audit then sees less)
+TAIL_SCAN_BYTES = 1 << 20  # where a power loss's unwritten pages are looked for
 
 
 class ConfirmLog:
@@ -100,17 +101,23 @@ class ConfirmLog:
 
 
 def _cut_torn_tail(path: Path) -> None:
-    """Truncates an unterminated final line (a power loss's torn write), durably."""
+    """Truncates an unterminated final line (a power loss's torn write), and before it
+    everything from a never-written (zero) page on, durably."""
     try:
         fd = os.open(path, os.O_RDWR)
     except FileNotFoundError:
         return
     try:
         size = os.fstat(fd).st_size
-        if size == 0 or os.pread(fd, 1, size - 1) == b"\n":
+        start = max(0, size - TAIL_SCAN_BYTES)
+        hole = unwritten_from(os.pread(fd, size - start, start))
+        end = size if hole < 0 else start + hole
+        if end == 0 or os.pread(fd, 1, end - 1) == b"\n":
+            if end != size:
+                os.ftruncate(fd, end)
+                os.fsync(fd)
             return
         keep, block = 0, 1 << 16
-        end = size
         while end > 0:  # the last newline, read backwards block by block
             start = max(0, end - block)
             found = os.pread(fd, end - start, start).rfind(b"\n")
