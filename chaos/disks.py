@@ -14,12 +14,13 @@ import logging
 import os
 from pathlib import Path
 
+from mqmeta.chaos.failover import DISK_FAULTS
 from mqmeta.chaos.faultfs import FaultFs
 from mqmeta.cluster.harness import Cluster
 
 log = logging.getLogger(__name__)
 
-DISK_FAULTS = ("power-loss-node", "power-loss-all", "slow-disk", "fsync-eio")
+__all__ = ["DISK_FAULTS", "NodeDisks"]
 
 
 class NodeDisks:
