@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 import threading
 import time
 import uuid
@@ -82,6 +83,7 @@ from mqmeta.errors import (
 from mqmeta.formats.atomic import make_directories, write_json_atomically
 from mqmeta.formats.records import MessageFields
 from mqmeta.pb import controller_pb2 as cpb
+from mqmeta.rpc import exit_at_once
 from mqmeta.timing import BROKER_HEARTBEAT_INTERVAL_MS_DEFAULT, LEASE_MS_DEFAULT
 
 log = logging.getLogger(__name__)
@@ -97,6 +99,8 @@ HANDOFF_POLL_INTERVAL_S = 0.01  # acks wake the drain loop; this bounds a missed
 ACK_POLL_INTERVAL_S = 0.1  # _wake_writers wakes a waiting writer; this bounds a missed wake-up
 LEAVE_TIMEOUT_MS = 2000
 LEAVE_REFRESH_INTERVAL_S = 0.25
+BROKER_ID_INVALID = "BROKER_ID_INVALID"  # the controllers hold this broker id for another broker
+EXIT_BAD_INPUT = 2
 
 
 @dataclass
@@ -156,6 +160,25 @@ class Identity:
         write_json_atomically(self.path, identity)
         self.tmp_path.unlink(missing_ok=True)
 
+    def check_belongs(self, cluster: str, broker_name: str) -> None:
+        """A data dir knows its broker (identity.json, from its first registration): started
+        as a broker of another cluster or broker set, it is refused at once (InvalidArgument:
+        one sentence, exit 2). Registered there it would be refused its broker id forever,
+        or, under a free id, join a broker set whose data it does not hold."""
+        if not self.path.exists():
+            return
+        try:
+            identity = json.loads(self.path.read_text())
+        except (OSError, ValueError) as error:
+            raise InvalidArgument(f"cannot read {self.path}: {error}") from None
+        recorded = (identity.get("cluster", cluster), identity.get("broker_name", broker_name))
+        if recorded != (cluster, broker_name):
+            raise InvalidArgument(
+                f"{self.path.parent} holds broker {identity.get('broker_id')} of cluster {recorded[0]}, "
+                f"broker set {recorded[1]} (its identity.json), not of cluster {cluster}, broker set "
+                f"{broker_name}: give its --cluster and --broker-name, or another --data-dir"
+            )
+
 
 class BrokerAgent:
     """The shell around the pure core (core.py): threads, the lock, the store, the
@@ -167,6 +190,7 @@ class BrokerAgent:
     def __init__(self, config: BrokerConfig) -> None:
         config.validate()
         make_directories(config.data_dir)
+        Identity(config.data_dir).check_belongs(config.cluster, config.broker_name)
         self.config = config
         self.store = MessageStore(
             config.data_dir / "store",
@@ -357,7 +381,7 @@ class BrokerAgent:
                 election_priority=self.config.election_priority,
             ),
         )
-        if identity.get("broker_id") != reply.broker_id:
+        if identity.get("broker_id") != reply.broker_id or "cluster" not in identity:
             identity = dict(
                 identity,
                 broker_id=reply.broker_id,
@@ -399,9 +423,20 @@ class BrokerAgent:
             except NotFound:
                 registered = False  # cleaned from the metadata: register again
             except MqmetaError as exc:
+                if exc.code == BROKER_ID_INVALID and not registered:
+                    self._refused(exc)
                 log.info("controller: %s", exc)
             self._wake.wait(min(0.05, self.heartbeat_interval_ms / 4000))
             self._wake.clear()
+
+    def _refused(self, error: MqmetaError) -> None:
+        """The controllers hold this data dir's broker id for another broker (its check code
+        differs): a data dir of another cluster whose name is the same. No retry can change
+        that; the process ends with one sentence (exit 2) rather than retrying forever."""
+        message = f"the controllers refuse the broker in {self.config.data_dir}: {error.message}"
+        log.error("%s", message)
+        print(f"mqmeta: error: {message}", file=sys.stderr, flush=True)
+        exit_at_once(EXIT_BAD_INPUT)
 
     def _send_report(self) -> None:
         """A slave's fetch found its master unreachable: ask the controller to elect. It

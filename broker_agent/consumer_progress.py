@@ -19,8 +19,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from mqmeta.errors import CorruptData, FailedPrecondition, InvalidArgument
+from mqmeta.formats import OFFSET_MAX
 from mqmeta.formats.records import QUEUE_ID_MAX, TOPIC_PATTERN, Message, StoredRecord, validate_topic
-from mqmeta.formats.tiered import OFFSET_MAX
 
 CONSUMER_OFFSET_TOPIC = "%CONSUMER_OFFSET%"
 CONSUMER_OFFSET_KEYS_MAX = 1 << 20

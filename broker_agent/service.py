@@ -23,7 +23,15 @@ from mqmeta.formats.origin import OriginKey
 from mqmeta.formats.records import MessageFields
 from mqmeta.pb import broker_pb2 as bpb
 from mqmeta.pb import broker_pb2_grpc as bpb_grpc
-from mqmeta.rpc import add_health_and_reflection, build_server, rpc, serve_until_signal
+from mqmeta.remoting.server import listen_address
+from mqmeta.rpc import (
+    STOP_GRACE_S,
+    STOP_NOW_GRACE_S,
+    add_health_and_reflection,
+    build_server,
+    rpc,
+    serve_until_signal,
+)
 from mqmeta.validate import (
     QUEUE_ID_MAX,
     REQUEST_INT_MAX,
@@ -277,6 +285,7 @@ def ha_status(agent: BrokerAgent) -> bpb.HaStatus:
             slaves=slaves,
             lease_valid=core.lease_valid(now),
             writable=core.writable(now),
+            remoting_address=agent.config.extra.get("remoting", ""),
         )
 
 
@@ -331,6 +340,11 @@ def add_broker_parser(sub) -> None:
         "--metrics-listen", default="", help="serve Prometheus metrics over HTTP on HOST:PORT"
     )
     broker.add_argument(
+        "--remoting-listen",
+        default="",
+        help="serve RocketMQ 4.x clients (the classic remoting protocol) on HOST:PORT",
+    )
+    broker.add_argument(
         "--tiered-store", default="", help="tiered storage location: a directory or an fsspec URL"
     )
     broker.add_argument(
@@ -373,6 +387,8 @@ def run_broker(args: argparse.Namespace) -> int:
         tiered_upload_interval_ms=args.tiered_upload_interval_ms,
         local_retention_bytes=args.local_retention_bytes,
     )
+    if listen_address(args):
+        config.extra["remoting"] = listen_address(args)
     if config.tiered_url:
         from mqmeta.broker_agent.tiered import TieredConfig
 
@@ -411,17 +427,27 @@ def run_broker(args: argparse.Namespace) -> int:
     server.start()
     agent.start()
     rmq.start()
+    remoting = None
+    if config.extra.get("remoting"):
+        from mqmeta.broker_agent.remoting import start_remoting
+
+        remoting = start_remoting(agent, rmq, config.extra["remoting"])
     metrics.serve(args.metrics_listen)
 
     class _Node:
-        def stop(self) -> None:
+        def stop(self, graceful: bool = True) -> None:
             # SIGTERM: hand off (a master) or leave the SyncStateSet (a slave) while the
-            # server still answers the slaves' fetches, then stop serving.
-            agent.depart()
-            server.stop(grace=1).wait()
+            # server still answers the slaves' fetches, then stop serving. SIGINT (Ctrl-C,
+            # `local up` stopping the whole cluster): the slaves are stopping too, so a
+            # handoff could only wait for them; the controllers' failover takes over.
+            if graceful:
+                agent.depart()
+            server.stop(grace=STOP_GRACE_S if graceful else STOP_NOW_GRACE_S).wait()
+            if remoting is not None:
+                remoting.stop()
             rmq.stop()
             agent.stop()
             metrics.stop()
 
-    serve_until_signal(_Node())  # type: ignore[arg-type]
+    serve_until_signal(_Node())
     return 0

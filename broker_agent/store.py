@@ -64,6 +64,7 @@ from mqmeta.broker_agent.origins import Incoming, OriginHead, OriginTable
 from mqmeta.broker_agent.queue_index import QueueIndex, QueueKey
 
 from mqmeta.errors import CorruptData, FailedPrecondition, FencedEpoch, InvalidArgument
+from mqmeta.formats import OFFSET_MAX
 from mqmeta.formats.atomic import fsync_dir, make_directories, write_atomically
 from mqmeta.formats.checksummed import dump_checksummed, load_checksummed
 from mqmeta.formats.epochs import EpochFile, epoch_covering
@@ -97,7 +98,6 @@ QUEUES_MAX = 1 << 20
 INDEX_CHECKPOINT_BYTES_DEFAULT = 16 << 20
 SCAN_READ_BYTES = 4 << 20
 BROKER_NAME_BYTES_MAX = 255
-OFFSET_MAX = (1 << 63) - 1
 COPY_SEARCH_RECORDS_MAX = 16384  # how far back a resend's original copy is looked for
 
 

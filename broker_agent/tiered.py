@@ -1,6 +1,6 @@
 """The tiered uploader: the master copies confirmed commit-log ranges to the tiered store.
 
-Rules (REFERENCE.md section 2; RocketMQ never finished this, Kafka KIP-405 is the model):
+Rules (docs/tiered.md; RocketMQ never finished this, Kafka KIP-405 is the model):
 - only the current master uploads, and only bytes below its confirm offset (T1); a
   stalled slave stalls the confirm offset and so the upload;
 - uploads are batched by size (`upload_bytes`) and by age (`upload_interval_ms`);

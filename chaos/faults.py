@@ -1,4 +1,4 @@
-"""The OpenChaos fault set (REFERENCE.md section 3), plus all-kill, on controllers and/or brokers.
+"""The OpenChaos fault set (docs/chaos.md, Faults), plus all-kill, on controllers and/or brokers.
 
 minor = floor(n/2) nodes, major = a majority, random = one node, fixed = the first node,
 leader = the controller leader (controllers), the broker set's master (brokers), or both

@@ -19,6 +19,8 @@ from mqmeta.cluster.ports import PortReservation
 from mqmeta.errors import InvalidArgument
 from mqmeta.formats.atomic import fsync_dir, make_directories, write_json_atomically
 
+DEFAULT_CLUSTER = "DefaultCluster"  # the brokers' --cluster default
+
 
 @dataclass
 class NodeLayout:
@@ -28,6 +30,7 @@ class NodeLayout:
     data_dir: str  # relative to the cluster directory
     namesrv: str = ""  # embedded deployment: this node's nameserver address
     metrics: str = ""  # Prometheus text (HTTP); empty in layouts written before metrics
+    remoting: str = ""  # embedded: its nameserver's RocketMQ remoting address; empty = none
 
 
 @dataclass
@@ -37,6 +40,7 @@ class BrokerLayout:
     grpc: str
     data_dir: str  # relative to the cluster directory
     metrics: str = ""  # Prometheus text (HTTP); empty in layouts written before metrics
+    remoting: str = ""  # RocketMQ remoting address; empty in layouts written before it
 
 
 def broker_set_name(index: int) -> str:
@@ -50,14 +54,19 @@ class Layout:
     namesrv: list[str]
     brokers: list[BrokerLayout] = field(default_factory=list)
     namesrv_metrics: str = ""  # the standalone nameserver's metrics address
+    namesrv_remoting: str = ""  # the standalone nameserver's RocketMQ remoting address
+    cluster: str = ""  # the brokers' cluster name ("": the default cluster)
+    replicator_metrics: str = ""  # local up --replicate: its worker's metrics address
 
     @staticmethod
     def port_count(count: int, embedded: bool, broker_sets: int = 0, replicas: int = 0) -> int:
         """How many ports such a cluster listens on: gRPC and Raft per controller, a nameserver
         per controller (embedded) or one standalone, one per broker; then one metrics port
-        per process."""
+        per process; then a RocketMQ remoting port per nameserver and per broker."""
         processes = count + (0 if embedded else 1) + broker_sets * replicas
-        return count * (3 if embedded else 2) + (0 if embedded else 1) + broker_sets * replicas + processes
+        nameservers = count if embedded else 1
+        servers = count * (3 if embedded else 2) + (0 if embedded else 1) + broker_sets * replicas
+        return servers + processes + nameservers + broker_sets * replicas
 
     @staticmethod
     def create(count: int, embedded: bool, broker_sets: int, replicas: int, addresses: list[str]) -> Layout:
@@ -87,7 +96,12 @@ class Layout:
         for broker in brokers:
             broker.metrics = next(free)
         namesrv_metrics = "" if embedded else next(free)
-        return Layout(embedded, nodes, namesrv_addresses, brokers, namesrv_metrics)
+        for node in nodes if embedded else []:  # remoting ports after those: older layouts keep theirs
+            node.remoting = next(free)
+        namesrv_remoting = "" if embedded else next(free)
+        for broker in brokers:
+            broker.remoting = next(free)
+        return Layout(embedded, nodes, namesrv_addresses, brokers, namesrv_metrics, namesrv_remoting)
 
     def addresses(self) -> list[str]:
         """Every address a process of this cluster listens on (what its reservation holds)."""
@@ -95,8 +109,10 @@ class Layout:
         found += [a for a in self.namesrv if a not in found]
         found += [b.grpc for b in self.brokers]
         metrics = [n.metrics for n in self.controllers] + [b.metrics for b in self.brokers]
-        metrics.append(self.namesrv_metrics)
-        return found + [a for a in metrics if a]
+        metrics += [self.namesrv_metrics, self.replicator_metrics]
+        remoting = [n.remoting for n in self.controllers] + [self.namesrv_remoting]
+        remoting += [b.remoting for b in self.brokers]
+        return found + [a for a in metrics if a] + [a for a in remoting if a]
 
     def peer_flags(self) -> list[str]:
         flags = []
@@ -119,9 +135,11 @@ def reserve_layout(
 
 
 def load_or_create_layout(
-    root: Path, count: int, embedded: bool, broker_sets: int = 0, replicas: int = 0
+    root: Path, count: int, embedded: bool, broker_sets: int = 0, replicas: int = 0, cluster: str = ""
 ) -> tuple[Layout, PortReservation]:
-    """DIR/layout.json's cluster (created on first use), with its ports held for it."""
+    """DIR/layout.json's cluster (created on first use, with the brokers' cluster name),
+    with its ports held for it. A DIR whose brokers are of another cluster is refused
+    (InvalidArgument): its brokers would register under the wrong name."""
     path = root / "layout.json"
     if path.exists():
         data = json.loads(path.read_text())
@@ -131,7 +149,18 @@ def load_or_create_layout(
             data["namesrv"],
             [BrokerLayout(**b) for b in data.get("brokers", [])],
             data.get("namesrv_metrics", ""),
+            data.get("namesrv_remoting", ""),
+            data.get("cluster", cluster),
+            data.get("replicator_metrics", ""),
         )
+        if layout.cluster != cluster:
+            raise InvalidArgument(
+                f"{root} holds the brokers of cluster {layout.cluster or DEFAULT_CLUSTER}, not of "
+                f"cluster {cluster or DEFAULT_CLUSTER}: start it as it was first started, or use "
+                "another --data-dir"
+            )
+        if "cluster" not in data:  # written before layouts named their cluster
+            save_layout(root, layout)
         if (
             len(layout.controllers) != count
             or layout.embedded != embedded
@@ -144,6 +173,7 @@ def load_or_create_layout(
             )
         return layout, PortReservation.hold(layout.addresses())
     layout, ports = reserve_layout(count, embedded, broker_sets, replicas)
+    layout.cluster = cluster
     try:
         make_directories(root)
         write_json_atomically(path, asdict(layout), indent=2)
@@ -151,6 +181,10 @@ def load_or_create_layout(
         ports.release()
         raise
     return layout, ports
+
+
+def save_layout(root: Path, layout: Layout) -> None:
+    write_json_atomically(root / "layout.json", asdict(layout), indent=2)
 
 
 def ensure_secret(root: Path) -> Path:
@@ -185,7 +219,8 @@ def controller_command(root: Path, layout: Layout, node: NodeLayout) -> list[str
         *(["--metrics-listen", node.metrics] if node.metrics else []),
     ]
     if layout.embedded:
-        return [*base, "namesrv", "--listen", node.namesrv, "--embed-controller", *flags]
+        remoting = ["--remoting-listen", node.remoting] if node.remoting else []
+        return [*base, "namesrv", "--listen", node.namesrv, "--embed-controller", *remoting, *flags]
     return [*base, "controller", *flags]
 
 
@@ -206,6 +241,7 @@ def broker_command(root: Path, layout: Layout, broker: BrokerLayout) -> list[str
         "--tiered-store",
         str(tiered_dir(root)),
         *(["--metrics-listen", broker.metrics] if broker.metrics else []),
+        *(["--remoting-listen", broker.remoting] if broker.remoting else []),
     ]
 
 
@@ -225,4 +261,5 @@ def namesrv_command(layout: Layout) -> list[str]:
         "--controllers",
         layout.controller_addresses,
         *(["--metrics-listen", layout.namesrv_metrics] if layout.namesrv_metrics else []),
+        *(["--remoting-listen", layout.namesrv_remoting] if layout.namesrv_remoting else []),
     ]

@@ -17,9 +17,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
+import json
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,17 +35,20 @@ from mqmeta.cluster.layout import (
     ensure_secret,
     load_or_create_layout,
     namesrv_command,
+    save_layout,
     tiered_dir,
 )
+from mqmeta.cluster.ports import PortReservation
 from mqmeta.cluster.ready import wait_brokers_ready, wait_ready
-from mqmeta.cluster.supervisor import Supervisor
+from mqmeta.cluster.supervisor import NOT_RESTARTED, Supervisor
 
 from mqmeta import auth, tls
 from mqmeta.client import ControllerClient
-from mqmeta.context import export_lines
+from mqmeta.context import CLUSTER_FILE, STATE_RUNNING, STATE_STOPPED, export_lines
 from mqmeta.errors import InvalidArgument
 from mqmeta.formats.atomic import write_json_atomically
 from mqmeta.pb import controller_pb2 as pb
+from mqmeta.rpc import exit_at_once
 
 CONTROLLERS_MAX = 7
 CLUSTERS_MAX = 4
@@ -50,6 +56,7 @@ BROKER_SETS_MAX = 26  # broker sets are named a-z
 REPLICAS_MAX = 5
 CLUSTER_NAMES = "abcd"
 REPLICATOR_NAME = "replicator-1"
+SUPERVISE_INTERVAL_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -85,17 +92,45 @@ def local_up(args: argparse.Namespace) -> int:
         tls_flags += ("--token-file", str(tokens.admin_token))
     server_flags: tuple[str, ...] = ("--auth-file", str(tokens.auth_file)) if tokens else ()
     server_flags += ("--anonymous-reads",) if anonymous else ()
+    _check_cluster_count(root, clusters)
     with contextlib.ExitStack() as held:
         sites = []
         for i in range(clusters):
             site_root = root if i == 0 else root / f"cluster-{CLUSTER_NAMES[i]}"
+            name = CLUSTER_NAMES[i] if clusters > 1 else ""
             layout, ports = load_or_create_layout(
-                site_root, args.controllers, args.embedded, args.broker_sets, args.replicas
+                site_root, args.controllers, args.embedded, args.broker_sets, args.replicas, name
             )
             held.enter_context(ports)
-            name = CLUSTER_NAMES[i] if clusters > 1 else ""
+            if i == 0 and replicate:
+                held.enter_context(_replicator_metrics_port(site_root, layout))
             sites.append(_Site(name, site_root, layout, Supervisor(site_root), tls_flags, server_flags))
-        return _run(root, sites, replicate, certs, tokens, reads_need_credential=not anonymous)
+        status = _run(root, sites, replicate, certs, tokens, reads_need_credential=not anonymous)
+    exit_at_once(status)  # every child has ended: as they do, skip the slow finalization
+
+
+def _check_cluster_count(root: Path, clusters: int) -> None:
+    """A DIR first started with --clusters N keeps N clusters: started with another count,
+    its brokers would register under another cluster's name (DefaultCluster for one)."""
+    if not (root / "layout.json").exists():
+        return
+    found = 1 + sum(1 for name in CLUSTER_NAMES[1:] if (root / f"cluster-{name}" / "layout.json").exists())
+    if found != clusters:
+        raise InvalidArgument(
+            f"{root} holds {found} local cluster{'s' if found > 1 else ''} and --clusters is {clusters}: "
+            f"run `mqmeta local up --data-dir {root} --clusters {found}`, or use another --data-dir"
+        )
+
+
+def _replicator_metrics_port(root: Path, layout: Layout) -> PortReservation:
+    """The replicator's metrics port, chosen once and kept in DIR/layout.json (held by the
+    returned reservation while the cluster runs)."""
+    if layout.replicator_metrics:
+        return PortReservation.hold([layout.replicator_metrics])
+    ports = PortReservation.pick(1)
+    layout.replicator_metrics = ports.addresses[0]
+    save_layout(root, layout)
+    return ports
 
 
 def _setup_tls(root: Path, admin: bool) -> LocalCerts:
@@ -140,9 +175,11 @@ def _run(
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())
+    mark_stopped(root)  # a cluster.json left by a launcher that was killed names dead processes
+    document: dict[str, Any] = {}
     try:
         documents = [_start_site(site) for site in sites]
-        document = dict(documents[0])
+        document = {"state": STATE_RUNNING, **documents[0]}
         if len(sites) > 1:
             document["clusters"] = [{"name": s.name, **d} for s, d in zip(sites, documents, strict=True)]
         if replicate:
@@ -156,20 +193,36 @@ def _run(
                 "read_token_file": str(tokens.read_token),
                 "reads_need_credential": reads_need_credential,
             }
-        write_json_atomically(root / "cluster.json", document, indent=2)
+        write_json_atomically(root / CLUSTER_FILE, document, indent=2)
         for site in sites:
             print(
                 f"mqmeta local cluster {site.name + ' ' if site.name else ''}ready: controllers "
                 f"{site.layout.controller_addresses}; nameserver {','.join(site.layout.namesrv)}; "
-                f"see {root / 'cluster.json'}",
+                f"see {root / CLUSTER_FILE}",
                 flush=True,
             )
         print("\n".join(export_lines(document, root)), flush=True)
-        _supervise([s.supervisor for s in sites], stop)
+        _supervise(root, [s.supervisor for s in sites], document, stop)
     finally:
+        # SIGINT: every child stops at once (no broker hands off to a slave that is stopping too)
         for site in reversed(sites):
-            site.supervisor.stop_all()
+            site.supervisor.stop_all(signal.SIGINT)
+        mark_stopped(root)
     return 0
+
+
+def mark_stopped(root: Path) -> None:
+    """Rewrites DIR/cluster.json, if there is one, to say the cluster is stopped: "state"
+    "stopped" and every "pid" null (the processes it named are gone)."""
+    path = root / CLUSTER_FILE
+    try:
+        document = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return
+    if document.get("state") != STATE_STOPPED:
+        write_json_atomically(
+            path, _with_pids({**document, "state": STATE_STOPPED}, lambda pid: None), indent=2
+        )
 
 
 def _start_site(site: _Site) -> dict[str, Any]:
@@ -177,10 +230,14 @@ def _start_site(site: _Site) -> dict[str, Any]:
     root, layout, supervisor = site.root, site.layout, site.supervisor
     ensure_secret(root)
     flags = [*site.tls_flags, *site.server_flags]
+    # The remoting listeners check no credential and speak no TLS yet: a cluster with
+    # either runs without them (the processes would refuse the flag).
+    remoting = not flags
+    serves = (lambda command: command) if remoting else _without_remoting
     for node in layout.controllers:
-        supervisor.start(node.id, controller_command(root, layout, node) + flags)
+        supervisor.start(node.id, serves(controller_command(root, layout, node)) + flags)
     if not layout.embedded:
-        supervisor.start("namesrv", namesrv_command(layout) + flags)
+        supervisor.start("namesrv", serves(namesrv_command(layout)) + flags)
     started = list(supervisor.children)
 
     def check_running() -> None:  # a child that exits ends the wait at once, with its log
@@ -192,10 +249,10 @@ def _start_site(site: _Site) -> dict[str, Any]:
             client.update_config(pb.UpdateConfigRequest(values={"default_cluster": site.name}))
     cluster_flag = ["--cluster", site.name] if site.name else []
     for broker in layout.brokers:
-        supervisor.start(broker.name, broker_command(root, layout, broker) + cluster_flag + flags)
+        supervisor.start(broker.name, serves(broker_command(root, layout, broker)) + cluster_flag + flags)
         started.append(broker.name)
     statuses = wait_brokers_ready(layout.brokers, check_running=check_running) if layout.brokers else {}
-    document = cluster_document(root, layout, supervisor)
+    document = cluster_document(root, layout, supervisor, remoting)
     document["brokers"] = [
         {
             "cluster": statuses[b.name].cluster,
@@ -205,10 +262,18 @@ def _start_site(site: _Site) -> dict[str, Any]:
             "pid": supervisor.children[b.name].pid,
             "data_dir": str(root / b.data_dir),
             "metrics": b.metrics,
+            **({"remoting": b.remoting} if b.remoting and remoting else {}),
         }
         for b in layout.brokers
     ]
     return document
+
+
+def _without_remoting(command: list[str]) -> list[str]:
+    if "--remoting-listen" not in command:
+        return command
+    at = command.index("--remoting-listen")
+    return command[:at] + command[at + 2 :]
 
 
 def _start_replicator(root: Path, sites: list[_Site]) -> dict[str, Any]:
@@ -232,28 +297,53 @@ def _start_replicator(root: Path, sites: list[_Site]) -> dict[str, Any]:
         )
         + "\n"
     )
+    metrics = source.layout.replicator_metrics
     command = [sys.executable, "-m", "mqmeta.cli", "replicator", "--config", str(config)]
-    process = source.supervisor.start(REPLICATOR_NAME, [*command, "--worker-id", "w1", *source.tls_flags])
-    return {"pid": process.pid, "config": str(config), "metrics": None}
+    command += ["--worker-id", "w1", "--metrics-listen", metrics, *source.tls_flags]
+    process = source.supervisor.start(REPLICATOR_NAME, command)
+    return {"pid": process.pid, "config": str(config), "metrics": metrics}
 
 
-def _supervise(supervisors: list[Supervisor], stop: threading.Event) -> None:
-    reported: set[tuple[int, str]] = set()
-    while not stop.wait(0.5):
+def _supervise(
+    root: Path, supervisors: list[Supervisor], document: dict[str, Any], stop: threading.Event
+) -> None:
+    """Until `stop`: a child that exits is reported and started again (Supervisor.restart_exited:
+    after a bounded backoff; not one that was asked to stop or refused its flags); cluster.json then names
+    its new pid."""
+    while not stop.wait(SUPERVISE_INTERVAL_S):
+        restarted_all: dict[int, int] = {}
         for i, supervisor in enumerate(supervisors):
             where = f"cluster-{CLUSTER_NAMES[i]}/" if i else ""
-            for name in supervisor.dead():
-                if (i, name) not in reported:
-                    reported.add((i, name))
-                    print(
-                        f"mqmeta local: {name} exited with status "
-                        f"{supervisor.children[name].returncode}; see {where}logs/{name}.log",
-                        file=sys.stderr,
-                        flush=True,
-                    )
+            exited, restarted = supervisor.restart_exited()
+            restarted_all.update(restarted)
+            for name, code in exited:
+                again = "" if code in NOT_RESTARTED else "; starting it again"
+                print(
+                    f"mqmeta local: {name} exited with status {code}; see {where}logs/{name}.log{again}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+        if restarted_all and not stop.is_set():
+            document = _with_pids(document, functools.partial(_renamed, restarted_all))
+            write_json_atomically(root / CLUSTER_FILE, document, indent=2)
 
 
-def cluster_document(root: Path, layout: Layout, supervisor: Supervisor) -> dict[str, Any]:
+def _renamed(pids: dict[int, int], pid: Any) -> Any:
+    return pids.get(pid, pid)
+
+
+def _with_pids(value: Any, change: Callable[[Any], Any]) -> Any:
+    """`value` (cluster.json's document) with every "pid" replaced by change(pid)."""
+    if isinstance(value, dict):
+        return {k: change(v) if k == "pid" else _with_pids(v, change) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_with_pids(v, change) for v in value]
+    return value
+
+
+def cluster_document(
+    root: Path, layout: Layout, supervisor: Supervisor, remoting: bool = True
+) -> dict[str, Any]:
     controllers = [
         {
             "id": n.id,
@@ -267,7 +357,12 @@ def cluster_document(root: Path, layout: Layout, supervisor: Supervisor) -> dict
     ]
     if layout.embedded:
         namesrv = [
-            {"grpc": n.namesrv, "pid": supervisor.children[n.id].pid, "metrics": n.metrics}
+            {
+                "grpc": n.namesrv,
+                "pid": supervisor.children[n.id].pid,
+                "metrics": n.metrics,
+                **({"remoting": n.remoting} if n.remoting and remoting else {}),
+            }
             for n in layout.controllers
         ]  # one process: the controller's metrics
     else:
@@ -276,6 +371,7 @@ def cluster_document(root: Path, layout: Layout, supervisor: Supervisor) -> dict
                 "grpc": layout.namesrv[0],
                 "pid": supervisor.children["namesrv"].pid,
                 "metrics": layout.namesrv_metrics,
+                **({"remoting": layout.namesrv_remoting} if layout.namesrv_remoting and remoting else {}),
             }
         ]
     tiered = {"url": str(tiered_dir(root))} if layout.brokers else None

@@ -164,7 +164,6 @@ def _task_status(record: Json, beat_of: Callable) -> Json:
     beat = beat_of(record["worker"]) if record["worker"] else None
     if beat is not None and beat.running.get(leases.task_of(record)) == record["epoch"]:
         stats = beat.stats.get(leases.task_of(record), {})
-    live_replicated = record["replicated_base"] + stats.get("replicated", 0)
     return {
         "rule": rule,
         "topic": topic,
@@ -172,7 +171,7 @@ def _task_status(record: Json, beat_of: Callable) -> Json:
         "queue_id": queue_id,
         **view,
         "running": bool(stats),
-        "replicated": max(view["replicated"], live_replicated),
+        "replicated": replicated(record, stats),
         "replicated_bytes": stats.get("replicated_bytes", 0),
         "errors": stats.get("errors", 0),
         "lag_messages": stats.get("lag_messages", 0),
@@ -180,6 +179,25 @@ def _task_status(record: Json, beat_of: Callable) -> Json:
         "last_sync_ms": stats.get("last_sync_ms", 0),
         "messages_per_s": float(stats.get("messages_per_s", 0.0)),
     }
+
+
+def replicated(record: Json, stats: Json) -> int:
+    """What a task has replicated by its committed checkpoint: the source offsets from the
+    start the first lessee recorded to the one below which the target acknowledged every
+    copy (a message the rule's tags left out is counted with them). A count kept by the
+    workers went back to zero in every task thread that restarted under the same lease
+    (the commit keeps the larger of two counts), so it fell behind what the target held.
+    Before a start is recorded (a task resumed from copies made without leases), the
+    workers' counts."""
+    start, acked = record["start_offset"], record["acked_offset"]
+    if start != leases.NO_OFFSET and acked >= start:
+        return int(acked - start)
+    return int(
+        max(
+            record["replicated_base"] + record["replicated_epoch"],
+            record["replicated_base"] + stats.get("replicated", 0),
+        )
+    )
 
 
 def validate_heartbeat(request: Json) -> Json:

@@ -14,6 +14,7 @@ from mqmeta.controller.server import (
 )
 
 from mqmeta.errors import InvalidArgument
+from mqmeta.remoting.server import listen_address
 from mqmeta.rpc import serve_until_signal
 from mqmeta.validate import parse_addresses
 
@@ -57,10 +58,15 @@ def run_controller(args: argparse.Namespace) -> int:
 
 def run_namesrv(args: argparse.Namespace) -> int:
     parse_addresses(args.listen, "--listen address")
+    remoting = listen_address(args)
     if args.embed_controller:
-        node = start_controller(controller_config(args), namesrv_address=args.listen)
+        node = start_controller(
+            controller_config(args), namesrv_address=args.listen, remoting_address=remoting
+        )
     elif args.controllers:
-        node = start_namesrv(args.listen, parse_addresses(args.controllers), args.metrics_listen or "")
+        node = start_namesrv(
+            args.listen, parse_addresses(args.controllers), args.metrics_listen or "", remoting
+        )
     else:
         raise InvalidArgument("a nameserver needs --controllers ADDRS or --embed-controller")
     serve_until_signal(node)

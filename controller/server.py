@@ -23,6 +23,8 @@ from mqmeta.errors import InvalidArgument
 from mqmeta.metrics import Metrics
 from mqmeta.pb import controller_pb2, controller_pb2_grpc, namesrv_pb2, namesrv_pb2_grpc
 from mqmeta.rpc import (
+    STOP_GRACE_S,
+    STOP_NOW_GRACE_S,
     AsyncServer,
     add_health_and_reflection,
     add_health_and_reflection_async,
@@ -142,11 +144,14 @@ class RunningNode:
         self.metrics = metrics
         self.closers = closers or []
 
-    def stop(self) -> None:
-        if self.core is not None:  # while still serving: calls in flight are redirected
+    def stop(self, graceful: bool = True) -> None:
+        """graceful: a leader first hands over (while still serving: calls in flight are
+        redirected) and calls in flight get STOP_GRACE_S to finish; else (the whole cluster
+        stopping) neither waits."""
+        if self.core is not None and graceful:
             self.core.step_down()
         for server in self.servers:
-            server.stop(grace=1).wait()
+            server.stop(grace=STOP_GRACE_S if graceful else STOP_NOW_GRACE_S).wait()
         if self.core is not None:
             self.core.close()
         if self.client is not None:
@@ -157,9 +162,12 @@ class RunningNode:
             close()
 
 
-def start_controller(config: ControllerConfig, namesrv_address: str = "") -> RunningNode:
+def start_controller(
+    config: ControllerConfig, namesrv_address: str = "", remoting_address: str = ""
+) -> RunningNode:
     """A controller node on an AsyncServer (its Watch streams hold no thread); with
-    `namesrv_address`, its embedded nameserver on the same port or on one of its own."""
+    `namesrv_address`, its embedded nameserver on the same port or on one of its own, and
+    with `remoting_address` that nameserver's RocketMQ remoting listener."""
     config.validate()
     for address in dict.fromkeys([config.grpc, config.raft, namesrv_address]):
         if address:  # before the journal opens; pysyncobj would retry a taken Raft port forever
@@ -187,9 +195,24 @@ def start_controller(config: ControllerConfig, namesrv_address: str = "") -> Run
             server.stop(grace=0)
         core.close()
         raise
+    closers = []
+    if namesrv_address and remoting_address:
+        try:
+            closers.append(_remoting(remoting_address, _embedded_route(core)).stop)
+        except BaseException:
+            for server in servers:
+                server.stop(grace=0)
+            core.close()
+            raise
     metrics = controller_metrics(core)
     metrics.serve(config.metrics_listen)
-    return RunningNode(servers, core, None, metrics)
+    return RunningNode(servers, core, None, metrics, closers)
+
+
+def _remoting(address: str, route_of: Callable[[str], Any]):
+    from mqmeta.controller.namesrv_remoting import start_namesrv_remoting
+
+    return start_namesrv_remoting(address, route_of)
 
 
 def _started(server: AsyncServer) -> AsyncServer:
@@ -212,7 +235,9 @@ def _embedded_route(core: ControllerCore):
     return lambda topic: route_pb(core.topic_route(topic))
 
 
-def start_namesrv(address: str, controllers: list[str], metrics_listen: str = "") -> RunningNode:
+def start_namesrv(
+    address: str, controllers: list[str], metrics_listen: str = "", remoting_address: str = ""
+) -> RunningNode:
     """A standalone nameserver: routes from a watched copy of the metadata (RouteCache),
     the controller's barrier read when the copy cannot answer."""
     client = ControllerClient(controllers)
@@ -230,5 +255,13 @@ def start_namesrv(address: str, controllers: list[str], metrics_listen: str = ""
     add_health_and_reflection(server, [NAMESRV_SERVICE, messaging])
     server.start()
     cache.start()
+    closers = [cache.stop, cache.client.close]
+    if remoting_address:
+        try:
+            closers.insert(0, _remoting(remoting_address, route).stop)
+        except BaseException:
+            server.stop(grace=0)
+            cache.stop()
+            raise
     metrics.serve(metrics_listen)
-    return RunningNode([server], None, client, metrics, closers=[cache.stop, cache.client.close])
+    return RunningNode([server], None, client, metrics, closers=closers)

@@ -76,7 +76,8 @@ RETRY_MAX_TIMES_MAX = 64
 CONFIG_SCHEMA: dict[str, tuple[type, Any, int, int]] = {
     "enable_unclean_master_election": (bool, False, 0, 0),
     # Defaults chosen for failover within 1.5 s (kill) / 3 s (stop) on a loaded 2-core machine;
-    # the reasoning is in broker_agent/ha.py (the lease) and README-ops (the measurements).
+    # the reasoning is in broker_agent/ha.py (the lease) and docs/operate.md, "Fast failover with
+    # the default settings" (the measurements: docs/benchmarks.md).
     "broker_heartbeat_interval_ms": (int, BROKER_HEARTBEAT_INTERVAL_MS_DEFAULT, 50, 60_000),
     "broker_dead_after_ms": (int, BROKER_DEAD_AFTER_MS_DEFAULT, 200, 600_000),
     "lease_ms": (int, LEASE_MS_DEFAULT, 100, 600_000),

@@ -128,6 +128,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
 def _describe(sub: argparse._SubParsersAction) -> None:
     """The texts of COMMANDS on each command's line of `mqmeta --help` and atop its own."""
     assert set(sub.choices) == set(COMMANDS), set(sub.choices) ^ set(COMMANDS)
+    listed = {line.dest for line in sub._choices_actions}
+    assert listed == set(COMMANDS), f"commands without a line in --help: {set(COMMANDS) - listed}"
     for line in sub._choices_actions:
         line.help, sub.choices[line.dest].description = COMMANDS[line.dest]
 
@@ -156,6 +158,14 @@ def build_parser() -> argparse.ArgumentParser:
     namesrv.add_argument("--controllers", help="controller addresses (standalone nameserver)")
     namesrv.add_argument(
         "--embed-controller", action="store_true", help="also run a controller node in this process"
+    )
+    namesrv.add_argument(
+        "--remoting-listen",
+        nargs="?",
+        const="0.0.0.0:9876",
+        default="",
+        help="serve RocketMQ 4.x clients (the classic remoting protocol) on HOST:PORT "
+        "(RocketMQ's 0.0.0.0:9876 when the flag has no value)",
     )
     _add_node_flags(namesrv, required=False)
     accept_config_file(namesrv, tables=("raft_settings",))

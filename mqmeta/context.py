@@ -27,6 +27,9 @@ from mqmeta.errors import InvalidArgument
 ENV_CONTROLLERS = "MQMETA_CONTROLLERS"
 ENV_NAMESRV = "MQMETA_NAMESRV"
 CLUSTER_FILE = "cluster.json"
+# cluster.json's "state": "running", or "stopped" once `local up` has stopped (every pid null)
+STATE_RUNNING = "running"
+STATE_STOPPED = "stopped"
 CLUSTER_FILE_BYTES_MAX = 16 << 20  # a layout of many brokers is well under this
 
 
@@ -90,6 +93,11 @@ def read_cluster_file(directory: Path) -> dict[str, Any]:
         raise InvalidArgument(f"{path} is not JSON: not a file `mqmeta local up` wrote") from None
     if not isinstance(document, dict):
         raise InvalidArgument(f"{path} is not a JSON object: not a file `mqmeta local up` wrote")
+    if document.get("state") == STATE_STOPPED:
+        raise InvalidArgument(
+            f"--cluster-dir {directory}: the cluster there is stopped ({CLUSTER_FILE} says so); "
+            f"start it again with `mqmeta local up --data-dir {directory}`"
+        )
     return document
 
 

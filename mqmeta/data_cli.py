@@ -38,8 +38,11 @@ UNTIL_IDLE_S_MIN, UNTIL_IDLE_S_MAX = 0.01, 86_400.0  # a day of silence at most
 
 
 def add_data_parsers(sub) -> None:
+    # help: its line in `mqmeta --help` (argparse lists only parsers given one; mqmeta.cli
+    # fills every line's text from its COMMANDS table)
     produce = sub.add_parser(
         "produce",
+        help="",
         epilog="Messages are sent in batches, as Kafka's producer sends them: a send carries up to "
         "--batch messages, and with --rate a message waits at most --linger-ms for others to join "
         "its batch.",
@@ -74,7 +77,7 @@ def add_data_parsers(sub) -> None:
     produce.add_argument("--record", type=Path, help="JSON line per acknowledged message")
     produce.add_argument("--json", action="store_true")
 
-    consume = sub.add_parser("consume")
+    consume = sub.add_parser("consume", help="")
     add_context_flags(consume, NAMESRV)
     consume.add_argument("--topic", required=True)
     consume.add_argument("--group", required=True)

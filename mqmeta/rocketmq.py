@@ -44,6 +44,7 @@ from mqmeta.formats.records import RECORD_BODY_MAX, TAGS_BYTES_MAX
 from mqmeta.pb import controller_pb2 as cpb
 from mqmeta.pb.apache.rocketmq.v2 import definition_pb2 as rdef
 from mqmeta.pb.apache.rocketmq.v2 import service_pb2 as rsvc
+from mqmeta.rpc import internal_error
 from mqmeta.validate import NAME_PATTERN
 
 log = logging.getLogger(__name__)
@@ -138,10 +139,9 @@ def rmq_call(response_type: Any) -> Callable:
                 return response_type(status=status(error.code, error.message))
             except MqmetaError as error:
                 return response_type(status=status_of_error(error))
-            except Exception as exc:  # a bug: report it without leaking a traceback
-                log.exception("%s failed", method.__name__)
+            except Exception:  # a bug: logged under an id; the client is told the id, not its text
                 return response_type(
-                    status=status(rdef.INTERNAL_SERVER_ERROR, f"internal error in {method.__name__}: {exc}")
+                    status=status(rdef.INTERNAL_SERVER_ERROR, internal_error(method.__name__))
                 )
 
         return wrapper

@@ -14,16 +14,20 @@ id, and the client is told INTERNAL with that id only (`internal_error`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import functools
 import logging
+import os
 import signal
 import socket
+import sys
 import threading
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -49,6 +53,8 @@ ERROR_CODE_KEY = "mqmeta-error-code"
 LEADER_KEY = "mqmeta-leader"
 GRPC_WORKERS_MAX = 64
 STOP_GRACE_S = 1.0
+SIGNAL_POLL_S = 0.1
+STOP_NOW_GRACE_S = 0.1  # a stop at once (SIGINT) still lets answers being written go out
 # A status message is sent percent-encoded in the grpc-message header (up to 12 bytes per
 # character); a client drops a header over 16 KiB and sees RESOURCE_EXHAUSTED instead of
 # the status. So a message is cut to this many characters.
@@ -335,13 +341,45 @@ class AsyncServer:
 
 
 class Stoppable(Protocol):
-    def stop(self) -> None: ...
+    def stop(self, graceful: bool = True) -> None: ...
 
 
 def serve_until_signal(node: Stoppable) -> None:
-    """Blocks until SIGINT or SIGTERM, then stops `node`."""
+    """Blocks until SIGTERM or SIGINT, then stops `node`: gracefully on SIGTERM (what
+    systemd, Kubernetes and `kill` send to one process: a broker hands off, a controller
+    leader hands over), at once on SIGINT (Ctrl-C, which a terminal sends to every process
+    of its foreground group, and `mqmeta local up` when it stops a whole cluster: there is
+    no one left to hand over to). A second signal changes nothing."""
+    received: list[int] = []
     stop = threading.Event()
+
+    def _record(signum: int, frame: object) -> None:
+        if not received:
+            received.append(signum)
+        stop.set()
+
     for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: stop.set())
-    stop.wait()
-    node.stop()
+        signal.signal(signum, _record)
+    # A timed wait: the kernel may deliver the signal to any thread, and then an untimed
+    # wait of the main thread is never woken to run the handler (the process would go on
+    # serving until its launcher kills it).
+    while not stop.wait(SIGNAL_POLL_S):
+        pass
+    graceful = received[0] == signal.SIGTERM
+    log.info("%s: stopping %s", signal.Signals(received[0]).name, "gracefully" if graceful else "at once")
+    started = time.monotonic()
+    node.stop(graceful=graceful)
+    log.info("stopped in %.2f s", time.monotonic() - started)
+    exit_at_once()
+
+
+def exit_at_once(status: int = 0) -> NoReturn:
+    """Ends a server process whose node has stopped (its files closed and synced): the
+    logs are flushed, the interpreter's finalization is skipped. That finalization (the
+    garbage collection of every module, grpc's C core) took 3 to 10 s on a loaded machine,
+    long after the node had stopped, and a launcher waiting for the process saw it hang."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(status)

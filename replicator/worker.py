@@ -14,6 +14,7 @@ import argparse
 import logging
 import signal
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -24,12 +25,14 @@ from mqmeta.replicator.task import Task, TaskKey
 from mqmeta.config_file import accept_config_file
 from mqmeta.errors import MqmetaError
 from mqmeta.formats.replication_rules import ReplicatorConfig, Rule, load_config
+from mqmeta.rpc import SIGNAL_POLL_S, exit_at_once
 from mqmeta.validate import parse_addresses, validate_name
 
 log = logging.getLogger(__name__)
 
 TASKS_MAX = 4096  # threads one worker runs
 STOP_JOIN_S = 15.0  # how long a stopping worker waits for a task's in-flight sends
+STOP_NOW_JOIN_S = 0.5  # the same, stopped at once (SIGINT)
 
 
 def add_replicator_parser(sub: Any) -> None:
@@ -52,6 +55,9 @@ class Worker:
         self.config = config
         self.worker_id = worker_id
         self.stop = threading.Event()
+        # False once stopped at once (SIGINT): no clean leave, the controllers may be
+        # stopping too (Ctrl-C of `local up`); the others take the tasks after dead-after.
+        self.graceful = True
         self.tasks: dict[TaskKey, Task] = {}  # started, until their thread ends
         self.discovered: set[TaskKey] = set()
         self._threads: dict[TaskKey, threading.Thread] = {}
@@ -136,18 +142,31 @@ class Worker:
             keeper_thread.start()
         while not self.stop.is_set():
             self.discover()
-            self.stop.wait(interval_s)
+            self._pause(interval_s)
         for task in self.running():
             task.stop.set()
         with self._lock:
             threads = list(self._threads.values())
+        # At once (SIGINT): a task blocked in a call (retried for up to its deadline while the
+        # sites stop too) is not waited for; a worker killed at any instant resumes exactly
+        # once from the target's head, so nothing is lost by leaving it.
+        join_s = STOP_JOIN_S if self.graceful else STOP_NOW_JOIN_S
+        deadline = time.monotonic() + join_s
         for thread in threads:
-            thread.join(timeout=STOP_JOIN_S)
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
         if self.keeper is not None:
             if keeper_thread is not None:
                 keeper_thread.join(timeout=STOP_JOIN_S)
-            self.keeper.leave()
+            if self.graceful:
+                self.keeper.leave()
             self.keeper.close()
+
+    def _pause(self, duration_s: float) -> None:
+        """Waits `duration_s` or until stopped, in short slices: a signal delivered to another
+        thread runs its handler only when the main thread wakes."""
+        deadline = time.monotonic() + duration_s
+        while not self.stop.is_set() and (left_s := deadline - time.monotonic()) > 0:
+            self.stop.wait(min(SIGNAL_POLL_S, left_s))
 
 
 def _task_keys(rule: Rule) -> list[TaskKey]:
@@ -175,6 +194,8 @@ def run_replicator(args: argparse.Namespace) -> int:
         log.warning("worker %s: metrics on %s", args.worker_id, bound)  # tests and scripts read the port
 
     def _stop(signum: int, frame: object) -> None:
+        if not worker.stop.is_set():  # the first signal decides: SIGTERM leaves cleanly
+            worker.graceful = signum == signal.SIGTERM
         worker.stop.set()
 
     signal.signal(signal.SIGTERM, _stop)
@@ -182,4 +203,4 @@ def run_replicator(args: argparse.Namespace) -> int:
     where = f"leases from {','.join(config.controllers)}" if config.controllers else "every task itself"
     log.info("worker %s: %d rules, runs %s", args.worker_id, len(config.rules), where)
     worker.run()
-    return 0
+    exit_at_once(0)  # as the servers do: the interpreter's finalization is slow under load

@@ -1,4 +1,4 @@
-"""The audit's checks (DESIGN.md R1, R2, M1-M4, B1-B4, T1-T4) as DataFrame computations.
+"""The audit's checks (docs/design/properties.md: R1, R2, M1-M4, B1-B4, T1-T4) as DataFrame computations.
 
 Each check builds a DataFrame of violations on the executors (joins, aggregations,
 windows) and brings back only counts and at most SAMPLES_MAX sample rows. The driver

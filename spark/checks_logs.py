@@ -1,6 +1,6 @@
 """B1-B4 (broker replicas) and T1-T4 (tiered storage) as DataFrame computations.
 
-Torn tails (decided here, documented in the README): a broker's recovery cuts a bad
+Torn tails (decided here, documented in docs/audit.md): a broker's recovery cuts a bad
 record that no valid record follows in its last segment (a crash interrupted the
 append; the bytes may be short, zero-filled or half-written). So B3 flags invalid
 bytes anywhere except past a replica's last valid record in its last segment; those

@@ -3,7 +3,7 @@
 
 Exit 0 when every check holds, 1 when one does not, 2 on bad input (one sentence on
 stderr, never a Java stack trace). Also runnable as `python -m mqmeta.spark.cli` (what
-spark-submit runs; see README, Audit).
+spark-submit runs; see docs/audit.md, "On a Spark cluster").
 """
 
 from __future__ import annotations

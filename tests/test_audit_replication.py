@@ -461,3 +461,21 @@ def test_chaos_hook_bad_input_is_exit_2(run, tmp_path, capsys):
     assert shared_session_replication_status(target, source, rules, tmp_path / "hook") == 2
     lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("X1 audit of ") and "no rule of" in lines[0], lines
+
+
+def test_a_two_cluster_data_dir_counts_each_clusters_files(run, tmp_path):
+    """`local up --clusters 2` keeps cluster b in DIR/cluster-b: X1's source inventory leaves
+    b's files out and keeps every kind of a's (its summary once said 0 controllers and 0
+    tiered segments for a)."""
+    from mqmeta.spark.layout import discover
+    from mqmeta.spark.replication_sites import load_sites
+
+    source, target, rules, _ = run
+    nested = tmp_path / "local"
+    shutil.copytree(source, nested)
+    shutil.copytree(target, nested / "cluster-b")
+    sites = load_sites(str(nested), str(nested / "cluster-b"), rules)
+    alone = discover([str(source)])
+    assert sites.source.inventory.summary() == alone.summary().replace(str(source), str(nested))
+    assert len(sites.source.inventory.controllers) == 1, sites.source.inventory.summary()
+    assert sites.target.inventory.summary() == discover([str(target)]).summary()

@@ -18,7 +18,7 @@ from mqmeta.cli import EXIT_BAD_INPUT, main
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(240)]
 
-DEFAULT_DEAD_AFTER_MS = 2000  # the controller's default broker_dead_after_ms (README: fast failover)
+DEFAULT_DEAD_AFTER_MS = 2000  # the controller's default broker_dead_after_ms (docs/operate.md: fast failover)
 
 
 def test_a_default_liveness_run_replaces_killed_masters_and_has_no_false_failover(tmp_path):

@@ -1,4 +1,4 @@
-"""kill -9 durability of the controller, and the pysyncobj problems of REFERENCE.md section 5.
+"""kill -9 durability of the controller, and the pysyncobj problems in docs/design/index.md (Durability).
 
 Properties checked:
 - kill -9 of ALL nodes in the middle of a write stream, restart in another order:

@@ -25,11 +25,11 @@ import pytest
 import mqmeta
 from mqmeta.extras import EXTRA_MODULES
 
-pytestmark = [pytest.mark.timeout(60)]
+pytestmark = [pytest.mark.timeout(120)]  # a few interpreter start-ups each, on a loaded machine
 ROOT = Path(__file__).resolve().parent.parent
 EVERY_EXTRA = sorted({module for modules in EXTRA_MODULES.values() for module, _ in modules} | {"s3fs"})
 COMMANDS = ["controller", "namesrv", "local up", "broker", "produce", "consume", "admin", "chaos",
-            "chaos run", "chaos toxiproxy", "audit", "replicator"]  # fmt: skip
+            "chaos run", "chaos toxiproxy", "chaos faultfs", "audit", "replicator"]  # fmt: skip
 
 
 def run_without(blocked: list[str], *argv: str) -> subprocess.CompletedProcess:

@@ -1,4 +1,4 @@
-"""The layout of DESIGN.md holds: which part imports which, no cycles, no private names.
+"""The layout of docs/development.md (Layout) holds: which part imports which, no cycles, no private names.
 
 An AST scan of every module of the parts (imports inside functions included, since a
 lazy import is still a dependency):
@@ -144,7 +144,7 @@ def test_parts_import_only_what_the_layout_allows():
                     problems.append(f"{name}:{line} (spark) imports {target}")
             elif other != BASE and other not in ALLOWED_ABOVE_BASE[part]:
                 problems.append(f"{name}:{line} ({part}) imports {target}")
-    assert not problems, "imports that break DESIGN.md's layout:\n" + "\n".join(problems)
+    assert not problems, "imports that break the layout (docs/development.md):\n" + "\n".join(problems)
 
 
 def test_codecs_import_only_formats_stubs_and_their_protocol():

@@ -2,7 +2,7 @@
 
 Properties checked (one run of the real benchmark: 3 controller processes, a nameserver,
 the broker fleet and the watch fleets, on loopback):
-- it ends with status ok and its JSON holds every figure the README table reports;
+- it ends with status ok and its JSON holds every figure docs/benchmarks.md reports;
 - the state it loaded is really there, read back through the API: every topic (with its
   8 queues), group, broker set and replica, a master and a full SyncStateSet per set,
   complete routes, and one state digest on every node;

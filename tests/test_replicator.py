@@ -1,7 +1,7 @@
 """Cross-cluster replication with real processes: two clusters (a, b) and `mqmeta replicator`
 workers between them.
 
-Properties checked (X1, X2 of DESIGN.md):
+Properties checked (X1, X2 of docs/design/properties.md):
 - a -> b: every source message a rule matches is stored exactly once at the target, with
   equal body, tags, keys, user properties and message id, its origin (cluster, broker
   set, topic, queue, offset) and path as properties, in per-queue origin order; a
@@ -650,56 +650,3 @@ def test_leased_workers_go_on_through_a_kill_9_of_the_controllers_leader(sites, 
                 process.kill()
                 process.wait()
         c.stop()
-
-
-def test_local_up_with_two_clusters_and_a_replicator(tmp_path):
-    """`mqmeta local up --clusters 2 --replicate`: clusters a and b and a worker with a rule
-    a -> b for every topic; cluster.json lists them; produce --tag/--keys at a is consumed at
-    b with its tag, keys and origin; SIGTERM stops every child, the worker included."""
-    import json
-    import os
-    import subprocess
-
-    from tests.support.local_up import MQMETA as mqmeta
-    from tests.support.local_up import local_up
-
-    data_dir = tmp_path / "local"
-    flags = ["--controllers", "1", "--replicas", "1", "--clusters", "2", "--replicate"]
-    with local_up(data_dir, *flags) as document:
-        assert [c["name"] for c in document["clusters"]] == ["a", "b"]
-        assert document["controllers"] == document["clusters"][0]["controllers"]
-        assert {b["cluster"] for b in document["clusters"][1]["brokers"]} == {"b"}
-        (replicator,) = document["replicators"]
-        for cluster in document["clusters"]:
-            controllers = cluster["controllers"][0]["grpc"]
-            created = subprocess.run(
-                [*mqmeta, "admin", "--controllers", controllers, "topic", "create", "Local"]
-                + ["--cluster", cluster["name"], "--queues", "2"],
-                capture_output=True,
-                text=True,
-                timeout=30,
-            )
-            assert created.returncode == 0, created.stderr
-        source, target = (c["namesrv"][0]["grpc"] for c in document["clusters"])
-        produce = ["produce", "--namesrv", source, "--topic", "Local", "--count", "20", "--tag", "T"]
-        produced = subprocess.run(
-            [*mqmeta, *produce, "--keys", "k1,k2"], capture_output=True, text=True, timeout=30
-        )
-        assert produced.returncode == 0, produced.stderr
-        record = tmp_path / "received.jsonl"
-
-        def received() -> int:
-            consume = ["consume", "--namesrv", target, "--topic", "Local", "--group", "g"]
-            subprocess.run(
-                [*mqmeta, *consume, "--until-idle", "0.5", "--record", str(record)],
-                capture_output=True,
-                timeout=30,
-            )
-            return len(record.read_text().splitlines()) if record.exists() else 0
-
-        wait_for(received, REPLICATE_TIMEOUT_S, "20 copies at b", until=lambda n: n >= 20)
-        lines = [json.loads(line) for line in record.read_text().splitlines()]
-        assert len(lines) == 20 and len({r["value"] for r in lines}) == 20
-        assert all((r["tag"], r["keys"], r["origin"]["cluster"]) == ("T", ["k1", "k2"], "a") for r in lines)
-    with pytest.raises(ProcessLookupError):
-        os.kill(replicator["pid"], 0)

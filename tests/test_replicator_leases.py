@@ -10,6 +10,9 @@ Properties checked:
   refused FENCED_LEASE_EPOCH (FAILED_PRECONDITION) and changes nothing; the first recorded
   start stays (unless recorded under another definition of the rule: then its progress is
   dropped); the acknowledged offset never moves back; replicated counts survive moves;
+- the status counts what the committed checkpoints say was replicated (acknowledged offset
+  minus recorded start), not the workers' in-memory counts, which restart at zero with a
+  task thread;
 - the grant rule: a task moved away from a live worker is granted to its new holder only
   once the former holder heartbeated after the move without running it;
 - the leader expires a worker silent past its dead-after, never within its own first
@@ -194,6 +197,20 @@ def test_a_rebalanced_task_waits_for_its_former_holder():
         {"worker_id": "w1", "running": sorted(running)},
         {"worker_id": "w2", "running": []},
     ]
+
+
+def test_status_counts_what_the_checkpoints_say_was_replicated():
+    state = ControllerState()
+    (task,) = tasks_of("r", 1)
+    heartbeat(state, "w1", ["r"], [task], index=1)
+    commit = {"type": "replicator_commit", "worker_id": "w1", "task": list(task), "epoch": 1}
+    assert apply(state, command_from_json(dict(commit, start_offset=100, rule_digest="d1")), 2)[0]["ok"]
+    assert apply(state, command_from_json(dict(commit, acked_offset=1_100, replicated=1_000)), 3)[0]["ok"]
+    # the task's thread restarted under the same lease: its count began again at zero
+    assert apply(state, command_from_json(dict(commit, acked_offset=1_600, replicated=500)), 4)[0]["ok"]
+    restarted = WorkerBeat(0, 4, 2500, running={task: 1}, stats={task: {"replicated": 500}})
+    (rule,) = status(state, {"w1": restarted}.get)["rules"]
+    assert rule["tasks"][0]["replicated"] == 1_500 and rule["replicated"] == 1_500, rule
 
 
 class Simulation:

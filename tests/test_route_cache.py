@@ -185,6 +185,16 @@ class ScriptedController:
             during()
         return answer
 
+    # the typed methods RouteCache calls (mqmeta.client.ControllerClient's)
+    def get_metadata(self, request):
+        return self.call("GetMetadata", request)
+
+    def list_broker_sets(self, request):
+        return self.call("ListBrokerSets", request)
+
+    def list_topics(self, request):
+        return self.call("ListTopics", request)
+
 
 def _scripted_cache(*names: str) -> tuple[RouteCache, ScriptedController]:
     controller = ScriptedController(*names)

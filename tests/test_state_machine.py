@@ -2,7 +2,7 @@
 
 Properties checked:
 
-- Each command type in HANDLERS behaves as RIP-44 (REFERENCE.md section 1) describes:
+- Each command type in HANDLERS behaves as RocketMQ's RIP-44 describes (docs/concepts.md, Election policy):
   register_broker (ids 1, 2, 3 in order; idempotent per check code; compare-and-set on an
   explicit id; argument validation), elect_master (first election: the requester wins; an
   alive master is kept; otherwise the alive SyncStateSet member with the highest epoch,

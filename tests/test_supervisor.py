@@ -1,6 +1,9 @@
 """The harness's suspend: SIGSTOP returns before the target has stopped (each thread
 stops when it is next scheduled), so Supervisor.suspend waits until /proc shows every
-thread stopped. Real child processes; no cluster."""
+thread stopped. Restarts (local up's supervision): a child that exits is started again
+after a backoff that doubles while it keeps failing soon after its start, up to a bound;
+one that exited 0 (asked to stop) or 2 (its input refused) is left down. Real child
+processes; no cluster."""
 
 from __future__ import annotations
 
@@ -12,7 +15,14 @@ from pathlib import Path
 import pytest
 from mqmeta.cluster.harness import Cluster
 from mqmeta.cluster.ready import READY_TIMEOUT_S
-from mqmeta.cluster.supervisor import STOPPED_STATES, ChildExited, Supervisor, thread_states
+from mqmeta.cluster.supervisor import (
+    RESTART_BACKOFF_MAX_S,
+    RESTART_BACKOFF_MIN_S,
+    STOPPED_STATES,
+    ChildExited,
+    Supervisor,
+    thread_states,
+)
 
 # Four threads spin and one writes a counter to a file every millisecond.
 SPINNER = """
@@ -96,4 +106,27 @@ def test_a_cluster_whose_controller_cannot_bind_fails_at_once_with_its_log(tmp_p
         cluster.stop()
     assert time.monotonic() - started < READY_TIMEOUT_S / 2
     message = str(raised.value)
-    assert message.startswith(f"{node.id} exited with code ") and "Address already in use" in message, message
+    assert message.startswith(f"{node.id} exited with code ") and "the port is in use" in message, message
+
+
+def test_an_exited_child_is_restarted_after_a_bounded_doubling_backoff(supervisor: Supervisor) -> None:
+    exits = [sys.executable, "-c", "import sys; sys.exit(int(sys.argv[1]))"]
+    for name, code in (("failing", "1"), ("stopped", "0"), ("refused", "2")):
+        supervisor.start(name, [*exits, code]).wait(timeout=30)
+    left_down = (supervisor.children["stopped"].pid, supervisor.children["refused"].pid)
+    now = time.monotonic()  # the clock restart_exited is given (the children's start times are real)
+    exited, restarted = supervisor.restart_exited(now)
+    assert sorted(exited) == [("failing", 1), ("refused", 2), ("stopped", 0)] and restarted == {}
+    backoffs = []
+    backoff_s = RESTART_BACKOFF_MIN_S
+    for _ in range(7):  # 0.5, 1, 2, 4, 8, 16, then the bound, 30 s
+        old = supervisor.children["failing"].pid
+        assert supervisor.restart_exited(now + backoff_s * 0.9) == ([], {}), "restarted before its backoff"
+        now += backoff_s
+        assert list(supervisor.restart_exited(now)[1]) == [old], "not restarted once its backoff was over"
+        supervisor.children["failing"].wait(timeout=30)
+        assert supervisor.restart_exited(now) == ([("failing", 1)], {})  # reported once
+        backoffs.append(backoff_s)
+        backoff_s = min(RESTART_BACKOFF_MAX_S, backoff_s * 2)
+    assert backoffs[-1] == RESTART_BACKOFF_MAX_S
+    assert (supervisor.children["stopped"].pid, supervisor.children["refused"].pid) == left_down

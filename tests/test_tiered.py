@@ -1,6 +1,6 @@
 """Tiered storage under failover, with real controller, nameserver and broker processes.
 
-Properties checked (DESIGN.md T1-T4):
+Properties checked (docs/design/properties.md, T1-T4):
 - T1: the uploaded offset never exceeds the master's confirm offset, sampled all along
   while a slave is paused (its stall holds the confirm offset, and so the upload);
 - kill -9 of the master in the middle of uploading: the new master resumes from the

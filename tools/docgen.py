@@ -288,9 +288,14 @@ def command_section(
     heading = " ".join(path)
     level = "#" * max(2, min(len(path), 4))
     blocks = [f"{level} {heading}\n"]
-    if help_text:
-        blocks.append(prose(help_text) + "\n")
+    # A command's own --help text (its description) says more than its line in its parent's;
+    # mqmeta's own (and its epilog of examples) is the page's introduction.
+    about = parser.description if parser.description and len(path) > 1 else help_text
+    if about:
+        blocks.append(prose(about) + "\n")
     blocks.append("```text\n" + parser.format_usage().strip() + "\n```\n")
+    if parser.epilog and len(path) > 1:
+        blocks.append(prose(parser.epilog) + "\n")
     children = subcommands(parser)
     if children:
         rows = [[f"[{code(name)}](#{anchor(heading + ' ' + name)})", prose(h)] for name, _, h in children]

@@ -49,32 +49,32 @@ class FaultFsControl:
         self.path = Path(path)
 
     def status(self) -> dict[str, Any]:
-        return self.call("status")
+        return self._call("status")
 
     def lose_power(self, writeback_fraction: float = 0.0, seed: int = 0) -> dict[str, Any]:
         """Drops every unsynced page and directory entry. Stop the processes that use the
         mount first (kill -9): their open files are closed by the power loss."""
-        return self.call("lose-power", writeback_fraction=writeback_fraction, seed=seed)
+        return self._call("lose-power", writeback_fraction=writeback_fraction, seed=seed)
 
     def delay(self, fsync_ms: int | None = None, read_ms: int | None = None) -> dict[str, Any]:
         """Every fsync (file or directory) / read from now on waits this long (0: none)."""
         arguments = {"fsync_ms": fsync_ms, "read_ms": read_ms}
-        return self.call("delay", **{k: v for k, v in arguments.items() if v is not None})
+        return self._call("delay", **{k: v for k, v in arguments.items() if v is not None})
 
     def fail_next_fsync(self, count: int = 1, under: str = "/") -> dict[str, Any]:
         """The next `count` fsyncs (file or directory) of paths under `under` (a path
         inside the mount, "/" for any) fail with EIO."""
-        return self.call("fail-fsync", count=count, under=under)
+        return self._call("fail-fsync", count=count, under=under)
 
     def disk_full(self, on: bool) -> dict[str, Any]:
         """While on, writes, creates and mkdirs fail with ENOSPC."""
-        return self.call("disk-full", on=on)
+        return self._call("disk-full", on=on)
 
     def sync(self) -> dict[str, Any]:
         """Everything becomes durable (sync(2) of the whole filesystem)."""
-        return self.call("sync")
+        return self._call("sync")
 
-    def call(self, command: str, **arguments: Any) -> dict[str, Any]:
+    def _call(self, command: str, **arguments: Any) -> dict[str, Any]:
         request = json.dumps({"command": command, **arguments}).encode() + b"\n"
         try:
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:

@@ -29,20 +29,23 @@ import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
+# The reserved properties are shared with the remoting codec (mqmeta.formats.properties,
+# which imports no stubs); imported here under their names for this codec's users.
+from mqmeta.formats.properties import (
+    BORN_HOST,
+    BORN_MS,
+    DELIVER_MS,
+    KEY_SEPARATOR,
+    MESSAGE_GROUP,
+    MESSAGE_ID,
+    MESSAGE_TYPE,
+    PROPERTY_PREFIX,
+)
+from mqmeta.formats.properties import DLQ_ORIGIN as DLQ_ORIGIN
+from mqmeta.formats.properties import REAL_TOPIC as REAL_TOPIC
 from mqmeta.formats.records import KEYS_BYTES_MAX, TAGS_BYTES_MAX, Message, StoredRecord
 from mqmeta.pb.apache.rocketmq.v2 import definition_pb2 as rdef
 from mqmeta.rocketmq import BODY_BYTES_MAX, TYPE_OF_TOPIC, RmqError, check_name, delivery_ms, timestamp
-
-PROPERTY_PREFIX = "__RMQ_"
-MESSAGE_ID = "__RMQ_MSG_ID"  # the client-made message id
-MESSAGE_TYPE = "__RMQ_TYPE"
-BORN_MS = "__RMQ_BORN_MS"
-BORN_HOST = "__RMQ_BORN_HOST"
-MESSAGE_GROUP = "__RMQ_GROUP"
-DELIVER_MS = "__RMQ_DELIVER_MS"  # delay and transaction messages: where they wait
-REAL_TOPIC = "__RMQ_REAL_TOPIC"
-DLQ_ORIGIN = "__RMQ_DLQ_ORIGIN"  # topic/queue/offset of the message a DLQ record copies
-KEY_SEPARATOR = " "  # RocketMQ's: keys are stored space-separated
 
 MESSAGE_ID_CHARS_MAX = 128
 MESSAGE_GROUP_CHARS_MAX = 128

@@ -199,7 +199,7 @@ class SlaveStatus(_message.Message):
     def __init__(self, broker_id: _Optional[int] = ..., acked_offset: _Optional[int] = ..., in_sync: _Optional[bool] = ..., lag_bytes: _Optional[int] = ..., last_fetch_ms_ago: _Optional[int] = ...) -> None: ...
 
 class HaStatus(_message.Message):
-    __slots__ = ("cluster", "broker_name", "broker_id", "role", "master_epoch", "master_broker_id", "master_address", "max_offset", "confirm_offset", "sync_state_set", "sync_state_set_epoch", "slaves", "lease_valid", "writable")
+    __slots__ = ("cluster", "broker_name", "broker_id", "role", "master_epoch", "master_broker_id", "master_address", "max_offset", "confirm_offset", "sync_state_set", "sync_state_set_epoch", "slaves", "lease_valid", "writable", "remoting_address")
     CLUSTER_FIELD_NUMBER: _ClassVar[int]
     BROKER_NAME_FIELD_NUMBER: _ClassVar[int]
     BROKER_ID_FIELD_NUMBER: _ClassVar[int]
@@ -214,6 +214,7 @@ class HaStatus(_message.Message):
     SLAVES_FIELD_NUMBER: _ClassVar[int]
     LEASE_VALID_FIELD_NUMBER: _ClassVar[int]
     WRITABLE_FIELD_NUMBER: _ClassVar[int]
+    REMOTING_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     cluster: str
     broker_name: str
     broker_id: int
@@ -228,7 +229,8 @@ class HaStatus(_message.Message):
     slaves: _containers.RepeatedCompositeFieldContainer[SlaveStatus]
     lease_valid: bool
     writable: bool
-    def __init__(self, cluster: _Optional[str] = ..., broker_name: _Optional[str] = ..., broker_id: _Optional[int] = ..., role: _Optional[str] = ..., master_epoch: _Optional[int] = ..., master_broker_id: _Optional[int] = ..., master_address: _Optional[str] = ..., max_offset: _Optional[int] = ..., confirm_offset: _Optional[int] = ..., sync_state_set: _Optional[_Iterable[int]] = ..., sync_state_set_epoch: _Optional[int] = ..., slaves: _Optional[_Iterable[_Union[SlaveStatus, _Mapping]]] = ..., lease_valid: _Optional[bool] = ..., writable: _Optional[bool] = ...) -> None: ...
+    remoting_address: str
+    def __init__(self, cluster: _Optional[str] = ..., broker_name: _Optional[str] = ..., broker_id: _Optional[int] = ..., role: _Optional[str] = ..., master_epoch: _Optional[int] = ..., master_broker_id: _Optional[int] = ..., master_address: _Optional[str] = ..., max_offset: _Optional[int] = ..., confirm_offset: _Optional[int] = ..., sync_state_set: _Optional[_Iterable[int]] = ..., sync_state_set_epoch: _Optional[int] = ..., slaves: _Optional[_Iterable[_Union[SlaveStatus, _Mapping]]] = ..., lease_valid: _Optional[bool] = ..., writable: _Optional[bool] = ..., remoting_address: _Optional[str] = ...) -> None: ...
 
 class HaFetchRequest(_message.Message):
     __slots__ = ("cluster", "broker_name", "broker_id", "master_epoch", "fetch_offset", "epoch_entries", "handshake", "max_bytes", "wait_ms", "leaving")

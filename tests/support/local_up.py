@@ -25,7 +25,8 @@ def start_local_up(
     data_dir: Path, *flags: str, timeout_s: float = READY_TIMEOUT_S
 ) -> tuple[subprocess.Popen, dict]:
     """Starts `mqmeta local up --data-dir DATA_DIR FLAGS`; returns it and its cluster.json.
-    Its output goes to local-up.out beside the data dir."""
+    Its output goes to local-up.out beside the data dir; it and its children form a
+    process group of their own (a test may signal it as a terminal's Ctrl-C does)."""
     data_dir.parent.mkdir(parents=True, exist_ok=True)
     (data_dir / "cluster.json").unlink(missing_ok=True)
     output = data_dir.parent / "local-up.out"

@@ -59,6 +59,10 @@ class TcpCut:
                 client.close()
                 continue
             with self._lock:
+                if self._cut.is_set():  # cut while this connection was being made
+                    client.close()
+                    upstream.close()
+                    continue
                 self._sockets += [client, upstream]
             for a, b in ((client, upstream), (upstream, client)):
                 threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
@@ -67,7 +71,7 @@ class TcpCut:
         try:
             while not self._cut.is_set():
                 data = source.recv(65536)
-                if not data:
+                if not data or self._cut.is_set():  # nothing read is forwarded after the cut
                     break
                 sink.sendall(data)
         except OSError:

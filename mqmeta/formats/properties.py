@@ -1,0 +1,15 @@
+"""The reserved record properties: what RocketMQ keeps as a message's system properties,
+written by the brokers' RocketMQ 5 and remoting services and read by both (a message sent
+through one protocol is received through the other with the same id, born time and host).
+User properties may not use the prefix."""
+
+PROPERTY_PREFIX = "__RMQ_"
+MESSAGE_ID = "__RMQ_MSG_ID"  # the client-made message id
+MESSAGE_TYPE = "__RMQ_TYPE"
+BORN_MS = "__RMQ_BORN_MS"
+BORN_HOST = "__RMQ_BORN_HOST"
+MESSAGE_GROUP = "__RMQ_GROUP"
+DELIVER_MS = "__RMQ_DELIVER_MS"  # delay and transaction messages: where they wait
+REAL_TOPIC = "__RMQ_REAL_TOPIC"
+DLQ_ORIGIN = "__RMQ_DLQ_ORIGIN"  # topic/queue/offset of the message a DLQ record copies
+KEY_SEPARATOR = " "  # RocketMQ's: keys are stored space-separated

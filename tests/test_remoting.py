@@ -1,0 +1,390 @@
+"""RocketMQ 4.x clients (the classic remoting protocol) against a real `mqmeta local up`
+cluster (one controller, a standalone nameserver, one broker set; shared by this module).
+
+Properties checked, with two real, unchanged clients (rocketmq-client-python 2.0.0 over
+the C++ client's librocketmq.so, and rocketmq 0.4.4 with its bundled copy):
+- cluster.json names a remoting address for the nameserver and every broker;
+- a sync send with tags and keys is acknowledged; a clustering PushConsumer with a
+  `tagA || tagB` filter receives exactly the matching messages, each once, with its tag,
+  keys, property and the message id the send returned;
+- a message the C++ client sent is read by `mqmeta consume` (same tag and keys) and a
+  message `mqmeta produce` sent is received by the C++ client with the record's id;
+- the nameserver answers TOPIC_NOT_EXIST for an unknown topic;
+- requests on one connection are served concurrently: a heartbeat is answered while a
+  long-polling pull waits on the same connection;
+- bad input gets RocketMQ's error answers and the servers keep serving: a header that is
+  not JSON (SYSTEM_ERROR, the connection goes on), an unknown code
+  (REQUEST_CODE_NOT_SUPPORTED, opaque echoed), a binary header (answered, in JSON), an
+  oversize frame (SYSTEM_ERROR, then the connection closes; a new one is served).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import struct
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import replace
+
+import pytest
+
+from mqmeta.client import ControllerClient
+from mqmeta.codec import remoting as codec
+from mqmeta.errors import AlreadyExists
+from mqmeta.pb import controller_pb2 as cpb
+from tests.support import wait_for
+from tests.support.local_up import local_up
+from tests.support.remoting_clients import client
+
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(240)]
+
+SOCKET_TIMEOUT_S = 10.0
+READY_TIMEOUT_S = 150.0  # a loaded CI machine starts five processes slowly
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    root = tmp_path_factory.mktemp("remoting")
+    flags = ("--controllers", "1", "--broker-sets", "1", "--replicas", "1")
+    with local_up(root / "data", *flags, timeout_s=READY_TIMEOUT_S) as document:
+        document["root"] = root
+        yield document
+
+
+@pytest.fixture(scope="module")
+def namesrv(cluster) -> str:
+    return cluster["namesrv"][0]["remoting"]
+
+
+@pytest.fixture(scope="module")
+def broker(cluster) -> str:
+    return cluster["brokers"][0]["remoting"]
+
+
+def _topic(cluster, queues: int = 2) -> str:
+    name = "R" + uuid.uuid4().hex[:10]
+    with ControllerClient(cluster["controllers"][0]["grpc"]) as admin:
+        try:
+            admin.call("CreateTopic", cpb.TopicSpec(name=name, queue_count=queues))
+        except AlreadyExists:
+            pass
+    return name
+
+
+@pytest.fixture(scope="module")
+def cpp_client(cluster):
+    return client("rocketmq-client-python", cluster["root"] / "home-cpp")
+
+
+@pytest.fixture(scope="module")
+def wheel_client(cluster):
+    return client("rocketmq", cluster["root"] / "home-wheel")
+
+
+def test_cluster_json_names_remoting_addresses(cluster):
+    assert all(":" in n["remoting"] for n in cluster["namesrv"])
+    assert all(":" in b["remoting"] for b in cluster["brokers"])
+
+
+@pytest.mark.parametrize("name", ["cpp_client", "wheel_client"])
+def test_tag_filtered_push_consumer_gets_exactly_the_matching_sends(request, cluster, namesrv, name):
+    rocketmq = request.getfixturevalue(name)
+    topic = _topic(cluster)
+    sent = []
+    for tag, count in (("tagA", 3), ("tagB", 2), ("tagC", 2)):
+        results = rocketmq.produce(namesrv, topic, count, tag=tag, keys=f"key-{tag}", prefix=tag)
+        assert [r["status"] for r in results] == [0] * count, results  # SEND_OK
+        sent += [{**r, "tag": tag} for r in results]
+    wanted = {r["value"]: r for r in sent if r["tag"] in ("tagA", "tagB")}
+    got = rocketmq.consume(namesrv, topic, "cg-" + topic, len(wanted), "tagA || tagB")
+    assert sorted(g["value"] for g in got) == sorted(wanted), got  # exactly, each once
+    for message in got:
+        expected = wanted[message["value"]]
+        assert message["tag"] == expected["tag"]
+        assert message["keys"] == f"key-{expected['tag']}"
+        assert message["origin"] == "remoting"
+        assert message["msg_id"] == expected["msg_id"]
+
+
+def test_cpp_send_is_read_by_mqmeta_consume_and_back(cluster, namesrv, cpp_client, tmp_path):
+    topic = _topic(cluster)
+    sent = cpp_client.produce(namesrv, topic, 3, tag="cross", keys="k1 k2", prefix="cpp")
+    record = tmp_path / "consumed.jsonl"
+    native = cluster["namesrv"][0]["grpc"]
+    mqmeta = [sys.executable, "-m", "mqmeta.cli"]
+    subprocess.run(
+        [*mqmeta, "consume", "--namesrv", native, "--topic", topic, "--group", "native-" + topic,
+         "--record", str(record), "--until-idle", "2"],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    consumed = [json.loads(line) for line in record.read_text().splitlines()]
+    assert sorted(c["value"] for c in consumed) == sorted(s["value"] for s in sent)
+    assert all(c["tag"] == "cross" and c["keys"] == ["k1", "k2"] for c in consumed)
+
+    produced = tmp_path / "produced.jsonl"
+    subprocess.run(
+        [*mqmeta, "produce", "--namesrv", native, "--topic", topic, "--count", "2", "--tag", "back",
+         "--keys", "n1", "--record", str(produced)],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    native_sent = {json.loads(line)["msg_id"]: json.loads(line) for line in produced.read_text().splitlines()}
+    got = cpp_client.consume(namesrv, topic, "cg-back-" + topic, 2, "back")
+    assert {g["msg_id"] for g in got} == set(native_sent), got  # the record's id, kept
+    assert all(g["tag"] == "back" and g["keys"] == "n1" for g in got)
+
+
+# Raw frames -----------------------------------------------------------------------------------
+def _connect(address: str) -> socket.socket:
+    host, _, port = address.rpartition(":")
+    return socket.create_connection((host, int(port)), timeout=SOCKET_TIMEOUT_S)
+
+
+def _read(sock: socket.socket) -> codec.Command | None:
+    """The next frame, or None when the server closed the connection."""
+    prefix = _exactly(sock, 4)
+    if prefix is None:
+        return None
+    body = _exactly(sock, codec.frame_length(prefix))
+    assert body is not None
+    return codec.decode_frame(body)
+
+
+def _exactly(sock: socket.socket, count: int) -> bytes | None:
+    data = b""
+    while len(data) < count:
+        chunk = sock.recv(count - len(data))
+        if not chunk:
+            return None
+        data += chunk
+    return data
+
+
+def _call(sock: socket.socket, command: codec.Command, notices: list | None = None) -> codec.Command:
+    """The answer to `command`; requests the server sends meanwhile go to `notices`."""
+    sock.sendall(codec.encode(command))
+    while True:
+        answer = _read(sock)
+        assert answer is not None
+        if answer.is_response:
+            return answer
+        if notices is not None:
+            notices.append(answer)
+
+
+def test_unknown_topic_route_is_topic_not_exist(namesrv):
+    with _connect(namesrv) as sock:
+        answer = _call(sock, codec.Command(codec.GET_ROUTEINFO_BY_TOPIC, 5, ext={"topic": "NoSuchTopic"}))
+    assert answer.code == codec.TOPIC_NOT_EXIST and answer.opaque == 5
+    assert "NoSuchTopic" in answer.remark
+
+
+def test_route_names_the_master_remoting_address(cluster, namesrv, broker):
+    topic = _topic(cluster, queues=3)
+    with _connect(namesrv) as sock:
+        answer = _call(sock, codec.Command(codec.GET_ROUTEINFO_BY_TOPIC, 6, ext={"topic": topic}))
+    assert answer.code == codec.SUCCESS
+    assert f'{{0:"{broker}"}}' in answer.body.decode()  # fastjson's unquoted integer key
+    route = codec.fastjson_loads(answer.body)
+    assert [(q["readQueueNums"], q["writeQueueNums"], q["perm"]) for q in route["queueDatas"]] == [(3, 3, 6)]
+
+
+def test_heartbeat_is_answered_while_a_pull_long_polls_on_the_same_connection(cluster, broker):
+    topic = _topic(cluster, queues=1)
+    pull = codec.Command(
+        codec.PULL_MESSAGE,
+        1,
+        ext={
+            "consumerGroup": "cg-poll",
+            "topic": topic,
+            "queueId": 0,
+            "queueOffset": 0,
+            "maxMsgNums": 32,
+            "sysFlag": 2,  # suspend
+            "commitOffset": 0,
+            "suspendTimeoutMillis": 3000,
+            "subscription": "*",
+            "subVersion": 0,
+        },
+    )
+    heartbeat = codec.Command(
+        codec.HEART_BEAT,
+        2,
+        body=json.dumps({"clientID": "c1", "consumerDataSet": [], "producerDataSet": []}).encode(),
+    )
+    with _connect(broker) as sock:
+        started = time.monotonic()
+        sock.sendall(codec.encode(pull) + codec.encode(heartbeat))
+        first = _read(sock)
+        assert first is not None and first.opaque == 2 and first.code == codec.SUCCESS
+        assert time.monotonic() - started < 2.0  # not behind the pull's 3 s wait
+        second = _read(sock)
+    assert second is not None and second.opaque == 1 and second.code == codec.PULL_NOT_FOUND
+    assert second.ext["nextBeginOffset"] == "0" and time.monotonic() - started >= 2.5
+
+
+def test_bad_frames_get_error_answers_and_the_server_keeps_serving(broker, namesrv):
+    with _connect(broker) as sock:
+        garbage = b"{not json"
+        sock.sendall(struct.pack(">ii", 4 + len(garbage), len(garbage)) + garbage)
+        answer = _read(sock)
+        assert answer is not None and answer.code == codec.SYSTEM_ERROR and "JSON" in answer.remark
+        unknown = _call(sock, codec.Command(9999, 77))  # the same connection is still served
+        assert unknown.code == codec.REQUEST_CODE_NOT_SUPPORTED and unknown.opaque == 77
+        assert "9999" in unknown.remark
+        missing = _call(sock, codec.Command(codec.GET_MAX_OFFSET, 78, ext={"topic": "T"}))
+        assert missing.code == codec.SYSTEM_ERROR and "queueId" in missing.remark
+    with _connect(namesrv) as sock:
+        sock.sendall(
+            codec.encode_binary(codec.Command(codec.GET_ROUTEINFO_BY_TOPIC, 9, ext={"topic": "Nope"}))
+        )
+        answer = _read(sock)  # a binary header is read; the answer is JSON
+        assert answer is not None and answer.code == codec.TOPIC_NOT_EXIST and answer.opaque == 9
+        sock.sendall(struct.pack(">i", codec.FRAME_BYTES_MAX + 1))
+        oversize = _read(sock)
+        assert oversize is not None and oversize.code == codec.SYSTEM_ERROR and "length" in oversize.remark
+        assert _read(sock) is None  # its end cannot be found: the connection is closed
+    with _connect(namesrv) as sock:  # and the server still serves
+        assert (
+            _call(sock, codec.Command(codec.GET_ROUTEINFO_BY_TOPIC, 10, ext={"topic": "Nope"})).opaque == 10
+        )
+
+
+def _send_v2(sock: socket.socket, opaque: int, topic: str, tag: str, body: bytes) -> codec.Command:
+    properties = codec.encode_properties({"TAGS": tag, "UNIQ_KEY": f"U{opaque}"})
+    ext = {"a": "pg-raw", "b": topic, "c": "TBW102", "d": 4, "e": 0, "f": 0, "g": 1, "h": 0, "i": properties}
+    return _call(sock, codec.Command(codec.SEND_MESSAGE_V2, opaque, ext=ext, body=body))
+
+
+def test_pull_filters_by_tag_on_the_broker_and_offsets_are_kept(cluster, broker):
+    topic = _topic(cluster, queues=1)
+    group = "cg-raw-" + topic
+    with _connect(broker) as sock:
+        for i, tag in enumerate(["tagA", "tagB", "tagA", "tagB"]):
+            sent = _send_v2(sock, 100 + i, topic, tag, f"b{i}".encode())
+            assert sent.code == codec.SUCCESS and sent.ext["queueOffset"] == str(i), sent
+            assert sent.ext["msgId"] == f"U{100 + i}"
+        pull = {
+            "consumerGroup": group,
+            "topic": topic,
+            "queueId": 0,
+            "queueOffset": 0,
+            "maxMsgNums": 32,
+            "sysFlag": 4,  # subscription given, no suspend
+            "commitOffset": 0,
+            "suspendTimeoutMillis": 0,
+            "subscription": "tagB",
+        }
+        answer = _call(sock, codec.Command(codec.PULL_MESSAGE, 200, ext=pull))
+        assert answer.code == codec.SUCCESS and answer.ext["nextBeginOffset"] == "4"
+        got = codec.decode_messages(answer.body)
+        assert [(m.body, m.properties["TAGS"], m.queue_offset) for m in got] == [
+            (b"b1", "tagB", 1),
+            (b"b3", "tagB", 3),
+        ]
+        assert all(m.properties["UNIQ_KEY"] == f"U{100 + m.queue_offset}" for m in got)
+
+        query = {"consumerGroup": group, "topic": topic, "queueId": 0}
+        first = _call(sock, codec.Command(codec.QUERY_CONSUMER_OFFSET, 201, ext=query))
+        assert first.code == codec.SUCCESS and first.ext["offset"] == "0"  # a new group starts at the oldest
+        update = _call(
+            sock, codec.Command(codec.UPDATE_CONSUMER_OFFSET, 202, ext={**query, "commitOffset": 4})
+        )
+        assert update.code == codec.SUCCESS
+        assert _call(sock, codec.Command(codec.QUERY_CONSUMER_OFFSET, 203, ext=query)).ext["offset"] == "4"
+        bounds = {"topic": topic, "queueId": 0}
+        assert _call(sock, codec.Command(codec.GET_MAX_OFFSET, 204, ext=bounds)).ext["offset"] == "4"
+        assert _call(sock, codec.Command(codec.GET_MIN_OFFSET, 205, ext=bounds)).ext["offset"] == "0"
+        moved = _call(sock, codec.Command(codec.PULL_MESSAGE, 206, ext={**pull, "queueOffset": 9}))
+        assert moved.code == codec.PULL_OFFSET_MOVED and moved.ext["nextBeginOffset"] == "4"
+
+
+def test_consumer_list_follows_heartbeats_unregister_and_disconnect(cluster, broker):
+    group = "cg-members-" + uuid.uuid4().hex[:6]
+
+    def heartbeat(client_id: str) -> codec.Command:
+        data = {
+            "clientID": client_id,
+            "consumerDataSet": [
+                {"groupName": group, "subscriptionDataSet": [{"topic": "T", "subString": "*"}]}
+            ],
+            "producerDataSet": [],
+        }
+        return codec.Command(codec.HEART_BEAT, 1, body=json.dumps(data).encode())
+
+    def members(sock: socket.socket) -> list[str]:
+        request = codec.Command(codec.GET_CONSUMER_LIST_BY_GROUP, 2, ext={"consumerGroup": group})
+        answer = _call(sock, request, notices)
+        return codec.fastjson_loads(answer.body)["consumerIdList"]
+
+    notices: list[codec.Command] = []
+    with _connect(broker) as first, _connect(broker) as second:
+        assert _call(first, heartbeat("c-1"), notices).code == codec.SUCCESS
+        assert _call(second, heartbeat("c-2")).code == codec.SUCCESS
+        assert members(first) == ["c-1", "c-2"]  # (reading on, c-1 gets its notices)
+        notices += [_read(first)] if not notices else []
+        # members are told when the group changes, so they rebalance at once
+        assert notices and all(n.code == codec.NOTIFY_CONSUMER_IDS_CHANGED and n.is_oneway for n in notices)
+        assert notices[0].ext["consumerGroup"] == group
+        unregister = {"clientID": "c-2", "consumerGroup": group, "producerGroup": ""}
+        assert _call(second, codec.Command(codec.UNREGISTER_CLIENT, 3, ext=unregister)).code == codec.SUCCESS
+        assert members(second) == ["c-1"]
+    with _connect(broker) as third:  # c-1's connection closed: it left
+        wait_for(lambda: members(third) == [], 5.0, "the closed connection's consumer to leave")
+
+
+def test_send_back_retries_through_the_retry_topic_then_dead_letters(cluster, broker):
+    topic = _topic(cluster, queues=1)
+    group = "cg-back-" + topic
+
+    def pull(sock: socket.socket, opaque: int, name: str, wait_ms: int = 0) -> list[codec.WireMessage]:
+        ext = {
+            "consumerGroup": group,
+            "topic": name,
+            "queueId": 0,
+            "queueOffset": 0,
+            "maxMsgNums": 8,
+            "sysFlag": 4 | (2 if wait_ms else 0),
+            "commitOffset": 0,
+            "suspendTimeoutMillis": wait_ms,
+            "subscription": "*",
+        }
+        answer = _call(sock, codec.Command(codec.PULL_MESSAGE, opaque, ext=ext))
+        # the retry and dead-letter topics exist from the first send-back on (the broker's
+        # route cache learns of them within a second)
+        assert answer.code in (codec.SUCCESS, codec.PULL_NOT_FOUND, codec.TOPIC_NOT_EXIST), answer
+        return codec.decode_messages(answer.body)
+
+    def send_back(
+        sock: socket.socket, opaque: int, message: codec.WireMessage, times_max: int
+    ) -> codec.Command:
+        ext = {
+            "group": group,
+            "offset": message.commit_offset,
+            "delayLevel": 0 if times_max else 1,
+            "originTopic": message.topic,
+            "originMsgId": message.properties["UNIQ_KEY"],
+            "maxReconsumeTimes": times_max,
+            "unitMode": "false",
+        }
+        return _call(sock, codec.Command(codec.CONSUMER_SEND_MSG_BACK, opaque, ext=ext))
+
+    with _connect(broker) as sock:
+        assert _send_v2(sock, 300, topic, "t", b"failing").code == codec.SUCCESS
+        (original,) = pull(sock, 301, topic)
+        bad = send_back(sock, 302, replace(original, commit_offset=original.commit_offset + 1), 16)
+        assert bad.code == codec.SYSTEM_ERROR and "commit offset" in bad.remark
+        assert send_back(sock, 303, original, 16).code == codec.SUCCESS
+        retried: list[codec.WireMessage] = []
+        wait_for(
+            lambda: retried.extend(pull(sock, 304, "%RETRY%" + group, 1000)) or retried, 20.0, "the retry"
+        )
+        (copy,) = retried
+        assert copy.body == b"failing" and copy.reconsume_times == 1
+        assert copy.properties["RETRY_TOPIC"] == topic and copy.properties["UNIQ_KEY"] == "U300"
+        assert send_back(sock, 305, copy, 1).code == codec.SUCCESS  # past its 1 reconsume time
+        dead: list[codec.WireMessage] = []
+        wait_for(lambda: dead.extend(pull(sock, 306, "%DLQ%" + group, 1000)) or dead, 20.0, "the dead letter")
+        assert [(m.body, m.properties["UNIQ_KEY"]) for m in dead] == [(b"failing", "U300")]
