@@ -13,8 +13,11 @@ writes a line when its confirm offset advances (coalesced to one line per
 `master_interval_ms`) and always before a tiered upload starts, so every uploaded
 end offset is covered by a line written earlier; a slave writes the confirm offset
 its master told it at most every `slave_interval_ms`. Lines go straight to the page
-cache with one write() each: a kill -9 loses nothing written, a torn final line is
-possible only on power loss and the audit skips it.
+cache with one write() each: a kill -9 loses nothing written. A forced line (a new
+master's first, the one before a tiered upload) is fdatasynced too: the upload itself
+is durable, so the line that covers it must survive a power loss as well (T1 found its
+absence after a power loss). A power loss can leave a torn final line: opening the log
+cuts it, so the next line starts on a line of its own (B1 read a glued one as corrupt).
 """
 
 from __future__ import annotations
@@ -23,17 +26,19 @@ import os
 from pathlib import Path
 from typing import Any
 
-from mqmeta.formats.jsonlines import format_line, parse_line, split_lines
+from mqmeta.formats.jsonlines import format_line, parse_line, split_lines, unwritten_from
 
 MASTER_INTERVAL_MS = 50
 SLAVE_INTERVAL_MS = 500
 FILE_BYTES_MAX = 256 << 20  # past this the log stops growing (the audit then sees less)
+TAIL_SCAN_BYTES = 1 << 20  # where a power loss's unwritten pages are looked for
 
 
 class ConfirmLog:
     def __init__(self, path: Path, broker_name: str) -> None:
         self.path = path
         self.broker_name = broker_name
+        _cut_torn_tail(path)
         self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         self._size = os.fstat(self._fd).st_size
         self._last_key: tuple[Any, ...] | None = None
@@ -82,6 +87,8 @@ class ConfirmLog:
         if self._size + len(line) > FILE_BYTES_MAX:
             return
         os.write(self._fd, line)
+        if force:
+            os.fdatasync(self._fd)
         self._size += len(line)
         self._last_write_ms = now_ms
 
@@ -91,6 +98,37 @@ class ConfirmLog:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+
+
+def _cut_torn_tail(path: Path) -> None:
+    """Truncates an unterminated final line (a power loss's torn write), and before it
+    everything from a never-written (zero) page on, durably."""
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except FileNotFoundError:
+        return
+    try:
+        size = os.fstat(fd).st_size
+        start = max(0, size - TAIL_SCAN_BYTES)
+        hole = unwritten_from(os.pread(fd, size - start, start))
+        end = size if hole < 0 else start + hole
+        if end == 0 or os.pread(fd, 1, end - 1) == b"\n":
+            if end != size:
+                os.ftruncate(fd, end)
+                os.fsync(fd)
+            return
+        keep, block = 0, 1 << 16
+        while end > 0:  # the last newline, read backwards block by block
+            start = max(0, end - block)
+            found = os.pread(fd, end - start, start).rfind(b"\n")
+            if found >= 0:
+                keep = start + found + 1
+                break
+            end = start
+        os.ftruncate(fd, keep)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def read_confirm_log(path: Path) -> list[dict[str, Any]]:

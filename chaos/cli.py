@@ -47,7 +47,14 @@ def add_chaos_parsers(sub) -> None:
         chaos_sub.add_parser("faultfs", help="a FUSE filesystem that loses unsynced writes on a power loss")
     )
     run = chaos_sub.add_parser("run", help="one run of a fault against a workload")
-    run.add_argument("--fault", required=True, help="an OpenChaos fault name, or all-kill")
+    run.add_argument(
+        "--fault",
+        required=True,
+        help="an OpenChaos fault name, or all-kill; the disk faults power-loss-node, "
+        "power-loss-all (kill -9, drop every unsynced write, restart), slow-disk (500 ms fsyncs "
+        "on the master) and fsync-eio (the master's next fsyncs fail) put each node's data dir "
+        "on its own fault filesystem mount (needs /dev/fuse and fuse3)",
+    )
     _add_run_flags(run)
     run.add_argument("--output-dir", type=Path, required=True)
     matrix = chaos_sub.add_parser("matrix", help="many runs, one table")

@@ -31,6 +31,7 @@ from mqmeta.formats.jsonlines import parse_line, split_lines
 GRACE_AFTER_FAULT_MS = 10_000
 # faults whose `affected` nodes are stopped outright (the rest touch a node through `cut`)
 _STOPPING_KINDS = ("-kill", "-suspend")
+DISK_FAULTS = ("power-loss-node", "power-loss-all", "slow-disk", "fsync-eio")
 
 
 @dataclass(frozen=True)
@@ -86,7 +87,9 @@ def touches(fault: dict[str, Any], node: str) -> bool:
     """Whether a fault stopped `node` or cut one of its links."""
     if not node:
         return False
-    if fault["fault"] == "all-kill" or fault["fault"].endswith(_STOPPING_KINDS):
+    # the disk faults stop their node (power loss) or its disk (slow-disk, fsync-eio: a master
+    # that cannot sync in time is expected to lose its mastership)
+    if fault["fault"] in ("all-kill", *DISK_FAULTS) or fault["fault"].endswith(_STOPPING_KINDS):
         return node in fault.get("affected", [])
     return any(node in pair for pair in fault.get("cut", []))
 

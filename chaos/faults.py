@@ -14,18 +14,32 @@ leader = the controller leader (controllers), the broker set's master (brokers),
 - loss: Toxiproxy has no packet loss; each new connection of the target nodes' links is
   black-holed with probability 0.3 and closed after 500 ms (a timeout toxic with
   toxicity 0.3), which is what a lossy link looks like to TCP peers.
+- power-loss-node / power-loss-all: every node's data dir is on its own fault filesystem
+  mount (chaos/disks.py); one random node of the target (or every process) is killed -9,
+  its mount loses power (every write not fsynced is gone, a torn tail kept), and heal
+  restarts it and waits until it serves again (the time is the record's recover_ms);
+- slow-disk: every fsync on the broker set's master's mount waits SLOW_FSYNC_MS;
+- fsync-eio: the master's next fsyncs fail with EIO (the broker fences itself); heal
+  restarts it if it exited.
 """
 
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from mqmeta.chaos.net import NAMESRV, ProxiedNetwork
 from mqmeta.cluster.harness import Cluster
+from mqmeta.cluster.ready import wait_brokers_ready, wait_ready
+from mqmeta.cluster.wait import WaitTimeout
 
-from mqmeta.errors import InvalidArgument
+from mqmeta.errors import InvalidArgument, MqmetaError
+
+if TYPE_CHECKING:
+    from mqmeta.chaos.disks import NodeDisks
 
 FAULT_NAMES = (
     "noop",
@@ -47,11 +61,18 @@ FAULT_NAMES = (
     "leader-suspend",
     "fixed-suspend",
     "all-kill",
+    "power-loss-node",
+    "power-loss-all",
+    "slow-disk",
+    "fsync-eio",
 )
 TARGETS = ("controllers", "brokers", "all")
 DELAY_MS, DELAY_JITTER_MS = 100, 50
 LOSS_TOXICITY, LOSS_TIMEOUT_MS = 0.3, 500
 LEADER_WAIT_S = 10.0
+RESTART_READY_S = 60.0  # a node restarted after a power loss serves again within this
+SLOW_FSYNC_MS = 500
+EIO_FSYNCS = 3
 
 
 @dataclass
@@ -61,6 +82,7 @@ class FaultContext:
     target: str
     rng: random.Random
     broker_set: str = "broker-a"
+    disks: NodeDisks | None = None  # the disk faults' mounts, one per node
 
     @property
     def nodes(self) -> list[str]:
@@ -87,6 +109,7 @@ class Fault:
     affected: list[str] = field(default_factory=list)
     cut: list[tuple[str, str]] = field(default_factory=list)  # the node pairs a partition cut
     _heal: Callable[[], None] | None = None
+    details: dict[str, Any] = field(default_factory=dict)  # more for the fault's record in result.json
 
     def inject(self) -> str:
         """Applies the fault; returns what it did (for the history's extraInfo)."""
@@ -240,6 +263,95 @@ def _as_pair(pair: frozenset[str]) -> tuple[str, str]:
     return a, b
 
 
+def _disks(fault: Fault) -> NodeDisks:
+    if fault.context.disks is None:
+        raise MqmetaError(f"{fault.name} needs the nodes' data dirs on the fault filesystem")
+    return fault.context.disks
+
+
+def _power_loss(fault: Fault) -> str:
+    disks, cluster = _disks(fault), fault.context.cluster
+    if fault.name == "power-loss-all":
+        chosen = [n.id for n in cluster.layout.controllers]
+        if not cluster.layout.embedded:
+            chosen.append(NAMESRV)
+        chosen += [b.name for b in cluster.layout.brokers]
+    else:
+        chosen = fault.context.rng.sample(fault.context.nodes, 1)
+    for node in chosen:
+        if cluster.is_running(node):
+            cluster.kill(node)
+    lost = {}
+    for node in chosen:
+        if node in disks.mounts:  # the nameserver keeps no data: a kill is all it loses
+            seed = fault.context.rng.randrange(2**31)
+            counters = disks.mounts[node].lose_power(writeback_fraction=0.5, seed=seed)["counters"]
+            lost[node] = counters["pages_lost"]
+    fault.affected = chosen
+    fault.details["pagesLost"] = lost
+    fault._heal = lambda: _restart_and_wait(fault, chosen)
+    return f"power lost on {','.join(chosen)} ({sum(lost.values())} unsynced pages dropped)"
+
+
+def _restart_and_wait(fault: Fault, nodes: list[str]) -> None:
+    """Restarts the nodes and waits until they serve again: every controller knows a
+    leader, the nameserver serves, every broker has a role and its set a writable master.
+    A node that does not is named in details["notRestarted"] (the run fails on it)."""
+    context, cluster = fault.context, fault.context.cluster
+    started = time.monotonic()
+    _restart(context, nodes)
+    controllers = [cluster.node(n).grpc for n in nodes if context.is_controller(n)]
+    namesrv = cluster.layout.namesrv if NAMESRV in nodes else []
+    # a restarted slave is ready once its set has a writable master again: wait on the whole set
+    brokers = (
+        cluster.layout.brokers if any(n != NAMESRV and not context.is_controller(n) for n in nodes) else []
+    )
+
+    def check_running() -> None:
+        cluster.supervisor.check_running(nodes)
+
+    try:
+        if controllers or namesrv:
+            wait_ready(",".join(controllers) or cluster.addresses, namesrv, RESTART_READY_S, check_running)
+        if brokers:
+            wait_brokers_ready(brokers, RESTART_READY_S, check_running)
+    except (WaitTimeout, MqmetaError) as error:
+        fault.details["notRestarted"] = [n for n in nodes if not cluster.is_running(n)] or nodes
+        fault.details["restartError"] = str(error)
+    fault.details["recover_ms"] = int((time.monotonic() - started) * 1000)
+
+
+def _master_disk(fault: Fault) -> tuple[str, Any]:
+    disks = _disks(fault)
+    master = fault.context.cluster.master_of(fault.context.broker_set, timeout_s=LEADER_WAIT_S)
+    return master, disks.mounts[master]
+
+
+def _slow_disk(fault: Fault) -> str:
+    master, mount = _master_disk(fault)
+    mount.delay(fsync_ms=SLOW_FSYNC_MS)
+    fault.affected = [master]
+
+    def heal() -> None:
+        mount.delay(fsync_ms=0)
+
+    fault._heal = heal
+    return f"every fsync on {master}'s disk waits {SLOW_FSYNC_MS} ms"
+
+
+def _fsync_eio(fault: Fault) -> str:
+    master, mount = _master_disk(fault)
+    mount.fail_next_fsync(count=EIO_FSYNCS)
+    fault.affected = [master]
+
+    def heal() -> None:  # failures still pending stay (few: EIO_FSYNCS)
+        if not fault.context.cluster.is_running(master):
+            _restart_and_wait(fault, [master])
+
+    fault._heal = heal
+    return f"the next {EIO_FSYNCS} fsyncs on {master}'s disk fail with EIO"
+
+
 def _noop(fault: Fault) -> str:
     return "noop"
 
@@ -252,6 +364,10 @@ _ACTIONS: dict[str, Callable[[Fault], str]] = {
     "partition-majorities-ring": _ring_or_bridge,
     "random-delay": _delay,
     "random-loss": _loss,
+    "power-loss-node": _power_loss,
+    "power-loss-all": _power_loss,
+    "slow-disk": _slow_disk,
+    "fsync-eio": _fsync_eio,
     **{f"{who}-kill": _kill for who in _CHOOSERS},
     **{f"{who}-suspend": _suspend for who in _CHOOSERS},
     **{f"{who}-partition": _partition for who in ("random", "fixed", "leader")},

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from mqmeta.chaos import checkers
+from mqmeta.chaos.disks import DISK_FAULTS, NodeDisks
 from mqmeta.chaos.failover import check_run as check_failovers
 from mqmeta.chaos.faults import FAULT_NAMES, TARGETS, FaultContext, make_fault
 from mqmeta.chaos.history import FaultEvent, FaultPhase, HistoryRecorder
@@ -102,6 +103,10 @@ class RunConfig:
             raise InvalidArgument(f"unknown fault {self.fault!r}; choose one of {', '.join(FAULT_NAMES)}")
         elif self.fault_target not in TARGETS:
             raise InvalidArgument(f"--fault-target must be one of {', '.join(TARGETS)}")
+        elif self.fault in DISK_FAULTS:
+            from mqmeta.chaos.faultfs import check_can_mount
+
+            check_can_mount()  # FailedPrecondition naming what is missing (/dev/fuse, fusermount3)
         if self.workload not in ("queue", "metadata", "replication"):
             raise InvalidArgument("--workload must be queue, metadata or replication")
         if self.client not in ("native", "rocketmq"):
@@ -206,22 +211,37 @@ def run(
     network = ProxiedNetwork(cluster, url)
     recorder = HistoryRecorder()
     faults: list[dict[str, Any]] = []
+    disks = NodeDisks(cluster, out) if config.fault in DISK_FAULTS else None
+    disk_counters: dict[str, Any] = {}
     try:
+        if disks is not None:
+            disks.mount()
         network.create()
         dialmap.install(network.client_map())
         cluster.start()
-        _execute(config, cluster, network, recorder, faults)
+        _execute(config, cluster, network, recorder, faults, disks)
     finally:
         try:
             network.heal()
         except Exception:  # the proxy may be gone; the cluster still has to stop
             log.exception("could not heal the network")
+        not_running = [name for name in _processes(cluster) if not cluster.is_running(name)]
         cluster.stop()
         dialmap.install({})
         if proxy is not None:
             proxy.stop()
+        if disks is not None:
+            disk_counters = disks.counters()
+            disks.unmount()
     failovers = check_failovers(out / "cluster", cluster.layout, faults, BROKER_SET)
-    return _conclude(config, recorder, faults, audit, failovers)
+    return _conclude(config, recorder, faults, audit, failovers, not_running, disk_counters)
+
+
+def _processes(cluster: Cluster) -> list[str]:
+    names = [n.id for n in cluster.layout.controllers]
+    if cluster.layout.brokers and not cluster.layout.embedded:
+        names.append("namesrv")
+    return names + [b.name for b in cluster.layout.brokers]
 
 
 def _run_replication(
@@ -249,6 +269,7 @@ def _execute(
     network: ProxiedNetwork,
     recorder: HistoryRecorder,
     faults: list[dict[str, Any]],
+    disks: NodeDisks | None = None,
 ) -> None:
     workload: QueueWorkload | MetadataWorkload | Any
     wconfig = WorkloadConfig(config.concurrency, config.rate_per_s, config.consumers)
@@ -268,7 +289,7 @@ def _execute(
         )
         with cluster.client() as client:
             workload.prepare(lambda spec: client.create_topic(spec))
-    context = FaultContext(cluster, network, config.fault_target, random.Random(config.seed))
+    context = FaultContext(cluster, network, config.fault_target, random.Random(config.seed), disks=disks)
     workload.start()
     try:
         _fault_loop(config, context, recorder, faults)
@@ -301,6 +322,7 @@ def _fault_loop(
                 "what": what,
                 "affected": fault.affected,
                 "cut": fault.cut,
+                **fault.details,
             }
         )
     time.sleep(min(HEAL_SETTLE_S, max(0.0, end - time.monotonic())))
@@ -312,6 +334,8 @@ def _conclude(
     faults: list[dict[str, Any]],
     audit: AuditFunction | None,
     failovers: dict[str, Any],
+    not_running: list[str] | None = None,
+    disk_counters: dict[str, Any] | None = None,
 ) -> RunResult:
     from mqmeta.chaos.linearizability import check_linearizability
     from mqmeta.chaos.plot import latency_png
@@ -326,6 +350,13 @@ def _conclude(
         "failover": failovers,
     }
     failures = []
+    if disk_counters:
+        result["faultfs"] = disk_counters
+    # every node started again after every fault, and ran until the end of the run
+    not_restarted = sorted({n for f in faults for n in f.get("notRestarted", [])} | set(not_running or []))
+    result["notRestarted"] = not_restarted
+    if not_restarted:
+        failures.append(f"{', '.join(not_restarted)} did not start again (see the logs)")
     # The harness's test liveness (dead after 1 s) trades false failovers on a loaded machine
     # for quick runs: they are counted there, and fail a run only with the defaults that
     # users run (--liveness defaults), where one is a bug (it found one: state_machine.stale_view).

@@ -5,7 +5,8 @@ It is the audit's view of a controller node (R1/R2 and the M1-M4 replay). Each l
    "commands", "effects", "crc32"}
 where command_digest is the SHA-256 of the Raft entry's bytes (the JSON list of commands)
 and crc32 covers the canonical JSON of every other field. After a crash the
-torn last line (if any) is cut off, and entries the node replays from its Raft
+torn last line (if any) is cut off, after a power loss also everything from the
+first never-written (zero) page on, and entries the node replays from its Raft
 journal are not written twice.
 """
 
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from mqmeta.errors import CorruptData
-from mqmeta.formats.jsonlines import format_line, parse_line, split_lines
+from mqmeta.formats.jsonlines import format_line, parse_line, split_lines, unwritten_from
 
 log = logging.getLogger(__name__)
 
@@ -40,8 +41,15 @@ class AppliedLog:
             start = max(0, size - TAIL_SCAN_BYTES)
             f.seek(start)
             tail = f.read()
+        end = size
+        hole = unwritten_from(tail)
+        if hole >= 0:  # after a power loss: a page never written back, and all after it
+            log.warning(
+                "%s: cutting off %d bytes after a power loss's unwritten page", self.path, size - start - hole
+            )
+            tail, end = tail[:hole], start + hole
         complete, torn_bytes = split_lines(tail)
-        keep_end = size - torn_bytes
+        keep_end = end - torn_bytes
         if torn_bytes:
             log.warning("%s: cutting off a torn last line of %d bytes", self.path, torn_bytes)
         complete = [ln for ln in complete if ln]

@@ -19,7 +19,13 @@ from mqmeta.cluster.harness import Cluster
 
 # The modules whose tests use the shared Spark session (marked `spark`): one scope.
 SPARK_MODULES = frozenset(
-    {"test_audit.py", "test_audit_replication.py", "test_chaos_runs.py", "test_rocketmq_chaos.py"}
+    {
+        "test_audit.py",
+        "test_audit_replication.py",
+        "test_chaos_power_loss.py",
+        "test_chaos_runs.py",
+        "test_rocketmq_chaos.py",
+    }
 )
 
 

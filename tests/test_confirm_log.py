@@ -52,3 +52,48 @@ def test_notes_after_close_write_nothing(tmp_path):
     other.close()
     assert [r["confirm_offset"] for r in read_confirm_log(path)] == [100]
     assert (tmp_path / "other").read_bytes() == b""
+
+
+def test_reopening_after_a_torn_final_line_cuts_it_so_new_lines_stay_whole(tmp_path):
+    """A power loss can tear the last line; the broker restarts and appends: the new line
+    must not be glued onto the torn one (the audit would read a corrupt line)."""
+    path = tmp_path / "confirm.log"
+    log = ConfirmLog(path, "broker-a")
+    log.note(1000, 1, "MASTER", 2, 100, 150, {}, force=True)
+    log.close()
+    whole = path.read_bytes()
+    path.write_bytes(whole + b'{"acked":{"2":9298},"broker_id":1,"max')
+    log = ConfirmLog(path, "broker-a")
+    log.note(2000, 1, "SLAVE", 3, 200, 250, {}, force=True)
+    log.close()
+    assert path.read_bytes().startswith(whole)
+    assert [r["confirm_offset"] for r in read_confirm_log(path)] == [100, 200]
+
+
+def test_reopening_after_a_power_loss_hole_cuts_from_the_unwritten_page_on(tmp_path):
+    """Pages written back out of order: zeros where a page never reached the disk, a whole
+    line after them. Everything from the hole's line on was not durable: cut."""
+    path = tmp_path / "confirm.log"
+    log = ConfirmLog(path, "broker-a")
+    log.note(1000, 1, "MASTER", 2, 100, 150, {}, force=True)
+    log.close()
+    whole = path.read_bytes()
+    path.write_bytes(whole + b'{"acked":{}' + b"\0" * 64 + b'x"}\n' + whole)
+    ConfirmLog(path, "broker-a").close()
+    assert path.read_bytes() == whole
+
+
+def test_the_applied_log_cuts_a_power_loss_hole_and_rewrites_the_replayed_entries(tmp_path):
+    from mqmeta.controller.applied_log import AppliedLog
+
+    from mqmeta.formats.jsonlines import format_line
+
+    path = tmp_path / "applied.jsonl"
+    lines = [format_line({"index": i, "term": 1}) for i in (1, 2, 3)]
+    path.write_bytes(lines[0] + b"\0" * 10 + lines[1][10:] + lines[2])
+    applied = AppliedLog(path, "c1")
+    assert applied.last_index == 1  # 2 and 3 are replayed from the Raft journal
+    applied.append({"index": 2, "term": 1})
+    applied.close()
+    assert b"\0" not in path.read_bytes()
+    assert path.read_bytes().count(b"\n") == 2

@@ -107,6 +107,12 @@ def test_delay_and_loss_never_touch_and_all_kill_always_does():
     assert not touches(_fault("leader-kill", 0, 1, ["b1"]), "")  # no master: nothing to touch
 
 
+def test_the_disk_faults_touch_the_node_whose_disk_they_hit():
+    for kind in ("power-loss-node", "power-loss-all", "slow-disk", "fsync-eio"):
+        assert touches(_fault(kind, 0, 1, ["b1"]), "b1"), kind
+        assert not touches(_fault(kind, 0, 1, ["b2"]), "b1"), kind
+
+
 def _line(index: int, now_ms: int, epoch: int, master_id: int) -> bytes:
     replicas = {str(i): {"address": f"127.0.0.1:{9000 + i}"} for i in (1, 2, 3)}
     value = {"master_epoch": epoch, "master_broker_id": master_id, "replicas": replicas}

@@ -51,3 +51,12 @@ def split_lines(data: bytes) -> tuple[list[bytes], int]:
     end = data.rfind(b"\n") + 1
     lines = data[:end].split(b"\n")[:-1] if end else []
     return lines, len(data) - end
+
+
+def unwritten_from(data: bytes) -> int:
+    """Where a power loss's unwritten region begins in an append-only file's `data`: the
+    start of the line that holds its first NUL byte (a page the cache never wrote back
+    reads as zeros, and a formatted line never holds a NUL), or -1 when there is none.
+    Everything from there on was not durable and is cut off on recovery."""
+    hole = data.find(b"\0")
+    return -1 if hole < 0 else data.rfind(b"\n", 0, hole) + 1
