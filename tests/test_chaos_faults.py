@@ -92,7 +92,8 @@ def test_run_settings_are_validated(tmp_path):
     ):
         with pytest.raises(InvalidArgument, match=message):
             RunConfig(**dict(good, **bad)).validate()
-    assert "all-kill" in FAULT_NAMES and len(FAULT_NAMES) == 19
+    assert "all-kill" in FAULT_NAMES and len(FAULT_NAMES) == 23  # 19 + the four disk faults
+    assert {"power-loss-node", "power-loss-all", "slow-disk", "fsync-eio"} <= set(FAULT_NAMES)
     (tmp_path / "history.tsv").write_text("")
     with pytest.raises(InvalidArgument, match="already holds a chaos run"):
         RunConfig(**good).validate()
