@@ -52,6 +52,7 @@ import grpc
 from mqmeta.client import ControllerClient
 from mqmeta.errors import MqmetaError
 from mqmeta.pb import controller_pb2 as pb
+from mqmeta.timing import WATCH_KEEPALIVE_MS, WATCH_KEEPALIVE_TIMEOUT_MS
 
 log = logging.getLogger(__name__)
 
@@ -64,8 +65,6 @@ TOPIC_RELOAD_DUTY_MAX = 0.1
 # to 127 characters would not fit); more marked names than this: one ListTopics of every topic.
 TOPIC_RELOAD_NAMES_BYTES_MAX = 1 << 20
 NAME_ENCODING_BYTES = 3  # per repeated string: its tag and length (names are ASCII)
-WATCH_KEEPALIVE_MS = 1_000
-WATCH_KEEPALIVE_TIMEOUT_MS = 2_000
 BrokerKey = tuple[str, str]  # (cluster, broker name)
 
 
