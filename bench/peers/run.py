@@ -230,21 +230,40 @@ def mqmeta_kills(system: Mqmeta, kills: int) -> dict[str, Any]:
 
 def _mqmeta_kill_once(cluster: Any, k: int) -> tuple[float | None, float | None]:
     from mqmeta.client import ControllerClient
+    from mqmeta.errors import AlreadyExists
     from mqmeta.pb import controller_pb2 as pb
 
     leader = cluster.leader_id()
     others = [n.grpc for n in cluster.layout.controllers if n.id != leader]
+    attempt = iter(range(1_000_000))
+
+    def write(client: Any) -> bool:
+        # a new name per attempt: an attempt that timed out may have committed
+        spec = pb.TopicSpec(name=f"kill-{k}-{next(attempt)}-{time.monotonic_ns()}", queue_count=1)
+        try:
+            return bool(client.create_topic(spec, timeout_s=0.5))
+        except AlreadyExists:
+            return True
+
     with ControllerClient(others, timeout_s=0.5) as client:
-        spec = pb.TopicSpec(name=f"kill-{k}-{time.monotonic_ns()}", queue_count=1)
         cluster.kill(leader)
-        took = _first_success(lambda: bool(client.create_topic(spec, timeout_s=0.5)), 30.0)
+        took = _first_success(lambda: write(client), 30.0)
     t0 = time.monotonic()
     cluster.start_node(leader)
-    with ControllerClient([cluster.node(leader).grpc], timeout_s=0.5) as client:
-        served = _first_success(lambda: bool(client.get_config(pb.GetConfigRequest(), timeout_s=0.5)), 60.0)
+    served = _first_success(lambda: _read_once(cluster.node(leader).grpc), 60.0)
     restart = None if served is None else time.monotonic() - t0
     cluster.leader_id()
     return took, restart
+
+
+def _read_once(address: str) -> bool:
+    """One linearizable read on one node, over a new channel (as etcd's side gets a new
+    connection per attempt: gRPC's reconnect backoff would otherwise be measured)."""
+    from mqmeta.client import ControllerClient
+    from mqmeta.pb import controller_pb2 as pb
+
+    with ControllerClient([address], timeout_s=0.5) as client:
+        return bool(client.get_config(pb.GetConfigRequest(), timeout_s=0.5))
 
 
 def etcd_kills(system: Etcd, kills: int) -> dict[str, Any]:
