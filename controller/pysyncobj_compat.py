@@ -17,7 +17,7 @@ Nothing is changed by importing this module. What it provides, applied explicitl
   configuration, but controller/snapshot.py relies on how Serializer calls them (a custom
   serializer may finish after it returns; the journal is compacted only once the checker
   says SUCCESS): REQUIREMENTS names what it relies on;
-- NextIndexFix, HeldEntriesFix, InputFirstFix, ReadIndex and RaftFixes (all of them):
+- NextIndexFix, HeldEntriesFix, InputFirstFix, ReadIndex, SendBeforeSync and RaftFixes (all):
   SyncObj subclasses to inherit from;
 - DialHookTransport: pysyncobj's TCP transport with a dial hook;
 - accessors: raft_journal, entries_from, leader_address, is_leader, read_snapshot_entries;
@@ -148,6 +148,12 @@ REQUIREMENTS: tuple[Requirement, ...] = (
     Requirement(_SYNCOBJ, "SyncObj", "_onTick", ROUTINE, "wrap_tick wraps it"),
     Requirement(_SYNCOBJ, "SyncObj._autoTickThread", "_onTick", USES, "every tick runs it"),
     Requirement(_TRANSPORT, "TCPTransport", "send", ROUTINE, "wrap_transport_send wraps it"),
+    # SendBeforeSync
+    Requirement(_SYNCOBJ, "SyncObj._onTick", "_checkCommandsToApply", USES, "a tick proposes through it"),
+    Requirement(_SYNCOBJ, "SyncObj._checkCommandsToApply", "_SyncObj__raftLog", USES, "it appends there"),
+    Requirement(
+        _SYNCOBJ, "SyncObj._checkCommandsToApply", "_SyncObj__sendAppendEntries", USES, "and sends at once"
+    ),
     # ReadIndex
     Requirement(_SYNCOBJ, "SyncObj.__init__", "_SyncObj__raftCommitIndex", USES, "ReadIndex records it"),
     Requirement(_SYNCOBJ, "SyncObj.__init__", "_SyncObj__noopIDx", USES, "ReadIndex waits for the no-op"),
@@ -474,6 +480,35 @@ class LeadershipTransfer(SyncObj):
             self._transfer_requested.clear()
 
 
+class SendBeforeSync(SyncObj):
+    """Leader side: new entries go to the followers before the leader's own fsync, which
+    then runs while they write theirs (Raft thesis section 10.2.1; etcd does the same).
+
+    pysyncobj 0.3.17's leader appends each new command to its journal (our journal
+    fdatasyncs there) and only then sends it, so a write waits for two fsyncs one after
+    the other. Here, while the leader turns queued commands into entries
+    (_checkCommandsToApply, where it appends and sends each at once), the journal holds
+    its fsync, and one fdatasync covers all of them when that returns. Safe because
+    nothing is counted before it: the leader counts itself toward a commit only in the
+    next tick (a commit is computed at the start of _onTick), after this sync; followers
+    still sync before they acknowledge (their appends are not in this call). A leader
+    that crashes before its sync may lose entries only followers hold: as after any
+    leader crash, Raft keeps them if a majority holds them and drops them otherwise,
+    and none was acknowledged to a client. A journal without begin_deferred_sync
+    (pysyncobj's own) is left as it is."""
+
+    def _checkCommandsToApply(self) -> None:
+        journal = self._SyncObj__raftLog
+        if not self._isLeader() or not hasattr(journal, "begin_deferred_sync"):
+            super()._checkCommandsToApply()
+            return
+        journal.begin_deferred_sync()
+        try:
+            super()._checkCommandsToApply()
+        finally:
+            journal.end_deferred_sync()
+
+
 class ReadNotConfirmed(Exception):
     """A ReadIndex read could not be confirmed (no leader, leadership lost, a round that
     no majority answered in time): the caller reads another way or fails; never stale."""
@@ -680,8 +715,9 @@ class ReadIndex(SyncObj):
             self._serve_applied()
 
 
-class RaftFixes(ReadIndex, LeadershipTransfer, InputFirstFix, HeldEntriesFix, NextIndexFix):
-    """Every Raft fix, leadership transfer and ReadIndex: what every controller node runs with."""
+class RaftFixes(ReadIndex, SendBeforeSync, LeadershipTransfer, InputFirstFix, HeldEntriesFix, NextIndexFix):
+    """Every Raft fix, leadership transfer, ReadIndex and SendBeforeSync: what every
+    controller node runs with."""
 
 
 # The transport ------------------------------------------------------------------------------

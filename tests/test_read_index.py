@@ -17,6 +17,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -71,8 +72,9 @@ class Register(compat.ReadIndex, SyncObj):
         return value
 
 
-def conf(address: str, election_s: float) -> SyncObjConf:
+def conf(address: str, election_s: float, journal_file: str | None = None) -> SyncObjConf:
     return SyncObjConf(
+        journalFile=journal_file,
         autoTick=False,
         appendEntriesUseBatch=False,
         appendEntriesPeriod=0.05,
@@ -99,26 +101,28 @@ class Trio:
     """n0 becomes the leader (short election timeout); n1 can take over (medium); n2 never
     runs out of time."""
 
-    def __init__(self) -> None:
+    def __init__(self, journal_dir: Path | None = None, node_class: type[Register] = Register) -> None:
+        self.journal_dir = journal_dir  # None: pysyncobj's memory journal
         CuttableTransport.cut.clear()
         CuttableTransport.pings.clear()
         for _ in range(BIND_ATTEMPTS_MAX):
             _HELD.append(PortReservation.pick(3))
             addresses = _HELD[-1].addresses
             try:
-                self.nodes = self._start(addresses)
+                self.nodes = self._start(addresses, journal_dir, node_class)
                 return
             except SyncObjException:
                 continue
         pytest.fail(f"could not bind three loopback ports in {BIND_ATTEMPTS_MAX} attempts")
 
     @staticmethod
-    def _start(addresses: list[str]) -> list[Register]:
+    def _start(addresses: list[str], journal_dir: Path | None, node_class: type[Register]) -> list[Register]:
         started: list[Register] = []
         try:
-            for address, election_s in zip(addresses, (0.2, 1.0, 60.0), strict=True):
+            for k, (address, election_s) in enumerate(zip(addresses, (0.2, 1.0, 60.0), strict=True)):
                 others = [a for a in addresses if a != address]
-                started.append(Register(address, others, conf(address, election_s)))
+                journal = None if journal_dir is None else str(journal_dir / f"n{k}.journal")
+                started.append(node_class(address, others, conf(address, election_s, journal)))
         except SyncObjException:
             for node in started:
                 node.destroy()
