@@ -209,23 +209,25 @@ def _first_success(attempt, timeout_s: float) -> float | None:
     return None
 
 
-def _nan_if_none(value: float | None) -> float:
-    return float("nan") if value is None else value
+def _kill_summary(to_write: list[float | None], to_serve: list[float | None]) -> dict[str, Any]:
+    """Each figure over the kills that succeeded; `failed` counts those that did not."""
+    out: dict[str, Any] = {}
+    for name, samples in (("leader_kill_to_next_write_s", to_write), ("restart_to_serving_s", to_serve)):
+        out[name] = seconds_summary([s for s in samples if s is not None])
+        out[name]["failed"] = sum(1 for s in samples if s is None)
+    return out
 
 
 def mqmeta_kills(system: Mqmeta, kills: int) -> dict[str, Any]:
     """kill -9 of the controller leader -> the next write acknowledged; then the killed
     node's restart -> its first linearizable read answered."""
-    to_write: list[float] = []
-    to_serve: list[float] = []
+    to_write: list[float | None] = []
+    to_serve: list[float | None] = []
     for k in range(kills):
         took, served = _mqmeta_kill_once(system.cluster, k)
-        to_write.append(_nan_if_none(took))
-        to_serve.append(_nan_if_none(served))
-    return {
-        "leader_kill_to_next_write_s": seconds_summary(to_write),
-        "restart_to_serving_s": seconds_summary(to_serve),
-    }
+        to_write.append(took)
+        to_serve.append(served)
+    return _kill_summary(to_write, to_serve)
 
 
 def _mqmeta_kill_once(cluster: Any, k: int) -> tuple[float | None, float | None]:
@@ -267,18 +269,15 @@ def _read_once(address: str) -> bool:
 
 
 def etcd_kills(system: Etcd, kills: int) -> dict[str, Any]:
-    to_write: list[float] = []
-    to_serve: list[float] = []
+    to_write: list[float | None] = []
+    to_serve: list[float | None] = []
     for k in range(kills):
         if _first_success(lambda: system.leader() is not None, 20.0) is None:
             continue
         took, served = _etcd_kill_once(system, k)
-        to_write.append(_nan_if_none(took))
-        to_serve.append(_nan_if_none(served))
-    return {
-        "leader_kill_to_next_write_s": seconds_summary(to_write),
-        "restart_to_serving_s": seconds_summary(to_serve),
-    }
+        to_write.append(took)
+        to_serve.append(served)
+    return _kill_summary(to_write, to_serve)
 
 
 def _etcd_kill_once(system: Etcd, k: int) -> tuple[float | None, float | None]:
