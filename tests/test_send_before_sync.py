@@ -12,6 +12,7 @@ the second does.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,9 +20,15 @@ from mqmeta.controller import pysyncobj_compat as compat
 from mqmeta.controller.journal import DurableJournal
 from mqmeta.controller.raft_node import install_pysyncobj_patches
 
-from tests.test_read_index import CuttableTransport, Register, Trio, wait_for
+from tests.support.raft_trio import CuttableTransport, Register, Trio, release_held_ports, wait_for
 
 pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _release_held_ports() -> Iterator[None]:
+    yield
+    release_held_ports()
 
 
 class SyncAfterSendRegister(compat.SendBeforeSync, Register):
