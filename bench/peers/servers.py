@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import http.client
+import importlib.util
 import json
 import os
 import shutil
@@ -39,11 +40,18 @@ class PeerStartFailed(RuntimeError):
     """A peer did not come up in time (its log's tail is in the message)."""
 
 
+CLIENT_MODULES = {"etcd": None, "rabbitmq": "pika", "nats": "nats"}  # etcd: HTTP/JSON, no package
+
+
 def absent(name: str) -> str | None:
-    """Why peer `name` cannot run here (one sentence), or None when its binary is present."""
+    """Why peer `name` cannot run here (one sentence), or None when its binary and its
+    Python client are present."""
     binary, install = INSTALL[name]
     if shutil.which(binary) is None and not Path(binary).exists():
         return f"{name} is not installed ({binary} not found); install it with `{install}`"
+    module = CLIENT_MODULES[name]
+    if module is not None and importlib.util.find_spec(module) is None:
+        return f"{name}'s Python client ({module}) is not installed; pip install 'mqmeta[peers]'"
     return None
 
 
