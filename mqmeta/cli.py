@@ -167,6 +167,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="serve RocketMQ 4.x clients (the classic remoting protocol) on HOST:PORT "
         "(RocketMQ's 0.0.0.0:9876 when the flag has no value)",
     )
+    namesrv.add_argument(
+        "--rocketmq-routes",
+        choices=("proxy", "direct"),
+        default="proxy",
+        help="what QueryRoute gives RocketMQ 5 clients: proxy (the nameservers, which forward "
+        "every call to the current master; the default) or direct (the masters' addresses)",
+    )
+    namesrv.add_argument(
+        "--rocketmq-endpoints",
+        default="",
+        help="with proxy routes: every nameserver's gRPC address HOST:PORT,... "
+        "(default: this one's --listen)",
+    )
     _add_node_flags(namesrv, required=False)
     accept_config_file(namesrv, tables=("raft_settings",))
 
