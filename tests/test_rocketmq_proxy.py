@@ -51,13 +51,12 @@ TOPICS = {"Steady": "NORMAL", "Groups": "FIFO", "Deals": "TRANSACTION"}
 def cluster(tmp_path_factory):
     c = Cluster(tmp_path_factory.mktemp("rmqproxy"), count=1, broker_sets=1, replicas=2)
     second = PortReservation.pick(1)
+    proxies = [c.layout.namesrv[0], second.addresses[0]]
+    flags = ["--rocketmq-endpoints", ",".join(proxies)]
+    c.namesrv_flags = flags
     c.start()
     try:
-        proxies = [c.layout.namesrv[0], second.addresses[0]]
         second.release()  # the second nameserver binds it now
-        flags = ["--rocketmq-endpoints", ",".join(proxies)]
-        c.kill("namesrv")
-        c.supervisor.start("namesrv", namesrv_command(c.layout) + flags, c.process_env("namesrv"))
         command = namesrv_command(c.layout) + flags
         command[command.index("--listen") + 1] = proxies[1]
         for flag in ("--metrics-listen", "--remoting-listen"):
