@@ -24,19 +24,22 @@ def main() -> int:
     parser.add_argument("--topic", required=True)
     parser.add_argument("--interval-ms", type=float, default=20.0)
     parser.add_argument("--duration-s", type=float, default=600.0)
-    parser.add_argument("--request-timeout-s", type=float, default=3.0)
+    parser.add_argument("--request-timeout-s", type=int, default=3)  # the client wants an int
     args = parser.parse_args()
     os.environ["HOME"] = tempfile.mkdtemp(prefix="rmq-bench-home-")  # the client's logs
     import rocketmq
 
     stop = threading.Event()
     threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
-    config = rocketmq.ClientConfiguration(args.endpoints, rocketmq.Credentials(), args.request_timeout_s)
+    config = rocketmq.ClientConfiguration(
+        args.endpoints, rocketmq.Credentials(), request_timeout=args.request_timeout_s
+    )
     producer = rocketmq.Producer(config, (args.topic,))
     producer.startup()
     print("ready", time.monotonic(), flush=True)
     end = time.monotonic() + args.duration_s
     i = 0
+    last_error = ""
     try:
         while not stop.is_set() and time.monotonic() < end:
             m = rocketmq.Message()
@@ -44,8 +47,11 @@ def main() -> int:
             try:
                 producer.send(m)
                 print("ok", time.monotonic(), flush=True)
-            except Exception:
+            except Exception as exc:
                 print("fail", time.monotonic(), flush=True)
+                if repr(exc) != last_error:  # a burst of one failure is one line
+                    last_error = repr(exc)
+                    print(f"send failed: {last_error}", file=sys.stderr, flush=True)
             i += 1
             stop.wait(args.interval_ms / 1000)
     finally:

@@ -150,7 +150,11 @@ def run(args: argparse.Namespace, root: Path, result: dict[str, Any]) -> None:
     rounds: list[dict[str, Any]] = []
     result["rounds"] = rounds
     try:
-        _wait(lambda: official.acked and ours.acked, 60, "both producers acknowledged")
+        _wait(
+            lambda: _alive(driver, produce) and official.acked and ours.acked,
+            60,
+            "both producers acknowledged",
+        )
         for i in range(args.rounds):
             master = brokerlib.wait_in_sync(cluster, 2, timeout_s=60.0)
             time.sleep(STEADY_S)  # steady sends before the kill
@@ -181,6 +185,13 @@ def run(args: argparse.Namespace, root: Path, result: dict[str, Any]) -> None:
         result["official_failed_sends"] = len(official.failed)
         result["official_acked"] = len(official.acked)
         result["ours_acked"] = len(ours.acked)
+
+
+def _alive(*procs: subprocess.Popen) -> bool:
+    for proc in procs:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args[:4]} exited with {proc.returncode}")
+    return True
 
 
 def _wait(predicate, timeout_s: float, what: str) -> None:
