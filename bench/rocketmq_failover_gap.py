@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -116,6 +117,7 @@ def start(root: Path, routes: str):
 def run(args: argparse.Namespace, root: Path, result: dict[str, Any]) -> None:
     cluster = start(root, args.routes)
     result["routes"] = args.routes
+    result["load_average_at_start"] = [round(x, 1) for x in os.getloadavg()]
     official, ours = Sends(), Sends()
     stop = threading.Event()
     driver = subprocess.Popen(
@@ -182,6 +184,7 @@ def run(args: argparse.Namespace, root: Path, result: dict[str, Any]) -> None:
                 proc.wait(15)
             except subprocess.TimeoutExpired:
                 proc.kill()
+        result["load_average_at_end"] = [round(x, 1) for x in os.getloadavg()]
         result["official_failed_sends"] = len(official.failed)
         result["official_acked"] = len(official.acked)
         result["ours_acked"] = len(ours.acked)

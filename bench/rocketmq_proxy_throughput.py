@@ -111,6 +111,9 @@ def null_server(rmq_root: Any, address_holder: list[str]):
                 yield s.ReceiveMessageResponse(
                     message=d.Message(topic=request.message_queue.topic, system_properties=props, body=body)
                 )
+            done = s.ReceiveMessageResponse()
+            done.delivery_timestamp.GetCurrentTime()  # the clients time the batch from it
+            yield done
 
         def AckMessage(self, request, context):
             entries = [
@@ -126,6 +129,11 @@ def null_server(rmq_root: Any, address_holder: list[str]):
                     merged.CopyFrom(command.settings)
                     if merged.HasField("publishing"):
                         merged.publishing.max_body_size = 4 << 20
+                    if merged.HasField("subscription"):  # as a broker answers: its batch, its polls
+                        merged.subscription.receive_batch_size = 32
+                        merged.subscription.long_polling_timeout.CopyFrom(Duration(seconds=30))
+                        merged.backoff_policy.max_attempts = 17
+                        merged.backoff_policy.customized_backoff.next.add().seconds = 1
                     yield s.TelemetryCommand(status=ok, settings=merged)
 
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=64))
@@ -267,6 +275,7 @@ def main() -> int:
         "threads": args.threads,
         "body_bytes": args.size,
         "rounds": args.rounds,
+        "load_average_at_end": [round(x, 1) for x in os.getloadavg()],
         "msgs_per_s": best,
         "samples": rates,
         "ratio_proxy_to_direct": {

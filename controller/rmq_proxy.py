@@ -153,6 +153,7 @@ class RocketMQProxy:
         self._on_route = on_route
         self._channels: OrderedDict[str, grpc.aio.Channel] = OrderedDict()
         self._round_robin = itertools.count()
+        self._unary: dict[tuple[str, str], tuple[grpc.aio.Channel, Any]] = {}
 
     # Plumbing ------------------------------------------------------------------------------
     def handler(self) -> grpc.GenericRpcHandler:
@@ -182,6 +183,16 @@ class RocketMQProxy:
         handlers["Telemetry"] = grpc.stream_stream_rpc_method_handler(self.telemetry)
         return grpc.method_handlers_generic_handler(MESSAGING_SERVICE, handlers)
 
+    def unary(self, address: str, method: str) -> Any:
+        """The cached multicallable of `method` on the channel to `address`."""
+        key = (address, method)
+        found = self._unary.get(key)
+        if found is None or found[0] is not self._channels.get(address):
+            channel = self.channel(address)
+            found = (channel, channel.unary_unary(PATH + method))
+            self._unary[key] = found
+        return found[1]
+
     def channel(self, address: str) -> grpc.aio.Channel:
         found = self._channels.get(address)
         if found is not None:
@@ -194,7 +205,8 @@ class RocketMQProxy:
             made = grpc.aio.insecure_channel(address, CHANNEL_OPTIONS)
         self._channels[address] = made
         if len(self._channels) > CHANNELS_MAX:
-            _, oldest = self._channels.popitem(last=False)
+            gone, oldest = self._channels.popitem(last=False)
+            self._unary = {k: v for k, v in self._unary.items() if k[0] != gone}
             asyncio.get_running_loop().create_task(oldest.close(grace=FANOUT_TIMEOUT_S))
         return made
 
@@ -242,7 +254,7 @@ class RocketMQProxy:
                 left = deadline - time.monotonic()
                 if not address:
                     raise _Retry(answer)
-                call = self.channel(address).unary_unary(PATH + method)
+                call = self.unary(address, method)
                 try:
                     raw = await call(request, timeout=max(left, 0.01), metadata=metadata)
                 except grpc.aio.AioRpcError as exc:
@@ -297,9 +309,7 @@ class RocketMQProxy:
     async def fan_out(self, method: str, request: bytes, context) -> None:
         metadata = forwarded_metadata(context)
         calls = [
-            self.channel(address).unary_unary(PATH + method)(
-                request, timeout=FANOUT_TIMEOUT_S, metadata=metadata
-            )
+            self.unary(address, method)(request, timeout=FANOUT_TIMEOUT_S, metadata=metadata)
             for address in (await self.masters()).values()
         ]
         for outcome in await asyncio.gather(*calls, return_exceptions=True):
