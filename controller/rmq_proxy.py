@@ -465,7 +465,8 @@ class RocketMQProxy:
             yield rsvc.ReceiveMessageResponse(status=status(error.code, error.message)).SerializeToString()
             return
         master = self.master_getter(topic, parsed.message_queue.broker.name)
-        deadline = _deadline(context)
+        deadline = _deadline(context)  # how long to look for a master
+        call_deadline = _deadline(context, capped=False)  # a long poll keeps its whole length
         metadata = forwarded_metadata(context)
         answer = rsvc.ReceiveMessageResponse(
             status=status(
@@ -482,7 +483,7 @@ class RocketMQProxy:
                 return
             if address:
                 call = self.channel(address).unary_stream(PATH + "ReceiveMessage")(
-                    request, timeout=max(deadline - time.monotonic(), 0.01), metadata=metadata
+                    request, timeout=max(call_deadline - time.monotonic(), 0.01), metadata=metadata
                 )
                 first = True
                 try:
@@ -628,10 +629,14 @@ def _handle_broker(text: str) -> str:
         return ""
 
 
-def _deadline(context: grpc.aio.ServicerContext) -> float:
+def _deadline(context: grpc.aio.ServicerContext, capped: bool = True) -> float:
+    """When the call must be answered: its own deadline less PROXY_MARGIN_MS, and (capped)
+    no later than ELECTION_WAIT_MS_MAX from now."""
     remaining = context.time_remaining()
     left_ms = DEADLINE_DEFAULT_MS if remaining is None else remaining * 1000
-    wait_ms = min(max(left_ms - PROXY_MARGIN_MS, 0), ELECTION_WAIT_MS_MAX)
+    wait_ms = max(left_ms - PROXY_MARGIN_MS, 0)
+    if capped:
+        wait_ms = min(wait_ms, ELECTION_WAIT_MS_MAX)
     return time.monotonic() + wait_ms / 1000
 
 
