@@ -134,7 +134,9 @@ class Producing(threading.Thread):
 
 
 class Reading(threading.Thread):
-    """A SimpleConsumer's receive + ack loop; `arrivals` in delivery order."""
+    """A SimpleConsumer's receive + ack loop; `arrivals` in delivery order (every delivery:
+    an ack the master applied may still fail at the client when the master dies answering it,
+    and such a message is rightly not delivered again)."""
 
     def __init__(self, consumer) -> None:
         super().__init__(daemon=True)
@@ -150,9 +152,9 @@ class Reading(threading.Thread):
                 self.stop.wait(0.1)
                 continue
             for m in batch:
+                self.arrivals.append(m.body)
                 try:
                     self.consumer.ack(m)
-                    self.arrivals.append(m.body)
                 except Exception:
                     pass  # not acknowledged: delivered again
 
