@@ -9,7 +9,8 @@ sending one message at a time every 20 ms: the unchanged official Python client
 (bench/rmq_official_producer.py, given the nameserver address) and `mqmeta produce
 --batch 1 --rate 50`. Each round kills the master with SIGKILL after a few seconds of
 steady sends, measures for each producer the time from the kill to its next acknowledged
-send, restarts the killed broker and waits for a full SyncStateSet again.
+send, restarts the killed broker and waits for a full SyncStateSet again. `--fault stop`
+SIGSTOPs the master instead (a silent master, found by the liveness settings).
 
 Prints one JSON document (gap p50/p99/max per producer, failed sends) and writes it to
 bench/results/rocketmq_failover_gap-ROUTES.json. Target (issue P13): official client
@@ -47,6 +48,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--routes", choices=("proxy", "direct"), default="proxy")
+    parser.add_argument(
+        "--fault",
+        choices=("kill", "stop"),
+        default="kill",
+        help="SIGKILL the master, or SIGSTOP it (a silent master: found by the liveness settings)",
+    )
     parser.add_argument("--budget-s", type=float, default=900.0)
     parser.add_argument("--keep", action="store_true")
     return parser.parse_args(argv)
@@ -117,6 +124,7 @@ def start(root: Path, routes: str):
 def run(args: argparse.Namespace, root: Path, result: dict[str, Any]) -> None:
     cluster = start(root, args.routes)
     result["routes"] = args.routes
+    result["fault"] = args.fault
     result["load_average_at_start"] = [round(x, 1) for x in os.getloadavg()]
     official, ours = Sends(), Sends()
     stop = threading.Event()
@@ -161,7 +169,10 @@ def run(args: argparse.Namespace, root: Path, result: dict[str, Any]) -> None:
             master = brokerlib.wait_in_sync(cluster, 2, timeout_s=60.0)
             time.sleep(STEADY_S)  # steady sends before the kill
             killed_at = time.monotonic()
-            cluster.kill(master)
+            if args.fault == "stop":
+                cluster.supervisor.children[master].send_signal(signal.SIGSTOP)
+            else:
+                cluster.kill(master)
             _wait(
                 lambda at=killed_at: official.next_ack_after(at) and ours.next_ack_after(at),
                 ROUND_TIMEOUT_S,
@@ -173,6 +184,8 @@ def run(args: argparse.Namespace, root: Path, result: dict[str, Any]) -> None:
             }
             rounds.append(row)
             log(f"round {i + 1}: {row}")
+            if args.fault == "stop":
+                cluster.kill(master)  # a stopped process takes SIGKILL; it restarts from its data
             cluster.start_broker(master)
     finally:
         stop.set()
@@ -214,7 +227,8 @@ def summarize(result: dict[str, Any]) -> None:
     result["meets_target"] = (
         p99 is not None and p99 <= TARGET_P99_S and result.get("official_failed_sends") == 0
     )
-    out = REPO / "bench" / "results" / f"rocketmq_failover_gap-{result.get('routes', 'proxy')}.json"
+    suffix = "" if result.get("fault", "kill") == "kill" else f"-{result['fault']}"
+    out = REPO / "bench" / "results" / f"rocketmq_failover_gap-{result.get('routes', 'proxy')}{suffix}.json"
     out.write_text(json.dumps(result, indent=2) + "\n")
 
 
