@@ -481,6 +481,9 @@ class RocketMQProxy:
                     status=status(error.code, error.message)
                 ).SerializeToString()
                 return
+            except MqmetaError as error:  # the controllers could not be asked for the route
+                yield rsvc.ReceiveMessageResponse(status=status_of_error(error)).SerializeToString()
+                return
             if address:
                 call = self.channel(address).unary_stream(PATH + "ReceiveMessage")(
                     request, timeout=max(call_deadline - time.monotonic(), 0.01), metadata=metadata
