@@ -54,6 +54,7 @@ class Cluster:
         self.layout: Layout
         self.layout, self._ports = load_or_create_layout(root, count, embedded, broker_sets, replicas)
         self.broker_flags = list(broker_flags or [])
+        self.namesrv_flags: list[str] = []  # e.g. --rocketmq-endpoints, set before start()
         ensure_secret(root)
         self.supervisor = Supervisor(root)
         self.raft_settings = dict(FAST_RAFT, **(raft_settings or {}))
@@ -112,7 +113,8 @@ class Cluster:
             client.update_config(controller_pb2.UpdateConfigRequest(values=values))
 
     def start_namesrv(self) -> subprocess.Popen:
-        return self.supervisor.start("namesrv", namesrv_command(self.layout), self.process_env("namesrv"))
+        command = namesrv_command(self.layout) + self.namesrv_flags
+        return self.supervisor.start("namesrv", command, self.process_env("namesrv"))
 
     def start_broker(self, name: str, controllers: str = "") -> subprocess.Popen:
         """controllers: other addresses to reach the controllers by (e.g. cuttable proxies)."""

@@ -131,6 +131,18 @@ class RouteCache:
             self.stats["hits"] += 1
             return self._build(topic)
 
+    def masters(self) -> dict[str, str] | None:
+        """Every broker set's master address by set name (sets without one left out);
+        None while the copy is not live."""
+        with self._lock:
+            if not self._live:
+                return None
+            return {
+                name: route.master_address
+                for (_, name), (_, route) in self._brokers.items()
+                if route.master_broker_id and route.master_address
+            }
+
     def _build(self, topic: pb.Topic) -> pb.TopicRoute:
         """The route the controller's topic_route builds from the same state."""
         if topic.broker_names:
