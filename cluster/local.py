@@ -270,10 +270,11 @@ def _start_site(site: _Site) -> dict[str, Any]:
 
 
 def _without_remoting(command: list[str]) -> list[str]:
-    if "--remoting-listen" not in command:
-        return command
-    at = command.index("--remoting-listen")
-    return command[:at] + command[at + 2 :]
+    for flag in ("--remoting-listen", "--remoting-proxy"):
+        if flag in command:
+            at = command.index(flag)
+            command = command[:at] + command[at + 2 :]
+    return command
 
 
 def _start_replicator(root: Path, sites: list[_Site]) -> dict[str, Any]:
@@ -341,6 +342,13 @@ def _with_pids(value: Any, change: Callable[[Any], Any]) -> Any:
     return value
 
 
+def _proxies(text: str) -> dict[str, Any]:
+    """A nameserver's remoting proxies as cluster.json names them: broker set -> HOST:PORT."""
+    if not text:
+        return {}
+    return {"remoting_proxies": dict(item.split("=", 1) for item in text.split(","))}
+
+
 def cluster_document(
     root: Path, layout: Layout, supervisor: Supervisor, remoting: bool = True
 ) -> dict[str, Any]:
@@ -362,6 +370,7 @@ def cluster_document(
                 "pid": supervisor.children[n.id].pid,
                 "metrics": n.metrics,
                 **({"remoting": n.remoting} if n.remoting and remoting else {}),
+                **_proxies(n.remoting_proxy if n.remoting and remoting else ""),
             }
             for n in layout.controllers
         ]  # one process: the controller's metrics
@@ -372,6 +381,7 @@ def cluster_document(
                 "pid": supervisor.children["namesrv"].pid,
                 "metrics": layout.namesrv_metrics,
                 **({"remoting": layout.namesrv_remoting} if layout.namesrv_remoting and remoting else {}),
+                **_proxies(layout.namesrv_remoting_proxy if layout.namesrv_remoting and remoting else ""),
             }
         ]
     tiered = {"url": str(tiered_dir(root))} if layout.brokers else None

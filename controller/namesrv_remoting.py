@@ -13,7 +13,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+
+from mqmeta.controller.remoting_proxy import RemotingProxies
 
 from mqmeta import tls
 from mqmeta.codec import remoting as codec
@@ -73,14 +75,18 @@ def _permission(perm: str) -> int:
     return sum(bit for letter, bit in PERMISSIONS.items() if letter in perm)
 
 
-def route_body(route: cpb.TopicRoute, addresses: RemotingAddresses) -> bytes:
-    """The controller's route as RocketMQ's TopicRouteData (fastjson)."""
+def route_body(
+    route: cpb.TopicRoute, addresses: RemotingAddresses, proxies: Mapping[str, str] | None = None
+) -> bytes:
+    """The controller's route as RocketMQ's TopicRouteData (fastjson): a broker set with a
+    proxy at the proxy's address (even while it elects a master: the proxy waits for one),
+    any other at its master's own remoting address."""
     brokers = []
     served = set()
     for broker in route.brokers:
-        if not broker.master_address:
-            continue
-        remoting = addresses.of(broker.master_address)
+        remoting = (proxies or {}).get(broker.broker_name, "")
+        if not remoting and broker.master_address:
+            remoting = addresses.of(broker.master_address)
         if not remoting:
             continue
         served.add(broker.broker_name)
@@ -103,7 +109,11 @@ def route_body(route: cpb.TopicRoute, addresses: RemotingAddresses) -> bytes:
     )
 
 
-def namesrv_handlers(route_of: Callable[[str], cpb.TopicRoute], addresses: RemotingAddresses):
+def namesrv_handlers(
+    route_of: Callable[[str], cpb.TopicRoute],
+    addresses: RemotingAddresses,
+    proxies: Mapping[str, str] | None = None,
+):
     def route(command: Command, connection: Connection) -> Command:
         topic = ext_text(command, "topic")
         try:
@@ -117,13 +127,51 @@ def namesrv_handlers(route_of: Callable[[str], cpb.TopicRoute], addresses: Remot
             ) from None
         except MqmetaError:
             raise
-        return command.answer(body=route_body(found, addresses))
+        return command.answer(body=route_body(found, addresses, proxies))
 
     return {codec.GET_ROUTEINFO_BY_TOPIC: route}
 
 
-def start_namesrv_remoting(address: str, route_of: Callable[[str], cpb.TopicRoute]) -> RemotingServer:
-    server = RemotingServer(address, namesrv_handlers(route_of, RemotingAddresses()), name="namesrv-remoting")
-    server.start()
-    log.info("remoting listener on %s", address)
-    return server
+class NamesrvRemoting:
+    """The nameserver's remoting listener and its broker-set proxies, stopped together."""
+
+    def __init__(self, server: RemotingServer, proxies: RemotingProxies | None) -> None:
+        self.server = server
+        self.proxies = proxies
+
+    def stop(self) -> None:
+        if self.proxies is not None:
+            self.proxies.stop()
+        self.server.stop()
+
+
+def start_namesrv_remoting(
+    address: str,
+    route_of: Callable[[str], cpb.TopicRoute],
+    proxies: Mapping[str, str] | None = None,
+    master_of: Callable[[str], str] | None = None,
+) -> NamesrvRemoting:
+    """The listener on `address`; with `proxies` (broker set -> HOST:PORT) and `master_of`
+    (broker set -> its master's gRPC address, '' for none) a proxy per broker set, named in
+    the routes instead of the masters' own addresses."""
+    addresses = RemotingAddresses()
+    running: RemotingProxies | None = None
+    if proxies and master_of is not None:
+        ask = master_of
+
+        def remoting_master(broker_name: str) -> str:
+            master = ask(broker_name)
+            return addresses.of(master) if master else ""
+
+        running = RemotingProxies(proxies, remoting_master).start()
+    server = RemotingServer(
+        address, namesrv_handlers(route_of, addresses, proxies if running else None), name="namesrv-remoting"
+    )
+    try:
+        server.start()
+    except BaseException:
+        if running is not None:
+            running.stop()
+        raise
+    log.info("remoting listener on %s (proxies: %s)", address, proxies or "none")
+    return NamesrvRemoting(server, running)

@@ -163,7 +163,10 @@ class RunningNode:
 
 
 def start_controller(
-    config: ControllerConfig, namesrv_address: str = "", remoting_address: str = ""
+    config: ControllerConfig,
+    namesrv_address: str = "",
+    remoting_address: str = "",
+    remoting_proxies: dict[str, str] | None = None,
 ) -> RunningNode:
     """A controller node on an AsyncServer (its Watch streams hold no thread); with
     `namesrv_address`, its embedded nameserver on the same port or on one of its own, and
@@ -198,7 +201,10 @@ def start_controller(
     closers = []
     if namesrv_address and remoting_address:
         try:
-            closers.append(_remoting(remoting_address, _embedded_route(core)).stop)
+            remoting = _remoting(
+                remoting_address, _embedded_route(core), remoting_proxies, _embedded_master(core)
+            )
+            closers.append(remoting.stop)
         except BaseException:
             for server in servers:
                 server.stop(grace=0)
@@ -209,10 +215,41 @@ def start_controller(
     return RunningNode(servers, core, None, metrics, closers)
 
 
-def _remoting(address: str, route_of: Callable[[str], Any]):
+def _remoting(
+    address: str,
+    route_of: Callable[[str], Any],
+    proxies: dict[str, str] | None = None,
+    master_of: Callable[[str], str] | None = None,
+):
     from mqmeta.controller.namesrv_remoting import start_namesrv_remoting
 
-    return start_namesrv_remoting(address, route_of)
+    return start_namesrv_remoting(address, route_of, proxies, master_of)
+
+
+def _embedded_master(core: ControllerCore) -> Callable[[str], str]:
+    """A broker set's master from this node's applied state (no barrier: the proxy only
+    needs a hint; a stale one is refused by the fenced old master and asked again)."""
+    from mqmeta.controller.state_machine import broker_route
+
+    def master_of(broker_name: str) -> str:
+        found = [bs for bs in core.state.broker_sets() if bs["broker_name"] == broker_name]
+        return str(broker_route(found[0])["master_address"]) if found else ""
+
+    return master_of
+
+
+def _cached_master(client: ControllerClient, cache: RouteCache) -> Callable[[str], str]:
+    """A broker set's master from the watched route copy; the controller when it cannot answer."""
+
+    def master_of(broker_name: str) -> str:
+        cached = cache.master_address(broker_name)
+        if cached is not None:
+            return cached
+        listed = client.list_broker_sets(controller_pb2.ListBrokerSetsRequest())
+        found = [s.master_address for s in listed.broker_sets if s.broker_name == broker_name]
+        return found[0] if found else ""
+
+    return master_of
 
 
 def _started(server: AsyncServer) -> AsyncServer:
@@ -236,7 +273,11 @@ def _embedded_route(core: ControllerCore):
 
 
 def start_namesrv(
-    address: str, controllers: list[str], metrics_listen: str = "", remoting_address: str = ""
+    address: str,
+    controllers: list[str],
+    metrics_listen: str = "",
+    remoting_address: str = "",
+    remoting_proxies: dict[str, str] | None = None,
 ) -> RunningNode:
     """A standalone nameserver: routes from a watched copy of the metadata (RouteCache),
     the controller's barrier read when the copy cannot answer."""
@@ -258,7 +299,8 @@ def start_namesrv(
     closers = [cache.stop, cache.client.close]
     if remoting_address:
         try:
-            closers.insert(0, _remoting(remoting_address, route).stop)
+            master_of = _cached_master(client, cache)
+            closers.insert(0, _remoting(remoting_address, route, remoting_proxies, master_of).stop)
         except BaseException:
             server.stop(grace=0)
             cache.stop()

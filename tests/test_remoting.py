@@ -181,12 +181,14 @@ def test_unknown_topic_route_is_topic_not_exist(namesrv):
     assert "NoSuchTopic" in answer.remark
 
 
-def test_route_names_the_master_remoting_address(cluster, namesrv, broker):
+def test_route_names_the_broker_set_proxy(cluster, namesrv, broker):
     topic = _topic(cluster, queues=3)
+    proxy = cluster["namesrv"][0]["remoting_proxies"]["broker-a"]
     with _connect(namesrv) as sock:
         answer = _call(sock, codec.Command(codec.GET_ROUTEINFO_BY_TOPIC, 6, ext={"topic": topic}))
     assert answer.code == codec.SUCCESS
-    assert f'{{0:"{broker}"}}' in answer.body.decode()  # fastjson's unquoted integer key
+    assert f'{{0:"{proxy}"}}' in answer.body.decode()  # fastjson's unquoted integer key
+    assert broker not in answer.body.decode()  # never the master's own address
     route = codec.fastjson_loads(answer.body)
     assert [(q["readQueueNums"], q["writeQueueNums"], q["perm"]) for q in route["queueDatas"]] == [(3, 3, 6)]
 

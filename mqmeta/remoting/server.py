@@ -48,6 +48,7 @@ INFLIGHT_PER_CONNECTION_MAX = 256
 IDLE_TIMEOUT_S = 120.0  # RocketMQ closes a connection idle this long; clients heartbeat every 30 s
 FRAME_READ_TIMEOUT_S = 30.0  # the rest of a frame whose length arrived
 START_TIMEOUT_S = 10.0
+STOP_TIMEOUT_S = 2.0
 
 
 class Refusal(MqmetaError):
@@ -97,6 +98,18 @@ class Connection:
 
     def send(self, command: Command) -> None:
         self._loop.call_soon_threadsafe(self.write, command)
+
+    def close(self) -> None:
+        """On the loop's thread: its reader ends, and so does its serving task."""
+        self._writer.close()
+
+
+async def until(done: Callable[[], bool], timeout_s: float) -> None:
+    """Waits (on the loop) until `done()` or `timeout_s` passed: a stop lets the connections'
+    tasks end before the loop closes."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not done() and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.01)
 
 
 Handler = Callable[[Command, Connection], "Command | None"]
@@ -166,6 +179,9 @@ class RemotingServer:
         assert self._stopped is not None and self._server is not None
         await self._stopped.wait()
         self._server.close()
+        for connection in list(self._connections.values()):
+            connection.close()
+        await until(lambda: not self._connections, STOP_TIMEOUT_S)
         await self._server.wait_closed()
 
     def stop(self) -> None:

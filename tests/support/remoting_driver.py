@@ -4,11 +4,18 @@ client's directory on PYTHONPATH. One JSON line per message sent or received.
 
     python remoting_driver.py produce NAMESRV TOPIC GROUP COUNT TAG KEYS PREFIX
     python remoting_driver.py consume NAMESRV TOPIC GROUP EXPRESSION EXPECTED TIMEOUT_S
+    python remoting_driver.py produce-stream NAMESRV TOPIC GROUP STOP_FILE MAX_S
+    python remoting_driver.py consume-stream NAMESRV TOPIC GROUP STOP_FILE MAX_S ORDERLY
+
+The stream commands run until STOP_FILE exists (at most MAX_S) and print each line as it
+happens, with its wall time `t`: a send acknowledged (`ok`) or failed (`error`), a message
+received.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import threading
 import time
@@ -90,6 +97,57 @@ def consume(namesrv: str, topic: str, group: str, expression: str, expected: int
     return 0
 
 
+def produce_stream(namesrv: str, topic: str, group: str, stop_file: str, max_s: float) -> int:
+    producer = client.Producer(group)
+    _namesrv(producer, namesrv)
+    producer.start()
+    deadline = time.monotonic() + max_s
+    i = 0
+    try:
+        while time.monotonic() < deadline and not os.path.exists(stop_file):
+            message = client.Message(topic)
+            message.set_body(f"s-{i}")
+            try:
+                result = producer.send_sync(message)
+                line = {"value": f"s-{i}", "ok": int(result.status) == 0, "msg_id": result.msg_id}
+            except Exception as exc:  # the client gave up on this send (timeout, no route)
+                line = {"value": f"s-{i}", "error": f"{type(exc).__name__}: {str(exc)[:200]}"}
+                time.sleep(0.05)
+            print(json.dumps({**line, "t": time.time()}), flush=True)
+            i += 1
+    finally:
+        producer.shutdown()
+    return 0
+
+
+def consume_stream(namesrv: str, topic: str, group: str, stop_file: str, max_s: float, orderly: bool) -> int:
+    lock = threading.Lock()
+    success = getattr(getattr(client, "ConsumeStatus", None), "CONSUME_SUCCESS", None)
+
+    def on_message(message):
+        line = {
+            "value": message.body.decode(),
+            "queue_id": message.queue_id,
+            "queue_offset": message.queue_offset,
+            "t": time.time(),
+        }
+        with lock:
+            print(json.dumps(line), flush=True)
+        return success
+
+    consumer = client.PushConsumer(group, orderly=orderly) if orderly else client.PushConsumer(group)
+    _namesrv(consumer, namesrv)
+    consumer.subscribe(topic, on_message, "*")
+    consumer.start()
+    deadline = time.monotonic() + max_s
+    try:
+        while time.monotonic() < deadline and not os.path.exists(stop_file):
+            time.sleep(0.05)
+    finally:
+        consumer.shutdown()  # commits the consumed offsets
+    return 0
+
+
 def _text(value) -> str:
     return value.decode() if isinstance(value, bytes) else (value or "")
 
@@ -100,4 +158,8 @@ if __name__ == "__main__":
         sys.exit(produce(args[0], args[1], args[2], int(args[3]), args[4], args[5], args[6]))
     if command == "consume":
         sys.exit(consume(args[0], args[1], args[2], args[3], int(args[4]), float(args[5])))
+    if command == "produce-stream":
+        sys.exit(produce_stream(args[0], args[1], args[2], args[3], float(args[4])))
+    if command == "consume-stream":
+        sys.exit(consume_stream(args[0], args[1], args[2], args[3], float(args[4]), args[5] == "orderly"))
     sys.exit(f"unknown command {command}")
