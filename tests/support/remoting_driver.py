@@ -4,6 +4,8 @@ client's directory on PYTHONPATH. One JSON line per message sent or received.
 
     python remoting_driver.py produce NAMESRV TOPIC GROUP COUNT TAG KEYS PREFIX
     python remoting_driver.py consume NAMESRV TOPIC GROUP EXPRESSION EXPECTED TIMEOUT_S
+    python remoting_driver.py produce-orderly NAMESRV TOPIC GROUP COUNT KEYS
+    python remoting_driver.py produce-batch NAMESRV TOPIC GROUP COUNT
     python remoting_driver.py produce-stream NAMESRV TOPIC GROUP STOP_FILE MAX_S
     python remoting_driver.py consume-stream NAMESRV TOPIC GROUP STOP_FILE MAX_S ORDERLY
 
@@ -97,6 +99,43 @@ def consume(namesrv: str, topic: str, group: str, expression: str, expected: int
     return 0
 
 
+def produce_orderly(namesrv: str, topic: str, group: str, count: int, keys: int) -> int:
+    """COUNT messages, message i with sharding key k{i % KEYS} (one queue per key)."""
+    producer = client.Producer(group, orderly=True)
+    _namesrv(producer, namesrv)
+    producer.start()
+    try:
+        for i in range(count):
+            message = client.Message(topic)
+            message.set_body(f"o-{i}")
+            key = f"k{i % keys}"
+            message.set_keys(key)
+            result = producer.send_orderly_with_sharding_key(message, key)
+            print(json.dumps({"value": f"o-{i}", "key": key, "status": int(result.status)}), flush=True)
+    finally:
+        producer.shutdown()
+    return 0
+
+
+def produce_batch(namesrv: str, topic: str, group: str, count: int) -> int:
+    """One batch of COUNT messages (rocketmq 0.4.4's send_batch), each with keys b-i."""
+    producer = client.Producer(group)
+    _namesrv(producer, namesrv)
+    producer.start()
+    try:
+        messages = []
+        for i in range(count):
+            message = client.Message(topic)
+            message.set_body(f"b-{i}")
+            message.set_keys(f"b-{i}")
+            messages.append(message)
+        result = producer.send_batch(messages)
+        print(json.dumps({"status": int(result.status), "msg_id": result.msg_id, "offset": result.offset}))
+    finally:
+        producer.shutdown()
+    return 0
+
+
 def produce_stream(namesrv: str, topic: str, group: str, stop_file: str, max_s: float) -> int:
     producer = client.Producer(group)
     _namesrv(producer, namesrv)
@@ -129,6 +168,7 @@ def consume_stream(namesrv: str, topic: str, group: str, stop_file: str, max_s: 
             "value": message.body.decode(),
             "queue_id": message.queue_id,
             "queue_offset": message.queue_offset,
+            "keys": _text(message.keys),
             "t": time.time(),
         }
         with lock:
@@ -158,6 +198,10 @@ if __name__ == "__main__":
         sys.exit(produce(args[0], args[1], args[2], int(args[3]), args[4], args[5], args[6]))
     if command == "consume":
         sys.exit(consume(args[0], args[1], args[2], args[3], int(args[4]), float(args[5])))
+    if command == "produce-orderly":
+        sys.exit(produce_orderly(args[0], args[1], args[2], int(args[3]), int(args[4])))
+    if command == "produce-batch":
+        sys.exit(produce_batch(args[0], args[1], args[2], int(args[3])))
     if command == "produce-stream":
         sys.exit(produce_stream(args[0], args[1], args[2], args[3], float(args[4])))
     if command == "consume-stream":
