@@ -230,9 +230,9 @@ def _start_site(site: _Site) -> dict[str, Any]:
     root, layout, supervisor = site.root, site.layout, site.supervisor
     ensure_secret(root)
     flags = [*site.tls_flags, *site.server_flags]
-    # The remoting listeners check no credential and speak no TLS yet: a cluster with
-    # either runs without them (the processes would refuse the flag).
-    remoting = not flags
+    # The remoting listeners speak no TLS yet: a TLS cluster runs without them (the processes
+    # would refuse the flag); --auth's identities they check (RocketMQ's ACL signature).
+    remoting = not any(flag.startswith("--tls") for flag in site.tls_flags)
     serves = (lambda command: command) if remoting else _without_remoting
     for node in layout.controllers:
         supervisor.start(node.id, serves(controller_command(root, layout, node)) + flags)

@@ -165,7 +165,10 @@ def start_namesrv_remoting(
 
         running = RemotingProxies(proxies, remoting_master).start()
     server = RemotingServer(
-        address, namesrv_handlers(route_of, addresses, proxies if running else None), name="namesrv-remoting"
+        address,
+        namesrv_handlers(route_of, addresses, proxies if running else None),
+        name="namesrv-remoting",
+        read_codes=frozenset({codec.GET_ROUTEINFO_BY_TOPIC}),
     )
     try:
         server.start()

@@ -202,11 +202,12 @@ def test_fuzz_bodies_and_messages_raise_only_frame_errors(data):
 
 
 @pytest.mark.parametrize("command", ["broker", "namesrv"])
-def test_remoting_beside_auth_is_refused_with_one_sentence(tmp_path, command):
-    """The remoting ports check no credential yet: a server with --auth-file refuses them
-    (exit 2, one sentence) instead of opening a door around its allow list."""
-    allow = tmp_path / "allow"
-    allow.write_text("admin admin secret-token\n")
+def test_remoting_beside_tls_is_refused_with_one_sentence(tmp_path, command):
+    """The remoting ports speak no TLS yet: a TLS server refuses them (exit 2, one sentence)
+    instead of opening a plaintext door beside its TLS ports."""
+    from mqmeta.cluster.certs import ensure_local_certs
+
+    certs = ensure_local_certs(tmp_path / "certs")
     if command == "broker":
         args = ["broker", "--broker-name", "b", "--listen", "127.0.0.1:1", "--controllers", "127.0.0.1:2"]
         args += ["--data-dir", str(tmp_path / "b")]
@@ -220,13 +221,12 @@ def test_remoting_beside_auth_is_refused_with_one_sentence(tmp_path, command):
             *args,
             "--remoting-listen",
             "127.0.0.1:3",
-            "--auth-file",
-            str(allow),
+            *certs.server_flags(),
         ],
         capture_output=True,
         text=True,
         timeout=60,
     )
     assert done.returncode == 2, done.stderr
-    assert "--remoting-listen cannot be combined with --auth-file" in done.stderr
+    assert "--remoting-listen cannot be combined with TLS" in done.stderr
     assert "Traceback" not in done.stderr

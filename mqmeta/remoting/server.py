@@ -23,7 +23,7 @@ import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 
-from mqmeta import tls
+from mqmeta import auth, tls
 from mqmeta.codec import remoting as codec
 from mqmeta.codec.remoting import Command, FrameError
 from mqmeta.errors import (
@@ -126,11 +126,13 @@ class RemotingServer:
         long_codes: frozenset[int] = frozenset(),
         on_close: Callable[[Connection], None] = lambda connection: None,
         name: str = "remoting",
+        read_codes: frozenset[int] = frozenset(),
     ) -> None:
         parse_addresses(address, "--remoting-listen address")
         self.address = address
         self.handlers = dict(handlers)
         self.long_codes = long_codes
+        self.read_codes = read_codes  # anonymous with --anonymous-reads; every other code is data
         self.on_close = on_close
         self.name = name
         self._pool = ThreadPoolExecutor(WORKERS, thread_name_prefix=f"{name}-worker")
@@ -264,7 +266,7 @@ class RemotingServer:
             else:
                 pool = self._long_pool if command.code in self.long_codes else self._pool
                 answer = await asyncio.get_running_loop().run_in_executor(
-                    pool, _answer_of, handler, command, connection
+                    pool, _answer_of, handler, command, connection, command.code in self.read_codes
                 )
             if answer is not None and not command.is_oneway:
                 connection.write(answer)
@@ -274,8 +276,12 @@ class RemotingServer:
             connection.inflight.release()
 
 
-def _answer_of(handler: Handler, command: Command, connection: Connection) -> Command | None:
-    """The handler's answer; a refusal or one of our errors as its response code and remark."""
+def _answer_of(handler: Handler, command: Command, connection: Connection, read_only: bool) -> Command | None:
+    """The handler's answer; a refusal or one of our errors as its response code and remark;
+    NO_PERMISSION with the reason when the server's allow list refuses the request."""
+    refused = auth.remoting_refusal(command.ext, command.body, read_only)
+    if refused is not None:
+        return command.answer(codec.NO_PERMISSION, f"request code {command.code} refused: {refused}")
     try:
         return handler(command, connection)
     except MqmetaError as error:
@@ -314,17 +320,16 @@ def ext_bool(command: Command, name: str) -> bool:
 
 
 def listen_address(args: argparse.Namespace) -> str:
-    """--remoting-listen checked: the remoting listener checks no credential and speaks no
-    TLS yet, so it is refused beside --auth-file or a TLS server rather than opening a door
-    around them."""
+    """--remoting-listen checked: the remoting listener checks --auth-file's identities
+    (RocketMQ's ACL signature) but speaks no TLS yet, so it is refused beside a TLS server
+    rather than opening a plaintext door around it."""
     address = getattr(args, "remoting_listen", None) or ""
     if not address:
         return ""
     parse_addresses(address, "--remoting-listen address")
     config = tls.current()
-    if getattr(args, "auth_file", None) or (config is not None and config.serves_tls):
+    if config is not None and config.serves_tls:
         raise InvalidArgument(
-            "--remoting-listen cannot be combined with --auth-file or TLS yet: the remoting "
-            "listener checks no credential and speaks no TLS"
+            "--remoting-listen cannot be combined with TLS yet: the remoting listener speaks no TLS"
         )
     return address

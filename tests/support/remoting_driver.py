@@ -136,6 +136,23 @@ def produce_batch(namesrv: str, topic: str, group: str, count: int) -> int:
     return 0
 
 
+def produce_signed(namesrv: str, topic: str, access_key: str, secret_key: str) -> int:
+    """One send with RocketMQ ACL credentials (for a test that reads the signed request)."""
+    producer = client.Producer("pg-signed", timeout=2000)
+    _namesrv(producer, namesrv)
+    producer.set_session_credentials(access_key, secret_key, "ALIYUN")
+    producer.start()
+    try:
+        message = client.Message(topic)
+        message.set_body("signed")
+        producer.send_sync(message)
+    except Exception as exc:  # the listener never answers
+        print(json.dumps({"error": str(exc)[:200]}), flush=True)
+    finally:
+        producer.shutdown()
+    return 0
+
+
 def produce_stream(namesrv: str, topic: str, group: str, stop_file: str, max_s: float) -> int:
     producer = client.Producer(group)
     _namesrv(producer, namesrv)
@@ -198,6 +215,8 @@ if __name__ == "__main__":
         sys.exit(produce(args[0], args[1], args[2], int(args[3]), args[4], args[5], args[6]))
     if command == "consume":
         sys.exit(consume(args[0], args[1], args[2], args[3], int(args[4]), float(args[5])))
+    if command == "produce-signed":
+        sys.exit(produce_signed(args[0], args[1], args[2], args[3]))
     if command == "produce-orderly":
         sys.exit(produce_orderly(args[0], args[1], args[2], int(args[3]), int(args[4])))
     if command == "produce-batch":
