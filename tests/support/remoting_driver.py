@@ -6,6 +6,7 @@ client's directory on PYTHONPATH. One JSON line per message sent or received.
     python remoting_driver.py consume NAMESRV TOPIC GROUP EXPRESSION EXPECTED TIMEOUT_S
     python remoting_driver.py produce-orderly NAMESRV TOPIC GROUP COUNT KEYS
     python remoting_driver.py produce-batch NAMESRV TOPIC GROUP COUNT
+    python remoting_driver.py produce-timed NAMESRV TOPIC GROUP COUNT SIZE
     python remoting_driver.py produce-stream NAMESRV TOPIC GROUP STOP_FILE MAX_S
     python remoting_driver.py consume-stream NAMESRV TOPIC GROUP STOP_FILE MAX_S ORDERLY
 
@@ -153,6 +154,28 @@ def produce_signed(namesrv: str, topic: str, access_key: str, secret_key: str) -
     return 0
 
 
+def produce_timed(namesrv: str, topic: str, group: str, count: int, size: int) -> int:
+    """COUNT sync sends of SIZE bytes, one after another, after 20 to warm up: the seconds taken."""
+    producer = client.Producer(group)
+    _namesrv(producer, namesrv)
+    producer.start()
+    body = "x" * size
+    try:
+        for _ in range(20):
+            message = client.Message(topic)
+            message.set_body(body)
+            producer.send_sync(message)
+        start = time.perf_counter()
+        for _ in range(count):
+            message = client.Message(topic)
+            message.set_body(body)
+            producer.send_sync(message)
+        print(json.dumps({"count": count, "elapsed_s": time.perf_counter() - start}), flush=True)
+    finally:
+        producer.shutdown()
+    return 0
+
+
 def produce_stream(namesrv: str, topic: str, group: str, stop_file: str, max_s: float) -> int:
     producer = client.Producer(group)
     _namesrv(producer, namesrv)
@@ -221,6 +244,8 @@ if __name__ == "__main__":
         sys.exit(produce_orderly(args[0], args[1], args[2], int(args[3]), int(args[4])))
     if command == "produce-batch":
         sys.exit(produce_batch(args[0], args[1], args[2], int(args[3])))
+    if command == "produce-timed":
+        sys.exit(produce_timed(args[0], args[1], args[2], int(args[3]), int(args[4])))
     if command == "produce-stream":
         sys.exit(produce_stream(args[0], args[1], args[2], args[3], float(args[4])))
     if command == "consume-stream":
