@@ -40,7 +40,16 @@ from mqmeta.formats.properties import DELIVER_MS, MESSAGE_ID, MESSAGE_TYPE
 from mqmeta.formats.records import Message, StoredRecord
 from mqmeta.pb.apache.rocketmq.v2 import definition_pb2 as rdef
 from mqmeta.remoting.messages import MessageRefused, ipv4_host, matches, tag_set, to_record, to_wire
-from mqmeta.remoting.server import Connection, Handler, Refusal, RemotingServer, ext_bool, ext_int, ext_text
+from mqmeta.remoting.server import (
+    Connection,
+    Handler,
+    Refusal,
+    RemotingServer,
+    ext_bool,
+    ext_int,
+    ext_text,
+    server_ssl_context,
+)
 from mqmeta.rocketmq import BODY_BYTES_MAX, RmqError
 from mqmeta.validate import QUEUE_ID_MAX, REQUEST_INT_MAX, validate_name
 
@@ -250,6 +259,7 @@ class RemotingBroker:
             long_codes=frozenset({codec.PULL_MESSAGE}),
             on_close=self.closed,
             name="broker-remoting",
+            ssl_context=server_ssl_context(),
         )
 
     # Clients --------------------------------------------------------------------------------

@@ -230,14 +230,10 @@ def _start_site(site: _Site) -> dict[str, Any]:
     root, layout, supervisor = site.root, site.layout, site.supervisor
     ensure_secret(root)
     flags = [*site.tls_flags, *site.server_flags]
-    # The remoting listeners speak no TLS yet: a TLS cluster runs without them (the processes
-    # would refuse the flag); --auth's identities they check (RocketMQ's ACL signature).
-    remoting = not any(flag.startswith("--tls") for flag in site.tls_flags)
-    serves = (lambda command: command) if remoting else _without_remoting
     for node in layout.controllers:
-        supervisor.start(node.id, serves(controller_command(root, layout, node)) + flags)
+        supervisor.start(node.id, controller_command(root, layout, node) + flags)
     if not layout.embedded:
-        supervisor.start("namesrv", serves(namesrv_command(layout)) + flags)
+        supervisor.start("namesrv", namesrv_command(layout) + flags)
     started = list(supervisor.children)
 
     def check_running() -> None:  # a child that exits ends the wait at once, with its log
@@ -249,10 +245,10 @@ def _start_site(site: _Site) -> dict[str, Any]:
             client.update_config(pb.UpdateConfigRequest(values={"default_cluster": site.name}))
     cluster_flag = ["--cluster", site.name] if site.name else []
     for broker in layout.brokers:
-        supervisor.start(broker.name, serves(broker_command(root, layout, broker)) + cluster_flag + flags)
+        supervisor.start(broker.name, broker_command(root, layout, broker) + cluster_flag + flags)
         started.append(broker.name)
     statuses = wait_brokers_ready(layout.brokers, check_running=check_running) if layout.brokers else {}
-    document = cluster_document(root, layout, supervisor, remoting)
+    document = cluster_document(root, layout, supervisor)
     document["brokers"] = [
         {
             "cluster": statuses[b.name].cluster,
@@ -262,19 +258,11 @@ def _start_site(site: _Site) -> dict[str, Any]:
             "pid": supervisor.children[b.name].pid,
             "data_dir": str(root / b.data_dir),
             "metrics": b.metrics,
-            **({"remoting": b.remoting} if b.remoting and remoting else {}),
+            **({"remoting": b.remoting} if b.remoting else {}),
         }
         for b in layout.brokers
     ]
     return document
-
-
-def _without_remoting(command: list[str]) -> list[str]:
-    for flag in ("--remoting-listen", "--remoting-proxy"):
-        if flag in command:
-            at = command.index(flag)
-            command = command[:at] + command[at + 2 :]
-    return command
 
 
 def _start_replicator(root: Path, sites: list[_Site]) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from mqmeta.errors import InvalidArgument, MqmetaError, NotFound
 from mqmeta.pb import broker_pb2 as bpb
 from mqmeta.pb import broker_pb2_grpc as bpb_grpc
 from mqmeta.pb import controller_pb2 as cpb
-from mqmeta.remoting.server import Connection, Refusal, RemotingServer, ext_text
+from mqmeta.remoting.server import Connection, Refusal, RemotingServer, ext_text, server_ssl_context
 from mqmeta.validate import validate_name
 
 log = logging.getLogger(__name__)
@@ -169,6 +169,7 @@ def start_namesrv_remoting(
         namesrv_handlers(route_of, addresses, proxies if running else None),
         name="namesrv-remoting",
         read_codes=frozenset({codec.GET_ROUTEINFO_BY_TOPIC}),
+        ssl_context=server_ssl_context(),
     )
     try:
         server.start()

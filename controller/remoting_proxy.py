@@ -48,6 +48,8 @@ from mqmeta.remoting.server import (
     INFLIGHT_PER_CONNECTION_MAX,
     START_TIMEOUT_S,
     STOP_TIMEOUT_S,
+    client_ssl_context,
+    server_ssl_context,
     until,
 )
 from mqmeta.validate import parse_addresses, validate_name
@@ -88,6 +90,8 @@ class RemotingProxies:
     def __init__(self, proxies: Mapping[str, str], master_of: Callable[[str], str]) -> None:
         self.proxies = dict(proxies)
         self.master_of = master_of
+        # TLS as the process has it: served to clients, and used to dial the brokers
+        self.server_ssl, self.client_ssl = server_ssl_context(), client_ssl_context()
         self.stats = {"connections": 0, "reconnects": 0, "resent": 0, "expired": 0}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopped: asyncio.Event | None = None
@@ -129,7 +133,9 @@ class RemotingProxies:
             for name, address in self.proxies.items():
                 host, _, port = address.rpartition(":")
                 serve = _serving(self, name)
-                servers.append(await asyncio.start_server(serve, host.strip("[]"), int(port)))
+                servers.append(
+                    await asyncio.start_server(serve, host.strip("[]"), int(port), ssl=self.server_ssl)
+                )
         except BaseException:
             for server in servers:
                 server.close()
@@ -259,9 +265,10 @@ class _Link:
                 continue
             try:
                 reader, writer = await asyncio.wait_for(
-                    asyncio.open_connection(*_host_port(address)), CONNECT_TIMEOUT_S
+                    asyncio.open_connection(*_host_port(address), ssl=self.proxies.client_ssl),
+                    CONNECT_TIMEOUT_S,
                 )
-            except (OSError, TimeoutError):
+            except (OSError, TimeoutError):  # ssl.SSLError is an OSError
                 dead = address
                 await asyncio.sleep(RECONNECT_PAUSE_S)
                 continue

@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import json
 import struct
-import subprocess
-import sys
 
 import pytest
 from hypothesis import given, settings
@@ -199,34 +197,3 @@ def test_fuzz_bodies_and_messages_raise_only_frame_errors(data):
         codec.inflate_body(data, 1024)
     except codec.FrameError:
         pass
-
-
-@pytest.mark.parametrize("command", ["broker", "namesrv"])
-def test_remoting_beside_tls_is_refused_with_one_sentence(tmp_path, command):
-    """The remoting ports speak no TLS yet: a TLS server refuses them (exit 2, one sentence)
-    instead of opening a plaintext door beside its TLS ports."""
-    from mqmeta.cluster.certs import ensure_local_certs
-
-    certs = ensure_local_certs(tmp_path / "certs")
-    if command == "broker":
-        args = ["broker", "--broker-name", "b", "--listen", "127.0.0.1:1", "--controllers", "127.0.0.1:2"]
-        args += ["--data-dir", str(tmp_path / "b")]
-    else:
-        args = ["namesrv", "--listen", "127.0.0.1:1", "--controllers", "127.0.0.1:2"]
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "mqmeta.cli",
-            *args,
-            "--remoting-listen",
-            "127.0.0.1:3",
-            *certs.server_flags(),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.returncode == 2, done.stderr
-    assert "--remoting-listen cannot be combined with TLS" in done.stderr
-    assert "Traceback" not in done.stderr

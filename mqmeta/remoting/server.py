@@ -19,9 +19,13 @@ import argparse
 import asyncio
 import itertools
 import logging
+import os
+import ssl
+import tempfile
 import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 from mqmeta import auth, tls
 from mqmeta.codec import remoting as codec
@@ -127,12 +131,14 @@ class RemotingServer:
         on_close: Callable[[Connection], None] = lambda connection: None,
         name: str = "remoting",
         read_codes: frozenset[int] = frozenset(),
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         parse_addresses(address, "--remoting-listen address")
         self.address = address
         self.handlers = dict(handlers)
         self.long_codes = long_codes
         self.read_codes = read_codes  # anonymous with --anonymous-reads; every other code is data
+        self.ssl_context = ssl_context
         self.on_close = on_close
         self.name = name
         self._pool = ThreadPoolExecutor(WORKERS, thread_name_prefix=f"{name}-worker")
@@ -175,7 +181,9 @@ class RemotingServer:
     async def _bind(self) -> None:
         host, _, port = self.address.rpartition(":")
         self._stopped = asyncio.Event()
-        self._server = await asyncio.start_server(self._serve_connection, host.strip("[]"), int(port))
+        self._server = await asyncio.start_server(
+            self._serve_connection, host.strip("[]"), int(port), ssl=self.ssl_context
+        )
 
     async def _serve_until_stopped(self) -> None:
         assert self._stopped is not None and self._server is not None
@@ -320,16 +328,49 @@ def ext_bool(command: Command, name: str) -> bool:
 
 
 def listen_address(args: argparse.Namespace) -> str:
-    """--remoting-listen checked: the remoting listener checks --auth-file's identities
-    (RocketMQ's ACL signature) but speaks no TLS yet, so it is refused beside a TLS server
-    rather than opening a plaintext door around it."""
+    """--remoting-listen checked (it serves TLS when the process does, with its certificate,
+    and checks --auth-file's identities by RocketMQ's ACL signature)."""
     address = getattr(args, "remoting_listen", None) or ""
     if not address:
         return ""
     parse_addresses(address, "--remoting-listen address")
-    config = tls.current()
-    if config is not None and config.serves_tls:
-        raise InvalidArgument(
-            "--remoting-listen cannot be combined with TLS yet: the remoting listener speaks no TLS"
-        )
     return address
+
+
+def server_ssl_context() -> ssl.SSLContext | None:
+    """The process's TLS settings for a remoting listener (None: plaintext): its certificate,
+    and with --tls-client-ca a client certificate of that CA required (mutual TLS)."""
+    config = tls.current()
+    if config is None or not config.serves_tls:
+        return None
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    _load_identity(context, config)
+    if config.client_ca is not None:
+        context.verify_mode = ssl.CERT_REQUIRED
+        context.load_verify_locations(cadata=config.client_ca.decode())
+    return context
+
+
+def client_ssl_context() -> ssl.SSLContext | None:
+    """The process's TLS settings for dialing a remoting listener (a proxy to its brokers):
+    the CA it trusts (--tls-ca) and its certificate when it has one."""
+    config = tls.current()
+    if config is None or not config.dials_tls or config.ca is None:
+        return None
+    context = ssl.create_default_context(cadata=config.ca.decode())
+    context.check_hostname = False  # peers are dialed by address; the CA is what is checked
+    if config.cert is not None:
+        _load_identity(context, config)
+    return context
+
+
+def _load_identity(context: ssl.SSLContext, config: tls.TlsConfig) -> None:
+    """ssl loads a certificate and key from files only: a private temporary copy, removed at once."""
+    assert config.cert is not None and config.key is not None
+    with tempfile.TemporaryDirectory(prefix="mqmeta-tls-") as directory:
+        cert, key = Path(directory) / "cert.pem", Path(directory) / "key.pem"
+        for path, data in ((cert, config.cert), (key, config.key)):
+            descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(descriptor, "wb") as sink:
+                sink.write(data)
+        context.load_cert_chain(cert, key)

@@ -176,6 +176,31 @@ def produce_timed(namesrv: str, topic: str, group: str, count: int, size: int) -
     return 0
 
 
+def produce_tls(namesrv: str, topic: str, properties_file: str) -> int:
+    """One send over TLS: the C++ client's SetProducerSsl and its property file (tls.client.*),
+    which the binding does not wrap, called through its library."""
+    import ctypes
+
+    from rocketmq.ffi import dll
+
+    producer = client.Producer("pg-tls", timeout=2000)
+    _namesrv(producer, namesrv)
+    dll.SetProducerSsl.argtypes = [ctypes.c_void_p, ctypes.c_int]
+    dll.SetProducerSslPropertyFile.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+    dll.SetProducerSsl(producer._handle, 1)
+    dll.SetProducerSslPropertyFile(producer._handle, properties_file.encode())
+    producer.start()
+    try:
+        message = client.Message(topic)
+        message.set_body("tls")
+        producer.send_sync(message)
+    except Exception as exc:  # the listener never answers
+        print(json.dumps({"error": str(exc)[:200]}), flush=True)
+    finally:
+        producer.shutdown()
+    return 0
+
+
 def produce_stream(namesrv: str, topic: str, group: str, stop_file: str, max_s: float) -> int:
     producer = client.Producer(group)
     _namesrv(producer, namesrv)
@@ -238,6 +263,8 @@ if __name__ == "__main__":
         sys.exit(produce(args[0], args[1], args[2], int(args[3]), args[4], args[5], args[6]))
     if command == "consume":
         sys.exit(consume(args[0], args[1], args[2], args[3], int(args[4]), float(args[5])))
+    if command == "produce-tls":
+        sys.exit(produce_tls(args[0], args[1], args[2]))
     if command == "produce-signed":
         sys.exit(produce_signed(args[0], args[1], args[2], args[3]))
     if command == "produce-orderly":
