@@ -132,37 +132,71 @@ def namesrv_handlers(
     return {codec.GET_ROUTEINFO_BY_TOPIC: route}
 
 
-class NamesrvRemoting:
-    """The nameserver's remoting listener and its broker-set proxies, stopped together."""
+WARM_INTERVAL_S = 3.0  # below ADDRESS_TTL_MS: every replica's address stays known
 
-    def __init__(self, server: RemotingServer, proxies: RemotingProxies | None) -> None:
+
+class NamesrvRemoting:
+    """The nameserver's remoting listener and its broker-set proxies, stopped together; a
+    thread keeps every proxied set's replicas' remoting addresses known, so that after a
+    failover the proxy finds the new master's without asking it first."""
+
+    def __init__(
+        self,
+        server: RemotingServer,
+        proxies: RemotingProxies | None,
+        warm: Callable[[], None] | None = None,
+    ) -> None:
         self.server = server
         self.proxies = proxies
+        self._stop = threading.Event()
+        self._warmer = threading.Thread(
+            target=self._warm_loop, args=(warm,), name="remoting-warm", daemon=True
+        )
+        if warm is not None:
+            self._warmer.start()
+
+    def _warm_loop(self, warm: Callable[[], None]) -> None:
+        while not self._stop.is_set():
+            try:
+                warm()
+            except Exception as exc:  # the controller or a broker is unreachable: next round
+                log.debug("remoting addresses not refreshed: %s", exc)
+            self._stop.wait(WARM_INTERVAL_S)
 
     def stop(self) -> None:
+        self._stop.set()
         if self.proxies is not None:
             self.proxies.stop()
         self.server.stop()
+        if self._warmer.is_alive():
+            self._warmer.join(timeout=ADDRESS_TIMEOUT_S * 2)
 
 
 def start_namesrv_remoting(
     address: str,
     route_of: Callable[[str], cpb.TopicRoute],
     proxies: Mapping[str, str] | None = None,
-    master_of: Callable[[str], str] | None = None,
+    master_of: Callable[[str], tuple[str, tuple[str, ...]]] | None = None,
 ) -> NamesrvRemoting:
     """The listener on `address`; with `proxies` (broker set -> HOST:PORT) and `master_of`
-    (broker set -> its master's gRPC address, '' for none) a proxy per broker set, named in
-    the routes instead of the masters' own addresses."""
+    (broker set -> its master's gRPC address, '' for none, and every replica's) a proxy per
+    broker set, named in the routes instead of the masters' own addresses."""
     addresses = RemotingAddresses()
     running: RemotingProxies | None = None
+    warming: Callable[[], None] | None = None
     if proxies and master_of is not None:
         ask = master_of
 
         def remoting_master(broker_name: str) -> str:
-            master = ask(broker_name)
+            master, _ = ask(broker_name)
             return addresses.of(master) if master else ""
 
+        def warm() -> None:
+            for broker_name in proxies:
+                for replica in ask(broker_name)[1]:
+                    addresses.of(replica)
+
+        warming = warm
         running = RemotingProxies(proxies, remoting_master).start()
     server = RemotingServer(
         address,
@@ -178,4 +212,4 @@ def start_namesrv_remoting(
             running.stop()
         raise
     log.info("remoting listener on %s (proxies: %s)", address, proxies or "none")
-    return NamesrvRemoting(server, running)
+    return NamesrvRemoting(server, running, warming)

@@ -132,13 +132,14 @@ class RouteCache:
             self.stats["hits"] += 1
             return self._build(topic)
 
-    def master_address(self, broker_name: str) -> str | None:
-        """The gRPC address of the set's master ('' for none); None when the copy cannot answer."""
+    def broker(self, broker_name: str) -> pb.BrokerRoute | None:
+        """The set's route (master and replica addresses; empty when the set is unknown);
+        None when the copy cannot answer."""
         with self._lock:
             if not self._live:
                 return None
             found = [route for (_, name), (_, route) in self._brokers.items() if name == broker_name]
-        return found[0].master_address if found else ""
+        return found[0] if found else pb.BrokerRoute(broker_name=broker_name)
 
     def _build(self, topic: pb.Topic) -> pb.TopicRoute:
         """The route the controller's topic_route builds from the same state."""

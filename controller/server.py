@@ -219,35 +219,44 @@ def _remoting(
     address: str,
     route_of: Callable[[str], Any],
     proxies: dict[str, str] | None = None,
-    master_of: Callable[[str], str] | None = None,
+    master_of: Callable[[str], tuple[str, tuple[str, ...]]] | None = None,
 ):
     from mqmeta.controller.namesrv_remoting import start_namesrv_remoting
 
     return start_namesrv_remoting(address, route_of, proxies, master_of)
 
 
-def _embedded_master(core: ControllerCore) -> Callable[[str], str]:
-    """A broker set's master from this node's applied state (no barrier: the proxy only
-    needs a hint; a stale one is refused by the fenced old master and asked again)."""
+def _embedded_master(core: ControllerCore) -> Callable[[str], tuple[str, tuple[str, ...]]]:
+    """A broker set's master and replicas (gRPC addresses) from this node's applied state
+    (no barrier: the proxy only needs a hint; a stale one is refused by the fenced old
+    master and asked again)."""
     from mqmeta.controller.state_machine import broker_route
 
-    def master_of(broker_name: str) -> str:
+    def master_of(broker_name: str) -> tuple[str, tuple[str, ...]]:
         found = [bs for bs in core.state.broker_sets() if bs["broker_name"] == broker_name]
-        return str(broker_route(found[0])["master_address"]) if found else ""
+        if not found:
+            return "", ()
+        route = broker_route(found[0])
+        return str(route["master_address"]), tuple(str(a) for a in route["addresses"].values())
 
     return master_of
 
 
-def _cached_master(client: ControllerClient, cache: RouteCache) -> Callable[[str], str]:
-    """A broker set's master from the watched route copy; the controller when it cannot answer."""
+def _cached_master(
+    client: ControllerClient, cache: RouteCache
+) -> Callable[[str], tuple[str, tuple[str, ...]]]:
+    """A broker set's master and replicas from the watched route copy; the controller when
+    the copy cannot answer."""
 
-    def master_of(broker_name: str) -> str:
-        cached = cache.master_address(broker_name)
+    def master_of(broker_name: str) -> tuple[str, tuple[str, ...]]:
+        cached = cache.broker(broker_name)
         if cached is not None:
-            return cached
+            return cached.master_address, tuple(cached.addresses.values())
         listed = client.list_broker_sets(controller_pb2.ListBrokerSetsRequest())
-        found = [s.master_address for s in listed.broker_sets if s.broker_name == broker_name]
-        return found[0] if found else ""
+        for found in listed.broker_sets:
+            if found.broker_name == broker_name:
+                return found.master_address, tuple(r.address for r in found.replicas)
+        return "", ()
 
     return master_of
 
