@@ -181,15 +181,16 @@ def _serving(proxies: RemotingProxies, broker_name: str):
     return serve
 
 
-async def _read_frame(reader: asyncio.StreamReader, timeout_s: float) -> tuple[bytes, Command | None]:
-    """The next whole frame (length field included) and its command (None: unreadable header)."""
+async def _read_frame(reader: asyncio.StreamReader, timeout_s: float) -> tuple[bytes, Command | FrameError]:
+    """The next whole frame (length field included) and its command, or why its header
+    cannot be read."""
     prefix = await asyncio.wait_for(reader.readexactly(4), timeout_s)
     length = codec.frame_length(prefix)
     rest = await asyncio.wait_for(reader.readexactly(length), timeout_s)
     try:
         return prefix + rest, codec.decode_frame(rest)
-    except FrameError:
-        return prefix + rest, None
+    except FrameError as error:
+        return prefix + rest, error
 
 
 class _Link:
@@ -235,7 +236,10 @@ class _Link:
     async def _client_loop(self) -> None:
         while True:
             frame, command = await _read_frame(self.reader, IDLE_TIMEOUT_S)
-            if command is None or command.is_response:  # the broker judges the unreadable
+            if isinstance(command, FrameError):  # answered as the broker would, at once
+                self._answer(Command(0, command.opaque), codec.SYSTEM_ERROR, command.message)
+                continue
+            if command.is_response:  # to a request the broker sent (none waits for one)
                 self._forward(frame)
                 continue
             if command.code == codec.HEART_BEAT:
@@ -331,12 +335,14 @@ class _Link:
     async def _relay(self, reader: asyncio.StreamReader) -> None:
         while not self._closed:
             frame, command = await _read_frame(reader, IDLE_TIMEOUT_S)
-            if command is not None and command.is_response:
+            if isinstance(command, Command) and command.is_response:
                 if command.opaque in self._own:
                     self._own.discard(command.opaque)
                     continue
-                if self.pending.pop(command.opaque, None) is None:
-                    continue  # answered already (a request sent twice) or expired
+                # Forwarded even when not pending (the answer to a frame whose header was
+                # unreadable, or one that came after its request expired): a client drops an
+                # answer whose opaque it no longer waits for.
+                self.pending.pop(command.opaque, None)
             if not self.writer.is_closing():
                 self.writer.write(frame)
 

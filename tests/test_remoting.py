@@ -236,8 +236,10 @@ def test_heartbeat_is_answered_while_a_pull_long_polls_on_the_same_connection(cl
     assert second.ext["nextBeginOffset"] == "0" and time.monotonic() - started >= 2.5
 
 
-def test_bad_frames_get_error_answers_and_the_server_keeps_serving(broker, namesrv):
-    with _connect(broker) as sock:
+@pytest.mark.parametrize("through", ["broker", "proxy"])
+def test_bad_frames_get_error_answers_and_the_server_keeps_serving(cluster, broker, namesrv, through):
+    target = broker if through == "broker" else cluster["namesrv"][0]["remoting_proxies"]["broker-a"]
+    with _connect(target) as sock:
         garbage = b"{not json"
         sock.sendall(struct.pack(">ii", 4 + len(garbage), len(garbage)) + garbage)
         answer = _read(sock)

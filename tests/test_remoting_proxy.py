@@ -3,6 +3,8 @@
 Properties checked:
 - `--remoting-proxy` takes BROKER_SET=HOST:PORT (repeated or comma-separated) and refuses a
   malformed item, a bad address, or a set or address named twice, with one sentence;
+- the nameserver refuses a malformed `--remoting-proxy`, or one without
+  `--remoting-listen`, with exit status 2 and one sentence;
 - a route names a proxied broker set at its proxy (even while it has no master: the proxy
   waits for one) and any other set at its master's own remoting address (direct routes);
 - a proxy holds a client's request while its set has no master and forwards it, with the
@@ -14,6 +16,8 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
+import sys
 
 import pytest
 from mqmeta.controller import remoting_proxy
@@ -38,6 +42,22 @@ def test_proxy_flags_are_parsed_and_checked():
     for bad in ("broker-a", "broker-a=nope", "a=127.0.0.1:1,a=127.0.0.1:2", "a=127.0.0.1:1,b=127.0.0.1:1"):
         with pytest.raises(InvalidArgument):
             parse_proxies([bad])
+
+
+@pytest.mark.parametrize(
+    ("flags", "sentence"),
+    [
+        (["--remoting-listen", "127.0.0.1:3", "--remoting-proxy", "broker-a"], "is not BROKER_SET=HOST:PORT"),
+        (["--remoting-proxy", "broker-a=127.0.0.1:4"], "--remoting-proxy needs --remoting-listen"),
+    ],
+)
+def test_bad_proxy_flags_are_refused_with_one_sentence(flags, sentence):
+    command = [sys.executable, "-m", "mqmeta.cli", "namesrv", "--listen", "127.0.0.1:1"]
+    done = subprocess.run(
+        [*command, "--controllers", "127.0.0.1:2", *flags], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 2 and sentence in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
 
 
 def _route() -> cpb.TopicRoute:
