@@ -180,6 +180,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="with proxy routes: every nameserver's gRPC address HOST:PORT,... "
         "(default: this one's --listen)",
     )
+    namesrv.add_argument(
+        "--remoting-proxy",
+        action="append",
+        metavar="BROKER_SET=HOST:PORT",
+        help="a remoting proxy for a broker set (repeatable): routes name it instead of the "
+        "set's master, and it forwards to whichever replica is master, so RocketMQ 4.x clients "
+        "keep working across a failover without waiting for their next route refresh",
+    )
+    namesrv.add_argument(
+        "--remoting-routes",
+        choices=("proxy", "direct"),
+        default="proxy",
+        help="proxy (default): routes name the --remoting-proxy of a set that has one; direct: "
+        "every route names the master's own remoting address (no proxy is started)",
+    )
     _add_node_flags(namesrv, required=False)
     accept_config_file(namesrv, tables=("raft_settings",))
 
