@@ -45,6 +45,7 @@ from mqmeta.broker_agent.core import (
     LeaseRevoked,
     Leave,
     NoteConfirm,
+    ProposalOutcome,
     ProposeSyncStateSet,
     Refuse,
     Registered,
@@ -554,9 +555,16 @@ class BrokerAgent:
         try:
             info = self.controller.alter_sync_state_set(request)
         except MqmetaError as exc:
-            # It may still commit (a timed-out proposal): the core keeps counting the union.
-            log.info("SyncStateSet change %s not confirmed: %s", list(proposal.new_sync_state_set), exc)
-            self.feed(SyncStateSetFailed(now_ms()))
+            # Unless refused outright it may still commit: the core keeps counting the union
+            # and sends the same proposal again until its outcome is definitive.
+            outcome = ProposalOutcome.of_code(exc.code)
+            log.info(
+                "SyncStateSet change %s not confirmed (%s): %s",
+                list(proposal.new_sync_state_set),
+                outcome.value,
+                exc,
+            )
+            self.feed(SyncStateSetFailed(now_ms(), outcome))
             return
         log.info("SyncStateSet %s -> %s", list(request.new_sync_state_set), list(info.sync_state_set))
         with self.lock:
