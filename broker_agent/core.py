@@ -265,6 +265,17 @@ class Fence:
 
 
 @dataclass(frozen=True)
+class CorruptionFound:
+    """A read or the background scrub found a bad record at `offset` in the local log
+    (P16). A slave cuts its log there and fetches the rest from its master again (a new
+    session, whose handshake starts at the cut); on a master or a fenced broker the core
+    changes nothing (the shell hands a master's role off: its log cannot be repaired
+    from anyone while it leads)."""
+
+    offset: int
+
+
+@dataclass(frozen=True)
 class MasterUnreachable:
     """This slave's fetch of session `session` could not reach its master."""
 
@@ -326,6 +337,7 @@ Event = (
     | Replicated
     | UploadStarting
     | MasterUnreachable
+    | CorruptionFound
     | HandoffStart
     | HandoffTick
     | HandoffFailed
@@ -1076,6 +1088,14 @@ def _on_leave(s: _State, event: Leave) -> list[Effect]:
     return []
 
 
+def _on_corruption_found(s: _State, event: CorruptionFound) -> list[Effect]:
+    if s.role != Role.SLAVE:
+        return []
+    effects = _new_session(s)  # the fetcher stops: no append may race the cut
+    fetch = StartFetching(s.fetch_session, s.master_broker_id, s.master_address, s.master_epoch)
+    return [*effects, Truncate(event.offset, s.master_epoch), fetch]
+
+
 def _on_fence(s: _State, event: Fence) -> list[Effect]:
     effects = _new_session(s)
     s.role = Role.FENCED
@@ -1105,6 +1125,7 @@ _HANDLERS: dict[type, Callable[[_State, Any], list[Effect]]] = {
     Replicated: _on_replicated,
     UploadStarting: _on_upload_starting,
     MasterUnreachable: _on_master_unreachable,
+    CorruptionFound: _on_corruption_found,
     HandoffStart: _on_handoff_start,
     HandoffTick: _on_handoff_tick,
     HandoffFailed: _on_handoff_failed,

@@ -51,6 +51,7 @@ from mqmeta.broker_agent.core import (
     AppendReplicated,
     BeginEpoch,
     BrokerCore,
+    CorruptionFound,
     Departure,
     ElectSuccessor,
     FetchAnswered,
@@ -812,3 +813,19 @@ def test_a_fetch_of_an_older_epoch_is_refused_and_acknowledges_nothing():
     refused = core.handle(fetch(2, 300, epoch1(300), master_epoch=2))
     assert len(refused) == 1 and isinstance(refused[0].error, FencedEpoch)
     assert core.acked_offsets() == {2: 0} and core.confirm_offset == 0
+
+
+# core.py: a corrupt record found in the local log (P16) ----------------------------------
+def test_a_slave_with_a_corrupt_record_cuts_there_and_fetches_again_a_master_does_not():
+    slave = new_core()
+    started = slave.handle(info(2, 1, (2, 1)))
+    session = next(e for e in started if isinstance(e, StartFetching)).session
+    effects = slave.handle(CorruptionFound(4096))
+    assert effects == [
+        StopFetching(session),
+        Truncate(4096, 1),
+        StartFetching(session + 1, 2, "10.0.0.2:10911", 1),
+    ], "the old fetcher stops before the cut; the new session's handshake starts at it"
+    assert not slave.follows(session) and slave.follows(session + 1)
+    master = master_core()
+    assert master.handle(CorruptionFound(4096)) == [], "a master hands off in the shell; no cut"

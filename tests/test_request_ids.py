@@ -20,6 +20,7 @@ import threading
 
 import grpc
 import pytest
+from mqmeta.cluster.harness import Cluster
 from mqmeta.controller import state_machine
 from mqmeta.controller.commands import (
     ENCODING_VERSION,
@@ -33,7 +34,6 @@ from mqmeta.controller.commands import (
 from mqmeta.controller.state_machine import ControllerState, apply
 
 from mqmeta import client as client_module
-from mqmeta.cluster.harness import Cluster
 from mqmeta.pb import controller_pb2 as pb
 from mqmeta.rpc import REQUEST_ID_HEADER
 
