@@ -17,7 +17,6 @@ Properties checked:
 from __future__ import annotations
 
 import shutil
-import subprocess
 import threading
 import time
 
