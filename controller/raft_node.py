@@ -74,7 +74,7 @@ class RaftSettings:
     proposal_timeout_ms: int = PROPOSAL_TIMEOUT_MS_DEFAULT
     journal_fsync: bool = True
     secret: str | None = None
-    scrub_interval_s: float = SCRUB_INTERVAL_S_DEFAULT  # the journal and snapshot re-checked (P16)
+    scrub_interval_s: int = SCRUB_INTERVAL_S_DEFAULT  # the journal and snapshot re-checked (P16)
 
     def validate(self) -> None:
         if self.election_min_ms <= 3 * self.heartbeat_ms:
@@ -89,8 +89,8 @@ class RaftSettings:
                 f"writes {PENDING_GRACE_MS} ms after a proposal's outcome went unknown, so no "
                 "proposal may commit later than that"
             )
-        if not 0.1 <= self.scrub_interval_s <= 86_400:
-            raise InvalidArgument("scrub_interval_s must be 0.1 to 86400")
+        if not 1 <= self.scrub_interval_s <= 86_400:
+            raise InvalidArgument("scrub_interval_s must be 1 to 86400")
         for name in ("batch_commands_max", "inflight_batches_max", "queue_commands_max"):
             if getattr(self, name) < 1:
                 raise InvalidArgument(f"{name} must be at least 1")

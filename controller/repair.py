@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 JOURNAL_NAME = "raft.journal"
 SNAPSHOT_NAME = "raft.snapshot"
 DAMAGED_DIR = "damaged"
-SCRUB_INTERVAL_S_DEFAULT = 30.0
+SCRUB_INTERVAL_S_DEFAULT = 30
 EXIT_DAMAGED = 75  # EX_TEMPFAIL: restart me (the restart repairs)
 
 
@@ -100,7 +100,7 @@ def discard_damaged(data_dir: Path, reason: str) -> int:
 class RaftScrubber:
     """The background scrub of a running node's journal and snapshot (its own thread)."""
 
-    def __init__(self, data_dir: Path, interval_s: float, stats: RaftRepairStats) -> None:
+    def __init__(self, data_dir: Path, interval_s: int, stats: RaftRepairStats) -> None:
         self.data_dir = data_dir
         self.interval_s = interval_s
         self.stats = stats
