@@ -575,6 +575,7 @@ class _State:
     sync_state_set_epoch: int = 0
     registered_ids: frozenset[int] = frozenset()
     pending: _PendingChange | None = None
+    next_plan_ms: int = 0  # after a refused proposal: no new plan before this
     confirm_offset: int = 0
     fetch_session: int = 0
     newest_master_epoch_seen: int = 0  # from any controller answer, heartbeats included
@@ -857,7 +858,8 @@ def _on_sync_state_set_failed(s: _State, event: SyncStateSetFailed) -> list[Effe
     sent again every PROPOSAL_RETRY_INTERVAL_MS, gets a definitive answer."""
     pending = s.pending
     if pending is not None and event.outcome is ProposalOutcome.REFUSED:
-        s.pending = None
+        s.pending = None  # planned again (maybe the same) after a pause: no refusal loop
+        s.next_plan_ms = event.now_ms + PROPOSAL_RETRY_INTERVAL_MS
     elif pending is not None:
         pending.retry_ms = event.now_ms + PROPOSAL_RETRY_INTERVAL_MS
     return [RequestRefresh()]
@@ -892,6 +894,8 @@ def _on_tick(s: _State, tick: Tick) -> list[Effect]:
         pending.retry_ms, pending.attempts = 0, pending.attempts + 1
         retry = ProposeSyncStateSet(s.broker_id, pending.master_epoch, pending.base_epoch, pending.members)
         return effects + [retry]
+    if tick.now_ms < s.next_plan_ms:
+        return effects
     plan = s.tracker.plan(
         tick.now_ms,
         s.broker_id,

@@ -446,6 +446,12 @@ def test_a_refused_proposal_is_dropped_and_a_new_epoch_ends_any():
     assert refused is ProposalOutcome.REFUSED
     core.handle(SyncStateSetFailed(100, refused))
     assert core.pending_sync_state_set is None
+    pause_end_ms = 100 + core_module.PROPOSAL_RETRY_INTERVAL_MS
+    assert core.handle(Tick(pause_end_ms - 1, epoch1(100))) == [], "no refusal loop"
+    core.handle(fetch(2, 100, epoch1(100), now_ms=pause_end_ms))  # still caught up
+    assert core.handle(Tick(pause_end_ms, epoch1(100))) == [ProposeSyncStateSet(1, 1, 1, (1, 2))], (
+        "planned again at once after the pause, not after a 7 s grace (the quarantined lease test)"
+    )
     assert ProposalOutcome.of_code("DEADLINE_EXCEEDED") is ProposalOutcome.UNCERTAIN
     assert ProposalOutcome.of_code("NOT_LEADER") is ProposalOutcome.UNCERTAIN
     other = caught_up_expansion()
