@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from mqmeta.controller.namesrv import RocketMQRoutes
 from mqmeta.controller.server import (
     ControllerConfig,
     parse_peer,
@@ -59,13 +60,19 @@ def run_controller(args: argparse.Namespace) -> int:
 def run_namesrv(args: argparse.Namespace) -> int:
     parse_addresses(args.listen, "--listen address")
     remoting = listen_address(args)
+    routes = RocketMQRoutes(
+        str(getattr(args, "rocketmq_routes", None) or "proxy"),
+        tuple(parse_addresses(args.rocketmq_endpoints, "--rocketmq-endpoints address"))
+        if getattr(args, "rocketmq_endpoints", None)
+        else (),
+    )
     if args.embed_controller:
         node = start_controller(
-            controller_config(args), namesrv_address=args.listen, remoting_address=remoting
+            controller_config(args), namesrv_address=args.listen, remoting_address=remoting, routes=routes
         )
     elif args.controllers:
         node = start_namesrv(
-            args.listen, parse_addresses(args.controllers), args.metrics_listen or "", remoting
+            args.listen, parse_addresses(args.controllers), args.metrics_listen or "", remoting, routes
         )
     else:
         raise InvalidArgument("a nameserver needs --controllers ADDRS or --embed-controller")

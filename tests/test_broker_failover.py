@@ -145,11 +145,6 @@ class DirectSender(threading.Thread):
         self.join(timeout=10)
 
 
-# Back in CI (P16): its set did not form in a full CI run (the slaves followed the master for
-# 16 s, the SyncStateSet stayed [1]). The master starts alone and proposes each slave once it
-# has caught up; a proposal the controller refused (the slave not yet alive in the leader's
-# view) was kept for the 7 s grace before the next could be planned: twice is 14 s. A refused
-# proposal is now dropped at once and planned again after PROPOSAL_RETRY_INTERVAL_MS.
 def test_master_cut_from_controllers_stops_writing_within_its_lease(cluster_factory):
     cluster = broker_cluster(cluster_factory, start_brokers=False)
     cuts = [TcpCut(n.grpc) for n in cluster.layout.controllers]

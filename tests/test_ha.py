@@ -835,3 +835,52 @@ def test_a_slave_with_a_corrupt_record_cuts_there_and_fetches_again_a_master_doe
     assert not slave.follows(session) and slave.follows(session + 1)
     master = master_core()
     assert master.handle(CorruptionFound(4096)) == [], "a master hands off in the shell; no cut"
+
+
+class _RefusingFirstElection:
+    """A controller that refuses the broker's first election, as a leader does for a broker
+    that registered under load before any heartbeat of it reached that leader."""
+
+    def __init__(self) -> None:
+        self.elections = 0
+
+    def register_broker(self, request: cpb.RegisterBrokerRequest) -> cpb.RegisterBrokerResponse:
+        return cpb.RegisterBrokerResponse(broker_id=1, replica_info=cpb.ReplicaInfo())
+
+    def get_config(self, request: cpb.GetConfigRequest) -> cpb.ControllerConfig:
+        return cpb.ControllerConfig()
+
+    def get_replica_info(self, request: cpb.BrokerSetRef) -> cpb.ReplicaInfo:
+        return cpb.ReplicaInfo()  # no master yet
+
+    def elect_master(self, request: cpb.ElectMasterRequest) -> cpb.ReplicaInfo:
+        self.elections += 1
+        if self.elections == 1:
+            raise FailedPrecondition("no alive in-sync replica can become master of C/b")
+        return replica_info(1, 1, [1])
+
+    def heartbeat(self, request: cpb.HeartbeatRequest) -> cpb.HeartbeatResponse:
+        return cpb.HeartbeatResponse(master_broker_id=0, master_epoch=0, sync_state_set_epoch=0)
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_refused_first_election_is_asked_again_until_the_set_has_a_master(agent):
+    """Before the fix the loop asked once: the refusal left the set masterless for good,
+    since heartbeat replies matching the broker's own view never call for a refresh."""
+    a = agent()
+    a.controller = _RefusingFirstElection()
+    loop = threading.Thread(target=a._controller_loop, daemon=True)
+    loop.start()
+    try:
+        wait_for(
+            lambda: a.view().role,
+            10,
+            "the broker to become master after a refused election",
+            until=lambda role: role == Role.MASTER,
+        )
+        assert a.controller.elections == 2
+    finally:
+        a.stopping.set()
+        loop.join(timeout=5)
