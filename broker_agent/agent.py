@@ -467,9 +467,13 @@ class BrokerAgent:
         while not self.stopping.is_set():
             try:
                 if not registered:
-                    first: cpb.ReplicaInfo = self._register()
+                    first = self._register()
                     registered = True
-                    self._adopt(lambda: first)
+
+                    def registration(info: cpb.ReplicaInfo = first) -> cpb.ReplicaInfo:
+                        return info
+
+                    self._adopt(registration)
                 if self._refresh_needed.is_set() and time.monotonic() >= self._refresh_retry_at:
                     self._refresh_needed.clear()
                     self._adopt(self._replica_info)
