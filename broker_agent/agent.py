@@ -33,6 +33,7 @@ from mqmeta.broker_agent.core import (
     AppendReplicated,
     BeginEpoch,
     BrokerCore,
+    CorruptionFound,
     Departure,
     Effect,
     ElectSuccessor,
@@ -45,6 +46,7 @@ from mqmeta.broker_agent.core import (
     LeaseRevoked,
     Leave,
     NoteConfirm,
+    ProposalOutcome,
     ProposeSyncStateSet,
     Refuse,
     Registered,
@@ -65,6 +67,7 @@ from mqmeta.broker_agent.core import (
 )
 from mqmeta.broker_agent.ha import Role
 from mqmeta.broker_agent.replication import FetchSettings
+from mqmeta.broker_agent.scrub import SCRUB_BYTES_PER_S_DEFAULT, Scrubber, ScrubStats
 from mqmeta.broker_agent.seams import log_view
 from mqmeta.broker_agent.store import MessageStore
 from mqmeta.broker_agent.tiered import TieredConfig, TieredUploader
@@ -129,6 +132,7 @@ class BrokerConfig:
     tiered_upload_bytes: int = 4 << 20
     tiered_upload_interval_ms: int = 2000
     local_retention_bytes: int = 0
+    scrub_bytes_per_s: int = SCRUB_BYTES_PER_S_DEFAULT  # the background scrub's bound (P16)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def validate(self) -> None:
@@ -138,6 +142,8 @@ class BrokerConfig:
             raise InvalidArgument("send_timeout_ms must be >= 100 and fetch_wait_ms >= 1")
         if self.ha_max_time_slave_not_catchup_ms < 100:
             raise InvalidArgument("ha_max_time_slave_not_catchup_ms must be >= 100")
+        if not 1 <= self.scrub_bytes_per_s <= 1 << 40:
+            raise InvalidArgument("scrub_bytes_per_s must be 1 to 2^40")
 
 
 class Identity:
@@ -203,7 +209,14 @@ class BrokerAgent:
             fsync=config.fsync,
             broker_name=config.broker_name,
             group_commit=True,  # wait_acknowledged syncs: one fdatasync for all writers waiting
+            cut_corruption=True,  # a corrupt record: cut there, fetch the rest again (scrub.py)
         )
+        self.scrub_stats = ScrubStats()
+        self._scrubber = Scrubber(self, config.scrub_bytes_per_s, self.scrub_stats)
+        if self.store.log.corruption_cut_at is not None:
+            self.scrub_stats.corruptions_found += 1
+            self.scrub_stats.repairs += 1
+            self._scrubber.must_hand_off = True
         self.controller = ControllerClient(config.controllers, timeout_s=CONTROLLER_CALL_TIMEOUT_S)
         self.identity = Identity(config.data_dir)
         self.confirm_log = ConfirmLog(config.data_dir / "confirm.log", config.broker_name)
@@ -334,6 +347,42 @@ class BrokerAgent:
             note.force,
         )
 
+    # The background scrub's host (scrub.ScrubHost) --------------------------------------
+    @property
+    def role(self) -> Role:
+        return self.core.role
+
+    def scrub_step(self, offset: int, bytes_max: int) -> tuple[int, int | None, int, int]:
+        """One scrub step from `offset`: (where the next starts, the first bad record or
+        None, the log's start, its end); nothing is read when `offset` is outside the log."""
+        start, end = self.store.log.min_offset, self.store.max_offset
+        if not start <= offset < end:
+            return offset, None, start, end
+        next_offset, bad = self.store.scrub(offset, bytes_max)
+        return next_offset, bad, start, end
+
+    def repair_from_master(self, offset: int) -> bool:
+        """A slave's repair: cut the log at the bad record, fetch the rest again."""
+        try:
+            with self.lock:
+                if self.core.role is not Role.SLAVE:
+                    return False
+                self.feed(CorruptionFound(offset))
+        except MqmetaError as error:
+            log.error("could not cut the log at the corrupt record at %d: %s", offset, error)
+            return False
+        log.warning("cut the log at the corrupt record at %d; fetching the rest from the master", offset)
+        return True
+
+    def hand_off_corrupt_master(self) -> bool:
+        """A master with a corrupt log hands its role to an in-sync slave (then repairs)."""
+        try:
+            self.handoff()
+        except MqmetaError as error:
+            log.error("a master with a corrupt log could not hand off (tried again later): %s", error)
+            return False
+        return True
+
     def _start_fetching(self, start: StartFetching) -> None:
         threading.Thread(
             target=replication.follow, args=(self, start.session, self._fetch), name="fetcher", daemon=True
@@ -358,7 +407,12 @@ class BrokerAgent:
                 ),
             )
             self.tiered.start()
-        for target, name in ((self._controller_loop, "controller"), (self._watch_loop, "watch")):
+        loops = (
+            (self._controller_loop, "controller"),
+            (self._watch_loop, "watch"),
+            (self._scrubber.run, "scrub"),
+        )
+        for target, name in loops:
             thread = threading.Thread(target=target, name=name, daemon=True)
             thread.start()
             self._threads.append(thread)
@@ -580,9 +634,16 @@ class BrokerAgent:
         try:
             info = self.controller.alter_sync_state_set(request)
         except MqmetaError as exc:
-            # It may still commit (a timed-out proposal): the core keeps counting the union.
-            log.info("SyncStateSet change %s not confirmed: %s", list(proposal.new_sync_state_set), exc)
-            self.feed(SyncStateSetFailed(now_ms()))
+            # Unless refused outright it may still commit: the core keeps counting the union
+            # and sends the same proposal again until its outcome is definitive.
+            outcome = ProposalOutcome.of_code(exc.code)
+            log.info(
+                "SyncStateSet change %s not confirmed (%s): %s",
+                list(proposal.new_sync_state_set),
+                outcome.value,
+                exc,
+            )
+            self.feed(SyncStateSetFailed(now_ms(), outcome))
             return
         log.info("SyncStateSet %s -> %s", list(request.new_sync_state_set), list(info.sync_state_set))
         with self.lock:

@@ -168,8 +168,15 @@ class CommitLog:
     """Segmented, checksummed, append-only log; every method is thread-safe."""
 
     def __init__(
-        self, directory: Path | str, segment_bytes: int = SEGMENT_BYTES_DEFAULT, fsync: bool = True
+        self,
+        directory: Path | str,
+        segment_bytes: int = SEGMENT_BYTES_DEFAULT,
+        fsync: bool = True,
+        cut_corruption: bool = False,
     ) -> None:
+        """cut_corruption: a bad record that is not a torn tail cuts the log there (a
+        replica that can fetch the rest from its master again, P16) instead of refusing
+        to open; `corruption_cut_at` then says where."""
         if not SEGMENT_BYTES_MIN <= segment_bytes <= SEGMENT_BYTES_MAX:
             raise InvalidArgument(
                 f"segment_bytes {segment_bytes} is outside [{SEGMENT_BYTES_MIN}, {SEGMENT_BYTES_MAX}]"
@@ -182,6 +189,8 @@ class CommitLog:
         self._open: OrderedDict[int, _Segment] = OrderedDict()  # segments holding an fd
         self._closed = False
         self._truncations = 0  # a sync that overlapped a truncation does not move _durable
+        self.cut_corruption = cut_corruption
+        self.corruption_cut_at: int | None = None
         make_directories(self.directory, self.fsync)
         self._segments = self._recover()
         if self.fsync:  # what a killed process wrote may still be only in the page cache
@@ -205,6 +214,12 @@ class CommitLog:
                 )
             self._scan(segment, last=i == len(bases) - 1)
             segments.append(segment)
+            if self.corruption_cut_at is not None:
+                for later in reversed(bases[i + 1 :]):  # newest first: a crash leaves a prefix
+                    self._path(later).unlink()
+                    if self.fsync:
+                        fsync_dir(self.directory)
+                break
         return segments
 
     def _scan(self, segment: _Segment, last: bool) -> None:
@@ -223,6 +238,17 @@ class CommitLog:
                         exc,
                     )
                     self._cut_file(segment.path, pos)
+                    break
+                if self.cut_corruption:
+                    log.error(
+                        "%s: a corrupt record at commit offset %d (%s): cutting the log there; "
+                        "the rest is fetched from the master again",
+                        segment.path,
+                        segment.base + pos,
+                        exc,
+                    )
+                    self._cut_file(segment.path, pos)
+                    self.corruption_cut_at = segment.base + pos
                     break
                 raise CorruptData(
                     f"{segment.path}: {exc}; "
@@ -587,6 +613,37 @@ class CommitLog:
         raise AssertionError(
             f"{segment.path}: no record mark within {MARK_INTERVAL_BYTES} bytes before {limit}"
         )
+
+    def scrub(self, offset: int, bytes_max: int) -> tuple[int, int | None]:
+        """Checks the records from `offset` (a record start) for about `bytes_max` bytes,
+        as a background scrub does (P16): returns where the next step starts and the
+        commit offset of the first bad record found (None: all good). Reads the disk's
+        bytes, whatever the in-memory marks say: a flipped length or checksum shows."""
+        with self._lock:
+            self._check_open()
+            segment = self._segment_for(offset)
+            if offset >= segment.end:
+                return offset, None
+            length = min(max(bytes_max, PREFIX_BYTES), segment.end - offset)
+            buf = os.pread(self._fd(segment), length, offset - segment.base)
+            limit = segment.end - offset
+        position = 0
+        while position < len(buf):
+            try:
+                position += check_record(buf, position, offset + position)
+            except TornRecord:
+                if position > 0:  # the buffer ends inside a good record: the next step reads it
+                    return offset + position, None
+                try:  # one record longer than bytes_max: read it whole (if the segment holds it)
+                    whole = peek_length(buf, 0, offset)
+                    if whole > limit:
+                        return offset, offset
+                    return self.scrub(offset, whole)
+                except (TornRecord, CorruptData):
+                    return offset, offset
+            except CorruptData:
+                return offset + position, offset + position
+        return offset + position, None
 
     def read_record(self, offset: int) -> StoredRecord:
         """The record starting at `offset`, checksum verified (CorruptData otherwise)."""

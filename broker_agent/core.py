@@ -11,7 +11,8 @@ report a revoked lease, wake waiters, answer or refuse a slave's fetch. etcd raf
 
 What it holds: the role (Role), the master epoch and who the master is, the
 SyncStateSet and its epoch, a SyncStateSet change in flight (counted as the union
-with the current set until it commits or fails, RocketMQ #5663), the confirm offset,
+with the current set until its outcome is definitive, RocketMQ #5663;
+sent again while unknown, never dropped on a timer), the confirm offset,
 the master lease (ha.Lease: why it makes a dual master impossible is written there)
 and the slaves' progress (ha.SyncStateTracker: when to shrink or expand the set).
 
@@ -50,6 +51,25 @@ from mqmeta.timing import LEASE_MS_DEFAULT, PENDING_GRACE_MS
 # A slave reports an unreachable master at most this often (each report costs the
 # controller leader a TCP connect to the master's address).
 REPORT_INTERVAL_MS = 200
+# A SyncStateSet proposal whose outcome is unknown is sent again this long after it failed.
+PROPOSAL_RETRY_INTERVAL_MS = 500
+
+
+class ProposalOutcome(enum.Enum):
+    """How a SyncStateSet proposal that was not confirmed failed (SyncStateSetFailed)."""
+
+    UNCERTAIN = "UNCERTAIN"  # no answer: it may still commit; sent again until definitive
+    FENCED = "FENCED"  # a newer master or SyncStateSet epoch: the refresh shows the outcome
+    REFUSED = "REFUSED"  # the state machine refused it at its base epoch: it never applies
+
+    @classmethod
+    def of_code(cls, code: str) -> ProposalOutcome:
+        """The outcome a failed AlterSyncStateSet's error code means."""
+        if code in ("FENCED_MASTER_EPOCH", "FENCED_SYNC_STATE_SET_EPOCH"):
+            return cls.FENCED
+        if code in ("INVALID_ARGUMENT", "MASTER_NOT_AVAILABLE", "NOT_FOUND"):
+            return cls.REFUSED
+        return cls.UNCERTAIN
 
 
 class Departure(enum.Enum):
@@ -136,9 +156,13 @@ class SyncStateSetChanged:
 
 @dataclass(frozen=True)
 class SyncStateSetFailed:
-    """The proposal was not confirmed; it may still commit (a timed-out proposal)."""
+    """The proposal was not confirmed. UNCERTAIN (no answer, a timeout, no leader): it may
+    still commit, so the same proposal is sent again; FENCED: the set or the master moved
+    on (the refresh shows where); REFUSED: the state machine refused it at its base
+    epoch, so no copy of it can ever apply."""
 
     now_ms: int
+    outcome: ProposalOutcome = ProposalOutcome.UNCERTAIN
 
 
 @dataclass(frozen=True)
@@ -241,6 +265,17 @@ class Fence:
 
 
 @dataclass(frozen=True)
+class CorruptionFound:
+    """A read or the background scrub found a bad record at `offset` in the local log
+    (P16). A slave cuts its log there and fetches the rest from its master again (a new
+    session, whose handshake starts at the cut); on a master or a fenced broker the core
+    changes nothing (the shell hands a master's role off: its log cannot be repaired
+    from anyone while it leads)."""
+
+    offset: int
+
+
+@dataclass(frozen=True)
 class MasterUnreachable:
     """This slave's fetch of session `session` could not reach its master."""
 
@@ -302,6 +337,7 @@ Event = (
     | Replicated
     | UploadStarting
     | MasterUnreachable
+    | CorruptionFound
     | HandoffStart
     | HandoffTick
     | HandoffFailed
@@ -472,11 +508,15 @@ class RoleView:
 
 @dataclass
 class _PendingChange:
-    """A SyncStateSet proposal in flight: counted together with the current set."""
+    """A SyncStateSet proposal in flight: counted together with the current set until its
+    outcome is definitive (never dropped on a timer: a proposal that timed out may commit
+    at any later time, and its members must count from the moment they were proposed)."""
 
     members: tuple[int, ...]
     base_epoch: int  # the SyncStateSet epoch it was proposed against
-    failed_ms: int = 0  # when the proposal was reported failed (0 = not yet)
+    master_epoch: int  # the master epoch it was proposed in
+    retry_ms: int = 0  # when to send it again after an uncertain failure (0 = in flight)
+    attempts: int = 1
 
 
 @dataclass
@@ -535,6 +575,7 @@ class _State:
     sync_state_set_epoch: int = 0
     registered_ids: frozenset[int] = frozenset()
     pending: _PendingChange | None = None
+    next_plan_ms: int = 0  # after a refused proposal: no new plan before this
     confirm_offset: int = 0
     fetch_session: int = 0
     newest_master_epoch_seen: int = 0  # from any controller answer, heartbeats included
@@ -761,8 +802,10 @@ def _on_replica_info(s: _State, info: ReplicaInfo) -> list[Effect]:
     # change (its fetches were not counted, so it never joined the SyncStateSet: seen in
     # CI). Registrations only add within an epoch here; a new epoch takes the info's.
     s.registered_ids = s.registered_ids | info.registered_ids if same_epoch else info.registered_ids
-    if s.pending is not None and info.sync_state_set_epoch > s.pending.base_epoch:
-        s.pending = None  # the set moved on: count what it is now
+    if s.pending is not None and (
+        info.sync_state_set_epoch > s.pending.base_epoch or info.master_epoch > s.pending.master_epoch
+    ):
+        s.pending = None  # the set (or the master) moved on: no copy of it can apply any more
     if info.sync_state_set_epoch >= s.sync_state_set_epoch:
         s.sync_state_set = tuple(sorted(info.sync_state_set))
         s.sync_state_set_epoch = info.sync_state_set_epoch
@@ -810,10 +853,15 @@ def _on_sync_state_set_changed(s: _State, event: SyncStateSetChanged) -> list[Ef
 
 
 def _on_sync_state_set_failed(s: _State, event: SyncStateSetFailed) -> list[Effect]:
-    """Keep counting the union until a refresh shows the set moved on, or for at most
-    pending_grace_ms: a proposal that timed out may still commit."""
-    if s.pending is not None:
-        s.pending.failed_ms = event.now_ms
+    """Refused: it never applies, stop counting it. Otherwise keep counting the union:
+    fenced, until the refresh shows the newer epoch; uncertain, until the same proposal,
+    sent again every PROPOSAL_RETRY_INTERVAL_MS, gets a definitive answer."""
+    pending = s.pending
+    if pending is not None and event.outcome is ProposalOutcome.REFUSED:
+        s.pending = None  # planned again (maybe the same) after a pause: no refusal loop
+        s.next_plan_ms = event.now_ms + PROPOSAL_RETRY_INTERVAL_MS
+    elif pending is not None:
+        pending.retry_ms = event.now_ms + PROPOSAL_RETRY_INTERVAL_MS
     return [RequestRefresh()]
 
 
@@ -838,9 +886,15 @@ def _on_heartbeat_answered(s: _State, reply: HeartbeatAnswered) -> list[Effect]:
 def _on_tick(s: _State, tick: Tick) -> list[Effect]:
     effects = _handoff_grace_over(s, tick.now_ms)
     pending = s.pending
-    if pending is not None and pending.failed_ms and tick.now_ms - pending.failed_ms > s.pending_grace_ms:
-        s.pending = pending = None  # it never committed
-    if s.role != Role.MASTER or pending is not None:
+    if s.role != Role.MASTER:
+        return effects
+    if pending is not None:
+        if not pending.retry_ms or tick.now_ms < pending.retry_ms:
+            return effects  # in flight, or not yet time to send it again
+        pending.retry_ms, pending.attempts = 0, pending.attempts + 1
+        retry = ProposeSyncStateSet(s.broker_id, pending.master_epoch, pending.base_epoch, pending.members)
+        return effects + [retry]
+    if tick.now_ms < s.next_plan_ms:
         return effects
     plan = s.tracker.plan(
         tick.now_ms,
@@ -852,7 +906,7 @@ def _on_tick(s: _State, tick: Tick) -> list[Effect]:
     )
     if plan is None:
         return effects
-    s.pending = _PendingChange(tuple(plan), s.sync_state_set_epoch)
+    s.pending = _PendingChange(tuple(plan), s.sync_state_set_epoch, s.master_epoch)
     return effects + [ProposeSyncStateSet(s.broker_id, s.master_epoch, s.sync_state_set_epoch, tuple(plan))]
 
 
@@ -1038,6 +1092,14 @@ def _on_leave(s: _State, event: Leave) -> list[Effect]:
     return []
 
 
+def _on_corruption_found(s: _State, event: CorruptionFound) -> list[Effect]:
+    if s.role != Role.SLAVE:
+        return []
+    effects = _new_session(s)  # the fetcher stops: no append may race the cut
+    fetch = StartFetching(s.fetch_session, s.master_broker_id, s.master_address, s.master_epoch)
+    return [*effects, Truncate(event.offset, s.master_epoch), fetch]
+
+
 def _on_fence(s: _State, event: Fence) -> list[Effect]:
     effects = _new_session(s)
     s.role = Role.FENCED
@@ -1067,6 +1129,7 @@ _HANDLERS: dict[type, Callable[[_State, Any], list[Effect]]] = {
     Replicated: _on_replicated,
     UploadStarting: _on_upload_starting,
     MasterUnreachable: _on_master_unreachable,
+    CorruptionFound: _on_corruption_found,
     HandoffStart: _on_handoff_start,
     HandoffTick: _on_handoff_tick,
     HandoffFailed: _on_handoff_failed,

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 from mqmeta.broker_agent.agent import BrokerAgent
 from mqmeta.broker_agent.ha import Role
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from mqmeta.metrics import Metrics, gauge, gauges
 
@@ -47,6 +47,7 @@ class BrokerMetrics:
 
 
 def _collect(agent: BrokerAgent) -> Iterator[Metric]:
+    yield from _scrub_metrics(agent)
     with agent.lock:
         view = agent.core.view()
         max_offset = agent.store.max_offset
@@ -79,3 +80,24 @@ def _collect(agent: BrokerAgent) -> Iterator[Metric]:
         )
         lag_bytes = max(0, view.confirm_offset - checkpoint.uploaded_offset)
         yield gauge(PREFIX + "tiered_lag_bytes", "confirmed bytes not yet in the tiered store", lag_bytes)
+
+
+def _scrub_metrics(agent: BrokerAgent) -> Iterator[Metric]:
+    """The background scrub (broker_agent/scrub.py), counted since the broker started."""
+    stats = agent.scrub_stats
+    counters = (
+        ("scrub_bytes", "commit log bytes the background scrub checked", stats.bytes_scrubbed),
+        ("scrub_passes", "passes of the background scrub over the whole commit log", stats.passes),
+        (
+            "corruptions_found",
+            "corrupt records found in the local commit log (scrub, or opening the log)",
+            stats.corruptions_found,
+        ),
+        (
+            "corruption_repairs",
+            "corrupt logs repaired: cut at the bad record to fetch the rest from the master again",
+            stats.repairs,
+        ),
+    )
+    for name, documentation, value in counters:
+        yield CounterMetricFamily(PREFIX + name, documentation, value=value)

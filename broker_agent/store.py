@@ -125,6 +125,7 @@ class MessageStore:
         *,
         index_checkpoint_bytes: int = INDEX_CHECKPOINT_BYTES_DEFAULT,
         group_commit: bool = False,
+        cut_corruption: bool = False,
     ) -> None:
         if not isinstance(broker_name, str) or not 0 < len(broker_name.encode()) <= BROKER_NAME_BYTES_MAX:
             raise InvalidArgument(f"broker_name {broker_name!r} must be 1-{BROKER_NAME_BYTES_MAX} bytes")
@@ -147,7 +148,7 @@ class MessageStore:
         self._checkpoint_offset = 0
         self._origins = OriginTable()  # per origin queue, the highest copy held (broker_agent.origins)
         self._checkpoint_origins = OriginTable()
-        self.log = CommitLog(self.directory / "commitlog", segment_bytes, fsync)
+        self.log = CommitLog(self.directory / "commitlog", segment_bytes, fsync, cut_corruption)
         try:
             self.epochs = EpochFile(self.directory / "epochs.json", fsync)
             self._open()
@@ -582,6 +583,10 @@ class MessageStore:
             self._check_open()
             self._write_checkpoint()
             return self.log.delete_segments_before(offset)
+
+    def scrub(self, offset: int, bytes_max: int) -> tuple[int, int | None]:
+        """One step of a background scrub of the commit log (see CommitLog.scrub)."""
+        return self.log.scrub(max(offset, self.log.min_offset), bytes_max)
 
     def _truncate_durable(self, offset: int) -> None:
         self.epochs.truncate_from(offset)

@@ -21,6 +21,12 @@ leader = the controller leader (controllers), the broker set's master (brokers),
 - slow-disk: every fsync on the broker set's master's mount waits SLOW_FSYNC_MS;
 - fsync-eio: the master's next fsyncs fail with EIO (the broker fences itself); heal
   restarts it if it exited.
+- corrupt-replica: one slave of the broker set (brokers) and/or one follower controller
+  (controllers) is killed and a byte of its data flipped where a checksum guards it: the
+  slave's commit log below the confirm offset, the follower's Raft journal (a record
+  with valid ones after it) or else its snapshot; heal restarts it and waits until it
+  serves, then reads the node's repair counter (details["repaired"]). It must have found
+  the damage, discarded or cut it and re-fetched from the others.
 """
 
 from __future__ import annotations
@@ -65,6 +71,7 @@ FAULT_NAMES = (
     "power-loss-all",
     "slow-disk",
     "fsync-eio",
+    "corrupt-replica",
 )
 TARGETS = ("controllers", "brokers", "all")
 DELAY_MS, DELAY_JITTER_MS = 100, 50
@@ -352,6 +359,92 @@ def _fsync_eio(fault: Fault) -> str:
     return f"the next {EIO_FSYNCS} fsyncs on {master}'s disk fail with EIO"
 
 
+# controller/journal.py: an 8-byte magic, then records [length u32][crc u32][index][term][command]
+JOURNAL_RECORD_HEADER_BYTES = 8 + 24
+SEGMENT_BYTES_TO_FLIP_MIN = 4096  # a slave's log this short holds no record to flip below confirm
+
+
+def _corrupt_replica(fault: Fault) -> str:
+    context, cluster = fault.context, fault.context.cluster
+    chosen: list[str] = []
+    if context.target in ("brokers", "all"):
+        master = cluster.master_of(context.broker_set, timeout_s=LEADER_WAIT_S)
+        slaves = [
+            b.name
+            for b in cluster.layout.brokers
+            if b.name != master and b.name.startswith(context.broker_set)
+        ]
+        chosen.append(context.rng.choice(slaves))
+    if context.target in ("controllers", "all"):
+        leader = cluster.leader_id(timeout_s=LEADER_WAIT_S)
+        chosen.append(context.rng.choice([n.id for n in cluster.layout.controllers if n.id != leader]))
+    flipped = {}
+    for node in chosen:
+        cluster.kill(node)
+        where = _flip_guarded_byte(context, node)
+        if where:
+            flipped[node] = where
+    fault.affected = chosen
+    fault.details["flipped"] = flipped
+
+    def heal() -> None:
+        _restart_and_wait(fault, chosen)
+        fault.details["repaired"] = {node: _repairs(context, node) for node in flipped}
+
+    fault._heal = heal
+    return "; ".join(f"{node}: flipped a byte of {where}" for node, where in flipped.items())
+
+
+def _flip_guarded_byte(context: FaultContext, node: str) -> str:
+    """Flips one byte that a checksum guards, in a stopped node's data; says where ("":
+    nothing to flip)."""
+    cluster = context.cluster
+    if context.is_controller(node):
+        data_dir = cluster.root / cluster.node(node).data_dir
+        journal, snapshot = data_dir / "raft.journal", data_dir / "raft.snapshot"
+        head = journal.read_bytes()[:JOURNAL_RECORD_HEADER_BYTES] if journal.exists() else b""
+        if len(head) == JOURNAL_RECORD_HEADER_BYTES:
+            first_end = JOURNAL_RECORD_HEADER_BYTES + int.from_bytes(head[8:12], "little")
+            if journal.stat().st_size > first_end:  # a record follows the first: not a torn tail
+                _flip(journal, 12)  # the first record's checksum
+                return f"{journal.name} (its first record's checksum)"
+        _flip(snapshot, snapshot.stat().st_size // 2)
+        return f"{snapshot.name} (its middle)"
+    store = cluster.root / cluster.broker(node).data_dir / "store"
+    segment = sorted(store.rglob("*.log"))[0]
+    if segment.stat().st_size < SEGMENT_BYTES_TO_FLIP_MIN:  # nothing written yet (a metadata run)
+        return ""
+    position = context.rng.randrange(segment.stat().st_size // 4, segment.stat().st_size // 2)
+    _flip(segment, position)
+    return f"{segment.name} at byte {position} (below the confirm offset)"
+
+
+def _flip(path: Any, position: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(position)
+        byte = f.read(1)[0]
+        f.seek(position)
+        f.write(bytes([byte ^ 0xFF]))
+
+
+def _repairs(context: FaultContext, node: str) -> float:
+    """The restarted node's repair counter (0.0 when its metrics cannot be read)."""
+    import urllib.request
+
+    cluster = context.cluster
+    if context.is_controller(node):
+        address, name = cluster.node(node).metrics, "mqmeta_controller_raft_repairs_total"
+    else:
+        address, name = cluster.broker(node).metrics, "mqmeta_broker_corruption_repairs_total"
+    try:
+        with urllib.request.urlopen(f"http://{address}/metrics", timeout=5) as answer:
+            text = answer.read().decode()
+    except OSError:
+        return 0.0
+    values = [float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " ")]
+    return values[0] if values else 0.0
+
+
 def _noop(fault: Fault) -> str:
     return "noop"
 
@@ -368,6 +461,7 @@ _ACTIONS: dict[str, Callable[[Fault], str]] = {
     "power-loss-all": _power_loss,
     "slow-disk": _slow_disk,
     "fsync-eio": _fsync_eio,
+    "corrupt-replica": _corrupt_replica,
     **{f"{who}-kill": _kill for who in _CHOOSERS},
     **{f"{who}-suspend": _suspend for who in _CHOOSERS},
     **{f"{who}-partition": _partition for who in ("random", "fixed", "leader")},

@@ -365,6 +365,12 @@ def _conclude(
     result["notRestarted"] = not_restarted
     if not_restarted:
         failures.append(f"{', '.join(not_restarted)} did not start again (see the logs)")
+    # corrupt-replica: each damaged node found the damage and repaired it (its counter)
+    unrepaired = sorted({n for f in faults for n, count in f.get("repaired", {}).items() if not count})
+    if any("repaired" in f for f in faults):
+        result["unrepaired"] = unrepaired
+    if unrepaired:
+        failures.append(f"{', '.join(unrepaired)} did not repair its corrupted data (see the logs)")
     # The harness's test liveness (dead after 1 s) trades false failovers on a loaded machine
     # for quick runs: they are counted there, and fail a run only with the defaults that
     # users run (--liveness defaults), where one is a bug (it found one: state_machine.stale_view).

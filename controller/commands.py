@@ -6,8 +6,10 @@ a command once (controller/service.py); the leader adds what only it knows (the 
 who is alive, its term: controller/core.py) with `dataclasses.replace`.
 
 JSON stays the Raft encoding, behind one pair of functions: `encode_entry` writes an
-entry (a batch of commands, group commit) as {"version": 2, "commands": [...]};
-`decode_entry` reads that and version 1, the bare list of command dicts that nodes wrote
+entry (a batch of commands, group commit) as {"version": 2, "commands": [...]}, or as
+version 3 when a command carries a `request_id` (an admin write's, P16: a node that
+does not know request ids refuses to read the entry rather than apply it differently);
+`decode_entry` reads those and version 1, the bare list of command dicts that nodes wrote
 before commands were typed (a journal or a snapshot's tail written then still replays).
 A command's JSON is its fields plus "type"; a field that is None is left out (version 1
 left such keys out too).
@@ -28,6 +30,8 @@ from typing import Any, ClassVar, NamedTuple
 Json = dict[str, Any]
 
 ENCODING_VERSION = 2  # 1: a bare JSON list of command dicts (before typed commands)
+ENCODING_VERSION_REQUEST_IDS = 3  # 2, with admin writes that carry a request_id
+REQUEST_ID_CHARS_MAX = 64
 
 
 class UnknownEncoding(ValueError):
@@ -127,12 +131,14 @@ class PutTopic:
     perm: str = ""
     message_type: str = ""
     if_queue_count: int = 0  # an update's condition: the topic has this many queues
+    request_id: str | None = None  # the client's id of the logical call (retries share it)
 
 
 @dataclass(frozen=True)
 class DeleteTopic:
     TYPE: ClassVar[str] = "delete_topic"
     name: str
+    request_id: str | None = None  # the client's id of the logical call (retries share it)
 
 
 @dataclass(frozen=True)
@@ -145,18 +151,21 @@ class PutGroup:
     consume_timestamp_ms: int = 0
     retry_max_times: int = 0
     retry_policy: str = ""
+    request_id: str | None = None  # the client's id of the logical call (retries share it)
 
 
 @dataclass(frozen=True)
 class DeleteGroup:
     TYPE: ClassVar[str] = "delete_group"
     name: str
+    request_id: str | None = None  # the client's id of the logical call (retries share it)
 
 
 @dataclass(frozen=True)
 class UpdateConfig:
     TYPE: ClassVar[str] = "update_config"
     values: dict[str, Any]  # name -> value as text (or as its type)
+    request_id: str | None = None  # the client's id of the logical call (retries share it)
 
 
 @dataclass(frozen=True)
@@ -324,11 +333,10 @@ def command_from_json(document: Any) -> Command:
 
 
 def encode_entry(commands: Sequence[Command]) -> str:
-    """One Raft entry's payload (the current encoding version)."""
-    return json.dumps(
-        {"version": ENCODING_VERSION, "commands": [command_json(c) for c in commands]},
-        separators=(",", ":"),
-    )
+    """One Raft entry's payload: version 2, or 3 when a command carries a request id."""
+    documents = [command_json(c) for c in commands]
+    version = ENCODING_VERSION_REQUEST_IDS if any("request_id" in d for d in documents) else ENCODING_VERSION
+    return json.dumps({"version": version, "commands": documents}, separators=(",", ":"))
 
 
 def decode_entry(payload: str) -> list[Command]:
@@ -337,10 +345,13 @@ def decode_entry(payload: str) -> list[Command]:
     document = json.loads(payload)
     if isinstance(document, list):  # version 1
         return [command_from_json(c) for c in document]
-    if isinstance(document, dict) and document.get("version") == ENCODING_VERSION:
+    if isinstance(document, dict) and document.get("version") in (
+        ENCODING_VERSION,
+        ENCODING_VERSION_REQUEST_IDS,
+    ):
         return [command_from_json(c) for c in document["commands"]]
     version = document.get("version") if isinstance(document, dict) else None
     raise UnknownEncoding(
         f"a Raft entry in encoding version {version!r}: this node reads versions 1 to "
-        f"{ENCODING_VERSION}; upgrade it before the node that wrote the entry"
+        f"{ENCODING_VERSION_REQUEST_IDS}; upgrade it before the node that wrote the entry"
     )

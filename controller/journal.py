@@ -130,17 +130,26 @@ class DurableJournal:
             self._save_meta()
 
     # Meta -----------------------------------------------------------------------------
+    @staticmethod
+    def read_commit_index(meta_path: Path) -> int:
+        """The commit index a journal's side file records (CorruptData when it is bad)."""
+        return int(DurableJournal._read_meta(meta_path).get("commit_index", 1))
+
     def _load_meta(self) -> dict[str, Any]:
-        if not self.meta_path.exists():
+        return self._read_meta(self.meta_path)
+
+    @staticmethod
+    def _read_meta(meta_path: Path) -> dict[str, Any]:
+        if not meta_path.exists():
             return {"term": 0, "voted_for": None, "commit_index": 1}
         try:
-            meta = json.loads(self.meta_path.read_text())
+            meta = json.loads(meta_path.read_text())
         except (ValueError, UnicodeDecodeError):
             meta = {}
         body = {k: v for k, v in meta.items() if k != "crc32"}
         if meta.get("crc32") != zlib.crc32(json.dumps(body, sort_keys=True).encode()):
             raise CorruptData(
-                f"{self.meta_path} is corrupt (checksum mismatch): the node's "
+                f"{meta_path} is corrupt (checksum mismatch): the node's "
                 "Raft term and vote are unknown, so it refuses to start"
             )
         return body

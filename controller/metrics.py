@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 from mqmeta.controller.core import ControllerCore
 from prometheus_client import Counter
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from mqmeta.metrics import Metrics, gauge
 
@@ -49,6 +49,7 @@ def _collect(core: ControllerCore) -> Iterator[Metric]:
         "how often this node became leader (sum over nodes: leader changes)",
         raft.leader_terms,
     )
+    yield from _repair_metrics(core)
     yield (
         _liveness(core)
         if leader
@@ -74,3 +75,28 @@ def _liveness(core: ControllerCore) -> GaugeMetricFamily:
                 [bs["cluster"], bs["broker_name"], str(broker_id)], 1.0 if str(broker_id) in alive else 0.0
             )
     return family
+
+
+def _repair_metrics(core: ControllerCore) -> Iterator[Metric]:
+    """The Raft log and snapshot scrub and repair (controller/repair.py)."""
+    stats = core.raft.repair_stats
+    yield CounterMetricFamily(
+        PREFIX + "raft_scrubs",
+        "passes of the background scrub over the Raft log and snapshot",
+        value=stats.scrubs,
+    )
+    yield CounterMetricFamily(
+        PREFIX + "raft_corruptions_found",
+        "times the Raft log or snapshot was found damaged (at start, or by the scrub)",
+        value=stats.corruptions_found,
+    )
+    yield CounterMetricFamily(
+        PREFIX + "raft_repairs",
+        "times a damaged Raft log and snapshot were discarded to re-join from the others",
+        value=stats.repairs,
+    )
+    yield gauge(
+        PREFIX + "raft_catching_up",
+        "1 while this node, after discarding a damaged log, may not vote yet",
+        1.0 if core.raft.catching_up() else 0.0,
+    )

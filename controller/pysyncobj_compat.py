@@ -29,6 +29,7 @@ from __future__ import annotations
 import gzip
 import importlib.metadata
 import inspect
+import logging
 import os
 import threading
 from collections.abc import Callable, Mapping
@@ -135,6 +136,12 @@ REQUIREMENTS: tuple[Requirement, ...] = (
         _SYNCOBJ, "SyncObj._onTick", "_SyncObj__transport", USES, "InputFirstFix asks if it is ready"
     ),
     Requirement(_TRANSPORT, "TCPTransport", "ready", PROPERTY, "InputFirstFix reads only once connected"),
+    # CatchUpFix
+    Requirement(
+        _SYNCOBJ, "SyncObj._onTick", "_SyncObj__raftElectionDeadline", USES, "CatchUpFix holds it off"
+    ),
+    Requirement(_SYNCOBJ, "SyncObj.__init__", "_SyncObj__raftCommitIndex", USES, "CatchUpFix waits for it"),
+    Requirement(_SYNCOBJ, "SyncObj.__init__", "_SyncObj__raftLeader", USES, "CatchUpFix needs a leader"),
     # accessors
     Requirement(_SYNCOBJ, "SyncObj.__init__", "_SyncObj__raftLog", USES, "raft_journal reads the journal"),
     Requirement(_SYNCOBJ, "SyncObj", "_SyncObj__getEntries", ROUTINE, "entries_from reads entries"),
@@ -480,6 +487,41 @@ class LeadershipTransfer(SyncObj):
             self._transfer_requested.clear()
 
 
+class CatchUpFix(SyncObj):
+    """A node that discarded a damaged log (controller/repair.py) neither votes nor stands
+    for election until it has applied `catch_up_index` (the commit index it knew) and
+    what its leader has committed: entries it had acknowledged are gone from it, and its
+    empty log would grant its vote to a candidate that lacks them. pysyncobj has no such
+    state; this drops request_vote messages and keeps the election deadline ahead while
+    catching up (both in the tick thread, which owns pysyncobj's state)."""
+
+    catch_up_index = 0  # set before SyncObj.__init__; 0: not catching up
+
+    def catching_up(self) -> bool:
+        if not self.catch_up_index:
+            return False
+        leader_commit = self._SyncObj__raftCommitIndex
+        if self._SyncObj__raftLeader is not None and self.raftLastApplied >= max(
+            self.catch_up_index, leader_commit
+        ):
+            logging.getLogger(__name__).warning(
+                "caught up to index %d after discarding a damaged log: voting again", self.raftLastApplied
+            )
+            self.catch_up_index = 0
+            return False
+        return True
+
+    def _SyncObj__onMessageReceived(self, node: Any, message: Any) -> None:  # noqa: N802 - pysyncobj's name
+        if message.get("type") == "request_vote" and self.catching_up():
+            return  # no vote (and no term bump from it) until caught up
+        super()._SyncObj__onMessageReceived(node, message)  # type: ignore[misc]
+
+    def _onTick(self, timeToWait: float = 0.0) -> None:  # noqa: N803 - pysyncobj's name
+        if self.catching_up():
+            self._SyncObj__raftElectionDeadline = monotonic_time() + 3600.0
+        super()._onTick(timeToWait)
+
+
 class SendBeforeSync(SyncObj):
     """Leader side: new entries go to the followers before the leader's own fsync, which
     then runs while they write theirs (Raft thesis section 10.2.1; etcd does the same).
@@ -715,7 +757,9 @@ class ReadIndex(SyncObj):
             self._serve_applied()
 
 
-class RaftFixes(ReadIndex, SendBeforeSync, LeadershipTransfer, InputFirstFix, HeldEntriesFix, NextIndexFix):
+class RaftFixes(
+    CatchUpFix, ReadIndex, SendBeforeSync, LeadershipTransfer, InputFirstFix, HeldEntriesFix, NextIndexFix
+):
     """Every Raft fix, leadership transfer, ReadIndex and SendBeforeSync: what every
     controller node runs with."""
 

@@ -26,6 +26,13 @@ from mqmeta.controller import pysyncobj_compat
 from mqmeta.controller.applied_log import AppliedLog
 from mqmeta.controller.commands import Command, Undecodable, command_json, decode_entry, encode_entry
 from mqmeta.controller.journal import DurableJournal, reconcile_with_snapshot
+from mqmeta.controller.repair import (
+    SCRUB_INTERVAL_S_DEFAULT,
+    RaftRepairStats,
+    RaftScrubber,
+    damage_of,
+    discard_damaged,
+)
 from mqmeta.controller.snapshot import StateSnapshots, guarded_replace
 from mqmeta.controller.state_machine import ControllerState, apply
 from pysyncobj import FAIL_REASON, SyncObjConf, replicated
@@ -67,6 +74,7 @@ class RaftSettings:
     proposal_timeout_ms: int = PROPOSAL_TIMEOUT_MS_DEFAULT
     journal_fsync: bool = True
     secret: str | None = None
+    scrub_interval_s: int = SCRUB_INTERVAL_S_DEFAULT  # the journal and snapshot re-checked (P16)
 
     def validate(self) -> None:
         if self.election_min_ms <= 3 * self.heartbeat_ms:
@@ -81,6 +89,8 @@ class RaftSettings:
                 f"writes {PENDING_GRACE_MS} ms after a proposal's outcome went unknown, so no "
                 "proposal may commit later than that"
             )
+        if not 1 <= self.scrub_interval_s <= 86_400:
+            raise InvalidArgument("scrub_interval_s must be 1 to 86400")
         for name in ("batch_commands_max", "inflight_batches_max", "queue_commands_max"):
             if getattr(self, name) < 1:
                 raise InvalidArgument(f"{name} must be at least 1")
@@ -170,6 +180,14 @@ class ControllerRaft(pysyncobj_compat.RaftFixes):
         settings.validate()
         install_pysyncobj_patches()
         make_directories(data_dir)
+        self.repair_stats = RaftRepairStats()
+        damage = damage_of(data_dir)
+        if damage is not None:  # discarded, re-joined from the others (controller/repair.py)
+            self.catch_up_index = discard_damaged(data_dir, damage)
+            self.repair_stats.corruptions_found += 1
+            self.repair_stats.repairs += 1
+            self.repair_stats.catch_up_index = self.catch_up_index
+        self._scrubber = RaftScrubber(data_dir, settings.scrub_interval_s, self.repair_stats)
         journal = data_dir / "raft.journal"
         reconcile_with_snapshot(journal, data_dir / "raft.snapshot")
         _JOURNAL_FSYNC[str(journal)] = settings.journal_fsync
@@ -188,6 +206,7 @@ class ControllerRaft(pysyncobj_compat.RaftFixes):
             _syncobj_conf(settings, data_dir, raft_address, self._snapshots, self._state_changed),
             transportClass=_DialingTransport,
         )
+        self._scrubber.start()
 
     @property
     def state(self) -> ControllerState:
@@ -262,6 +281,7 @@ class ControllerRaft(pysyncobj_compat.RaftFixes):
         return not self.is_leader()
 
     def close(self) -> None:
+        self._scrubber.stop()
         self.destroy()
         self._snapshots.close()
         self._applied_log.close()

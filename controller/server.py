@@ -106,6 +106,7 @@ RAFT_SETTINGS_BOUNDS: dict[str, tuple[int, int]] = {
     "inflight_batches_max": (1, 1024),
     "queue_commands_max": (1, 10_000_000),
     "proposal_timeout_ms": (1, PROPOSAL_TIMEOUT_MS_MAX),  # mqmeta.timing: brokers' grace
+    "scrub_interval_s": (1, 86_400),
 }
 
 

@@ -14,9 +14,11 @@ import collections
 import logging
 import math
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 from mqmeta.controller.commands import (
+    REQUEST_ID_CHARS_MAX,
     AlterSyncStateSet,
     CleanBrokerData,
     Command,
@@ -40,7 +42,7 @@ from mqmeta.controller.state_machine import ControllerState, replica_view, tiere
 from mqmeta.errors import InvalidArgument, MqmetaError, NotFound, Unavailable
 from mqmeta.pb import controller_pb2 as pb
 from mqmeta.pb import controller_pb2_grpc as pb_grpc
-from mqmeta.rpc import abort_with_async, rpc, rpc_async, rpc_async_stream
+from mqmeta.rpc import REQUEST_ID_HEADER, abort_with_async, rpc, rpc_async, rpc_async_stream
 from mqmeta.validate import REQUEST_INT_MAX, validate_int, validate_name
 
 log = logging.getLogger(__name__)
@@ -276,15 +278,17 @@ class ControllerServicer(pb_grpc.ControllerServiceServicer):
 
     @rpc
     def CreateTopic(self, request, context):
-        return topic_pb(self.core.propose(_topic_command(request, "create"))["topic"])
+        command = replace(_topic_command(request, "create"), request_id=request_id(context))
+        return topic_pb(self.core.propose(command)["topic"])
 
     @rpc
     def UpdateTopic(self, request, context):
-        return topic_pb(self.core.propose(_topic_command(request, "update"))["topic"])
+        command = replace(_topic_command(request, "update"), request_id=request_id(context))
+        return topic_pb(self.core.propose(command)["topic"])
 
     @rpc
     def DeleteTopic(self, request, context):
-        self.core.propose(DeleteTopic(name=request.name))
+        self.core.propose(DeleteTopic(name=request.name, request_id=request_id(context)))
         return pb.DeleteResponse(name=request.name)
 
     @rpc
@@ -298,15 +302,17 @@ class ControllerServicer(pb_grpc.ControllerServiceServicer):
 
     @rpc
     def CreateGroup(self, request, context):
-        return group_pb(self.core.propose(_group_command(request, "create"))["group"])
+        command = replace(_group_command(request, "create"), request_id=request_id(context))
+        return group_pb(self.core.propose(command)["group"])
 
     @rpc
     def UpdateGroup(self, request, context):
-        return group_pb(self.core.propose(_group_command(request, "update"))["group"])
+        command = replace(_group_command(request, "update"), request_id=request_id(context))
+        return group_pb(self.core.propose(command)["group"])
 
     @rpc
     def DeleteGroup(self, request, context):
-        self.core.propose(DeleteGroup(name=request.name))
+        self.core.propose(DeleteGroup(name=request.name, request_id=request_id(context)))
         return pb.DeleteResponse(name=request.name)
 
     @rpc
@@ -319,7 +325,7 @@ class ControllerServicer(pb_grpc.ControllerServiceServicer):
 
     @rpc
     def UpdateConfig(self, request, context):
-        result = self.core.propose(UpdateConfig(values=dict(request.values)))
+        result = self.core.propose(UpdateConfig(values=dict(request.values), request_id=request_id(context)))
         return config_pb(result["config"])
 
     @rpc
@@ -327,7 +333,11 @@ class ControllerServicer(pb_grpc.ControllerServiceServicer):
         count = len(request.writes)
         if not 1 <= count <= WRITE_BATCH_MAX:
             raise InvalidArgument(f"a write batch holds 1 to {WRITE_BATCH_MAX} writes, not {count}")
-        commands = [_write_command(i, op) for i, op in enumerate(request.writes)]
+        batch_id = request_id(context)
+        commands: list[Command] = [
+            replace(_write_command(i, op), request_id=f"{batch_id}/{i}" if batch_id else None)
+            for i, op in enumerate(request.writes)
+        ]
         timeout_s = min(5.0, context.time_remaining() or 5.0)
         outcomes = self.core.propose_many(commands, timeout_s)
         return pb.WriteResults(results=[_write_result(o) for o in outcomes])
@@ -670,7 +680,24 @@ def _group_command(spec: pb.GroupSpec, mode: str) -> PutGroup:
     )
 
 
-def _write_command(position: int, op: pb.WriteOp) -> Command:
+def request_id(context: Any) -> str | None:
+    """The id of the logical write this call is an attempt of (metadata REQUEST_ID_HEADER,
+    sent by mqmeta.client with every attempt), or None for a client that sends none."""
+    for key, value in context.invocation_metadata() or ():
+        if key == REQUEST_ID_HEADER:
+            if not (
+                isinstance(value, str) and 1 <= len(value) <= REQUEST_ID_CHARS_MAX and value.isprintable()
+            ):
+                raise InvalidArgument(
+                    f"metadata {REQUEST_ID_HEADER} must be 1 to {REQUEST_ID_CHARS_MAX} printable characters"
+                )
+            return value
+    return None
+
+
+def _write_command(
+    position: int, op: pb.WriteOp
+) -> PutTopic | PutGroup | DeleteTopic | DeleteGroup | UpdateConfig:
     kind = op.WhichOneof("op")
     if kind == "create_topic":
         return _topic_command(op.create_topic, "create")

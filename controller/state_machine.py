@@ -807,15 +807,66 @@ def apply(state: ControllerState, command: Command, index: int, term: int | None
     stale = stale_view(command, term)
     if stale is not None:
         return unchanged(stale)
+    request_id = getattr(command, "request_id", None)
+    if request_id is not None:
+        first = _first_answer(state, command.TYPE, request_id)
+        if first is not None:
+            return unchanged(first)  # a retry of a write already applied: its first answer
     handler = HANDLERS[type(command)]
     try:
         applied = handler(state, command, index)
     except MqmetaError as rejected:
-        return unchanged({"ok": False, "code": rejected.code, "message": rejected.message})
+        applied = unchanged({"ok": False, "code": rejected.code, "message": rejected.message})
+    if request_id is not None:
+        remembered = _remember_answer(state, command.TYPE, request_id, applied.result)
+        applied = Applied(applied.result, applied.events, {**applied.changes, **remembered})
     before = {key: state.get(key) for key in applied.changes if key.startswith("brokerset/")}
     state.commit(applied.changes)
     _assert_invariants(before, applied.changes)
     return applied
+
+
+# Request ids of admin writes (P16) -----------------------------------------------------
+# A client sends one id with every attempt of one logical write; the first attempt to be
+# applied is remembered with its answer (refusals too), so a retry after a lost answer
+# gets that answer instead of being applied again (AlreadyExists for a create). The
+# newest REQUEST_IDS_REMEMBERED_MAX are kept, in the state (replicated, in snapshots,
+# in the digest): "requests" counts them, "requestslot/<n mod max>" names the id in each
+# slot of the ring, "request/<id>" holds the write's type and answer.
+REQUEST_IDS_REMEMBERED_MAX = 10_000
+
+
+def _first_answer(state: ControllerState, command_type: str, request_id: str) -> Json | None:
+    first = state.get(f"request/{request_id}")
+    if first is None:
+        return None
+    if first["type"] != command_type:
+        return {
+            "ok": False,
+            "code": "INVALID_ARGUMENT",
+            "message": f"request id {request_id} was used for a {first['type']} write already; "
+            "use a new id for each logical write",
+        }
+    return first["result"]
+
+
+def _remember_answer(
+    state: ControllerState, command_type: str, request_id: str, result: Json
+) -> dict[str, Json | None]:
+    count = (state.get("requests") or {"count": 0})["count"]
+    slot = f"requestslot/{count % REQUEST_IDS_REMEMBERED_MAX}"
+    changes: dict[str, Json | None] = {}
+    evicted = state.get(slot)
+    if evicted is not None:
+        changes[f"request/{evicted['id']}"] = None
+    changes.update(
+        {
+            "requests": {"count": count + 1},
+            slot: {"id": request_id},
+            f"request/{request_id}": {"type": command_type, "result": result},
+        }
+    )
+    return changes
 
 
 def _assert_invariants(before: dict[str, Json | None], changes: dict[str, Json | None]) -> None:

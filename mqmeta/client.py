@@ -20,6 +20,7 @@ import logging
 import queue
 import threading
 import time
+import uuid
 from typing import Any
 
 import grpc
@@ -34,7 +35,7 @@ from mqmeta.errors import (
 )
 from mqmeta.pb import controller_pb2 as pb
 from mqmeta.pb import controller_pb2_grpc as pb_grpc
-from mqmeta.rpc import from_rpc_error
+from mqmeta.rpc import REQUEST_ID_HEADER, from_rpc_error
 from mqmeta.validate import parse_addresses
 
 log = logging.getLogger(__name__)
@@ -44,6 +45,11 @@ CALL_TIMEOUT_S = 5.0
 REPLY_BYTES_MAX = 256 << 20
 ATTEMPT_TIMEOUT_S = 2.0
 STREAM_RETRY_S = 60.0  # after UNIMPLEMENTED, heartbeats go unary this long before the stream is tried again
+
+
+def new_request_id() -> str:
+    """A fresh id for one logical admin write (sent with each of its attempts)."""
+    return uuid.uuid4().hex
 
 
 class _StreamEnded(Exception):
@@ -163,7 +169,13 @@ class ControllerClient:
         methods below, which mypy checks against the service's request and reply types."""
         return self._call(method, request, timeout_s)
 
-    def _call(self, method: str, request: Any, timeout_s: float | None = None) -> Any:
+    def _call(
+        self, method: str, request: Any, timeout_s: float | None = None, request_id: str | None = None
+    ) -> Any:
+        """One logical call, retried on UNAVAILABLE and NOT_LEADER until its deadline. With
+        `request_id` (admin writes) every attempt carries it, so the controller applies the
+        write once and answers a retry with the first attempt's answer."""
+        metadata = ((REQUEST_ID_HEADER, request_id),) if request_id else None
         deadline = time.monotonic() + (timeout_s or self.timeout_s)
         if not self._leader_known and len(self.addresses) > 1:
             self._discover_leader(deadline)
@@ -179,7 +191,7 @@ class ControllerClient:
                 )
             try:
                 reply = getattr(self._stub(target), method)(
-                    request, timeout=min(remaining, ATTEMPT_TIMEOUT_S)
+                    request, timeout=min(remaining, ATTEMPT_TIMEOUT_S), metadata=metadata
                 )
                 self._target = target
                 return reply
@@ -245,13 +257,13 @@ class ControllerClient:
         return self._call("ListBrokerSets", request, timeout_s)
 
     def create_topic(self, request: pb.TopicSpec, timeout_s: float | None = None) -> pb.Topic:
-        return self._call("CreateTopic", request, timeout_s)
+        return self._call("CreateTopic", request, timeout_s, new_request_id())
 
     def update_topic(self, request: pb.TopicSpec, timeout_s: float | None = None) -> pb.Topic:
-        return self._call("UpdateTopic", request, timeout_s)
+        return self._call("UpdateTopic", request, timeout_s, new_request_id())
 
     def delete_topic(self, request: pb.NameRequest, timeout_s: float | None = None) -> pb.DeleteResponse:
-        return self._call("DeleteTopic", request, timeout_s)
+        return self._call("DeleteTopic", request, timeout_s, new_request_id())
 
     def list_topics(
         self, request: pb.ListTopicsRequest, timeout_s: float | None = None
@@ -262,13 +274,13 @@ class ControllerClient:
         return self._call("GetTopicRoute", request, timeout_s)
 
     def create_group(self, request: pb.GroupSpec, timeout_s: float | None = None) -> pb.Group:
-        return self._call("CreateGroup", request, timeout_s)
+        return self._call("CreateGroup", request, timeout_s, new_request_id())
 
     def update_group(self, request: pb.GroupSpec, timeout_s: float | None = None) -> pb.Group:
-        return self._call("UpdateGroup", request, timeout_s)
+        return self._call("UpdateGroup", request, timeout_s, new_request_id())
 
     def delete_group(self, request: pb.NameRequest, timeout_s: float | None = None) -> pb.DeleteResponse:
-        return self._call("DeleteGroup", request, timeout_s)
+        return self._call("DeleteGroup", request, timeout_s, new_request_id())
 
     def list_groups(
         self, request: pb.ListGroupsRequest, timeout_s: float | None = None
@@ -281,10 +293,10 @@ class ControllerClient:
     def update_config(
         self, request: pb.UpdateConfigRequest, timeout_s: float | None = None
     ) -> pb.ControllerConfig:
-        return self._call("UpdateConfig", request, timeout_s)
+        return self._call("UpdateConfig", request, timeout_s, new_request_id())
 
     def write(self, request: pb.WriteBatch, timeout_s: float | None = None) -> pb.WriteResults:
-        return self._call("Write", request, timeout_s)
+        return self._call("Write", request, timeout_s, new_request_id())
 
     def tiered_upload_start(
         self, request: pb.TieredUploadStartRequest, timeout_s: float | None = None

@@ -84,6 +84,11 @@ _ERROR_OF_STATUS: dict[grpc.StatusCode, type[MqmetaError]] = {
 }
 
 
+# The gRPC metadata key of an admin write's request id (P16): one id per logical write,
+# sent with each of its attempts, so the controller applies a retried write once.
+REQUEST_ID_HEADER = "mqmeta-request-id"
+
+
 def bounded(message: str) -> str:
     """`message` cut to MESSAGE_CHARS_MAX characters (see there)."""
     if len(message) <= MESSAGE_CHARS_MAX:

@@ -79,6 +79,7 @@ from mqmeta.broker_agent.core import (
     Leave,
     LogView,
     MasterAnswered,
+    ProposalOutcome,
     ProposeSyncStateSet,
     Refuse,
     Registered,
@@ -158,8 +159,12 @@ INTENSITIES = (0.5, 1.0, 2.0, 4.0)
 # on its clock at the fastest rate, may declare it dead.
 assert LEASE_MS * (1 + CLOCK_SKEW) / (1 - CLOCK_SKEW) <= LEASE_MS + LEASE_MARGIN_MS < DEAD_AFTER_MS
 assert DEAD_AFTER_MS >= 3 * HEARTBEAT_INTERVAL_MS
-# A proposal reaches the controller within the grace after it failed, or never.
+# A handoff's election reaches the controller within the grace after it failed, or never.
+# A SyncStateSet proposal has no such bound: LATE_RATE of them commit up to LATE_MS_MAX
+# after the master gave up waiting (a Raft entry committed by a later leader).
 assert PENDING_GRACE_MS * (1 - CLOCK_SKEW) > HOLD_MS_MAX + SLOW_DELAY_MS_MAX
+LATE_RATE = 0.05  # of AlterSyncStateSet calls: applied late, the answer lost
+LATE_MS_MAX = 3 * PENDING_GRACE_MS
 assert FETCH_TIMEOUT_MS > FETCH_WAIT_MS + 2 * SLOW_DELAY_MS_MAX
 
 CLUSTER, NAME = "SIM", "b"
@@ -386,6 +391,8 @@ class SimController:
         self.index = 0
         self.seen: dict[int, tuple[int, int, int]] = {}  # broker id -> (seen ms, epoch, max offset)
         self.next_scan_ms = 0
+        self.late: list[tuple[float, Message]] = []  # proposals that commit late, answers lost
+        self.late_rng = random.Random(sim.seed + 1_000_003)  # its own stream: the seeds' other faults stay
         timing = {
             "broker_heartbeat_interval_ms": HEARTBEAT_INTERVAL_MS,
             "broker_dead_after_ms": DEAD_AFTER_MS,
@@ -428,6 +435,13 @@ class SimController:
 
     def receive(self, message: Message) -> None:
         body = message.body
+        if message.kind == "alter" and self.sim.faults and self.late_rng.random() < LATE_RATE:
+            apply_ms = self.sim.t + self.late_rng.uniform(CALL_TIMEOUT_MS, LATE_MS_MAX)
+            self.late.append((apply_ms, message))
+            self.sim.trace(
+                f"controller holds {message.src}'s {body['new_sync_state_set']} until {apply_ms:.0f}"
+            )
+            return
         handler = {
             "register": self._register,
             "heartbeat": self._heartbeat,
@@ -476,6 +490,19 @@ class SimController:
         command = {k: v for k, v in body.items() if k != "call"}
         result = self.apply(dict(command, cluster=CLUSTER, broker_name=NAME, alive=self.alive()))
         return {"info": result["replica_info"]} if result["ok"] else {"error": result["code"]}
+
+    def apply_late(self) -> None:
+        """Late proposals commit now; their answers are lost (the caller timed out)."""
+        due = [(t, m) for t, m in self.late if t <= self.sim.t or not self.sim.faults]
+        self.late = [(t, m) for t, m in self.late if (t, m) not in due]
+        for _, message in due:
+            result = self._decide(message.src, message.body)
+            self.sim.trace(f"controller applies {message.src}'s late proposal: {result}")
+
+    def forget_late(self, slot: int) -> None:
+        """Not simulated: a late commit of a proposal from a broker's previous life (a
+        fresh core cannot know what its previous life proposed)."""
+        self.late = [(t, m) for t, m in self.late if m.src != slot]
 
     def scan(self) -> None:
         """The leader's liveness scan (controller/core.py _scan_once): elect when the
@@ -551,6 +578,7 @@ class SimBroker:
         """A leaving broker's process stops (agent.depart's bound): a clean exit."""
         self.core = None
         self.down_since_ms = self.sim.t
+        self.sim.controller.forget_late(self.slot)
         self.sim.trace(f"{self.slot} stops after leaving (log end {self.log.end})")
 
     def crash(self) -> None:
@@ -568,6 +596,7 @@ class SimBroker:
             self.log.data += torn[: rng.randint(1, len(torn) - 1)]
         self.core = None
         self.down_since_ms = self.sim.t
+        self.sim.controller.forget_late(self.slot)
         self.sim.trace(f"crash {self.slot} (log end {self.log.end})")
 
     def _tear_epoch_entry(self, master_id: int) -> None:
@@ -710,11 +739,11 @@ class SimBroker:
         }
         self.call("alter", body)
 
-    def _call_failed(self, kind: str) -> None:
+    def _call_failed(self, kind: str, code: str = "") -> None:
         if kind == "handoff":
             self.feed(HandoffFailed(self.now(), "no answer or refused"))
         elif kind == "alter":
-            self.feed(SyncStateSetFailed(self.now()))
+            self.feed(SyncStateSetFailed(self.now(), ProposalOutcome.of_code(code)))
         elif kind in ("replica_info", "elect"):
             self.refresh_needed = True
 
@@ -726,7 +755,7 @@ class SimBroker:
         if "error" in body:
             if kind == "heartbeat" and body["error"] == "NOT_FOUND":
                 self.registered = False
-            self._call_failed(kind)
+            self._call_failed(kind, body["error"])
         elif kind == "register":
             self.broker_id, self.registered = body["broker_id"], True
             self.feed(Registered(self.broker_id, body["lease_ms"]))
@@ -1051,6 +1080,23 @@ class Simulation:
                     f"what master slot {master.slot} confirmed (below {confirm})"
                 )
 
+    def check_master_counts_the_controller_set(self) -> None:
+        """No acknowledged write depends on a union the controller never saw: every member
+        of the controller's SyncStateSet is in the master's set or in its proposal in
+        flight, so the confirm offset waits for it (a proposal that commits late included)."""
+        bs, master = self.controller.broker_set(), self.master()
+        if bs is None or master is None or master.core is None:
+            return
+        view, pending = master.core.view(), master.core.pending_sync_state_set or ()
+        counted = {*view.sync_state_set, *pending, master.broker_id}
+        missing = set(bs["sync_state_set"]) - counted
+        if missing:
+            self.fail(
+                f"master slot {master.slot} does not count SyncStateSet members {sorted(missing)} that the "
+                f"controller holds ({self.controller.summary()}; its set {list(view.sync_state_set)}, "
+                f"in flight {list(pending)})"
+            )
+
     def check_consistent_point(self, master: SimBroker, message: Message, answer: AnswerFetch) -> None:
         """A handshake's answer: the slave keeps only bytes the master holds too."""
         slave = self.brokers[int(message.src)]
@@ -1151,6 +1197,7 @@ class Simulation:
             self.produce()
         for message in self.network.due(self.t):
             self.deliver(message)
+        self.controller.apply_late()
         self.controller.scan()
         for broker in self.brokers:
             if broker.alive:
@@ -1158,6 +1205,7 @@ class Simulation:
         self.check_one_writer("a step")
         self.check_confirmed_bytes_are_durable()
         self.check_sync_state_set_holds_the_confirmed_bytes()
+        self.check_master_counts_the_controller_set()
         self.check_slaves_are_prefixes()
         if self.step_index % 500 == 0:
             self.check_logs()

@@ -496,6 +496,54 @@ def test_corrupt_last_record_of_a_non_last_segment_is_refused(tmp_path):
         CommitLog(tmp_path, segment_bytes=SEGMENT, fsync=False)
 
 
+def test_the_scrub_finds_a_flipped_byte_anywhere_and_passes_a_good_log(tmp_path):
+    """P16: the scrub walks every record against the disk's bytes, in bounded steps, and
+    names the first bad record: in the first, a middle or the last segment."""
+    log = CommitLog(tmp_path, segment_bytes=SEGMENT, fsync=False)
+    offsets = log.append([record(i, size=300) for i in range(26)])
+
+    def scrub_all(step_bytes: int) -> tuple[int, int | None]:
+        position, steps = 0, 0
+        while position < log.max_offset:
+            position, bad = log.scrub(position, step_bytes)
+            steps += 1
+            assert steps < 10_000
+            if bad is not None:
+                return position, bad
+        return position, None
+
+    assert scrub_all(1000) == (log.max_offset, None)
+    assert scrub_all(10) == (log.max_offset, None), "a step smaller than a record reads it whole"
+    for victim in (offsets[0], offsets[11], offsets[-3]):
+        path = next(p for p in reversed(log.segment_paths()) if int(p.name[:20]) <= victim)
+        flip(path, victim - int(path.name[:20]) + 60)
+        assert scrub_all(1000)[1] == victim
+        flip(path, victim - int(path.name[:20]) + 60)  # put it back
+    log.close()
+
+
+def test_a_corrupt_record_is_cut_at_open_when_the_replica_can_fetch_it_again(tmp_path):
+    """P16: with cut_corruption a bad record below valid ones (not a torn tail) cuts the
+    log there, later segments included, instead of refusing to start; a store then drops
+    the epoch entries and index past the cut and takes appends from there."""
+    store = new_store(tmp_path)
+    store.begin_epoch(1)
+    store.put_messages([msg(i, size=300) for i in range(26)], 1, 1)
+    first = store.log.segment_paths()[0]
+    offsets_before = store.max_offset
+    store.close()
+    flip(first, 60)  # the first record of the first segment
+    with pytest.raises(CorruptData):
+        new_store(tmp_path)
+    cut = new_store(tmp_path, cut_corruption=True)
+    assert cut.log.corruption_cut_at == 0 and cut.max_offset == 0 < offsets_before
+    assert [p.name for p in cut.log.segment_paths()] == [first.name]
+    cut.begin_epoch(2)
+    cut.put_messages([msg(99)], 2, 2)
+    assert cut.max_offset > 0
+    cut.close()
+
+
 @pytest.mark.parametrize("damage", ["short", "zeros", "flipped_last_record"])
 def test_torn_tail_is_cut_and_appends_continue(tmp_path, damage, caplog):
     log = CommitLog(tmp_path, segment_bytes=SEGMENT, fsync=True)

@@ -92,8 +92,10 @@ def test_run_settings_are_validated(tmp_path):
     ):
         with pytest.raises(InvalidArgument, match=message):
             RunConfig(**dict(good, **bad)).validate()
-    assert "all-kill" in FAULT_NAMES and len(FAULT_NAMES) == 23  # 19 + the four disk faults
-    assert {"power-loss-node", "power-loss-all", "slow-disk", "fsync-eio"} <= set(FAULT_NAMES)
+    assert "all-kill" in FAULT_NAMES and len(FAULT_NAMES) == len(set(FAULT_NAMES))
+    assert {"power-loss-node", "power-loss-all", "slow-disk", "fsync-eio", "corrupt-replica"} <= set(
+        FAULT_NAMES
+    )
     (tmp_path / "history.tsv").write_text("")
     with pytest.raises(InvalidArgument, match="already holds a chaos run"):
         RunConfig(**good).validate()

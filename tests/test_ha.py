@@ -51,6 +51,7 @@ from mqmeta.broker_agent.core import (
     AppendReplicated,
     BeginEpoch,
     BrokerCore,
+    CorruptionFound,
     Departure,
     ElectSuccessor,
     FetchAnswered,
@@ -64,6 +65,7 @@ from mqmeta.broker_agent.core import (
     LogView,
     MasterAnswered,
     NoteConfirm,
+    ProposalOutcome,
     ProposeSyncStateSet,
     Refuse,
     Registered,
@@ -405,18 +407,57 @@ def test_a_committed_change_is_adopted_and_the_union_dropped():
     assert effects == [] and core.sync_state_set == (1, 2) and core.pending_sync_state_set is None
 
 
-def test_a_failed_proposal_is_counted_until_the_set_moves_on_or_the_grace_ends():
+def test_an_uncertain_proposal_is_sent_again_and_counted_until_definitive():
+    """P16: a proposal with no answer may commit at any later time, so the union is never
+    dropped on a timer: the same proposal goes out again until one outcome is definitive."""
     core = caught_up_expansion()
     assert core.handle(SyncStateSetFailed(100)) == [RequestRefresh()]
-    core.handle(fetch(2, 100, epoch1(100), now_ms=7050))  # still caught up
-    assert core.handle(Tick(7100, epoch1(100))) == [] and core.pending_sync_state_set == (1, 2)
-    assert core.handle(Tick(7101, epoch1(100))) == [ProposeSyncStateSet(1, 1, 1, (1, 2))], (
-        "past the grace it never committed: plan again"
-    )
+    retry_ms = 100 + core_module.PROPOSAL_RETRY_INTERVAL_MS
+    assert core.handle(Tick(retry_ms - 1, epoch1(100))) == [], "not before the retry interval"
+    assert core.handle(Tick(retry_ms, epoch1(100))) == [ProposeSyncStateSet(1, 1, 1, (1, 2))]
+    assert core.handle(Tick(retry_ms + 1, epoch1(100))) == [], "one copy in flight at a time"
+    for failed_ms in range(retry_ms, 60_000, core_module.PROPOSAL_RETRY_INTERVAL_MS):
+        core.handle(SyncStateSetFailed(failed_ms))  # a minute of timeouts (past any grace)
+        resent = core.handle(Tick(failed_ms + core_module.PROPOSAL_RETRY_INTERVAL_MS, epoch1(100)))
+        assert resent == [ProposeSyncStateSet(1, 1, 1, (1, 2))], "the same proposal, same base epoch"
+        assert core.pending_sync_state_set == (1, 2)
     core.handle(info(1, 1, (1,), set_epoch=1, log=epoch1(100)))
     assert core.pending_sync_state_set == (1, 2), "a refresh of the same set epoch keeps it"
     core.handle(info(1, 1, (1, 2), set_epoch=2, log=epoch1(100)))
     assert core.pending_sync_state_set is None and core.sync_state_set == (1, 2)
+
+
+def test_a_fenced_proposal_is_counted_until_the_refresh_shows_the_newer_epoch():
+    """FENCED_SYNC_STATE_SET_EPOCH may mean an earlier copy of it committed: keep counting."""
+    core = caught_up_expansion()
+    fenced = ProposalOutcome.of_code("FENCED_SYNC_STATE_SET_EPOCH")
+    assert fenced is ProposalOutcome.FENCED
+    assert core.handle(SyncStateSetFailed(100, fenced)) == [RequestRefresh()]
+    assert core.pending_sync_state_set == (1, 2)
+    core.handle(info(1, 1, (1, 2), set_epoch=2, log=epoch1(100)))
+    assert core.pending_sync_state_set is None and core.sync_state_set == (1, 2)
+
+
+def test_a_refused_proposal_is_dropped_and_a_new_epoch_ends_any():
+    """Refused by the state machine at its base epoch, no copy can ever apply; nor can one
+    of an older master epoch once a newer master was elected."""
+    core = caught_up_expansion()
+    refused = ProposalOutcome.of_code("MASTER_NOT_AVAILABLE")
+    assert refused is ProposalOutcome.REFUSED
+    core.handle(SyncStateSetFailed(100, refused))
+    assert core.pending_sync_state_set is None
+    pause_end_ms = 100 + core_module.PROPOSAL_RETRY_INTERVAL_MS
+    assert core.handle(Tick(pause_end_ms - 1, epoch1(100))) == [], "no refusal loop"
+    core.handle(fetch(2, 100, epoch1(100), now_ms=pause_end_ms))  # still caught up
+    assert core.handle(Tick(pause_end_ms, epoch1(100))) == [ProposeSyncStateSet(1, 1, 1, (1, 2))], (
+        "planned again at once after the pause, not after a 7 s grace (the quarantined lease test)"
+    )
+    assert ProposalOutcome.of_code("DEADLINE_EXCEEDED") is ProposalOutcome.UNCERTAIN
+    assert ProposalOutcome.of_code("NOT_LEADER") is ProposalOutcome.UNCERTAIN
+    other = caught_up_expansion()
+    other.handle(SyncStateSetFailed(100))
+    other.handle(info(2, 2, (2,), set_epoch=1, log=epoch1(100)))
+    assert other.pending_sync_state_set is None
 
 
 def test_a_lagging_member_is_shrunk_by_a_proposal_but_counted_until_it_commits():
@@ -778,6 +819,22 @@ def test_a_fetch_of_an_older_epoch_is_refused_and_acknowledges_nothing():
     refused = core.handle(fetch(2, 300, epoch1(300), master_epoch=2))
     assert len(refused) == 1 and isinstance(refused[0].error, FencedEpoch)
     assert core.acked_offsets() == {2: 0} and core.confirm_offset == 0
+
+
+# core.py: a corrupt record found in the local log (P16) ----------------------------------
+def test_a_slave_with_a_corrupt_record_cuts_there_and_fetches_again_a_master_does_not():
+    slave = new_core()
+    started = slave.handle(info(2, 1, (2, 1)))
+    session = next(e for e in started if isinstance(e, StartFetching)).session
+    effects = slave.handle(CorruptionFound(4096))
+    assert effects == [
+        StopFetching(session),
+        Truncate(4096, 1),
+        StartFetching(session + 1, 2, "10.0.0.2:10911", 1),
+    ], "the old fetcher stops before the cut; the new session's handshake starts at it"
+    assert not slave.follows(session) and slave.follows(session + 1)
+    master = master_core()
+    assert master.handle(CorruptionFound(4096)) == [], "a master hands off in the shell; no cut"
 
 
 class _RefusingFirstElection:

@@ -404,6 +404,8 @@ RAFT_SETTINGS_MEANINGS = {
     "proposal_timeout_ms": "a write not committed within this fails (UNAVAILABLE); it may still commit",
     "journal_fsync": "fsync the Raft journal before an entry counts as stored (off: faster, and a power "
     "loss can lose what this node acknowledged)",
+    "scrub_interval_s": "how often the background scrub re-reads the Raft journal and snapshot, checking "
+    "every checksum (damage found: the node stops, and its restart discards them and re-joins)",
 }
 
 # What each run-time key does (CONFIG_SCHEMA in controller/state_machine.py).
@@ -538,13 +540,16 @@ def stand_ins() -> dict[str, Any]:
     from types import SimpleNamespace as Fake
 
     from mqmeta.broker_agent.ha import Role
+    from mqmeta.broker_agent.scrub import ScrubStats
+    from mqmeta.controller.repair import RaftRepairStats
 
     raft = Fake(is_leader=lambda: True, leader_terms=1, on_applied=None)
+    raft.repair_stats, raft.catching_up = RaftRepairStats(), lambda: False
     raft.raftCurrentTerm = raft.raftCommitIndex = raft.raftLastApplied = 1
     core = Fake(raft=raft, alive_ids=lambda *_: {"1"})
     core.state = Fake(broker_sets=lambda: [{"cluster": "c", "broker_name": "b", "replicas": {"1": {}}}])
     view = Fake(role=Role.MASTER, master_epoch=1, confirm_offset=1, sync_state_set={1, 2})
-    agent = Fake(lock=threading.Lock(), store=Fake(max_offset=1))
+    agent = Fake(lock=threading.Lock(), store=Fake(max_offset=1), scrub_stats=ScrubStats())
     agent.core = Fake(view=lambda: view, acked_offsets=lambda: {2: 0})
     agent.tiered = Fake(checkpoint=Fake(uploaded_offset=0))
     key = Fake(rule="r", topic="t", broker_name="b", queue_id=0)
