@@ -31,7 +31,7 @@ from mqmeta.formats.jsonlines import parse_line, split_lines
 GRACE_AFTER_FAULT_MS = 10_000
 # faults whose `affected` nodes are stopped outright (the rest touch a node through `cut`)
 _STOPPING_KINDS = ("-kill", "-suspend")
-DISK_FAULTS = ("power-loss-node", "power-loss-all", "slow-disk", "fsync-eio")
+DISK_FAULTS = ("power-loss-node", "power-loss-all", "slow-disk", "fsync-eio", "disk-full")
 
 
 @dataclass(frozen=True)

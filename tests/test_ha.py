@@ -36,6 +36,7 @@ Properties checked:
 
 from __future__ import annotations
 
+import errno
 import os
 import threading
 
@@ -52,6 +53,7 @@ from mqmeta.broker_agent.core import (
     BeginEpoch,
     BrokerCore,
     Departure,
+    DiskFailed,
     ElectSuccessor,
     FetchAnswered,
     FetchStillWaiting,
@@ -90,7 +92,14 @@ from mqmeta.broker_agent.seams import log_view
 from mqmeta.cluster.wait import wait_for
 
 from mqmeta.clock import now_ms
-from mqmeta.errors import FailedPrecondition, FencedEpoch, MqmetaError, NotMaster, Unavailable
+from mqmeta.errors import (
+    FailedPrecondition,
+    FencedEpoch,
+    MqmetaError,
+    NotMaster,
+    ResourceExhausted,
+    Unavailable,
+)
 from mqmeta.formats.epochs import consistent_point
 from mqmeta.formats.records import Message
 from mqmeta.pb import broker_pb2 as bpb
@@ -292,6 +301,35 @@ def test_heartbeat_replies_renew_the_lease_from_the_send_time():
     core = master_core()
     core.handle(HeartbeatAnswered(10_000, 1, 1, 1, lease_ms=500))
     assert core.writable(10_499) and not core.writable(10_500)
+
+
+def test_a_master_whose_disk_fails_is_fenced_for_good_and_names_a_successor_holding_every_ack():
+    """fsync-eio: the master stops writing at once, asks for the in-sync slave that holds
+    everything acknowledged, and never takes the role back from a late ReplicaInfo."""
+    log = epoch1(300)
+    core = master_core(log=log)
+    core.handle(fetch(2, 300, log))
+    core.handle(fetch(3, 200, log))
+    assert core.confirm_offset == 200
+    effects = core.handle(DiskFailed("fdatasync failed: EIO"))
+    assert ElectSuccessor(2, 1) in effects and effects[-1] == WakeWaiters(), effects
+    assert core.role == Role.FENCED and not core.writable(1) and core.disk_failed
+    assert core.write_outcome(100, 1) is WriteOutcome.DEPOSED, (
+        "a writer waiting learns its outcome is unknown"
+    )
+    core.handle(info(1, 1, (1, 2, 3), log=log))
+    assert core.role == Role.FENCED, "the controller's stale view naming it master is not obeyed"
+    core.handle(info(2, 2, (2, 3), log=log))
+    assert core.role == Role.FENCED, "nor does it follow the new master on a failed disk"
+
+
+def test_a_failed_disk_names_no_successor_outside_the_sync_state_set():
+    log = epoch1(300)
+    core = master_core(members=(1,), log=log)
+    core.handle(fetch(2, 100, log))  # registered, fetching, not in sync
+    effects = core.handle(DiskFailed("EIO"))
+    assert not any(isinstance(e, ElectSuccessor) for e in effects), effects
+    assert core.role == Role.FENCED
 
 
 def test_a_reply_naming_another_master_revokes_the_lease_at_once():
@@ -664,11 +702,12 @@ def test_a_failed_epoch_begin_fences_the_broker(agent, monkeypatch):
     a.feed(Registered(1, lease_ms=60_000))
 
     def broken(epoch: int) -> None:
-        raise OSError("disk full")
+        raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(a.store, "begin_epoch", broken)
-    with pytest.raises(OSError):
+    with pytest.raises(ResourceExhausted) as full:
         a.apply_replica_info(replica_info(1, 1, [1]))
+    assert full.value.code == "DISK_FULL" and "is full" in full.value.message
     assert a.view().role == Role.FENCED, "never master without its epoch entry"
     monkeypatch.undo()
     a.apply_replica_info(replica_info(1, 1, [1]))
@@ -742,17 +781,24 @@ def test_a_failed_group_commit_fences_the_master(agent, monkeypatch):
     a.apply_replica_info(replica_info(1, 1, [1]))
     a.feed(HeartbeatAnswered(now_ms(), 1, 1, 1, lease_ms=0))
 
+    real = os.fdatasync
+
     def failing(fd: int) -> None:
         raise OSError(5, "Input/output error")
 
+    exits: list[int] = []
+    monkeypatch.setattr(agent_module, "exit_at_once", exits.append)  # the process would end here
     monkeypatch.setattr(os, "fdatasync", failing)
     with pytest.raises(Unavailable, match="fenced"):
         a.send([Message(topic="T", queue_id=0, body=b"x")])
-    monkeypatch.undo()
+    monkeypatch.setattr(os, "fdatasync", real)
     assert a.view().role == Role.FENCED and a.view().confirm_offset == 0
     with pytest.raises(MqmetaError):
         a.send([Message(topic="T", queue_id=0, body=b"y")])
     a._manage_sync_state_set()  # the controller loop's tick goes on: nothing left to sync
+    wait_for(lambda: exits == [agent_module.EXIT_DISK_FAILED], 10, "the broker to exit")
+    a.apply_replica_info(replica_info(1, 1, [1]))
+    assert a.view().role == Role.FENCED, "never master again in this process"
 
 
 # core.py: stale messages from the controller and from slaves -------------------------------
