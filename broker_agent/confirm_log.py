@@ -48,6 +48,7 @@ class ConfirmLog:
         self._last_key: tuple[Any, ...] | None = None
         self._last_write_ms = 0
         self._pending: dict[str, Any] | None = None
+        self._full = False
 
     def note(
         self,
@@ -95,17 +96,23 @@ class ConfirmLog:
         except OSError as error:
             if error.errno != errno.ENOSPC:
                 raise
-            log.warning("%s: the disk is full; the confirm log line waits", self.path)
+            self._warn_full()
             return  # still pending: written once space returns (a forced note's caller checks)
         if written != len(line):  # a short write (the disk filled up): no torn line stays
             os.ftruncate(self._fd, self._size)
-            log.warning("%s: the disk is full; the confirm log line waits", self.path)
+            self._warn_full()
             return
         self._pending = None
         self._size += written
+        self._full = False
         if force:
             os.fdatasync(self._fd)
         self._last_write_ms = now_ms
+
+    def _warn_full(self) -> None:
+        if not self._full:  # once per full episode
+            log.warning("%s: the disk is full; the confirm log's lines wait for space", self.path)
+        self._full = True
 
     @property
     def behind(self) -> bool:

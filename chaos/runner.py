@@ -62,7 +62,7 @@ BROKER_FLAGS = [
     "--tiered-upload-interval-ms",
     "500",
 ]
-TOXIPROXY_START_TIMEOUT_S = 10.0
+TOXIPROXY_START_TIMEOUT_S = 30.0  # a loaded machine starts Python slowly
 AUDIT_TIMEOUT_S = 600.0
 HEAL_SETTLE_S = 2.0
 

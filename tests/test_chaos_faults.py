@@ -92,8 +92,11 @@ def test_run_settings_are_validated(tmp_path):
     ):
         with pytest.raises(InvalidArgument, match=message):
             RunConfig(**dict(good, **bad)).validate()
-    assert "all-kill" in FAULT_NAMES and len(FAULT_NAMES) == 23  # 19 + the four disk faults
+    assert "all-kill" in FAULT_NAMES and len(FAULT_NAMES) == 26  # 19 + seven disk, replica and clock faults
     assert {"power-loss-node", "power-loss-all", "slow-disk", "fsync-eio"} <= set(FAULT_NAMES)
+    assert {"disk-full", "slow-replica", "clock-jump"} <= set(FAULT_NAMES)
+    with pytest.raises(InvalidArgument, match="unknown fault 'meteor'"):
+        RunConfig(**dict(good, fault="noop,meteor")).validate()
     (tmp_path / "history.tsv").write_text("")
     with pytest.raises(InvalidArgument, match="already holds a chaos run"):
         RunConfig(**good).validate()

@@ -77,6 +77,7 @@ from mqmeta.broker_agent.core import (
     Stop,
     StopFetching,
     Synced,
+    SyncStarting,
     SyncStateSetChanged,
     SyncStateSetFailed,
     Tick,
@@ -330,6 +331,23 @@ def test_a_failed_disk_names_no_successor_outside_the_sync_state_set():
     effects = core.handle(DiskFailed("EIO"))
     assert not any(isinstance(e, ElectSuccessor) for e in effects), effects
     assert core.role == Role.FENCED
+
+
+def test_a_master_whose_fdatasync_outlasts_its_lease_refuses_writes_until_it_returns():
+    """slow-disk (apache/rocketmq #6468): a group commit running longer than the lease
+    (2000 ms here) makes the master refuse writes (and the shell stop heartbeating);
+    the disk answering makes it writable again."""
+    core = master_core(log=epoch1(100))
+    core.handle(HeartbeatAnswered(11_000, 1, 1, 1, lease_ms=0))  # valid until 13_000
+    core.handle(SyncStarting(10_000))
+    core.handle(SyncStarting(10_500))  # a second writer's sync: the oldest counts
+    assert core.writable(12_000) and not core.disk_stalled(12_000)
+    assert core.disk_stalled(12_001) and not core.writable(12_001)
+    with pytest.raises(NotMaster, match="waited 2001 ms for its disk"):
+        core.check_writable(12_001)
+    core.handle(Synced(epoch1(100)))
+    core.handle(HeartbeatAnswered(12_001, 1, 1, 1, lease_ms=0))
+    assert core.writable(12_002)
 
 
 def test_a_reply_naming_another_master_revokes_the_lease_at_once():
@@ -771,6 +789,32 @@ def test_the_master_serves_its_slaves_only_synced_bytes(agent):
     assert a.view().confirm_offset == 0, "the slave has not acknowledged it yet"
     a.feed(fetch(2, end, LogView(a.store.max_offset, ((1, 0),), 0, a.store.durable_offset), now_ms=now_ms()))
     assert a.view().confirm_offset == end
+
+
+def test_a_full_disk_refuses_the_write_keeps_nothing_and_the_master_goes_on(agent, monkeypatch):
+    """disk-full: ENOSPC from the commit log's write is RESOURCE_EXHAUSTED/DISK_FULL (a
+    definite refusal), the log is as before, and the next write after space returns works."""
+    a = agent(fsync=True)
+    a.feed(Registered(1, lease_ms=600_000))
+    a.apply_replica_info(replica_info(1, 1, [1]))
+    a.feed(HeartbeatAnswered(now_ms(), 1, 1, 1, lease_ms=0))
+    a.send([Message(topic="T", queue_id=0, body=b"first")])
+    end = a.store.max_offset
+    real = os.pwrite
+    monkeypatch.setattr(agent_module, "exit_at_once", lambda status: None)  # were it taken for EIO
+
+    def full(fd: int, data: bytes, offset: int) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "pwrite", full)
+    with pytest.raises(ResourceExhausted) as refused:
+        a.send([Message(topic="T", queue_id=0, body=b"refused")])
+    assert refused.value.code == "DISK_FULL" and "nothing of it kept" in refused.value.message
+    assert a.store.max_offset == end and a.view().role == Role.MASTER and not a.core.disk_failed
+    monkeypatch.setattr(os, "pwrite", real)
+    a.send([Message(topic="T", queue_id=0, body=b"after")])
+    bodies = [r.body for r in a.store.get_messages("T", 0, 0, 10, a.view().confirm_offset)]
+    assert bodies == [b"first", b"after"]
 
 
 def test_a_failed_group_commit_fences_the_master(agent, monkeypatch):
