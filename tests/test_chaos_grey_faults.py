@@ -28,7 +28,7 @@ from tests.support import audit_in_shared_session
 pytestmark = [
     pytest.mark.cluster,
     pytest.mark.spark,
-    pytest.mark.timeout(480),
+    pytest.mark.timeout(600),  # the first spark test of a run starts the JVM; a loaded machine is slow
     pytest.mark.skipif(not os.path.exists("/dev/fuse"), reason="no /dev/fuse: FUSE is not in this kernel"),
 ]
 FAULTS = ("fsync-eio", "disk-full", "slow-replica", "clock-jump", "slow-disk")
