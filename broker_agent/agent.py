@@ -13,6 +13,7 @@ which waiting sends and long-polling fetches wait.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import sys
@@ -35,6 +36,7 @@ from mqmeta.broker_agent.core import (
     BrokerCore,
     CorruptionFound,
     Departure,
+    DiskFailed,
     Effect,
     ElectSuccessor,
     Event,
@@ -58,6 +60,7 @@ from mqmeta.broker_agent.core import (
     Stop,
     StopFetching,
     Synced,
+    SyncStarting,
     SyncStateSetChanged,
     SyncStateSetFailed,
     Tick,
@@ -81,6 +84,7 @@ from mqmeta.errors import (
     MqmetaError,
     NotFound,
     NotMaster,
+    ResourceExhausted,
     Unavailable,
 )
 from mqmeta.formats.atomic import make_directories, write_json_atomically
@@ -109,6 +113,11 @@ LEAVE_TIMEOUT_MS = 2000
 LEAVE_REFRESH_INTERVAL_S = 0.25
 BROKER_ID_INVALID = "BROKER_ID_INVALID"  # the controllers hold this broker id for another broker
 EXIT_BAD_INPUT = 2
+# A write or fsync of the store failed: the broker has asked for another master and exits, so
+# that its supervisor restarts it on what its disk really holds (PostgreSQL's answer to a
+# failed fsync: after one, the kernel may have dropped the pages it could not write).
+EXIT_DISK_FAILED = 3
+DISK_FULL = "DISK_FULL"
 
 
 @dataclass
@@ -272,7 +281,14 @@ class BrokerAgent:
     def _carry_out(self, effects: list[Effect]) -> None:
         """Persist, then note, then send, then start, then wake; a refusal is raised last.
         A ProposeSyncStateSet is sent by the controller loop once it has let go of the
-        lock (the call blocks), and an AnswerFetch is the caller's to send."""
+        lock (the call blocks), and an AnswerFetch is the caller's to send. A disk that
+        fails a persist step (not a full one) ends this broker (_disk_failed)."""
+        try:
+            self._carry_out_in_order(effects)
+        except OSError as error:
+            raise self._disk_error(error) from None
+
+    def _carry_out_in_order(self, effects: list[Effect]) -> None:
         for effect in effects:
             match effect:
                 case BeginEpoch(epoch=epoch):
@@ -346,6 +362,8 @@ class BrokerAgent:
             dict(note.acked),
             note.force,
         )
+        if note.force and self.confirm_log.behind:  # e.g. T1's evidence before an upload
+            raise OSError(errno.ENOSPC, f"{self.confirm_log.path}: no space for the confirm offset's line")
 
     # The background scrub's host (scrub.ScrubHost) --------------------------------------
     @property
@@ -393,6 +411,57 @@ class BrokerAgent:
             start.master_address,
             start.master_epoch,
         )
+
+    # A failing disk ----------------------------------------------------------------------
+    def _disk_error(self, error: OSError) -> MqmetaError:
+        """The error a caller sees for a store write that failed (with the lock held). A full
+        disk refuses the write (the commit log undid it: nothing torn, nothing kept) and
+        the broker goes on; any other failure ends the broker (_disk_failed)."""
+        if error.errno == errno.ENOSPC:
+            return ResourceExhausted(
+                f"the disk under {self.config.data_dir} is full: the write was refused and nothing "
+                "of it kept; retry once space is freed",
+                code=DISK_FULL,
+            )
+        return self._disk_failed(f"a store write failed: {error}")
+
+    def _disk_failed(self, reason: str) -> MqmetaError:
+        """With the lock held: fenced for good (core.DiskFailed); a master asks the controller
+        to elect its in-sync successor at once, then the process exits (EXIT_DISK_FAILED) so
+        that its supervisor restarts it on what the disk holds: it then rejoins as a slave,
+        cut back to its new master's log. Returns the error for the caller to raise."""
+        first = not self.core.disk_failed
+        effects = self.core.handle(DiskFailed(reason))
+        self._carry_out_in_order([e for e in effects if not isinstance(e, ElectSuccessor)])
+        if first:
+            log.error("%s: this broker is fenced, asks for another master and exits", reason)
+            successor = next((e for e in effects if isinstance(e, ElectSuccessor)), None)
+            threading.Thread(target=self._resign_and_exit, args=(successor,), name="disk-failed").start()
+        return Unavailable(
+            f"the disk of this broker failed ({reason}); it is fenced and restarts: retry on the new master"
+        )
+
+    def _resign_and_exit(self, successor: ElectSuccessor | None) -> None:
+        if successor is not None:
+            request = cpb.ElectMasterRequest(
+                cluster=self.config.cluster,
+                broker_name=self.config.broker_name,
+                trigger=cpb.ELECT_TRIGGER_HANDOFF,
+                requester_broker_id=self.core.broker_id,
+                preferred_broker_id=successor.successor_broker_id,
+                master_epoch=successor.master_epoch,
+            )
+            try:
+                info = self.controller.elect_master(request, timeout_s=HANDOFF_ELECT_TIMEOUT_MS / 1000)
+                log.warning("broker %d elected in place of this one", info.master_broker_id)
+            except MqmetaError as error:  # the controllers elect anyway once this process is gone
+                log.warning("could not hand off to broker %d: %s", successor.successor_broker_id, error)
+        message = (
+            f"the disk under {self.config.data_dir} failed a write or fsync; this broker stopped "
+            "being master and exits: restart it to recover from what its disk holds"
+        )
+        print(f"mqmeta: error: {message}", file=sys.stderr, flush=True)
+        exit_at_once(EXIT_DISK_FAILED)
 
     # Lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
@@ -479,7 +548,10 @@ class BrokerAgent:
                     self._heartbeat()
                 self._manage_sync_state_set()
                 with self.lock:
-                    self.confirm_log.flush_due(wall_ms())
+                    try:
+                        self.confirm_log.flush_due(wall_ms())
+                    except OSError as error:
+                        raise self._disk_error(error) from None
             except NotFound:
                 registered = False  # cleaned from the metadata: register again
             except MqmetaError as exc:
@@ -549,6 +621,11 @@ class BrokerAgent:
 
     def _heartbeat(self) -> None:
         sent_ms = now_ms()
+        with self.lock:
+            stalled = self.core.disk_stalled(sent_ms)
+        if stalled:  # its lease runs out and the controller elects another (core.SyncStarting)
+            log.warning("the disk has not finished an fdatasync within the lease: no heartbeat")
+            return
         view = self.view()
         reply = self.controller.heartbeat(
             cpb.HeartbeatRequest(
@@ -614,7 +691,7 @@ class BrokerAgent:
             self.feed(self._replica_info_event(info))
 
     def _manage_sync_state_set(self) -> None:
-        if not self.store.log_closed:  # closed by a failed fdatasync: fenced, nothing to sync
+        if not self.store.log_closed and not self.core.disk_failed:
             self._sync_written()
         with self.lock:
             effects = self.feed(Tick(now_ms(), log_view(self.store)))
@@ -771,7 +848,10 @@ class BrokerAgent:
         with self.lock:
             self.core.check_writable(now_ms())
             epoch = self.core.master_epoch
-            results = put(epoch)
+            try:
+                results = put(epoch)
+            except OSError as error:
+                raise self._disk_error(error) from None
             end = self.store.max_offset
             self.feed(Appended(log_view(self.store)))  # also wakes the slaves' long-polling fetches
         return results, end, epoch
@@ -781,14 +861,12 @@ class BrokerAgent:
         hears how far the log is durable. Every writer calls it before it waits; the
         controller loop also calls it, so bytes whose writer went away are synced too."""
         if self.store.durable_offset < (self.store.max_offset if end is None else end):
+            self.feed(SyncStarting(now_ms()))
             try:
                 self.store.sync(end)
             except OSError as error:  # the commit log closed itself: never master again here
                 with self.lock:
-                    self.feed(Fence(f"fdatasync of the commit log failed: {error}"))
-                raise Unavailable(
-                    f"the commit log could not be synced ({error}); this broker is fenced"
-                ) from None
+                    raise self._disk_failed(f"fdatasync of the commit log failed: {error}") from None
             with self.lock:
                 self.feed(Synced(log_view(self.store)))
 

@@ -22,11 +22,15 @@ cuts it, so the next line starts on a line of its own (B1 read a glued one as co
 
 from __future__ import annotations
 
+import errno
+import logging
 import os
 from pathlib import Path
 from typing import Any
 
 from mqmeta.formats.jsonlines import format_line, parse_line, split_lines, unwritten_from
+
+log = logging.getLogger(__name__)
 
 MASTER_INTERVAL_MS = 50
 SLAVE_INTERVAL_MS = 500
@@ -44,6 +48,7 @@ class ConfirmLog:
         self._last_key: tuple[Any, ...] | None = None
         self._last_write_ms = 0
         self._pending: dict[str, Any] | None = None
+        self._full = False
 
     def note(
         self,
@@ -81,16 +86,38 @@ class ConfirmLog:
         if not force and now_ms - self._last_write_ms < interval_ms:
             return
         record = self._pending
-        self._pending = None
         record["t_ms"] = now_ms
         line = format_line(record)
         if self._size + len(line) > FILE_BYTES_MAX:
+            self._pending = None
             return
-        os.write(self._fd, line)
+        try:
+            written = os.write(self._fd, line)
+        except OSError as error:
+            if error.errno != errno.ENOSPC:
+                raise
+            self._warn_full()
+            return  # still pending: written once space returns (a forced note's caller checks)
+        if written != len(line):  # a short write (the disk filled up): no torn line stays
+            os.ftruncate(self._fd, self._size)
+            self._warn_full()
+            return
+        self._pending = None
+        self._size += written
+        self._full = False
         if force:
             os.fdatasync(self._fd)
-        self._size += len(line)
         self._last_write_ms = now_ms
+
+    def _warn_full(self) -> None:
+        if not self._full:  # once per full episode
+            log.warning("%s: the disk is full; the confirm log's lines wait for space", self.path)
+        self._full = True
+
+    @property
+    def behind(self) -> bool:
+        """A line could not be written yet (a full disk)."""
+        return self._pending is not None
 
     def close(self) -> None:
         """Later notes are dropped: a straggling thread must not write into whatever file

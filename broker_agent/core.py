@@ -192,6 +192,16 @@ class Appended:
 
 
 @dataclass(frozen=True)
+class SyncStarting:
+    """The master's group commit is about to fdatasync its log (Synced ends it). A master
+    whose disk takes longer than its lease to answer is stalled: it refuses writes and
+    stops renewing its lease (the shell skips heartbeats), so the controller elects an
+    in-sync slave in its place (apache/rocketmq #6468: an IO stall on the master)."""
+
+    now_ms: int
+
+
+@dataclass(frozen=True)
 class Synced:
     """The master's group commit made its log durable up to `log.durable`."""
 
@@ -276,6 +286,15 @@ class CorruptionFound:
 
 
 @dataclass(frozen=True)
+class DiskFailed:
+    """A write or fsync of this broker's store failed (EIO): what it holds in memory may no
+    longer match its disk. It never serves or writes again in this process (the shell
+    exits once it has asked the controller to elect another master)."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
 class MasterUnreachable:
     """This slave's fetch of session `session` could not reach its master."""
 
@@ -329,6 +348,7 @@ Event = (
     | HeartbeatAnswered
     | Tick
     | Appended
+    | SyncStarting
     | Synced
     | SlaveFetch
     | FetchStillWaiting
@@ -343,6 +363,7 @@ Event = (
     | HandoffFailed
     | Leave
     | Fence
+    | DiskFailed
     | Stop
 )
 
@@ -584,6 +605,8 @@ class _State:
     departure: Departure = Departure.STAYING
     handoff: _Handoff | None = None  # while HANDING_OFF
     reported_ms: int | None = None  # the last ReportMasterUnreachable
+    disk_failed: bool = False  # DiskFailed: FENCED for the rest of this process
+    sync_started_ms: int | None = None  # the oldest fdatasync of the log still running
 
 
 class BrokerCore:
@@ -652,6 +675,10 @@ class BrokerCore:
         return self._state.fetch_session
 
     @property
+    def disk_failed(self) -> bool:
+        return self._state.disk_failed
+
+    @property
     def pending_sync_state_set(self) -> tuple[int, ...] | None:
         pending = self._state.pending
         return pending.members if pending is not None else None
@@ -665,7 +692,17 @@ class BrokerCore:
 
     def writable(self, now_ms: int) -> bool:
         s = self._state
-        return s.role == Role.MASTER and s.lease.valid(now_ms) and s.departure is Departure.STAYING
+        return (
+            s.role == Role.MASTER
+            and s.lease.valid(now_ms)
+            and s.departure is Departure.STAYING
+            and not self.disk_stalled(now_ms)
+        )
+
+    def disk_stalled(self, now_ms: int) -> bool:
+        """An fdatasync of the log has run longer than the lease (see SyncStarting)."""
+        s = self._state
+        return s.sync_started_ms is not None and now_ms - s.sync_started_ms > s.lease.lease_ms
 
     @property
     def departure(self) -> Departure:
@@ -687,6 +724,13 @@ class BrokerCore:
             raise NotMaster(
                 f"master {s.broker_id} of {s.broker_name} has no valid "
                 "lease from the controller; it refuses writes until it renews",
+                leader="",
+            )
+        if self.disk_stalled(now_ms):
+            raise NotMaster(
+                f"master {s.broker_id} of {s.broker_name} has waited {now_ms - (s.sync_started_ms or 0)} ms "
+                f"for its disk, longer than its lease ({s.lease.lease_ms} ms): it refuses writes and "
+                "lets the controller elect an in-sync slave",
                 leader="",
             )
         if s.departure is not Departure.STAYING:
@@ -819,7 +863,9 @@ def _on_replica_info(s: _State, info: ReplicaInfo) -> list[Effect]:
     s.master_epoch = info.master_epoch
     s.master_broker_id = info.master_broker_id
     s.master_address = info.master_address
-    if info.master_broker_id == s.broker_id and s.broker_id:
+    if s.disk_failed:  # never master or slave again on a disk that failed
+        s.role = Role.FENCED
+    elif info.master_broker_id == s.broker_id and s.broker_id:
         effects += _become_master(s, info.now_ms, info.log)
     elif info.master_broker_id:
         s.role = Role.SLAVE
@@ -923,7 +969,14 @@ def _on_appended(s: _State, event: Appended) -> list[Effect]:
     return [*_recompute_confirm(s, event.log), WakeWaiters()]  # also wakes long-polling fetches
 
 
+def _on_sync_starting(s: _State, event: SyncStarting) -> list[Effect]:
+    if s.sync_started_ms is None:
+        s.sync_started_ms = event.now_ms
+    return []
+
+
 def _on_synced(s: _State, event: Synced) -> list[Effect]:
+    s.sync_started_ms = None
     # slaves are served only durable bytes: this wakes their long-polling fetches
     return [*_recompute_confirm(s, event.log), WakeWaiters()]
 
@@ -1106,6 +1159,22 @@ def _on_fence(s: _State, event: Fence) -> list[Effect]:
     return [*effects, WakeWaiters()]
 
 
+def _on_disk_failed(s: _State, event: DiskFailed) -> list[Effect]:
+    """Fenced for good; a master also names the in-sync slave to elect in its place: the
+    one that holds the most, if it holds every acknowledged byte (the confirm offset)."""
+    was_master = s.role == Role.MASTER
+    effects = _new_session(s)
+    s.role = Role.FENCED
+    s.disk_failed = True
+    if was_master and s.departure is not Departure.LEAVING:
+        acked = s.tracker.acked()
+        holders = [i for i in s.sync_state_set if i != s.broker_id and acked.get(i, 0) >= s.confirm_offset]
+        if holders:
+            successor = max(holders, key=lambda i: (acked.get(i, 0), -i))
+            effects.append(ElectSuccessor(successor, s.master_epoch))
+    return [*effects, WakeWaiters()]
+
+
 def _on_stop(s: _State, event: Stop) -> list[Effect]:
     effects = _on_fence(s, Fence("stopping"))
     s.stopped = True
@@ -1121,6 +1190,7 @@ _HANDLERS: dict[type, Callable[[_State, Any], list[Effect]]] = {
     HeartbeatAnswered: _on_heartbeat_answered,
     Tick: _on_tick,
     Appended: _on_appended,
+    SyncStarting: _on_sync_starting,
     Synced: _on_synced,
     SlaveFetch: _on_slave_fetch,
     FetchStillWaiting: _on_fetch_still_waiting,
@@ -1135,5 +1205,6 @@ _HANDLERS: dict[type, Callable[[_State, Any], list[Effect]]] = {
     HandoffFailed: _on_handoff_failed,
     Leave: _on_leave,
     Fence: _on_fence,
+    DiskFailed: _on_disk_failed,
     Stop: _on_stop,
 }

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
 from mqmeta.broker_agent import replication
-from mqmeta.broker_agent.agent import BrokerAgent, BrokerConfig
+from mqmeta.broker_agent.agent import EXIT_DISK_FAILED, BrokerAgent, BrokerConfig
 from mqmeta.broker_agent.commitlog import SEGMENT_BYTES_MAX, SEGMENT_BYTES_MIN
 from mqmeta.broker_agent.metrics import BrokerMetrics
 from mqmeta.broker_agent.origins import ORIGIN_AHEAD
@@ -417,7 +418,11 @@ def run_broker(args: argparse.Namespace) -> int:
 
     if args.metrics_listen:
         parse_addresses(args.metrics_listen, "--metrics-listen address")
-    agent = BrokerAgent(config)
+    try:
+        agent = BrokerAgent(config)
+    except OSError as error:  # the disk failed (EIO, ENOSPC, ...): a restart may find it back
+        print(f"mqmeta: error: cannot open the store in {config.data_dir}: {error}", file=sys.stderr)
+        return EXIT_DISK_FAILED
     rmq = RmqBroker(agent)
     server = build_server(config.listen, SERVER_WORKERS, REQUEST_BYTES_MAX)
     metrics = BrokerMetrics(agent)

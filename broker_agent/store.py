@@ -37,6 +37,7 @@ Order of effects, each chosen so that a crash between two steps is recovered at 
 
 from __future__ import annotations
 
+import errno
 import logging
 import shutil
 import threading
@@ -317,7 +318,14 @@ class MessageStore:
 
     def _maybe_checkpoint(self) -> None:
         if self.log.max_offset - self._checkpoint_offset >= self.index_checkpoint_bytes:
-            self._write_checkpoint()
+            try:
+                self._write_checkpoint()
+            except OSError as error:
+                if error.errno != errno.ENOSPC:
+                    raise
+                # The records are in the log already (the write must not be refused now);
+                # the checkpoint is only a shortcut for the next open: try again later.
+                log.warning("%s: no space for a checkpoint; the next write tries again", self.directory)
 
     def checkpoint(self) -> None:
         """Makes the index and consumer offsets durable up to max_offset (fast reopen)."""

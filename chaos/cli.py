@@ -50,12 +50,14 @@ def add_chaos_parsers(sub) -> None:
     run.add_argument(
         "--fault",
         required=True,
-        help="an OpenChaos fault name, or all-kill; the disk faults power-loss-node, "
-        "power-loss-all (kill -9, drop every unsynced write, restart), slow-disk (500 ms fsyncs "
-        "on the master) and fsync-eio (the master's next fsyncs fail) put each node's data dir "
-        "on its own fault filesystem mount (needs /dev/fuse and fuse3); corrupt-replica flips a "
-        "checksummed byte of a stopped slave's commit log and a follower controller's Raft log, "
-        "and restarts them (each must repair itself)",
+        help="an OpenChaos fault name, or all-kill, or a comma-separated list (round k injects "
+        "the k-th mod n); the disk faults power-loss-node, power-loss-all (kill -9, drop every "
+        "unsynced write, restart), slow-disk (2 s fsyncs on the master), fsync-eio (the master's "
+        "next fsyncs fail) and disk-full (ENOSPC on the master) put each node's data dir on its "
+        "own fault filesystem mount (needs /dev/fuse and fuse3); slow-replica delays one slave's "
+        "replication by 60 s; clock-jump steps the controller leader's wall clock by 30 s; "
+        "corrupt-replica flips a checksummed byte of a stopped slave's commit log and a follower "
+        "controller's Raft log, and restarts them (each must repair itself)",
     )
     _add_run_flags(run)
     run.add_argument("--output-dir", type=Path, required=True)

@@ -31,7 +31,9 @@ from mqmeta.formats.jsonlines import parse_line, split_lines
 GRACE_AFTER_FAULT_MS = 10_000
 # faults whose `affected` nodes are stopped outright (the rest touch a node through `cut`)
 _STOPPING_KINDS = ("-kill", "-suspend")
-DISK_FAULTS = ("power-loss-node", "power-loss-all", "slow-disk", "fsync-eio")
+DISK_FAULTS = ("power-loss-node", "power-loss-all", "slow-disk", "fsync-eio", "disk-full")  # on mounts
+# the disk faults that may take the master's role (a full disk only refuses writes)
+_DISK_STOPPING = ("power-loss-node", "power-loss-all", "slow-disk", "fsync-eio")
 
 
 @dataclass(frozen=True)
@@ -89,8 +91,10 @@ def touches(fault: dict[str, Any], node: str) -> bool:
         return False
     # the disk faults stop their node (power loss) or its disk (slow-disk, fsync-eio: a master
     # that cannot sync in time is expected to lose its mastership)
-    if fault["fault"] in ("all-kill", *DISK_FAULTS) or fault["fault"].endswith(_STOPPING_KINDS):
+    if fault["fault"] in ("all-kill", *_DISK_STOPPING) or fault["fault"].endswith(_STOPPING_KINDS):
         return node in fault.get("affected", [])
+    if fault["fault"] == "disk-full":  # a full disk refuses writes; the master stays
+        return False
     return any(node in pair for pair in fault.get("cut", []))
 
 

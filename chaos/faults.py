@@ -19,8 +19,14 @@ leader = the controller leader (controllers), the broker set's master (brokers),
   its mount loses power (every write not fsynced is gone, a torn tail kept), and heal
   restarts it and waits until it serves again (the time is the record's recover_ms);
 - slow-disk: every fsync on the broker set's master's mount waits SLOW_FSYNC_MS;
-- fsync-eio: the master's next fsyncs fail with EIO (the broker fences itself); heal
-  restarts it if it exited.
+- fsync-eio: the master's next fsyncs fail with EIO (the broker fences itself, asks for
+  its in-sync successor and exits); heal restarts it if it exited;
+- disk-full: the master's mount refuses writes, creates and mkdirs with ENOSPC; heal frees it;
+- slow-replica: one slave's fetches answered SLOW_REPLICA_MS late (a latency toxic on the
+  answers of its link to the master: apache/rocketmq #9897); the master must shrink it out of
+  the SyncStateSet and acknowledge without it; heal removes the toxic;
+- clock-jump: the controller leader's wall clock steps +CLOCK_JUMP_MS, or -CLOCK_JUMP_MS
+  every other round (chaos/clocks.py); heal steps it back;
 - corrupt-replica: one slave of the broker set (brokers) and/or one follower controller
   (controllers) is killed and a byte of its data flipped where a checksum guards it: the
   slave's commit log below the confirm offset, the follower's Raft journal (a record
@@ -40,11 +46,13 @@ from typing import TYPE_CHECKING, Any
 from mqmeta.chaos.net import NAMESRV, ProxiedNetwork
 from mqmeta.cluster.harness import Cluster
 from mqmeta.cluster.ready import wait_brokers_ready, wait_ready
+from mqmeta.cluster.supervisor import ChildExited
 from mqmeta.cluster.wait import WaitTimeout
 
 from mqmeta.errors import InvalidArgument, MqmetaError
 
 if TYPE_CHECKING:
+    from mqmeta.chaos.clocks import NodeClocks
     from mqmeta.chaos.disks import NodeDisks
 
 FAULT_NAMES = (
@@ -72,14 +80,20 @@ FAULT_NAMES = (
     "slow-disk",
     "fsync-eio",
     "corrupt-replica",
+    "disk-full",
+    "slow-replica",
+    "clock-jump",
 )
 TARGETS = ("controllers", "brokers", "all")
 DELAY_MS, DELAY_JITTER_MS = 100, 50
 LOSS_TOXICITY, LOSS_TIMEOUT_MS = 0.3, 500
 LEADER_WAIT_S = 10.0
 RESTART_READY_S = 60.0  # a node restarted after a power loss serves again within this
-SLOW_FSYNC_MS = 500
+# Above the default lease (1200 ms): a master whose disk takes this long cannot renew in time
+SLOW_FSYNC_MS = 2000
 EIO_FSYNCS = 3
+SLOW_REPLICA_MS = 60_000
+CLOCK_JUMP_MS = 30_000
 
 
 @dataclass
@@ -90,6 +104,8 @@ class FaultContext:
     rng: random.Random
     broker_set: str = "broker-a"
     disks: NodeDisks | None = None  # the disk faults' mounts, one per node
+    clocks: NodeClocks | None = None  # clock-jump: each controller's wall clock offset
+    rounds: int = 0  # faults injected so far (clock-jump alternates its direction)
 
     @property
     def nodes(self) -> list[str]:
@@ -120,7 +136,10 @@ class Fault:
 
     def inject(self) -> str:
         """Applies the fault; returns what it did (for the history's extraInfo)."""
-        return _ACTIONS[self.name](self)
+        try:
+            return _ACTIONS[self.name](self)
+        finally:
+            self.context.rounds += 1
 
     def heal(self) -> None:
         if self._heal is not None:
@@ -322,7 +341,7 @@ def _restart_and_wait(fault: Fault, nodes: list[str]) -> None:
             wait_ready(",".join(controllers) or cluster.addresses, namesrv, RESTART_READY_S, check_running)
         if brokers:
             wait_brokers_ready(brokers, RESTART_READY_S, check_running)
-    except (WaitTimeout, MqmetaError) as error:
+    except (WaitTimeout, MqmetaError, ChildExited) as error:
         fault.details["notRestarted"] = [n for n in nodes if not cluster.is_running(n)] or nodes
         fault.details["restartError"] = str(error)
     fault.details["recover_ms"] = int((time.monotonic() - started) * 1000)
@@ -351,7 +370,8 @@ def _fsync_eio(fault: Fault) -> str:
     mount.fail_next_fsync(count=EIO_FSYNCS)
     fault.affected = [master]
 
-    def heal() -> None:  # failures still pending stay (few: EIO_FSYNCS)
+    def heal() -> None:  # the disk is replaced: failures still pending are dropped
+        mount.fail_next_fsync(count=0)
         if not fault.context.cluster.is_running(master):
             _restart_and_wait(fault, [master])
 
@@ -445,6 +465,48 @@ def _repairs(context: FaultContext, node: str) -> float:
     return values[0] if values else 0.0
 
 
+def _disk_full(fault: Fault) -> str:
+    master, mount = _master_disk(fault)
+    mount.disk_full(True)
+    fault.affected = [master]
+
+    def heal() -> None:
+        mount.disk_full(False)
+
+    fault._heal = heal
+    return f"{master}'s disk is full (ENOSPC)"
+
+
+def _slow_replica(fault: Fault) -> str:
+    context = fault.context
+    master = context.cluster.master_of(context.broker_set, timeout_s=LEADER_WAIT_S)
+    slaves = [b.name for b in context.cluster.layout.brokers if b.name != master]
+    slave = context.rng.choice(slaves)
+    links = [link for link in context.network.links if link.source == slave and link.destination == master]
+    context.network.add_toxic(links, "latency", {"latency": SLOW_REPLICA_MS}, streams=("downstream",))
+    fault.affected = [slave]
+    fault._heal = context.network.heal
+    return f"{slave}'s fetches from {master} answered {SLOW_REPLICA_MS // 1000} s late"
+
+
+def _clock_jump(fault: Fault) -> str:
+    context = fault.context
+    if context.clocks is None:
+        raise MqmetaError("clock-jump needs the controllers started with a clock offset file")
+    leader = context.cluster.leader_id(timeout_s=LEADER_WAIT_S)
+    step_ms = CLOCK_JUMP_MS if context.rounds % 2 == 0 else -CLOCK_JUMP_MS
+    clocks = context.clocks
+    clocks.step(leader, step_ms)
+    fault.affected = [leader]
+    fault.details["clockStepMs"] = step_ms
+
+    def heal() -> None:
+        clocks.step(leader, 0)
+
+    fault._heal = heal
+    return f"{leader}'s wall clock stepped {step_ms:+d} ms"
+
+
 def _noop(fault: Fault) -> str:
     return "noop"
 
@@ -462,6 +524,9 @@ _ACTIONS: dict[str, Callable[[Fault], str]] = {
     "slow-disk": _slow_disk,
     "fsync-eio": _fsync_eio,
     "corrupt-replica": _corrupt_replica,
+    "disk-full": _disk_full,
+    "slow-replica": _slow_replica,
+    "clock-jump": _clock_jump,
     **{f"{who}-kill": _kill for who in _CHOOSERS},
     **{f"{who}-suspend": _suspend for who in _CHOOSERS},
     **{f"{who}-partition": _partition for who in ("random", "fixed", "leader")},

@@ -120,15 +120,20 @@ class ProxiedNetwork:
         return len(names)
 
     def add_toxic(
-        self, links: Iterable[Link], toxic_type: str, attributes: dict[str, int], toxicity: float = 1.0
+        self,
+        links: Iterable[Link],
+        toxic_type: str,
+        attributes: dict[str, int],
+        toxicity: float = 1.0,
+        streams: tuple[str, ...] = ("upstream", "downstream"),
     ) -> int:
-        """The same toxic on both streams of each link."""
+        """The same toxic on the given streams (both by default) of each link."""
         count = 0
         for link in links:
             proxy = self.server.get_proxy(link.name)
             if proxy is None:
                 continue
-            for stream in ("upstream", "downstream"):
+            for stream in streams:
                 proxy.add_toxic(type=toxic_type, stream=stream, toxicity=toxicity, attributes=attributes)
             count += 1
         return count

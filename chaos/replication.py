@@ -119,6 +119,18 @@ class ReplicationRunConfig(Protocol):
 
 
 # Which places a fault applies to --------------------------------------------------------
+# The faults of one cluster's disks, replicas and clock (chaos/faults.py), not placed here.
+SINGLE_CLUSTER_FAULTS = (
+    "power-loss-node",
+    "power-loss-all",
+    "slow-disk",
+    "fsync-eio",
+    "disk-full",
+    "slow-replica",
+    "clock-jump",
+)
+
+
 def _kind(fault: str) -> str:
     if fault == "noop":
         return "noop"
@@ -146,6 +158,12 @@ def parse_plan(fault: str, target: str) -> tuple[list[str], list[str]]:
     if not faults or unknown:
         raise InvalidArgument(
             f"unknown fault {','.join(unknown) or '(none)'}; choose from {', '.join(FAULT_NAMES)}"
+        )
+    single_cluster = [f for f in faults if f in SINGLE_CLUSTER_FAULTS]
+    if single_cluster:  # they were taken for network faults and cut the link instead
+        raise InvalidArgument(
+            f"the replication workload does not take {','.join(single_cluster)} (disk, replica and clock "
+            "faults run with --workload queue or metadata)"
         )
     wrong = [p for p in places if p not in PLACES]
     if not places or wrong:

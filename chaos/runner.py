@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from mqmeta.chaos import checkers
+from mqmeta.chaos.clocks import NodeClocks
 from mqmeta.chaos.disks import DISK_FAULTS, NodeDisks
 from mqmeta.chaos.failover import check_run as check_failovers
 from mqmeta.chaos.faults import FAULT_NAMES, TARGETS, FaultContext, make_fault
@@ -61,7 +62,7 @@ BROKER_FLAGS = [
     "--tiered-upload-interval-ms",
     "500",
 ]
-TOXIPROXY_START_TIMEOUT_S = 10.0
+TOXIPROXY_START_TIMEOUT_S = 30.0  # a loaded machine starts Python slowly
 AUDIT_TIMEOUT_S = 600.0
 HEAL_SETTLE_S = 2.0
 
@@ -92,6 +93,11 @@ class RunConfig:
     workers: int = 2  # replicator processes (replication workload)
     liveness: str = "test"  # "test": the harness's fast broker liveness; "defaults": the controller's
 
+    @property
+    def faults(self) -> list[str]:
+        """`fault` may list several (comma-separated): round k injects the k-th mod n."""
+        return self.fault.split(",")
+
     def validate(self) -> None:
         if self.workload == "replication":
             from mqmeta.chaos.replication import parse_plan
@@ -99,11 +105,12 @@ class RunConfig:
             parse_plan(self.fault, self.fault_target)  # comma-separated lists; their own places
             if not 1 <= self.workers <= 8:
                 raise InvalidArgument("the replication workload runs between 1 and 8 workers")
-        elif self.fault not in FAULT_NAMES:
-            raise InvalidArgument(f"unknown fault {self.fault!r}; choose one of {', '.join(FAULT_NAMES)}")
+        elif any(name not in FAULT_NAMES for name in self.faults):
+            unknown = next(name for name in self.faults if name not in FAULT_NAMES)
+            raise InvalidArgument(f"unknown fault {unknown!r}; choose one of {', '.join(FAULT_NAMES)}")
         elif self.fault_target not in TARGETS:
             raise InvalidArgument(f"--fault-target must be one of {', '.join(TARGETS)}")
-        elif self.fault in DISK_FAULTS:
+        elif set(self.faults) & set(DISK_FAULTS):
             from mqmeta.chaos.faultfs import check_can_mount
 
             check_can_mount()  # FailedPrecondition naming what is missing (/dev/fuse, fusermount3)
@@ -211,15 +218,19 @@ def run(
     network = ProxiedNetwork(cluster, url)
     recorder = HistoryRecorder()
     faults: list[dict[str, Any]] = []
-    disks = NodeDisks(cluster, out) if config.fault in DISK_FAULTS else None
+    disks = NodeDisks(cluster, out) if set(config.faults) & set(DISK_FAULTS) else None
     disk_counters: dict[str, Any] = {}
     try:
         if disks is not None:
             disks.mount()
         network.create()
+        clocks = None
+        if "clock-jump" in config.faults:
+            clocks = NodeClocks(cluster)
+            clocks.install(cluster)
         dialmap.install(network.client_map())
         cluster.start()
-        _execute(config, cluster, network, recorder, faults, disks)
+        _execute(config, cluster, network, recorder, faults, disks, clocks)
     finally:
         try:
             network.heal()
@@ -270,6 +281,7 @@ def _execute(
     recorder: HistoryRecorder,
     faults: list[dict[str, Any]],
     disks: NodeDisks | None = None,
+    clocks: NodeClocks | None = None,
 ) -> None:
     workload: QueueWorkload | MetadataWorkload | Any
     wconfig = WorkloadConfig(config.concurrency, config.rate_per_s, config.consumers)
@@ -297,7 +309,9 @@ def _execute(
         )
         with cluster.client() as client:
             workload.prepare(lambda spec: client.create_topic(spec))
-    context = FaultContext(cluster, network, config.fault_target, random.Random(config.seed), disks=disks)
+    context = FaultContext(
+        cluster, network, config.fault_target, random.Random(config.seed), disks=disks, clocks=clocks
+    )
     workload.start()
     try:
         _fault_loop(config, context, recorder, faults)
@@ -311,20 +325,21 @@ def _fault_loop(
     end = time.monotonic() + config.time_limit_s
     while time.monotonic() + config.interval_s <= end:
         time.sleep(config.interval_s)
-        fault = make_fault(config.fault, context)
+        name = config.faults[len(faults) % len(config.faults)]
+        fault = make_fault(name, context)
         start_ms = int(time.time() * 1000)
         try:
             what = fault.inject()
         except MqmetaError as error:  # e.g. no leader to pick right now: this round is skipped
             what = f"not injected: {error.message}"
-        recorder.record(FaultEvent(config.fault, FaultPhase.START, start_ms, what))
+        recorder.record(FaultEvent(name, FaultPhase.START, start_ms, what))
         time.sleep(min(config.interval_s, max(0.0, end - time.monotonic())))
         fault.heal()
         end_ms = int(time.time() * 1000)
-        recorder.record(FaultEvent(config.fault, FaultPhase.END, end_ms))
+        recorder.record(FaultEvent(name, FaultPhase.END, end_ms))
         faults.append(
             {
-                "fault": config.fault,
+                "fault": name,
                 "start_ms": start_ms,
                 "end_ms": end_ms,
                 "what": what,

@@ -7,7 +7,7 @@ its send time. `consumers` consumer threads of one group (client ids 0, -1, -2, 
 the queues statically (Consumer share) and record each delivered message as a dequeue
 with its end-to-end latency. A send answers:
   SUCCESS  - the broker set acknowledged it (the ack policy held);
-  FAILURE  - refused before anything was written (bad input, too few in-sync replicas);
+  FAILURE  - refused before anything was written (bad input, too few in-sync replicas, a full disk);
   UNKNOWN  - anything else (timeouts, a master that lost its role while waiting): the message
              may or may not be stored, and the checkers treat it so.
 
@@ -120,7 +120,7 @@ class _QueueProducer(_Paced):
         except InvalidArgument as error:
             result, info = Result.FAILURE, _info(error)
         except MqmetaError as error:
-            definite = error.code == "IN_SYNC_REPLICAS_NOT_ENOUGH"
+            definite = error.code in ("IN_SYNC_REPLICAS_NOT_ENOUGH", "DISK_FULL")  # nothing was kept
             result, info = (Result.FAILURE if definite else Result.UNKNOWN), _info(error)
         done_ms = wall_ms()
         self.recorder.record(

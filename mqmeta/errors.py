@@ -72,6 +72,12 @@ class Unavailable(MqmetaError):
     default_code = "UNAVAILABLE"
 
 
+class ResourceExhausted(MqmetaError):
+    """A resource the call needs is used up (e.g. the broker's disk is full): nothing was done."""
+
+    default_code = "RESOURCE_EXHAUSTED"
+
+
 class DeadlineExceeded(Unavailable):
     """A call, or the wait it made (e.g. for slaves to confirm a send), ran past its deadline."""
 
@@ -108,6 +114,8 @@ CODE_CLASSES: dict[str, type[MqmetaError]] = {
     "UNAVAILABLE": Unavailable,
     "DEADLINE_EXCEEDED": DeadlineExceeded,
     "CORRUPT_DATA": CorruptData,
+    "RESOURCE_EXHAUSTED": ResourceExhausted,
+    "DISK_FULL": ResourceExhausted,
 }
 
 

@@ -43,6 +43,7 @@ from mqmeta.errors import (
     MqmetaError,
     NotFound,
     NotLeader,
+    ResourceExhausted,
     Unavailable,
     error_from_code,
 )
@@ -71,6 +72,7 @@ STATUS_OF: dict[type[MqmetaError], grpc.StatusCode] = {
     Unavailable: grpc.StatusCode.UNAVAILABLE,
     DeadlineExceeded: grpc.StatusCode.DEADLINE_EXCEEDED,
     CorruptData: grpc.StatusCode.DATA_LOSS,
+    ResourceExhausted: grpc.StatusCode.RESOURCE_EXHAUSTED,
 }
 # A failed call without a domain code (e.g. from grpc itself) becomes this class.
 _ERROR_OF_STATUS: dict[grpc.StatusCode, type[MqmetaError]] = {
@@ -81,6 +83,7 @@ _ERROR_OF_STATUS: dict[grpc.StatusCode, type[MqmetaError]] = {
     grpc.StatusCode.UNAVAILABLE: Unavailable,
     grpc.StatusCode.DEADLINE_EXCEEDED: DeadlineExceeded,
     grpc.StatusCode.DATA_LOSS: CorruptData,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: ResourceExhausted,
 }
 
 

@@ -23,6 +23,7 @@ SPARK_MODULES = frozenset(
         "test_audit.py",
         "test_audit_replication.py",
         "test_chaos_corrupt.py",
+        "test_chaos_grey_faults.py",
         "test_chaos_power_loss.py",
         "test_chaos_runs.py",
         "test_rocketmq_chaos.py",

@@ -96,6 +96,9 @@ def test_run_settings_are_validated(tmp_path):
     assert {"power-loss-node", "power-loss-all", "slow-disk", "fsync-eio", "corrupt-replica"} <= set(
         FAULT_NAMES
     )
+    assert {"disk-full", "slow-replica", "clock-jump"} <= set(FAULT_NAMES)
+    with pytest.raises(InvalidArgument, match="unknown fault 'meteor'"):
+        RunConfig(**dict(good, fault="noop,meteor")).validate()
     (tmp_path / "history.tsv").write_text("")
     with pytest.raises(InvalidArgument, match="already holds a chaos run"):
         RunConfig(**good).validate()

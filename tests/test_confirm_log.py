@@ -3,6 +3,9 @@ forced line is written at once, a torn final line is skipped and a corrupt one i
 
 from __future__ import annotations
 
+import errno
+import os
+
 import pytest
 from mqmeta.broker_agent.confirm_log import MASTER_INTERVAL_MS, ConfirmLog, read_confirm_log
 
@@ -97,3 +100,30 @@ def test_the_applied_log_cuts_a_power_loss_hole_and_rewrites_the_replayed_entrie
     applied.close()
     assert b"\0" not in path.read_bytes()
     assert path.read_bytes().count(b"\n") == 2
+
+
+def test_a_full_disk_keeps_the_line_pending_and_leaves_no_torn_line(tmp_path, monkeypatch):
+    """ENOSPC (whole or a short write): nothing torn stays in the file, the line is written
+    once space returns, and `behind` says a line waits (a forced note's caller checks it)."""
+    path = tmp_path / "confirm.log"
+    log = ConfirmLog(path, "broker-a")
+    log.note(1000, 1, "MASTER", 1, 10, 10, {}, force=True)
+    real = os.write
+
+    def short(fd: int, data: bytes) -> int:
+        return real(fd, data[:5])  # the disk filled up part-way
+
+    def full(fd: int, data: bytes) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    for broken in (short, full):
+        monkeypatch.setattr(os, "write", broken)
+        log.note(2000, 1, "MASTER", 1, 20, 20, {}, force=True)
+        assert log.behind
+        assert [line["confirm_offset"] for line in read_confirm_log(path)] == [10]
+        assert path.read_bytes().endswith(b"\n"), "no torn line"
+    monkeypatch.setattr(os, "write", real)
+    log.flush_due(3000, force=True)
+    assert not log.behind
+    assert [line["confirm_offset"] for line in read_confirm_log(path)] == [10, 20]
+    log.close()

@@ -111,6 +111,9 @@ def test_the_disk_faults_touch_the_node_whose_disk_they_hit():
     for kind in ("power-loss-node", "power-loss-all", "slow-disk", "fsync-eio"):
         assert touches(_fault(kind, 0, 1, ["b1"]), "b1"), kind
         assert not touches(_fault(kind, 0, 1, ["b2"]), "b1"), kind
+    # a full disk only refuses writes; a slow replica or a stepped clock never excuse a change
+    for kind in ("disk-full", "slow-replica", "clock-jump"):
+        assert not touches(_fault(kind, 0, 1, ["b1"]), "b1"), kind
 
 
 def _line(index: int, now_ms: int, epoch: int, master_id: int) -> bytes:

@@ -36,6 +36,7 @@ Properties checked:
 
 from __future__ import annotations
 
+import errno
 import os
 import threading
 
@@ -53,6 +54,7 @@ from mqmeta.broker_agent.core import (
     BrokerCore,
     CorruptionFound,
     Departure,
+    DiskFailed,
     ElectSuccessor,
     FetchAnswered,
     FetchStillWaiting,
@@ -77,6 +79,7 @@ from mqmeta.broker_agent.core import (
     Stop,
     StopFetching,
     Synced,
+    SyncStarting,
     SyncStateSetChanged,
     SyncStateSetFailed,
     Tick,
@@ -92,7 +95,14 @@ from mqmeta.broker_agent.seams import log_view
 from mqmeta.cluster.wait import wait_for
 
 from mqmeta.clock import now_ms
-from mqmeta.errors import FailedPrecondition, FencedEpoch, MqmetaError, NotMaster, Unavailable
+from mqmeta.errors import (
+    FailedPrecondition,
+    FencedEpoch,
+    MqmetaError,
+    NotMaster,
+    ResourceExhausted,
+    Unavailable,
+)
 from mqmeta.formats.epochs import consistent_point
 from mqmeta.formats.records import Message
 from mqmeta.pb import broker_pb2 as bpb
@@ -294,6 +304,52 @@ def test_heartbeat_replies_renew_the_lease_from_the_send_time():
     core = master_core()
     core.handle(HeartbeatAnswered(10_000, 1, 1, 1, lease_ms=500))
     assert core.writable(10_499) and not core.writable(10_500)
+
+
+def test_a_master_whose_disk_fails_is_fenced_for_good_and_names_a_successor_holding_every_ack():
+    """fsync-eio: the master stops writing at once, asks for the in-sync slave that holds
+    everything acknowledged, and never takes the role back from a late ReplicaInfo."""
+    log = epoch1(300)
+    core = master_core(log=log)
+    core.handle(fetch(2, 300, log))
+    core.handle(fetch(3, 200, log))
+    assert core.confirm_offset == 200
+    effects = core.handle(DiskFailed("fdatasync failed: EIO"))
+    assert ElectSuccessor(2, 1) in effects and effects[-1] == WakeWaiters(), effects
+    assert core.role == Role.FENCED and not core.writable(1) and core.disk_failed
+    assert core.write_outcome(100, 1) is WriteOutcome.DEPOSED, (
+        "a writer waiting learns its outcome is unknown"
+    )
+    core.handle(info(1, 1, (1, 2, 3), log=log))
+    assert core.role == Role.FENCED, "the controller's stale view naming it master is not obeyed"
+    core.handle(info(2, 2, (2, 3), log=log))
+    assert core.role == Role.FENCED, "nor does it follow the new master on a failed disk"
+
+
+def test_a_failed_disk_names_no_successor_outside_the_sync_state_set():
+    log = epoch1(300)
+    core = master_core(members=(1,), log=log)
+    core.handle(fetch(2, 100, log))  # registered, fetching, not in sync
+    effects = core.handle(DiskFailed("EIO"))
+    assert not any(isinstance(e, ElectSuccessor) for e in effects), effects
+    assert core.role == Role.FENCED
+
+
+def test_a_master_whose_fdatasync_outlasts_its_lease_refuses_writes_until_it_returns():
+    """slow-disk (apache/rocketmq #6468): a group commit running longer than the lease
+    (2000 ms here) makes the master refuse writes (and the shell stop heartbeating);
+    the disk answering makes it writable again."""
+    core = master_core(log=epoch1(100))
+    core.handle(HeartbeatAnswered(11_000, 1, 1, 1, lease_ms=0))  # valid until 13_000
+    core.handle(SyncStarting(10_000))
+    core.handle(SyncStarting(10_500))  # a second writer's sync: the oldest counts
+    assert core.writable(12_000) and not core.disk_stalled(12_000)
+    assert core.disk_stalled(12_001) and not core.writable(12_001)
+    with pytest.raises(NotMaster, match="waited 2001 ms for its disk"):
+        core.check_writable(12_001)
+    core.handle(Synced(epoch1(100)))
+    core.handle(HeartbeatAnswered(12_001, 1, 1, 1, lease_ms=0))
+    assert core.writable(12_002)
 
 
 def test_a_reply_naming_another_master_revokes_the_lease_at_once():
@@ -705,11 +761,12 @@ def test_a_failed_epoch_begin_fences_the_broker(agent, monkeypatch):
     a.feed(Registered(1, lease_ms=60_000))
 
     def broken(epoch: int) -> None:
-        raise OSError("disk full")
+        raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(a.store, "begin_epoch", broken)
-    with pytest.raises(OSError):
+    with pytest.raises(ResourceExhausted) as full:
         a.apply_replica_info(replica_info(1, 1, [1]))
+    assert full.value.code == "DISK_FULL" and "is full" in full.value.message
     assert a.view().role == Role.FENCED, "never master without its epoch entry"
     monkeypatch.undo()
     a.apply_replica_info(replica_info(1, 1, [1]))
@@ -775,6 +832,32 @@ def test_the_master_serves_its_slaves_only_synced_bytes(agent):
     assert a.view().confirm_offset == end
 
 
+def test_a_full_disk_refuses_the_write_keeps_nothing_and_the_master_goes_on(agent, monkeypatch):
+    """disk-full: ENOSPC from the commit log's write is RESOURCE_EXHAUSTED/DISK_FULL (a
+    definite refusal), the log is as before, and the next write after space returns works."""
+    a = agent(fsync=True)
+    a.feed(Registered(1, lease_ms=600_000))
+    a.apply_replica_info(replica_info(1, 1, [1]))
+    a.feed(HeartbeatAnswered(now_ms(), 1, 1, 1, lease_ms=0))
+    a.send([Message(topic="T", queue_id=0, body=b"first")])
+    end = a.store.max_offset
+    real = os.pwrite
+    monkeypatch.setattr(agent_module, "exit_at_once", lambda status: None)  # were it taken for EIO
+
+    def full(fd: int, data: bytes, offset: int) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "pwrite", full)
+    with pytest.raises(ResourceExhausted) as refused:
+        a.send([Message(topic="T", queue_id=0, body=b"refused")])
+    assert refused.value.code == "DISK_FULL" and "nothing of it kept" in refused.value.message
+    assert a.store.max_offset == end and a.view().role == Role.MASTER and not a.core.disk_failed
+    monkeypatch.setattr(os, "pwrite", real)
+    a.send([Message(topic="T", queue_id=0, body=b"after")])
+    bodies = [r.body for r in a.store.get_messages("T", 0, 0, 10, a.view().confirm_offset)]
+    assert bodies == [b"first", b"after"]
+
+
 def test_a_failed_group_commit_fences_the_master(agent, monkeypatch):
     """The fdatasync failure is injected (no real EIO can be made here): the write is
     not acknowledged, and the broker writes nothing more as master."""
@@ -783,17 +866,24 @@ def test_a_failed_group_commit_fences_the_master(agent, monkeypatch):
     a.apply_replica_info(replica_info(1, 1, [1]))
     a.feed(HeartbeatAnswered(now_ms(), 1, 1, 1, lease_ms=0))
 
+    real = os.fdatasync
+
     def failing(fd: int) -> None:
         raise OSError(5, "Input/output error")
 
+    exits: list[int] = []
+    monkeypatch.setattr(agent_module, "exit_at_once", exits.append)  # the process would end here
     monkeypatch.setattr(os, "fdatasync", failing)
     with pytest.raises(Unavailable, match="fenced"):
         a.send([Message(topic="T", queue_id=0, body=b"x")])
-    monkeypatch.undo()
+    monkeypatch.setattr(os, "fdatasync", real)
     assert a.view().role == Role.FENCED and a.view().confirm_offset == 0
     with pytest.raises(MqmetaError):
         a.send([Message(topic="T", queue_id=0, body=b"y")])
     a._manage_sync_state_set()  # the controller loop's tick goes on: nothing left to sync
+    wait_for(lambda: exits == [agent_module.EXIT_DISK_FAILED], 10, "the broker to exit")
+    a.apply_replica_info(replica_info(1, 1, [1]))
+    assert a.view().role == Role.FENCED, "never master again in this process"
 
 
 # core.py: stale messages from the controller and from slaves -------------------------------
