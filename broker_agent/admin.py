@@ -311,31 +311,6 @@ class BrokerAdmin:
             if t != CONSUMER_OFFSET_TOPIC and self.store.consumer_progress(group, t, q) is not None
         ]
 
-    def _queue_lag(self, group: str, topic: str, queue_id: int, confirm: int, now_ms: int) -> bpb.QueueLag:
-        progress = self.store.consumer_progress(group, topic, queue_id)
-        readable = self.store.readable_queue_max_offset(topic, queue_id, confirm)
-        minimum = self.store.queue_min_offset(topic, queue_id)
-        consumed = -1 if progress is None else progress[0]
-        ranges = () if progress is None else progress[1]
-        start = max(consumed, minimum)
-        backlog = max(0, readable - start) - sum(
-            max(0, min(high, readable) - max(low, start)) for low, high in ranges
-        )
-        backlog_ms = 0
-        if backlog > 0:
-            oldest = self.store.record_at(topic, queue_id, start)
-            if oldest is not None:
-                backlog_ms = max(0, now_ms - oldest.store_timestamp_ms)
-        return bpb.QueueLag(
-            topic=topic,
-            queue_id=queue_id,
-            consumed_offset=consumed,
-            max_offset=readable,
-            backlog=backlog,
-            backlog_ms=backlog_ms,
-            acknowledged_above=sum(high - low for low, high in ranges),
-        )
-
     def group_lag(self, request: bpb.GroupLagRequest) -> bpb.GroupLagResponse:
         group = validate_name("group", request.group)
         if request.topic:
@@ -343,7 +318,8 @@ class BrokerAdmin:
         now = wall_ms()
         confirm = self.agent.view().confirm_offset
         queues = [
-            self._queue_lag(group, t, q, confirm, now) for t, q in self._group_queues(group, request.topic)
+            queue_lag(self.store, group, t, q, confirm, now)
+            for t, q in self._group_queues(group, request.topic)
         ]
         return bpb.GroupLagResponse(
             broker_name=self.agent.broker_name,
@@ -399,7 +375,7 @@ class BrokerAdmin:
             self.forget_cursors(keys)  # a cursor flushed meanwhile reloads from the reset
         confirm = self.agent.view().confirm_offset
         return bpb.ResetOffsetsResponse(
-            queues=[self._queue_lag(group, t, q, confirm, now) for t, q in queues]
+            queues=[queue_lag(self.store, group, t, q, confirm, now) for t, q in queues]
         )
 
 
@@ -410,3 +386,33 @@ def _records(
         record = store.record_at(topic, queue_id, offset)
         if record is not None:
             yield record
+
+
+def queue_lag(
+    store: MessageStore, group: str, topic: str, queue_id: int, confirm: int, now_ms: int
+) -> bpb.QueueLag:
+    """One queue's lag for `group`: the oldest unconsumed offset is the consumed offset
+    (pop: the offsets acknowledged above it are not backlog)."""
+    progress = store.consumer_progress(group, topic, queue_id)
+    readable = store.readable_queue_max_offset(topic, queue_id, confirm)
+    minimum = store.queue_min_offset(topic, queue_id)
+    consumed = -1 if progress is None else progress[0]
+    ranges = () if progress is None else progress[1]
+    start = max(consumed, minimum)
+    backlog = max(0, readable - start) - sum(
+        max(0, min(high, readable) - max(low, start)) for low, high in ranges
+    )
+    backlog_ms = 0
+    if backlog > 0:
+        oldest = store.record_at(topic, queue_id, start)
+        if oldest is not None:
+            backlog_ms = max(0, now_ms - oldest.store_timestamp_ms)
+    return bpb.QueueLag(
+        topic=topic,
+        queue_id=queue_id,
+        consumed_offset=consumed,
+        max_offset=readable,
+        backlog=backlog,
+        backlog_ms=backlog_ms,
+        acknowledged_above=sum(high - low for low, high in ranges),
+    )

@@ -812,6 +812,11 @@ class MessageStore:
         with self._lock:
             return self._progress.offsets_of(topic, queue_id)
 
+    def consumer_keys(self) -> list[ConsumerKey]:
+        """(group, topic, queue id) of every progress kept (CONSUMER_OFFSET_KEYS_MAX at most)."""
+        with self._lock:
+            return sorted(self._progress.current)
+
     def origin_head(self, key: OriginKey) -> OriginHead | None:
         """The highest copy of origin queue `key` this store holds, or None."""
         with self._lock:

@@ -552,10 +552,12 @@ class ResetOffsetsRequest(_message.Message):
     def __init__(self, group: _Optional[str] = ..., topic: _Optional[str] = ..., timestamp_ms: _Optional[int] = ..., earliest: _Optional[bool] = ..., latest: _Optional[bool] = ..., force: _Optional[bool] = ...) -> None: ...
 
 class ResetOffsetsResponse(_message.Message):
-    __slots__ = ("queues",)
+    __slots__ = ("queues", "broker_name")
     QUEUES_FIELD_NUMBER: _ClassVar[int]
+    BROKER_NAME_FIELD_NUMBER: _ClassVar[int]
     queues: _containers.RepeatedCompositeFieldContainer[QueueLag]
-    def __init__(self, queues: _Optional[_Iterable[_Union[QueueLag, _Mapping]]] = ...) -> None: ...
+    broker_name: str
+    def __init__(self, queues: _Optional[_Iterable[_Union[QueueLag, _Mapping]]] = ..., broker_name: _Optional[str] = ...) -> None: ...
 
 class HandoffRequest(_message.Message):
     __slots__ = ("preferred_broker_id",)
