@@ -217,8 +217,8 @@ def value_kind(action: argparse.Action) -> tuple[str, str]:
         kind, allowed = "string", "a path"
     elif action.type is None or action.type is str:
         kind, allowed = "string", "text"
-    elif isinstance(getattr(action.type, "allowed", None), str):  # a parser that says what it takes
-        kind, allowed = "string", action.type.allowed
+    elif isinstance(named := getattr(action.type, "allowed", None), str):  # says what it takes
+        kind, allowed = "string", named
     else:
         raise ValueError(f"tools/docgen.py does not know the values of {action.option_strings}'s type")
     if action.choices is not None:
