@@ -9,7 +9,7 @@ such record in [covered_from, indexed offset) has an entry for each of its names
 file whose first entries do not match the checkpoint's CRC is not trusted by the broker
 (it rebuilds it at open): a note, not a violation.
 
-One task per replica, on the executors (mapInArrow over the replicas): it reads the
+One task per replica, on the executors (a Python data source, a partition per replica): it reads the
 checkpoint, the key files and the commit-log segments with mqmeta.formats only, and
 emits one row per violation.
 """
@@ -22,6 +22,7 @@ from typing import Any
 
 from mqmeta.spark.checks import CheckResult, _result
 from mqmeta.spark.data import AuditData
+from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 VIOLATION_SCHEMA = (
     "kind string, broker_set string, replica string, topic string, commit_offset bigint, name_hash string"
@@ -91,15 +92,36 @@ def replica_rows(spec: dict[str, Any]) -> Iterator[tuple[Any, ...]]:
             yield ("record not indexed", *where, topic, offset, format(name_hash, "016x"))
 
 
-def _run_specs(batches: Iterator[Any]) -> Iterator[Any]:
-    """mapInArrow's function: each replica spec (JSON) to its rows, as Arrow batches."""
-    import pyarrow as pa
+class _ReplicaSpec(InputPartition):
+    def __init__(self, spec: dict[str, Any]) -> None:
+        self.spec = spec
 
-    names = [field.split()[0] for field in VIOLATION_SCHEMA.split(", ")]
-    schema = pa.schema([(n, pa.int64() if n == "commit_offset" else pa.string()) for n in names])
-    for batch in batches:
-        rows = [row for spec in batch.column(0).to_pylist() for row in replica_rows(json.loads(spec))]
-        yield pa.RecordBatch.from_pylist([dict(zip(names, row, strict=True)) for row in rows], schema=schema)
+
+class _KeyIndexReader(DataSourceReader):
+    def __init__(self, options: dict[str, str]) -> None:
+        self.specs: list[dict[str, Any]] = json.loads(options.get("replicas", "[]"))
+
+    def partitions(self) -> list[InputPartition]:
+        return [_ReplicaSpec(spec) for spec in self.specs]
+
+    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+        assert isinstance(partition, _ReplicaSpec)
+        return replica_rows(partition.spec)
+
+
+class KeyIndexSource(DataSource):
+    """spark.read.format("mqmeta_key_index").option("replicas", json): K1's rows, one
+    partition per replica (no shuffle: each task reads its replica's files)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "mqmeta_key_index"
+
+    def schema(self) -> str:
+        return VIOLATION_SCHEMA
+
+    def reader(self, schema: Any) -> DataSourceReader:
+        return _KeyIndexReader(dict(self.options))
 
 
 def check_k1(data: AuditData) -> CheckResult:
@@ -120,8 +142,8 @@ def check_k1(data: AuditData) -> CheckResult:
         )
     if not specs:
         return _result("K1", 0, [], ["no broker replicas in the inputs: nothing to check"])
-    specs_frame = data.spark.createDataFrame([(json.dumps(s),) for s in specs], "spec string")
-    frame = specs_frame.repartition(len(specs)).mapInArrow(_run_specs, VIOLATION_SCHEMA).cache()
+    data.spark.dataSource.register(KeyIndexSource)
+    frame = data.spark.read.format("mqmeta_key_index").option("replicas", json.dumps(specs)).load().cache()
     try:
         examined = sum(r.commit_offset for r in frame.filter(frame.kind == _EXAMINED).collect())
         stale = frame.filter(frame.kind == _STALE).count()
