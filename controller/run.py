@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from mqmeta.controller.namesrv import RocketMQRoutes
+from mqmeta.controller.remoting_proxy import parse_proxies
 from mqmeta.controller.server import (
     ControllerConfig,
     parse_peer,
@@ -56,16 +58,41 @@ def run_controller(args: argparse.Namespace) -> int:
     return 0
 
 
+def remoting_proxies(args: argparse.Namespace, remoting: str) -> dict[str, str]:
+    """--remoting-proxy checked (each needs --remoting-listen: the routes that name them);
+    none with --remoting-routes direct."""
+    proxies = parse_proxies(getattr(args, "remoting_proxy", None))
+    if proxies and not remoting:
+        raise InvalidArgument("--remoting-proxy needs --remoting-listen (the routes that name the proxies)")
+    return proxies if getattr(args, "remoting_routes", "proxy") == "proxy" else {}
+
+
 def run_namesrv(args: argparse.Namespace) -> int:
     parse_addresses(args.listen, "--listen address")
     remoting = listen_address(args)
+    routes = RocketMQRoutes(
+        str(getattr(args, "rocketmq_routes", None) or "proxy"),
+        tuple(parse_addresses(args.rocketmq_endpoints, "--rocketmq-endpoints address"))
+        if getattr(args, "rocketmq_endpoints", None)
+        else (),
+    )
+    proxies = remoting_proxies(args, remoting)
     if args.embed_controller:
         node = start_controller(
-            controller_config(args), namesrv_address=args.listen, remoting_address=remoting
+            controller_config(args),
+            namesrv_address=args.listen,
+            remoting_address=remoting,
+            routes=routes,
+            remoting_proxies=proxies,
         )
     elif args.controllers:
         node = start_namesrv(
-            args.listen, parse_addresses(args.controllers), args.metrics_listen or "", remoting
+            args.listen,
+            parse_addresses(args.controllers),
+            args.metrics_listen or "",
+            remoting,
+            rocketmq_routes=routes,
+            remoting_proxies=proxies,
         )
     else:
         raise InvalidArgument("a nameserver needs --controllers ADDRS or --embed-controller")

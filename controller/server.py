@@ -13,7 +13,12 @@ from typing import Any, Protocol
 import grpc
 from mqmeta.controller.core import ControllerCore
 from mqmeta.controller.metrics import controller_metrics, namesrv_metrics
-from mqmeta.controller.namesrv import EmbeddedNameServer, NameServerServicer, add_messaging_service
+from mqmeta.controller.namesrv import (
+    EmbeddedNameServer,
+    NameServerServicer,
+    RocketMQRoutes,
+    add_rocketmq_service,
+)
 from mqmeta.controller.raft_node import Peer, RaftSettings
 from mqmeta.controller.route_cache import RouteCache
 from mqmeta.controller.service import ControllerServicer, watch_event_pb
@@ -26,9 +31,7 @@ from mqmeta.rpc import (
     STOP_GRACE_S,
     STOP_NOW_GRACE_S,
     AsyncServer,
-    add_health_and_reflection,
     add_health_and_reflection_async,
-    build_server,
     check_can_listen,
 )
 from mqmeta.timing import PROPOSAL_TIMEOUT_MS_MAX
@@ -41,6 +44,8 @@ log = logging.getLogger(__name__)
 GRPC_WORKERS_MAX = 64
 CONTROLLER_SERVICE = controller_pb2.DESCRIPTOR.services_by_name["ControllerService"].full_name
 NAMESRV_SERVICE = namesrv_pb2.DESCRIPTOR.services_by_name["NameServer"].full_name
+PROXY_ROUTES = RocketMQRoutes()
+REQUEST_BYTES_MAX = 5 << 20  # a RocketMQ 5 body of 4 MiB passes through the proxy
 
 
 @dataclass
@@ -163,12 +168,17 @@ class RunningNode:
 
 
 def start_controller(
-    config: ControllerConfig, namesrv_address: str = "", remoting_address: str = ""
+    config: ControllerConfig,
+    namesrv_address: str = "",
+    remoting_address: str = "",
+    routes: RocketMQRoutes = PROXY_ROUTES,
+    remoting_proxies: dict[str, str] | None = None,
 ) -> RunningNode:
     """A controller node on an AsyncServer (its Watch streams hold no thread); with
     `namesrv_address`, its embedded nameserver on the same port or on one of its own, and
     with `remoting_address` that nameserver's RocketMQ remoting listener."""
     config.validate()
+    routes.validate()
     for address in dict.fromkeys([config.grpc, config.raft, namesrv_address]):
         if address:  # before the journal opens; pysyncobj would retry a taken Raft port forever
             check_can_listen(address)
@@ -182,14 +192,17 @@ def start_controller(
         if embedded_here:
             namesrv_pb2_grpc.add_NameServerServicer_to_server(EmbeddedNameServer(core), server)
             services.append(NAMESRV_SERVICE)
-            services.append(add_messaging_service(server, _embedded_route(core)))
+            services.append(_embedded_rocketmq(server, core, routes, namesrv_address))
         await add_health_and_reflection_async(server, services)
 
     servers: list[StoppableServer] = []
     try:
-        servers.append(_started(AsyncServer(config.grpc, setup, GRPC_WORKERS_MAX)))
+        servers.append(_started(AsyncServer(config.grpc, setup, GRPC_WORKERS_MAX, REQUEST_BYTES_MAX)))
         if namesrv_address and not embedded_here:
-            servers.append(_started(AsyncServer(namesrv_address, _namesrv_setup(core), GRPC_WORKERS_MAX)))
+            setup_namesrv = _namesrv_setup(core, routes, namesrv_address)
+            servers.append(
+                _started(AsyncServer(namesrv_address, setup_namesrv, GRPC_WORKERS_MAX, REQUEST_BYTES_MAX))
+            )
     except BaseException:
         for server in servers:
             server.stop(grace=0)
@@ -198,7 +211,10 @@ def start_controller(
     closers = []
     if namesrv_address and remoting_address:
         try:
-            closers.append(_remoting(remoting_address, _embedded_route(core)).stop)
+            remoting = _remoting(
+                remoting_address, _embedded_route(core), remoting_proxies, _embedded_master(core)
+            )
+            closers.append(remoting.stop)
         except BaseException:
             for server in servers:
                 server.stop(grace=0)
@@ -209,10 +225,50 @@ def start_controller(
     return RunningNode(servers, core, None, metrics, closers)
 
 
-def _remoting(address: str, route_of: Callable[[str], Any]):
+def _remoting(
+    address: str,
+    route_of: Callable[[str], Any],
+    proxies: dict[str, str] | None = None,
+    master_of: Callable[[str], tuple[str, tuple[str, ...]]] | None = None,
+):
     from mqmeta.controller.namesrv_remoting import start_namesrv_remoting
 
-    return start_namesrv_remoting(address, route_of)
+    return start_namesrv_remoting(address, route_of, proxies, master_of)
+
+
+def _embedded_master(core: ControllerCore) -> Callable[[str], tuple[str, tuple[str, ...]]]:
+    """A broker set's master and replicas (gRPC addresses) from this node's applied state
+    (no barrier: the proxy only needs a hint; a stale one is refused by the fenced old
+    master and asked again)."""
+    from mqmeta.controller.state_machine import broker_route
+
+    def master_of(broker_name: str) -> tuple[str, tuple[str, ...]]:
+        found = [bs for bs in core.state.broker_sets() if bs["broker_name"] == broker_name]
+        if not found:
+            return "", ()
+        route = broker_route(found[0])
+        return str(route["master_address"]), tuple(str(a) for a in route["addresses"].values())
+
+    return master_of
+
+
+def _cached_master(
+    client: ControllerClient, cache: RouteCache
+) -> Callable[[str], tuple[str, tuple[str, ...]]]:
+    """A broker set's master and replicas from the watched route copy; the controller when
+    the copy cannot answer."""
+
+    def master_of(broker_name: str) -> tuple[str, tuple[str, ...]]:
+        cached = cache.broker(broker_name)
+        if cached is not None:
+            return cached.master_address, tuple(cached.addresses.values())
+        listed = client.list_broker_sets(controller_pb2.ListBrokerSetsRequest())
+        for found in listed.broker_sets:
+            if found.broker_name == broker_name:
+                return found.master_address, tuple(r.address for r in found.replicas)
+        return "", ()
+
+    return master_of
 
 
 def _started(server: AsyncServer) -> AsyncServer:
@@ -220,10 +276,10 @@ def _started(server: AsyncServer) -> AsyncServer:
     return server
 
 
-def _namesrv_setup(core: ControllerCore):
+def _namesrv_setup(core: ControllerCore, routes: RocketMQRoutes, listen: str):
     async def setup(server: grpc.aio.Server) -> None:
         namesrv_pb2_grpc.add_NameServerServicer_to_server(EmbeddedNameServer(core), server)
-        messaging = add_messaging_service(server, _embedded_route(core))
+        messaging = _embedded_rocketmq(server, core, routes, listen)
         await add_health_and_reflection_async(server, [NAMESRV_SERVICE, messaging])
 
     return setup
@@ -235,30 +291,63 @@ def _embedded_route(core: ControllerCore):
     return lambda topic: route_pb(core.topic_route(topic))
 
 
+def _embedded_rocketmq(server, core: ControllerCore, routes: RocketMQRoutes, listen: str) -> str:
+    """The RocketMQ 5 service of an embedded nameserver: the proxy reads the node's own
+    applied state (no barrier: a route only says where to go; masters are fenced by epoch)."""
+    from mqmeta.controller.service import route_pb
+    from mqmeta.controller.state_machine import broker_route, topic_route
+
+    def route_now(topic: str):
+        try:
+            return route_pb(topic_route(core.state, topic))
+        except Exception:  # not found, or the state moved under the read: the barrier read answers
+            return None
+
+    def masters_now() -> dict[str, str] | None:
+        try:
+            found = [broker_route(bs) for bs in core.state.broker_sets()]
+        except Exception:  # the state moved under the read: none this time
+            return None
+        return {r["broker_name"]: r["master_address"] for r in found if r["master_broker_id"]}
+
+    return add_rocketmq_service(server, routes, listen, _embedded_route(core), route_now, masters_now)
+
+
 def start_namesrv(
-    address: str, controllers: list[str], metrics_listen: str = "", remoting_address: str = ""
+    address: str,
+    controllers: list[str],
+    metrics_listen: str = "",
+    remoting_address: str = "",
+    rocketmq_routes: RocketMQRoutes = PROXY_ROUTES,
+    remoting_proxies: dict[str, str] | None = None,
 ) -> RunningNode:
     """A standalone nameserver: routes from a watched copy of the metadata (RouteCache),
-    the controller's barrier read when the copy cannot answer."""
+    the controller's barrier read when the copy cannot answer. On an AsyncServer: the
+    RocketMQ 5 proxy's forwarded calls and long polls hold no thread."""
+    rocketmq_routes.validate()
     client = ControllerClient(controllers)
     cache = RouteCache(ControllerClient(controllers))
     metrics, routes = namesrv_metrics()
     servicer = NameServerServicer(client, cache, routes.inc)
-    server = build_server(address, GRPC_WORKERS_MAX)
-    namesrv_pb2_grpc.add_NameServerServicer_to_server(servicer, server)
 
     def route(topic: str):
         routes.inc()
         return servicer.route(topic)
 
-    messaging = add_messaging_service(server, route)
-    add_health_and_reflection(server, [NAMESRV_SERVICE, messaging])
-    server.start()
+    async def setup(server: grpc.aio.Server) -> None:
+        namesrv_pb2_grpc.add_NameServerServicer_to_server(servicer, server)
+        messaging = add_rocketmq_service(
+            server, rocketmq_routes, address, servicer.route, cache.route, cache.masters, routes.inc
+        )
+        await add_health_and_reflection_async(server, [NAMESRV_SERVICE, messaging])
+
+    server = _started(AsyncServer(address, setup, GRPC_WORKERS_MAX, REQUEST_BYTES_MAX))
     cache.start()
     closers = [cache.stop, cache.client.close]
     if remoting_address:
         try:
-            closers.insert(0, _remoting(remoting_address, route).stop)
+            master_of = _cached_master(client, cache)
+            closers.insert(0, _remoting(remoting_address, route, remoting_proxies, master_of).stop)
         except BaseException:
             server.stop(grace=0)
             cache.stop()

@@ -167,6 +167,34 @@ def build_parser() -> argparse.ArgumentParser:
         help="serve RocketMQ 4.x clients (the classic remoting protocol) on HOST:PORT "
         "(RocketMQ's 0.0.0.0:9876 when the flag has no value)",
     )
+    namesrv.add_argument(
+        "--rocketmq-routes",
+        choices=("proxy", "direct"),
+        default="proxy",
+        help="what QueryRoute gives RocketMQ 5 clients: proxy (the nameservers, which forward "
+        "every call to the current master; the default) or direct (the masters' addresses)",
+    )
+    namesrv.add_argument(
+        "--rocketmq-endpoints",
+        default="",
+        help="with proxy routes: every nameserver's gRPC address HOST:PORT,... "
+        "(default: this one's --listen)",
+    )
+    namesrv.add_argument(
+        "--remoting-proxy",
+        action="append",
+        metavar="BROKER_SET=HOST:PORT",
+        help="a remoting proxy for a broker set (repeatable): routes name it instead of the "
+        "set's master, and it forwards to whichever replica is master, so RocketMQ 4.x clients "
+        "keep working across a failover without waiting for their next route refresh",
+    )
+    namesrv.add_argument(
+        "--remoting-routes",
+        choices=("proxy", "direct"),
+        default="proxy",
+        help="proxy (default): routes name the --remoting-proxy of a set that has one; direct: "
+        "every route names the master's own remoting address (no proxy is started)",
+    )
     _add_node_flags(namesrv, required=False)
     accept_config_file(namesrv, tables=("raft_settings",))
 
@@ -195,6 +223,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--embedded",
         action="store_true",
         help="run the controllers inside the nameservers (one per controller)",
+    )
+    up.add_argument(
+        "--rocketmq-routes",
+        choices=("proxy", "direct"),
+        default="proxy",
+        help="what the nameservers give RocketMQ 5 clients: proxy (themselves, forwarding to the "
+        "masters; the default) or direct (the masters' addresses)",
     )
     up.add_argument(
         "--broker-sets",
