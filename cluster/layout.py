@@ -31,6 +31,7 @@ class NodeLayout:
     namesrv: str = ""  # embedded deployment: this node's nameserver address
     metrics: str = ""  # Prometheus text (HTTP); empty in layouts written before metrics
     remoting: str = ""  # embedded: its nameserver's RocketMQ remoting address; empty = none
+    console: str = ""  # embedded: its nameserver's web console; empty in older layouts
 
 
 @dataclass
@@ -57,16 +58,18 @@ class Layout:
     namesrv_remoting: str = ""  # the standalone nameserver's RocketMQ remoting address
     cluster: str = ""  # the brokers' cluster name ("": the default cluster)
     replicator_metrics: str = ""  # local up --replicate: its worker's metrics address
+    namesrv_console: str = ""  # the standalone nameserver's web console; empty in older layouts
 
     @staticmethod
     def port_count(count: int, embedded: bool, broker_sets: int = 0, replicas: int = 0) -> int:
         """How many ports such a cluster listens on: gRPC and Raft per controller, a nameserver
         per controller (embedded) or one standalone, one per broker; then one metrics port
-        per process; then a RocketMQ remoting port per nameserver and per broker."""
+        per process; then a RocketMQ remoting port per nameserver and per broker; then a
+        web console per nameserver."""
         processes = count + (0 if embedded else 1) + broker_sets * replicas
         nameservers = count if embedded else 1
         servers = count * (3 if embedded else 2) + (0 if embedded else 1) + broker_sets * replicas
-        return servers + processes + nameservers + broker_sets * replicas
+        return servers + processes + 2 * nameservers + broker_sets * replicas
 
     @staticmethod
     def create(count: int, embedded: bool, broker_sets: int, replicas: int, addresses: list[str]) -> Layout:
@@ -101,7 +104,18 @@ class Layout:
         namesrv_remoting = "" if embedded else next(free)
         for broker in brokers:
             broker.remoting = next(free)
-        return Layout(embedded, nodes, namesrv_addresses, brokers, namesrv_metrics, namesrv_remoting)
+        for node in nodes if embedded else []:  # consoles last: older layouts keep their ports
+            node.console = next(free)
+        namesrv_console = "" if embedded else next(free)
+        return Layout(
+            embedded,
+            nodes,
+            namesrv_addresses,
+            brokers,
+            namesrv_metrics,
+            namesrv_remoting,
+            namesrv_console=namesrv_console,
+        )
 
     def addresses(self) -> list[str]:
         """Every address a process of this cluster listens on (what its reservation holds)."""
@@ -112,7 +126,8 @@ class Layout:
         metrics += [self.namesrv_metrics, self.replicator_metrics]
         remoting = [n.remoting for n in self.controllers] + [self.namesrv_remoting]
         remoting += [b.remoting for b in self.brokers]
-        return found + [a for a in metrics if a] + [a for a in remoting if a]
+        consoles = [n.console for n in self.controllers] + [self.namesrv_console]
+        return found + [a for a in metrics if a] + [a for a in remoting if a] + [a for a in consoles if a]
 
     def peer_flags(self) -> list[str]:
         flags = []
@@ -152,6 +167,7 @@ def load_or_create_layout(
             data.get("namesrv_remoting", ""),
             data.get("cluster", cluster),
             data.get("replicator_metrics", ""),
+            data.get("namesrv_console", ""),
         )
         if layout.cluster != cluster:
             raise InvalidArgument(
@@ -220,7 +236,8 @@ def controller_command(root: Path, layout: Layout, node: NodeLayout) -> list[str
     ]
     if layout.embedded:
         remoting = ["--remoting-listen", node.remoting] if node.remoting else []
-        return [*base, "namesrv", "--listen", node.namesrv, "--embed-controller", *remoting, *flags]
+        console = ["--console-listen", node.console] if node.console else []
+        return [*base, "namesrv", "--listen", node.namesrv, "--embed-controller", *remoting, *console, *flags]
     return [*base, "controller", *flags]
 
 
@@ -262,4 +279,5 @@ def namesrv_command(layout: Layout) -> list[str]:
         layout.controller_addresses,
         *(["--metrics-listen", layout.namesrv_metrics] if layout.namesrv_metrics else []),
         *(["--remoting-listen", layout.namesrv_remoting] if layout.namesrv_remoting else []),
+        *(["--console-listen", layout.namesrv_console] if layout.namesrv_console else []),
     ]

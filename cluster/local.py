@@ -201,6 +201,8 @@ def _run(
                 f"see {root / CLUSTER_FILE}",
                 flush=True,
             )
+        if "console" in document:
+            print(f"console: {document['console']}", flush=True)
         print("\n".join(export_lines(document, root)), flush=True)
         _supervise(root, [s.supervisor for s in sites], document, stop)
     finally:
@@ -252,7 +254,7 @@ def _start_site(site: _Site) -> dict[str, Any]:
         supervisor.start(broker.name, serves(broker_command(root, layout, broker)) + cluster_flag + flags)
         started.append(broker.name)
     statuses = wait_brokers_ready(layout.brokers, check_running=check_running) if layout.brokers else {}
-    document = cluster_document(root, layout, supervisor, remoting)
+    document = cluster_document(root, layout, supervisor, remoting, tls_on="--tls-cert" in site.tls_flags)
     document["brokers"] = [
         {
             "cluster": statuses[b.name].cluster,
@@ -341,8 +343,12 @@ def _with_pids(value: Any, change: Callable[[Any], Any]) -> Any:
     return value
 
 
+def console_url(address: str, tls_on: bool) -> str:
+    return f"{'https' if tls_on else 'http'}://{address}/"
+
+
 def cluster_document(
-    root: Path, layout: Layout, supervisor: Supervisor, remoting: bool = True
+    root: Path, layout: Layout, supervisor: Supervisor, remoting: bool = True, tls_on: bool = False
 ) -> dict[str, Any]:
     controllers = [
         {
@@ -362,6 +368,7 @@ def cluster_document(
                 "pid": supervisor.children[n.id].pid,
                 "metrics": n.metrics,
                 **({"remoting": n.remoting} if n.remoting and remoting else {}),
+                **({"console": console_url(n.console, tls_on)} if n.console else {}),
             }
             for n in layout.controllers
         ]  # one process: the controller's metrics
@@ -372,10 +379,15 @@ def cluster_document(
                 "pid": supervisor.children["namesrv"].pid,
                 "metrics": layout.namesrv_metrics,
                 **({"remoting": layout.namesrv_remoting} if layout.namesrv_remoting and remoting else {}),
+                **(
+                    {"console": console_url(layout.namesrv_console, tls_on)} if layout.namesrv_console else {}
+                ),
             }
         ]
     tiered = {"url": str(tiered_dir(root))} if layout.brokers else None
+    consoles = [n["console"] for n in namesrv if "console" in n]
     return {
+        **({"console": consoles[0]} if consoles else {}),
         "controllers": controllers,
         "namesrv": namesrv,
         "brokers": [],

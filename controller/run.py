@@ -7,6 +7,7 @@ from pathlib import Path
 
 from mqmeta.controller.server import (
     ControllerConfig,
+    RunningNode,
     parse_peer,
     raft_settings_from,
     start_controller,
@@ -69,5 +70,25 @@ def run_namesrv(args: argparse.Namespace) -> int:
         )
     else:
         raise InvalidArgument("a nameserver needs --controllers ADDRS or --embed-controller")
+    if args.console_listen:
+        _add_console(node, args)
     serve_until_signal(node)
     return 0
+
+
+def _add_console(node: RunningNode, args: argparse.Namespace) -> None:
+    """The web console beside the nameserver, reading from the same controllers."""
+    from mqmeta.controller.console import start_console
+
+    if args.embed_controller:
+        peers = controller_config(args).peers
+        controllers = list(dict.fromkeys([str(args.grpc), *(p.grpc for p in peers)]))
+    else:
+        controllers = parse_addresses(args.controllers)
+    try:
+        console = start_console(args.console_listen, controllers)
+    except BaseException:
+        node.stop(graceful=False)
+        raise
+    node.closers.insert(0, console.stop)
+    print(f"mqmeta console: {console.url()}", flush=True)

@@ -167,6 +167,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="serve RocketMQ 4.x clients (the classic remoting protocol) on HOST:PORT "
         "(RocketMQ's 0.0.0.0:9876 when the flag has no value)",
     )
+    namesrv.add_argument(
+        "--console-listen",
+        default="",
+        help="serve the web console on HOST:PORT (https with --tls-cert; the --auth-file allow list)",
+    )
     _add_node_flags(namesrv, required=False)
     accept_config_file(namesrv, tables=("raft_settings",))
 
