@@ -199,7 +199,8 @@ def topics(client: ControllerClient, brokers: Brokers) -> Json:
 def group_lag(client: ControllerClient, brokers: Brokers) -> Json:
     """Per group, per topic, per queue: consumed offset, readable end, backlog in messages
     and in time (now − store time of the oldest unconsumed message); groups sorted by
-    backlog time, the longest first."""
+    backlog time, the longest first. A group that committed on some queue of a topic
+    reads the topic's other queues from 0 (as our consumers do): they count from 0."""
     now_ms = int(time.time() * 1000)
     groups: dict[str, Json] = {
         g.name: _group_row(g.name) for g in client.list_groups(pb.ListGroupsRequest()).groups
@@ -209,36 +210,50 @@ def group_lag(client: ControllerClient, brokers: Brokers) -> Json:
             queues, masters = _masters(client, topic.name)
         except MqmetaError:
             continue
+        committed: dict[tuple[str, int], dict[str, int]] = {}
         for broker_name, queue_id in queues:
-            address = masters.get(broker_name, "")
             try:
                 offsets = brokers.call(
-                    address,
+                    masters.get(broker_name, ""),
                     "ListConsumerOffsets",
                     bpb.ListConsumerOffsetsRequest(topic=topic.name, queue_id=queue_id),
                 ).offsets
-                for consumer in offsets:
-                    end, stored = _queue_end(brokers, address, topic.name, queue_id, consumer.offset)
-                    backlog = max(0, end - consumer.offset)
-                    row = groups.setdefault(consumer.group, _group_row(consumer.group))
-                    row["queues"].append(
-                        {
-                            "topic": topic.name,
-                            "broker_name": broker_name,
-                            "queue_id": queue_id,
-                            "consumed_offset": consumer.offset,
-                            "max_offset": end,
-                            "backlog": backlog,
-                            "backlog_ms": max(0, now_ms - stored) if backlog and stored else 0,
-                        }
-                    )
             except MqmetaError:
                 continue  # a set without a master: its queues show again after the election
+            committed[(broker_name, queue_id)] = {o.group: o.offset for o in offsets}
+        consumers = sorted({group for by_group in committed.values() for group in by_group})
+        for (broker_name, queue_id), by_group in committed.items():
+            for group in consumers:
+                row = groups.setdefault(group, _group_row(group))
+                queue = _lag_row(
+                    brokers, masters.get(broker_name, ""), topic.name, queue_id, by_group.get(group), now_ms
+                )
+                row["queues"].append({"broker_name": broker_name, **queue})
     for row in groups.values():
         row["backlog"] = sum(q["backlog"] for q in row["queues"])
         row["backlog_ms"] = max((q["backlog_ms"] for q in row["queues"]), default=0)
     ordered = sorted(groups.values(), key=lambda g: (-g["backlog_ms"], -g["backlog"], g["group"]))
     return {"groups": ordered, "now_ms": now_ms}
+
+
+def _lag_row(
+    brokers: Brokers, address: str, topic: str, queue_id: int, offset: int | None, now_ms: int
+) -> Json:
+    consumed = max(0, offset or 0)
+    try:
+        end, stored = _queue_end(brokers, address, topic, queue_id, consumed)
+    except MqmetaError as error:
+        return {"topic": topic, "queue_id": queue_id, "error": error.message, "backlog": 0, "backlog_ms": 0}
+    backlog = max(0, end - consumed)
+    return {
+        "topic": topic,
+        "queue_id": queue_id,
+        "consumed_offset": consumed,
+        "committed": offset is not None,
+        "max_offset": end,
+        "backlog": backlog,
+        "backlog_ms": max(0, now_ms - stored) if backlog and stored else 0,
+    }
 
 
 def _group_row(name: str) -> Json:

@@ -110,6 +110,7 @@ def build_app(console: Any) -> web.Application:
     for page in pages:
         app.router.add_get(page, _index)
     app.router.add_get("/static/{path:.+}", _static)
+    app.router.add_get("/favicon.ico", lambda request: _no_content())
     app.router.add_get("/api/session", _session)
     app.router.add_post("/api/login", _login)
     app.router.add_post("/api/logout", _logout)
@@ -139,6 +140,10 @@ async def _security_headers(request: web.Request, handler: Callable[[web.Request
     response.headers["X-Content-Type-Options"] = "nosniff"
     response.headers["Referrer-Policy"] = "no-referrer"
     return response
+
+
+async def _no_content() -> web.Response:
+    return web.Response(status=204)
 
 
 async def _index(request: web.Request) -> web.Response:

@@ -128,7 +128,7 @@ async function showOverview() {
 function renderTopics(document_) {
   const rates = (state.samples[state.samples.length - 1] || {}).rates || {};
   replace("topics", table([
-    ["topic", (t) => t.name], ["queues", (t) => t.queue_count, true], ["broker sets", (t) => t.broker_names.join(", ")],
+    ["topic", (t) => t.name], ["queues", (t) => t.queue_count, true], ["broker sets", (t) => [...new Set(t.queues.map((q) => q.broker_name))].join(", ")],
     ["messages", (t) => t.messages, true], ["msg/s", (t) => rates[t.name], true],
     ["per queue (max offset)", (t) => (t.error ? t.error : t.queues.map((q) => `${q.broker_name}/${q.queue_id}: ${q.max_offset ?? q.error}`).join("; "))],
   ], document_.topics));
