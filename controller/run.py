@@ -16,7 +16,7 @@ from mqmeta.controller.server import (
 
 from mqmeta.errors import InvalidArgument
 from mqmeta.remoting.server import listen_address
-from mqmeta.rpc import serve_until_signal
+from mqmeta.rpc import check_can_listen, serve_until_signal
 from mqmeta.validate import parse_addresses
 
 
@@ -59,6 +59,9 @@ def run_controller(args: argparse.Namespace) -> int:
 
 def run_namesrv(args: argparse.Namespace) -> int:
     parse_addresses(args.listen, "--listen address")
+    if args.console_listen:  # before anything starts: a bad address is one sentence
+        parse_addresses(args.console_listen, "--console-listen address")
+        check_can_listen(args.console_listen)
     remoting = listen_address(args)
     if args.embed_controller:
         node = start_controller(

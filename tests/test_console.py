@@ -263,7 +263,7 @@ def test_a_groups_backlog_grows_while_its_consumer_is_stopped_and_falls_when_it_
 
 def test_an_admin_write_with_a_read_login_is_refused_with_the_servers_sentence(cluster, browser):
     read_token = cluster["auth"]["read_token_file"]
-    refused = run_cli(cluster, "admin", "--token-file", read_token, "topic", "create", "Nope", check=False)
+    refused = run_cli(cluster, "admin", "topic", "create", "Nope", "--token-file", read_token, check=False)
     assert refused.returncode != 0
     sentence = refused.stderr.strip().removeprefix("mqmeta: error: ")
     go(browser, "topics")
@@ -295,22 +295,15 @@ def test_a_write_without_the_sessions_csrf_token_is_refused(cluster):
     assert status == 403 and "origin" in json.loads(body)["error"]
 
 
-def test_a_console_address_in_use_is_one_sentence(cluster):
+def test_a_console_address_in_use_or_malformed_is_one_sentence(cluster):
     taken = cluster["console"].removeprefix("http://").rstrip("/")
-    result = subprocess.run(
-        [
-            *MQMETA,
-            "namesrv",
-            "--listen",
-            "127.0.0.1:0",
-            "--controllers",
-            cluster["controllers"][0]["grpc"],
-            "--console-listen",
-            taken,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-    assert result.returncode == 2, result.stderr
-    assert "--console-listen" in result.stderr and "Traceback" not in result.stderr
+    controllers = cluster["controllers"][0]["grpc"]
+    for address, expected in ((taken, "cannot listen"), ("127.0.0.1:http", "--console-listen address")):
+        result = subprocess.run(
+            [*MQMETA, "namesrv", "--listen", "127.0.0.1:1", "--controllers", controllers, "--console-listen", address],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert result.returncode == 2, result.stderr
+        assert expected in result.stderr and "Traceback" not in result.stderr, result.stderr
