@@ -10,9 +10,11 @@ from mqmeta.broker_agent.agent import BrokerAgent
 from mqmeta.broker_agent.ha import Role
 from prometheus_client.core import GaugeMetricFamily, Metric
 
+from mqmeta.clock import wall_ms
 from mqmeta.metrics import Metrics, gauge, gauges
 
 PREFIX = "mqmeta_broker_"
+LAG_SERIES_MAX = 2000  # (group, topic, queue) series a scrape reports; past it, the largest backlogs
 
 
 class BrokerMetrics:
@@ -79,3 +81,31 @@ def _collect(agent: BrokerAgent) -> Iterator[Metric]:
         )
         lag_bytes = max(0, view.confirm_offset - checkpoint.uploaded_offset)
         yield gauge(PREFIX + "tiered_lag_bytes", "confirmed bytes not yet in the tiered store", lag_bytes)
+    if view.role is Role.MASTER:
+        yield from _group_lag(agent, view.confirm_offset)
+
+
+def _group_lag(agent: BrokerAgent, confirm: int) -> Iterator[Metric]:
+    """Master only: each group's backlog per queue (admin.queue_lag, as `group lag` shows)."""
+    from mqmeta.broker_agent.admin import queue_lag
+
+    now = wall_ms()
+    labels = ["group", "topic", "queue_id"]
+    messages = GaugeMetricFamily(
+        PREFIX + "group_backlog_messages",
+        "messages of a queue a consumer group has not consumed",
+        labels=labels,
+    )
+    seconds = GaugeMetricFamily(
+        PREFIX + "group_backlog_seconds",
+        "now minus the store time of the oldest message a group has not consumed (0: none)",
+        labels=labels,
+    )
+    keys = agent.store.consumer_keys()
+    lags = [queue_lag(agent.store, g, t, q, confirm, now) for g, t, q in keys]
+    ranked = sorted(zip(keys, lags, strict=True), key=lambda pair: -pair[1].backlog)[:LAG_SERIES_MAX]
+    for (group, topic, queue_id), lag in sorted(ranked, key=lambda pair: pair[0]):
+        messages.add_metric([group, topic, str(queue_id)], lag.backlog)
+        seconds.add_metric([group, topic, str(queue_id)], lag.backlog_ms / 1000)
+    yield messages
+    yield seconds

@@ -32,7 +32,15 @@ from mqmeta.codec import remoting as codec
 from mqmeta.codec.remoting import Command
 from mqmeta.codec.rocketmq5 import Send
 from mqmeta.errors import InvalidArgument, MqmetaError
-from mqmeta.formats.properties import DELIVER_MS, MESSAGE_ID, MESSAGE_TYPE
+from mqmeta.formats.properties import (
+    DEAD_LETTER_PREFIX,
+    DELIVER_MS,
+    MESSAGE_ID,
+    MESSAGE_TYPE,
+    RECONSUME_TIMES,
+    RETRY_PREFIX,
+    RETRY_TOPIC,
+)
 from mqmeta.formats.records import Message, StoredRecord
 from mqmeta.pb.apache.rocketmq.v2 import definition_pb2 as rdef
 from mqmeta.remoting.messages import MessageRefused, ipv4_host, matches, tag_set, to_record, to_wire
@@ -52,12 +60,8 @@ WAIT_SLICE_S = 0.5
 DELAY_LEVELS_MS = tuple(
     s * 1000 for s in (1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200)
 )
-RETRY_PREFIX = "%RETRY%"
-DEAD_LETTER_PREFIX = "%DLQ%"
 RECONSUME_TIMES_DEFAULT = 16  # RocketMQ's maxReconsumeTimes
 RETRY_FIRST_LEVEL = 3  # the first retry waits 10 s, then each one level more (RocketMQ's)
-RECONSUME_TIMES = "__RMQ_RECONSUME_TIMES"  # deliveries that failed before this copy
-RETRY_TOPIC = "RETRY_TOPIC"  # RocketMQ's: the topic a retry copy came from (clients restore it)
 PULL_FLAG_COMMIT_OFFSET = 0x1
 PULL_FLAG_SUSPEND = 0x2
 PULL_FLAG_SUBSCRIPTION = 0x4
@@ -148,6 +152,12 @@ class ConsumerGroups:
         with self._lock:
             self._expire(now_ms)
             return sorted(self._groups.get(group, {}))
+
+    def of_group(self, group: str, now_ms: int) -> list[tuple[str, str, int]]:
+        """(client id, "remoting", last heartbeat ms) of the group's live consumers."""
+        with self._lock:
+            self._expire(now_ms)
+            return [(c, "remoting", m.last_seen_ms) for c, m in self._groups.get(group, {}).items()]
 
     def connections(self, group: str) -> list[Connection]:
         with self._lock:
@@ -525,9 +535,11 @@ def _list(value: object) -> list[dict]:
     return [v for v in value if isinstance(v, dict)] if isinstance(value, list) else []
 
 
-def start_remoting(agent: BrokerAgent, rmq: RmqBroker, address: str) -> RemotingServer:
-    """The broker's remoting listener on `address`, started."""
-    server = RemotingBroker(agent, rmq, address).server()
+def start_remoting(agent: BrokerAgent, rmq: RmqBroker, address: str) -> tuple[RemotingServer, ConsumerGroups]:
+    """The broker's remoting listener on `address`, started, and its consumers (the
+    admin calls list them as group members)."""
+    broker = RemotingBroker(agent, rmq, address)
+    server = broker.server()
     server.start()
     log.info("remoting listener on %s", address)
-    return server
+    return server, broker.groups

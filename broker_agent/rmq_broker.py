@@ -25,6 +25,7 @@ from mqmeta.clock import now_ms, wall_ms
 from mqmeta.codec import rocketmq5
 from mqmeta.codec.rocketmq5 import DLQ_ORIGIN, MESSAGE_ID
 from mqmeta.errors import FailedPrecondition, MqmetaError, NotMaster
+from mqmeta.formats.properties import DEAD_LETTER_PREFIX
 from mqmeta.formats.records import Message, StoredRecord
 from mqmeta.pb.apache.rocketmq.v2 import definition_pb2 as rdef
 from mqmeta.pb.apache.rocketmq.v2 import service_pb2 as rsvc
@@ -34,7 +35,6 @@ log = logging.getLogger(__name__)
 
 LONG_POLLS_MAX = 128
 TELEMETRY_STREAMS_MAX = 128
-DEAD_LETTER_PREFIX = "%DLQ%"
 
 
 class RmqBroker:

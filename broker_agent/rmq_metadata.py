@@ -182,6 +182,15 @@ class Members:
                 c for c, v in self._clients.items() if now_ms - v.last_seen_ms < CLIENT_EXPIRY_MS
             )
 
+    def of_group(self, group: str, now_ms: int) -> list[tuple[str, str, int]]:
+        """(client id, "rocketmq5", last seen ms) of the group's live clients."""
+        with self._lock:
+            return [
+                (c.client_id, "rocketmq5", c.last_seen_ms)
+                for c in self._clients.values()
+                if c.group == group and now_ms - c.last_seen_ms < CLIENT_EXPIRY_MS
+            ]
+
     def client_type(self, client_id: str) -> int:
         """What the client said it is in its Settings (CLIENT_TYPE_UNSPECIFIED if not yet)."""
         with self._lock:

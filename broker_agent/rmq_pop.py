@@ -105,6 +105,13 @@ class PopShell:
                 self.persist(key, slot)
         return slot
 
+    def forget(self, keys: list[CursorKey]) -> None:
+        """Drops these cursors: the next receive loads them from the store's progress
+        (an admin's offset reset wrote it)."""
+        with self._cursors_lock:
+            for key in keys:
+                self._cursors.pop(key, None)
+
     def _load(self, key: CursorKey, now_ms: int) -> tuple[QueueCursor, bool]:
         """The cursor from the group's last progress record; a group new to this queue
         starts where its group config says (see start_offset). Returns whether the start

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from mqmeta.broker_agent import replication
+from mqmeta.broker_agent.admin import BrokerAdmin
 from mqmeta.broker_agent.agent import BrokerAgent, BrokerConfig
 from mqmeta.broker_agent.commitlog import SEGMENT_BYTES_MAX, SEGMENT_BYTES_MIN
 from mqmeta.broker_agent.metrics import BrokerMetrics
@@ -16,7 +17,7 @@ from mqmeta.broker_agent.origins import ORIGIN_AHEAD
 from mqmeta.broker_agent.store import PutResult
 from mqmeta.broker_agent.tiered import UPLOAD_BYTES_MAX
 
-from mqmeta.clock import now_ms
+from mqmeta.clock import now_ms, wall_ms
 from mqmeta.config_file import accept_config_file
 from mqmeta.errors import FailedPrecondition, InvalidArgument, NotFound
 from mqmeta.formats.origin import OriginKey
@@ -100,9 +101,12 @@ def _stored(record) -> bpb.StoredMessage:
 
 
 class BrokerServicer(bpb_grpc.BrokerServiceServicer):
-    def __init__(self, agent: BrokerAgent, metrics: BrokerMetrics | None = None) -> None:
+    def __init__(
+        self, agent: BrokerAgent, metrics: BrokerMetrics | None = None, admin: BrokerAdmin | None = None
+    ) -> None:
         self.agent = agent
         self.metrics = metrics
+        self.admin = admin if admin is not None else BrokerAdmin(agent)
 
     @rpc
     def Send(self, request, context):
@@ -165,6 +169,7 @@ class BrokerServicer(bpb_grpc.BrokerServiceServicer):
         validate_int("queue_id", request.queue_id, 0, QUEUE_ID_MAX)
         validate_int("offset", request.offset, 0, REQUEST_INT_MAX)
         self.agent.commit_consumer_offset(request.group, request.topic, request.queue_id, request.offset)
+        self.admin.note_commit(request.group, context.peer(), wall_ms())
         return bpb.CommitOffsetResponse()
 
     @rpc
@@ -241,6 +246,27 @@ class BrokerServicer(bpb_grpc.BrokerServiceServicer):
             self.metrics.fetch_seconds.observe(time.perf_counter() - started)
             self.metrics.bytes_out.inc(len(reply.data))
         return reply
+
+    # Admin calls (broker_agent/admin.py) -----------------------------------------------------
+    @rpc
+    def QueryMessages(self, request, context):
+        return self.admin.query_messages(request)
+
+    @rpc
+    def TraceMessage(self, request, context):
+        return self.admin.trace_message(request)
+
+    @rpc
+    def ResendMessage(self, request, context):
+        return self.admin.resend(request)
+
+    @rpc
+    def GetGroupLag(self, request, context):
+        return self.admin.group_lag(request)
+
+    @rpc
+    def ResetOffsets(self, request, context):
+        return self.admin.reset_offsets(request)
 
     @rpc
     def Handoff(self, request, context):
@@ -421,7 +447,13 @@ def run_broker(args: argparse.Namespace) -> int:
     rmq = RmqBroker(agent)
     server = build_server(config.listen, SERVER_WORKERS, REQUEST_BYTES_MAX)
     metrics = BrokerMetrics(agent)
-    bpb_grpc.add_BrokerServiceServicer_to_server(BrokerServicer(agent, metrics), server)
+    admin = BrokerAdmin(
+        agent,
+        member_sources=[rmq.members.of_group],
+        ensure_topic=rmq.metadata.ensure_dead_letter_topic,
+        forget_cursors=rmq.pop.forget,
+    )
+    bpb_grpc.add_BrokerServiceServicer_to_server(BrokerServicer(agent, metrics, admin), server)
     rsvc_grpc.add_MessagingServiceServicer_to_server(MessagingServicer(rmq, metrics), server)
     add_health_and_reflection(server, [BROKER_SERVICE, MESSAGING_SERVICE])
     server.start()
@@ -431,7 +463,8 @@ def run_broker(args: argparse.Namespace) -> int:
     if config.extra.get("remoting"):
         from mqmeta.broker_agent.remoting import start_remoting
 
-        remoting = start_remoting(agent, rmq, config.extra["remoting"])
+        remoting, remoting_groups = start_remoting(agent, rmq, config.extra["remoting"])
+        admin.member_sources.append(remoting_groups.of_group)
     metrics.serve(args.metrics_listen)
 
     class _Node:

@@ -10,6 +10,8 @@ Layout under `directory`:
                                     (commit offset u64, size u32), RocketMQ ConsumeQueue style
     index/checkpoint.json           how far the index files are complete and durable, with
                                     the consumer offsets as of that point
+    keys/{topic}                    per-topic key index: (key hash, commit offset) entries
+                                    (key_index.py), listed with their CRC-32 in the checkpoint
     truncate.json                   a truncation in progress (present only during one)
 
 The index, the consumer offsets and the origins are derived from the commit log. Index
@@ -60,6 +62,7 @@ from mqmeta.broker_agent.consumer_progress import (
     parse_progress,
     progress_records,
 )
+from mqmeta.broker_agent.key_index import KEY_FOUND_MAX, KeyIndex
 from mqmeta.broker_agent.origins import Incoming, OriginHead, OriginTable
 from mqmeta.broker_agent.queue_index import QueueIndex, QueueKey
 
@@ -68,7 +71,9 @@ from mqmeta.formats import OFFSET_MAX
 from mqmeta.formats.atomic import fsync_dir, make_directories, write_atomically
 from mqmeta.formats.checksummed import dump_checksummed, load_checksummed
 from mqmeta.formats.epochs import EpochFile, epoch_covering
+from mqmeta.formats.key_index import ID_KIND, KEY_KIND
 from mqmeta.formats.origin import MSG_ID, Origin, OriginKey, origin_of
+from mqmeta.formats.properties import MESSAGE_ID
 from mqmeta.formats.records import (
     MSG_ID_PATTERN,
     QUEUE_ID_MAX,
@@ -143,6 +148,7 @@ class MessageStore:
         self._checkpoint_path = self._index_dir / "checkpoint.json"
         self._intent_path = self.directory / "truncate.json"
         self._index = QueueIndex(self._index_dir, str(self.directory))
+        self._keys = KeyIndex(self.directory / "keys")
         self._progress = ConsumerProgress()
         self._checkpoint_offset = 0
         self._origins = OriginTable()  # per origin queue, the highest copy held (broker_agent.origins)
@@ -201,19 +207,20 @@ class MessageStore:
         loaded = False
         if checkpoint is not None:
             trusted = min(checkpoint[0], self.log.max_offset)
-            loaded = self._index.load(checkpoint[2], trusted)
+            loaded = self._index.load(checkpoint[2], trusted) and self._keys.load(checkpoint[4], trusted)
             loaded = loaded and checkpoint[0] >= self.log.min_offset  # else retention deleted unseen records
         if checkpoint is None or not loaded:
             if self._index_dir.exists():
                 log.warning("%s: the index is incomplete; rebuilding it from the commit log", self.directory)
                 shutil.rmtree(self._index_dir)
             self._index.reset()
+            self._keys.reset(self.log.min_offset)
             self._progress.restore({}, {})
             self._origins = OriginTable()
             self._checkpoint_offset = self.log.min_offset
             self._checkpoint_origins = OriginTable()
             return self.log.min_offset
-        indexed_offset, consumer_offsets, _, origins = checkpoint
+        indexed_offset, consumer_offsets, _, origins, _ = checkpoint
         if indexed_offset <= self.log.max_offset:
             current = consumer_offsets
             self._origins = origins
@@ -225,8 +232,11 @@ class MessageStore:
         self._checkpoint_origins = self._origins.copy()
         return trusted
 
-    def _read_checkpoint(self) -> tuple[int, dict[ConsumerKey, Progress], list[Any], OriginTable] | None:
-        """(indexed offset, consumer offsets, queue list), or None when missing or unusable
+    def _read_checkpoint(
+        self,
+    ) -> tuple[int, dict[ConsumerKey, Progress], list[Any], OriginTable, list[Any]] | None:
+        """(indexed offset, consumer offsets, queue list, origins, key index list), or None
+        when missing or unusable
         (the index is derived data: it is rebuilt, never trusted when in doubt)."""
         if not self._checkpoint_path.exists():
             return None
@@ -239,10 +249,13 @@ class MessageStore:
                 raise TypeError("indexed_offset or queues")
             # A checkpoint from before origins were kept: rebuilt once, from the whole log.
             origins = OriginTable.from_rows(body["origins"])  # type: ignore[arg-type]
+            keys = body["keys"]  # a checkpoint from before the key index: rebuilt once
+            if not isinstance(keys, list):
+                raise TypeError("keys")
         except (CorruptData, KeyError, TypeError, ValueError) as exc:
             log.warning("%s: unusable (%s); the index will be rebuilt", self._checkpoint_path, exc)
             return None
-        return indexed_offset, offsets, queues, origins
+        return indexed_offset, offsets, queues, origins, keys
 
     def _scan_into_index(self, start: int) -> None:
         """Indexes the records in [start, max_offset), checking each one's epoch entry."""
@@ -263,6 +276,10 @@ class MessageStore:
                 self._index.add(
                     record.topic, record.queue_id, record.queue_offset, record.commit_offset, record.size
                 )
+                if record.keys or record.properties:
+                    self._keys.add(
+                        record.topic, record.keys, record.msg_id, record.commit_offset, record.properties
+                    )
                 if record.topic == CONSUMER_OFFSET_TOPIC:
                     self._progress.note(record)
                 self._note_origin(self._origins, record)
@@ -302,12 +319,14 @@ class MessageStore:
     def _write_checkpoint(self) -> None:
         self.log.sync()  # the checkpoint never names bytes a power loss could take
         self._index.flush(self.fsync)  # the files before the checkpoint that lists them
+        self._keys.flush(self.fsync)
         indexed_offset = self.log.max_offset
         body: dict[str, object] = {
             "indexed_offset": indexed_offset,
             "queues": self._index.rows(),
             "consumer_offsets": self._progress.rows(),
             "origins": self._origins.to_rows(),
+            "keys": self._keys.rows(),
         }
         write_atomically(self._checkpoint_path, dump_checksummed(body), self.fsync)
         self._checkpoint_offset = indexed_offset
@@ -440,7 +459,10 @@ class MessageStore:
         assert offsets == [r.commit_offset for r in results], (offsets, results)
         self._index.add_batch(results, sizes)
         for message, result, size in zip(messages, results, sizes, strict=True):
-            origin = origin_of(message.properties) if message.properties else None
+            properties = message.properties
+            if message.keys or properties:
+                self._keys.add(result.topic, message.keys, result.msg_id, result.commit_offset, properties)
+            origin = origin_of(properties) if properties else None
             if origin is not None:
                 self._origins.note(
                     origin,
@@ -503,6 +525,10 @@ class MessageStore:
             for record in records:
                 if record.properties:
                     self._note_origin(self._origins, record)
+                if record.keys or record.properties:
+                    self._keys.add(
+                        record.topic, record.keys, record.msg_id, record.commit_offset, record.properties
+                    )
             self._progress.update(consumer_offsets)
             self._maybe_checkpoint()
             return end
@@ -557,6 +583,7 @@ class MessageStore:
             write_atomically(self._intent_path, dump_checksummed({"offset": offset}), self.fsync)
             self._truncate_durable(offset)
             self._index.cut(offset)
+            self._keys.cut(offset)
             kept = offset >= self._checkpoint_offset  # the checkpoint's state is still true
             start = self._checkpoint_offset if kept else self.log.min_offset
             self._progress.roll_back(self._progress_records(start, offset), from_checkpoint=kept)
@@ -651,6 +678,87 @@ class MessageStore:
                 total += size
             return records
 
+    # Message query (admin) ------------------------------------------------------------------
+    def records_by_key(self, topic: str, key: str, found_max: int = KEY_FOUND_MAX) -> list[StoredRecord]:
+        """The records of `topic` that carry `key`, newest first (at most `found_max`), as
+        far as the key index covers (key_covered_from) and retention kept them."""
+        with self._lock:
+            self._check_open()
+            found = []
+            for commit_offset in self._keys.find(topic, KEY_KIND, key, found_max):
+                if commit_offset < self.log.min_offset:
+                    continue  # deleted by retention (in the tiered store, not indexed there)
+                record = self.log.read_record(commit_offset)
+                if record.topic != topic:
+                    raise CorruptData(
+                        f"{self.directory}: the key index of {topic} names {commit_offset}, "
+                        f"a record of {record.topic}"
+                    )
+                if key in record.keys.split(" "):  # not only a hash collision
+                    found.append(record)
+            return found
+
+    def key_covered_from(self, topic: str) -> int:
+        """The commit offset from which every record of `topic` with keys is indexed."""
+        with self._lock:
+            return max(self._keys.covered_from(topic), self.log.min_offset)
+
+    def records_by_id(self, msg_id: str, topic: str = "") -> list[StoredRecord]:
+        """The records with message id `msg_id`: the one this store gave it (its last 16
+        hex digits are the commit offset, make_msg_id), and through the key index those
+        that carry it as a RocketMQ client's id or a replicated copy's origin id (in
+        `topic`, or in every topic when empty)."""
+        with self._lock:
+            self._check_open()
+            found = []
+            if MSG_ID_PATTERN.fullmatch(msg_id):
+                commit_offset = int(msg_id[16:], 16)
+                if self.log.min_offset <= commit_offset < self.log.max_offset and self.log.is_boundary(
+                    commit_offset
+                ):
+                    record = self.log.read_record(commit_offset)
+                    if record.msg_id == msg_id and (not topic or record.topic == topic):
+                        found.append(record)
+            for name in [topic] if topic else self._keys.topic_names():
+                for commit_offset in self._keys.find(name, ID_KIND, msg_id):
+                    if commit_offset < self.log.min_offset or any(
+                        r.commit_offset == commit_offset for r in found
+                    ):
+                        continue
+                    record = self.log.read_record(commit_offset)
+                    if msg_id in (record.msg_id, record.properties.get(MESSAGE_ID)):
+                        found.append(record)
+            return found
+
+    def record_at(self, topic: str, queue_id: int, queue_offset: int) -> StoredRecord | None:
+        """The record at topic/queue_id/queue_offset, confirmed or not, or None when the
+        queue has no such offset (or retention deleted it)."""
+        with self._lock:
+            self._check_open()
+            queue = self._index.get((topic, queue_id))
+            if queue is None or not queue.min_offset(self.log.min_offset) <= queue_offset < queue.max_offset:
+                return None
+            return self.log.read_record_at(*queue.entry(queue_offset - queue.base))
+
+    def queue_offset_at_time(self, topic: str, queue_id: int, time_ms: int) -> int:
+        """The first queue offset of topic/queue_id whose record was stored at or after
+        `time_ms` (max offset when none; store times rise along a queue), by binary
+        search: about log2(count) record reads."""
+        with self._lock:
+            self._check_open()
+            queue = self._index.get((topic, queue_id))
+            if queue is None:
+                return 0
+            low = queue.first_at_or_after(self.log.min_offset)
+            high = queue.count
+            while low < high:
+                middle = (low + high) // 2
+                if self.log.read_record_at(*queue.entry(middle)).store_timestamp_ms < time_ms:
+                    low = middle + 1
+                else:
+                    high = middle
+            return queue.base + low
+
     def queue_max_offset(self, topic: str, queue_id: int) -> int:
         """The next queue offset of topic/queue_id (0 for an unknown queue)."""
         with self._lock:
@@ -703,6 +811,11 @@ class MessageStore:
         """(group, committed offset) of every group with progress in topic/queue_id."""
         with self._lock:
             return self._progress.offsets_of(topic, queue_id)
+
+    def consumer_keys(self) -> list[ConsumerKey]:
+        """(group, topic, queue id) of every progress kept (CONSUMER_OFFSET_KEYS_MAX at most)."""
+        with self._lock:
+            return sorted(self._progress.current)
 
     def origin_head(self, key: OriginKey) -> OriginHead | None:
         """The highest copy of origin queue `key` this store holds, or None."""

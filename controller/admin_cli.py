@@ -15,6 +15,7 @@ from typing import Any
 
 from google.protobuf import json_format
 from google.protobuf.descriptor import FieldDescriptor
+from mqmeta.controller import admin_messages
 from rich.console import Console
 from rich.table import Table
 
@@ -146,6 +147,8 @@ def add_admin_commands(admin: argparse.ArgumentParser) -> None:
         p.add_argument("--retry-policy", default="", choices=["", "EXPONENTIAL", "FIXED"])
     _leaf(group_sub, "delete", "delete a group", group_delete).add_argument("name")
     _leaf(group_sub, "list", "list groups", group_list)
+    admin_messages.add_group_commands(group_sub, _leaf)
+    admin_messages.add_message_commands(sub, _leaf, _int_in)
 
     config = sub.add_parser("config", help="read or change run-time controller configuration")
     config_sub = config.add_subparsers(dest="config_command", required=True, parser_class=type(admin))

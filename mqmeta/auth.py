@@ -79,6 +79,9 @@ _ACCESS_BY_SERVICE: dict[str, dict[str, Access]] = {
         # HaFetch: a slave replicating from its master (brokers dial with their certificate)
         **dict.fromkeys(["QueryOffset", "GetEpochCache", "GetHaStatus", "HaFetch"], _R),
         **dict.fromkeys(["QueryOrigin", "ListConsumerOffsets"], _R),
+        # admin calls (broker_agent/admin.py): reads, and two writes
+        **dict.fromkeys(["QueryMessages", "TraceMessage", "GetGroupLag"], _R),
+        **dict.fromkeys(["ResendMessage", "ResetOffsets"], _A),
     },
     "apache.rocketmq.v2.MessagingService": {
         **dict.fromkeys(["QueryRoute", "QueryAssignment", "GetOffset", "QueryOffset"], _R),

@@ -212,7 +212,17 @@ def test_scan_records_accepts_and_refuses_exactly_what_decode_record_does():
     heads = scan_records(blob, 1000)
     expected = split_records(blob, 1000)
     assert [tuple(h) for h in heads] == [
-        (r.commit_offset, r.size, r.epoch, r.topic, r.queue_id, r.queue_offset, r.properties)
+        (
+            r.commit_offset,
+            r.size,
+            r.epoch,
+            r.topic,
+            r.queue_id,
+            r.queue_offset,
+            r.properties,
+            r.keys,
+            r.msg_id,
+        )
         for r in expected
     ]
     checked = 0

@@ -434,6 +434,8 @@ class RecordHead(NamedTuple):
     queue_id: int
     queue_offset: int
     properties: Mapping[str, str]
+    keys: str = ""  # the key index's inputs (broker_agent/key_index.py)
+    msg_id: str = ""
 
     @property
     def end_offset(self) -> int:
@@ -475,8 +477,9 @@ def scan_records(buf: bytes, base_offset: int) -> list[RecordHead]:
                 length = u16(buf, at)[0]
                 if length > limit:
                     raise ValueError
-                buf[at + 2 : at + 2 + length].decode("utf-8")
+                text = buf[at + 2 : at + 2 + length].decode("utf-8")
                 at += 2 + length
+            keys = text  # the last of the three
             length = u16(buf, at)[0]
             raw_properties = buf[at + 2 : at + 2 + length]
             at += 2 + length
@@ -503,7 +506,11 @@ def scan_records(buf: bytes, base_offset: int) -> list[RecordHead]:
             raise AssertionError(
                 f"scan_records refused a record decode_record accepts ({commit_offset})"
             ) from None
-        append(RecordHead(commit_offset, size, epoch, topic, queue_id, queue_offset, properties))
+        append(
+            RecordHead(
+                commit_offset, size, epoch, topic, queue_id, queue_offset, properties, keys, raw_id.decode()
+            )
+        )
     return heads
 
 

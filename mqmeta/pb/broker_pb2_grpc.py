@@ -84,6 +84,31 @@ class BrokerServiceStub:
                 request_serializer=mqmeta_dot_pb_dot_broker__pb2.HandoffRequest.SerializeToString,
                 response_deserializer=mqmeta_dot_pb_dot_broker__pb2.HandoffResponse.FromString,
                 _registered_method=True)
+        self.QueryMessages = channel.unary_unary(
+                '/mqmeta.v1.BrokerService/QueryMessages',
+                request_serializer=mqmeta_dot_pb_dot_broker__pb2.QueryMessagesRequest.SerializeToString,
+                response_deserializer=mqmeta_dot_pb_dot_broker__pb2.QueryMessagesResponse.FromString,
+                _registered_method=True)
+        self.TraceMessage = channel.unary_unary(
+                '/mqmeta.v1.BrokerService/TraceMessage',
+                request_serializer=mqmeta_dot_pb_dot_broker__pb2.TraceMessageRequest.SerializeToString,
+                response_deserializer=mqmeta_dot_pb_dot_broker__pb2.TraceMessageResponse.FromString,
+                _registered_method=True)
+        self.ResendMessage = channel.unary_unary(
+                '/mqmeta.v1.BrokerService/ResendMessage',
+                request_serializer=mqmeta_dot_pb_dot_broker__pb2.ResendMessageRequest.SerializeToString,
+                response_deserializer=mqmeta_dot_pb_dot_broker__pb2.ResendMessageResponse.FromString,
+                _registered_method=True)
+        self.GetGroupLag = channel.unary_unary(
+                '/mqmeta.v1.BrokerService/GetGroupLag',
+                request_serializer=mqmeta_dot_pb_dot_broker__pb2.GroupLagRequest.SerializeToString,
+                response_deserializer=mqmeta_dot_pb_dot_broker__pb2.GroupLagResponse.FromString,
+                _registered_method=True)
+        self.ResetOffsets = channel.unary_unary(
+                '/mqmeta.v1.BrokerService/ResetOffsets',
+                request_serializer=mqmeta_dot_pb_dot_broker__pb2.ResetOffsetsRequest.SerializeToString,
+                response_deserializer=mqmeta_dot_pb_dot_broker__pb2.ResetOffsetsResponse.FromString,
+                _registered_method=True)
 
 
 class BrokerServiceServicer:
@@ -152,6 +177,47 @@ class BrokerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def QueryMessages(self, request, context):
+        """Admin calls (docs/admin.md). Reads answer from this replica's store, confirmed or
+        not (each message says which); the writes need the master and an admin identity.
+        Message query: by id, key, queue offset or store-time range. NOT_FOUND for an id
+        or a queue offset this replica does not hold; INVALID_ARGUMENT for a bad range.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def TraceMessage(self, request, context):
+        """Where one message is: replicas, confirm offset, tiered, groups past it, retries, DLQ.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ResendMessage(self, request, context):
+        """A copy of a message for one group: into %RETRY%{group} (consumed again by that
+        group only); from %DLQ%{group}, back to the message's own topic's retry topic.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetGroupLag(self, request, context):
+        """A group's consumed offset, max offset and backlog (messages, time) per queue, and
+        the clients connected to this broker in that group.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ResetOffsets(self, request, context):
+        """Moves a group's consumed offsets to a store time, the earliest or the latest offset.
+        FAILED_PRECONDITION while the group has members connected, unless force.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -204,6 +270,31 @@ def add_BrokerServiceServicer_to_server(servicer, server):
                     servicer.Handoff,
                     request_deserializer=mqmeta_dot_pb_dot_broker__pb2.HandoffRequest.FromString,
                     response_serializer=mqmeta_dot_pb_dot_broker__pb2.HandoffResponse.SerializeToString,
+            ),
+            'QueryMessages': grpc.unary_unary_rpc_method_handler(
+                    servicer.QueryMessages,
+                    request_deserializer=mqmeta_dot_pb_dot_broker__pb2.QueryMessagesRequest.FromString,
+                    response_serializer=mqmeta_dot_pb_dot_broker__pb2.QueryMessagesResponse.SerializeToString,
+            ),
+            'TraceMessage': grpc.unary_unary_rpc_method_handler(
+                    servicer.TraceMessage,
+                    request_deserializer=mqmeta_dot_pb_dot_broker__pb2.TraceMessageRequest.FromString,
+                    response_serializer=mqmeta_dot_pb_dot_broker__pb2.TraceMessageResponse.SerializeToString,
+            ),
+            'ResendMessage': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResendMessage,
+                    request_deserializer=mqmeta_dot_pb_dot_broker__pb2.ResendMessageRequest.FromString,
+                    response_serializer=mqmeta_dot_pb_dot_broker__pb2.ResendMessageResponse.SerializeToString,
+            ),
+            'GetGroupLag': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetGroupLag,
+                    request_deserializer=mqmeta_dot_pb_dot_broker__pb2.GroupLagRequest.FromString,
+                    response_serializer=mqmeta_dot_pb_dot_broker__pb2.GroupLagResponse.SerializeToString,
+            ),
+            'ResetOffsets': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResetOffsets,
+                    request_deserializer=mqmeta_dot_pb_dot_broker__pb2.ResetOffsetsRequest.FromString,
+                    response_serializer=mqmeta_dot_pb_dot_broker__pb2.ResetOffsetsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -476,6 +567,141 @@ class BrokerService:
             '/mqmeta.v1.BrokerService/Handoff',
             mqmeta_dot_pb_dot_broker__pb2.HandoffRequest.SerializeToString,
             mqmeta_dot_pb_dot_broker__pb2.HandoffResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def QueryMessages(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mqmeta.v1.BrokerService/QueryMessages',
+            mqmeta_dot_pb_dot_broker__pb2.QueryMessagesRequest.SerializeToString,
+            mqmeta_dot_pb_dot_broker__pb2.QueryMessagesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def TraceMessage(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mqmeta.v1.BrokerService/TraceMessage',
+            mqmeta_dot_pb_dot_broker__pb2.TraceMessageRequest.SerializeToString,
+            mqmeta_dot_pb_dot_broker__pb2.TraceMessageResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResendMessage(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mqmeta.v1.BrokerService/ResendMessage',
+            mqmeta_dot_pb_dot_broker__pb2.ResendMessageRequest.SerializeToString,
+            mqmeta_dot_pb_dot_broker__pb2.ResendMessageResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetGroupLag(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mqmeta.v1.BrokerService/GetGroupLag',
+            mqmeta_dot_pb_dot_broker__pb2.GroupLagRequest.SerializeToString,
+            mqmeta_dot_pb_dot_broker__pb2.GroupLagResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResetOffsets(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mqmeta.v1.BrokerService/ResetOffsets',
+            mqmeta_dot_pb_dot_broker__pb2.ResetOffsetsRequest.SerializeToString,
+            mqmeta_dot_pb_dot_broker__pb2.ResetOffsetsResponse.FromString,
             options,
             channel_credentials,
             insecure,
