@@ -8,6 +8,8 @@ never as a failed page.
 
 from __future__ import annotations
 
+import argparse
+import base64
 import threading
 import time
 from typing import Any
@@ -16,7 +18,7 @@ import grpc
 
 from mqmeta import tls
 from mqmeta.client import ControllerClient
-from mqmeta.errors import InvalidArgument, MqmetaError, NotFound
+from mqmeta.errors import InvalidArgument, MqmetaError
 from mqmeta.formats.properties import KEY_SEPARATOR
 from mqmeta.pb import broker_pb2 as bpb
 from mqmeta.pb import broker_pb2_grpc
@@ -27,9 +29,9 @@ Json = dict[str, Any]
 
 BROKER_CALL_TIMEOUT_S = 1.0  # one broker's answer; a dead one must not hold a page
 TOPICS_MAX = 200  # topics a page lists (and the sampler reads)
-SEARCH_SCAN_PER_QUEUE_MAX = 4096  # newest messages a search reads per queue
-SEARCH_RESULTS_MAX = 50
-PULL_BATCH = 1024  # the brokers' PULL_COUNT_MAX
+SEARCH_RESULTS_MAX = 64  # per broker set (QueryMessages' bound)
+TRACES_MAX = 10  # messages of a search shown with their trace
+ADMIN_CALL_TIMEOUT_S = 5.0
 BODY_PREVIEW_BYTES = 256
 BROKER_CHANNELS_MAX = 256
 
@@ -197,10 +199,11 @@ def topics(client: ControllerClient, brokers: Brokers) -> Json:
 
 
 def group_lag(client: ControllerClient, brokers: Brokers) -> Json:
-    """Per group, per topic, per queue: consumed offset, readable end, backlog in messages
-    and in time (now − store time of the oldest unconsumed message); groups sorted by
-    backlog time, the longest first. A group that committed on some queue of a topic
-    reads the topic's other queues from 0 (as our consumers do): they count from 0."""
+    """Per group (those the controllers list and those with committed offsets), per topic
+    it consumes, per queue: consumed offset, readable end, backlog in messages and in time
+    (now − store time of the oldest unconsumed message), and its members; from the
+    brokers' GetGroupLag (as `mqmeta admin group lag`). Sorted by backlog time, the
+    longest first."""
     now_ms = int(time.time() * 1000)
     groups: dict[str, Json] = {
         g.name: _group_row(g.name) for g in client.list_groups(pb.ListGroupsRequest()).groups
@@ -210,7 +213,7 @@ def group_lag(client: ControllerClient, brokers: Brokers) -> Json:
             queues, masters = _masters(client, topic.name)
         except MqmetaError:
             continue
-        committed: dict[tuple[str, int], dict[str, int]] = {}
+        consumers: set[str] = set()
         for broker_name, queue_id in queues:
             try:
                 offsets = brokers.call(
@@ -220,15 +223,11 @@ def group_lag(client: ControllerClient, brokers: Brokers) -> Json:
                 ).offsets
             except MqmetaError:
                 continue  # a set without a master: its queues show again after the election
-            committed[(broker_name, queue_id)] = {o.group: o.offset for o in offsets}
-        consumers = sorted({group for by_group in committed.values() for group in by_group})
-        for (broker_name, queue_id), by_group in committed.items():
-            for group in consumers:
-                row = groups.setdefault(group, _group_row(group))
-                queue = _lag_row(
-                    brokers, masters.get(broker_name, ""), topic.name, queue_id, by_group.get(group), now_ms
-                )
-                row["queues"].append({"broker_name": broker_name, **queue})
+            consumers.update(o.group for o in offsets)
+        for group in sorted(consumers):
+            row = groups.setdefault(group, _group_row(group))
+            for broker_name, address in masters.items():
+                _add_lag(brokers, row, broker_name, address, group, topic.name)
     for row in groups.values():
         row["backlog"] = sum(q["backlog"] for q in row["queues"])
         row["backlog_ms"] = max((q["backlog_ms"] for q in row["queues"]), default=0)
@@ -236,28 +235,38 @@ def group_lag(client: ControllerClient, brokers: Brokers) -> Json:
     return {"groups": ordered, "now_ms": now_ms}
 
 
-def _lag_row(
-    brokers: Brokers, address: str, topic: str, queue_id: int, offset: int | None, now_ms: int
-) -> Json:
-    consumed = max(0, offset or 0)
+def _add_lag(brokers: Brokers, row: Json, broker_name: str, address: str, group: str, topic: str) -> None:
     try:
-        end, stored = _queue_end(brokers, address, topic, queue_id, consumed)
+        answer = brokers.call(address, "GetGroupLag", bpb.GroupLagRequest(group=group, topic=topic))
     except MqmetaError as error:
-        return {"topic": topic, "queue_id": queue_id, "error": error.message, "backlog": 0, "backlog_ms": 0}
-    backlog = max(0, end - consumed)
-    return {
-        "topic": topic,
-        "queue_id": queue_id,
-        "consumed_offset": consumed,
-        "committed": offset is not None,
-        "max_offset": end,
-        "backlog": backlog,
-        "backlog_ms": max(0, now_ms - stored) if backlog and stored else 0,
-    }
+        row["errors"].append(f"{broker_name}: {error.message}")
+        return
+    for queue in answer.queues:
+        row["queues"].append(
+            {
+                "topic": queue.topic,
+                "broker_name": broker_name,
+                "queue_id": queue.queue_id,
+                "consumed_offset": queue.consumed_offset,
+                "max_offset": queue.max_offset,
+                "backlog": queue.backlog,
+                "backlog_ms": queue.backlog_ms,
+            }
+        )
+    known = {m["client_id"] for m in row["members"]}
+    for member in answer.members:
+        if member.client_id not in known:
+            row["members"].append(
+                {
+                    "client_id": member.client_id,
+                    "protocol": member.protocol,
+                    "last_seen_ms_ago": member.last_seen_ms_ago,
+                }
+            )
 
 
 def _group_row(name: str) -> Json:
-    return {"group": name, "queues": []}
+    return {"group": name, "queues": [], "members": [], "errors": []}
 
 
 def replicator(client: ControllerClient) -> Json:
@@ -272,116 +281,116 @@ def replicator(client: ControllerClient) -> Json:
 
 def search(
     client: ControllerClient,
-    brokers: Brokers,
     topic: str,
     key: str = "",
     msg_id: str = "",
     since_ms: int = 0,
     until_ms: int = 0,
 ) -> Json:
-    """Messages of `topic` with key `key`, id `msg_id` and a store time in [since, until]
-    (each when given), each with its trace. Reads the newest SEARCH_SCAN_PER_QUEUE_MAX
-    messages of each queue."""
-    if not topic:
-        raise InvalidArgument("a search needs a topic")
+    """Messages by id, or of `topic` by key or store-time range (a key with a range: the
+    key's messages within it), from the brokers' QueryMessages (as `mqmeta admin message
+    query`); the first TRACES_MAX each with its trace (TraceMessage)."""
+    from mqmeta.controller import admin_messages
+
     if not (key or msg_id or since_ms or until_ms):
         raise InvalidArgument("a search needs a key, a message id or a time range")
-    if since_ms and until_ms and since_ms > until_ms:
+    if (key or since_ms or until_ms) and not topic:
+        raise InvalidArgument("a search by key or time range needs a topic")
+    if since_ms and until_ms and until_ms <= since_ms:
         raise InvalidArgument(f"the time range ends ({until_ms}) before it starts ({since_ms})")
-    route = client.get_topic_route(pb.NameRequest(name=topic))
-    clusters = {b.broker_name: b.cluster for b in route.brokers}
-    queues, masters = _masters(client, topic)
-    found: list[Json] = []
-    for broker_name, queue_id in queues:
-        address = masters.get(broker_name, "")
-        for message in _scan(brokers, address, topic, queue_id):
-            if key and key not in message.keys.split(KEY_SEPARATOR):
-                continue
-            if msg_id and message.msg_id != msg_id:
-                continue
-            if since_ms and message.store_timestamp_ms < since_ms:
-                continue
-            if until_ms and message.store_timestamp_ms > until_ms:
-                continue
-            found.append({"cluster": clusters.get(broker_name, ""), **_message(message, broker_name)})
-            if len(found) >= SEARCH_RESULTS_MAX:
-                break
-    if msg_id and not found:
-        raise NotFound(
-            f"no message {msg_id} in the newest {SEARCH_SCAN_PER_QUEUE_MAX} of each queue of {topic}"
-        )
-    for document in found:
-        document["trace"] = trace(client, brokers, document)
-    return {"messages": found}
+    args = argparse.Namespace(
+        topic=topic,
+        id=msg_id,
+        key="" if msg_id else key,
+        queue=None,
+        offset=None,
+        since=None if (msg_id or key or not since_ms) else since_ms,
+        until=None if (msg_id or key or not until_ms) else until_ms,
+        broker_name="",
+        max=SEARCH_RESULTS_MAX,
+        body_bytes=BODY_PREVIEW_BYTES,
+        timeout=ADMIN_CALL_TIMEOUT_S,
+    )
+    document, _ = admin_messages.message_query(client, args)
+    found = [
+        m
+        for m in document["messages"]
+        if (not since_ms or m["store_timestamp_ms"] >= since_ms)
+        and (not until_ms or m["store_timestamp_ms"] < until_ms)
+    ]
+    messages = [_message(m) for m in found]
+    for message in messages[:TRACES_MAX]:
+        message["trace"] = trace(client, message)
+    return {"messages": messages}
 
 
-def _scan(brokers: Brokers, address: str, topic: str, queue_id: int) -> list[bpb.StoredMessage]:
-    end, _ = _queue_end(brokers, address, topic, queue_id, 0)
-    offset = max(0, end - SEARCH_SCAN_PER_QUEUE_MAX)
-    messages: list[bpb.StoredMessage] = []
-    while offset < end:
-        reply = brokers.call(
-            address,
-            "Pull",
-            bpb.PullRequest(topic=topic, queue_id=queue_id, queue_offset=offset, max_count=PULL_BATCH),
-        )
-        if not reply.messages:
-            break
-        messages.extend(reply.messages)
-        offset = reply.next_queue_offset
-    return messages
-
-
-def _message(message: bpb.StoredMessage, broker_name: str) -> Json:
-    body = bytes(message.body)
+def _message(found: Json) -> Json:
+    body = base64.b64decode(found.get("body", ""))
     return {
-        "msg_id": message.msg_id,
-        "topic": message.topic,
-        "broker_name": broker_name,
-        "queue_id": message.queue_id,
-        "queue_offset": message.queue_offset,
-        "commit_offset": message.commit_offset,
-        "store_timestamp_ms": message.store_timestamp_ms,
-        "tags": message.tags,
-        "keys": [k for k in message.keys.split(KEY_SEPARATOR) if k],
-        "properties": dict(message.properties),
-        "body": body[:BODY_PREVIEW_BYTES].decode(errors="replace"),
-        "body_bytes": len(body),
+        "msg_id": found["msg_id"],
+        "topic": found["topic"],
+        "broker_name": found["broker_name"],
+        "queue_id": found["queue_id"],
+        "queue_offset": found["queue_offset"],
+        "store_timestamp_ms": found["store_timestamp_ms"],
+        "born_timestamp_ms": found.get("born_timestamp_ms", 0),
+        "tags": found.get("tags", ""),
+        "keys": [k for k in found.get("keys", "").split(KEY_SEPARATOR) if k],
+        "properties": found.get("properties", {}),
+        "origin": found.get("origin", {}),
+        "confirmed": found.get("confirmed", False),
+        "body": body.decode(errors="replace"),
+        "body_bytes": found.get("body_bytes", len(body)),
     }
 
 
-def trace(client: ControllerClient, brokers: Brokers, message: Json) -> Json:
-    """Where one stored message is: the replicas that hold it, whether the confirm offset
-    has passed it, whether it is tiered, and the groups that consumed past it."""
-    ref = pb.BrokerSetRef(cluster=message["cluster"], broker_name=message["broker_name"])
-    info = client.get_replica_info(ref)
-    end = message["commit_offset"] + 1
-    replicas, confirmed = [], False
-    for replica in info.replicas:
-        row = _replica_status(brokers, replica)
-        holds = row.get("max_offset", 0) >= end
-        replicas.append({"broker_id": replica.broker_id, "address": replica.address, "holds": holds})
-        if replica.broker_id == info.master_broker_id:
-            confirmed = row.get("confirm_offset", 0) >= end
+def trace(client: ControllerClient, message: Json) -> Json:
+    """Where one message is, from TraceMessage (as `mqmeta admin message trace`): the
+    replicas that hold it, confirmed or not, tiered or not, the groups past it, its
+    retry and dead-letter copies, the replicator tasks that copied it."""
+    from mqmeta.controller import admin_messages
+
+    args = argparse.Namespace(
+        id=message["msg_id"],
+        topic=message["topic"],
+        broker_name="",
+        queue=None,
+        offset=None,
+        replicator_controllers="",
+        controllers=",".join(client.addresses),
+        timeout=ADMIN_CALL_TIMEOUT_S,
+    )
     try:
-        uploaded = client.get_tiered_checkpoint(ref).uploaded_offset
-    except MqmetaError:
-        uploaded = 0
-    consumed: list[str] = []
-    try:
-        offsets = brokers.call(
-            info.master_address,
-            "ListConsumerOffsets",
-            bpb.ListConsumerOffsetsRequest(topic=message["topic"], queue_id=message["queue_id"]),
-        ).offsets
-        consumed = sorted(o.group for o in offsets if o.offset > message["queue_offset"])
-    except MqmetaError:
-        pass
+        document, _ = admin_messages.message_trace(client, args)
+    except MqmetaError as error:
+        return {"error": error.message}
     return {
-        "stored": True,
-        "replicas": replicas,
-        "confirmed": confirmed,
-        "tiered": uploaded >= end,
-        "consumed_by": consumed,
-        "origin": {k: v for k, v in message["properties"].items() if k.lower().startswith("origin")},
+        "replicas": [{"broker_id": r["broker_id"], "holds": r["holds"]} for r in document["replicas"]],
+        "confirmed": document["message"]["confirmed"],
+        "tiered": document["tiered"],
+        "consumed_by": [g["group"] for g in document["groups"] if g["consumed"]],
+        "retries": [f"{r['topic']}/{r['queue_offset']}" for r in document["retries"]],
+        "replicated_to": [r["rule"] for r in document["replicated_to"]],
+        "origin": message["origin"],
     }
+
+
+def reset_offsets(client: ControllerClient, group: str, topic: str, to: str, force: bool) -> Json:
+    """A group's offsets to the earliest or latest (as `mqmeta admin group reset-offsets`);
+    refused while members are connected unless `force`."""
+    from mqmeta.controller import admin_messages
+
+    if to not in ("earliest", "latest"):
+        raise InvalidArgument(f"reset to {to[:32]!r}? Use earliest or latest")
+    args = argparse.Namespace(
+        name=group,
+        topic=topic,
+        to_time=None,
+        earliest=to == "earliest",
+        latest=to == "latest",
+        force=force,
+        broker_name="",
+        timeout=ADMIN_CALL_TIMEOUT_S,
+    )
+    document, _ = admin_messages.reset_offsets(client, args)
+    return document

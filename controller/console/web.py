@@ -46,6 +46,7 @@ READ_WORKERS_MAX = 8
 PLOT_KEYS = ("now_ms", "rates", "backlog", "replication_delay_ms")
 REQUEST_BODY_BYTES_MAX = 64 * 1024
 CREATE_TOPIC_METHOD = "/mqmeta.v1.ControllerService/CreateTopic"
+RESET_OFFSETS_METHOD = "/mqmeta.v1.BrokerService/ResetOffsets"
 READ_METHOD = "/mqmeta.v1.ControllerService/GetMetadata"  # the access class of every page
 
 _HTTP_STATUS = {
@@ -127,6 +128,7 @@ def build_app(console: Any) -> web.Application:
     app.router.add_get("/api/samples", _samples)
     app.router.add_get("/api/stream", _stream)
     app.router.add_post("/api/topics", _create_topic)
+    app.router.add_post("/api/groups/reset", _reset_offsets)
     return app
 
 
@@ -342,7 +344,6 @@ def _search_call(request: web.Request) -> Callable[[], Json]:
     until = _milliseconds(query.get("until", ""), "until")
     return lambda: data.search(
         console.client,
-        console.brokers,
         query.get("topic", ""),
         key=query.get("key", ""),
         msg_id=query.get("id", ""),
@@ -422,6 +423,28 @@ async def _create_topic(request: web.Request) -> web.Response:
     except MqmetaError as error:
         return _error_response(error)
     return web.json_response({"name": topic.name, "queue_count": topic.queue_count})
+
+
+async def _reset_offsets(request: web.Request) -> web.Response:
+    """An admin write (the brokers' ResetOffsets), checked as _create_topic is."""
+    refused = _check_csrf(request) or _refused(request, RESET_OFFSETS_METHOD)
+    if refused is not None:
+        return _error_response(refused)
+    body = await _json_body(request)
+    console = request.app["console"]
+    try:
+        document = await console.run(
+            lambda: data.reset_offsets(
+                console.client,
+                str(body.get("group", "")).strip(),
+                str(body.get("topic", "")).strip(),
+                str(body.get("to", "")),
+                bool(body.get("force", False)),
+            )
+        )
+    except MqmetaError as error:
+        return _error_response(error)
+    return web.json_response(document)
 
 
 def server_ssl_context() -> ssl.SSLContext | None:

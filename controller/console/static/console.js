@@ -137,6 +137,8 @@ function renderTopics(document_) {
 function renderGroups(document_) {
   replace("groups", document_.groups.length ? document_.groups.map((g) => el("div", { class: "set", id: `group-${g.group}`, "data-backlog": String(g.backlog) },
     el("h3", {}, `${g.group}: backlog `, el("span", { class: "backlog" }, String(g.backlog)), ` messages, ${duration(g.backlog_ms)}`),
+    el("p", { class: "hint" }, `members: ${g.members.map((m) => `${m.client_id} (${m.protocol}, seen ${duration(m.last_seen_ms_ago)} ago)`).join(", ") || "none connected"}`,
+      g.errors.length ? `; ${g.errors.join("; ")}` : ""),
     g.queues.length ? table([
       ["topic", (q) => q.topic], ["queue", (q) => `${q.broker_name}/${q.queue_id}`], ["consumed", (q) => q.consumed_offset, true],
       ["max offset", (q) => q.max_offset, true], ["backlog", (q) => q.backlog, true], ["backlog time", (q) => duration(q.backlog_ms), true],
@@ -167,15 +169,23 @@ function renderSearch(document_) {
   replace("search-results", document_.messages.length ? document_.messages.map((m) => el("div", { class: "set message", "data-msg-id": m.msg_id },
     el("h3", {}, `${m.msg_id}: ${m.topic} ${m.broker_name}/${m.queue_id} offset ${m.queue_offset}`),
     table([["field", (r) => r[0]], ["value", (r) => r[1]]], [
-      ["stored", ms(m.store_timestamp_ms)], ["tags", m.tags], ["keys", m.keys.join(" ")],
+      ["stored", ms(m.store_timestamp_ms)], ["born", ms(m.born_timestamp_ms)], ["confirmed", m.confirmed ? "yes" : "no"], ["tags", m.tags], ["keys", m.keys.join(" ")],
       ["properties", JSON.stringify(m.properties)], ["body", `${m.body}${m.body_bytes > m.body.length ? " …" : ""} (${m.body_bytes} bytes)`],
     ]),
-    el("p", { class: "trace" }, "trace: ",
-      `held by ${m.trace.replicas.filter((r) => r.holds).map((r) => `broker ${r.broker_id}`).join(", ") || "no replica"}; `,
-      m.trace.confirmed ? "confirmed; " : "not yet confirmed; ",
-      m.trace.tiered ? "tiered; " : "not tiered; ",
-      `consumed by ${m.trace.consumed_by.join(", ") || "no group"}`,
-      Object.keys(m.trace.origin).length ? `; replicated from ${JSON.stringify(m.trace.origin)}` : ""))) : el("p", {}, "no message matches"));
+    traceLine(m.trace))) : el("p", {}, "no message matches"));
+}
+
+function traceLine(trace) {
+  if (!trace) return el("p", { class: "hint" }, "trace: shown for the first messages only");
+  if (trace.error) return el("p", { class: "trace error" }, `trace: ${trace.error}`);
+  return el("p", { class: "trace" }, "trace: ",
+    `held by ${trace.replicas.filter((r) => r.holds).map((r) => `broker ${r.broker_id}`).join(", ") || "no replica"}; `,
+    trace.confirmed ? "confirmed; " : "not yet confirmed; ",
+    trace.tiered ? "tiered; " : "not tiered; ",
+    `consumed by ${trace.consumed_by.join(", ") || "no group"}`,
+    trace.retries.length ? `; retries ${trace.retries.join(", ")}` : "",
+    trace.replicated_to.length ? `; copied by ${trace.replicated_to.join(", ")}` : "",
+    Object.keys(trace.origin).length ? `; replicated from ${JSON.stringify(trace.origin)}` : "");
 }
 
 async function search(event) {
@@ -188,6 +198,20 @@ async function search(event) {
     notice("");
   } catch (error) {
     replace("search-results", el("p", { class: "error" }, error.message));
+  }
+}
+
+async function resetOffsets(event) {
+  event.preventDefault();
+  const result = document.getElementById("reset-offsets-result");
+  const value = (id) => document.getElementById(id).value.trim();
+  try {
+    const reset = await write("/api/groups/reset", { group: value("reset-group"), topic: value("reset-topic"), to: value("reset-to"), force: document.getElementById("reset-force").checked });
+    result.className = "";
+    result.textContent = `reset ${reset.group}: ${reset.queues.length} queues`;
+  } catch (error) {
+    result.className = "error";
+    result.textContent = error.message;
   }
 }
 
@@ -293,6 +317,7 @@ async function main() {
   });
   document.getElementById("search").addEventListener("submit", search);
   document.getElementById("create-topic").addEventListener("submit", createTopic);
+  document.getElementById("reset-offsets").addEventListener("submit", resetOffsets);
   for (const link of document.querySelectorAll("#nav a")) {
     link.addEventListener("click", (event) => {
       event.preventDefault();
