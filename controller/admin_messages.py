@@ -22,26 +22,34 @@ Json = dict[str, Any]
 TIME_MS_MAX = 1 << 62
 
 
-def time_ms(text: str) -> int:
+class _TimeMs:
     """An argparse type: milliseconds since the epoch, or an ISO 8601 time (UTC unless
     it names its offset), e.g. 2026-11-28T01:00:00Z."""
-    if text.isdigit():
-        value = int(text)
-        if value > TIME_MS_MAX:
-            raise argparse.ArgumentTypeError(f"{text[:64]} is past the year 146 million")
+
+    allowed = "milliseconds since the epoch, or an ISO 8601 time (UTC unless it names its offset)"
+    __name__ = "time"
+
+    def __call__(self, text: str) -> int:
+        if text.isdigit():
+            value = int(text)
+            if value > TIME_MS_MAX:
+                raise argparse.ArgumentTypeError(f"{text[:64]} is past the year 146 million")
+            return value
+        try:
+            moment = datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{text[:64]!r} is neither milliseconds since the epoch nor an ISO 8601 time"
+            ) from None
+        if moment.tzinfo is None:
+            moment = moment.replace(tzinfo=datetime.UTC)
+        value = int(moment.timestamp() * 1000)
+        if value < 0:
+            raise argparse.ArgumentTypeError(f"{text[:64]} is before 1970")
         return value
-    try:
-        moment = datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{text[:64]!r} is neither milliseconds since the epoch nor an ISO 8601 time"
-        ) from None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=datetime.UTC)
-    value = int(moment.timestamp() * 1000)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text[:64]} is before 1970")
-    return value
+
+
+time_ms = _TimeMs()
 
 
 def add_message_commands(sub, leaf: Callable, int_in: Callable[[int, int], Callable[[str], int]]) -> None:
@@ -53,7 +61,7 @@ def add_message_commands(sub, leaf: Callable, int_in: Callable[[int, int], Calla
     query = leaf(message_sub, "query", "messages by id, key, queue offset or store-time range", message_query)
     query.add_argument("--topic", default="", help="needed for --key, --queue/--offset, --since/--until")
     query.add_argument("--id", default="", help="a message id (ours, a RocketMQ client's, a copy's)")
-    query.add_argument("--key", default="")
+    query.add_argument("--key", default="", help="a key (messages carry space-separated keys)")
     query.add_argument("--queue", type=queue_id, default=None, help="queue id (with --offset)")
     query.add_argument("--offset", type=offset, default=None, help="queue offset (with --queue)")
     query.add_argument(
@@ -69,13 +77,13 @@ def add_message_commands(sub, leaf: Callable, int_in: Callable[[int, int], Calla
         ("resend", message_resend, "a copy for one group (%RETRY%GROUP); from its DLQ: the requeue"),
     ):
         p = leaf(message_sub, name, text, handler)
-        p.add_argument("--id", default="")
-        p.add_argument("--topic", default="")
+        p.add_argument("--id", default="", help="the message id")
+        p.add_argument("--topic", default="", help="with --queue/--offset (or to narrow --id)")
         p.add_argument("--broker-name", default="", help="with --queue/--offset: the broker set")
-        p.add_argument("--queue", type=queue_id, default=None)
-        p.add_argument("--offset", type=offset, default=None)
+        p.add_argument("--queue", type=queue_id, default=None, help="queue id (with --offset)")
+        p.add_argument("--offset", type=offset, default=None, help="queue offset (with --queue)")
         if name == "resend":
-            p.add_argument("--group", required=True)
+            p.add_argument("--group", required=True, help="the group that consumes the copy")
         else:
             p.add_argument(
                 "--replicator-controllers",
@@ -86,17 +94,17 @@ def add_message_commands(sub, leaf: Callable, int_in: Callable[[int, int], Calla
 
 def add_group_commands(group_sub, leaf: Callable) -> None:
     lag = leaf(group_sub, "lag", "a group's backlog per queue, and its members", group_lag)
-    lag.add_argument("name")
-    lag.add_argument("--topic", default="")
+    lag.add_argument("name", help="the consumer group")
+    lag.add_argument("--topic", default="", help="every queue of this topic (default: those with progress)")
     reset = leaf(
         group_sub, "reset-offsets", "move a group's offsets to a time, the earliest or latest", reset_offsets
     )
-    reset.add_argument("name")
-    reset.add_argument("--topic", default="")
+    reset.add_argument("name", help="the consumer group")
+    reset.add_argument("--topic", default="", help="this topic only (default: every queue with progress)")
     to = reset.add_mutually_exclusive_group(required=True)
     to.add_argument("--to-time", type=time_ms, default=None, help="ms since the epoch or ISO 8601")
-    to.add_argument("--earliest", action="store_true")
-    to.add_argument("--latest", action="store_true")
+    to.add_argument("--earliest", action="store_true", help="the oldest offset still stored")
+    to.add_argument("--latest", action="store_true", help="the readable end (skip the backlog)")
     reset.add_argument("--force", action="store_true", help="even while members are connected")
 
 

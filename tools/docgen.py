@@ -217,6 +217,8 @@ def value_kind(action: argparse.Action) -> tuple[str, str]:
         kind, allowed = "string", "a path"
     elif action.type is None or action.type is str:
         kind, allowed = "string", "text"
+    elif isinstance(named := getattr(action.type, "allowed", None), str):  # says what it takes
+        kind, allowed = "string", named
     else:
         raise ValueError(f"tools/docgen.py does not know the values of {action.option_strings}'s type")
     if action.choices is not None:
@@ -544,7 +546,9 @@ def stand_ins() -> dict[str, Any]:
     core = Fake(raft=raft, alive_ids=lambda *_: {"1"})
     core.state = Fake(broker_sets=lambda: [{"cluster": "c", "broker_name": "b", "replicas": {"1": {}}}])
     view = Fake(role=Role.MASTER, master_epoch=1, confirm_offset=1, sync_state_set={1, 2})
-    agent = Fake(lock=threading.Lock(), store=Fake(max_offset=1))
+    store = Fake(max_offset=1, consumer_keys=lambda: [("g", "t", 0)], consumer_progress=lambda *_: (0, ()))
+    store.readable_queue_max_offset = store.queue_min_offset = lambda *_: 0
+    agent = Fake(lock=threading.Lock(), store=store)
     agent.core = Fake(view=lambda: view, acked_offsets=lambda: {2: 0})
     agent.tiered = Fake(checkpoint=Fake(uploaded_offset=0))
     key = Fake(rule="r", topic="t", broker_name="b", queue_id=0)
