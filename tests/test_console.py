@@ -234,7 +234,7 @@ def test_a_search_by_key_shows_the_message_and_its_trace(cluster, browser):
     messages = browser.find_elements(By.CSS_SELECTOR, ".message")
     assert len(messages) == 3
     trace = messages[0].find_element(By.CSS_SELECTOR, ".trace").text
-    assert "held by broker" in trace and "confirmed" in trace, trace
+    assert trace.startswith("trace: held by the master") and "; confirmed;" in trace, trace
     assert "order-42 vip" in messages[0].text
     shot(browser, cluster, "search")
     # bad input, from the logged-in page: a status and one sentence

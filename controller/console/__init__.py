@@ -105,7 +105,13 @@ class Console:
 
     def _sample(self) -> None:
         previous: dict[str, Any] | None = None
-        while not self._stopping.wait(0 if previous is None else web.SAMPLE_INTERVAL_S):
+        while not self._stopping.is_set():
+            if previous is not None:
+                watched = bool(self.hub.subscribers)
+                self.hub.joined.clear()
+                self.hub.joined.wait(web.SAMPLE_INTERVAL_S if watched else web.SAMPLE_IDLE_INTERVAL_S)
+                if self._stopping.is_set():
+                    return
             try:
                 sample = _sample_document(self.client, self.brokers, previous)
             except MqmetaError as error:
@@ -117,6 +123,7 @@ class Console:
 
     def stop(self) -> None:
         self._stopping.set()
+        self.hub.joined.set()  # wakes the sampler
         if self._runner is not None and self._loop.is_running():
             asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(
                 timeout=START_TIMEOUT_S

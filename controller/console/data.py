@@ -365,6 +365,7 @@ def trace(client: ControllerClient, message: Json) -> Json:
     except MqmetaError as error:
         return {"error": error.message}
     return {
+        # the master answered (it stores the message); these are its slaves
         "replicas": [{"broker_id": r["broker_id"], "holds": r["holds"]} for r in document["replicas"]],
         "confirmed": document["message"]["confirmed"],
         "tiered": document["tiered"],

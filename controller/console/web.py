@@ -16,6 +16,7 @@ import json
 import logging
 import secrets
 import ssl
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -40,7 +41,8 @@ SUBSCRIBERS_MAX = 64  # open event streams
 SUBSCRIBER_QUEUE_MAX = 256  # events waiting for one slow browser; past it that stream ends
 EVENTS_MAX = 500  # the timeline's memory
 SAMPLES_MAX = 300  # plot points kept (at SAMPLE_INTERVAL_S: ten minutes)
-SAMPLE_INTERVAL_S = 2.0
+SAMPLE_INTERVAL_S = 2.0  # while a page is open
+SAMPLE_IDLE_INTERVAL_S = 15.0  # while none is: the plots keep some history at little cost
 STREAM_KEEPALIVE_S = 15.0
 READ_WORKERS_MAX = 8
 PLOT_KEYS = ("now_ms", "rates", "backlog", "replication_delay_ms")
@@ -89,6 +91,7 @@ class Hub:
         self.subscribers: set[asyncio.Queue[tuple[str, Json] | None]] = set()
         self.events: collections.deque[Json] = collections.deque(maxlen=EVENTS_MAX)
         self.samples: collections.deque[Json] = collections.deque(maxlen=SAMPLES_MAX)
+        self.joined = threading.Event()  # a stream opened: the sampler takes up its pace
 
     def publish(self, kind: str, document: Json) -> None:
         if kind == "event":
@@ -98,9 +101,11 @@ class Hub:
         for queue in list(self.subscribers):
             try:
                 queue.put_nowait((kind, document))
-            except asyncio.QueueFull:  # a browser that stopped reading: end its stream
+            except asyncio.QueueFull:  # a browser that stopped reading: end its stream (it reconnects)
                 self.subscribers.discard(queue)
-                queue.put_nowait(None) if queue.empty() else None
+                while not queue.empty():
+                    queue.get_nowait()
+                queue.put_nowait(None)
 
 
 def build_app(console: Any) -> web.Application:
@@ -379,6 +384,7 @@ async def _stream(request: web.Request) -> web.StreamResponse:
     await response.prepare(request)
     queue: asyncio.Queue[tuple[str, Json] | None] = asyncio.Queue(maxsize=SUBSCRIBER_QUEUE_MAX)
     hub.subscribers.add(queue)
+    hub.joined.set()
     try:
         await response.write(b"retry: 1000\n\n")
         while True:

@@ -179,7 +179,7 @@ function traceLine(trace) {
   if (!trace) return el("p", { class: "hint" }, "trace: shown for the first messages only");
   if (trace.error) return el("p", { class: "trace error" }, `trace: ${trace.error}`);
   return el("p", { class: "trace" }, "trace: ",
-    `held by ${trace.replicas.filter((r) => r.holds).map((r) => `broker ${r.broker_id}`).join(", ") || "no replica"}; `,
+    `held by the master${trace.replicas.filter((r) => r.holds).map((r) => `, broker ${r.broker_id}`).join("")}; `,
     trace.confirmed ? "confirmed; " : "not yet confirmed; ",
     trace.tiered ? "tiered; " : "not tiered; ",
     `consumed by ${trace.consumed_by.join(", ") || "no group"}`,
