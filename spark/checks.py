@@ -80,6 +80,7 @@ DESCRIPTIONS = {
     "T3": "committed tiered segments have no gaps or overlaps, and each object exists",
     "T4": "the committed checkpoint never moves backwards; its epoch is the master epoch in force",
     "H1": "every enqueue a chaos history acknowledged is in a valid record of a replica or the tiered store",
+    "K1": "every key index entry names a record with that key (or id), and every record with keys is indexed",
     "X1": "every source record a replication rule matches is at the target exactly once, in origin order, "
     "unaltered; no orphan copies; mode full: translated consumer offsets consistent",
 }

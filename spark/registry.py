@@ -9,11 +9,11 @@ if TYPE_CHECKING:  # the checks import PySpark: `mqmeta --help` parses --checks 
     from mqmeta.spark.checks import CheckResult
     from mqmeta.spark.data import AuditData
 
-CHECK_IDS = ["R1", "R2", "M1", "M2", "M3", "M4", "B1", "B2", "B3", "B4", "T1", "T2", "T3", "T4", "H1"]
+CHECK_IDS = ["R1", "R2", "M1", "M2", "M3", "M4", "B1", "B2", "B3", "B4", "T1", "T2", "T3", "T4", "H1", "K1"]
 
 
 def check_functions(data: AuditData) -> dict[str, Callable[[], CheckResult]]:
-    from mqmeta.spark import checks, checks_logs
+    from mqmeta.spark import checks, checks_keys, checks_logs
 
     return {
         "R1": lambda: checks.check_r1(data),
@@ -31,6 +31,7 @@ def check_functions(data: AuditData) -> dict[str, Callable[[], CheckResult]]:
         "T3": lambda: checks_logs.check_t3(data),
         "T4": lambda: checks_logs.check_t4(data),
         "H1": lambda: checks_logs.check_h1(data),
+        "K1": lambda: checks_keys.check_k1(data),
     }
 
 

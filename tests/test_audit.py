@@ -11,8 +11,9 @@ Properties checked:
   record on one replica (B1 alone, found by the chunk fingerprints), bytes cut out of a record
   (B2, B3), an epoch entry regressed (B4), two masters recorded in one epoch (M2), a
   tiered segment past the confirm offset (T1), a tiered segment differing from the
-  replicas (T2), one node's applied entry changed (R1), bad confirm.log lines (B1, every
-  one counted), while a torn last confirm line and a torn segment tail are not violations;
+  replicas (T2), one node's applied entry changed (R1), a key index entry moved to
+  another record with its checkpoint CRC made to match (K1), bad confirm.log lines (B1,
+  every one counted), while a torn last confirm line and a torn segment tail are not violations;
 - bad input exits 2 with one sentence on stderr and no Java stack trace.
 One Spark session (local[2]) serves every test of this module.
 """
@@ -96,9 +97,10 @@ def test_clean_run_passes_every_check(spark, tmp_path):
         "T3",
         "T4",
         "H1",
+        "K1",
     ]
     assert all(c["rows_examined"] > 0 for c in document["checks"] if c["id"] != "H1")
-    h1 = document["checks"][-1]  # a local run has no chaos history: H1 says so and passes
+    h1 = document["checks"][-2]  # a local run has no chaos history: H1 says so and passes
     assert h1["rows_examined"] == 0 and "no chaos history" in h1["notes"][0]
     page = (tmp_path / "report" / "report.html").read_text()
     assert page.count("data:image/png;base64,") == 2, "confirm-offset and election plots"
@@ -231,6 +233,38 @@ def test_checksum_valid_divergent_record_is_caught_by_b1_alone(spark, tmp_path):
     assert {s["offset"] for s in b1["samples"]} == {base + piece.pos}
     assert {s["replica"] for s in b1["samples"]} >= {"broker-a-2"}
     assert any("1 compared record by record" in note for note in b1["notes"]), b1["notes"]
+
+
+def test_planted_key_index_entry_is_caught_by_k1(spark, tmp_path):
+    """A key index entry moved to another record, with the CRC in the checkpoint made to
+    match (an index the broker would trust): the entry names a record without that key,
+    and the record that has it is no longer indexed."""
+    import struct
+
+    from mqmeta.formats.key_index import KEY_ENTRY, KEY_INDEX_HEADER, entries_crc
+
+    data_dir = copy_data_dir(tmp_path)
+    store = data_dir / "brokers" / "broker-a-1" / "store"
+    checkpoint = load_checksummed(store / "index" / "checkpoint.json")
+    row = next(r for r in checkpoint["keys"] if r[0] == "Orders")
+    key_file = store / "keys" / "Orders"
+    data = bytearray(key_file.read_bytes())
+    entry = KEY_INDEX_HEADER.size + KEY_ENTRY.size  # entry 1: the first record's unique key
+    other = struct.unpack_from("<Q", data, KEY_INDEX_HEADER.size + 3 * KEY_ENTRY.size + 8)[0]
+    moved_from = struct.unpack_from("<Q", data, entry + 8)[0]
+    assert other != moved_from, "entries 1 and 3 name two records"
+    struct.pack_into("<Q", data, entry + 8, other)
+    key_file.write_bytes(bytes(data))
+    row[2] = entries_crc(data[KEY_INDEX_HEADER.size : KEY_INDEX_HEADER.size + row[1] * KEY_ENTRY.size])
+    (store / "index" / "checkpoint.json").write_bytes(dump_checksummed(checkpoint))
+    document = audit(spark, data_dir, tmp_path / "report", "K1")
+    assert failed(document) == {"K1"}
+    k1 = document["checks"][0]
+    assert k1["violation_count"] == 2, k1
+    assert {(s["kind"], s["commit_offset"]) for s in k1["samples"]} == {
+        ("indexed, no such record or name", other),
+        ("record not indexed", moved_from),
+    }
 
 
 def test_truncated_record(spark, tmp_path):

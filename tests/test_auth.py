@@ -485,3 +485,20 @@ def test_tokens_alone_and_the_official_client_with_credentials(tokens_only):
             access_key,
             official.stderr,
         )
+
+
+def test_admin_writes_on_messages_need_the_admin_role(tokens_only):
+    """The brokers' admin writes (ResendMessage, ResetOffsets) refuse a `read` identity
+    with PERMISSION_DENIED and a sentence; the reads beside them (GetGroupLag) answer it."""
+    document = tokens_only
+    auth_files = document["auth"]
+    controllers = document["controllers"][0]["grpc"]
+    read_token = ["--token-file", auth_files["read_token_file"]]
+    lag = run("admin", "--controllers", controllers, "group", "lag", "g-auth", "--json", *read_token)
+    assert lag.returncode == 0 and json.loads(lag.stdout)["backlog"] == 0, lag.stderr
+    reset = run(
+        "admin", "--controllers", controllers, "group", "reset-offsets", "g-auth", "--earliest", *read_token
+    )
+    assert reset.returncode == 2 and "ResetOffsets refused" in reset.stderr, reset.stderr
+    assert "may only read" in reset.stderr, reset.stderr
+    assert len(reset.stderr.strip().splitlines()) == 1, reset.stderr

@@ -63,7 +63,11 @@ class _Load(threading.Thread):
             if self.stop_event.is_set():
                 break
             try:
-                self.producer.send("Orders", [f"v{i}-{k}".encode() * 8 for k in range(4)])
+                self.producer.send(
+                    "Orders",
+                    [f"v{i}-{k}".encode() * 8 for k in range(4)],
+                    keys=[f"key-{(i + k) % 7} v{i}-{k}" for k in range(4)],  # K1 has keys to check
+                )
                 self.acked += 4
             except MqmetaError:
                 # Not synchronisation: a load generator's pause after a failed send (during
