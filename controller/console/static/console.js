@@ -140,7 +140,7 @@ function renderGroups(document_) {
     el("p", { class: "hint" }, `members: ${g.members.map((m) => `${m.client_id} (${m.protocol}, seen ${duration(m.last_seen_ms_ago)} ago)`).join(", ") || "none connected"}`,
       g.errors.length ? `; ${g.errors.join("; ")}` : ""),
     g.queues.length ? table([
-      ["topic", (q) => q.topic], ["queue", (q) => `${q.broker_name}/${q.queue_id}`], ["consumed", (q) => q.consumed_offset, true],
+      ["topic", (q) => q.topic], ["queue", (q) => `${q.broker_name}/${q.queue_id}`], ["consumed", (q) => (q.consumed_offset < 0 ? "none committed" : q.consumed_offset), true],
       ["max offset", (q) => q.max_offset, true], ["backlog", (q) => q.backlog, true], ["backlog time", (q) => duration(q.backlog_ms), true],
     ], g.queues) : el("p", { class: "hint" }, "no committed offsets yet"))) : el("p", {}, "no consumer groups"));
 }
