@@ -17,7 +17,6 @@ import logging
 import secrets
 import ssl
 import threading
-import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -225,41 +224,42 @@ def _refused(request: web.Request, method: str) -> MqmetaError | None:
 
 
 async def _session(request: web.Request) -> web.Response:
+    """Who this browser is and its CSRF token (a first visit gets an anonymous session)."""
     session = _session_of(request)
-    identity = _identity(request, session)
-    document = {
-        "auth": auth._policy is not None,
-        "identity": identity.name if identity else "",
-        "role": identity.role if identity else ("" if auth._policy is not None else "admin"),
-        "may_read": _refused(request, READ_METHOD) is None,
-        "csrf": session.csrf if session else "",
-    }
-    response = web.json_response(document)
+    fresh = session is None
     if session is None:
         session = Session(csrf=secrets.token_urlsafe(24))
-        document["csrf"] = session.csrf
-        response = web.json_response(document)
+    identity = _identity(request, session)
+    checked = auth.current_policy() is not None
+    document = {
+        "auth": checked,
+        "identity": identity.name if identity else "",
+        "role": identity.role if identity else ("" if checked else "admin"),
+        "may_read": _refused(request, READ_METHOD) is None,
+        "csrf": session.csrf,
+    }
+    response = web.json_response(document)
+    if fresh:
         _new_session(request, response, session)
     return response
 
 
 def _identity(request: web.Request, session: Session | None) -> auth.Identity | None:
-    policy = auth._policy
+    policy = auth.current_policy()
     if policy is None:
         return None
     if session is not None and session.token is not None:
-        return auth._by_token(policy, session.token)
+        return auth.identity_of_token(session.token)
     common_name = _certificate_cn(request)
     return policy.certificates.get(common_name) if common_name else None
 
 
 async def _login(request: web.Request) -> web.Response:
-    policy = auth._policy
     body = await _json_body(request)
     token = str(body.get("token", "")).strip()
-    if policy is None:
+    if auth.current_policy() is None:
         return web.json_response({"error": "this console checks no credential: no login needed"}, status=400)
-    identity = auth._by_token(policy, token) if token else None
+    identity = auth.identity_of_token(token)
     if identity is None:
         return web.json_response(
             {"error": "login refused: the token is not known to this server", "code": "UNAUTHENTICATED"},
@@ -477,10 +477,6 @@ def server_ssl_context() -> ssl.SSLContext | None:
         context.load_verify_locations(cadata=config.client_ca.decode())
         context.verify_mode = ssl.CERT_OPTIONAL
     return context
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 def read_pool() -> ThreadPoolExecutor:
