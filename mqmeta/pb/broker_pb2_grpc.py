@@ -178,7 +178,7 @@ class BrokerServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def QueryMessages(self, request, context):
-        """Admin calls (docs/admin.md). Reads answer from this replica's store, confirmed or
+        """Admin calls (docs/messages.md). Reads answer from this replica's store, confirmed or
         not (each message says which); the writes need the master and an admin identity.
         Message query: by id, key, queue offset or store-time range. NOT_FOUND for an id
         or a queue offset this replica does not hold; INVALID_ARGUMENT for a bad range.
