@@ -75,6 +75,18 @@ done
 [ -f "$DATA/cluster.json" ] || fail "no cluster.json after ${READY_TIMEOUT_S} s"
 grep -q "^export MQMETA_CONTROLLERS=" "$WORK/local-up.out" || fail "local up printed no export line"
 
+step "the console (cluster.json's \"console\") serves its page and the vendored uPlot from the wheel"
+CONSOLE=$("$VENV/python" -c 'import json, sys; print(json.load(open(sys.argv[1]))["console"])' "$DATA/cluster.json") ||
+    fail "cluster.json names no console"
+"$VENV/python" - "$CONSOLE" <<'PY' || fail "the console at $CONSOLE"
+import sys, urllib.request
+base = sys.argv[1]
+page = urllib.request.urlopen(base, timeout=10).read().decode()
+assert "console.js" in page, page[:200]
+for path in ("static/console.js", "static/vendor/uPlot.iife.min.js", "static/vendor/uPlot.LICENSE.txt"):
+    assert urllib.request.urlopen(base + path, timeout=10).status == 200, path
+PY
+
 step "create a topic, produce and consume $COUNT messages (--cluster-dir)"
 "$MQMETA" admin --cluster-dir "$DATA" topic create Smoke --queues 4 --json >/dev/null ||
     fail "topic create"

@@ -32,6 +32,7 @@ class NodeLayout:
     metrics: str = ""  # Prometheus text (HTTP); empty in layouts written before metrics
     remoting: str = ""  # embedded: its nameserver's RocketMQ remoting address; empty = none
     remoting_proxy: str = ""  # embedded: its proxies, "broker-a=HOST:PORT,..."; empty = none
+    console: str = ""  # embedded: its nameserver's web console; empty in older layouts
 
 
 @dataclass
@@ -59,17 +60,18 @@ class Layout:
     cluster: str = ""  # the brokers' cluster name ("": the default cluster)
     replicator_metrics: str = ""  # local up --replicate: its worker's metrics address
     namesrv_remoting_proxy: str = ""  # the standalone nameserver's proxies, "broker-a=HOST:PORT,..."
+    namesrv_console: str = ""  # the standalone nameserver's web console; empty in older layouts
 
     @staticmethod
     def port_count(count: int, embedded: bool, broker_sets: int = 0, replicas: int = 0) -> int:
         """How many ports such a cluster listens on: gRPC and Raft per controller, a nameserver
         per controller (embedded) or one standalone, one per broker; then one metrics port
         per process; then a RocketMQ remoting port per nameserver and per broker; then a
-        remoting proxy port per nameserver and broker set."""
+        remoting proxy port per nameserver and broker set, then a web console per nameserver."""
         processes = count + (0 if embedded else 1) + broker_sets * replicas
         nameservers = count if embedded else 1
         servers = count * (3 if embedded else 2) + (0 if embedded else 1) + broker_sets * replicas
-        return servers + processes + nameservers + broker_sets * replicas + nameservers * broker_sets
+        return servers + processes + 2 * nameservers + broker_sets * replicas + nameservers * broker_sets
 
     @staticmethod
     def create(count: int, embedded: bool, broker_sets: int, replicas: int, addresses: list[str]) -> Layout:
@@ -108,8 +110,12 @@ class Layout:
         for node in nodes if embedded else []:
             node.remoting_proxy = ",".join(f"{name}={next(free)}" for name in sets)
         namesrv_proxy = "" if embedded else ",".join(f"{name}={next(free)}" for name in sets)
+        for node in nodes if embedded else []:  # consoles last: older layouts keep their ports
+            node.console = next(free)
+        namesrv_console = "" if embedded else next(free)
         layout = Layout(embedded, nodes, namesrv_addresses, brokers, namesrv_metrics, namesrv_remoting)
         layout.namesrv_remoting_proxy = namesrv_proxy
+        layout.namesrv_console = namesrv_console
         return layout
 
     def addresses(self) -> list[str]:
@@ -123,7 +129,8 @@ class Layout:
         remoting += [b.remoting for b in self.brokers]
         proxies = [n.remoting_proxy for n in self.controllers] + [self.namesrv_remoting_proxy]
         remoting += [item.partition("=")[2] for p in proxies if p for item in p.split(",")]
-        return found + [a for a in metrics if a] + [a for a in remoting if a]
+        consoles = [n.console for n in self.controllers] + [self.namesrv_console]
+        return found + [a for a in metrics if a] + [a for a in remoting if a] + [a for a in consoles if a]
 
     def peer_flags(self) -> list[str]:
         flags = []
@@ -164,6 +171,7 @@ def load_or_create_layout(
             data.get("cluster", cluster),
             data.get("replicator_metrics", ""),
             data.get("namesrv_remoting_proxy", ""),
+            data.get("namesrv_console", ""),
         )
         if layout.cluster != cluster:
             raise InvalidArgument(
@@ -235,7 +243,18 @@ def controller_command(root: Path, layout: Layout, node: NodeLayout) -> list[str
         remoting += ["--remoting-proxy", node.remoting_proxy] if node.remoting and node.remoting_proxy else []
         # every nameserver proxies RocketMQ 5 clients: each names them all in its routes
         proxies = ["--rocketmq-endpoints", ",".join(layout.namesrv)] if len(layout.namesrv) > 1 else []
-        return [*base, "namesrv", "--listen", node.namesrv, "--embed-controller", *remoting, *proxies, *flags]
+        console = ["--console-listen", node.console] if node.console else []
+        return [
+            *base,
+            "namesrv",
+            "--listen",
+            node.namesrv,
+            "--embed-controller",
+            *remoting,
+            *proxies,
+            *console,
+            *flags,
+        ]
     return [*base, "controller", *flags]
 
 
@@ -282,4 +301,5 @@ def namesrv_command(layout: Layout) -> list[str]:
             if layout.namesrv_remoting and layout.namesrv_remoting_proxy
             else []
         ),
+        *(["--console-listen", layout.namesrv_console] if layout.namesrv_console else []),
     ]

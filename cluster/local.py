@@ -205,6 +205,8 @@ def _run(
                 f"see {root / CLUSTER_FILE}",
                 flush=True,
             )
+        if "console" in document:
+            print(f"console: {document['console']}", flush=True)
         print("\n".join(export_lines(document, root)), flush=True)
         _supervise(root, [s.supervisor for s in sites], document, stop)
     finally:
@@ -255,7 +257,9 @@ def _start_site(site: _Site) -> dict[str, Any]:
         supervisor.start(broker.name, broker_command(root, layout, broker) + cluster_flag + flags)
         started.append(broker.name)
     statuses = wait_brokers_ready(layout.brokers, check_running=check_running) if layout.brokers else {}
-    document = cluster_document(root, layout, supervisor, rocketmq_routes=site.rocketmq_routes)
+    document = cluster_document(
+        root, layout, supervisor, rocketmq_routes=site.rocketmq_routes, tls_on="--tls-cert" in site.tls_flags
+    )
     document["brokers"] = [
         {
             "cluster": statuses[b.name].cluster,
@@ -344,8 +348,17 @@ def _proxies(text: str) -> dict[str, Any]:
     return {"remoting_proxies": dict(item.split("=", 1) for item in text.split(","))}
 
 
+def console_url(address: str, tls_on: bool) -> str:
+    return f"{'https' if tls_on else 'http'}://{address}/"
+
+
 def cluster_document(
-    root: Path, layout: Layout, supervisor: Supervisor, remoting: bool = True, rocketmq_routes: str = "proxy"
+    root: Path,
+    layout: Layout,
+    supervisor: Supervisor,
+    remoting: bool = True,
+    rocketmq_routes: str = "proxy",
+    tls_on: bool = False,
 ) -> dict[str, Any]:
     controllers = [
         {
@@ -366,6 +379,7 @@ def cluster_document(
                 "metrics": n.metrics,
                 **({"remoting": n.remoting} if n.remoting and remoting else {}),
                 **_proxies(n.remoting_proxy if n.remoting and remoting else ""),
+                **({"console": console_url(n.console, tls_on)} if n.console else {}),
             }
             for n in layout.controllers
         ]  # one process: the controller's metrics
@@ -377,10 +391,15 @@ def cluster_document(
                 "metrics": layout.namesrv_metrics,
                 **({"remoting": layout.namesrv_remoting} if layout.namesrv_remoting and remoting else {}),
                 **_proxies(layout.namesrv_remoting_proxy if layout.namesrv_remoting and remoting else ""),
+                **(
+                    {"console": console_url(layout.namesrv_console, tls_on)} if layout.namesrv_console else {}
+                ),
             }
         ]
     tiered = {"url": str(tiered_dir(root))} if layout.brokers else None
+    consoles = [n["console"] for n in namesrv if "console" in n]
     return {
+        **({"console": consoles[0]} if consoles else {}),
         "controllers": controllers,
         "namesrv": namesrv,
         "brokers": [],

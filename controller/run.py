@@ -9,6 +9,7 @@ from mqmeta.controller.namesrv import RocketMQRoutes
 from mqmeta.controller.remoting_proxy import parse_proxies
 from mqmeta.controller.server import (
     ControllerConfig,
+    RunningNode,
     parse_peer,
     raft_settings_from,
     start_controller,
@@ -17,7 +18,7 @@ from mqmeta.controller.server import (
 
 from mqmeta.errors import InvalidArgument
 from mqmeta.remoting.server import listen_address
-from mqmeta.rpc import serve_until_signal
+from mqmeta.rpc import check_can_listen, serve_until_signal
 from mqmeta.validate import parse_addresses
 
 
@@ -69,6 +70,9 @@ def remoting_proxies(args: argparse.Namespace, remoting: str) -> dict[str, str]:
 
 def run_namesrv(args: argparse.Namespace) -> int:
     parse_addresses(args.listen, "--listen address")
+    if args.console_listen:  # before anything starts: a bad address is one sentence
+        parse_addresses(args.console_listen, "--console-listen address")
+        check_can_listen(args.console_listen)
     remoting = listen_address(args)
     routes = RocketMQRoutes(
         str(getattr(args, "rocketmq_routes", None) or "proxy"),
@@ -96,5 +100,25 @@ def run_namesrv(args: argparse.Namespace) -> int:
         )
     else:
         raise InvalidArgument("a nameserver needs --controllers ADDRS or --embed-controller")
+    if args.console_listen:
+        _add_console(node, args)
     serve_until_signal(node)
     return 0
+
+
+def _add_console(node: RunningNode, args: argparse.Namespace) -> None:
+    """The web console beside the nameserver, reading from the same controllers."""
+    from mqmeta.controller.console import start_console
+
+    if args.embed_controller:
+        peers = controller_config(args).peers
+        controllers = list(dict.fromkeys([str(args.grpc), *(p.grpc for p in peers)]))
+    else:
+        controllers = parse_addresses(args.controllers)
+    try:
+        console = start_console(args.console_listen, controllers)
+    except BaseException:
+        node.stop(graceful=False)
+        raise
+    node.closers.insert(0, console.stop)
+    print(f"mqmeta console: {console.url()}", flush=True)

@@ -227,6 +227,17 @@ def client_token() -> str | None:
     return _token
 
 
+def current_policy() -> Policy | None:
+    """This process's server policy (None: nothing is checked)."""
+    return _policy
+
+
+def identity_of_token(token: str) -> Identity | None:
+    """The identity this process's allow list gives `token` (None: unknown, or no list)."""
+    policy = _policy
+    return None if policy is None or not token else _by_token(policy, token)
+
+
 def access_of(method: str) -> Access:
     return METHOD_ACCESS.get(method, Access.ADMIN)
 

@@ -195,6 +195,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="proxy (default): routes name the --remoting-proxy of a set that has one; direct: "
         "every route names the master's own remoting address (no proxy is started)",
     )
+    namesrv.add_argument(
+        "--console-listen",
+        default="",
+        help="serve the web console on HOST:PORT (https with --tls-cert; the --auth-file allow list)",
+    )
     _add_node_flags(namesrv, required=False)
     accept_config_file(namesrv, tables=("raft_settings",))
 

@@ -19,11 +19,10 @@ _AUDIT = (("pyspark", "PySpark"), ("pyarrow", "PyArrow"), ("pandas", "pandas"), 
 EXTRA_MODULES: dict[str, tuple[tuple[str, str], ...]] = {
     "audit": _AUDIT,
     # a chaos run is audited, draws latency plots, drives the fault proxies through the
-    # Toxiproxy client, serves their API on aiohttp, may drive the RocketMQ 5 client, and
-    # mounts the fault filesystem
+    # Toxiproxy client, may drive the RocketMQ 5 client, and mounts the fault filesystem
+    # (the proxies' API is served on aiohttp, a core dependency since the console)
     "chaos": (
         ("toxiproxy", "toxiproxy-python"),
-        ("aiohttp", "aiohttp"),
         ("rocketmq", "rocketmq-python-client"),
         ("mfusepy", "mfusepy"),  # the fault filesystem (chaos/faultfs)
         *_AUDIT,

@@ -3,7 +3,7 @@
 Each test blocks the packages of the extras (sys.modules[name] = None, as if they were
 not installed) before `mqmeta.cli` is imported. Properties checked:
 - with every extra missing, `mqmeta --help`, every command's --help and `--version` work
-  (no command imports PySpark, aiohttp, the Toxiproxy or RocketMQ clients, or s3fs to
+  (no command imports PySpark, the Toxiproxy or RocketMQ clients, or s3fs to
   build its parser), and --version is mqmeta.__version__;
 - a command whose extra is missing exits 2 with one sentence naming the package and the
   extra (`pip install 'mqmeta[audit]'`), no traceback: the audit (audit), the chaos
@@ -87,8 +87,6 @@ def test_the_audit_without_its_extra(tmp_path):
 def test_the_chaos_suite_without_its_extra(tmp_path):
     result = run_without(["toxiproxy"], "chaos", "run", "--fault", "all-kill", "--output-dir", str(tmp_path))
     assert_names_the_extra(result, "toxiproxy-python", "chaos")
-    result = run_without(["aiohttp"], "chaos", "toxiproxy", "--listen", "127.0.0.1:0")
-    assert_names_the_extra(result, "aiohttp", "chaos")
     result = run_without(
         ["pyspark"], "chaos", "matrix", "--faults", "all-kill", "--output-dir", str(tmp_path)
     )
