@@ -59,7 +59,7 @@ def cluster(tmp_path_factory):
         second.release()  # the second nameserver binds it now
         command = namesrv_command(c.layout) + flags
         command[command.index("--listen") + 1] = proxies[1]
-        for flag in ("--metrics-listen", "--remoting-listen", "--remoting-proxy"):
+        for flag in ("--metrics-listen", "--remoting-listen", "--remoting-proxy", "--console-listen"):
             if flag in command:
                 del command[command.index(flag) : command.index(flag) + 2]
         c.supervisor.start("namesrv2", command, c.process_env("namesrv2"))
