@@ -80,7 +80,9 @@ def _broker_set_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--broker-name", required=True)
 
 
-def add_admin_commands(admin: argparse.ArgumentParser) -> None:
+def add_parser(subparsers: Any) -> None:
+    """`mqmeta admin` and its commands."""
+    admin = subparsers.add_parser("admin", help="gRPC admin calls")
     add_context_flags(admin, CONTROLLERS)
     admin.add_argument("--timeout", type=_timeout_s, default=5.0, help="seconds for the whole call")
     sub = admin.add_subparsers(dest="admin_command", required=True, parser_class=type(admin))
@@ -164,7 +166,7 @@ class _Report:
     by_column: bool = False  # one column per row (many fields, few rows: readable in 80 columns)
 
 
-def run_admin(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     with ControllerClient(args.controllers, timeout_s=args.timeout) as client:
         document, rows = args.handler(client, args)
     if args.json:

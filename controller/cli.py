@@ -1,0 +1,139 @@
+"""`mqmeta controller` and `mqmeta namesrv`: their flags, and a node made of them (and a TOML file)."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from mqmeta.config_file import accept_config_file
+from mqmeta.errors import InvalidArgument
+from mqmeta.validate import parse_addresses
+
+if TYPE_CHECKING:
+    from mqmeta.controller.server import ControllerConfig
+
+
+def _add_node_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", type=Path, help="TOML file with any of these flags as keys")
+    parser.add_argument("--id", dest="node_id", help="this controller node's id, e.g. c1")
+    parser.add_argument("--grpc", help="gRPC address HOST:PORT of this node")
+    parser.add_argument("--raft", help="Raft address HOST:PORT of this node")
+    parser.add_argument(
+        "--peer",
+        action="append",
+        default=[],
+        help="another node as ID=RAFT_HOST:PORT/GRPC_HOST:PORT (repeat)",
+    )
+    parser.add_argument("--data-dir", type=Path, help="where this node keeps its journal and logs")
+    parser.add_argument(
+        "--secret-file", type=Path, help="file holding the Raft secret (authenticates and encrypts peers)"
+    )
+    parser.add_argument(
+        "--insecure-raft",
+        action="store_true",
+        help="let a node with peers run without --secret-file (its Raft port must be unreachable "
+        "from untrusted hosts: the wire format is pickle)",
+    )
+    parser.add_argument("--metrics-listen", help="serve Prometheus metrics over HTTP on HOST:PORT")
+
+
+def add_parser(subparsers: Any) -> None:
+    """`mqmeta controller` and `mqmeta namesrv` (a nameserver may embed a controller node)."""
+    controller = subparsers.add_parser("controller", help="run one standalone controller node")
+    _add_node_flags(controller)
+    accept_config_file(controller, tables=("raft_settings",))
+
+    namesrv = subparsers.add_parser("namesrv", help="run a nameserver (optionally embedding a controller)")
+    namesrv.add_argument("--listen", required=True, help="nameserver gRPC address HOST:PORT")
+    namesrv.add_argument("--controllers", help="controller addresses (standalone nameserver)")
+    namesrv.add_argument(
+        "--embed-controller", action="store_true", help="also run a controller node in this process"
+    )
+    namesrv.add_argument(
+        "--remoting-listen",
+        nargs="?",
+        const="0.0.0.0:9876",
+        default="",
+        help="serve RocketMQ 4.x clients (the classic remoting protocol) on HOST:PORT "
+        "(RocketMQ's 0.0.0.0:9876 when the flag has no value)",
+    )
+    _add_node_flags(namesrv)
+    accept_config_file(namesrv, tables=("raft_settings",))
+
+
+def controller_config(args: argparse.Namespace) -> ControllerConfig:
+    """A node from the parsed flags (mqmeta.config_file has merged --config into them)."""
+    from mqmeta.controller.server import ControllerConfig, parse_peer, raft_settings_from
+
+    missing = [k for k in ("node_id", "grpc", "raft", "data_dir") if not getattr(args, k, None)]
+    if missing:
+        flags = ", ".join("--" + k.replace("node_id", "id").replace("_", "-") for k in missing)
+        raise InvalidArgument(f"a controller node needs {flags} (flags or --config keys)")
+    secret = None
+    if args.secret_file:
+        path = Path(args.secret_file)
+        try:
+            secret = path.read_text().strip()
+        except OSError as exc:
+            raise InvalidArgument(f"cannot read --secret-file {path}: {exc.strerror}") from None
+        if not secret:
+            raise InvalidArgument(f"--secret-file {path} is empty")
+    elif args.peer and not getattr(args, "insecure_raft", False):
+        # pysyncobj's wire format is pickle: an unauthenticated Raft port runs code it is sent
+        raise InvalidArgument(
+            "a controller node with peers needs --secret-file (the same secret on every node), "
+            "or --insecure-raft to run without one on a network no untrusted host can reach"
+        )
+    return ControllerConfig(
+        node_id=str(args.node_id),
+        grpc=str(args.grpc),
+        raft=str(args.raft),
+        data_dir=Path(args.data_dir),
+        peers=[parse_peer(p) for p in args.peer or []],
+        raft_settings=raft_settings_from(getattr(args, "raft_settings", None) or {}, secret),
+        metrics_listen=str(args.metrics_listen or ""),
+    )
+
+
+def _run_controller(args: argparse.Namespace) -> int:
+    from mqmeta.controller.server import start_controller
+
+    from mqmeta.rpc import serve_until_signal
+
+    serve_until_signal(start_controller(controller_config(args)))
+    return 0
+
+
+def _run_namesrv(args: argparse.Namespace) -> int:
+    from mqmeta.controller.server import start_controller, start_namesrv
+
+    from mqmeta.remoting.server import listen_address
+    from mqmeta.rpc import serve_until_signal
+
+    parse_addresses(args.listen, "--listen address")
+    remoting = listen_address(args)
+    if args.embed_controller:
+        node = start_controller(
+            controller_config(args), namesrv_address=args.listen, remoting_address=remoting
+        )
+    elif args.controllers:
+        node = start_namesrv(
+            args.listen, parse_addresses(args.controllers), args.metrics_listen or "", remoting
+        )
+    else:
+        raise InvalidArgument("a nameserver needs --controllers ADDRS or --embed-controller")
+    serve_until_signal(node)
+    return 0
+
+
+_RUNS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "controller": _run_controller,
+    "namesrv": _run_namesrv,
+}
+
+
+def run(args: argparse.Namespace) -> int:
+    """`mqmeta controller` or `mqmeta namesrv`, as args.command names."""
+    return _RUNS[args.command](args)
