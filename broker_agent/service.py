@@ -6,7 +6,7 @@ import logging
 import time
 from collections.abc import Sequence
 
-from mqmeta.broker_agent import replication
+from mqmeta.broker_agent import ha_fetch
 from mqmeta.broker_agent.agent import BrokerAgent
 from mqmeta.broker_agent.metrics import BrokerMetrics
 from mqmeta.broker_agent.origins import ORIGIN_AHEAD
@@ -223,7 +223,7 @@ class BrokerServicer(bpb_grpc.BrokerServiceServicer):
         if request.broker_name != self.agent.config.broker_name:
             raise NotFound(f"this broker serves {self.agent.config.broker_name}, not {request.broker_name}")
         started = time.perf_counter()
-        reply = replication.serve_fetch(self.agent, request)
+        reply = ha_fetch.serve_fetch(self.agent, request)
         if self.metrics is not None:
             self.metrics.fetch_seconds.observe(time.perf_counter() - started)
             self.metrics.bytes_out.inc(len(reply.data))

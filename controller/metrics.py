@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from mqmeta.controller.core import ControllerCore
+from mqmeta.controller.operations import ControllerOperations
 from prometheus_client import Counter
 from prometheus_client.core import GaugeMetricFamily, Metric
 
@@ -14,7 +14,7 @@ from mqmeta.metrics import Metrics, gauge
 PREFIX = "mqmeta_controller_"
 
 
-def controller_metrics(core: ControllerCore) -> Metrics:
+def controller_metrics(core: ControllerOperations) -> Metrics:
     metrics = Metrics()
     apply_seconds = metrics.histogram(PREFIX + "apply_seconds", "time to apply one Raft entry (a batch)")
     writes = metrics.counter(PREFIX + "writes", "commands applied from the Raft log")
@@ -37,7 +37,7 @@ def namesrv_metrics() -> tuple[Metrics, Counter]:
     return metrics, routes
 
 
-def _collect(core: ControllerCore) -> Iterator[Metric]:
+def _collect(core: ControllerOperations) -> Iterator[Metric]:
     raft = core.raft
     leader = raft.is_leader()
     yield gauge(PREFIX + "is_leader", "1 on the Raft leader, 0 elsewhere", 1.0 if leader else 0.0)
@@ -60,7 +60,7 @@ def _collect(core: ControllerCore) -> Iterator[Metric]:
     )
 
 
-def _liveness(core: ControllerCore) -> GaugeMetricFamily:
+def _liveness(core: ControllerOperations) -> GaugeMetricFamily:
     family = GaugeMetricFamily(
         PREFIX + "broker_alive",
         "1 while a broker heartbeats within dead-after (leader only)",

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from mqmeta.controller.core import ControllerCore
+from mqmeta.controller.operations import ControllerOperations
 from mqmeta.controller.route_cache import RouteCache
 from mqmeta.controller.service import broker_route_pb, list_topics_names, list_topics_pb, route_pb
 
@@ -78,7 +78,7 @@ class NameServerServicer(ns_grpc.NameServerServicer):
 class EmbeddedNameServer(ns_grpc.NameServerServicer):
     """The nameserver of a controller node (`--embed-controller`), on its AsyncServer."""
 
-    def __init__(self, core: ControllerCore) -> None:
+    def __init__(self, core: ControllerOperations) -> None:
         self.core = core
 
     @rpc_async

@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import grpc
-from mqmeta.controller.core import ControllerCore
 from mqmeta.controller.metrics import controller_metrics, namesrv_metrics
 from mqmeta.controller.namesrv import EmbeddedNameServer, NameServerServicer, add_messaging_service
+from mqmeta.controller.operations import ControllerOperations
 from mqmeta.controller.raft_node import Peer, RaftSettings
 from mqmeta.controller.route_cache import RouteCache
 from mqmeta.controller.service import ControllerServicer, watch_event_pb
@@ -133,7 +133,7 @@ class RunningNode:
     def __init__(
         self,
         servers: list[StoppableServer],
-        core: ControllerCore | None,
+        core: ControllerOperations | None,
         client: ControllerClient | None,
         metrics: Metrics | None = None,
         closers: list[Callable[[], None]] | None = None,
@@ -172,7 +172,7 @@ def start_controller(
     for address in dict.fromkeys([config.grpc, config.raft, namesrv_address]):
         if address:  # before the journal opens; pysyncobj would retry a taken Raft port forever
             check_can_listen(address)
-    core = ControllerCore(config.node_id, config.peers, config.data_dir, config.raft_settings)
+    core = ControllerOperations(config.node_id, config.peers, config.data_dir, config.raft_settings)
     embedded_here = namesrv_address == config.grpc
 
     async def setup(server: grpc.aio.Server) -> None:
@@ -220,7 +220,7 @@ def _started(server: AsyncServer) -> AsyncServer:
     return server
 
 
-def _namesrv_setup(core: ControllerCore):
+def _namesrv_setup(core: ControllerOperations):
     async def setup(server: grpc.aio.Server) -> None:
         namesrv_pb2_grpc.add_NameServerServicer_to_server(EmbeddedNameServer(core), server)
         messaging = add_messaging_service(server, _embedded_route(core))
@@ -229,7 +229,7 @@ def _namesrv_setup(core: ControllerCore):
     return setup
 
 
-def _embedded_route(core: ControllerCore):
+def _embedded_route(core: ControllerOperations):
     from mqmeta.controller.service import route_pb
 
     return lambda topic: route_pb(core.topic_route(topic))

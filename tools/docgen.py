@@ -189,7 +189,6 @@ def environment_defaults(
 def number_range(action: argparse.Action) -> str | None:
     """The allowed values of a numeric flag's type, read from the type itself."""
     from mqmeta import admin_cli
-
     from mqmeta.validate import FlagNumber
 
     kind: Any = action.type
