@@ -104,6 +104,16 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """`mqmeta broker`: a broker from the flags, served until a signal stops it."""
+    config = _broker_config(args)
+    if args.metrics_listen:
+        parse_addresses(args.metrics_listen, "--metrics-listen address")
+    serve_until_signal(_start(config, args.metrics_listen))
+    return 0
+
+
+def _broker_config(args: argparse.Namespace) -> BrokerConfig:
+    """The broker's configuration from the flags, every relation between them checked."""
     validate_name("--cluster", args.cluster)
     validate_name("--broker-name", args.broker_name)
     config = BrokerConfig(
@@ -140,6 +150,11 @@ def run(args: argparse.Namespace) -> int:
             "--local-retention-bytes needs --tiered-store: local segments are "
             "deleted only once they are in the tiered store"
         )
+    return config
+
+
+def _start(config: BrokerConfig, metrics_listen: str) -> Any:
+    """Starts the broker's servers and agent; returns what stops them (graceful or at once)."""
     # The RocketMQ 5 service (and its stubs, which clash with the official client's in one
     # process) is imported only here, in the broker process.
     from mqmeta.broker_agent.rmq_service import (
@@ -152,8 +167,6 @@ def run(args: argparse.Namespace) -> int:
     from mqmeta.pb.apache.rocketmq.v2 import service_pb2_grpc as rsvc_grpc
     from mqmeta.rocketmq import MESSAGING_SERVICE
 
-    if args.metrics_listen:
-        parse_addresses(args.metrics_listen, "--metrics-listen address")
     agent = BrokerAgent(config)
     rmq = RmqBroker(agent)
     server = build_server(config.listen, SERVER_WORKERS, REQUEST_BYTES_MAX)
@@ -169,7 +182,7 @@ def run(args: argparse.Namespace) -> int:
         from mqmeta.broker_agent.remoting import start_remoting
 
         remoting = start_remoting(agent, rmq, config.extra["remoting"])
-    metrics.serve(args.metrics_listen)
+    metrics.serve(metrics_listen)
 
     class _Node:
         def stop(self, graceful: bool = True) -> None:
@@ -186,5 +199,4 @@ def run(args: argparse.Namespace) -> int:
             agent.stop()
             metrics.stop()
 
-    serve_until_signal(_Node())
-    return 0
+    return _Node()

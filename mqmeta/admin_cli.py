@@ -112,9 +112,14 @@ def add_parser(subparsers: Any) -> None:
     _leaf(
         sub, "replicator-status", "replication rules: tasks, their workers and progress", replicator_status
     ).add_argument("--rule", default="", help="one rule only")
+    _add_topic_commands(sub, type(admin))
+    _add_group_commands(sub, type(admin))
+    _add_config_commands(sub, type(admin))
 
+
+def _add_topic_commands(sub: Any, parser_class: type) -> None:
     topic = sub.add_parser("topic", help="create, update, delete, list topics; show a route")
-    topic_sub = topic.add_subparsers(dest="topic_command", required=True, parser_class=type(admin))
+    topic_sub = topic.add_subparsers(dest="topic_command", required=True, parser_class=parser_class)
     for name, handler in (("create", topic_create), ("update", topic_update)):
         p = _leaf(topic_sub, name, f"{name} a topic", handler)
         p.add_argument("name")
@@ -134,8 +139,10 @@ def add_parser(subparsers: Any) -> None:
     _leaf(topic_sub, "list", "list topics", topic_list)
     _leaf(topic_sub, "route", "the route of a topic", topic_route).add_argument("name")
 
+
+def _add_group_commands(sub: Any, parser_class: type) -> None:
     group = sub.add_parser("group", help="create, update, delete, list subscription groups")
-    group_sub = group.add_subparsers(dest="group_command", required=True, parser_class=type(admin))
+    group_sub = group.add_subparsers(dest="group_command", required=True, parser_class=parser_class)
     for name, handler in (("create", group_create), ("update", group_update)):
         p = _leaf(group_sub, name, f"{name} a subscription group", handler)
         p.add_argument("name")
@@ -149,8 +156,10 @@ def add_parser(subparsers: Any) -> None:
     _leaf(group_sub, "delete", "delete a group", group_delete).add_argument("name")
     _leaf(group_sub, "list", "list groups", group_list)
 
+
+def _add_config_commands(sub: Any, parser_class: type) -> None:
     config = sub.add_parser("config", help="read or change run-time controller configuration")
-    config_sub = config.add_subparsers(dest="config_command", required=True, parser_class=type(admin))
+    config_sub = config.add_subparsers(dest="config_command", required=True, parser_class=parser_class)
     _leaf(config_sub, "get", "show the configuration", config_get)
     _leaf(config_sub, "set", "change KEY=VALUE pairs", config_set).add_argument(
         "pairs", nargs="+", metavar="KEY=VALUE"
