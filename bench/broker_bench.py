@@ -320,6 +320,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--attempt-timeout-s", type=float, default=0.3, help="per-attempt gRPC timeout of the failover probe"
     )
     p.add_argument("--budget-s", type=float, default=None)
+    _add_profile_flags(p)
+    _add_environment_flags(p)
+    return _with_defaults(p.parse_args(argv))
+
+
+def _add_profile_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", action="store_true", help="py-spy one extra throughput run")
     p.add_argument("--profile-run", default="16,128", help="THREADS,BATCH of the profiled run")
     p.add_argument("--profile-native", action="store_true", help="py-spy --native")
@@ -334,6 +340,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         action="store_true",
         help="py-spy without --gil (waiting threads are sampled too)",
     )
+
+
+def _add_environment_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--keep", action="store_true", help="keep the data directory")
     p.add_argument(
         "--fsync-delay-us",
@@ -355,7 +364,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="append --tiered-store '' to the brokers' flags (no tiered uploader) in "
         "case the harness configures one",
     )
-    args = p.parse_args(argv)
+
+
+def _with_defaults(args: argparse.Namespace) -> argparse.Namespace:
+    """The parsed flags with the lists split and the defaults that depend on --quick."""
     args.phases = [x.strip() for x in args.only.split(",") if x.strip()]
     args.thread_counts = [int(x) for x in args.threads.split(",") if x]
     args.batch_sizes = [int(x) for x in args.batches.split(",") if x]
