@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import json
 import multiprocessing as mp
 import os
@@ -52,6 +53,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -1199,6 +1201,180 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
+@dataclasses.dataclass
+class _Run:
+    """What every phase of one run shares."""
+
+    args: argparse.Namespace
+    root: Path
+    result: dict[str, Any]
+    cluster: Cluster
+    tag: str  # a prefix of this run's topic names
+    t_begin: float
+    order: list[str] = dataclasses.field(default_factory=list)  # gRPC addresses, leader first
+
+    def leader_first(self) -> tuple[str, list[str]]:
+        leader = self.cluster.leader_id()
+        self.order = [self.cluster.grpc(leader)] + [
+            self.cluster.grpc(n) for n in self.cluster.by_id if n != leader
+        ]
+        return leader, self.order
+
+
+def _phase_seq(ctx: _Run) -> None:
+    args, result, tag = ctx.args, ctx.result, ctx.tag
+    leader, order = ctx.leader_first()
+    result["grpc_floor_sequential"] = sequential_health(order[0], 300 if args.quick else 1000)
+    log(f"sequential: {args.seq_count} CreateTopic writes through the leader {leader}")
+    result["sequential"] = sequential_writes(order, args.seq_count, f"{tag}-seq", 30, args.seq_time_limit)
+    result["sequential"]["target"] = "leader"
+    follower_first = order[1:] + order[:1]
+    count = max(100, args.seq_count // 5)
+    log(f"sequential: {count} writes through a follower (pysyncobj forwards them)")
+    result["sequential_via_follower"] = sequential_writes(
+        follower_first, count, f"{tag}-seqf", 10, args.seq_time_limit / 2
+    )
+    log(
+        f"sequential p50 {result['sequential']['p50_ms']} ms, {result['sequential']['writes_per_s']} writes/s"
+    )
+
+
+def _phase_concurrent(ctx: _Run) -> None:
+    args, root, result, cluster, tag = ctx.args, ctx.root, ctx.result, ctx.cluster, ctx.tag
+    leader, order = ctx.leader_first()
+    runs = []
+    for mode in args.modes.split(","):
+        log(f"concurrent: {args.clients} clients as {mode} for {args.duration}s")
+        if args.profile_leader:
+            _signal_profile(cluster, leader)
+        r = concurrent_writes(
+            cluster, order, mode, args.clients, args.duration, args.warmup, f"{tag}-c{mode[0]}"
+        )
+        if args.profile_leader:
+            _signal_profile(cluster, leader)
+            time.sleep(0.5)
+            r["profile_file"] = str(root / f"profile-{leader}.json")
+            if args.keep:
+                pass
+            for key, suffix in (("profile", ".json"), ("raft_messages", ".messages.json")):
+                try:
+                    r[key] = json.loads(Path(r["profile_file"]).with_suffix(suffix).read_text())
+                except (OSError, ValueError):
+                    pass
+        log(
+            f"concurrent {mode}: {r['writes_per_s']} writes/s p50 {r.get('p50_ms')} ms cpu {r['cpu_percent']}"
+        )
+        runs.append(r)
+    best = max(runs, key=lambda r: r["writes_per_s"] or 0)
+    why = ["the mode with the higher rate shows more of the server's capacity"]
+    for r in runs:
+        client_cpu = r["cpu_percent"].get("bench", r["cpu_percent"].get("clients_total"))
+        why.append(
+            f"{r['mode']}: {r['writes_per_s']} writes/s, client CPU {client_cpu}% "
+            f"(100 = one core), leader CPU "
+            f"{r['cpu_percent'].get(r['leader'])}%"
+        )
+    result["concurrent"] = {"mode_used": best["mode"], "best": best, "runs": runs, "why": "; ".join(why)}
+
+
+def _phase_batched(ctx: _Run) -> None:
+    args, result, cluster, tag = ctx.args, ctx.result, ctx.cluster, ctx.tag
+    order = ctx.order
+    log(f"batched: {args.clients} threads, WriteBatch of {BATCH_WRITES} writes per call")
+    r = concurrent_writes(
+        cluster,
+        order,
+        "threads",
+        args.clients,
+        args.duration,
+        1.0 if args.quick else 2.0,
+        f"{tag}-batch",
+        op="batch",
+    )
+    r["writes_per_call"] = BATCH_WRITES
+    result["concurrent_batched"] = r
+    log(f"batched: {r['writes_per_s']} writes/s p50 {r.get('p50_ms')} ms")
+
+
+def _phase_ceiling(ctx: _Run) -> None:
+    args, result, cluster, tag = ctx.args, ctx.result, ctx.cluster, ctx.tag
+    leader, order = ctx.leader_first()
+    log(f"gRPC ceiling: {args.clients} threads calling Health.Check (no Raft) on the leader")
+    r = concurrent_writes(
+        cluster, order, "threads", args.clients, args.duration, args.warmup, f"{tag}-h", op="health"
+    )
+    for key in ("raft_entries_per_s", "commands_per_raft_entry"):
+        r.pop(key, None)
+    r["calls_per_s"] = r.pop("writes_per_s")
+    r["what"] = (
+        "the same client threads against a trivial RPC of the leader's gRPC server: "
+        "an upper bound for any write path through this server and client"
+    )
+    result["grpc_ceiling"] = r
+    log(f"gRPC ceiling: {r['calls_per_s']} calls/s p50 {r.get('p50_ms')} ms cpu {r['cpu_percent']}")
+
+
+def _phase_raw(ctx: _Run) -> None:
+    args, root, result = ctx.args, ctx.root, ctx.result
+    secret = (root / "secret").read_text().strip()
+    result["raw_pysyncobj"] = {}
+    for kind in args.raw_confs:
+        log(f"raw pysyncobj baseline: {kind}")
+        r = raw_baseline(root, kind, secret, args)
+        result["raw_pysyncobj"][kind] = r
+        log(
+            f"raw {kind}: seq p50 {r['sequential'].get('p50_ms')} ms, async "
+            f"{r['async_best']['writes_per_s']} writes/s (window {r['async_best']['window']})"
+        )
+
+
+def _phase_failover(ctx: _Run) -> None:
+    args, result, cluster = ctx.args, ctx.result, ctx.cluster
+    rounds = []
+    samples = []
+    for k in range(args.failover_rounds):
+        remaining = args.budget_s - (time.monotonic() - ctx.t_begin)
+        if remaining < 12.0:
+            log(f"failover: stopping after {k} rounds to stay within the time budget")
+            result["failover_truncated"] = True
+            break
+        try:
+            r = failover_round(cluster, k, args.failover_call_timeout_s)
+        except RuntimeError as exc:  # the cluster did not recover: report, stop here
+            result["failover_error"] = str(exc)
+            log(f"failover round {k + 1}: {exc}")
+            break
+        rounds.append(r)
+        if r["failover_s"] is not None:
+            samples.append(r["failover_s"])
+        log(
+            f"failover {k + 1}/{args.failover_rounds}: killed {r['killed']}, first commit "
+            f"after {r['failover_s']} s (leader known after {r['new_leader_known_s']} s), "
+            f"new leader {r['new_leader']}, healthy again in "
+            f"{r['restart_to_healthy_s']} s"
+        )
+    result["failover"] = {
+        "rounds": len(rounds),
+        "samples_s": samples,
+        "failed_rounds": sum(1 for r in rounds if r["failover_s"] is None),
+        "p50_s": _r(percentile(samples, 50), 4),
+        "p99_s": _r(percentile(samples, 99), 4),
+        "max_s": _r(max(samples), 4) if samples else None,
+        "detail": rounds,
+        "per_call_timeout_s": args.failover_call_timeout_s,
+    }
+
+
+PHASE_RUNS: dict[str, Callable[[_Run], None]] = {
+    "seq": _phase_seq,
+    "concurrent": _phase_concurrent,
+    "batched": _phase_batched,
+    "ceiling": _phase_ceiling,
+    "raw": _phase_raw,
+    "failover": _phase_failover,
+}
+
+
 def run(args: argparse.Namespace, root: Path, result: dict[str, Any]) -> None:
     t_begin = time.monotonic()
     cluster = Cluster(root, args)
@@ -1219,145 +1395,11 @@ def run(args: argparse.Namespace, root: Path, result: dict[str, Any]) -> None:
         },
     }
 
-    def leader_first() -> tuple[str, list[str]]:
-        leader = cluster.leader_id()
-        return leader, [cluster.grpc(leader)] + [cluster.grpc(n) for n in cluster.by_id if n != leader]
-
-    leader, order = leader_first()
-    result["cluster"]["leader"] = leader
-    tag = f"b{int(time.time())}"
-
-    if "seq" in args.phases:
-        leader, order = leader_first()
-        result["grpc_floor_sequential"] = sequential_health(order[0], 300 if args.quick else 1000)
-        log(f"sequential: {args.seq_count} CreateTopic writes through the leader {leader}")
-        result["sequential"] = sequential_writes(order, args.seq_count, f"{tag}-seq", 30, args.seq_time_limit)
-        result["sequential"]["target"] = "leader"
-        follower_first = order[1:] + order[:1]
-        count = max(100, args.seq_count // 5)
-        log(f"sequential: {count} writes through a follower (pysyncobj forwards them)")
-        result["sequential_via_follower"] = sequential_writes(
-            follower_first, count, f"{tag}-seqf", 10, args.seq_time_limit / 2
-        )
-        log(
-            f"sequential p50 {result['sequential']['p50_ms']} ms, "
-            f"{result['sequential']['writes_per_s']} writes/s"
-        )
-
-    if "concurrent" in args.phases:
-        leader, order = leader_first()
-        runs = []
-        for mode in args.modes.split(","):
-            log(f"concurrent: {args.clients} clients as {mode} for {args.duration}s")
-            if args.profile_leader:
-                _signal_profile(cluster, leader)
-            r = concurrent_writes(
-                cluster, order, mode, args.clients, args.duration, args.warmup, f"{tag}-c{mode[0]}"
-            )
-            if args.profile_leader:
-                _signal_profile(cluster, leader)
-                time.sleep(0.5)
-                r["profile_file"] = str(root / f"profile-{leader}.json")
-                if args.keep:
-                    pass
-                for key, suffix in (("profile", ".json"), ("raft_messages", ".messages.json")):
-                    try:
-                        r[key] = json.loads(Path(r["profile_file"]).with_suffix(suffix).read_text())
-                    except (OSError, ValueError):
-                        pass
-            log(
-                f"concurrent {mode}: {r['writes_per_s']} writes/s p50 {r.get('p50_ms')} ms "
-                f"cpu {r['cpu_percent']}"
-            )
-            runs.append(r)
-        best = max(runs, key=lambda r: r["writes_per_s"] or 0)
-        why = ["the mode with the higher rate shows more of the server's capacity"]
-        for r in runs:
-            client_cpu = r["cpu_percent"].get("bench", r["cpu_percent"].get("clients_total"))
-            why.append(
-                f"{r['mode']}: {r['writes_per_s']} writes/s, client CPU {client_cpu}% "
-                f"(100 = one core), leader CPU "
-                f"{r['cpu_percent'].get(r['leader'])}%"
-            )
-        result["concurrent"] = {"mode_used": best["mode"], "best": best, "runs": runs, "why": "; ".join(why)}
-
-    if "batched" in args.phases:
-        log(f"batched: {args.clients} threads, WriteBatch of {BATCH_WRITES} writes per call")
-        r = concurrent_writes(
-            cluster,
-            order,
-            "threads",
-            args.clients,
-            args.duration,
-            1.0 if args.quick else 2.0,
-            f"{tag}-batch",
-            op="batch",
-        )
-        r["writes_per_call"] = BATCH_WRITES
-        result["concurrent_batched"] = r
-        log(f"batched: {r['writes_per_s']} writes/s p50 {r.get('p50_ms')} ms")
-    if "ceiling" in args.phases:
-        leader, order = leader_first()
-        log(f"gRPC ceiling: {args.clients} threads calling Health.Check (no Raft) on the leader")
-        r = concurrent_writes(
-            cluster, order, "threads", args.clients, args.duration, args.warmup, f"{tag}-h", op="health"
-        )
-        for key in ("raft_entries_per_s", "commands_per_raft_entry"):
-            r.pop(key, None)
-        r["calls_per_s"] = r.pop("writes_per_s")
-        r["what"] = (
-            "the same client threads against a trivial RPC of the leader's gRPC server: "
-            "an upper bound for any write path through this server and client"
-        )
-        result["grpc_ceiling"] = r
-        log(f"gRPC ceiling: {r['calls_per_s']} calls/s p50 {r.get('p50_ms')} ms cpu {r['cpu_percent']}")
-
-    if "raw" in args.phases:
-        secret = (root / "secret").read_text().strip()
-        result["raw_pysyncobj"] = {}
-        for kind in args.raw_confs:
-            log(f"raw pysyncobj baseline: {kind}")
-            r = raw_baseline(root, kind, secret, args)
-            result["raw_pysyncobj"][kind] = r
-            log(
-                f"raw {kind}: seq p50 {r['sequential'].get('p50_ms')} ms, async "
-                f"{r['async_best']['writes_per_s']} writes/s (window {r['async_best']['window']})"
-            )
-
-    if "failover" in args.phases:
-        rounds = []
-        samples = []
-        for k in range(args.failover_rounds):
-            remaining = args.budget_s - (time.monotonic() - t_begin)
-            if remaining < 12.0:
-                log(f"failover: stopping after {k} rounds to stay within the time budget")
-                result["failover_truncated"] = True
-                break
-            try:
-                r = failover_round(cluster, k, args.failover_call_timeout_s)
-            except RuntimeError as exc:  # the cluster did not recover: report, stop here
-                result["failover_error"] = str(exc)
-                log(f"failover round {k + 1}: {exc}")
-                break
-            rounds.append(r)
-            if r["failover_s"] is not None:
-                samples.append(r["failover_s"])
-            log(
-                f"failover {k + 1}/{args.failover_rounds}: killed {r['killed']}, first commit "
-                f"after {r['failover_s']} s (leader known after {r['new_leader_known_s']} s), "
-                f"new leader {r['new_leader']}, healthy again in "
-                f"{r['restart_to_healthy_s']} s"
-            )
-        result["failover"] = {
-            "rounds": len(rounds),
-            "samples_s": samples,
-            "failed_rounds": sum(1 for r in rounds if r["failover_s"] is None),
-            "p50_s": _r(percentile(samples, 50), 4),
-            "p99_s": _r(percentile(samples, 99), 4),
-            "max_s": _r(max(samples), 4) if samples else None,
-            "detail": rounds,
-            "per_call_timeout_s": args.failover_call_timeout_s,
-        }
+    ctx = _Run(args, root, result, cluster, f"b{int(time.time())}", t_begin)
+    result["cluster"]["leader"], _ = ctx.leader_first()
+    for name, phase in PHASE_RUNS.items():
+        if name in args.phases:
+            phase(ctx)
 
 
 def _signal_profile(cluster: Cluster, node_id: str) -> None:

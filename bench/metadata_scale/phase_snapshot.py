@@ -28,9 +28,6 @@ def snapshot_phase(
 ) -> dict[str, Any]:
     """Linearizable reads on every node (each one a barrier entry) until every node has
     written a new snapshot; the longest read meanwhile is the stall a snapshot causes."""
-    from mqmeta.client import ControllerClient
-    from mqmeta.pb import controller_pb2 as pb
-
     before = len(monitor.done)
     logged_before = {node: len(lines) for node, lines in _snapshot_log_lines(cluster).items()}
     leader = cluster.leader()
@@ -38,6 +35,37 @@ def snapshot_phase(
     profile_out = root / "profile-snapshot.txt"
     profiler = profile_start(leader_pid, profile_out) if args.profile and leader_pid else None
     t0 = time.monotonic()
+    results = _reads_until_snapshots(cluster, monitor, args, before, t0)
+    t1 = time.monotonic()
+    written = monitor.done[before:]
+    out: dict[str, Any] = {
+        "snapshots": [dict(d, at_s=_r(d["at"] - t0, 2), at=None) for d in written],
+        "all_nodes_wrote_one": {d["node"] for d in written} >= set(cluster.ids),
+        "seconds": _r(t1 - t0, 1),
+        "reads_by_node": results,
+        "longest_read_ms": max((r.get("max_ms") or 0 for r in results.values()), default=None),
+        "leader_changes": leaders.changes(t0, t1),
+    }
+    for item in out["snapshots"]:
+        item.pop("at")
+    out.update(_snapshot_sizes_and_times(cluster, written, logged_before))
+    if args.profile:
+        out["leader_profile"] = profile_stop(profiler, profile_out)
+    log(
+        f"snapshot: {len(written)} written, {out['snapshot_bytes']} bytes, write {out['write_s_max']} s, "
+        f"longest read {out['longest_read_ms']} ms, leader changes {out['leader_changes']['leader_changes']}"
+    )
+    return out
+
+
+def _reads_until_snapshots(
+    cluster: ScaleCluster, monitor: SnapshotMonitor, args, before: int, t0: float
+) -> dict[str, dict[str, Any]]:
+    """SNAPSHOT_READERS_PER_NODE sequential readers per node until every node has written a
+    snapshot after the first `before` (or args.snapshot_s_max); each reader's latencies."""
+    from mqmeta.client import ControllerClient
+    from mqmeta.pb import controller_pb2 as pb
+
     stop = threading.Event()
     results: dict[str, dict[str, Any]] = {}
 
@@ -68,18 +96,12 @@ def snapshot_phase(
     stop.set()
     for thread in threads:
         thread.join(timeout=30.0)
-    t1 = time.monotonic()
-    written = monitor.done[before:]
-    out: dict[str, Any] = {
-        "snapshots": [dict(d, at_s=_r(d["at"] - t0, 2), at=None) for d in written],
-        "all_nodes_wrote_one": all_written(),
-        "seconds": _r(t1 - t0, 1),
-        "reads_by_node": results,
-        "longest_read_ms": max((r.get("max_ms") or 0 for r in results.values()), default=None),
-        "leader_changes": leaders.changes(t0, t1),
-    }
-    for item in out["snapshots"]:
-        item.pop("at")
+    return results
+
+
+def _snapshot_sizes_and_times(
+    cluster: ScaleCluster, written: list[dict[str, Any]], logged_before: dict[str, int]
+) -> dict[str, Any]:
     sizes = [d["bytes"] for d in written]
     times = [d["write_s"] for d in written if d["write_s"] is not None]
     # A snapshot written between two polls of the monitor (a small one, or a starved
@@ -88,20 +110,13 @@ def snapshot_phase(
     logged = {
         node: lines[logged_before.get(node, 0) :] for node, lines in _snapshot_log_lines(cluster).items()
     }
-    out["written_by_node_log"] = logged
-    out["write_s_source"] = "monitor"
+    out: dict[str, Any] = {"written_by_node_log": logged, "write_s_source": "monitor"}
     if not times:
         times = [line["write_s"] for lines in logged.values() for line in lines]
         out["write_s_source"] = "node logs"
     out["snapshot_bytes"] = max(sizes) if sizes else None
     out["write_s_max"] = max(times) if times else None
     out["write_s_mean"] = _r(sum(times) / len(times), 3) if times else None
-    if args.profile:
-        out["leader_profile"] = profile_stop(profiler, profile_out)
-    log(
-        f"snapshot: {len(written)} written, {out['snapshot_bytes']} bytes, write {out['write_s_max']} s, "
-        f"longest read {out['longest_read_ms']} ms, leader changes {out['leader_changes']['leader_changes']}"
-    )
     return out
 
 
