@@ -610,6 +610,96 @@ def _client_process(addresses, prefix, start_at, warm_until, end_at, max_calls, 
         queue.put(("error", repr(exc)))
 
 
+class _ThreadClients:
+    """The clients as threads of this process."""
+
+    lead_s = 1.0  # from the start call to the first write
+
+    def __init__(self, addresses: list[str], tag: str, clients: int, op: str) -> None:
+        self.addresses, self.tag, self.clients, self.op = addresses, tag, clients, op
+        self.results: list[tuple[list[float], int, int]] = []
+        self.failures: list[str] = []
+        self._lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+
+    def start(self, start_at: float, warm_until: float, end_at: float, max_calls: int) -> None:
+        def run(k: int) -> None:
+            try:
+                r = _client_loop(
+                    self.addresses, f"{self.tag}-t{k}", start_at, warm_until, end_at, max_calls, self.op
+                )
+                with self._lock:
+                    self.results.append(r)
+            except BaseException as exc:
+                with self._lock:
+                    self.failures.append(repr(exc))
+
+        self._threads = [threading.Thread(target=run, args=(k,), daemon=True) for k in range(self.clients)]
+        for t in self._threads:
+            t.start()
+
+    def pids(self) -> dict[str, int]:
+        return {"bench": os.getpid()}
+
+    def collect(self, deadline: float) -> None:
+        for t in self._threads:
+            t.join(timeout=max(0.1, deadline - time.monotonic()))
+        if any(t.is_alive() for t in self._threads):
+            self.failures.append("some client threads did not finish in time")
+
+
+class _ProcessClients(_ThreadClients):
+    """The clients as processes (spawned: each imports grpc first)."""
+
+    lead_s = 6.0
+
+    def start(self, start_at: float, warm_until: float, end_at: float, max_calls: int) -> None:
+        ctx = mp.get_context("spawn")
+        self._queue = ctx.Queue()
+        self._procs = [
+            ctx.Process(
+                target=_client_process,
+                daemon=True,
+                args=(
+                    self.addresses,
+                    f"{self.tag}-p{k}",
+                    start_at,
+                    warm_until,
+                    end_at,
+                    max_calls,
+                    self.op,
+                    self._queue,
+                ),
+            )
+            for k in range(self.clients)
+        ]
+        for p in self._procs:
+            p.start()
+        BENCH_CHILDREN.extend(self._procs)
+
+    def pids(self) -> dict[str, int]:
+        return {f"client{k}": p.pid for k, p in enumerate(self._procs) if p.pid is not None}
+
+    def collect(self, deadline: float) -> None:
+        import queue as queue_module
+
+        for _ in self._procs:
+            try:
+                status, payload = self._queue.get(timeout=max(0.1, deadline - time.monotonic()))
+            except queue_module.Empty:
+                self.failures.append("a client process did not report in time")
+                break
+            if status == "ok":
+                self.results.append(payload)
+            else:
+                self.failures.append(payload)
+        for p in self._procs:
+            p.join(timeout=1.0)
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=1.0)
+
+
 def concurrent_writes(
     cluster: Cluster,
     addresses: list[str],
@@ -621,50 +711,16 @@ def concurrent_writes(
     op: str = "write",
 ) -> dict[str, Any]:
     max_calls = 200_000
-    results: list[tuple[list[float], int, int]] = []
-    failures: list[str] = []
-    procs: list[Any] = []
-    lead = 1.0 if mode == "threads" else 6.0  # processes need time to import grpc
-    start_at = time.time() + lead
+    group = (_ThreadClients if mode == "threads" else _ProcessClients)(addresses, tag, clients, op)
+    start_at = time.time() + group.lead_s
     warm_until = start_at + warmup_s
     end_at = warm_until + duration_s
-    if mode == "threads":
-        lock = threading.Lock()
-
-        def run(k: int) -> None:
-            try:
-                r = _client_loop(addresses, f"{tag}-t{k}", start_at, warm_until, end_at, max_calls, op)
-                with lock:
-                    results.append(r)
-            except BaseException as exc:
-                with lock:
-                    failures.append(repr(exc))
-
-        threads = [threading.Thread(target=run, args=(k,), daemon=True) for k in range(clients)]
-        for t in threads:
-            t.start()
-    else:
-        ctx = mp.get_context("spawn")
-        queue = ctx.Queue()
-        procs = [
-            ctx.Process(
-                target=_client_process,
-                daemon=True,
-                args=(addresses, f"{tag}-p{k}", start_at, warm_until, end_at, max_calls, op, queue),
-            )
-            for k in range(clients)
-        ]
-        for p in procs:
-            p.start()
-        BENCH_CHILDREN.extend(procs)
+    group.start(start_at, warm_until, end_at, max_calls)
     # measure the server side over the counted window only
     while time.time() < warm_until:
         time.sleep(0.01)
     ours = cluster.pids()
-    if mode == "threads":
-        ours["bench"] = os.getpid()
-    else:
-        ours.update({f"client{k}": p.pid for k, p in enumerate(procs)})
+    ours.update(group.pids())
     meter = CpuMeter(ours, switches=True)
     busy0 = machine_busy()
     leader = addresses[0]
@@ -683,31 +739,8 @@ def concurrent_writes(
     foreign = None
     if busy is not None:
         foreign = round(max(0.0, busy * (os.cpu_count() or 1) - sum(v or 0 for v in cpu.values())), 1)
-    deadline = time.monotonic() + 15.0
-    if mode == "threads":
-        for t in threads:
-            t.join(timeout=max(0.1, deadline - time.monotonic()))
-        if any(t.is_alive() for t in threads):
-            failures.append("some client threads did not finish in time")
-    else:
-        import queue as queue_module
-
-        for _ in procs:
-            try:
-                status, payload = queue.get(timeout=max(0.1, deadline - time.monotonic()))
-            except queue_module.Empty:
-                failures.append("a client process did not report in time")
-                break
-            if status == "ok":
-                results.append(payload)
-            else:
-                failures.append(payload)
-        for p in procs:
-            p.join(timeout=1.0)
-            if p.is_alive():
-                p.kill()
-                p.join(timeout=1.0)
-    latencies = [x for r in results for x in r[0]]
+    group.collect(time.monotonic() + 15.0)
+    latencies = [x for r in group.results for x in r[0]]
     entries = None if commit0 is None or commit1 is None else commit1 - commit0
     out = {
         "mode": mode,
@@ -717,17 +750,27 @@ def concurrent_writes(
         "writes_per_s": _r(len(latencies) / duration_s, 1),
         "raft_entries_per_s": None if entries is None else _r(entries / duration_s, 1),
         "commands_per_raft_entry": _r(len(latencies) / entries, 2) if entries else None,
-        "errors": sum(r[1] for r in results),
-        "calls_total": sum(r[2] for r in results),
+        "errors": sum(r[1] for r in group.results),
+        "calls_total": sum(r[2] for r in group.results),
         "cpu_percent": cpu,
         "machine_busy_percent": busy,
         "other_processes_cpu_percent": foreign,
         "leader": leader_node,
         "leader_process": leader_detail,
     }
-    out.update({k: v for k, v in latency_summary(latencies).items() if k != "count"})
+    out.update(_write_costs(cluster, latencies, cpu, leader_node, duration_s))
+    if group.failures:
+        out["failures"] = group.failures[:5]
+    return out
+
+
+def _write_costs(
+    cluster: Cluster, latencies: list[float], cpu: dict[str, Any], leader_node: str, duration_s: float
+) -> dict[str, Any]:
+    """The latency summary, and the CPU cost per write: much less sensitive to other load on
+    the machine than writes/s."""
+    out: dict[str, Any] = {k: v for k, v in latency_summary(latencies).items() if k != "count"}
     out["writes_counted"] = len(latencies)
-    # CPU cost per write: much less sensitive to other load on the machine than writes/s
     if latencies and cpu.get(leader_node) is not None:
         per = 10.0 * duration_s / len(latencies)  # cpu% -> CPU ms per write
         nodes = [cpu.get(n) or 0.0 for n in cluster.by_id]
@@ -736,8 +779,6 @@ def concurrent_writes(
             "all_controllers": _r(sum(nodes) * per),
             "clients": _r((cpu.get("bench") or cpu.get("clients_total") or 0.0) * per),
         }
-    if failures:
-        out["failures"] = failures[:5]
     return out
 
 
