@@ -86,7 +86,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--watch-styles", default="broker,cluster", help="watch phase: broker,cluster or one")
     p.add_argument("--no-profile", action="store_true", help="skip the py-spy profiles")
     p.add_argument("--budget-s", type=float, default=0.0, help="watchdog (default from the scale)")
-    args = p.parse_args(argv)
+    return _derived(p, p.parse_args(argv))
+
+
+def _derived(p: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.Namespace:
+    """The flags checked, split into lists, and the bounds that follow from --scale."""
     if args.scale <= 0 or args.scale > 10:
         p.error("--scale must be in (0, 10]")
     small = args.scale < 0.2
