@@ -33,6 +33,22 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 )
 
 
+def environment() -> dict[str, Any]:
+    """What a result's "env" names first: the interpreter, the cores, grpcio and pysyncobj."""
+    import platform
+
+    import grpc
+    from pysyncobj.version import VERSION
+
+    return {
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "grpcio": grpc.__version__,
+        "pysyncobj": VERSION,
+        "host": "127.0.0.1",
+    }
+
+
 def make_log(tag: str) -> Callable[[str], None]:
     """A progress logger to stderr: `[TAG HH:MM:SS] message`."""
 

@@ -47,7 +47,6 @@ import dataclasses
 import json
 import multiprocessing as mp
 import os
-import platform
 import signal
 import sys
 import tempfile
@@ -62,6 +61,7 @@ from bench.benchlib import (
     CpuMeter,
     _r,
     _ratio,
+    environment,
     latency_summary,
     machine_busy,
     machine_busy_percent,
@@ -1505,22 +1505,8 @@ def main(argv: list[str]) -> int:
     if argv[:1] == ["_node"]:
         return node_launcher(argv[1:])
     args = parse_args(argv)
-    import grpc
-    import pysyncobj  # noqa: F401
-    from pysyncobj.version import VERSION
-
     root = Path(tempfile.mkdtemp(prefix="mqmeta-bench-"))
-    result: dict[str, Any] = {
-        "bench": "mqmeta controller",
-        "quick": args.quick,
-        "env": {
-            "python": platform.python_version(),
-            "cpus": os.cpu_count(),
-            "grpcio": grpc.__version__,
-            "pysyncobj": VERSION,
-            "host": "127.0.0.1",
-        },
-    }
+    result: dict[str, Any] = {"bench": "mqmeta controller", "quick": args.quick, "env": environment()}
     busy0 = machine_busy()
     time.sleep(0.5 if args.quick else 1.0)
     result["env"]["machine_busy_percent_before_start"] = machine_busy_percent(busy0)

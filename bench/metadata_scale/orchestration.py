@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import tempfile
 import time
 from pathlib import Path
@@ -13,6 +12,7 @@ from typing import Any
 from bench.benchlib import (
     _r,
     _ratio,
+    environment,
     machine_busy,
     machine_busy_percent,
     run_main,
@@ -280,22 +280,9 @@ def cleanup() -> None:
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
-    import grpc
-    from pysyncobj.version import VERSION
-
     root = Path(tempfile.mkdtemp(prefix="mqmeta-scale-"))
-    result: dict[str, Any] = {
-        "bench": "mqmeta metadata at scale",
-        "scale": args.scale,
-        "env": {
-            "python": platform.python_version(),
-            "cpus": os.cpu_count(),
-            "grpcio": grpc.__version__,
-            "pysyncobj": VERSION,
-            "host": "127.0.0.1",
-            "loadavg_before_start": os.getloadavg(),
-        },
-    }
+    env = {**environment(), "loadavg_before_start": os.getloadavg()}
+    result: dict[str, Any] = {"bench": "mqmeta metadata at scale", "scale": args.scale, "env": env}
     busy0 = machine_busy()
     time.sleep(1.0)
     result["env"]["machine_busy_percent_before_start"] = machine_busy_percent(busy0)
