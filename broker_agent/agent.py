@@ -84,7 +84,12 @@ from mqmeta.formats.atomic import make_directories, write_json_atomically
 from mqmeta.formats.records import MessageFields
 from mqmeta.pb import controller_pb2 as cpb
 from mqmeta.rpc import exit_at_once
-from mqmeta.timing import BROKER_HEARTBEAT_INTERVAL_MS_DEFAULT, LEASE_MS_DEFAULT
+from mqmeta.timing import (
+    BROKER_HEARTBEAT_INTERVAL_MS_DEFAULT,
+    LEASE_MS_DEFAULT,
+    WATCH_KEEPALIVE_MS,
+    WATCH_KEEPALIVE_TIMEOUT_MS,
+)
 
 log = logging.getLogger(__name__)
 
@@ -218,6 +223,7 @@ class BrokerAgent:
         self.heartbeat_interval_ms = BROKER_HEARTBEAT_INTERVAL_MS_DEFAULT  # until the controller's is read
         self.tiered: TieredUploader | None = None
         self._refresh_needed = threading.Event()
+        self._refresh_retry_at = 0.0  # a failed refresh is asked again from then on
         self._wake = threading.Event()  # the controller loop has something to do now
         self._report: ReportMasterUnreachable | None = None  # for the controller loop to send
         self._threads: list[threading.Thread] = []
@@ -407,12 +413,12 @@ class BrokerAgent:
         while not self.stopping.is_set():
             try:
                 if not registered:
-                    info = self._register()
+                    first = self._register()
                     registered = True
-                    self._apply_or_elect(info)
-                if self._refresh_needed.is_set():
+                    self._adopt(lambda info=first: info)
+                if self._refresh_needed.is_set() and time.monotonic() >= self._refresh_retry_at:
                     self._refresh_needed.clear()
-                    self._apply_or_elect(self._replica_info())
+                    self._adopt(self._replica_info)
                 self._send_report()
                 if time.monotonic() >= next_heartbeat:
                     next_heartbeat = time.monotonic() + self.heartbeat_interval_ms / 1000
@@ -428,6 +434,20 @@ class BrokerAgent:
                 log.info("controller: %s", exc)
             self._wake.wait(min(0.05, self.heartbeat_interval_ms / 4000))
             self._wake.clear()
+
+    def _adopt(self, read: Callable[[], cpb.ReplicaInfo]) -> None:
+        """Adopts the replica info `read` returns, electing a master when the set has none.
+        A failure asks for the same again one heartbeat interval later: the controller may
+        refuse an election it cannot hold yet (a broker that registered under load is not
+        alive by the leader's liveness until its first heartbeat arrives), and nothing else
+        would ask again while the set has no master (the heartbeat replies match this
+        broker's view, so they never call for a refresh)."""
+        try:
+            self._apply_or_elect(read())
+        except MqmetaError:
+            self._refresh_retry_at = time.monotonic() + self.heartbeat_interval_ms / 1000
+            self._refresh_needed.set()
+            raise
 
     def _refused(self, error: MqmetaError) -> None:
         """The controllers hold this data dir's broker id for another broker (its check code
@@ -501,7 +521,13 @@ class BrokerAgent:
         while not self.stopping.is_set():
             stream = None
             try:
-                stream = self.controller.watch(self.config.cluster, self.config.broker_name)
+                # keepalive: a master learns of new replicas (and so grows its SyncStateSet)
+                # from this stream; one cut silently must end, not wait forever
+                stream = self.controller.watch(
+                    self.config.cluster,
+                    self.config.broker_name,
+                    keepalive_ms=(WATCH_KEEPALIVE_MS, WATCH_KEEPALIVE_TIMEOUT_MS),
+                )
                 for event in stream:
                     if self.stopping.is_set():
                         break

@@ -152,7 +152,7 @@ class SystemQueues:
         return rsvc.SendResultEntry(
             status=status(),
             message_id=record.properties[MESSAGE_ID],
-            transaction_id=f"{offset}.{record_id}",
+            transaction_id=self.transaction_id(offset, record_id),
             offset=offset,
         )
 
@@ -173,9 +173,17 @@ class SystemQueues:
             system.checks.pop(offset, None)
 
     # Transactions ------------------------------------------------------------------------
+    def transaction_id(self, offset: int, record_id: str) -> str:
+        """ "SET/OFFSET.ID": the broker set's name first, so that a proxy knows where an
+        EndTransaction goes (broker names have no "/")."""
+        return f"{self.agent.broker_name}/{offset}.{record_id}"
+
     def end_transaction(self, topic: str, transaction_id: str, commit: bool) -> None:
-        offset_text, _, record_id = transaction_id.partition(".")
-        if not offset_text.isdigit() or not record_id:
+        broker_name, slash, local_id = transaction_id.partition("/")
+        if not slash:  # an id from before the set's name was in it
+            broker_name, local_id = "", transaction_id
+        offset_text, _, record_id = local_id.partition(".")
+        if (slash and broker_name != self.agent.broker_name) or not offset_text.isdigit() or not record_id:
             raise RmqError(
                 rdef.INVALID_TRANSACTION_ID, f"transaction id {transaction_id[:80]!r} is malformed"
             )
@@ -218,7 +226,7 @@ class SystemQueues:
         command = rsvc.TelemetryCommand(
             recover_orphaned_transaction_command=rsvc.RecoverOrphanedTransactionCommand(
                 message=to_message(record, topic, self.agent.config.listen),
-                transaction_id=f"{offset}.{record.msg_id}",
+                transaction_id=self.transaction_id(offset, record.msg_id),
             )
         )
         if any(self.broker.hub.push(client_id, command) for client_id in producers):

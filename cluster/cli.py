@@ -38,6 +38,13 @@ def add_parser(subparsers: Any) -> None:
         help="run the controllers inside the nameservers (one per controller)",
     )
     up.add_argument(
+        "--rocketmq-routes",
+        choices=("proxy", "direct"),
+        default="proxy",
+        help="what the nameservers give RocketMQ 5 clients: proxy (themselves, forwarding to the "
+        "masters; the default) or direct (the masters' addresses)",
+    )
+    up.add_argument(
         "--broker-sets",
         type=FlagNumber("--broker-sets", int, 0, BROKER_SETS_MAX),
         default=1,

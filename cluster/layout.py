@@ -220,7 +220,9 @@ def controller_command(root: Path, layout: Layout, node: NodeLayout) -> list[str
     ]
     if layout.embedded:
         remoting = ["--remoting-listen", node.remoting] if node.remoting else []
-        return [*base, "namesrv", "--listen", node.namesrv, "--embed-controller", *remoting, *flags]
+        # every nameserver proxies RocketMQ 5 clients: each names them all in its routes
+        proxies = ["--rocketmq-endpoints", ",".join(layout.namesrv)] if len(layout.namesrv) > 1 else []
+        return [*base, "namesrv", "--listen", node.namesrv, "--embed-controller", *remoting, *proxies, *flags]
     return [*base, "controller", *flags]
 
 

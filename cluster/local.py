@@ -67,6 +67,7 @@ class _Site:
     supervisor: Supervisor
     tls_flags: tuple[str, ...] = ()  # every child's --tls-* and --token-file flags
     server_flags: tuple[str, ...] = ()  # the servers' --auth-file (local up --auth)
+    rocketmq_routes: str = "proxy"  # what the nameservers' QueryRoute gives RocketMQ 5 clients
 
 
 def local_up(args: argparse.Namespace) -> int:
@@ -104,7 +105,10 @@ def local_up(args: argparse.Namespace) -> int:
             held.enter_context(ports)
             if i == 0 and replicate:
                 held.enter_context(_replicator_metrics_port(site_root, layout))
-            sites.append(_Site(name, site_root, layout, Supervisor(site_root), tls_flags, server_flags))
+            routes = getattr(args, "rocketmq_routes", "proxy")
+            sites.append(
+                _Site(name, site_root, layout, Supervisor(site_root), tls_flags, server_flags, routes)
+            )
         status = _run(root, sites, replicate, certs, tokens, reads_need_credential=not anonymous)
     exit_at_once(status)  # every child has ended: as they do, skip the slow finalization
 
@@ -234,10 +238,14 @@ def _start_site(site: _Site) -> dict[str, Any]:
     # either runs without them (the processes would refuse the flag).
     remoting = not flags
     serves = (lambda command: command) if remoting else _without_remoting
+    routes = ["--rocketmq-routes", site.rocketmq_routes]
     for node in layout.controllers:
-        supervisor.start(node.id, serves(controller_command(root, layout, node)) + flags)
+        supervisor.start(
+            node.id,
+            serves(controller_command(root, layout, node)) + flags + (routes if layout.embedded else []),
+        )
     if not layout.embedded:
-        supervisor.start("namesrv", serves(namesrv_command(layout)) + flags)
+        supervisor.start("namesrv", serves(namesrv_command(layout)) + flags + routes)
     started = list(supervisor.children)
 
     def check_running() -> None:  # a child that exits ends the wait at once, with its log
@@ -252,7 +260,7 @@ def _start_site(site: _Site) -> dict[str, Any]:
         supervisor.start(broker.name, serves(broker_command(root, layout, broker)) + cluster_flag + flags)
         started.append(broker.name)
     statuses = wait_brokers_ready(layout.brokers, check_running=check_running) if layout.brokers else {}
-    document = cluster_document(root, layout, supervisor, remoting)
+    document = cluster_document(root, layout, supervisor, remoting, site.rocketmq_routes)
     document["brokers"] = [
         {
             "cluster": statuses[b.name].cluster,
@@ -342,7 +350,7 @@ def _with_pids(value: Any, change: Callable[[Any], Any]) -> Any:
 
 
 def cluster_document(
-    root: Path, layout: Layout, supervisor: Supervisor, remoting: bool = True
+    root: Path, layout: Layout, supervisor: Supervisor, remoting: bool = True, rocketmq_routes: str = "proxy"
 ) -> dict[str, Any]:
     controllers = [
         {
@@ -381,4 +389,5 @@ def cluster_document(
         "brokers": [],
         "tiered_store": tiered,
         "embedded": layout.embedded,
+        "rocketmq_routes": rocketmq_routes,
     }

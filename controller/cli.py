@@ -59,8 +59,26 @@ def add_parser(subparsers: Any) -> None:
         help="serve RocketMQ 4.x clients (the classic remoting protocol) on HOST:PORT "
         "(RocketMQ's 0.0.0.0:9876 when the flag has no value)",
     )
+    _add_route_flags(namesrv)
     _add_node_flags(namesrv)
     accept_config_file(namesrv, tables=("raft_settings",))
+
+
+def _add_route_flags(namesrv: argparse.ArgumentParser) -> None:
+    """What a nameserver's routes give RocketMQ 5 clients: itself or the masters."""
+    namesrv.add_argument(
+        "--rocketmq-routes",
+        choices=("proxy", "direct"),
+        default="proxy",
+        help="what QueryRoute gives RocketMQ 5 clients: proxy (the nameservers, which forward "
+        "every call to the current master; the default) or direct (the masters' addresses)",
+    )
+    namesrv.add_argument(
+        "--rocketmq-endpoints",
+        default="",
+        help="with proxy routes: every nameserver's gRPC address HOST:PORT,... "
+        "(default: this one's --listen)",
+    )
 
 
 def controller_config(args: argparse.Namespace) -> ControllerConfig:
@@ -107,6 +125,7 @@ def _run_controller(args: argparse.Namespace) -> int:
 
 
 def _run_namesrv(args: argparse.Namespace) -> int:
+    from mqmeta.controller.namesrv import RocketMQRoutes
     from mqmeta.controller.server import start_controller, start_namesrv
 
     from mqmeta.remoting.server import listen_address
@@ -114,13 +133,26 @@ def _run_namesrv(args: argparse.Namespace) -> int:
 
     parse_addresses(args.listen, "--listen address")
     remoting = listen_address(args)
+    routes = RocketMQRoutes(
+        str(getattr(args, "rocketmq_routes", None) or "proxy"),
+        tuple(parse_addresses(args.rocketmq_endpoints, "--rocketmq-endpoints address"))
+        if getattr(args, "rocketmq_endpoints", None)
+        else (),
+    )
     if args.embed_controller:
         node = start_controller(
-            controller_config(args), namesrv_address=args.listen, remoting_address=remoting
+            controller_config(args),
+            namesrv_address=args.listen,
+            remoting_address=remoting,
+            routes=routes,
         )
     elif args.controllers:
         node = start_namesrv(
-            args.listen, parse_addresses(args.controllers), args.metrics_listen or "", remoting
+            args.listen,
+            parse_addresses(args.controllers),
+            args.metrics_listen or "",
+            remoting,
+            rocketmq_routes=routes,
         )
     else:
         raise InvalidArgument("a nameserver needs --controllers ADDRS or --embed-controller")

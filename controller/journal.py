@@ -8,7 +8,9 @@ restart and clears the whole journal, dropping committed entries (both seen in
 tests/test_durability.py). This journal:
 
 - appends records `[length u32][crc32 u32][index u64][term u64][command]`, fsynced
-  (fdatasync) before pysyncobj acknowledges anything (configurable);
+  (fdatasync) before pysyncobj acknowledges anything (configurable); a leader's appends
+  may be synced once after it has sent them (`deferred_sync`: its own fsync then runs
+  while the followers write theirs; pysyncobj_compat.SendBeforeSync says why it is safe);
 - compacts by writing the kept records to a temp file, fsync, rename;
 - truncates a torn last record at open, and refuses (CorruptData) a bad record that
   has valid data after it;
@@ -102,6 +104,8 @@ class DurableJournal:
         self.path = path
         self.meta_path = path.with_name(path.name + ".meta")
         self.fsync = fsync
+        self._deferring = False  # appends wait for end_deferred_sync() (the leader's batch)
+        self._unsynced = False
         if not path.exists():
             write_atomically(path, FILE_MAGIC)
         data = path.read_bytes()
@@ -175,10 +179,24 @@ class DurableJournal:
         record = _record(command, idx, term)
         os.write(self._fd, record)
         if self.fsync:
-            os.fdatasync(self._fd)
+            if self._deferring:
+                self._unsynced = True
+            else:
+                os.fdatasync(self._fd)
         self._entries.append((command, idx, term))
         self._offsets.append(self._end)
         self._end += len(record)
+
+    def begin_deferred_sync(self) -> None:
+        """Appends from now on are synced by end_deferred_sync(), once, not each."""
+        self._deferring = True
+
+    def end_deferred_sync(self) -> None:
+        """Syncs every append since begin_deferred_sync(); appends sync at once again."""
+        self._deferring = False
+        if self._unsynced:
+            os.fdatasync(self._fd)
+            self._unsynced = False
 
     def clear(self) -> None:
         self._rewrite([])

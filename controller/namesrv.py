@@ -11,6 +11,7 @@ library whenever the copy cannot answer (NameServerServicer, on a thread pool).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from mqmeta.controller.operations import ControllerOperations
 from mqmeta.controller.route_cache import RouteCache
@@ -18,11 +19,12 @@ from mqmeta.controller.service import broker_route_pb, list_topics_names, list_t
 
 from mqmeta import tls
 from mqmeta.client import ControllerClient
+from mqmeta.errors import InvalidArgument
 from mqmeta.pb import controller_pb2 as pb
 from mqmeta.pb import namesrv_pb2 as ns_pb
 from mqmeta.pb import namesrv_pb2_grpc as ns_grpc
 from mqmeta.rpc import rpc, rpc_async
-from mqmeta.validate import validate_name
+from mqmeta.validate import parse_addresses, validate_name
 
 
 class NameServerServicer(ns_grpc.NameServerServicer):
@@ -101,6 +103,52 @@ class EmbeddedNameServer(ns_grpc.NameServerServicer):
 # The RocketMQ 5 client protocol -------------------------------------------------------------
 NAMESRV_TELEMETRY_STREAMS_MAX = 16  # the official clients open Telemetry to brokers, not here
 FORWARD_TIMEOUT_S = 3.0
+ROCKETMQ_ROUTES = ("proxy", "direct")
+
+
+@dataclass(frozen=True)
+class RocketMQRoutes:
+    """What QueryRoute gives RocketMQ 5 clients. `proxy` (the default): the nameservers'
+    own endpoints (`endpoints`; this nameserver's address when empty), and this
+    nameserver forwards the data path to the masters (controller/rmq_proxy.py).
+    `direct`: each broker set's master address, as a route read at that instant."""
+
+    mode: str = "proxy"
+    endpoints: tuple[str, ...] = ()
+
+    def validate(self) -> None:
+        if self.mode not in ROCKETMQ_ROUTES:
+            raise InvalidArgument(f"--rocketmq-routes must be proxy or direct, not {self.mode!r}")
+        for address in self.endpoints:
+            parse_addresses(address, "--rocketmq-endpoints address")
+
+
+def add_rocketmq_service(
+    server,
+    routes: RocketMQRoutes,
+    listen: str,
+    route_of: Callable[[str], pb.TopicRoute],
+    route_now: Callable[[str], pb.TopicRoute | None],
+    masters_now: Callable[[], dict[str, str] | None],
+    on_route: Callable[[], None] = lambda: None,
+) -> str:
+    """apache.rocketmq.v2.MessagingService on an AsyncServer, in the mode `routes` names."""
+    if routes.mode == "direct":
+
+        def counted(topic: str) -> pb.TopicRoute:
+            on_route()
+            return route_of(topic)
+
+        return add_messaging_service(server, counted)
+    from mqmeta.controller.rmq_proxy import RocketMQProxy, RouteSource
+
+    from mqmeta.rocketmq import MESSAGING_SERVICE
+
+    proxy = RocketMQProxy(
+        RouteSource(route_now, route_of, masters_now), list(routes.endpoints or (listen,)), on_route
+    )
+    server.add_generic_rpc_handlers((proxy.handler(),))
+    return MESSAGING_SERVICE
 
 
 def add_messaging_service(server, route_of) -> str:

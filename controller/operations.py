@@ -6,7 +6,9 @@ Rules for where a call is served:
   sync-state data, clean broker data) are served by the leader only; a follower
   raises NotLeader with the leader's gRPC address.
 - Every other write may go to any node: pysyncobj forwards it to the leader.
-- Reads are linearizable: they wait for a barrier entry to be applied locally first.
+- Reads are linearizable: ReadIndex confirms the leader's commit index with one round
+  to a majority (no log entry) and the node waits until it has applied it; when that
+  cannot be confirmed, a barrier entry committed through the log does the same.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import asyncio
 import dataclasses
 import logging
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
@@ -31,6 +34,7 @@ from mqmeta.controller.commands import (
     ReplicatorHeartbeat,
 )
 from mqmeta.controller.liveness import Heartbeat, Liveness, listener_gone
+from mqmeta.controller.pysyncobj_compat import ReadNotConfirmed
 from mqmeta.controller.raft_node import ControllerRaft, Peer, Proposer, RaftSettings, not_committed
 from mqmeta.controller.state_machine import (
     ControllerState,
@@ -49,6 +53,7 @@ SCAN_INTERVAL_S = 0.1
 ELECTIONS_IN_FLIGHT_MAX = 16  # elections the liveness scan runs at once (one thread each)
 WATCH_QUEUE_MAX = 1024
 WATCH_STREAMS_MAX = 10_000  # per node; each is a queue on the event loop, not a thread
+READ_INDEX_TIMEOUT_S = 1.5  # then the read falls back to a barrier entry (a round fails after 1 s)
 LEADERSHIP_TRANSFER_TIMEOUT_S = 2.0  # a stopping leader waits this long for a successor
 
 Encode = Callable[[Json], Any]
@@ -253,7 +258,16 @@ class ControllerOperations:
         return outcomes
 
     def read_barrier(self, timeout_s: float = 5.0) -> ControllerState:
-        self.proposer.propose(Barrier(), timeout_s)
+        """The state as of a linearizable read: confirmed by ReadIndex (no log entry), or,
+        when that cannot be (no leader known, leadership changing, a round that timed
+        out), by a barrier entry committed through the log, as before."""
+        started = time.monotonic()
+        try:
+            self.raft.read_index().result(timeout=min(timeout_s, READ_INDEX_TIMEOUT_S))
+            return self.state
+        except (ReadNotConfirmed, TimeoutError):
+            pass
+        self.proposer.propose(Barrier(), max(0.05, timeout_s - (time.monotonic() - started)))
         return self.state
 
     async def propose_async(self, command: Command, timeout_s: float = 5.0) -> Json:
@@ -275,7 +289,15 @@ class ControllerOperations:
         return bridge
 
     async def read_barrier_async(self, timeout_s: float = 5.0) -> ControllerState:
-        await self.propose_async(Barrier(), timeout_s)
+        """read_barrier() for a coroutine on the server's event loop: no thread waits."""
+        started = time.monotonic()
+        waiter = self._loop_futures(asyncio.get_running_loop()).wrap(self.raft.read_index())
+        try:
+            await asyncio.wait_for(waiter, min(timeout_s, READ_INDEX_TIMEOUT_S))
+            return self.state
+        except (ReadNotConfirmed, TimeoutError):
+            pass
+        await self.propose_async(Barrier(), max(0.05, timeout_s - (time.monotonic() - started)))
         return self.state
 
     def step_down(self, timeout_s: float = LEADERSHIP_TRANSFER_TIMEOUT_S) -> None:

@@ -17,8 +17,8 @@ Nothing is changed by importing this module. What it provides, applied explicitl
   configuration, but controller/snapshot.py relies on how Serializer calls them (a custom
   serializer may finish after it returns; the journal is compacted only once the checker
   says SUCCESS): REQUIREMENTS names what it relies on;
-- NextIndexFix, HeldEntriesFix, InputFirstFix and RaftFixes (all three): SyncObj
-  subclasses to inherit from;
+- NextIndexFix, HeldEntriesFix, InputFirstFix, ReadIndex, SendBeforeSync and RaftFixes (all):
+  SyncObj subclasses to inherit from;
 - DialHookTransport: pysyncobj's TCP transport with a dial hook;
 - accessors: raft_journal, entries_from, leader_address, is_leader, read_snapshot_entries;
 - wrap_tick and wrap_transport_send, for the benchmark's profiler only.
@@ -32,6 +32,7 @@ import inspect
 import os
 import threading
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -147,6 +148,19 @@ REQUIREMENTS: tuple[Requirement, ...] = (
     Requirement(_SYNCOBJ, "SyncObj", "_onTick", ROUTINE, "wrap_tick wraps it"),
     Requirement(_SYNCOBJ, "SyncObj._autoTickThread", "_onTick", USES, "every tick runs it"),
     Requirement(_TRANSPORT, "TCPTransport", "send", ROUTINE, "wrap_transport_send wraps it"),
+    # SendBeforeSync
+    Requirement(_SYNCOBJ, "SyncObj._onTick", "_checkCommandsToApply", USES, "a tick proposes through it"),
+    Requirement(_SYNCOBJ, "SyncObj._checkCommandsToApply", "_SyncObj__raftLog", USES, "it appends there"),
+    Requirement(
+        _SYNCOBJ, "SyncObj._checkCommandsToApply", "_SyncObj__sendAppendEntries", USES, "and sends at once"
+    ),
+    # ReadIndex
+    Requirement(_SYNCOBJ, "SyncObj.__init__", "_SyncObj__raftCommitIndex", USES, "ReadIndex records it"),
+    Requirement(_SYNCOBJ, "SyncObj.__init__", "_SyncObj__noopIDx", USES, "ReadIndex waits for the no-op"),
+    Requirement(_SYNCOBJ, "SyncObj.__init__", "_SyncObj__otherNodes", USES, "ReadIndex counts a majority"),
+    Requirement(_SYNCOBJ, "SyncObj.__init__", "_SyncObj__pipeNotifier", USES, "ReadIndex wakes the tick"),
+    Requirement(_SYNCOBJ, "SyncObj._onTick", "_SyncObj__applyLogEntries", USES, "a tick applies, then polls"),
+    Requirement(_SYNCOBJ, "", "PIPE_NOTIFIER_ENABLED", ATTRIBUTE, "ReadIndex wakes the tick if it can"),
     # DialHookTransport
     Requirement(
         _TRANSPORT, "TCPTransport", "_connectIfNecessarySingle", ROUTINE, "the dial hook overrides it"
@@ -466,8 +480,244 @@ class LeadershipTransfer(SyncObj):
             self._transfer_requested.clear()
 
 
-class RaftFixes(LeadershipTransfer, InputFirstFix, HeldEntriesFix, NextIndexFix):
-    """Every Raft fix, and leadership transfer: what every controller node runs with."""
+class SendBeforeSync(SyncObj):
+    """Leader side: new entries go to the followers before the leader's own fsync, which
+    then runs while they write theirs (Raft thesis section 10.2.1; etcd does the same).
+
+    pysyncobj 0.3.17's leader appends each new command to its journal (our journal
+    fdatasyncs there) and only then sends it, so a write waits for two fsyncs one after
+    the other. Here, while the leader turns queued commands into entries
+    (_checkCommandsToApply, where it appends and sends each at once), the journal holds
+    its fsync, and one fdatasync covers all of them when that returns. Safe because
+    nothing is counted before it: the leader counts itself toward a commit only in the
+    next tick (a commit is computed at the start of _onTick), after this sync; followers
+    still sync before they acknowledge (their appends are not in this call). A leader
+    that crashes before its sync may lose entries only followers hold: as after any
+    leader crash, Raft keeps them if a majority holds them and drops them otherwise,
+    and none was acknowledged to a client. A journal without begin_deferred_sync
+    (pysyncobj's own) is left as it is."""
+
+    def _checkCommandsToApply(self) -> None:
+        journal = self._SyncObj__raftLog
+        if not self._isLeader() or not hasattr(journal, "begin_deferred_sync"):
+            super()._checkCommandsToApply()
+            return
+        journal.begin_deferred_sync()
+        try:
+            super()._checkCommandsToApply()
+        finally:
+            journal.end_deferred_sync()
+
+
+class ReadNotConfirmed(Exception):
+    """A ReadIndex read could not be confirmed (no leader, leadership lost, a round that
+    no majority answered in time): the caller reads another way or fails; never stale."""
+
+
+READ_ROUND_TIMEOUT_S = 1.0  # a round no majority confirmed by then fails (the caller falls back)
+READ_ROUNDS_INFLIGHT_MAX = 4  # rounds the leader runs at once; further reads wait for the next
+READ_WAITERS_MAX = 20_000  # reads queued on a node; past it a read fails at once
+
+# Messages between nodes (pysyncobj ignores types it does not know, so a node without
+# ReadIndex simply never answers: its leader's reads time out and fall back)
+_PING, _PONG, _ASK, _ANSWER = "read_index_ping", "read_index_pong", "read_index_ask", "read_index_answer"
+
+
+class _ReadRound:
+    __slots__ = ("index", "term", "started", "acks", "waiters", "confirmed")
+
+    def __init__(self, index: int, term: int, waiters: list[Any]) -> None:
+        self.index = index
+        self.term = term
+        self.started = monotonic_time()
+        self.acks = 1  # the leader itself
+        self.waiters = waiters  # Futures of this node, or (node, ask id) of a follower
+        self.confirmed = False
+
+
+class ReadIndex(SyncObj):
+    """Linearizable reads without a log entry: Raft's ReadIndex (thesis section 6.4).
+
+    A read on the leader joins the next round: the tick records the commit index (once
+    the leader has committed the no-op of its term), sends one `read_index_ping` (term,
+    round) to every follower and, once a majority (itself included) answered in the same
+    term, the leader was still the leader when the read arrived: the read is served
+    when the node has applied that index. A follower answers a ping only while its term
+    equals the ping's, so after a majority has moved to a newer term no round of an old
+    leader completes: a partitioned old leader refuses (its reads time out). Every read
+    waiting when a round starts shares it, so concurrent reads cost one ping each per
+    follower, not one log entry each. A follower asks the leader (`read_index_ask`); the
+    leader answers with the confirmed index and the follower serves once it has applied
+    it. State lives on the tick thread; other threads only queue reads and wake it."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # before SyncObj.__init__, which may start the tick thread that reads them
+        self._read_lock = threading.Lock()
+        self._reads_new: list[Any] = []  # Futures queued by other threads
+        self._reads_waiting: list[Any] = []  # tick thread: reads for the next round
+        self._read_rounds: dict[int, _ReadRound] = {}
+        self._read_round_next = 0
+        self._read_asks: dict[int, tuple[Any, float]] = {}  # follower: ask id -> (Future, asked at)
+        self._read_ask_next = 0
+        self._reads_applying: list[tuple[int, Any]] = []  # (index, Future): wait for the apply
+        super().__init__(*args, **kwargs)
+
+    # any thread
+    def read_index(self) -> Future:
+        """A Future that gets the index after which this node's state answers a read
+        linearizably (set once the node has applied it), or ReadNotConfirmed."""
+        future: Future = Future()
+        future.set_running_or_notify_cancel()  # a waiter that gives up cannot cancel it
+        with self._read_lock:
+            if len(self._reads_new) >= READ_WAITERS_MAX:
+                future.set_exception(ReadNotConfirmed(f"{READ_WAITERS_MAX} reads are queued on this node"))
+                return future
+            self._reads_new.append(future)
+        if pysyncobj.syncobj.PIPE_NOTIFIER_ENABLED:
+            self._SyncObj__pipeNotifier.notify()  # the tick may be asleep in its poll
+        return future
+
+    # the tick thread
+    def _onTick(self, timeToWait: float = 0.0) -> None:  # noqa: N803 - pysyncobj's name
+        self._start_reads()
+        super()._onTick(timeToWait)
+        self._finish_reads()
+
+    def _start_reads(self) -> None:
+        with self._read_lock:
+            new, self._reads_new = self._reads_new, []
+        self._reads_waiting.extend(new)
+        if not self._reads_waiting:
+            return
+        if self._isLeader():
+            self._start_round()
+        elif self._getLeader() is not None:
+            self._ask_leader(self._reads_waiting)
+            self._reads_waiting = []
+        else:
+            self._fail_reads(self._reads_waiting, "no leader is known")
+            self._reads_waiting = []
+
+    def _start_round(self) -> None:
+        noop = self._SyncObj__noopIDx
+        commit = self._SyncObj__raftCommitIndex
+        if noop is None or commit < noop or len(self._read_rounds) >= READ_ROUNDS_INFLIGHT_MAX:
+            return  # the no-op of this term is not committed yet, or enough rounds run: next tick
+        waiters, self._reads_waiting = self._reads_waiting, []
+        read_round = _ReadRound(commit, self.raftCurrentTerm, waiters)
+        self._read_round_next += 1
+        self._read_rounds[self._read_round_next] = read_round
+        others = self._SyncObj__otherNodes
+        if self._has_majority(read_round):
+            read_round.confirmed = True  # a single node
+        for node in others:
+            self._SyncObj__transport.send(
+                node, {"type": _PING, "term": read_round.term, "round": self._read_round_next}
+            )
+
+    def _has_majority(self, read_round: _ReadRound) -> bool:
+        return read_round.acks > (len(self._SyncObj__otherNodes) + 1) / 2
+
+    def _ask_leader(self, futures: list[Future]) -> None:
+        asks = []
+        for future in futures:
+            self._read_ask_next += 1
+            self._read_asks[self._read_ask_next] = (future, monotonic_time())
+            asks.append(self._read_ask_next)
+        self._SyncObj__transport.send(self._getLeader(), {"type": _ASK, "asks": asks})
+
+    def _finish_reads(self) -> None:
+        now = monotonic_time()
+        leader = self._isLeader()
+        for number, read_round in list(self._read_rounds.items()):
+            if not leader or read_round.term != self.raftCurrentTerm:
+                del self._read_rounds[number]
+                self._answer_round(read_round, "leadership was lost before the read was confirmed")
+            elif read_round.confirmed:
+                del self._read_rounds[number]
+                self._answer_round(read_round, None)
+            elif now - read_round.started > READ_ROUND_TIMEOUT_S:
+                del self._read_rounds[number]
+                self._answer_round(read_round, "no majority confirmed this leader in time")
+        for ask, (future, asked) in list(self._read_asks.items()):
+            if now - asked > READ_ROUND_TIMEOUT_S:
+                del self._read_asks[ask]
+                self._fail_reads([future], "the leader did not answer in time")
+        self._serve_applied()
+
+    def _answer_round(self, read_round: _ReadRound, error: str | None) -> None:
+        local: list[Future] = []
+        remote: dict[Any, list[int]] = {}
+        for waiter in read_round.waiters:
+            if isinstance(waiter, tuple):
+                remote.setdefault(waiter[0], []).append(waiter[1])
+            else:
+                local.append(waiter)
+        for node, asks in remote.items():
+            self._SyncObj__transport.send(
+                node, {"type": _ANSWER, "asks": asks, "index": read_round.index, "error": error}
+            )
+        if error is not None:
+            self._fail_reads(local, error)
+        else:
+            self._reads_applying.extend((read_round.index, future) for future in local)
+
+    def _serve_applied(self) -> None:
+        if not self._reads_applying:
+            return
+        applied = self.raftLastApplied
+        still = []
+        for index, future in self._reads_applying:
+            if applied >= index:
+                if not future.done():
+                    future.set_result(index)
+            else:
+                still.append((index, future))
+        self._reads_applying = still
+
+    @staticmethod
+    def _fail_reads(futures: list[Any], why: str) -> None:
+        for future in futures:
+            if isinstance(future, Future) and not future.done():
+                future.set_exception(ReadNotConfirmed(why))
+
+    def _SyncObj__onMessageReceived(self, node: Any, message: Any) -> None:
+        kind = message.get("type") if isinstance(message, dict) else None
+        if kind == _PING:
+            if message["term"] == self.raftCurrentTerm and not self._isLeader():
+                self._SyncObj__transport.send(
+                    node, {"type": _PONG, "term": message["term"], "round": message["round"]}
+                )
+        elif kind == _PONG:
+            read_round = self._read_rounds.get(message["round"])
+            if read_round is not None and message["term"] == read_round.term == self.raftCurrentTerm:
+                read_round.acks += 1
+                read_round.confirmed = read_round.confirmed or self._has_majority(read_round)
+        elif kind == _ASK:
+            if self._isLeader():
+                self._reads_waiting.extend((node, ask) for ask in message["asks"])
+                self._start_round()
+            else:
+                self._SyncObj__transport.send(
+                    node, {"type": _ANSWER, "asks": message["asks"], "index": 0, "error": "not the leader"}
+                )
+        elif kind == _ANSWER:
+            self._answered(message)
+        else:
+            super()._SyncObj__onMessageReceived(node, message)
+
+    def _answered(self, message: dict) -> None:
+        futures = [self._read_asks.pop(ask)[0] for ask in message["asks"] if ask in self._read_asks]
+        if message["error"] is not None:
+            self._fail_reads(futures, f"the leader could not confirm the read: {message['error']}")
+        else:
+            self._reads_applying.extend((message["index"], future) for future in futures)
+            self._serve_applied()
+
+
+class RaftFixes(ReadIndex, SendBeforeSync, LeadershipTransfer, InputFirstFix, HeldEntriesFix, NextIndexFix):
+    """Every Raft fix, leadership transfer, ReadIndex and SendBeforeSync: what every
+    controller node runs with."""
 
 
 # The transport ------------------------------------------------------------------------------

@@ -52,6 +52,7 @@ import grpc
 from mqmeta.client import ControllerClient
 from mqmeta.errors import MqmetaError
 from mqmeta.pb import controller_pb2 as pb
+from mqmeta.timing import WATCH_KEEPALIVE_MS, WATCH_KEEPALIVE_TIMEOUT_MS
 
 log = logging.getLogger(__name__)
 
@@ -64,8 +65,6 @@ TOPIC_RELOAD_DUTY_MAX = 0.1
 # to 127 characters would not fit); more marked names than this: one ListTopics of every topic.
 TOPIC_RELOAD_NAMES_BYTES_MAX = 1 << 20
 NAME_ENCODING_BYTES = 3  # per repeated string: its tag and length (names are ASCII)
-WATCH_KEEPALIVE_MS = 1_000
-WATCH_KEEPALIVE_TIMEOUT_MS = 2_000
 BrokerKey = tuple[str, str]  # (cluster, broker name)
 
 
@@ -131,6 +130,18 @@ class RouteCache:
                 return None
             self.stats["hits"] += 1
             return self._build(topic)
+
+    def masters(self) -> dict[str, str] | None:
+        """Every broker set's master address by set name (sets without one left out);
+        None while the copy is not live."""
+        with self._lock:
+            if not self._live:
+                return None
+            return {
+                name: route.master_address
+                for (_, name), (_, route) in self._brokers.items()
+                if route.master_broker_id and route.master_address
+            }
 
     def _build(self, topic: pb.Topic) -> pb.TopicRoute:
         """The route the controller's topic_route builds from the same state."""

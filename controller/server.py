@@ -12,7 +12,12 @@ from typing import Any, Protocol
 
 import grpc
 from mqmeta.controller.metrics import controller_metrics, namesrv_metrics
-from mqmeta.controller.namesrv import EmbeddedNameServer, NameServerServicer, add_messaging_service
+from mqmeta.controller.namesrv import (
+    EmbeddedNameServer,
+    NameServerServicer,
+    RocketMQRoutes,
+    add_rocketmq_service,
+)
 from mqmeta.controller.operations import ControllerOperations
 from mqmeta.controller.raft_node import Peer, RaftSettings
 from mqmeta.controller.route_cache import RouteCache
@@ -26,9 +31,7 @@ from mqmeta.rpc import (
     STOP_GRACE_S,
     STOP_NOW_GRACE_S,
     AsyncServer,
-    add_health_and_reflection,
     add_health_and_reflection_async,
-    build_server,
     check_can_listen,
 )
 from mqmeta.timing import PROPOSAL_TIMEOUT_MS_MAX
@@ -41,6 +44,8 @@ log = logging.getLogger(__name__)
 GRPC_WORKERS_MAX = 64
 CONTROLLER_SERVICE = controller_pb2.DESCRIPTOR.services_by_name["ControllerService"].full_name
 NAMESRV_SERVICE = namesrv_pb2.DESCRIPTOR.services_by_name["NameServer"].full_name
+PROXY_ROUTES = RocketMQRoutes()
+REQUEST_BYTES_MAX = 5 << 20  # a RocketMQ 5 body of 4 MiB passes through the proxy
 
 
 @dataclass
@@ -163,12 +168,16 @@ class RunningNode:
 
 
 def start_controller(
-    config: ControllerConfig, namesrv_address: str = "", remoting_address: str = ""
+    config: ControllerConfig,
+    namesrv_address: str = "",
+    remoting_address: str = "",
+    routes: RocketMQRoutes = PROXY_ROUTES,
 ) -> RunningNode:
     """A controller node on an AsyncServer (its Watch streams hold no thread); with
     `namesrv_address`, its embedded nameserver on the same port or on one of its own, and
     with `remoting_address` that nameserver's RocketMQ remoting listener."""
     config.validate()
+    routes.validate()
     for address in dict.fromkeys([config.grpc, config.raft, namesrv_address]):
         if address:  # before the journal opens; pysyncobj would retry a taken Raft port forever
             check_can_listen(address)
@@ -182,14 +191,17 @@ def start_controller(
         if embedded_here:
             namesrv_pb2_grpc.add_NameServerServicer_to_server(EmbeddedNameServer(core), server)
             services.append(NAMESRV_SERVICE)
-            services.append(add_messaging_service(server, _embedded_route(core)))
+            services.append(_embedded_rocketmq(server, core, routes, namesrv_address))
         await add_health_and_reflection_async(server, services)
 
     servers: list[StoppableServer] = []
     try:
-        servers.append(_started(AsyncServer(config.grpc, setup, GRPC_WORKERS_MAX)))
+        servers.append(_started(AsyncServer(config.grpc, setup, GRPC_WORKERS_MAX, REQUEST_BYTES_MAX)))
         if namesrv_address and not embedded_here:
-            servers.append(_started(AsyncServer(namesrv_address, _namesrv_setup(core), GRPC_WORKERS_MAX)))
+            setup_namesrv = _namesrv_setup(core, routes, namesrv_address)
+            servers.append(
+                _started(AsyncServer(namesrv_address, setup_namesrv, GRPC_WORKERS_MAX, REQUEST_BYTES_MAX))
+            )
     except BaseException:
         for server in servers:
             server.stop(grace=0)
@@ -220,10 +232,10 @@ def _started(server: AsyncServer) -> AsyncServer:
     return server
 
 
-def _namesrv_setup(core: ControllerOperations):
+def _namesrv_setup(core: ControllerOperations, routes: RocketMQRoutes, listen: str):
     async def setup(server: grpc.aio.Server) -> None:
         namesrv_pb2_grpc.add_NameServerServicer_to_server(EmbeddedNameServer(core), server)
-        messaging = add_messaging_service(server, _embedded_route(core))
+        messaging = _embedded_rocketmq(server, core, routes, listen)
         await add_health_and_reflection_async(server, [NAMESRV_SERVICE, messaging])
 
     return setup
@@ -235,25 +247,56 @@ def _embedded_route(core: ControllerOperations):
     return lambda topic: route_pb(core.topic_route(topic))
 
 
+def _embedded_rocketmq(server, core: ControllerOperations, routes: RocketMQRoutes, listen: str) -> str:
+    """The RocketMQ 5 service of an embedded nameserver: the proxy reads the node's own
+    applied state (no barrier: a route only says where to go; masters are fenced by epoch)."""
+    from mqmeta.controller.service import route_pb
+    from mqmeta.controller.state_machine import broker_route, topic_route
+
+    def route_now(topic: str):
+        try:
+            return route_pb(topic_route(core.state, topic))
+        except Exception:  # not found, or the state moved under the read: the barrier read answers
+            return None
+
+    def masters_now() -> dict[str, str] | None:
+        try:
+            found = [broker_route(bs) for bs in core.state.broker_sets()]
+        except Exception:  # the state moved under the read: none this time
+            return None
+        return {r["broker_name"]: r["master_address"] for r in found if r["master_broker_id"]}
+
+    return add_rocketmq_service(server, routes, listen, _embedded_route(core), route_now, masters_now)
+
+
 def start_namesrv(
-    address: str, controllers: list[str], metrics_listen: str = "", remoting_address: str = ""
+    address: str,
+    controllers: list[str],
+    metrics_listen: str = "",
+    remoting_address: str = "",
+    rocketmq_routes: RocketMQRoutes = PROXY_ROUTES,
 ) -> RunningNode:
     """A standalone nameserver: routes from a watched copy of the metadata (RouteCache),
-    the controller's barrier read when the copy cannot answer."""
+    the controller's barrier read when the copy cannot answer. On an AsyncServer: the
+    RocketMQ 5 proxy's forwarded calls and long polls hold no thread."""
+    rocketmq_routes.validate()
     client = ControllerClient(controllers)
     cache = RouteCache(ControllerClient(controllers))
     metrics, routes = namesrv_metrics()
     servicer = NameServerServicer(client, cache, routes.inc)
-    server = build_server(address, GRPC_WORKERS_MAX)
-    namesrv_pb2_grpc.add_NameServerServicer_to_server(servicer, server)
 
     def route(topic: str):
         routes.inc()
         return servicer.route(topic)
 
-    messaging = add_messaging_service(server, route)
-    add_health_and_reflection(server, [NAMESRV_SERVICE, messaging])
-    server.start()
+    async def setup(server: grpc.aio.Server) -> None:
+        namesrv_pb2_grpc.add_NameServerServicer_to_server(servicer, server)
+        messaging = add_rocketmq_service(
+            server, rocketmq_routes, address, servicer.route, cache.route, cache.masters, routes.inc
+        )
+        await add_health_and_reflection_async(server, [NAMESRV_SERVICE, messaging])
+
+    server = _started(AsyncServer(address, setup, GRPC_WORKERS_MAX, REQUEST_BYTES_MAX))
     cache.start()
     closers = [cache.stop, cache.client.close]
     if remoting_address:

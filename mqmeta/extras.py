@@ -29,6 +29,8 @@ EXTRA_MODULES: dict[str, tuple[tuple[str, str], ...]] = {
         *_AUDIT,
     ),
     "s3": (("s3fs", "s3fs"),),
+    # bench/peers drives RabbitMQ and NATS with their own clients
+    "peers": (("pika", "pika"), ("nats", "nats-py")),
 }
 
 

@@ -146,6 +146,17 @@ def endpoints(address: str) -> rdef.Endpoints:
     return rdef.Endpoints(scheme=scheme, addresses=[rdef.Address(host=host, port=int(port))])  # type: ignore[arg-type]
 
 
+def endpoints_of(addresses: list[str]) -> rdef.Endpoints:
+    """One Endpoints naming several servers (the proxies): the official clients dial them
+    as one gRPC channel. Its scheme is the first address's (the clients allow a single
+    address only with DOMAIN_NAME)."""
+    found = [endpoints(a) for a in addresses]
+    merged = rdef.Endpoints(scheme=found[0].scheme)
+    for one in found:
+        merged.addresses.extend(one.addresses)
+    return merged
+
+
 def address_of(value: rdef.Endpoints) -> str:
     if not value.addresses:
         return ""

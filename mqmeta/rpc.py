@@ -280,8 +280,15 @@ class AsyncServer:
     on a `build_server` server. start() binds and starts (InvalidArgument when it cannot
     listen); stop(grace) returns a set threading.Event, like grpc.Server.stop."""
 
-    def __init__(self, address: str, setup: ServerSetup, workers_max: int = GRPC_WORKERS_MAX) -> None:
+    def __init__(
+        self,
+        address: str,
+        setup: ServerSetup,
+        workers_max: int = GRPC_WORKERS_MAX,
+        request_bytes_max: int | None = None,
+    ) -> None:
         self.address = address
+        self._request_bytes_max = request_bytes_max
         self._setup = setup
         self._pool = ThreadPoolExecutor(max_workers=workers_max, thread_name_prefix="rpc")
         self.loop = asyncio.new_event_loop()
@@ -298,9 +305,14 @@ class AsyncServer:
             raise
 
     async def _start(self) -> None:
+        limit = (
+            []
+            if self._request_bytes_max is None
+            else [("grpc.max_receive_message_length", self._request_bytes_max)]
+        )
         server = grpc.aio.server(
             migration_thread_pool=self._pool,
-            options=[("grpc.so_reuseport", 0), *PING_TOLERANT_OPTIONS],
+            options=[("grpc.so_reuseport", 0), *PING_TOLERANT_OPTIONS, *limit],
             interceptors=auth.aio_server_interceptors(),
         )
         check_can_listen(self.address)

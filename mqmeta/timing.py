@@ -22,6 +22,13 @@ PROPOSAL_TIMEOUT_MS_DEFAULT = 5000
 # timeout has passed, so the grace must outlast every proposal timeout a controller allows.
 PENDING_GRACE_MS = 7000
 PROPOSAL_TIMEOUT_MS_MAX = PENDING_GRACE_MS - 1000
+# A Watch stream (a broker's, a route copy's) runs on a channel that pings its controller
+# node every WATCH_KEEPALIVE_MS and fails the stream when a ping goes unanswered for
+# WATCH_KEEPALIVE_TIMEOUT_MS: a silently cut stream (a stopped process, a black-holed link,
+# a connection closed without a FIN reaching the client) ends within about their sum and is
+# opened again, instead of waiting forever while the changes it should carry pass it by.
+WATCH_KEEPALIVE_MS = 1_000
+WATCH_KEEPALIVE_TIMEOUT_MS = 2_000
 
 assert BROKER_DEAD_AFTER_MS_DEFAULT >= 3 * BROKER_HEARTBEAT_INTERVAL_MS_DEFAULT
 assert LEASE_MS_DEFAULT + LEASE_MARGIN_MS_DEFAULT < BROKER_DEAD_AFTER_MS_DEFAULT

@@ -119,4 +119,4 @@ def test_extras_list_what_pyproject_installs():
         expected = pinned | {p.lower() for e in included for _, p in EXTRA_MODULES[e]}
         assert names <= expected | {"numpy"}, (extra, names - expected)
         assert pinned - {"numpy"} <= names, (extra, pinned - names)
-    assert "mqmeta[audit,chaos,s3]" in extras["dev"], "dev is a superset of every extra"
+    assert "mqmeta[audit,chaos,peers,s3]" in extras["dev"], "dev is a superset of every extra"

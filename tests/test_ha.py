@@ -778,3 +778,52 @@ def test_a_fetch_of_an_older_epoch_is_refused_and_acknowledges_nothing():
     refused = core.handle(fetch(2, 300, epoch1(300), master_epoch=2))
     assert len(refused) == 1 and isinstance(refused[0].error, FencedEpoch)
     assert core.acked_offsets() == {2: 0} and core.confirm_offset == 0
+
+
+class _RefusingFirstElection:
+    """A controller that refuses the broker's first election, as a leader does for a broker
+    that registered under load before any heartbeat of it reached that leader."""
+
+    def __init__(self) -> None:
+        self.elections = 0
+
+    def register_broker(self, request: cpb.RegisterBrokerRequest) -> cpb.RegisterBrokerResponse:
+        return cpb.RegisterBrokerResponse(broker_id=1, replica_info=cpb.ReplicaInfo())
+
+    def get_config(self, request: cpb.GetConfigRequest) -> cpb.ControllerConfig:
+        return cpb.ControllerConfig()
+
+    def get_replica_info(self, request: cpb.BrokerSetRef) -> cpb.ReplicaInfo:
+        return cpb.ReplicaInfo()  # no master yet
+
+    def elect_master(self, request: cpb.ElectMasterRequest) -> cpb.ReplicaInfo:
+        self.elections += 1
+        if self.elections == 1:
+            raise FailedPrecondition("no alive in-sync replica can become master of C/b")
+        return replica_info(1, 1, [1])
+
+    def heartbeat(self, request: cpb.HeartbeatRequest) -> cpb.HeartbeatResponse:
+        return cpb.HeartbeatResponse(master_broker_id=0, master_epoch=0, sync_state_set_epoch=0)
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_refused_first_election_is_asked_again_until_the_set_has_a_master(agent):
+    """Before the fix the loop asked once: the refusal left the set masterless for good,
+    since heartbeat replies matching the broker's own view never call for a refresh."""
+    a = agent()
+    a.controller = _RefusingFirstElection()
+    loop = threading.Thread(target=a._controller_loop, daemon=True)
+    loop.start()
+    try:
+        wait_for(
+            lambda: a.view().role,
+            10,
+            "the broker to become master after a refused election",
+            until=lambda role: role == Role.MASTER,
+        )
+        assert a.controller.elections == 2
+    finally:
+        a.stopping.set()
+        loop.join(timeout=5)

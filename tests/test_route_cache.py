@@ -23,11 +23,12 @@ import time
 import pytest
 from mqmeta.cluster.wait import wait_for
 from mqmeta.controller import route_cache
-from mqmeta.controller.route_cache import WATCH_KEEPALIVE_MS, WATCH_KEEPALIVE_TIMEOUT_MS, RouteCache
+from mqmeta.controller.route_cache import RouteCache
 
 from mqmeta.client import ControllerClient
 from mqmeta.errors import NotFound, Unavailable
 from mqmeta.pb import controller_pb2 as pb
+from mqmeta.timing import WATCH_KEEPALIVE_MS, WATCH_KEEPALIVE_TIMEOUT_MS
 
 pytestmark = pytest.mark.timeout(150)
 

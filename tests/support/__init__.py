@@ -1,6 +1,7 @@
 """What the test modules share (no test module imports another): the one wait helper,
 broker-set and controller waits over a real cluster, a fake broker, a cuttable TCP link,
-and the audit tests' data dir and Spark session.
+the audit tests' data dir and Spark session, and three in-process pysyncobj nodes with
+manual ticks (`tests.support.raft_trio`, imported from there).
 
 Tests wait on a condition through `wait_for` (cluster/wait.py: the same function the
 harness and the launcher use), never on a fixed sleep.

@@ -58,6 +58,10 @@ class TcpCut:
             except OSError:
                 client.close()
                 continue
+            # The 2 s bounds the connect only: a stream idle for longer (a Watch between two
+            # events) must stay open, not end in a recv timeout.
+            upstream.settimeout(None)
+            client.settimeout(None)
             with self._lock:
                 if self._cut.is_set():  # cut while this connection was being made
                     client.close()
@@ -77,7 +81,14 @@ class TcpCut:
         except OSError:
             pass
         finally:
+            # shutdown, not only close: the other direction's thread is blocked in recv on
+            # one of these sockets, and a close alone neither wakes it nor sends the FIN, so
+            # the far end would wait on a dead connection forever.
             for s in (source, sink):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
                 try:
                     s.close()
                 except OSError:

@@ -1,0 +1,302 @@
+"""The official RocketMQ 5 client's throughput through the proxy, directly to the masters,
+and against its own ceiling, in one run.
+
+    python -m bench.rocketmq_proxy_throughput [--messages N] [--threads T] [--size B] [--rounds R]
+
+Targets, measured in alternating rounds with the same client, threads and message size:
+- ceiling: an apache.rocketmq.v2 MessagingService in this process (the official client's
+  own stubs) that stores nothing: sends are answered OK at once, receives hand out
+  synthetic messages, acks are answered OK;
+- direct: mqmeta, a nameserver with `--rocketmq-routes direct` (routes name the masters);
+- proxy: mqmeta, a nameserver with `--rocketmq-routes proxy` (the default).
+mqmeta: one controller, a broker set of two replicas, acks from the whole SyncStateSet.
+
+Measured: send (T threads, each sending its share of N one at a time); SimpleConsumer
+receive + ack (batches of 32, a batch's acks sent together); PushConsumer receive + ack
+(default consumption threads; from its first message to its N-th). Prints one JSON
+document with messages per second (the best round of each) and the ratios proxy/direct
+and proxy/ceiling; writes it to bench/results/rocketmq_proxy_throughput.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+import tempfile
+import threading
+import time
+from concurrent import futures
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.benchlib import REPO, make_log  # noqa: E402
+from bench.rocketmq_bench import official_client, timed_threads  # noqa: E402
+
+log = make_log("rmq-proxy-tput")
+TOPIC = "Tput"
+QUEUES = 4
+ACKS_IN_FLIGHT_MAX = 32
+
+
+def null_server(rmq_root: Any, address_holder: list[str]):
+    """An in-process MessagingService that stores nothing (the official client's stubs)."""
+    import grpc
+    from google.protobuf.duration_pb2 import Duration
+    from rocketmq.grpc_protocol import definition_pb2 as d
+    from rocketmq.grpc_protocol import service_pb2 as s
+    from rocketmq.grpc_protocol import service_pb2_grpc as sg
+
+    ok = d.Status(code=d.OK, message="OK")
+    body = b"x" * 1024
+    digest = hashlib.md5(body).hexdigest().upper()
+
+    def queues(topic: str) -> list:
+        host, port = address_holder[0].rsplit(":", 1)
+        endpoints = d.Endpoints(scheme=d.IPv4, addresses=[d.Address(host=host, port=int(port))])
+        return [
+            d.MessageQueue(
+                topic=d.Resource(name=topic),
+                id=i,
+                permission=d.READ_WRITE,
+                broker=d.Broker(name="null", id=0, endpoints=endpoints),
+                accept_message_types=[d.NORMAL],
+            )
+            for i in range(QUEUES)
+        ]
+
+    class Null(sg.MessagingServiceServicer):
+        counter = iter(range(1 << 62))
+
+        def QueryRoute(self, request, context):
+            return s.QueryRouteResponse(status=ok, message_queues=queues(request.topic.name))
+
+        def Heartbeat(self, request, context):
+            return s.HeartbeatResponse(status=ok)
+
+        def NotifyClientTermination(self, request, context):
+            return s.NotifyClientTerminationResponse(status=ok)
+
+        def SendMessage(self, request, context):
+            m = request.messages[0]
+            entry = s.SendResultEntry(status=ok, message_id=m.system_properties.message_id, offset=1)
+            return s.SendMessageResponse(status=ok, entries=[entry])
+
+        def QueryAssignment(self, request, context):
+            return s.QueryAssignmentResponse(
+                status=ok, assignments=[d.Assignment(message_queue=q) for q in queues(request.topic.name)]
+            )
+
+        def ReceiveMessage(self, request, context):
+            yield s.ReceiveMessageResponse(status=ok)
+            for _ in range(request.batch_size):
+                n = next(self.counter)
+                props = d.SystemProperties(
+                    message_id=f"NULL{n:020d}",
+                    body_digest=d.Digest(type=d.MD5, checksum=digest),
+                    body_encoding=d.IDENTITY,
+                    message_type=d.NORMAL,
+                    receipt_handle=f"h{n}",
+                    delivery_attempt=1,
+                    queue_id=request.message_queue.id,
+                    queue_offset=n,
+                    invisible_duration=Duration(seconds=30),
+                )
+                props.born_timestamp.GetCurrentTime()
+                yield s.ReceiveMessageResponse(
+                    message=d.Message(topic=request.message_queue.topic, system_properties=props, body=body)
+                )
+            done = s.ReceiveMessageResponse()
+            done.delivery_timestamp.GetCurrentTime()  # the clients time the batch from it
+            yield done
+
+        def AckMessage(self, request, context):
+            entries = [
+                s.AckMessageResultEntry(message_id=e.message_id, receipt_handle=e.receipt_handle, status=ok)
+                for e in request.entries
+            ]
+            return s.AckMessageResponse(status=ok, entries=entries)
+
+        def Telemetry(self, request_iterator, context):
+            for command in request_iterator:
+                if command.HasField("settings"):
+                    merged = d.Settings()
+                    merged.CopyFrom(command.settings)
+                    if merged.HasField("publishing"):
+                        merged.publishing.max_body_size = 4 << 20
+                    if merged.HasField("subscription"):  # as a broker answers: its batch, its polls
+                        merged.subscription.receive_batch_size = 32
+                        merged.subscription.long_polling_timeout.CopyFrom(Duration(seconds=30))
+                        merged.backoff_policy.max_attempts = 17
+                        merged.backoff_policy.customized_backoff.next.add().seconds = 1
+                    yield s.TelemetryCommand(status=ok, settings=merged)
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=64))
+    sg.add_MessagingServiceServicer_to_server(Null(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    address_holder.append(f"127.0.0.1:{port}")
+    server.start()
+    return server
+
+
+def send(rmq, endpoints: str, total: int, threads: int, body: bytes) -> float:
+    config = rmq.ClientConfiguration(endpoints, rmq.Credentials(), request_timeout=5)
+    producer = rmq.Producer(config, (TOPIC,))
+    producer.startup()
+
+    def work(i: int) -> None:
+        for _ in range(total // threads):
+            m = rmq.Message()
+            m.topic, m.body = TOPIC, body
+            producer.send(m)
+
+    try:
+        producer.send(_message(rmq, body))  # routes and channel before the clock starts
+        return total / timed_threads(threads, work)
+    finally:
+        producer.shutdown()
+
+
+def _message(rmq, body: bytes):
+    m = rmq.Message()
+    m.topic, m.body = TOPIC, body
+    return m
+
+
+def simple_receive(rmq, endpoints: str, total: int, group: str) -> float:
+    config = rmq.ClientConfiguration(endpoints, rmq.Credentials(), request_timeout=5)
+    consumer = rmq.SimpleConsumer(config, group, {TOPIC: rmq.FilterExpression()}, 1)
+    consumer.startup()
+    pool = ThreadPoolExecutor(ACKS_IN_FLIGHT_MAX)
+
+    def ack(message) -> None:
+        try:
+            consumer.ack(message)
+        except Exception:
+            pass
+
+    got, idle = 0, 0
+    start = time.perf_counter()
+    try:
+        while got < total and idle < QUEUES * 3:
+            messages = consumer.receive(32, 30)
+            idle = 0 if messages else idle + 1
+            list(pool.map(ack, messages))
+            got += len(messages)
+        return got / (time.perf_counter() - start)
+    finally:
+        pool.shutdown()
+        consumer.shutdown()
+
+
+def push_receive(rmq, endpoints: str, total: int, group: str, timeout_s: float = 120.0) -> float:
+    times: list[float] = []
+    done = threading.Event()
+
+    class Listener:
+        def consume(self, message):
+            times.append(time.perf_counter())
+            if len(times) >= total:
+                done.set()
+            return rmq.ConsumeResult.SUCCESS
+
+    config = rmq.ClientConfiguration(endpoints, rmq.Credentials(), request_timeout=5)
+    consumer = rmq.PushConsumer(config, group, Listener(), {TOPIC: rmq.FilterExpression()})
+    consumer.startup()
+    try:
+        done.wait(timeout_s)
+        if len(times) < 2:
+            return 0.0
+        return (len(times) - 1) / (times[-1] - times[0])
+    finally:
+        consumer.shutdown()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--messages", type=int, default=2000)
+    parser.add_argument("--threads", type=int, default=8)
+    parser.add_argument("--size", type=int, default=1024)
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="rmq-proxy-tput-"))
+    rmq = official_client(root / "home")
+    from mqmeta.cluster.harness import Cluster
+    from mqmeta.cluster.layout import namesrv_command
+    from mqmeta.cluster.ports import PortReservation
+    from mqmeta.cluster.ready import wait_ready
+
+    from mqmeta.pb import controller_pb2 as cpb
+
+    holder: list[str] = []
+    null = null_server(rmq, holder)
+    cluster = Cluster(root / "cluster", count=1, broker_sets=1, replicas=2)
+    direct_port = PortReservation.pick(1)
+    cluster.start()
+    try:
+        direct = direct_port.addresses[0]
+        direct_port.release()
+        command = namesrv_command(cluster.layout) + ["--rocketmq-routes", "direct"]
+        command[command.index("--listen") + 1] = direct
+        for flag in ("--metrics-listen", "--remoting-listen"):
+            if flag in command:
+                del command[command.index(flag) : command.index(flag) + 2]
+        cluster.supervisor.start("namesrv-direct", command)
+        wait_ready(cluster.addresses, [direct])
+        cluster.master_of("broker-a")
+        with cluster.client() as admin:
+            admin.create_topic(cpb.TopicSpec(name=TOPIC, queue_count=QUEUES))
+        targets = {"ceiling": holder[0], "direct": direct, "proxy": cluster.namesrv}
+        body = os.urandom(args.size)
+        total = args.messages - args.messages % args.threads
+        rates: dict[str, dict[str, list[float]]] = {
+            k: {"send": [], "simple": [], "push": []} for k in targets
+        }
+        for r in range(args.rounds):
+            for name, endpoints in targets.items():
+                rates[name]["send"].append(send(rmq, endpoints, total, args.threads, body))
+                log(f"round {r + 1} {name} send {rates[name]['send'][-1]:.0f} msg/s")
+            for name, endpoints in targets.items():
+                rates[name]["simple"].append(simple_receive(rmq, endpoints, total, f"simple-{name}-{r}"))
+                rates[name]["push"].append(push_receive(rmq, endpoints, total, f"push-{name}-{r}"))
+                got = rates[name]
+                log(f"round {r + 1} {name} simple {got['simple'][-1]:.0f} push {got['push'][-1]:.0f}")
+    finally:
+        cluster.stop()
+        null.stop(0)
+    best = {name: {kind: round(max(v), 1) for kind, v in kinds.items()} for name, kinds in rates.items()}
+    result: dict[str, Any] = {
+        "messages": total,
+        "threads": args.threads,
+        "body_bytes": args.size,
+        "rounds": args.rounds,
+        "load_average_at_end": [round(x, 1) for x in os.getloadavg()],
+        "msgs_per_s": best,
+        "samples": rates,
+        "ratio_proxy_to_direct": {
+            k: _ratio(best["proxy"][k], best["direct"][k]) for k in ("send", "simple", "push")
+        },
+        "ratio_proxy_to_ceiling": {
+            k: _ratio(best["proxy"][k], best["ceiling"][k]) for k in ("send", "simple", "push")
+        },
+        "ratio_direct_to_ceiling": {
+            k: _ratio(best["direct"][k], best["ceiling"][k]) for k in ("send", "simple", "push")
+        },
+    }
+    text = json.dumps(result, indent=2)
+    (REPO / "bench" / "results" / "rocketmq_proxy_throughput.json").write_text(text + "\n")
+    print(text)
+    return 0
+
+
+def _ratio(a: float, b: float) -> float | None:
+    return round(a / b, 3) if a and b else None
+
+
+if __name__ == "__main__":
+    sys.exit(main())

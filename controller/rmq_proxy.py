@@ -1,0 +1,648 @@
+"""The nameserver as RocketMQ 5's proxy (cluster mode): apache.rocketmq.v2.MessagingService
+for the whole data path, each call forwarded to the current master of its broker set.
+
+Why: an official RocketMQ 5 client keeps sending to the endpoints its last QueryRoute gave
+it until its next route refresh (every 30 s). With `--rocketmq-routes proxy` (the default)
+QueryRoute names the nameservers themselves as every queue's endpoints, so what a client
+holds stays valid across a failover: the nameserver picks the master from its watched
+route copy per call. With several nameservers the endpoints list them all; the official
+clients put every address of an Endpoints into one gRPC channel (pick-first), which moves
+to the next address when the one it uses dies.
+
+Which broker set a call belongs to: SendMessage picks one (a FIFO message group always
+the same set; otherwise round-robin over the sets that have a master now); ReceiveMessage
+names its queue's set; receipt handles and transaction ids carry the set's name; Heartbeat
+and NotifyClientTermination go to every master; Telemetry streams are relayed to every
+master of the cluster, so a master's orphaned-transaction check reaches the client.
+
+A call whose set has no master (an election under way), whose master does not answer, or
+that the master refused before writing (HA_NOT_AVAILABLE) is tried again as the route
+copy changes, until the call's own deadline (less PROXY_MARGIN_MS) and never longer than
+ELECTION_WAIT_MS_MAX; then the last refusal is answered. Receipt handles are not touched:
+a handle from a deposed master is refused by the new one exactly as without the proxy.
+
+Requests and answers travel as bytes: only the fields that choose a broker set are
+parsed, and only QueryAssignment's answer is rewritten (its queues name the proxies too).
+Everything runs on the nameserver's grpc.aio loop; a channel per master address is kept
+(at most CHANNELS_MAX).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+import zlib
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from mqmeta import tls
+from mqmeta.errors import MqmetaError, NotFound
+from mqmeta.pb import controller_pb2 as cpb
+from mqmeta.pb.apache.rocketmq.v2 import definition_pb2 as rdef
+from mqmeta.pb.apache.rocketmq.v2 import service_pb2 as rsvc
+from mqmeta.rocketmq import (
+    MESSAGING_SERVICE,
+    ReceiptHandle,
+    RmqError,
+    accepted_types,
+    answer_settings,
+    check_name,
+    endpoints_of,
+    status,
+    status_of_error,
+)
+
+log = logging.getLogger(__name__)
+
+ELECTION_WAIT_MS_MAX = 10_000
+PROXY_MARGIN_MS = 150  # answer this long before the client's deadline
+DEADLINE_DEFAULT_MS = 5_000  # a call without a deadline waits as if it had this one
+RETRY_PAUSE_S = 0.02  # between two tries while a set has no reachable master
+CHANNELS_MAX = 256
+FANOUT_TIMEOUT_S = 2.0
+TELEMETRY_RECONCILE_S = 0.25  # how often a relayed stream looks for new masters
+TELEMETRY_ANSWER_WAIT_S = 2.0  # then a Settings is answered here, without a master's merge
+TELEMETRY_OUTBOUND_MAX = 256
+REQUEST_BYTES_MAX = 5 << 20
+CHANNEL_OPTIONS = [
+    ("grpc.initial_reconnect_backoff_ms", 50),
+    ("grpc.min_reconnect_backoff_ms", 50),
+    ("grpc.max_reconnect_backoff_ms", 500),
+    ("grpc.max_send_message_length", REQUEST_BYTES_MAX),
+    ("grpc.max_receive_message_length", REQUEST_BYTES_MAX),
+    ("grpc.enable_retries", 0),
+]
+# Answers that say "this set has no master that can take it now": tried again.
+RETRY_CODES = frozenset({rdef.HA_NOT_AVAILABLE, rdef.MASTER_PERSISTENCE_TIMEOUT})
+# gRPC failures of the hop to the master that a new master cures.
+RETRY_GRPC = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED})
+FORWARDED_HEADERS = ("x-mq-", "authorization")
+PATH = f"/{MESSAGING_SERVICE}/"
+
+
+@dataclass(frozen=True)
+class RouteSource:
+    """The nameserver's route copy as the proxy reads it. `route_now` and `masters_now`
+    answer from memory or give None (never block); `route` may ask the controllers."""
+
+    route_now: Callable[[str], cpb.TopicRoute | None]
+    route: Callable[[str], cpb.TopicRoute]
+    masters_now: Callable[[], dict[str, str] | None]  # broker set -> master address
+
+
+def proxy_message_queues(route: cpb.TopicRoute, proxies: list[str]) -> list[rdef.MessageQueue]:
+    """Every queue of the route, with or without a master now, each naming the proxies."""
+    types = accepted_types(route.message_type)
+    endpoints = endpoints_of(proxies)
+    found: list[rdef.MessageQueue] = []
+    for q in sorted(route.queues, key=lambda q: q.broker_name):
+        for queue_id in range(max(q.read_queue_count, q.write_queue_count)):
+            readable = queue_id < q.read_queue_count and "R" in q.perm
+            writable = queue_id < q.write_queue_count and "W" in q.perm
+            permission = {
+                (True, True): rdef.READ_WRITE,
+                (True, False): rdef.READ,
+                (False, True): rdef.WRITE,
+            }.get((readable, writable), rdef.NONE)
+            found.append(
+                rdef.MessageQueue(
+                    topic=rdef.Resource(name=route.topic),
+                    id=queue_id,
+                    permission=permission,  # type: ignore[arg-type]
+                    broker=rdef.Broker(name=q.broker_name, id=0, endpoints=endpoints),
+                    accept_message_types=types,  # type: ignore[arg-type]
+                )
+            )
+    return found
+
+
+def master_of(route: cpb.TopicRoute, broker_name: str) -> str:
+    for broker in route.brokers:
+        if broker.broker_name == broker_name and broker.master_broker_id:
+            return broker.master_address
+    return ""
+
+
+def transaction_broker(transaction_id: str) -> str:
+    """The broker set a transaction id names ("SET/OFFSET.ID"); empty for an older id."""
+    name, slash, _ = transaction_id.partition("/")
+    return name if slash else ""
+
+
+class _Retry(Exception):
+    """This try found no master that could take the call; `answer` is what to give the
+    client if no later try does better."""
+
+    def __init__(self, answer: bytes) -> None:
+        super().__init__("retry")
+        self.answer = answer
+
+
+class RocketMQProxy:
+    """apache.rocketmq.v2.MessagingService forwarded to the masters (see the module doc)."""
+
+    def __init__(self, source: RouteSource, proxies: list[str], on_route: Callable[[], None]) -> None:
+        self.source = source
+        self.proxies = proxies
+        self._on_route = on_route
+        self._channels: OrderedDict[str, grpc.aio.Channel] = OrderedDict()
+        self._round_robin = itertools.count()
+        self._unary: dict[tuple[str, str], tuple[grpc.aio.Channel, Any]] = {}
+
+    # Plumbing ------------------------------------------------------------------------------
+    def handler(self) -> grpc.GenericRpcHandler:
+        unary = {
+            "QueryRoute": self.query_route,
+            "Heartbeat": self.heartbeat,
+            "NotifyClientTermination": self.notify_termination,
+            "SendMessage": self.send_message,
+            "QueryAssignment": self.query_assignment,
+            "AckMessage": self.ack_message,
+            "ChangeInvisibleDuration": self.by_receipt_handle(rsvc.ChangeInvisibleDurationRequest),
+            "ForwardMessageToDeadLetterQueue": self.by_receipt_handle(
+                rsvc.ForwardMessageToDeadLetterQueueRequest
+            ),
+            "EndTransaction": self.end_transaction,
+            "UpdateOffset": self.unsupported(rsvc.UpdateOffsetResponse, "UpdateOffset"),
+            "GetOffset": self.unsupported(rsvc.GetOffsetResponse, "GetOffset"),
+            "QueryOffset": self.unsupported(rsvc.QueryOffsetResponse, "QueryOffset"),
+            "RecallMessage": self.unsupported(rsvc.RecallMessageResponse, "RecallMessage"),
+            "SyncLiteSubscription": self.unsupported(rsvc.SyncLiteSubscriptionResponse, "lite topics"),
+        }
+        handlers: dict[str, grpc.RpcMethodHandler] = {
+            name: grpc.unary_unary_rpc_method_handler(fn) for name, fn in unary.items()
+        }
+        handlers["ReceiveMessage"] = grpc.unary_stream_rpc_method_handler(self.receive_message)
+        handlers["PullMessage"] = grpc.unary_stream_rpc_method_handler(self.pull_message)
+        handlers["Telemetry"] = grpc.stream_stream_rpc_method_handler(self.telemetry)
+        return grpc.method_handlers_generic_handler(MESSAGING_SERVICE, handlers)
+
+    def unary(self, address: str, method: str) -> Any:
+        """The cached multicallable of `method` on the channel to `address`."""
+        key = (address, method)
+        found = self._unary.get(key)
+        if found is None or found[0] is not self._channels.get(address):
+            channel = self.channel(address)
+            found = (channel, channel.unary_unary(PATH + method))
+            self._unary[key] = found
+        return found[1]
+
+    def channel(self, address: str) -> grpc.aio.Channel:
+        found = self._channels.get(address)
+        if found is not None:
+            self._channels.move_to_end(address)
+            return found
+        config = tls.current()
+        if config is not None and config.dials_tls:
+            made = grpc.aio.secure_channel(address, tls.channel_credentials(config), CHANNEL_OPTIONS)
+        else:
+            made = grpc.aio.insecure_channel(address, CHANNEL_OPTIONS)
+        self._channels[address] = made
+        if len(self._channels) > CHANNELS_MAX:
+            gone, oldest = self._channels.popitem(last=False)
+            self._unary = {k: v for k, v in self._unary.items() if k[0] != gone}
+            asyncio.get_running_loop().create_task(oldest.close(grace=FANOUT_TIMEOUT_S))
+        return made
+
+    async def close(self) -> None:
+        for channel in self._channels.values():
+            await channel.close()
+        self._channels.clear()
+
+    async def route(self, topic: str) -> cpb.TopicRoute:
+        found = self.source.route_now(topic)
+        if found is not None:
+            return found
+        try:
+            return await asyncio.get_running_loop().run_in_executor(None, self.source.route, topic)
+        except NotFound:
+            raise RmqError(
+                rdef.TOPIC_NOT_FOUND, f"topic {topic} does not exist: create it with mqmeta admin"
+            ) from None
+
+    async def masters(self) -> dict[str, str]:
+        found = self.source.masters_now()
+        if found is not None:
+            return found
+        return {}
+
+    # Forwarding ----------------------------------------------------------------------------
+    async def forward(
+        self,
+        context: grpc.aio.ServicerContext,
+        method: str,
+        request: bytes,
+        master: Callable[[], Any],
+        response_type: Any,
+    ) -> bytes:
+        """`request` to the master `await master()` names, tried again (see the module doc)
+        until the call's deadline; the answer's bytes."""
+        deadline = _deadline(context)
+        metadata = forwarded_metadata(context)
+        answer = response_type(
+            status=status(rdef.HA_NOT_AVAILABLE, "no master is reachable for this broker set now")
+        ).SerializeToString()
+        while True:
+            try:
+                address = await master()
+                left = deadline - time.monotonic()
+                if not address:
+                    raise _Retry(answer)
+                call = self.unary(address, method)
+                try:
+                    raw = await call(request, timeout=max(left, 0.01), metadata=metadata)
+                except grpc.aio.AioRpcError as exc:
+                    if exc.code() not in RETRY_GRPC:
+                        raise
+                    raise _Retry(answer) from None
+                if response_type.FromString(raw).status.code in RETRY_CODES:
+                    raise _Retry(raw)
+                return raw
+            except _Retry as retry:
+                answer = retry.answer
+                if time.monotonic() + RETRY_PAUSE_S >= deadline:
+                    return answer
+                await asyncio.sleep(RETRY_PAUSE_S)
+
+    async def answer(self, response_type: Any, work: Callable[[], Any]) -> bytes:
+        """`await work()`, or the refusal it raised as `response_type`'s Status."""
+        try:
+            return await work()
+        except RmqError as error:
+            return response_type(status=status(error.code, error.message)).SerializeToString()
+        except MqmetaError as error:
+            return response_type(status=status_of_error(error)).SerializeToString()
+        except grpc.aio.AioRpcError as exc:
+            return response_type(
+                status=status(rdef.PROXY_TIMEOUT, f"the master did not answer: {exc.code().name}")
+            ).SerializeToString()
+
+    def master_getter(self, topic: str, broker_name: str) -> Callable[[], Any]:
+        """The master of `broker_name` for `topic`; with no name, the first set's that has one."""
+
+        async def master() -> str:
+            route = await self.route(topic)
+            if broker_name:
+                return master_of(route, broker_name)
+            found = [master_of(route, name) for name in sorted(q.broker_name for q in route.queues)]
+            return next((a for a in found if a), "")
+
+        return master
+
+    # Methods -------------------------------------------------------------------------------
+    async def query_route(self, request: bytes, context) -> bytes:
+        async def work() -> bytes:
+            parsed = rsvc.QueryRouteRequest.FromString(request)
+            topic = check_name("topic", parsed.topic, rdef.ILLEGAL_TOPIC)
+            self._on_route()
+            queues = proxy_message_queues(await self.route(topic), self.proxies)
+            return rsvc.QueryRouteResponse(status=status(), message_queues=queues).SerializeToString()
+
+        return await self.answer(rsvc.QueryRouteResponse, work)
+
+    async def fan_out(self, method: str, request: bytes, context) -> None:
+        metadata = forwarded_metadata(context)
+        calls = [
+            self.unary(address, method)(request, timeout=FANOUT_TIMEOUT_S, metadata=metadata)
+            for address in (await self.masters()).values()
+        ]
+        for outcome in await asyncio.gather(*calls, return_exceptions=True):
+            if isinstance(outcome, BaseException):
+                log.debug("%s to a master failed: %s", method, outcome)
+
+    async def heartbeat(self, request: bytes, context) -> bytes:
+        await self.fan_out("Heartbeat", request, context)
+        return rsvc.HeartbeatResponse(status=status()).SerializeToString()
+
+    async def notify_termination(self, request: bytes, context) -> bytes:
+        await self.fan_out("NotifyClientTermination", request, context)
+        return rsvc.NotifyClientTerminationResponse(status=status()).SerializeToString()
+
+    async def send_message(self, request: bytes, context) -> bytes:
+        async def work() -> bytes:
+            parsed = rsvc.SendMessageRequest.FromString(request)
+            if len(parsed.messages) != 1:
+                raise RmqError(rdef.BAD_REQUEST, f"a send carries one message, not {len(parsed.messages)}")
+            message = parsed.messages[0]
+            topic = check_name("topic", message.topic, rdef.ILLEGAL_TOPIC)
+            group = message.system_properties.message_group
+            turn = next(self._round_robin)
+
+            async def master() -> str:
+                route = await self.route(topic)
+                writable = sorted(
+                    q.broker_name for q in route.queues if "W" in q.perm and q.write_queue_count
+                )
+                if not writable:
+                    raise RmqError(rdef.FORBIDDEN, f"topic {topic} has no writable broker set")
+                if group:  # one message group, one set: its order is kept there
+                    return master_of(route, writable[zlib.crc32(group.encode()) % len(writable)])
+                alive = [a for a in (master_of(route, name) for name in writable) if a]
+                return alive[turn % len(alive)] if alive else ""
+
+            return await self.forward(context, "SendMessage", request, master, rsvc.SendMessageResponse)
+
+        return await self.answer(rsvc.SendMessageResponse, work)
+
+    async def query_assignment(self, request: bytes, context) -> bytes:
+        async def work() -> bytes:
+            parsed = rsvc.QueryAssignmentRequest.FromString(request)
+            topic = check_name("topic", parsed.topic, rdef.ILLEGAL_TOPIC)
+
+            master = self.master_getter(topic, "")  # the first set with a master: one member list
+            raw = await self.forward(
+                context, "QueryAssignment", request, master, rsvc.QueryAssignmentResponse
+            )
+            answer = rsvc.QueryAssignmentResponse.FromString(raw)
+            endpoints = endpoints_of(self.proxies)
+            for assignment in answer.assignments:
+                assignment.message_queue.broker.endpoints.CopyFrom(endpoints)
+            return answer.SerializeToString()
+
+        return await self.answer(rsvc.QueryAssignmentResponse, work)
+
+    async def ack_message(self, request: bytes, context) -> bytes:
+        async def work() -> bytes:
+            parsed = rsvc.AckMessageRequest.FromString(request)
+            topic = check_name("topic", parsed.topic, rdef.ILLEGAL_TOPIC)
+            names = {_handle_broker(e.receipt_handle) for e in parsed.entries}
+            if len(names) <= 1:
+                name = next(iter(names), "")
+                return await self.forward(
+                    context, "AckMessage", request, self.master_getter(topic, name), rsvc.AckMessageResponse
+                )
+            return await self._ack_split(parsed, topic, context)
+
+        return await self.answer(rsvc.AckMessageResponse, work)
+
+    async def _ack_split(self, parsed: rsvc.AckMessageRequest, topic: str, context) -> bytes:
+        """A batch whose handles name several sets: one AckMessage per set, answers merged."""
+        by_set: dict[str, list[rsvc.AckMessageEntry]] = {}
+        for entry in parsed.entries:
+            by_set.setdefault(_handle_broker(entry.receipt_handle), []).append(entry)
+
+        async def one(name: str, entries: list[rsvc.AckMessageEntry]) -> rsvc.AckMessageResponse:
+            part = rsvc.AckMessageRequest(group=parsed.group, topic=parsed.topic, entries=entries)
+            raw = await self.forward(
+                context,
+                "AckMessage",
+                part.SerializeToString(),
+                self.master_getter(topic, name),
+                rsvc.AckMessageResponse,
+            )
+            return rsvc.AckMessageResponse.FromString(raw)
+
+        parts = await asyncio.gather(*(one(n, e) for n, e in by_set.items()))
+        entries = [e for p in parts for e in p.entries]
+        failed = [e.status for e in entries if e.status.code != rdef.OK]
+        overall = (
+            failed[0]
+            if len(failed) == len(entries)
+            else status(rdef.MULTIPLE_RESULTS, "")
+            if failed
+            else status()
+        )
+        return rsvc.AckMessageResponse(status=overall, entries=entries).SerializeToString()
+
+    def by_receipt_handle(self, request_type: Any):
+        method = request_type.DESCRIPTOR.name.removesuffix("Request")
+        response_type = getattr(rsvc, f"{method}Response")
+
+        async def handle(request: bytes, context) -> bytes:
+            async def work() -> bytes:
+                parsed = request_type.FromString(request)
+                topic = check_name("topic", parsed.topic, rdef.ILLEGAL_TOPIC)
+                name = _handle_broker(parsed.receipt_handle)
+                return await self.forward(
+                    context, method, request, self.master_getter(topic, name), response_type
+                )
+
+            return await self.answer(response_type, work)
+
+        return handle
+
+    async def end_transaction(self, request: bytes, context) -> bytes:
+        async def work() -> bytes:
+            parsed = rsvc.EndTransactionRequest.FromString(request)
+            topic = check_name("topic", parsed.topic, rdef.ILLEGAL_TOPIC)
+            name = transaction_broker(parsed.transaction_id)  # none: any master refuses it
+            return await self.forward(
+                context,
+                "EndTransaction",
+                request,
+                self.master_getter(topic, name),
+                rsvc.EndTransactionResponse,
+            )
+
+        return await self.answer(rsvc.EndTransactionResponse, work)
+
+    def unsupported(self, response_type: Any, what: str):
+        async def handle(request: bytes, context) -> bytes:
+            return response_type(
+                status=status(rdef.UNSUPPORTED, f"{what} is not supported by mqmeta; use receive/ack")
+            ).SerializeToString()
+
+        return handle
+
+    async def pull_message(self, request: bytes, context) -> AsyncIterator[bytes]:
+        yield rsvc.PullMessageResponse(
+            status=status(rdef.UNSUPPORTED, "PullMessage is not supported; use ReceiveMessage")
+        ).SerializeToString()
+
+    async def receive_message(self, request: bytes, context) -> AsyncIterator[bytes]:
+        """Long polls forwarded whole: the master's answer is streamed back as it comes.
+        Tried again only while the master has answered nothing (or HA_NOT_AVAILABLE)."""
+        try:
+            parsed = rsvc.ReceiveMessageRequest.FromString(request)
+            topic = check_name("topic", parsed.message_queue.topic, rdef.ILLEGAL_TOPIC)
+        except RmqError as error:
+            yield rsvc.ReceiveMessageResponse(status=status(error.code, error.message)).SerializeToString()
+            return
+        master = self.master_getter(topic, parsed.message_queue.broker.name)
+        deadline = _deadline(context)  # how long to look for a master
+        call_deadline = _deadline(context, capped=False)  # a long poll keeps its whole length
+        metadata = forwarded_metadata(context)
+        answer = rsvc.ReceiveMessageResponse(
+            status=status(
+                rdef.HA_NOT_AVAILABLE, f"broker set {parsed.message_queue.broker.name} has no master now"
+            )
+        ).SerializeToString()
+        while True:
+            try:
+                address = await master()
+            except RmqError as error:
+                yield rsvc.ReceiveMessageResponse(
+                    status=status(error.code, error.message)
+                ).SerializeToString()
+                return
+            except MqmetaError as error:  # the controllers could not be asked for the route
+                yield rsvc.ReceiveMessageResponse(status=status_of_error(error)).SerializeToString()
+                return
+            if address:
+                call = self.channel(address).unary_stream(PATH + "ReceiveMessage")(
+                    request, timeout=max(call_deadline - time.monotonic(), 0.01), metadata=metadata
+                )
+                first = True
+                try:
+                    async for raw in call:
+                        if first:
+                            first = False
+                            if rsvc.ReceiveMessageResponse.FromString(raw).status.code in RETRY_CODES:
+                                answer = raw
+                                break
+                        yield raw
+                    else:
+                        return
+                except grpc.aio.AioRpcError as exc:
+                    if not first or exc.code() not in RETRY_GRPC:
+                        if first:
+                            yield rsvc.ReceiveMessageResponse(
+                                status=status(
+                                    rdef.PROXY_TIMEOUT, f"the master did not answer: {exc.code().name}"
+                                )
+                            ).SerializeToString()
+                        return
+            if time.monotonic() + RETRY_PAUSE_S >= deadline:
+                yield answer
+                return
+            await asyncio.sleep(RETRY_PAUSE_S)
+
+    # Telemetry -----------------------------------------------------------------------------
+    async def telemetry(self, requests: AsyncIterator[bytes], context) -> AsyncIterator[bytes]:
+        relay = _TelemetryRelay(self, forwarded_metadata(context))
+        async for raw in relay.run(requests):
+            yield raw
+
+
+class _TelemetryRelay:
+    """One client's Telemetry stream, relayed to an upstream stream per master: the
+    client's commands go to every master (a new master gets the last Settings at once);
+    for each client Settings the first master's answer comes back (or, after
+    TELEMETRY_ANSWER_WAIT_S without one, our own); every other command a master sends
+    (orphaned-transaction checks) comes back as it is."""
+
+    def __init__(self, proxy: RocketMQProxy, metadata: list[tuple[str, str]]) -> None:
+        self.proxy = proxy
+        self.metadata = metadata
+        self.outbound: asyncio.Queue[bytes | None] = asyncio.Queue(TELEMETRY_OUTBOUND_MAX)
+        self.upstreams: dict[str, tuple[Any, asyncio.Task]] = {}
+        self.last_settings: bytes | None = None
+        self.pending_answers = 0
+        self.asked_at = 0.0
+
+    async def run(self, requests: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        tasks = [
+            asyncio.ensure_future(self._read_client(requests)),
+            asyncio.ensure_future(self._reconcile_loop()),
+        ]
+        try:
+            while True:
+                item = await self.outbound.get()
+                if item is None:
+                    return
+                yield item
+        finally:
+            for task in tasks:
+                task.cancel()
+            for call, reader in self.upstreams.values():
+                reader.cancel()
+                call.cancel()
+            self.upstreams.clear()
+
+    async def _read_client(self, requests: AsyncIterator[bytes]) -> None:
+        try:
+            async for raw in requests:
+                if rsvc.TelemetryCommand.FromString(raw).WhichOneof("command") == "settings":
+                    self.last_settings = raw
+                    self.pending_answers += 1
+                    self.asked_at = time.monotonic()
+                for address, (call, _) in list(self.upstreams.items()):
+                    await self._write(address, call, raw)
+                await self._reconcile()
+        except grpc.aio.AioRpcError as exc:
+            log.debug("a relayed Telemetry stream ended: %s", exc.code().name)
+        finally:
+            await self.outbound.put(None)
+
+    async def _write(self, address: str, call: Any, raw: bytes) -> None:
+        try:
+            await call.write(raw)
+        except (grpc.aio.AioRpcError, asyncio.InvalidStateError, RuntimeError) as exc:
+            log.debug("Telemetry to %s failed: %s", address, exc)
+            self._drop(address)
+
+    def _drop(self, address: str) -> None:
+        found = self.upstreams.pop(address, None)
+        if found is not None:
+            found[0].cancel()
+            found[1].cancel()
+
+    async def _reconcile_loop(self) -> None:
+        while True:
+            await asyncio.sleep(TELEMETRY_RECONCILE_S)
+            await self._reconcile()
+            if self.pending_answers and time.monotonic() - self.asked_at > TELEMETRY_ANSWER_WAIT_S:
+                self.pending_answers = 0  # no master merged it: answer the client's own settings
+                await self.outbound.put(_own_settings_answer(self.last_settings))
+
+    async def _reconcile(self) -> None:
+        masters = set((await self.proxy.masters()).values())
+        for address in set(self.upstreams) - masters:
+            self._drop(address)
+        for address in masters - set(self.upstreams):
+            call = self.proxy.channel(address).stream_stream(PATH + "Telemetry")(metadata=self.metadata)
+            reader = asyncio.ensure_future(self._read_upstream(address, call))
+            self.upstreams[address] = (call, reader)
+            if self.last_settings is not None:
+                await self._write(address, call, self.last_settings)
+
+    async def _read_upstream(self, address: str, call: Any) -> None:
+        try:
+            async for raw in call:
+                if rsvc.TelemetryCommand.FromString(raw).WhichOneof("command") == "settings":
+                    if self.pending_answers <= 0:
+                        continue  # another master answered this Settings already
+                    self.pending_answers -= 1
+                await self.outbound.put(raw)
+        except grpc.aio.AioRpcError as exc:
+            log.debug("Telemetry from %s ended: %s", address, exc.code().name)
+        if self.upstreams.get(address, (None, None))[0] is call:
+            del self.upstreams[address]  # the next reconcile opens it again if it is a master
+
+
+def _own_settings_answer(raw: bytes | None) -> bytes:
+    settings = rsvc.TelemetryCommand.FromString(raw or b"").settings
+    return rsvc.TelemetryCommand(
+        status=status(), settings=answer_settings(settings, None)
+    ).SerializeToString()
+
+
+def _handle_broker(text: str) -> str:
+    """The set a receipt handle names; empty for a malformed one (any master of the topic
+    refuses it, as without the proxy)."""
+    try:
+        return ReceiptHandle.decode(text).broker_name
+    except RmqError:
+        return ""
+
+
+def _deadline(context: grpc.aio.ServicerContext, capped: bool = True) -> float:
+    """When the call must be answered: its own deadline less PROXY_MARGIN_MS, and (capped)
+    no later than ELECTION_WAIT_MS_MAX from now."""
+    remaining = context.time_remaining()
+    left_ms = DEADLINE_DEFAULT_MS if remaining is None else remaining * 1000
+    wait_ms = max(left_ms - PROXY_MARGIN_MS, 0)
+    if capped:
+        wait_ms = min(wait_ms, ELECTION_WAIT_MS_MAX)
+    return time.monotonic() + wait_ms / 1000
+
+
+def forwarded_metadata(context: grpc.aio.ServicerContext) -> list[tuple[str, str]]:
+    """The client's own headers (client id, signature, language...), passed on unchanged."""
+    return [(k, v) for k, v in context.invocation_metadata() or () if k.startswith(FORWARDED_HEADERS)]

@@ -1,0 +1,108 @@
+"""SendBeforeSync (controller/pysyncobj_compat.py) with our journal, on three real
+pysyncobj nodes in this process (real TCP on loopback, real files, ticks driven by the test).
+
+Property checked, from one ordered record of every append, fdatasync, message and commit
+index: for each new entry, the leader sends it before its own fdatasync (the two fsyncs
+overlap), yet the leader has fdatasynced it before its commit index covers it, and each
+follower has fdatasynced it before it acknowledges it. With the fix off, the first part
+fails (the leader syncs, then sends); with the journal's deferral left on past the call,
+the second does.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from mqmeta.controller import pysyncobj_compat as compat
+from mqmeta.controller.journal import DurableJournal
+from mqmeta.controller.raft_node import install_pysyncobj_patches
+
+from tests.support.raft_trio import CuttableTransport, Register, Trio, release_held_ports, wait_for
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _release_held_ports() -> Iterator[None]:
+    yield
+    release_held_ports()
+
+
+class SyncAfterSendRegister(compat.SendBeforeSync, Register):
+    pass
+
+
+Event = (
+    tuple  # ("write", node, index) | ("sync", node) | ("send", node, kind, value) | ("commit", node, index)
+)
+
+
+def record_everything(monkeypatch, trio: Trio, events: list[Event]) -> None:
+    by_path = {str(compat.raft_journal(n).path): n.selfNode.address for n in trio.nodes}
+    by_fd = {compat.raft_journal(n)._fd: n.selfNode.address for n in trio.nodes}
+    real_add, real_fdatasync, real_send = DurableJournal.add, os.fdatasync, CuttableTransport.send
+
+    def add(journal, command, index, term):
+        events.append(("write", by_path[str(journal.path)], index))
+        real_add(journal, command, index, term)
+
+    def fdatasync(fd):
+        real_fdatasync(fd)
+        if fd in by_fd:
+            events.append(("sync", by_fd[fd]))
+
+    def send(transport, node, message):
+        if isinstance(message, dict) and message.get("type") == "append_entries":
+            for entry in message.get("entries", []):
+                events.append(("send", transport.sender, "entry", entry[1]))
+        elif isinstance(message, dict) and message.get("type") == "next_node_idx" and message.get("success"):
+            events.append(("send", transport.sender, "ack", message["next_node_idx"] - 1))
+        return real_send(transport, node, message)
+
+    monkeypatch.setattr(DurableJournal, "add", add)
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
+    monkeypatch.setattr(CuttableTransport, "send", send)
+
+
+def first(events: list[Event], after: int, match) -> int | float:
+    """The position of the first event from `after` on that matches; infinity if none."""
+    return next((i for i in range(after, len(events)) if match(events[i])), float("inf"))
+
+
+def test_the_leader_sends_before_it_syncs_and_syncs_before_it_commits(tmp_path: Path, monkeypatch):
+    install_pysyncobj_patches()
+    trio = Trio(tmp_path, SyncAfterSendRegister)
+    try:
+        trio.settle()
+        events: list[Event] = []
+        record_everything(monkeypatch, trio, events)
+        leader = trio.nodes[0].selfNode.address
+        followers = [n.selfNode.address for n in trio.nodes[1:]]
+
+        def tick_and_note_commits() -> None:
+            trio.tick()
+            for node in trio.nodes:
+                events.append(("commit", node.selfNode.address, node.getStatus()["commit_idx"]))
+
+        done: list[object] = []
+        trio.nodes[0].put(5, callback=lambda result, error: done.append(error))
+        wait_for(lambda: bool(done), 10.0, "the write to commit", step=tick_and_note_commits)
+        assert done == [compat.FAIL_REASON.SUCCESS]
+        wrote = first(events, 0, lambda e: e[:2] == ("write", leader))
+        assert wrote != float("inf"), "the leader appended nothing"
+        index = events[int(wrote)][2]
+        sent = first(events, wrote, lambda e: e == ("send", leader, "entry", index))
+        synced = first(events, wrote, lambda e: e == ("sync", leader))
+        committed = first(events, wrote, lambda e: e[:2] == ("commit", leader) and e[2] >= index)
+        assert sent < synced, "the leader synced its entry before sending it (two fsyncs in a row)"
+        assert synced < committed, "the leader counted its entry toward a commit before syncing it"
+        for follower in followers:
+            held = first(events, 0, lambda e, f=follower: e == ("write", f, index))
+            acked = first(events, held, lambda e, f=follower: e[:3] == ("send", f, "ack") and e[3] >= index)
+            follower_synced = first(events, held, lambda e, f=follower: e == ("sync", f))
+            assert follower_synced < acked, f"{follower} acknowledged entry {index} before syncing it"
+    finally:
+        trio.stop()
