@@ -415,10 +415,10 @@ class BrokerAgent:
                 if not registered:
                     first = self._register()
                     registered = True
-                    self._adopt(lambda info=first: info)
+                    self._adopt(first)
                 if self._refresh_needed.is_set() and time.monotonic() >= self._refresh_retry_at:
                     self._refresh_needed.clear()
-                    self._adopt(self._replica_info)
+                    self._adopt()
                 self._send_report()
                 if time.monotonic() >= next_heartbeat:
                     next_heartbeat = time.monotonic() + self.heartbeat_interval_ms / 1000
@@ -435,15 +435,15 @@ class BrokerAgent:
             self._wake.wait(min(0.05, self.heartbeat_interval_ms / 4000))
             self._wake.clear()
 
-    def _adopt(self, read: Callable[[], cpb.ReplicaInfo]) -> None:
-        """Adopts the replica info `read` returns, electing a master when the set has none.
+    def _adopt(self, info: cpb.ReplicaInfo | None = None) -> None:
+        """Adopts `info` (read from the controller when None), electing a master when the set has none.
         A failure asks for the same again one heartbeat interval later: the controller may
         refuse an election it cannot hold yet (a broker that registered under load is not
         alive by the leader's liveness until its first heartbeat arrives), and nothing else
         would ask again while the set has no master (the heartbeat replies match this
         broker's view, so they never call for a refresh)."""
         try:
-            self._apply_or_elect(read())
+            self._apply_or_elect(info if info is not None else self._replica_info())
         except MqmetaError:
             self._refresh_retry_at = time.monotonic() + self.heartbeat_interval_ms / 1000
             self._refresh_needed.set()

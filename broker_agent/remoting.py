@@ -8,7 +8,11 @@ CommitOffset and QueryOffset keep (commit-log records: they replicate and surviv
 failover). Clients are told who else is in their group (GET_CONSUMER_LIST_BY_GROUP) from
 their heartbeats and rebalance themselves; a change is pushed to the group's members at
 once (NOTIFY_CONSUMER_IDS_CHANGED). A consumer leaves on UNREGISTER_CLIENT, when its
-connection closes, or after CONSUMER_EXPIRY_MS without a heartbeat.
+connection closes, or after CONSUMER_EXPIRY_MS without a heartbeat. Orderly consumers lock
+their queues (LOCK_BATCH_MQ / UNLOCK_BATCH_MQ): the locks live in the master's memory, so a
+failover frees them and the clients take them again at their next lock round. A batch
+send writes its messages to one queue together; SEARCH_OFFSET_BY_TIMESTAMP searches a
+queue by store time.
 
 A group is consumed either here (offsets) or through RocketMQ 5's receive/ack (the pop
 model keeps its own progress per group): the two keep separate positions, so a group
@@ -36,7 +40,16 @@ from mqmeta.formats.properties import DELIVER_MS, MESSAGE_ID, MESSAGE_TYPE
 from mqmeta.formats.records import Message, StoredRecord
 from mqmeta.pb.apache.rocketmq.v2 import definition_pb2 as rdef
 from mqmeta.remoting.messages import MessageRefused, ipv4_host, matches, tag_set, to_record, to_wire
-from mqmeta.remoting.server import Connection, Handler, Refusal, RemotingServer, ext_bool, ext_int, ext_text
+from mqmeta.remoting.server import (
+    Connection,
+    Handler,
+    Refusal,
+    RemotingServer,
+    ext_bool,
+    ext_int,
+    ext_text,
+    server_ssl_context,
+)
 from mqmeta.rocketmq import BODY_BYTES_MAX, RmqError
 from mqmeta.validate import QUEUE_ID_MAX, REQUEST_INT_MAX, validate_name
 
@@ -58,6 +71,10 @@ RECONSUME_TIMES_DEFAULT = 16  # RocketMQ's maxReconsumeTimes
 RETRY_FIRST_LEVEL = 3  # the first retry waits 10 s, then each one level more (RocketMQ's)
 RECONSUME_TIMES = "__RMQ_RECONSUME_TIMES"  # deliveries that failed before this copy
 RETRY_TOPIC = "RETRY_TOPIC"  # RocketMQ's: the topic a retry copy came from (clients restore it)
+LOCK_LIFETIME_MS = 60_000  # RocketMQ's: a queue lock not renewed this long is free again
+LOCKS_MAX = 100_000
+LOCK_BATCH_QUEUES_MAX = 1024
+SEND_BATCH_MESSAGES_MAX = 1024
 PULL_FLAG_COMMIT_OFFSET = 0x1
 PULL_FLAG_SUSPEND = 0x2
 PULL_FLAG_SUBSCRIPTION = 0x4
@@ -161,6 +178,48 @@ class ConsumerGroups:
         return None
 
 
+QueueKey = tuple[str, str, int]  # (group, topic, queue id)
+
+
+class QueueLocks:
+    """Which client of a group holds each queue (orderly consumers: one consumer per queue at a
+    time). Pure but for its lock. Held by the master in memory only: a failover frees every
+    lock, and the clients take them again at their next lock round (RocketMQ's brokers keep
+    them in memory too); a lock not renewed for LOCK_LIFETIME_MS is free."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._held: dict[QueueKey, tuple[str, int]] = {}  # -> (client id, expires at ms)
+
+    def lock(self, group: str, client_id: str, queues: list[tuple[str, int]], now_ms: int) -> list[int]:
+        """Takes or renews each queue that is free, expired or already the client's; the
+        positions in `queues` of those the client now holds."""
+        held = []
+        with self._lock:
+            for position, (topic, queue_id) in enumerate(queues):
+                key = (group, topic, queue_id)
+                owner = self._held.get(key)
+                if owner is None and len(self._held) >= LOCKS_MAX:
+                    self._expire(now_ms)
+                    if len(self._held) >= LOCKS_MAX:
+                        raise Refusal(codec.SYSTEM_BUSY, f"over {LOCKS_MAX} queue locks on this broker")
+                if owner is None or owner[0] == client_id or owner[1] <= now_ms:
+                    self._held[key] = (client_id, now_ms + LOCK_LIFETIME_MS)
+                    held.append(position)
+        return held
+
+    def unlock(self, group: str, client_id: str, queues: list[tuple[str, int]]) -> None:
+        with self._lock:
+            for topic, queue_id in queues:
+                key = (group, topic, queue_id)
+                if self._held.get(key, ("", 0))[0] == client_id:
+                    del self._held[key]
+
+    def _expire(self, now_ms: int) -> None:
+        for key in [k for k, (_, expires) in self._held.items() if expires <= now_ms]:
+            del self._held[key]
+
+
 class RemotingBroker:
     """The handlers of the broker's remoting listener."""
 
@@ -172,6 +231,7 @@ class RemotingBroker:
         self.address = address
         self.store_host = ipv4_host(address)
         self.groups = ConsumerGroups()
+        self.locks = QueueLocks()
         self._opaques = itertools.count(1)
 
     def handlers(self) -> dict[int, Handler]:
@@ -187,6 +247,9 @@ class RemotingBroker:
             codec.GET_MIN_OFFSET: self.min_offset,
             codec.PULL_MESSAGE: self.pull,
             codec.CONSUMER_SEND_MSG_BACK: self.send_back,
+            codec.LOCK_BATCH_MQ: self.lock_batch,
+            codec.UNLOCK_BATCH_MQ: self.unlock_batch,
+            codec.SEARCH_OFFSET_BY_TIMESTAMP: self.search_offset,
         }
 
     def server(self) -> RemotingServer:
@@ -196,6 +259,7 @@ class RemotingBroker:
             long_codes=frozenset({codec.PULL_MESSAGE}),
             on_close=self.closed,
             name="broker-remoting",
+            ssl_context=server_ssl_context(),
         )
 
     # Clients --------------------------------------------------------------------------------
@@ -291,6 +355,56 @@ class RemotingBroker:
         self.agent.require_master()
         return command.answer(ext={"offset": self.store.queue_min_offset(topic, queue_id)})
 
+    def search_offset(self, command: Command, connection: Connection) -> Command:
+        """The first queue offset stored at or after `timestamp` (ms); the max offset when none is."""
+        topic, queue_id = self._queue(command)
+        timestamp = ext_int(command, "timestamp", 0, REQUEST_INT_MAX)
+        self.agent.require_master()
+        confirm = self.agent.view().confirm_offset
+        low = self.store.queue_min_offset(topic, queue_id)
+        high = self.store.readable_queue_max_offset(topic, queue_id, confirm)
+        while low < high:  # store times rise with the queue offset
+            middle = (low + high) // 2
+            records = self.store.get_messages(topic, queue_id, middle, 1, confirm)
+            if records and records[0].store_timestamp_ms < timestamp:
+                low = middle + 1
+            else:
+                high = middle
+        return command.answer(ext={"offset": low})
+
+    # Orderly consumers ----------------------------------------------------------------------
+    def _lock_body(self, command: Command) -> tuple[str, str, list[dict], list[tuple[str, int]]]:
+        data = codec.fastjson_loads(command.body) if command.body else None
+        if not isinstance(data, dict):
+            raise Refusal(codec.SYSTEM_ERROR, "the lock request body is not a JSON object")
+        group = _name("consumerGroup", str(data.get("consumerGroup") or ""))
+        client_id = str(data.get("clientId") or "")[:255]
+        if not client_id:
+            raise Refusal(codec.SYSTEM_ERROR, "the lock request names no clientId")
+        items = _list(data.get("mqSet"))
+        if len(items) > LOCK_BATCH_QUEUES_MAX:
+            raise Refusal(codec.SYSTEM_ERROR, f"a lock request names at most {LOCK_BATCH_QUEUES_MAX} queues")
+        queues = []
+        for item in items:
+            try:
+                queues.append((_name("topic", str(item.get("topic") or "")), int(item.get("queueId", -1))))
+            except (TypeError, ValueError):
+                raise Refusal(
+                    codec.SYSTEM_ERROR, f"a queue of the lock request is malformed: {item}"
+                ) from None
+        return group, client_id, items, queues
+
+    def lock_batch(self, command: Command, connection: Connection) -> Command:
+        group, client_id, items, queues = self._lock_body(command)
+        self.agent.require_master()  # locks live on the master: a failover frees them
+        held = self.locks.lock(group, client_id, queues, wall_ms())
+        return command.answer(body=codec.fastjson_dumps({"lockOKMQSet": [items[i] for i in held]}))
+
+    def unlock_batch(self, command: Command, connection: Connection) -> Command:
+        group, client_id, _, queues = self._lock_body(command)
+        self.locks.unlock(group, client_id, queues)
+        return command.answer()
+
     # Sending --------------------------------------------------------------------------------
     def send(self, command: Command, connection: Connection) -> Command:
         if command.code == codec.SEND_MESSAGE_V2:
@@ -299,8 +413,10 @@ class RemotingBroker:
         if topic.startswith("%"):
             raise Refusal(codec.NO_PERMISSION, f"topic {topic} is a system topic; send to your own topics")
         sys_flag = ext_int(command, "sysFlag", 0, (1 << 31) - 1, 0)
-        if ext_bool(command, "batch") or sys_flag & codec.SYS_FLAG_TRANSACTION_TYPES:
-            raise Refusal(codec.MESSAGE_ILLEGAL, "batch and transaction sends are not served yet")
+        if sys_flag & codec.SYS_FLAG_TRANSACTION_TYPES:
+            raise Refusal(codec.MESSAGE_ILLEGAL, "transaction sends are not served yet")
+        if ext_bool(command, "batch"):
+            return self._send_batch(command, connection, topic)
         body = command.body
         if sys_flag & codec.SYS_FLAG_COMPRESSED:
             body = codec.inflate_body(body, BODY_BYTES_MAX)
@@ -309,16 +425,7 @@ class RemotingBroker:
                 codec.MESSAGE_ILLEGAL, f"the body must be 1 to {BODY_BYTES_MAX} bytes, not {len(body)}"
             )
         now = wall_ms()
-        try:
-            local = self.metadata.local(topic, now)
-        except RmqError as error:
-            raise _refusal(error) from None
-        queue_id = ext_int(command, "queueId", 0, QUEUE_ID_MAX)
-        if "W" not in local.perm or queue_id >= local.write_queues:
-            raise Refusal(
-                codec.NO_PERMISSION,
-                f"queue {queue_id} of {topic} is not writable on broker set {self.agent.broker_name}",
-            )
+        queue_id = self._writable_queue(command, topic, now)
         try:
             sent = to_record(
                 topic,
@@ -340,6 +447,47 @@ class RemotingBroker:
         if entry.status.code != rdef.OK:
             raise Refusal(_CODE_OF_RMQ.get(entry.status.code, codec.SYSTEM_ERROR), entry.status.message)
         return command.answer(ext={"msgId": message_id, "queueId": queue_id, "queueOffset": entry.offset})
+
+    def _writable_queue(self, command: Command, topic: str, now: int) -> int:
+        try:
+            local = self.metadata.local(topic, now)
+        except RmqError as error:
+            raise _refusal(error) from None
+        queue_id = ext_int(command, "queueId", 0, QUEUE_ID_MAX)
+        if "W" not in local.perm or queue_id >= local.write_queues:
+            raise Refusal(
+                codec.NO_PERMISSION,
+                f"queue {queue_id} of {topic} is not writable on broker set {self.agent.broker_name}",
+            )
+        return queue_id
+
+    def _send_batch(self, command: Command, connection: Connection, topic: str) -> Command:
+        """Several plain messages to one queue, written together (in order, one after another)."""
+        now = wall_ms()
+        queue_id = self._writable_queue(command, topic, now)
+        try:
+            items = codec.decode_batch(command.body, SEND_BATCH_MESSAGES_MAX)
+        except codec.FrameError as error:
+            raise Refusal(codec.MESSAGE_ILLEGAL, error.message) from None
+        records, ids = [], []
+        born = ext_int(command, "bornTimestamp", 0, REQUEST_INT_MAX, now)
+        producer = ext_text(command, "producerGroup", "")
+        for item in items:
+            if not item.body or len(item.body) > BODY_BYTES_MAX:
+                raise Refusal(codec.MESSAGE_ILLEGAL, f"each body must be 1 to {BODY_BYTES_MAX} bytes")
+            try:
+                sent = to_record(topic, queue_id, item.body, item.properties, born, connection.peer, producer)
+            except MessageRefused as error:
+                raise Refusal(codec.MESSAGE_ILLEGAL, str(error)) from None
+            if sent.delay_level:
+                raise Refusal(codec.MESSAGE_ILLEGAL, "a batch cannot carry delayed messages")
+            ids.append(sent.message_id or uuid.uuid4().hex.upper())
+            records.append(self._typed(sent.record, ids[-1], 0, now)[0])
+        try:
+            offsets = self.rmq.send_many(records)
+        except RmqError as error:
+            raise _refusal(error) from None
+        return command.answer(ext={"msgId": ",".join(ids), "queueId": queue_id, "queueOffset": offsets[0]})
 
     def _typed(
         self, record: Message, message_id: str, delay_level: int, now: int

@@ -142,6 +142,16 @@ class RmqBroker:
             status=status(), message_id=record.properties[MESSAGE_ID], offset=result.queue_offset
         )
 
+    def send_many(self, records: list[Message]) -> list[int]:
+        """Writes plain messages of one queue together (a remoting batch send); their queue
+        offsets. Refusals and an unknown outcome as send's."""
+        self._check_writable()
+        try:
+            results, _ = self.agent.send(records)
+        except NotMaster as error:
+            raise RmqError(rdef.MASTER_PERSISTENCE_TIMEOUT, f"outcome unknown: {error.message}") from None
+        return [result.queue_offset for result in results]
+
     def _check_writable(self) -> None:
         """Refused before writing (not the master, lease lapsed, handing off, SyncStateSet too
         small): HA_NOT_AVAILABLE with the reason, which the official clients retry."""

@@ -113,8 +113,10 @@ def _add_run_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--client",
         default="native",
-        choices=["native", "rocketmq"],
-        help="the queue workload's client: mqmeta's own, or the official RocketMQ 5 Python client",
+        choices=["native", "rocketmq", "remoting"],
+        help="the queue workload's client: mqmeta's own, the official RocketMQ 5 Python client, or "
+        "RocketMQ 4.x's C++ client (rocketmq-client-python 2.0.0; $MQMETA_REMOTING_CLIENT and "
+        "$MQMETA_REMOTING_LIBRARY say where it and librocketmq.so are)",
     )
     parser.add_argument(
         "--liveness",

@@ -109,12 +109,12 @@ class RunConfig:
             check_can_mount()  # FailedPrecondition naming what is missing (/dev/fuse, fusermount3)
         if self.workload not in ("queue", "metadata", "replication"):
             raise InvalidArgument("--workload must be queue, metadata or replication")
-        if self.client not in ("native", "rocketmq"):
-            raise InvalidArgument("--client must be native or rocketmq")
+        if self.client not in ("native", "rocketmq", "remoting"):
+            raise InvalidArgument("--client must be native, rocketmq or remoting")
         if self.liveness not in LIVENESS_CHOICES:
             raise InvalidArgument(f"--liveness must be one of {', '.join(LIVENESS_CHOICES)}")
-        if self.client == "rocketmq" and self.workload != "queue":
-            raise InvalidArgument("--client rocketmq runs the queue workload only")
+        if self.client != "native" and self.workload != "queue":
+            raise InvalidArgument(f"--client {self.client} runs the queue workload only")
         if not 1 <= self.concurrency <= CONCURRENCY_MAX:
             raise InvalidArgument(f"-c (concurrency) must be between 1 and {CONCURRENCY_MAX}")
         if not 1 <= self.consumers <= CONSUMERS_MAX:
@@ -279,6 +279,14 @@ def _execute(
         with cluster.client() as client:  # FIFO: each sharding key is a message group, kept in order
             client.create_topic(pb.TopicSpec(name=TOPIC, queue_count=4, message_type="FIFO"))
         workload = RmqQueueWorkload(cluster.namesrv, recorder, wconfig, config.output_dir / "rocketmq-client")
+    elif config.client == "remoting":
+        from mqmeta.chaos.remoting_workload import RemotingQueueWorkload
+
+        with cluster.client() as client:
+            client.create_topic(pb.TopicSpec(name=TOPIC, queue_count=4))
+        workload = RemotingQueueWorkload(
+            cluster.layout.namesrv_remoting, recorder, wconfig, config.output_dir / "remoting-client"
+        )
     elif config.workload == "queue":
         with cluster.client() as client:
             client.create_topic(pb.TopicSpec(name=TOPIC, queue_count=4))

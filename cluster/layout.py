@@ -31,6 +31,7 @@ class NodeLayout:
     namesrv: str = ""  # embedded deployment: this node's nameserver address
     metrics: str = ""  # Prometheus text (HTTP); empty in layouts written before metrics
     remoting: str = ""  # embedded: its nameserver's RocketMQ remoting address; empty = none
+    remoting_proxy: str = ""  # embedded: its proxies, "broker-a=HOST:PORT,..."; empty = none
 
 
 @dataclass
@@ -57,16 +58,18 @@ class Layout:
     namesrv_remoting: str = ""  # the standalone nameserver's RocketMQ remoting address
     cluster: str = ""  # the brokers' cluster name ("": the default cluster)
     replicator_metrics: str = ""  # local up --replicate: its worker's metrics address
+    namesrv_remoting_proxy: str = ""  # the standalone nameserver's proxies, "broker-a=HOST:PORT,..."
 
     @staticmethod
     def port_count(count: int, embedded: bool, broker_sets: int = 0, replicas: int = 0) -> int:
         """How many ports such a cluster listens on: gRPC and Raft per controller, a nameserver
         per controller (embedded) or one standalone, one per broker; then one metrics port
-        per process; then a RocketMQ remoting port per nameserver and per broker."""
+        per process; then a RocketMQ remoting port per nameserver and per broker; then a
+        remoting proxy port per nameserver and broker set."""
         processes = count + (0 if embedded else 1) + broker_sets * replicas
         nameservers = count if embedded else 1
         servers = count * (3 if embedded else 2) + (0 if embedded else 1) + broker_sets * replicas
-        return servers + processes + nameservers + broker_sets * replicas
+        return servers + processes + nameservers + broker_sets * replicas + nameservers * broker_sets
 
     @staticmethod
     def create(count: int, embedded: bool, broker_sets: int, replicas: int, addresses: list[str]) -> Layout:
@@ -101,7 +104,13 @@ class Layout:
         namesrv_remoting = "" if embedded else next(free)
         for broker in brokers:
             broker.remoting = next(free)
-        return Layout(embedded, nodes, namesrv_addresses, brokers, namesrv_metrics, namesrv_remoting)
+        sets = [broker_set_name(s) for s in range(broker_sets)]
+        for node in nodes if embedded else []:
+            node.remoting_proxy = ",".join(f"{name}={next(free)}" for name in sets)
+        namesrv_proxy = "" if embedded else ",".join(f"{name}={next(free)}" for name in sets)
+        layout = Layout(embedded, nodes, namesrv_addresses, brokers, namesrv_metrics, namesrv_remoting)
+        layout.namesrv_remoting_proxy = namesrv_proxy
+        return layout
 
     def addresses(self) -> list[str]:
         """Every address a process of this cluster listens on (what its reservation holds)."""
@@ -112,6 +121,8 @@ class Layout:
         metrics += [self.namesrv_metrics, self.replicator_metrics]
         remoting = [n.remoting for n in self.controllers] + [self.namesrv_remoting]
         remoting += [b.remoting for b in self.brokers]
+        proxies = [n.remoting_proxy for n in self.controllers] + [self.namesrv_remoting_proxy]
+        remoting += [item.partition("=")[2] for p in proxies if p for item in p.split(",")]
         return found + [a for a in metrics if a] + [a for a in remoting if a]
 
     def peer_flags(self) -> list[str]:
@@ -152,6 +163,7 @@ def load_or_create_layout(
             data.get("namesrv_remoting", ""),
             data.get("cluster", cluster),
             data.get("replicator_metrics", ""),
+            data.get("namesrv_remoting_proxy", ""),
         )
         if layout.cluster != cluster:
             raise InvalidArgument(
@@ -220,6 +232,7 @@ def controller_command(root: Path, layout: Layout, node: NodeLayout) -> list[str
     ]
     if layout.embedded:
         remoting = ["--remoting-listen", node.remoting] if node.remoting else []
+        remoting += ["--remoting-proxy", node.remoting_proxy] if node.remoting and node.remoting_proxy else []
         # every nameserver proxies RocketMQ 5 clients: each names them all in its routes
         proxies = ["--rocketmq-endpoints", ",".join(layout.namesrv)] if len(layout.namesrv) > 1 else []
         return [*base, "namesrv", "--listen", node.namesrv, "--embed-controller", *remoting, *proxies, *flags]
@@ -264,4 +277,9 @@ def namesrv_command(layout: Layout) -> list[str]:
         layout.controller_addresses,
         *(["--metrics-listen", layout.namesrv_metrics] if layout.namesrv_metrics else []),
         *(["--remoting-listen", layout.namesrv_remoting] if layout.namesrv_remoting else []),
+        *(
+            ["--remoting-proxy", layout.namesrv_remoting_proxy]
+            if layout.namesrv_remoting and layout.namesrv_remoting_proxy
+            else []
+        ),
     ]

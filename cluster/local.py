@@ -234,18 +234,13 @@ def _start_site(site: _Site) -> dict[str, Any]:
     root, layout, supervisor = site.root, site.layout, site.supervisor
     ensure_secret(root)
     flags = [*site.tls_flags, *site.server_flags]
-    # The remoting listeners check no credential and speak no TLS yet: a cluster with
-    # either runs without them (the processes would refuse the flag).
-    remoting = not flags
-    serves = (lambda command: command) if remoting else _without_remoting
     routes = ["--rocketmq-routes", site.rocketmq_routes]
     for node in layout.controllers:
         supervisor.start(
-            node.id,
-            serves(controller_command(root, layout, node)) + flags + (routes if layout.embedded else []),
+            node.id, controller_command(root, layout, node) + flags + (routes if layout.embedded else [])
         )
     if not layout.embedded:
-        supervisor.start("namesrv", serves(namesrv_command(layout)) + flags + routes)
+        supervisor.start("namesrv", namesrv_command(layout) + flags + routes)
     started = list(supervisor.children)
 
     def check_running() -> None:  # a child that exits ends the wait at once, with its log
@@ -257,10 +252,10 @@ def _start_site(site: _Site) -> dict[str, Any]:
             client.update_config(pb.UpdateConfigRequest(values={"default_cluster": site.name}))
     cluster_flag = ["--cluster", site.name] if site.name else []
     for broker in layout.brokers:
-        supervisor.start(broker.name, serves(broker_command(root, layout, broker)) + cluster_flag + flags)
+        supervisor.start(broker.name, broker_command(root, layout, broker) + cluster_flag + flags)
         started.append(broker.name)
     statuses = wait_brokers_ready(layout.brokers, check_running=check_running) if layout.brokers else {}
-    document = cluster_document(root, layout, supervisor, remoting, site.rocketmq_routes)
+    document = cluster_document(root, layout, supervisor, rocketmq_routes=site.rocketmq_routes)
     document["brokers"] = [
         {
             "cluster": statuses[b.name].cluster,
@@ -270,18 +265,11 @@ def _start_site(site: _Site) -> dict[str, Any]:
             "pid": supervisor.children[b.name].pid,
             "data_dir": str(root / b.data_dir),
             "metrics": b.metrics,
-            **({"remoting": b.remoting} if b.remoting and remoting else {}),
+            **({"remoting": b.remoting} if b.remoting else {}),
         }
         for b in layout.brokers
     ]
     return document
-
-
-def _without_remoting(command: list[str]) -> list[str]:
-    if "--remoting-listen" not in command:
-        return command
-    at = command.index("--remoting-listen")
-    return command[:at] + command[at + 2 :]
 
 
 def _start_replicator(root: Path, sites: list[_Site]) -> dict[str, Any]:
@@ -349,6 +337,13 @@ def _with_pids(value: Any, change: Callable[[Any], Any]) -> Any:
     return value
 
 
+def _proxies(text: str) -> dict[str, Any]:
+    """A nameserver's remoting proxies as cluster.json names them: broker set -> HOST:PORT."""
+    if not text:
+        return {}
+    return {"remoting_proxies": dict(item.split("=", 1) for item in text.split(","))}
+
+
 def cluster_document(
     root: Path, layout: Layout, supervisor: Supervisor, remoting: bool = True, rocketmq_routes: str = "proxy"
 ) -> dict[str, Any]:
@@ -370,6 +365,7 @@ def cluster_document(
                 "pid": supervisor.children[n.id].pid,
                 "metrics": n.metrics,
                 **({"remoting": n.remoting} if n.remoting and remoting else {}),
+                **_proxies(n.remoting_proxy if n.remoting and remoting else ""),
             }
             for n in layout.controllers
         ]  # one process: the controller's metrics
@@ -380,6 +376,7 @@ def cluster_document(
                 "pid": supervisor.children["namesrv"].pid,
                 "metrics": layout.namesrv_metrics,
                 **({"remoting": layout.namesrv_remoting} if layout.namesrv_remoting and remoting else {}),
+                **_proxies(layout.namesrv_remoting_proxy if layout.namesrv_remoting and remoting else ""),
             }
         ]
     tiered = {"url": str(tiered_dir(root))} if layout.brokers else None

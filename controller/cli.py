@@ -65,7 +65,8 @@ def add_parser(subparsers: Any) -> None:
 
 
 def _add_route_flags(namesrv: argparse.ArgumentParser) -> None:
-    """What a nameserver's routes give RocketMQ 5 clients: itself or the masters."""
+    """What a nameserver's routes name: itself or the masters (RocketMQ 5), proxies or the
+    masters (remoting)."""
     namesrv.add_argument(
         "--rocketmq-routes",
         choices=("proxy", "direct"),
@@ -78,6 +79,21 @@ def _add_route_flags(namesrv: argparse.ArgumentParser) -> None:
         default="",
         help="with proxy routes: every nameserver's gRPC address HOST:PORT,... "
         "(default: this one's --listen)",
+    )
+    namesrv.add_argument(
+        "--remoting-proxy",
+        action="append",
+        metavar="BROKER_SET=HOST:PORT",
+        help="a remoting proxy for a broker set (repeatable): routes name it instead of the "
+        "set's master, and it forwards to whichever replica is master, so RocketMQ 4.x clients "
+        "keep working across a failover without waiting for their next route refresh",
+    )
+    namesrv.add_argument(
+        "--remoting-routes",
+        choices=("proxy", "direct"),
+        default="proxy",
+        help="proxy (default): routes name the --remoting-proxy of a set that has one; direct: "
+        "every route names the master's own remoting address (no proxy is started)",
     )
 
 
@@ -124,6 +140,17 @@ def _run_controller(args: argparse.Namespace) -> int:
     return 0
 
 
+def remoting_proxies(args: argparse.Namespace, remoting: str) -> dict[str, str]:
+    """--remoting-proxy checked (each needs --remoting-listen: the routes that name them);
+    none with --remoting-routes direct."""
+    from mqmeta.controller.remoting_proxy import parse_proxies
+
+    proxies = parse_proxies(getattr(args, "remoting_proxy", None))
+    if proxies and not remoting:
+        raise InvalidArgument("--remoting-proxy needs --remoting-listen (the routes that name the proxies)")
+    return proxies if getattr(args, "remoting_routes", "proxy") == "proxy" else {}
+
+
 def _run_namesrv(args: argparse.Namespace) -> int:
     from mqmeta.controller.namesrv import RocketMQRoutes
     from mqmeta.controller.server import start_controller, start_namesrv
@@ -139,12 +166,14 @@ def _run_namesrv(args: argparse.Namespace) -> int:
         if getattr(args, "rocketmq_endpoints", None)
         else (),
     )
+    proxies = remoting_proxies(args, remoting)
     if args.embed_controller:
         node = start_controller(
             controller_config(args),
             namesrv_address=args.listen,
             remoting_address=remoting,
             routes=routes,
+            remoting_proxies=proxies,
         )
     elif args.controllers:
         node = start_namesrv(
@@ -153,6 +182,7 @@ def _run_namesrv(args: argparse.Namespace) -> int:
             args.metrics_listen or "",
             remoting,
             rocketmq_routes=routes,
+            remoting_proxies=proxies,
         )
     else:
         raise InvalidArgument("a nameserver needs --controllers ADDRS or --embed-controller")

@@ -13,7 +13,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+
+from mqmeta.controller.remoting_proxy import RemotingProxies
 
 from mqmeta import tls
 from mqmeta.codec import remoting as codec
@@ -22,7 +24,7 @@ from mqmeta.errors import InvalidArgument, MqmetaError, NotFound
 from mqmeta.pb import broker_pb2 as bpb
 from mqmeta.pb import broker_pb2_grpc as bpb_grpc
 from mqmeta.pb import controller_pb2 as cpb
-from mqmeta.remoting.server import Connection, Refusal, RemotingServer, ext_text
+from mqmeta.remoting.server import Connection, Refusal, RemotingServer, ext_text, server_ssl_context
 from mqmeta.validate import validate_name
 
 log = logging.getLogger(__name__)
@@ -73,14 +75,18 @@ def _permission(perm: str) -> int:
     return sum(bit for letter, bit in PERMISSIONS.items() if letter in perm)
 
 
-def route_body(route: cpb.TopicRoute, addresses: RemotingAddresses) -> bytes:
-    """The controller's route as RocketMQ's TopicRouteData (fastjson)."""
+def route_body(
+    route: cpb.TopicRoute, addresses: RemotingAddresses, proxies: Mapping[str, str] | None = None
+) -> bytes:
+    """The controller's route as RocketMQ's TopicRouteData (fastjson): a broker set with a
+    proxy at the proxy's address (even while it elects a master: the proxy waits for one),
+    any other at its master's own remoting address."""
     brokers = []
     served = set()
     for broker in route.brokers:
-        if not broker.master_address:
-            continue
-        remoting = addresses.of(broker.master_address)
+        remoting = (proxies or {}).get(broker.broker_name, "")
+        if not remoting and broker.master_address:
+            remoting = addresses.of(broker.master_address)
         if not remoting:
             continue
         served.add(broker.broker_name)
@@ -103,7 +109,11 @@ def route_body(route: cpb.TopicRoute, addresses: RemotingAddresses) -> bytes:
     )
 
 
-def namesrv_handlers(route_of: Callable[[str], cpb.TopicRoute], addresses: RemotingAddresses):
+def namesrv_handlers(
+    route_of: Callable[[str], cpb.TopicRoute],
+    addresses: RemotingAddresses,
+    proxies: Mapping[str, str] | None = None,
+):
     def route(command: Command, connection: Connection) -> Command:
         topic = ext_text(command, "topic")
         try:
@@ -117,13 +127,89 @@ def namesrv_handlers(route_of: Callable[[str], cpb.TopicRoute], addresses: Remot
             ) from None
         except MqmetaError:
             raise
-        return command.answer(body=route_body(found, addresses))
+        return command.answer(body=route_body(found, addresses, proxies))
 
     return {codec.GET_ROUTEINFO_BY_TOPIC: route}
 
 
-def start_namesrv_remoting(address: str, route_of: Callable[[str], cpb.TopicRoute]) -> RemotingServer:
-    server = RemotingServer(address, namesrv_handlers(route_of, RemotingAddresses()), name="namesrv-remoting")
-    server.start()
-    log.info("remoting listener on %s", address)
-    return server
+WARM_INTERVAL_S = 3.0  # below ADDRESS_TTL_MS: every replica's address stays known
+
+
+class NamesrvRemoting:
+    """The nameserver's remoting listener and its broker-set proxies, stopped together; a
+    thread keeps every proxied set's replicas' remoting addresses known, so that after a
+    failover the proxy finds the new master's without asking it first."""
+
+    def __init__(
+        self,
+        server: RemotingServer,
+        proxies: RemotingProxies | None,
+        warm: Callable[[], None] | None = None,
+    ) -> None:
+        self.server = server
+        self.proxies = proxies
+        self._stop = threading.Event()
+        self._warmer = threading.Thread(
+            target=self._warm_loop, args=(warm,), name="remoting-warm", daemon=True
+        )
+        if warm is not None:
+            self._warmer.start()
+
+    def _warm_loop(self, warm: Callable[[], None]) -> None:
+        while not self._stop.is_set():
+            try:
+                warm()
+            except Exception as exc:  # the controller or a broker is unreachable: next round
+                log.debug("remoting addresses not refreshed: %s", exc)
+            self._stop.wait(WARM_INTERVAL_S)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self.proxies is not None:
+            self.proxies.stop()
+        self.server.stop()
+        if self._warmer.is_alive():
+            self._warmer.join(timeout=ADDRESS_TIMEOUT_S * 2)
+
+
+def start_namesrv_remoting(
+    address: str,
+    route_of: Callable[[str], cpb.TopicRoute],
+    proxies: Mapping[str, str] | None = None,
+    master_of: Callable[[str], tuple[str, tuple[str, ...]]] | None = None,
+) -> NamesrvRemoting:
+    """The listener on `address`; with `proxies` (broker set -> HOST:PORT) and `master_of`
+    (broker set -> its master's gRPC address, '' for none, and every replica's) a proxy per
+    broker set, named in the routes instead of the masters' own addresses."""
+    addresses = RemotingAddresses()
+    running: RemotingProxies | None = None
+    warming: Callable[[], None] | None = None
+    if proxies and master_of is not None:
+        ask = master_of
+
+        def remoting_master(broker_name: str) -> str:
+            master, _ = ask(broker_name)
+            return addresses.of(master) if master else ""
+
+        def warm() -> None:
+            for broker_name in proxies:
+                for replica in ask(broker_name)[1]:
+                    addresses.of(replica)
+
+        warming = warm
+        running = RemotingProxies(proxies, remoting_master).start()
+    server = RemotingServer(
+        address,
+        namesrv_handlers(route_of, addresses, proxies if running else None),
+        name="namesrv-remoting",
+        read_codes=frozenset({codec.GET_ROUTEINFO_BY_TOPIC}),
+        ssl_context=server_ssl_context(),
+    )
+    try:
+        server.start()
+    except BaseException:
+        if running is not None:
+            running.stop()
+        raise
+    log.info("remoting listener on %s (proxies: %s)", address, proxies or "none")
+    return NamesrvRemoting(server, running, warming)

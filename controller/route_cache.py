@@ -143,6 +143,15 @@ class RouteCache:
                 if route.master_broker_id and route.master_address
             }
 
+    def broker(self, broker_name: str) -> pb.BrokerRoute | None:
+        """The set's route (master and replica addresses; empty when the set is unknown);
+        None when the copy cannot answer."""
+        with self._lock:
+            if not self._live:
+                return None
+            found = [route for (_, name), (_, route) in self._brokers.items() if name == broker_name]
+        return found[0] if found else pb.BrokerRoute(broker_name=broker_name)
+
     def _build(self, topic: pb.Topic) -> pb.TopicRoute:
         """The route the controller's topic_route builds from the same state."""
         if topic.broker_names:

@@ -172,6 +172,7 @@ def start_controller(
     namesrv_address: str = "",
     remoting_address: str = "",
     routes: RocketMQRoutes = PROXY_ROUTES,
+    remoting_proxies: dict[str, str] | None = None,
 ) -> RunningNode:
     """A controller node on an AsyncServer (its Watch streams hold no thread); with
     `namesrv_address`, its embedded nameserver on the same port or on one of its own, and
@@ -210,7 +211,10 @@ def start_controller(
     closers = []
     if namesrv_address and remoting_address:
         try:
-            closers.append(_remoting(remoting_address, _embedded_route(core)).stop)
+            remoting = _remoting(
+                remoting_address, _embedded_route(core), remoting_proxies, _embedded_master(core)
+            )
+            closers.append(remoting.stop)
         except BaseException:
             for server in servers:
                 server.stop(grace=0)
@@ -221,10 +225,50 @@ def start_controller(
     return RunningNode(servers, core, None, metrics, closers)
 
 
-def _remoting(address: str, route_of: Callable[[str], Any]):
+def _remoting(
+    address: str,
+    route_of: Callable[[str], Any],
+    proxies: dict[str, str] | None = None,
+    master_of: Callable[[str], tuple[str, tuple[str, ...]]] | None = None,
+):
     from mqmeta.controller.namesrv_remoting import start_namesrv_remoting
 
-    return start_namesrv_remoting(address, route_of)
+    return start_namesrv_remoting(address, route_of, proxies, master_of)
+
+
+def _embedded_master(core: ControllerOperations) -> Callable[[str], tuple[str, tuple[str, ...]]]:
+    """A broker set's master and replicas (gRPC addresses) from this node's applied state
+    (no barrier: the proxy only needs a hint; a stale one is refused by the fenced old
+    master and asked again)."""
+    from mqmeta.controller.state_machine import broker_route
+
+    def master_of(broker_name: str) -> tuple[str, tuple[str, ...]]:
+        found = [bs for bs in core.state.broker_sets() if bs["broker_name"] == broker_name]
+        if not found:
+            return "", ()
+        route = broker_route(found[0])
+        return str(route["master_address"]), tuple(str(a) for a in route["addresses"].values())
+
+    return master_of
+
+
+def _cached_master(
+    client: ControllerClient, cache: RouteCache
+) -> Callable[[str], tuple[str, tuple[str, ...]]]:
+    """A broker set's master and replicas from the watched route copy; the controller when
+    the copy cannot answer."""
+
+    def master_of(broker_name: str) -> tuple[str, tuple[str, ...]]:
+        cached = cache.broker(broker_name)
+        if cached is not None:
+            return cached.master_address, tuple(cached.addresses.values())
+        listed = client.list_broker_sets(controller_pb2.ListBrokerSetsRequest())
+        for found in listed.broker_sets:
+            if found.broker_name == broker_name:
+                return found.master_address, tuple(r.address for r in found.replicas)
+        return "", ()
+
+    return master_of
 
 
 def _started(server: AsyncServer) -> AsyncServer:
@@ -275,6 +319,7 @@ def start_namesrv(
     metrics_listen: str = "",
     remoting_address: str = "",
     rocketmq_routes: RocketMQRoutes = PROXY_ROUTES,
+    remoting_proxies: dict[str, str] | None = None,
 ) -> RunningNode:
     """A standalone nameserver: routes from a watched copy of the metadata (RouteCache),
     the controller's barrier read when the copy cannot answer. On an AsyncServer: the
@@ -301,7 +346,8 @@ def start_namesrv(
     closers = [cache.stop, cache.client.close]
     if remoting_address:
         try:
-            closers.insert(0, _remoting(remoting_address, route).stop)
+            master_of = _cached_master(client, cache)
+            closers.insert(0, _remoting(remoting_address, route, remoting_proxies, master_of).stop)
         except BaseException:
             server.stop(grace=0)
             cache.stop()

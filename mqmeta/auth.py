@@ -29,6 +29,7 @@ process's certificate (--tls-cert) when it dials with TLS.
 from __future__ import annotations
 
 import argparse
+import base64
 import collections
 import enum
 import hashlib
@@ -318,6 +319,40 @@ def refusal(
         return grpc.StatusCode.UNAUTHENTICATED, f"{name} needs {need}: pass --token-file ({why})"
     if access is Access.ADMIN and caller.identity.role != "admin":
         return grpc.StatusCode.PERMISSION_DENIED, f"{name} refused: {caller.what} may only read"
+    return None
+
+
+REMOTING_ACCESS_KEY = "AccessKey"
+REMOTING_SIGNATURE = "Signature"
+
+
+def remoting_refusal(ext: dict[str, str], body: bytes, read_only: bool) -> str | None:
+    """A sentence when a remoting request must be refused, None when it may go on.
+
+    RocketMQ 4.x's ACL: the client adds extFields AccessKey (here: an identity's name) and
+    Signature, base64 of HMAC-SHA1 keyed with the SecretKey (here: that identity's token)
+    over the values of every other extField, in the order of their names, then the body.
+    Every request is data access (no admin codes are served over remoting); a `read_only`
+    one (a route) is anonymous with --anonymous-reads."""
+    policy = _policy
+    if policy is None or (read_only and not policy.reads_need_credential):
+        return None
+    access_key, signature = ext.get(REMOTING_ACCESS_KEY, ""), ext.get(REMOTING_SIGNATURE, "")
+    if not access_key or not signature:
+        return (
+            "this server checks RocketMQ ACL credentials: give the client an AccessKey (an "
+            "identity of the server's --auth-file) and its SecretKey (that identity's token)"
+        )
+    content = "".join(v for k, v in sorted(ext.items()) if k != REMOTING_SIGNATURE).encode() + body
+    found = None
+    for token, identity in policy.tokens.items():  # compare each: no early exit on a match
+        expected = base64.b64encode(hmac.new(token.encode(), content, hashlib.sha1).digest()).decode()
+        if identity.name == access_key and hmac.compare_digest(expected, signature):
+            found = identity
+    if found is None:
+        return (
+            f"the RocketMQ ACL signature of AccessKey {access_key[:64]!r} matches no identity of this server"
+        )
     return None
 
 

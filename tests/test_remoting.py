@@ -9,9 +9,18 @@ the C++ client's librocketmq.so, and rocketmq 0.4.4 with its bundled copy):
   keys, property and the message id the send returned;
 - a message the C++ client sent is read by `mqmeta consume` (same tag and keys) and a
   message `mqmeta produce` sent is received by the C++ client with the record's id;
-- the nameserver answers TOPIC_NOT_EXIST for an unknown topic;
+- the nameserver answers TOPIC_NOT_EXIST for an unknown topic, and a route names the broker
+  set's proxy on the nameserver, never the master's own address (every client test here
+  goes through it);
 - requests on one connection are served concurrently: a heartbeat is answered while a
   long-polling pull waits on the same connection;
+- an orderly consumer (queue locks) receives each queue in queue-offset order, and the
+  messages of one sharding key in their send order;
+- queue locks are exclusive per group: another client gets a queue only once its holder
+  unlocked it (or let it expire);
+- two consumers of one group split the topic's queues between them (each its own);
+- a batch send (rocketmq 0.4.4) writes every message; SEARCH_OFFSET_BY_TIMESTAMP answers
+  the first offset stored at or after a time (the max offset after the last);
 - bad input gets RocketMQ's error answers and the servers keep serving: a header that is
   not JSON (SYSTEM_ERROR, the connection goes on), an unknown code
   (REQUEST_CODE_NOT_SUPPORTED, opaque echoed), a binary header (answered, in JSON), an
@@ -181,12 +190,14 @@ def test_unknown_topic_route_is_topic_not_exist(namesrv):
     assert "NoSuchTopic" in answer.remark
 
 
-def test_route_names_the_master_remoting_address(cluster, namesrv, broker):
+def test_route_names_the_broker_set_proxy(cluster, namesrv, broker):
     topic = _topic(cluster, queues=3)
+    proxy = cluster["namesrv"][0]["remoting_proxies"]["broker-a"]
     with _connect(namesrv) as sock:
         answer = _call(sock, codec.Command(codec.GET_ROUTEINFO_BY_TOPIC, 6, ext={"topic": topic}))
     assert answer.code == codec.SUCCESS
-    assert f'{{0:"{broker}"}}' in answer.body.decode()  # fastjson's unquoted integer key
+    assert f'{{0:"{proxy}"}}' in answer.body.decode()  # fastjson's unquoted integer key
+    assert broker not in answer.body.decode()  # never the master's own address
     route = codec.fastjson_loads(answer.body)
     assert [(q["readQueueNums"], q["writeQueueNums"], q["perm"]) for q in route["queueDatas"]] == [(3, 3, 6)]
 
@@ -225,8 +236,10 @@ def test_heartbeat_is_answered_while_a_pull_long_polls_on_the_same_connection(cl
     assert second.ext["nextBeginOffset"] == "0" and time.monotonic() - started >= 2.5
 
 
-def test_bad_frames_get_error_answers_and_the_server_keeps_serving(broker, namesrv):
-    with _connect(broker) as sock:
+@pytest.mark.parametrize("through", ["broker", "proxy"])
+def test_bad_frames_get_error_answers_and_the_server_keeps_serving(cluster, broker, namesrv, through):
+    target = broker if through == "broker" else cluster["namesrv"][0]["remoting_proxies"]["broker-a"]
+    with _connect(target) as sock:
         garbage = b"{not json"
         sock.sendall(struct.pack(">ii", 4 + len(garbage), len(garbage)) + garbage)
         answer = _read(sock)
@@ -388,3 +401,136 @@ def test_send_back_retries_through_the_retry_topic_then_dead_letters(cluster, br
         dead: list[codec.WireMessage] = []
         wait_for(lambda: dead.extend(pull(sock, 306, "%DLQ%" + group, 1000)) or dead, 20.0, "the dead letter")
         assert [(m.body, m.properties["UNIQ_KEY"]) for m in dead] == [(b"failing", "U300")]
+
+
+# Orderly consumers, shared groups, batches, time search -----------------------------------------
+def _lines(path) -> list[dict]:
+    text = path.read_text() if path.exists() else ""
+    return [json.loads(line) for line in text.splitlines() if line.startswith("{") and line.endswith("}")]
+
+
+def _streams(processes: list, stop) -> None:
+    stop.touch()
+    for process in processes:
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+def test_orderly_consumer_gets_each_queue_in_order(cluster, namesrv, cpp_client, tmp_path):
+    topic = _topic(cluster, queues=4)
+    sent = cpp_client.run("produce-orderly", namesrv, topic, "pg-order", "40", "3")
+    assert [s["status"] for s in sent] == [0] * 40
+    received, stop = tmp_path / "orderly.jsonl", tmp_path / "stop"
+    consumer = cpp_client.stream(
+        received, "consume-stream", namesrv, topic, "cg-o-" + topic, str(stop), "60", "orderly"
+    )
+    try:
+        wait_for(lambda: len({r["value"] for r in _lines(received)}) >= 40, 45, "every message, orderly")
+    finally:
+        _streams([consumer], stop)
+    got = _lines(received)
+    for queue_id in {g["queue_id"] for g in got}:
+        offsets = [g["queue_offset"] for g in got if g["queue_id"] == queue_id]
+        assert offsets == sorted(offsets), f"queue {queue_id} out of order: {offsets}"
+    for key in ("k0", "k1", "k2"):  # one key, one queue: the send order
+        values = [int(g["value"][2:]) for g in got if g["keys"] == key]
+        assert values == sorted(values) and len(values) == len(range(int(key[1]), 40, 3)), (key, values)
+
+
+def _lock(
+    sock: socket.socket, opaque: int, code: int, client_id: str, group: str, topic: str
+) -> codec.Command:
+    body = {
+        "consumerGroup": group,
+        "clientId": client_id,
+        "mqSet": [{"topic": topic, "brokerName": "broker-a", "queueId": 1}],
+    }
+    return _call(sock, codec.Command(code, opaque, body=json.dumps(body).encode()))
+
+
+def test_queue_locks_are_exclusive_per_group_until_unlocked(cluster, broker):
+    topic, group = _topic(cluster), "cg-lock-" + uuid.uuid4().hex[:6]
+    with _connect(broker) as sock:
+        first = _lock(sock, 1, codec.LOCK_BATCH_MQ, "c-1", group, topic)
+        assert codec.fastjson_loads(first.body)["lockOKMQSet"] == [
+            {"topic": topic, "brokerName": "broker-a", "queueId": 1}
+        ]
+        assert (
+            codec.fastjson_loads(_lock(sock, 2, codec.LOCK_BATCH_MQ, "c-2", group, topic).body)["lockOKMQSet"]
+            == []
+        )
+        assert codec.fastjson_loads(_lock(sock, 3, codec.LOCK_BATCH_MQ, "c-1", group, topic).body)[
+            "lockOKMQSet"
+        ]  # renewed
+        assert (
+            _lock(sock, 4, codec.UNLOCK_BATCH_MQ, "c-2", group, topic).code == codec.SUCCESS
+        )  # not its lock: kept
+        assert (
+            codec.fastjson_loads(_lock(sock, 5, codec.LOCK_BATCH_MQ, "c-2", group, topic).body)["lockOKMQSet"]
+            == []
+        )
+        assert _lock(sock, 6, codec.UNLOCK_BATCH_MQ, "c-1", group, topic).code == codec.SUCCESS
+        assert codec.fastjson_loads(_lock(sock, 7, codec.LOCK_BATCH_MQ, "c-2", group, topic).body)[
+            "lockOKMQSet"
+        ]
+
+
+def _members(broker: str, group: str) -> list[str]:
+    with _connect(broker) as sock:
+        answer = _call(sock, codec.Command(codec.GET_CONSUMER_LIST_BY_GROUP, 1, ext={"consumerGroup": group}))
+    return codec.fastjson_loads(answer.body)["consumerIdList"] if answer.code == codec.SUCCESS else []
+
+
+def test_two_consumers_of_a_group_share_the_queues(cluster, namesrv, broker, cpp_client, tmp_path):
+    topic = _topic(cluster, queues=4)
+    group, stop = "cg-share-" + topic, tmp_path / "stop"
+    outputs = [tmp_path / "one.jsonl", tmp_path / "two.jsonl"]
+    consumers = [
+        cpp_client.stream(o, "consume-stream", namesrv, topic, group, str(stop), "90", "") for o in outputs
+    ]
+    try:
+        wait_for(lambda: len(_members(broker, group)) == 2, 30, "both consumers in the group")
+        sent = {s["value"] for s in cpp_client.produce(namesrv, topic, 40, prefix="share")}
+        wait_for(lambda: sent <= {r["value"] for o in outputs for r in _lines(o)}, 45, "every message")
+    finally:
+        _streams(consumers, stop)
+    one, two = ({r["queue_id"] for r in _lines(o)} for o in outputs)
+    assert one and two and not one & two, (one, two)  # each its own queues, all of them between them
+    assert one | two == {0, 1, 2, 3}
+
+
+def test_batch_send_and_search_offset_by_timestamp(cluster, namesrv, broker, wheel_client):
+    topic = _topic(cluster, queues=1)
+    (result,) = wheel_client.run("produce-batch", namesrv, topic, "pg-batch", "5")
+    assert result["status"] == 0 and result["offset"] == 0
+    got = wheel_client.consume(namesrv, topic, "cg-b-" + topic, 5)
+    assert sorted(g["value"] for g in got) == [f"b-{i}" for i in range(5)]
+    assert all(g["keys"] == g["value"] for g in got)
+    with _connect(broker) as sock:
+
+        def search(opaque: int, timestamp: int) -> int:
+            ext = {"topic": topic, "queueId": 0, "timestamp": timestamp}
+            answer = _call(sock, codec.Command(codec.SEARCH_OFFSET_BY_TIMESTAMP, opaque, ext=ext))
+            assert answer.code == codec.SUCCESS, answer
+            return int(answer.ext["offset"])
+
+        assert search(1, 0) == 0
+        assert search(2, 2**62) == 5  # after the last: the max offset
+        for _ in range(2):
+            assert _send_v2(sock, 10, topic, "t", b"later").code == codec.SUCCESS
+        pull = {
+            "consumerGroup": "cg-ts",
+            "topic": topic,
+            "queueId": 0,
+            "queueOffset": 5,
+            "maxMsgNums": 1,
+            "sysFlag": 4,
+            "commitOffset": 0,
+            "suspendTimeoutMillis": 0,
+            "subscription": "*",
+        }
+        (sixth,) = codec.decode_messages(_call(sock, codec.Command(codec.PULL_MESSAGE, 3, ext=pull)).body)
+        found = search(4, sixth.store_timestamp_ms)
+        assert found <= 5 and search(5, sixth.store_timestamp_ms + 1) >= found

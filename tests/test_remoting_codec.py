@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import json
 import struct
-import subprocess
-import sys
 
 import pytest
 from hypothesis import given, settings
@@ -199,34 +197,3 @@ def test_fuzz_bodies_and_messages_raise_only_frame_errors(data):
         codec.inflate_body(data, 1024)
     except codec.FrameError:
         pass
-
-
-@pytest.mark.parametrize("command", ["broker", "namesrv"])
-def test_remoting_beside_auth_is_refused_with_one_sentence(tmp_path, command):
-    """The remoting ports check no credential yet: a server with --auth-file refuses them
-    (exit 2, one sentence) instead of opening a door around its allow list."""
-    allow = tmp_path / "allow"
-    allow.write_text("admin admin secret-token\n")
-    if command == "broker":
-        args = ["broker", "--broker-name", "b", "--listen", "127.0.0.1:1", "--controllers", "127.0.0.1:2"]
-        args += ["--data-dir", str(tmp_path / "b")]
-    else:
-        args = ["namesrv", "--listen", "127.0.0.1:1", "--controllers", "127.0.0.1:2"]
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "mqmeta.cli",
-            *args,
-            "--remoting-listen",
-            "127.0.0.1:3",
-            "--auth-file",
-            str(allow),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.returncode == 2, done.stderr
-    assert "--remoting-listen cannot be combined with --auth-file" in done.stderr
-    assert "Traceback" not in done.stderr

@@ -493,3 +493,43 @@ def inflate_body(body: bytes, body_bytes_max: int) -> bytes:
     if len(out) > body_bytes_max or inflater.unconsumed_tail:
         raise FrameError(f"the body inflates to more than {body_bytes_max} bytes")
     return out
+
+
+_BATCH_HEAD = struct.Struct(">iiiii")  # total size, magic (0), body CRC (0), flag, body length
+
+
+@dataclass(frozen=True)
+class BatchItem:
+    """One message of a batch send's body: its body, flag and properties text."""
+
+    body: bytes
+    flag: int
+    properties: str
+
+
+def decode_batch(data: bytes, count_max: int) -> list[BatchItem]:
+    """A batch send's body: records TOTAL|MAGIC|BODY_CRC|FLAG|BODY_LENGTH|BODY|PROPS_LENGTH(2)|PROPS,
+    as the clients' batch encoders write them; at most `count_max` of them."""
+    items: list[BatchItem] = []
+    position = 0
+    while position < len(data):
+        if len(items) >= count_max:
+            raise FrameError(f"a batch carries at most {count_max} messages")
+        if position + _BATCH_HEAD.size > len(data):
+            raise FrameError("a batch record is cut inside its fixed fields")
+        size, _, _, flag, body_length = _BATCH_HEAD.unpack_from(data, position)
+        end = position + size
+        at = position + _BATCH_HEAD.size
+        if size < _BATCH_HEAD.size + 2 or end > len(data) or not 0 <= body_length <= end - at - 2:
+            raise FrameError(f"a batch record at byte {position} has a bad size")
+        body = data[at : at + body_length]
+        at += body_length
+        (properties_length,) = _I16.unpack_from(data, at)
+        at += 2
+        if at + properties_length != end:
+            raise FrameError("a batch record's properties do not end where the record does")
+        items.append(BatchItem(bytes(body), flag, _utf8(data[at:end], "properties")))
+        position = end
+    if not items:
+        raise FrameError("a batch send carries no message")
+    return items

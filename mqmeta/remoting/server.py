@@ -19,16 +19,19 @@ import argparse
 import asyncio
 import itertools
 import logging
+import os
+import ssl
+import tempfile
 import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
-from mqmeta import tls
+from mqmeta import auth, tls
 from mqmeta.codec import remoting as codec
 from mqmeta.codec.remoting import Command, FrameError
 from mqmeta.errors import (
     WIRE_CODES,
-    InvalidArgument,
     MqmetaError,
     listed_class,
 )
@@ -43,6 +46,7 @@ INFLIGHT_PER_CONNECTION_MAX = 256
 IDLE_TIMEOUT_S = 120.0  # RocketMQ closes a connection idle this long; clients heartbeat every 30 s
 FRAME_READ_TIMEOUT_S = 30.0  # the rest of a frame whose length arrived
 START_TIMEOUT_S = 10.0
+STOP_TIMEOUT_S = 2.0
 
 
 class Refusal(MqmetaError):
@@ -86,6 +90,18 @@ class Connection:
     def send(self, command: Command) -> None:
         self._loop.call_soon_threadsafe(self.write, command)
 
+    def close(self) -> None:
+        """On the loop's thread: its reader ends, and so does its serving task."""
+        self._writer.close()
+
+
+async def until(done: Callable[[], bool], timeout_s: float) -> None:
+    """Waits (on the loop) until `done()` or `timeout_s` passed: a stop lets the connections'
+    tasks end before the loop closes."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not done() and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.01)
+
 
 Handler = Callable[[Command, Connection], "Command | None"]
 
@@ -101,11 +117,15 @@ class RemotingServer:
         long_codes: frozenset[int] = frozenset(),
         on_close: Callable[[Connection], None] = lambda connection: None,
         name: str = "remoting",
+        read_codes: frozenset[int] = frozenset(),
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         parse_addresses(address, "--remoting-listen address")
         self.address = address
         self.handlers = dict(handlers)
         self.long_codes = long_codes
+        self.read_codes = read_codes  # anonymous with --anonymous-reads; every other code is data
+        self.ssl_context = ssl_context
         self.on_close = on_close
         self.name = name
         self._pool = ThreadPoolExecutor(WORKERS, thread_name_prefix=f"{name}-worker")
@@ -148,12 +168,17 @@ class RemotingServer:
     async def _bind(self) -> None:
         host, _, port = self.address.rpartition(":")
         self._stopped = asyncio.Event()
-        self._server = await asyncio.start_server(self._serve_connection, host.strip("[]"), int(port))
+        self._server = await asyncio.start_server(
+            self._serve_connection, host.strip("[]"), int(port), ssl=self.ssl_context
+        )
 
     async def _serve_until_stopped(self) -> None:
         assert self._stopped is not None and self._server is not None
         await self._stopped.wait()
         self._server.close()
+        for connection in list(self._connections.values()):
+            connection.close()
+        await until(lambda: not self._connections, STOP_TIMEOUT_S)
         await self._server.wait_closed()
 
     def stop(self) -> None:
@@ -236,7 +261,7 @@ class RemotingServer:
             else:
                 pool = self._long_pool if command.code in self.long_codes else self._pool
                 answer = await asyncio.get_running_loop().run_in_executor(
-                    pool, _answer_of, handler, command, connection
+                    pool, _answer_of, handler, command, connection, command.code in self.read_codes
                 )
             if answer is not None and not command.is_oneway:
                 connection.write(answer)
@@ -246,8 +271,12 @@ class RemotingServer:
             connection.inflight.release()
 
 
-def _answer_of(handler: Handler, command: Command, connection: Connection) -> Command | None:
-    """The handler's answer; a refusal or one of our errors as its response code and remark."""
+def _answer_of(handler: Handler, command: Command, connection: Connection, read_only: bool) -> Command | None:
+    """The handler's answer; a refusal or one of our errors as its response code and remark;
+    NO_PERMISSION with the reason when the server's allow list refuses the request."""
+    refused = auth.remoting_refusal(command.ext, command.body, read_only)
+    if refused is not None:
+        return command.answer(codec.NO_PERMISSION, f"request code {command.code} refused: {refused}")
     try:
         return handler(command, connection)
     except MqmetaError as error:
@@ -286,17 +315,49 @@ def ext_bool(command: Command, name: str) -> bool:
 
 
 def listen_address(args: argparse.Namespace) -> str:
-    """--remoting-listen checked: the remoting listener checks no credential and speaks no
-    TLS yet, so it is refused beside --auth-file or a TLS server rather than opening a door
-    around them."""
+    """--remoting-listen checked (it serves TLS when the process does, with its certificate,
+    and checks --auth-file's identities by RocketMQ's ACL signature)."""
     address = getattr(args, "remoting_listen", None) or ""
     if not address:
         return ""
     parse_addresses(address, "--remoting-listen address")
-    config = tls.current()
-    if getattr(args, "auth_file", None) or (config is not None and config.serves_tls):
-        raise InvalidArgument(
-            "--remoting-listen cannot be combined with --auth-file or TLS yet: the remoting "
-            "listener checks no credential and speaks no TLS"
-        )
     return address
+
+
+def server_ssl_context() -> ssl.SSLContext | None:
+    """The process's TLS settings for a remoting listener (None: plaintext): its certificate,
+    and with --tls-client-ca a client certificate of that CA required (mutual TLS)."""
+    config = tls.current()
+    if config is None or not config.serves_tls:
+        return None
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    _load_identity(context, config)
+    if config.client_ca is not None:
+        context.verify_mode = ssl.CERT_REQUIRED
+        context.load_verify_locations(cadata=config.client_ca.decode())
+    return context
+
+
+def client_ssl_context() -> ssl.SSLContext | None:
+    """The process's TLS settings for dialing a remoting listener (a proxy to its brokers):
+    the CA it trusts (--tls-ca) and its certificate when it has one."""
+    config = tls.current()
+    if config is None or not config.dials_tls or config.ca is None:
+        return None
+    context = ssl.create_default_context(cadata=config.ca.decode())
+    context.check_hostname = False  # peers are dialed by address; the CA is what is checked
+    if config.cert is not None:
+        _load_identity(context, config)
+    return context
+
+
+def _load_identity(context: ssl.SSLContext, config: tls.TlsConfig) -> None:
+    """ssl loads a certificate and key from files only: a private temporary copy, removed at once."""
+    assert config.cert is not None and config.key is not None
+    with tempfile.TemporaryDirectory(prefix="mqmeta-tls-") as directory:
+        cert, key = Path(directory) / "cert.pem", Path(directory) / "key.pem"
+        for path, data in ((cert, config.cert), (key, config.key)):
+            descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(descriptor, "wb") as sink:
+                sink.write(data)
+        context.load_cert_chain(cert, key)

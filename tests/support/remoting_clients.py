@@ -68,9 +68,7 @@ class Client:
         self.library_dir = library_dir
 
     def run(self, *args: str, timeout_s: float = 90.0) -> list[dict]:
-        env = {**os.environ, "PYTHONPATH": str(self.directory), "HOME": str(self.home)}
-        if self.library_dir is not None:
-            env["LD_LIBRARY_PATH"] = str(self.library_dir)
+        env = self.environment()
         done = subprocess.run(
             [sys.executable, str(DRIVER), *args],
             capture_output=True,
@@ -81,6 +79,24 @@ class Client:
         )
         assert done.returncode == 0, f"{self.name} {args[0]} failed: {done.stderr[-3000:]}"
         return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+
+    def environment(self) -> dict[str, str]:
+        env = {**os.environ, "PYTHONPATH": str(self.directory), "HOME": str(self.home)}
+        if self.library_dir is not None:
+            env["LD_LIBRARY_PATH"] = str(self.library_dir)
+        return env
+
+    def stream(self, output: Path, *args: str) -> subprocess.Popen:
+        """A stream command of the driver in the background, its lines into `output` (its
+        errors beside it, in OUTPUT.err)."""
+        with open(output, "wb") as sink, open(output.with_suffix(".err"), "wb") as errors:
+            return subprocess.Popen(
+                [sys.executable, str(DRIVER), *args],
+                stdout=sink,
+                stderr=errors,
+                env=self.environment(),
+                cwd=self.home,
+            )
 
     def produce(self, namesrv: str, topic: str, count: int, tag: str = "", keys: str = "", prefix: str = "m"):
         return self.run("produce", namesrv, topic, f"pg-{prefix}", str(count), tag, keys, prefix)
