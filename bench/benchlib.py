@@ -33,6 +33,22 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 )
 
 
+def environment() -> dict[str, Any]:
+    """What a result's "env" names first: the interpreter, the cores, grpcio and pysyncobj."""
+    import platform
+
+    import grpc
+    from pysyncobj.version import VERSION
+
+    return {
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "grpcio": grpc.__version__,
+        "pysyncobj": VERSION,
+        "host": "127.0.0.1",
+    }
+
+
 def make_log(tag: str) -> Callable[[str], None]:
     """A progress logger to stderr: `[TAG HH:MM:SS] message`."""
 
@@ -205,6 +221,44 @@ def stop_clusters(clusters: list[Any], log: Callable[[str], None]) -> None:
             log(f"cleanup: {exc!r}")
 
 
+class _Report:
+    """Prints the result once: at the run's end or from the watchdog, whichever comes first."""
+
+    def __init__(
+        self,
+        result: dict[str, Any],
+        t0: float,
+        summarize: Callable[[dict[str, Any]], None],
+        json_default: Callable[[Any], Any] | None,
+    ) -> None:
+        self.result, self.t0, self.summarize, self.json_default = result, t0, summarize, json_default
+        self._lock = threading.Lock()
+        self._printed = False
+
+    def emit(self, status: str) -> None:
+        with self._lock:
+            if self._printed:
+                return
+            self._printed = True
+            self.result["status"] = status
+            self.result["elapsed_s"] = _r(time.monotonic() - self.t0, 1)
+            try:
+                self.summarize(self.result)
+            except Exception as exc:
+                self.result["summary_error"] = repr(exc)
+            print(json.dumps(self.result, indent=2, default=self.json_default), flush=True)
+
+
+def _interrupt_on_signals() -> None:
+    """SIGTERM and SIGINT raise KeyboardInterrupt (SIGINT also when started with it ignored, `cmd &`)."""
+
+    def on_term(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, on_term)
+
+
 def run_main(
     args: Any,
     root: Path,
@@ -229,21 +283,7 @@ def run_main(
     root is removed unless args.keep.
     """
     t0 = time.monotonic()
-    printed = threading.Event()
-    emit_lock = threading.Lock()
-
-    def emit(status: str) -> None:
-        with emit_lock:
-            if printed.is_set():
-                return
-            printed.set()
-            result["status"] = status
-            result["elapsed_s"] = _r(time.monotonic() - t0, 1)
-            try:
-                summarize(result)
-            except Exception as exc:
-                result["summary_error"] = repr(exc)
-            print(json.dumps(result, indent=2, default=json_default), flush=True)
+    emit = _Report(result, t0, summarize, json_default).emit
 
     def watchdog() -> None:
         log(f"time budget of {args.budget_s}s exceeded: stopping")
@@ -258,12 +298,7 @@ def run_main(
     timer = threading.Timer(args.budget_s + watchdog_grace_s, watchdog)
     timer.daemon = True
     timer.start()
-
-    def on_term(signum, frame):
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    signal.signal(signal.SIGTERM, on_term)
-    signal.signal(signal.SIGINT, on_term)  # also when started with SIGINT ignored (`cmd &`)
+    _interrupt_on_signals()
     status = 0
     try:
         run(t0)

@@ -183,14 +183,11 @@ def cost_breakdown(batch: int, budget_s: float) -> dict[str, Any]:
     """Microseconds per 1 KB message of each CPU step a Send goes through, timed on
     batches of `batch` in this process: what the broker processes spend per message
     besides fsync and waiting."""
-    import zlib
 
     from mqmeta.broker_agent.service import check_sent_messages, send_response
     from mqmeta.broker_agent.store import MessageStore
 
     from mqmeta.formats.records import (
-        _FIXED,
-        PREFIX_BYTES,
         check_record,
         encode_record,
         make_msg_id,
@@ -216,16 +213,6 @@ def cost_breakdown(batch: int, budget_s: float) -> dict[str, Any]:
     ids = [make_msg_id(BROKER_SET, i * 1200, 1) for i in range(batch)]
     records = [encode_record(m, 1, now, i, ids[i]) for i, m in enumerate(messages)]
     blob = b"".join(records)
-
-    def header_walk() -> None:
-        """What a slave needs at least: CRC + the fixed header of each record."""
-        pos = 0
-        view = memoryview(blob)
-        while pos < len(blob):
-            total = int.from_bytes(blob[pos + 3 : pos + 7], "little")
-            zlib.crc32(view[pos + PREFIX_BYTES : pos + total])
-            _FIXED.unpack_from(blob, pos + PREFIX_BYTES)
-            pos += total
 
     store_dir = tempfile.mkdtemp(prefix="mqmeta-micro-")
     store = MessageStore(store_dir, fsync=False, broker_name=BROKER_SET)
@@ -262,9 +249,34 @@ def cost_breakdown(batch: int, budget_s: float) -> dict[str, Any]:
         "build_and_serialize_response": response,
         "slave_split_records (full decode; before P11)": lambda: split_records(blob, 0),
         "slave_scan_records (what the slave runs: checks, no StoredRecord)": lambda: scan_records(blob, 0),
-        "slave_header_walk (crc + fixed header only)": header_walk,
+        "slave_header_walk (crc + fixed header only)": lambda: _header_walk(blob),
     }
     out: dict[str, Any] = {"batch": batch, "what": __doc_cost__}
+    out.update(_cpu_us_per_message(steps, batch, budget_s))
+    store.close()
+    shutil.rmtree(store_dir, ignore_errors=True)
+    return out
+
+
+def _header_walk(blob: bytes) -> None:
+    """What a slave needs at least: CRC + the fixed header of each record."""
+    import zlib
+
+    from mqmeta.formats.records import _FIXED, PREFIX_BYTES
+
+    pos = 0
+    view = memoryview(blob)
+    while pos < len(blob):
+        total = int.from_bytes(blob[pos + 3 : pos + 7], "little")
+        zlib.crc32(view[pos + PREFIX_BYTES : pos + total])
+        _FIXED.unpack_from(blob, pos + PREFIX_BYTES)
+        pos += total
+
+
+def _cpu_us_per_message(steps: dict[str, Any], batch: int, budget_s: float) -> dict[str, float]:
+    """Each step's CPU microseconds per message: run for its share of `budget_s` (at least
+    50 ms, at most 10,000 runs) after one warm-up run."""
+    out: dict[str, float] = {}
     per_step = max(0.05, budget_s / len(steps))
     for name, fn in steps.items():
         fn()
@@ -277,8 +289,6 @@ def cost_breakdown(batch: int, budget_s: float) -> dict[str, Any]:
                 break
         # CPU time, not wall time: on a shared machine other processes stretch the latter
         out[name] = round((time.process_time() - cpu0) / n / batch * 1e6, 2)
-    store.close()
-    shutil.rmtree(store_dir, ignore_errors=True)
     return out
 
 
@@ -320,6 +330,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--attempt-timeout-s", type=float, default=0.3, help="per-attempt gRPC timeout of the failover probe"
     )
     p.add_argument("--budget-s", type=float, default=None)
+    _add_profile_flags(p)
+    _add_environment_flags(p)
+    return _with_defaults(p.parse_args(argv))
+
+
+def _add_profile_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", action="store_true", help="py-spy one extra throughput run")
     p.add_argument("--profile-run", default="16,128", help="THREADS,BATCH of the profiled run")
     p.add_argument("--profile-native", action="store_true", help="py-spy --native")
@@ -334,6 +350,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         action="store_true",
         help="py-spy without --gil (waiting threads are sampled too)",
     )
+
+
+def _add_environment_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--keep", action="store_true", help="keep the data directory")
     p.add_argument(
         "--fsync-delay-us",
@@ -355,7 +374,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="append --tiered-store '' to the brokers' flags (no tiered uploader) in "
         "case the harness configures one",
     )
-    args = p.parse_args(argv)
+
+
+def _with_defaults(args: argparse.Namespace) -> argparse.Namespace:
+    """The parsed flags with the lists split and the defaults that depend on --quick."""
     args.phases = [x.strip() for x in args.only.split(",") if x.strip()]
     args.thread_counts = [int(x) for x in args.threads.split(",") if x]
     args.batch_sizes = [int(x) for x in args.batches.split(",") if x]

@@ -135,34 +135,37 @@ class SyncSetMonitor(threading.Thread):
 # Phase 1: throughput ----------------------------------------------------------------------
 
 
-def throughput_run(
-    cluster,
-    threads: int,
-    batch: int,
-    warmup_s: float,
-    duration_s: float,
-    profile: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """profile: {"dir": Path, "targets": ["master" | "slave1" | "bench", ...], "rate": Hz}"""
-    from mqmeta.broker_client import Producer
-    from mqmeta.errors import MqmetaError
+class _Producers:
+    """`threads` producers sending batches of `batch` bodies in a loop; latencies and acks
+    are counted inside the measured window only."""
 
-    master = wait_in_sync(cluster, 3)
-    status0 = cluster.broker_status(master)
-    producers = [Producer(cluster.namesrv, timeout_s=10.0) for _ in range(threads)]
-    for p in producers:
-        p.routes.route(TOPIC)  # the route query is not part of the measurement
-    lats: list[list[float]] = [[] for _ in range(threads)]
-    acked = [0] * threads
-    errors: list[collections.Counter] = [collections.Counter() for _ in range(threads)]
-    start_at = time.monotonic() + 0.2
-    warm_until = start_at + warmup_s
-    end_at = warm_until + duration_s
+    def __init__(self, cluster, threads: int, batch: int) -> None:
+        from mqmeta.broker_client import Producer
 
-    def run(k: int) -> None:
-        body = os.urandom(BODY_BYTES)
-        bodies = [body] * batch
-        producer = producers[k]
+        self.batch = batch
+        self.producers = [Producer(cluster.namesrv, timeout_s=10.0) for _ in range(threads)]
+        for p in self.producers:
+            p.routes.route(TOPIC)  # the route query is not part of the measurement
+        self.lats: list[list[float]] = [[] for _ in range(threads)]
+        self.acked = [0] * threads
+        self.errors: list[collections.Counter] = [collections.Counter() for _ in range(threads)]
+        self.workers: list[threading.Thread] = []
+
+    def start(self, start_at: float, warm_until: float, end_at: float) -> None:
+        self.workers = [
+            threading.Thread(
+                target=self._run, args=(k, start_at, warm_until, end_at), daemon=True, name=f"producer{k}"
+            )
+            for k in range(len(self.producers))
+        ]
+        for w in self.workers:
+            w.start()
+
+    def _run(self, k: int, start_at: float, warm_until: float, end_at: float) -> None:
+        from mqmeta.errors import MqmetaError
+
+        bodies = [os.urandom(BODY_BYTES)] * self.batch
+        producer = self.producers[k]
         while time.monotonic() < start_at:
             time.sleep(0.005)
         for _ in range(CALLS_MAX_PER_THREAD):
@@ -172,20 +175,41 @@ def throughput_run(
             try:
                 producer.send(TOPIC, bodies)
             except MqmetaError as exc:
-                errors[k][type(exc).__name__] += 1
+                self.errors[k][type(exc).__name__] += 1
                 time.sleep(0.01)
                 continue
             t1 = time.monotonic()
             if t0 >= warm_until and t1 <= end_at:
-                lats[k].append(t1 - t0)
+                self.lats[k].append(t1 - t0)
             if warm_until <= t1 <= end_at:
-                acked[k] += batch
+                self.acked[k] += self.batch
 
-    workers = [
-        threading.Thread(target=run, args=(k,), daemon=True, name=f"producer{k}") for k in range(threads)
-    ]
-    for w in workers:
-        w.start()
+    def stop(self) -> int:
+        """Joins the loops and closes the producers; returns how many loops hung."""
+        for w in self.workers:
+            w.join(timeout=15)
+        hung = sum(1 for w in self.workers if w.is_alive())
+        for p in self.producers:
+            p.close()
+        return hung
+
+
+def throughput_run(
+    cluster,
+    threads: int,
+    batch: int,
+    warmup_s: float,
+    duration_s: float,
+    profile: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """profile: {"dir": Path, "targets": ["master" | "slave1" | "bench", ...], "rate": Hz}"""
+    master = wait_in_sync(cluster, 3)
+    status0 = cluster.broker_status(master)
+    producers = _Producers(cluster, threads, batch)
+    start_at = time.monotonic() + 0.2
+    warm_until = start_at + warmup_s
+    end_at = warm_until + duration_s
+    producers.start(start_at, warm_until, end_at)
     monitor = SyncSetMonitor(cluster, master, end_at)
     monitor.start()
     pids = all_pids(cluster, master)
@@ -198,17 +222,13 @@ def throughput_run(
     time.sleep(max(0.0, end_at - time.monotonic()))
     cpu = meter.stop()
     busy = machine_busy_percent(busy0)
-    for w in workers:
-        w.join(timeout=15)
-    hung = sum(1 for w in workers if w.is_alive())
+    hung = producers.stop()
     monitor.join(timeout=3)
-    for p in producers:
-        p.close()
     status1 = cluster.broker_status(master)
-    all_lats = [x for part in lats for x in part]
-    total = sum(acked)
+    all_lats = [x for part in producers.lats for x in part]
+    total = sum(producers.acked)
     err: collections.Counter = collections.Counter()
-    for c in errors:
+    for c in producers.errors:
         err.update(c)
     out: dict[str, Any] = {
         "threads": threads,
@@ -228,30 +248,37 @@ def throughput_run(
         if busy is None
         else round(max(0.0, busy * (os.cpu_count() or 1) - sum(v or 0.0 for v in cpu.values())), 1),
         "master": master,
-        "master_epoch": status1.master_epoch,
-        "sync_state_set_start": list(status0.sync_state_set),
-        "sync_state_set_end": list(status1.sync_state_set),
-        "sync_state_set_epochs": [status0.sync_state_set_epoch, status1.sync_state_set_epoch],
-        "sync_state_set_min_size_seen": monitor.min_size,
-        "commit_log_bytes_written": status1.max_offset - status0.max_offset,
     }
-    shrunk_at = monitor.first_below(3)
-    out["sync_state_set_first_shrink_after_load_start_s"] = (
-        None if shrunk_at is None else round(shrunk_at - start_at, 2)
-    )
+    out.update(_sync_state_set_during(status0, status1, monitor, start_at))
     out["contended"] = (out["other_processes_cpu_percent"] or 0.0) > 30.0
-    # Valid for the target only if every ack came from all 3 replicas: the set never changed.
-    out["valid_all_3_acked"] = (
-        status0.sync_state_set_epoch == status1.sync_state_set_epoch
-        and len(status1.sync_state_set) == 3
-        and (monitor.min_size or 3) == 3
-    )
     if total:
         per = 10.0 * duration_s / total  # cpu% -> CPU ms per message
         out["cpu_us_per_message"] = {k: _r(v * per * 1000, 1) for k, v in cpu.items() if v is not None}
     if spies:
         out["profile"] = finish_py_spy(spies)
     return out
+
+
+def _sync_state_set_during(status0, status1, monitor: SyncSetMonitor, start_at: float) -> dict[str, Any]:
+    """What the SyncStateSet did during a run, and whether every ack came from all 3 replicas."""
+    shrunk_at = monitor.first_below(3)
+    return {
+        "master_epoch": status1.master_epoch,
+        "sync_state_set_start": list(status0.sync_state_set),
+        "sync_state_set_end": list(status1.sync_state_set),
+        "sync_state_set_epochs": [status0.sync_state_set_epoch, status1.sync_state_set_epoch],
+        "sync_state_set_min_size_seen": monitor.min_size,
+        "commit_log_bytes_written": status1.max_offset - status0.max_offset,
+        "sync_state_set_first_shrink_after_load_start_s": (
+            None if shrunk_at is None else round(shrunk_at - start_at, 2)
+        ),
+        # Valid for the target only if every ack came from all 3 replicas: the set never changed.
+        "valid_all_3_acked": (
+            status0.sync_state_set_epoch == status1.sync_state_set_epoch
+            and len(status1.sync_state_set) == 3
+            and (monitor.min_size or 3) == 3
+        ),
+    }
 
 
 # Phase 3: failover ---------------------------------------------------------------------------
@@ -544,9 +571,9 @@ WRITE_PATH_FUNCS = [
     "CommitLog.append_verified (broker_agent/commitlog.py)",
     "CommitLog._write (broker_agent/commitlog.py)",
     "MessageStore._index_batch (broker_agent/store.py)",
-    "serve_fetch (broker_agent/replication.py)",
+    "serve_fetch (broker_agent/ha_fetch.py)",
     "CommitLog.read (broker_agent/commitlog.py)",
-    "_fetch_once (broker_agent/replication.py)",
+    "_fetch_once (broker_agent/ha_fetch.py)",
     "MessageStore.append_replicated (broker_agent/store.py)",
     "scan_records (formats/records.py)",
     "valid_run (formats/records.py)",

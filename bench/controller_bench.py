@@ -43,15 +43,16 @@ from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import json
 import multiprocessing as mp
 import os
-import platform
 import signal
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +61,7 @@ from bench.benchlib import (
     CpuMeter,
     _r,
     _ratio,
+    environment,
     latency_summary,
     machine_busy,
     machine_busy_percent,
@@ -608,6 +610,96 @@ def _client_process(addresses, prefix, start_at, warm_until, end_at, max_calls, 
         queue.put(("error", repr(exc)))
 
 
+class _ThreadClients:
+    """The clients as threads of this process."""
+
+    lead_s = 1.0  # from the start call to the first write
+
+    def __init__(self, addresses: list[str], tag: str, clients: int, op: str) -> None:
+        self.addresses, self.tag, self.clients, self.op = addresses, tag, clients, op
+        self.results: list[tuple[list[float], int, int]] = []
+        self.failures: list[str] = []
+        self._lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+
+    def start(self, start_at: float, warm_until: float, end_at: float, max_calls: int) -> None:
+        def run(k: int) -> None:
+            try:
+                r = _client_loop(
+                    self.addresses, f"{self.tag}-t{k}", start_at, warm_until, end_at, max_calls, self.op
+                )
+                with self._lock:
+                    self.results.append(r)
+            except BaseException as exc:
+                with self._lock:
+                    self.failures.append(repr(exc))
+
+        self._threads = [threading.Thread(target=run, args=(k,), daemon=True) for k in range(self.clients)]
+        for t in self._threads:
+            t.start()
+
+    def pids(self) -> dict[str, int]:
+        return {"bench": os.getpid()}
+
+    def collect(self, deadline: float) -> None:
+        for t in self._threads:
+            t.join(timeout=max(0.1, deadline - time.monotonic()))
+        if any(t.is_alive() for t in self._threads):
+            self.failures.append("some client threads did not finish in time")
+
+
+class _ProcessClients(_ThreadClients):
+    """The clients as processes (spawned: each imports grpc first)."""
+
+    lead_s = 6.0
+
+    def start(self, start_at: float, warm_until: float, end_at: float, max_calls: int) -> None:
+        ctx = mp.get_context("spawn")
+        self._queue = ctx.Queue()
+        self._procs = [
+            ctx.Process(
+                target=_client_process,
+                daemon=True,
+                args=(
+                    self.addresses,
+                    f"{self.tag}-p{k}",
+                    start_at,
+                    warm_until,
+                    end_at,
+                    max_calls,
+                    self.op,
+                    self._queue,
+                ),
+            )
+            for k in range(self.clients)
+        ]
+        for p in self._procs:
+            p.start()
+        BENCH_CHILDREN.extend(self._procs)
+
+    def pids(self) -> dict[str, int]:
+        return {f"client{k}": p.pid for k, p in enumerate(self._procs) if p.pid is not None}
+
+    def collect(self, deadline: float) -> None:
+        import queue as queue_module
+
+        for _ in self._procs:
+            try:
+                status, payload = self._queue.get(timeout=max(0.1, deadline - time.monotonic()))
+            except queue_module.Empty:
+                self.failures.append("a client process did not report in time")
+                break
+            if status == "ok":
+                self.results.append(payload)
+            else:
+                self.failures.append(payload)
+        for p in self._procs:
+            p.join(timeout=1.0)
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=1.0)
+
+
 def concurrent_writes(
     cluster: Cluster,
     addresses: list[str],
@@ -619,50 +711,16 @@ def concurrent_writes(
     op: str = "write",
 ) -> dict[str, Any]:
     max_calls = 200_000
-    results: list[tuple[list[float], int, int]] = []
-    failures: list[str] = []
-    procs: list[Any] = []
-    lead = 1.0 if mode == "threads" else 6.0  # processes need time to import grpc
-    start_at = time.time() + lead
+    group = (_ThreadClients if mode == "threads" else _ProcessClients)(addresses, tag, clients, op)
+    start_at = time.time() + group.lead_s
     warm_until = start_at + warmup_s
     end_at = warm_until + duration_s
-    if mode == "threads":
-        lock = threading.Lock()
-
-        def run(k: int) -> None:
-            try:
-                r = _client_loop(addresses, f"{tag}-t{k}", start_at, warm_until, end_at, max_calls, op)
-                with lock:
-                    results.append(r)
-            except BaseException as exc:
-                with lock:
-                    failures.append(repr(exc))
-
-        threads = [threading.Thread(target=run, args=(k,), daemon=True) for k in range(clients)]
-        for t in threads:
-            t.start()
-    else:
-        ctx = mp.get_context("spawn")
-        queue = ctx.Queue()
-        procs = [
-            ctx.Process(
-                target=_client_process,
-                daemon=True,
-                args=(addresses, f"{tag}-p{k}", start_at, warm_until, end_at, max_calls, op, queue),
-            )
-            for k in range(clients)
-        ]
-        for p in procs:
-            p.start()
-        BENCH_CHILDREN.extend(procs)
+    group.start(start_at, warm_until, end_at, max_calls)
     # measure the server side over the counted window only
     while time.time() < warm_until:
         time.sleep(0.01)
     ours = cluster.pids()
-    if mode == "threads":
-        ours["bench"] = os.getpid()
-    else:
-        ours.update({f"client{k}": p.pid for k, p in enumerate(procs)})
+    ours.update(group.pids())
     meter = CpuMeter(ours, switches=True)
     busy0 = machine_busy()
     leader = addresses[0]
@@ -681,31 +739,8 @@ def concurrent_writes(
     foreign = None
     if busy is not None:
         foreign = round(max(0.0, busy * (os.cpu_count() or 1) - sum(v or 0 for v in cpu.values())), 1)
-    deadline = time.monotonic() + 15.0
-    if mode == "threads":
-        for t in threads:
-            t.join(timeout=max(0.1, deadline - time.monotonic()))
-        if any(t.is_alive() for t in threads):
-            failures.append("some client threads did not finish in time")
-    else:
-        import queue as queue_module
-
-        for _ in procs:
-            try:
-                status, payload = queue.get(timeout=max(0.1, deadline - time.monotonic()))
-            except queue_module.Empty:
-                failures.append("a client process did not report in time")
-                break
-            if status == "ok":
-                results.append(payload)
-            else:
-                failures.append(payload)
-        for p in procs:
-            p.join(timeout=1.0)
-            if p.is_alive():
-                p.kill()
-                p.join(timeout=1.0)
-    latencies = [x for r in results for x in r[0]]
+    group.collect(time.monotonic() + 15.0)
+    latencies = [x for r in group.results for x in r[0]]
     entries = None if commit0 is None or commit1 is None else commit1 - commit0
     out = {
         "mode": mode,
@@ -715,17 +750,27 @@ def concurrent_writes(
         "writes_per_s": _r(len(latencies) / duration_s, 1),
         "raft_entries_per_s": None if entries is None else _r(entries / duration_s, 1),
         "commands_per_raft_entry": _r(len(latencies) / entries, 2) if entries else None,
-        "errors": sum(r[1] for r in results),
-        "calls_total": sum(r[2] for r in results),
+        "errors": sum(r[1] for r in group.results),
+        "calls_total": sum(r[2] for r in group.results),
         "cpu_percent": cpu,
         "machine_busy_percent": busy,
         "other_processes_cpu_percent": foreign,
         "leader": leader_node,
         "leader_process": leader_detail,
     }
-    out.update({k: v for k, v in latency_summary(latencies).items() if k != "count"})
+    out.update(_write_costs(cluster, latencies, cpu, leader_node, duration_s))
+    if group.failures:
+        out["failures"] = group.failures[:5]
+    return out
+
+
+def _write_costs(
+    cluster: Cluster, latencies: list[float], cpu: dict[str, Any], leader_node: str, duration_s: float
+) -> dict[str, Any]:
+    """The latency summary, and the CPU cost per write: much less sensitive to other load on
+    the machine than writes/s."""
+    out: dict[str, Any] = {k: v for k, v in latency_summary(latencies).items() if k != "count"}
     out["writes_counted"] = len(latencies)
-    # CPU cost per write: much less sensitive to other load on the machine than writes/s
     if latencies and cpu.get(leader_node) is not None:
         per = 10.0 * duration_s / len(latencies)  # cpu% -> CPU ms per write
         nodes = [cpu.get(n) or 0.0 for n in cluster.by_id]
@@ -734,8 +779,6 @@ def concurrent_writes(
             "all_controllers": _r(sum(nodes) * per),
             "clients": _r((cpu.get("bench") or cpu.get("clients_total") or 0.0) * per),
         }
-    if failures:
-        out["failures"] = failures[:5]
     return out
 
 
@@ -1199,6 +1242,180 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
+@dataclasses.dataclass
+class _Run:
+    """What every phase of one run shares."""
+
+    args: argparse.Namespace
+    root: Path
+    result: dict[str, Any]
+    cluster: Cluster
+    tag: str  # a prefix of this run's topic names
+    t_begin: float
+    order: list[str] = dataclasses.field(default_factory=list)  # gRPC addresses, leader first
+
+    def leader_first(self) -> tuple[str, list[str]]:
+        leader = self.cluster.leader_id()
+        self.order = [self.cluster.grpc(leader)] + [
+            self.cluster.grpc(n) for n in self.cluster.by_id if n != leader
+        ]
+        return leader, self.order
+
+
+def _phase_seq(ctx: _Run) -> None:
+    args, result, tag = ctx.args, ctx.result, ctx.tag
+    leader, order = ctx.leader_first()
+    result["grpc_floor_sequential"] = sequential_health(order[0], 300 if args.quick else 1000)
+    log(f"sequential: {args.seq_count} CreateTopic writes through the leader {leader}")
+    result["sequential"] = sequential_writes(order, args.seq_count, f"{tag}-seq", 30, args.seq_time_limit)
+    result["sequential"]["target"] = "leader"
+    follower_first = order[1:] + order[:1]
+    count = max(100, args.seq_count // 5)
+    log(f"sequential: {count} writes through a follower (pysyncobj forwards them)")
+    result["sequential_via_follower"] = sequential_writes(
+        follower_first, count, f"{tag}-seqf", 10, args.seq_time_limit / 2
+    )
+    log(
+        f"sequential p50 {result['sequential']['p50_ms']} ms, {result['sequential']['writes_per_s']} writes/s"
+    )
+
+
+def _phase_concurrent(ctx: _Run) -> None:
+    args, root, result, cluster, tag = ctx.args, ctx.root, ctx.result, ctx.cluster, ctx.tag
+    leader, order = ctx.leader_first()
+    runs = []
+    for mode in args.modes.split(","):
+        log(f"concurrent: {args.clients} clients as {mode} for {args.duration}s")
+        if args.profile_leader:
+            _signal_profile(cluster, leader)
+        r = concurrent_writes(
+            cluster, order, mode, args.clients, args.duration, args.warmup, f"{tag}-c{mode[0]}"
+        )
+        if args.profile_leader:
+            _signal_profile(cluster, leader)
+            time.sleep(0.5)
+            r["profile_file"] = str(root / f"profile-{leader}.json")
+            if args.keep:
+                pass
+            for key, suffix in (("profile", ".json"), ("raft_messages", ".messages.json")):
+                try:
+                    r[key] = json.loads(Path(r["profile_file"]).with_suffix(suffix).read_text())
+                except (OSError, ValueError):
+                    pass
+        log(
+            f"concurrent {mode}: {r['writes_per_s']} writes/s p50 {r.get('p50_ms')} ms cpu {r['cpu_percent']}"
+        )
+        runs.append(r)
+    best = max(runs, key=lambda r: r["writes_per_s"] or 0)
+    why = ["the mode with the higher rate shows more of the server's capacity"]
+    for r in runs:
+        client_cpu = r["cpu_percent"].get("bench", r["cpu_percent"].get("clients_total"))
+        why.append(
+            f"{r['mode']}: {r['writes_per_s']} writes/s, client CPU {client_cpu}% "
+            f"(100 = one core), leader CPU "
+            f"{r['cpu_percent'].get(r['leader'])}%"
+        )
+    result["concurrent"] = {"mode_used": best["mode"], "best": best, "runs": runs, "why": "; ".join(why)}
+
+
+def _phase_batched(ctx: _Run) -> None:
+    args, result, cluster, tag = ctx.args, ctx.result, ctx.cluster, ctx.tag
+    order = ctx.order
+    log(f"batched: {args.clients} threads, WriteBatch of {BATCH_WRITES} writes per call")
+    r = concurrent_writes(
+        cluster,
+        order,
+        "threads",
+        args.clients,
+        args.duration,
+        1.0 if args.quick else 2.0,
+        f"{tag}-batch",
+        op="batch",
+    )
+    r["writes_per_call"] = BATCH_WRITES
+    result["concurrent_batched"] = r
+    log(f"batched: {r['writes_per_s']} writes/s p50 {r.get('p50_ms')} ms")
+
+
+def _phase_ceiling(ctx: _Run) -> None:
+    args, result, cluster, tag = ctx.args, ctx.result, ctx.cluster, ctx.tag
+    leader, order = ctx.leader_first()
+    log(f"gRPC ceiling: {args.clients} threads calling Health.Check (no Raft) on the leader")
+    r = concurrent_writes(
+        cluster, order, "threads", args.clients, args.duration, args.warmup, f"{tag}-h", op="health"
+    )
+    for key in ("raft_entries_per_s", "commands_per_raft_entry"):
+        r.pop(key, None)
+    r["calls_per_s"] = r.pop("writes_per_s")
+    r["what"] = (
+        "the same client threads against a trivial RPC of the leader's gRPC server: "
+        "an upper bound for any write path through this server and client"
+    )
+    result["grpc_ceiling"] = r
+    log(f"gRPC ceiling: {r['calls_per_s']} calls/s p50 {r.get('p50_ms')} ms cpu {r['cpu_percent']}")
+
+
+def _phase_raw(ctx: _Run) -> None:
+    args, root, result = ctx.args, ctx.root, ctx.result
+    secret = (root / "secret").read_text().strip()
+    result["raw_pysyncobj"] = {}
+    for kind in args.raw_confs:
+        log(f"raw pysyncobj baseline: {kind}")
+        r = raw_baseline(root, kind, secret, args)
+        result["raw_pysyncobj"][kind] = r
+        log(
+            f"raw {kind}: seq p50 {r['sequential'].get('p50_ms')} ms, async "
+            f"{r['async_best']['writes_per_s']} writes/s (window {r['async_best']['window']})"
+        )
+
+
+def _phase_failover(ctx: _Run) -> None:
+    args, result, cluster = ctx.args, ctx.result, ctx.cluster
+    rounds = []
+    samples = []
+    for k in range(args.failover_rounds):
+        remaining = args.budget_s - (time.monotonic() - ctx.t_begin)
+        if remaining < 12.0:
+            log(f"failover: stopping after {k} rounds to stay within the time budget")
+            result["failover_truncated"] = True
+            break
+        try:
+            r = failover_round(cluster, k, args.failover_call_timeout_s)
+        except RuntimeError as exc:  # the cluster did not recover: report, stop here
+            result["failover_error"] = str(exc)
+            log(f"failover round {k + 1}: {exc}")
+            break
+        rounds.append(r)
+        if r["failover_s"] is not None:
+            samples.append(r["failover_s"])
+        log(
+            f"failover {k + 1}/{args.failover_rounds}: killed {r['killed']}, first commit "
+            f"after {r['failover_s']} s (leader known after {r['new_leader_known_s']} s), "
+            f"new leader {r['new_leader']}, healthy again in "
+            f"{r['restart_to_healthy_s']} s"
+        )
+    result["failover"] = {
+        "rounds": len(rounds),
+        "samples_s": samples,
+        "failed_rounds": sum(1 for r in rounds if r["failover_s"] is None),
+        "p50_s": _r(percentile(samples, 50), 4),
+        "p99_s": _r(percentile(samples, 99), 4),
+        "max_s": _r(max(samples), 4) if samples else None,
+        "detail": rounds,
+        "per_call_timeout_s": args.failover_call_timeout_s,
+    }
+
+
+PHASE_RUNS: dict[str, Callable[[_Run], None]] = {
+    "seq": _phase_seq,
+    "concurrent": _phase_concurrent,
+    "batched": _phase_batched,
+    "ceiling": _phase_ceiling,
+    "raw": _phase_raw,
+    "failover": _phase_failover,
+}
+
+
 def run(args: argparse.Namespace, root: Path, result: dict[str, Any]) -> None:
     t_begin = time.monotonic()
     cluster = Cluster(root, args)
@@ -1219,145 +1436,11 @@ def run(args: argparse.Namespace, root: Path, result: dict[str, Any]) -> None:
         },
     }
 
-    def leader_first() -> tuple[str, list[str]]:
-        leader = cluster.leader_id()
-        return leader, [cluster.grpc(leader)] + [cluster.grpc(n) for n in cluster.by_id if n != leader]
-
-    leader, order = leader_first()
-    result["cluster"]["leader"] = leader
-    tag = f"b{int(time.time())}"
-
-    if "seq" in args.phases:
-        leader, order = leader_first()
-        result["grpc_floor_sequential"] = sequential_health(order[0], 300 if args.quick else 1000)
-        log(f"sequential: {args.seq_count} CreateTopic writes through the leader {leader}")
-        result["sequential"] = sequential_writes(order, args.seq_count, f"{tag}-seq", 30, args.seq_time_limit)
-        result["sequential"]["target"] = "leader"
-        follower_first = order[1:] + order[:1]
-        count = max(100, args.seq_count // 5)
-        log(f"sequential: {count} writes through a follower (pysyncobj forwards them)")
-        result["sequential_via_follower"] = sequential_writes(
-            follower_first, count, f"{tag}-seqf", 10, args.seq_time_limit / 2
-        )
-        log(
-            f"sequential p50 {result['sequential']['p50_ms']} ms, "
-            f"{result['sequential']['writes_per_s']} writes/s"
-        )
-
-    if "concurrent" in args.phases:
-        leader, order = leader_first()
-        runs = []
-        for mode in args.modes.split(","):
-            log(f"concurrent: {args.clients} clients as {mode} for {args.duration}s")
-            if args.profile_leader:
-                _signal_profile(cluster, leader)
-            r = concurrent_writes(
-                cluster, order, mode, args.clients, args.duration, args.warmup, f"{tag}-c{mode[0]}"
-            )
-            if args.profile_leader:
-                _signal_profile(cluster, leader)
-                time.sleep(0.5)
-                r["profile_file"] = str(root / f"profile-{leader}.json")
-                if args.keep:
-                    pass
-                for key, suffix in (("profile", ".json"), ("raft_messages", ".messages.json")):
-                    try:
-                        r[key] = json.loads(Path(r["profile_file"]).with_suffix(suffix).read_text())
-                    except (OSError, ValueError):
-                        pass
-            log(
-                f"concurrent {mode}: {r['writes_per_s']} writes/s p50 {r.get('p50_ms')} ms "
-                f"cpu {r['cpu_percent']}"
-            )
-            runs.append(r)
-        best = max(runs, key=lambda r: r["writes_per_s"] or 0)
-        why = ["the mode with the higher rate shows more of the server's capacity"]
-        for r in runs:
-            client_cpu = r["cpu_percent"].get("bench", r["cpu_percent"].get("clients_total"))
-            why.append(
-                f"{r['mode']}: {r['writes_per_s']} writes/s, client CPU {client_cpu}% "
-                f"(100 = one core), leader CPU "
-                f"{r['cpu_percent'].get(r['leader'])}%"
-            )
-        result["concurrent"] = {"mode_used": best["mode"], "best": best, "runs": runs, "why": "; ".join(why)}
-
-    if "batched" in args.phases:
-        log(f"batched: {args.clients} threads, WriteBatch of {BATCH_WRITES} writes per call")
-        r = concurrent_writes(
-            cluster,
-            order,
-            "threads",
-            args.clients,
-            args.duration,
-            1.0 if args.quick else 2.0,
-            f"{tag}-batch",
-            op="batch",
-        )
-        r["writes_per_call"] = BATCH_WRITES
-        result["concurrent_batched"] = r
-        log(f"batched: {r['writes_per_s']} writes/s p50 {r.get('p50_ms')} ms")
-    if "ceiling" in args.phases:
-        leader, order = leader_first()
-        log(f"gRPC ceiling: {args.clients} threads calling Health.Check (no Raft) on the leader")
-        r = concurrent_writes(
-            cluster, order, "threads", args.clients, args.duration, args.warmup, f"{tag}-h", op="health"
-        )
-        for key in ("raft_entries_per_s", "commands_per_raft_entry"):
-            r.pop(key, None)
-        r["calls_per_s"] = r.pop("writes_per_s")
-        r["what"] = (
-            "the same client threads against a trivial RPC of the leader's gRPC server: "
-            "an upper bound for any write path through this server and client"
-        )
-        result["grpc_ceiling"] = r
-        log(f"gRPC ceiling: {r['calls_per_s']} calls/s p50 {r.get('p50_ms')} ms cpu {r['cpu_percent']}")
-
-    if "raw" in args.phases:
-        secret = (root / "secret").read_text().strip()
-        result["raw_pysyncobj"] = {}
-        for kind in args.raw_confs:
-            log(f"raw pysyncobj baseline: {kind}")
-            r = raw_baseline(root, kind, secret, args)
-            result["raw_pysyncobj"][kind] = r
-            log(
-                f"raw {kind}: seq p50 {r['sequential'].get('p50_ms')} ms, async "
-                f"{r['async_best']['writes_per_s']} writes/s (window {r['async_best']['window']})"
-            )
-
-    if "failover" in args.phases:
-        rounds = []
-        samples = []
-        for k in range(args.failover_rounds):
-            remaining = args.budget_s - (time.monotonic() - t_begin)
-            if remaining < 12.0:
-                log(f"failover: stopping after {k} rounds to stay within the time budget")
-                result["failover_truncated"] = True
-                break
-            try:
-                r = failover_round(cluster, k, args.failover_call_timeout_s)
-            except RuntimeError as exc:  # the cluster did not recover: report, stop here
-                result["failover_error"] = str(exc)
-                log(f"failover round {k + 1}: {exc}")
-                break
-            rounds.append(r)
-            if r["failover_s"] is not None:
-                samples.append(r["failover_s"])
-            log(
-                f"failover {k + 1}/{args.failover_rounds}: killed {r['killed']}, first commit "
-                f"after {r['failover_s']} s (leader known after {r['new_leader_known_s']} s), "
-                f"new leader {r['new_leader']}, healthy again in "
-                f"{r['restart_to_healthy_s']} s"
-            )
-        result["failover"] = {
-            "rounds": len(rounds),
-            "samples_s": samples,
-            "failed_rounds": sum(1 for r in rounds if r["failover_s"] is None),
-            "p50_s": _r(percentile(samples, 50), 4),
-            "p99_s": _r(percentile(samples, 99), 4),
-            "max_s": _r(max(samples), 4) if samples else None,
-            "detail": rounds,
-            "per_call_timeout_s": args.failover_call_timeout_s,
-        }
+    ctx = _Run(args, root, result, cluster, f"b{int(time.time())}", t_begin)
+    result["cluster"]["leader"], _ = ctx.leader_first()
+    for name, phase in PHASE_RUNS.items():
+        if name in args.phases:
+            phase(ctx)
 
 
 def _signal_profile(cluster: Cluster, node_id: str) -> None:
@@ -1422,22 +1505,8 @@ def main(argv: list[str]) -> int:
     if argv[:1] == ["_node"]:
         return node_launcher(argv[1:])
     args = parse_args(argv)
-    import grpc
-    import pysyncobj  # noqa: F401
-    from pysyncobj.version import VERSION
-
     root = Path(tempfile.mkdtemp(prefix="mqmeta-bench-"))
-    result: dict[str, Any] = {
-        "bench": "mqmeta controller",
-        "quick": args.quick,
-        "env": {
-            "python": platform.python_version(),
-            "cpus": os.cpu_count(),
-            "grpcio": grpc.__version__,
-            "pysyncobj": VERSION,
-            "host": "127.0.0.1",
-        },
-    }
+    result: dict[str, Any] = {"bench": "mqmeta controller", "quick": args.quick, "env": environment()}
     busy0 = machine_busy()
     time.sleep(0.5 if args.quick else 1.0)
     result["env"]["machine_busy_percent_before_start"] = machine_busy_percent(busy0)

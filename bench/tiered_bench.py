@@ -945,6 +945,31 @@ def summarize(result: dict[str, Any]) -> None:
     }
     met: dict[str, Any] = {}
     findings: list[str] = []
+    _summarize_upload(result, met, findings)
+    for key in ("phase2_promotion", "phase2_defaults"):
+        p2 = result.get(key)
+        if p2 and p2.get("rounds"):
+            _summarize_promotion(key, p2, findings)
+    result["uploader_interval_note"] = (
+        "TieredUploader.step uploads when pending >= upload_bytes or when upload_interval_ms "
+        "has passed since self.last_upload; last_upload is set when the uploader is "
+        "constructed (broker start) and after each of its own commits, and is not reset on "
+        "promotion. A slave promoted more than one interval after its start is therefore "
+        "already 'due': promotion -> first upload is bounded below by the 100 ms step, the "
+        "GetTieredCheckpoint resume RPC and the upload itself (UploadStart + puts + verify + "
+        "Commit), not by the interval; the interval bounds it only for a broker promoted "
+        "within one interval of its own start (or when pending is 0). "
+        "See promotion_to_first_commit_vs_interval for the measured samples: [promotion -> "
+        "first commit, age of the new master's process at promotion] per round (the age is "
+        "counted from the process launch; the uploader is built a little later)."
+    )
+    result["targets"] = TARGETS
+    result["targets_met"] = met
+    result["findings"] = findings
+
+
+def _summarize_upload(result: dict[str, Any], met: dict[str, Any], findings: list[str]) -> None:
+    """Phase 1: each upload size against a plain copy (with and without fsync), before and after P11."""
     p1 = result.get("phase1_upload", {})
     ratios = p1.get("ratios", {})
     for label in UPLOAD_SIZES:
@@ -983,68 +1008,50 @@ def summarize(result: dict[str, Any]) -> None:
     single = p1.get("uploader_single_read_of_64MiB")
     if single and not single["ok"]:
         findings.append("store.read_bulk refused a 64 MiB read: " + single["error"][:120])
-    for key in ("phase2_promotion", "phase2_defaults"):
-        p2 = result.get(key)
-        if not p2 or not p2.get("rounds"):
-            continue
-        summarize_rounds(p2)
-        c = p2["promotion_to_first_commit_s"]
-        interval_s = p2["upload_interval_ms"] / 1000
-        below = [s for s in c["samples_s"] if s is not None and s < interval_s]
-        p2["promotion_to_first_commit_vs_interval"] = {
-            "upload_interval_s": interval_s,
-            "samples_below_interval": len(below),
-            "samples": c["count"],
-            "per_round_commit_s_and_new_master_process_age_s": [
-                [r.get("promotion_to_first_commit_s"), r.get("new_master_process_age_at_promotion_s")]
-                for r in p2.get("rounds", [])
-            ],
-        }
-        role = p2.get("master_role_to_first_commit_s", {})
-        old_young: dict[str, list[float]] = {"older": [], "younger": []}
-        for r in p2.get("rounds", []):
-            age, value = r.get("new_master_process_age_at_promotion_s"), r.get("promotion_to_first_commit_s")
-            if age is not None and value is not None:
-                old_young["older" if age >= interval_s + 1.0 else "younger"].append(value)
-        p2["promotion_to_first_commit_by_new_master_age"] = {
-            "older_than_interval_plus_1s": seconds_summary(old_young["older"], with_p99=False),
-            "younger": seconds_summary(old_young["younger"], with_p99=False),
-        }
-        findings.append(
-            f"{key}: promotion->first commit p50 "
-            f"{_r(percentile(old_young['older'], 50))} s "
-            f"when the new master's process was older than interval + 1 s "
-            f"({len(old_young['older'])} rounds), "
-            f"{_r(percentile(old_young['younger'], 50))}"
-            f" s when younger ({len(old_young['younger'])} rounds)"
-        )
-        findings.append(
-            f"{key}: role MASTER->first commit p50 {role.get('p50_s')} s (max {role.get('max_s')})"
-        )
-        findings.append(
-            f"{key}: fault->writable p50 {p2['fault_to_writable_s']['p50_s']} s "
-            f"(max {p2['fault_to_writable_s']['max_s']}), fault->first commit p50 "
-            f"{p2['fault_to_first_commit_s']['p50_s']} s (max "
-            f"{p2['fault_to_first_commit_s']['max_s']}), promotion->first commit "
-            f"p50 {c['p50_s']} s (max {c['max_s']}) with an upload interval of "
-            f"{interval_s} s; {len(below)}/{c['count']} samples below the interval"
-        )
-    result["uploader_interval_note"] = (
-        "TieredUploader.step uploads when pending >= upload_bytes or when upload_interval_ms "
-        "has passed since self.last_upload; last_upload is set when the uploader is "
-        "constructed (broker start) and after each of its own commits, and is not reset on "
-        "promotion. A slave promoted more than one interval after its start is therefore "
-        "already 'due': promotion -> first upload is bounded below by the 100 ms step, the "
-        "GetTieredCheckpoint resume RPC and the upload itself (UploadStart + puts + verify + "
-        "Commit), not by the interval; the interval bounds it only for a broker promoted "
-        "within one interval of its own start (or when pending is 0). "
-        "See promotion_to_first_commit_vs_interval for the measured samples: [promotion -> "
-        "first commit, age of the new master's process at promotion] per round (the age is "
-        "counted from the process launch; the uploader is built a little later)."
+
+
+def _summarize_promotion(key: str, p2: dict[str, Any], findings: list[str]) -> None:
+    """Phase 2: promotion -> first commit against the upload interval and the new master's age."""
+    summarize_rounds(p2)
+    c = p2["promotion_to_first_commit_s"]
+    interval_s = p2["upload_interval_ms"] / 1000
+    below = [s for s in c["samples_s"] if s is not None and s < interval_s]
+    p2["promotion_to_first_commit_vs_interval"] = {
+        "upload_interval_s": interval_s,
+        "samples_below_interval": len(below),
+        "samples": c["count"],
+        "per_round_commit_s_and_new_master_process_age_s": [
+            [r.get("promotion_to_first_commit_s"), r.get("new_master_process_age_at_promotion_s")]
+            for r in p2.get("rounds", [])
+        ],
+    }
+    role = p2.get("master_role_to_first_commit_s", {})
+    old_young: dict[str, list[float]] = {"older": [], "younger": []}
+    for r in p2.get("rounds", []):
+        age, value = r.get("new_master_process_age_at_promotion_s"), r.get("promotion_to_first_commit_s")
+        if age is not None and value is not None:
+            old_young["older" if age >= interval_s + 1.0 else "younger"].append(value)
+    p2["promotion_to_first_commit_by_new_master_age"] = {
+        "older_than_interval_plus_1s": seconds_summary(old_young["older"], with_p99=False),
+        "younger": seconds_summary(old_young["younger"], with_p99=False),
+    }
+    findings.append(
+        f"{key}: promotion->first commit p50 "
+        f"{_r(percentile(old_young['older'], 50))} s "
+        f"when the new master's process was older than interval + 1 s "
+        f"({len(old_young['older'])} rounds), "
+        f"{_r(percentile(old_young['younger'], 50))}"
+        f" s when younger ({len(old_young['younger'])} rounds)"
     )
-    result["targets"] = TARGETS
-    result["targets_met"] = met
-    result["findings"] = findings
+    findings.append(f"{key}: role MASTER->first commit p50 {role.get('p50_s')} s (max {role.get('max_s')})")
+    findings.append(
+        f"{key}: fault->writable p50 {p2['fault_to_writable_s']['p50_s']} s "
+        f"(max {p2['fault_to_writable_s']['max_s']}), fault->first commit p50 "
+        f"{p2['fault_to_first_commit_s']['p50_s']} s (max "
+        f"{p2['fault_to_first_commit_s']['max_s']}), promotion->first commit "
+        f"p50 {c['p50_s']} s (max {c['max_s']}) with an upload interval of "
+        f"{interval_s} s; {len(below)}/{c['count']} samples below the interval"
+    )
 
 
 def cleanup() -> None:

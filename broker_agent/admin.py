@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from mqmeta.broker_agent.agent import BrokerAgent
 from mqmeta.broker_agent.consumer_progress import CONSUMER_OFFSET_TOPIC
+from mqmeta.broker_agent.status import ha_status, queue_lag
 from mqmeta.broker_agent.store import MessageStore
 
 from mqmeta.clock import wall_ms
@@ -196,7 +197,6 @@ class BrokerAdmin:
     def trace_message(self, request: bpb.TraceMessageRequest) -> bpb.TraceMessageResponse:
         position = request.position if request.HasField("position") else None
         record = self.find_one(request.msg_id, request.topic, position)
-        from mqmeta.broker_agent.service import ha_status  # the service imports this module
 
         status = ha_status(self.agent)
         end = record.end_offset
@@ -386,33 +386,3 @@ def _records(
         record = store.record_at(topic, queue_id, offset)
         if record is not None:
             yield record
-
-
-def queue_lag(
-    store: MessageStore, group: str, topic: str, queue_id: int, confirm: int, now_ms: int
-) -> bpb.QueueLag:
-    """One queue's lag for `group`: the oldest unconsumed offset is the consumed offset
-    (pop: the offsets acknowledged above it are not backlog)."""
-    progress = store.consumer_progress(group, topic, queue_id)
-    readable = store.readable_queue_max_offset(topic, queue_id, confirm)
-    minimum = store.queue_min_offset(topic, queue_id)
-    consumed = -1 if progress is None else progress[0]
-    ranges = () if progress is None else progress[1]
-    start = max(consumed, minimum)
-    backlog = max(0, readable - start) - sum(
-        max(0, min(high, readable) - max(low, start)) for low, high in ranges
-    )
-    backlog_ms = 0
-    if backlog > 0:
-        oldest = store.record_at(topic, queue_id, start)
-        if oldest is not None:
-            backlog_ms = max(0, now_ms - oldest.store_timestamp_ms)
-    return bpb.QueueLag(
-        topic=topic,
-        queue_id=queue_id,
-        consumed_offset=consumed,
-        max_offset=readable,
-        backlog=backlog,
-        backlog_ms=backlog_ms,
-        acknowledged_above=sum(high - low for low, high in ranges),
-    )

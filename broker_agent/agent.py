@@ -4,7 +4,7 @@ Threads and what each owns:
 - controller loop: registration, heartbeats (lease), role refresh, elections it
   triggers, SyncStateSet changes it proposes as master;
 - watch loop: role / SyncStateSet changes pushed by the controller;
-- fetcher (slave only): long-polls the master (replication.py);
+- fetcher (slave only): long-polls the master (ha_fetch.py);
 - gRPC workers: the data plane (service.py) and the master side of replication.
 What the broker believes about its role lives in the pure core (core.py); this module
 is its shell: it feeds the core events and carries out the effects, under one lock on
@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mqmeta.broker_agent import replication
+from mqmeta.broker_agent import ha_fetch
 from mqmeta.broker_agent.confirm_log import ConfirmLog
 from mqmeta.broker_agent.core import (
     AckPolicy,
@@ -69,7 +69,7 @@ from mqmeta.broker_agent.core import (
     WriteOutcome,
 )
 from mqmeta.broker_agent.ha import Role
-from mqmeta.broker_agent.replication import FetchSettings
+from mqmeta.broker_agent.ha_fetch import FetchSettings
 from mqmeta.broker_agent.scrub import SCRUB_BYTES_PER_S_DEFAULT, Scrubber, ScrubStats
 from mqmeta.broker_agent.seams import log_view
 from mqmeta.broker_agent.store import MessageStore
@@ -403,7 +403,7 @@ class BrokerAgent:
 
     def _start_fetching(self, start: StartFetching) -> None:
         threading.Thread(
-            target=replication.follow, args=(self, start.session, self._fetch), name="fetcher", daemon=True
+            target=ha_fetch.follow, args=(self, start.session, self._fetch), name="fetcher", daemon=True
         ).start()
         log.info(
             "slave of broker %d (%s) at epoch %d",

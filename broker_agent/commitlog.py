@@ -70,6 +70,7 @@ APPEND_BYTES_MAX = 64 << 20
 APPEND_RECORDS_MAX = 16_384
 MARK_INTERVAL_BYTES = 4096
 OPEN_SEGMENTS_MAX = 16
+SCAN_READ_BYTES = 4 << 20  # what a scan of the log (index rebuild, origin replay) reads at once
 _SEGMENT_NAME = re.compile(r"(\d{20})\.log")
 
 

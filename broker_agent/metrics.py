@@ -87,8 +87,8 @@ def _collect(agent: BrokerAgent) -> Iterator[Metric]:
 
 
 def _group_lag(agent: BrokerAgent, confirm: int) -> Iterator[Metric]:
-    """Master only: each group's backlog per queue (admin.queue_lag, as `group lag` shows)."""
-    from mqmeta.broker_agent.admin import queue_lag
+    """Master only: each group's backlog per queue (status.queue_lag, as `group lag` shows)."""
+    from mqmeta.broker_agent.status import queue_lag
 
     now = wall_ms()
     labels = ["group", "topic", "queue_id"]

@@ -1,7 +1,7 @@
 """What replication and the tiered uploader may use of the broker (not the agent itself).
 
 The agent (agent.py) is the shell around the pure core (core.py); the slave's fetch
-loop and the master's fetch answers (replication.py) and the tiered uploader and
+loop and the master's fetch answers (ha_fetch.py) and the tiered uploader and
 bootstrap (tiered.py) run inside that shell but see only `BrokerHost`: who this broker
 set is, the store, the lock that orders role changes with store writes, a snapshot of
 the role, and `feed` to hand the core an event (the host carries out the effects).

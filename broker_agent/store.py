@@ -1,6 +1,7 @@
 """The broker's message store: the sequencer of the commit log, the epoch file and what is
 derived from the log — the queue index (queue_index.py), consumer progress
-(consumer_progress.py) and the replicated copies' origins (origins.py).
+(consumer_progress.py) and the replicated copies' origins (origin_dedupe.py, with the pure
+rules in origins.py) — and of truncation, whose intent file is truncation.py's.
 
 Layout under `directory`:
 
@@ -49,6 +50,7 @@ from typing import Any, NamedTuple
 
 from mqmeta.broker_agent.commitlog import (
     APPEND_BYTES_MAX,
+    SCAN_READ_BYTES,
     SEGMENT_BYTES_DEFAULT,
     CommitLog,
     FileRange,
@@ -64,12 +66,14 @@ from mqmeta.broker_agent.consumer_progress import (
     progress_records,
 )
 from mqmeta.broker_agent.key_index import KEY_FOUND_MAX, KeyIndex
+from mqmeta.broker_agent.origin_dedupe import OriginDedupe
 from mqmeta.broker_agent.origins import Incoming, OriginHead, OriginTable
 from mqmeta.broker_agent.queue_index import QueueIndex, QueueKey
+from mqmeta.broker_agent.truncation import TruncationIntent
 
 from mqmeta.errors import CorruptData, FailedPrecondition, FencedEpoch, InvalidArgument
 from mqmeta.formats import OFFSET_MAX
-from mqmeta.formats.atomic import fsync_dir, make_directories, write_atomically
+from mqmeta.formats.atomic import make_directories, write_atomically
 from mqmeta.formats.checksummed import dump_checksummed, load_checksummed
 from mqmeta.formats.epochs import EpochFile, epoch_covering
 from mqmeta.formats.key_index import ID_KIND, KEY_KIND
@@ -102,9 +106,7 @@ GET_BYTES_DEFAULT = 8 << 20
 GET_BYTES_MAX = 64 << 20
 QUEUES_MAX = 1 << 20
 INDEX_CHECKPOINT_BYTES_DEFAULT = 16 << 20
-SCAN_READ_BYTES = 4 << 20
 BROKER_NAME_BYTES_MAX = 255
-COPY_SEARCH_RECORDS_MAX = 16384  # how far back a resend's original copy is looked for
 
 
 class PutResult(NamedTuple):
@@ -148,14 +150,13 @@ class MessageStore:
         self._closed = False
         self._index_dir = self.directory / "index"
         self._checkpoint_path = self._index_dir / "checkpoint.json"
-        self._intent_path = self.directory / "truncate.json"
+        self._intent = TruncationIntent(self.directory, fsync)
         self._index = QueueIndex(self._index_dir, str(self.directory))
         self._keys = KeyIndex(self.directory / "keys")
         self._progress = ConsumerProgress()
         self._checkpoint_offset = 0
-        self._origins = OriginTable()  # per origin queue, the highest copy held (broker_agent.origins)
-        self._checkpoint_origins = OriginTable()
         self.log = CommitLog(self.directory / "commitlog", segment_bytes, fsync, cut_corruption)
+        self._origins = OriginDedupe(self.log, self._index, str(self.directory))
         try:
             self.epochs = EpochFile(self.directory / "epochs.json", fsync)
             self._open()
@@ -165,7 +166,7 @@ class MessageStore:
 
     # Opening ---------------------------------------------------------------------------------
     def _open(self) -> None:
-        intent = self._read_intent()
+        intent = self._intent.read()
         if intent is not None:
             log.warning("%s: finishing a truncation to %d that a crash interrupted", self.directory, intent)
             self._truncate_durable(intent)
@@ -187,21 +188,7 @@ class MessageStore:
         self._scan_into_index(trusted)
         self._write_checkpoint()
         if intent is not None:
-            self._remove_intent()
-
-    def _read_intent(self) -> int | None:
-        if not self._intent_path.exists():
-            return None
-        body = load_checksummed(self._intent_path)
-        offset = body.get("offset")
-        if type(offset) is not int or offset < 0:
-            raise CorruptData(f"{self._intent_path}: no valid offset")
-        return offset
-
-    def _remove_intent(self) -> None:
-        self._intent_path.unlink(missing_ok=True)
-        if self.fsync:
-            fsync_dir(self.directory)
+            self._intent.remove()
 
     def _load_index(self) -> int:
         """Loads the durable part of the index; returns the offset to rebuild from."""
@@ -218,20 +205,19 @@ class MessageStore:
             self._index.reset()
             self._keys.reset(self.log.min_offset)
             self._progress.restore({}, {})
-            self._origins = OriginTable()
+            self._origins.restore(OriginTable())
             self._checkpoint_offset = self.log.min_offset
-            self._checkpoint_origins = OriginTable()
             return self.log.min_offset
         indexed_offset, consumer_offsets, _, origins, _ = checkpoint
         if indexed_offset <= self.log.max_offset:
             current = consumer_offsets
-            self._origins = origins
+            self._origins.restore(origins)
         else:  # the log was cut below the checkpoint: replay the offsets it still holds
             current = ConsumerProgress.replay({}, self._progress_records(self.log.min_offset, trusted))
-            self._origins = self._replay_origins(OriginTable(), self.log.min_offset)
+            self._origins.replay_from(self.log.min_offset)
+            self._origins.checkpointed()
         self._progress.restore(current, current)
         self._checkpoint_offset = trusted
-        self._checkpoint_origins = self._origins.copy()
         return trusted
 
     def _read_checkpoint(
@@ -284,7 +270,7 @@ class MessageStore:
                     )
                 if record.topic == CONSUMER_OFFSET_TOPIC:
                     self._progress.note(record)
-                self._note_origin(self._origins, record)
+                self._origins.note(record)
             offset += len(data)
 
     def _progress_records(self, start: int, end: int) -> Iterator[StoredRecord]:
@@ -298,25 +284,6 @@ class MessageStore:
                 break
             yield self.log.read_record_at(commit_offset, size)
 
-    def _note_origin(self, table: OriginTable, record: StoredRecord | RecordHead) -> None:
-        try:
-            origin = origin_of(record.properties)
-        except InvalidArgument as error:  # checked when it was sent: written by another version
-            log.warning("%s: record at %d: %s", self.directory, record.commit_offset, error.message)
-            return
-        if origin is not None:
-            table.note(origin, _head(origin, record.topic, record.queue_id, record.queue_offset, record))
-
-    def _replay_origins(self, table: OriginTable, start: int) -> OriginTable:
-        """`table` updated with the replicated copies in [start, max_offset) of the log."""
-        offset, end = max(start, self.log.min_offset), self.log.max_offset
-        while offset < end:
-            data = self.log.read(offset, SCAN_READ_BYTES)
-            for record in iter_records(data, offset):
-                self._note_origin(table, record)
-            offset += len(data)
-        return table
-
     # Checkpoint ----------------------------------------------------------------------------------
     def _write_checkpoint(self) -> None:
         self.log.sync()  # the checkpoint never names bytes a power loss could take
@@ -327,13 +294,13 @@ class MessageStore:
             "indexed_offset": indexed_offset,
             "queues": self._index.rows(),
             "consumer_offsets": self._progress.rows(),
-            "origins": self._origins.to_rows(),
+            "origins": self._origins.rows(),
             "keys": self._keys.rows(),
         }
         write_atomically(self._checkpoint_path, dump_checksummed(body), self.fsync)
         self._checkpoint_offset = indexed_offset
         self._progress.checkpointed()
-        self._checkpoint_origins = self._origins.copy()
+        self._origins.checkpointed()
 
     def _maybe_checkpoint(self) -> None:
         if self.log.max_offset - self._checkpoint_offset >= self.index_checkpoint_bytes:
@@ -414,27 +381,14 @@ class MessageStore:
         ]
 
     def _original_of(self, origin: Origin) -> PutResult:
-        """Where the copy of `origin` is: looked for back from its queue's head (bounded)."""
-        head = self._origins.heads[origin.key]
-        queue = self._index.queues[(head.topic, head.queue_id)]
-        low = max(queue.first_at_or_after(self.log.min_offset), head.queue_offset - COPY_SEARCH_RECORDS_MAX)
-        for i in range(head.queue_offset - queue.base, low - queue.base - 1, -1):
-            record = self.log.read_record_at(*queue.entry(i))
-            found = origin_of(record.properties)
-            if found is None or found.key != origin.key:
-                continue
-            if found.offset < origin.offset:
-                break  # a filtered-out offset: never sent, so never stored
-            if found.offset == origin.offset:
-                return PutResult(
-                    record.msg_id,
-                    record.topic,
-                    record.queue_id,
-                    record.queue_offset,
-                    record.commit_offset,
-                    True,
-                )
-        return PutResult("", head.topic, head.queue_id, -1, -1, True)
+        """Where the copy of `origin` is (origin_dedupe.py looks back from its queue's head)."""
+        record = self._origins.original_of(origin)
+        if record is None:
+            head = self._origins.table.heads[origin.key]
+            return PutResult("", head.topic, head.queue_id, -1, -1, True)
+        return PutResult(
+            record.msg_id, record.topic, record.queue_id, record.queue_offset, record.commit_offset, True
+        )
 
     def _put_locked(self, messages: Sequence[MessageFields], epoch: int, now_ms: int) -> list[PutResult]:
         start = position = self.log.max_offset
@@ -473,7 +427,7 @@ class MessageStore:
                 self._keys.add(result.topic, message.keys, result.msg_id, result.commit_offset, properties)
             origin = origin_of(properties) if properties else None
             if origin is not None:
-                self._origins.note(
+                self._origins.note_stored(
                     origin,
                     OriginHead(
                         origin.offset,
@@ -533,7 +487,7 @@ class MessageStore:
             self._index.add_batch(records, [r.size for r in records])  # _plan_replicated checked the offsets
             for record in records:
                 if record.properties:
-                    self._note_origin(self._origins, record)
+                    self._origins.note(record)
                 if record.keys or record.properties:
                     self._keys.add(
                         record.topic, record.keys, record.msg_id, record.commit_offset, record.properties
@@ -589,18 +543,16 @@ class MessageStore:
                 raise InvalidArgument(
                     f"offset {offset} is not a record start in [{self.log.min_offset}, {self.log.max_offset}]"
                 )
-            write_atomically(self._intent_path, dump_checksummed({"offset": offset}), self.fsync)
+            self._intent.write(offset)
             self._truncate_durable(offset)
             self._index.cut(offset)
             self._keys.cut(offset)
             kept = offset >= self._checkpoint_offset  # the checkpoint's state is still true
             start = self._checkpoint_offset if kept else self.log.min_offset
             self._progress.roll_back(self._progress_records(start, offset), from_checkpoint=kept)
-            self._origins = self._replay_origins(
-                self._checkpoint_origins.copy() if kept else OriginTable(), start
-            )
+            self._origins.roll_back(start, from_checkpoint=kept)
             self._write_checkpoint()
-            self._remove_intent()
+            self._intent.remove()
 
     def index_runs_between(self, start: int, end: int) -> dict[QueueKey, tuple[int, bytes]]:
         """Each queue's entries for its records in [start, end): (queue offset of the
@@ -796,29 +748,9 @@ class MessageStore:
 
     def translate_origin(self, key: OriginKey, offset: int) -> int | None:
         """The target queue offset matching source consumer offset `offset` of origin queue
-        `key` (everything below `offset` consumed): one past the copy of the highest origin
-        offset below it, or the first copy held when none is below it (an earlier one was
-        filtered or is too old to look up). None when this store holds no copy of `key`."""
+        `key` (OriginDedupe.translate), or None when this store holds no copy of `key`."""
         with self._lock:
-            head = self._origins.heads.get(key)
-            if head is None:
-                return None
-            if head.offset < offset:
-                return head.queue_offset + 1
-            queue = self._index.queues[(head.topic, head.queue_id)]
-            low = max(
-                queue.first_at_or_after(self.log.min_offset), head.queue_offset - COPY_SEARCH_RECORDS_MAX
-            )
-            lowest_copy = head.queue_offset
-            for i in range(head.queue_offset - queue.base, low - queue.base - 1, -1):
-                record = self.log.read_record_at(*queue.entry(i))
-                found = origin_of(record.properties)
-                if found is None or found.key != key:
-                    continue
-                if found.offset < offset:
-                    return record.queue_offset + 1
-                lowest_copy = record.queue_offset
-            return lowest_copy
+            return self._origins.translate(key, offset)
 
     def consumer_offsets_of(self, topic: str, queue_id: int) -> list[tuple[str, int]]:
         """(group, committed offset) of every group with progress in topic/queue_id."""
@@ -833,7 +765,7 @@ class MessageStore:
     def origin_head(self, key: OriginKey) -> OriginHead | None:
         """The highest copy of origin queue `key` this store holds, or None."""
         with self._lock:
-            return self._origins.heads.get(key)
+            return self._origins.head(key)
 
     def consumer_offset(self, group: str, topic: str, queue_id: int) -> int | None:
         """The latest committed offset of group on topic/queue_id, or None."""
@@ -878,9 +810,3 @@ class MessageStore:
             finally:
                 self._closed = True
                 self.log.close()
-
-
-def _head(
-    origin: Origin, topic: str, queue_id: int, queue_offset: int, record: StoredRecord | RecordHead
-) -> OriginHead:
-    return OriginHead(origin.offset, topic, queue_id, queue_offset, record.commit_offset, record.size)

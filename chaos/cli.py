@@ -6,8 +6,9 @@ import argparse
 import json
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from mqmeta.chaos.limits import (
     CONCURRENCY_MAX,
@@ -20,6 +21,7 @@ from mqmeta.chaos.limits import (
 )
 
 from mqmeta.errors import InvalidArgument
+from mqmeta.extras import require_extra
 from mqmeta.validate import FlagNumber
 
 if TYPE_CHECKING:
@@ -31,8 +33,8 @@ RUNS_MAX = 100
 SEED_MAX = 2**63 - 1
 
 
-def add_chaos_parsers(sub) -> None:
-    chaos = sub.add_parser("chaos", help="chaos runs: faults, workloads, checkers, audit")
+def add_parser(subparsers: Any) -> None:
+    chaos = subparsers.add_parser("chaos", help="chaos runs: faults, workloads, checkers, audit")
     chaos_sub = chaos.add_subparsers(dest="chaos_command", required=True, parser_class=type(chaos))
     from mqmeta.chaos.toxiproxy import add_toxiproxy_arguments
 
@@ -153,27 +155,40 @@ def _config(args: argparse.Namespace, fault: str, output_dir: Path):
     return config
 
 
-def run_chaos(
-    args: argparse.Namespace,
-    matrix_audit: AuditFunction | None = None,
-    matrix_audit_done: Callable[[], None] | None = None,
-    replication_audit: ReplicationAuditFunction | None = None,
-) -> int:
-    """`mqmeta chaos ...`. A matrix audits each run with `matrix_audit` (the front door
-    gives it one in-process Spark session; without it each run audits in a subprocess) and
-    calls `matrix_audit_done` at its end. Replication runs (run and matrix) are audited by
-    `replication_audit` (X1) when given, else by `mqmeta audit` in a subprocess."""
-    if args.chaos_command == "toxiproxy":
-        from mqmeta.chaos.toxiproxy import run_toxiproxy
+@dataclass(frozen=True)
+class SharedAudits:
+    """What the front door lends a chaos run: audits in this process's one Spark session
+    (chaos/ does not import spark/; mqmeta/cli.py wires the two)."""
 
-        return run_toxiproxy(args)
+    matrix_audit: AuditFunction
+    replication_audit: ReplicationAuditFunction
+    stop: Callable[[], None]  # ends the shared session
+
+
+def run(args: argparse.Namespace, audits: Callable[[], SharedAudits] | None = None) -> int:
+    """`mqmeta chaos ...`. `audits` gives the shared-session audits: a matrix audits each
+    run with its matrix_audit (without it each run audits in a subprocess); replication
+    runs (run and matrix) are audited by its replication_audit (X1), else by `mqmeta audit`
+    in a subprocess. The fault filesystem needs neither the chaos extra nor Spark."""
     if args.chaos_command == "faultfs":
         from mqmeta.chaos.faultfs.cli import run_faultfs
 
         return run_faultfs(args)
-    if args.chaos_command == "run":
-        return _run_one(args, replication_audit)
-    return _run_matrix(args, matrix_audit, matrix_audit_done, replication_audit)
+    require_extra("chaos", "the chaos suite")
+    if args.chaos_command == "toxiproxy":
+        from mqmeta.chaos.toxiproxy import run_toxiproxy
+
+        return run_toxiproxy(args)
+    shared = audits() if audits is not None else None
+    try:
+        if args.chaos_command == "run":
+            return _run_one(args, shared.replication_audit if shared else None)
+        if shared is None:
+            return _run_matrix(args, None, None, None)
+        return _run_matrix(args, shared.matrix_audit, shared.stop, shared.replication_audit)
+    finally:
+        if shared is not None:
+            shared.stop()  # a replication run's X1 used the session too
 
 
 def _run_one(args: argparse.Namespace, replication_audit: ReplicationAuditFunction | None = None) -> int:

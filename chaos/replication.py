@@ -96,7 +96,7 @@ AUDIT_TIMEOUT_S = 600.0
 AUDIT_NOT_RUN_EXIT = 2  # `mqmeta audit` refusing the arguments: X1 is not there to run
 
 # The X1 hook: (source cluster dir, target cluster dir, rules file, report dir) -> exit code
-# (0 passed). mqmeta/cli.py passes one to chaos.cli.run_chaos(replication_audit=...); without
+# (0 passed). mqmeta/cli.py lends one to chaos.cli.run (SharedAudits.replication_audit); without
 # it a run calls `mqmeta audit SRC TARGET --rules FILE --report DIR` in a subprocess.
 ReplicationAuditFunction = Callable[[Path, Path, Path, Path], int]
 

@@ -3,7 +3,7 @@
 Each command is a frozen dataclass, so the fields the service fills in and the fields a
 handler reads are one contract that mypy checks. The servicer converts a request into
 a command once (controller/service.py); the leader adds what only it knows (the time,
-who is alive, its term: controller/core.py) with `dataclasses.replace`.
+who is alive, its term: controller/operations.py) with `dataclasses.replace`.
 
 JSON stays the Raft encoding, behind one pair of functions: `encode_entry` writes an
 entry (a batch of commands, group commit) as {"version": 2, "commands": [...]}, or as

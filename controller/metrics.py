@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from mqmeta.controller.core import ControllerCore
+from mqmeta.controller.operations import ControllerOperations
 from prometheus_client import Counter
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
@@ -14,7 +14,7 @@ from mqmeta.metrics import Metrics, gauge
 PREFIX = "mqmeta_controller_"
 
 
-def controller_metrics(core: ControllerCore) -> Metrics:
+def controller_metrics(core: ControllerOperations) -> Metrics:
     metrics = Metrics()
     apply_seconds = metrics.histogram(PREFIX + "apply_seconds", "time to apply one Raft entry (a batch)")
     writes = metrics.counter(PREFIX + "writes", "commands applied from the Raft log")
@@ -37,7 +37,7 @@ def namesrv_metrics() -> tuple[Metrics, Counter]:
     return metrics, routes
 
 
-def _collect(core: ControllerCore) -> Iterator[Metric]:
+def _collect(core: ControllerOperations) -> Iterator[Metric]:
     raft = core.raft
     leader = raft.is_leader()
     yield gauge(PREFIX + "is_leader", "1 on the Raft leader, 0 elsewhere", 1.0 if leader else 0.0)
@@ -61,7 +61,7 @@ def _collect(core: ControllerCore) -> Iterator[Metric]:
     )
 
 
-def _liveness(core: ControllerCore) -> GaugeMetricFamily:
+def _liveness(core: ControllerOperations) -> GaugeMetricFamily:
     family = GaugeMetricFamily(
         PREFIX + "broker_alive",
         "1 while a broker heartbeats within dead-after (leader only)",
@@ -77,7 +77,7 @@ def _liveness(core: ControllerCore) -> GaugeMetricFamily:
     return family
 
 
-def _repair_metrics(core: ControllerCore) -> Iterator[Metric]:
+def _repair_metrics(core: ControllerOperations) -> Iterator[Metric]:
     """The Raft log and snapshot scrub and repair (controller/repair.py)."""
     stats = core.raft.repair_stats
     yield CounterMetricFamily(

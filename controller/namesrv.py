@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from mqmeta.controller.core import ControllerCore
+from mqmeta.controller.operations import ControllerOperations
 from mqmeta.controller.route_cache import RouteCache
 from mqmeta.controller.service import broker_route_pb, list_topics_names, list_topics_pb, route_pb
 
@@ -80,7 +80,7 @@ class NameServerServicer(ns_grpc.NameServerServicer):
 class EmbeddedNameServer(ns_grpc.NameServerServicer):
     """The nameserver of a controller node (`--embed-controller`), on its AsyncServer."""
 
-    def __init__(self, core: ControllerCore) -> None:
+    def __init__(self, core: ControllerOperations) -> None:
         self.core = core
 
     @rpc_async
@@ -222,14 +222,32 @@ def _namesrv_messaging(route_of):
                 stub = rsvc_grpc.MessagingServiceStub(channel)
                 return stub.QueryAssignment(request, metadata=metadata, timeout=FORWARD_TIMEOUT_S)
 
-    def refuse(response_type, method: str):
-        def handler(self, request, context):
-            return response_type(
-                status=status(
-                    rdef.ILLEGAL_ACCESS_POINT,
-                    f"{method} goes to a broker the route names, not the nameserver",
-                )
+    _refuse_broker_calls(NameServerMessaging)
+    return NameServerMessaging()
+
+
+def _refuse_broker_calls(servicer_class: type) -> None:
+    """The calls a broker serves answer ILLEGAL_ACCESS_POINT at the nameserver."""
+    from mqmeta.pb.apache.rocketmq.v2 import definition_pb2 as rdef
+    from mqmeta.pb.apache.rocketmq.v2 import service_pb2 as rsvc
+    from mqmeta.rocketmq import status
+
+    def refusal(response_type, method: str):
+        return response_type(
+            status=status(
+                rdef.ILLEGAL_ACCESS_POINT, f"{method} goes to a broker the route names, not the nameserver"
             )
+        )
+
+    def unary(response_type, method: str):
+        def handler(self, request, context):
+            return refusal(response_type, method)
+
+        return handler
+
+    def stream(response_type, method: str):
+        def handler(self, request, context):
+            yield refusal(response_type, method)
 
         return handler
 
@@ -245,19 +263,9 @@ def _namesrv_messaging(route_of):
         ("QueryOffset", rsvc.QueryOffsetResponse),
         ("SyncLiteSubscription", rsvc.SyncLiteSubscriptionResponse),
     ):
-        setattr(NameServerMessaging, method, refuse(response, method))
-
-    def refuse_stream(response_type, method: str):
-        def handler(self, request, context):
-            yield response_type(
-                status=status(
-                    rdef.ILLEGAL_ACCESS_POINT,
-                    f"{method} goes to a broker the route names, not the nameserver",
-                )
-            )
-
-        return handler
-
-    NameServerMessaging.ReceiveMessage = refuse_stream(rsvc.ReceiveMessageResponse, "ReceiveMessage")  # type: ignore[method-assign]
-    NameServerMessaging.PullMessage = refuse_stream(rsvc.PullMessageResponse, "PullMessage")  # type: ignore[method-assign]
-    return NameServerMessaging()
+        setattr(servicer_class, method, unary(response, method))
+    for method, response in (
+        ("ReceiveMessage", rsvc.ReceiveMessageResponse),
+        ("PullMessage", rsvc.PullMessageResponse),
+    ):
+        setattr(servicer_class, method, stream(response, method))

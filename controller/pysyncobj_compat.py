@@ -448,7 +448,7 @@ class InputFirstFix(SyncObj):
     steps down) and reads the network last. After a stall of the node itself (a slow
     fsync, a starved CPU, a long GIL wait) the leader's heartbeats are already waiting in
     its socket, yet it starts an election: the term goes up and a healthy leader is
-    deposed (81 leader changes in one run of bench/metadata_scale.py on a loaded
+    deposed (81 leader changes in one run of bench/metadata_scale/ on a loaded
     machine). Reading first only moves input earlier within the tick; a node that really
     heard nothing still elects (or steps down) in the same tick as before."""
 

@@ -3,7 +3,7 @@ leases a heartbeat's answer grants, expiry of silent workers, and the status vie
 
 A heartbeat is kept in memory only; the leader proposes a Raft entry when it changes the
 replicated state: a worker joined or restarted (new incarnation), reported new tasks, or
-left. The liveness scan (controller.core, every 0.1 s) proposes `replicator_expire` for
+left. The liveness scan (controller.operations, every 0.1 s) proposes `replicator_expire` for
 workers silent past their dead-after, by this leader's monotonic clock. A node that has
 just become leader has heard nobody: for the longest dead-after of the live workers it
 expires nobody (as controller.liveness does for brokers).

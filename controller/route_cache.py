@@ -13,7 +13,7 @@ controller's epoch plus the master lease). A stale route names either a broker t
 longer master, which refuses the send (it is a slave, or fenced, or dead), or misses a
 broker set the topic was just given, which loses nothing either. Either way the client
 asks again, and the copy has caught up within one watch delivery (milliseconds; measured
-by tests/test_route_cache.py and bench/metadata_scale.py). So the nameserver's answers
+by tests/test_route_cache.py and bench/metadata_scale/). So the nameserver's answers
 were never the thing that made writes safe: fencing is, in the brokers and the
 controller, and neither changed. What does change: a route read is no longer
 linearizable - a client may see a route up to one watch delivery old (RocketMQ's own

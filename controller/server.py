@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import grpc
-from mqmeta.controller.core import ControllerCore
 from mqmeta.controller.metrics import controller_metrics, namesrv_metrics
 from mqmeta.controller.namesrv import (
     EmbeddedNameServer,
@@ -19,6 +18,7 @@ from mqmeta.controller.namesrv import (
     RocketMQRoutes,
     add_rocketmq_service,
 )
+from mqmeta.controller.operations import ControllerOperations
 from mqmeta.controller.raft_node import Peer, RaftSettings
 from mqmeta.controller.route_cache import RouteCache
 from mqmeta.controller.service import ControllerServicer, watch_event_pb
@@ -139,7 +139,7 @@ class RunningNode:
     def __init__(
         self,
         servers: list[StoppableServer],
-        core: ControllerCore | None,
+        core: ControllerOperations | None,
         client: ControllerClient | None,
         metrics: Metrics | None = None,
         closers: list[Callable[[], None]] | None = None,
@@ -183,7 +183,7 @@ def start_controller(
     for address in dict.fromkeys([config.grpc, config.raft, namesrv_address]):
         if address:  # before the journal opens; pysyncobj would retry a taken Raft port forever
             check_can_listen(address)
-    core = ControllerCore(config.node_id, config.peers, config.data_dir, config.raft_settings)
+    core = ControllerOperations(config.node_id, config.peers, config.data_dir, config.raft_settings)
     embedded_here = namesrv_address == config.grpc
 
     async def setup(server: grpc.aio.Server) -> None:
@@ -237,7 +237,7 @@ def _remoting(
     return start_namesrv_remoting(address, route_of, proxies, master_of)
 
 
-def _embedded_master(core: ControllerCore) -> Callable[[str], tuple[str, tuple[str, ...]]]:
+def _embedded_master(core: ControllerOperations) -> Callable[[str], tuple[str, tuple[str, ...]]]:
     """A broker set's master and replicas (gRPC addresses) from this node's applied state
     (no barrier: the proxy only needs a hint; a stale one is refused by the fenced old
     master and asked again)."""
@@ -277,7 +277,7 @@ def _started(server: AsyncServer) -> AsyncServer:
     return server
 
 
-def _namesrv_setup(core: ControllerCore, routes: RocketMQRoutes, listen: str):
+def _namesrv_setup(core: ControllerOperations, routes: RocketMQRoutes, listen: str):
     async def setup(server: grpc.aio.Server) -> None:
         namesrv_pb2_grpc.add_NameServerServicer_to_server(EmbeddedNameServer(core), server)
         messaging = _embedded_rocketmq(server, core, routes, listen)
@@ -286,13 +286,13 @@ def _namesrv_setup(core: ControllerCore, routes: RocketMQRoutes, listen: str):
     return setup
 
 
-def _embedded_route(core: ControllerCore):
+def _embedded_route(core: ControllerOperations):
     from mqmeta.controller.service import route_pb
 
     return lambda topic: route_pb(core.topic_route(topic))
 
 
-def _embedded_rocketmq(server, core: ControllerCore, routes: RocketMQRoutes, listen: str) -> str:
+def _embedded_rocketmq(server, core: ControllerOperations, routes: RocketMQRoutes, listen: str) -> str:
     """The RocketMQ 5 service of an embedded nameserver: the proxy reads the node's own
     applied state (no barrier: a route only says where to go; masters are fenced by epoch)."""
     from mqmeta.controller.service import route_pb

@@ -1,4 +1,4 @@
-"""gRPC ControllerService: validates requests, calls ControllerCore, maps errors.
+"""gRPC ControllerService: validates requests, calls ControllerOperations, maps errors.
 
 Protobuf <-> command (controller/commands.py) and state <-> protobuf translation lives
 here and nowhere else: each request becomes its command once, in a typed function. The service runs on an
@@ -34,7 +34,7 @@ from mqmeta.controller.commands import (
     TieredUploadStart,
     UpdateConfig,
 )
-from mqmeta.controller.core import ControllerCore, WatchSubscription
+from mqmeta.controller.operations import ControllerOperations, WatchSubscription
 from mqmeta.controller.replicator_leases import NO_OFFSET, TaskKey, validate_task
 from mqmeta.controller.replicator_liveness import STATS_FIELDS, lease_view, validate_heartbeat
 from mqmeta.controller.state_machine import ControllerState, replica_view, tiered_key
@@ -188,7 +188,7 @@ class SnapshotEvents:
 
 
 class ControllerServicer(pb_grpc.ControllerServiceServicer):
-    def __init__(self, core: ControllerCore) -> None:
+    def __init__(self, core: ControllerOperations) -> None:
         self.core = core
         self._snapshot_events = SnapshotEvents()
 

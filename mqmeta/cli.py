@@ -1,8 +1,9 @@
 """The `mqmeta` command: one front door, a subcommand per part.
 
-The one module of the base package that imports the parts (lazily, per subcommand) and
-wires them together: e.g. the chaos matrix gets the Spark audit from here, so that
-chaos/ does not import spark/. Errors reach the user as one sentence on stderr and exit
+The one module of the base package that imports the parts (lazily, through the PART_CLIS
+table: every part's `<part>/cli.py` has an `add_parser(subparsers)` and a `run(args) -> int`)
+and wires them together: the chaos matrix borrows the Spark audit from here (LOANS), so
+that chaos/ does not import spark/. Errors reach the user as one sentence on stderr and exit
 status 2, never a traceback. The texts a user reads in `--help` are in COMMANDS below.
 """
 
@@ -10,17 +11,16 @@ from __future__ import annotations
 
 import argparse
 import functools
+import importlib
 import logging
 import os
 import sys
-from pathlib import Path
-from typing import NoReturn
+from collections.abc import Callable
+from typing import Any, NoReturn
 
 from mqmeta import __version__
-from mqmeta.config_file import accept_config_file, apply_config_file, extend_config_file
+from mqmeta.config_file import apply_config_file, extend_config_file
 from mqmeta.errors import MqmetaError
-from mqmeta.extras import require_extra
-from mqmeta.validate import FlagNumber
 
 EXIT_BAD_INPUT = 2
 
@@ -28,30 +28,6 @@ EXIT_BAD_INPUT = 2
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:  # argparse's own errors: one sentence, exit 2
         self.exit(EXIT_BAD_INPUT, f"mqmeta: error: {message} (see --help)\n")
-
-
-def _add_node_flags(parser: argparse.ArgumentParser, required: bool) -> None:
-    parser.add_argument("--config", type=Path, help="TOML file with any of these flags as keys")
-    parser.add_argument("--id", dest="node_id", help="this controller node's id, e.g. c1")
-    parser.add_argument("--grpc", help="gRPC address HOST:PORT of this node")
-    parser.add_argument("--raft", help="Raft address HOST:PORT of this node")
-    parser.add_argument(
-        "--peer",
-        action="append",
-        default=[],
-        help="another node as ID=RAFT_HOST:PORT/GRPC_HOST:PORT (repeat)",
-    )
-    parser.add_argument("--data-dir", type=Path, help="where this node keeps its journal and logs")
-    parser.add_argument(
-        "--secret-file", type=Path, help="file holding the Raft secret (authenticates and encrypts peers)"
-    )
-    parser.add_argument(
-        "--insecure-raft",
-        action="store_true",
-        help="let a node with peers run without --secret-file (its Raft port must be unreachable "
-        "from untrusted hosts: the wire format is pickle)",
-    )
-    parser.add_argument("--metrics-listen", help="serve Prometheus metrics over HTTP on HOST:PORT")
 
 
 DESCRIPTION = """\
@@ -65,6 +41,22 @@ Try it on one machine:
   mqmeta produce --cluster-dir mqmeta-data --topic Orders --count 1000
   mqmeta consume --cluster-dir mqmeta-data --topic Orders --group g1
 """
+# command -> the module of the part that serves it: its add_parser(subparsers) adds the
+# command's parser (a module may add several), its run(args) -> int carries it out.
+# Imported only to build the parser or run the command; no module imports an extra's package
+# before its run has checked the extra (mqmeta.extras), so a missing one is one sentence.
+PART_CLIS: dict[str, str] = {
+    "controller": "mqmeta.controller.cli",
+    "namesrv": "mqmeta.controller.cli",
+    "local": "mqmeta.cluster.cli",
+    "broker": "mqmeta.broker_agent.cli",
+    "produce": "mqmeta.data_cli",
+    "consume": "mqmeta.data_cli",
+    "admin": "mqmeta.admin_cli",
+    "chaos": "mqmeta.chaos.cli",
+    "audit": "mqmeta.spark.cli",
+    "replicator": "mqmeta.replicator.cli",
+}
 EPILOG = (
     "Run `mqmeta COMMAND --help` for a command's flags. A bad input is one sentence on stderr and exit 2."
 )
@@ -149,149 +141,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-    controller = sub.add_parser("controller", help="run one standalone controller node")
-    _add_node_flags(controller, required=True)
-    accept_config_file(controller, tables=("raft_settings",))
-
-    namesrv = sub.add_parser("namesrv", help="run a nameserver (optionally embedding a controller)")
-    namesrv.add_argument("--listen", required=True, help="nameserver gRPC address HOST:PORT")
-    namesrv.add_argument("--controllers", help="controller addresses (standalone nameserver)")
-    namesrv.add_argument(
-        "--embed-controller", action="store_true", help="also run a controller node in this process"
-    )
-    namesrv.add_argument(
-        "--remoting-listen",
-        nargs="?",
-        const="0.0.0.0:9876",
-        default="",
-        help="serve RocketMQ 4.x clients (the classic remoting protocol) on HOST:PORT "
-        "(RocketMQ's 0.0.0.0:9876 when the flag has no value)",
-    )
-    namesrv.add_argument(
-        "--rocketmq-routes",
-        choices=("proxy", "direct"),
-        default="proxy",
-        help="what QueryRoute gives RocketMQ 5 clients: proxy (the nameservers, which forward "
-        "every call to the current master; the default) or direct (the masters' addresses)",
-    )
-    namesrv.add_argument(
-        "--rocketmq-endpoints",
-        default="",
-        help="with proxy routes: every nameserver's gRPC address HOST:PORT,... "
-        "(default: this one's --listen)",
-    )
-    namesrv.add_argument(
-        "--remoting-proxy",
-        action="append",
-        metavar="BROKER_SET=HOST:PORT",
-        help="a remoting proxy for a broker set (repeatable): routes name it instead of the "
-        "set's master, and it forwards to whichever replica is master, so RocketMQ 4.x clients "
-        "keep working across a failover without waiting for their next route refresh",
-    )
-    namesrv.add_argument(
-        "--remoting-routes",
-        choices=("proxy", "direct"),
-        default="proxy",
-        help="proxy (default): routes name the --remoting-proxy of a set that has one; direct: "
-        "every route names the master's own remoting address (no proxy is started)",
-    )
-    namesrv.add_argument(
-        "--console-listen",
-        default="",
-        help="serve the web console on HOST:PORT (https with --tls-cert; the --auth-file allow list)",
-    )
-    _add_node_flags(namesrv, required=False)
-    accept_config_file(namesrv, tables=("raft_settings",))
-
-    local = sub.add_parser("local", help="run a whole cluster on this machine")
-    local_sub = local.add_subparsers(dest="local_command", required=True, parser_class=_Parser)
-    up = local_sub.add_parser(
-        "up",
-        help="start the cluster in the foreground (Ctrl-C stops it)",
-        description="Start a cluster on this machine in the foreground; Ctrl-C stops it. Once every "
-        "node answers, DIR/cluster.json says where everything is, and the command prints the "
-        "export line that points admin, produce and consume at it. Run it again on the same "
-        "DIR to restart the same cluster from its data.",
-    )
-    up.add_argument(
-        "--data-dir", type=Path, default=Path("mqmeta-data"), help="where the cluster keeps everything"
-    )
-    from mqmeta.cluster.local import BROKER_SETS_MAX, CLUSTERS_MAX, CONTROLLERS_MAX, REPLICAS_MAX
-
-    up.add_argument(
-        "--controllers",
-        type=FlagNumber("--controllers", int, 1, CONTROLLERS_MAX),
-        default=3,
-        help=f"controller nodes (odd, 1-{CONTROLLERS_MAX})",
-    )
-    up.add_argument(
-        "--embedded",
-        action="store_true",
-        help="run the controllers inside the nameservers (one per controller)",
-    )
-    up.add_argument(
-        "--rocketmq-routes",
-        choices=("proxy", "direct"),
-        default="proxy",
-        help="what the nameservers give RocketMQ 5 clients: proxy (themselves, forwarding to the "
-        "masters; the default) or direct (the masters' addresses)",
-    )
-    up.add_argument(
-        "--broker-sets",
-        type=FlagNumber("--broker-sets", int, 0, BROKER_SETS_MAX),
-        default=1,
-        help=f"broker sets (0-{BROKER_SETS_MAX})",
-    )
-    up.add_argument(
-        "--replicas",
-        type=FlagNumber("--replicas", int, 1, REPLICAS_MAX),
-        default=3,
-        help=f"brokers per set (1-{REPLICAS_MAX})",
-    )
-    up.add_argument(
-        "--clusters",
-        type=FlagNumber("--clusters", int, 1, CLUSTERS_MAX),
-        default=1,
-        help=f"clusters a, b, ... (1-{CLUSTERS_MAX}), each like the first",
-    )
-    up.add_argument(
-        "--replicate", action="store_true", help="also run a replicator with a rule a -> b for every topic"
-    )
-    up.add_argument(
-        "--tls",
-        action="store_true",
-        help="make a local CA in DIR/tls/ and run every gRPC port over mutual TLS",
-    )
-    up.add_argument(
-        "--auth",
-        action="store_true",
-        help="admin writes need a credential: tokens in DIR/auth/ (with --tls, certificates too)",
-    )
-    up.add_argument(
-        "--anonymous-reads",
-        action="store_true",
-        help="with --auth: reads, sends and fetches need no credential (by default they need one)",
-    )
-
-    from mqmeta.broker_agent.service import add_broker_parser
-    from mqmeta.data_cli import add_data_parsers
-
-    add_broker_parser(sub)
-    add_data_parsers(sub)
-
-    admin = sub.add_parser("admin", help="gRPC admin calls")
-    from mqmeta.controller.admin_cli import add_admin_commands
-
-    add_admin_commands(admin)
-    from mqmeta.chaos.cli import add_chaos_parsers
-
-    add_chaos_parsers(sub)
-    from mqmeta.spark.cli import add_audit_parser
-
-    add_audit_parser(sub)
-    from mqmeta.replicator import add_replicator_parser
-
-    add_replicator_parser(sub)
+    for module in dict.fromkeys(PART_CLIS.values()):  # in the table's order: the order of --help
+        importlib.import_module(module).add_parser(sub)
     _add_tls_flags_to_leaves(sub, TLS_COMMANDS)
     _describe(sub)
     return parser
@@ -358,58 +209,21 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _dispatch(args: argparse.Namespace) -> int:
-    if args.command == "controller":
-        from mqmeta.controller.run import run_controller
+    part = importlib.import_module(PART_CLIS[args.command])
+    lend = LOANS.get(args.command)
+    return part.run(args, lend) if lend is not None else part.run(args)
 
-        return run_controller(args)
-    if args.command == "namesrv":
-        from mqmeta.controller.run import run_namesrv
 
-        return run_namesrv(args)
-    if args.command == "local":
-        from mqmeta.cluster.local import local_up
+def _chaos_audits() -> Any:
+    """The Spark audits a chaos run borrows (chaos/ does not import spark/): one session."""
+    from mqmeta.chaos.cli import SharedAudits
+    from mqmeta.spark.cli import shared_session_audit, shared_session_replication_status, stop_shared_session
 
-        return local_up(args)
-    if args.command == "broker":
-        from mqmeta.broker_agent.service import run_broker
+    return SharedAudits(shared_session_audit, shared_session_replication_status, stop_shared_session)
 
-        return run_broker(args)
-    if args.command in ("produce", "consume"):
-        from mqmeta import data_cli
 
-        return data_cli.run_produce(args) if args.command == "produce" else data_cli.run_consume(args)
-    if args.command == "admin":
-        from mqmeta.controller.admin_cli import run_admin
-
-        return run_admin(args)
-    if args.command == "chaos" and args.chaos_command == "faultfs":
-        from mqmeta.chaos.faultfs.cli import run_faultfs  # needs no Spark session
-
-        return run_faultfs(args)
-    if args.command == "chaos":
-        require_extra("chaos", "the chaos suite")
-        from mqmeta.chaos.cli import run_chaos
-        from mqmeta.spark.cli import (
-            shared_session_audit,
-            shared_session_replication_status,
-            stop_shared_session,
-        )
-
-        try:
-            return run_chaos(
-                args, shared_session_audit, stop_shared_session, shared_session_replication_status
-            )
-        finally:
-            stop_shared_session()  # a replication run's X1 used the session too
-    if args.command == "audit":
-        from mqmeta.spark.cli import run_audit
-
-        return run_audit(args)
-    if args.command == "replicator":
-        from mqmeta.replicator import run_replicator
-
-        return run_replicator(args)
-    raise AssertionError(args.command)
+# command -> what the front door lends its run besides the arguments (wiring between parts)
+LOANS: dict[str, Callable[[], Any]] = {"chaos": _chaos_audits}
 
 
 if __name__ == "__main__":

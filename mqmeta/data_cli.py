@@ -15,7 +15,7 @@ import math
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -37,10 +37,11 @@ RATE_MIN, RATE_MAX = 0.001, 1_000_000.0  # messages per second (below: a pause p
 UNTIL_IDLE_S_MIN, UNTIL_IDLE_S_MAX = 0.01, 86_400.0  # a day of silence at most
 
 
-def add_data_parsers(sub) -> None:
+def add_parser(subparsers: Any) -> None:
+    """`mqmeta produce` and `mqmeta consume`."""
     # help: its line in `mqmeta --help` (argparse lists only parsers given one; mqmeta.cli
     # fills every line's text from its COMMANDS table)
-    produce = sub.add_parser(
+    produce = subparsers.add_parser(
         "produce",
         help="",
         epilog="Messages are sent in batches, as Kafka's producer sends them: a send carries up to "
@@ -77,7 +78,7 @@ def add_data_parsers(sub) -> None:
     produce.add_argument("--record", type=Path, help="JSON line per acknowledged message")
     produce.add_argument("--json", action="store_true")
 
-    consume = sub.add_parser("consume", help="")
+    consume = subparsers.add_parser("consume", help="")
     add_context_flags(consume, NAMESRV)
     consume.add_argument("--topic", required=True)
     consume.add_argument("--group", required=True)
@@ -119,7 +120,7 @@ def _origin_fields(properties) -> dict[str, object]:
     }
 
 
-def run_produce(args: argparse.Namespace) -> int:
+def _run_produce(args: argparse.Namespace) -> int:
     run_id = uuid.uuid4().hex[:8]
     keys = _keys(args.keys)
     if len(args.tag.encode()) > TAGS_BYTES_MAX or "||" in args.tag:
@@ -214,7 +215,7 @@ def _pace(start: float, sent: int, rate: float) -> None:
         time.sleep(delay)
 
 
-def run_consume(args: argparse.Namespace) -> int:
+def _run_consume(args: argparse.Namespace) -> int:
     consumer = Consumer(args.namesrv, args.topic, args.group)
     record = _open_record(args.record)
     received = 0
@@ -264,3 +265,11 @@ def run_consume(args: argparse.Namespace) -> int:
     summary = {"received": received, "elapsed_s": round(time.monotonic() - start, 3)}
     print(json.dumps(summary) if args.json else f"received {received} in {summary['elapsed_s']} s")
     return 0
+
+
+_RUNS: dict[str, Callable[[argparse.Namespace], int]] = {"produce": _run_produce, "consume": _run_consume}
+
+
+def run(args: argparse.Namespace) -> int:
+    """`mqmeta produce` or `mqmeta consume`, as args.command names."""
+    return _RUNS[args.command](args)

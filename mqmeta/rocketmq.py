@@ -29,16 +29,10 @@ from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from mqmeta.errors import (
-    AlreadyExists,
-    DeadlineExceeded,
-    FailedPrecondition,
-    FencedEpoch,
-    InvalidArgument,
+    ROCKETMQ5_CODE_OF_DOMAIN,
+    WIRE_CODES,
     MqmetaError,
-    NotFound,
-    NotLeader,
-    NotMaster,
-    Unavailable,
+    listed_class,
 )
 from mqmeta.formats.records import RECORD_BODY_MAX, TAGS_BYTES_MAX
 from mqmeta.pb import controller_pb2 as cpb
@@ -82,44 +76,20 @@ def status(code: int = rdef.OK, message: str = "OK") -> rdef.Status:
     return rdef.Status(code=code, message=message)  # type: ignore[arg-type]
 
 
-# Our domain codes that have a RocketMQ code of their own.
-_CODE_OF_DOMAIN: dict[str, int] = {
-    "TOPIC_NOT_FOUND": rdef.TOPIC_NOT_FOUND,
-    "GROUP_NOT_FOUND": rdef.CONSUMER_GROUP_NOT_FOUND,
-    # Nothing was written: the SyncStateSet is too small to acknowledge. RocketMQ's proxy
-    # answers its SLAVE_NOT_AVAILABLE with HA_NOT_AVAILABLE too; the client retries.
-    "IN_SYNC_REPLICAS_NOT_ENOUGH": rdef.HA_NOT_AVAILABLE,
-    # Written locally, not acknowledged in time: outcome unknown; the client retries.
-    "FLUSH_SLAVE_TIMEOUT": rdef.SLAVE_PERSISTENCE_TIMEOUT,
+# The RocketMQ 5 column of the one error map (mqmeta.errors), resolved at import: a name
+# that is not an apache.rocketmq.v2.Code fails here.
+_CODE_OF_CLASS: dict[type[MqmetaError], int] = {
+    cls: rdef.Code.Value(codes.rocketmq5) for cls, codes in WIRE_CODES.items()
 }
-# Conditions of the replicated service that pass (a new master, a renewed lease, a controller
-# leader) are HA_NOT_AVAILABLE: "the HA mechanism is not working now", which the official
-# clients raise as an InternalErrorException and retry. TOO_MANY_REQUESTS would stop their
-# retries (it means throttling) and INTERNAL_SERVER_ERROR would call a normal failover a bug.
-_CODE_OF_CLASS: list[tuple[type[MqmetaError], int]] = [
-    # refused before writing: not the master, lease lapsed, handing off (a deposed write is
-    # mapped by the caller to MASTER_PERSISTENCE_TIMEOUT: its outcome is unknown)
-    (NotMaster, rdef.HA_NOT_AVAILABLE),
-    (FencedEpoch, rdef.HA_NOT_AVAILABLE),  # a newer master epoch exists: this one was deposed
-    (InvalidArgument, rdef.BAD_REQUEST),
-    (AlreadyExists, rdef.BAD_REQUEST),
-    (NotFound, rdef.NOT_FOUND),
-    (DeadlineExceeded, rdef.PROXY_TIMEOUT),
-    (NotLeader, rdef.HA_NOT_AVAILABLE),  # a controller that is not the Raft leader
-    (Unavailable, rdef.HA_NOT_AVAILABLE),  # no controller leader / master reachable right now
-    (FailedPrecondition, rdef.BAD_REQUEST),
-    # CorruptData (and an unknown class) stay INTERNAL_SERVER_ERROR: a checksum that does not
-    # match is a fault of the server's storage, which an operator must look at
-]
+_CODE_OF_DOMAIN: dict[str, int] = {
+    domain: rdef.Code.Value(name) for domain, name in ROCKETMQ5_CODE_OF_DOMAIN.items()
+}
 
 
 def code_of_error(error: MqmetaError) -> int:
-    """The apache.rocketmq.v2 Code for one of our errors (INTERNAL_SERVER_ERROR only for an
-    error class this table does not know, which would be a bug)."""
-    code: int | None = _CODE_OF_DOMAIN.get(error.code)
-    if code is None:
-        code = next((c for cls, c in _CODE_OF_CLASS if isinstance(error, cls)), rdef.INTERNAL_SERVER_ERROR)
-    return code
+    """The apache.rocketmq.v2 Code for one of our errors: its domain code's, else its class's."""
+    code = _CODE_OF_DOMAIN.get(error.code)
+    return code if code is not None else _CODE_OF_CLASS[listed_class(error)]
 
 
 def status_of_error(error: MqmetaError) -> rdef.Status:

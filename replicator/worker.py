@@ -10,44 +10,23 @@ one of them, and a dead worker's tasks move to the others.
 
 from __future__ import annotations
 
-import argparse
 import logging
-import signal
 import threading
 import time
-from pathlib import Path
-from typing import Any
 
 from mqmeta.replicator.leases import LeaseKeeper, TaskLease
 from mqmeta.replicator.site import Site
 from mqmeta.replicator.task import Task, TaskKey
 
-from mqmeta.config_file import accept_config_file
 from mqmeta.errors import MqmetaError
-from mqmeta.formats.replication_rules import ReplicatorConfig, Rule, load_config
-from mqmeta.rpc import SIGNAL_POLL_S, exit_at_once
-from mqmeta.validate import parse_addresses, validate_name
+from mqmeta.formats.replication_rules import ReplicatorConfig, Rule
+from mqmeta.rpc import SIGNAL_POLL_S
 
 log = logging.getLogger(__name__)
 
 TASKS_MAX = 4096  # threads one worker runs
 STOP_JOIN_S = 15.0  # how long a stopping worker waits for a task's in-flight sends
 STOP_NOW_JOIN_S = 0.5  # the same, stopped at once (SIGINT)
-
-
-def add_replicator_parser(sub: Any) -> None:
-    parser = sub.add_parser("replicator", help="run a cross-cluster replication worker")
-    parser.add_argument("--config", type=Path, required=True, help="TOML file: [replicator] and [[rules]]")
-    parser.add_argument(
-        "--worker-id",
-        default="w1",
-        help="this worker's name in logs and, with controllers, its identity (unique per worker)",
-    )
-    parser.add_argument(
-        "--metrics-listen", default="", help="HOST:PORT for Prometheus text per task (port 0: any)"
-    )
-    # worker_id and metrics_listen may also be keys of the file's [replicator] table
-    accept_config_file(parser, section="replicator")
 
 
 class Worker:
@@ -180,27 +159,3 @@ def _task_keys(rule: Rule) -> list[TaskKey]:
         return keys
     finally:
         site.close()
-
-
-def run_replicator(args: argparse.Namespace) -> int:
-    validate_name("--worker-id", args.worker_id)
-    config = load_config(args.config)
-    worker = Worker(config, args.worker_id)
-    if args.metrics_listen:
-        from mqmeta.replicator.metrics import serve_metrics
-
-        address = parse_addresses(args.metrics_listen, "--metrics-listen address", allow_port_zero=True)[0]
-        bound = serve_metrics(address, worker.running)
-        log.warning("worker %s: metrics on %s", args.worker_id, bound)  # tests and scripts read the port
-
-    def _stop(signum: int, frame: object) -> None:
-        if not worker.stop.is_set():  # the first signal decides: SIGTERM leaves cleanly
-            worker.graceful = signum == signal.SIGTERM
-        worker.stop.set()
-
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGINT, _stop)
-    where = f"leases from {','.join(config.controllers)}" if config.controllers else "every task itself"
-    log.info("worker %s: %d rules, runs %s", args.worker_id, len(config.rules), where)
-    worker.run()
-    exit_at_once(0)  # as the servers do: the interpreter's finalization is slow under load

@@ -27,8 +27,8 @@ EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 RESCANNING_CHECKS = {"B4", "T2", "H1"}  # they read every replica record again: cache them
 
 
-def add_audit_parser(sub: Any) -> None:
-    audit = sub.add_parser("audit", help="Spark audit of every replicated log on disk")
+def add_parser(subparsers: Any) -> None:
+    audit = subparsers.add_parser("audit", help="Spark audit of every replicated log on disk")
     _add_arguments(audit)
 
 
@@ -156,7 +156,7 @@ def _replication_usage(args: argparse.Namespace) -> str | None:
     return None
 
 
-def run_audit(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     try:
         require_extra("audit", "the audit")
         for value in args.inputs:
@@ -244,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     """The entry point of `spark-submit .../spark/cli.py` and `python -m mqmeta.spark.cli`."""
     parser = argparse.ArgumentParser(prog="mqmeta-audit", description=__doc__)
     _add_arguments(parser)
-    return run_audit(parser.parse_args(argv))
+    return run(parser.parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""The brokers' admin calls (broker_agent/admin.py) and their CLI (controller/admin_messages.py),
+"""The brokers' admin calls (broker_agent/admin.py) and their CLI (mqmeta/admin_messages.py),
 on one real cluster for the module: one controller, a nameserver, a broker set of two.
 
 Properties checked:

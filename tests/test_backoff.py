@@ -78,7 +78,7 @@ def test_the_four_retry_loops_use_the_policy():
     for path in (
         "mqmeta/client.py",
         "mqmeta/broker_client.py",
-        "broker_agent/replication.py",
+        "broker_agent/ha_fetch.py",
         "replicator/task.py",
     ):
         text = (root / path).read_text()

@@ -3,11 +3,11 @@
 Three brokers, each a real broker_agent.core.BrokerCore with an in-memory log
 (checksummed records and (epoch, start) entries, with MessageStore's rules); a
 controller deciding elections and SyncStateSet changes with the real
-controller.state_machine.apply and controller/core.py's liveness rules; producers; and
+controller.state_machine.apply and controller/operations.py's liveness rules; producers; and
 a network that delays, reorders, drops and partitions messages (dropped, or held like
 TCP and delivered at the heal; the watch stream is a connection of its own). The
 simulated shell does with the core's effects what broker_agent/agent.py and
-replication.py do. Faults, per seed at an intensity of its own: crashes (a write in
+ha_fetch.py do. Faults, per seed at an intensity of its own: crashes (a write in
 flight is torn, an epoch entry may lead its records; recovery cuts the torn tail and
 drops entries past the end), restarts with a fresh core, partitions of one link or of
 every link of one broker, and each clock running at its own rate within what the lease
@@ -290,7 +290,7 @@ class SimLog:
 
     def read(self, offset: int, records_max: int) -> bytes:
         """Up to `records_max` records from `offset`, never past `durable`: a master serves
-        its slaves only bytes a power loss cannot take from it (replication.serve_fetch)."""
+        its slaves only bytes a power loss cannot take from it (ha_fetch.serve_fetch)."""
         if not self.is_boundary(offset):
             raise StoreError(f"offset {offset} is not a record start")
         i = bisect.bisect_left(self.starts, offset) + records_max
@@ -382,7 +382,7 @@ class Network:
 # The controller ------------------------------------------------------------------------------
 class SimController:
     """The controller leader: the real state machine; liveness in memory, as in
-    controller/core.py (a broker is alive for DEAD_AFTER_MS after its last heartbeat)."""
+    controller/operations.py (a broker is alive for DEAD_AFTER_MS after its last heartbeat)."""
 
     def __init__(self, sim: Simulation) -> None:
         self.sim = sim
@@ -505,7 +505,7 @@ class SimController:
         self.late = [(t, m) for t, m in self.late if m.src != slot]
 
     def scan(self) -> None:
-        """The leader's liveness scan (controller/core.py _scan_once): elect when the
+        """The leader's liveness scan (controller/operations.py _scan_once): elect when the
         master is dead and someone in the SyncStateSet may still take over."""
         if self.now() < self.next_scan_ms:
             return
@@ -526,7 +526,7 @@ class SimController:
 # A broker: the shell around the real core --------------------------------------------------
 @dataclass
 class FetchState:
-    """The slave's fetch loop of one session (replication.follow)."""
+    """The slave's fetch loop of one session (ha_fetch.follow)."""
 
     session: int
     master_id: int
@@ -546,7 +546,7 @@ class PendingWrite:
 
 
 class SimBroker:
-    """What agent.py and replication.py do around the core, over simulated messages."""
+    """What agent.py and ha_fetch.py do around the core, over simulated messages."""
 
     def __init__(self, sim: Simulation, slot: int) -> None:
         self.sim = sim
@@ -786,7 +786,7 @@ class SimBroker:
                 "elect", {"type": "elect_master", "trigger": "broker", "requester_broker_id": self.broker_id}
             )
 
-    # Replication, the slave's side (replication.follow) -----------------------------------
+    # Replication, the slave's side (ha_fetch.follow) -----------------------------------
     def fetch_loop(self) -> None:
         assert self.core is not None
         fetch, now = self.fetch, self.now()
@@ -836,7 +836,7 @@ class SimBroker:
         if body["data"]:
             fetch.next_ms = now
 
-    # Replication, the master's side (replication.serve_fetch) -----------------------------
+    # Replication, the master's side (ha_fetch.serve_fetch) -----------------------------
     def fetch_request(self, message: Message) -> None:
         body = message.body
         fetch = SlaveFetch(

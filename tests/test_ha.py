@@ -43,7 +43,7 @@ import threading
 import pytest
 from mqmeta.broker_agent import agent as agent_module
 from mqmeta.broker_agent import core as core_module
-from mqmeta.broker_agent import replication
+from mqmeta.broker_agent import ha_fetch
 from mqmeta.broker_agent.agent import BrokerAgent, BrokerConfig
 from mqmeta.broker_agent.core import (
     AckPolicy,
@@ -821,7 +821,7 @@ def test_the_master_serves_its_slaves_only_synced_bytes(agent):
 
     def fetch_from(offset: int) -> bpb.HaFetchResponse:
         request = bpb.HaFetchRequest(broker_id=2, master_epoch=1, fetch_offset=offset, wait_ms=0)
-        return replication.serve_fetch(a, request)
+        return ha_fetch.serve_fetch(a, request)
 
     assert fetch_from(0).data == b"", "nothing synced yet: nothing served"
     a.store.sync(end)

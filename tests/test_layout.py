@@ -12,6 +12,8 @@ lazy import is still a dependency):
 - no module imports another part's private (underscore) name;
 - the module import graph has no cycle;
 - no test module imports another test module (shared helpers live in tests/support/).
+- every command of the front door's table (mqmeta.cli.PART_CLIS) is served by a module with
+  top-level add_parser and run, and every part above the base has its cli.py.
 """
 
 from __future__ import annotations
@@ -258,3 +260,23 @@ def test_spark_executor_modules_import_no_grpc():
     )
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
+
+
+def test_every_command_has_a_cli_module_with_add_parser_and_run():
+    """The front door's convention (docs/design/rooms.md): the table names, per command, a
+    module with top-level `add_parser` and `run`; every part above the base has its cli.py."""
+    from mqmeta.cli import COMMANDS, PART_CLIS
+
+    assert set(PART_CLIS) == set(COMMANDS)
+    problems = []
+    for command, module in PART_CLIS.items():
+        name = _folder_name(module)
+        if name not in MODULES:
+            problems.append(f"{command}: no module {name}")
+            continue
+        defined = {
+            n.name for n in ast.parse(MODULES[name].read_text()).body if isinstance(n, ast.FunctionDef)
+        }
+        problems += [f"{command}: {name} has no {f}()" for f in ("add_parser", "run") if f not in defined]
+    problems += [f"{part}/ has no cli.py" for part in INSTALLED_PARTS if f"{part}.cli" not in MODULES]
+    assert not problems, "\n".join(problems)

@@ -1,4 +1,4 @@
-"""bench/metadata_scale.py at a small scale, so that the benchmark cannot rot.
+"""bench/metadata_scale/ at a small scale, so that the benchmark cannot rot.
 
 Properties checked (one run of the real benchmark: 3 controller processes, a nameserver,
 the broker fleet and the watch fleets, on loopback):

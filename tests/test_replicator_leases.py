@@ -214,7 +214,7 @@ def test_status_counts_what_the_checkpoints_say_was_replicated():
 
 
 class Simulation:
-    """The leader (state + in-memory beats, as controller.core does it) and workers that
+    """The leader (state + in-memory beats, as controller.operations does it) and workers that
     run exactly what their last heartbeat's answer granted."""
 
     def __init__(self, seed: int) -> None:

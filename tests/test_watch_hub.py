@@ -1,4 +1,4 @@
-"""The controller core's watch fan-out and liveness scan (controller/core.py), in process.
+"""The controller core's watch fan-out and liveness scan (controller/operations.py), in process.
 
 Properties checked:
 - the Raft thread publishes with one hand-off to the event loop, where each event is
@@ -23,17 +23,17 @@ from concurrent.futures import Future
 
 import pytest
 from mqmeta.cluster.wait import wait_for
-from mqmeta.controller import core as core_module
+from mqmeta.controller import operations as core_module
 from mqmeta.controller import replicator_liveness
 from mqmeta.controller.commands import command_from_json
-from mqmeta.controller.core import (
+from mqmeta.controller.liveness import Liveness
+from mqmeta.controller.operations import (
     ELECTIONS_IN_FLIGHT_MAX,
     WATCH_QUEUE_MAX,
-    ControllerCore,
+    ControllerOperations,
     LoopFutures,
     WatchHub,
 )
-from mqmeta.controller.liveness import Liveness
 from mqmeta.controller.state_machine import ControllerState, apply
 
 pytestmark = pytest.mark.timeout(60)
@@ -143,13 +143,13 @@ def test_a_liveness_storm_runs_a_bounded_number_of_elections_at_once(monkeypatch
             assert apply(state, command_from_json(register), 1)[0]["ok"]
         elect = {"type": "elect_master", "cluster": "c", "broker_name": f"b{s}", "alive": {"1": {}, "2": {}}}
         assert apply(state, command_from_json(elect), 2)[0]["ok"]
-    core = ControllerCore.__new__(ControllerCore)  # the scan alone: no Raft, no server
+    core = ControllerOperations.__new__(ControllerOperations)  # the scan alone: no Raft, no server
     core.raft = _Raft()  # type: ignore[assignment]
     core.liveness = Liveness()
     core.workers = replicator_liveness.WorkerLiveness()  # no replicator workers
     core._expiring = threading.Event()
     core._electing = set()
-    monkeypatch.setattr(ControllerCore, "state", property(lambda self: state))
+    monkeypatch.setattr(ControllerOperations, "state", property(lambda self: state))
     release = threading.Event()
     running: list[tuple[str, str]] = []
 
@@ -158,7 +158,7 @@ def test_a_liveness_storm_runs_a_bounded_number_of_elections_at_once(monkeypatch
         release.wait(10.0)
         self._electing.discard(key)
 
-    monkeypatch.setattr(ControllerCore, "_elect_dead", elect_dead)
+    monkeypatch.setattr(ControllerOperations, "_elect_dead", elect_dead)
     start = core_module.now_ms() - 10_000  # leader long enough: no grace; nobody heard from
     core.liveness.on_leadership(True, start)
     core._scan_once()

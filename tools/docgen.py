@@ -188,8 +188,7 @@ def environment_defaults(
 
 def number_range(action: argparse.Action) -> str | None:
     """The allowed values of a numeric flag's type, read from the type itself."""
-    from mqmeta.controller import admin_cli
-
+    from mqmeta import admin_cli
     from mqmeta.validate import FlagNumber
 
     kind: Any = action.type
@@ -600,7 +599,7 @@ def metric_row(metric: Any) -> list[str]:
     return ["<br>".join(code(name) for name in series), metric.type, ", ".join(code(n) for n in labels), what]
 
 
-# Which command serves which registry (as controller/run.py starts them), when it is not the
+# Which command serves which registry (as controller/cli.py starts them), when it is not the
 # command of the registry's name alone.
 METRICS_SERVED_BY = {
     "controller": "`mqmeta controller --metrics-listen HOST:PORT`, and `mqmeta namesrv "

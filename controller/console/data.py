@@ -270,7 +270,7 @@ def _group_row(name: str) -> Json:
 
 
 def replicator(client: ControllerClient) -> Json:
-    from mqmeta.controller.admin_cli import replicator_status
+    from mqmeta.admin_cli import replicator_status
 
     class _Args:
         rule = ""
@@ -290,7 +290,7 @@ def search(
     """Messages by id, or of `topic` by key or store-time range (a key with a range: the
     key's messages within it), from the brokers' QueryMessages (as `mqmeta admin message
     query`); the first TRACES_MAX each with its trace (TraceMessage)."""
-    from mqmeta.controller import admin_messages
+    from mqmeta import admin_messages
 
     if not (key or msg_id or since_ms or until_ms):
         raise InvalidArgument("a search needs a key, a message id or a time range")
@@ -348,7 +348,7 @@ def trace(client: ControllerClient, message: Json) -> Json:
     """Where one message is, from TraceMessage (as `mqmeta admin message trace`): the
     replicas that hold it, confirmed or not, tiered or not, the groups past it, its
     retry and dead-letter copies, the replicator tasks that copied it."""
-    from mqmeta.controller import admin_messages
+    from mqmeta import admin_messages
 
     args = argparse.Namespace(
         id=message["msg_id"],
@@ -379,7 +379,7 @@ def trace(client: ControllerClient, message: Json) -> Json:
 def reset_offsets(client: ControllerClient, group: str, topic: str, to: str, force: bool) -> Json:
     """A group's offsets to the earliest or latest (as `mqmeta admin group reset-offsets`);
     refused while members are connected unless `force`."""
-    from mqmeta.controller import admin_messages
+    from mqmeta import admin_messages
 
     if to not in ("earliest", "latest"):
         raise InvalidArgument(f"reset to {to[:32]!r}? Use earliest or latest")

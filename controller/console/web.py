@@ -24,11 +24,10 @@ from importlib import resources
 from typing import Any
 
 from aiohttp import web
+from mqmeta.controller.console import data
 
 from mqmeta import auth
 from mqmeta.errors import InvalidArgument, MqmetaError
-
-from . import data
 
 log = logging.getLogger(__name__)
 

@@ -31,15 +31,9 @@ from mqmeta import auth, tls
 from mqmeta.codec import remoting as codec
 from mqmeta.codec.remoting import Command, FrameError
 from mqmeta.errors import (
-    DeadlineExceeded,
-    FailedPrecondition,
-    FencedEpoch,
-    InvalidArgument,
+    WIRE_CODES,
     MqmetaError,
-    NotFound,
-    NotLeader,
-    NotMaster,
-    Unavailable,
+    listed_class,
 )
 from mqmeta.validate import parse_addresses
 
@@ -63,24 +57,17 @@ class Refusal(MqmetaError):
         self.response_code = code
 
 
-# Our errors as response codes. The clients retry a send on SYSTEM_BUSY and
-# SERVICE_NOT_AVAILABLE (another broker or later): what a failover or a lapsed lease is.
-_CODE_OF_CLASS: list[tuple[type[MqmetaError], int]] = [
-    (NotMaster, codec.SERVICE_NOT_AVAILABLE),
-    (FencedEpoch, codec.SERVICE_NOT_AVAILABLE),
-    (NotLeader, codec.SYSTEM_BUSY),
-    (Unavailable, codec.SYSTEM_BUSY),
-    (DeadlineExceeded, codec.SYSTEM_BUSY),
-    (NotFound, codec.SYSTEM_ERROR),
-    (InvalidArgument, codec.SYSTEM_ERROR),
-    (FailedPrecondition, codec.SERVICE_NOT_AVAILABLE),
-]
+# The remoting column of the one error map (mqmeta.errors), resolved at import: a name
+# that is not a response code of mqmeta.codec.remoting fails here.
+_CODE_OF_CLASS: dict[type[MqmetaError], int] = {
+    cls: getattr(codec, codes.remoting) for cls, codes in WIRE_CODES.items()
+}
 
 
 def response_code_of(error: MqmetaError) -> int:
     if isinstance(error, Refusal):
         return error.response_code
-    return next((code for cls, code in _CODE_OF_CLASS if isinstance(error, cls)), codec.SYSTEM_ERROR)
+    return _CODE_OF_CLASS[listed_class(error)]
 
 
 class Connection:

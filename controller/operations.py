@@ -1,4 +1,5 @@
-"""The controller node's domain operations, independent of gRPC.
+"""The controller node's domain operations, independent of gRPC: a threaded service over
+the Raft node (ControllerOperations; the pure rules are state_machine.py's apply).
 
 Rules for where a call is served:
 - Calls that depend on liveness (register, heartbeat, elect, alter SyncStateSet,
@@ -190,7 +191,7 @@ class LoopFutures:
                 waiter.set_result(future.result())
 
 
-class ControllerCore:
+class ControllerOperations:
     def __init__(self, node_id: str, peers: list[Peer], data_dir, settings: RaftSettings) -> None:
         self.node_id = node_id
         self.peers = peers

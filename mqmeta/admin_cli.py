@@ -13,17 +13,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from google.protobuf import json_format
-from google.protobuf.descriptor import FieldDescriptor
-from mqmeta.controller import admin_messages
 from rich.console import Console
 from rich.table import Table
 
-from mqmeta import tls
+from mqmeta import admin_messages, tls
 from mqmeta.client import ControllerClient
 from mqmeta.context import CONTROLLERS, add_context_flags
 from mqmeta.errors import FailedPrecondition, InvalidArgument
 from mqmeta.pb import controller_pb2 as pb
+from mqmeta.pb_json import message_to_json as _dict
 from mqmeta.validate import QUEUE_COUNT_MAX, REQUEST_INT_MAX
 
 # --timeout: a whole call's bound; past an hour (or inf, nan) a call to an unreachable
@@ -81,7 +79,9 @@ def _broker_set_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--broker-name", required=True)
 
 
-def add_admin_commands(admin: argparse.ArgumentParser) -> None:
+def add_parser(subparsers: Any) -> None:
+    """`mqmeta admin` and its commands."""
+    admin = subparsers.add_parser("admin", help="gRPC admin calls")
     add_context_flags(admin, CONTROLLERS)
     admin.add_argument("--timeout", type=_timeout_s, default=5.0, help="seconds for the whole call")
     sub = admin.add_subparsers(dest="admin_command", required=True, parser_class=type(admin))
@@ -111,9 +111,14 @@ def add_admin_commands(admin: argparse.ArgumentParser) -> None:
     _leaf(
         sub, "replicator-status", "replication rules: tasks, their workers and progress", replicator_status
     ).add_argument("--rule", default="", help="one rule only")
+    _add_topic_commands(sub, type(admin))
+    _add_group_commands(sub, type(admin))
+    _add_config_commands(sub, type(admin))
 
+
+def _add_topic_commands(sub: Any, parser_class: type) -> None:
     topic = sub.add_parser("topic", help="create, update, delete, list topics; show a route")
-    topic_sub = topic.add_subparsers(dest="topic_command", required=True, parser_class=type(admin))
+    topic_sub = topic.add_subparsers(dest="topic_command", required=True, parser_class=parser_class)
     for name, handler in (("create", topic_create), ("update", topic_update)):
         p = _leaf(topic_sub, name, f"{name} a topic", handler)
         p.add_argument("name")
@@ -133,8 +138,10 @@ def add_admin_commands(admin: argparse.ArgumentParser) -> None:
     _leaf(topic_sub, "list", "list topics", topic_list)
     _leaf(topic_sub, "route", "the route of a topic", topic_route).add_argument("name")
 
+
+def _add_group_commands(sub: Any, parser_class: type) -> None:
     group = sub.add_parser("group", help="create, update, delete, list subscription groups")
-    group_sub = group.add_subparsers(dest="group_command", required=True, parser_class=type(admin))
+    group_sub = group.add_subparsers(dest="group_command", required=True, parser_class=parser_class)
     for name, handler in (("create", group_create), ("update", group_update)):
         p = _leaf(group_sub, name, f"{name} a subscription group", handler)
         p.add_argument("name")
@@ -150,8 +157,10 @@ def add_admin_commands(admin: argparse.ArgumentParser) -> None:
     admin_messages.add_group_commands(group_sub, _leaf)
     admin_messages.add_message_commands(sub, _leaf, _int_in)
 
+
+def _add_config_commands(sub: Any, parser_class: type) -> None:
     config = sub.add_parser("config", help="read or change run-time controller configuration")
-    config_sub = config.add_subparsers(dest="config_command", required=True, parser_class=type(admin))
+    config_sub = config.add_subparsers(dest="config_command", required=True, parser_class=parser_class)
     _leaf(config_sub, "get", "show the configuration", config_get)
     _leaf(config_sub, "set", "change KEY=VALUE pairs", config_set).add_argument(
         "pairs", nargs="+", metavar="KEY=VALUE"
@@ -167,7 +176,7 @@ class _Report:
     by_column: bool = False  # one column per row (many fields, few rows: readable in 80 columns)
 
 
-def run_admin(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     with ControllerClient(args.controllers, timeout_s=args.timeout) as client:
         document, rows = args.handler(client, args)
     if args.json:
@@ -217,37 +226,6 @@ def _print_columns(rows: list[Json]) -> None:
 
 def _cell(value: Any) -> str:
     return json.dumps(value) if isinstance(value, (list, dict)) else str(value)
-
-
-_INT64_TYPES = {
-    FieldDescriptor.TYPE_INT64,
-    FieldDescriptor.TYPE_UINT64,
-    FieldDescriptor.TYPE_SINT64,
-    FieldDescriptor.TYPE_FIXED64,
-    FieldDescriptor.TYPE_SFIXED64,
-}
-
-
-def _dict(message: Any) -> Json:
-    """A message as JSON for scripts: protobuf renders int64 as strings; we keep numbers."""
-    document = json_format.MessageToDict(
-        message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
-    )
-    return _numbers(message.DESCRIPTOR, document)
-
-
-def _numbers(descriptor: Any, document: Json) -> Json:
-    for field in descriptor.fields:
-        value = document.get(field.name)
-        if value is None:
-            continue
-        if field.type in _INT64_TYPES:
-            document[field.name] = [int(v) for v in value] if isinstance(value, list) else int(value)
-        elif field.message_type is not None and not field.message_type.GetOptions().map_entry:
-            items = value if isinstance(value, list) else [value]
-            for item in items:
-                _numbers(field.message_type, item)
-    return document
 
 
 # Handlers: (client, args) -> (json document, table rows) ------------------------------

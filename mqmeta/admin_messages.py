@@ -17,6 +17,7 @@ from mqmeta import tls
 from mqmeta.client import ControllerClient
 from mqmeta.errors import InvalidArgument, MqmetaError, NotFound
 from mqmeta.pb import controller_pb2 as pb
+from mqmeta.pb_json import message_to_json as _dict
 
 Json = dict[str, Any]
 TIME_MS_MAX = 1 << 62
@@ -150,14 +151,6 @@ def _fan_out(client, args, method: str, request: Any) -> tuple[list[Any], list[M
         except NotFound as error:
             missing.append(error)
     return answers, missing
-
-
-def _dict(message: Any) -> Json:
-    """admin_cli's protobuf-to-JSON (int64 kept as numbers); imported late: admin_cli
-    imports this module to register its commands."""
-    from mqmeta.controller.admin_cli import _dict as to_json
-
-    return to_json(message)
 
 
 def _message_json(queried: Any) -> Json:

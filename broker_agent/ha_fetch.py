@@ -1,4 +1,7 @@
-"""Master -> slave replication over HaFetch (a Kafka-style long-poll fetch).
+"""High availability's copying, master -> slave, over HaFetch (a Kafka-style long-poll fetch).
+
+(In this project "replication" names the cross-cluster replicator; within a broker set
+the slaves' copies are HA.)
 
 Slave: the first fetch of a session sends its epoch lineage; the master answers the
 consistent point (the slave's log is identical to the master's below it) and the
