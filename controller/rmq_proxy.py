@@ -198,11 +198,7 @@ class RocketMQProxy:
         if found is not None:
             self._channels.move_to_end(address)
             return found
-        config = tls.current()
-        if config is not None and config.dials_tls:
-            made = grpc.aio.secure_channel(address, tls.channel_credentials(config), CHANNEL_OPTIONS)
-        else:
-            made = grpc.aio.insecure_channel(address, CHANNEL_OPTIONS)
+        made = tls.aio_channel(address, CHANNEL_OPTIONS)
         self._channels[address] = made
         if len(self._channels) > CHANNELS_MAX:
             gone, oldest = self._channels.popitem(last=False)

@@ -186,6 +186,17 @@ def channel(target: str, options: Sequence[tuple[str, Any]] | None = None) -> gr
     return auth.with_token(made)  # the bearer token of --token-file on every call
 
 
+def aio_channel(target: str, options: Sequence[tuple[str, Any]] | None = None) -> Any:
+    """An asyncio channel to `target`, TLS as `channel` decides. No token is added: the one
+    caller, the nameservers' RocketMQ 5 proxy, forwards each client's own metadata."""
+    import grpc
+
+    config = _current
+    if config is None or not config.dials_tls:
+        return grpc.aio.insecure_channel(target, options=options)
+    return grpc.aio.secure_channel(target, channel_credentials(config), options=options)
+
+
 def flags_of(paths: dict[str, Path]) -> list[str]:
     """Command-line flags for child processes, from {"cert": path, "key": ..., ...}."""
     flags: list[str] = []

@@ -47,7 +47,7 @@ EXAMPLES = 12
 EXAMPLES_LONG = int(os.environ.get("MQMETA_FUZZ_EXAMPLES", "300"))  # per method, `slow` only
 CLIENT_ID = "fuzz-client"
 RMQ_INTERNAL_SERVER_ERROR = 50001  # apache.rocketmq.v2.Code
-RMQ_ILLEGAL_ACCESS_POINT = 40001
+RMQ_UNSUPPORTED = 50500
 RMQ_SERVICE = "apache.rocketmq.v2.MessagingService"
 HEALTHY_TIMEOUT_S = 30.0
 
@@ -322,8 +322,9 @@ def test_a_70000_character_name_is_refused_with_a_short_sentence(
 
 
 def test_nameserver_answers_sync_lite_subscription_with_a_status(live):
-    """SyncLiteSubscription on the nameserver answers ILLEGAL_ACCESS_POINT in its Status, as
-    every broker-only method there does (it was gRPC UNIMPLEMENTED, outside the protocol)."""
+    """SyncLiteSubscription on the nameserver is answered in its Status (it was gRPC
+    UNIMPLEMENTED, outside the protocol). The nameserver is the clients' proxy by default
+    (--rocketmq-routes proxy), so it answers as a broker does: UNSUPPORTED, naming lite topics."""
     import grpc
 
     cluster, _ = live
@@ -331,8 +332,8 @@ def test_nameserver_answers_sync_lite_subscription_with_a_status(live):
     with grpc.insecure_channel(cluster.layout.namesrv[0]) as channel:
         outcome = call(channel, method, message_class(method.input_type)(), [("x-mq-client-id", CLIENT_ID)])
     assert outcome.code == grpc.StatusCode.OK, (outcome.code, outcome.details)
-    assert outcome.answers[0].status.code == RMQ_ILLEGAL_ACCESS_POINT
-    assert "broker" in outcome.answers[0].status.message
+    assert outcome.answers[0].status.code == RMQ_UNSUPPORTED
+    assert "lite topics" in outcome.answers[0].status.message
 
 
 def test_an_error_message_is_cut_for_its_header():

@@ -26,8 +26,9 @@ from bench.metadata_scale.phase_heartbeat import _sequential
 def snapshot_phase(
     cluster: ScaleCluster, monitor: SnapshotMonitor, leaders: LeaderMonitor, args, root: Path
 ) -> dict[str, Any]:
-    """Linearizable reads on every node (each one a barrier entry) until every node has
-    written a new snapshot; the longest read meanwhile is the stall a snapshot causes."""
+    """Linearizable reads on every node until every node has written a new snapshot, the
+    log grown by a writer per node (reads add no entry since ReadIndex); the longest read
+    meanwhile is the stall a snapshot causes."""
     before = len(monitor.done)
     logged_before = {node: len(lines) for node, lines in _snapshot_log_lines(cluster).items()}
     leader = cluster.leader()
@@ -43,7 +44,9 @@ def snapshot_phase(
         "all_nodes_wrote_one": {d["node"] for d in written} >= set(cluster.ids),
         "seconds": _r(t1 - t0, 1),
         "reads_by_node": results,
-        "longest_read_ms": max((r.get("max_ms") or 0 for r in results.values()), default=None),
+        "longest_read_ms": max(
+            (r.get("max_ms") or 0 for k, r in results.items() if not k.endswith(".writes")), default=None
+        ),
         "leader_changes": leaders.changes(t0, t1),
     }
     for item in out["snapshots"]:
@@ -78,6 +81,18 @@ def _reads_until_snapshots(
                 stop,
             )
 
+    def write(node: str) -> None:
+        """Grows the log: a config update that changes nothing is still an entry."""
+        with ControllerClient([cluster.grpc(node)], timeout_s=10.0) as client:
+            same = dict(client.get_config(pb.GetConfigRequest()).values)
+            unchanged = {"default_queue_count": same.get("default_queue_count", "8")}
+            results[f"{node}.writes"] = _sequential(
+                lambda i: client.update_config(pb.UpdateConfigRequest(values=unchanged)),
+                args.snapshot_reads_max,
+                args.snapshot_s_max,
+                stop,
+            )
+
     def all_written() -> bool:
         return {d["node"] for d in monitor.done[before:]} >= set(cluster.ids)
 
@@ -85,7 +100,7 @@ def _reads_until_snapshots(
         threading.Thread(target=drive, args=(n, k), daemon=True)
         for n in cluster.ids
         for k in range(SNAPSHOT_READERS_PER_NODE)
-    ]
+    ] + [threading.Thread(target=write, args=(n,), daemon=True) for n in cluster.ids]
     for thread in threads:
         thread.start()
     for _ in range(100_000):
