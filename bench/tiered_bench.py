@@ -199,6 +199,36 @@ def legacy_write_upload(backend: Any, upload: Any) -> Any:
     return upload.meta(digest.result())
 
 
+def _upload_range(
+    store: Any, backend: Any, position: int, limit: int, path: str
+) -> tuple[list[float], int, int, int]:
+    """One range of upload_run: the time marks between its steps (STEPS), and its record
+    count, object count and stored size."""
+    import uuid
+
+    from mqmeta.broker_agent.tiered import prepare_upload, write_upload
+    from mqmeta.broker_agent.tiered_objects import verify_stored
+
+    from mqmeta.formats.tiered import upload_marker_key
+
+    marks = [time.perf_counter()]
+    with store.open_bulk(position, limit - position) as source:
+        segment = source if path == "p11" else store.read_bulk(position, limit - position, check=False)
+        marks.append(time.perf_counter())
+        upload = prepare_upload(store, segment, position, cluster=CLUSTER_NAME, broker_name=BROKER_NAME)
+        marks.append(time.perf_counter())
+        backend.put(
+            upload_marker_key(CLUSTER_NAME, BROKER_NAME, uuid.uuid4().hex),
+            json.dumps({"keys": upload.keys(), "epoch": 1}).encode(),
+        )
+        marks.append(time.perf_counter())
+        meta = write_upload(backend, upload) if path == "p11" else legacy_write_upload(backend, upload)
+        marks.append(time.perf_counter())
+    verify_stored(backend, meta)
+    marks.append(time.perf_counter())
+    return marks, meta.record_count, len(upload.objects), meta.size
+
+
 def upload_run(
     store: Any,
     backend_dir: Path,
@@ -218,13 +248,7 @@ def upload_run(
     path "before": read_bulk(check=False) into memory -> the same prepare and marker ->
     legacy_write_upload (the pre-P11 write: CRC-32 pass + SHA-256 + put from the buffer)
     -> verify_stored."""
-    import uuid
-
-    from mqmeta.broker_agent.tiered import prepare_upload, write_upload
     from mqmeta.broker_agent.tiered_backend import LocalBackend
-    from mqmeta.broker_agent.tiered_objects import verify_stored
-
-    from mqmeta.formats.tiered import upload_marker_key
 
     backend = LocalBackend(backend_dir, fsync=fsync)
     steps = dict.fromkeys(STEPS, 0.0)
@@ -241,31 +265,15 @@ def upload_run(
         if time.monotonic() > deadline:
             truncated = True
             break
-        start = time.perf_counter()
-        marks = [start]
         limit = min(end_of_log, position + range_bytes)
-        with store.open_bulk(position, limit - position) as source:
-            segment = source if path == "p11" else store.read_bulk(position, limit - position, check=False)
-            marks.append(time.perf_counter())
-            upload = prepare_upload(store, segment, position, cluster=CLUSTER_NAME, broker_name=BROKER_NAME)
-            marks.append(time.perf_counter())
-            backend.put(
-                upload_marker_key(CLUSTER_NAME, BROKER_NAME, uuid.uuid4().hex),
-                json.dumps({"keys": upload.keys(), "epoch": 1}).encode(),
-            )
-            marks.append(time.perf_counter())
-            meta = write_upload(backend, upload) if path == "p11" else legacy_write_upload(backend, upload)
-            marks.append(time.perf_counter())
-        verify_stored(backend, meta)
-        marks.append(time.perf_counter())
+        marks, record_count, objects, size = _upload_range(store, backend, position, limit, path)
         for step, (t0, t1) in zip(STEPS, zip(marks, marks[1:], strict=False), strict=True):
             steps[step] += t1 - t0
-        per_upload.append(marks[-1] - start)
-        records += meta.record_count
-        index_objects += len(upload.objects) - 1
+        per_upload.append(marks[-1] - marks[0])
+        records += record_count
+        index_objects += objects - 1
         uploads += 1
-        position += meta.size
-        del segment, upload, meta
+        position += size
         if only is not None:  # one range (paired_run)
             break
     counts = {
