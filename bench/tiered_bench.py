@@ -870,6 +870,47 @@ def broker_log_promotion_to_upload(cluster: Any, name: str, epoch: int) -> dict[
     return None
 
 
+def _controller_liveness() -> dict[str, Any]:
+    """The controller liveness settings the promotion phase runs with, and the defaults."""
+    from mqmeta.controller.state_machine import CONFIG_SCHEMA
+
+    liveness = ("broker_heartbeat_interval_ms", "broker_dead_after_ms", "lease_ms")
+    return {
+        "used": "mqmeta.harness.Cluster.configure_controller: heartbeat 200 ms, dead after "
+        "1000 ms, lease 500 ms (margin 200 ms)",
+        "controller_defaults_ms": {k: CONFIG_SCHEMA[k][1] for k in liveness},
+    }
+
+
+def _failover_rounds(
+    cluster: Any,
+    client: Any,
+    load: Load,
+    started_at: dict[str, float],
+    rounds: int,
+    label: str,
+    deadline: float,
+    settle_every_other_s: float,
+    results: list[dict[str, Any]],
+) -> None:
+    """Up to `rounds` failover rounds (every other one settled), appended to `results` as
+    they finish, until `deadline`."""
+    for i in range(rounds):
+        if time.monotonic() > deadline:
+            log(f"{label}: out of time before round {i + 1}")
+            break
+        log(f"{label}: round {i + 1}/{rounds}: kill -9 the master")
+        settle = settle_every_other_s if i % 2 == 0 else 0.0
+        r = failover_round(cluster, client, load, started_at, timeout_s=30, settle_age_s=settle)
+        results.append(r)
+        log(
+            f"{label}: round {i + 1}: writable {r.get('fault_to_writable_s')} s, "
+            f"first commit {r.get('fault_to_first_commit_s')} s, promotion->commit "
+            f"{r.get('promotion_to_first_commit_s')} s, restored "
+            f"{r.get('restart_to_in_sync_s')} s"
+        )
+
+
 def promotion_phase(
     root: Path,
     flags: list[str],
@@ -880,21 +921,11 @@ def promotion_phase(
     settle_every_other_s: float = 0.0,
 ) -> dict[str, Any]:
     from mqmeta.cluster.harness import Cluster
-    from mqmeta.controller.state_machine import CONFIG_SCHEMA
 
     from mqmeta.pb import controller_pb2 as pb
 
-    liveness = ("broker_heartbeat_interval_ms", "broker_dead_after_ms", "lease_ms")
     out.update(
-        {
-            "broker_flags": flags,
-            "rounds_planned": rounds,
-            "controller_liveness": {
-                "used": "mqmeta.harness.Cluster.configure_controller: heartbeat 200 ms, dead after "
-                "1000 ms, lease 500 ms (margin 200 ms)",
-                "controller_defaults_ms": {k: CONFIG_SCHEMA[k][1] for k in liveness},
-            },
-        }
+        {"broker_flags": flags, "rounds_planned": rounds, "controller_liveness": _controller_liveness()}
     )
     t0 = time.monotonic()
     cluster = Cluster(root, broker_sets=1, replicas=3, broker_flags=flags)
@@ -916,22 +947,18 @@ def promotion_phase(
                 first = wait_uploads(client, 2, timeout_s=30)
                 out["load_to_two_uploads_s"] = _r(time.monotonic() - t, 3)
                 log(f"{label}: uploads running (uploaded {first.uploaded_offset}, master {master})")
-                results: list[dict[str, Any]] = []
-                out["rounds"] = results  # filled as it goes
-                for i in range(rounds):
-                    if time.monotonic() > deadline:
-                        log(f"{label}: out of time before round {i + 1}")
-                        break
-                    log(f"{label}: round {i + 1}/{rounds}: kill -9 the master")
-                    settle = settle_every_other_s if i % 2 == 0 else 0.0
-                    r = failover_round(cluster, client, load, started_at, timeout_s=30, settle_age_s=settle)
-                    results.append(r)
-                    log(
-                        f"{label}: round {i + 1}: writable {r.get('fault_to_writable_s')} s, "
-                        f"first commit {r.get('fault_to_first_commit_s')} s, promotion->commit "
-                        f"{r.get('promotion_to_first_commit_s')} s, restored "
-                        f"{r.get('restart_to_in_sync_s')} s"
-                    )
+                out["rounds"] = []  # filled as it goes
+                _failover_rounds(
+                    cluster,
+                    client,
+                    load,
+                    started_at,
+                    rounds,
+                    label,
+                    deadline,
+                    settle_every_other_s,
+                    out["rounds"],
+                )
                 final = get_checkpoint(client)
                 out["final_uploaded_offset"] = final.uploaded_offset
                 out["final_segments"] = len(final.segments)
