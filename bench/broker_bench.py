@@ -179,13 +179,10 @@ def raw_append_copies(root: Path, batch: int, duration_s: float, copies: int) ->
 # Per-record CPU cost of the steps of the write path (this process, no I/O) ----------------------
 
 
-def cost_breakdown(batch: int, budget_s: float) -> dict[str, Any]:
-    """Microseconds per 1 KB message of each CPU step a Send goes through, timed on
-    batches of `batch` in this process: what the broker processes spend per message
-    besides fsync and waiting."""
-
+def _send_cost_steps(batch: int, store: Any) -> dict[str, Callable[[], Any]]:
+    """The steps cost_breakdown times, by name, each over one batch of `batch` messages;
+    `store` is an open MessageStore in epoch 1."""
     from mqmeta.broker_agent.service import check_sent_messages, send_response
-    from mqmeta.broker_agent.store import MessageStore
 
     from mqmeta.formats.records import (
         check_record,
@@ -214,9 +211,6 @@ def cost_breakdown(batch: int, budget_s: float) -> dict[str, Any]:
     records = [encode_record(m, 1, now, i, ids[i]) for i, m in enumerate(messages)]
     blob = b"".join(records)
 
-    store_dir = tempfile.mkdtemp(prefix="mqmeta-micro-")
-    store = MessageStore(store_dir, fsync=False, broker_name=BROKER_SET)
-    store.begin_epoch(1)
     put_results = store.put_messages(messages, 1, now)
 
     def response() -> bytes:
@@ -230,7 +224,7 @@ def cost_breakdown(batch: int, budget_s: float) -> dict[str, Any]:
         check_sent_messages(parsed.messages)
         return send_response(1, store.put_messages(parsed.messages, 1, now)).SerializeToString()
 
-    steps = {
+    return {
         "master_send_path_in_process (parse, convert, put without fsync, respond)": master_send_path,
         "client_build_and_serialize_request": client_request,
         "server_parse_request": lambda: bpb.SendRequest.FromString(wire),
@@ -251,6 +245,18 @@ def cost_breakdown(batch: int, budget_s: float) -> dict[str, Any]:
         "slave_scan_records (what the slave runs: checks, no StoredRecord)": lambda: scan_records(blob, 0),
         "slave_header_walk (crc + fixed header only)": lambda: _header_walk(blob),
     }
+
+
+def cost_breakdown(batch: int, budget_s: float) -> dict[str, Any]:
+    """Microseconds per 1 KB message of each CPU step a Send goes through, timed on
+    batches of `batch` in this process: what the broker processes spend per message
+    besides fsync and waiting."""
+    from mqmeta.broker_agent.store import MessageStore
+
+    store_dir = tempfile.mkdtemp(prefix="mqmeta-micro-")
+    store = MessageStore(store_dir, fsync=False, broker_name=BROKER_SET)
+    store.begin_epoch(1)
+    steps = _send_cost_steps(batch, store)
     out: dict[str, Any] = {"batch": batch, "what": __doc_cost__}
     out.update(_cpu_us_per_message(steps, batch, budget_s))
     store.close()
