@@ -449,6 +449,82 @@ def _phase_micro(
     log(f"cpu cost per message: {result['cpu_cost_us_per_message'][-1]}")
 
 
+def _throughput_runs(
+    args: argparse.Namespace, cluster: Any, result: dict[str, Any], remaining: Callable[[], float]
+) -> list[dict[str, Any]]:
+    """One throughput run per batch size and thread count, each after a quiet wait,
+    while the budget allows."""
+    runs: list[dict[str, Any]] = []
+    for batch in args.batch_sizes:
+        for threads in args.thread_counts:
+            if remaining() < 15 + 5 * args.rounds + args.duration + args.quiet_wait_s:
+                log("throughput: skipping the remaining runs to stay within the budget")
+                result["throughput_truncated"] = True
+                break
+            quiet = wait_quiet(args.quiet_wait_s)
+            r = throughput_run(cluster, threads, batch, args.warmup, args.duration)
+            r["before_run"] = quiet
+            runs.append(r)
+            _log_run("throughput", r)
+    return runs
+
+
+def _throughput_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The runs, how many were invalid or contended, and the best valid one."""
+    valid = [r for r in runs if r["valid_all_3_acked"]]
+    best = max(valid, key=lambda r: r["msgs_per_s"]) if valid else None
+    calm = [r for r in valid if not r["contended"]]
+    return {
+        "runs": runs,
+        "invalid_runs": len(runs) - len(valid),
+        "contended_runs": sum(1 for r in runs if r["contended"]),
+        "best_uncontended_msgs_per_s": max((r["msgs_per_s"] for r in calm), default=None),
+        "best": None
+        if best is None
+        else {
+            k: best[k]
+            for k in (
+                "threads",
+                "batch",
+                "msgs_per_s",
+                "mb_per_s",
+                "batch_ack_latency",
+                "cpu_percent",
+                "cpu_us_per_message",
+            )
+        },
+    }
+
+
+def _profile_runs(args: argparse.Namespace, cluster: Any, root: Path, profiled: dict[str, Any]) -> None:
+    """One throughput run per --profile-targets target, that process under py-spy; each
+    in `profiled` as it finishes."""
+    threads, batch = (int(x) for x in args.profile_run.split(","))
+    pdir = root / "profile"
+    pdir.mkdir(exist_ok=True)
+    for target in args.profile_targets.split(","):
+        log(
+            f"profiling {target} (py-spy, {args.profile_rate} Hz) during a run of "
+            f"{threads} threads x batch {batch}"
+        )
+        r = throughput_run(
+            cluster,
+            threads,
+            batch,
+            args.warmup,
+            max(3.0, args.duration),
+            profile={
+                "dir": pdir,
+                "targets": [target],
+                "rate": args.profile_rate,
+                "gil": not args.profile_all_threads,
+                "native": args.profile_native,
+            },
+        )
+        _log_run(f"profiled ({target})", r)
+        profiled[target] = r
+
+
 def _phase_throughput(
     args: argparse.Namespace, root: Path, result: dict[str, Any], remaining: Callable[[], float]
 ) -> None:
@@ -472,67 +548,11 @@ def _phase_throughput(
     time.sleep(1.0 if args.quick else 2.0)
     info["idle_cpu_percent"] = meter.stop()
     log(f"idle cpu: {info['idle_cpu_percent']}")
-    runs = []
-    for batch in args.batch_sizes:
-        for threads in args.thread_counts:
-            if remaining() < 15 + 5 * args.rounds + args.duration + args.quiet_wait_s:
-                log("throughput: skipping the remaining runs to stay within the budget")
-                result["throughput_truncated"] = True
-                break
-            quiet = wait_quiet(args.quiet_wait_s)
-            r = throughput_run(cluster, threads, batch, args.warmup, args.duration)
-            r["before_run"] = quiet
-            runs.append(r)
-            _log_run("throughput", r)
-    valid = [r for r in runs if r["valid_all_3_acked"]]
-    best = max(valid, key=lambda r: r["msgs_per_s"]) if valid else None
-    calm = [r for r in valid if not r["contended"]]
-    result["throughput"] = {
-        "runs": runs,
-        "invalid_runs": len(runs) - len(valid),
-        "contended_runs": sum(1 for r in runs if r["contended"]),
-        "best_uncontended_msgs_per_s": max((r["msgs_per_s"] for r in calm), default=None),
-        "best": None
-        if best is None
-        else {
-            k: best[k]
-            for k in (
-                "threads",
-                "batch",
-                "msgs_per_s",
-                "mb_per_s",
-                "batch_ack_latency",
-                "cpu_percent",
-                "cpu_us_per_message",
-            )
-        },
-    }
+    runs = _throughput_runs(args, cluster, result, remaining)
+    result["throughput"] = _throughput_summary(runs)
     if args.profile:
-        threads, batch = (int(x) for x in args.profile_run.split(","))
-        pdir = root / "profile"
-        pdir.mkdir(exist_ok=True)
         result["profile_runs"] = {}
-        for target in args.profile_targets.split(","):
-            log(
-                f"profiling {target} (py-spy, {args.profile_rate} Hz) during a run of "
-                f"{threads} threads x batch {batch}"
-            )
-            r = throughput_run(
-                cluster,
-                threads,
-                batch,
-                args.warmup,
-                max(3.0, args.duration),
-                profile={
-                    "dir": pdir,
-                    "targets": [target],
-                    "rate": args.profile_rate,
-                    "gil": not args.profile_all_threads,
-                    "native": args.profile_native,
-                },
-            )
-            _log_run(f"profiled ({target})", r)
-            result["profile_runs"][target] = r
+        _profile_runs(args, cluster, root, result["profile_runs"])
     stop_cluster(cluster)
 
 
