@@ -556,11 +556,9 @@ def _phase_throughput(
     stop_cluster(cluster)
 
 
-def _phase_failover(
-    args: argparse.Namespace, root: Path, result: dict[str, Any], remaining: Callable[[], float]
-) -> None:
-    cluster, info = start_cluster(root, "fo-cluster", FLAGS, args.no_tiered)
-    result["failover"] = {
+def _failover_settings(args: argparse.Namespace, info: dict[str, Any]) -> dict[str, Any]:
+    """The failover phase's cluster and the settings of its probe and recovery."""
+    return {
         "cluster": info,
         "settings": {
             "controller": CONTROLLER_CONFIG,
@@ -581,59 +579,82 @@ def _phase_failover(
             "for 3 SyncStateSet members",
         },
     }
-    if args.eviction_check:
-        threads, batch = (int(x) for x in args.profile_run.split(","))
-        secs = 3.0 if args.quick else 4.0
-        log(f"load eviction check: {threads} threads x batch {batch} for {secs} s with the tests' flags")
-        r = throughput_run(cluster, threads, batch, 0.0, secs)
-        _log_run("eviction check", r)
-        result["failover"]["load_eviction_check"] = {
-            k: r[k]
-            for k in (
-                "threads",
-                "batch",
-                "duration_s",
-                "msgs_per_s",
-                "sync_state_set_start",
-                "sync_state_set_end",
-                "sync_state_set_epochs",
-                "sync_state_set_min_size_seen",
-                "sync_state_set_first_shrink_after_load_start_s",
-                "valid_all_3_acked",
-                "batch_ack_latency",
-            )
-        }
-    for kind in ("SIGKILL", "SIGSTOP"):
-        rounds: list[dict[str, Any]] = []
-        for k in range(args.rounds):
-            if remaining() < 12.0:
-                log(f"failover {kind}: stopping after {k} rounds to stay within the budget")
-                result["failover"][f"{kind}_truncated"] = True
-                break
-            try:
-                r = failover_round(cluster, kind, k, args.attempt_timeout_s, wait_s=15.0)
-            except RuntimeError as exc:
-                rounds.append({"round": k + 1, "fault": kind, "error": str(exc)})
-                log(f"failover {kind} round {k + 1}: {exc}")
-                break
-            rounds.append(r)
-            log(
-                f"failover {kind} {k + 1}/{args.rounds}: {r['old_master']} -> "
-                f"{r.get('new_master')} in {r['failover_s']} s (route after "
-                f"{r['route_names_new_master_s']} s; {r['failed_attempts']} failed "
-                f"attempts {r['errors']}), 3 in sync again after {r['back_to_3_in_sync_s']} s"
-            )
-        samples = [r["failover_s"] for r in rounds if r.get("failover_s") is not None]
-        routes = [
-            r["route_names_new_master_s"] for r in rounds if r.get("route_names_new_master_s") is not None
-        ]
-        result["failover"][kind] = dict(
-            seconds_summary(samples),
-            rounds=len(rounds),
-            failed_rounds=len(rounds) - len(samples),
-            route_names_new_master=seconds_summary(routes),
-            detail=rounds,
+
+
+def _load_eviction_check(args: argparse.Namespace, cluster: Any) -> dict[str, Any]:
+    """A throughput run with the tests' flags: whether the slaves stay in the
+    SyncStateSet under load."""
+    threads, batch = (int(x) for x in args.profile_run.split(","))
+    secs = 3.0 if args.quick else 4.0
+    log(f"load eviction check: {threads} threads x batch {batch} for {secs} s with the tests' flags")
+    r = throughput_run(cluster, threads, batch, 0.0, secs)
+    _log_run("eviction check", r)
+    return {
+        k: r[k]
+        for k in (
+            "threads",
+            "batch",
+            "duration_s",
+            "msgs_per_s",
+            "sync_state_set_start",
+            "sync_state_set_end",
+            "sync_state_set_epochs",
+            "sync_state_set_min_size_seen",
+            "sync_state_set_first_shrink_after_load_start_s",
+            "valid_all_3_acked",
+            "batch_ack_latency",
         )
+    }
+
+
+def _failover_rounds(
+    args: argparse.Namespace,
+    cluster: Any,
+    kind: str,
+    failover: dict[str, Any],
+    remaining: Callable[[], float],
+) -> dict[str, Any]:
+    """Up to --rounds failover rounds with fault `kind` (SIGKILL or SIGSTOP) while the
+    budget allows; their summary and detail."""
+    rounds: list[dict[str, Any]] = []
+    for k in range(args.rounds):
+        if remaining() < 12.0:
+            log(f"failover {kind}: stopping after {k} rounds to stay within the budget")
+            failover[f"{kind}_truncated"] = True
+            break
+        try:
+            r = failover_round(cluster, kind, k, args.attempt_timeout_s, wait_s=15.0)
+        except RuntimeError as exc:
+            rounds.append({"round": k + 1, "fault": kind, "error": str(exc)})
+            log(f"failover {kind} round {k + 1}: {exc}")
+            break
+        rounds.append(r)
+        log(
+            f"failover {kind} {k + 1}/{args.rounds}: {r['old_master']} -> "
+            f"{r.get('new_master')} in {r['failover_s']} s (route after "
+            f"{r['route_names_new_master_s']} s; {r['failed_attempts']} failed "
+            f"attempts {r['errors']}), 3 in sync again after {r['back_to_3_in_sync_s']} s"
+        )
+    samples = [r["failover_s"] for r in rounds if r.get("failover_s") is not None]
+    routes = [r["route_names_new_master_s"] for r in rounds if r.get("route_names_new_master_s") is not None]
+    return dict(
+        seconds_summary(samples),
+        rounds=len(rounds),
+        failed_rounds=len(rounds) - len(samples),
+        route_names_new_master=seconds_summary(routes),
+        detail=rounds,
+    )
+
+
+def _phase_failover(
+    args: argparse.Namespace, root: Path, result: dict[str, Any], remaining: Callable[[], float]
+) -> None:
+    cluster, info = start_cluster(root, "fo-cluster", FLAGS, args.no_tiered)
+    result["failover"] = _failover_settings(args, info)
+    if args.eviction_check:
+        result["failover"]["load_eviction_check"] = _load_eviction_check(args, cluster)
+    for kind in ("SIGKILL", "SIGSTOP"):
+        result["failover"][kind] = _failover_rounds(args, cluster, kind, result["failover"], remaining)
     stop_cluster(cluster)
 
 
