@@ -44,10 +44,64 @@ QUEUES = 4
 ACKS_IN_FLIGHT_MAX = 32
 
 
+def _null_queues(topic: str, address: str) -> list:
+    """QUEUES read-write queues of `topic`, all on the null server at `address`."""
+    from rocketmq.grpc_protocol import definition_pb2 as d
+
+    host, port = address.rsplit(":", 1)
+    endpoints = d.Endpoints(scheme=d.IPv4, addresses=[d.Address(host=host, port=int(port))])
+    return [
+        d.MessageQueue(
+            topic=d.Resource(name=topic),
+            id=i,
+            permission=d.READ_WRITE,
+            broker=d.Broker(name="null", id=0, endpoints=endpoints),
+            accept_message_types=[d.NORMAL],
+        )
+        for i in range(QUEUES)
+    ]
+
+
+def _null_message(n: int, request: Any, body: bytes, digest: str) -> Any:
+    """The null server's n-th delivered message, on the queue `request` receives from."""
+    from google.protobuf.duration_pb2 import Duration
+    from rocketmq.grpc_protocol import definition_pb2 as d
+
+    props = d.SystemProperties(
+        message_id=f"NULL{n:020d}",
+        body_digest=d.Digest(type=d.MD5, checksum=digest),
+        body_encoding=d.IDENTITY,
+        message_type=d.NORMAL,
+        receipt_handle=f"h{n}",
+        delivery_attempt=1,
+        queue_id=request.message_queue.id,
+        queue_offset=n,
+        invisible_duration=Duration(seconds=30),
+    )
+    props.born_timestamp.GetCurrentTime()
+    return d.Message(topic=request.message_queue.topic, system_properties=props, body=body)
+
+
+def _null_settings(settings: Any) -> Any:
+    """The client's settings as a broker answers them: its body limit, its batch, its polls."""
+    from google.protobuf.duration_pb2 import Duration
+    from rocketmq.grpc_protocol import definition_pb2 as d
+
+    merged = d.Settings()
+    merged.CopyFrom(settings)
+    if merged.HasField("publishing"):
+        merged.publishing.max_body_size = 4 << 20
+    if merged.HasField("subscription"):  # as a broker answers: its batch, its polls
+        merged.subscription.receive_batch_size = 32
+        merged.subscription.long_polling_timeout.CopyFrom(Duration(seconds=30))
+        merged.backoff_policy.max_attempts = 17
+        merged.backoff_policy.customized_backoff.next.add().seconds = 1
+    return merged
+
+
 def null_server(rmq_root: Any, address_holder: list[str]):
     """An in-process MessagingService that stores nothing (the official client's stubs)."""
     import grpc
-    from google.protobuf.duration_pb2 import Duration
     from rocketmq.grpc_protocol import definition_pb2 as d
     from rocketmq.grpc_protocol import service_pb2 as s
     from rocketmq.grpc_protocol import service_pb2_grpc as sg
@@ -57,18 +111,7 @@ def null_server(rmq_root: Any, address_holder: list[str]):
     digest = hashlib.md5(body).hexdigest().upper()
 
     def queues(topic: str) -> list:
-        host, port = address_holder[0].rsplit(":", 1)
-        endpoints = d.Endpoints(scheme=d.IPv4, addresses=[d.Address(host=host, port=int(port))])
-        return [
-            d.MessageQueue(
-                topic=d.Resource(name=topic),
-                id=i,
-                permission=d.READ_WRITE,
-                broker=d.Broker(name="null", id=0, endpoints=endpoints),
-                accept_message_types=[d.NORMAL],
-            )
-            for i in range(QUEUES)
-        ]
+        return _null_queues(topic, address_holder[0])
 
     class Null(sg.MessagingServiceServicer):
         counter = iter(range(1 << 62))
@@ -95,21 +138,8 @@ def null_server(rmq_root: Any, address_holder: list[str]):
         def ReceiveMessage(self, request, context):
             yield s.ReceiveMessageResponse(status=ok)
             for _ in range(request.batch_size):
-                n = next(self.counter)
-                props = d.SystemProperties(
-                    message_id=f"NULL{n:020d}",
-                    body_digest=d.Digest(type=d.MD5, checksum=digest),
-                    body_encoding=d.IDENTITY,
-                    message_type=d.NORMAL,
-                    receipt_handle=f"h{n}",
-                    delivery_attempt=1,
-                    queue_id=request.message_queue.id,
-                    queue_offset=n,
-                    invisible_duration=Duration(seconds=30),
-                )
-                props.born_timestamp.GetCurrentTime()
                 yield s.ReceiveMessageResponse(
-                    message=d.Message(topic=request.message_queue.topic, system_properties=props, body=body)
+                    message=_null_message(next(self.counter), request, body, digest)
                 )
             done = s.ReceiveMessageResponse()
             done.delivery_timestamp.GetCurrentTime()  # the clients time the batch from it
@@ -125,16 +155,7 @@ def null_server(rmq_root: Any, address_holder: list[str]):
         def Telemetry(self, request_iterator, context):
             for command in request_iterator:
                 if command.HasField("settings"):
-                    merged = d.Settings()
-                    merged.CopyFrom(command.settings)
-                    if merged.HasField("publishing"):
-                        merged.publishing.max_body_size = 4 << 20
-                    if merged.HasField("subscription"):  # as a broker answers: its batch, its polls
-                        merged.subscription.receive_batch_size = 32
-                        merged.subscription.long_polling_timeout.CopyFrom(Duration(seconds=30))
-                        merged.backoff_policy.max_attempts = 17
-                        merged.backoff_policy.customized_backoff.next.add().seconds = 1
-                    yield s.TelemetryCommand(status=ok, settings=merged)
+                    yield s.TelemetryCommand(status=ok, settings=_null_settings(command.settings))
 
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=64))
     sg.add_MessagingServiceServicer_to_server(Null(), server)
