@@ -238,58 +238,47 @@ def push_receive(rmq, endpoints: str, total: int, group: str, timeout_s: float =
         consumer.shutdown()
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--messages", type=int, default=2000)
-    parser.add_argument("--threads", type=int, default=8)
-    parser.add_argument("--size", type=int, default=1024)
-    parser.add_argument("--rounds", type=int, default=2)
-    args = parser.parse_args()
-    root = Path(tempfile.mkdtemp(prefix="rmq-proxy-tput-"))
-    rmq = official_client(root / "home")
-    from mqmeta.cluster.harness import Cluster
+def _start_direct_namesrv(cluster: Any, direct: str) -> None:
+    """A second nameserver on `direct` whose RocketMQ routes name the masters themselves
+    (no proxy), without metrics or remoting ports."""
     from mqmeta.cluster.layout import namesrv_command
-    from mqmeta.cluster.ports import PortReservation
     from mqmeta.cluster.ready import wait_ready
 
-    from mqmeta.pb import controller_pb2 as cpb
+    command = namesrv_command(cluster.layout) + ["--rocketmq-routes", "direct"]
+    command[command.index("--listen") + 1] = direct
+    for flag in ("--metrics-listen", "--remoting-listen"):
+        if flag in command:
+            del command[command.index(flag) : command.index(flag) + 2]
+    cluster.supervisor.start("namesrv-direct", command)
+    wait_ready(cluster.addresses, [direct])
 
-    holder: list[str] = []
-    null = null_server(rmq, holder)
-    cluster = Cluster(root / "cluster", count=1, broker_sets=1, replicas=2)
-    direct_port = PortReservation.pick(1)
-    cluster.start()
-    try:
-        direct = direct_port.addresses[0]
-        direct_port.release()
-        command = namesrv_command(cluster.layout) + ["--rocketmq-routes", "direct"]
-        command[command.index("--listen") + 1] = direct
-        for flag in ("--metrics-listen", "--remoting-listen"):
-            if flag in command:
-                del command[command.index(flag) : command.index(flag) + 2]
-        cluster.supervisor.start("namesrv-direct", command)
-        wait_ready(cluster.addresses, [direct])
-        cluster.master_of("broker-a")
-        with cluster.client() as admin:
-            admin.create_topic(cpb.TopicSpec(name=TOPIC, queue_count=QUEUES))
-        targets = {"ceiling": holder[0], "direct": direct, "proxy": cluster.namesrv}
-        body = os.urandom(args.size)
-        total = args.messages - args.messages % args.threads
-        rates: dict[str, dict[str, list[float]]] = {
-            k: {"send": [], "simple": [], "push": []} for k in targets
-        }
-        for r in range(args.rounds):
-            for name, endpoints in targets.items():
-                rates[name]["send"].append(send(rmq, endpoints, total, args.threads, body))
-                log(f"round {r + 1} {name} send {rates[name]['send'][-1]:.0f} msg/s")
-            for name, endpoints in targets.items():
-                rates[name]["simple"].append(simple_receive(rmq, endpoints, total, f"simple-{name}-{r}"))
-                rates[name]["push"].append(push_receive(rmq, endpoints, total, f"push-{name}-{r}"))
-                got = rates[name]
-                log(f"round {r + 1} {name} simple {got['simple'][-1]:.0f} push {got['push'][-1]:.0f}")
-    finally:
-        cluster.stop()
-        null.stop(0)
+
+def _measure(
+    rmq: Any,
+    targets: dict[str, str],
+    rounds: int,
+    total: int,
+    threads: int,
+    body: bytes,
+    rates: dict[str, dict[str, list[float]]],
+) -> None:
+    """`rounds` rounds of send, then simple and push receive, against every target; each
+    rate appended to `rates` as it is measured."""
+    for r in range(rounds):
+        for name, endpoints in targets.items():
+            rates[name]["send"].append(send(rmq, endpoints, total, threads, body))
+            log(f"round {r + 1} {name} send {rates[name]['send'][-1]:.0f} msg/s")
+        for name, endpoints in targets.items():
+            rates[name]["simple"].append(simple_receive(rmq, endpoints, total, f"simple-{name}-{r}"))
+            rates[name]["push"].append(push_receive(rmq, endpoints, total, f"push-{name}-{r}"))
+            got = rates[name]
+            log(f"round {r + 1} {name} simple {got['simple'][-1]:.0f} push {got['push'][-1]:.0f}")
+
+
+def _summary(
+    rates: dict[str, dict[str, list[float]]], total: int, args: argparse.Namespace
+) -> dict[str, Any]:
+    """The best rate of each target and kind, every sample, and the ratios between targets."""
     best = {name: {kind: round(max(v), 1) for kind, v in kinds.items()} for name, kinds in rates.items()}
     result: dict[str, Any] = {
         "messages": total,
@@ -309,6 +298,46 @@ def main() -> int:
             k: _ratio(best["direct"][k], best["ceiling"][k]) for k in ("send", "simple", "push")
         },
     }
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--messages", type=int, default=2000)
+    parser.add_argument("--threads", type=int, default=8)
+    parser.add_argument("--size", type=int, default=1024)
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="rmq-proxy-tput-"))
+    rmq = official_client(root / "home")
+    from mqmeta.cluster.harness import Cluster
+    from mqmeta.cluster.ports import PortReservation
+
+    from mqmeta.pb import controller_pb2 as cpb
+
+    holder: list[str] = []
+    null = null_server(rmq, holder)
+    cluster = Cluster(root / "cluster", count=1, broker_sets=1, replicas=2)
+    direct_port = PortReservation.pick(1)
+    cluster.start()
+    try:
+        direct = direct_port.addresses[0]
+        direct_port.release()
+        _start_direct_namesrv(cluster, direct)
+        cluster.master_of("broker-a")
+        with cluster.client() as admin:
+            admin.create_topic(cpb.TopicSpec(name=TOPIC, queue_count=QUEUES))
+        targets = {"ceiling": holder[0], "direct": direct, "proxy": cluster.namesrv}
+        body = os.urandom(args.size)
+        total = args.messages - args.messages % args.threads
+        rates: dict[str, dict[str, list[float]]] = {
+            k: {"send": [], "simple": [], "push": []} for k in targets
+        }
+        _measure(rmq, targets, args.rounds, total, args.threads, body, rates)
+    finally:
+        cluster.stop()
+        null.stop(0)
+    result = _summary(rates, total, args)
     text = json.dumps(result, indent=2)
     (REPO / "bench" / "results" / "rocketmq_proxy_throughput.json").write_text(text + "\n")
     print(text)
