@@ -240,13 +240,13 @@ def push_receive(rmq, endpoints: str, total: int, group: str, timeout_s: float =
 
 def _start_direct_namesrv(cluster: Any, direct: str) -> None:
     """A second nameserver on `direct` whose RocketMQ routes name the masters themselves
-    (no proxy), without metrics or remoting ports."""
+    (no proxy), without metrics, remoting or console ports (they are the first one's)."""
     from mqmeta.cluster.layout import namesrv_command
     from mqmeta.cluster.ready import wait_ready
 
     command = namesrv_command(cluster.layout) + ["--rocketmq-routes", "direct"]
     command[command.index("--listen") + 1] = direct
-    for flag in ("--metrics-listen", "--remoting-listen"):
+    for flag in ("--metrics-listen", "--remoting-listen", "--console-listen"):
         if flag in command:
             del command[command.index(flag) : command.index(flag) + 2]
     cluster.supervisor.start("namesrv-direct", command)
