@@ -240,13 +240,13 @@ def push_receive(rmq, endpoints: str, total: int, group: str, timeout_s: float =
 
 def _start_direct_namesrv(cluster: Any, direct: str) -> None:
     """A second nameserver on `direct` whose RocketMQ routes name the masters themselves
-    (no proxy), without metrics, remoting or console ports (they are the first one's)."""
+    (no proxy), without metrics, remoting, remoting proxy or console (the first one's ports)."""
     from mqmeta.cluster.layout import namesrv_command
     from mqmeta.cluster.ready import wait_ready
 
     command = namesrv_command(cluster.layout) + ["--rocketmq-routes", "direct"]
     command[command.index("--listen") + 1] = direct
-    for flag in ("--metrics-listen", "--remoting-listen", "--console-listen"):
+    for flag in ("--metrics-listen", "--remoting-listen", "--remoting-proxy", "--console-listen"):
         if flag in command:
             del command[command.index(flag) : command.index(flag) + 2]
     cluster.supervisor.start("namesrv-direct", command)
