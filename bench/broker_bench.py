@@ -179,13 +179,10 @@ def raw_append_copies(root: Path, batch: int, duration_s: float, copies: int) ->
 # Per-record CPU cost of the steps of the write path (this process, no I/O) ----------------------
 
 
-def cost_breakdown(batch: int, budget_s: float) -> dict[str, Any]:
-    """Microseconds per 1 KB message of each CPU step a Send goes through, timed on
-    batches of `batch` in this process: what the broker processes spend per message
-    besides fsync and waiting."""
-
+def _send_cost_steps(batch: int, store: Any) -> dict[str, Callable[[], Any]]:
+    """The steps cost_breakdown times, by name, each over one batch of `batch` messages;
+    `store` is an open MessageStore in epoch 1."""
     from mqmeta.broker_agent.service import check_sent_messages, send_response
-    from mqmeta.broker_agent.store import MessageStore
 
     from mqmeta.formats.records import (
         check_record,
@@ -214,9 +211,6 @@ def cost_breakdown(batch: int, budget_s: float) -> dict[str, Any]:
     records = [encode_record(m, 1, now, i, ids[i]) for i, m in enumerate(messages)]
     blob = b"".join(records)
 
-    store_dir = tempfile.mkdtemp(prefix="mqmeta-micro-")
-    store = MessageStore(store_dir, fsync=False, broker_name=BROKER_SET)
-    store.begin_epoch(1)
     put_results = store.put_messages(messages, 1, now)
 
     def response() -> bytes:
@@ -230,7 +224,7 @@ def cost_breakdown(batch: int, budget_s: float) -> dict[str, Any]:
         check_sent_messages(parsed.messages)
         return send_response(1, store.put_messages(parsed.messages, 1, now)).SerializeToString()
 
-    steps = {
+    return {
         "master_send_path_in_process (parse, convert, put without fsync, respond)": master_send_path,
         "client_build_and_serialize_request": client_request,
         "server_parse_request": lambda: bpb.SendRequest.FromString(wire),
@@ -251,6 +245,18 @@ def cost_breakdown(batch: int, budget_s: float) -> dict[str, Any]:
         "slave_scan_records (what the slave runs: checks, no StoredRecord)": lambda: scan_records(blob, 0),
         "slave_header_walk (crc + fixed header only)": lambda: _header_walk(blob),
     }
+
+
+def cost_breakdown(batch: int, budget_s: float) -> dict[str, Any]:
+    """Microseconds per 1 KB message of each CPU step a Send goes through, timed on
+    batches of `batch` in this process: what the broker processes spend per message
+    besides fsync and waiting."""
+    from mqmeta.broker_agent.store import MessageStore
+
+    store_dir = tempfile.mkdtemp(prefix="mqmeta-micro-")
+    store = MessageStore(store_dir, fsync=False, broker_name=BROKER_SET)
+    store.begin_epoch(1)
+    steps = _send_cost_steps(batch, store)
     out: dict[str, Any] = {"batch": batch, "what": __doc_cost__}
     out.update(_cpu_us_per_message(steps, batch, budget_s))
     store.close()
@@ -443,6 +449,82 @@ def _phase_micro(
     log(f"cpu cost per message: {result['cpu_cost_us_per_message'][-1]}")
 
 
+def _throughput_runs(
+    args: argparse.Namespace, cluster: Any, result: dict[str, Any], remaining: Callable[[], float]
+) -> list[dict[str, Any]]:
+    """One throughput run per batch size and thread count, each after a quiet wait,
+    while the budget allows."""
+    runs: list[dict[str, Any]] = []
+    for batch in args.batch_sizes:
+        for threads in args.thread_counts:
+            if remaining() < 15 + 5 * args.rounds + args.duration + args.quiet_wait_s:
+                log("throughput: skipping the remaining runs to stay within the budget")
+                result["throughput_truncated"] = True
+                break
+            quiet = wait_quiet(args.quiet_wait_s)
+            r = throughput_run(cluster, threads, batch, args.warmup, args.duration)
+            r["before_run"] = quiet
+            runs.append(r)
+            _log_run("throughput", r)
+    return runs
+
+
+def _throughput_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The runs, how many were invalid or contended, and the best valid one."""
+    valid = [r for r in runs if r["valid_all_3_acked"]]
+    best = max(valid, key=lambda r: r["msgs_per_s"]) if valid else None
+    calm = [r for r in valid if not r["contended"]]
+    return {
+        "runs": runs,
+        "invalid_runs": len(runs) - len(valid),
+        "contended_runs": sum(1 for r in runs if r["contended"]),
+        "best_uncontended_msgs_per_s": max((r["msgs_per_s"] for r in calm), default=None),
+        "best": None
+        if best is None
+        else {
+            k: best[k]
+            for k in (
+                "threads",
+                "batch",
+                "msgs_per_s",
+                "mb_per_s",
+                "batch_ack_latency",
+                "cpu_percent",
+                "cpu_us_per_message",
+            )
+        },
+    }
+
+
+def _profile_runs(args: argparse.Namespace, cluster: Any, root: Path, profiled: dict[str, Any]) -> None:
+    """One throughput run per --profile-targets target, that process under py-spy; each
+    in `profiled` as it finishes."""
+    threads, batch = (int(x) for x in args.profile_run.split(","))
+    pdir = root / "profile"
+    pdir.mkdir(exist_ok=True)
+    for target in args.profile_targets.split(","):
+        log(
+            f"profiling {target} (py-spy, {args.profile_rate} Hz) during a run of "
+            f"{threads} threads x batch {batch}"
+        )
+        r = throughput_run(
+            cluster,
+            threads,
+            batch,
+            args.warmup,
+            max(3.0, args.duration),
+            profile={
+                "dir": pdir,
+                "targets": [target],
+                "rate": args.profile_rate,
+                "gil": not args.profile_all_threads,
+                "native": args.profile_native,
+            },
+        )
+        _log_run(f"profiled ({target})", r)
+        profiled[target] = r
+
+
 def _phase_throughput(
     args: argparse.Namespace, root: Path, result: dict[str, Any], remaining: Callable[[], float]
 ) -> None:
@@ -466,75 +548,17 @@ def _phase_throughput(
     time.sleep(1.0 if args.quick else 2.0)
     info["idle_cpu_percent"] = meter.stop()
     log(f"idle cpu: {info['idle_cpu_percent']}")
-    runs = []
-    for batch in args.batch_sizes:
-        for threads in args.thread_counts:
-            if remaining() < 15 + 5 * args.rounds + args.duration + args.quiet_wait_s:
-                log("throughput: skipping the remaining runs to stay within the budget")
-                result["throughput_truncated"] = True
-                break
-            quiet = wait_quiet(args.quiet_wait_s)
-            r = throughput_run(cluster, threads, batch, args.warmup, args.duration)
-            r["before_run"] = quiet
-            runs.append(r)
-            _log_run("throughput", r)
-    valid = [r for r in runs if r["valid_all_3_acked"]]
-    best = max(valid, key=lambda r: r["msgs_per_s"]) if valid else None
-    calm = [r for r in valid if not r["contended"]]
-    result["throughput"] = {
-        "runs": runs,
-        "invalid_runs": len(runs) - len(valid),
-        "contended_runs": sum(1 for r in runs if r["contended"]),
-        "best_uncontended_msgs_per_s": max((r["msgs_per_s"] for r in calm), default=None),
-        "best": None
-        if best is None
-        else {
-            k: best[k]
-            for k in (
-                "threads",
-                "batch",
-                "msgs_per_s",
-                "mb_per_s",
-                "batch_ack_latency",
-                "cpu_percent",
-                "cpu_us_per_message",
-            )
-        },
-    }
+    runs = _throughput_runs(args, cluster, result, remaining)
+    result["throughput"] = _throughput_summary(runs)
     if args.profile:
-        threads, batch = (int(x) for x in args.profile_run.split(","))
-        pdir = root / "profile"
-        pdir.mkdir(exist_ok=True)
         result["profile_runs"] = {}
-        for target in args.profile_targets.split(","):
-            log(
-                f"profiling {target} (py-spy, {args.profile_rate} Hz) during a run of "
-                f"{threads} threads x batch {batch}"
-            )
-            r = throughput_run(
-                cluster,
-                threads,
-                batch,
-                args.warmup,
-                max(3.0, args.duration),
-                profile={
-                    "dir": pdir,
-                    "targets": [target],
-                    "rate": args.profile_rate,
-                    "gil": not args.profile_all_threads,
-                    "native": args.profile_native,
-                },
-            )
-            _log_run(f"profiled ({target})", r)
-            result["profile_runs"][target] = r
+        _profile_runs(args, cluster, root, result["profile_runs"])
     stop_cluster(cluster)
 
 
-def _phase_failover(
-    args: argparse.Namespace, root: Path, result: dict[str, Any], remaining: Callable[[], float]
-) -> None:
-    cluster, info = start_cluster(root, "fo-cluster", FLAGS, args.no_tiered)
-    result["failover"] = {
+def _failover_settings(args: argparse.Namespace, info: dict[str, Any]) -> dict[str, Any]:
+    """The failover phase's cluster and the settings of its probe and recovery."""
+    return {
         "cluster": info,
         "settings": {
             "controller": CONTROLLER_CONFIG,
@@ -555,59 +579,82 @@ def _phase_failover(
             "for 3 SyncStateSet members",
         },
     }
-    if args.eviction_check:
-        threads, batch = (int(x) for x in args.profile_run.split(","))
-        secs = 3.0 if args.quick else 4.0
-        log(f"load eviction check: {threads} threads x batch {batch} for {secs} s with the tests' flags")
-        r = throughput_run(cluster, threads, batch, 0.0, secs)
-        _log_run("eviction check", r)
-        result["failover"]["load_eviction_check"] = {
-            k: r[k]
-            for k in (
-                "threads",
-                "batch",
-                "duration_s",
-                "msgs_per_s",
-                "sync_state_set_start",
-                "sync_state_set_end",
-                "sync_state_set_epochs",
-                "sync_state_set_min_size_seen",
-                "sync_state_set_first_shrink_after_load_start_s",
-                "valid_all_3_acked",
-                "batch_ack_latency",
-            )
-        }
-    for kind in ("SIGKILL", "SIGSTOP"):
-        rounds: list[dict[str, Any]] = []
-        for k in range(args.rounds):
-            if remaining() < 12.0:
-                log(f"failover {kind}: stopping after {k} rounds to stay within the budget")
-                result["failover"][f"{kind}_truncated"] = True
-                break
-            try:
-                r = failover_round(cluster, kind, k, args.attempt_timeout_s, wait_s=15.0)
-            except RuntimeError as exc:
-                rounds.append({"round": k + 1, "fault": kind, "error": str(exc)})
-                log(f"failover {kind} round {k + 1}: {exc}")
-                break
-            rounds.append(r)
-            log(
-                f"failover {kind} {k + 1}/{args.rounds}: {r['old_master']} -> "
-                f"{r.get('new_master')} in {r['failover_s']} s (route after "
-                f"{r['route_names_new_master_s']} s; {r['failed_attempts']} failed "
-                f"attempts {r['errors']}), 3 in sync again after {r['back_to_3_in_sync_s']} s"
-            )
-        samples = [r["failover_s"] for r in rounds if r.get("failover_s") is not None]
-        routes = [
-            r["route_names_new_master_s"] for r in rounds if r.get("route_names_new_master_s") is not None
-        ]
-        result["failover"][kind] = dict(
-            seconds_summary(samples),
-            rounds=len(rounds),
-            failed_rounds=len(rounds) - len(samples),
-            route_names_new_master=seconds_summary(routes),
-            detail=rounds,
+
+
+def _load_eviction_check(args: argparse.Namespace, cluster: Any) -> dict[str, Any]:
+    """A throughput run with the tests' flags: whether the slaves stay in the
+    SyncStateSet under load."""
+    threads, batch = (int(x) for x in args.profile_run.split(","))
+    secs = 3.0 if args.quick else 4.0
+    log(f"load eviction check: {threads} threads x batch {batch} for {secs} s with the tests' flags")
+    r = throughput_run(cluster, threads, batch, 0.0, secs)
+    _log_run("eviction check", r)
+    return {
+        k: r[k]
+        for k in (
+            "threads",
+            "batch",
+            "duration_s",
+            "msgs_per_s",
+            "sync_state_set_start",
+            "sync_state_set_end",
+            "sync_state_set_epochs",
+            "sync_state_set_min_size_seen",
+            "sync_state_set_first_shrink_after_load_start_s",
+            "valid_all_3_acked",
+            "batch_ack_latency",
         )
+    }
+
+
+def _failover_rounds(
+    args: argparse.Namespace,
+    cluster: Any,
+    kind: str,
+    failover: dict[str, Any],
+    remaining: Callable[[], float],
+) -> dict[str, Any]:
+    """Up to --rounds failover rounds with fault `kind` (SIGKILL or SIGSTOP) while the
+    budget allows; their summary and detail."""
+    rounds: list[dict[str, Any]] = []
+    for k in range(args.rounds):
+        if remaining() < 12.0:
+            log(f"failover {kind}: stopping after {k} rounds to stay within the budget")
+            failover[f"{kind}_truncated"] = True
+            break
+        try:
+            r = failover_round(cluster, kind, k, args.attempt_timeout_s, wait_s=15.0)
+        except RuntimeError as exc:
+            rounds.append({"round": k + 1, "fault": kind, "error": str(exc)})
+            log(f"failover {kind} round {k + 1}: {exc}")
+            break
+        rounds.append(r)
+        log(
+            f"failover {kind} {k + 1}/{args.rounds}: {r['old_master']} -> "
+            f"{r.get('new_master')} in {r['failover_s']} s (route after "
+            f"{r['route_names_new_master_s']} s; {r['failed_attempts']} failed "
+            f"attempts {r['errors']}), 3 in sync again after {r['back_to_3_in_sync_s']} s"
+        )
+    samples = [r["failover_s"] for r in rounds if r.get("failover_s") is not None]
+    routes = [r["route_names_new_master_s"] for r in rounds if r.get("route_names_new_master_s") is not None]
+    return dict(
+        seconds_summary(samples),
+        rounds=len(rounds),
+        failed_rounds=len(rounds) - len(samples),
+        route_names_new_master=seconds_summary(routes),
+        detail=rounds,
+    )
+
+
+def _phase_failover(
+    args: argparse.Namespace, root: Path, result: dict[str, Any], remaining: Callable[[], float]
+) -> None:
+    cluster, info = start_cluster(root, "fo-cluster", FLAGS, args.no_tiered)
+    result["failover"] = _failover_settings(args, info)
+    if args.eviction_check:
+        result["failover"]["load_eviction_check"] = _load_eviction_check(args, cluster)
+    for kind in ("SIGKILL", "SIGSTOP"):
+        result["failover"][kind] = _failover_rounds(args, cluster, kind, result["failover"], remaining)
     stop_cluster(cluster)
 
 

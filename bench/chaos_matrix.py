@@ -81,18 +81,9 @@ def _row(fault: str, run_index: int, result: dict[str, Any], seconds: float) -> 
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    from mqmeta.chaos.faults import FAULT_NAMES
-    from mqmeta.chaos.runner import RunConfig, run
-
-    faults = [f.strip() for f in args.faults.split(",") if f.strip()]
-    missing = [f for f in faults if f not in FAULT_NAMES]  # corrupt-replica comes with its own branch
-    faults = [f for f in faults if f in FAULT_NAMES]
-    root = args.output_dir or Path(os.environ.get("TMPDIR", "/tmp")) / f"chaos-matrix-{os.getpid()}"
-    root.mkdir(parents=True, exist_ok=True)
-    args.budget_s = args.budget_s + args.time + RUN_OVERHEAD_S  # the watchdog: budget plus one run
-    result: dict[str, Any] = {
+def _result_head(args: argparse.Namespace, argv: list[str] | None, missing: list[str]) -> dict[str, Any]:
+    """The result document before any run: the command, its settings, empty rows."""
+    return {
         "bench": "python -m bench.chaos_matrix",
         "command": " ".join(["python -m bench.chaos_matrix", *(argv if argv is not None else sys.argv[1:])]),
         "run_date": time.strftime("%Y-%m-%d"),
@@ -106,6 +97,35 @@ def main(argv: list[str] | None = None) -> int:
         "rows": [],
         "not_started": [],
     }
+
+
+def _summarize(done: dict[str, Any]) -> None:
+    """The totals over every row: runs, passed, acked, lost, audit failures, nodes not back,
+    the longest repair."""
+    rows = done["rows"]
+    done["summary"] = {
+        "runs": len(rows),
+        "passed": sum(1 for r in rows if r["passed"]),
+        "acked": sum(r["acked"] or 0 for r in rows),
+        "lost": sum(r["lost"] or 0 for r in rows),
+        "audit_failed": sum(1 for r in rows if r["audit"] is False),
+        "nodes_not_back": sum(1 for r in rows if not r["every_node_back"]),
+        "repair_ms_max": max((r["repair_ms"] for r in rows if r["repair_ms"] is not None), default=None),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from mqmeta.chaos.faults import FAULT_NAMES
+    from mqmeta.chaos.runner import RunConfig, run
+
+    faults = [f.strip() for f in args.faults.split(",") if f.strip()]
+    missing = [f for f in faults if f not in FAULT_NAMES]  # corrupt-replica comes with its own branch
+    faults = [f for f in faults if f in FAULT_NAMES]
+    root = args.output_dir or Path(os.environ.get("TMPDIR", "/tmp")) / f"chaos-matrix-{os.getpid()}"
+    root.mkdir(parents=True, exist_ok=True)
+    args.budget_s = args.budget_s + args.time + RUN_OVERHEAD_S  # the watchdog: budget plus one run
+    result = _result_head(args, argv, missing)
     audit = None
     if args.audit:
         from mqmeta.spark.cli import shared_session_audit
@@ -134,25 +154,13 @@ def main(argv: list[str] | None = None) -> int:
                 result["rows"].append(row)
                 log(f"{fault} #{index}: {'passed' if row['passed'] else 'FAILED'} in {row['run_s']} s")
 
-    def summarize(done: dict[str, Any]) -> None:
-        rows = done["rows"]
-        done["summary"] = {
-            "runs": len(rows),
-            "passed": sum(1 for r in rows if r["passed"]),
-            "acked": sum(r["acked"] or 0 for r in rows),
-            "lost": sum(r["lost"] or 0 for r in rows),
-            "audit_failed": sum(1 for r in rows if r["audit"] is False),
-            "nodes_not_back": sum(1 for r in rows if not r["every_node_back"]),
-            "repair_ms_max": max((r["repair_ms"] for r in rows if r["repair_ms"] is not None), default=None),
-        }
-
     def cleanup() -> None:
         if audit is not None:
             from mqmeta.spark.cli import stop_shared_session
 
             stop_shared_session()
 
-    return run_main(args, root, result, work, summarize, cleanup, log, watchdog_grace_s=0.0)
+    return run_main(args, root, result, work, _summarize, cleanup, log, watchdog_grace_s=0.0)
 
 
 if __name__ == "__main__":

@@ -70,6 +70,7 @@ from bench.benchlib import (
     run_main,
     stop_clusters,
 )
+from bench.raw_raft import RAW_CONFS, RawSpec, raw_node
 
 CLIENTS = 16
 TARGETS = {
@@ -785,168 +786,6 @@ def _write_costs(
 # Raw pysyncobj baseline --------------------------------------------------------------
 
 
-RAW_CONFS = {
-    "controller_conf": "controller.raft_node._syncobj_conf(RaftSettings(secret=<the cluster "
-    "secret>)) with the controller's pysyncobj patches installed "
-    "(controller.raft_node.install_pysyncobj_patches: its journal, see 'journal', and "
-    "durable snapshots)",
-    "pysyncobj_defaults": "SyncObjConf() with no arguments: appendEntriesUseBatch=True, "
-    "appendEntriesPeriod=0.1 s, memory journal, no password",
-    # experiments (--raw-conf):
-    "controller_conf_no_password": "controller_conf without the password (no encryption)",
-    "controller_conf_no_fsync": "controller_conf with the controller journal's fsync off",
-    "controller_conf_stock_journal": "controller_conf with pysyncobj's own FileJournal",
-}
-
-
-def _raw_conf(kind: str, secret: str, data_dir: str):
-    from pysyncobj import SyncObjConf
-
-    if kind == "pysyncobj_defaults":
-        return SyncObjConf()
-    if kind not in RAW_CONFS:
-        raise ValueError(f"unknown raw conf {kind}; known: {sorted(RAW_CONFS)}")
-    import mqmeta.controller.raft_node as raft_node
-    from mqmeta.controller import pysyncobj_compat
-
-    raft_node.install_pysyncobj_patches()
-    conf = raft_node._syncobj_conf(
-        raft_node.RaftSettings(secret=None if kind == "controller_conf_no_password" else secret),
-        Path(data_dir),
-    )
-    if kind == "controller_conf_no_fsync" and hasattr(raft_node, "_JOURNAL_FSYNC"):
-        raft_node._JOURNAL_FSYNC[str(conf.journalFile)] = False
-    if kind == "controller_conf_stock_journal":
-        pysyncobj_compat.restore_stock_journal()
-    return conf
-
-
-def _raw_node(
-    index: int,
-    addresses: list[str],
-    kind: str,
-    secret: str,
-    data_dir: str,
-    conn,
-    patch_next_index: bool = False,
-) -> None:
-    """One node of the raw cluster; obeys commands from the parent over a Pipe."""
-    from mqmeta.controller import pysyncobj_compat
-    from pysyncobj import SyncObj, SyncObjException, replicated
-
-    base = pysyncobj_compat.NextIndexFix if patch_next_index else SyncObj
-
-    class Counter(base):  # type: ignore[valid-type,misc]  # a base chosen at run time
-        def __init__(self) -> None:
-            others = [a for i, a in enumerate(addresses) if i != index]
-            super().__init__(addresses[index], others, _raw_conf(kind, secret, data_dir))
-            self.value = 0
-
-        @replicated
-        def inc(self) -> int:
-            self.value += 1
-            return self.value
-
-    Path(data_dir).mkdir(parents=True, exist_ok=True)
-    node = Counter()
-    # count journal writes: with pysyncobj's resends a follower truncates and re-adds
-    # entries it already holds, and each re-add is a journal write (an fsync if durable)
-    journal_ops: collections.Counter = collections.Counter()
-    journal = pysyncobj_compat.raft_journal(node)
-    for method in ("add", "deleteEntriesFrom"):
-        original = getattr(journal, method)
-
-        def counted(*a, _original=original, _name=method):
-            journal_ops[_name] += 1
-            return _original(*a)
-
-        setattr(journal, method, counted)
-    try:
-        for _ in range(100_000):
-            if not conn.poll(60.0):
-                return  # the parent is gone
-            msg = conn.recv()
-            op = msg[0]
-            if op == "stop":
-                conn.send(("ok", None))
-                return
-            if op == "status":
-                conn.send(
-                    (
-                        "ok",
-                        {
-                            "leader": pysyncobj_compat.leader_address(node),
-                            "is_leader": pysyncobj_compat.is_leader(node),
-                            "journal": type(journal).__module__ + "." + type(journal).__name__,
-                            "journal_ops": dict(journal_ops),
-                            "last_applied": node.raftLastApplied,
-                        },
-                    )
-                )
-            elif op == "seq":
-                _, count, warmup, time_limit = msg
-                lat: list[float] = []
-                errors = 0
-                limit = time.perf_counter() + time_limit
-                for i in range(warmup + count):
-                    t0 = time.perf_counter()
-                    try:
-                        node.inc(sync=True, timeout=2.0)
-                    except SyncObjException:
-                        errors += 1
-                        continue
-                    if i >= warmup:
-                        lat.append(time.perf_counter() - t0)
-                    if t0 > limit:
-                        break
-                conn.send(("ok", {"latencies": lat, "errors": errors}))
-            elif op == "async":
-                _, duration, warmup, window = msg
-                conn.send(("ok", _raw_async(node, duration, warmup, window)))
-            else:
-                conn.send(("error", f"unknown op {op}"))
-    finally:
-        node.destroy()
-
-
-def _raw_async(node, duration: float, warmup: float, window: int) -> dict[str, Any]:
-    """Keeps `window` async calls outstanding; counts completions in the window."""
-    from pysyncobj import FAIL_REASON
-
-    slots = threading.BoundedSemaphore(window)
-    done: list[tuple[float, float]] = []
-    errors: collections.Counter[int] = collections.Counter()
-
-    def callback(result, error, t0):
-        if error == FAIL_REASON.SUCCESS:
-            done.append((time.perf_counter(), time.perf_counter() - t0))
-        else:
-            errors[int(error)] += 1
-        slots.release()
-
-    start = time.perf_counter()
-    warm_until = start + warmup
-    end = warm_until + duration
-    issued = 0
-    for _ in range(5_000_000):
-        if time.perf_counter() >= end:
-            break
-        if not slots.acquire(timeout=1.0):
-            continue
-        t0 = time.perf_counter()
-        node.inc(callback=lambda r, e, t0=t0: callback(r, e, t0))
-        issued += 1
-    counted = [lat for t, lat in list(done) if warm_until <= t <= end]
-    out = {
-        "window": window,
-        "issued": issued,
-        "writes_per_s": _r(len(counted) / duration, 1),
-        "errors": dict(errors),
-    }
-    out.update({k: v for k, v in latency_summary(counted).items() if k != "count"})
-    return out
-
-
 class RawCluster:
     def __init__(self, root: Path, kind: str, secret: str, patch_next_index: bool = False) -> None:
         from mqmeta.cluster.ports import PortReservation
@@ -954,24 +793,17 @@ class RawCluster:
         self.kind = kind
         self.ports = PortReservation.pick(3)  # held until stop(): the nodes bind them with SO_REUSEADDR
         self.addresses = self.ports.addresses
+        spec = RawSpec(kind=kind, secret=secret, base="next_index" if patch_next_index else "plain")
         ctx = mp.get_context("spawn")
         self.conns = []
         self.procs = []
         for i in range(3):
             parent, child = ctx.Pipe()
             p = ctx.Process(
-                target=_raw_node,
+                target=raw_node,
                 daemon=True,
                 name=f"raw-{kind}-{i}",
-                args=(
-                    i,
-                    self.addresses,
-                    kind,
-                    secret,
-                    str(root / f"raw-{kind}-{i}"),
-                    child,
-                    patch_next_index,
-                ),
+                args=(i, self.addresses, spec, str(root / f"raw-{kind}-{i}"), child),
             )
             p.start()
             BENCH_CHILDREN.append(p)

@@ -121,20 +121,16 @@ def start(root: Path, routes: str):
     return cluster
 
 
-def run(args: argparse.Namespace, root: Path, result: dict[str, Any]) -> None:
-    cluster = start(root, args.routes)
-    result["routes"] = args.routes
-    result["fault"] = args.fault
-    result["load_average_at_start"] = [round(x, 1) for x in os.getloadavg()]
-    official, ours = Sends(), Sends()
-    stop = threading.Event()
+def _start_producers(namesrv: str, record: Path) -> tuple[subprocess.Popen, subprocess.Popen]:
+    """The official client's producer (driven over its stdin/stdout) and ours (`mqmeta
+    produce` at 50 msg/s, each acknowledgement recorded in `record`)."""
     driver = subprocess.Popen(
         [
             sys.executable,
             "-m",
             "bench.rmq_official_producer",
             "--endpoints",
-            cluster.namesrv,
+            namesrv,
             "--topic",
             TOPIC,
         ],
@@ -143,14 +139,62 @@ def run(args: argparse.Namespace, root: Path, result: dict[str, Any]) -> None:
         text=True,
         cwd=REPO,
     )
-    record = root / "produce.jsonl"
     produce = subprocess.Popen(
-        [sys.executable, "-m", "mqmeta.cli", "produce", "--namesrv", cluster.namesrv, "--topic", TOPIC]
+        [sys.executable, "-m", "mqmeta.cli", "produce", "--namesrv", namesrv, "--topic", TOPIC]
         + ["--count", "1000000", "--rate", "50", "--batch", "1", "--record", str(record)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         cwd=REPO,
     )
+    return driver, produce
+
+
+def _gap_round(cluster: Any, fault: str, official: Sends, ours: Sends) -> dict[str, Any]:
+    """Kills (or SIGSTOPs) the in-sync master after a steady stretch, measures each
+    producer's gap from the fault to its next acknowledgement, then restarts the broker."""
+    master = brokerlib.wait_in_sync(cluster, 2, timeout_s=60.0)
+    time.sleep(STEADY_S)  # steady sends before the kill
+    killed_at = time.monotonic()
+    if fault == "stop":
+        cluster.supervisor.children[master].send_signal(signal.SIGSTOP)
+    else:
+        cluster.kill(master)
+    _wait(
+        lambda at=killed_at: official.next_ack_after(at) and ours.next_ack_after(at),
+        ROUND_TIMEOUT_S,
+        "both producers acknowledged after the kill",
+    )
+    row = {
+        "official_gap_s": round((official.next_ack_after(killed_at) or 0) - killed_at, 3),
+        "ours_gap_s": round((ours.next_ack_after(killed_at) or 0) - killed_at, 3),
+    }
+    if fault == "stop":
+        cluster.kill(master)  # a stopped process takes SIGKILL; it restarts from its data
+    cluster.start_broker(master)
+    return row
+
+
+def _stop_producers(driver: subprocess.Popen, produce: subprocess.Popen) -> None:
+    """Closes the official driver's stdin, interrupts ours; kills either after 15 s."""
+    if driver.stdin is not None:
+        driver.stdin.close()
+    produce.send_signal(signal.SIGINT)
+    for proc in (driver, produce):
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def run(args: argparse.Namespace, root: Path, result: dict[str, Any]) -> None:
+    cluster = start(root, args.routes)
+    result["routes"] = args.routes
+    result["fault"] = args.fault
+    result["load_average_at_start"] = [round(x, 1) for x in os.getloadavg()]
+    official, ours = Sends(), Sends()
+    stop = threading.Event()
+    record = root / "produce.jsonl"
+    driver, produce = _start_producers(cluster.namesrv, record)
     threads = [
         threading.Thread(target=follow_official, args=(driver, official), daemon=True),
         threading.Thread(target=follow_record, args=(record, ours, stop), daemon=True),
@@ -166,37 +210,12 @@ def run(args: argparse.Namespace, root: Path, result: dict[str, Any]) -> None:
             "both producers acknowledged",
         )
         for i in range(args.rounds):
-            master = brokerlib.wait_in_sync(cluster, 2, timeout_s=60.0)
-            time.sleep(STEADY_S)  # steady sends before the kill
-            killed_at = time.monotonic()
-            if args.fault == "stop":
-                cluster.supervisor.children[master].send_signal(signal.SIGSTOP)
-            else:
-                cluster.kill(master)
-            _wait(
-                lambda at=killed_at: official.next_ack_after(at) and ours.next_ack_after(at),
-                ROUND_TIMEOUT_S,
-                "both producers acknowledged after the kill",
-            )
-            row = {
-                "official_gap_s": round((official.next_ack_after(killed_at) or 0) - killed_at, 3),
-                "ours_gap_s": round((ours.next_ack_after(killed_at) or 0) - killed_at, 3),
-            }
+            row = _gap_round(cluster, args.fault, official, ours)
             rounds.append(row)
             log(f"round {i + 1}: {row}")
-            if args.fault == "stop":
-                cluster.kill(master)  # a stopped process takes SIGKILL; it restarts from its data
-            cluster.start_broker(master)
     finally:
         stop.set()
-        if driver.stdin is not None:
-            driver.stdin.close()
-        produce.send_signal(signal.SIGINT)
-        for proc in (driver, produce):
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        _stop_producers(driver, produce)
         result["load_average_at_end"] = [round(x, 1) for x in os.getloadavg()]
         result["official_failed_sends"] = len(official.failed)
         result["official_acked"] = len(official.acked)

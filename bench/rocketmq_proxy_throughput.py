@@ -44,10 +44,64 @@ QUEUES = 4
 ACKS_IN_FLIGHT_MAX = 32
 
 
+def _null_queues(topic: str, address: str) -> list:
+    """QUEUES read-write queues of `topic`, all on the null server at `address`."""
+    from rocketmq.grpc_protocol import definition_pb2 as d
+
+    host, port = address.rsplit(":", 1)
+    endpoints = d.Endpoints(scheme=d.IPv4, addresses=[d.Address(host=host, port=int(port))])
+    return [
+        d.MessageQueue(
+            topic=d.Resource(name=topic),
+            id=i,
+            permission=d.READ_WRITE,
+            broker=d.Broker(name="null", id=0, endpoints=endpoints),
+            accept_message_types=[d.NORMAL],
+        )
+        for i in range(QUEUES)
+    ]
+
+
+def _null_message(n: int, request: Any, body: bytes, digest: str) -> Any:
+    """The null server's n-th delivered message, on the queue `request` receives from."""
+    from google.protobuf.duration_pb2 import Duration
+    from rocketmq.grpc_protocol import definition_pb2 as d
+
+    props = d.SystemProperties(
+        message_id=f"NULL{n:020d}",
+        body_digest=d.Digest(type=d.MD5, checksum=digest),
+        body_encoding=d.IDENTITY,
+        message_type=d.NORMAL,
+        receipt_handle=f"h{n}",
+        delivery_attempt=1,
+        queue_id=request.message_queue.id,
+        queue_offset=n,
+        invisible_duration=Duration(seconds=30),
+    )
+    props.born_timestamp.GetCurrentTime()
+    return d.Message(topic=request.message_queue.topic, system_properties=props, body=body)
+
+
+def _null_settings(settings: Any) -> Any:
+    """The client's settings as a broker answers them: its body limit, its batch, its polls."""
+    from google.protobuf.duration_pb2 import Duration
+    from rocketmq.grpc_protocol import definition_pb2 as d
+
+    merged = d.Settings()
+    merged.CopyFrom(settings)
+    if merged.HasField("publishing"):
+        merged.publishing.max_body_size = 4 << 20
+    if merged.HasField("subscription"):  # as a broker answers: its batch, its polls
+        merged.subscription.receive_batch_size = 32
+        merged.subscription.long_polling_timeout.CopyFrom(Duration(seconds=30))
+        merged.backoff_policy.max_attempts = 17
+        merged.backoff_policy.customized_backoff.next.add().seconds = 1
+    return merged
+
+
 def null_server(rmq_root: Any, address_holder: list[str]):
     """An in-process MessagingService that stores nothing (the official client's stubs)."""
     import grpc
-    from google.protobuf.duration_pb2 import Duration
     from rocketmq.grpc_protocol import definition_pb2 as d
     from rocketmq.grpc_protocol import service_pb2 as s
     from rocketmq.grpc_protocol import service_pb2_grpc as sg
@@ -57,18 +111,7 @@ def null_server(rmq_root: Any, address_holder: list[str]):
     digest = hashlib.md5(body).hexdigest().upper()
 
     def queues(topic: str) -> list:
-        host, port = address_holder[0].rsplit(":", 1)
-        endpoints = d.Endpoints(scheme=d.IPv4, addresses=[d.Address(host=host, port=int(port))])
-        return [
-            d.MessageQueue(
-                topic=d.Resource(name=topic),
-                id=i,
-                permission=d.READ_WRITE,
-                broker=d.Broker(name="null", id=0, endpoints=endpoints),
-                accept_message_types=[d.NORMAL],
-            )
-            for i in range(QUEUES)
-        ]
+        return _null_queues(topic, address_holder[0])
 
     class Null(sg.MessagingServiceServicer):
         counter = iter(range(1 << 62))
@@ -95,21 +138,8 @@ def null_server(rmq_root: Any, address_holder: list[str]):
         def ReceiveMessage(self, request, context):
             yield s.ReceiveMessageResponse(status=ok)
             for _ in range(request.batch_size):
-                n = next(self.counter)
-                props = d.SystemProperties(
-                    message_id=f"NULL{n:020d}",
-                    body_digest=d.Digest(type=d.MD5, checksum=digest),
-                    body_encoding=d.IDENTITY,
-                    message_type=d.NORMAL,
-                    receipt_handle=f"h{n}",
-                    delivery_attempt=1,
-                    queue_id=request.message_queue.id,
-                    queue_offset=n,
-                    invisible_duration=Duration(seconds=30),
-                )
-                props.born_timestamp.GetCurrentTime()
                 yield s.ReceiveMessageResponse(
-                    message=d.Message(topic=request.message_queue.topic, system_properties=props, body=body)
+                    message=_null_message(next(self.counter), request, body, digest)
                 )
             done = s.ReceiveMessageResponse()
             done.delivery_timestamp.GetCurrentTime()  # the clients time the batch from it
@@ -125,16 +155,7 @@ def null_server(rmq_root: Any, address_holder: list[str]):
         def Telemetry(self, request_iterator, context):
             for command in request_iterator:
                 if command.HasField("settings"):
-                    merged = d.Settings()
-                    merged.CopyFrom(command.settings)
-                    if merged.HasField("publishing"):
-                        merged.publishing.max_body_size = 4 << 20
-                    if merged.HasField("subscription"):  # as a broker answers: its batch, its polls
-                        merged.subscription.receive_batch_size = 32
-                        merged.subscription.long_polling_timeout.CopyFrom(Duration(seconds=30))
-                        merged.backoff_policy.max_attempts = 17
-                        merged.backoff_policy.customized_backoff.next.add().seconds = 1
-                    yield s.TelemetryCommand(status=ok, settings=merged)
+                    yield s.TelemetryCommand(status=ok, settings=_null_settings(command.settings))
 
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=64))
     sg.add_MessagingServiceServicer_to_server(Null(), server)
@@ -217,58 +238,47 @@ def push_receive(rmq, endpoints: str, total: int, group: str, timeout_s: float =
         consumer.shutdown()
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--messages", type=int, default=2000)
-    parser.add_argument("--threads", type=int, default=8)
-    parser.add_argument("--size", type=int, default=1024)
-    parser.add_argument("--rounds", type=int, default=2)
-    args = parser.parse_args()
-    root = Path(tempfile.mkdtemp(prefix="rmq-proxy-tput-"))
-    rmq = official_client(root / "home")
-    from mqmeta.cluster.harness import Cluster
+def _start_direct_namesrv(cluster: Any, direct: str) -> None:
+    """A second nameserver on `direct` whose RocketMQ routes name the masters themselves
+    (no proxy), without metrics, remoting, remoting proxy or console (the first one's ports)."""
     from mqmeta.cluster.layout import namesrv_command
-    from mqmeta.cluster.ports import PortReservation
     from mqmeta.cluster.ready import wait_ready
 
-    from mqmeta.pb import controller_pb2 as cpb
+    command = namesrv_command(cluster.layout) + ["--rocketmq-routes", "direct"]
+    command[command.index("--listen") + 1] = direct
+    for flag in ("--metrics-listen", "--remoting-listen", "--remoting-proxy", "--console-listen"):
+        if flag in command:
+            del command[command.index(flag) : command.index(flag) + 2]
+    cluster.supervisor.start("namesrv-direct", command)
+    wait_ready(cluster.addresses, [direct])
 
-    holder: list[str] = []
-    null = null_server(rmq, holder)
-    cluster = Cluster(root / "cluster", count=1, broker_sets=1, replicas=2)
-    direct_port = PortReservation.pick(1)
-    cluster.start()
-    try:
-        direct = direct_port.addresses[0]
-        direct_port.release()
-        command = namesrv_command(cluster.layout) + ["--rocketmq-routes", "direct"]
-        command[command.index("--listen") + 1] = direct
-        for flag in ("--metrics-listen", "--remoting-listen"):
-            if flag in command:
-                del command[command.index(flag) : command.index(flag) + 2]
-        cluster.supervisor.start("namesrv-direct", command)
-        wait_ready(cluster.addresses, [direct])
-        cluster.master_of("broker-a")
-        with cluster.client() as admin:
-            admin.create_topic(cpb.TopicSpec(name=TOPIC, queue_count=QUEUES))
-        targets = {"ceiling": holder[0], "direct": direct, "proxy": cluster.namesrv}
-        body = os.urandom(args.size)
-        total = args.messages - args.messages % args.threads
-        rates: dict[str, dict[str, list[float]]] = {
-            k: {"send": [], "simple": [], "push": []} for k in targets
-        }
-        for r in range(args.rounds):
-            for name, endpoints in targets.items():
-                rates[name]["send"].append(send(rmq, endpoints, total, args.threads, body))
-                log(f"round {r + 1} {name} send {rates[name]['send'][-1]:.0f} msg/s")
-            for name, endpoints in targets.items():
-                rates[name]["simple"].append(simple_receive(rmq, endpoints, total, f"simple-{name}-{r}"))
-                rates[name]["push"].append(push_receive(rmq, endpoints, total, f"push-{name}-{r}"))
-                got = rates[name]
-                log(f"round {r + 1} {name} simple {got['simple'][-1]:.0f} push {got['push'][-1]:.0f}")
-    finally:
-        cluster.stop()
-        null.stop(0)
+
+def _measure(
+    rmq: Any,
+    targets: dict[str, str],
+    rounds: int,
+    total: int,
+    threads: int,
+    body: bytes,
+    rates: dict[str, dict[str, list[float]]],
+) -> None:
+    """`rounds` rounds of send, then simple and push receive, against every target; each
+    rate appended to `rates` as it is measured."""
+    for r in range(rounds):
+        for name, endpoints in targets.items():
+            rates[name]["send"].append(send(rmq, endpoints, total, threads, body))
+            log(f"round {r + 1} {name} send {rates[name]['send'][-1]:.0f} msg/s")
+        for name, endpoints in targets.items():
+            rates[name]["simple"].append(simple_receive(rmq, endpoints, total, f"simple-{name}-{r}"))
+            rates[name]["push"].append(push_receive(rmq, endpoints, total, f"push-{name}-{r}"))
+            got = rates[name]
+            log(f"round {r + 1} {name} simple {got['simple'][-1]:.0f} push {got['push'][-1]:.0f}")
+
+
+def _summary(
+    rates: dict[str, dict[str, list[float]]], total: int, args: argparse.Namespace
+) -> dict[str, Any]:
+    """The best rate of each target and kind, every sample, and the ratios between targets."""
     best = {name: {kind: round(max(v), 1) for kind, v in kinds.items()} for name, kinds in rates.items()}
     result: dict[str, Any] = {
         "messages": total,
@@ -288,6 +298,46 @@ def main() -> int:
             k: _ratio(best["direct"][k], best["ceiling"][k]) for k in ("send", "simple", "push")
         },
     }
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--messages", type=int, default=2000)
+    parser.add_argument("--threads", type=int, default=8)
+    parser.add_argument("--size", type=int, default=1024)
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="rmq-proxy-tput-"))
+    rmq = official_client(root / "home")
+    from mqmeta.cluster.harness import Cluster
+    from mqmeta.cluster.ports import PortReservation
+
+    from mqmeta.pb import controller_pb2 as cpb
+
+    holder: list[str] = []
+    null = null_server(rmq, holder)
+    cluster = Cluster(root / "cluster", count=1, broker_sets=1, replicas=2)
+    direct_port = PortReservation.pick(1)
+    cluster.start()
+    try:
+        direct = direct_port.addresses[0]
+        direct_port.release()
+        _start_direct_namesrv(cluster, direct)
+        cluster.master_of("broker-a")
+        with cluster.client() as admin:
+            admin.create_topic(cpb.TopicSpec(name=TOPIC, queue_count=QUEUES))
+        targets = {"ceiling": holder[0], "direct": direct, "proxy": cluster.namesrv}
+        body = os.urandom(args.size)
+        total = args.messages - args.messages % args.threads
+        rates: dict[str, dict[str, list[float]]] = {
+            k: {"send": [], "simple": [], "push": []} for k in targets
+        }
+        _measure(rmq, targets, args.rounds, total, args.threads, body, rates)
+    finally:
+        cluster.stop()
+        null.stop(0)
+    result = _summary(rates, total, args)
     text = json.dumps(result, indent=2)
     (REPO / "bench" / "results" / "rocketmq_proxy_throughput.json").write_text(text + "\n")
     print(text)

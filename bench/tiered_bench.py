@@ -199,6 +199,36 @@ def legacy_write_upload(backend: Any, upload: Any) -> Any:
     return upload.meta(digest.result())
 
 
+def _upload_range(
+    store: Any, backend: Any, position: int, limit: int, path: str
+) -> tuple[list[float], int, int, int]:
+    """One range of upload_run: the time marks between its steps (STEPS), and its record
+    count, object count and stored size."""
+    import uuid
+
+    from mqmeta.broker_agent.tiered import prepare_upload, write_upload
+    from mqmeta.broker_agent.tiered_objects import verify_stored
+
+    from mqmeta.formats.tiered import upload_marker_key
+
+    marks = [time.perf_counter()]
+    with store.open_bulk(position, limit - position) as source:
+        segment = source if path == "p11" else store.read_bulk(position, limit - position, check=False)
+        marks.append(time.perf_counter())
+        upload = prepare_upload(store, segment, position, cluster=CLUSTER_NAME, broker_name=BROKER_NAME)
+        marks.append(time.perf_counter())
+        backend.put(
+            upload_marker_key(CLUSTER_NAME, BROKER_NAME, uuid.uuid4().hex),
+            json.dumps({"keys": upload.keys(), "epoch": 1}).encode(),
+        )
+        marks.append(time.perf_counter())
+        meta = write_upload(backend, upload) if path == "p11" else legacy_write_upload(backend, upload)
+        marks.append(time.perf_counter())
+    verify_stored(backend, meta)
+    marks.append(time.perf_counter())
+    return marks, meta.record_count, len(upload.objects), meta.size
+
+
 def upload_run(
     store: Any,
     backend_dir: Path,
@@ -218,13 +248,7 @@ def upload_run(
     path "before": read_bulk(check=False) into memory -> the same prepare and marker ->
     legacy_write_upload (the pre-P11 write: CRC-32 pass + SHA-256 + put from the buffer)
     -> verify_stored."""
-    import uuid
-
-    from mqmeta.broker_agent.tiered import prepare_upload, write_upload
     from mqmeta.broker_agent.tiered_backend import LocalBackend
-    from mqmeta.broker_agent.tiered_objects import verify_stored
-
-    from mqmeta.formats.tiered import upload_marker_key
 
     backend = LocalBackend(backend_dir, fsync=fsync)
     steps = dict.fromkeys(STEPS, 0.0)
@@ -241,31 +265,15 @@ def upload_run(
         if time.monotonic() > deadline:
             truncated = True
             break
-        start = time.perf_counter()
-        marks = [start]
         limit = min(end_of_log, position + range_bytes)
-        with store.open_bulk(position, limit - position) as source:
-            segment = source if path == "p11" else store.read_bulk(position, limit - position, check=False)
-            marks.append(time.perf_counter())
-            upload = prepare_upload(store, segment, position, cluster=CLUSTER_NAME, broker_name=BROKER_NAME)
-            marks.append(time.perf_counter())
-            backend.put(
-                upload_marker_key(CLUSTER_NAME, BROKER_NAME, uuid.uuid4().hex),
-                json.dumps({"keys": upload.keys(), "epoch": 1}).encode(),
-            )
-            marks.append(time.perf_counter())
-            meta = write_upload(backend, upload) if path == "p11" else legacy_write_upload(backend, upload)
-            marks.append(time.perf_counter())
-        verify_stored(backend, meta)
-        marks.append(time.perf_counter())
+        marks, record_count, objects, size = _upload_range(store, backend, position, limit, path)
         for step, (t0, t1) in zip(STEPS, zip(marks, marks[1:], strict=False), strict=True):
             steps[step] += t1 - t0
-        per_upload.append(marks[-1] - start)
-        records += meta.record_count
-        index_objects += len(upload.objects) - 1
+        per_upload.append(marks[-1] - marks[0])
+        records += record_count
+        index_objects += objects - 1
         uploads += 1
-        position += meta.size
-        del segment, upload, meta
+        position += size
         if only is not None:  # one range (paired_run)
             break
     counts = {
@@ -639,6 +647,144 @@ def wait_uploads(client: Any, at_least_commits: int, timeout_s: float) -> Any:
     )
 
 
+def _settle_before_fault(started_at: dict[str, float], survivors: list[str], settle_age_s: float) -> None:
+    """Waits until every survivor's process is `settle_age_s` old (its uploader's age
+    clock, last_upload, starts with the process), and lets a steady state of uploads run
+    so the kill lands anywhere in the upload cycle."""
+    youngest = max(started_at[n] for n in survivors)
+    settle = max(0.3, settle_age_s - (time.monotonic() - youngest))
+    time.sleep(min(settle, 10.0))
+
+
+def _watch_survivor(
+    cluster: Any,
+    name: str,
+    old_epoch: int,
+    timeout_s: float,
+    stop: threading.Event,
+    found: dict[str, Any],
+    found_lock: threading.Lock,
+) -> None:
+    """Polls one survivor over its own channel: when it first reports role MASTER of a
+    newer epoch (the uploader runs from then on) and when it is writable (MASTER and a
+    valid lease: it accepts sends)."""
+    import grpc
+
+    from mqmeta.pb import broker_pb2, broker_pb2_grpc
+
+    deadline = time.monotonic() + timeout_s
+    with grpc.insecure_channel(cluster.broker(name).grpc) as channel:
+        stub = broker_pb2_grpc.BrokerServiceStub(channel)
+        while time.monotonic() < deadline and not stop.is_set() and "writable_at" not in found:
+            try:
+                status = stub.GetHaStatus(broker_pb2.HaStatusRequest(), timeout=0.5)
+            except grpc.RpcError:
+                time.sleep(POLL_S)
+                continue
+            now = time.monotonic()
+            if status.role == "MASTER" and status.master_epoch > old_epoch:
+                with found_lock:
+                    found.setdefault("master_role_at", now)
+                    if status.writable and "writable_at" not in found:
+                        found["writable_at"] = now
+                        found["new_master"] = name
+                        found["new_epoch"] = status.master_epoch
+                        return
+            time.sleep(POLL_S)
+
+
+def _watch_checkpoint(
+    cluster: Any, before: Any, timeout_s: float, stop: threading.Event, found: dict[str, Any]
+) -> None:
+    """Polls the controller over its own client until the tiered checkpoint's epoch moves
+    past `before`: the first commit of the new master."""
+    from mqmeta.client import ControllerClient
+
+    deadline = time.monotonic() + timeout_s
+    with ControllerClient([n.grpc for n in cluster.layout.controllers], timeout_s=2.0) as own:
+        while time.monotonic() < deadline and not stop.is_set():
+            try:
+                current = get_checkpoint(own, 1.0)
+            except Exception:
+                time.sleep(0.02)
+                continue
+            if current.checkpoint_epoch > before.checkpoint_epoch:
+                found["committed_at"] = time.monotonic()
+                found["checkpoint_epoch"] = current.checkpoint_epoch
+                found["uploaded_after"] = current.uploaded_offset
+                found["first_new_segment"] = next(
+                    (
+                        [s.base_offset, s.end_offset]
+                        for s in current.segments
+                        if s.base_offset >= before.uploaded_offset
+                    ),
+                    None,
+                )
+                return
+            time.sleep(POLL_S)
+
+
+def _kill_and_watch(
+    cluster: Any, old: str, old_epoch: int, survivors: list[str], before: Any, timeout_s: float
+) -> tuple[float, dict[str, Any]]:
+    """kill -9 the master with one watcher thread per survivor and one on the checkpoint;
+    the fault's time and what the watchers found."""
+    found: dict[str, Any] = {}
+    found_lock = threading.Lock()
+    stop = threading.Event()
+    watchers = [
+        threading.Thread(
+            target=_watch_survivor,
+            args=(cluster, name, old_epoch, timeout_s, stop, found, found_lock),
+            daemon=True,
+        )
+        for name in survivors
+    ]
+    watchers.append(
+        threading.Thread(
+            target=_watch_checkpoint, args=(cluster, before, timeout_s, stop, found), daemon=True
+        )
+    )
+    fault = time.monotonic()
+    cluster.kill(old)
+    for w in watchers:
+        w.start()
+    for w in watchers:
+        w.join(timeout_s + 5)
+    stop.set()
+    return fault, found
+
+
+def _fault_timings(found: dict[str, Any], fault: float, started_at: dict[str, float]) -> dict[str, Any]:
+    """The intervals between the fault and what the watchers found."""
+    out: dict[str, Any] = {}
+    if "writable_at" in found:
+        out["fault_to_writable_s"] = _r(found["writable_at"] - fault, 4)
+    if "committed_at" in found:
+        out["fault_to_first_commit_s"] = _r(found["committed_at"] - fault, 4)
+    if "master_role_at" in found:
+        out["fault_to_master_role_s"] = _r(found["master_role_at"] - fault, 4)
+    if "writable_at" in found and "committed_at" in found:
+        out["promotion_to_first_commit_s"] = _r(found["committed_at"] - found["writable_at"], 4)
+    if "master_role_at" in found and "committed_at" in found:
+        out["master_role_to_first_commit_s"] = _r(found["committed_at"] - found["master_role_at"], 4)
+    if "new_master" in found and found["new_master"] in started_at:
+        # the uploader's age clock (last_upload) starts with the process
+        out["new_master_process_age_at_promotion_s"] = _r(
+            found["writable_at"] - started_at[found["new_master"]], 3
+        )
+    return out
+
+
+def _restore_killed(cluster: Any, old: str, started_at: dict[str, float]) -> float:
+    """Restarts the killed broker and waits for a SyncStateSet of 3; the seconds taken."""
+    t = time.monotonic()
+    cluster.start_broker(old)
+    started_at[old] = time.monotonic()
+    wait_in_sync(cluster, 3, timeout_s=30)
+    return _r(time.monotonic() - t, 3)
+
+
 def failover_round(
     cluster: Any,
     client: Any,
@@ -652,12 +798,7 @@ def failover_round(
     old = wait_in_sync(cluster, 3, timeout_s=30)
     old_status = cluster.broker_status(old)
     survivors = [b.name for b in cluster.layout.brokers if b.name != old]
-    # settle_age_s: wait until every survivor's process is that old (its uploader's age
-    # clock, last_upload, starts with the process)
-    youngest = max(started_at[n] for n in survivors)
-    settle = max(0.3, settle_age_s - (time.monotonic() - youngest))
-    # and let a steady state of uploads run so the kill lands anywhere in the upload cycle
-    time.sleep(min(settle, 10.0))
+    _settle_before_fault(started_at, survivors, settle_age_s)
     before = get_checkpoint(client)
     result: dict[str, Any] = {
         "old_master": old,
@@ -666,89 +807,9 @@ def failover_round(
         "checkpoint_epoch_before": before.checkpoint_epoch,
         "uploaded_before": before.uploaded_offset,
     }
-    found: dict[str, Any] = {}
-    found_lock = threading.Lock()
-    stop = threading.Event()
-
-    def watch_survivor(name: str) -> None:
-        """Polls one survivor over its own channel: when it first reports role MASTER of a
-        newer epoch (the uploader runs from then on) and when it is writable (MASTER and a
-        valid lease: it accepts sends)."""
-        import grpc
-
-        from mqmeta.pb import broker_pb2, broker_pb2_grpc
-
-        deadline = time.monotonic() + timeout_s
-        with grpc.insecure_channel(cluster.broker(name).grpc) as channel:
-            stub = broker_pb2_grpc.BrokerServiceStub(channel)
-            while time.monotonic() < deadline and not stop.is_set() and "writable_at" not in found:
-                try:
-                    status = stub.GetHaStatus(broker_pb2.HaStatusRequest(), timeout=0.5)
-                except grpc.RpcError:
-                    time.sleep(POLL_S)
-                    continue
-                now = time.monotonic()
-                if status.role == "MASTER" and status.master_epoch > old_status.master_epoch:
-                    with found_lock:
-                        found.setdefault("master_role_at", now)
-                        if status.writable and "writable_at" not in found:
-                            found["writable_at"] = now
-                            found["new_master"] = name
-                            found["new_epoch"] = status.master_epoch
-                            return
-                time.sleep(POLL_S)
-
-    def watch_checkpoint() -> None:
-        from mqmeta.client import ControllerClient
-
-        deadline = time.monotonic() + timeout_s
-        with ControllerClient([n.grpc for n in cluster.layout.controllers], timeout_s=2.0) as own:
-            while time.monotonic() < deadline and not stop.is_set():
-                try:
-                    current = get_checkpoint(own, 1.0)
-                except Exception:
-                    time.sleep(0.02)
-                    continue
-                if current.checkpoint_epoch > before.checkpoint_epoch:
-                    found["committed_at"] = time.monotonic()
-                    found["checkpoint_epoch"] = current.checkpoint_epoch
-                    found["uploaded_after"] = current.uploaded_offset
-                    found["first_new_segment"] = next(
-                        (
-                            [s.base_offset, s.end_offset]
-                            for s in current.segments
-                            if s.base_offset >= before.uploaded_offset
-                        ),
-                        None,
-                    )
-                    return
-                time.sleep(POLL_S)
-
-    watchers = [threading.Thread(target=watch_survivor, args=(name,), daemon=True) for name in survivors]
-    watchers.append(threading.Thread(target=watch_checkpoint, daemon=True))
-    fault = time.monotonic()
-    cluster.kill(old)
-    for w in watchers:
-        w.start()
-    for w in watchers:
-        w.join(timeout_s + 5)
-    stop.set()
+    fault, found = _kill_and_watch(cluster, old, old_status.master_epoch, survivors, before, timeout_s)
     result.update({k: v for k, v in found.items() if not k.endswith("_at")})
-    if "writable_at" in found:
-        result["fault_to_writable_s"] = _r(found["writable_at"] - fault, 4)
-    if "committed_at" in found:
-        result["fault_to_first_commit_s"] = _r(found["committed_at"] - fault, 4)
-    if "master_role_at" in found:
-        result["fault_to_master_role_s"] = _r(found["master_role_at"] - fault, 4)
-    if "writable_at" in found and "committed_at" in found:
-        result["promotion_to_first_commit_s"] = _r(found["committed_at"] - found["writable_at"], 4)
-    if "master_role_at" in found and "committed_at" in found:
-        result["master_role_to_first_commit_s"] = _r(found["committed_at"] - found["master_role_at"], 4)
-    if "new_master" in found and found["new_master"] in started_at:
-        # the uploader's age clock (last_upload) starts with the process
-        result["new_master_process_age_at_promotion_s"] = _r(
-            found["writable_at"] - started_at[found["new_master"]], 3
-        )
+    result.update(_fault_timings(found, fault, started_at))
     first_ack = load.first_ack_after(fault)
     if first_ack is not None:  # of a send started after the fault
         result["fault_to_first_send_ack_s"] = _r(first_ack - fault, 4)
@@ -756,12 +817,7 @@ def failover_round(
         result.update(broker_log_promotion_to_upload(cluster, found["new_master"], found["new_epoch"]) or {})
     if "new_epoch" in found and "checkpoint_epoch" in found:
         result["commit_by_new_master"] = found["checkpoint_epoch"] == found["new_epoch"]
-    # restore: restart the killed broker, wait for a SyncStateSet of 3
-    t = time.monotonic()
-    cluster.start_broker(old)
-    started_at[old] = time.monotonic()
-    wait_in_sync(cluster, 3, timeout_s=30)
-    result["restart_to_in_sync_s"] = _r(time.monotonic() - t, 3)
+    result["restart_to_in_sync_s"] = _restore_killed(cluster, old, started_at)
     return result
 
 
@@ -814,6 +870,47 @@ def broker_log_promotion_to_upload(cluster: Any, name: str, epoch: int) -> dict[
     return None
 
 
+def _controller_liveness() -> dict[str, Any]:
+    """The controller liveness settings the promotion phase runs with, and the defaults."""
+    from mqmeta.controller.state_machine import CONFIG_SCHEMA
+
+    liveness = ("broker_heartbeat_interval_ms", "broker_dead_after_ms", "lease_ms")
+    return {
+        "used": "mqmeta.harness.Cluster.configure_controller: heartbeat 200 ms, dead after "
+        "1000 ms, lease 500 ms (margin 200 ms)",
+        "controller_defaults_ms": {k: CONFIG_SCHEMA[k][1] for k in liveness},
+    }
+
+
+def _failover_rounds(
+    cluster: Any,
+    client: Any,
+    load: Load,
+    started_at: dict[str, float],
+    rounds: int,
+    label: str,
+    deadline: float,
+    settle_every_other_s: float,
+    results: list[dict[str, Any]],
+) -> None:
+    """Up to `rounds` failover rounds (every other one settled), appended to `results` as
+    they finish, until `deadline`."""
+    for i in range(rounds):
+        if time.monotonic() > deadline:
+            log(f"{label}: out of time before round {i + 1}")
+            break
+        log(f"{label}: round {i + 1}/{rounds}: kill -9 the master")
+        settle = settle_every_other_s if i % 2 == 0 else 0.0
+        r = failover_round(cluster, client, load, started_at, timeout_s=30, settle_age_s=settle)
+        results.append(r)
+        log(
+            f"{label}: round {i + 1}: writable {r.get('fault_to_writable_s')} s, "
+            f"first commit {r.get('fault_to_first_commit_s')} s, promotion->commit "
+            f"{r.get('promotion_to_first_commit_s')} s, restored "
+            f"{r.get('restart_to_in_sync_s')} s"
+        )
+
+
 def promotion_phase(
     root: Path,
     flags: list[str],
@@ -824,21 +921,11 @@ def promotion_phase(
     settle_every_other_s: float = 0.0,
 ) -> dict[str, Any]:
     from mqmeta.cluster.harness import Cluster
-    from mqmeta.controller.state_machine import CONFIG_SCHEMA
 
     from mqmeta.pb import controller_pb2 as pb
 
-    liveness = ("broker_heartbeat_interval_ms", "broker_dead_after_ms", "lease_ms")
     out.update(
-        {
-            "broker_flags": flags,
-            "rounds_planned": rounds,
-            "controller_liveness": {
-                "used": "mqmeta.harness.Cluster.configure_controller: heartbeat 200 ms, dead after "
-                "1000 ms, lease 500 ms (margin 200 ms)",
-                "controller_defaults_ms": {k: CONFIG_SCHEMA[k][1] for k in liveness},
-            },
-        }
+        {"broker_flags": flags, "rounds_planned": rounds, "controller_liveness": _controller_liveness()}
     )
     t0 = time.monotonic()
     cluster = Cluster(root, broker_sets=1, replicas=3, broker_flags=flags)
@@ -860,22 +947,18 @@ def promotion_phase(
                 first = wait_uploads(client, 2, timeout_s=30)
                 out["load_to_two_uploads_s"] = _r(time.monotonic() - t, 3)
                 log(f"{label}: uploads running (uploaded {first.uploaded_offset}, master {master})")
-                results: list[dict[str, Any]] = []
-                out["rounds"] = results  # filled as it goes
-                for i in range(rounds):
-                    if time.monotonic() > deadline:
-                        log(f"{label}: out of time before round {i + 1}")
-                        break
-                    log(f"{label}: round {i + 1}/{rounds}: kill -9 the master")
-                    settle = settle_every_other_s if i % 2 == 0 else 0.0
-                    r = failover_round(cluster, client, load, started_at, timeout_s=30, settle_age_s=settle)
-                    results.append(r)
-                    log(
-                        f"{label}: round {i + 1}: writable {r.get('fault_to_writable_s')} s, "
-                        f"first commit {r.get('fault_to_first_commit_s')} s, promotion->commit "
-                        f"{r.get('promotion_to_first_commit_s')} s, restored "
-                        f"{r.get('restart_to_in_sync_s')} s"
-                    )
+                out["rounds"] = []  # filled as it goes
+                _failover_rounds(
+                    cluster,
+                    client,
+                    load,
+                    started_at,
+                    rounds,
+                    label,
+                    deadline,
+                    settle_every_other_s,
+                    out["rounds"],
+                )
                 final = get_checkpoint(client)
                 out["final_uploaded_offset"] = final.uploaded_offset
                 out["final_segments"] = len(final.segments)
