@@ -59,6 +59,14 @@ LEADERSHIP_TRANSFER_TIMEOUT_S = 2.0  # a stopping leader waits this long for a s
 Encode = Callable[[Json], Any]
 
 
+# Linearizable reads by ReadIndex (pysyncobj_compat.ReadIndexFix) instead of a barrier entry:
+# OFF until a stale read is explained. In one full CI run a GetTieredCheckpoint answered an
+# empty checkpoint after an earlier read had seen it cover 100,000 bytes
+# (tests/test_tiered.py::test_slaves_apply_local_retention). The mechanism and its own tests
+# stay; every read commits a barrier entry, as before P17.
+READ_INDEX_READS = False
+
+
 class WatchSubscription:
     """One watch stream: its filter and its queue of (event, encoded event), on the loop."""
 
@@ -262,11 +270,12 @@ class ControllerOperations:
         when that cannot be (no leader known, leadership changing, a round that timed
         out), by a barrier entry committed through the log, as before."""
         started = time.monotonic()
-        try:
-            self.raft.read_index().result(timeout=min(timeout_s, READ_INDEX_TIMEOUT_S))
-            return self.state
-        except (ReadNotConfirmed, TimeoutError):
-            pass
+        if READ_INDEX_READS:
+            try:
+                self.raft.read_index().result(timeout=min(timeout_s, READ_INDEX_TIMEOUT_S))
+                return self.state
+            except (ReadNotConfirmed, TimeoutError):
+                pass
         self.proposer.propose(Barrier(), max(0.05, timeout_s - (time.monotonic() - started)))
         return self.state
 
@@ -291,12 +300,13 @@ class ControllerOperations:
     async def read_barrier_async(self, timeout_s: float = 5.0) -> ControllerState:
         """read_barrier() for a coroutine on the server's event loop: no thread waits."""
         started = time.monotonic()
-        waiter = self._loop_futures(asyncio.get_running_loop()).wrap(self.raft.read_index())
-        try:
-            await asyncio.wait_for(waiter, min(timeout_s, READ_INDEX_TIMEOUT_S))
-            return self.state
-        except (ReadNotConfirmed, TimeoutError):
-            pass
+        if READ_INDEX_READS:
+            waiter = self._loop_futures(asyncio.get_running_loop()).wrap(self.raft.read_index())
+            try:
+                await asyncio.wait_for(waiter, min(timeout_s, READ_INDEX_TIMEOUT_S))
+                return self.state
+            except (ReadNotConfirmed, TimeoutError):
+                pass
         await self.propose_async(Barrier(), max(0.05, timeout_s - (time.monotonic() - started)))
         return self.state
 
