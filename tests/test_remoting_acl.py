@@ -15,8 +15,6 @@ import base64
 import hashlib
 import hmac
 import socket
-import subprocess
-import sys
 import threading
 
 import pytest
@@ -25,6 +23,7 @@ from mqmeta import auth
 from mqmeta.codec import remoting as codec
 from tests.support import wait_for
 from tests.support.remoting_clients import client
+from tests.support.remoting_namesrv import remoting_namesrv
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -81,31 +80,8 @@ def namesrv(tmp_path_factory):
     root = tmp_path_factory.mktemp("acl")
     allow = root / "allow"
     allow.write_text(f"app read {SECRET}\n")
-    with socket.socket() as a, socket.socket() as b, socket.socket() as c:
-        for s in (a, b, c):
-            s.bind(("127.0.0.1", 0))
-        grpc, raft, remoting = (f"127.0.0.1:{s.getsockname()[1]}" for s in (a, b, c))
-    command = [sys.executable, "-m", "mqmeta.cli", "namesrv", "--listen", grpc, "--embed-controller"]
-    command += ["--id", "c1", "--grpc", grpc, "--raft", raft, "--data-dir", str(root / "data")]
-    command += ["--remoting-listen", remoting, "--auth-file", str(allow), "--insecure-raft"]
-    with open(root / "err", "wb") as errors:
-        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=errors)
-    try:
-        wait_for(lambda: _reachable(remoting) or process.poll() is not None, 60, "the nameserver")
-        assert process.poll() is None, (root / "err").read_text()
+    with remoting_namesrv(root, ["--auth-file", str(allow)]) as remoting:
         yield remoting
-    finally:
-        process.terminate()
-        process.wait(30)
-
-
-def _reachable(address: str) -> bool:
-    host, _, port = address.rpartition(":")
-    try:
-        socket.create_connection((host, int(port)), timeout=1).close()
-        return True
-    except OSError:
-        return False
 
 
 def _call(address: str, command: codec.Command) -> codec.Command:

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import socket
 import ssl
-import subprocess
-import sys
 import threading
 
 import pytest
@@ -23,6 +21,7 @@ from mqmeta.cluster.certs import ensure_local_certs
 from mqmeta.codec import remoting as codec
 from tests.support import wait_for
 from tests.support.remoting_clients import client
+from tests.support.remoting_namesrv import remoting_namesrv
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -95,31 +94,8 @@ def test_the_cpp_client_speaks_mutual_tls(tmp_path, certs):
 @pytest.fixture(scope="module")
 def namesrv(tmp_path_factory, certs):
     root = tmp_path_factory.mktemp("tls")
-    with socket.socket() as a, socket.socket() as b, socket.socket() as c:
-        for s in (a, b, c):
-            s.bind(("127.0.0.1", 0))
-        grpc, raft, remoting = (f"127.0.0.1:{s.getsockname()[1]}" for s in (a, b, c))
-    command = [sys.executable, "-m", "mqmeta.cli", "namesrv", "--listen", grpc, "--embed-controller"]
-    command += ["--id", "c1", "--grpc", grpc, "--raft", raft, "--data-dir", str(root / "data")]
-    command += ["--remoting-listen", remoting, "--insecure-raft", *certs.server_flags()]
-    with open(root / "err", "wb") as errors:
-        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=errors)
-    try:
-        wait_for(lambda: _reachable(remoting) or process.poll() is not None, 60, "the nameserver")
-        assert process.poll() is None, (root / "err").read_text()
+    with remoting_namesrv(root, certs.server_flags()) as remoting:
         yield remoting
-    finally:
-        process.terminate()
-        process.wait(30)
-
-
-def _reachable(address: str) -> bool:
-    host, _, port = address.rpartition(":")
-    try:
-        socket.create_connection((host, int(port)), timeout=1).close()
-        return True
-    except OSError:
-        return False
 
 
 def _connect(address: str) -> socket.socket:
