@@ -10,11 +10,11 @@ its one lock, so a send's judgement and its append are atomic (store.py).
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 from mqmeta.broker_agent.commitlog import SCAN_READ_BYTES, CommitLog
 from mqmeta.broker_agent.origins import Incoming, OriginHead, OriginTable
-from mqmeta.broker_agent.queue_index import QueueIndex
+from mqmeta.broker_agent.queue_index import QueueFile, QueueIndex
 
 from mqmeta.errors import InvalidArgument
 from mqmeta.formats.origin import Origin, OriginKey, origin_of
@@ -102,13 +102,12 @@ class OriginDedupe:
         return self.table.heads.get(key)
 
     def original_of(self, origin: Origin) -> StoredRecord | None:
-        """The stored copy of `origin`, or None when the bounded search does not reach it."""
+        """The stored copy of `origin`, or None when the bounded search does not reach it
+        (or its offset was filtered out at the source: never sent, so never stored)."""
         head = self.table.heads[origin.key]
-        for record, found in self._copies_back(head, origin.key):
-            if found.offset < origin.offset:
-                return None  # a filtered-out offset: never sent, so never stored
-            if found.offset == origin.offset:
-                return record
+        found = self._copy_at_or_below(head, origin.key, origin.offset)
+        if found is not None and found[1].offset == origin.offset:
+            return found[0]
         return None
 
     def translate(self, key: OriginKey, offset: int) -> int | None:
@@ -121,20 +120,61 @@ class OriginDedupe:
             return None
         if head.offset < offset:
             return head.queue_offset + 1
-        lowest_copy = head.queue_offset
-        for record, found in self._copies_back(head, key):
-            if found.offset < offset:
-                return record.queue_offset + 1
-            lowest_copy = record.queue_offset
-        return lowest_copy
-
-    def _copies_back(self, head: OriginHead, key: OriginKey) -> Iterator[tuple[StoredRecord, Origin]]:
-        """The copies of `key` in its queue, from its head back, at most COPY_SEARCH_RECORDS_MAX
-        records and never below the log's start."""
+        below = self._copy_at_or_below(head, key, offset - 1)
+        if below is not None:
+            return below[0].queue_offset + 1
         queue = self._index.queues[(head.topic, head.queue_id)]
-        low = max(queue.first_at_or_after(self._log.min_offset), head.queue_offset - COPY_SEARCH_RECORDS_MAX)
-        for i in range(head.queue_offset - queue.base, low - queue.base - 1, -1):
+        low, _ = self._search_range(head)
+        for i in range(low, head.queue_offset - queue.base + 1):
             record = self._log.read_record_at(*queue.entry(i))
             found = origin_of(record.properties)
             if found is not None and found.key == key:
-                yield record, found
+                return record.queue_offset
+        return head.queue_offset
+
+    def _search_range(self, head: OriginHead) -> tuple[int, int]:
+        """The entries of `head`'s queue a search may read, as indexes [low, high] into it:
+        at most COPY_SEARCH_RECORDS_MAX back from the head and never below the log's start."""
+        queue = self._index.queues[(head.topic, head.queue_id)]
+        high = head.queue_offset - queue.base
+        first_held = queue.min_offset(self._log.min_offset) - queue.base
+        return max(first_held, high - COPY_SEARCH_RECORDS_MAX), high
+
+    def _copy_at_or_below(
+        self, head: OriginHead, key: OriginKey, offset: int
+    ) -> tuple[StoredRecord, Origin] | None:
+        """The copy of `key` with the highest origin offset at or below `offset`, by binary
+        search from the head back: a queue holds the copies of one origin queue in origin
+        order, interleaved with other records. The first guess assumes no gaps (the common
+        case: one read); a send of many copies stored before costs a few reads each, never a
+        walk of the whole queue under the store's lock."""
+        queue = self._index.queues[(head.topic, head.queue_id)]
+        low, high = self._search_range(head)
+        best: tuple[StoredRecord, Origin] | None = None
+        guess = high - (head.offset - offset)
+        while low <= high:
+            probe = guess if low <= guess <= high else (low + high) // 2
+            guess = -1
+            found = self._copy_at_or_before(queue, key, probe, low)
+            if found is None:
+                low = probe + 1  # nothing of `key` in [low, probe]
+                continue
+            index, record, origin = found
+            if origin.offset == offset:
+                return record, origin
+            if origin.offset < offset:
+                best, low = (record, origin), probe + 1
+            else:
+                high = index - 1
+        return best
+
+    def _copy_at_or_before(
+        self, queue: QueueFile, key: OriginKey, index: int, low: int
+    ) -> tuple[int, StoredRecord, Origin] | None:
+        """The last copy of `key` at an entry in [low, index], with its entry index."""
+        for i in range(index, low - 1, -1):
+            record = self._log.read_record_at(*queue.entry(i))
+            found = origin_of(record.properties)
+            if found is not None and found.key == key:
+                return i, record, found
+        return None

@@ -202,3 +202,51 @@ def test_a_source_consumer_offset_translates_to_the_target_queue_offset(store):
         5,
         5,
     ]
+
+
+def test_resent_copies_are_found_by_search_not_by_walking_the_queue(store, monkeypatch):
+    """A worker resending what another already stored (two workers on one task) is answered
+    with the originals after a few reads per copy: the walk back from the head, under the
+    store's lock, stalled a master for seconds (no heartbeats, a needless failover)."""
+    stream = _chain(list(range(3000)), NO_PREVIOUS)
+    for i in range(0, 3000, 250):
+        first = store.put_messages(stream[i : i + 250], 1, 10)
+    reads = 0
+    read_record_at = store.log.read_record_at
+
+    def counted(*args):
+        nonlocal reads
+        reads += 1
+        return read_record_at(*args)
+
+    monkeypatch.setattr(store.log, "read_record_at", counted)
+    again = store.put_messages(stream[:250], 1, 11)
+    assert [r.queue_offset for r in again] == list(range(250)) and all(r.duplicate for r in again)
+    assert reads <= 250 * 4, f"{reads} records read to answer 250 resent copies"
+    del first
+
+
+def test_the_search_finds_copies_among_gaps_and_other_origin_queues(store):
+    """Copies of two origin queues interleaved in one target queue, with offsets filtered
+    out at the source: every resend is answered with its own copy, every translation with
+    the position a walk of the whole queue gives."""
+    other = OriginKey("a", "broker-a", "Orders", 2)
+    stored: dict[tuple[OriginKey, int], int] = {}
+    previous = {KEY: NO_PREVIOUS, other: NO_PREVIOUS}
+    for step in range(400):
+        key = other if step % 3 == 0 else KEY
+        offset = step * 2 + (step % 5 == 0)  # gaps of 1 or 2 in each origin queue
+        origin = Origin(key, offset, previous[key], 1000 + offset)
+        properties = origin_format.replicated_properties({}, origin, 1000 + offset, f"{step:032x}")
+        (result,) = store.put_messages([Message("Orders", 0, b"m", properties=properties)], 1, 10)
+        stored[(key, offset)] = result.queue_offset
+        previous[key] = offset
+    for (key, offset), queue_offset in stored.items():
+        origin = Origin(key, offset, NO_PREVIOUS, 0)
+        assert store._original_of(origin).queue_offset == queue_offset
+    for key in (KEY, other):
+        copies = sorted((o, q) for (k, o), q in stored.items() if k == key)
+        for consumed in range(0, 2 * 400 + 3):
+            below = [q for o, q in copies if o < consumed]
+            expected = below[-1] + 1 if below else copies[0][1]
+            assert store.translate_origin(key, consumed) == expected, (key, consumed)
