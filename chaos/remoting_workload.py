@@ -34,8 +34,8 @@ from mqmeta.chaos.workloads import (
     KEYS_PER_PRODUCER,
     TOPIC,
     WorkloadConfig,
+    drain_after_producing,
     record_dequeue,
-    stop_producers_after_recovery,
 )
 
 from mqmeta.errors import InvalidArgument
@@ -172,14 +172,7 @@ class RemotingQueueWorkload:
             thread.start()
 
     def stop(self, drain_s: float, healed_ms: int = 0) -> None:
-        """As QueueWorkload.stop: produce until a send succeeds after the last heal, then
-        drain until every acknowledged value is delivered (each wait bounded by drain_s)."""
-        deadline = time.monotonic() + drain_s
-        stop_producers_after_recovery(self.producers, healed_ms, deadline)
-        acknowledged = set().union(*(p.acknowledged for p in self.producers))
-        deadline = time.monotonic() + drain_s
-        while time.monotonic() < deadline and not acknowledged <= self.delivered():
-            time.sleep(0.1)
-        time.sleep(1.0)
+        """As QueueWorkload.stop (drain_after_producing), then stops the consumers."""
+        drain_after_producing(self.producers, self.delivered, drain_s, healed_ms)
         for consumer in self.consumers:
             consumer.stop()

@@ -21,19 +21,18 @@ from __future__ import annotations
 import itertools
 import os
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
 from mqmeta.chaos.history import HistoryRecorder, RequestEvent, ResponseEvent, Result
 from mqmeta.chaos.workloads import (
     KEYS_PER_PRODUCER,
-    SEND_TIMEOUT_S,
     TOPIC,
     WorkloadConfig,
     _Paced,
+    drain_after_producing,
     record_dequeue,
-    stop_producers_after_recovery,
+    stop_threads,
 )
 
 from mqmeta.clock import wall_ms
@@ -161,16 +160,6 @@ class RmqQueueWorkload:
             thread.start()
 
     def stop(self, drain_s: float, healed_ms: int = 0) -> None:
-        """As QueueWorkload.stop: produce until a send succeeds after the last heal, then
-        drain until every acknowledged value is delivered (each wait bounded by drain_s)."""
-        deadline = time.monotonic() + drain_s
-        stop_producers_after_recovery(self.producers, healed_ms, deadline)
-        acknowledged = set().union(*(p.acknowledged for p in self.producers))
-        deadline = time.monotonic() + drain_s
-        while time.monotonic() < deadline and not acknowledged <= self.delivered():
-            time.sleep(0.1)
-        time.sleep(1.0)
-        for consumer in self.consumers:
-            consumer.stopping.set()
-        for consumer in self.consumers:
-            consumer.join(timeout=SEND_TIMEOUT_S * 2)
+        """As QueueWorkload.stop (drain_after_producing), then stops the consumers."""
+        drain_after_producing(self.producers, self.delivered, drain_s, healed_ms)
+        stop_threads(self.consumers)

@@ -186,11 +186,15 @@ def record_dequeue(recorder: HistoryRecorder, client_id: int, body: bytes) -> st
     return value
 
 
-class _Producing(Protocol):
-    last_success_ms: int
+class _Stoppable(Protocol):
     stopping: threading.Event
 
     def join(self, timeout: float | None = None) -> None: ...
+
+
+class _Producing(_Stoppable, Protocol):
+    last_success_ms: int
+    acknowledged: set[str]
 
 
 def stop_producers_after_recovery(producers: Sequence[_Producing], healed_ms: int, deadline: float) -> None:
@@ -198,10 +202,31 @@ def stop_producers_after_recovery(producers: Sequence[_Producing], healed_ms: in
     back) or `deadline` (monotonic) passes, then stops them and waits for their threads."""
     while time.monotonic() < deadline and max(p.last_success_ms for p in producers) <= healed_ms:
         time.sleep(0.1)
-    for producer in producers:
-        producer.stopping.set()
-    for producer in producers:
-        producer.join(timeout=SEND_TIMEOUT_S * 2)
+    stop_threads(producers)
+
+
+def drain_after_producing(
+    producers: Sequence[_Producing], delivered: Callable[[], set[str]], drain_s: float, healed_ms: int
+) -> None:
+    """A queue workload's stop, up to its consumers: keeps producing until a send succeeds
+    after the last heal (the service is back; at most drain_s), stops producing, then lets
+    the consumers drain until they have delivered every acknowledged message (at most drain_s
+    more) and one quiet second for stragglers. The waits only bound how long the run lasts;
+    the checkers judge what happened."""
+    stop_producers_after_recovery(producers, healed_ms, time.monotonic() + drain_s)
+    acknowledged = set().union(*(p.acknowledged for p in producers))
+    deadline = time.monotonic() + drain_s
+    while time.monotonic() < deadline and not acknowledged <= delivered():
+        time.sleep(0.1)
+    time.sleep(1.0)
+
+
+def stop_threads(threads: Sequence[_Stoppable]) -> None:
+    """Sets each thread's stopping event, then waits for them all (bounded)."""
+    for thread in threads:
+        thread.stopping.set()
+    for thread in threads:
+        thread.join(timeout=SEND_TIMEOUT_S * 2)
 
 
 class QueueWorkload:
@@ -228,21 +253,10 @@ class QueueWorkload:
             producer.start()
 
     def stop(self, drain_s: float, healed_ms: int = 0) -> None:
-        """Keeps producing until a send succeeds after the last heal (the service is back; at
-        most drain_s), stops producing, then lets the consumer drain until it has delivered
-        every acknowledged message (at most drain_s more) and one quiet second for stragglers.
-        The waits only bound how long the run lasts; the checkers judge what happened."""
-        deadline = time.monotonic() + drain_s
-        stop_producers_after_recovery(self.producers, healed_ms, deadline)
-        acknowledged = set().union(*(p.acknowledged for p in self.producers))
-        deadline = time.monotonic() + drain_s
-        while time.monotonic() < deadline and not acknowledged <= self.delivered():
-            time.sleep(0.1)
-        time.sleep(1.0)
-        for consumer in self.consumers:
-            consumer.stopping.set()
-        for consumer in self.consumers:
-            consumer.join(timeout=SEND_TIMEOUT_S * 2)
+        """Stops producing once the service is back, drains (drain_after_producing), then
+        stops the consumers."""
+        drain_after_producing(self.producers, self.delivered, drain_s, healed_ms)
+        stop_threads(self.consumers)
 
 
 class _MetadataClient(_Paced):
