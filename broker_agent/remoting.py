@@ -371,16 +371,8 @@ class RemotingBroker:
         timestamp = ext_int(command, "timestamp", 0, REQUEST_INT_MAX)
         self.agent.require_master()
         confirm = self.agent.view().confirm_offset
-        low = self.store.queue_min_offset(topic, queue_id)
-        high = self.store.readable_queue_max_offset(topic, queue_id, confirm)
-        while low < high:  # store times rise with the queue offset
-            middle = (low + high) // 2
-            records = self.store.get_messages(topic, queue_id, middle, 1, confirm)
-            if records and records[0].store_timestamp_ms < timestamp:
-                low = middle + 1
-            else:
-                high = middle
-        return command.answer(ext={"offset": low})
+        offset = self.store.queue_offset_at_time(topic, queue_id, timestamp, confirm)
+        return command.answer(ext={"offset": offset})
 
     # Orderly consumers ----------------------------------------------------------------------
     def _lock_body(self, command: Command) -> tuple[str, str, list[dict], list[tuple[str, int]]]:

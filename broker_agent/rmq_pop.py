@@ -137,21 +137,8 @@ class PopShell:
             return self.store.queue_min_offset(topic, queue_id)
         confirm = self.agent.view().confirm_offset
         if config.consume_from == "TIMESTAMP":
-            return self._offset_at(topic, queue_id, config.consume_timestamp_ms, confirm)
+            return self.store.queue_offset_at_time(topic, queue_id, config.consume_timestamp_ms, confirm)
         return self.store.readable_queue_max_offset(topic, queue_id, confirm)
-
-    def _offset_at(self, topic: str, queue_id: int, at_ms: int, confirm: int) -> int:
-        """The first offset stored at or after `at_ms` (binary search; store times only grow)."""
-        low = self.store.queue_min_offset(topic, queue_id)
-        high = self.store.readable_queue_max_offset(topic, queue_id, confirm)
-        while low < high:
-            middle = (low + high) // 2
-            (record,) = self.store.get_messages(topic, queue_id, middle, 1, confirm)
-            if record.store_timestamp_ms < at_ms:
-                low = middle + 1
-            else:
-                high = middle
-        return low
 
     def persist(self, key: CursorKey, slot: _Slot) -> None:
         """Writes the cursor's progress as a %CONSUMER_OFFSET% record and waits until the

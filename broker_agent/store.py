@@ -705,17 +705,20 @@ class MessageStore:
                 return None
             return self.log.read_record_at(*queue.entry(queue_offset - queue.base))
 
-    def queue_offset_at_time(self, topic: str, queue_id: int, time_ms: int) -> int:
+    def queue_offset_at_time(
+        self, topic: str, queue_id: int, time_ms: int, max_commit_offset: int | None = None
+    ) -> int:
         """The first queue offset of topic/queue_id whose record was stored at or after
-        `time_ms` (max offset when none; store times rise along a queue), by binary
-        search: about log2(count) record reads."""
+        `time_ms`, by binary search (about log2(count) record reads; store times rise along
+        a queue). Only records ending by `max_commit_offset` count when it is given (what
+        consumers may read: the confirm offset); the end of those when none is at or after."""
         with self._lock:
             self._check_open()
             queue = self._index.get((topic, queue_id))
             if queue is None:
                 return 0
             low = queue.first_at_or_after(self.log.min_offset)
-            high = queue.count
+            high = queue.count if max_commit_offset is None else queue.count_ending_by(max_commit_offset)
             while low < high:
                 middle = (low + high) // 2
                 if self.log.read_record_at(*queue.entry(middle)).store_timestamp_ms < time_ms:

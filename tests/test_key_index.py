@@ -133,6 +133,10 @@ def test_first_offset_at_or_after_a_time(tmp_path):
     assert store.queue_offset_at_time("T", 0, 1049) == 49
     assert store.queue_offset_at_time("T", 0, 9999) == 50
     assert store.queue_offset_at_time("T", 3, 1000) == 0
+    # bounded by what consumers may read (the confirm offset): the end of that when later
+    confirm = store.record_at("T", 0, 30).commit_offset  # records 0..29 end by it
+    assert store.queue_offset_at_time("T", 0, 1017, confirm) == 17
+    assert store.queue_offset_at_time("T", 0, 1040, confirm) == 30
     assert store.record_at("T", 0, 17).store_timestamp_ms == 1017
     assert store.record_at("T", 0, 50) is None
     store.close()
