@@ -14,6 +14,9 @@ Properties checked:
   zero once it consumes; its native member is listed; the lag is also a metric;
 - reset offsets: refused (FAILED_PRECONDITION, one sentence, exit 2) while a member is
   connected; with --force, earliest moves the backlog back to everything;
+- the controller's command history (`admin history`): an AlterSyncStateSet with a stale
+  master epoch is listed as fenced with the sentence its caller got; pages walk back by
+  Raft index; a bad limit or type is INVALID_ARGUMENT with a sentence (CLI: exit 2);
 - the key index survives kill -9 of a real broker process: the restarted replica (asked
   directly) finds every key it held, including those indexed only in memory at the kill.
 """
@@ -36,6 +39,7 @@ from mqmeta.cluster.harness import Cluster
 from mqmeta import tls
 from mqmeta.broker_client import Consumer, Producer
 from mqmeta.cli import main
+from mqmeta.errors import MqmetaError
 from mqmeta.pb import broker_pb2, broker_pb2_grpc
 from mqmeta.pb import controller_pb2 as pb
 from tests.support import wait_for, wait_in_sync
@@ -238,3 +242,37 @@ def test_the_key_index_survives_kill_9(cluster, sent):
         retry_on=(grpc.RpcError,),
     )
     assert after == before
+
+
+def test_the_history_shows_a_fenced_command_with_its_reason_and_pages(cluster, sent):
+    with cluster.client() as client:
+        info = client.call("ListBrokerSets", pb.ListBrokerSetsRequest()).broker_sets[0]
+        stale = pb.AlterSyncStateSetRequest(
+            cluster=info.cluster,
+            broker_name=info.broker_name,
+            master_broker_id=info.master_broker_id,
+            master_epoch=info.master_epoch - 1,
+            sync_state_set_epoch=info.sync_state_set_epoch,
+            new_sync_state_set=[info.master_broker_id],
+        )
+        with pytest.raises(MqmetaError) as fenced:
+            client.call("AlterSyncStateSet", stale)
+        assert fenced.value.code == "FENCED_MASTER_EPOCH"
+        with pytest.raises(MqmetaError) as bad:
+            client.call("GetCommandHistory", pb.GetCommandHistoryRequest(limit=5000))
+        assert bad.value.code == "INVALID_ARGUMENT" and "limit must be 1 to 1000" in bad.value.message
+    found = admin_json(cluster, "history", "--type", "alter_sync_state_set", "--limit", "1")["commands"]
+    assert (found[0]["result"], found[0]["code"]) == ("fenced", "FENCED_MASTER_EPOCH"), found
+    assert found[0]["message"] == fenced.value.message
+    assert found[0]["fields"]["master_epoch"] == str(info.master_epoch - 1) and found[0]["time_ms"] > 0
+
+    newest = admin_json(cluster, "history", "--limit", "3")
+    older = admin_json(cluster, "history", "--limit", "3", "--before", str(newest["next_before_index"]))
+    indexes = [c["index"] for c in newest["commands"] + older["commands"]]
+    assert indexes == sorted(indexes, reverse=True) and max(indexes) <= newest["last_applied_index"]
+    assert min(c["index"] for c in newest["commands"]) > max(c["index"] for c in older["commands"])
+    assert newest["oldest_index"] >= 1 and newest["node_id"]
+
+    assert_bad_input(admin(cluster, "history", "--limit", "5000"), "limit must be 1 to 1000")
+    assert_bad_input(admin(cluster, "history", "--limit", "0"), "0 must be at least 1")
+    assert_bad_input(admin(cluster, "history", "--type", "nope"), "no command type 'nope'")
