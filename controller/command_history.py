@@ -3,7 +3,7 @@
 
 Each applied command (a Raft entry may carry several: group commit) becomes one record:
 its entry's index and term, its place in the entry, its type, its key fields (the
-command's JSON without the leader's liveness view and other bulk), its outcome and its
+command's JSON without the leader's liveness view, other bulk and empty fields), its outcome and its
 time where the command carries one (`now_ms`, stamped by the leader).
 
 The outcome is what `state_machine.apply` answered: "applied" (it may have changed
@@ -55,8 +55,8 @@ def key_fields(command: Command) -> dict[str, str]:
         return {"reason": command.reason[:FIELD_CHARS_MAX]}
     fields: dict[str, str] = {}
     for name, value in command_json(command).items():
-        if name == "type" or name in _LEFT_OUT:
-            continue
+        if name == "type" or name in _LEFT_OUT or value in ("", [], {}):
+            continue  # an empty field (an update's "keep as is") says nothing
         text = value if isinstance(value, str) else json.dumps(value, separators=(",", ":"), sort_keys=True)
         fields[name] = text if len(text) <= FIELD_CHARS_MAX else text[: FIELD_CHARS_MAX - 1] + "…"
     return fields

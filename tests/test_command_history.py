@@ -71,6 +71,14 @@ def test_a_command_is_kept_with_its_key_fields_outcome_and_time():
     assert by_type["elect_master"]["message"] == "master 1 at epoch 1 is stale"
     assert by_type["register_broker"]["result"] == "applied"
     assert history.page(10, command_types=["barrier"])["commands"] == []
+    history.record(6, 2, [topic("T")], [OK])
+    assert history.page(1)["commands"][0]["fields"] == {
+        "name": "T",
+        "cluster": "c",
+        "queue_count": "2",
+        "mode": "create",
+        "if_queue_count": "0",
+    }
 
 
 def test_outcomes():

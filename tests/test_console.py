@@ -384,10 +384,17 @@ def test_resend_and_requeue_from_the_message_page(cluster, browser):
     # the CLI's sentence names the broker set it asked, then says the same
     assert refused.stderr.strip().endswith(f": {shown}"), (refused.stderr, shown)
 
-    browser.find_element(By.ID, "logout").click()
-    field = WebDriverWait(browser, PAGE_TIMEOUT_S).until(lambda d: d.find_element(By.ID, "login-token"))
-    WebDriverWait(browser, PAGE_TIMEOUT_S).until(lambda d: field.is_displayed())
-    field.send_keys(Path(cluster["auth"]["admin_token_file"]).read_text().strip())
+    browser.execute_script("window.__before_logout = true;")
+    browser.find_element(By.ID, "logout").click()  # the page reloads
+    WebDriverWait(browser, PAGE_TIMEOUT_S).until(
+        lambda d: d.execute_script(
+            "return window.__before_logout === undefined && document.readyState === 'complete'"
+            " && !document.getElementById('login').hidden;"
+        )
+    )
+    browser.find_element(By.ID, "login-token").send_keys(
+        Path(cluster["auth"]["admin_token_file"]).read_text().strip()
+    )
     browser.find_element(By.CSS_SELECTOR, "#login button").click()
     WebDriverWait(browser, PAGE_TIMEOUT_S).until(
         lambda d: "(admin)" in d.find_element(By.ID, "identity").text
