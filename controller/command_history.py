@@ -29,7 +29,7 @@ from mqmeta.controller.commands import Barrier, Command, Undecodable, command_js
 
 Json = dict[str, Any]
 
-HISTORY_COMMANDS_MAX = 10_000  # commands a node keeps (about 5 MB at the largest)
+HISTORY_COMMANDS_MAX = 10_000  # commands a node keeps (~1 KB each: fields are cut at FIELD_CHARS_MAX)
 PAGE_COMMANDS_MAX = 1_000  # commands one read may ask for
 PAGE_COMMANDS_DEFAULT = 100
 FIELD_CHARS_MAX = 200  # a field's value past this is cut (a long list of tasks, a config)

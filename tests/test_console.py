@@ -13,8 +13,8 @@ Properties checked:
 - a group's backlog grows while its consumer is stopped and falls to 0 once it runs;
 - an admin write with a read-only login is refused in the page with the sentence the
   controllers give the CLI for the same token;
-- the timeline lists the commands the controllers applied, an AlterSyncStateSet with a
-  stale master epoch marked fenced with the controllers' sentence;
+- the timeline lists the commands the controllers applied; an AlterSyncStateSet with a
+  stale master epoch appears live (no reload), marked fenced with the controllers' sentence;
 - the message page resends a message to a group (our consumer of %RETRY%GROUP then
   receives it) and requeues one from a %DLQ% topic; with a read-only login both are
   refused with the sentence the CLI prints for the same token;
@@ -320,8 +320,9 @@ def fenced_write(cluster: dict) -> str:
 
 
 def test_the_timeline_lists_applied_commands_and_marks_a_fenced_one(cluster, browser):
-    sentence = fenced_write(cluster)
     go(browser, "events")
+    browser.execute_script("window.__same_page = true;")
+    sentence = fenced_write(cluster)  # shown live: the page is not reloaded nor left
 
     def rows(kind: str) -> list[str]:
         return browser.execute_script(
@@ -333,6 +334,7 @@ def test_the_timeline_lists_applied_commands_and_marks_a_fenced_one(cluster, bro
         lambda d: [r for r in rows("fenced") if "alter_sync_state_set" in r and sentence in r]
     )
     assert "FENCED FENCED_MASTER_EPOCH" in fenced[0], fenced
+    assert browser.execute_script("return window.__same_page === true;"), "the page was reloaded"
     assert any("elect_master" in r for r in rows("applied")), "no election among the applied commands"
     shot(browser, cluster, "timeline")
 

@@ -427,3 +427,9 @@ def history(client: ControllerClient, before_index: int, limit: int) -> Json:
     args = argparse.Namespace(limit=limit, before=before_index, command_types=[])
     document, _ = history_page(client, args)
     return document
+
+
+def newest_history_index(client: ControllerClient) -> int:
+    """The Raft index of the newest command in the history (0: none)."""
+    reply = client.get_command_history(pb.GetCommandHistoryRequest(limit=1))
+    return reply.commands[0].index if reply.commands else 0

@@ -190,6 +190,25 @@ async function loadHistory(older) {
   renderHistory();
 }
 
+// One history read at a time while events stream in; one more after it if any arrived.
+let historyLoading = false;
+let historyStale = false;
+
+function refreshHistory() {
+  if (historyLoading) {
+    historyStale = true;
+    return;
+  }
+  historyLoading = true;
+  loadHistory(false).catch((error) => notice(error.message)).finally(() => {
+    historyLoading = false;
+    if (historyStale) {
+      historyStale = false;
+      refreshHistory();
+    }
+  });
+}
+
 function resendForm(m) {
   const result = el("p", { class: "resend-result", role: "status" });
   const group = el("input", { class: "resend-group", placeholder: "group", required: true });
@@ -320,7 +339,7 @@ function startStream() {
     if (state.events.length > 500) state.events.shift();
     if (state.page === "events") {
       renderEvents();
-      loadHistory(false).catch((error) => notice(error.message));
+      refreshHistory();
     }
     if (state.page === "overview") showOverview().catch((error) => notice(error.message));
   });
@@ -330,6 +349,8 @@ function startStream() {
     if (state.samples.length > PLOT_POINTS_MAX) state.samples.shift();
     if (state.page === "topics") renderTopics(sample.topics);
     if (state.page === "groups") renderGroups(sample.groups);
+    const newest = state.history.commands.length ? state.history.commands[0].index : 0;
+    if (state.page === "events" && sample.history_index > newest) refreshHistory();
     drawPlots();
   });
 }
