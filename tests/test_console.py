@@ -15,6 +15,7 @@ Properties checked:
   controllers give the CLI for the same token;
 - the timeline lists the commands the controllers applied; an AlterSyncStateSet with a
   stale master epoch appears live (no reload), marked fenced with the controllers' sentence;
+  a malformed page cursor is 400 with one sentence;
 - the message page resends a message to a group (our consumer of %RETRY%GROUP then
   receives it) and requeues one from a %DLQ% topic; with a read-only login both are
   refused with the sentence the CLI prints for the same token;
@@ -336,6 +337,7 @@ def test_the_timeline_lists_applied_commands_and_marks_a_fenced_one(cluster, bro
     )
     assert "FENCED FENCED_MASTER_EPOCH" in fenced[0], fenced
     assert browser.execute_script("return window.__same_page === true;"), "the page was reloaded"
+    assert fetch(browser, "/api/history?before=x") == [400, "before must be a Raft index, got 'x'"]
     assert any("elect_master" in r for r in rows("applied")), "no election among the applied commands"
     shot(browser, cluster, "timeline")
 
