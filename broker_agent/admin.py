@@ -3,8 +3,10 @@ GetGroupLag, ResetOffsets): message query and trace, resend to a group, consumer
 offset resets, each answered from this replica's store.
 
 Members of a group come from the three ways clients consume: native clients (a peer
-that committed an offset of the group in the last NATIVE_MEMBER_MS), remoting clients
-(their heartbeats) and RocketMQ 5 clients (theirs); run_broker wires the last two in.
+that pulled for the group, or committed an offset of it, in the last NATIVE_MEMBER_MS;
+our Consumer names its group in every pull, so an idle one that keeps polling stays a
+member), remoting clients (their heartbeats) and RocketMQ 5 clients (theirs); run_broker
+wires the last two in.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ BODY_BYTES_DEFAULT = 4096
 BODY_BYTES_MAX = 1 << 20
 MSG_ID_CHARS_MAX = 128
 RETRY_SCAN_RECORDS_MAX = 4096  # the newest records of each retry/DLQ queue a trace reads
-NATIVE_MEMBER_MS = 30_000  # a native client that committed this recently is a member
+NATIVE_MEMBER_MS = 30_000  # a native client that pulled or committed this recently is a member
 NATIVE_MEMBERS_MAX = 4096
 
 # (client id, protocol, last seen wall ms) of one group's members, from one source
@@ -64,8 +66,9 @@ class BrokerAdmin:
         return self.agent.store
 
     # Members ---------------------------------------------------------------------------------
-    def note_commit(self, group: str, peer: str, now_ms: int) -> None:
-        """A native client committed an offset of `group`: a member for NATIVE_MEMBER_MS."""
+    def note_member(self, group: str, peer: str, now_ms: int) -> None:
+        """A native client pulled for `group` or committed an offset of it: a member for
+        NATIVE_MEMBER_MS."""
         with self._lock:
             if len(self._native) >= NATIVE_MEMBERS_MAX:
                 for key, seen in list(self._native.items()):

@@ -129,7 +129,11 @@ class BrokerServicer(bpb_grpc.BrokerServiceServicer):
         validate_int("queue_id", request.queue_id, 0, QUEUE_ID_MAX)
         validate_int("queue_offset", request.queue_offset, 0, REQUEST_INT_MAX)
         count = validate_int("max_count", request.max_count or 32, 1, PULL_COUNT_MAX)
+        if request.group:
+            validate_name("group", request.group)
         self.agent.require_master()
+        if request.group:  # a consumer that polls, idle or not, is a live member
+            self.admin.note_member(request.group, context.peer(), wall_ms())
         confirm = self.agent.view().confirm_offset
         try:
             records = self.agent.store.get_messages(
@@ -157,7 +161,7 @@ class BrokerServicer(bpb_grpc.BrokerServiceServicer):
         validate_int("queue_id", request.queue_id, 0, QUEUE_ID_MAX)
         validate_int("offset", request.offset, 0, REQUEST_INT_MAX)
         self.agent.commit_consumer_offset(request.group, request.topic, request.queue_id, request.offset)
-        self.admin.note_commit(request.group, context.peer(), wall_ms())
+        self.admin.note_member(request.group, context.peer(), wall_ms())
         return bpb.CommitOffsetResponse()
 
     @rpc

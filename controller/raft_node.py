@@ -5,8 +5,8 @@ whatever callers are waiting when the previous batch is still in flight, so one
 sequential caller pays one round trip, and sixteen concurrent callers share one.
 pysyncobj runs with appendEntriesUseBatch=False, so every entry is sent at once.
 
-Effects happen in one order per entry: apply (pure) -> applied-entry log -> wake the
-callers and the watchers.
+Effects happen in one order per entry: apply (pure) -> applied-entry log -> command
+history (controller/command_history.py) -> wake the callers and the watchers.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from typing import Any
 
 from mqmeta.controller import pysyncobj_compat
 from mqmeta.controller.applied_log import AppliedLog
+from mqmeta.controller.command_history import CommandHistory
 from mqmeta.controller.commands import Command, Undecodable, command_json, decode_entry, encode_entry
 from mqmeta.controller.journal import DurableJournal, reconcile_with_snapshot
 from mqmeta.controller.repair import (
@@ -194,6 +195,7 @@ class ControllerRaft(pysyncobj_compat.RaftFixes):
         # Attributes set before SyncObj.__init__ are runtime-only (not in snapshots).
         self._node_id = node_id
         self._applied_log = AppliedLog(data_dir / "applied.jsonl", node_id)
+        self.history = CommandHistory()  # what this node applied, for the history read
         self._on_events = on_events
         self._state = ControllerState()
         self._snapshots = StateSnapshots(lambda: self._state, self._install_state)
@@ -251,6 +253,7 @@ class ControllerRaft(pysyncobj_compat.RaftFixes):
                 "effects": effects,
             }
         )
+        self.history.record(index, term, commands, results)
         if events:
             self._on_events(index, events)
         if self.on_applied is not None:

@@ -17,9 +17,16 @@ from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Any
 
+from mqmeta.controller.command_history import (
+    COMMAND_TYPES_PER_READ_MAX,
+    PAGE_COMMANDS_DEFAULT,
+    PAGE_COMMANDS_MAX,
+)
 from mqmeta.controller.commands import (
+    COMMAND_TYPES,
     REQUEST_ID_CHARS_MAX,
     AlterSyncStateSet,
+    Barrier,
     CleanBrokerData,
     Command,
     DeleteGroup,
@@ -32,6 +39,7 @@ from mqmeta.controller.commands import (
     TieredCommit,
     TieredForgetAbandoned,
     TieredUploadStart,
+    Undecodable,
     UpdateConfig,
 )
 from mqmeta.controller.operations import ControllerOperations, WatchSubscription
@@ -419,6 +427,21 @@ class ControllerServicer(pb_grpc.ControllerServiceServicer):
         ]
         return pb.ReplicatorStatus(rules=[_rule_status_pb(r) for r in document["rules"]], workers=workers)
 
+    @rpc
+    def GetCommandHistory(self, request, context):
+        """What this node applied (controller/command_history.py): no barrier, no leader
+        needed; a follower answers what it has applied so far."""
+        limit, before_index, command_types = command_history_query(request)
+        raft = self.core.raft
+        page = raft.history.page(limit, before_index, command_types)
+        return pb.CommandHistory(
+            commands=[pb.AppliedCommand(**record) for record in page["commands"]],
+            next_before_index=page["next_before_index"],
+            oldest_index=page["oldest_index"],
+            last_applied_index=raft.raftLastApplied,
+            node_id=self.core.node_id,
+        )
+
     async def Watch(self, request, context) -> AsyncIterator[pb.WatchEvent]:
         hub = self.core.watch_hub
         try:
@@ -577,6 +600,27 @@ def elect_command(request: pb.ElectMasterRequest) -> ElectMaster:
         preferred_broker_id=_broker_id(request.preferred_broker_id, allow_zero=True),
         master_epoch=request.master_epoch if trigger == "handoff" else 0,
     )
+
+
+def command_history_query(request: pb.GetCommandHistoryRequest) -> tuple[int, int, list[str]]:
+    """(limit, before_index, command types) of a GetCommandHistory, checked."""
+    limit = request.limit or PAGE_COMMANDS_DEFAULT
+    if not 1 <= limit <= PAGE_COMMANDS_MAX:
+        raise InvalidArgument(
+            f"limit must be 1 to {PAGE_COMMANDS_MAX} commands (0: {PAGE_COMMANDS_DEFAULT}), not {limit}"
+        )
+    if request.before_index < 0:
+        raise InvalidArgument(
+            f"before_index must be a Raft index (1 or more; 0: the newest), not {request.before_index}"
+        )
+    if len(request.command_types) > COMMAND_TYPES_PER_READ_MAX:
+        raise InvalidArgument(f"name at most {COMMAND_TYPES_PER_READ_MAX} command types")
+    unknown = sorted(set(request.command_types) - set(COMMAND_TYPES) - {Undecodable.TYPE})
+    if unknown or Barrier.TYPE in request.command_types:
+        known = ", ".join(sorted(set(COMMAND_TYPES) - {Barrier.TYPE}))
+        which = (unknown or [Barrier.TYPE])[0][:64]
+        raise InvalidArgument(f"no command type {which!r} in the history; the types are {known}, undecodable")
+    return limit, request.before_index, list(request.command_types)
 
 
 def alter_sync_state_set_command(request: pb.AlterSyncStateSetRequest) -> AlterSyncStateSet:

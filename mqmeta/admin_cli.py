@@ -7,6 +7,7 @@ stderr as one sentence with exit status 2 (see mqmeta.cli).
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import math
 from collections.abc import Callable
@@ -111,6 +112,21 @@ def add_parser(subparsers: Any) -> None:
     _leaf(
         sub, "replicator-status", "replication rules: tasks, their workers and progress", replicator_status
     ).add_argument("--rule", default="", help="one rule only")
+    history = _leaf(
+        sub, "history", "the commands the controller applied, newest first (fenced ones too)", history_page
+    )
+    history.add_argument(
+        "--limit", type=_int_in(1, INT32_MAX), default=100, help="commands per page (at most 1000)"
+    )
+    history.add_argument(
+        "--before",
+        type=_int_in(1, INT64_MAX),
+        default=0,
+        help="entries below this Raft index (the next page)",
+    )
+    history.add_argument(
+        "--type", action="append", default=[], dest="command_types", help="this command type only (repeat)"
+    )
     _add_topic_commands(sub, type(admin))
     _add_group_commands(sub, type(admin))
     _add_config_commands(sub, type(admin))
@@ -574,6 +590,56 @@ def replicator_status(client: ControllerClient, args):
         for w in reply.workers
     ]
     return {"rules": rules, "workers": workers}, rows
+
+
+def _utc_text(ms: int) -> str:
+    return datetime.datetime.fromtimestamp(ms / 1000, datetime.UTC).isoformat(timespec="milliseconds")
+
+
+def history_page(client: ControllerClient, args):
+    """One page of the applied commands (GetCommandHistory), from the leader; the table
+    shows FENCED and refused outcomes with their sentence."""
+    reply = client.get_command_history(
+        pb.GetCommandHistoryRequest(
+            limit=args.limit, before_index=args.before, command_types=args.command_types
+        )
+    )
+    commands = [
+        {
+            "index": c.index,
+            "term": c.term,
+            "position": c.position,
+            "command": c.command,
+            "fields": dict(sorted(c.fields.items())),
+            "result": c.result,
+            "code": c.code,
+            "message": c.message,
+            "time_ms": c.time_ms,
+        }
+        for c in reply.commands
+    ]
+    document = {
+        "commands": commands,
+        "next_before_index": reply.next_before_index,
+        "oldest_index": reply.oldest_index,
+        "last_applied_index": reply.last_applied_index,
+        "node_id": reply.node_id,
+    }
+    rows = [
+        {
+            "index": c["index"],
+            "term": c["term"],
+            "time": _utc_text(c["time_ms"]) if c["time_ms"] else "",
+            "command": c["command"],
+            "fields": " ".join(f"{k}={v}" for k, v in c["fields"].items()),
+            "result": c["result"].upper() + (f" {c['code']}: {c['message']}" if c["code"] else ""),
+        }
+        for c in commands
+    ]
+    fields = {"node": reply.node_id, "oldest index held": reply.oldest_index}
+    if reply.next_before_index:
+        fields["older"] = f"--before {reply.next_before_index}"
+    return document, _Report(fields, rows)
 
 
 def _put(call: Callable[[ControllerClient, Any], Any], spec: Callable[[Any], Any]) -> Callable:

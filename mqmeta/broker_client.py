@@ -254,6 +254,7 @@ class Consumer:
                         queue_id=queue.queue_id,
                         queue_offset=self._offset(queue),
                         max_count=max_count,
+                        group=self.group,
                     ),
                 )
             except MqmetaError as error:

@@ -333,6 +333,11 @@ class ControllerClient:
     ) -> pb.ReplicatorStatus:
         return self._call("GetReplicatorStatus", request, timeout_s)
 
+    def get_command_history(
+        self, request: pb.GetCommandHistoryRequest, timeout_s: float | None = None
+    ) -> pb.CommandHistory:
+        return self._call("GetCommandHistory", request, timeout_s)
+
     def heartbeat(self, request: pb.HeartbeatRequest, timeout_s: float | None = None) -> pb.HeartbeatResponse:
         """`request` on the heartbeat stream to the leader, or as a unary call when the
         stream cannot take it (see the module's docstring); the same errors as `call`."""

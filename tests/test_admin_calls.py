@@ -11,9 +11,14 @@ Properties checked:
   named, and a resend's copy shows as a retry;
 - resend: a copy lands in %RETRY%{group} with the original's body and keys;
 - group lag: the backlog (messages and time) of a group grows with sends and falls to
-  zero once it consumes; its native member is listed; the lag is also a metric;
+  zero once it consumes; its native member is listed, and so is a native consumer that
+  only polls (it names its group in each pull) without committing; the lag is also a metric;
 - reset offsets: refused (FAILED_PRECONDITION, one sentence, exit 2) while a member is
   connected; with --force, earliest moves the backlog back to everything;
+- the controller's command history (`admin history`): an AlterSyncStateSet with a stale
+  master epoch is listed as fenced with the sentence its caller got; pages walk back by
+  Raft index; a bad limit or type is INVALID_ARGUMENT with a sentence (CLI: exit 2); a
+  controller killed with -9 and restarted lists the same fenced command (from its journal);
 - the key index survives kill -9 of a real broker process: the restarted replica (asked
   directly) finds every key it held, including those indexed only in memory at the kill.
 """
@@ -36,6 +41,7 @@ from mqmeta.cluster.harness import Cluster
 from mqmeta import tls
 from mqmeta.broker_client import Consumer, Producer
 from mqmeta.cli import main
+from mqmeta.errors import MqmetaError
 from mqmeta.pb import broker_pb2, broker_pb2_grpc
 from mqmeta.pb import controller_pb2 as pb
 from tests.support import wait_for, wait_in_sync
@@ -223,6 +229,18 @@ def test_lag_trace_resend_and_reset(cluster, sent):
         consumer.close()
 
 
+def test_a_native_consumer_that_polls_without_committing_is_a_member(cluster, sent):
+    group = "g-polling"
+    consumer = Consumer(cluster.namesrv, TOPIC, group)
+    try:
+        consumer.poll()  # pulls, names its group, commits nothing
+        lag = admin_json(cluster, "group", "lag", group, "--topic", TOPIC)
+        assert [m["protocol"] for m in lag["members"]] == ["native"], lag
+        assert_bad_input(admin(cluster, "group", "reset-offsets", group, "--earliest"), "member(s) connected")
+    finally:
+        consumer.close()
+
+
 def test_the_key_index_survives_kill_9(cluster, sent):
     master = wait_in_sync(cluster, 2)
     slave = next(b.name for b in cluster.layout.brokers if b.name != master)
@@ -238,3 +256,48 @@ def test_the_key_index_survives_kill_9(cluster, sent):
         retry_on=(grpc.RpcError,),
     )
     assert after == before
+
+
+def test_the_history_shows_a_fenced_command_with_its_reason_and_pages(cluster, sent):
+    with cluster.client() as client:
+        info = client.call("ListBrokerSets", pb.ListBrokerSetsRequest()).broker_sets[0]
+        stale = pb.AlterSyncStateSetRequest(
+            cluster=info.cluster,
+            broker_name=info.broker_name,
+            master_broker_id=info.master_broker_id,
+            master_epoch=info.master_epoch - 1,
+            sync_state_set_epoch=info.sync_state_set_epoch,
+            new_sync_state_set=[info.master_broker_id],
+        )
+        with pytest.raises(MqmetaError) as fenced:
+            client.call("AlterSyncStateSet", stale)
+        assert fenced.value.code == "FENCED_MASTER_EPOCH"
+        with pytest.raises(MqmetaError) as bad:
+            client.call("GetCommandHistory", pb.GetCommandHistoryRequest(limit=5000))
+        assert bad.value.code == "INVALID_ARGUMENT" and "limit must be 1 to 1000" in bad.value.message
+    found = admin_json(cluster, "history", "--type", "alter_sync_state_set", "--limit", "1")["commands"]
+    assert (found[0]["result"], found[0]["code"]) == ("fenced", "FENCED_MASTER_EPOCH"), found
+    assert found[0]["message"] == fenced.value.message
+    assert found[0]["fields"]["master_epoch"] == str(info.master_epoch - 1) and found[0]["time_ms"] > 0
+
+    newest = admin_json(cluster, "history", "--limit", "3")
+    older = admin_json(cluster, "history", "--limit", "3", "--before", str(newest["next_before_index"]))
+    indexes = [c["index"] for c in newest["commands"] + older["commands"]]
+    assert indexes == sorted(indexes, reverse=True) and max(indexes) <= newest["last_applied_index"]
+    assert min(c["index"] for c in newest["commands"]) > max(c["index"] for c in older["commands"])
+    assert newest["oldest_index"] >= 1 and newest["node_id"]
+
+    assert_bad_input(admin(cluster, "history", "--limit", "5000"), "limit must be 1 to 1000")
+    assert_bad_input(admin(cluster, "history", "--limit", "0"), "0 must be at least 1")
+    assert_bad_input(admin(cluster, "history", "--type", "nope"), "no command type 'nope'")
+
+    # kill -9 of the controller: it rebuilds the history from its journal as it replays it
+    node_id = cluster.layout.controllers[0].id
+    cluster.restart(node_id)
+
+    def fenced_again() -> list[dict]:
+        replayed = admin(cluster, "history", "--type", "alter_sync_state_set", "--limit", "1", "--json")
+        return json.loads(replayed.stdout)["commands"] if replayed.returncode == 0 else []
+
+    again = wait_for(fenced_again, 30, "the restarted controller's history", until=bool)
+    assert again == found, (again, found)

@@ -13,6 +13,12 @@ Properties checked:
 - a group's backlog grows while its consumer is stopped and falls to 0 once it runs;
 - an admin write with a read-only login is refused in the page with the sentence the
   controllers give the CLI for the same token;
+- the timeline lists the commands the controllers applied; an AlterSyncStateSet with a
+  stale master epoch appears live (no reload), marked fenced with the controllers' sentence;
+  a malformed page cursor is 400 with one sentence;
+- the message page resends a message to a group (our consumer of %RETRY%GROUP then
+  receives it) and requeues one from a %DLQ% topic; with a read-only login both are
+  refused with the sentence the CLI prints for the same token;
 - writes need the session's CSRF token; bad input (a reversed time range, an unknown
   id, a wrong token) is a status with one sentence.
 Screenshots of each page go to the test's tmp dir.
@@ -32,7 +38,9 @@ from pathlib import Path
 import pytest
 from mqmeta.cluster.wait import wait_for
 
+from mqmeta.broker_client import Consumer
 from mqmeta.client import ControllerClient
+from mqmeta.errors import MqmetaError
 from mqmeta.pb import controller_pb2 as pb
 from tests.support.local_up import MQMETA, start_local_up, stop_local_up
 
@@ -287,6 +295,136 @@ def test_an_admin_write_with_a_read_login_is_refused_with_the_servers_sentence(c
         go(browser, page)
         shot(browser, cluster, page)
     assert browser.find_elements(By.CSS_SELECTOR, "#events .event-role"), "no election in the timeline"
+
+
+def fenced_write(cluster: dict) -> str:
+    """An AlterSyncStateSet with a stale master epoch; the sentence the controllers refuse it with."""
+    from mqmeta import auth
+
+    auth.configure(token=Path(cluster["auth"]["admin_token_file"]).read_text().strip())
+    try:
+        with ControllerClient(",".join(c["grpc"] for c in cluster["controllers"])) as client:
+            info = client.list_broker_sets(pb.ListBrokerSetsRequest()).broker_sets[0]
+            stale = pb.AlterSyncStateSetRequest(
+                cluster=info.cluster,
+                broker_name=info.broker_name,
+                master_broker_id=info.master_broker_id,
+                master_epoch=info.master_epoch - 1,
+                sync_state_set_epoch=info.sync_state_set_epoch,
+                new_sync_state_set=[info.master_broker_id],
+            )
+            with pytest.raises(MqmetaError) as fenced:
+                client.call("AlterSyncStateSet", stale)
+    finally:
+        auth.configure()
+    assert fenced.value.code == "FENCED_MASTER_EPOCH"
+    return fenced.value.message
+
+
+def test_the_timeline_lists_applied_commands_and_marks_a_fenced_one(cluster, browser):
+    go(browser, "events")
+    browser.execute_script("window.__same_page = true;")
+    sentence = fenced_write(cluster)  # shown live: the page is not reloaded nor left
+
+    def rows(kind: str) -> list[str]:
+        return browser.execute_script(
+            "return [...document.querySelectorAll(arguments[0])].map((r) => r.textContent);",
+            f"#history tr.command-{kind}",
+        )
+
+    fenced = WebDriverWait(browser, PAGE_TIMEOUT_S).until(
+        lambda d: [r for r in rows("fenced") if "alter_sync_state_set" in r and sentence in r]
+    )
+    assert "FENCED FENCED_MASTER_EPOCH" in fenced[0], fenced
+    assert browser.execute_script("return window.__same_page === true;"), "the page was reloaded"
+    assert fetch(browser, "/api/history?before=x") == [400, "before must be a Raft index, got 'x'"]
+    assert any("elect_master" in r for r in rows("applied")), "no election among the applied commands"
+    shot(browser, cluster, "timeline")
+
+
+def search_key(driver, topic: str, key: str) -> list:
+    go(driver, "search")
+    for field, value in (("search-topic", topic), ("search-key", key), ("search-id", "")):
+        driver.find_element(By.ID, field).clear()
+        if value:
+            driver.find_element(By.ID, field).send_keys(value)
+    driver.execute_script("document.getElementById('search-results').replaceChildren();")
+    driver.find_element(By.CSS_SELECTOR, "#search button").click()
+    return WebDriverWait(driver, PAGE_TIMEOUT_S).until(lambda d: d.find_elements(By.CSS_SELECTOR, ".message"))
+
+
+def resend_in_page(driver, message, group: str | None) -> str:
+    """Resends (or with group None, requeues) `message` from its page; the page's answer."""
+    if group is None:
+        message.find_element(By.CSS_SELECTOR, ".requeue-button").click()
+    else:
+        message.find_element(By.CSS_SELECTOR, ".resend-group").send_keys(group)
+        message.find_element(By.CSS_SELECTOR, ".resend-button").click()
+    result = message.find_element(By.CSS_SELECTOR, ".resend-result")
+    WebDriverWait(driver, PAGE_TIMEOUT_S).until(lambda d: result.text)
+    return result.text
+
+
+def received_keys(cluster: dict, topic: str, group: str) -> list[str]:
+    """The keys of what our consumer of `group` receives from `topic` (at least one message)."""
+    from mqmeta import auth
+
+    auth.configure(token=Path(cluster["auth"]["admin_token_file"]).read_text().strip())
+    consumer = Consumer([n["grpc"] for n in cluster["namesrv"]], topic, group)
+    try:
+        received = wait_for(consumer.poll, PAGE_TIMEOUT_S, f"{group} to receive from {topic}")
+        consumer.commit()
+    finally:
+        consumer.close()
+        auth.configure()
+    return [m.keys for m in received]
+
+
+def test_resend_and_requeue_from_the_message_page(cluster, browser):
+    group, dead_group = "console-resend", "console-dlq"
+    run_cli(cluster, "produce", "--topic", TOPIC, "--count", "1", "--keys", "resend-me")
+    (message,) = search_key(browser, TOPIC, "resend-me")
+    msg_id = message.get_attribute("data-msg-id")
+    read_token = cluster["auth"]["read_token_file"]
+    refused = run_cli(
+        cluster, "admin", "message", "resend", "--id", msg_id, "--group", group, "--token-file", read_token,
+        check=False,
+    )  # fmt: skip
+    assert refused.returncode == 2
+    shown = resend_in_page(browser, message, group)
+    assert shown == "ResendMessage refused: identity viewer may only read", shown
+    # the CLI's sentence names the broker set it asked, then says the same
+    assert refused.stderr.strip().endswith(f": {shown}"), (refused.stderr, shown)
+
+    browser.execute_script("window.__before_logout = true;")
+    browser.find_element(By.ID, "logout").click()  # the page reloads
+    WebDriverWait(browser, PAGE_TIMEOUT_S).until(
+        lambda d: d.execute_script(
+            "return window.__before_logout === undefined && document.readyState === 'complete'"
+            " && !document.getElementById('login').hidden;"
+        )
+    )
+    browser.find_element(By.ID, "login-token").send_keys(
+        Path(cluster["auth"]["admin_token_file"]).read_text().strip()
+    )
+    browser.find_element(By.CSS_SELECTOR, "#login button").click()
+    WebDriverWait(browser, PAGE_TIMEOUT_S).until(
+        lambda d: "(admin)" in d.find_element(By.ID, "identity").text
+    )
+
+    message = search_key(browser, TOPIC, "resend-me")[0]
+    shown = resend_in_page(browser, message, group)
+    assert shown.startswith(f"resent to %RETRY%{group} "), shown
+    shot(browser, cluster, "resend")
+    assert received_keys(cluster, f"%RETRY%{group}", group) == ["resend-me"]
+
+    dead_letters = f"%DLQ%{dead_group}"
+    run_cli(cluster, "admin", "topic", "create", dead_letters, "--queues", "1")
+    run_cli(cluster, "produce", "--topic", dead_letters, "--count", "1", "--keys", "dead-1")
+    message = search_key(browser, dead_letters, "dead-1")[0]
+    shown = resend_in_page(browser, message, None)
+    assert shown.startswith(f"resent to %RETRY%{dead_group} "), shown
+    assert received_keys(cluster, f"%RETRY%{dead_group}", dead_group) == ["dead-1"]
 
 
 def test_a_write_without_the_sessions_csrf_token_is_refused(cluster):

@@ -80,7 +80,7 @@ KNOWN = {
 # Controller methods that do not write (the rest must leave the digest alone when refused).
 CONTROLLER_READS = {"GetNextBrokerId", "GetReplicaInfo", "GetSyncStateData", "GetMetadata", "ListBrokerSets"}
 CONTROLLER_READS |= {"ListTopics", "GetTopicRoute", "ListGroups", "GetConfig", "GetTieredCheckpoint", "Watch"}
-CONTROLLER_READS |= {"GetReplicatorStatus"}
+CONTROLLER_READS |= {"GetReplicatorStatus", "GetCommandHistory"}
 
 # A replicator worker's heartbeats and commits (nearly valid: a worker with one rule).
 REPLICATOR_KNOWN = {

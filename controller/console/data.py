@@ -395,3 +395,41 @@ def reset_offsets(client: ControllerClient, group: str, topic: str, to: str, for
     )
     document, _ = admin_messages.reset_offsets(client, args)
     return document
+
+
+def resend(client: ControllerClient, msg_id: str, topic: str, group: str) -> Json:
+    """A copy of one message for `group` (as `mqmeta admin message resend`): into
+    %RETRY%{group}; from a %DLQ%{group} topic, this is the requeue."""
+    from mqmeta import admin_messages
+
+    if not msg_id:
+        raise InvalidArgument("name the message to resend by its id")
+    if not group:
+        raise InvalidArgument("name the group that is to consume the copy")
+    args = argparse.Namespace(
+        id=msg_id,
+        topic=topic,
+        broker_name="",
+        queue=None,
+        offset=None,
+        group=group,
+        timeout=ADMIN_CALL_TIMEOUT_S,
+    )
+    document, _ = admin_messages.message_resend(client, args)
+    return document
+
+
+def history(client: ControllerClient, before_index: int, limit: int) -> Json:
+    """One page of the commands the controllers applied, newest first (as `mqmeta admin
+    history`): elections, SyncStateSet changes, topics, groups; fenced ones marked."""
+    from mqmeta.admin_cli import history_page
+
+    args = argparse.Namespace(limit=limit, before=before_index, command_types=[])
+    document, _ = history_page(client, args)
+    return document
+
+
+def newest_history_index(client: ControllerClient) -> int:
+    """The Raft index of the newest command in the history (0: none)."""
+    reply = client.get_command_history(pb.GetCommandHistoryRequest(limit=1))
+    return reply.commands[0].index if reply.commands else 0

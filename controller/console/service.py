@@ -5,8 +5,10 @@ pages and JSON on aiohttp (controller/console/web.py) on an event loop of its ow
 thread, and pushes live changes to the browser as server-sent events: the controllers'
 watch stream (elections, SyncStateSet changes, topics, groups) as they are applied, and
 a sample every SAMPLE_INTERVAL_S for the plots (message rates, group backlog,
-replication delay). The front end is static files in static/ (uPlot for the plots,
-vendored with its license); nothing is loaded from elsewhere.
+replication delay) and the newest index of the command history (the timeline reads the
+history again when it moves: a fenced command changes nothing, so no watch event says
+so). The front end is static files in static/ (uPlot for the plots, vendored with its
+license); nothing is loaded from elsewhere.
 """
 
 from __future__ import annotations
@@ -172,6 +174,10 @@ def _sample_document(
         rules = data.replicator(client)["rules"]
     except MqmetaError:
         rules = []
+    try:  # the timeline reads the history again when this moves (a fenced command changes nothing)
+        history_index = data.newest_history_index(client)
+    except MqmetaError:
+        history_index = 0
     now_ms = topics["now_ms"]
     rates: dict[str, float] = {}
     before = {t["name"]: t["messages"] for t in (previous or {}).get("topics", {}).get("topics", [])}
@@ -186,6 +192,7 @@ def _sample_document(
         "rates": rates,
         "backlog": {g["group"]: g["backlog"] for g in groups["groups"]},
         "replication_delay_ms": {r["name"]: r["delay_ms"] for r in rules},
+        "history_index": history_index,
         "topics": topics,
         "groups": groups,
     }

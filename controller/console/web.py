@@ -47,6 +47,8 @@ PLOT_KEYS = ("now_ms", "rates", "backlog", "replication_delay_ms")
 REQUEST_BODY_BYTES_MAX = 64 * 1024
 CREATE_TOPIC_METHOD = "/mqmeta.v1.ControllerService/CreateTopic"
 RESET_OFFSETS_METHOD = "/mqmeta.v1.BrokerService/ResetOffsets"
+RESEND_METHOD = "/mqmeta.v1.BrokerService/ResendMessage"
+HISTORY_PAGE_COMMANDS = 100
 READ_METHOD = "/mqmeta.v1.ControllerService/GetMetadata"  # the access class of every page
 
 _HTTP_STATUS = {
@@ -124,6 +126,7 @@ def build_app(console: Any) -> web.Application:
         "/api/groups": lambda r: lambda: data.group_lag(console.client, console.brokers),
         "/api/replicator": lambda r: lambda: data.replicator(console.client),
         "/api/search": _search_call,
+        "/api/history": _history_call,
     }
     for path, call in reads.items():
         app.router.add_get(path, _reader(call))
@@ -132,6 +135,7 @@ def build_app(console: Any) -> web.Application:
     app.router.add_get("/api/stream", _stream)
     app.router.add_post("/api/topics", _create_topic)
     app.router.add_post("/api/groups/reset", _reset_offsets)
+    app.router.add_post("/api/messages/resend", _resend)
     return app
 
 
@@ -356,6 +360,18 @@ def _search_call(request: web.Request) -> Callable[[], Json]:
     )
 
 
+def _history_call(request: web.Request) -> Callable[[], Json]:
+    text = request.query.get("before", "") or "0"
+    try:
+        before_index = int(text)
+    except ValueError:
+        raise InvalidArgument(f"before must be a Raft index, got {text[:32]!r}") from None
+    if before_index < 0:
+        raise InvalidArgument(f"before must be a Raft index (1 or more; 0: the newest), not {before_index}")
+    console = request.app["console"]
+    return lambda: data.history(console.client, before_index, HISTORY_PAGE_COMMANDS)
+
+
 async def _events(request: web.Request) -> web.Response:
     refused = _refused(request, READ_METHOD)
     if refused is not None:
@@ -445,6 +461,28 @@ async def _reset_offsets(request: web.Request) -> web.Response:
                 str(body.get("topic", "")).strip(),
                 str(body.get("to", "")),
                 bool(body.get("force", False)),
+            )
+        )
+    except MqmetaError as error:
+        return _error_response(error)
+    return web.json_response(document)
+
+
+async def _resend(request: web.Request) -> web.Response:
+    """An admin write (the brokers' ResendMessage: a copy for one group, or the requeue
+    of a dead letter), checked as _create_topic is."""
+    refused = _check_csrf(request) or _refused(request, RESEND_METHOD)
+    if refused is not None:
+        return _error_response(refused)
+    body = await _json_body(request)
+    console = request.app["console"]
+    try:
+        document = await console.run(
+            lambda: data.resend(
+                console.client,
+                str(body.get("msg_id", "")).strip(),
+                str(body.get("topic", "")).strip(),
+                str(body.get("group", "")).strip(),
             )
         )
     except MqmetaError as error:

@@ -64,16 +64,18 @@ class SendResponse(_message.Message):
     def __init__(self, results: _Optional[_Iterable[_Union[SendResult, _Mapping]]] = ..., master_epoch: _Optional[int] = ...) -> None: ...
 
 class PullRequest(_message.Message):
-    __slots__ = ("topic", "queue_id", "queue_offset", "max_count")
+    __slots__ = ("topic", "queue_id", "queue_offset", "max_count", "group")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
     QUEUE_OFFSET_FIELD_NUMBER: _ClassVar[int]
     MAX_COUNT_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
     topic: str
     queue_id: int
     queue_offset: int
     max_count: int
-    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., queue_offset: _Optional[int] = ..., max_count: _Optional[int] = ...) -> None: ...
+    group: str
+    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., queue_offset: _Optional[int] = ..., max_count: _Optional[int] = ..., group: _Optional[str] = ...) -> None: ...
 
 class StoredMessage(_message.Message):
     __slots__ = ("msg_id", "topic", "queue_id", "queue_offset", "commit_offset", "epoch", "store_timestamp_ms", "body", "tags", "keys", "properties", "producer_id", "producer_seq")

@@ -760,3 +760,56 @@ class ReplicatorStatus(_message.Message):
     rules: _containers.RepeatedCompositeFieldContainer[ReplicatorRuleStatus]
     workers: _containers.RepeatedCompositeFieldContainer[ReplicatorWorker]
     def __init__(self, rules: _Optional[_Iterable[_Union[ReplicatorRuleStatus, _Mapping]]] = ..., workers: _Optional[_Iterable[_Union[ReplicatorWorker, _Mapping]]] = ...) -> None: ...
+
+class GetCommandHistoryRequest(_message.Message):
+    __slots__ = ("limit", "before_index", "command_types")
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    BEFORE_INDEX_FIELD_NUMBER: _ClassVar[int]
+    COMMAND_TYPES_FIELD_NUMBER: _ClassVar[int]
+    limit: int
+    before_index: int
+    command_types: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, limit: _Optional[int] = ..., before_index: _Optional[int] = ..., command_types: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class AppliedCommand(_message.Message):
+    __slots__ = ("index", "term", "position", "command", "fields", "result", "code", "message", "time_ms")
+    class FieldsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    POSITION_FIELD_NUMBER: _ClassVar[int]
+    COMMAND_FIELD_NUMBER: _ClassVar[int]
+    FIELDS_FIELD_NUMBER: _ClassVar[int]
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    TIME_MS_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    term: int
+    position: int
+    command: str
+    fields: _containers.ScalarMap[str, str]
+    result: str
+    code: str
+    message: str
+    time_ms: int
+    def __init__(self, index: _Optional[int] = ..., term: _Optional[int] = ..., position: _Optional[int] = ..., command: _Optional[str] = ..., fields: _Optional[_Mapping[str, str]] = ..., result: _Optional[str] = ..., code: _Optional[str] = ..., message: _Optional[str] = ..., time_ms: _Optional[int] = ...) -> None: ...
+
+class CommandHistory(_message.Message):
+    __slots__ = ("commands", "next_before_index", "oldest_index", "last_applied_index", "node_id")
+    COMMANDS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_BEFORE_INDEX_FIELD_NUMBER: _ClassVar[int]
+    OLDEST_INDEX_FIELD_NUMBER: _ClassVar[int]
+    LAST_APPLIED_INDEX_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    commands: _containers.RepeatedCompositeFieldContainer[AppliedCommand]
+    next_before_index: int
+    oldest_index: int
+    last_applied_index: int
+    node_id: str
+    def __init__(self, commands: _Optional[_Iterable[_Union[AppliedCommand, _Mapping]]] = ..., next_before_index: _Optional[int] = ..., oldest_index: _Optional[int] = ..., last_applied_index: _Optional[int] = ..., node_id: _Optional[str] = ...) -> None: ...

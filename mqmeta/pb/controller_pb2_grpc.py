@@ -184,6 +184,11 @@ class ControllerServiceStub:
                 request_serializer=mqmeta_dot_pb_dot_controller__pb2.GetReplicatorStatusRequest.SerializeToString,
                 response_deserializer=mqmeta_dot_pb_dot_controller__pb2.ReplicatorStatus.FromString,
                 _registered_method=True)
+        self.GetCommandHistory = channel.unary_unary(
+                '/mqmeta.v1.ControllerService/GetCommandHistory',
+                request_serializer=mqmeta_dot_pb_dot_controller__pb2.GetCommandHistoryRequest.SerializeToString,
+                response_deserializer=mqmeta_dot_pb_dot_controller__pb2.CommandHistory.FromString,
+                _registered_method=True)
         self.Watch = channel.unary_stream(
                 '/mqmeta.v1.ControllerService/Watch',
                 request_serializer=mqmeta_dot_pb_dot_controller__pb2.WatchRequest.SerializeToString,
@@ -379,6 +384,13 @@ class ControllerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetCommandHistory(self, request, context):
+        """The commands this node applied, with their outcomes (applied, fenced, refused).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Watch(self, request, context):
         """Pushes role, SyncStateSet and route changes as this node applies them. The first
         event is a "snapshot" of every matching broker set.
@@ -539,6 +551,11 @@ def add_ControllerServiceServicer_to_server(servicer, server):
                     servicer.GetReplicatorStatus,
                     request_deserializer=mqmeta_dot_pb_dot_controller__pb2.GetReplicatorStatusRequest.FromString,
                     response_serializer=mqmeta_dot_pb_dot_controller__pb2.ReplicatorStatus.SerializeToString,
+            ),
+            'GetCommandHistory': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetCommandHistory,
+                    request_deserializer=mqmeta_dot_pb_dot_controller__pb2.GetCommandHistoryRequest.FromString,
+                    response_serializer=mqmeta_dot_pb_dot_controller__pb2.CommandHistory.SerializeToString,
             ),
             'Watch': grpc.unary_stream_rpc_method_handler(
                     servicer.Watch,
@@ -1356,6 +1373,33 @@ class ControllerService:
             '/mqmeta.v1.ControllerService/GetReplicatorStatus',
             mqmeta_dot_pb_dot_controller__pb2.GetReplicatorStatusRequest.SerializeToString,
             mqmeta_dot_pb_dot_controller__pb2.ReplicatorStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetCommandHistory(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mqmeta.v1.ControllerService/GetCommandHistory',
+            mqmeta_dot_pb_dot_controller__pb2.GetCommandHistoryRequest.SerializeToString,
+            mqmeta_dot_pb_dot_controller__pb2.CommandHistory.FromString,
             options,
             channel_credentials,
             insecure,

@@ -3,7 +3,7 @@
 // what it changed) and "sample" (every few seconds: topics, groups, plot points).
 "use strict";
 
-const state = { session: null, page: "overview", samples: [], plots: {}, events: [] };
+const state = { session: null, page: "overview", samples: [], plots: {}, events: [], history: { commands: [], next: 0 } };
 const PLOT_POINTS_MAX = 300;
 
 function el(tag, attrs, ...children) {
@@ -165,6 +165,71 @@ function renderEvents() {
   ], rows, (e) => ({ class: `event event-${e.kind}` })) : el("p", {}, "no events since this console started"));
 }
 
+function renderHistory() {
+  const rows = state.history.commands;
+  replace("history", rows.length ? table([
+    ["index", (c) => c.index, true], ["term", (c) => c.term, true], ["time", (c) => (c.time_ms ? ms(c.time_ms) : null)],
+    ["command", (c) => c.command], ["fields", (c) => Object.entries(c.fields).map(([k, v]) => `${k}=${v}`).join(" ")],
+    ["result", (c) => (c.code ? el("span", { class: c.result }, `${c.result.toUpperCase()} ${c.code}: ${c.message}`) : c.result)],
+  ], rows, (c) => ({ class: `command command-${c.result}`, "data-index": String(c.index) })) : el("p", {}, "no commands held"));
+  document.getElementById("history-older").hidden = !state.history.next;
+}
+
+async function loadHistory(older) {
+  const page = await api(`/api/history?before=${older ? state.history.next : 0}`);
+  const held = state.history.commands;
+  if (older) {
+    state.history = { commands: held.concat(page.commands), next: page.next_before_index };
+  } else if (held.length && state.history.next !== page.next_before_index && page.next_before_index) {
+    // paged back already: keep what is shown, add what is newer
+    const newest = held[0].index;
+    state.history = { commands: page.commands.filter((c) => c.index > newest).concat(held), next: state.history.next };
+  } else {
+    state.history = { commands: page.commands, next: page.next_before_index };
+  }
+  renderHistory();
+}
+
+// One history read at a time while events stream in; one more after it if any arrived.
+let historyLoading = false;
+let historyStale = false;
+
+function refreshHistory() {
+  if (historyLoading) {
+    historyStale = true;
+    return;
+  }
+  historyLoading = true;
+  loadHistory(false).catch((error) => notice(error.message)).finally(() => {
+    historyLoading = false;
+    if (historyStale) {
+      historyStale = false;
+      refreshHistory();
+    }
+  });
+}
+
+function resendForm(m) {
+  const result = el("p", { class: "resend-result", role: "status" });
+  const group = el("input", { class: "resend-group", placeholder: "group", required: true });
+  const send = async (to) => {
+    try {
+      const copy = await write("/api/messages/resend", { msg_id: m.msg_id, topic: m.topic, group: to });
+      result.className = "resend-result";
+      result.textContent = `resent to ${copy.topic} queue ${copy.queue_id} offset ${copy.queue_offset}`;
+    } catch (error) {
+      result.className = "resend-result error";
+      result.textContent = error.message;
+    }
+  };
+  const dlq = m.topic.startsWith("%DLQ%") ? m.topic.slice("%DLQ%".length) : "";
+  const form = el("form", { class: "resend" }, group, el("button", { type: "submit", class: "resend-button" }, "Resend to group"),
+    dlq ? el("button", { type: "button", class: "requeue-button", onclick: () => send(dlq) }, `Requeue to ${dlq}`) : null,
+    el("small", {}, " (admin)"));
+  form.addEventListener("submit", (event) => { event.preventDefault(); send(group.value.trim()); });
+  return [form, result];
+}
+
 function renderSearch(document_) {
   replace("search-results", document_.messages.length ? document_.messages.map((m) => el("div", { class: "set message", "data-msg-id": m.msg_id },
     el("h3", {}, `${m.msg_id}: ${m.topic} ${m.broker_name}/${m.queue_id} offset ${m.queue_offset}`),
@@ -172,7 +237,7 @@ function renderSearch(document_) {
       ["stored", ms(m.store_timestamp_ms)], ["born", ms(m.born_timestamp_ms)], ["confirmed", m.confirmed ? "yes" : "no"], ["tags", m.tags], ["keys", m.keys.join(" ")],
       ["properties", JSON.stringify(m.properties)], ["body", `${m.body}${m.body_bytes > m.body.length ? " …" : ""} (${m.body_bytes} bytes)`],
     ]),
-    traceLine(m.trace))) : el("p", {}, "no message matches"));
+    traceLine(m.trace), resendForm(m))) : el("p", {}, "no message matches"));
 }
 
 function traceLine(trace) {
@@ -272,7 +337,10 @@ function startStream() {
   stream.addEventListener("event", (message) => {
     state.events.push(JSON.parse(message.data));
     if (state.events.length > 500) state.events.shift();
-    if (state.page === "events") renderEvents();
+    if (state.page === "events") {
+      renderEvents();
+      refreshHistory();
+    }
     if (state.page === "overview") showOverview().catch((error) => notice(error.message));
   });
   stream.addEventListener("sample", (message) => {
@@ -281,6 +349,8 @@ function startStream() {
     if (state.samples.length > PLOT_POINTS_MAX) state.samples.shift();
     if (state.page === "topics") renderTopics(sample.topics);
     if (state.page === "groups") renderGroups(sample.groups);
+    const newest = state.history.commands.length ? state.history.commands[0].index : 0;
+    if (state.page === "events" && sample.history_index > newest) refreshHistory();
     drawPlots();
   });
 }
@@ -293,7 +363,12 @@ const LOADERS = {
   topics: async () => renderTopics(await api("/api/topics")),
   groups: async () => renderGroups(await api("/api/groups")),
   replicator: async () => renderReplicator(await api("/api/replicator")),
-  events: async () => { state.events = (await api("/api/events")).events; renderEvents(); },
+  events: async () => {
+    state.events = (await api("/api/events")).events;
+    renderEvents();
+    state.history = { commands: [], next: 0 };
+    await loadHistory(false);
+  },
   search: async () => {},
 };
 
@@ -318,6 +393,7 @@ async function main() {
   document.getElementById("search").addEventListener("submit", search);
   document.getElementById("create-topic").addEventListener("submit", createTopic);
   document.getElementById("reset-offsets").addEventListener("submit", resetOffsets);
+  document.getElementById("history-older").addEventListener("click", () => loadHistory(true).catch((error) => notice(error.message)));
   for (const link of document.querySelectorAll("#nav a")) {
     link.addEventListener("click", (event) => {
       event.preventDefault();
