@@ -378,12 +378,14 @@ class RocketMQProxy:
         return await self.answer(rsvc.AckMessageResponse, work)
 
     async def _ack_split(self, parsed: rsvc.AckMessageRequest, topic: str, context) -> bytes:
-        """A batch whose handles name several sets: one AckMessage per set, answers merged."""
+        """A batch whose handles name several sets: one AckMessage per set, sent at once; the
+        answers merged back into the request's order (each set's master answers its
+        entries in the order it was given them)."""
         by_set: dict[str, list[rsvc.AckMessageEntry]] = {}
         for entry in parsed.entries:
             by_set.setdefault(_handle_broker(entry.receipt_handle), []).append(entry)
 
-        async def one(name: str, entries: list[rsvc.AckMessageEntry]) -> rsvc.AckMessageResponse:
+        async def one(name: str, entries: list[rsvc.AckMessageEntry]) -> list[rsvc.AckMessageResultEntry]:
             part = rsvc.AckMessageRequest(group=parsed.group, topic=parsed.topic, entries=entries)
             raw = await self.forward(
                 context,
@@ -392,10 +394,20 @@ class RocketMQProxy:
                 self.master_getter(topic, name),
                 rsvc.AckMessageResponse,
             )
-            return rsvc.AckMessageResponse.FromString(raw)
+            answer = rsvc.AckMessageResponse.FromString(raw)
+            if len(answer.entries) == len(entries):
+                return list(answer.entries)
+            # Refused as a whole (no master before the deadline, a bad group): each entry says so.
+            return [
+                rsvc.AckMessageResultEntry(
+                    message_id=e.message_id, receipt_handle=e.receipt_handle, status=answer.status
+                )
+                for e in entries
+            ]
 
         parts = await asyncio.gather(*(one(n, e) for n, e in by_set.items()))
-        entries = [e for p in parts for e in p.entries]
+        answered = {name: iter(part) for name, part in zip(by_set, parts, strict=True)}
+        entries = [next(answered[_handle_broker(e.receipt_handle)]) for e in parsed.entries]
         failed = [e.status for e in entries if e.status.code != rdef.OK]
         overall = (
             failed[0]
