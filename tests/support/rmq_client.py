@@ -28,3 +28,21 @@ def client() -> Any:
         else:
             os.environ["HOME"] = home
     return rocketmq
+
+
+def main_thread_on_client_loop() -> None:
+    """Makes the client's I/O loop this (main) thread's current event loop.
+
+    The 5.1.2 client rebuilds a broken Telemetry stream (its nameserver or broker died) on
+    whichever thread saw a settings write fail, and grpc.aio takes that thread's current
+    event loop. The main thread has none once anything in the process ran `asyncio.run()`
+    (other test modules in the same xdist worker do), and the rebuild then fails with "There
+    is no current event loop in thread 'MainThread'". The client means its streams to live on
+    its I/O loop (it makes that loop current wherever it creates a channel); call this after
+    a client started, so that the main thread's rebuilds do too."""
+    import asyncio
+
+    from rocketmq.v5.client.connection.rpc_client import RpcClient
+
+    assert RpcClient._io_loop is not None, "no official client has started in this process"
+    asyncio.set_event_loop(RpcClient._io_loop)
