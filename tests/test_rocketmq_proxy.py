@@ -270,17 +270,12 @@ def test_sigterm_handoff_no_failed_sends(cluster):
         _restore(cluster)
 
 
-# Slow runs only for now: in one full CI run the official client itself failed after the kill
-# ("There is no current event loop in thread 'MainThread'" in its telemetry manager, then
-# 'NoneType' object has no attribute 'shutdown'). The cause is the client's, not the proxy's:
-# the proxy never ends a client's Telemetry stream itself (a master failover only changes the
-# relay's upstreams); a killed nameserver's streams end with its process, and the 5.1.2 client
-# then rebuilds the stream on whichever thread saw a settings write fail, which grpc.aio
-# cannot do on a main thread left without an event loop by an earlier `asyncio.run()` in the
-# same xdist worker (reproduced outside pytest with that exact message). `started` now makes
-# the client's I/O loop the main thread's (tests/support/rmq_client.py), which lets the same
-# rebuild succeed; this test can leave the slow runs once CI has run it that way.
-@pytest.mark.slow
+# The official 5.1.2 client rebuilds a broken Telemetry stream on whichever thread saw a
+# settings write fail, which grpc.aio cannot do on a main thread left without an event loop
+# by an earlier `asyncio.run()` in the same xdist worker ("There is no current event loop in
+# thread 'MainThread'"): a client bug, not the proxy's (it never ends a client's stream
+# itself; a killed nameserver's streams end with its process). `started` makes the client's
+# I/O loop the main thread's (tests/support/rmq_client.py), so the rebuild succeeds.
 def test_kill_one_of_two_proxies(cluster):
     producer = started(rmq.Producer, config(cluster), ("Steady",))
     collect = Collect()
