@@ -12,7 +12,8 @@ connection closes, or after CONSUMER_EXPIRY_MS without a heartbeat. Orderly cons
 their queues (LOCK_BATCH_MQ / UNLOCK_BATCH_MQ): the locks live in the master's memory, so a
 failover frees them and the clients take them again at their next lock round. A batch
 send writes its messages to one queue together; SEARCH_OFFSET_BY_TIMESTAMP searches a
-queue by store time.
+queue by store time. QUERY_MESSAGE finds a topic's messages by key (or by message id)
+through the key index, VIEW_MESSAGE_BY_ID reads the message at a commit offset.
 
 A group is consumed either here (offsets) or through RocketMQ 5's receive/ack (the pop
 model keeps its own progress per group): the two keep separate positions, so a group
@@ -29,6 +30,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from mqmeta.broker_agent.agent import BrokerAgent
+from mqmeta.broker_agent.key_index import KEY_FOUND_MAX
 from mqmeta.broker_agent.rmq_broker import RmqBroker
 
 from mqmeta.clock import wall_ms
@@ -82,6 +84,8 @@ SEND_BATCH_MESSAGES_MAX = 1024
 PULL_FLAG_COMMIT_OFFSET = 0x1
 PULL_FLAG_SUSPEND = 0x2
 PULL_FLAG_SUBSCRIPTION = 0x4
+QUERY_KEY_CHARS_MAX = 4096
+UNIQUE_KEY_QUERY = "_UNIQUE_KEY_QUERY"  # QUERY_MESSAGE's flag: the key is a message id
 # SEND_MESSAGE_V2's one-letter header names.
 _V2_NAMES = {
     "a": "producerGroup",
@@ -260,6 +264,8 @@ class RemotingBroker:
             codec.LOCK_BATCH_MQ: self.lock_batch,
             codec.UNLOCK_BATCH_MQ: self.unlock_batch,
             codec.SEARCH_OFFSET_BY_TIMESTAMP: self.search_offset,
+            codec.QUERY_MESSAGE: self.query_message,
+            codec.VIEW_MESSAGE_BY_ID: self.view_message,
         }
 
     def server(self) -> RemotingServer:
@@ -558,10 +564,50 @@ class RemotingBroker:
         except Exception:  # not a record's first byte (client input), or since deleted
             record = None
         if record is None or record.end_offset > confirm or (topic and record.topic != topic):
-            raise Refusal(
-                codec.SYSTEM_ERROR, f"no readable message of {topic[:128]} at commit offset {offset}"
-            )
+            of = f" of {topic[:128]}" if topic else ""
+            raise Refusal(codec.SYSTEM_ERROR, f"no readable message{of} at commit offset {offset}")
         return record
+
+    # Message queries ------------------------------------------------------------------------
+    def query_message(self, command: Command, connection: Connection) -> Command:
+        """The readable messages of `topic` carrying `key` (with `_UNIQUE_KEY_QUERY` true: whose
+        message id is `key`) stored from beginTimestamp to endTimestamp, newest first, at most
+        maxNum (and KEY_FOUND_MAX). Found through the key index, as far as it covers."""
+        topic = _name("topic", ext_text(command, "topic"))
+        key = ext_text(command, "key")
+        if not key or len(key) > QUERY_KEY_CHARS_MAX or " " in key:
+            raise Refusal(
+                codec.SYSTEM_ERROR, f"a key is 1 to {QUERY_KEY_CHARS_MAX} characters without spaces"
+            )
+        count = min(ext_int(command, "maxNum", 1, REQUEST_INT_MAX), KEY_FOUND_MAX)
+        begin_ms = ext_int(command, "beginTimestamp", 0, REQUEST_INT_MAX, 0)
+        end_ms = ext_int(command, "endTimestamp", 0, REQUEST_INT_MAX, REQUEST_INT_MAX)
+        self.agent.require_master()
+        if command.ext.get(UNIQUE_KEY_QUERY) == "true":
+            records = self.store.records_by_id(key, topic)
+        else:
+            records = self.store.records_by_key(topic, key, KEY_FOUND_MAX)
+        confirm = self.agent.view().confirm_offset
+        found = [
+            r for r in records if r.end_offset <= confirm and begin_ms <= r.store_timestamp_ms <= end_ms
+        ][:count]
+        if not found:
+            raise Refusal(
+                codec.QUERY_NOT_FOUND,
+                f"no readable message of {topic} with key {key[:128]} stored from {begin_ms} to {end_ms} ms",
+            )
+        ext = {"indexLastUpdateTimestamp": wall_ms(), "indexLastUpdatePhyoffset": confirm}
+        return command.answer(ext=ext, body=b"".join(self._encoded(r) for r in found))
+
+    def view_message(self, command: Command, connection: Connection) -> Command:
+        """The message at commit offset `offset` (the last 16 hex digits of the id a client
+        computes from a pulled message's store host and physical offset)."""
+        record = self._record_at(ext_int(command, "offset", 0, REQUEST_INT_MAX), "")
+        return command.answer(body=self._encoded(record))
+
+    def _encoded(self, record: StoredRecord) -> bytes:
+        reconsume_times = _number(record.properties.get(RECONSUME_TIMES))
+        return codec.encode_message(to_wire(record, self.store_host, reconsume_times))
 
     # Pulling --------------------------------------------------------------------------------
     def pull(self, command: Command, connection: Connection) -> Command:
@@ -619,12 +665,7 @@ class RemotingBroker:
                 position = records[-1].queue_offset + 1
                 scanned += len(records)
                 if found:
-                    body = b"".join(
-                        codec.encode_message(
-                            to_wire(r, self.store_host, _number(r.properties.get(RECONSUME_TIMES)))
-                        )
-                        for r in found
-                    )
+                    body = b"".join(self._encoded(r) for r in found)
                     return command.answer(ext={**bounds, "nextBeginOffset": position}, body=body)
                 if scanned >= PULL_SCAN_MAX:
                     return command.answer(

@@ -183,7 +183,7 @@ def _serving(proxies: RemotingProxies, broker_name: str):
 
 async def _read_frame(reader: asyncio.StreamReader, timeout_s: float) -> tuple[bytes, Command | FrameError]:
     """The next whole frame (length field included) and its command, or why its header
-    cannot be read."""
+    cannot be read; raises FrameError when its length is over the bound."""
     prefix = await asyncio.wait_for(reader.readexactly(4), timeout_s)
     length = codec.frame_length(prefix)
     rest = await asyncio.wait_for(reader.readexactly(length), timeout_s)
@@ -235,7 +235,12 @@ class _Link:
 
     async def _client_loop(self) -> None:
         while True:
-            frame, command = await _read_frame(self.reader, IDLE_TIMEOUT_S)
+            try:
+                frame, command = await _read_frame(self.reader, IDLE_TIMEOUT_S)
+            except FrameError as error:  # a length over the bound: where the frame ends is unknown
+                self._answer(Command(0, 0), codec.SYSTEM_ERROR, error.message)  # as the broker does
+                await self.writer.drain()
+                return
             if isinstance(command, FrameError):  # answered as the broker would, at once
                 self._answer(Command(0, command.opaque), codec.SYSTEM_ERROR, command.message)
                 continue
@@ -278,6 +283,14 @@ class _Link:
                 continue
             self.upstream = writer
             self._resend(writer, reconnect=bool(dead))
+            if dead:
+                log.info(
+                    "remoting proxy %s: a client moved from %s to %s; %d unanswered requests sent again",
+                    self.broker_name,
+                    dead,
+                    address,
+                    len(self.pending),
+                )
             try:
                 await self._relay(reader)
             except (asyncio.IncompleteReadError, TimeoutError, ConnectionError, OSError, FrameError):

@@ -21,6 +21,11 @@ the C++ client's librocketmq.so, and rocketmq 0.4.4 with its bundled copy):
 - two consumers of one group split the topic's queues between them (each its own);
 - a batch send (rocketmq 0.4.4) writes every message; SEARCH_OFFSET_BY_TIMESTAMP answers
   the first offset stored at or after a time (the max offset after the last);
+- QUERY_MESSAGE finds a topic's readable messages by key (newest first, within the time
+  range and maxNum) or by message id (`_UNIQUE_KEY_QUERY`), QUERY_NOT_FOUND with a remark
+  when none; VIEW_MESSAGE_BY_ID reads the message at a pulled message's commit offset,
+  SYSTEM_ERROR with a remark at an offset that starts none (on the broker and through the
+  proxy);
 - bad input gets RocketMQ's error answers and the servers keep serving: a header that is
   not JSON (SYSTEM_ERROR, the connection goes on), an unknown code
   (REQUEST_CODE_NOT_SUPPORTED, opaque echoed), a binary header (answered, in JSON), an
@@ -265,8 +270,12 @@ def test_bad_frames_get_error_answers_and_the_server_keeps_serving(cluster, brok
         )
 
 
-def _send_v2(sock: socket.socket, opaque: int, topic: str, tag: str, body: bytes) -> codec.Command:
-    properties = codec.encode_properties({"TAGS": tag, "UNIQ_KEY": f"U{opaque}"})
+def _send_v2(
+    sock: socket.socket, opaque: int, topic: str, tag: str, body: bytes, keys: str = ""
+) -> codec.Command:
+    properties = codec.encode_properties(
+        {"TAGS": tag, "UNIQ_KEY": f"U{opaque}", **({"KEYS": keys} if keys else {})}
+    )
     ext = {"a": "pg-raw", "b": topic, "c": "TBW102", "d": 4, "e": 0, "f": 0, "g": 1, "h": 0, "i": properties}
     return _call(sock, codec.Command(codec.SEND_MESSAGE_V2, opaque, ext=ext, body=body))
 
@@ -534,3 +543,47 @@ def test_batch_send_and_search_offset_by_timestamp(cluster, namesrv, broker, whe
         (sixth,) = codec.decode_messages(_call(sock, codec.Command(codec.PULL_MESSAGE, 3, ext=pull)).body)
         found = search(4, sixth.store_timestamp_ms)
         assert found <= 5 and search(5, sixth.store_timestamp_ms + 1) >= found
+
+
+@pytest.mark.parametrize("through", ["broker", "proxy"])
+def test_query_message_by_key_and_by_id_and_view_message_by_id(cluster, broker, through):
+    target = broker if through == "broker" else cluster["namesrv"][0]["remoting_proxies"]["broker-a"]
+    topic = _topic(cluster, queues=1)
+    unique = uuid.uuid4().hex[:8]
+    with _connect(target) as sock:
+        before_ms = int(time.time() * 1000) - 1000
+        for i, keys in enumerate(["order-1 all", "order-2 all", "order-1 all"]):
+            sent = _send_v2(sock, 300 + i, topic, "q", f"{unique}-{i}".encode(), keys)
+            assert sent.code == codec.SUCCESS, sent
+
+        def query(opaque: int, key: str, **more) -> codec.Command:
+            ext = {"topic": topic, "key": key, "maxNum": 32, "beginTimestamp": before_ms, **more}
+            return _call(sock, codec.Command(codec.QUERY_MESSAGE, opaque, ext={"endTimestamp": 2**62, **ext}))
+
+        found = query(310, "order-1")
+        assert found.code == codec.SUCCESS and found.opaque == 310, found
+        messages = codec.decode_messages(found.body)
+        assert [m.body for m in messages] == [f"{unique}-2".encode(), f"{unique}-0".encode()]  # newest first
+        assert all("order-1" in m.properties["KEYS"].split(" ") for m in messages)
+        assert len(codec.decode_messages(query(311, "all", maxNum=2).body)) == 2
+        by_id = query(312, "U301", _UNIQUE_KEY_QUERY="true")
+        assert [m.body for m in codec.decode_messages(by_id.body)] == [f"{unique}-1".encode()]
+        missing = query(313, "order-9")
+        assert missing.code == codec.QUERY_NOT_FOUND and "order-9" in missing.remark
+        too_late = query(314, "order-1", beginTimestamp=2**61)
+        assert too_late.code == codec.QUERY_NOT_FOUND and too_late.opaque == 314
+
+        viewed = _call(
+            sock, codec.Command(codec.VIEW_MESSAGE_BY_ID, 320, ext={"offset": messages[0].commit_offset})
+        )
+        assert viewed.code == codec.SUCCESS and viewed.opaque == 320, viewed
+        (message,) = codec.decode_messages(viewed.body)
+        assert (message.body, message.queue_offset, message.commit_offset) == (
+            f"{unique}-2".encode(),
+            messages[0].queue_offset,
+            messages[0].commit_offset,
+        )
+        nowhere = _call(
+            sock, codec.Command(codec.VIEW_MESSAGE_BY_ID, 321, ext={"offset": messages[0].commit_offset + 1})
+        )
+        assert nowhere.code == codec.SYSTEM_ERROR and "commit offset" in nowhere.remark

@@ -9,13 +9,17 @@ Properties checked:
   waits for one) and any other set at its master's own remoting address (direct routes);
 - a proxy holds a client's request while its set has no master and forwards it, with the
   client's last heartbeat replayed first, to the master that appears; an unanswered request
-  past the wait gets SERVICE_NOT_AVAILABLE with a remark.
+  past the wait gets SERVICE_NOT_AVAILABLE with a remark;
+- a frame whose length is over the bound gets, from the proxy, the broker's own answer
+  (SYSTEM_ERROR, the remark naming the bound), then the connection is closed; the proxy
+  serves the next connection.
 """
 
 from __future__ import annotations
 
 import json
 import socket
+import struct
 import subprocess
 import sys
 
@@ -86,12 +90,21 @@ def test_routes_name_the_proxy_of_a_proxied_set_and_the_master_of_any_other():
 
 def _call(sock: socket.socket, command: codec.Command) -> codec.Command:
     sock.sendall(codec.encode(command))
-    return _read(sock)
+    return _answer(sock)
 
 
-def _read(sock: socket.socket) -> codec.Command:
+def _read(sock: socket.socket) -> codec.Command | None:
+    """The next answer; None once the other end has closed the connection."""
     prefix = sock.recv(4, socket.MSG_WAITALL)
+    if len(prefix) < 4:
+        return None
     return codec.decode_frame(sock.recv(codec.frame_length(prefix), socket.MSG_WAITALL))
+
+
+def _answer(sock: socket.socket) -> codec.Command:
+    answer = _read(sock)
+    assert answer is not None, "the connection closed without an answer"
+    return answer
 
 
 def _free_address() -> str:
@@ -119,7 +132,7 @@ def test_a_request_waits_for_a_master_and_the_heartbeat_is_replayed_first(monkey
             sock.sendall(codec.encode(heartbeat))
             current["a"] = master.address  # the master appears while the heartbeat waits
             first = _call(sock, codec.Command(codec.GET_MAX_OFFSET, 2))
-            answers = {first.opaque: first, **{a.opaque: a for a in [_read(sock)]}}
+            answers = {first.opaque: first, **{a.opaque: a for a in [_answer(sock)]}}
             assert sorted(answers) == [1, 2] and all(a.body == b"from-master" for a in answers.values())
             wait_for(lambda: seen == [codec.HEART_BEAT, codec.GET_MAX_OFFSET], 5, "both forwarded")
             master.stop()  # the master dies: a request now waits for the next one
@@ -134,6 +147,40 @@ def test_a_request_waits_for_a_master_and_the_heartbeat_is_replayed_first(monkey
             current["a"] = master.address  # a new master: the heartbeat goes first, then the request
             assert _call(sock, codec.Command(codec.GET_MAX_OFFSET, 4)).opaque == 4
             assert seen == [codec.HEART_BEAT, codec.GET_MAX_OFFSET]
+    finally:
+        proxies.stop()
+        master.stop()
+
+
+def _oversize_answer(address: str) -> tuple[codec.Command, codec.Command | None]:
+    """The answer to a frame length one byte over the bound, and what follows it."""
+    host, _, port = address.rpartition(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(struct.pack(">i", codec.FRAME_BYTES_MAX + 1))
+        return _answer(sock), _read(sock)
+
+
+def test_an_oversize_frame_is_answered_as_the_broker_does_then_the_connection_closes():
+    def answer(command, connection):
+        return command.answer(body=b"from-master")
+
+    master = RemotingServer(_free_address(), {codec.GET_MAX_OFFSET: answer}, name="fake-master")
+    master.start()
+    proxies = RemotingProxies({"a": _free_address()}, lambda name: master.address).start()
+    try:
+        broker_answer, _ = _oversize_answer(master.address)
+        proxy_answer, after = _oversize_answer(proxies.proxies["a"])
+        assert proxy_answer.code == codec.SYSTEM_ERROR and str(codec.FRAME_BYTES_MAX) in proxy_answer.remark
+        assert (proxy_answer.code, proxy_answer.opaque, proxy_answer.remark, proxy_answer.is_response) == (
+            broker_answer.code,
+            broker_answer.opaque,
+            broker_answer.remark,
+            broker_answer.is_response,
+        )
+        assert after is None  # where the frame ends is unknown: the connection is closed
+        host, _, port = proxies.proxies["a"].rpartition(":")
+        with socket.create_connection((host, int(port)), timeout=10) as sock:  # the next one is served
+            assert _call(sock, codec.Command(codec.GET_MAX_OFFSET, 5)).body == b"from-master"
     finally:
         proxies.stop()
         master.stop()
