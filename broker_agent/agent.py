@@ -120,6 +120,34 @@ EXIT_DISK_FAILED = 3
 DISK_FULL = "DISK_FULL"
 
 
+# RocketMQ's messageDelayLevel: level 1 first; a remoting consumer's retries wait level 3,
+# then one level more each time (broker_agent/remoting.py).
+DELAY_LEVELS_DEFAULT = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
+DELAY_LEVELS_MAX = 64
+_DELAY_UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+def parse_delay_levels(text: str) -> tuple[int, ...]:
+    """RocketMQ's messageDelayLevel text ("1s 5s 10s 30s 1m ... 2h": a number and a unit,
+    ms, s, m, h or d, per level) as milliseconds per level; InvalidArgument when malformed."""
+    levels = []
+    for word in text.split():
+        number = word.rstrip("smhd")
+        unit = word[len(number) :]
+        if unit not in _DELAY_UNITS_MS or not number.isdigit() or int(number) == 0:
+            raise InvalidArgument(
+                f"delay level {word!r} is not a positive whole number with a unit (ms, s, m, h or d)"
+            )
+        levels.append(int(number) * _DELAY_UNITS_MS[unit])
+    if not 1 <= len(levels) <= DELAY_LEVELS_MAX:
+        raise InvalidArgument(
+            f"message delay levels must be 1 to {DELAY_LEVELS_MAX} levels, not {len(levels)}"
+        )
+    if max(levels) > 7 * _DELAY_UNITS_MS["d"]:
+        raise InvalidArgument("a message delay level must be at most 7d")
+    return tuple(levels)
+
+
 @dataclass
 class BrokerConfig:
     cluster: str
@@ -142,6 +170,7 @@ class BrokerConfig:
     tiered_upload_interval_ms: int = 2000
     local_retention_bytes: int = 0
     scrub_bytes_per_s: int = SCRUB_BYTES_PER_S_DEFAULT  # the background scrub's bound (P16)
+    message_delay_levels_ms: tuple[int, ...] = parse_delay_levels(DELAY_LEVELS_DEFAULT)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def validate(self) -> None:

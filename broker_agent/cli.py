@@ -9,7 +9,14 @@ from pathlib import Path
 from typing import Any
 
 from mqmeta.broker_agent.admin import BrokerAdmin
-from mqmeta.broker_agent.agent import EXIT_DISK_FAILED, BrokerAgent, BrokerConfig
+from mqmeta.broker_agent.agent import (
+    DELAY_LEVELS_DEFAULT,
+    DELAY_LEVELS_MAX,
+    EXIT_DISK_FAILED,
+    BrokerAgent,
+    BrokerConfig,
+    parse_delay_levels,
+)
 from mqmeta.broker_agent.commitlog import SEGMENT_BYTES_MAX, SEGMENT_BYTES_MIN
 from mqmeta.broker_agent.metrics import BrokerMetrics
 from mqmeta.broker_agent.service import BROKER_SERVICE, BrokerServicer
@@ -102,7 +109,28 @@ def add_parser(subparsers: Any) -> None:
         default=0,
         help="keep at least this many bytes locally once uploaded (0 = keep all)",
     )
+    broker.add_argument(
+        "--message-delay-levels",
+        type=_DelayLevels(),
+        default=DELAY_LEVELS_DEFAULT,
+        help="RocketMQ's messageDelayLevel: the delay of each level, level 1 first, "
+        "as a number and a unit (ms, s, m, h, d); a 4.x consumer's retries wait level 3 and up",
+    )
     accept_config_file(broker)  # last: every flag above is a key of the file
+
+
+class _DelayLevels:
+    """The argparse type of --message-delay-levels (its `allowed` names the values for the
+    reference pages)."""
+
+    __name__ = "delay levels"
+    allowed = f"1 to {DELAY_LEVELS_MAX} levels, each a whole number and a unit (ms, s, m, h or d), at most 7d"
+
+    def __call__(self, text: str) -> tuple[int, ...]:
+        try:
+            return parse_delay_levels(text)
+        except InvalidArgument as error:  # argparse puts "argument --message-delay-levels: " in front
+            raise argparse.ArgumentTypeError(error.message) from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -135,6 +163,7 @@ def _broker_config(args: argparse.Namespace) -> BrokerConfig:
         tiered_upload_bytes=args.tiered_upload_bytes,
         tiered_upload_interval_ms=args.tiered_upload_interval_ms,
         local_retention_bytes=args.local_retention_bytes,
+        message_delay_levels_ms=args.message_delay_levels,
     )
     if listen_address(args):
         config.extra["remoting"] = listen_address(args)

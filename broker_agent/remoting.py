@@ -71,10 +71,6 @@ PULL_BATCH_MAX = 1024
 PULL_SCAN_MAX = 8192  # records a filtered pull reads before it answers "retry at once"
 LONG_POLL_MS_MAX = 30_000
 WAIT_SLICE_S = 0.5
-# RocketMQ's default delay levels (messageDelayLevel), level 1 first.
-DELAY_LEVELS_MS = tuple(
-    s * 1000 for s in (1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200)
-)
 RECONSUME_TIMES_DEFAULT = 16  # RocketMQ's maxReconsumeTimes
 RETRY_FIRST_LEVEL = 3  # the first retry waits 10 s, then each one level more (RocketMQ's)
 LOCK_LIFETIME_MS = 60_000  # RocketMQ's: a queue lock not renewed this long is free again
@@ -247,6 +243,7 @@ class RemotingBroker:
         self.groups = ConsumerGroups()
         self.locks = QueueLocks()
         self._opaques = itertools.count(1)
+        self.delay_levels_ms = agent.config.message_delay_levels_ms  # --message-delay-levels
 
     def handlers(self) -> dict[int, Handler]:
         return {
@@ -506,7 +503,7 @@ class RemotingBroker:
         kind, deliver_at = rdef.NORMAL, 0
         if delay_level > 0:
             kind = rdef.DELAY
-            deliver_at = now + DELAY_LEVELS_MS[min(delay_level, len(DELAY_LEVELS_MS)) - 1]
+            deliver_at = now + self.delay_levels_ms[min(delay_level, len(self.delay_levels_ms)) - 1]
             properties[DELIVER_MS] = str(deliver_at)
         properties[MESSAGE_TYPE] = str(kind)
         typed = Message(
@@ -528,7 +525,9 @@ class RemotingBroker:
         offset = ext_int(command, "offset", 0, REQUEST_INT_MAX)
         delay_level = ext_int(command, "delayLevel", -1, 1 << 20, 0)
         times_max = ext_int(command, "maxReconsumeTimes", -1, 1 << 20, RECONSUME_TIMES_DEFAULT)
-        original = self._record_at(offset, command.ext.get("originTopic", ""))
+        # a message failed again is read from %RETRY%group, its origin topic still named
+        origin_topic = command.ext.get("originTopic", "")
+        original = self._record_at(offset, origin_topic, RETRY_PREFIX + group if origin_topic else "")
         times = _number(original.properties.get(RECONSUME_TIMES)) + 1
         properties = dict(original.properties)
         properties.setdefault(RETRY_TOPIC, original.topic)
@@ -538,7 +537,7 @@ class RemotingBroker:
             topic, delay_level = DEAD_LETTER_PREFIX + group, 0
         else:
             topic = RETRY_PREFIX + group
-            delay_level = delay_level or min(RETRY_FIRST_LEVEL + times - 1, len(DELAY_LEVELS_MS))
+            delay_level = delay_level or min(RETRY_FIRST_LEVEL + times - 1, len(self.delay_levels_ms))
         self.metadata.ensure_dead_letter_topic(topic)  # creates a one-queue topic on first use
         record = Message(
             topic, 0, original.body, original.tags, original.keys, properties, original.producer_id
@@ -554,16 +553,16 @@ class RemotingBroker:
             raise Refusal(_CODE_OF_RMQ.get(entry.status.code, codec.SYSTEM_ERROR), entry.status.message)
         return command.answer()
 
-    def _record_at(self, offset: int, topic: str) -> StoredRecord:
+    def _record_at(self, offset: int, topic: str, or_topic: str = "") -> StoredRecord:
         """The stored record at commit offset `offset` (what a pull answered as its physical
-        offset), checked to be a readable record of `topic`."""
+        offset), checked to be a readable record of `topic` (or of `or_topic`)."""
         self.agent.require_master()
         confirm = self.agent.view().confirm_offset
         try:
             record = self.store.log.read_record(offset) if offset < confirm else None
         except Exception:  # not a record's first byte (client input), or since deleted
             record = None
-        if record is None or record.end_offset > confirm or (topic and record.topic != topic):
+        if record is None or record.end_offset > confirm or (topic and record.topic not in (topic, or_topic)):
             of = f" of {topic[:128]}" if topic else ""
             raise Refusal(codec.SYSTEM_ERROR, f"no readable message{of} at commit offset {offset}")
         return record

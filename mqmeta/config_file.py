@@ -129,7 +129,10 @@ def apply_config_file(args: argparse.Namespace) -> argparse.Namespace:
         if key in values:
             setattr(args, key, _typed(action, key, values[key], spec.defaults[key], where))
         else:
-            setattr(args, key, spec.defaults[key])
+            default = spec.defaults[key]
+            if isinstance(default, str) and callable(action.type) and action.type is not str:
+                default = action.type(default)  # as argparse converts a string default
+            setattr(args, key, default)
     missing = [spec.actions[key] for key in spec.required if getattr(args, key) is None]
     if missing:
         flags = ", ".join(action.option_strings[0] for action in missing)

@@ -4,6 +4,7 @@ client's directory on PYTHONPATH. One JSON line per message sent or received.
 
     python remoting_driver.py produce NAMESRV TOPIC GROUP COUNT TAG KEYS PREFIX
     python remoting_driver.py consume NAMESRV TOPIC GROUP EXPRESSION EXPECTED TIMEOUT_S
+    python remoting_driver.py consume-failing NAMESRV TOPIC GROUP DELIVERIES TIMEOUT_S
     python remoting_driver.py produce-orderly NAMESRV TOPIC GROUP COUNT KEYS
     python remoting_driver.py produce-batch NAMESRV TOPIC GROUP COUNT
     python remoting_driver.py produce-timed NAMESRV TOPIC GROUP COUNT SIZE
@@ -92,6 +93,45 @@ def consume(namesrv: str, topic: str, group: str, expression: str, expected: int
                     break
             time.sleep(0.05)
         time.sleep(1.0)  # anything beyond what was expected arrives too (and fails the test)
+    finally:
+        consumer.shutdown()
+    with lock:
+        for record in received:
+            print(json.dumps(record), flush=True)
+    return 0
+
+
+def consume_failing(namesrv: str, topic: str, group: str, deliveries: int, timeout_s: float) -> int:
+    """A push consumer whose listener fails every message (RECONSUME_LATER): the client
+    sends each back, and it comes again through %RETRY%GROUP until the broker moves it to
+    %DLQ%GROUP. One line per delivery, with its reconsume times, once DELIVERIES are seen
+    (and one quiet second more) or TIMEOUT_S passed."""
+    received: list[dict] = []
+    lock = threading.Lock()
+
+    def on_message(message):
+        record = {
+            "value": message.body.decode(),
+            "msg_id": _text(message.id),
+            "reconsume_times": message.reconsume_times,
+            "t": time.time(),
+        }
+        with lock:
+            received.append(record)
+        return client.ConsumeStatus.RECONSUME_LATER
+
+    consumer = client.PushConsumer(group)
+    _namesrv(consumer, namesrv)
+    consumer.subscribe(topic, on_message, "*")
+    consumer.start()
+    deadline = time.monotonic() + timeout_s
+    try:
+        while time.monotonic() < deadline:
+            with lock:
+                if len(received) >= deliveries:
+                    break
+            time.sleep(0.05)
+        time.sleep(1.0)  # a delivery beyond the last one allowed arrives too (and fails the test)
     finally:
         consumer.shutdown()
     with lock:
@@ -263,6 +303,8 @@ if __name__ == "__main__":
         sys.exit(produce(args[0], args[1], args[2], int(args[3]), args[4], args[5], args[6]))
     if command == "consume":
         sys.exit(consume(args[0], args[1], args[2], args[3], int(args[4]), float(args[5])))
+    if command == "consume-failing":
+        sys.exit(consume_failing(args[0], args[1], args[2], int(args[3]), float(args[4])))
     if command == "produce-tls":
         sys.exit(produce_tls(args[0], args[1], args[2]))
     if command == "produce-signed":
