@@ -10,7 +10,8 @@ sending one message at a time every 20 ms: the unchanged official Python client
 --batch 1 --rate 50`. Each round kills the master with SIGKILL after a few seconds of
 steady sends, measures for each producer the time from the kill to its next acknowledged
 send, restarts the killed broker and waits for a full SyncStateSet again. `--fault stop`
-SIGSTOPs the master instead (a silent master, found by the liveness settings).
+SIGSTOPs the master instead (a silent master, found by the liveness settings); `--fault
+term` SIGTERMs it (a graceful handoff: target gap <= 0.5 s, 0 failed sends).
 
 Prints one JSON document (gap p50/p99/max per producer, failed sends) and writes it to
 bench/results/rocketmq_failover_gap-ROUTES.json. Target (issue P13): official client
@@ -50,9 +51,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--routes", choices=("proxy", "direct"), default="proxy")
     parser.add_argument(
         "--fault",
-        choices=("kill", "stop"),
+        choices=("kill", "stop", "term"),
         default="kill",
-        help="SIGKILL the master, or SIGSTOP it (a silent master: found by the liveness settings)",
+        help="SIGKILL the master, SIGSTOP it (a silent master: found by the liveness settings), "
+        "or SIGTERM it (a graceful handoff to an in-sync slave)",
     )
     parser.add_argument("--budget-s", type=float, default=900.0)
     parser.add_argument("--keep", action="store_true")
@@ -155,8 +157,8 @@ def _gap_round(cluster: Any, fault: str, official: Sends, ours: Sends) -> dict[s
     master = brokerlib.wait_in_sync(cluster, 2, timeout_s=60.0)
     time.sleep(STEADY_S)  # steady sends before the kill
     killed_at = time.monotonic()
-    if fault == "stop":
-        cluster.supervisor.children[master].send_signal(signal.SIGSTOP)
+    if fault in ("stop", "term"):
+        cluster.supervisor.children[master].send_signal(signal.SIGSTOP if fault == "stop" else signal.SIGTERM)
     else:
         cluster.kill(master)
     _wait(
@@ -170,6 +172,8 @@ def _gap_round(cluster: Any, fault: str, official: Sends, ours: Sends) -> dict[s
     }
     if fault == "stop":
         cluster.kill(master)  # a stopped process takes SIGKILL; it restarts from its data
+    elif fault == "term":
+        cluster.supervisor.children[master].wait(ROUND_TIMEOUT_S)  # its handoff and exit
     cluster.start_broker(master)
     return row
 
