@@ -28,9 +28,9 @@ source,target,link,workers):
 - source / target also take the disk faults (power-loss-node, power-loss-all, slow-disk,
   fsync-eio, disk-full: each node's data dir of both sites is then its own fault
   filesystem mount, chaos/disks.py) and corrupt-replica (a slave of that site's broker
-  set; each site has one controller, so no follower controller to corrupt); slow-replica
-  and clock-jump are refused (a site has no proxies between its nodes, and its
-  controllers no clock offset file);
+  set; each site has one controller, so no follower controller to corrupt) and
+  clock-jump (the site's controller's wall clock; each site's controller then reads an
+  offset file); slow-replica is refused (a site has no proxies between its nodes);
 - noop anywhere.
 
 After the last heal the producers go on until a send to a succeeds, stop, and the
@@ -57,6 +57,7 @@ from pathlib import Path
 from typing import Any, Protocol, cast
 
 from mqmeta.chaos import checkers
+from mqmeta.chaos.clocks import NodeClocks
 from mqmeta.chaos.disks import DISK_FAULTS, NodeDisks
 from mqmeta.chaos.faults import (
     DELAY_JITTER_MS,
@@ -126,11 +127,12 @@ class ReplicationRunConfig(Protocol):
 
 
 # Which places a fault applies to --------------------------------------------------------
-# The faults of one cluster's disks and replicas (chaos/faults.py), placed at source or target.
-SITE_FAULTS = (*DISK_FAULTS, "corrupt-replica")
+# The faults of one cluster's disks, replicas and clock (chaos/faults.py), placed at source
+# or target.
+SITE_FAULTS = (*DISK_FAULTS, "corrupt-replica", "clock-jump")
 # Refused: a site has no proxies between its own nodes (slow-replica delays a slave's link to
-# its master) and its controllers run without a clock offset file (clock-jump).
-SITE_FAULTS_REFUSED = ("slow-replica", "clock-jump")
+# its master; the run's proxy server is the link's, which resets all of its proxies).
+SITE_FAULTS_REFUSED = ("slow-replica",)
 
 
 def _kind(fault: str) -> str:
@@ -169,7 +171,7 @@ def parse_plan(fault: str, target: str) -> tuple[list[str], list[str]]:
     if refused:  # they would be taken for network faults and cut the link instead
         raise InvalidArgument(
             f"the replication workload does not take {','.join(refused)} (a site has no proxies "
-            "between its nodes nor a clock offset file; run them with --workload queue or metadata)"
+            "between its nodes; run it with --workload queue or metadata)"
         )
     wrong = [p for p in places if p not in PLACES]
     if not places or wrong:
@@ -288,9 +290,12 @@ class Places:
         workers: Workers,
         rng: random.Random,
         disks: dict[str, NodeDisks] | None = None,
+        clocks: dict[str, NodeClocks] | None = None,
     ) -> None:
         self.sites = {"source": a, "target": b}
         self.disks = disks or {}  # by place, when the run has disk faults
+        self.clocks = clocks or {}  # by place, when the run has clock-jump
+        self.rounds: dict[str, int] = {}  # site faults injected so far, by place
         self.link = link
         self.workers = workers
         self.rng = rng
@@ -309,12 +314,19 @@ def inject(
         # reach here; corrupt-replica's follower controller does not exist (one per site)
         target = "brokers" if fault.startswith("leader-") or fault == "corrupt-replica" else "all"
         context = FaultContext(
-            places.sites[place], cast(ProxiedNetwork, None), target, places.rng, disks=places.disks.get(place)
+            places.sites[place],
+            cast(ProxiedNetwork, None),
+            target,
+            places.rng,
+            disks=places.disks.get(place),
+            clocks=places.clocks.get(place),
+            rounds=places.rounds.get(place, 0),
         )
         site_fault = make_fault(fault, context)
         if details is not None:
             site_fault.details = details  # the same dict: filled by inject and by heal
         what = site_fault.inject()
+        places.rounds[place] = context.rounds  # clock-jump alternates its direction per site
         return f"{place}: {what}", list(site_fault.affected), site_fault.heal
     if place == "link":
         return _link_fault(fault, places.link)
@@ -562,6 +574,11 @@ def run_replication(
     disks: dict[str, NodeDisks] = {}
     if set(names) & set(DISK_FAULTS):  # every node of both sites on its own mount
         disks = {"source": NodeDisks(a, out / "disks-a"), "target": NodeDisks(b, out / "disks-b")}
+    clocks: dict[str, NodeClocks] = {}
+    if "clock-jump" in names:  # each site's controller reads its wall clock's offset from a file
+        clocks = {"source": NodeClocks(a), "target": NodeClocks(b)}
+        clocks["source"].install(a)
+        clocks["target"].install(b)
     disk_counters: dict[str, Any] = {}
     try:
         for site_disks in disks.values():
@@ -577,7 +594,7 @@ def run_replication(
         workload = ReplicationWorkload(
             a, b, recorder, WorkloadConfig(config.concurrency, config.rate_per_s, config.consumers)
         )
-        places = Places(a, b, link, workers, random.Random(config.seed), disks)
+        places = Places(a, b, link, workers, random.Random(config.seed), disks, clocks)
         workload.start()
         try:
             _fault_loop(config, places, recorder, faults)

@@ -13,10 +13,10 @@ Properties checked:
   power loss of every process of the target site (each node's data dir on its own fault
   filesystem mount): the copies the target acknowledged, and so the origin table the
   workers resume from, survive it (nothing lost, nothing copied twice), every node back;
-  a corrupted slave at the target, repaired, and a power loss of the source change
-  nothing either;
-- disk faults and corrupt-replica apply at source and target only; slow-replica and
-  clock-jump are refused (a site has no proxies between its nodes nor a clock offset file).
+  a corrupted slave at the target, repaired, a step of its controller's wall clock and a
+  power loss of the source change nothing either;
+- disk faults, corrupt-replica and clock-jump apply at source and target only; slow-replica
+  is refused (a site has no proxies between its nodes).
 The Spark check X1 is not run here (CI budget): `audit=False`.
 """
 
@@ -79,7 +79,7 @@ def test_worker_kills_and_link_cuts_lose_and_duplicate_nothing(tmp_path):
         ("random-kill", "moon", "--fault-target"),
         ("random-kill,nope", "all", "unknown fault"),
         ("slow-replica", "all", "does not take slow-replica"),
-        ("clock-jump", "source", "does not take clock-jump"),
+        ("clock-jump", "link", "applies to none"),
         ("corrupt-replica", "link", "applies to none"),
         ("power-loss-node", "workers", "applies to none"),
     ],
@@ -109,24 +109,26 @@ def test_every_place_in_turn_loses_and_duplicates_nothing(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(420)
-def test_power_losses_and_a_corrupted_slave_at_the_sites_lose_and_duplicate_nothing(tmp_path):
-    """Rounds: power-loss-all at the target, corrupt-replica at the target, power-loss-all at
-    the source (each fault takes the next place of the list that it applies to)."""
+def test_power_loss_a_corrupted_slave_and_a_clock_jump_at_the_sites_lose_and_duplicate_nothing(tmp_path):
+    """Rounds: power-loss-all, corrupt-replica and clock-jump at the target, then the source
+    (each fault takes the next place of the list that it applies to)."""
     config = RunConfig(
-        fault="power-loss-all,corrupt-replica",
+        fault="power-loss-all,corrupt-replica,clock-jump",
         fault_target="target,source",
         workload="replication",
         output_dir=tmp_path / "run",
-        time_limit_s=40.0,
+        time_limit_s=48.0,
         interval_s=4.0,
         audit=False,
     )
     outcome = run(config)
     faults = outcome.result["faults"]
-    assert [(f["fault"], f["place"]) for f in faults][:2] == [
+    assert [(f["fault"], f["place"]) for f in faults][:3] == [
         ("power-loss-all", "target"),
         ("corrupt-replica", "target"),
+        ("clock-jump", "target"),
     ], faults
+    assert faults[2]["clockStepMs"] == 30_000, faults[2]
     assert faults[0]["what"].startswith("target: power lost on"), faults[0]
     assert "pagesLost" in faults[0] and "notRestarted" not in faults[0], faults[0]
     assert all(count >= 1 for count in faults[1]["repaired"].values()) and faults[1]["repaired"], faults[1]
