@@ -73,6 +73,16 @@ def _collect(agent: BrokerAgent) -> Iterator[Metric]:
         lag.add_metric([str(broker_id)], max(0, max_offset - offset))
     yield lag
     tiered = agent.tiered
+    if tiered is not None:
+        failures = CounterMetricFamily(
+            PREFIX + "tiered_upload_failures",
+            "tiered upload steps that failed, by reason (an errno such as enospc or eio when the "
+            "tiered store's disk refused a write; an error class otherwise); each is retried",
+            labels=["reason"],
+        )
+        for reason, count in sorted(tiered.failures.items()):
+            failures.add_metric([reason], count)
+        yield failures
     checkpoint = tiered.checkpoint if tiered is not None else None
     if checkpoint is not None and view.role is Role.MASTER:
         yield gauge(

@@ -16,12 +16,19 @@ Rules (docs/tiered.md; RocketMQ never finished this, Kafka KIP-405 is the model)
   agrees with the uploaded range's lineage (KAFKA-15241); otherwise it refuses;
 - objects of abandoned uploads (listed by the controller) are deleted, then forgotten;
 - local segments go only once committed and past local retention, on the master and
-  on slaves alike (a slave learns the checkpoint from the controller, at a bounded rate).
+  on slaves alike (a slave learns the checkpoint from the controller, at a bounded rate);
+- a failed step (the tiered store's disk full or failing: ENOSPC, EIO; the controller
+  away) commits nothing: a put that fails leaves no object (LocalBackend removes its
+  temp file), what the abandoned upload did publish is collected as garbage when the
+  uploader resumes, and the checkpoint names only segments verified after their put.
+  The step is retried after a capped exponential backoff (UPLOAD_RETRY) and counted
+  by reason (`failures`, the broker's `tiered_upload_failures` metric).
 """
 
 from __future__ import annotations
 
 import bisect
+import errno
 import json
 import logging
 import threading
@@ -46,6 +53,7 @@ from mqmeta.broker_agent.tiered_backend import (
 )
 from mqmeta.broker_agent.tiered_objects import verify_stored
 
+from mqmeta.backoff import Attempts, Backoff
 from mqmeta.errors import CorruptData, FailedPrecondition, InvalidArgument, MqmetaError
 from mqmeta.formats.checksum import checksum_matches, crc32c, crc32c_checksum
 from mqmeta.formats.epochs import EpochEntry, consistent_point, epoch_covering
@@ -70,7 +78,9 @@ log = logging.getLogger(__name__)
 
 STEP_INTERVAL_S = 0.1
 UPLOAD_BYTES_MAX = BULK_READ_BYTES_MAX  # one upload is one commit-log read (64 MiB)
-ERROR_PAUSE_S = 1.0
+# After a failed step: 0.5 s, doubling to 30 s while it keeps failing (a full tiered
+# store is retried twice a minute, not ten times a second); a success starts over.
+UPLOAD_RETRY = Backoff(first_pause_s=0.5, pause_max_s=30.0)
 SLAVE_RETENTION_INTERVAL_S = 1.0  # how often a slave asks the controller for the checkpoint
 PUT_WORKERS_MAX = 4  # an upload's objects are put concurrently: their fsyncs overlap
 
@@ -96,6 +106,15 @@ class TieredConfig:
 T = TypeVar("T")
 
 
+def failure_reason(error: BaseException) -> str:
+    """The metric's reason for a failed step: the errno's name of an OSError (enospc,
+    eio), also when a backend wrapped it; else the error's class (unavailable, ...)."""
+    cause = error if isinstance(error, OSError) else error.__cause__
+    if isinstance(cause, OSError) and cause.errno:
+        return errno.errorcode.get(cause.errno, "oserror").lower()
+    return type(error).__name__.lower()
+
+
 class Demoted(Exception):
     """The role or epoch changed during an upload: stop, commit nothing."""
 
@@ -111,6 +130,8 @@ class TieredUploader:
         self.refused = ""  # why this master will not upload (lineage disagreement)
         self.last_upload = time.monotonic()
         self.next_slave_retention = 0.0
+        self.failures: dict[str, int] = {}  # failed steps by reason: enospc, eio, unavailable, ...
+        self._attempts = Attempts(UPLOAD_RETRY)
         self._thread = threading.Thread(target=self._loop, name="tiered", daemon=True)
 
     def start(self) -> None:
@@ -123,14 +144,21 @@ class TieredUploader:
             except Demoted:
                 log.info("tiered upload stopped: this broker is no longer the master")
                 self.checkpoint = None
-            except MqmetaError as error:
-                log.warning("tiered upload: %s", error)
-                self.checkpoint = None
-                self.host.stopping.wait(ERROR_PAUSE_S)
+            except (OSError, MqmetaError) as error:  # the backends raise Unavailable from an OSError
+                self._failed(failure_reason(error), f"{error}; nothing of it is committed")
             except Exception:  # the uploader must outlive any one failed step
                 log.exception("tiered upload step failed")
-                self.checkpoint = None
-                self.host.stopping.wait(ERROR_PAUSE_S)
+                self._failed("bug", "")
+
+    def _failed(self, reason: str, why: str) -> None:
+        """Counts a failed step, forgets the checkpoint (resuming re-reads it and collects
+        what the abandoned upload wrote) and waits the backoff's pause."""
+        self.failures[reason] = self.failures.get(reason, 0) + 1
+        self.checkpoint = None
+        pause_s = self._attempts.failed()
+        if why:
+            log.warning("tiered upload: %s; retrying in %.1f s", why, pause_s)
+        self.host.stopping.wait(pause_s)
 
     # One step ---------------------------------------------------------------------------
     def _role(self) -> tuple[int, int]:
@@ -230,6 +258,7 @@ class TieredUploader:
             ),
         )
         self.last_upload = time.monotonic()
+        self._attempts.succeeded()
         log.info("uploaded [%d, %d) to %s", base, meta.end_offset, meta.key)
         self._apply_retention()
 

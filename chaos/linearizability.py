@@ -26,6 +26,10 @@ sort before returns), which accepts rather than rejects on ties.
 
 The search is exponential in the worst case, so it is bounded by `state_count_max` explored
 states and `time_limit_s` overall; when a bound is hit the answer is None ("unknown").
+Before it, one rule needs no search: no operation makes a key absent again, so a read of
+"absent" called after a write or cas completed on that key is rejected at once (a cluster
+that lost its state answers many of those, among hundreds of unknown writes that make
+the search run out of its bounds).
 """
 
 from __future__ import annotations
@@ -211,8 +215,31 @@ def step(state: str | None, operation: RegisterOp) -> tuple[bool, str | None]:
     return True, operation.value if state == operation.expected else state
 
 
+def _absent_after_a_completed_write(operations: list[RegisterOp]) -> _KeyVerdict | None:
+    """A read of "absent" called after a write or a successful cas completed (with a
+    value) cannot be linearized, whatever else is open: rejected without a search."""
+    written = [
+        op
+        for op in operations
+        if op.kind in (OpKind.WRITE, OpKind.CAS)
+        and op.outcome == Outcome.OK
+        and op.value is not None
+        and op.complete_ms is not None
+    ]
+    if not written:
+        return None
+    first = min(written, key=lambda op: op.complete_ms or 0)
+    for op in operations:
+        if op.kind == OpKind.READ and op.value is None and op.invoke_ms > (first.complete_ms or 0):
+            return _KeyVerdict(False, [first, op])
+    return None
+
+
 def _check_key(operations: list[RegisterOp], budget: _Budget) -> _KeyVerdict:
     """WGL over one key. Entry 2*i is operation i's call and 2*i+1 its return."""
+    lost = _absent_after_a_completed_write(operations)
+    if lost is not None:
+        return lost
     next_entry, previous_entry, head = _entry_list(operations)
     seen: set[tuple[int, str | None]] = set()
     stack: list[tuple[int, str | None]] = []  # (operation index, state before it)

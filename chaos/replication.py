@@ -25,6 +25,12 @@ source,target,link,workers):
 - workers: kill = kill -9 and, at heal, start again; suspend = SIGSTOP / SIGCONT;
   random = one worker, fixed = the first, minor = n // 2, major and all-kill = a majority /
   all (workers have no leader: leader faults do not apply);
+- source / target also take the disk faults (power-loss-node, power-loss-all, slow-disk,
+  fsync-eio, disk-full: each node's data dir of both sites is then its own fault
+  filesystem mount, chaos/disks.py) and corrupt-replica (a slave of that site's broker
+  set; each site has one controller, so no follower controller to corrupt) and
+  clock-jump (the site's controller's wall clock; each site's controller then reads an
+  offset file); slow-replica is refused (a site has no proxies between its nodes);
 - noop anywhere.
 
 After the last heal the producers go on until a send to a succeeds, stop, and the
@@ -51,6 +57,8 @@ from pathlib import Path
 from typing import Any, Protocol, cast
 
 from mqmeta.chaos import checkers
+from mqmeta.chaos.clocks import NodeClocks
+from mqmeta.chaos.disks import DISK_FAULTS, NodeDisks
 from mqmeta.chaos.faults import (
     DELAY_JITTER_MS,
     DELAY_MS,
@@ -119,21 +127,19 @@ class ReplicationRunConfig(Protocol):
 
 
 # Which places a fault applies to --------------------------------------------------------
-# The faults of one cluster's disks, replicas and clock (chaos/faults.py), not placed here.
-SINGLE_CLUSTER_FAULTS = (
-    "power-loss-node",
-    "power-loss-all",
-    "slow-disk",
-    "fsync-eio",
-    "disk-full",
-    "slow-replica",
-    "clock-jump",
-)
+# The faults of one cluster's disks, replicas and clock (chaos/faults.py), placed at source
+# or target.
+SITE_FAULTS = (*DISK_FAULTS, "corrupt-replica", "clock-jump")
+# Refused: a site has no proxies between its own nodes (slow-replica delays a slave's link to
+# its master; the run's proxy server is the link's, which resets all of its proxies).
+SITE_FAULTS_REFUSED = ("slow-replica",)
 
 
 def _kind(fault: str) -> str:
     if fault == "noop":
         return "noop"
+    if fault in SITE_FAULTS:
+        return "site"
     if fault.endswith(("-kill", "-suspend")):
         return "process"
     return "network"  # partitions, ring, bridge, delay, loss
@@ -145,6 +151,8 @@ def applies(fault: str, place: str) -> bool:
         return True
     if kind == "network":
         return place == "link"
+    if kind == "site":
+        return place in ("source", "target")
     if place == "workers":
         return not fault.startswith("leader-")
     return place in ("source", "target")
@@ -159,11 +167,11 @@ def parse_plan(fault: str, target: str) -> tuple[list[str], list[str]]:
         raise InvalidArgument(
             f"unknown fault {','.join(unknown) or '(none)'}; choose from {', '.join(FAULT_NAMES)}"
         )
-    single_cluster = [f for f in faults if f in SINGLE_CLUSTER_FAULTS]
-    if single_cluster:  # they were taken for network faults and cut the link instead
+    refused = [f for f in faults if f in SITE_FAULTS_REFUSED]
+    if refused:  # they would be taken for network faults and cut the link instead
         raise InvalidArgument(
-            f"the replication workload does not take {','.join(single_cluster)} (disk, replica and clock "
-            "faults run with --workload queue or metadata)"
+            f"the replication workload does not take {','.join(refused)} (a site has no proxies "
+            "between its nodes; run it with --workload queue or metadata)"
         )
     wrong = [p for p in places if p not in PLACES]
     if not places or wrong:
@@ -174,7 +182,8 @@ def parse_plan(fault: str, target: str) -> tuple[list[str], list[str]]:
         if not any(applies(name, p) for p in places):
             raise InvalidArgument(
                 f"fault {name} applies to none of {','.join(places)} (kill and suspend: source, target, "
-                "workers (not leader-*); partition, delay and loss: link)"
+                "workers (not leader-*); disk faults and corrupt-replica: source, target; partition, "
+                "delay and loss: link)"
             )
     return faults, places
 
@@ -273,23 +282,51 @@ def _write_rules(path: Path, a: Cluster, b: Cluster) -> Path:
 class Places:
     """Everything a replication fault can hit."""
 
-    def __init__(self, a: Cluster, b: Cluster, link: Link, workers: Workers, rng: random.Random) -> None:
+    def __init__(
+        self,
+        a: Cluster,
+        b: Cluster,
+        link: Link,
+        workers: Workers,
+        rng: random.Random,
+        disks: dict[str, NodeDisks] | None = None,
+        clocks: dict[str, NodeClocks] | None = None,
+    ) -> None:
         self.sites = {"source": a, "target": b}
+        self.disks = disks or {}  # by place, when the run has disk faults
+        self.clocks = clocks or {}  # by place, when the run has clock-jump
+        self.rounds: dict[str, int] = {}  # site faults injected so far, by place
         self.link = link
         self.workers = workers
         self.rng = rng
 
 
-def inject(fault: str, place: str, places: Places) -> tuple[str, list[str], Callable[[], None]]:
-    """Applies `fault` at `place`: (what it did, the processes or proxies hit, its heal)."""
+def inject(
+    fault: str, place: str, places: Places, details: dict[str, Any] | None = None
+) -> tuple[str, list[str], Callable[[], None]]:
+    """Applies `fault` at `place`: (what it did, the processes or proxies hit, its heal).
+    A site fault's record (pages lost, nodes not restarted, repairs) lands in `details`
+    as it is injected and healed."""
     if fault == "noop":
         return "noop", [], lambda: None
     if place in places.sites:
-        # a site has no proxies of its own: only kill and suspend faults reach here
-        target = "brokers" if fault.startswith("leader-") else "all"
-        context = FaultContext(places.sites[place], cast(ProxiedNetwork, None), target, places.rng)
+        # a site has no proxies of its own: only kill, suspend, disk faults and corrupt-replica
+        # reach here; corrupt-replica's follower controller does not exist (one per site)
+        target = "brokers" if fault.startswith("leader-") or fault == "corrupt-replica" else "all"
+        context = FaultContext(
+            places.sites[place],
+            cast(ProxiedNetwork, None),
+            target,
+            places.rng,
+            disks=places.disks.get(place),
+            clocks=places.clocks.get(place),
+            rounds=places.rounds.get(place, 0),
+        )
         site_fault = make_fault(fault, context)
+        if details is not None:
+            site_fault.details = details  # the same dict: filled by inject and by heal
         what = site_fault.inject()
+        places.rounds[place] = context.rounds  # clock-jump alternates its direction per site
         return f"{place}: {what}", list(site_fault.affected), site_fault.heal
     if place == "link":
         return _link_fault(fault, places.link)
@@ -365,8 +402,9 @@ def _fault_loop(
         start_ms = int(time.time() * 1000)
         heal: Callable[[], None] = lambda: None  # noqa: E731
         affected: list[str] = []
+        details: dict[str, Any] = {}
         try:
-            what, affected, heal = inject(fault, place, places)
+            what, affected, heal = inject(fault, place, places, details)
         except MqmetaError as error:  # e.g. no writable master to pick right now: skipped
             what = f"not injected: {error.message}"
         recorder.record(FaultEvent(label, FaultPhase.START, start_ms, what))
@@ -382,6 +420,7 @@ def _fault_loop(
                 "end_ms": end_ms,
                 "what": what,
                 "affected": affected,
+                **details,
             }
         )
     time.sleep(min(HEAL_SETTLE_S, max(0.0, end - time.monotonic())))
@@ -531,7 +570,19 @@ def run_replication(
     workers: Workers | None = None
     link: Link | None = None
     copies: list[checkers.Copy] = []
+    names, _ = parse_plan(config.fault, config.fault_target)
+    disks: dict[str, NodeDisks] = {}
+    if set(names) & set(DISK_FAULTS):  # every node of both sites on its own mount
+        disks = {"source": NodeDisks(a, out / "disks-a"), "target": NodeDisks(b, out / "disks-b")}
+    clocks: dict[str, NodeClocks] = {}
+    if "clock-jump" in names:  # each site's controller reads its wall clock's offset from a file
+        clocks = {"source": NodeClocks(a), "target": NodeClocks(b)}
+        clocks["source"].install(a)
+        clocks["target"].install(b)
+    disk_counters: dict[str, Any] = {}
     try:
+        for site_disks in disks.values():
+            site_disks.mount()
         for name, site in (("a", a), ("b", b)):
             site.start()
             with site.client() as client:
@@ -543,7 +594,7 @@ def run_replication(
         workload = ReplicationWorkload(
             a, b, recorder, WorkloadConfig(config.concurrency, config.rate_per_s, config.consumers)
         )
-        places = Places(a, b, link, workers, random.Random(config.seed))
+        places = Places(a, b, link, workers, random.Random(config.seed), disks, clocks)
         workload.start()
         try:
             _fault_loop(config, places, recorder, faults)
@@ -551,11 +602,35 @@ def run_replication(
             healed_ms = faults[-1]["end_ms"] if faults else 0
             workload.stop(max(config.drain_s, CATCH_UP_MIN_S), healed_ms)
         copies = read_target(b, workload.acknowledged())
-        extra = {"catchUpMs": workload.catch_up_ms, "rereadCount": sum(c.reread for c in workload.consumers)}
+        extra: dict[str, Any] = {
+            "catchUpMs": workload.catch_up_ms,
+            "rereadCount": sum(c.reread for c in workload.consumers),
+        }
         acknowledged = workload.acknowledged()
     finally:
+        not_running = [
+            f"{place}:{name}"
+            for place, site in places_of(a, b)
+            for name in _processes(site)
+            if not site.is_running(name)
+        ]
         _stop_all(workers, link, (a, b))
+        for place, site_disks in disks.items():  # after the stop: each backing tree goes back for the audit
+            disk_counters.update({f"{place}:{node}": c for node, c in site_disks.counters().items()})
+            site_disks.unmount()
+    extra["notRunningAtEnd"] = not_running
+    if disk_counters:
+        extra["faultfs"] = disk_counters
     return _conclude(config, recorder, faults, copies, acknowledged, extra, (a.root, b.root, rules), audit)
+
+
+def places_of(a: Cluster, b: Cluster) -> list[tuple[str, Cluster]]:
+    return [("source", a), ("target", b)]
+
+
+def _processes(site: Cluster) -> list[str]:
+    """The site's controller (its nameserver embedded) and brokers, by process name."""
+    return [n.id for n in site.layout.controllers] + [b.name for b in site.layout.brokers]
 
 
 def _stop_all(workers: Workers | None, link: Link | None, sites: tuple[Cluster, ...]) -> None:
@@ -586,6 +661,7 @@ def _conclude(
     history = recorder.events()
     recorder.write(out / "history.tsv")
     latency_png(history, out / "latency.png")
+    site_state: dict[str, Any] = {k: extra.pop(k) for k in ("notRunningAtEnd", "faultfs") if k in extra}
     replication = checkers.check_replication(copies, acknowledged)
     replication.update(extra)
     result: dict[str, Any] = {
@@ -603,6 +679,7 @@ def _conclude(
         result[name] = checked["results"]
         result[f"{name}Summary"] = {k: v for k, v in checked.items() if k != "results"}
     failures = _failures(result)
+    failures += _site_fault_failures(result, faults, site_state)
     result["audit"] = _audit(config, dirs, audit)
     if result["audit"]["passed"] is False:
         failures.append(f"X1 audit failed (see {result['audit']['report']})")
@@ -630,6 +707,25 @@ def _failures(result: dict[str, Any]) -> list[str]:
     never = [r for r in result["rto"] if r["isUnavailableInFaultInterval"] and not r["recovered"]]
     if never:
         failures.append(f"{len(never)} fault interval(s) never recovered")
+    return failures
+
+
+def _site_fault_failures(
+    result: dict[str, Any], faults: list[dict[str, Any]], site_state: dict[str, Any]
+) -> list[str]:
+    """A node a site fault stopped that did not come back, or did not repair its
+    corrupted data; a site process not running at the end."""
+    failures = []
+    not_restarted = sorted({n for f in faults for n in f.get("notRestarted", [])})
+    not_running = list(site_state.get("notRunningAtEnd", []))
+    unrepaired = sorted({n for f in faults for n, count in f.get("repaired", {}).items() if not count})
+    result["notRestarted"], result["unrepaired"] = not_restarted, unrepaired
+    if not_restarted or not_running:
+        failures.append(f"{', '.join(not_restarted + not_running)} did not start again (see the logs)")
+    if unrepaired:
+        failures.append(f"{', '.join(unrepaired)} did not repair its corrupted data (see the logs)")
+    if "faultfs" in site_state:
+        result["faultfs"] = site_state["faultfs"]
     return failures
 
 

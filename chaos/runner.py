@@ -105,6 +105,10 @@ class RunConfig:
             parse_plan(self.fault, self.fault_target)  # comma-separated lists; their own places
             if not 1 <= self.workers <= 8:
                 raise InvalidArgument("the replication workload runs between 1 and 8 workers")
+            if set(self.faults) & set(DISK_FAULTS):
+                from mqmeta.chaos.faultfs import check_can_mount
+
+                check_can_mount()
         elif any(name not in FAULT_NAMES for name in self.faults):
             unknown = next(name for name in self.faults if name not in FAULT_NAMES)
             raise InvalidArgument(f"unknown fault {unknown!r}; choose one of {', '.join(FAULT_NAMES)}")

@@ -16,18 +16,28 @@ tests/test_durability.py). This journal:
   has valid data after it;
 - keeps term, vote and commit index in a checksummed side file written by
   temp + fsync + rename; term and vote synchronously (Raft requires it); the commit
-  index is clamped to the journal's end at open (pysyncobj #197).
+  index is clamped to the journal's end at open (pysyncobj #197);
+- stops the process (fail_stop: exit EXIT_DISK_FAILED) when a write or fsync of the log
+  or of its side file fails (EIO, ENOSPC): pysyncobj would acknowledge entries its
+  disk may not hold, or lose its tick thread to the exception. After a failed fsync
+  Linux marks the unwritten pages clean (a retried fsync succeeds, a power loss still
+  loses them), so the log is then distrusted: a marker file beside it makes the
+  restart discard it and re-join from the others (controller/repair.py). A failed write
+  or side-file save leaves no such doubt (a torn tail is cut at open) and no marker.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
 import struct
 import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from mqmeta.controller import pysyncobj_compat
 
@@ -41,6 +51,36 @@ RECORD_HEADER = struct.Struct("<IIQQ")
 RECORD_COMMAND_MAX = 256 << 20
 
 Entry = tuple[bytes, int, int]  # command, raft index, term
+
+EXIT_DISK_FAILED = 74  # EX_IOERR: the Raft log's disk failed a write or an fsync
+FAILED_MARKER_SUFFIX = ".failed"  # beside the journal: a failed fsync, the log is not trusted
+
+
+def failed_marker(journal_path: Path) -> Path:
+    return journal_path.with_name(journal_path.name + FAILED_MARKER_SUFFIX)
+
+
+def fail_stop(journal_path: Path, what: str, error: OSError, distrust_log: bool) -> NoReturn:
+    """Ends the process at once: nothing after a failed write or fsync may be
+    acknowledged. With `distrust_log` (a failed fsync) it first leaves the marker that
+    makes the restart discard the log (controller/repair.py)."""
+    left = ""
+    if distrust_log:
+        marker = failed_marker(journal_path)
+        try:
+            write_atomically(marker, f"{what}: {error}\n".encode())
+            left = f"; {marker.name} tells the restart to discard the log and re-join from the others"
+        except OSError as marker_error:
+            left = f"; could not leave {marker.name} ({marker_error}): move {journal_path} aside first"
+    log.critical(
+        "%s failed (%s): this node stops (exit %d) before it acknowledges anything its disk may not hold%s",
+        what,
+        error,
+        EXIT_DISK_FAILED,
+        left,
+    )
+    logging.shutdown()
+    os._exit(EXIT_DISK_FAILED)
 
 
 def _record(command: bytes, index: int, term: int) -> bytes:
@@ -100,10 +140,11 @@ class DurableJournal:
     """Implements the Journal interface pysyncobj calls (names are pysyncobj's; the
     compat layer checks at install that every method of that interface is here)."""
 
-    def __init__(self, path: Path, fsync: bool = True) -> None:
+    def __init__(self, path: Path, fsync: bool = True, stop_on_disk_error: bool = True) -> None:
         self.path = path
         self.meta_path = path.with_name(path.name + ".meta")
         self.fsync = fsync
+        self.stop_on_disk_error = stop_on_disk_error  # False: the OSError is raised (unit tests)
         self._deferring = False  # appends wait for end_deferred_sync() (the leader's batch)
         self._unsynced = False
         if not path.exists():
@@ -157,8 +198,19 @@ class DurableJournal:
     def _save_meta(self) -> None:
         body = dict(self._meta)
         body["crc32"] = zlib.crc32(json.dumps(self._meta, sort_keys=True).encode())
-        write_atomically(self.meta_path, json.dumps(body, sort_keys=True).encode())
+        with self._disk(f"saving {self.meta_path.name}", distrust_log=False):
+            write_atomically(self.meta_path, json.dumps(body, sort_keys=True).encode())
         self._meta_dirty = False
+
+    @contextmanager
+    def _disk(self, what: str, distrust_log: bool) -> Iterator[None]:
+        """A disk operation of this journal: its OSError stops the node (fail_stop)."""
+        try:
+            yield
+        except OSError as error:
+            if not self.stop_on_disk_error:
+                raise
+            fail_stop(self.path, what, error, distrust_log)
 
     def setCurrentTerm(self, term: int, votedForNodeId: Any) -> None:  # noqa: N802, N803
         self._meta["term"] = term
@@ -186,12 +238,15 @@ class DurableJournal:
     def add(self, command: bytes, idx: int, term: int) -> None:
         command = bytes(command)
         record = _record(command, idx, term)
-        os.write(self._fd, record)
+        with self._disk(f"appending entry {idx} to {self.path.name}", distrust_log=False):
+            if os.write(self._fd, record) != len(record):  # a full disk may take part of it
+                raise OSError(errno.ENOSPC, "short write: the disk took part of the record")
         if self.fsync:
             if self._deferring:
                 self._unsynced = True
             else:
-                os.fdatasync(self._fd)
+                with self._disk(f"fdatasync of {self.path.name}", distrust_log=True):
+                    os.fdatasync(self._fd)
         self._entries.append((command, idx, term))
         self._offsets.append(self._end)
         self._end += len(record)
@@ -204,7 +259,8 @@ class DurableJournal:
         """Syncs every append since begin_deferred_sync(); appends sync at once again."""
         self._deferring = False
         if self._unsynced:
-            os.fdatasync(self._fd)
+            with self._disk(f"fdatasync of {self.path.name}", distrust_log=True):
+                os.fdatasync(self._fd)
             self._unsynced = False
 
     def clear(self) -> None:
@@ -221,8 +277,9 @@ class DurableJournal:
             self._entries[entryFrom][2],
         )
         cut = self._offsets[entryFrom]
-        os.ftruncate(self._fd, cut)
-        os.fsync(self._fd)
+        with self._disk(f"truncating {self.path.name}", distrust_log=True):
+            os.ftruncate(self._fd, cut)
+            os.fsync(self._fd)
         del self._entries[entryFrom:]
         del self._offsets[entryFrom:]
         self._end = cut
@@ -233,9 +290,10 @@ class DurableJournal:
     def _rewrite(self, keep: list[Entry]) -> None:
         """Atomic: the old file stays whole until the new one is durable."""
         records = [_record(*entry) for entry in keep]
-        write_atomically(self.path, FILE_MAGIC + b"".join(records))
-        os.close(self._fd)
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+        with self._disk(f"compacting {self.path.name}", distrust_log=True):
+            write_atomically(self.path, FILE_MAGIC + b"".join(records))
+            os.close(self._fd)
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
         self._entries = list(keep)
         self._offsets = []
         pos = len(FILE_MAGIC)
@@ -251,7 +309,8 @@ class DurableJournal:
         return len(self._entries)
 
     def flush(self) -> None:
-        os.fsync(self._fd)
+        with self._disk(f"fsync of {self.path.name}", distrust_log=True):
+            os.fsync(self._fd)
 
     def _destroy(self) -> None:
         if self._meta_dirty:

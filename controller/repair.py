@@ -12,7 +12,10 @@ does not refuse to start and does not serve from them, nor spread them:
   lost entries it had acknowledged must not help elect a leader that lacks them; the
   leader sends it a snapshot of the others and the entries after it;
 - the scrub of a running node that finds damage stops the node (exit EXIT_DAMAGED) so
-  that its restart repairs it as above: a Raft log cannot be cut under pysyncobj safely.
+  that its restart repairs it as above: a Raft log cannot be cut under pysyncobj safely;
+- a log whose fsync failed (the journal stopped the node, exit EXIT_DISK_FAILED, and left
+  `raft.journal.failed`: journal.fail_stop) is discarded the same way at the restart: its
+  unsynced pages may read back from the page cache yet never reach the disk.
 
 Counted (controller metrics): scrubs, damaged files found, repairs (re-joins).
 """
@@ -27,7 +30,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from mqmeta.controller.journal import DurableJournal, parse_records
+from mqmeta.controller.journal import DurableJournal, failed_marker, parse_records
 from mqmeta.controller.snapshot import read_snapshot
 
 from mqmeta.errors import CorruptData
@@ -56,6 +59,10 @@ def damage_of(data_dir: Path) -> str | None:
     each file whole: every journal record's CRC, the snapshot's gzip CRC and digest. A
     torn last journal record is not damage (a crash; the journal cuts it at open)."""
     journal, snapshot = data_dir / JOURNAL_NAME, data_dir / SNAPSHOT_NAME
+    marker = failed_marker(journal)
+    if marker.exists():
+        why = marker.read_text(errors="replace").strip()
+        return f"an fsync of the Raft log failed before the last exit ({why}); it is not trusted"
     try:
         if journal.exists():
             parse_records(journal.read_bytes(), str(journal))
@@ -79,7 +86,8 @@ def discard_damaged(data_dir: Path, reason: str) -> int:
     parent.mkdir(exist_ok=True)
     target = parent / str(len(list(parent.iterdir())) + 1)
     target.mkdir()
-    for name in (JOURNAL_NAME, SNAPSHOT_NAME):
+    marker = failed_marker(data_dir / JOURNAL_NAME)
+    for name in (JOURNAL_NAME, SNAPSHOT_NAME, marker.name):
         if (data_dir / name).exists():
             shutil.move(str(data_dir / name), str(target / name))
     fd = os.open(data_dir, os.O_RDONLY)

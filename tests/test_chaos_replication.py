@@ -9,7 +9,14 @@ Properties checked:
   order per target queue hold, nothing at b lacks an origin, and both faults really hit;
 - bad plans are refused in one sentence before anything starts (a fault at a place it
   cannot apply to, an unknown place);
-- slow (not in CI): 72 s with every place in turn (source, target, link, workers).
+- slow (not in CI): 72 s with every place in turn (source, target, link, workers); a
+  power loss of every process of the target site (each node's data dir on its own fault
+  filesystem mount): the copies the target acknowledged, and so the origin table the
+  workers resume from, survive it (nothing lost, nothing copied twice), every node back;
+  a corrupted slave at the target, repaired, a step of its controller's wall clock and a
+  power loss of the source change nothing either;
+- disk faults, corrupt-replica and clock-jump apply at source and target only; slow-replica
+  is refused (a site has no proxies between its nodes).
 The Spark check X1 is not run here (CI budget): `audit=False`.
 """
 
@@ -71,6 +78,10 @@ def test_worker_kills_and_link_cuts_lose_and_duplicate_nothing(tmp_path):
         ("leader-kill", "workers", "applies to none"),
         ("random-kill", "moon", "--fault-target"),
         ("random-kill,nope", "all", "unknown fault"),
+        ("slow-replica", "all", "does not take slow-replica"),
+        ("clock-jump", "link", "applies to none"),
+        ("corrupt-replica", "link", "applies to none"),
+        ("power-loss-node", "workers", "applies to none"),
     ],
 )
 def test_bad_plans_are_refused_in_one_sentence(tmp_path, fault, target, words):
@@ -93,4 +104,36 @@ def test_every_place_in_turn_loses_and_duplicates_nothing(tmp_path):
     outcome = run(config)
     places = {f["place"] for f in outcome.result["faults"]}
     assert places == {"source", "target", "link", "workers"}, outcome.result["faults"]
+    _assert_clean(outcome)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+def test_power_loss_a_corrupted_slave_and_a_clock_jump_at_the_sites_lose_and_duplicate_nothing(tmp_path):
+    """Rounds: power-loss-all, corrupt-replica and clock-jump at the target, then the source
+    (each fault takes the next place of the list that it applies to)."""
+    config = RunConfig(
+        fault="power-loss-all,corrupt-replica,clock-jump",
+        fault_target="target,source",
+        workload="replication",
+        output_dir=tmp_path / "run",
+        time_limit_s=48.0,
+        interval_s=4.0,
+        audit=False,
+    )
+    outcome = run(config)
+    faults = outcome.result["faults"]
+    assert [(f["fault"], f["place"]) for f in faults][:3] == [
+        ("power-loss-all", "target"),
+        ("corrupt-replica", "target"),
+        ("clock-jump", "target"),
+    ], faults
+    assert faults[2]["clockStepMs"] == 30_000, faults[2]
+    assert faults[0]["what"].startswith("target: power lost on"), faults[0]
+    assert "pagesLost" in faults[0] and "notRestarted" not in faults[0], faults[0]
+    assert all(count >= 1 for count in faults[1]["repaired"].values()) and faults[1]["repaired"], faults[1]
+    assert outcome.result["notRestarted"] == [] and outcome.result["unrepaired"] == [], outcome.result
+    assert all(
+        c["power_losses"] >= 1 for n, c in outcome.result["faultfs"].items() if n.startswith("target:")
+    )
     _assert_clean(outcome)

@@ -9,14 +9,19 @@ Properties checked:
   index past the journal end is clamped (pysyncobj #197);
 - a crash between writing a snapshot and compacting the journal keeps every entry
   after the snapshot (pysyncobj would clear the journal);
-- a corrupt snapshot is refused.
+- a corrupt snapshot is refused;
+- a disk error stops the node (journal.fail_stop): a short write is an error (ENOSPC), not
+  a record counted as written; a failed fdatasync, truncation or compaction distrusts the
+  log (the marker), a failed write or side-file save does not.
 """
 
 from __future__ import annotations
 
+import errno
 import gzip
 
 import pytest
+from mqmeta.controller import journal as journal_module
 from mqmeta.controller.journal import DurableJournal, reconcile_with_snapshot
 from pysyncobj import pickle as syncobj_pickle
 
@@ -146,3 +151,70 @@ def test_a_flip_anywhere_in_the_snapshot_is_refused(tmp_path):
         # accepted: only allowed when the flip hit deflate padding and changed nothing
         assert gzip.decompress(bytes(data)) == content, f"flip at {position} was used"
     assert refused > (len(original) - 18) * 0.9
+
+
+class Stopped(Exception):
+    """Stands for the process exit of journal.fail_stop in these tests."""
+
+
+@pytest.fixture
+def stops(monkeypatch) -> list[tuple[str, int, bool]]:
+    """What journal.fail_stop was asked: (what, errno, distrust_log) each time."""
+    seen: list[tuple[str, int, bool]] = []
+
+    def fail_stop(path, what, error, distrust_log):
+        seen.append((what, error.errno, distrust_log))
+        raise Stopped()
+
+    monkeypatch.setattr(journal_module, "fail_stop", fail_stop)
+    return seen
+
+
+def failing(code: int):
+    def call(*args, **kwargs):
+        raise OSError(code, "injected")
+
+    return call
+
+
+def test_a_short_write_stops_the_node_and_is_not_counted(tmp_path, monkeypatch, stops):
+    journal = filled(tmp_path / "j", entries(2))
+    monkeypatch.setattr(journal_module.os, "write", lambda fd, data: len(data) // 2)
+    with pytest.raises(Stopped):
+        journal.add(b"half", 3, 1)
+    assert stops == [("appending entry 3 to j", errno.ENOSPC, False)]
+    assert journal[:] == entries(2)
+
+
+@pytest.mark.parametrize(
+    "call, operation, distrust",
+    [
+        ("fdatasync", lambda j: j.add(b"x", 3, 1), True),
+        ("fsync", lambda j: j.deleteEntriesFrom(1), True),
+        ("fsync", lambda j: j.deleteEntriesTo(1), True),
+        ("write", lambda j: j.add(b"x", 3, 1), False),
+    ],
+)
+def test_a_failed_disk_call_stops_the_node_distrusting_the_log_after_a_failed_sync(
+    tmp_path, monkeypatch, stops, call, operation, distrust
+):
+    journal = filled(tmp_path / "j", entries(2))
+    monkeypatch.setattr(journal_module.os, call, failing(errno.EIO))
+    with pytest.raises(Stopped):
+        operation(journal)
+    assert [(code, distrusted) for _, code, distrusted in stops] == [(errno.EIO, distrust)]
+
+
+def test_a_failed_side_file_save_stops_the_node_without_distrusting_the_log(tmp_path, monkeypatch, stops):
+    journal = filled(tmp_path / "j", entries(1))
+    monkeypatch.setattr(journal_module, "write_atomically", failing(errno.ENOSPC))
+    with pytest.raises(Stopped):
+        journal.setCurrentTerm(2, "other")
+    assert stops == [("saving j.meta", errno.ENOSPC, False)]
+
+
+def test_without_stopping_the_error_is_raised(tmp_path, monkeypatch):
+    journal = DurableJournal(tmp_path / "j", stop_on_disk_error=False)
+    monkeypatch.setattr(journal_module.os, "fdatasync", failing(errno.EIO))
+    with pytest.raises(OSError, match="injected"):
+        journal.add(b"x", 1, 1)

@@ -86,6 +86,19 @@ def test_stale_read_after_completed_write_is_rejected():
     ]
 
 
+def test_a_key_read_absent_after_a_completed_write_is_rejected_among_unknown_writes():
+    """A cluster that lost its state reads keys as absent after writes were acknowledged;
+    hundreds of writes of unknown outcome around it must not make the answer "unknown"."""
+    history = write("1", 0, 10)
+    for index in range(400):
+        history += write(f"u{index}", 20 + index, None, Result.UNKNOWN)
+    history += read(None, 500, 510)
+    result = check_linearizability(history, time_limit_s=5.0, state_count_max=1000)
+    assert result["linearizable"] is False, result
+    assert [(op["kind"], op["value"]) for op in result["counterexample"]] == [("write", "1"), ("read", None)]
+    assert verdict(write("1", 0, 10) + read(None, 5, 20)) is True  # concurrent: may come first
+
+
 def test_counterexample_keeps_the_last_operations_of_a_long_prefix():
     """A long linearizable prefix is cut to its last operations, followed by the one that fails."""
     history: list[HistoryEvent] = []

@@ -554,7 +554,7 @@ def stand_ins() -> dict[str, Any]:
     store.readable_queue_max_offset = store.queue_min_offset = lambda *_: 0
     agent = Fake(lock=threading.Lock(), store=store, scrub_stats=ScrubStats())
     agent.core = Fake(view=lambda: view, acked_offsets=lambda: {2: 0})
-    agent.tiered = Fake(checkpoint=Fake(uploaded_offset=0))
+    agent.tiered = Fake(checkpoint=Fake(uploaded_offset=0), failures={"enospc": 0})
     key = Fake(rule="r", topic="t", broker_name="b", queue_id=0)
     stats = Fake(replicated=1, replicated_bytes=1, errors=0, lag_messages=0, caught_up=True)
     stats.last_store_ms = stats.last_sync_ms = 0
