@@ -566,14 +566,14 @@ _PING, _PONG, _ASK, _ANSWER = "read_index_ping", "read_index_pong", "read_index_
 
 
 class _ReadRound:
-    __slots__ = ("index", "term", "started", "acks", "waiters", "confirmed")
+    __slots__ = ("index", "term", "started", "acked", "waiters", "confirmed")
 
     def __init__(self, index: int, term: int, waiters: list[Any]) -> None:
         self.index = index
         self.term = term
         self.started = monotonic_time()
-        self.acks = 1  # the leader itself
-        self.waiters = waiters  # Futures of this node, or (node, ask id) of a follower
+        self.acked: set[Any] = set()  # followers that answered (the leader counts itself)
+        self.waiters = waiters  # Futures of this node, or (node, ask id, incarnation) of a follower
         self.confirmed = False
 
 
@@ -601,6 +601,9 @@ class ReadIndex(SyncObj):
         self._read_round_next = 0
         self._read_asks: dict[int, tuple[Any, float]] = {}  # follower: ask id -> (Future, asked at)
         self._read_ask_next = 0
+        # Ask ids restart at 1 with the process: the leader's answer to an ask of this node's
+        # previous run (a round that started before this run's reads) must not settle them.
+        self._read_incarnation = os.urandom(8).hex()
         self._reads_applying: list[tuple[int, Any]] = []  # (index, Future): wait for the apply
         super().__init__(*args, **kwargs)
 
@@ -633,12 +636,15 @@ class ReadIndex(SyncObj):
             return
         if self._isLeader():
             self._start_round()
-        elif self._getLeader() is not None:
-            self._ask_leader(self._reads_waiting)
-            self._reads_waiting = []
+            return
+        waiting, self._reads_waiting = self._reads_waiting, []
+        local = [waiter for waiter in waiting if isinstance(waiter, Future)]
+        # followers' asks queued while this node led are refused (they fall back), not forwarded
+        self._refuse_asks([waiter for waiter in waiting if not isinstance(waiter, Future)], "not the leader")
+        if self._getLeader() is not None:
+            self._ask_leader(local)
         else:
-            self._fail_reads(self._reads_waiting, "no leader is known")
-            self._reads_waiting = []
+            self._fail_reads(local, "no leader is known")
 
     def _start_round(self) -> None:
         noop = self._SyncObj__noopIDx
@@ -658,15 +664,30 @@ class ReadIndex(SyncObj):
             )
 
     def _has_majority(self, read_round: _ReadRound) -> bool:
-        return read_round.acks > (len(self._SyncObj__otherNodes) + 1) / 2
+        return len(read_round.acked) + 1 > (len(self._SyncObj__otherNodes) + 1) / 2
 
     def _ask_leader(self, futures: list[Future]) -> None:
+        if not futures:
+            return
         asks = []
         for future in futures:
             self._read_ask_next += 1
             self._read_asks[self._read_ask_next] = (future, monotonic_time())
             asks.append(self._read_ask_next)
-        self._SyncObj__transport.send(self._getLeader(), {"type": _ASK, "asks": asks})
+        self._SyncObj__transport.send(
+            self._getLeader(), {"type": _ASK, "asks": asks, "incarnation": self._read_incarnation}
+        )
+
+    def _refuse_asks(self, waiters: list[tuple[Any, int, str]], why: str) -> None:
+        """Answers followers' asks (node, ask id, incarnation) with an error."""
+        by_asker: dict[tuple[Any, str], list[int]] = {}
+        for node, ask, incarnation in waiters:
+            by_asker.setdefault((node, incarnation), []).append(ask)
+        for (node, incarnation), asks in by_asker.items():
+            self._SyncObj__transport.send(
+                node,
+                {"type": _ANSWER, "asks": asks, "incarnation": incarnation, "index": 0, "error": why},
+            )
 
     def _finish_reads(self) -> None:
         now = monotonic_time()
@@ -689,15 +710,23 @@ class ReadIndex(SyncObj):
 
     def _answer_round(self, read_round: _ReadRound, error: str | None) -> None:
         local: list[Future] = []
-        remote: dict[Any, list[int]] = {}
+        remote: dict[tuple[Any, str], list[int]] = {}
         for waiter in read_round.waiters:
             if isinstance(waiter, tuple):
-                remote.setdefault(waiter[0], []).append(waiter[1])
+                node, ask, incarnation = waiter
+                remote.setdefault((node, incarnation), []).append(ask)
             else:
                 local.append(waiter)
-        for node, asks in remote.items():
+        for (node, incarnation), asks in remote.items():
             self._SyncObj__transport.send(
-                node, {"type": _ANSWER, "asks": asks, "index": read_round.index, "error": error}
+                node,
+                {
+                    "type": _ANSWER,
+                    "asks": asks,
+                    "incarnation": incarnation,
+                    "index": read_round.index,
+                    "error": error,
+                },
             )
         if error is not None:
             self._fail_reads(local, error)
@@ -733,22 +762,23 @@ class ReadIndex(SyncObj):
         elif kind == _PONG:
             read_round = self._read_rounds.get(message["round"])
             if read_round is not None and message["term"] == read_round.term == self.raftCurrentTerm:
-                read_round.acks += 1
+                read_round.acked.add(node)  # a node counts once, however often it answers
                 read_round.confirmed = read_round.confirmed or self._has_majority(read_round)
         elif kind == _ASK:
+            asks = [(node, ask, message.get("incarnation", "")) for ask in message["asks"]]
             if self._isLeader():
-                self._reads_waiting.extend((node, ask) for ask in message["asks"])
+                self._reads_waiting.extend(asks)
                 self._start_round()
             else:
-                self._SyncObj__transport.send(
-                    node, {"type": _ANSWER, "asks": message["asks"], "index": 0, "error": "not the leader"}
-                )
+                self._refuse_asks(asks, "not the leader")
         elif kind == _ANSWER:
             self._answered(message)
         else:
             super()._SyncObj__onMessageReceived(node, message)
 
     def _answered(self, message: dict) -> None:
+        if message.get("incarnation") != self._read_incarnation:
+            return  # for this node's previous run: its ask ids name other reads here
         futures = [self._read_asks.pop(ask)[0] for ask in message["asks"] if ask in self._read_asks]
         if message["error"] is not None:
             self._fail_reads(futures, f"the leader could not confirm the read: {message['error']}")
