@@ -43,7 +43,8 @@ Try it on one machine:
 """
 # command -> the module of the part that serves it: its add_parser(subparsers) adds the
 # command's parser (a module may add several), its run(args) -> int carries it out.
-# Imported only to build the parser or run the command; no module imports an extra's package
+# Imported only to build the parser or run the command (a command imports its own part
+# only; --help imports them all); no module imports an extra's package
 # before its run has checked the extra (mqmeta.extras), so a missing one is one sentence.
 PART_CLIS: dict[str, str] = {
     "controller": "mqmeta.controller.cli",
