@@ -10,9 +10,9 @@ name, so an upgrade fails when the controller starts instead of silently droppin
 durability fix.
 
 Nothing is changed by importing this module. What it provides, applied explicitly:
-- install(journal_factory, journal_class, replace): the two module-level replacements,
-  install_journal_factory and install_durable_snapshots (idempotent; ControllerRaft calls
-  it before constructing its SyncObj);
+- install(journal_factory, journal_class, replace): the module-level replacements,
+  install_journal_factory, install_durable_snapshots and install_prompt_first_tick
+  (idempotent; ControllerRaft calls it before constructing its SyncObj);
 - the serializer hooks (SyncObjConf serializer, serializeChecker, deserializer) are public
   configuration, but controller/snapshot.py relies on how Serializer calls them (a custom
   serializer may finish after it returns; the journal is compacted only once the checker
@@ -32,6 +32,7 @@ import inspect
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -45,7 +46,7 @@ import pysyncobj.syncobj
 import pysyncobj.transport
 from pysyncobj import FAIL_REASON, SyncObj
 from pysyncobj.monotonic import monotonic as monotonic_time
-from pysyncobj.transport import CONNECTION_STATE, TCPTransport
+from pysyncobj.transport import CONNECTION_STATE, TCPTransport, TransportNotReadyError
 
 from mqmeta.formats.atomic import fsync_dir
 
@@ -168,6 +169,16 @@ REQUIREMENTS: tuple[Requirement, ...] = (
     Requirement(_SYNCOBJ, "SyncObj.__init__", "_SyncObj__pipeNotifier", USES, "ReadIndex wakes the tick"),
     Requirement(_SYNCOBJ, "SyncObj._onTick", "_SyncObj__applyLogEntries", USES, "a tick applies, then polls"),
     Requirement(_SYNCOBJ, "", "PIPE_NOTIFIER_ENABLED", ATTRIBUTE, "ReadIndex wakes the tick if it can"),
+    # install_prompt_first_tick
+    Requirement(_SYNCOBJ, "SyncObj", "_autoTickThread", ROUTINE, "install_prompt_first_tick replaces it"),
+    Requirement(_SYNCOBJ, "SyncObj.__init__", "_autoTickThread", USES, "the tick thread runs it"),
+    Requirement(_SYNCOBJ, "SyncObj.__init__", "_SyncObj__initialised", USES, "the constructor waits for it"),
+    Requirement(_SYNCOBJ, "SyncObj.__init__", "_SyncObj__mainThread", USES, "the tick stops with it"),
+    Requirement(
+        _SYNCOBJ, "SyncObj._autoTickThread", "_SyncObj__destroying", USES, "destroy() stops the tick"
+    ),
+    Requirement(_SYNCOBJ, "SyncObj._autoTickThread", "_doDestroy", USES, "and cleans up in it"),
+    Requirement(_SYNCOBJ, "SyncObj._autoTickThread", "tryGetReady", USES, "the transport binds first"),
     # DialHookTransport
     Requirement(
         _TRANSPORT, "TCPTransport", "_connectIfNecessarySingle", ROUTINE, "the dial hook overrides it"
@@ -332,12 +343,57 @@ def restore_stock_snapshots() -> None:
     pysyncobj.serializer.atomicReplace = _STOCK_ATOMIC_REPLACE
 
 
+_TICK_LOG = logging.getLogger("pysyncobj.syncobj")  # where pysyncobj's tick thread logs
+
+
+def auto_tick_without_start_delay(node: Any) -> None:
+    """pysyncobj's SyncObj._autoTickThread (the tick thread of a node with autoTick) less
+    its 0.1 s sleep between binding the Raft port and the first tick: a restarting node
+    read nothing for that long, not even the leader's heartbeat already in its socket (a
+    seventh of its restart to serving). The rest is pysyncobj's loop as it is."""
+    try:
+        node._SyncObj__transport.tryGetReady()
+    except TransportNotReadyError:
+        _TICK_LOG.exception("failed to perform initialization")
+        return
+    finally:
+        node._SyncObj__initialised.set()
+    try:
+        while True:
+            if not node._SyncObj__mainThread.is_alive():
+                break
+            if node._SyncObj__destroying:
+                node._doDestroy()
+                break
+            try:
+                node._onTick(node._SyncObj__conf.autoTickPeriod)
+            except Exception:
+                _TICK_LOG.exception("failed _onTick in _autoTickThread")
+                time.sleep(node._SyncObj__conf.autoTickPeriod)
+    except ReferenceError:  # pysyncobj passes a weak proxy: the node is gone
+        pass
+
+
+_STOCK_AUTO_TICK_THREAD = SyncObj._autoTickThread
+
+
+def install_prompt_first_tick() -> None:
+    """Every SyncObj constructed from now on ticks as soon as its port is bound."""
+    SyncObj._autoTickThread = auto_tick_without_start_delay  # type: ignore[method-assign]
+
+
+def restore_stock_tick_thread() -> None:
+    """pysyncobj's own tick thread again (its test shows the delay without the fix)."""
+    SyncObj._autoTickThread = _STOCK_AUTO_TICK_THREAD  # type: ignore[method-assign]
+
+
 def install(
     journal_factory: JournalFactory, journal_class: type, replace: ReplaceFunction = durable_replace
 ) -> None:
-    """Applies both module-level replacements; idempotent (each just sets a name)."""
+    """Applies the module-level replacements; idempotent (each just sets a name)."""
     install_journal_factory(journal_factory, journal_class)
     install_durable_snapshots(replace)
+    install_prompt_first_tick()
 
 
 def wrap_tick(wrapper: Callable[[Callable[..., Any], Any, float], Any]) -> None:
