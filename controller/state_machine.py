@@ -135,19 +135,26 @@ class ControllerState:
         return self.entries.get(key)
 
     def commit(self, changes: dict[str, Json | None]) -> None:
+        """Applies `changes` (None deletes). Called on the Raft thread while the service's
+        threads read this same object (a read confirmed at index i reads the live state,
+        at i or later), so every key moves from its old value to its new one in one dict
+        store: a reader never finds a key that exists missing (deleting it and adding it
+        back after hashing the new value left a gap, which sha256, releasing the GIL on a
+        large value, held open long enough for reads to fall into)."""
         for key, value in changes.items():
-            old = self._hashes.pop(key, None)
             kind_keys = self._keys_by_kind.setdefault(key.split("/", 1)[0], set())
-            if old is not None:
-                self._digest_sum = (self._digest_sum - old) % DIGEST_MODULUS
-                del self.entries[key]
-                kind_keys.discard(key)
+            old_hash = self._hashes.get(key, 0)
+            new_hash = 0
             if value is not None:
-                h = _entry_hash(key, value)
-                self.entries[key] = value
-                self._hashes[key] = h
-                self._digest_sum = (self._digest_sum + h) % DIGEST_MODULUS
+                new_hash = _entry_hash(key, value)  # before the swap, not inside a gap
+                self.entries[key] = value  # old value, then new: never neither
+                self._hashes[key] = new_hash
                 kind_keys.add(key)
+            elif key in self._hashes:
+                kind_keys.discard(key)  # before the value: a listing never names a gone key
+                del self._hashes[key]
+                self.entries.pop(key, None)
+            self._digest_sum = (self._digest_sum - old_hash + new_hash) % DIGEST_MODULUS
 
     def recompute_digest(self) -> str:
         """Full re-hash; the audit and tests compare it with the running digest."""
@@ -179,8 +186,12 @@ class ControllerState:
         return state
 
     def with_prefix(self, prefix: str) -> Iterable[tuple[str, Json]]:
-        keys = self._keys_by_kind.get(prefix.split("/", 1)[0], ())
-        return ((k, self.entries[k]) for k in sorted(k for k in keys if k.startswith(prefix)))
+        """Every (key, value) under `prefix`, sorted. Safe beside commit() on the Raft
+        thread: the key set is copied in one step (iterating the live set could fail when a
+        key is added meanwhile), and a key deleted since is skipped."""
+        keys = list(self._keys_by_kind.get(prefix.split("/", 1)[0], ()))
+        found = ((k, self.entries.get(k)) for k in sorted(k for k in keys if k.startswith(prefix)))
+        return ((k, v) for k, v in found if v is not None)
 
     # Reads used by the service ------------------------------------------------
     def config(self) -> Json:

@@ -43,7 +43,8 @@ Try it on one machine:
 """
 # command -> the module of the part that serves it: its add_parser(subparsers) adds the
 # command's parser (a module may add several), its run(args) -> int carries it out.
-# Imported only to build the parser or run the command; no module imports an extra's package
+# Imported only to build the parser or run the command (a command imports its own part
+# only; --help imports them all); no module imports an extra's package
 # before its run has checked the extra (mqmeta.extras), so a missing one is one sentence.
 PART_CLIS: dict[str, str] = {
     "controller": "mqmeta.controller.cli",
@@ -117,16 +118,19 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-def _describe(sub: argparse._SubParsersAction) -> None:
+def _describe(sub: argparse._SubParsersAction, every_command: bool) -> None:
     """The texts of COMMANDS on each command's line of `mqmeta --help` and atop its own."""
-    assert set(sub.choices) == set(COMMANDS), set(sub.choices) ^ set(COMMANDS)
-    listed = {line.dest for line in sub._choices_actions}
-    assert listed == set(COMMANDS), f"commands without a line in --help: {set(COMMANDS) - listed}"
+    if every_command:
+        assert set(sub.choices) == set(COMMANDS), set(sub.choices) ^ set(COMMANDS)
+        listed = {line.dest for line in sub._choices_actions}
+        assert listed == set(COMMANDS), f"commands without a line in --help: {set(COMMANDS) - listed}"
     for line in sub._choices_actions:
         line.help, sub.choices[line.dest].description = COMMANDS[line.dest]
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The whole parser; with `command`, one with only the parsers of the part that serves
+    it (importing every part costs a controller seconds of its restart under load)."""
     parser = _Parser(
         prog="mqmeta",
         description=DESCRIPTION,
@@ -141,11 +145,27 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-    for module in dict.fromkeys(PART_CLIS.values()):  # in the table's order: the order of --help
+    modules = [PART_CLIS[command]] if command in PART_CLIS else PART_CLIS.values()
+    for module in dict.fromkeys(modules):  # in the table's order: the order of --help
         importlib.import_module(module).add_parser(sub)
-    _add_tls_flags_to_leaves(sub, TLS_COMMANDS)
-    _describe(sub)
+    _add_tls_flags_to_leaves(sub, tuple(name for name in TLS_COMMANDS if name in sub.choices))
+    _describe(sub, every_command=command not in PART_CLIS)
     return parser
+
+
+def command_in(argv: list[str]) -> str | None:
+    """The command `argv` runs, when it names one before any other flag than --log-level
+    (None: --help, --version, a typo: the whole parser answers those)."""
+    position = 0
+    while position < len(argv):
+        word = argv[position]
+        if word == "--log-level":
+            position += 2
+        elif word.startswith("--log-level="):
+            position += 1
+        else:
+            return word if word in PART_CLIS else None
+    return None
 
 
 # The subcommands that serve or dial gRPC (`local up` makes its own: --tls).
@@ -183,7 +203,8 @@ def _setup_logging(level: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(command_in(argv))
     args = parser.parse_args(argv)
     try:
         _setup_logging(args.log_level)

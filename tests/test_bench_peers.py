@@ -1,7 +1,9 @@
 """bench/peers starts each peer that is installed as a 3-node cluster on loopback and
 stops every process it started (by pid): after stop() none of its pids is alive. A peer
 that is not installed is skipped here as the bench skips it (with the package to install).
-RabbitMQ's start takes ~40 s on this machine kind: slow runs only. Not the benchmark."""
+RabbitMQ's start takes ~40 s on this machine kind: slow runs only. Not the benchmark.
+The restart bench's phase lines (bench/peers/timed_controller.py) are read back as seconds
+from the spawn, the first of each phase, and a missing phase is None."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.peers import restart, timed_controller
 from bench.peers.load import _strace_calls
 from bench.peers.servers import PEERS, _alive, absent
 
@@ -48,3 +51,20 @@ def test_strace_summary_is_read_per_call() -> None:
         "100.00    0.001000           3       316         2 total\n"
     )
     assert _strace_calls(summary) == {"fdatasync": 300, "fsync": 16}
+
+
+def test_restart_phases_are_read_from_the_log(tmp_path: Path) -> None:
+    log = tmp_path / "c1.log"
+    log.write_bytes(b"an earlier run\n")
+    offset = log.stat().st_size
+    prefix = timed_controller.PHASE_PREFIX
+    lines = [
+        f"{prefix} interpreter 100.05",
+        "WARNING something",
+        f"{prefix} imports 100.5",
+        f"{prefix} imports 101",
+    ]
+    log.write_text(log.read_text() + "\n".join(lines) + "\n")
+    phases = restart.phases_of(log, offset, spawned_at=100.0)
+    assert phases["interpreter"] == 0.05 and phases["imports"] == 0.5
+    assert phases["caught_up"] is None and set(phases) == set(restart.PHASES)

@@ -2,7 +2,7 @@
 
 Properties checked:
 - a write sent to a follower commits and is visible on every node (forwarding, linearizable
-  reads);
+  reads), and those reads add no entry to the log (ReadIndex);
 - kill -9 of the leader elects a new one and loses no acknowledged write; a watch on the
   restarted node, opened before it has caught up, sends nothing older than its opening
   snapshot (its backlog is not replayed as news);
@@ -50,6 +50,17 @@ def test_write_through_follower_is_visible_on_every_node(cluster):
     for node in cluster.layout.controllers:
         # Each ListTopics is a linearizable read: no node can miss the committed write.
         assert "ViaFollower" in topic_names(cluster, node.id)
+    # ...and such reads (ReadIndex, on the leader or asked of it) add no log entry.
+    wait_same_digest(cluster, [n.id for n in cluster.layout.controllers])
+    entries = {
+        n.id: len(cluster.applied_log(n.id).read_text().splitlines()) for n in cluster.layout.controllers
+    }
+    for node in cluster.layout.controllers:
+        for _ in range(5):
+            assert "ViaFollower" in topic_names(cluster, node.id)
+    assert entries == {
+        n.id: len(cluster.applied_log(n.id).read_text().splitlines()) for n in cluster.layout.controllers
+    }
 
 
 def _watch_while_catching_up(cluster, node_id: str) -> list[pb.WatchEvent]:

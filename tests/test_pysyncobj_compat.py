@@ -18,7 +18,9 @@ Properties checked:
 - InputFirstFix: a follower that stalled past its election timeout reads the leader's
   heartbeats (waiting in its socket) before deciding, so it does not depose the leader;
 - DialHookTransport: Raft connects through the dial map, peers keep their identities;
-- wrap_tick, wrap_transport_send (the benchmark's profiler) see every tick and message.
+- wrap_tick, wrap_transport_send (the benchmark's profiler) see every tick and message;
+- install_prompt_first_tick: a node's tick thread does not sleep 0.1 s between binding
+  its port and its first tick (pysyncobj's does).
 
 Each test was seen to fail with the patch it covers disabled.
 """
@@ -248,6 +250,27 @@ def controllers(tmp_path):
     yield made
     for node in list(made.running):
         made.stop(node)
+
+
+class _SleepRecorder(types.SimpleNamespace):
+    """pysyncobj.syncobj's `time` module, recording each sleep it asks for."""
+
+    def __init__(self) -> None:
+        super().__init__(sleeps=[])
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        time.sleep(seconds)
+
+    def __getattr__(self, name: str):
+        return getattr(time, name)
+
+
+def test_a_node_ticks_as_soon_as_its_port_is_bound(controllers, monkeypatch):
+    recorder = _SleepRecorder()
+    monkeypatch.setattr(pysyncobj.syncobj, "time", recorder)
+    controllers.start()  # ControllerRaft installs the patches, then builds its node
+    assert 0.1 not in recorder.sleeps, f"the tick thread slept before its first tick: {recorder.sleeps}"
 
 
 def barriers(node: ControllerRaft, count: int) -> None:

@@ -9,17 +9,29 @@ Properties checked:
   the leader's index (it sees a write acknowledged before the read);
 - a partitioned old leader never answers: cut off from both followers, while they elect
   a new leader and commit a write, its read fails (ReadNotConfirmed), and a follower that
-  has moved to the newer term does not confirm the old leader's round either.
+  has moved to the newer term does not confirm the old leader's round either;
+- a read confirmed at index i reads the live state while the leader applies i + 1: at that
+  moment (forced: inside the apply's commit of the key) the key holds its old value or its
+  new one, never none (ControllerState.commit used to delete a key and add it back after
+  hashing the new value; a GetTieredCheckpoint read in that gap answered an empty
+  checkpoint after an earlier read had seen 100,000 bytes);
+- followers' asks queued on a leader that loses its leadership are refused, not taken for
+  the node's own reads (they broke its tick), and the asker hears so at once;
+- an answer addressed to a previous run of the asking node (ask ids restart at 1 with the
+  process) settles none of this run's reads.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 from mqmeta.controller import pysyncobj_compat as compat
+from mqmeta.controller import state_machine
+from mqmeta.controller.state_machine import ControllerState
+from pysyncobj import SyncObjConf, replicated
 
 from tests.support.raft_trio import CuttableTransport, Register, Trio, release_held_ports, wait_for
 
@@ -100,3 +112,92 @@ def test_a_partitioned_old_leader_never_answers(trio, monkeypatch):
     assert isinstance(outcome, compat.ReadNotConfirmed), f"the old leader answered a read: {outcome!r}"
     again = answered(old.read_index(), trio, [old, third])
     assert isinstance(again, compat.ReadNotConfirmed), f"the old leader answered a read: {again!r}"
+
+
+# The state a confirmed read finds while the next write applies ------------------------------
+
+CHECKPOINT_KEY = "tiered/DefaultCluster/broker-a"
+
+
+class StateRegister(Register):
+    """A register kept in a ControllerState, as the controller keeps its data: each write
+    replaces one key's value (a tiered checkpoint's shape) through ControllerState.commit."""
+
+    committing: ClassVar[StateRegister | None] = None  # the node whose apply is committing
+
+    def __init__(self, address: str, peers: list[str], conf: SyncObjConf) -> None:
+        self.state = ControllerState()
+        super().__init__(address, peers, conf)
+
+    @replicated
+    def put(self, value: int) -> int:
+        StateRegister.committing = self
+        segments = [{"base_offset": k * 8192, "end_offset": (k + 1) * 8192} for k in range(value // 8192)]
+        self.state.commit({CHECKPOINT_KEY: {"uploaded_offset": value, "segments": segments}})
+        StateRegister.committing = None
+        self.value = value
+        return value
+
+
+@pytest.fixture
+def state_trio() -> Iterator[Trio]:
+    made = Trio(node_class=StateRegister)
+    try:
+        made.settle()
+        yield made
+    finally:
+        made.stop()
+
+
+def test_a_confirmed_read_never_finds_the_key_missing_while_the_next_write_applies(state_trio, monkeypatch):
+    leader = state_trio.nodes[0]
+    assert isinstance(leader, StateRegister)
+    state_trio.write(leader, 100_000)
+    state_trio.settle()
+    assert isinstance(answered(leader.read_index(), state_trio), int)
+    assert leader.state.get(CHECKPOINT_KEY)["uploaded_offset"] == 100_000  # an earlier read saw this
+    # A service thread reads the confirmed state while the Raft thread applies the next
+    # write: forced here at the point the commit hashes the new value.
+    seen: list[Any] = []
+    real_hash = state_machine._entry_hash
+
+    def hash_and_read(key: str, value: Any) -> int:
+        if key == CHECKPOINT_KEY and StateRegister.committing is leader:
+            seen.append(leader.state.get(CHECKPOINT_KEY))
+        return real_hash(key, value)
+
+    monkeypatch.setattr(state_machine, "_entry_hash", hash_and_read)
+    state_trio.write(leader, 108_192)
+    assert seen, "the leader's apply never committed the key"
+    assert all(value is not None for value in seen), f"a read found the checkpoint missing: {seen}"
+    assert {value["uploaded_offset"] for value in seen} <= {100_000, 108_192}
+
+
+# Asks around a change of leader, and across a restart of the asker ---------------------------
+
+
+def test_asks_queued_on_a_leader_that_steps_down_are_refused_at_once(trio, monkeypatch):
+    old, new, asker = trio.nodes
+    monkeypatch.setattr(compat, "READ_ROUNDS_INFLIGHT_MAX", 0)  # the leader queues what it is asked
+    read = asker.read_index()
+    wait_for(lambda: bool(old._reads_waiting), 10.0, "the leader to queue the follower's ask", step=trio.tick)
+    old.transferLeadership(new.selfNode, lambda result, error: None)
+    wait_for(lambda: compat.is_leader(new) and not compat.is_leader(old), 20.0, "n1 to take over", trio.tick)
+    monkeypatch.setattr(compat, "READ_ROUNDS_INFLIGHT_MAX", 4)
+    outcome = answered(read, trio)
+    assert isinstance(outcome, compat.ReadNotConfirmed) and "not the leader" in str(outcome), outcome
+    # the old leader, now a follower, still serves its own reads (its tick did not break)
+    assert isinstance(answered(old.read_index(), trio), int)
+
+
+def test_an_answer_for_a_previous_run_of_the_asker_settles_nothing(trio):
+    leader, asker = trio.nodes[0], trio.nodes[2]
+    trio.write(leader, 5)
+    trio.settle()
+    read = asker.read_index()
+    asker.doTick(0.0)  # the ask is sent (ask id 1 of this run); the leader has not answered yet
+    assert 1 in asker._read_asks
+    previous_run = {"type": "read_index_answer", "asks": [1], "incarnation": "a-previous-run"}
+    asker._SyncObj__onMessageReceived(None, dict(previous_run, index=1, error=None))
+    assert not read.done(), "an answer for the previous run's ask 1 settled this run's read"
+    assert answered(read, trio) >= leader.getStatus()["commit_idx"] - 1
