@@ -299,5 +299,11 @@ def test_the_history_shows_a_fenced_command_with_its_reason_and_pages(cluster, s
         replayed = admin(cluster, "history", "--type", "alter_sync_state_set", "--limit", "1", "--json")
         return json.loads(replayed.stdout)["commands"] if replayed.returncode == 0 else []
 
-    again = wait_for(fenced_again, 30, "the restarted controller's history", until=bool)
+    # it answers while it replays: wait until it has applied the fenced command's entry again
+    again = wait_for(
+        fenced_again,
+        30,
+        "the restarted controller's history to reach the fenced command",
+        until=lambda commands: bool(commands) and commands[0]["index"] >= found[0]["index"],
+    )
     assert again == found, (again, found)
