@@ -422,72 +422,66 @@ async def _stream(request: web.Request) -> web.StreamResponse:
 # Writes ----------------------------------------------------------------------------------
 
 
-async def _create_topic(request: web.Request) -> web.Response:
-    """An admin write: refused by the same table and sentence as the gRPC call, then made
-    with this nameserver's own credential."""
-    from mqmeta.pb import controller_pb2 as pb
-
-    refused = _check_csrf(request) or _refused(request, CREATE_TOPIC_METHOD)
+async def _admin_write(
+    request: web.Request, method: str, write: Callable[[Any, dict[str, Any]], dict[str, Any]]
+) -> web.Response:
+    """An admin write: refused by the CSRF check, then by the same table and sentence as the
+    gRPC call `method`; then `write(console, body)` runs with this nameserver's own
+    credential and its document is the answer."""
+    refused = _check_csrf(request) or _refused(request, method)
     if refused is not None:
         return _error_response(refused)
     body = await _json_body(request)
-    name = str(body.get("name", "")).strip()
-    try:
-        queues = int(body.get("queues", 4))
-    except (TypeError, ValueError):
-        return _error_response(InvalidArgument("queues must be a whole number"))
     console = request.app["console"]
     try:
-        topic = await console.run(
-            lambda: console.client.create_topic(pb.TopicSpec(name=name, queue_count=queues))
-        )
+        document = await console.run(lambda: write(console, body))
     except MqmetaError as error:
         return _error_response(error)
-    return web.json_response({"name": topic.name, "queue_count": topic.queue_count})
+    return web.json_response(document)
+
+
+def _text(body: dict[str, Any], key: str) -> str:
+    return str(body.get(key, "")).strip()
+
+
+async def _create_topic(request: web.Request) -> web.Response:
+    from mqmeta.pb import controller_pb2 as pb
+
+    def write(console: Any, body: dict[str, Any]) -> dict[str, Any]:
+        try:
+            queues = int(body.get("queues", 4))
+        except (TypeError, ValueError):
+            raise InvalidArgument("queues must be a whole number") from None
+        topic = console.client.create_topic(pb.TopicSpec(name=_text(body, "name"), queue_count=queues))
+        return {"name": topic.name, "queue_count": topic.queue_count}
+
+    return await _admin_write(request, CREATE_TOPIC_METHOD, write)
 
 
 async def _reset_offsets(request: web.Request) -> web.Response:
-    """An admin write (the brokers' ResetOffsets), checked as _create_topic is."""
-    refused = _check_csrf(request) or _refused(request, RESET_OFFSETS_METHOD)
-    if refused is not None:
-        return _error_response(refused)
-    body = await _json_body(request)
-    console = request.app["console"]
-    try:
-        document = await console.run(
-            lambda: data.reset_offsets(
-                console.client,
-                str(body.get("group", "")).strip(),
-                str(body.get("topic", "")).strip(),
-                str(body.get("to", "")),
-                bool(body.get("force", False)),
-            )
-        )
-    except MqmetaError as error:
-        return _error_response(error)
-    return web.json_response(document)
+    """The brokers' ResetOffsets."""
+    return await _admin_write(
+        request,
+        RESET_OFFSETS_METHOD,
+        lambda console, body: data.reset_offsets(
+            console.client,
+            _text(body, "group"),
+            _text(body, "topic"),
+            str(body.get("to", "")),
+            bool(body.get("force", False)),
+        ),
+    )
 
 
 async def _resend(request: web.Request) -> web.Response:
-    """An admin write (the brokers' ResendMessage: a copy for one group, or the requeue
-    of a dead letter), checked as _create_topic is."""
-    refused = _check_csrf(request) or _refused(request, RESEND_METHOD)
-    if refused is not None:
-        return _error_response(refused)
-    body = await _json_body(request)
-    console = request.app["console"]
-    try:
-        document = await console.run(
-            lambda: data.resend(
-                console.client,
-                str(body.get("msg_id", "")).strip(),
-                str(body.get("topic", "")).strip(),
-                str(body.get("group", "")).strip(),
-            )
-        )
-    except MqmetaError as error:
-        return _error_response(error)
-    return web.json_response(document)
+    """The brokers' ResendMessage: a copy for one group, or the requeue of a dead letter."""
+    return await _admin_write(
+        request,
+        RESEND_METHOD,
+        lambda console, body: data.resend(
+            console.client, _text(body, "msg_id"), _text(body, "topic"), _text(body, "group")
+        ),
+    )
 
 
 def server_ssl_context() -> ssl.SSLContext | None:
