@@ -26,7 +26,7 @@ from mqmeta.controller import pysyncobj_compat
 from mqmeta.controller.applied_log import AppliedLog
 from mqmeta.controller.command_history import CommandHistory
 from mqmeta.controller.commands import Command, Undecodable, command_json, decode_entry, encode_entry
-from mqmeta.controller.journal import DurableJournal, reconcile_with_snapshot
+from mqmeta.controller.journal import DurableJournal, fail_stop, reconcile_with_snapshot
 from mqmeta.controller.repair import (
     SCRUB_INTERVAL_S_DEFAULT,
     RaftRepairStats,
@@ -194,6 +194,7 @@ class ControllerRaft(pysyncobj_compat.RaftFixes):
         _JOURNAL_FSYNC[str(journal)] = settings.journal_fsync
         # Attributes set before SyncObj.__init__ are runtime-only (not in snapshots).
         self._node_id = node_id
+        self._journal_path = journal
         self._applied_log = AppliedLog(data_dir / "applied.jsonl", node_id)
         self.history = CommandHistory()  # what this node applied, for the history read
         self._on_events = on_events
@@ -242,7 +243,7 @@ class ControllerRaft(pysyncobj_compat.RaftFixes):
             events.extend(command_events)
             effects.update(changes)
         types = sorted({c.TYPE for c in commands})
-        self._applied_log.append(
+        self._append_applied(
             {
                 "index": index,
                 "term": term,
@@ -282,6 +283,15 @@ class ControllerRaft(pysyncobj_compat.RaftFixes):
         while self.is_leader() and time.monotonic() < deadline:
             time.sleep(TRANSFER_POLL_INTERVAL_S)
         return not self.is_leader()
+
+    def _append_applied(self, record: Json) -> None:
+        """Appends to applied.jsonl, or stops the node as a failed journal write does (an
+        exception here would end pysyncobj's tick thread and leave the node hanging). The
+        Raft log holds the entry: the restart replays it and writes the record again."""
+        try:
+            self._applied_log.append(record)
+        except OSError as error:
+            fail_stop(self._journal_path, "a write of the applied-command log applied.jsonl", error, False)
 
     def close(self) -> None:
         self._scrubber.stop()

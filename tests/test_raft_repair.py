@@ -16,11 +16,13 @@ Properties checked, on one real 3-node cluster (scrub every second):
 
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
 
 import pytest
 from mqmeta.cluster.harness import Cluster
-from mqmeta.controller.journal import DurableJournal, parse_records
+from mqmeta.controller.journal import EXIT_DISK_FAILED, DurableJournal, parse_records
 from mqmeta.controller.repair import EXIT_DAMAGED
 
 from mqmeta.pb import controller_pb2 as pb
@@ -193,3 +195,47 @@ def scrub_round(cluster: Cluster, name: str, node_id: str, damaged: Path) -> Non
     )
     wait_same_digest(cluster, ids, timeout_s=30)
     assert set(during) <= topic_names(cluster, node_id)
+
+
+APPLIED_LOG_EIO = Path(__file__).parent / "fixtures" / "applied_log_eio"
+
+
+def test_a_failed_write_of_the_applied_log_stops_the_node_and_its_restart_fills_it(cluster):
+    """EIO under applied.jsonl alone (injected in the process: tests/fixtures/applied_log_eio)
+    stops the node with EXIT_DISK_FAILED and one log line, as a failed journal write does,
+    instead of ending pysyncobj's tick thread and leaving the node hanging; the others serve
+    on; restarted without the fault, it converges (from its journal, or the leader's
+    snapshot) and its applied log stays whole: every line a record, each entry once, in
+    order (the audit reads it)."""
+    ids = [n.id for n in cluster.layout.controllers]
+    victim = next(n for n in ids if n != cluster.leader_id(timeout_s=30))
+    cluster.kill(victim)
+    python_path = os.environ.get("PYTHONPATH", "")
+    cluster.process_env = lambda name: (
+        {"PYTHONPATH": os.pathsep.join(filter(None, [str(APPLIED_LOG_EIO), python_path])),
+         "MQMETA_APPLIED_LOG_EIO_AFTER": "0"}
+        if name == victim else {}
+    )  # fmt: skip
+    try:
+        cluster.start_node(victim)
+        created = iter(range(10_000))
+        code = wait_for(  # entries it applies one by one once caught up (not in a snapshot)
+            lambda: create(cluster, [f"eio-{next(created)}"]) or cluster.supervisor.children[victim].poll(),
+            30,
+            f"{victim} to stop",
+            until=lambda c: c is not None,
+            interval_s=0.2,
+        )
+    finally:
+        cluster.process_env = lambda name: {}
+    assert code == EXIT_DISK_FAILED
+    log_text = (cluster.root / "logs" / f"{victim}.log").read_text()
+    assert (
+        "a write of the applied-command log applied.jsonl failed" in log_text and "Traceback" not in log_text
+    )
+    create(cluster, ["eio-during"])  # the others serve on
+    cluster.start_node(victim)
+    cluster.wait_ready()
+    wait_same_digest(cluster, ids, timeout_s=30)
+    applied = [json.loads(line)["index"] for line in cluster.applied_log(victim).read_text().splitlines()]
+    assert applied == sorted(set(applied)), "the applied log is whole, each entry once, in order"
