@@ -210,7 +210,7 @@ def test_resent_copies_are_found_by_search_not_by_walking_the_queue(store, monke
     store's lock, stalled a master for seconds (no heartbeats, a needless failover)."""
     stream = _chain(list(range(3000)), NO_PREVIOUS)
     for i in range(0, 3000, 250):
-        first = store.put_messages(stream[i : i + 250], 1, 10)
+        store.put_messages(stream[i : i + 250], 1, 10)
     reads = 0
     read_record_at = store.log.read_record_at
 
@@ -223,7 +223,6 @@ def test_resent_copies_are_found_by_search_not_by_walking_the_queue(store, monke
     again = store.put_messages(stream[:250], 1, 11)
     assert [r.queue_offset for r in again] == list(range(250)) and all(r.duplicate for r in again)
     assert reads <= 250 * 4, f"{reads} records read to answer 250 resent copies"
-    del first
 
 
 def test_the_search_finds_copies_among_gaps_and_other_origin_queues(store):
