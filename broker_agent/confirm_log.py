@@ -18,6 +18,10 @@ master's first, the one before a tiered upload) is fdatasynced too: the upload i
 is durable, so the line that covers it must survive a power loss as well (T1 found its
 absence after a power loss). A power loss can leave a torn final line: opening the log
 cuts it, so the next line starts on a line of its own (B1 read a glued one as corrupt).
+It can also lose any page written since the last fdatasync, not only the last one (the
+kernel writes pages back in any order): opening the log cuts everything from the first
+such page on, looking for it from the sync mark (`confirm.log.synced`, how far the log
+is known durable), and the log is fdatasynced once a megabyte has been written since.
 """
 
 from __future__ import annotations
@@ -28,21 +32,22 @@ import os
 from pathlib import Path
 from typing import Any
 
-from mqmeta.formats.jsonlines import format_line, parse_line, split_lines, unwritten_from
+from mqmeta.formats.jsonlines import SyncMark, format_line, parse_line, split_lines, unwritten_in
 
 log = logging.getLogger(__name__)
 
 MASTER_INTERVAL_MS = 50
 SLAVE_INTERVAL_MS = 500
 FILE_BYTES_MAX = 256 << 20  # past this the log stops growing (the audit then sees less)
-TAIL_SCAN_BYTES = 1 << 20  # where a power loss's unwritten pages are looked for
+SYNC_EVERY_BYTES = 1 << 20
 
 
 class ConfirmLog:
-    def __init__(self, path: Path, broker_name: str) -> None:
+    def __init__(self, path: Path, broker_name: str, sync_every_bytes: int = SYNC_EVERY_BYTES) -> None:
         self.path = path
         self.broker_name = broker_name
-        _cut_torn_tail(path)
+        self._mark = SyncMark(path, sync_every_bytes)
+        _cut_torn_tail(path, self._mark)
         self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         self._size = os.fstat(self._fd).st_size
         self._last_key: tuple[Any, ...] | None = None
@@ -107,7 +112,20 @@ class ConfirmLog:
         self._full = False
         if force:
             os.fdatasync(self._fd)
+            if self._mark.due(self._size):
+                self._mark.record(self._size)
+        elif self._mark.due(self._size):
+            self._sync_and_mark()
         self._last_write_ms = now_ms
+
+    def _sync_and_mark(self) -> None:
+        """Bounds the scan a power loss's recovery makes. A failure only leaves the mark
+        behind (the next due line tries again): a line of this audit trail never fences."""
+        try:
+            os.fdatasync(self._fd)
+            self._mark.record(self._size)
+        except OSError as error:
+            log.warning("%s: not made durable: %s", self.path, error)
 
     def _warn_full(self) -> None:
         if not self._full:  # once per full episode
@@ -127,18 +145,17 @@ class ConfirmLog:
             self._fd = -1
 
 
-def _cut_torn_tail(path: Path) -> None:
+def _cut_torn_tail(path: Path, mark: SyncMark) -> None:
     """Truncates an unterminated final line (a power loss's torn write), and before it
-    everything from a never-written (zero) page on, durably."""
+    everything from a never-written (zero) page after the sync mark on, durably."""
     try:
         fd = os.open(path, os.O_RDWR)
     except FileNotFoundError:
         return
     try:
         size = os.fstat(fd).st_size
-        start = max(0, size - TAIL_SCAN_BYTES)
-        hole = unwritten_from(os.pread(fd, size - start, start))
-        end = size if hole < 0 else start + hole
+        hole = unwritten_in(fd, mark.floor(size), size)
+        end = size if hole < 0 else hole
         if end == 0 or os.pread(fd, 1, end - 1) == b"\n":
             if end != size:
                 os.ftruncate(fd, end)

@@ -4,10 +4,12 @@ It is the audit's view of a controller node (R1/R2 and the M1-M4 replay). Each l
   {"index", "term", "node_id", "command_type", "command_digest", "state_digest",
    "commands", "effects", "crc32"}
 where command_digest is the SHA-256 of the Raft entry's bytes (the JSON list of commands)
-and crc32 covers the canonical JSON of every other field. After a crash the
-torn last line (if any) is cut off, after a power loss also everything from the
-first never-written (zero) page on, and entries the node replays from its Raft
-journal are not written twice.
+and crc32 covers the canonical JSON of every other field. Lines go to the page cache
+(a kill -9 loses nothing); the file is fsynced once a megabyte has been appended since
+its last fsync, and its sync mark (`applied.jsonl.synced`) records how far it is durable.
+After a crash the torn last line (if any) is cut off; after a power loss also everything
+from the first never-written (zero) page after the mark on, wherever it lies. Entries the
+node replays from its Raft journal are not written twice.
 """
 
 from __future__ import annotations
@@ -18,19 +20,22 @@ from pathlib import Path
 from typing import Any
 
 from mqmeta.errors import CorruptData
-from mqmeta.formats.jsonlines import format_line, parse_line, split_lines, unwritten_from
+from mqmeta.formats.jsonlines import SyncMark, format_line, parse_line, split_lines, unwritten_in
 
 log = logging.getLogger(__name__)
 
-TAIL_SCAN_BYTES = 1 << 20
+TAIL_SCAN_BYTES = 1 << 20  # where the last index is looked for
+SYNC_EVERY_BYTES = 1 << 20
 
 
 class AppliedLog:
-    def __init__(self, path: Path, node_id: str) -> None:
+    def __init__(self, path: Path, node_id: str, sync_every_bytes: int = SYNC_EVERY_BYTES) -> None:
         self.path = path
         self.node_id = node_id
+        self._mark = SyncMark(path, sync_every_bytes)
         self.last_index = self._recover()
         self._file = open(path, "ab")
+        self._size = self._file.tell()
 
     def _recover(self) -> int:
         """Returns the last index on disk, cutting off a torn final line."""
@@ -38,16 +43,15 @@ class AppliedLog:
             return 0
         size = self.path.stat().st_size
         with open(self.path, "rb") as f:
-            start = max(0, size - TAIL_SCAN_BYTES)
+            hole = unwritten_in(f.fileno(), self._mark.floor(size), size)
+            end = size if hole < 0 else hole
+            if hole >= 0:  # after a power loss: a page never written back, and all after it
+                log.warning(
+                    "%s: cutting off %d bytes after a power loss's unwritten page", self.path, size - hole
+                )
+            start = max(0, end - TAIL_SCAN_BYTES)
             f.seek(start)
-            tail = f.read()
-        end = size
-        hole = unwritten_from(tail)
-        if hole >= 0:  # after a power loss: a page never written back, and all after it
-            log.warning(
-                "%s: cutting off %d bytes after a power loss's unwritten page", self.path, size - start - hole
-            )
-            tail, end = tail[:hole], start + hole
+            tail = f.read(end - start)
         complete, torn_bytes = split_lines(tail)
         keep_end = end - torn_bytes
         if torn_bytes:
@@ -71,12 +75,24 @@ class AppliedLog:
         if record["index"] <= self.last_index:
             return  # replayed after a restart: already on disk
         record["node_id"] = self.node_id
-        self._file.write(format_line(record))
+        line = format_line(record)
+        self._file.write(line)
         self._file.flush()  # in the page cache: survives kill -9 of this process
+        self._size += len(line)
         self.last_index = record["index"]
+        if self._mark.due(self._size):
+            self.fsync()
 
     def fsync(self) -> None:
+        """Makes every appended line durable and moves the sync mark to the end."""
         os.fsync(self._file.fileno())
+        self._mark.record(self._size)
 
     def close(self) -> None:
+        if self._file.closed:
+            return
+        try:
+            self.fsync()
+        except OSError as error:  # the lines stay in the page cache; recovery scans them
+            log.warning("%s: not made durable at close: %s", self.path, error)
         self._file.close()
