@@ -109,6 +109,10 @@ def test_clean_run_passes_every_check(spark, tmp_path):
 
 # The checks that read files located through the layout (every kind of input).
 LAYOUT_CHECKS = "R1,B1,B4,T1,T2,T3"
+# Over s3a, the checks whose Spark workers read the files (applied logs, segments, confirm
+# logs, tiered objects); B4 and T3 read small JSON files in the driver through the same
+# fsspec filesystem, and each check more costs this test seconds of Spark jobs over S3.
+S3A_CHECKS = "R1,B1,T1,T2"
 
 
 def test_moved_data_dir_audits_the_same(spark, tmp_path):
@@ -155,13 +159,13 @@ def test_s3a_input_audits_the_same(spark, tmp_path, s3_endpoint):
     fs.put(str(clean_data_dir()), "audit-bucket/runs/clean", recursive=True)
     report = tmp_path / "report"
     result = _cli(
-        "s3a://audit-bucket/runs/clean", "--report", str(report), "--checks", LAYOUT_CHECKS, timeout_s=150
+        "s3a://audit-bucket/runs/clean", "--report", str(report), "--checks", S3A_CHECKS, timeout_s=150
     )
     assert result.returncode == 0, result.stderr[-2000:]
     document = json.loads((report / "report.json").read_text())
     if not _clean_report:
         _clean_report.update(audit(spark, clean_data_dir(), tmp_path / "clean-report"))
-    chosen = set(LAYOUT_CHECKS.split(","))
+    chosen = set(S3A_CHECKS.split(","))
     assert _summary(document) == [s for s in _summary(_clean_report) if s[0] in chosen]
     b1 = next(c for c in document["checks"] if c["id"] == "B1")
     assert b1["rows_examined"] > 0
@@ -179,6 +183,8 @@ def test_offset_range_partitions_read_the_same_records(spark):
     from mqmeta.spark.layout import discover
 
     inventory = discover([str(clean_data_dir())])
+    one_replica = inventory.segments[0]["replica"]  # one replica's files: a third of the tasks
+    inventory.segments = [s for s in inventory.segments if s["replica"] == one_replica]
     split_bytes = 4096
     assert max(s["size"] for s in inventory.segments) > 4 * split_bytes, "some files must be split"
     whole, split = AuditData(spark, inventory), AuditData(spark, inventory, split_bytes=split_bytes)
