@@ -36,6 +36,7 @@ RECEIVE_BATCH_MAX = 1024
 AUTO_RENEW_MS = 30_000  # a PushConsumer's lease, renewed while the client is alive...
 AUTO_RENEW_MAX_MS = 3 * 3600 * 1000  # ...up to this long
 WAIT_SLICE_S = 0.5
+READ_CHUNK_MIN = 32  # records a receive reads at a time (more when its batch is larger)
 FLUSH_INTERVAL_S = 1.0  # progress changed without an ack (filtered, dead-lettered) is written this often
 
 CursorKey = tuple[str, str, int]  # group, topic, queue id
@@ -209,7 +210,8 @@ class PopShell:
             cursor.expire(grant.now_ms, self.host.members.alive(grant.now_ms), AUTO_RENEW_MS)
             if not cursor.has_work(readable_end):
                 return []
-            for record in self._read(topic, queue_id, cursor.candidates(readable_end), confirm):
+            chunk = max(batch, READ_CHUNK_MIN)
+            for record in self._read(topic, queue_id, cursor.candidates(readable_end), confirm, chunk):
                 message_group = record.properties.get(MESSAGE_GROUP, "") if fifo else ""
                 candidate = Candidate(record.queue_offset, record.tags, message_group)
                 verdict = cursor.judge(candidate, tags, max_attempts, fifo)
@@ -226,18 +228,25 @@ class PopShell:
                 slot.cursor.dead_lettered(record.queue_offset)
         return out
 
-    def _read(self, topic: str, queue_id: int, offsets: list[int], confirm: int) -> Iterator[StoredRecord]:
-        """The records at `offsets` (sorted), reading each contiguous run at once."""
+    def _read(
+        self, topic: str, queue_id: int, offsets: list[int], confirm: int, chunk: int
+    ) -> Iterator[StoredRecord]:
+        """The records at `offsets` (sorted), each contiguous run read `chunk` records at a
+        time as the caller asks for more: a receive of 32 decodes about 32 records, not the
+        whole scan window (up to SCAN_MAX) that its candidates span."""
         i = 0
         while i < len(offsets):
             j = i
-            while (
-                j + 1 < len(offsets)
-                and offsets[j + 1] == offsets[j] + 1
-                and j + 1 - i < RECEIVE_BATCH_MAX - 1
-            ):
+            while j + 1 < len(offsets) and offsets[j + 1] == offsets[j] + 1:
                 j += 1
-            yield from self.store.get_messages(topic, queue_id, offsets[i], j - i + 1, confirm)
+            position, end = offsets[i], offsets[j] + 1
+            while position < end:
+                count = min(chunk, end - position)
+                records = self.store.get_messages(topic, queue_id, position, count, confirm)
+                if not records or records[-1].queue_offset < position:
+                    break
+                yield from records
+                position = records[-1].queue_offset + 1
             i = j + 1
 
     def wait_for_work(self, key: CursorKey, timeout_s: float) -> None:
