@@ -153,6 +153,13 @@ class PopShell:
         counted before a snapshot is in it, because the cursor changed before it was
         counted. A caller whose change another caller's append covered waits for that
         append (or a later one) to be acknowledged, never for less."""
+        end, epoch = self._append_progress(key, slot)
+        self.agent.wait_acknowledged(end, epoch)
+
+    def _append_progress(self, key: CursorKey, slot: _Slot) -> tuple[int, int]:
+        """The first half of persist: appends the cursor's progress unless a record
+        appended since the change covers it; returns (end offset, epoch) of that record
+        for wait_acknowledged."""
         with slot.lock:
             slot.asked += 1
             mine = slot.asked
@@ -171,8 +178,7 @@ class PopShell:
                         slot.cursor.dirty = True
                     raise
                 slot.written, slot.written_at = covered, (end, epoch)
-            end, epoch = slot.written_at
-        self.agent.wait_acknowledged(end, epoch)
+            return slot.written_at
 
     def flush_loop(self, stopping: threading.Event) -> None:
         """Writes progress that changed without an ack (filtered, dead-lettered)."""
@@ -259,13 +265,28 @@ class PopShell:
         """Marks the delivery done and writes the progress (acknowledged by the SyncStateSet
         on return); False when the lease is not the offset's last (it expired and the
         message was delivered again, or this master never delivered it)."""
-        slot = self.slot(key, wall_ms())
-        with slot.lock:
-            outcome = slot.cursor.ack(offset, lease)
-        if outcome in (AckResult.STALE, AckResult.UNKNOWN):
-            return False
-        self.persist(key, slot)
-        return True
+        return self.ack_many([(key, offset, lease)])[0]
+
+    def ack_many(self, acks: list[tuple[CursorKey, int, int]]) -> list[bool]:
+        """ack for each (queue, offset, lease) of one AckMessage: every delivery is marked
+        done first, then each queue's progress is appended once and the last append is
+        awaited once — a batch costs one wait for the SyncStateSet, not one per entry.
+        A failed write (MqmetaError) fails the whole batch."""
+        now = wall_ms()
+        outcomes: list[bool] = []
+        touched: dict[CursorKey, _Slot] = {}
+        for key, offset, lease in acks:
+            slot = self.slot(key, now)
+            with slot.lock:
+                outcome = slot.cursor.ack(offset, lease)
+            done = outcome not in (AckResult.STALE, AckResult.UNKNOWN)
+            outcomes.append(done)
+            if done:
+                touched[key] = slot
+        written = {self._append_progress(key, slot) for key, slot in touched.items()}
+        for end, epoch in sorted(written, reverse=True):  # the latest first: the rest are covered
+            self.agent.wait_acknowledged(end, epoch)
+        return outcomes
 
     def change_invisible(self, key: CursorKey, offset: int, lease: int, invisible_ms: int) -> int:
         """The new lease of a delivery made invisible for `invisible_ms` from now."""

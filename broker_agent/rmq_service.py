@@ -39,6 +39,7 @@ from mqmeta.rocketmq import (
     BODY_BYTES_MAX,
     ReceiptHandle,
     RmqError,
+    ack_status,
     check_name,
     client_id_of,
     duration_ms,
@@ -265,38 +266,55 @@ class MessagingServicer(rsvc_grpc.MessagingServiceServicer):
         topic = check_name("topic", request.topic, rdef.ILLEGAL_TOPIC)
         if not request.entries:
             raise RmqError(rdef.BAD_REQUEST, "the acknowledgement names no message")
-        entries = [self._ack_one(group, topic, e) for e in request.entries]
-        failed = [e.status for e in entries if e.status.code != rdef.OK]
-        overall = (
-            failed[0]
-            if len(failed) == len(entries)
-            else status(rdef.MULTIPLE_RESULTS, "")
-            if failed
-            else status()
-        )
+        entries = self._ack_entries(group, topic, list(request.entries))
+        overall = ack_status(entries)
         return rsvc.AckMessageResponse(status=overall, entries=entries)
 
-    def _ack_one(self, group: str, topic: str, entry: rsvc.AckMessageEntry) -> rsvc.AckMessageResultEntry:
-        def result(code: int = rdef.OK, message: str = "OK") -> rsvc.AckMessageResultEntry:
-            return rsvc.AckMessageResultEntry(
-                message_id=entry.message_id, receipt_handle=entry.receipt_handle, status=status(code, message)
-            )
-
+    def _ack_entries(
+        self, group: str, topic: str, entries: list[rsvc.AckMessageEntry]
+    ) -> list[rsvc.AckMessageResultEntry]:
+        """Each entry's result, in the request's order. The handles are checked one by one
+        (a stale one is refused on its own); the valid ones are acknowledged together, so
+        the batch waits once for the SyncStateSet (PopShell.ack_many)."""
+        codes: list[tuple[int, str] | None] = []
+        acks: list[tuple[CursorKey, int, int]] = []
+        for entry in entries:
+            try:
+                handle = ReceiptHandle.decode(entry.receipt_handle)
+                self.broker.check_handle(handle, topic)
+            except RmqError as error:
+                codes.append((error.code, error.message))
+                continue
+            codes.append(None)
+            acks.append(((group, topic, handle.queue_id), handle.offset, handle.lease))
         try:
-            handle = ReceiptHandle.decode(entry.receipt_handle)
-            self.broker.check_handle(handle, topic)
-            if not self.broker.pop.ack((group, topic, handle.queue_id), handle.offset, handle.lease):
-                return result(
-                    rdef.INVALID_RECEIPT_HANDLE, "the lease expired and the message was delivered again"
-                )
-            return result()
+            done = iter(self.broker.pop.ack_many(acks))
+            written: tuple[int, str] | None = None
         except RmqError as error:
-            return result(error.code, error.message)
+            done, written = iter([False] * len(acks)), (error.code, error.message)
         except MqmetaError as error:
             failed = status_of_error(error)
             if isinstance(error, NotMaster):  # deposed while writing the progress: unknown
                 failed = status(rdef.MASTER_PERSISTENCE_TIMEOUT, failed.message)
-            return result(failed.code, failed.message)
+            done, written = iter([False] * len(acks)), (failed.code, failed.message)
+        results = []
+        for entry, code in zip(entries, codes, strict=True):
+            if code is None:
+                acked = next(done)
+                code = written or (
+                    (rdef.OK, "OK")
+                    if acked
+                    else (
+                        rdef.INVALID_RECEIPT_HANDLE,
+                        "the lease expired and the message was delivered again",
+                    )
+                )
+            results.append(
+                rsvc.AckMessageResultEntry(
+                    message_id=entry.message_id, receipt_handle=entry.receipt_handle, status=status(*code)
+                )
+            )
+        return results
 
     @rmq_call(rsvc.ChangeInvisibleDurationResponse)
     def ChangeInvisibleDuration(self, request, context):
