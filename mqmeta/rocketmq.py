@@ -92,8 +92,8 @@ def code_of_error(error: MqmetaError) -> int:
     return code if code is not None else _CODE_OF_CLASS[listed_class(error)]
 
 
-def ack_status(entries: Any) -> rdef.Status:
-    """An AckMessageResponse's status from its entries': OK when all are, the failure
+def entries_status(entries: Any) -> rdef.Status:
+    """A response's status from its entries' (AckMessage, SendMessage): OK when all are, the failure
     when all failed, MULTIPLE_RESULTS otherwise (as RocketMQ's proxy answers)."""
     failed = [e.status for e in entries if e.status.code != rdef.OK]
     if not failed:
