@@ -10,7 +10,15 @@ Properties checked:
   are read run by run;
 - an AckMessage of 16 entries over two queues appends one progress record per queue and
   waits for the latest, not one append and wait per entry; a stale lease in the batch is
-  refused on its own.
+  refused on its own;
+- the proxy's merged AckMessage (controller/coalesce.py): its answer is split back so that
+  each caller gets its own entries and the status they make (a lone stale handle gets
+  exactly the master's INVALID_RECEIPT_HANDLE), a refusal of the whole call is every
+  caller's answer, and calls merge only when their headers differ in the request id alone
+  (the same client, the same signature); only one plain message (NORMAL, no delivery time, no message
+  group, at most 64 KiB) is merged with others, and a merged SendMessage's answer gives
+  each caller its own message's entry and status; three AckMessages waiting together go
+  upstream as one call, and as three with `--rocketmq-merge-calls off`.
 """
 
 from __future__ import annotations
@@ -30,6 +38,12 @@ CHECKS = (
     "a_short_answer_goes_on_from_the_last_record",
     "runs_with_gaps_are_read_run_by_run",
     "a_batch_of_acks_appends_once_per_queue_and_waits_once",
+    "a_merged_ack_answer_is_split_back_per_caller",
+    "a_refused_merged_ack_is_everyones_answer",
+    "calls_merge_only_with_the_same_identity",
+    "only_plain_small_sends_are_merged",
+    "a_merged_send_answer_is_split_back_per_caller",
+    "the_proxy_merges_waiting_acks_unless_told_not_to",
 )
 
 

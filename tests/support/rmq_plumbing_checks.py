@@ -8,6 +8,7 @@ JSON object: check name -> "ok" or the traceback.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 import traceback
@@ -15,6 +16,18 @@ from types import SimpleNamespace
 
 from mqmeta.broker_agent.pop import Candidate, LeaseGrant, Verdict
 from mqmeta.broker_agent.rmq_pop import READ_CHUNK_MIN, PopShell
+from mqmeta.controller.rmq_proxy import (
+    RocketMQProxy,
+    RouteSource,
+    coalescing_key,
+    mergeable_send,
+    split_ack_answer,
+    split_send_answer,
+)
+
+from mqmeta.pb.apache.rocketmq.v2 import definition_pb2 as rdef
+from mqmeta.pb.apache.rocketmq.v2 import service_pb2 as rsvc
+from mqmeta.rocketmq import status
 
 
 class _CountingStore:
@@ -108,6 +121,152 @@ def a_batch_of_acks_appends_once_per_queue_and_waits_once() -> None:
     assert outcomes == [True] * 15 + [False]
     assert agent.appends == 2, "one progress record per queue"
     assert len(agent.waits) <= 2 and agent.waits[0] == (200, 7), "the latest record awaited first"
+
+
+def _entry(handle: str, code: int = rdef.OK, message: str = "OK") -> rsvc.AckMessageResultEntry:
+    return rsvc.AckMessageResultEntry(message_id=handle, receipt_handle=handle, status=status(code, message))
+
+
+def a_merged_ack_answer_is_split_back_per_caller() -> None:
+    stale = (rdef.INVALID_RECEIPT_HANDLE, "the receipt handle is stale")
+    answer = rsvc.AckMessageResponse(
+        status=status(rdef.MULTIPLE_RESULTS, ""),
+        entries=[_entry("a"), _entry("b"), _entry("c", *stale), _entry("d", *stale)],
+    )
+    parts = [
+        rsvc.AckMessageResponse.FromString(raw)
+        for raw in split_ack_answer(answer.SerializeToString(), [1, 2, 1])
+    ]
+    assert [[e.receipt_handle for e in p.entries] for p in parts] == [["a"], ["b", "c"], ["d"]]
+    assert parts[0].status.code == rdef.OK
+    assert parts[1].status.code == rdef.MULTIPLE_RESULTS
+    # a caller whose one handle is stale gets exactly what the master answers a lone ack
+    assert (parts[2].status.code, parts[2].status.message) == stale
+    assert (parts[2].entries[0].status.code, parts[2].entries[0].status.message) == stale
+
+
+def a_refused_merged_ack_is_everyones_answer() -> None:
+    refused = rsvc.AckMessageResponse(status=status(rdef.HA_NOT_AVAILABLE, "no master")).SerializeToString()
+    assert split_ack_answer(refused, [1, 3]) == [refused, refused]
+
+
+def calls_merge_only_with_the_same_identity() -> None:
+    signed = "MQv2-HMAC-SHA1 Credential=ak, SignedHeaders=x-mq-date-time, Signature="
+    one = [
+        ("x-mq-client-id", "c1"),
+        ("x-mq-request-id", "r1"),
+        ("x-mq-date-time", "t1"),
+        ("authorization", signed + "a"),
+    ]
+    two = [
+        ("x-mq-client-id", "c1"),
+        ("x-mq-request-id", "r2"),
+        ("x-mq-date-time", "t1"),
+        ("authorization", signed + "a"),
+    ]
+    later = [
+        ("x-mq-client-id", "c1"),
+        ("x-mq-request-id", "r3"),
+        ("x-mq-date-time", "t2"),
+        ("authorization", signed + "b"),
+    ]
+    other = [
+        ("x-mq-client-id", "c2"),
+        ("x-mq-request-id", "r2"),
+        ("x-mq-date-time", "t1"),
+        ("authorization", signed + "a"),
+    ]
+    assert coalescing_key(one) == coalescing_key(two)
+    assert coalescing_key(one) != coalescing_key(later)
+    assert coalescing_key(one) != coalescing_key(other)
+
+
+def _send_request(**system) -> rsvc.SendMessageRequest:
+    body = system.pop("body", b"x")
+    m = rdef.Message(topic=rdef.Resource(name="T"), body=body)
+    m.system_properties.message_id = "id"
+    m.system_properties.message_type = system.pop("message_type", rdef.NORMAL)
+    for name, value in system.items():
+        setattr(m.system_properties, name, value)
+    return rsvc.SendMessageRequest(messages=[m])
+
+
+def only_plain_small_sends_are_merged() -> None:
+    assert mergeable_send(_send_request())
+    assert not mergeable_send(_send_request(message_type=rdef.FIFO, message_group="g"))
+    assert not mergeable_send(_send_request(message_group="g"))
+    assert not mergeable_send(_send_request(message_type=rdef.TRANSACTION))
+    assert not mergeable_send(_send_request(message_type=rdef.DELAY))
+    delayed = _send_request()
+    delayed.messages[0].system_properties.delivery_timestamp.seconds = 1
+    assert not mergeable_send(delayed)
+    assert not mergeable_send(_send_request(body=b"x" * (64 * 1024 + 1)))
+    two = _send_request()
+    two.messages.append(two.messages[0])
+    assert not mergeable_send(two)
+
+
+def a_merged_send_answer_is_split_back_per_caller() -> None:
+    entries = [
+        rsvc.SendResultEntry(status=status(), message_id="a", offset=1),
+        rsvc.SendResultEntry(status=status(rdef.MESSAGE_BODY_EMPTY, "empty"), message_id="b"),
+    ]
+    answer = rsvc.SendMessageResponse(status=status(rdef.MULTIPLE_RESULTS, ""), entries=entries)
+    parts = [
+        rsvc.SendMessageResponse.FromString(raw) for raw in split_send_answer(answer.SerializeToString(), 2)
+    ]
+    assert [(p.status.code, p.entries[0].message_id) for p in parts] == [
+        (rdef.OK, "a"),
+        (rdef.MESSAGE_BODY_EMPTY, "b"),
+    ]
+    refused = rsvc.SendMessageResponse(status=status(rdef.HA_NOT_AVAILABLE, "no master")).SerializeToString()
+    assert split_send_answer(refused, 3) == [refused] * 3
+
+
+def _ack_request(i: int) -> bytes:
+    return rsvc.AckMessageRequest(
+        group=rdef.Resource(name="g"),
+        topic=rdef.Resource(name="T"),
+        entries=[rsvc.AckMessageEntry(message_id=f"m{i}", receipt_handle=f"h{i}")],
+    ).SerializeToString()
+
+
+def _three_acks_through_the_proxy(merge_calls: bool) -> tuple[list[int], list[rsvc.AckMessageResponse]]:
+    """Three one-entry AckMessages at once through RocketMQProxy.upstream, its upstream
+    call replaced by one that records how many entries each call carried."""
+    source = RouteSource(lambda topic: None, lambda topic: None, lambda: None)
+    proxy = RocketMQProxy(source, ["p:1"], lambda: None, merge_calls=merge_calls)
+    calls: list[int] = []
+
+    async def upstream_call(request: bytes, timeout: float, metadata: list) -> bytes:
+        parsed = rsvc.AckMessageRequest.FromString(request)
+        calls.append(len(parsed.entries))
+        await asyncio.sleep(0.01)
+        entries = [
+            rsvc.AckMessageResultEntry(
+                message_id=e.message_id, receipt_handle=e.receipt_handle, status=status()
+            )
+            for e in parsed.entries
+        ]
+        return rsvc.AckMessageResponse(status=status(), entries=entries).SerializeToString()
+
+    proxy.unary = lambda address, method: upstream_call  # type: ignore[method-assign]
+
+    async def acks() -> list[bytes]:
+        headers = [[("x-mq-client-id", "c"), ("x-mq-request-id", str(i))] for i in range(3)]
+        return await asyncio.gather(
+            *(proxy.upstream("b:1", "AckMessage", _ack_request(i), 5.0, headers[i]) for i in range(3))
+        )
+
+    return calls, [rsvc.AckMessageResponse.FromString(raw) for raw in asyncio.run(acks())]
+
+
+def the_proxy_merges_waiting_acks_unless_told_not_to() -> None:
+    for merge_calls, calls_expected in ((True, [3]), (False, [1, 1, 1])):
+        calls, answers = _three_acks_through_the_proxy(merge_calls)
+        assert calls == calls_expected, (merge_calls, calls)
+        assert [[e.message_id for e in a.entries] for a in answers] == [["m0"], ["m1"], ["m2"]]
+        assert all(a.status.code == rdef.OK for a in answers)
 
 
 CHECKS = {
