@@ -8,7 +8,8 @@ Targets, measured in alternating rounds with the same client, threads and messag
   own stubs) that stores nothing: sends are answered OK at once, receives hand out
   synthetic messages, acks are answered OK;
 - direct: mqmeta, a nameserver with `--rocketmq-routes direct` (routes name the masters);
-- proxy: mqmeta, a nameserver with `--rocketmq-routes proxy` (the default).
+- proxy: mqmeta, a nameserver with `--rocketmq-routes proxy` (the default);
+- proxy_unmerged: the same with `--rocketmq-merge-calls off` (each call forwarded alone).
 mqmeta: one controller, a broker set of two replicas, acks from the whole SyncStateSet.
 
 Measured: send (T threads, each sending its share of N one at a time); SimpleConsumer
@@ -238,19 +239,19 @@ def push_receive(rmq, endpoints: str, total: int, group: str, timeout_s: float =
         consumer.shutdown()
 
 
-def _start_direct_namesrv(cluster: Any, direct: str) -> None:
-    """A second nameserver on `direct` whose RocketMQ routes name the masters themselves
-    (no proxy), without metrics, remoting, remoting proxy or console (the first one's ports)."""
+def _start_namesrv(cluster: Any, address: str, name: str, flags: list[str]) -> None:
+    """Another nameserver on `address` with `flags` (its RocketMQ routes), without metrics,
+    remoting, remoting proxy or console (the first one's ports)."""
     from mqmeta.cluster.layout import namesrv_command
     from mqmeta.cluster.ready import wait_ready
 
-    command = namesrv_command(cluster.layout) + ["--rocketmq-routes", "direct"]
-    command[command.index("--listen") + 1] = direct
+    command = namesrv_command(cluster.layout) + flags
+    command[command.index("--listen") + 1] = address
     for flag in ("--metrics-listen", "--remoting-listen", "--remoting-proxy", "--console-listen"):
         if flag in command:
             del command[command.index(flag) : command.index(flag) + 2]
-    cluster.supervisor.start("namesrv-direct", command)
-    wait_ready(cluster.addresses, [direct])
+    cluster.supervisor.start(name, command)
+    wait_ready(cluster.addresses, [address])
 
 
 def _measure(
@@ -309,6 +310,12 @@ def _summary(
         "ratio_direct_to_ceiling": {
             k: _ratio(best["direct"][k], best["ceiling"][k]) for k in ("send", "simple", "push")
         },
+        "ratio_proxy_unmerged_to_direct": {
+            k: _ratio(best["proxy_unmerged"][k], best["direct"][k]) for k in ("send", "simple", "push")
+        },
+        "ratio_proxy_unmerged_to_ceiling": {
+            k: _ratio(best["proxy_unmerged"][k], best["ceiling"][k]) for k in ("send", "simple", "push")
+        },
     }
     return result
 
@@ -333,16 +340,22 @@ def main() -> int:
     holder: list[str] = []
     null = null_server(rmq, holder)
     cluster = Cluster(root / "cluster", count=1, broker_sets=1, replicas=2)
-    direct_port = PortReservation.pick(1)
+    ports = PortReservation.pick(2)
     cluster.start()
     try:
-        direct = direct_port.addresses[0]
-        direct_port.release()
-        _start_direct_namesrv(cluster, direct)
+        direct, unmerged = ports.addresses
+        ports.release()
+        _start_namesrv(cluster, direct, "namesrv-direct", ["--rocketmq-routes", "direct"])
+        _start_namesrv(cluster, unmerged, "namesrv-unmerged", ["--rocketmq-merge-calls", "off"])
         cluster.master_of("broker-a")
         with cluster.client() as admin:
             admin.create_topic(cpb.TopicSpec(name=TOPIC, queue_count=QUEUES))
-        targets = {"ceiling": holder[0], "direct": direct, "proxy": cluster.namesrv}
+        targets = {
+            "ceiling": holder[0],
+            "direct": direct,
+            "proxy": cluster.namesrv,
+            "proxy_unmerged": unmerged,
+        }
         body = os.urandom(args.size)
         total = args.messages - args.messages % args.threads
         rates: dict[str, dict[str, list[float]]] = {
