@@ -25,6 +25,7 @@ import argparse
 import hashlib
 import json
 import os
+import statistics
 import sys
 import tempfile
 import threading
@@ -313,6 +314,11 @@ def _summary(
         "ratio_proxy_unmerged_to_direct": {
             k: _ratio(best["proxy_unmerged"][k], best["direct"][k]) for k in ("send", "simple", "push")
         },
+        # the same ratios round by round (neighbouring phases share the machine's load), median
+        "median_round_ratio_proxy_to_direct": _median_ratios(rates, "proxy", "direct"),
+        "median_round_ratio_proxy_to_ceiling": _median_ratios(rates, "proxy", "ceiling"),
+        "median_round_ratio_direct_to_ceiling": _median_ratios(rates, "direct", "ceiling"),
+        "median_round_ratio_proxy_unmerged_to_direct": _median_ratios(rates, "proxy_unmerged", "direct"),
         "ratio_proxy_unmerged_to_ceiling": {
             k: _ratio(best["proxy_unmerged"][k], best["ceiling"][k]) for k in ("send", "simple", "push")
         },
@@ -370,6 +376,15 @@ def main() -> int:
     (REPO / "bench" / "results" / Path(args.out).name).write_text(text + "\n")
     print(text)
     return 0
+
+
+def _median_ratios(rates: dict[str, dict[str, list[float]]], a: str, b: str) -> dict[str, float | None]:
+    """Per kind, the median over rounds of a's rate over b's in the same round."""
+    found: dict[str, float | None] = {}
+    for kind in ("send", "simple", "push"):
+        ratios = sorted(x / y for x, y in zip(rates[a][kind], rates[b][kind], strict=True) if x and y)
+        found[kind] = round(statistics.median(ratios), 3) if ratios else None
+    return found
 
 
 def _ratio(a: float, b: float) -> float | None:
