@@ -8,14 +8,15 @@ Targets, measured in alternating rounds with the same client, threads and messag
   own stubs) that stores nothing: sends are answered OK at once, receives hand out
   synthetic messages, acks are answered OK;
 - direct: mqmeta, a nameserver with `--rocketmq-routes direct` (routes name the masters);
-- proxy: mqmeta, a nameserver with `--rocketmq-routes proxy` (the default).
+- proxy: mqmeta, a nameserver with `--rocketmq-routes proxy` (the default);
+- proxy_unmerged: the same with `--rocketmq-merge-calls off` (each call forwarded alone).
 mqmeta: one controller, a broker set of two replicas, acks from the whole SyncStateSet.
 
 Measured: send (T threads, each sending its share of N one at a time); SimpleConsumer
 receive + ack (batches of 32, a batch's acks sent together); PushConsumer receive + ack
 (default consumption threads; from its first message to its N-th). Prints one JSON
 document with messages per second (the best round of each) and the ratios proxy/direct
-and proxy/ceiling; writes it to bench/results/rocketmq_proxy_throughput.json.
+and proxy/ceiling; writes it to bench/results/rocketmq_proxy_throughput.json (or --out).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import argparse
 import hashlib
 import json
 import os
+import statistics
 import sys
 import tempfile
 import threading
@@ -238,19 +240,19 @@ def push_receive(rmq, endpoints: str, total: int, group: str, timeout_s: float =
         consumer.shutdown()
 
 
-def _start_direct_namesrv(cluster: Any, direct: str) -> None:
-    """A second nameserver on `direct` whose RocketMQ routes name the masters themselves
-    (no proxy), without metrics, remoting, remoting proxy or console (the first one's ports)."""
+def _start_namesrv(cluster: Any, address: str, name: str, flags: list[str]) -> None:
+    """Another nameserver on `address` with `flags` (its RocketMQ routes), without metrics,
+    remoting, remoting proxy or console (the first one's ports)."""
     from mqmeta.cluster.layout import namesrv_command
     from mqmeta.cluster.ready import wait_ready
 
-    command = namesrv_command(cluster.layout) + ["--rocketmq-routes", "direct"]
-    command[command.index("--listen") + 1] = direct
+    command = namesrv_command(cluster.layout) + flags
+    command[command.index("--listen") + 1] = address
     for flag in ("--metrics-listen", "--remoting-listen", "--remoting-proxy", "--console-listen"):
         if flag in command:
             del command[command.index(flag) : command.index(flag) + 2]
-    cluster.supervisor.start("namesrv-direct", command)
-    wait_ready(cluster.addresses, [direct])
+    cluster.supervisor.start(name, command)
+    wait_ready(cluster.addresses, [address])
 
 
 def _measure(
@@ -266,13 +268,25 @@ def _measure(
     rate appended to `rates` as it is measured."""
     for r in range(rounds):
         for name, endpoints in targets.items():
-            rates[name]["send"].append(send(rmq, endpoints, total, threads, body))
+            rates[name]["send"].append(_rate(send, rmq, endpoints, total, threads, body))
             log(f"round {r + 1} {name} send {rates[name]['send'][-1]:.0f} msg/s")
         for name, endpoints in targets.items():
-            rates[name]["simple"].append(simple_receive(rmq, endpoints, total, f"simple-{name}-{r}"))
-            rates[name]["push"].append(push_receive(rmq, endpoints, total, f"push-{name}-{r}"))
+            group = f"{name}-{r}"
+            rates[name]["simple"].append(_rate(simple_receive, rmq, endpoints, total, f"simple-{group}"))
+            rates[name]["push"].append(_rate(push_receive, rmq, endpoints, total, f"push-{group}"))
             got = rates[name]
             log(f"round {r + 1} {name} simple {got['simple'][-1]:.0f} push {got['push'][-1]:.0f}")
+
+
+def _rate(measure: Any, *args: Any) -> float:
+    """`measure(*args)`, or 0.0 when the client failed (logged): on a loaded machine a lapsed
+    lease can move the master mid-run, and direct routes then fail until the client's next
+    route refresh; the other rounds still count."""
+    try:
+        return float(measure(*args))
+    except Exception as exc:
+        log(f"measurement failed: {type(exc).__name__}: {str(exc)[:200]}")
+        return 0.0
 
 
 def _summary(
@@ -297,6 +311,17 @@ def _summary(
         "ratio_direct_to_ceiling": {
             k: _ratio(best["direct"][k], best["ceiling"][k]) for k in ("send", "simple", "push")
         },
+        "ratio_proxy_unmerged_to_direct": {
+            k: _ratio(best["proxy_unmerged"][k], best["direct"][k]) for k in ("send", "simple", "push")
+        },
+        # the same ratios round by round (neighbouring phases share the machine's load), median
+        "median_round_ratio_proxy_to_direct": _median_ratios(rates, "proxy", "direct"),
+        "median_round_ratio_proxy_to_ceiling": _median_ratios(rates, "proxy", "ceiling"),
+        "median_round_ratio_direct_to_ceiling": _median_ratios(rates, "direct", "ceiling"),
+        "median_round_ratio_proxy_unmerged_to_direct": _median_ratios(rates, "proxy_unmerged", "direct"),
+        "ratio_proxy_unmerged_to_ceiling": {
+            k: _ratio(best["proxy_unmerged"][k], best["ceiling"][k]) for k in ("send", "simple", "push")
+        },
     }
     return result
 
@@ -307,6 +332,9 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=8)
     parser.add_argument("--size", type=int, default=1024)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument(
+        "--out", default="rocketmq_proxy_throughput.json", help="file name under bench/results/"
+    )
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="rmq-proxy-tput-"))
     rmq = official_client(root / "home")
@@ -318,16 +346,22 @@ def main() -> int:
     holder: list[str] = []
     null = null_server(rmq, holder)
     cluster = Cluster(root / "cluster", count=1, broker_sets=1, replicas=2)
-    direct_port = PortReservation.pick(1)
+    ports = PortReservation.pick(2)
     cluster.start()
     try:
-        direct = direct_port.addresses[0]
-        direct_port.release()
-        _start_direct_namesrv(cluster, direct)
+        direct, unmerged = ports.addresses
+        ports.release()
+        _start_namesrv(cluster, direct, "namesrv-direct", ["--rocketmq-routes", "direct"])
+        _start_namesrv(cluster, unmerged, "namesrv-unmerged", ["--rocketmq-merge-calls", "off"])
         cluster.master_of("broker-a")
         with cluster.client() as admin:
             admin.create_topic(cpb.TopicSpec(name=TOPIC, queue_count=QUEUES))
-        targets = {"ceiling": holder[0], "direct": direct, "proxy": cluster.namesrv}
+        targets = {
+            "ceiling": holder[0],
+            "direct": direct,
+            "proxy": cluster.namesrv,
+            "proxy_unmerged": unmerged,
+        }
         body = os.urandom(args.size)
         total = args.messages - args.messages % args.threads
         rates: dict[str, dict[str, list[float]]] = {
@@ -339,9 +373,18 @@ def main() -> int:
         null.stop(0)
     result = _summary(rates, total, args)
     text = json.dumps(result, indent=2)
-    (REPO / "bench" / "results" / "rocketmq_proxy_throughput.json").write_text(text + "\n")
+    (REPO / "bench" / "results" / Path(args.out).name).write_text(text + "\n")
     print(text)
     return 0
+
+
+def _median_ratios(rates: dict[str, dict[str, list[float]]], a: str, b: str) -> dict[str, float | None]:
+    """Per kind, the median over rounds of a's rate over b's in the same round."""
+    found: dict[str, float | None] = {}
+    for kind in ("send", "simple", "push"):
+        ratios = sorted(x / y for x, y in zip(rates[a][kind], rates[b][kind], strict=True) if x and y)
+        found[kind] = round(statistics.median(ratios), 3) if ratios else None
+    return found
 
 
 def _ratio(a: float, b: float) -> float | None:

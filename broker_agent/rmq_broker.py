@@ -142,6 +142,23 @@ class RmqBroker:
             status=status(), message_id=record.properties[MESSAGE_ID], offset=result.queue_offset
         )
 
+    def send_plain(self, sends: list[rocketmq5.Send]) -> list[rsvc.SendResultEntry]:
+        """Writes plain messages (no delay, no transaction) of one SendMessage together: one
+        append, one wait for the ack policy. Refusals and an unknown outcome as send's, for
+        all of them."""
+        self._check_writable()
+        records = [send.record for send in sends]
+        try:
+            results, _ = self.agent.send(records)
+        except NotMaster as error:
+            raise RmqError(rdef.MASTER_PERSISTENCE_TIMEOUT, f"outcome unknown: {error.message}") from None
+        return [
+            rsvc.SendResultEntry(
+                status=status(), message_id=record.properties[MESSAGE_ID], offset=result.queue_offset
+            )
+            for record, result in zip(records, results, strict=True)
+        ]
+
     def send_many(self, records: list[Message]) -> list[int]:
         """Writes plain messages of one queue together (a remoting batch send); their queue
         offsets. Refusals and an unknown outcome as send's."""

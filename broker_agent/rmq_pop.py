@@ -36,6 +36,7 @@ RECEIVE_BATCH_MAX = 1024
 AUTO_RENEW_MS = 30_000  # a PushConsumer's lease, renewed while the client is alive...
 AUTO_RENEW_MAX_MS = 3 * 3600 * 1000  # ...up to this long
 WAIT_SLICE_S = 0.5
+READ_CHUNK_MIN = 32  # records a receive reads at a time (more when its batch is larger)
 FLUSH_INTERVAL_S = 1.0  # progress changed without an ack (filtered, dead-lettered) is written this often
 
 CursorKey = tuple[str, str, int]  # group, topic, queue id
@@ -152,6 +153,13 @@ class PopShell:
         counted before a snapshot is in it, because the cursor changed before it was
         counted. A caller whose change another caller's append covered waits for that
         append (or a later one) to be acknowledged, never for less."""
+        end, epoch = self._append_progress(key, slot)
+        self.agent.wait_acknowledged(end, epoch)
+
+    def _append_progress(self, key: CursorKey, slot: _Slot) -> tuple[int, int]:
+        """The first half of persist: appends the cursor's progress unless a record
+        appended since the change covers it; returns (end offset, epoch) of that record
+        for wait_acknowledged."""
         with slot.lock:
             slot.asked += 1
             mine = slot.asked
@@ -170,8 +178,7 @@ class PopShell:
                         slot.cursor.dirty = True
                     raise
                 slot.written, slot.written_at = covered, (end, epoch)
-            end, epoch = slot.written_at
-        self.agent.wait_acknowledged(end, epoch)
+            return slot.written_at
 
     def flush_loop(self, stopping: threading.Event) -> None:
         """Writes progress that changed without an ack (filtered, dead-lettered)."""
@@ -209,7 +216,8 @@ class PopShell:
             cursor.expire(grant.now_ms, self.host.members.alive(grant.now_ms), AUTO_RENEW_MS)
             if not cursor.has_work(readable_end):
                 return []
-            for record in self._read(topic, queue_id, cursor.candidates(readable_end), confirm):
+            chunk = max(batch, READ_CHUNK_MIN)
+            for record in self._read(topic, queue_id, cursor.candidates(readable_end), confirm, chunk):
                 message_group = record.properties.get(MESSAGE_GROUP, "") if fifo else ""
                 candidate = Candidate(record.queue_offset, record.tags, message_group)
                 verdict = cursor.judge(candidate, tags, max_attempts, fifo)
@@ -226,18 +234,25 @@ class PopShell:
                 slot.cursor.dead_lettered(record.queue_offset)
         return out
 
-    def _read(self, topic: str, queue_id: int, offsets: list[int], confirm: int) -> Iterator[StoredRecord]:
-        """The records at `offsets` (sorted), reading each contiguous run at once."""
+    def _read(
+        self, topic: str, queue_id: int, offsets: list[int], confirm: int, chunk: int
+    ) -> Iterator[StoredRecord]:
+        """The records at `offsets` (sorted), each contiguous run read `chunk` records at a
+        time as the caller asks for more: a receive of 32 decodes about 32 records, not the
+        whole scan window (up to SCAN_MAX) that its candidates span."""
         i = 0
         while i < len(offsets):
             j = i
-            while (
-                j + 1 < len(offsets)
-                and offsets[j + 1] == offsets[j] + 1
-                and j + 1 - i < RECEIVE_BATCH_MAX - 1
-            ):
+            while j + 1 < len(offsets) and offsets[j + 1] == offsets[j] + 1:
                 j += 1
-            yield from self.store.get_messages(topic, queue_id, offsets[i], j - i + 1, confirm)
+            position, end = offsets[i], offsets[j] + 1
+            while position < end:
+                count = min(chunk, end - position)
+                records = self.store.get_messages(topic, queue_id, position, count, confirm)
+                if not records or records[-1].queue_offset < position:
+                    break
+                yield from records
+                position = records[-1].queue_offset + 1
             i = j + 1
 
     def wait_for_work(self, key: CursorKey, timeout_s: float) -> None:
@@ -250,13 +265,28 @@ class PopShell:
         """Marks the delivery done and writes the progress (acknowledged by the SyncStateSet
         on return); False when the lease is not the offset's last (it expired and the
         message was delivered again, or this master never delivered it)."""
-        slot = self.slot(key, wall_ms())
-        with slot.lock:
-            outcome = slot.cursor.ack(offset, lease)
-        if outcome in (AckResult.STALE, AckResult.UNKNOWN):
-            return False
-        self.persist(key, slot)
-        return True
+        return self.ack_many([(key, offset, lease)])[0]
+
+    def ack_many(self, acks: list[tuple[CursorKey, int, int]]) -> list[bool]:
+        """ack for each (queue, offset, lease) of one AckMessage: every delivery is marked
+        done first, then each queue's progress is appended once and the last append is
+        awaited once — a batch costs one wait for the SyncStateSet, not one per entry.
+        A failed write (MqmetaError) fails the whole batch."""
+        now = wall_ms()
+        outcomes: list[bool] = []
+        touched: dict[CursorKey, _Slot] = {}
+        for key, offset, lease in acks:
+            slot = self.slot(key, now)
+            with slot.lock:
+                outcome = slot.cursor.ack(offset, lease)
+            done = outcome not in (AckResult.STALE, AckResult.UNKNOWN)
+            outcomes.append(done)
+            if done:
+                touched[key] = slot
+        written = {self._append_progress(key, slot) for key, slot in touched.items()}
+        for end, epoch in sorted(written, reverse=True):  # the latest first: the rest are covered
+            self.agent.wait_acknowledged(end, epoch)
+        return outcomes
 
     def change_invisible(self, key: CursorKey, offset: int, lease: int, invisible_ms: int) -> int:
         """The new lease of a delivery made invisible for `invisible_ms` from now."""

@@ -29,7 +29,7 @@ from mqmeta.broker_agent.rmq_metadata import allocate
 from mqmeta.broker_agent.rmq_pop import AUTO_RENEW_MAX_MS, AUTO_RENEW_MS, RECEIVE_BATCH_MAX, CursorKey
 
 from mqmeta.clock import wall_ms
-from mqmeta.codec.rocketmq5 import to_message
+from mqmeta.codec.rocketmq5 import Send, to_message
 from mqmeta.errors import MqmetaError, NotMaster
 from mqmeta.formats.records import StoredRecord
 from mqmeta.pb.apache.rocketmq.v2 import definition_pb2 as rdef
@@ -42,6 +42,7 @@ from mqmeta.rocketmq import (
     check_name,
     client_id_of,
     duration_ms,
+    entries_status,
     message_queues,
     rmq_call,
     status,
@@ -62,6 +63,7 @@ LONG_POLL_MS_MAX = 60_000
 LONG_POLL_MARGIN_MS = 500  # answer this long before the client's deadline
 INVISIBLE_MS_MAX = 12 * 3600 * 1000
 INVISIBLE_MS_DEFAULT = 30_000
+SEND_MESSAGES_MAX = 256  # messages of one SendMessage (the clients send one; the proxy merges)
 
 
 class MessagingServicer(rsvc_grpc.MessagingServiceServicer):
@@ -92,19 +94,56 @@ class MessagingServicer(rsvc_grpc.MessagingServiceServicer):
 
     @rmq_call(rsvc.SendMessageResponse)
     def SendMessage(self, request, context):
-        if len(request.messages) != 1:
-            raise RmqError(rdef.BAD_REQUEST, f"a send carries one message, not {len(request.messages)}")
+        if not 1 <= len(request.messages) <= SEND_MESSAGES_MAX:
+            raise RmqError(
+                rdef.BAD_REQUEST,
+                f"a send carries 1 to {SEND_MESSAGES_MAX} messages, not {len(request.messages)}",
+            )
         client_id = client_id_of(context)
         now = wall_ms()
-        send = self.broker.to_record(request.messages[0], client_id, now)
         started = time.perf_counter()
-        entry = self.broker.send(send)
+        if len(request.messages) == 1:
+            entries = [self.broker.send(self.broker.to_record(request.messages[0], client_id, now))]
+        else:
+            entries = self._send_many(list(request.messages), client_id, now)
         if self.metrics is not None:
             self.metrics.send_seconds.observe(time.perf_counter() - started)
-            if entry.status.code == rdef.OK:  # acknowledged: counted as the native Send counts
-                self.metrics.messages_in.inc()
-                self.metrics.bytes_in.inc(len(request.messages[0].body))
-        return rsvc.SendMessageResponse(status=entry.status, entries=[entry])
+            for message, entry in zip(request.messages, entries, strict=True):
+                if entry.status.code == rdef.OK:  # acknowledged: counted as the native Send counts
+                    self.metrics.messages_in.inc()
+                    self.metrics.bytes_in.inc(len(message.body))
+        return rsvc.SendMessageResponse(status=entries_status(entries), entries=entries)
+
+    def _send_many(
+        self, messages: list[rdef.Message], client_id: str, now: int
+    ) -> list[rsvc.SendResultEntry]:
+        """Several messages of one SendMessage (the proxy merges concurrent sends): each
+        checked on its own (a bad one is refused alone); the plain ones written together,
+        so they wait once for the SyncStateSet; delay and transaction messages one by one.
+        A refusal of a write is the answer of each message it carried."""
+        entries: list[rsvc.SendResultEntry | None] = [None] * len(messages)
+        plain: list[tuple[int, Send]] = []
+        for i, message in enumerate(messages):
+            try:
+                send = self.broker.to_record(message, client_id, now)
+            except RmqError as error:
+                entries[i] = _send_refused(message, status(error.code, error.message))
+                continue
+            if send.message_type == rdef.TRANSACTION or send.deliver_at_ms:
+                entries[i] = _sent_or_refused(message, lambda send=send: self.broker.send(send))
+            else:
+                plain.append((i, send))
+        if plain:
+            try:
+                written = self.broker.send_plain([send for _, send in plain])
+            except (RmqError, MqmetaError) as error:
+                refused = _status_of(error)
+                for i, _ in plain:
+                    entries[i] = _send_refused(messages[i], refused)
+            else:
+                for (i, _), entry in zip(plain, written, strict=True):
+                    entries[i] = entry
+        return [e for e in entries if e is not None]
 
     @rmq_call(rsvc.QueryAssignmentResponse)
     def QueryAssignment(self, request, context):
@@ -265,38 +304,55 @@ class MessagingServicer(rsvc_grpc.MessagingServiceServicer):
         topic = check_name("topic", request.topic, rdef.ILLEGAL_TOPIC)
         if not request.entries:
             raise RmqError(rdef.BAD_REQUEST, "the acknowledgement names no message")
-        entries = [self._ack_one(group, topic, e) for e in request.entries]
-        failed = [e.status for e in entries if e.status.code != rdef.OK]
-        overall = (
-            failed[0]
-            if len(failed) == len(entries)
-            else status(rdef.MULTIPLE_RESULTS, "")
-            if failed
-            else status()
-        )
+        entries = self._ack_entries(group, topic, list(request.entries))
+        overall = entries_status(entries)
         return rsvc.AckMessageResponse(status=overall, entries=entries)
 
-    def _ack_one(self, group: str, topic: str, entry: rsvc.AckMessageEntry) -> rsvc.AckMessageResultEntry:
-        def result(code: int = rdef.OK, message: str = "OK") -> rsvc.AckMessageResultEntry:
-            return rsvc.AckMessageResultEntry(
-                message_id=entry.message_id, receipt_handle=entry.receipt_handle, status=status(code, message)
-            )
-
+    def _ack_entries(
+        self, group: str, topic: str, entries: list[rsvc.AckMessageEntry]
+    ) -> list[rsvc.AckMessageResultEntry]:
+        """Each entry's result, in the request's order. The handles are checked one by one
+        (a stale one is refused on its own); the valid ones are acknowledged together, so
+        the batch waits once for the SyncStateSet (PopShell.ack_many)."""
+        codes: list[tuple[int, str] | None] = []
+        acks: list[tuple[CursorKey, int, int]] = []
+        for entry in entries:
+            try:
+                handle = ReceiptHandle.decode(entry.receipt_handle)
+                self.broker.check_handle(handle, topic)
+            except RmqError as error:
+                codes.append((error.code, error.message))
+                continue
+            codes.append(None)
+            acks.append(((group, topic, handle.queue_id), handle.offset, handle.lease))
         try:
-            handle = ReceiptHandle.decode(entry.receipt_handle)
-            self.broker.check_handle(handle, topic)
-            if not self.broker.pop.ack((group, topic, handle.queue_id), handle.offset, handle.lease):
-                return result(
-                    rdef.INVALID_RECEIPT_HANDLE, "the lease expired and the message was delivered again"
-                )
-            return result()
+            done = iter(self.broker.pop.ack_many(acks))
+            written: tuple[int, str] | None = None
         except RmqError as error:
-            return result(error.code, error.message)
+            done, written = iter([False] * len(acks)), (error.code, error.message)
         except MqmetaError as error:
             failed = status_of_error(error)
             if isinstance(error, NotMaster):  # deposed while writing the progress: unknown
                 failed = status(rdef.MASTER_PERSISTENCE_TIMEOUT, failed.message)
-            return result(failed.code, failed.message)
+            done, written = iter([False] * len(acks)), (failed.code, failed.message)
+        results = []
+        for entry, code in zip(entries, codes, strict=True):
+            if code is None:
+                acked = next(done)
+                code = written or (
+                    (rdef.OK, "OK")
+                    if acked
+                    else (
+                        rdef.INVALID_RECEIPT_HANDLE,
+                        "the lease expired and the message was delivered again",
+                    )
+                )
+            results.append(
+                rsvc.AckMessageResultEntry(
+                    message_id=entry.message_id, receipt_handle=entry.receipt_handle, status=status(*code)
+                )
+            )
+        return results
 
     @rmq_call(rsvc.ChangeInvisibleDurationResponse)
     def ChangeInvisibleDuration(self, request, context):
@@ -359,3 +415,20 @@ class MessagingServicer(rsvc_grpc.MessagingServiceServicer):
 
     def SyncLiteSubscription(self, request, context):
         return self._unsupported(rsvc.SyncLiteSubscriptionResponse, "lite topics")
+
+
+def _status_of(error: RmqError | MqmetaError) -> rdef.Status:
+    if isinstance(error, RmqError):
+        return status(error.code, error.message)
+    return status_of_error(error)
+
+
+def _send_refused(message: rdef.Message, refused: rdef.Status) -> rsvc.SendResultEntry:
+    return rsvc.SendResultEntry(status=refused, message_id=message.system_properties.message_id)
+
+
+def _sent_or_refused(message: rdef.Message, send) -> rsvc.SendResultEntry:
+    try:
+        return send()
+    except (RmqError, MqmetaError) as error:
+        return _send_refused(message, _status_of(error))

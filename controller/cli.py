@@ -75,6 +75,13 @@ def _add_route_flags(namesrv: argparse.ArgumentParser) -> None:
         "every call to the current master; the default) or direct (the masters' addresses)",
     )
     namesrv.add_argument(
+        "--rocketmq-merge-calls",
+        choices=("on", "off"),
+        default="on",
+        help="with proxy routes: merge the AckMessages and plain sends of one client that wait "
+        "together into one call to the master (on, the default; see docs/clients.md)",
+    )
+    namesrv.add_argument(
         "--rocketmq-endpoints",
         default="",
         help="with proxy routes: every nameserver's gRPC address HOST:PORT,... "
@@ -173,6 +180,7 @@ def _run_namesrv(args: argparse.Namespace) -> int:
         tuple(parse_addresses(args.rocketmq_endpoints, "--rocketmq-endpoints address"))
         if getattr(args, "rocketmq_endpoints", None)
         else (),
+        merge_calls=str(getattr(args, "rocketmq_merge_calls", None) or "on") == "on",
     )
     proxies = remoting_proxies(args, remoting)
     if args.embed_controller:

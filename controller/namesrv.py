@@ -115,6 +115,7 @@ class RocketMQRoutes:
 
     mode: str = "proxy"
     endpoints: tuple[str, ...] = ()
+    merge_calls: bool = True  # the proxy merges calls that wait together (rmq_proxy.upstream)
 
     def validate(self) -> None:
         if self.mode not in ROCKETMQ_ROUTES:
@@ -145,7 +146,10 @@ def add_rocketmq_service(
     from mqmeta.rocketmq import MESSAGING_SERVICE
 
     proxy = RocketMQProxy(
-        RouteSource(route_now, route_of, masters_now), list(routes.endpoints or (listen,)), on_route
+        RouteSource(route_now, route_of, masters_now),
+        list(routes.endpoints or (listen,)),
+        on_route,
+        merge_calls=routes.merge_calls,
     )
     server.add_generic_rpc_handlers((proxy.handler(),))
     return MESSAGING_SERVICE

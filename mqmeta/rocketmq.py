@@ -92,6 +92,15 @@ def code_of_error(error: MqmetaError) -> int:
     return code if code is not None else _CODE_OF_CLASS[listed_class(error)]
 
 
+def entries_status(entries: Any) -> rdef.Status:
+    """A response's status from its entries' (AckMessage, SendMessage): OK when all are, the failure
+    when all failed, MULTIPLE_RESULTS otherwise (as RocketMQ's proxy answers)."""
+    failed = [e.status for e in entries if e.status.code != rdef.OK]
+    if not failed:
+        return status()
+    return failed[0] if len(failed) == len(entries) else status(rdef.MULTIPLE_RESULTS, "")
+
+
 def status_of_error(error: MqmetaError) -> rdef.Status:
     return status(code_of_error(error), f"{error.code}: {error.message}")
 

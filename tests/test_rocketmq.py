@@ -23,6 +23,7 @@ Properties checked:
 - error classes map to apache.rocketmq.v2 codes the official client retries (not master,
   lease, handoff, no controller leader -> HA_NOT_AVAILABLE) or reports as bad input, never
   INTERNAL_SERVER_ERROR; a send to a slave answers HA_NOT_AVAILABLE saying why;
+- a SendMessage of several messages answers each in order (a bad one refused alone);
 - bad input (unknown topic, oversize body, illegal delivery time, bad filter, bad receipt
   handle) gets its apache.rocketmq.v2 code and a message, never an internal error.
 """
@@ -376,6 +377,30 @@ def _send(stub, topic: str, body: bytes, **system) -> rdef.Status:
     for name, value in system.items():
         getattr(m.system_properties, name).CopyFrom(value)
     return stub.SendMessage(rsvc.SendMessageRequest(messages=[m]), metadata=_metadata(), timeout=10).status
+
+
+def test_a_send_of_several_messages_answers_each(cluster):
+    """A SendMessage of several messages (the proxy merges concurrent sends into one):
+    each message is checked and answered on its own, in order; the good ones are stored."""
+    stub = _broker_stub(cluster)
+
+    def message(body: bytes) -> rdef.Message:
+        m = rdef.Message(topic=rdef.Resource(name="Plain"), body=body)
+        m.system_properties.message_id = uuid.uuid4().hex
+        m.system_properties.message_type = rdef.NORMAL
+        return m
+
+    sent = [message(b"one"), message(b""), message(b"three")]
+    answer = stub.SendMessage(rsvc.SendMessageRequest(messages=sent), metadata=_metadata(), timeout=10)
+    assert answer.status.code == rdef.MULTIPLE_RESULTS
+    assert [e.status.code for e in answer.entries] == [rdef.OK, rdef.MESSAGE_BODY_EMPTY, rdef.OK]
+    assert [e.message_id for e in answer.entries] == [m.system_properties.message_id for m in sent]
+    good = [message(b"a"), message(b"b")]
+    answer = stub.SendMessage(rsvc.SendMessageRequest(messages=good), metadata=_metadata(), timeout=10)
+    assert answer.status.code == rdef.OK and [e.status.code for e in answer.entries] == [rdef.OK] * 2
+    too_many = [message(b"x") for _ in range(257)]
+    answer = stub.SendMessage(rsvc.SendMessageRequest(messages=too_many), metadata=_metadata(), timeout=10)
+    assert answer.status.code == rdef.BAD_REQUEST and not answer.entries
 
 
 def test_bad_input_gets_its_code_never_internal(cluster):

@@ -4,6 +4,11 @@
 Properties checked (one cluster for the module: one controller, two nameservers, a broker
 set of two replicas):
 - QueryRoute names both nameservers as every queue's endpoints, not a broker;
+- 8 threads sending and 16 acknowledging at once through the proxy (which merges their
+  calls upstream): the master gets fewer SendMessages than messages, every send is
+  acknowledged under its own id, every message received, each ack answered on its own (a
+  stale handle among them refused with INVALID_RECEIPT_HANDLE), and nothing acknowledged
+  is delivered again;
 - kill -9 of the master while a producer sends every 20 ms, a FIFO producer sends per
   message group, a SimpleConsumer reads the FIFO topic and a PushConsumer the plain one:
   no send fails, the next acknowledged send comes within GAP_S_MAX of the kill, every
@@ -17,10 +22,12 @@ set of two replicas):
 
 from __future__ import annotations
 
+import copy
 import signal
 import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import pytest
@@ -32,6 +39,7 @@ from mqmeta.cluster.ready import wait_ready
 from mqmeta.errors import AlreadyExists, MqmetaError
 from mqmeta.pb import controller_pb2 as cpb
 from tests.support import wait_for
+from tests.support.prometheus import delta, scrape
 from tests.support.rmq_client import client, main_thread_on_client_loop
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(150)]
@@ -44,7 +52,9 @@ from rocketmq.grpc_protocol import service_pb2_grpc as rsvc_grpc  # noqa: E402
 GAP_S_MAX = 2.0  # CI bound on a shared machine; bench/rocketmq_failover_gap.py measures the gap
 PROXY_GAP_S_MAX = 3.0
 SEND_INTERVAL_S = 0.02
-TOPICS = {"Steady": "NORMAL", "Groups": "FIFO", "Deals": "TRANSACTION"}
+TOPICS = {"Steady": "NORMAL", "Groups": "FIFO", "Deals": "TRANSACTION", "Busy": "NORMAL"}
+BUSY_MESSAGES = 96
+BUSY_THREADS = 8
 
 
 @pytest.fixture(scope="module")
@@ -184,6 +194,53 @@ def test_query_route_names_both_proxies(cluster):
     for queue in answer.message_queues:
         named = [f"{a.host}:{a.port}" for a in queue.broker.endpoints.addresses]
         assert named == cluster.proxies
+
+
+def test_concurrent_sends_and_acks_through_the_proxy(cluster):
+    """Many threads send and acknowledge at once, so the proxy merges their calls upstream:
+    each send is acknowledged under its own message id, each message received, each ack
+    answered on its own (a stale handle among them refused with INVALID_RECEIPT_HANDLE, as
+    without the proxy), and no acknowledged message comes back after its invisible time."""
+    producer = started(rmq.Producer, config(cluster), ("Busy",))
+    consumer = started(rmq.SimpleConsumer, config(cluster), group(), {"Busy": rmq.FilterExpression()}, 1)
+    master = cluster.broker(cluster.master_of("broker-a"))
+    try:
+        before = scrape(master.metrics)
+        with ThreadPoolExecutor(BUSY_THREADS) as pool:
+            bodies = [f"busy-{i}".encode() for i in range(BUSY_MESSAGES)]
+            sent = list(pool.map(lambda body: producer.send(_message("Busy", body)).message_id, bodies))
+        after = scrape(master.metrics)
+        assert len(set(sent)) == BUSY_MESSAGES
+        assert delta(after, before, "mqmeta_broker_messages_in_total") == BUSY_MESSAGES
+        calls = delta(after, before, "mqmeta_broker_send_seconds_count")
+        assert calls < BUSY_MESSAGES, "the proxy merged no sends"
+        received: dict[str, object] = {}
+        deadline = time.monotonic() + 60
+        while len(received) < BUSY_MESSAGES and time.monotonic() < deadline:
+            for m in consumer.receive(32, 5):
+                received[m.message_id] = m  # the latest delivery holds the valid handle
+        assert set(received) == set(sent)
+        first = next(iter(received.values()))
+        stale = copy.copy(first)
+        consumer.change_invisible_duration(first, 5)  # `first` now holds the new handle
+
+        def ack(message) -> int:
+            try:
+                consumer.ack(message)
+                return rdef.OK
+            except Exception as exc:
+                return getattr(exc, "code", -1)
+
+        with ThreadPoolExecutor(2 * BUSY_THREADS) as pool:
+            codes = list(pool.map(ack, [stale, *received.values()]))
+        assert codes[0] == rdef.INVALID_RECEIPT_HANDLE, codes[0]
+        assert codes[1:] == [rdef.OK] * BUSY_MESSAGES
+        time.sleep(6)  # past every invisible time: an unapplied ack would deliver again
+        again = consumer.receive(32, 5)
+        assert again == [], [m.message_id for m in again]
+    finally:
+        consumer.shutdown()
+        producer.shutdown()
 
 
 def test_kill_master_through_the_proxy(cluster):
