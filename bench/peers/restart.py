@@ -10,9 +10,16 @@ that the port accepts a TCP connection, as etcd's HTTP attempt finds a refused p
 once: otherwise a gRPC channel opened before the node listens waits out its reconnect
 backoff and that is what gets measured. The restarted controller runs under
 bench/peers/timed_controller.py; the seconds from the spawn to the end of each start-up
-phase (interpreter, imports, arguments, raft_node, grpc_serving, leader_known, caught_up)
-go in the JSON with the load average, and so does each controller's idle RSS (2 s after
-the topics were created). etcd's side is bench.peers' own (`etcd_kills`).
+phase (interpreter, imports, arguments, damage_checked, reconciled, raft_node,
+snapshot_loaded, grpc_serving, leader_known, caught_up) go in the JSON with the load
+average, and so does each controller's idle RSS (2 s after the topics were created).
+etcd's side is bench.peers' own (`etcd_kills`).
+
+The topics are created in batches (WriteBatch of 512, two clients). With `--snapshot`
+(the default from 10,000 topics on) the nodes first run with a compaction every second
+until each has a snapshot holding every topic, and are then restarted with the default
+settings: every restart measured loads its state from that snapshot and replays only
+the few entries written since, as a node that has run for a while does.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ import os
 import socket
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -36,7 +44,27 @@ log = make_log("restart")
 FIRST_READ_TIMEOUT_S = 30.0
 CONNECT_PROBE_TIMEOUT_S = 0.2
 IDLE_SETTLE_S = 2.0
-PHASES = ("interpreter", "imports", "arguments", "raft_node", "grpc_serving", "leader_known", "caught_up")
+PHASES = (
+    "interpreter",
+    "imports",
+    "arguments",
+    "damage_checked",
+    "reconciled",
+    "raft_node",
+    "snapshot_loaded",
+    "grpc_serving",
+    "leader_known",
+    "caught_up",
+)
+LOAD_BATCH = 512  # writes per WriteBatch call: one Raft entry (batch_commands_max)
+LOAD_CLIENTS = 2
+LOAD_CALL_TIMEOUT_S = 120.0
+LOAD_ATTEMPTS_MAX = 10
+RETRIED = {"UNAVAILABLE", "DEADLINE_EXCEEDED"}
+SNAPSHOT_TOPICS_MIN = 10_000  # --snapshot's default from this many topics on
+SNAPSHOT_WAIT_S = 300.0
+SNAPSHOT_POLL_S = 0.5
+COMPACT_EVERY_SECOND = {"compaction_min_time_s": 1}  # until every node holds the snapshot
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -46,7 +74,18 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--restarts", type=int, default=5, help="restarts of each system (default 5)")
     parser.add_argument("--topics", type=int, default=100, help="topics in the controllers' state (100)")
     parser.add_argument("--no-etcd", action="store_true", help="mqmeta alone")
-    return parser.parse_args(argv)
+    parser.add_argument(
+        "--snapshot",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help=f"restart from a snapshot holding every topic (default: from {SNAPSHOT_TOPICS_MIN:,} topics on)",
+    )
+    args = parser.parse_args(argv)
+    if args.topics < 0 or args.restarts < 1:
+        parser.error("--topics must be 0 or more and --restarts at least 1")
+    if args.snapshot is None:
+        args.snapshot = args.topics >= SNAPSHOT_TOPICS_MIN
+    return args
 
 
 def accepts(address: str) -> bool:
@@ -105,17 +144,123 @@ def restart_once(cluster: Any, k: int) -> dict[str, Any]:
     return {"restart_to_serving_s": _r(restart_s), "phases_s": phases_of(log_path, offset, spawned_at)}
 
 
-def mqmeta_restarts(root: Path, restarts: int, topics: int) -> dict[str, Any]:
-    from mqmeta.cluster.harness import Cluster
+def create_topics(cluster: Any, topics: int) -> float:
+    """Creates topic-0 .. topic-(topics-1) in WriteBatch calls from LOAD_CLIENTS clients;
+    returns the seconds it took. A write refused as UNAVAILABLE or DEADLINE_EXCEEDED (a
+    leader change, a slow commit on a loaded machine) is sent again; ALREADY_EXISTS then
+    means its first attempt committed."""
+    starts = iter(range(0, topics, LOAD_BATCH))
+    lock = threading.Lock()
+    errors: list[str] = []
 
+    def client_loop() -> None:
+        with cluster.client(timeout_s=LOAD_CALL_TIMEOUT_S) as client:
+            while not errors:
+                with lock:
+                    first = next(starts, None)
+                if first is None:
+                    return
+                problem = create_batch(
+                    client, [f"topic-{i}" for i in range(first, min(first + LOAD_BATCH, topics))]
+                )
+                if problem:
+                    errors.append(problem)
+
+    t0 = time.monotonic()
+    threads = [threading.Thread(target=client_loop, daemon=True) for _ in range(LOAD_CLIENTS)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise RuntimeError(errors[0])
+    return time.monotonic() - t0
+
+
+def create_batch(client: Any, names: list[str]) -> str:
+    """Creates `names` in one WriteBatch, sending again what was refused for a while; '' or
+    what went wrong."""
     from mqmeta.pb import controller_pb2 as pb
 
-    cluster = Cluster(root / "mqmeta", count=3)
+    done = {"", "ALREADY_EXISTS", "TOPIC_EXISTS"}  # exists: an earlier attempt committed it
+    for _ in range(LOAD_ATTEMPTS_MAX):
+        writes = [pb.WriteOp(create_topic=pb.TopicSpec(name=name, queue_count=4)) for name in names]
+        try:
+            results = client.write(pb.WriteBatch(writes=writes), timeout_s=LOAD_CALL_TIMEOUT_S).results
+        except Exception as error:  # the whole call failed: send it all again
+            log(f"a batch of {len(names)} creates failed ({error}); again")
+            continue
+        failed = [(name, r) for name, r in zip(names, results, strict=True) if r.error_code not in done]
+        if not failed:
+            return ""
+        if any(r.error_code not in RETRIED for _, r in failed):
+            return f"creating {failed[0][0]} failed: {failed[0][1].error_code} {failed[0][1].message}"
+        names = [name for name, _ in failed]
+    return f"{len(names)} creates still failed after {LOAD_ATTEMPTS_MAX} attempts"
+
+
+def snapshot_index(path: Path) -> int:
+    """The Raft index a node's snapshot file was taken at (0: none, or being replaced)."""
+    from mqmeta.controller import pysyncobj_compat
+
+    try:
+        return int(pysyncobj_compat.read_snapshot_entries(path)[0][1])
+    except Exception:  # absent, or renamed over while read: look again
+        return 0
+
+
+def write_settings(cluster: Any, settings: dict[str, Any]) -> None:
+    """The Raft settings the controllers started from now on read (the harness's file)."""
+    lines = ["[raft_settings]"] + [f"{k} = {v}" for k, v in settings.items()]
+    cluster._config_file.write_text("\n".join(lines) + "\n")
+
+
+def force_snapshots(cluster: Any) -> dict[str, Any]:
+    """Waits until every node (running with a compaction every second) holds a snapshot
+    of everything committed now, then restarts all three with the default settings."""
+    from mqmeta.pb import controller_pb2 as pb
+
+    t0 = time.monotonic()
+    with cluster.client() as client:
+        target = client.get_metadata(pb.GetMetadataRequest()).commit_index
+    paths = {n.id: cluster.root / n.data_dir / "raft.snapshot" for n in cluster.layout.controllers}
+    indexes: dict[str, int] = {}
+    while time.monotonic() - t0 < SNAPSHOT_WAIT_S:
+        indexes = {node: snapshot_index(path) for node, path in paths.items()}
+        if min(indexes.values()) >= target:
+            break
+        time.sleep(SNAPSHOT_POLL_S)
+    else:
+        raise RuntimeError(
+            f"no snapshot at index {target} on every node within {SNAPSHOT_WAIT_S} s: {indexes}"
+        )
+    waited_s = time.monotonic() - t0
+    for node in cluster.layout.controllers:
+        cluster.kill(node.id)
+    write_settings(cluster, {k: v for k, v in cluster.raft_settings.items() if k not in COMPACT_EVERY_SECOND})
+    for node in cluster.layout.controllers:
+        cluster.start_node(node.id)
+    cluster.wait_ready(timeout_s=120.0)
+    return {
+        "index": target,
+        "snapshot_indexes": indexes,
+        "waited_s": _r(waited_s),
+        "bytes": {node: path.stat().st_size for node, path in paths.items()},
+    }
+
+
+def mqmeta_restarts(root: Path, restarts: int, topics: int, snapshot: bool) -> dict[str, Any]:
+    from mqmeta.cluster.harness import Cluster
+
+    cluster = Cluster(root / "mqmeta", count=3, raft_settings=COMPACT_EVERY_SECOND if snapshot else None)
+    out: dict[str, Any] = {}
     try:
         cluster.start()
-        with cluster.client() as client:
-            for i in range(topics):
-                client.create_topic(pb.TopicSpec(name=f"topic-{i}", queue_count=4))
+        out["create_topics_s"] = _r(create_topics(cluster, topics))
+        log(f"{topics} topics created in {out['create_topics_s']} s")
+        if snapshot:
+            out["snapshot"] = force_snapshots(cluster)
+            log(f"every node restarted from its snapshot at index {out['snapshot']['index']}")
         time.sleep(IDLE_SETTLE_S)
         idle_rss_mb = {
             n.id: load.rss_mb(cluster.supervisor.children[n.id].pid) for n in cluster.layout.controllers
@@ -133,7 +278,7 @@ def mqmeta_restarts(root: Path, restarts: int, topics: int) -> dict[str, Any]:
         for phase in PHASES
     }
     summary = seconds_summary([t for t in times if t is not None])
-    return {
+    return out | {
         "restart_to_serving_s": summary,
         "failed": times.count(None),
         "phases_p50_s": phases,
@@ -158,10 +303,10 @@ def main(argv: list[str]) -> int:
     root = Path(tempfile.mkdtemp(prefix="mqmeta-restart-"))
     result: dict[str, Any] = {
         "benchmark": "bench.peers.restart",
-        "parameters": {"restarts": args.restarts, "topics": args.topics},
+        "parameters": {"restarts": args.restarts, "topics": args.topics, "snapshot": args.snapshot},
         "load_average_at_start": list(os.getloadavg()),
     }
-    result["mqmeta"] = mqmeta_restarts(root, args.restarts, args.topics)
+    result["mqmeta"] = mqmeta_restarts(root, args.restarts, args.topics, args.snapshot)
     if not args.no_etcd:
         missing = absent("etcd")
         if missing:
