@@ -261,7 +261,7 @@ def _read_snapshot(raw: Any, path: Path) -> tuple[ControllerState, tuple]:
             state = meta["_state"]  # pysyncobj's stock format: ({"_state": state}, ...)
             source.read()  # to the end: the CRC
             return state, tail
-        state = ControllerState.from_items(_read_items(source, meta["chunks"]))
+        state = ControllerState.from_chunks(_read_chunks(source, meta["chunks"]))
         if source.read():
             raise CorruptData(f"{path} has data after its last chunk")
     if len(state.entries) != meta["keys"] or state.digest != meta["digest"]:
@@ -272,9 +272,9 @@ def _read_snapshot(raw: Any, path: Path) -> tuple[ControllerState, tuple]:
     return state, tail
 
 
-def _read_items(source: Any, chunks: int) -> Iterator[tuple[str, Any, int]]:
+def _read_chunks(source: Any, chunks: int) -> Iterator[list[tuple[str, Any, int]]]:
     for _ in range(chunks):
-        yield from pickle.load(source)
+        yield pickle.load(source)
 
 
 class StateSnapshots:

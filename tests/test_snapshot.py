@@ -176,16 +176,16 @@ def test_the_collector_is_held_off_while_snapshots_are_decoded(tmp_path, monkeyp
     target = tmp_path / "raft.snapshot"
     written_snapshot(loaded_state(5), target)
     seen: list[bool] = []
-    real_from_items = ControllerState.from_items.__func__  # type: ignore[attr-defined]
+    real_from_chunks = ControllerState.from_chunks.__func__  # type: ignore[attr-defined]
 
-    def recording(cls, items):
+    def recording(cls, chunks):
         seen.append(gc.isenabled())
         if len(seen) == 1:
             read_snapshot(target)  # a second decode (another thread's) inside the first
             seen.append(gc.isenabled())
-        return real_from_items(cls, items)
+        return real_from_chunks(cls, chunks)
 
-    monkeypatch.setattr(ControllerState, "from_items", classmethod(recording))
+    monkeypatch.setattr(ControllerState, "from_chunks", classmethod(recording))
     assert gc.isenabled()
     read_snapshot(target)
     assert seen == [False, False, False] and gc.isenabled()
