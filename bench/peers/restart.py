@@ -16,10 +16,10 @@ average, and so does each controller's idle RSS (2 s after the topics were creat
 etcd's side is bench.peers' own (`etcd_kills`).
 
 The topics are created in batches (WriteBatch of 512, two clients). With `--snapshot`
-(the default from 10,000 topics on) the nodes first run with a compaction every second
-until each has a snapshot holding every topic, and are then restarted with the default
-settings: every restart measured loads its state from that snapshot and replays only
-the few entries written since, as a node that has run for a while does.
+(the default from 10,000 topics on) the nodes compact their log every 150 entries, and
+single writes after the load make each take a snapshot holding every topic: every
+restart measured loads its state from that snapshot and replays only the few entries
+written since, as a node that has run for a while does.
 """
 
 from __future__ import annotations
@@ -63,8 +63,9 @@ LOAD_ATTEMPTS_MAX = 10
 RETRIED = {"UNAVAILABLE", "DEADLINE_EXCEEDED"}
 SNAPSHOT_TOPICS_MIN = 10_000  # --snapshot's default from this many topics on
 SNAPSHOT_WAIT_S = 300.0
-SNAPSHOT_POLL_S = 0.5
-COMPACT_EVERY_SECOND = {"compaction_min_time_s": 1}  # until every node holds the snapshot
+COMPACTION_ENTRIES = 150  # --snapshot: the nodes compact their log past this many entries
+PAD_WRITES_MAX = 4 * COMPACTION_ENTRIES
+SNAPSHOT_POLL_WRITES = 10
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -108,16 +109,21 @@ def read_once(address: str) -> bool:
         return bool(client.get_config(pb.GetConfigRequest(), timeout_s=0.5))
 
 
-def phases_of(log_path: Path, offset: int, spawned_at: float) -> dict[str, float | None]:
-    """Seconds from the spawn to the end of each phase, from the node's log after `offset`."""
-    found: dict[str, float] = {}
+def phases_of(log_path: Path, offset: int, spawned_at: float) -> dict[str, dict[str, float | None]]:
+    """Seconds from the spawn to the end of each phase (`phases_s`) and the process's CPU
+    seconds by then (`phases_cpu_s`), from the node's log after `offset`."""
+    found: dict[str, tuple[float, float | None]] = {}
     with open(log_path, "rb") as lines:
         lines.seek(offset)
         for raw in lines:
             words = raw.decode(errors="replace").split()
-            if len(words) == 3 and words[0] == timed_controller.PHASE_PREFIX:
-                found.setdefault(words[1], float(words[2]) - spawned_at)
-    return {phase: _r(found.get(phase)) for phase in PHASES}
+            if len(words) in (3, 4) and words[0] == timed_controller.PHASE_PREFIX:
+                cpu = float(words[3]) if len(words) == 4 else None
+                found.setdefault(words[1], (float(words[2]) - spawned_at, cpu))
+    return {
+        "phases_s": {phase: _r(found[phase][0]) if phase in found else None for phase in PHASES},
+        "phases_cpu_s": {phase: _r(found[phase][1]) if phase in found else None for phase in PHASES},
+    }
 
 
 def restart_once(cluster: Any, k: int) -> dict[str, Any]:
@@ -141,7 +147,7 @@ def restart_once(cluster: Any, k: int) -> dict[str, Any]:
     served = _first_success(lambda: read_once(node.grpc), FIRST_READ_TIMEOUT_S)
     restart_s = None if served is None else time.monotonic() - t0
     time.sleep(0.2)  # the last phase lines reach the log
-    return {"restart_to_serving_s": _r(restart_s), "phases_s": phases_of(log_path, offset, spawned_at)}
+    return {"restart_to_serving_s": _r(restart_s)} | phases_of(log_path, offset, spawned_at)
 
 
 def create_topics(cluster: Any, topics: int) -> float:
@@ -209,42 +215,33 @@ def snapshot_index(path: Path) -> int:
         return 0
 
 
-def write_settings(cluster: Any, settings: dict[str, Any]) -> None:
-    """The Raft settings the controllers started from now on read (the harness's file)."""
-    lines = ["[raft_settings]"] + [f"{k} = {v}" for k, v in settings.items()]
-    cluster._config_file.write_text("\n".join(lines) + "\n")
-
-
 def force_snapshots(cluster: Any) -> dict[str, Any]:
-    """Waits until every node (running with a compaction every second) holds a snapshot
-    of everything committed now, then restarts all three with the default settings."""
+    """Makes every node hold a snapshot of every topic: the nodes compact after
+    COMPACTION_ENTRIES entries, so single writes (`pad-N` topics) after the load make each
+    take one past the load's last index. A snapshot every second instead (even only after
+    the load) cost a loaded machine minutes: the first restart replays the whole load."""
     from mqmeta.pb import controller_pb2 as pb
 
     t0 = time.monotonic()
-    with cluster.client() as client:
-        target = client.get_metadata(pb.GetMetadataRequest()).commit_index
     paths = {n.id: cluster.root / n.data_dir / "raft.snapshot" for n in cluster.layout.controllers}
     indexes: dict[str, int] = {}
-    while time.monotonic() - t0 < SNAPSHOT_WAIT_S:
-        indexes = {node: snapshot_index(path) for node, path in paths.items()}
-        if min(indexes.values()) >= target:
-            break
-        time.sleep(SNAPSHOT_POLL_S)
-    else:
-        raise RuntimeError(
-            f"no snapshot at index {target} on every node within {SNAPSHOT_WAIT_S} s: {indexes}"
-        )
-    waited_s = time.monotonic() - t0
-    for node in cluster.layout.controllers:
-        cluster.kill(node.id)
-    write_settings(cluster, {k: v for k, v in cluster.raft_settings.items() if k not in COMPACT_EVERY_SECOND})
-    for node in cluster.layout.controllers:
-        cluster.start_node(node.id)
-    cluster.wait_ready(timeout_s=120.0)
+    with cluster.client(timeout_s=LOAD_CALL_TIMEOUT_S) as client:
+        target = client.get_metadata(pb.GetMetadataRequest()).commit_index
+        for pad in range(PAD_WRITES_MAX):
+            if pad % SNAPSHOT_POLL_WRITES == 0:
+                indexes = {node: snapshot_index(path) for node, path in paths.items()}
+                if min(indexes.values()) >= target:
+                    break
+            if time.monotonic() - t0 > SNAPSHOT_WAIT_S:
+                break
+            client.create_topic(pb.TopicSpec(name=f"pad-{pad}", queue_count=1))
+    if min(indexes.values(), default=0) < target:
+        raise RuntimeError(f"no snapshot at index {target} on every node: {indexes}")
     return {
         "index": target,
         "snapshot_indexes": indexes,
-        "waited_s": _r(waited_s),
+        "pad_writes": pad,
+        "waited_s": _r(time.monotonic() - t0),
         "bytes": {node: path.stat().st_size for node, path in paths.items()},
     }
 
@@ -252,7 +249,8 @@ def force_snapshots(cluster: Any) -> dict[str, Any]:
 def mqmeta_restarts(root: Path, restarts: int, topics: int, snapshot: bool) -> dict[str, Any]:
     from mqmeta.cluster.harness import Cluster
 
-    cluster = Cluster(root / "mqmeta", count=3, raft_settings=COMPACT_EVERY_SECOND if snapshot else None)
+    settings = {"compaction_min_entries": COMPACTION_ENTRIES} if snapshot else None
+    cluster = Cluster(root / "mqmeta", count=3, raft_settings=settings)
     out: dict[str, Any] = {}
     try:
         cluster.start()
@@ -260,7 +258,7 @@ def mqmeta_restarts(root: Path, restarts: int, topics: int, snapshot: bool) -> d
         log(f"{topics} topics created in {out['create_topics_s']} s")
         if snapshot:
             out["snapshot"] = force_snapshots(cluster)
-            log(f"every node restarted from its snapshot at index {out['snapshot']['index']}")
+            log(f"every node holds a snapshot past index {out['snapshot']['index']}")
         time.sleep(IDLE_SETTLE_S)
         idle_rss_mb = {
             n.id: load.rss_mb(cluster.supervisor.children[n.id].pid) for n in cluster.layout.controllers
@@ -274,14 +272,18 @@ def mqmeta_restarts(root: Path, restarts: int, topics: int, snapshot: bool) -> d
         cluster.stop()
     times = [s["restart_to_serving_s"] for s in samples]
     phases = {
-        phase: _r(percentile([s["phases_s"][phase] for s in samples if s["phases_s"][phase] is not None], 50))
-        for phase in PHASES
+        kind: {
+            phase: _r(percentile([s[kind][phase] for s in samples if s[kind][phase] is not None], 50))
+            for phase in PHASES
+        }
+        for kind in ("phases_s", "phases_cpu_s")
     }
     summary = seconds_summary([t for t in times if t is not None])
     return out | {
         "restart_to_serving_s": summary,
         "failed": times.count(None),
-        "phases_p50_s": phases,
+        "phases_p50_s": phases["phases_s"],
+        "phases_cpu_p50_s": phases["phases_cpu_s"],
         "idle_rss_mb": idle_rss_mb,
         "runs": samples,
     }

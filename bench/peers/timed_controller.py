@@ -1,7 +1,8 @@
 """`python bench/peers/timed_controller.py ARGS`: `mqmeta ARGS` (a controller node) that
 prints, on stderr, when each phase of its start ends (bench/peers/restart.py reads them).
 
-One line per phase, `STARTUP_PHASE <phase> <unix time>`: `interpreter` (this file runs:
+One line per phase, `STARTUP_PHASE <phase> <unix time> <CPU seconds of the process so far>`
+(the CPU time tells what a phase costs apart from a loaded machine's waits): `interpreter` (this file runs:
 the interpreter and site are up), `imports` (the controller's modules: gRPC, protobuf,
 pysyncobj, prometheus), `arguments` (the command line parsed, the configuration and TLS
 set up), `damage_checked` (the journal's and the snapshot's checksums checked:
@@ -26,7 +27,7 @@ WATCH_STEP_S = 0.002
 
 
 def mark(phase: str) -> None:
-    sys.stderr.write(f"{PHASE_PREFIX} {phase} {time.time():.6f}\n")
+    sys.stderr.write(f"{PHASE_PREFIX} {phase} {time.time():.6f} {time.process_time():.6f}\n")
     sys.stderr.flush()
 
 
@@ -73,7 +74,10 @@ def _instrument() -> None:
         mark("grpc_serving")
 
     mqmeta.cli._dispatch = dispatched
-    raft_node.inspect_data_dir = _marking(raft_node.inspect_data_dir, "damage_checked")
+    if hasattr(raft_node, "inspect_data_dir"):
+        raft_node.inspect_data_dir = _marking(raft_node.inspect_data_dir, "damage_checked")
+    else:  # the code before the snapshot was read once (for a before/after run)
+        raft_node.damage_of = _marking(raft_node.damage_of, "damage_checked")  # type: ignore[attr-defined]
     raft_node.reconcile_with_snapshot = _marking(raft_node.reconcile_with_snapshot, "reconciled")
     snapshot.StateSnapshots.deserialize = _marking(  # type: ignore[method-assign]
         snapshot.StateSnapshots.deserialize, "snapshot_loaded"
