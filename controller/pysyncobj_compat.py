@@ -28,7 +28,6 @@ Nothing is changed by importing this module. What it provides, applied explicitl
 from __future__ import annotations
 
 import gzip
-import importlib.metadata
 import inspect
 import logging
 import os
@@ -45,6 +44,7 @@ import pysyncobj.pickle
 import pysyncobj.serializer
 import pysyncobj.syncobj
 import pysyncobj.transport
+import pysyncobj.version
 from pysyncobj import FAIL_REASON, SyncObj
 from pysyncobj.monotonic import monotonic as monotonic_time
 from pysyncobj.transport import CONNECTION_STATE, TCPTransport, TransportNotReadyError
@@ -52,7 +52,6 @@ from pysyncobj.transport import CONNECTION_STATE, TCPTransport, TransportNotRead
 from mqmeta.formats.atomic import fsync_dir
 
 PINNED_VERSION = "0.3.17"  # equal to the pin in pyproject.toml (tests/test_pysyncobj_compat.py checks)
-DISTRIBUTION = "pysyncobj"
 
 Entry = tuple[bytes, int, int]  # command, raft index, term: pysyncobj's journal entries
 
@@ -270,10 +269,10 @@ def verify(installed_version: str | None, namespace: Mapping[str, Any]) -> None:
 
 
 def installed_version() -> str | None:
-    try:
-        return importlib.metadata.version(DISTRIBUTION)
-    except importlib.metadata.PackageNotFoundError:
-        return None
+    """pysyncobj's own version constant (pysyncobj/version.py; pysyncobj writes it into its
+    journals too). importlib.metadata, which reads the same from the installed package's
+    metadata, would cost every controller 0.8 MB and its email-parsing imports."""
+    return getattr(pysyncobj.version, "VERSION", None)
 
 
 def real_namespace() -> dict[str, Any]:

@@ -164,10 +164,9 @@ def test_an_upgraded_pysyncobj_fails_at_import(tmp_path):
     text = syncobj_py.read_text()
     assert text.count("__getEntries(") > 1
     syncobj_py.write_text(text.replace("__getEntries(", "__entriesFrom("))
-    info = next(source.parent.glob(f"pysyncobj-{compat.PINNED_VERSION}.dist-info"))
-    shutil.copytree(info, shadow / "pysyncobj-0.3.18.dist-info")
-    metadata = shadow / "pysyncobj-0.3.18.dist-info" / "METADATA"
-    metadata.write_text(metadata.read_text().replace(f"Version: {compat.PINNED_VERSION}", "Version: 0.3.18"))
+    version_py = shadow / "pysyncobj" / "version.py"
+    assert f"VERSION = '{compat.PINNED_VERSION}'" in version_py.read_text()
+    version_py.write_text("VERSION = '0.3.18'\n")
     run = subprocess.run(
         [sys.executable, "-c", "import mqmeta.controller.raft_node"],
         env={**os.environ, "PYTHONPATH": f"{shadow}{os.pathsep}{ROOT}"},
