@@ -337,15 +337,19 @@ def read_snapshot_tail(path: Path) -> tuple[Entry, Entry] | None:
         ) from None
 
 
-def reconcile_with_snapshot(journal_path: Path, snapshot_path: Path) -> None:
+def reconcile_with_snapshot(
+    journal_path: Path, snapshot_path: Path, tail: tuple[Entry, Entry] | None = None
+) -> None:
     """Compacts the journal up to the snapshot when a crash came between the two.
 
     pysyncobj keeps its journal on restart only if the journal starts with exactly the
     snapshot's last two entries; otherwise it clears it. If the process died after the
     snapshot was written but before the journal was compacted, the journal still holds
     older entries first, and every committed entry after the snapshot would be lost.
+    `tail`: the snapshot's (last, previous) entries when the caller has read it already.
     """
-    tail = read_snapshot_tail(snapshot_path)
+    if tail is None:
+        tail = read_snapshot_tail(snapshot_path)
     if tail is None or not journal_path.exists():
         return
     last, previous = tail

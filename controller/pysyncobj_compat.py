@@ -17,7 +17,8 @@ Nothing is changed by importing this module. What it provides, applied explicitl
   configuration, but controller/snapshot.py relies on how Serializer calls them (a custom
   serializer may finish after it returns; the journal is compacted only once the checker
   says SUCCESS): REQUIREMENTS names what it relies on;
-- NextIndexFix, HeldEntriesFix, InputFirstFix, ReadIndex, SendBeforeSync and RaftFixes (all):
+- NextIndexFix, HeldEntriesFix, SnapshotCommitFix, InputFirstFix, ReadIndex, SendBeforeSync and
+  RaftFixes (all):
   SyncObj subclasses to inherit from;
 - DialHookTransport: pysyncobj's TCP transport with a dial hook;
 - accessors: raft_journal, entries_from, leader_address, is_leader, read_snapshot_entries;
@@ -27,7 +28,6 @@ Nothing is changed by importing this module. What it provides, applied explicitl
 from __future__ import annotations
 
 import gzip
-import importlib.metadata
 import inspect
 import logging
 import os
@@ -44,6 +44,7 @@ import pysyncobj.pickle
 import pysyncobj.serializer
 import pysyncobj.syncobj
 import pysyncobj.transport
+import pysyncobj.version
 from pysyncobj import FAIL_REASON, SyncObj
 from pysyncobj.monotonic import monotonic as monotonic_time
 from pysyncobj.transport import CONNECTION_STATE, TCPTransport, TransportNotReadyError
@@ -51,7 +52,6 @@ from pysyncobj.transport import CONNECTION_STATE, TCPTransport, TransportNotRead
 from mqmeta.formats.atomic import fsync_dir
 
 PINNED_VERSION = "0.3.17"  # equal to the pin in pyproject.toml (tests/test_pysyncobj_compat.py checks)
-DISTRIBUTION = "pysyncobj"
 
 Entry = tuple[bytes, int, int]  # command, raft index, term: pysyncobj's journal entries
 
@@ -131,6 +131,22 @@ REQUIREMENTS: tuple[Requirement, ...] = (
     Requirement(_SYNCOBJ, "SyncObj.__init__", "_SyncObj__raftNextIndex", USES, "NextIndexFix keeps it"),
     Requirement(_SYNCOBJ, "SyncObj", "_SyncObj__sendNextNodeIdx", ROUTINE, "HeldEntriesFix acknowledges"),
     Requirement(_SYNCOBJ, "SyncObj", "raftCurrentTerm", PROPERTY, "HeldEntriesFix compares terms"),
+    # SnapshotCommitFix
+    Requirement(
+        _SYNCOBJ,
+        "SyncObj._SyncObj__onMessageReceived",
+        "setTransmissionData",
+        USES,
+        "a follower installs a snapshot from an append_entries",
+    ),
+    Requirement(
+        _SYNCOBJ,
+        "SyncObj._SyncObj__onMessageReceived",
+        "_SyncObj__raftCommitIndex",
+        USES,
+        "SnapshotCommitFix keeps it from rising on a snapshot message",
+    ),
+    Requirement(_SYNCOBJ, "SyncObj", "raftLastApplied", PROPERTY, "SnapshotCommitFix: what was installed"),
     # InputFirstFix
     Requirement(_SYNCOBJ, "SyncObj._onTick", "_poller", USES, "a tick reads the network through it"),
     Requirement(
@@ -253,10 +269,10 @@ def verify(installed_version: str | None, namespace: Mapping[str, Any]) -> None:
 
 
 def installed_version() -> str | None:
-    try:
-        return importlib.metadata.version(DISTRIBUTION)
-    except importlib.metadata.PackageNotFoundError:
-        return None
+    """pysyncobj's own version constant (pysyncobj/version.py; pysyncobj writes it into its
+    journals too). importlib.metadata, which reads the same from the installed package's
+    metadata, would cost every controller 0.8 MB and its email-parsing imports."""
+    return getattr(pysyncobj.version, "VERSION", None)
 
 
 def real_namespace() -> dict[str, Any]:
@@ -494,6 +510,45 @@ class HeldEntriesFix(SyncObj):
         # Everything resent is already here: acknowledge it, truncate nothing.
         self._SyncObj__sendNextNodeIdx(node, nextNodeIdx=entries[-1][1] + 1, success=True)
         return None
+
+
+def _is_snapshot_message(message: Any) -> bool:
+    """An append_entries that carries (a piece of) a snapshot, or none, instead of entries:
+    pysyncobj sends one, without prevLogIdx, while a follower is behind its first entry."""
+    return (
+        isinstance(message, dict) and message.get("type") == "append_entries" and "prevLogIdx" not in message
+    )
+
+
+class SnapshotCommitFix(SyncObj):
+    """Follower side: a snapshot message never raises the commit index over the follower's
+    own, unmatched entries.
+
+    pysyncobj 0.3.17 raises a follower's commit index to min(leader's commit, its last
+    index) after every append_entries, including the ones that carry a snapshot (in 64 KB
+    pieces, or `None` when the file cannot be read), which skip the log-matching check.
+    A follower with entries the new leader never had (a deposed leader's uncommitted
+    tail) is sent a snapshot when the leader has compacted past them; on the first piece
+    it counts its own tail as committed and applies it, though the committed entries at
+    those indexes are others (R1, log agreement, broken; and if the transfer stops there,
+    the next leader's appends are applied on top: a diverged state). Raft commits only
+    what the log-matching check has matched: here a snapshot message may raise the commit
+    index only to what the installed snapshot holds (its last index, once the last piece
+    arrived); the next append with prevLogIdx raises the rest."""
+
+    _SyncObj__raftCommitIndex: int  # pysyncobj's, set in SyncObj.__init__
+
+    def _SyncObj__onMessageReceived(self, node: Any, message: Any) -> None:  # noqa: N802 - pysyncobj's name
+        if not _is_snapshot_message(message):
+            super()._SyncObj__onMessageReceived(node, message)  # type: ignore[misc]
+            return
+        # pysyncobj raises the commit index only when the leader's is above the follower's
+        capped = dict(message, commit_index=min(message["commit_index"], self._SyncObj__raftCommitIndex))
+        super()._SyncObj__onMessageReceived(node, capped)  # type: ignore[misc]
+        installed = self.raftLastApplied  # the snapshot's last index if one was installed
+        if installed > self._SyncObj__raftCommitIndex:
+            self._SyncObj__raftCommitIndex = installed  # a snapshot holds committed entries only
+            self._SyncObj__raftLog.setRaftCommitIndex(installed)
 
 
 class InputFirstFix(SyncObj):
@@ -844,7 +899,14 @@ class ReadIndex(SyncObj):
 
 
 class RaftFixes(
-    CatchUpFix, ReadIndex, SendBeforeSync, LeadershipTransfer, InputFirstFix, HeldEntriesFix, NextIndexFix
+    CatchUpFix,
+    ReadIndex,
+    SendBeforeSync,
+    LeadershipTransfer,
+    InputFirstFix,
+    SnapshotCommitFix,
+    HeldEntriesFix,
+    NextIndexFix,
 ):
     """Every Raft fix, leadership transfer, ReadIndex and SendBeforeSync: what every
     controller node runs with."""

@@ -31,8 +31,8 @@ from mqmeta.controller.repair import (
     SCRUB_INTERVAL_S_DEFAULT,
     RaftRepairStats,
     RaftScrubber,
-    damage_of,
     discard_damaged,
+    inspect_data_dir,
 )
 from mqmeta.controller.snapshot import StateSnapshots, guarded_replace
 from mqmeta.controller.state_machine import ControllerState, apply
@@ -182,7 +182,7 @@ class ControllerRaft(pysyncobj_compat.RaftFixes):
         install_pysyncobj_patches()
         make_directories(data_dir)
         self.repair_stats = RaftRepairStats()
-        damage = damage_of(data_dir)
+        damage, loaded = inspect_data_dir(data_dir)  # the snapshot read once, for the load too
         if damage is not None:  # discarded, re-joined from the others (controller/repair.py)
             self.catch_up_index = discard_damaged(data_dir, damage)
             self.repair_stats.corruptions_found += 1
@@ -190,7 +190,9 @@ class ControllerRaft(pysyncobj_compat.RaftFixes):
             self.repair_stats.catch_up_index = self.catch_up_index
         self._scrubber = RaftScrubber(data_dir, settings.scrub_interval_s, self.repair_stats)
         journal = data_dir / "raft.journal"
-        reconcile_with_snapshot(journal, data_dir / "raft.snapshot")
+        reconcile_with_snapshot(
+            journal, data_dir / "raft.snapshot", None if loaded is None else loaded.tail[:2]
+        )
         _JOURNAL_FSYNC[str(journal)] = settings.journal_fsync
         # Attributes set before SyncObj.__init__ are runtime-only (not in snapshots).
         self._node_id = node_id
@@ -199,7 +201,7 @@ class ControllerRaft(pysyncobj_compat.RaftFixes):
         self.history = CommandHistory()  # what this node applied, for the history read
         self._on_events = on_events
         self._state = ControllerState()
-        self._snapshots = StateSnapshots(lambda: self._state, self._install_state)
+        self._snapshots = StateSnapshots(lambda: self._state, self._install_state, loaded)
         self.on_applied: Callable[[float, int], None] | None = None  # (seconds, commands): metrics
         self.leader_terms = 0  # how often this node became leader (metrics)
         others = [p.raft for p in peers if p.raft != raft_address]

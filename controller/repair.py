@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mqmeta.controller.journal import DurableJournal, failed_marker, parse_records
-from mqmeta.controller.snapshot import read_snapshot
+from mqmeta.controller.snapshot import LoadedSnapshot, load_snapshot
 
 from mqmeta.errors import CorruptData
 
@@ -58,21 +58,25 @@ def damage_of(data_dir: Path) -> str | None:
     """Why this node's journal or snapshot cannot be trusted (None: both are sound). Reads
     each file whole: every journal record's CRC, the snapshot's gzip CRC and digest. A
     torn last journal record is not damage (a crash; the journal cuts it at open)."""
+    return inspect_data_dir(data_dir)[0]
+
+
+def inspect_data_dir(data_dir: Path) -> tuple[str | None, LoadedSnapshot | None]:
+    """damage_of, and the snapshot as read and checked (None: damaged, or no snapshot):
+    at start the node installs that read instead of reading the file again."""
     journal, snapshot = data_dir / JOURNAL_NAME, data_dir / SNAPSHOT_NAME
     marker = failed_marker(journal)
     if marker.exists():
         why = marker.read_text(errors="replace").strip()
-        return f"an fsync of the Raft log failed before the last exit ({why}); it is not trusted"
+        return f"an fsync of the Raft log failed before the last exit ({why}); it is not trusted", None
     try:
         if journal.exists():
             parse_records(journal.read_bytes(), str(journal))
-        if snapshot.exists():
-            read_snapshot(snapshot)
+        return None, load_snapshot(snapshot) if snapshot.exists() else None
     except CorruptData as error:
-        return str(error)
+        return str(error), None
     except Exception as error:  # gzip, zlib and pickle each raise their own kinds
-        return f"{snapshot} cannot be read ({type(error).__name__}: {error})"
-    return None
+        return f"{snapshot} cannot be read ({type(error).__name__}: {error})", None
 
 
 def discard_damaged(data_dir: Path, reason: str) -> int:

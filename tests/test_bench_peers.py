@@ -3,7 +3,8 @@ stops every process it started (by pid): after stop() none of its pids is alive.
 that is not installed is skipped here as the bench skips it (with the package to install).
 RabbitMQ's start takes ~40 s on this machine kind: slow runs only. Not the benchmark.
 The restart bench's phase lines (bench/peers/timed_controller.py) are read back as seconds
-from the spawn, the first of each phase, and a missing phase is None."""
+from the spawn and the process's CPU seconds then (None from a line without them), the
+first of each phase, and a missing phase is None."""
 
 from __future__ import annotations
 
@@ -61,10 +62,12 @@ def test_restart_phases_are_read_from_the_log(tmp_path: Path) -> None:
     lines = [
         f"{prefix} interpreter 100.05",
         "WARNING something",
-        f"{prefix} imports 100.5",
-        f"{prefix} imports 101",
+        f"{prefix} imports 100.5 0.4",
+        f"{prefix} imports 101 0.6",
     ]
     log.write_text(log.read_text() + "\n".join(lines) + "\n")
-    phases = restart.phases_of(log, offset, spawned_at=100.0)
+    read = restart.phases_of(log, offset, spawned_at=100.0)
+    phases, cpu = read["phases_s"], read["phases_cpu_s"]
     assert phases["interpreter"] == 0.05 and phases["imports"] == 0.5
-    assert phases["caught_up"] is None and set(phases) == set(restart.PHASES)
+    assert cpu["interpreter"] is None and cpu["imports"] == 0.4
+    assert phases["caught_up"] is None and set(phases) == set(cpu) == set(restart.PHASES)

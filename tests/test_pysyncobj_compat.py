@@ -15,6 +15,8 @@ Properties checked:
 - NextIndexFix: a stale successful ack does not move the leader's nextIndex backwards,
   so no entry is sent to a follower twice;
 - HeldEntriesFix: a follower sent entries it already holds does not truncate its log;
+- SnapshotCommitFix: a follower holding a deposed leader's uncommitted entries applies
+  none of them when the new leader starts sending it a snapshot;
 - InputFirstFix: a follower that stalled past its election timeout reads the leader's
   heartbeats (waiting in its socket) before deciding, so it does not depose the leader;
 - DialHookTransport: Raft connects through the dial map, peers keep their identities;
@@ -43,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 import pysyncobj.journal
+import pysyncobj.pickle
 import pysyncobj.serializer
 import pysyncobj.syncobj
 import pytest
@@ -161,10 +164,9 @@ def test_an_upgraded_pysyncobj_fails_at_import(tmp_path):
     text = syncobj_py.read_text()
     assert text.count("__getEntries(") > 1
     syncobj_py.write_text(text.replace("__getEntries(", "__entriesFrom("))
-    info = next(source.parent.glob(f"pysyncobj-{compat.PINNED_VERSION}.dist-info"))
-    shutil.copytree(info, shadow / "pysyncobj-0.3.18.dist-info")
-    metadata = shadow / "pysyncobj-0.3.18.dist-info" / "METADATA"
-    metadata.write_text(metadata.read_text().replace(f"Version: {compat.PINNED_VERSION}", "Version: 0.3.18"))
+    version_py = shadow / "pysyncobj" / "version.py"
+    assert f"VERSION = '{compat.PINNED_VERSION}'" in version_py.read_text()
+    version_py.write_text("VERSION = '0.3.18'\n")
     run = subprocess.run(
         [sys.executable, "-c", "import mqmeta.controller.raft_node"],
         env={**os.environ, "PYTHONPATH": f"{shadow}{os.pathsep}{ROOT}"},
@@ -566,6 +568,52 @@ def test_a_follower_keeps_entries_it_already_holds():
         assert follower.value == leader.value == 4, "four increments, each applied once"
     finally:
         stop_pair(leader, follower)
+
+
+class FollowerWithSnapshotCommitFix(compat.SnapshotCommitFix, Counter):
+    pass
+
+
+def increment_entry(node: Counter, index: int, term: int) -> tuple[bytes, int, int]:
+    """A journal entry of `node.inc()`, as pysyncobj's leader would send it."""
+    command = pysyncobj.syncobj._bchr(pysyncobj.syncobj._COMMAND_TYPE.REGULAR)
+    (function_id,) = (i for name, i in node._methodToID.items() if "inc" in str(name))
+    return command + pysyncobj.pickle.dumps(function_id), index, term
+
+
+@pytest.mark.parametrize(
+    "serialized", [None, (b"the first 64 KB", True, False)], ids=["unreadable", "first-piece"]
+)
+def test_a_snapshot_message_commits_no_unmatched_entry(serialized):
+    """A deposed leader's uncommitted tail (indexes 2-3, term 1) is not applied when the
+    new leader (term 2, commit index 10, compacted past them) sends a snapshot: pysyncobj
+    raises the commit index on a snapshot message without the log-matching check."""
+    follower_address, peer_address = loopback_addresses(2)  # the peer only names the sender
+    follower = FollowerWithSnapshotCommitFix(
+        follower_address, peer_address, manual_conf(follower_address, 30.0)
+    )
+    try:
+        deliver = follower._SyncObj__onMessageReceived
+        sender = next(iter(follower.otherNodes))
+        tail = [increment_entry(follower, 2, 1), increment_entry(follower, 3, 1)]
+        deliver(
+            sender,
+            {
+                "type": "append_entries",
+                "term": 1,
+                "commit_index": 1,
+                "entries": tail,
+                "prevLogIdx": 1,
+                "prevLogTerm": 0,
+            },
+        )
+        assert compat.entries_from(follower, 2, 2) == tail and follower.getStatus()["commit_idx"] == 1
+        deliver(sender, {"type": "append_entries", "term": 2, "commit_index": 10, "serialized": serialized})
+        follower.doTick(0.0)  # applies what is committed
+        assert follower.value == 0, "the follower applied entries the new leader never committed"
+        assert follower.getStatus()["commit_idx"] == 1
+    finally:
+        follower.destroy()
 
 
 class FollowerWithInputFirstFix(compat.InputFirstFix, Counter):

@@ -9,6 +9,10 @@ Properties checked:
   several chunks; read_snapshot_entries (the restart check) finds its Raft position;
 - snapshots in pysyncobj's stock format (written before this module) still load;
 - a snapshot whose content does not add up to its recorded digest is refused;
+- the start-up check's read (load_snapshot, with every check) is what the node installs:
+  its snapshot file is read once at start; a file renamed over it since is read again;
+- the garbage collector is held off while a snapshot is decoded, also by two threads at
+  once, and is on again afterwards (off again if it was off);
 - pysyncobj's own rename of a file still being written is refused, and a snapshot
   received from the leader cancels the writer: the older snapshot never lands over it.
 """
@@ -16,7 +20,9 @@ Properties checked:
 from __future__ import annotations
 
 import copy
+import gc
 import gzip
+import os
 import pickle
 import threading
 from pathlib import Path
@@ -127,6 +133,68 @@ def test_a_snapshot_read_back_holds_every_key_and_its_raft_position(tmp_path, mo
     assert snapshots.deserialize(str(target))[:2] == TAIL[:2]
     assert installed and installed[0].digest == state.digest
     assert [t["name"] for t in installed[0].topics()] == [t["name"] for t in state.topics()]
+
+
+def written_snapshot(state: ControllerState, target: Path) -> None:
+    snapshots, _ = snapshots_of(state)
+    snapshots.serialize(f"{target}.tmp", TAIL)
+    wait_for(lambda: snapshots.check() == SERIALIZER_STATE.SUCCESS, 10.0, "the writer to finish")
+
+
+def test_the_start_up_read_of_a_snapshot_is_the_one_installed(tmp_path, monkeypatch):
+    state = loaded_state(30)
+    target = tmp_path / "raft.snapshot"
+    written_snapshot(state, target)
+    loaded = snapshot.load_snapshot(target)  # what the start-up check (repair.py) reads
+    assert loaded.state.digest == state.digest and loaded.tail[:2] == TAIL[:2]
+    reads: list[Path] = []
+    real_read = snapshot.read_snapshot
+    monkeypatch.setattr(snapshot, "read_snapshot", lambda path: reads.append(path) or real_read(path))
+    installed: list[ControllerState] = []
+    snapshots = StateSnapshots(lambda: state, installed.append, loaded)
+    assert snapshots.deserialize(str(target))[:2] == TAIL[:2]
+    assert installed == [loaded.state] and reads == [], "the snapshot was read a second time"
+    # Later loads (a snapshot received from the leader, renamed over it) read the file.
+    os.replace(target, tmp_path / "old")
+    written_snapshot(loaded_state(31), target)
+    snapshots.deserialize(str(target))
+    assert reads == [target] and len(installed[1].topics()) == 31
+
+
+def test_a_start_up_read_of_another_file_is_not_installed(tmp_path):
+    target = tmp_path / "raft.snapshot"
+    written_snapshot(loaded_state(5), target)
+    loaded = snapshot.load_snapshot(target)
+    os.replace(target, tmp_path / "old")
+    written_snapshot(loaded_state(6), target)  # renamed over it between the check and the load
+    installed: list[ControllerState] = []
+    StateSnapshots(lambda: ControllerState(), installed.append, loaded).deserialize(str(target))
+    assert installed[0] is not loaded.state and len(installed[0].topics()) == 6
+
+
+def test_the_collector_is_held_off_while_snapshots_are_decoded(tmp_path, monkeypatch):
+    target = tmp_path / "raft.snapshot"
+    written_snapshot(loaded_state(5), target)
+    seen: list[bool] = []
+    real_from_chunks = ControllerState.from_chunks.__func__  # type: ignore[attr-defined]
+
+    def recording(cls, chunks):
+        seen.append(gc.isenabled())
+        if len(seen) == 1:
+            read_snapshot(target)  # a second decode (another thread's) inside the first
+            seen.append(gc.isenabled())
+        return real_from_chunks(cls, chunks)
+
+    monkeypatch.setattr(ControllerState, "from_chunks", classmethod(recording))
+    assert gc.isenabled()
+    read_snapshot(target)
+    assert seen == [False, False, False] and gc.isenabled()
+    gc.disable()
+    try:
+        read_snapshot(target)
+        assert not gc.isenabled(), "a collector that was off was turned on"
+    finally:
+        gc.enable()
 
 
 def test_a_snapshot_in_pysyncobjs_stock_format_still_loads(tmp_path):

@@ -10,9 +10,16 @@ that the port accepts a TCP connection, as etcd's HTTP attempt finds a refused p
 once: otherwise a gRPC channel opened before the node listens waits out its reconnect
 backoff and that is what gets measured. The restarted controller runs under
 bench/peers/timed_controller.py; the seconds from the spawn to the end of each start-up
-phase (interpreter, imports, arguments, raft_node, grpc_serving, leader_known, caught_up)
-go in the JSON with the load average, and so does each controller's idle RSS (2 s after
-the topics were created). etcd's side is bench.peers' own (`etcd_kills`).
+phase (interpreter, imports, arguments, damage_checked, reconciled, raft_node,
+snapshot_loaded, grpc_serving, leader_known, caught_up) go in the JSON with the load
+average, and so does each controller's idle RSS (2 s after the topics were created).
+etcd's side is bench.peers' own (`etcd_kills`).
+
+The topics are created in batches (WriteBatch of 512, two clients). With `--snapshot`
+(the default from 10,000 topics on) the nodes compact their log every 150 entries, and
+single writes after the load make each take a snapshot holding every topic: every
+restart measured loads its state from that snapshot and replays only the few entries
+written since, as a node that has run for a while does.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ import os
 import socket
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -36,7 +44,28 @@ log = make_log("restart")
 FIRST_READ_TIMEOUT_S = 30.0
 CONNECT_PROBE_TIMEOUT_S = 0.2
 IDLE_SETTLE_S = 2.0
-PHASES = ("interpreter", "imports", "arguments", "raft_node", "grpc_serving", "leader_known", "caught_up")
+PHASES = (
+    "interpreter",
+    "imports",
+    "arguments",
+    "damage_checked",
+    "reconciled",
+    "raft_node",
+    "snapshot_loaded",
+    "grpc_serving",
+    "leader_known",
+    "caught_up",
+)
+LOAD_BATCH = 512  # writes per WriteBatch call: one Raft entry (batch_commands_max)
+LOAD_CLIENTS = 2
+LOAD_CALL_TIMEOUT_S = 120.0
+LOAD_ATTEMPTS_MAX = 10
+RETRIED = {"UNAVAILABLE", "DEADLINE_EXCEEDED"}
+SNAPSHOT_TOPICS_MIN = 10_000  # --snapshot's default from this many topics on
+SNAPSHOT_WAIT_S = 300.0
+COMPACTION_ENTRIES = 150  # --snapshot: the nodes compact their log past this many entries
+PAD_WRITES_MAX = 4 * COMPACTION_ENTRIES
+SNAPSHOT_POLL_WRITES = 10
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -46,7 +75,18 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--restarts", type=int, default=5, help="restarts of each system (default 5)")
     parser.add_argument("--topics", type=int, default=100, help="topics in the controllers' state (100)")
     parser.add_argument("--no-etcd", action="store_true", help="mqmeta alone")
-    return parser.parse_args(argv)
+    parser.add_argument(
+        "--snapshot",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help=f"restart from a snapshot holding every topic (default: from {SNAPSHOT_TOPICS_MIN:,} topics on)",
+    )
+    args = parser.parse_args(argv)
+    if args.topics < 0 or args.restarts < 1:
+        parser.error("--topics must be 0 or more and --restarts at least 1")
+    if args.snapshot is None:
+        args.snapshot = args.topics >= SNAPSHOT_TOPICS_MIN
+    return args
 
 
 def accepts(address: str) -> bool:
@@ -69,16 +109,21 @@ def read_once(address: str) -> bool:
         return bool(client.get_config(pb.GetConfigRequest(), timeout_s=0.5))
 
 
-def phases_of(log_path: Path, offset: int, spawned_at: float) -> dict[str, float | None]:
-    """Seconds from the spawn to the end of each phase, from the node's log after `offset`."""
-    found: dict[str, float] = {}
+def phases_of(log_path: Path, offset: int, spawned_at: float) -> dict[str, dict[str, float | None]]:
+    """Seconds from the spawn to the end of each phase (`phases_s`) and the process's CPU
+    seconds by then (`phases_cpu_s`), from the node's log after `offset`."""
+    found: dict[str, tuple[float, float | None]] = {}
     with open(log_path, "rb") as lines:
         lines.seek(offset)
         for raw in lines:
             words = raw.decode(errors="replace").split()
-            if len(words) == 3 and words[0] == timed_controller.PHASE_PREFIX:
-                found.setdefault(words[1], float(words[2]) - spawned_at)
-    return {phase: _r(found.get(phase)) for phase in PHASES}
+            if len(words) in (3, 4) and words[0] == timed_controller.PHASE_PREFIX:
+                cpu = float(words[3]) if len(words) == 4 else None
+                found.setdefault(words[1], (float(words[2]) - spawned_at, cpu))
+    return {
+        "phases_s": {phase: _r(found[phase][0]) if phase in found else None for phase in PHASES},
+        "phases_cpu_s": {phase: _r(found[phase][1]) if phase in found else None for phase in PHASES},
+    }
 
 
 def restart_once(cluster: Any, k: int) -> dict[str, Any]:
@@ -102,20 +147,118 @@ def restart_once(cluster: Any, k: int) -> dict[str, Any]:
     served = _first_success(lambda: read_once(node.grpc), FIRST_READ_TIMEOUT_S)
     restart_s = None if served is None else time.monotonic() - t0
     time.sleep(0.2)  # the last phase lines reach the log
-    return {"restart_to_serving_s": _r(restart_s), "phases_s": phases_of(log_path, offset, spawned_at)}
+    return {"restart_to_serving_s": _r(restart_s)} | phases_of(log_path, offset, spawned_at)
 
 
-def mqmeta_restarts(root: Path, restarts: int, topics: int) -> dict[str, Any]:
-    from mqmeta.cluster.harness import Cluster
+def create_topics(cluster: Any, topics: int) -> float:
+    """Creates topic-0 .. topic-(topics-1) in WriteBatch calls from LOAD_CLIENTS clients;
+    returns the seconds it took. A write refused as UNAVAILABLE or DEADLINE_EXCEEDED (a
+    leader change, a slow commit on a loaded machine) is sent again; ALREADY_EXISTS then
+    means its first attempt committed."""
+    starts = iter(range(0, topics, LOAD_BATCH))
+    lock = threading.Lock()
+    errors: list[str] = []
 
+    def client_loop() -> None:
+        with cluster.client(timeout_s=LOAD_CALL_TIMEOUT_S) as client:
+            while not errors:
+                with lock:
+                    first = next(starts, None)
+                if first is None:
+                    return
+                problem = create_batch(
+                    client, [f"topic-{i}" for i in range(first, min(first + LOAD_BATCH, topics))]
+                )
+                if problem:
+                    errors.append(problem)
+
+    t0 = time.monotonic()
+    threads = [threading.Thread(target=client_loop, daemon=True) for _ in range(LOAD_CLIENTS)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise RuntimeError(errors[0])
+    return time.monotonic() - t0
+
+
+def create_batch(client: Any, names: list[str]) -> str:
+    """Creates `names` in one WriteBatch, sending again what was refused for a while; '' or
+    what went wrong."""
     from mqmeta.pb import controller_pb2 as pb
 
-    cluster = Cluster(root / "mqmeta", count=3)
+    done = {"", "ALREADY_EXISTS", "TOPIC_EXISTS"}  # exists: an earlier attempt committed it
+    for _ in range(LOAD_ATTEMPTS_MAX):
+        writes = [pb.WriteOp(create_topic=pb.TopicSpec(name=name, queue_count=4)) for name in names]
+        try:
+            results = client.write(pb.WriteBatch(writes=writes), timeout_s=LOAD_CALL_TIMEOUT_S).results
+        except Exception as error:  # the whole call failed: send it all again
+            log(f"a batch of {len(names)} creates failed ({error}); again")
+            continue
+        failed = [(name, r) for name, r in zip(names, results, strict=True) if r.error_code not in done]
+        if not failed:
+            return ""
+        if any(r.error_code not in RETRIED for _, r in failed):
+            return f"creating {failed[0][0]} failed: {failed[0][1].error_code} {failed[0][1].message}"
+        names = [name for name, _ in failed]
+    return f"{len(names)} creates still failed after {LOAD_ATTEMPTS_MAX} attempts"
+
+
+def snapshot_index(path: Path) -> int:
+    """The Raft index a node's snapshot file was taken at (0: none, or being replaced)."""
+    from mqmeta.controller import pysyncobj_compat
+
+    try:
+        return int(pysyncobj_compat.read_snapshot_entries(path)[0][1])
+    except Exception:  # absent, or renamed over while read: look again
+        return 0
+
+
+def force_snapshots(cluster: Any) -> dict[str, Any]:
+    """Makes every node hold a snapshot of every topic: the nodes compact after
+    COMPACTION_ENTRIES entries, so single writes (`pad-N` topics) after the load make each
+    take one past the load's last index. A snapshot every second instead (even only after
+    the load) cost a loaded machine minutes: the first restart replays the whole load."""
+    from mqmeta.pb import controller_pb2 as pb
+
+    t0 = time.monotonic()
+    paths = {n.id: cluster.root / n.data_dir / "raft.snapshot" for n in cluster.layout.controllers}
+    indexes: dict[str, int] = {}
+    with cluster.client(timeout_s=LOAD_CALL_TIMEOUT_S) as client:
+        target = client.get_metadata(pb.GetMetadataRequest()).commit_index
+        for pad in range(PAD_WRITES_MAX):
+            if pad % SNAPSHOT_POLL_WRITES == 0:
+                indexes = {node: snapshot_index(path) for node, path in paths.items()}
+                if min(indexes.values()) >= target:
+                    break
+            if time.monotonic() - t0 > SNAPSHOT_WAIT_S:
+                break
+            client.create_topic(pb.TopicSpec(name=f"pad-{pad}", queue_count=1))
+    if min(indexes.values(), default=0) < target:
+        raise RuntimeError(f"no snapshot at index {target} on every node: {indexes}")
+    return {
+        "index": target,
+        "snapshot_indexes": indexes,
+        "pad_writes": pad,
+        "waited_s": _r(time.monotonic() - t0),
+        "bytes": {node: path.stat().st_size for node, path in paths.items()},
+    }
+
+
+def mqmeta_restarts(root: Path, restarts: int, topics: int, snapshot: bool) -> dict[str, Any]:
+    from mqmeta.cluster.harness import Cluster
+
+    settings = {"compaction_min_entries": COMPACTION_ENTRIES} if snapshot else None
+    cluster = Cluster(root / "mqmeta", count=3, raft_settings=settings)
+    out: dict[str, Any] = {}
     try:
         cluster.start()
-        with cluster.client() as client:
-            for i in range(topics):
-                client.create_topic(pb.TopicSpec(name=f"topic-{i}", queue_count=4))
+        out["create_topics_s"] = _r(create_topics(cluster, topics))
+        log(f"{topics} topics created in {out['create_topics_s']} s")
+        if snapshot:
+            out["snapshot"] = force_snapshots(cluster)
+            log(f"every node holds a snapshot past index {out['snapshot']['index']}")
         time.sleep(IDLE_SETTLE_S)
         idle_rss_mb = {
             n.id: load.rss_mb(cluster.supervisor.children[n.id].pid) for n in cluster.layout.controllers
@@ -129,14 +272,18 @@ def mqmeta_restarts(root: Path, restarts: int, topics: int) -> dict[str, Any]:
         cluster.stop()
     times = [s["restart_to_serving_s"] for s in samples]
     phases = {
-        phase: _r(percentile([s["phases_s"][phase] for s in samples if s["phases_s"][phase] is not None], 50))
-        for phase in PHASES
+        kind: {
+            phase: _r(percentile([s[kind][phase] for s in samples if s[kind][phase] is not None], 50))
+            for phase in PHASES
+        }
+        for kind in ("phases_s", "phases_cpu_s")
     }
     summary = seconds_summary([t for t in times if t is not None])
-    return {
+    return out | {
         "restart_to_serving_s": summary,
         "failed": times.count(None),
-        "phases_p50_s": phases,
+        "phases_p50_s": phases["phases_s"],
+        "phases_cpu_p50_s": phases["phases_cpu_s"],
         "idle_rss_mb": idle_rss_mb,
         "runs": samples,
     }
@@ -158,10 +305,10 @@ def main(argv: list[str]) -> int:
     root = Path(tempfile.mkdtemp(prefix="mqmeta-restart-"))
     result: dict[str, Any] = {
         "benchmark": "bench.peers.restart",
-        "parameters": {"restarts": args.restarts, "topics": args.topics},
+        "parameters": {"restarts": args.restarts, "topics": args.topics, "snapshot": args.snapshot},
         "load_average_at_start": list(os.getloadavg()),
     }
-    result["mqmeta"] = mqmeta_restarts(root, args.restarts, args.topics)
+    result["mqmeta"] = mqmeta_restarts(root, args.restarts, args.topics, args.snapshot)
     if not args.no_etcd:
         missing = absent("etcd")
         if missing:
