@@ -50,7 +50,8 @@ def _round(systems: dict[str, Any], order: list[str], duration_s: float) -> dict
             "send_1": load.drive(send, 1, 1.0, duration_s),
             "send_16": load.drive(send, 16, 1.0, duration_s),
         }
-        log(f"{name}: p50 {out[name]['send_1'].get('p50_ms')} ms, 16 producers {out[name]['send_16']['ops_per_s']}/s")
+        one, sixteen = out[name]["send_1"], out[name]["send_16"]
+        log(f"{name}: p50 {one.get('p50_ms')} ms, 16 producers {sixteen['ops_per_s']}/s")
     return out
 
 
