@@ -816,8 +816,10 @@ def _note(s: _State, force: bool = False) -> NoteConfirm:
 
 
 def _recompute_confirm(s: _State, log: LogView) -> list[Effect]:
-    """As master: the confirm offset never moves backwards within a role."""
-    if s.role != Role.MASTER:
+    """As master: the confirm offset never moves backwards within a role. It is at most
+    the master's durable offset, so while that has not passed it (every append, most
+    fetches) nothing can move: no need to look at the slaves' acks."""
+    if s.role != Role.MASTER or log.durable <= s.confirm_offset:
         return []
     computed = confirm_offset(s.broker_id, log.durable, s.tracker.acked(), _counted(s))
     if computed <= s.confirm_offset:
