@@ -365,6 +365,8 @@ class BrokerAgent:
         everyone = not self.config.all_ack_in_sync_state_set or (
             self._writers_seen is None or seen[:2] != self._writers_seen[:2]
         )
+        if not everyone and seen == self._writers_seen:
+            return  # nothing moved (an append): a writer checks its outcome before it waits
         self._writers_seen = seen
         for condition, end in self._writers.items():
             if everyone or end <= seen[2]:

@@ -61,13 +61,19 @@ class ProposalOutcome(enum.Enum):
     UNCERTAIN = "UNCERTAIN"  # no answer: it may still commit; sent again until definitive
     FENCED = "FENCED"  # a newer master or SyncStateSet epoch: the refresh shows the outcome
     REFUSED = "REFUSED"  # the state machine refused it at its base epoch: it never applies
+    # A member was not alive by the liveness the leader put in THIS copy: an earlier copy
+    # whose answer never came carries its own liveness and may still apply. Definitive
+    # only when there was no earlier copy (_on_sync_state_set_failed).
+    NOT_ALIVE = "NOT_ALIVE"
 
     @classmethod
     def of_code(cls, code: str) -> ProposalOutcome:
         """The outcome a failed AlterSyncStateSet's error code means."""
         if code in ("FENCED_MASTER_EPOCH", "FENCED_SYNC_STATE_SET_EPOCH"):
             return cls.FENCED
-        if code in ("INVALID_ARGUMENT", "MASTER_NOT_AVAILABLE", "NOT_FOUND"):
+        if code == "MASTER_NOT_AVAILABLE":
+            return cls.NOT_ALIVE
+        if code in ("INVALID_ARGUMENT", "NOT_FOUND"):
             return cls.REFUSED
         return cls.UNCERTAIN
 
@@ -474,9 +480,11 @@ class WakeWaiters:
 @dataclass(frozen=True)
 class AnswerFetch:
     """What to send a fetching slave: a truncation point, a pointer to the tiered
-    store, or the bytes from `from_offset` (the shell reads them, only below its durable
-    offset: a slave never holds bytes a power loss could take from its master, which
-    could then write other bytes there in the same epoch)."""
+    store, or the bytes from `from_offset` (the shell reads them up to its log end,
+    synced or not, so that the slaves' append and fsync overlap the master's own; a
+    write is still acknowledged only once the master's fsync covers it too. A power loss
+    may take from the master bytes a slave holds: a master that then re-adopts the epoch
+    cuts such a slave back to its durable end first, _untrusted_cut)."""
 
     ORDER: ClassVar[int] = 7
     truncate_to: int = -1
@@ -607,6 +615,13 @@ class _State:
     reported_ms: int | None = None  # the last ReportMasterUnreachable
     disk_failed: bool = False  # DiskFailed: FENCED for the rest of this process
     sync_started_ms: int | None = None  # the oldest fdatasync of the log still running
+    # As master of an epoch its log already held (a restart, or the role lost and given
+    # back): the durable end it found. Slaves are served unsynced bytes, so an earlier
+    # process may have served bytes past it that a power loss took from this log, and
+    # this one writes other bytes at those offsets in the same epoch. Past it, a slave's
+    # log is trusted only once one of its fetches showed it holds nothing past it.
+    reopened_at: int | None = None
+    trusted: set[int] = field(default_factory=set)  # slaves shown to hold nothing past reopened_at
 
 
 class BrokerCore:
@@ -759,6 +774,13 @@ class BrokerCore:
         """Each slave's acknowledged offset in this master epoch (empty unless master)."""
         return _acked_offsets(self._state)
 
+    def trusts(self, broker_id: int) -> bool:
+        """Is slave `broker_id`'s log known to hold only this log's bytes? False, as master of
+        an epoch it re-adopted, until one of its fetches showed it holds nothing past the
+        durable end found (see _State.reopened_at)."""
+        s = self._state
+        return s.role == Role.MASTER and (s.reopened_at is None or broker_id in s.trusted)
+
     def slaves(self) -> dict[int, SlaveProgress]:
         """A copy of each slave's progress (empty unless master)."""
         if self._state.role != Role.MASTER:
@@ -794,8 +816,10 @@ def _note(s: _State, force: bool = False) -> NoteConfirm:
 
 
 def _recompute_confirm(s: _State, log: LogView) -> list[Effect]:
-    """As master: the confirm offset never moves backwards within a role."""
-    if s.role != Role.MASTER:
+    """As master: the confirm offset never moves backwards within a role. It is at most
+    the master's durable offset, so while that has not passed it (every append, most
+    fetches) nothing can move: no need to look at the slaves' acks."""
+    if s.role != Role.MASTER or log.durable <= s.confirm_offset:
         return []
     computed = confirm_offset(s.broker_id, log.durable, s.tracker.acked(), _counted(s))
     if computed <= s.confirm_offset:
@@ -882,6 +906,10 @@ def _become_master(s: _State, now_ms: int, log: LogView) -> list[Effect]:
     effects: list[Effect] = []
     if log.last_epoch < s.master_epoch:
         effects.append(BeginEpoch(s.master_epoch))
+        s.reopened_at = None
+    else:
+        s.reopened_at = log.durable  # see _State.reopened_at
+    s.trusted = set()
     others = [i for i in s.sync_state_set if i != s.broker_id]
     s.tracker.reset(now_ms, others)
     s.pending = None
@@ -901,9 +929,15 @@ def _on_sync_state_set_changed(s: _State, event: SyncStateSetChanged) -> list[Ef
 def _on_sync_state_set_failed(s: _State, event: SyncStateSetFailed) -> list[Effect]:
     """Refused: it never applies, stop counting it. Otherwise keep counting the union:
     fenced, until the refresh shows the newer epoch; uncertain, until the same proposal,
-    sent again every PROPOSAL_RETRY_INTERVAL_MS, gets a definitive answer."""
+    sent again every PROPOSAL_RETRY_INTERVAL_MS, gets a definitive answer. A member not
+    alive refuses this copy only: if an earlier copy went unanswered it may still apply
+    (with the liveness of its own moment), so the union is counted as for no answer."""
     pending = s.pending
-    if pending is not None and event.outcome is ProposalOutcome.REFUSED:
+    outcome = event.outcome
+    if outcome is ProposalOutcome.NOT_ALIVE:
+        only_copy = pending is None or pending.attempts == 1
+        outcome = ProposalOutcome.REFUSED if only_copy else ProposalOutcome.UNCERTAIN
+    if pending is not None and outcome is ProposalOutcome.REFUSED:
         s.pending = None  # planned again (maybe the same) after a pause: no refusal loop
         s.next_plan_ms = event.now_ms + PROPOSAL_RETRY_INTERVAL_MS
     elif pending is not None:
@@ -977,7 +1011,6 @@ def _on_sync_starting(s: _State, event: SyncStarting) -> list[Effect]:
 
 def _on_synced(s: _State, event: Synced) -> list[Effect]:
     s.sync_started_ms = None
-    # slaves are served only durable bytes: this wakes their long-polling fetches
     return [*_recompute_confirm(s, event.log), WakeWaiters()]
 
 
@@ -988,6 +1021,9 @@ def _on_slave_fetch(s: _State, fetch: SlaveFetch) -> list[Effect]:
     if refusal:
         return refusal
     log = fetch.log
+    cut = _untrusted_cut(s, fetch)
+    if cut is not None:
+        return [AnswerFetch(truncate_to=cut)]
     if fetch.handshake or fetch.fetch_offset > log.max_offset:
         point = truncation_point(fetch.epoch_entries, fetch.fetch_offset, log.epochs, log.max_offset)
         if point is not None:
@@ -1000,6 +1036,27 @@ def _on_slave_fetch(s: _State, fetch: SlaveFetch) -> list[Effect]:
         s.tracker.on_fetch(fetch.broker_id, fetch.fetch_offset, log.durable, fetch.now_ms, fetch.leaving)
         effects += _recompute_confirm(s, log)
     return [*effects, AnswerFetch(from_offset=fetch.fetch_offset)]
+
+
+def _untrusted_cut(s: _State, fetch: SlaveFetch) -> int | None:
+    """Where a slave must cut before this master, in an epoch it re-adopted, serves or
+    counts it (None: it may be served). Below reopened_at the slave's bytes are this log's
+    (durable here, and what this master served before); past it they may be bytes an
+    earlier process served and a power loss took from here: never acknowledged (an ack
+    needs the master's own fsync) and maybe different from what this log holds there now."""
+    reopened_at = s.reopened_at
+    if reopened_at is None or fetch.broker_id in s.trusted:
+        return None
+    if fetch.fetch_offset <= reopened_at:
+        s.trusted.add(fetch.broker_id)  # from now on it holds only what this process serves
+        return None
+    log = fetch.log
+    point = (
+        truncation_point(fetch.epoch_entries, fetch.fetch_offset, log.epochs, log.max_offset)
+        if fetch.handshake
+        else None
+    )
+    return reopened_at if point is None else min(point, reopened_at)
 
 
 def _on_fetch_still_waiting(s: _State, event: FetchStillWaiting) -> list[Effect]:

@@ -9,9 +9,11 @@ slave truncates there, crash-safely, before fetching more. Each later fetch asks
 the slave's durable end offset, which acknowledges everything before it.
 
 Master: records each fetch offset as that slave's ack (advancing the confirm offset),
-then returns whole records from the fetch offset, waiting up to wait_ms when there
-is nothing new. It does not check their CRCs: the slave checks every record (CRC-32,
-framing, layout) before it writes any, which also catches bytes corrupted on the
+then returns whole records from the fetch offset up to its log end, synced or not (the
+slaves' write and fsync overlap the master's own; an ack still needs the master's fsync
+too), waiting up to wait_ms when there is nothing new; an append wakes it at once. It
+does not check their CRCs: the slave checks every record (CRC-32, framing, layout)
+before it writes any, which also catches bytes corrupted on the
 master's disk (the fetch fails there, as it did here before, and nothing is written).
 
 What to do is the core's (core.py: SlaveFetch, MasterAnswered, Replicated); this
@@ -163,17 +165,16 @@ def serve_fetch(host: BrokerHost, request: bpb.HaFetchRequest) -> bpb.HaFetchRes
         if answer.moved_to_tiered:
             return _reply(host, moved=True)
         deadline = time.monotonic() + wait_s
-        # Only durable bytes (group commit, AnswerFetch): woken by Synced
-        while (durable := store.durable_offset) <= request.fetch_offset and time.monotonic() < deadline:
+        # Up to the log end, synced or not (AnswerFetch): woken by the append (Appended),
+        # so the slaves write and fsync while this master's group commit runs.
+        while (end := store.max_offset) <= request.fetch_offset and time.monotonic() < deadline:
             host.lock.wait(timeout=deadline - time.monotonic())
             host.feed(FetchStillWaiting(request.master_epoch))
         # Unchecked here: the slave checks every record's CRC and layout (scan_records)
         # before it writes any, so a record corrupted on this disk is refused there.
         data = (
-            store.read_bytes(
-                request.fetch_offset, min(max_bytes, durable - request.fetch_offset), check=False
-            )
-            if durable > request.fetch_offset
+            store.read_bytes(request.fetch_offset, min(max_bytes, end - request.fetch_offset), check=False)
+            if end > request.fetch_offset
             else b""
         )
         host.feed(FetchAnswered(now_ms(), request.broker_id, log_view(store)))  # the host's clock

@@ -39,9 +39,13 @@ ATTEMPT_TIMEOUT_S = 4.0
 
 
 class _Channels:
+    """One channel per address, and its broker stub: building a stub makes a callable for
+    every method of the service (about 0.3 ms of Python), too much to pay per send."""
+
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._channels: dict[str, grpc.Channel] = {}
+        self._broker_stubs: dict[str, bpb_grpc.BrokerServiceStub] = {}
 
     def get(self, address: str) -> grpc.Channel:
         with self._lock:
@@ -50,11 +54,20 @@ class _Channels:
                 channel = self._channels[address] = tls.channel(dial(address))
             return channel
 
+    def broker_stub(self, address: str) -> bpb_grpc.BrokerServiceStub:
+        stub = self._broker_stubs.get(address)
+        if stub is None:
+            stub = bpb_grpc.BrokerServiceStub(self.get(address))
+            with self._lock:
+                stub = self._broker_stubs.setdefault(address, stub)
+        return stub
+
     def close(self) -> None:
         with self._lock:
             for channel in self._channels.values():
                 channel.close()
             self._channels.clear()
+            self._broker_stubs.clear()
 
 
 @dataclass(frozen=True)
@@ -120,8 +133,7 @@ def _call_master(
             if refresh:
                 routes.route(topic, refresh=True)
             address = routes.master(topic, broker_name)
-            stub = bpb_grpc.BrokerServiceStub(channels.get(address))
-            return getattr(stub, method)(
+            return getattr(channels.broker_stub(address), method)(
                 request, timeout=min(ATTEMPT_TIMEOUT_S, max(0.05, deadline - time.monotonic()))
             )
         except grpc.RpcError as rpc_error:

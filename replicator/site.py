@@ -30,7 +30,7 @@ class Site:
     def master_stub(self, topic: str, broker_name: str, refresh: bool = False) -> bpb_grpc.BrokerServiceStub:
         if refresh:
             self.routes.route(topic, refresh=True)
-        return bpb_grpc.BrokerServiceStub(self.channels.get(self.routes.master(topic, broker_name)))
+        return self.channels.broker_stub(self.routes.master(topic, broker_name))
 
     def cluster_of(self, topic: str, broker_name: str) -> str:
         for broker in self.routes.route(topic).brokers:

@@ -71,3 +71,26 @@ def test_restart_phases_are_read_from_the_log(tmp_path: Path) -> None:
     assert phases["interpreter"] == 0.05 and phases["imports"] == 0.5
     assert cpu["interpreter"] is None and cpu["imports"] == 0.4
     assert phases["caught_up"] is None and set(phases) == set(cpu) == set(restart.PHASES)
+
+
+def test_sends_ratios_are_medians_over_rounds_and_bad_flags_are_refused() -> None:
+    """bench.peers.sends: `ratios` divide mqmeta's median over the rounds by RabbitMQ's,
+    and an out-of-range flag ends argparse with exit 2."""
+    from bench.peers import sends
+
+    def round_of(p50_m: float, rate_m: float, p50_r: float, rate_r: float) -> dict:
+        return {
+            "mqmeta": {"send_1": {"p50_ms": p50_m, "ops_per_s": 100.0}, "send_16": {"ops_per_s": rate_m}},
+            "rabbitmq": {"send_1": {"p50_ms": p50_r, "ops_per_s": 400.0}, "send_16": {"ops_per_s": rate_r}},
+        }
+
+    result = {
+        "rounds": [round_of(3.0, 300, 1.0, 900), round_of(9.0, 100, 1.5, 1000), round_of(4.0, 200, 2.0, 800)]
+    }
+    sends.summarize(result)
+    assert result["summary"]["mqmeta"]["send_p50_ms"] == 4.0
+    assert result["ratios"]["send_p50_vs_rabbitmq"] == 2.667
+    assert result["ratios"]["sends_per_s_16_vs_rabbitmq"] == 0.222
+    with pytest.raises(SystemExit) as exit_info:
+        sends.parse_args(["--rounds", "0"])
+    assert exit_info.value.code == 2

@@ -14,7 +14,8 @@ every link of one broker, and each clock running at its own rate within what the
 margin absorbs (broker_agent/ha.py), and group commit with power loss: a master's
 append is only written, made durable later by a sync (agent.wait_acknowledged) that the
 core hears of as Synced, and a crash may be a power loss that takes every byte the
-master wrote but did not sync yet. Graceful departures too: the master hands off
+master wrote but did not sync yet (its slaves are served those bytes before the sync).
+Graceful departures too: the master hands off
 (HandoffStart, then HandoffTick until the core names its successor, then an election
 with the handoff trigger, whose reply may be lost: HandoffFailed), and a slave starts
 leaving the SyncStateSet; test_the_seeds_hand_off checks that handoffs did elect.
@@ -39,8 +40,9 @@ letting the set converge:
 A failure names the seed, the step, the last events and the test id that replays it.
 Planted bugs put back through a fixture (the confirm offset without the pending
 SyncStateSet union, RocketMQ #5663; truncation above the consistent point; no lease,
-RocketMQ #4800; a confirm offset counting the master's unsynced bytes; slaves served
-unsynced bytes) must each be caught within PLANTED_BUG_SEEDS_MAX seeds.
+RocketMQ #4800; a confirm offset counting the master's unsynced bytes; a master that
+re-adopts its epoch after a power loss trusting slaves that hold bytes it lost) must each
+be caught within PLANTED_BUG_SEEDS_MAX seeds.
 MQMETA_SIM_SEEDS and MQMETA_SIM_STEPS run more (e.g. 1000 seeds before a release).
 """
 
@@ -289,14 +291,12 @@ class SimLog:
         self.durable = min(self.durable, offset)
 
     def read(self, offset: int, records_max: int) -> bytes:
-        """Up to `records_max` records from `offset`, never past `durable`: a master serves
-        its slaves only bytes a power loss cannot take from it (ha_fetch.serve_fetch)."""
+        """Up to `records_max` records from `offset`, synced or not (ha_fetch.serve_fetch):
+        a power loss may take from the master bytes a slave holds (core._untrusted_cut)."""
         if not self.is_boundary(offset):
             raise StoreError(f"offset {offset} is not a record start")
         i = bisect.bisect_left(self.starts, offset) + records_max
-        return bytes(
-            self.data[offset : min(self.starts[i] if i < len(self.starts) else self.end, self.durable)]
-        )
+        return bytes(self.data[offset : self.starts[i] if i < len(self.starts) else self.end])
 
     def recover(self) -> None:
         """Opening after a crash: the torn tail goes, and the entries past the end."""
@@ -859,7 +859,7 @@ class SimBroker:
             self.sim.check_consistent_point(self, message, answer)
         if answer.truncate_to >= 0:
             self._answer(message, truncate_to=answer.truncate_to)
-        elif self.log.durable > body["fetch_offset"]:
+        elif self.log.end > body["fetch_offset"]:
             self._serve(message)
         else:
             self.parked.append((message, self.now() + FETCH_WAIT_MS))
@@ -868,7 +868,7 @@ class SimBroker:
         """Long polls: answered once data arrives or the wait ends, after a re-check."""
         waiting = []
         for message, deadline_ms in self.parked:
-            if self.log.durable <= message.body["fetch_offset"] and self.now() < deadline_ms:
+            if self.log.end <= message.body["fetch_offset"] and self.now() < deadline_ms:
                 waiting.append((message, deadline_ms))
                 continue
             try:
@@ -1117,6 +1117,8 @@ class Simulation:
             master = self.broker_with_id(slave.fetch.master_id)
             if master is None or master.core is None or master.core.role != Role.MASTER:
                 continue
+            if not master.core.trusts(slave.core.broker_id):
+                continue  # it may hold bytes a power loss took from the master: cut at its next fetch
             if (
                 master.core.master_epoch == slave.core.master_epoch
                 and slave.log.data != master.log.data[: slave.log.end]
@@ -1312,11 +1314,10 @@ def confirm_counting_unsynced_bytes(self: LogView) -> int:
     return self.max_offset
 
 
-def read_past_durable(self: SimLog, offset: int, records_max: int) -> bytes:
-    """Group commit: the master serves its slaves bytes it has not synced yet (a power loss
-    takes them from the master while a slave keeps them, in the same epoch)."""
-    i = bisect.bisect_left(self.starts, offset) + records_max
-    return bytes(self.data[offset : self.starts[i] if i < len(self.starts) else self.end])
+def untrusted_never_cut(s: Any, fetch: Any) -> int | None:
+    """Slaves are served unsynced bytes, and a master that re-adopts its epoch after a power
+    loss trusts every slave's log: one keeps bytes the master lost and wrote again."""
+    return None
 
 
 # name -> (where, what, the buggy variant, what the simulation must report)
@@ -1334,14 +1335,19 @@ PLANTED_BUGS: dict[str, tuple[Any, str, Callable[..., Any], str]] = {
         truncation_point_ignoring_the_master_end,
         "above the consistent point",
     ),
-    "no master lease": (Lease, "valid", lease_always_valid, "may write as master"),
+    "no master lease": (Lease, "valid", lease_always_valid, "may write"),
     "confirm counts unsynced bytes": (
         LogView,
         "durable",
         property(confirm_counting_unsynced_bytes),
         "its log is durable only up to",
     ),
-    "slaves served unsynced bytes": (SimLog, "read", read_past_durable, "is not a prefix of its log"),
+    "a re-adopted epoch trusts every slave": (
+        core_module,
+        "_untrusted_cut",
+        untrusted_never_cut,
+        "above the consistent point",
+    ),
 }
 
 

@@ -39,6 +39,7 @@ from __future__ import annotations
 import errno
 import os
 import threading
+import time
 
 import pytest
 from mqmeta.broker_agent import agent as agent_module
@@ -499,7 +500,7 @@ def test_a_refused_proposal_is_dropped_and_a_new_epoch_ends_any():
     of an older master epoch once a newer master was elected."""
     core = caught_up_expansion()
     refused = ProposalOutcome.of_code("MASTER_NOT_AVAILABLE")
-    assert refused is ProposalOutcome.REFUSED
+    assert refused is ProposalOutcome.NOT_ALIVE
     core.handle(SyncStateSetFailed(100, refused))
     assert core.pending_sync_state_set is None
     pause_end_ms = 100 + core_module.PROPOSAL_RETRY_INTERVAL_MS
@@ -514,6 +515,22 @@ def test_a_refused_proposal_is_dropped_and_a_new_epoch_ends_any():
     other.handle(SyncStateSetFailed(100))
     other.handle(info(2, 2, (2,), set_epoch=1, log=epoch1(100)))
     assert other.pending_sync_state_set is None
+
+
+def test_a_member_not_alive_after_an_unanswered_copy_keeps_the_union_counted():
+    """A copy refused because a member was not alive says nothing of an earlier copy that
+    timed out: that one carries the liveness of its own moment and may still commit (the
+    simulation's seed 4 once saw it commit after the refusal, adding a lagging member)."""
+    core = caught_up_expansion()
+    core.handle(SyncStateSetFailed(100))  # no answer: the first copy may still commit
+    retry_ms = 100 + core_module.PROPOSAL_RETRY_INTERVAL_MS
+    assert core.handle(Tick(retry_ms, epoch1(100))) == [ProposeSyncStateSet(1, 1, 1, (1, 2))]
+    core.handle(SyncStateSetFailed(retry_ms + 1, ProposalOutcome.of_code("MASTER_NOT_AVAILABLE")))
+    assert core.pending_sync_state_set == (1, 2), "still counted: the first copy may commit"
+    again_ms = retry_ms + 1 + core_module.PROPOSAL_RETRY_INTERVAL_MS
+    assert core.handle(Tick(again_ms, epoch1(100))) == [ProposeSyncStateSet(1, 1, 1, (1, 2))]
+    core.handle(info(1, 1, (1, 2), set_epoch=2, log=epoch1(100)))
+    assert core.pending_sync_state_set is None and core.sync_state_set == (1, 2)
 
 
 def test_a_lagging_member_is_shrunk_by_a_proposal_but_counted_until_it_commits():
@@ -807,11 +824,11 @@ def test_a_waiting_writer_is_woken_when_the_confirm_offset_covers_it_and_only_th
     assert done == ends and not a._writers
 
 
-def test_the_master_serves_its_slaves_only_synced_bytes(agent):
-    """Group commit: an append is written at once but synced later; a slave is served
-    only bytes the master has synced (a power loss could take the others from the
-    master, which would then write different bytes there in the same epoch), and the
-    master's own ack is its durable offset."""
+def test_the_master_serves_unsynced_bytes_but_acks_only_what_it_synced(agent):
+    """Group commit overlapped with replication: an append is written at once and synced
+    later; a slave is served it before the master's fsync (its own write and fsync run
+    meanwhile), but a write counts as acknowledged only once the master's own fsync
+    covers it too, whatever the slaves hold."""
     a = agent(fsync=True)
     a.feed(Registered(1, lease_ms=600_000))
     a.apply_replica_info(replica_info(1, 1, [1, 2]))
@@ -823,13 +840,69 @@ def test_the_master_serves_its_slaves_only_synced_bytes(agent):
         request = bpb.HaFetchRequest(broker_id=2, master_epoch=1, fetch_offset=offset, wait_ms=0)
         return ha_fetch.serve_fetch(a, request)
 
-    assert fetch_from(0).data == b"", "nothing synced yet: nothing served"
+    assert len(fetch_from(0).data) == end, "served before the master's fsync"
+    fetch_from(end)  # the slave holds it all
+    assert a.view().confirm_offset == 0, "the master has not synced it: not acknowledged"
+    assert a.core.write_outcome(end, 1) is WriteOutcome.WAITING
     a.store.sync(end)
     a.feed(Synced(log_view(a.store)))
-    assert len(fetch_from(0).data) == end
-    assert a.view().confirm_offset == 0, "the slave has not acknowledged it yet"
-    a.feed(fetch(2, end, LogView(a.store.max_offset, ((1, 0),), 0, a.store.durable_offset), now_ms=now_ms()))
     assert a.view().confirm_offset == end
+    assert a.core.write_outcome(end, 1) is WriteOutcome.ACKNOWLEDGED
+
+
+def test_a_long_poll_is_answered_by_the_append_not_the_sync(agent):
+    """A fetch waiting for data is woken by the append itself: the master's fsync is not
+    on the way to the slaves."""
+    a = agent(fsync=True)
+    a.feed(Registered(1, lease_ms=600_000))
+    a.apply_replica_info(replica_info(1, 1, [1, 2]))
+    a.feed(HeartbeatAnswered(now_ms(), 1, 1, 1, lease_ms=0))
+    request = bpb.HaFetchRequest(broker_id=2, master_epoch=1, fetch_offset=0, wait_ms=5_000)
+    answers: list[bpb.HaFetchResponse] = []
+    poll = threading.Thread(target=lambda: answers.append(ha_fetch.serve_fetch(a, request)), daemon=True)
+    started = time.monotonic()
+    poll.start()
+    wait_for(lambda: a.lock._waiters, 5, "the fetch waiting for data")  # type: ignore[attr-defined]
+    _, end, _ = a.append(lambda e: a.store.put_messages([Message("T", 0, b"x" * 100)], e, 1))
+    poll.join(timeout=5)
+    assert answers and len(answers[0].data) == end
+    assert a.store.durable_offset == 0, "answered before any fsync"
+    assert time.monotonic() - started < 2.5, "woken by the append, not by the end of its wait"
+
+
+def test_a_master_that_re_adopts_its_epoch_cuts_slaves_back_to_what_it_found_durable():
+    """A power loss took from the master bytes its slaves were served (they are served
+    unsynced bytes). Restarted as master of the same epoch, it writes other bytes at those
+    offsets: a slave that holds more than the durable end found must cut there before it
+    is served or counted, whatever the master's log end is by then; a slave that holds no
+    more is trusted at once; a new epoch cuts by the consistent point as before."""
+    durable_found = 300
+    core = new_core()
+    core.handle(info(1, 1, (1, 2, 3), log=LogView(durable_found, ((1, 0),), 0, durable_found)))
+    core.handle(HeartbeatAnswered(0, 1, 1, 1, lease_ms=0))
+    assert core.role == Role.MASTER
+    assert not core.trusts(2) and not core.trusts(3)
+    grown = LogView(900, ((1, 0),), 0, 900)  # written again past 300 since the restart
+    entries = ((1, 0),)
+    # handshake from a slave holding 500 bytes of epoch 1: the old bytes 300..500
+    cut = core.handle(fetch(2, 500, grown, handshake=True, epoch_entries=entries))
+    assert cut == [AnswerFetch(truncate_to=durable_found)]
+    assert core.acked_offsets()[2] == 0, "its fetch offset acknowledged nothing"
+    assert not core.trusts(2)
+    served = core.handle(fetch(2, durable_found, grown))
+    assert served[-1] == AnswerFetch(from_offset=durable_found) and core.trusts(2)
+    later = core.handle(fetch(2, 600, grown, handshake=True, epoch_entries=entries))
+    assert later[-1] == AnswerFetch(from_offset=600), "bytes past 300 are this process's now"
+    # a slave that never held more is trusted at its first fetch
+    assert core.handle(fetch(3, 200, grown))[-1] == AnswerFetch(from_offset=200) and core.trusts(3)
+    # a master that begins its epoch cuts nobody beyond the consistent point
+    fresh = new_core()
+    fresh.handle(info(1, 2, (1, 2), log=LogView(durable_found, ((1, 0),), 0, durable_found)))
+    fresh.handle(HeartbeatAnswered(0, 1, 2, 2, lease_ms=0))
+    assert fresh.trusts(2)
+    begun = LogView(900, ((1, 0), (2, durable_found)), 0, 900)
+    answer = fresh.handle(fetch(2, 250, begun, master_epoch=2, handshake=True, epoch_entries=entries))
+    assert answer[-1] == AnswerFetch(from_offset=250)
 
 
 def test_a_full_disk_refuses_the_write_keeps_nothing_and_the_master_goes_on(agent, monkeypatch):

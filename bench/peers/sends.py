@@ -1,0 +1,147 @@
+"""`python -m bench.peers.sends`: only the synchronous-send rows of bench.peers, short.
+
+mqmeta's three brokers (acks from the whole SyncStateSet) beside a RabbitMQ quorum queue on
+three nodes, the same Python load generator (bench/peers/load.py), in rounds that alternate
+which system goes first: one sync producer (p50) and 16 independent sync producers
+(msg/s), 1 KB each. With `--profile`, py-spy (200 Hz) on the master, both slaves and this
+process while one producer and then 16 send. One JSON document on stdout; `ratios` are
+mqmeta ÷ RabbitMQ, medians over the rounds. About 1.5 minutes with the defaults.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench import brokerlib
+from bench.benchlib import _ratio, make_log, run_main
+from bench.peers import load
+from bench.peers.run import Mqmeta, _send_client, machine
+from bench.peers.servers import RabbitMQ, absent
+
+log = make_log("peers.sends")
+STARTED: list[Any] = []
+WATCHDOG_S = 5 * 60
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench.peers.sends", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=2, help="alternating rounds (default 2)")
+    parser.add_argument("--duration", type=float, default=5.0, help="seconds per measurement (5)")
+    parser.add_argument("--no-rabbitmq", action="store_true", help="mqmeta alone")
+    parser.add_argument("--profile", action="store_true", help="py-spy on the brokers (needs py-spy)")
+    parser.add_argument("--root", default="", help="where the clusters live (default: a temp dir)")
+    args = parser.parse_args(argv)
+    if not 1 <= args.rounds <= 10 or not 1 <= args.duration <= 60:
+        parser.error("--rounds is 1 to 10 and --duration 1 to 60 seconds")
+    return args
+
+
+def _round(systems: dict[str, Any], order: list[str], duration_s: float) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name in order:
+        send = _send_client(name, systems[name])
+        out[name] = {
+            "send_1": load.drive(send, 1, 1.0, duration_s),
+            "send_16": load.drive(send, 16, 1.0, duration_s),
+        }
+        one, sixteen = out[name]["send_1"], out[name]["send_16"]
+        log(f"{name}: p50 {one.get('p50_ms')} ms, 16 producers {sixteen['ops_per_s']}/s")
+    return out
+
+
+def _profile(system: Mqmeta, root: Path, duration_s: float) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    cluster = system.cluster
+    for threads in (1, 16):
+        master = brokerlib.wait_in_sync(cluster, 3)
+        pids = brokerlib.all_pids(cluster, master)
+        targets = {k: v for k, v in pids.items() if k in ("master", "slave1", "slave2", "bench")}
+        out_dir = root / f"profile-{threads}"
+        out_dir.mkdir(parents=True, exist_ok=True)
+        spies = brokerlib.start_py_spy({"dir": out_dir, "rate": 200, "gil": False}, targets, duration_s)
+        time.sleep(1.0)  # py-spy attaches
+        figures = load.drive(_send_client("mqmeta", system), threads, 0.0, duration_s - 1.5)
+        out[f"send_{threads}"] = {"figures": figures, "processes": brokerlib.finish_py_spy(spies)}
+    return out
+
+
+def _median(rounds: list[dict[str, Any]], system: str, phase: str, key: str) -> float | None:
+    values = sorted(r[system][phase][key] for r in rounds if r[system][phase].get(key) is not None)
+    return values[len(values) // 2] if values else None
+
+
+def summarize(result: dict[str, Any]) -> None:
+    rounds = result.get("rounds", [])
+    summary: dict[str, Any] = {}
+    for system in ("mqmeta", "rabbitmq"):
+        if rounds and system in rounds[0]:
+            summary[system] = {
+                "send_p50_ms": _median(rounds, system, "send_1", "p50_ms"),
+                "sends_per_s_1": _median(rounds, system, "send_1", "ops_per_s"),
+                "sends_per_s_16": _median(rounds, system, "send_16", "ops_per_s"),
+            }
+    result["summary"] = summary
+    m, r = summary.get("mqmeta", {}), summary.get("rabbitmq", {})
+    result["ratios"] = {
+        "send_p50_vs_rabbitmq": _ratio(m.get("send_p50_ms"), r.get("send_p50_ms")),
+        "sends_per_s_16_vs_rabbitmq": _ratio(m.get("sends_per_s_16"), r.get("sends_per_s_16")),
+        "sends_per_s_16_vs_1_mqmeta": _ratio(m.get("sends_per_s_16"), m.get("sends_per_s_1")),
+    }
+
+
+def run(args: argparse.Namespace, root: Path, result: dict[str, Any]) -> None:
+    result["machine"] = machine()
+    result["parameters"] = {"rounds": args.rounds, "duration_s": args.duration, "body_bytes": load.BODY_BYTES}
+    mqmeta = Mqmeta(root)
+    STARTED.append(mqmeta)
+    mqmeta.start()
+    systems: dict[str, Any] = {"mqmeta": mqmeta}
+    why = "not asked for" if args.no_rabbitmq else absent("rabbitmq")
+    if why is None:
+        rabbit = RabbitMQ(root)
+        STARTED.append(rabbit)
+        rabbit.start()
+        systems["rabbitmq"] = rabbit
+    else:
+        result["skipped"] = {"rabbitmq": why}
+    result["systems"] = {name: getattr(s, "settings", getattr(s, "info", {})) for name, s in systems.items()}
+    names = list(systems)
+    result["rounds"] = []
+    for k in range(args.rounds):
+        order = names[k % len(names) :] + names[: k % len(names)]
+        result["rounds"].append(_round(systems, order, args.duration))
+        summarize(result)
+    if args.profile:
+        result["profile"] = _profile(mqmeta, root, min(8.0, args.duration + 3))
+    result["machine"]["load_average_at_end"] = list(os.getloadavg())
+
+
+def cleanup() -> None:
+    for system in reversed(STARTED):
+        try:
+            system.stop()
+        except Exception as exc:  # keep stopping the others
+            log(f"stopping {system.name}: {exc!r}")
+    STARTED.clear()
+    brokerlib.cleanup()
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    args.keep = bool(args.root)
+    args.budget_s = WATCHDOG_S
+    root = Path(args.root) if args.keep else Path(tempfile.mkdtemp(prefix="mqmeta-sends-"))
+    result: dict[str, Any] = {"benchmark": "bench.peers.sends"}
+    return run_main(
+        args, root, result, lambda t0: run(args, root, result), summarize, cleanup, log, watchdog_grace_s=60.0
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
