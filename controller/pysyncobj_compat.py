@@ -17,8 +17,8 @@ Nothing is changed by importing this module. What it provides, applied explicitl
   configuration, but controller/snapshot.py relies on how Serializer calls them (a custom
   serializer may finish after it returns; the journal is compacted only once the checker
   says SUCCESS): REQUIREMENTS names what it relies on;
-- NextIndexFix, HeldEntriesFix, SnapshotCommitFix, InputFirstFix, ReadIndex, SendBeforeSync and
-  RaftFixes (all):
+- NextIndexFix, HeldEntriesFix, SnapshotCommitFix, SnapshotTransferFix, InputFirstFix, ReadIndex,
+  SendBeforeSync and RaftFixes (all):
   SyncObj subclasses to inherit from;
 - DialHookTransport: pysyncobj's TCP transport with a dial hook;
 - accessors: raft_journal, entries_from, leader_address, is_leader, read_snapshot_entries;
@@ -147,6 +147,23 @@ REQUIREMENTS: tuple[Requirement, ...] = (
         "SnapshotCommitFix keeps it from rising on a snapshot message",
     ),
     Requirement(_SYNCOBJ, "SyncObj", "raftLastApplied", PROPERTY, "SnapshotCommitFix: what was installed"),
+    # SnapshotTransferFix
+    Requirement(_SYNCOBJ, "SyncObj", "_SyncObj__onNodeDisconnected", ROUTINE, "a lost link ends a transfer"),
+    Requirement(
+        _SYNCOBJ, "SyncObj.__init__", "_SyncObj__onNodeDisconnected", USES, "it is the transport's callback"
+    ),
+    Requirement(
+        _SYNCOBJ, "SyncObj", "_SyncObj__onBecomeLeader", ROUTINE, "a new leadership ends old transfers"
+    ),
+    Requirement(
+        _SYNCOBJ, "SyncObj.__init__", "_SyncObj__serializer", USES, "SnapshotTransferFix ends transfers"
+    ),
+    Requirement(
+        _SERIALIZER, "Serializer", "cancelTransmisstion", ROUTINE, "SnapshotTransferFix ends a transfer"
+    ),
+    Requirement(
+        _SERIALIZER, "Serializer.__init__", "_Serializer__transmissions", USES, "the transfers in flight"
+    ),
     # InputFirstFix
     Requirement(_SYNCOBJ, "SyncObj._onTick", "_poller", USES, "a tick reads the network through it"),
     Requirement(
@@ -551,6 +568,45 @@ class SnapshotCommitFix(SyncObj):
             self._SyncObj__raftLog.setRaftCommitIndex(installed)
 
 
+class SnapshotTransferFix(SyncObj):
+    """Both sides: a snapshot sent in pieces is received from its start, from one sender.
+
+    pysyncobj 0.3.17 sends a snapshot file in pieces, each marked only first/last, and keeps
+    each follower's transfer (an open file and its position) until the last piece. Two
+    ways left a follower with pieces of different transfers glued into one file, which
+    then fails its checks when loaded (the node stops, exit 70, and its restart discards it):
+    - the leader keeps a transfer across a lost link: the pieces sent into the broken
+      connection are gone, and once the link is back it goes on from where it was;
+    - a leader deposed mid-transfer keeps the transfer, and when elected again goes on
+      with it, while the follower meanwhile began another leader's.
+    Here a lost link and a new leadership end the transfers (the next one starts from the
+    first piece), and a follower takes a piece that is not a first one only from the node
+    and term that sent the first piece of the file it is writing (others are ignored: the
+    sender finds the follower behind when the transfer ends, and starts again)."""
+
+    _snapshot_piece_source: tuple[Any, int] | None = None  # (sender, term) of the file's first piece
+
+    def _SyncObj__onNodeDisconnected(self, node: Any) -> None:  # noqa: N802 - pysyncobj's name
+        super()._SyncObj__onNodeDisconnected(node)  # type: ignore[misc]
+        self._SyncObj__serializer.cancelTransmisstion(node)  # type: ignore[attr-defined]
+
+    def _SyncObj__onBecomeLeader(self) -> None:  # noqa: N802 - pysyncobj's name
+        serializer = self._SyncObj__serializer  # type: ignore[attr-defined]
+        for node in list(serializer._Serializer__transmissions):
+            serializer.cancelTransmisstion(node)
+        super()._SyncObj__onBecomeLeader()  # type: ignore[misc]
+
+    def _SyncObj__onMessageReceived(self, node: Any, message: Any) -> None:  # noqa: N802 - pysyncobj's name
+        if _is_snapshot_message(message) and message.get("serialized") is not None:
+            _data, is_first, _is_last = message["serialized"]
+            source = (node, message["term"])
+            if is_first:
+                self._snapshot_piece_source = source
+            elif source != self._snapshot_piece_source:
+                message = dict(message, serialized=None)  # not this file's: term and commit only
+        super()._SyncObj__onMessageReceived(node, message)  # type: ignore[misc]
+
+
 class InputFirstFix(SyncObj):
     """Both sides: a tick reads the messages that have arrived before it decides anything.
 
@@ -904,6 +960,7 @@ class RaftFixes(
     SendBeforeSync,
     LeadershipTransfer,
     InputFirstFix,
+    SnapshotTransferFix,
     SnapshotCommitFix,
     HeldEntriesFix,
     NextIndexFix,

@@ -616,6 +616,74 @@ def test_a_snapshot_message_commits_no_unmatched_entry(serialized):
         follower.destroy()
 
 
+class TransferFixNode(compat.SnapshotTransferFix, SyncObj):
+    """A node of three (no state of its own): only its snapshot transfers are looked at."""
+
+    def __init__(self, address: str, peers: list[str], conf: SyncObjConf) -> None:
+        super().__init__(address, peers, conf)
+
+
+def _incoming_snapshot(node: Any) -> bytes | None:
+    """What the node has received of the snapshot file it is writing (in memory here)."""
+    return node._SyncObj__serializer._Serializer__incomingTransmissionFile
+
+
+def test_a_follower_takes_snapshot_pieces_only_from_the_sender_of_the_first():
+    """Pieces of another sender, or of the same sender in a later term (a leader deposed
+    mid-transfer and elected again, going on with its old transfer), are not glued onto
+    the file being received: pysyncobj appended every non-first piece."""
+    address, *peers = loopback_addresses(3)
+    node = TransferFixNode(address, peers, manual_conf(address, 30.0))
+    try:
+        deliver = node._SyncObj__onMessageReceived
+        first, second = sorted(node.otherNodes, key=str)
+
+        def piece(sender: Any, term: int, data: bytes, is_first: bool) -> None:
+            message = {"type": "append_entries", "term": term, "commit_index": 0}
+            deliver(sender, dict(message, serialized=(data, is_first, False)))
+
+        piece(first, 2, b"first-1 ", True)
+        piece(first, 2, b"first-2 ", False)
+        piece(second, 3, b"second-7 ", False)  # the new leader's transfer began elsewhere
+        piece(first, 4, b"first-3 ", False)  # the old leader again, with its old transfer
+        received = pysyncobj.pickle.to_bytes(b"first-1 ") + pysyncobj.pickle.to_bytes(b"first-2 ")
+        assert _incoming_snapshot(node) == received
+        piece(first, 4, b"again-1 ", True)  # a new transfer from its first piece is taken
+        piece(first, 4, b"again-2 ", False)
+        again = pysyncobj.pickle.to_bytes(b"again-1 ") + pysyncobj.pickle.to_bytes(b"again-2 ")
+        assert _incoming_snapshot(node) == again
+    finally:
+        node.destroy()
+
+
+def test_a_lost_link_or_a_new_leadership_restarts_a_snapshot_transfer():
+    """The pieces sent into a broken connection are gone: the next transfer to that node
+    starts from the first piece, as does every transfer after the node is elected again.
+    pysyncobj went on from where it was."""
+    address, *peers = loopback_addresses(3)
+    node = TransferFixNode(address, peers, manual_conf(address, 30.0))
+    try:
+        serializer = node._SyncObj__serializer
+        serializer._Serializer__inMemorySerializedData = b"s" * (
+            4 * serializer._Serializer__transmissionBatchSize
+        )
+        follower, other = sorted(node.otherNodes, key=str)
+
+        def next_piece_is_first(target: Any) -> bool:
+            return serializer.getTransmissionData(target)[1]
+
+        assert next_piece_is_first(follower) and not next_piece_is_first(follower)
+        assert next_piece_is_first(other) and not next_piece_is_first(other)
+        node._SyncObj__onNodeDisconnected(follower)
+        assert next_piece_is_first(follower), "a transfer went on across a lost link"
+        assert not next_piece_is_first(other), "only the lost link's transfer ends"
+        node._SyncObj__connectedNodes.update(node.otherNodes)  # else pysyncobj ends their transfers itself
+        node._SyncObj__onBecomeLeader()
+        assert next_piece_is_first(follower) and next_piece_is_first(other), "a leadership kept old transfers"
+    finally:
+        node.destroy()
+
+
 class FollowerWithInputFirstFix(compat.InputFirstFix, Counter):
     pass
 
