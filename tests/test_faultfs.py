@@ -27,6 +27,7 @@ from mqmeta.chaos.faultfs import FaultFs
 from mqmeta.chaos.faultfs.cache import Kind, PageCache
 
 from mqmeta.cli import main as cli_main
+from tests.support.faultfs_mount import mounted, sync_directory
 
 pytestmark = [
     pytest.mark.timeout(60),
@@ -48,24 +49,10 @@ def _write(path: Path, data: bytes, *, sync: str | None = None, flags: int = 0) 
         os.close(fd)
 
 
-def _sync_directory(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 @pytest.fixture(scope="module")
 def mount(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FaultFs]:
-    base = tmp_path_factory.mktemp("faultfs")
-    (base / "backing").mkdir()
-    (base / "mnt").mkdir()
-    fs = FaultFs.mount(base / "backing", base / "mnt", log_path=base / "faultfs.log")
-    try:
+    with mounted(tmp_path_factory.mktemp("faultfs")) as fs:
         yield fs
-    finally:
-        fs.unmount()
 
 
 @pytest.fixture
@@ -81,14 +68,14 @@ def here(fs: FaultFs, request: pytest.FixtureRequest) -> Path:
     """A fresh directory of the mount, itself durable (made and its parent fsynced)."""
     directory = fs.mountpoint / request.node.name
     directory.mkdir()
-    _sync_directory(fs.mountpoint)
+    sync_directory(fs.mountpoint)
     return directory
 
 
 def _durable_file(directory: Path, name: str, data: bytes) -> Path:
     path = directory / name
     _write(path, data, sync="fsync")
-    _sync_directory(directory)
+    sync_directory(directory)
     return path
 
 
@@ -121,7 +108,7 @@ def test_fsynced_file_without_directory_fsync_is_gone(fs: FaultFs, here: Path) -
     fs.lose_power()
     assert os.listdir(here) == []
     _write(here / "linked", b"data", sync="fsync")
-    _sync_directory(here)
+    sync_directory(here)
     _write(here / "late", b"data", sync="fsync")
     fs.lose_power()
     assert os.listdir(here) == ["linked"]
@@ -133,14 +120,14 @@ def test_rename_is_durable_only_after_directory_fsync(fs: FaultFs, here: Path) -
     once the directory is fsynced; before, the old name and content come back."""
     target = _durable_file(here, "state", b"v1")
     _write(here / "state.tmp", b"v2", sync="fsync")
-    _sync_directory(here)
+    sync_directory(here)
     os.rename(here / "state.tmp", target)
     assert target.read_bytes() == b"v2"
     fs.lose_power()
     assert target.read_bytes() == b"v1"
     assert (here / "state.tmp").read_bytes() == b"v2"
     os.rename(here / "state.tmp", target)
-    _sync_directory(here)
+    sync_directory(here)
     fs.lose_power()
     assert sorted(os.listdir(here)) == ["state"]
     assert target.read_bytes() == b"v2"
@@ -155,7 +142,7 @@ def test_unlink_and_mkdir_are_durable_only_after_directory_fsync(fs: FaultFs, he
     assert sorted(os.listdir(here)) == ["doomed"]
     assert doomed.read_bytes() == b"still here"
     doomed.unlink()
-    _sync_directory(here)
+    sync_directory(here)
     fs.lose_power()
     assert os.listdir(here) == []
 
@@ -234,14 +221,14 @@ def test_failed_directory_fsync_reports_eio_and_persists_nothing(fs: FaultFs, he
     succeeds and does. A failure armed for a subtree spares fsyncs outside it."""
     _write(here / "new", b"data", sync="fsync")
     fs.fail_next_fsync(under=f"/{here.name}")
-    _sync_directory(fs.mountpoint)  # not under it: not failed
+    sync_directory(fs.mountpoint)  # not under it: not failed
     with pytest.raises(OSError) as failed:
-        _sync_directory(here)
+        sync_directory(here)
     assert failed.value.errno == errno.EIO
     fs.lose_power()
     assert os.listdir(here) == []
     _write(here / "new", b"data", sync="fsync")
-    _sync_directory(here)
+    sync_directory(here)
     fs.lose_power()
     assert os.listdir(here) == ["new"]
 
@@ -301,7 +288,7 @@ def test_cli_controls_a_mount(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert mounted.returncode == 0, mounted.stderr
     try:
         _write(mnt / "file", b"x")
-        _sync_directory(mnt)
+        sync_directory(mnt)
         _write(mnt / "file", b"y", flags=os.O_APPEND)
         assert cli_main(["chaos", "faultfs", "lose-power", str(mnt)]) == 0
         assert (mnt / "file").read_bytes() == b""

@@ -22,6 +22,7 @@ from mqmeta.chaos.faultfs import FaultFs
 from mqmeta.controller.applied_log import AppliedLog
 
 from mqmeta.formats.jsonlines import SyncMark, parse_line, split_lines
+from tests.support.faultfs_mount import mounted, sync_directory
 
 pytestmark = [
     pytest.mark.timeout(120),
@@ -34,14 +35,8 @@ WRITEBACK_FRACTION = 0.5  # half the dirty pages reach the disk before the cut, 
 
 @pytest.fixture(scope="module")
 def fs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FaultFs]:
-    base = tmp_path_factory.mktemp("faultfs")
-    (base / "backing").mkdir()
-    (base / "mnt").mkdir()
-    mount = FaultFs.mount(base / "backing", base / "mnt", log_path=base / "faultfs.log")
-    try:
+    with mounted(tmp_path_factory.mktemp("faultfs")) as mount:
         yield mount
-    finally:
-        mount.unmount()
 
 
 @pytest.fixture
@@ -50,14 +45,6 @@ def here(fs: FaultFs, request: pytest.FixtureRequest) -> Path:
     directory.mkdir()
     fs.sync()  # the directory itself is durable
     return directory
-
-
-def _sync_directory(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _verified_lines(path: Path) -> list[dict]:
@@ -71,7 +58,7 @@ def _verified_lines(path: Path) -> list[dict]:
 def test_applied_log_after_a_power_loss_keeps_only_whole_lines(fs: FaultFs, here: Path) -> None:
     path = here / "applied.jsonl"
     log = AppliedLog(path, "c1")
-    _sync_directory(here)  # the file's entry is durable (a node's data dir is fsynced)
+    sync_directory(here)  # the file's entry is durable (a node's data dir is fsynced)
     padding = "x" * 2000
     index = 0
     while path.stat().st_size < WRITTEN_BYTES:
@@ -95,7 +82,7 @@ def test_confirm_log_after_a_power_loss_keeps_only_whole_lines(fs: FaultFs, here
     """A slave's lines are never forced: only the sync mark's interval makes them durable."""
     path = here / "confirm.log"
     log = ConfirmLog(path, "broker-a")
-    _sync_directory(here)
+    sync_directory(here)
     offset = 0
     now_ms = 0
     while path.stat().st_size < WRITTEN_BYTES:

@@ -29,6 +29,8 @@ from mqmeta.controller import journal as journal_module
 from mqmeta.controller import pysyncobj_compat
 from mqmeta.controller.journal import DurableJournal
 
+from tests.support.faultfs_mount import mounted
+
 PLANTED = Path(__file__).parent / "fixtures" / "planted_dir_fsync_bug"
 
 pytestmark = [
@@ -39,13 +41,8 @@ pytestmark = [
 
 @pytest.fixture
 def disk(tmp_path: Path) -> Iterator[FaultFs]:
-    (tmp_path / "backing").mkdir()
-    (tmp_path / "mnt").mkdir()
-    fs = FaultFs.mount(tmp_path / "backing", tmp_path / "mnt", log_path=tmp_path / "faultfs.log")
-    try:
+    with mounted(tmp_path) as fs:
         yield fs
-    finally:
-        fs.unmount()
 
 
 def journal_of_ten(directory: Path) -> DurableJournal:

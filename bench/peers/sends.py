@@ -21,11 +21,10 @@ from typing import Any
 from bench import brokerlib
 from bench.benchlib import _ratio, make_log, run_main
 from bench.peers import load
-from bench.peers.run import Mqmeta, _send_client, machine
+from bench.peers.run import STARTED, Mqmeta, _send_client, cleanup, machine
 from bench.peers.servers import RabbitMQ, absent
 
 log = make_log("peers.sends")
-STARTED: list[Any] = []
 WATCHDOG_S = 5 * 60
 
 
@@ -120,16 +119,6 @@ def run(args: argparse.Namespace, root: Path, result: dict[str, Any]) -> None:
     if args.profile:
         result["profile"] = _profile(mqmeta, root, min(8.0, args.duration + 3))
     result["machine"]["load_average_at_end"] = list(os.getloadavg())
-
-
-def cleanup() -> None:
-    for system in reversed(STARTED):
-        try:
-            system.stop()
-        except Exception as exc:  # keep stopping the others
-            log(f"stopping {system.name}: {exc!r}")
-    STARTED.clear()
-    brokerlib.cleanup()
 
 
 def main(argv: list[str]) -> int:
