@@ -44,6 +44,16 @@ CALL_TIMEOUT_S = 5.0
 # gRPC's default reply limit is 4 MB: ListTopics of 100,000 topics (6.8 MB) failed with it.
 REPLY_BYTES_MAX = 256 << 20
 ATTEMPT_TIMEOUT_S = 2.0
+# A connection to a controller that was lost is dialed again within half a second. gRPC's
+# default waits 1 s, then 1.6 times longer at each failure (up to 120 s): a broker whose link
+# to the leader dropped twice could not reach it within broker_dead_after_ms (2 s by
+# default) though the link was back, and was replaced (a false failover under lossy links).
+CHANNEL_OPTIONS = [
+    ("grpc.max_receive_message_length", REPLY_BYTES_MAX),
+    ("grpc.initial_reconnect_backoff_ms", 50),
+    ("grpc.min_reconnect_backoff_ms", 50),
+    ("grpc.max_reconnect_backoff_ms", 500),
+]
 STREAM_RETRY_S = 60.0  # after UNIMPLEMENTED, heartbeats go unary this long before the stream is tried again
 
 
@@ -135,9 +145,7 @@ class ControllerClient:
         with self._lock:
             stub = self._stubs.get(address)
             if stub is None:
-                channel = tls.channel(
-                    dial(address), options=[("grpc.max_receive_message_length", REPLY_BYTES_MAX)]
-                )
+                channel = tls.channel(dial(address), options=CHANNEL_OPTIONS)
                 self._channels[address] = channel
                 stub = self._stubs[address] = pb_grpc.ControllerServiceStub(channel)
             return stub
@@ -393,7 +401,7 @@ class ControllerClient:
         channel = tls.channel(
             dial(self._target),
             options=[
-                ("grpc.max_receive_message_length", REPLY_BYTES_MAX),
+                *CHANNEL_OPTIONS,
                 ("grpc.keepalive_time_ms", interval_ms),
                 ("grpc.keepalive_timeout_ms", timeout_ms),
                 ("grpc.keepalive_permit_without_calls", 1),
