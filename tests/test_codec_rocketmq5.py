@@ -14,30 +14,18 @@ process may hold the official client's apache.rocketmq.v2 stubs, which clash wit
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
+
+from tests.support.checks_process import results_of
 
 pytestmark = pytest.mark.timeout(180)
 
-ROOT = Path(__file__).resolve().parent.parent
 CHECKS = ("wire_record_wire", "record_wire_record", "a_dropped_field_fails_the_round_trip")
 
 
 @pytest.fixture(scope="module")
 def results() -> dict[str, str]:
-    done = subprocess.run(
-        [sys.executable, "-m", "tests.support.rocketmq5_codec_checks", *CHECKS],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=170,
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
-    return json.loads(done.stdout.splitlines()[-1])
+    return results_of("tests.support.rocketmq5_codec_checks", CHECKS, timeout_s=170)
 
 
 @pytest.mark.parametrize("check", CHECKS)

@@ -23,16 +23,12 @@ Properties checked:
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
+
+from tests.support.checks_process import results_of
 
 pytestmark = pytest.mark.timeout(60)
 
-ROOT = Path(__file__).resolve().parent.parent
 CHECKS = (
     "a_receive_of_32_decodes_about_32_records",
     "a_short_answer_goes_on_from_the_last_record",
@@ -49,15 +45,7 @@ CHECKS = (
 
 @pytest.fixture(scope="module")
 def results() -> dict[str, str]:
-    done = subprocess.run(
-        [sys.executable, "-m", "tests.support.rmq_plumbing_checks", *CHECKS],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=50,
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
-    return json.loads(done.stdout.splitlines()[-1])
+    return results_of("tests.support.rmq_plumbing_checks", CHECKS, timeout_s=50)
 
 
 @pytest.mark.parametrize("check", CHECKS)

@@ -9,9 +9,7 @@ JSON object: check name -> "ok" or the traceback.
 from __future__ import annotations
 
 import asyncio
-import json
 import sys
-import traceback
 from types import SimpleNamespace
 
 from mqmeta.broker_agent.pop import Candidate, LeaseGrant, Verdict
@@ -28,6 +26,7 @@ from mqmeta.controller.rmq_proxy import (
 from mqmeta.pb.apache.rocketmq.v2 import definition_pb2 as rdef
 from mqmeta.pb.apache.rocketmq.v2 import service_pb2 as rsvc
 from mqmeta.rocketmq import status
+from tests.support.checks_process import run_named
 
 
 class _CountingStore:
@@ -272,20 +271,9 @@ def the_proxy_merges_waiting_acks_unless_told_not_to() -> None:
 CHECKS = {
     name: fn
     for name, fn in list(globals().items())
-    if callable(fn) and not name.startswith("_") and fn.__module__ == __name__ and name != "main"
+    if callable(fn) and not name.startswith("_") and fn.__module__ == __name__
 }
 
 
-def main(argv: list[str]) -> None:
-    results: dict[str, str] = {}
-    for name in argv:
-        try:
-            CHECKS[name]()
-            results[name] = "ok"
-        except Exception:  # reported to the test, which fails naming it
-            results[name] = traceback.format_exc()[-4000:]
-    print(json.dumps(results))
-
-
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    run_named(CHECKS, sys.argv[1:])

@@ -8,9 +8,7 @@ one JSON object: check name -> "ok" or what failed (hypothesis's falsifying exam
 
 from __future__ import annotations
 
-import json
 import sys
-import traceback
 from collections.abc import Callable
 
 from google.protobuf.timestamp_pb2 import Timestamp
@@ -20,6 +18,7 @@ from hypothesis import strategies as st
 from mqmeta.codec import rocketmq5
 from mqmeta.formats.records import Message, StoredRecord, decode_record, encode_record
 from mqmeta.pb.apache.rocketmq.v2 import definition_pb2 as rdef
+from tests.support.checks_process import run_named
 
 NOW_MS = 1_800_000_000_000
 STORE_MS = NOW_MS + 7
@@ -160,16 +159,5 @@ CHECKS: dict[str, Callable[[], None]] = {
 }
 
 
-def main(argv: list[str]) -> None:
-    results: dict[str, str] = {}
-    for name in argv:
-        try:
-            CHECKS[name]()
-            results[name] = "ok"
-        except Exception:  # reported to the test, which fails naming it
-            results[name] = traceback.format_exc()[-4000:]
-    print(json.dumps(results))
-
-
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    run_named(CHECKS, sys.argv[1:])
