@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -38,6 +40,8 @@ from mqmeta.timing import PROPOSAL_TIMEOUT_MS_MAX
 from mqmeta.validate import parse_addresses
 
 log = logging.getLogger(__name__)
+
+SLOW_STOP_STEP_S = 0.5  # a step of a node's stop that took longer is logged, named
 
 # Threads for the plain (sync) handlers; coroutine handlers and Watch streams use none.
 # Module-level so that bench/controller_bench.py can change it.
@@ -156,16 +160,30 @@ class RunningNode:
         stopping) neither waits."""
         if self.core is not None and graceful:
             self.core.step_down()
-        for server in self.servers:
-            server.stop(grace=STOP_GRACE_S if graceful else STOP_NOW_GRACE_S).wait()
-        if self.core is not None:
-            self.core.close()
-        if self.client is not None:
-            self.client.close()
-        if self.metrics is not None:
-            self.metrics.stop()
-        for close in self.closers:
-            close()
+        steps: list[Callable[[], object]] = [
+            partial(_stop_server, server, STOP_GRACE_S if graceful else STOP_NOW_GRACE_S)
+            for server in self.servers
+        ]
+        steps += [self.core.close] if self.core is not None else []
+        steps += [self.client.close] if self.client is not None else []
+        steps += [self.metrics.stop] if self.metrics is not None else []
+        for step in [*steps, *self.closers]:
+            started = time.monotonic()
+            step()
+            took_s = time.monotonic() - started
+            if took_s > SLOW_STOP_STEP_S:
+                log.info("stop: %s took %.2f s", _step_name(step), took_s)
+
+
+def _stop_server(server: StoppableServer, grace: float) -> None:
+    server.stop(grace=grace).wait()
+
+
+def _step_name(step: Callable[[], object]) -> str:
+    inner = getattr(step, "func", step)
+    owner = getattr(inner, "__self__", None)
+    name = getattr(inner, "__qualname__", repr(inner))
+    return f"{type(owner).__name__}.{inner.__name__}" if owner is not None else name
 
 
 def start_controller(

