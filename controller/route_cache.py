@@ -57,6 +57,7 @@ from mqmeta.timing import WATCH_KEEPALIVE_MS, WATCH_KEEPALIVE_TIMEOUT_MS
 log = logging.getLogger(__name__)
 
 RESUBSCRIBE_INTERVAL_S = 1.0
+STOP_JOIN_TIMEOUT_S = 5.0  # per thread; their calls end when stop() closes the client
 TOPIC_RELOAD_INTERVAL_S = 1.0  # at most one ListTopics per interval while topics change
 # ...and at most this share of the time: a ListTopics of 100,000 topics is 6.8 MB and takes
 # the leader a while; while topics are created in bulk the reloads must not double its load
@@ -109,12 +110,16 @@ class RouteCache:
         return self
 
     def stop(self) -> None:
+        """Stops both threads and closes the client (the copy's own): a call they are
+        waiting in ends at once. (When the whole cluster stops, the watch stream ends first
+        and the loop's next GetMetadata retried the gone controllers for its 5 s deadline.)"""
         self._stop.set()
         stream = self._stream
         if stream is not None:
             stream.cancel()
+        self.client.close()
         for thread in self._threads:
-            thread.join(timeout=5.0)
+            thread.join(timeout=STOP_JOIN_TIMEOUT_S)
 
     @property
     def live(self) -> bool:

@@ -362,7 +362,7 @@ def start_namesrv(
 
     server = _started(AsyncServer(address, setup, GRPC_WORKERS_MAX, REQUEST_BYTES_MAX))
     cache.start()
-    closers = [cache.stop, cache.client.close]
+    closers = [cache.stop]  # closes its client
     if remoting_address:
         try:
             master_of = _cached_master(client, cache)

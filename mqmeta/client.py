@@ -29,6 +29,7 @@ from mqmeta import backoff, tls
 from mqmeta.dialmap import dial
 from mqmeta.errors import (
     DeadlineExceeded,
+    FailedPrecondition,
     MqmetaError,
     NotLeader,
     Unavailable,
@@ -131,6 +132,7 @@ class ControllerClient:
         self.addresses = parse_addresses(addresses) if isinstance(addresses, str) else addresses
         self.timeout_s = timeout_s
         self._lock = threading.Lock()
+        self._closed = False  # close() ends calls in flight and refuses new ones
         self._channels: dict[str, grpc.Channel] = {}
         self._stubs: dict[str, pb_grpc.ControllerServiceStub] = {}
         self._watch_channels: dict[str, grpc.Channel] = {}  # keepalive watch streams, per node
@@ -143,6 +145,7 @@ class ControllerClient:
 
     def _stub(self, address: str) -> pb_grpc.ControllerServiceStub:
         with self._lock:
+            self._refuse_if_closed()
             stub = self._stubs.get(address)
             if stub is None:
                 channel = tls.channel(dial(address), options=CHANNEL_OPTIONS)
@@ -413,17 +416,26 @@ class ControllerClient:
             ],
         )
         with self._lock:
+            if self._closed:
+                channel.close()
+                self._refuse_if_closed()
             old = self._watch_channels.pop(self._target, None)
             self._watch_channels[self._target] = channel
         if old is not None:
             old.close()  # the previous keepalive stream to this node, ended or abandoned
         return pb_grpc.ControllerServiceStub(channel).Watch(request, timeout=timeout_s)
 
+    def _refuse_if_closed(self) -> None:
+        if self._closed:  # a call retried after close() would wait out its whole deadline
+            raise FailedPrecondition("this controller client is closed")
+
     def close(self) -> None:
+        """Ends every call in flight (CANCELLED) and refuses new ones."""
         with self._heartbeat_lock:
             if self._heartbeat_call is not None:
                 self._heartbeat_call.close()
         with self._lock:
+            self._closed = True
             for channel in [*self._channels.values(), *self._watch_channels.values()]:
                 channel.close()
             self._channels.clear()

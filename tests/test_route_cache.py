@@ -13,11 +13,15 @@ Properties checked:
 - a copy that lost its watch falls back: when the node its stream is on is SIGSTOPped
   (no reset ever arrives: keepalive must notice) it stops answering within
   LOST_WATCH_BOUND_S, and after kill -9 of that node too; it answers again, equal to the
-  barrier read, once it has resubscribed to a live node.
+  barrier read, once it has resubscribed to a live node;
+- stop() is prompt when no controller answers (the whole cluster stopping at once: the loop
+  is retrying GetMetadata against gone controllers), and a closed client refuses calls at
+  once with FAILED_PRECONDITION instead of retrying them until its deadline.
 """
 
 from __future__ import annotations
 
+import socket
 import time
 
 import pytest
@@ -26,7 +30,7 @@ from mqmeta.controller import route_cache
 from mqmeta.controller.route_cache import RouteCache
 
 from mqmeta.client import ControllerClient
-from mqmeta.errors import NotFound, Unavailable
+from mqmeta.errors import FailedPrecondition, NotFound, Unavailable
 from mqmeta.pb import controller_pb2 as pb
 from mqmeta.timing import WATCH_KEEPALIVE_MS, WATCH_KEEPALIVE_TIMEOUT_MS
 
@@ -35,6 +39,7 @@ pytestmark = pytest.mark.timeout(150)
 ROUTE_CHANGE_BOUND_S = 3.0  # a watch delivery, plus one topic reload (TOPIC_RELOAD_INTERVAL_S)
 LOST_WATCH_BOUND_S = (WATCH_KEEPALIVE_MS + WATCH_KEEPALIVE_TIMEOUT_MS) / 1000 + 2.0
 LIVE_TIMEOUT_S = 20.0
+STOP_BOUND_S = 1.5  # a retried GetMetadata would hold stop() for its 5 s deadline
 
 
 def _register(client: ControllerClient, cluster: str, broker_name: str, index: int) -> None:
@@ -294,3 +299,29 @@ def test_an_unknown_event_kind_makes_the_next_reload_list_every_topic_even_after
     cache._apply(_topic_event("B"))
     cache._reload_dirty_topics()
     assert controller.asked[-1] == ["B"]  # named again once the full reload is done
+
+
+def _refused_address() -> str:
+    """A loopback address nothing listens on (a stopped controller's)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{probe.getsockname()[1]}"
+
+
+def test_stop_is_prompt_while_the_copy_retries_gone_controllers():
+    cache = RouteCache(ControllerClient([_refused_address(), _refused_address()])).start()
+    time.sleep(0.5)  # the watch loop is inside GetMetadata's retries (5 s deadline)
+    started = time.monotonic()
+    cache.stop()
+    took_s = time.monotonic() - started
+    assert took_s < STOP_BOUND_S, f"stop() took {took_s:.2f} s"
+    assert not any(thread.is_alive() for thread in cache._threads)
+
+
+def test_a_closed_client_refuses_calls_at_once():
+    client = ControllerClient([_refused_address()])
+    client.close()
+    started = time.monotonic()
+    with pytest.raises(FailedPrecondition, match="closed"):
+        client.get_metadata(pb.GetMetadataRequest())
+    assert time.monotonic() - started < 0.5
