@@ -220,7 +220,7 @@ def _route_change_delays(cluster: ScaleCluster, topics: int, count: int) -> dict
     return out
 
 
-LEADER_WINDOW_ATTEMPTS = 3
+LEADER_WINDOW_ATTEMPTS = 6  # CI (a 1 s window on a loaded 2-core machine) once saw three changes
 
 
 def one_leader_window(
