@@ -137,24 +137,35 @@ class Client:
 
 class Members:
     """The clients this broker hears from; a client is alive until CLIENT_EXPIRY_MS of
-    silence or its NotifyClientTermination."""
+    silence or its NotifyClientTermination. A terminated client stays gone: its own requests
+    that arrive after the termination (a receive or heartbeat still in flight, forwarded by
+    another proxy connection) do not bring it back (a client id names one client instance,
+    which never starts again), so its queues go to the other members at their next
+    QueryAssignment instead of after CLIENT_EXPIRY_MS."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._clients: dict[str, Client] = {}
+        self._terminated: dict[str, int] = {}  # client id -> when (ms), oldest first
 
     def seen(self, client_id: str, now_ms: int, client_type: int = 0, group: str = "") -> None:
         with self._lock:
-            client = self._clients.get(client_id)
-            if client is None:
-                if len(self._clients) >= CLIENTS_MAX:
-                    self._drop_expired(now_ms)
-                client = self._clients[client_id] = Client(client_id)
-            client.last_seen_ms = now_ms
-            if client_type:
-                client.client_type = client_type
-            if group:
-                client.group = group
+            self._seen(client_id, now_ms, client_type, group)
+
+    def _seen(self, client_id: str, now_ms: int, client_type: int, group: str) -> Client | None:
+        if client_id in self._terminated:
+            return None
+        client = self._clients.get(client_id)
+        if client is None:
+            if len(self._clients) >= CLIENTS_MAX:
+                self._drop_expired(now_ms)
+            client = self._clients[client_id] = Client(client_id)
+        client.last_seen_ms = now_ms
+        if client_type:
+            client.client_type = client_type
+        if group:
+            client.group = group
+        return client
 
     def settings(self, client_id: str, settings: rdef.Settings, now_ms: int) -> None:
         if settings.WhichOneof("pub_sub") == "subscription":
@@ -163,13 +174,22 @@ class Members:
         else:
             group = ""
             topics = frozenset(t.name for t in settings.publishing.topics)
-        self.seen(client_id, now_ms, settings.client_type, group)
         with self._lock:
-            self._clients[client_id].topics = topics
+            client = self._seen(client_id, now_ms, settings.client_type, group)
+            if client is not None:
+                client.topics = topics
 
-    def remove(self, client_id: str) -> None:
+    def remove(self, client_id: str, now_ms: int) -> None:
+        """NotifyClientTermination: gone now, and not brought back by its late requests
+        (remembered for CLIENT_EXPIRY_MS, at most CLIENTS_MAX of them)."""
         with self._lock:
             self._clients.pop(client_id, None)
+            self._terminated.pop(client_id, None)
+            self._terminated[client_id] = now_ms
+            for old, when in list(self._terminated.items()):  # oldest first
+                if now_ms - when < CLIENT_EXPIRY_MS and len(self._terminated) <= CLIENTS_MAX:
+                    break
+                del self._terminated[old]
 
     def _drop_expired(self, now_ms: int) -> None:
         for client_id, client in list(self._clients.items()):

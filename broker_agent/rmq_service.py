@@ -86,7 +86,7 @@ class MessagingServicer(rsvc_grpc.MessagingServiceServicer):
 
     @rmq_call(rsvc.NotifyClientTerminationResponse)
     def NotifyClientTermination(self, request, context):
-        self.broker.members.remove(client_id_of(context))
+        self.broker.members.remove(client_id_of(context), wall_ms())
         return rsvc.NotifyClientTerminationResponse(status=status())
 
     def Telemetry(self, request_iterator, context):

@@ -13,6 +13,7 @@ import sys
 from types import SimpleNamespace
 
 from mqmeta.broker_agent.pop import Candidate, LeaseGrant, Verdict
+from mqmeta.broker_agent.rmq_metadata import CLIENT_EXPIRY_MS, Members
 from mqmeta.broker_agent.rmq_pop import READ_CHUNK_MIN, PopShell
 from mqmeta.controller.rmq_proxy import (
     RocketMQProxy,
@@ -266,6 +267,21 @@ def the_proxy_merges_waiting_acks_unless_told_not_to() -> None:
         assert calls == calls_expected, (merge_calls, calls)
         assert [[e.message_id for e in a.entries] for a in answers] == [["m0"], ["m1"], ["m2"]]
         assert all(a.status.code == rdef.OK for a in answers)
+
+
+def a_terminated_client_is_not_brought_back_by_its_late_requests() -> None:
+    members, now = Members(), 1_000_000
+    for client in ("first", "second"):
+        members.seen(client, now, rdef.PUSH_CONSUMER, "g")
+    members.remove("second", now + 1)
+    # a receive, heartbeat, assignment query or settings of "second" still in flight
+    members.seen("second", now + 2, rdef.PUSH_CONSUMER, "g")
+    members.settings("second", rdef.Settings(client_type=rdef.PUSH_CONSUMER), now + 3)
+    assert members.alive(now + 4) == {"first"}
+    assert [c for c, _, _ in members.of_group("g", now + 4)] == ["first"]
+    # the memory of terminated clients is bounded in time: a later id is a new client
+    members.remove("third", now + 5 + CLIENT_EXPIRY_MS)
+    assert "second" not in members._terminated and "third" in members._terminated
 
 
 CHECKS = {
