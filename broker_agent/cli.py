@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ from mqmeta.rpc import (
     STOP_NOW_GRACE_S,
     add_health_and_reflection,
     build_server,
+    run_stop_steps,
     serve_until_signal,
 )
 from mqmeta.validate import FlagNumber, parse_addresses, validate_name
@@ -232,13 +234,15 @@ def _start(config: BrokerConfig, metrics_listen: str) -> Any:
             # server still answers the slaves' fetches, then stop serving. SIGINT (Ctrl-C,
             # `local up` stopping the whole cluster): the slaves are stopping too, so a
             # handoff could only wait for them; the controllers' failover takes over.
-            if graceful:
-                agent.depart()
-            server.stop(grace=STOP_GRACE_S if graceful else STOP_NOW_GRACE_S).wait()
+            grace = STOP_GRACE_S if graceful else STOP_NOW_GRACE_S
+
+            def stop_serving() -> None:
+                server.stop(grace=grace).wait()
+
+            steps: list[Callable[[], object]] = [agent.depart] if graceful else []
+            steps.append(stop_serving)
             if remoting is not None:
-                remoting.stop()
-            rmq.stop()
-            agent.stop()
-            metrics.stop()
+                steps.append(remoting.stop)
+            run_stop_steps([*steps, rmq.stop, agent.stop, metrics.stop])
 
     return _Node()

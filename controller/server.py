@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -35,13 +34,12 @@ from mqmeta.rpc import (
     AsyncServer,
     add_health_and_reflection_async,
     check_can_listen,
+    run_stop_steps,
 )
 from mqmeta.timing import PROPOSAL_TIMEOUT_MS_MAX
 from mqmeta.validate import parse_addresses
 
 log = logging.getLogger(__name__)
-
-SLOW_STOP_STEP_S = 0.5  # a step of a node's stop that took longer is logged, named
 
 # Threads for the plain (sync) handlers; coroutine handlers and Watch streams use none.
 # Module-level so that bench/controller_bench.py can change it.
@@ -167,23 +165,11 @@ class RunningNode:
         steps += [self.core.close] if self.core is not None else []
         steps += [self.client.close] if self.client is not None else []
         steps += [self.metrics.stop] if self.metrics is not None else []
-        for step in [*steps, *self.closers]:
-            started = time.monotonic()
-            step()
-            took_s = time.monotonic() - started
-            if took_s > SLOW_STOP_STEP_S:
-                log.info("stop: %s took %.2f s", _step_name(step), took_s)
+        run_stop_steps([*steps, *self.closers])
 
 
 def _stop_server(server: StoppableServer, grace: float) -> None:
     server.stop(grace=grace).wait()
-
-
-def _step_name(step: Callable[[], object]) -> str:
-    inner = getattr(step, "func", step)
-    owner = getattr(inner, "__self__", None)
-    name = getattr(inner, "__qualname__", repr(inner))
-    return f"{type(owner).__name__}.{inner.__name__}" if owner is not None else name
 
 
 def start_controller(

@@ -57,6 +57,7 @@ GRPC_WORKERS_MAX = 64
 STOP_GRACE_S = 1.0
 SIGNAL_POLL_S = 0.1
 STOP_NOW_GRACE_S = 0.1  # a stop at once (SIGINT) still lets answers being written go out
+SLOW_STOP_STEP_S = 0.5  # a step of a node's stop that took longer is logged, named
 # A status message is sent percent-encoded in the grpc-message header (up to 12 bytes per
 # character); a client drops a header over 16 KiB and sees RESOURCE_EXHAUSTED instead of
 # the status. So a message is cut to this many characters.
@@ -380,6 +381,24 @@ def serve_until_signal(node: Stoppable) -> None:
     node.stop(graceful=graceful)
     log.info("stopped in %.2f s", time.monotonic() - started)
     exit_at_once()
+
+
+def run_stop_steps(steps: list[Callable[[], object]]) -> None:
+    """Runs a node's stop, step by step; a step that took over SLOW_STOP_STEP_S is logged by
+    name (a launcher that stops a whole cluster waits for the slowest process)."""
+    for step in steps:
+        started = time.monotonic()
+        step()
+        took_s = time.monotonic() - started
+        if took_s > SLOW_STOP_STEP_S:
+            log.info("stop: %s took %.2f s", _step_name(step), took_s)
+
+
+def _step_name(step: Callable[[], object]) -> str:
+    inner = getattr(step, "func", step)
+    owner = getattr(inner, "__self__", None)
+    name = getattr(inner, "__qualname__", repr(inner))
+    return f"{type(owner).__name__}.{inner.__name__}" if owner is not None else name
 
 
 def exit_at_once(status: int = 0) -> NoReturn:
