@@ -268,6 +268,54 @@ def the_proxy_merges_waiting_acks_unless_told_not_to() -> None:
         assert all(a.status.code == rdef.OK for a in answers)
 
 
+def _sends_through_the_proxy(
+    bodies_later: int,
+) -> tuple[list[list[bytes]], int, list[rsvc.SendMessageResponse]]:
+    """One plain send through RocketMQProxy.upstream, then `bodies_later` more while it is
+    upstream, its upstream call replaced by one that records the bodies of each call it
+    was given (decoded from the bytes it got) and how many calls it held at once."""
+    source = RouteSource(lambda topic: None, lambda topic: None, lambda: None)
+    proxy = RocketMQProxy(source, ["p:1"], lambda: None)
+    calls: list[list[bytes]] = []
+    held = [0, 0]  # now, most
+
+    async def upstream_call(request: bytes, timeout: float, metadata: list) -> bytes:
+        parsed = rsvc.SendMessageRequest.FromString(request)
+        calls.append([m.body for m in parsed.messages])
+        held[0] += 1
+        held[1] = max(held)
+        await asyncio.sleep(0.05)
+        held[0] -= 1
+        entries = [
+            rsvc.SendResultEntry(status=status(), message_id=m.system_properties.message_id, offset=i)
+            for i, m in enumerate(parsed.messages)
+        ]
+        return rsvc.SendMessageResponse(status=status(), entries=entries).SerializeToString()
+
+    proxy.unary = lambda address, method: upstream_call  # type: ignore[method-assign]
+
+    def send(i: int):
+        request = _send_request(body=f"body-{i}".encode(), message_id=f"id-{i}")
+        headers = [("x-mq-client-id", "c"), ("x-mq-request-id", str(i))]
+        return proxy.upstream("b:1", "SendMessage", request.SerializeToString(), 5.0, headers)
+
+    async def sends() -> list[bytes]:
+        first = asyncio.ensure_future(send(0))
+        await asyncio.sleep(0.01)  # the first is upstream now
+        return await asyncio.gather(first, *(send(i) for i in range(1, 1 + bodies_later)))
+
+    answers = [rsvc.SendMessageResponse.FromString(raw) for raw in asyncio.run(sends())]
+    return calls, held[1], answers
+
+
+def one_merged_send_per_client_is_in_flight() -> None:
+    calls, held_most, answers = _sends_through_the_proxy(5)
+    assert held_most == 1, held_most
+    assert calls == [[b"body-0"], [f"body-{i}".encode() for i in range(1, 6)]], calls
+    assert [[e.message_id for e in a.entries] for a in answers] == [[f"id-{i}"] for i in range(6)]
+    assert all(a.status.code == rdef.OK for a in answers)
+
+
 CHECKS = {
     name: fn
     for name, fn in list(globals().items())
