@@ -16,8 +16,11 @@ mqmeta: one controller, a broker set of two replicas, acks from the whole SyncSt
 Measured: send (T threads, each sending its share of N one at a time); SimpleConsumer
 receive + ack (batches of 32, a batch's acks sent together); PushConsumer receive + ack
 (default consumption threads; from its first message to its N-th). Prints one JSON
-document with messages per second (the best round of each) and the ratios proxy/direct
-and proxy/ceiling; writes it to bench/results/rocketmq_proxy_throughput.json (or --out).
+document with messages per second (the best round of each), the ratios proxy/direct
+and proxy/ceiling, and per round the CPU milliseconds per message each process used
+(cpu_ms_per_message: the nameservers, brokers, controller and this process, which is the
+client and the ceiling's server; a figure the machine's load moves far less than the
+rates); writes it to bench/results/rocketmq_proxy_throughput.json (or --out).
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ TOPIC = "Tput"
 QUEUES = 4
 ACKS_IN_FLIGHT_MAX = 32
 KINDS = ("send", "simple", "push")
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def _null_queues(topic: str, address: str) -> list:
@@ -257,6 +261,15 @@ def _start_namesrv(cluster: Any, address: str, name: str, flags: list[str]) -> N
     wait_ready(cluster.addresses, [address])
 
 
+def _cpu_s(pid: int) -> float:
+    """The CPU time (user + system) process `pid` has used; 0.0 once it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
 def _measure(
     rmq: Any,
     targets: dict[str, str],
@@ -265,21 +278,29 @@ def _measure(
     threads: int,
     body: bytes,
     rates: dict[str, dict[str, list[float]]],
+    pids: dict[str, int],
+    cpu: dict[str, dict[str, list[dict[str, float]]]],
 ) -> None:
     """`rounds` rounds of send, then simple and push receive (the kinds `rates` names),
-    against every target; each rate appended to `rates` as it is measured."""
+    against every target; each rate appended to `rates` as it is measured, and to `cpu` the
+    CPU milliseconds per message each process of `pids` used meanwhile."""
     kinds = next(iter(rates.values()))
     receives = {"simple": simple_receive, "push": push_receive}
+
+    def measured(r: int, name: str, kind: str, measure: Any, *args: Any) -> None:
+        before = {process: _cpu_s(pid) for process, pid in pids.items()}
+        rates[name][kind].append(_rate(measure, *args))
+        used = {process: (_cpu_s(pid) - before[process]) * 1000 / total for process, pid in pids.items()}
+        cpu[name][kind].append({process: round(ms, 3) for process, ms in used.items() if ms > 0.01})
+        log(f"round {r + 1} {name} {kind} {rates[name][kind][-1]:.0f} msg/s")
+
     for r in range(rounds):
         for name, endpoints in targets.items():
             if "send" in kinds:
-                rates[name]["send"].append(_rate(send, rmq, endpoints, total, threads, body))
-                log(f"round {r + 1} {name} send {rates[name]['send'][-1]:.0f} msg/s")
+                measured(r, name, "send", send, rmq, endpoints, total, threads, body)
         for name, endpoints in targets.items():
             for kind in (k for k in receives if k in kinds):
-                group = f"{kind}-{name}-{r}"
-                rates[name][kind].append(_rate(receives[kind], rmq, endpoints, total, group))
-                log(f"round {r + 1} {name} {kind} {rates[name][kind][-1]:.0f} msg/s")
+                measured(r, name, kind, receives[kind], rmq, endpoints, total, f"{kind}-{name}-{r}")
 
 
 def _rate(measure: Any, *args: Any) -> float:
@@ -373,11 +394,17 @@ def main() -> int:
         body = os.urandom(args.size)
         total = args.messages - args.messages % args.threads
         rates: dict[str, dict[str, list[float]]] = {k: {kind: [] for kind in kinds} for k in targets}
-        _measure(rmq, targets, args.rounds, total, args.threads, body, rates)
+        # the cluster's processes by name (the master's named as such too) and this one
+        pids = {name: proc.pid for name, proc in cluster.supervisor.children.items()}
+        pids["master"] = pids[cluster.master_of("broker-a")]
+        pids["bench (client, ceiling)"] = os.getpid()
+        cpu: dict[str, dict[str, list[dict[str, float]]]] = {k: {kind: [] for kind in kinds} for k in targets}
+        _measure(rmq, targets, args.rounds, total, args.threads, body, rates, pids, cpu)
     finally:
         cluster.stop()
         null.stop(0)
     result = _summary(rates, total, args)
+    result["cpu_ms_per_message"] = cpu
     text = json.dumps(result, indent=2)
     (REPO / "bench" / "results" / Path(args.out).name).write_text(text + "\n")
     print(text)
