@@ -106,6 +106,10 @@ ACK_ENTRIES_MERGED_MAX = 256  # entries of one merged upstream AckMessage
 ACKS_IN_FLIGHT_MAX = 2  # merged AckMessages of one client, group, topic and master
 SEND_MESSAGES_MERGED_MAX = 32  # messages of one merged upstream SendMessage
 SEND_MERGED_BODY_BYTES_MAX = 64 << 10  # a larger message goes alone
+# and so does a larger request (its message's properties, fields we do not know): a merged
+# send's request stays under SEND_MESSAGES_MERGED_MAX times this, below REQUEST_BYTES_MAX
+SEND_MERGED_REQUEST_BYTES_MAX = 128 << 10
+assert SEND_MESSAGES_MERGED_MAX * SEND_MERGED_REQUEST_BYTES_MAX < REQUEST_BYTES_MAX
 SENDS_IN_FLIGHT_MAX = 1  # merged SendMessages of one client and master
 PATH = f"/{MESSAGING_SERVICE}/"
 
@@ -409,7 +413,7 @@ class RocketMQProxy:
             return await self.acks.call(key, pending, max(len(parsed.entries), 1))
         if method == "SendMessage":
             parsed_send = parsed or rsvc.SendMessageRequest.FromString(request)
-            if mergeable_send(parsed_send):
+            if mergeable_send(parsed_send) and len(request) <= SEND_MERGED_REQUEST_BYTES_MAX:
                 pending = _Pending(None, request, time.monotonic() + timeout_s, metadata)
                 return await self.sends.call((address, coalescing_key(metadata)), pending)
         return await self.unary(address, method)(request, timeout=timeout_s, metadata=metadata)

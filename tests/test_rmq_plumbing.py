@@ -21,7 +21,7 @@ Properties checked:
   upstream as one call, and as three with `--rocketmq-merge-calls off`; one merged send
   of a client is upstream at a time, the sends that arrive meanwhile go together in the
   next, as one request whose messages are theirs in order, and each caller gets its own
-  message's entry.
+  message's entry; a send request over 128 KiB (e.g. a field we do not know) goes alone.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ CHECKS = (
     "a_merged_send_answer_is_split_back_per_caller",
     "the_proxy_merges_waiting_acks_unless_told_not_to",
     "one_merged_send_per_client_is_in_flight",
+    "a_large_send_request_goes_alone",
 )
 
 
