@@ -2,6 +2,7 @@
 and against its own ceiling, in one run.
 
     python -m bench.rocketmq_proxy_throughput [--messages N] [--threads T] [--size B] [--rounds R]
+        [--kinds send,simple,push]
 
 Targets, measured in alternating rounds with the same client, threads and message size:
 - ceiling: an apache.rocketmq.v2 MessagingService in this process (the official client's
@@ -15,8 +16,11 @@ mqmeta: one controller, a broker set of two replicas, acks from the whole SyncSt
 Measured: send (T threads, each sending its share of N one at a time); SimpleConsumer
 receive + ack (batches of 32, a batch's acks sent together); PushConsumer receive + ack
 (default consumption threads; from its first message to its N-th). Prints one JSON
-document with messages per second (the best round of each) and the ratios proxy/direct
-and proxy/ceiling; writes it to bench/results/rocketmq_proxy_throughput.json (or --out).
+document with messages per second (the best round of each), the ratios proxy/direct
+and proxy/ceiling, and per round the CPU milliseconds per message each process used
+(cpu_ms_per_message: the nameservers, brokers, controller and this process, which is the
+client and the ceiling's server; a figure the machine's load moves far less than the
+rates); writes it to bench/results/rocketmq_proxy_throughput.json (or --out).
 """
 
 from __future__ import annotations
@@ -44,6 +48,8 @@ log = make_log("rmq-proxy-tput")
 TOPIC = "Tput"
 QUEUES = 4
 ACKS_IN_FLIGHT_MAX = 32
+KINDS = ("send", "simple", "push")
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def _null_queues(topic: str, address: str) -> list:
@@ -255,6 +261,15 @@ def _start_namesrv(cluster: Any, address: str, name: str, flags: list[str]) -> N
     wait_ready(cluster.addresses, [address])
 
 
+def _cpu_s(pid: int) -> float:
+    """The CPU time (user + system) process `pid` has used; 0.0 once it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
 def _measure(
     rmq: Any,
     targets: dict[str, str],
@@ -263,19 +278,29 @@ def _measure(
     threads: int,
     body: bytes,
     rates: dict[str, dict[str, list[float]]],
+    pids: dict[str, int],
+    cpu: dict[str, dict[str, list[dict[str, float]]]],
 ) -> None:
-    """`rounds` rounds of send, then simple and push receive, against every target; each
-    rate appended to `rates` as it is measured."""
+    """`rounds` rounds of send, then simple and push receive (the kinds `rates` names),
+    against every target; each rate appended to `rates` as it is measured, and to `cpu` the
+    CPU milliseconds per message each process of `pids` used meanwhile."""
+    kinds = next(iter(rates.values()))
+    receives = {"simple": simple_receive, "push": push_receive}
+
+    def measured(r: int, name: str, kind: str, measure: Any, *args: Any) -> None:
+        before = {process: _cpu_s(pid) for process, pid in pids.items()}
+        rates[name][kind].append(_rate(measure, *args))
+        used = {process: (_cpu_s(pid) - before[process]) * 1000 / total for process, pid in pids.items()}
+        cpu[name][kind].append({process: round(ms, 3) for process, ms in used.items() if ms > 0.01})
+        log(f"round {r + 1} {name} {kind} {rates[name][kind][-1]:.0f} msg/s")
+
     for r in range(rounds):
         for name, endpoints in targets.items():
-            rates[name]["send"].append(_rate(send, rmq, endpoints, total, threads, body))
-            log(f"round {r + 1} {name} send {rates[name]['send'][-1]:.0f} msg/s")
+            if "send" in kinds:
+                measured(r, name, "send", send, rmq, endpoints, total, threads, body)
         for name, endpoints in targets.items():
-            group = f"{name}-{r}"
-            rates[name]["simple"].append(_rate(simple_receive, rmq, endpoints, total, f"simple-{group}"))
-            rates[name]["push"].append(_rate(push_receive, rmq, endpoints, total, f"push-{group}"))
-            got = rates[name]
-            log(f"round {r + 1} {name} simple {got['simple'][-1]:.0f} push {got['push'][-1]:.0f}")
+            for kind in (k for k in receives if k in kinds):
+                measured(r, name, kind, receives[kind], rmq, endpoints, total, f"{kind}-{name}-{r}")
 
 
 def _rate(measure: Any, *args: Any) -> float:
@@ -294,25 +319,21 @@ def _summary(
 ) -> dict[str, Any]:
     """The best rate of each target and kind, every sample, and the ratios between targets."""
     best = {name: {kind: round(max(v), 1) for kind, v in kinds.items()} for name, kinds in rates.items()}
+    measured = tuple(next(iter(rates.values())))
     result: dict[str, Any] = {
         "messages": total,
         "threads": args.threads,
         "body_bytes": args.size,
         "rounds": args.rounds,
+        "kinds": list(next(iter(rates.values()))),
         "load_average_at_end": [round(x, 1) for x in os.getloadavg()],
         "msgs_per_s": best,
         "samples": rates,
-        "ratio_proxy_to_direct": {
-            k: _ratio(best["proxy"][k], best["direct"][k]) for k in ("send", "simple", "push")
-        },
-        "ratio_proxy_to_ceiling": {
-            k: _ratio(best["proxy"][k], best["ceiling"][k]) for k in ("send", "simple", "push")
-        },
-        "ratio_direct_to_ceiling": {
-            k: _ratio(best["direct"][k], best["ceiling"][k]) for k in ("send", "simple", "push")
-        },
+        "ratio_proxy_to_direct": {k: _ratio(best["proxy"][k], best["direct"][k]) for k in measured},
+        "ratio_proxy_to_ceiling": {k: _ratio(best["proxy"][k], best["ceiling"][k]) for k in measured},
+        "ratio_direct_to_ceiling": {k: _ratio(best["direct"][k], best["ceiling"][k]) for k in measured},
         "ratio_proxy_unmerged_to_direct": {
-            k: _ratio(best["proxy_unmerged"][k], best["direct"][k]) for k in ("send", "simple", "push")
+            k: _ratio(best["proxy_unmerged"][k], best["direct"][k]) for k in measured
         },
         # the same ratios round by round (neighbouring phases share the machine's load), median
         "median_round_ratio_proxy_to_direct": _median_ratios(rates, "proxy", "direct"),
@@ -320,7 +341,7 @@ def _summary(
         "median_round_ratio_direct_to_ceiling": _median_ratios(rates, "direct", "ceiling"),
         "median_round_ratio_proxy_unmerged_to_direct": _median_ratios(rates, "proxy_unmerged", "direct"),
         "ratio_proxy_unmerged_to_ceiling": {
-            k: _ratio(best["proxy_unmerged"][k], best["ceiling"][k]) for k in ("send", "simple", "push")
+            k: _ratio(best["proxy_unmerged"][k], best["ceiling"][k]) for k in measured
         },
     }
     return result
@@ -333,9 +354,17 @@ def main() -> int:
     parser.add_argument("--size", type=int, default=1024)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument(
+        "--kinds",
+        default=",".join(KINDS),
+        help="what to measure, of send,simple,push (e.g. send: more rounds of sends in a short run)",
+    )
+    parser.add_argument(
         "--out", default="rocketmq_proxy_throughput.json", help="file name under bench/results/"
     )
     args = parser.parse_args()
+    kinds = [k for k in KINDS if k in args.kinds.split(",")]
+    if not kinds or set(args.kinds.split(",")) - set(KINDS):
+        parser.error(f"--kinds takes some of {','.join(KINDS)}, not {args.kinds!r}")
     root = Path(tempfile.mkdtemp(prefix="rmq-proxy-tput-"))
     rmq = official_client(root / "home")
     from mqmeta.cluster.harness import Cluster
@@ -364,14 +393,18 @@ def main() -> int:
         }
         body = os.urandom(args.size)
         total = args.messages - args.messages % args.threads
-        rates: dict[str, dict[str, list[float]]] = {
-            k: {"send": [], "simple": [], "push": []} for k in targets
-        }
-        _measure(rmq, targets, args.rounds, total, args.threads, body, rates)
+        rates: dict[str, dict[str, list[float]]] = {k: {kind: [] for kind in kinds} for k in targets}
+        # the cluster's processes by name (the master's named as such too) and this one
+        pids = {name: proc.pid for name, proc in cluster.supervisor.children.items()}
+        pids["master"] = pids[cluster.master_of("broker-a")]
+        pids["bench (client, ceiling)"] = os.getpid()
+        cpu: dict[str, dict[str, list[dict[str, float]]]] = {k: {kind: [] for kind in kinds} for k in targets}
+        _measure(rmq, targets, args.rounds, total, args.threads, body, rates, pids, cpu)
     finally:
         cluster.stop()
         null.stop(0)
     result = _summary(rates, total, args)
+    result["cpu_ms_per_message"] = cpu
     text = json.dumps(result, indent=2)
     (REPO / "bench" / "results" / Path(args.out).name).write_text(text + "\n")
     print(text)
@@ -381,7 +414,7 @@ def main() -> int:
 def _median_ratios(rates: dict[str, dict[str, list[float]]], a: str, b: str) -> dict[str, float | None]:
     """Per kind, the median over rounds of a's rate over b's in the same round."""
     found: dict[str, float | None] = {}
-    for kind in ("send", "simple", "push"):
+    for kind in rates[a]:
         ratios = sorted(x / y for x, y in zip(rates[a][kind], rates[b][kind], strict=True) if x and y)
         found[kind] = round(statistics.median(ratios), 3) if ratios else None
     return found

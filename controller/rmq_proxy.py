@@ -28,13 +28,14 @@ Everything runs on the nameserver's grpc.aio loop; a channel per master address 
 about 1 ms of CPU per call, nearly all of it grpc.aio's server and client calls (the
 proxy's own Python is about 24 µs; docs/benchmarks.md). So calls that wait together go
 upstream as one (controller/coalesce.py): AckMessages of one client, group and topic, and
-plain one-message sends of one client (see mergeable_send); each caller gets its own
-entries back.
+plain one-message sends of one client (see mergeable_send), one merged send of a client
+upstream at a time (SENDS_IN_FLIGHT_MAX); each caller gets its own entries back.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 import time
@@ -97,13 +98,19 @@ FORWARDED_HEADERS = ("x-mq-", "authorization")
 REQUEST_ID_HEADER = "x-mq-request-id"
 ACK_ENTRIES_MERGED_MAX = 256  # entries of one merged upstream AckMessage
 # Merged calls of one key in flight at once: more merge less and wait less. Measured with
-# 8 sending threads and a PushConsumer's 20 (docs/benchmarks.md): sends at 2 waited too
-# long (0.70 of direct routes), at 4 did best (0.86-0.92), at 8 merged too little; acks did
-# best at 2.
+# 8 sending threads and a PushConsumer's 20 (docs/benchmarks.md): acks did best at 2. Sends
+# at 1: a merged send carries about 3.8 messages (1.4 at 4 in flight) and a proxied send then
+# costs the nameserver, the master and the slave together about 30% less CPU, which on a 2-core
+# machine is what a send through the proxy waits for (the master's write path group-commits
+# concurrent sends anyway, so the single flight costs no fsync).
 ACKS_IN_FLIGHT_MAX = 2  # merged AckMessages of one client, group, topic and master
 SEND_MESSAGES_MERGED_MAX = 32  # messages of one merged upstream SendMessage
 SEND_MERGED_BODY_BYTES_MAX = 64 << 10  # a larger message goes alone
-SENDS_IN_FLIGHT_MAX = 4  # merged SendMessages of one client and master
+# and so does a larger request (its message's properties, fields we do not know): a merged
+# send's request stays under SEND_MESSAGES_MERGED_MAX times this, below REQUEST_BYTES_MAX
+SEND_MERGED_REQUEST_BYTES_MAX = 128 << 10
+assert SEND_MESSAGES_MERGED_MAX * SEND_MERGED_REQUEST_BYTES_MAX < REQUEST_BYTES_MAX
+SENDS_IN_FLIGHT_MAX = 1  # merged SendMessages of one client and master
 PATH = f"/{MESSAGING_SERVICE}/"
 
 
@@ -160,7 +167,7 @@ def transaction_broker(transaction_id: str) -> str:
 class _Pending:
     """One forwarded call waiting to be merged with others (RocketMQProxy.upstream)."""
 
-    parsed: Any  # rsvc.AckMessageRequest or rsvc.SendMessageRequest
+    parsed: Any  # an rsvc.AckMessageRequest (merged sends go as bytes: merged_send_request)
     request: bytes
     deadline: float  # time.monotonic()
     metadata: list[tuple[str, str]]
@@ -186,6 +193,17 @@ def mergeable_send(request: rsvc.SendMessageRequest) -> bool:
         and not system.message_group
         and len(message.body) <= SEND_MERGED_BODY_BYTES_MAX
     )
+
+
+# merged_send_request relies on it: a SendMessageRequest is its repeated messages and nothing else
+assert [f.name for f in rsvc.SendMessageRequest.DESCRIPTOR.fields] == ["messages"]
+
+
+def merged_send_request(requests: list[bytes]) -> bytes:
+    """One SendMessageRequest with the message of each of `requests` (each a mergeable_send),
+    in order, without decoding them: the request's only field is the repeated `messages`, and
+    a repeated field's encodings concatenate."""
+    return b"".join(requests)
 
 
 def split_send_answer(raw: bytes, count: int) -> list[bytes]:
@@ -340,14 +358,14 @@ class RocketMQProxy:
         request: bytes,
         master: Callable[[], Any],
         response_type: Any,
+        parsed: Any = None,
     ) -> bytes:
         """`request` to the master `await master()` names, tried again (see the module doc)
-        until the call's deadline; the answer's bytes."""
+        until the call's deadline; the answer's bytes. `parsed`: the request decoded, if
+        the caller has it (upstream decodes it otherwise)."""
         deadline = _deadline(context)
         metadata = forwarded_metadata(context)
-        answer = response_type(
-            status=status(rdef.HA_NOT_AVAILABLE, "no master is reachable for this broker set now")
-        ).SerializeToString()
+        answer = _no_master_answer(response_type)
         while True:
             try:
                 address = await master()
@@ -355,7 +373,7 @@ class RocketMQProxy:
                 if not address:
                     raise _Retry(answer)
                 try:
-                    raw = await self.upstream(address, method, request, max(left, 0.01), metadata)
+                    raw = await self.upstream(address, method, request, max(left, 0.01), metadata, parsed)
                 except grpc.aio.AioRpcError as exc:
                     if exc.code() not in RETRY_GRPC:
                         raise
@@ -370,7 +388,13 @@ class RocketMQProxy:
                 await asyncio.sleep(RETRY_PAUSE_S)
 
     async def upstream(
-        self, address: str, method: str, request: bytes, timeout_s: float, metadata: list[tuple[str, str]]
+        self,
+        address: str,
+        method: str,
+        request: bytes,
+        timeout_s: float,
+        metadata: list[tuple[str, str]],
+        parsed: Any = None,
     ) -> bytes:
         """One try of `request` at the master `address`. AckMessages of one client, group
         and topic that wait together go as one call (self.acks, controller/coalesce.py):
@@ -378,7 +402,8 @@ class RocketMQProxy:
         if not self.merge_calls:
             return await self.unary(address, method)(request, timeout=timeout_s, metadata=metadata)
         if method == "AckMessage":
-            parsed = rsvc.AckMessageRequest.FromString(request)
+            if parsed is None:
+                parsed = rsvc.AckMessageRequest.FromString(request)
             key: tuple = (
                 address,
                 parsed.group.SerializeToString(),
@@ -388,9 +413,9 @@ class RocketMQProxy:
             pending = _Pending(parsed, request, time.monotonic() + timeout_s, metadata)
             return await self.acks.call(key, pending, max(len(parsed.entries), 1))
         if method == "SendMessage":
-            parsed_send = rsvc.SendMessageRequest.FromString(request)
-            if mergeable_send(parsed_send):
-                pending = _Pending(parsed_send, request, time.monotonic() + timeout_s, metadata)
+            parsed_send = rsvc.SendMessageRequest.FromString(request) if parsed is None else parsed
+            if mergeable_send(parsed_send) and len(request) <= SEND_MERGED_REQUEST_BYTES_MAX:
+                pending = _Pending(None, request, time.monotonic() + timeout_s, metadata)
                 return await self.sends.call((address, coalescing_key(metadata)), pending)
         return await self.unary(address, method)(request, timeout=timeout_s, metadata=metadata)
 
@@ -401,10 +426,8 @@ class RocketMQProxy:
         timeout_s = max(min(p.deadline for p in sends) - time.monotonic(), 0.01)
         if len(sends) == 1:
             return [await call(sends[0].request, timeout=timeout_s, metadata=sends[0].metadata)]
-        merged = rsvc.SendMessageRequest()
-        for pending in sends:
-            merged.messages.extend(pending.parsed.messages)
-        raw = await call(merged.SerializeToString(), timeout=timeout_s, metadata=sends[0].metadata)
+        merged = merged_send_request([pending.request for pending in sends])
+        raw = await call(merged, timeout=timeout_s, metadata=sends[0].metadata)
         return split_send_answer(raw, len(sends))
 
     async def _send_acks(self, key: Any, acks: list[_Pending]) -> list[bytes]:
@@ -497,7 +520,9 @@ class RocketMQProxy:
                 alive = [a for a in (master_of(route, name) for name in writable) if a]
                 return alive[turn % len(alive)] if alive else ""
 
-            return await self.forward(context, "SendMessage", request, master, rsvc.SendMessageResponse)
+            return await self.forward(
+                context, "SendMessage", request, master, rsvc.SendMessageResponse, parsed
+            )
 
         return await self.answer(rsvc.SendMessageResponse, work)
 
@@ -526,7 +551,12 @@ class RocketMQProxy:
             if len(names) <= 1:
                 name = next(iter(names), "")
                 return await self.forward(
-                    context, "AckMessage", request, self.master_getter(topic, name), rsvc.AckMessageResponse
+                    context,
+                    "AckMessage",
+                    request,
+                    self.master_getter(topic, name),
+                    rsvc.AckMessageResponse,
+                    parsed,
                 )
             return await self._ack_split(parsed, topic, context)
 
@@ -770,6 +800,14 @@ class _TelemetryRelay:
             log.debug("Telemetry from %s ended: %s", address, exc.code().name)
         if self.upstreams.get(address, (None, None))[0] is call:
             del self.upstreams[address]  # the next reconcile opens it again if it is a master
+
+
+@functools.cache
+def _no_master_answer(response_type: Any) -> bytes:
+    """What a forwarded call is answered when no try found a master that could take it."""
+    return response_type(
+        status=status(rdef.HA_NOT_AVAILABLE, "no master is reachable for this broker set now")
+    ).SerializeToString()
 
 
 def _own_settings_answer(raw: bytes | None) -> bytes:

@@ -18,7 +18,10 @@ Properties checked:
   (the same client, the same signature); only one plain message (NORMAL, no delivery time, no message
   group, at most 64 KiB) is merged with others, and a merged SendMessage's answer gives
   each caller its own message's entry and status; three AckMessages waiting together go
-  upstream as one call, and as three with `--rocketmq-merge-calls off`;
+  upstream as one call, and as three with `--rocketmq-merge-calls off`; one merged send
+  of a client is upstream at a time, the sends that arrive meanwhile go together in the
+  next, as one request whose messages are theirs in order, and each caller gets its own
+  message's entry; a send request over 128 KiB (e.g. a field we do not know) goes alone;
 - a client that sent NotifyClientTermination is not made a member again by its own requests
   that arrive later (a receive or heartbeat still in flight): its queues go to the other
   members at their next QueryAssignment, not after the 30 s expiry.
@@ -43,6 +46,8 @@ CHECKS = (
     "only_plain_small_sends_are_merged",
     "a_merged_send_answer_is_split_back_per_caller",
     "the_proxy_merges_waiting_acks_unless_told_not_to",
+    "one_merged_send_per_client_is_in_flight",
+    "a_large_send_request_goes_alone",
     "a_terminated_client_is_not_brought_back_by_its_late_requests",
 )
 

@@ -16,6 +16,7 @@ from mqmeta.broker_agent.pop import Candidate, LeaseGrant, Verdict
 from mqmeta.broker_agent.rmq_metadata import CLIENT_EXPIRY_MS, Members
 from mqmeta.broker_agent.rmq_pop import READ_CHUNK_MIN, PopShell
 from mqmeta.controller.rmq_proxy import (
+    SEND_MERGED_REQUEST_BYTES_MAX,
     RocketMQProxy,
     RouteSource,
     coalescing_key,
@@ -282,6 +283,78 @@ def a_terminated_client_is_not_brought_back_by_its_late_requests() -> None:
     # the memory of terminated clients is bounded in time: a later id is a new client
     members.remove("third", now + 5 + CLIENT_EXPIRY_MS)
     assert "second" not in members._terminated and "third" in members._terminated
+
+
+def _send_bytes(i: int, unknown_bytes: int = 0) -> bytes:
+    """A plain one-message SendMessageRequest of body `body-i`, with a field we do not know
+    (number 15) of `unknown_bytes` appended when that is not 0."""
+    raw = _send_request(body=f"body-{i}".encode(), message_id=f"id-{i}").SerializeToString()
+    if not unknown_bytes:
+        return raw
+    length = bytearray()
+    size = unknown_bytes
+    while size > 0x7F:
+        length.append(size & 0x7F | 0x80)
+        size >>= 7
+    length.append(size)
+    return raw + bytes([15 << 3 | 2]) + bytes(length) + b"u" * unknown_bytes
+
+
+def _sends_through_the_proxy(
+    later: list[bytes],
+) -> tuple[list[list[bytes]], int, list[rsvc.SendMessageResponse]]:
+    """One plain send through RocketMQProxy.upstream, then the requests `later` while it is
+    upstream, its upstream call replaced by one that records the bodies of each call it
+    was given (decoded from the bytes it got) and how many calls it held at once."""
+    source = RouteSource(lambda topic: None, lambda topic: None, lambda: None)
+    proxy = RocketMQProxy(source, ["p:1"], lambda: None)
+    calls: list[list[bytes]] = []
+    held = [0, 0]  # now, most
+
+    async def upstream_call(request: bytes, timeout: float, metadata: list) -> bytes:
+        parsed = rsvc.SendMessageRequest.FromString(request)
+        calls.append([m.body for m in parsed.messages])
+        held[0] += 1
+        held[1] = max(held)
+        await asyncio.sleep(0.05)
+        held[0] -= 1
+        entries = [
+            rsvc.SendResultEntry(status=status(), message_id=m.system_properties.message_id, offset=i)
+            for i, m in enumerate(parsed.messages)
+        ]
+        return rsvc.SendMessageResponse(status=status(), entries=entries).SerializeToString()
+
+    proxy.unary = lambda address, method: upstream_call  # type: ignore[method-assign]
+
+    def send(i: int, request: bytes):
+        headers = [("x-mq-client-id", "c"), ("x-mq-request-id", str(i))]
+        return proxy.upstream("b:1", "SendMessage", request, 5.0, headers)
+
+    async def sends() -> list[bytes]:
+        first = asyncio.ensure_future(send(0, _send_bytes(0)))
+        await asyncio.sleep(0.01)  # the first is upstream now
+        return await asyncio.gather(first, *(send(i, r) for i, r in enumerate(later, 1)))
+
+    answers = [rsvc.SendMessageResponse.FromString(raw) for raw in asyncio.run(sends())]
+    return calls, held[1], answers
+
+
+def one_merged_send_per_client_is_in_flight() -> None:
+    calls, held_most, answers = _sends_through_the_proxy([_send_bytes(i) for i in range(1, 6)])
+    assert held_most == 1, held_most
+    assert calls == [[b"body-0"], [f"body-{i}".encode() for i in range(1, 6)]], calls
+    assert [[e.message_id for e in a.entries] for a in answers] == [[f"id-{i}"] for i in range(6)]
+    assert all(a.status.code == rdef.OK for a in answers)
+
+
+def a_large_send_request_goes_alone() -> None:
+    """A request over SEND_MERGED_REQUEST_BYTES_MAX (here: a small body, a large field we do
+    not know) is not merged, so a merged request stays under the master's limit."""
+    big = _send_bytes(2, unknown_bytes=SEND_MERGED_REQUEST_BYTES_MAX)
+    assert rsvc.SendMessageRequest.FromString(big).messages[0].body == b"body-2"
+    calls, _, answers = _sends_through_the_proxy([_send_bytes(1), big, _send_bytes(3)])
+    assert sorted(calls) == sorted([[b"body-0"], [b"body-2"], [b"body-1", b"body-3"]]), calls
+    assert [[e.message_id for e in a.entries] for a in answers] == [[f"id-{i}"] for i in range(4)]
 
 
 CHECKS = {
