@@ -207,10 +207,10 @@ def create_batch(client: Any, names: list[str]) -> str:
 
 def snapshot_index(path: Path) -> int:
     """The Raft index a node's snapshot file was taken at (0: none, or being replaced)."""
-    from mqmeta.controller import pysyncobj_compat
+    from mqmeta.controller import snapshot
 
     try:
-        return int(pysyncobj_compat.read_snapshot_entries(path)[0][1])
+        return int(snapshot.read_position(path)[0][1])
     except Exception:  # absent, or renamed over while read: look again
         return 0
 
