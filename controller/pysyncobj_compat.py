@@ -9,7 +9,9 @@ used where we hook in; otherwise it raises PysyncobjIncompatible naming each mis
 name, so an upgrade fails when the controller starts instead of silently dropping a
 durability fix.
 
-Nothing is changed by importing this module. What it provides, applied explicitly:
+Nothing is changed by importing this module, except what controller/pysyncobj_lazy_crypto.py
+does before pysyncobj is imported (cryptography imported only when a Raft secret needs it).
+What it provides, applied explicitly:
 - install(journal_factory, journal_class, replace): the module-level replacements,
   install_journal_factory, install_durable_snapshots and install_prompt_first_tick
   (idempotent; ControllerRaft calls it before constructing its SyncObj);
@@ -39,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import mqmeta.controller.pysyncobj_lazy_crypto  # noqa: F401 - before pysyncobj: its docstring says why
 import pysyncobj.journal
 import pysyncobj.pickle
 import pysyncobj.serializer
@@ -93,6 +96,12 @@ REQUIREMENTS: tuple[Requirement, ...] = (
     Requirement(_SYNCOBJ, "", "createJournal", ROUTINE, "install_journal_factory replaces it"),
     Requirement(_SYNCOBJ, "SyncObj.__init__", "createJournal", USES, "SyncObj creates its journal with it"),
     Requirement(_JOURNAL, "", "Journal", ATTRIBUTE, "the journal interface our journal must implement"),
+    # pysyncobj_lazy_crypto: the module it replaces offers these two names, used here
+    Requirement(_SYNCOBJ, "", "getEncryptor", ROUTINE, "pysyncobj_lazy_crypto provides it"),
+    Requirement(_SYNCOBJ, "", "HAS_CRYPTO", ATTRIBUTE, "pysyncobj_lazy_crypto provides it"),
+    Requirement(
+        _SYNCOBJ, "SyncObj.__init__", "getEncryptor", USES, "a node with a Raft secret builds its encryptor"
+    ),
     # install_durable_snapshots
     Requirement(_SERIALIZER, "", "atomicReplace", ROUTINE, "install_durable_snapshots replaces it"),
     Requirement(
@@ -1027,11 +1036,12 @@ def is_leader(node: SyncObj) -> bool:
 
 
 def read_snapshot_entries(path: Path) -> tuple[Entry, Entry]:
-    """The (last applied, previous) entries of a pysyncobj snapshot file.
+    """The (last applied, previous) entries of a snapshot file in pysyncobj's gzip shape
+    (pysyncobj's stock format and mqmeta's format 1; snapshot.read_position reads any).
 
     The file starts with pickle((state, last applied entry, previous entry, cluster)) in
-    gzip, as pysyncobj's Serializer writes it (controller/snapshot.py writes the same
-    first pickle, with the state in the pickles after it). Reading the whole gzip stream
+    gzip, as pysyncobj's Serializer writes it (format 1 of controller/snapshot.py wrote the
+    same first pickle, with the state in the pickles after it). Reading the whole gzip stream
     checks its CRC-32; only the first pickle is loaded. Errors (gzip, zlib, pickle, a
     short tuple) are the caller's to report."""
     with gzip.open(path, "rb") as snapshot:

@@ -6,9 +6,11 @@ Properties checked:
   pin in pyproject.toml), every private name with its kind, every hook still wired;
   a journal class that lacks a method of pysyncobj's Journal interface is refused;
 - importing changes nothing; install() does, idempotently;
+- a controller's imports load no cryptography (pysyncobj_lazy_crypto); a Raft secret
+  still gets pysyncobj's own encryptor (same key), loaded on first use;
 - install_journal_factory: a real ControllerRaft writes our journal format;
 - install_durable_snapshots: a real node's snapshot file data and its directory entry
-  are fsynced before the journal is compacted, and read_snapshot_entries reads the
+  are fsynced before the journal is compacted, and snapshot.read_position reads the
   snapshot pysyncobj wrote;
 - the state snapshot (controller/snapshot.py, through pysyncobj's serializer hooks): the
   replicated state survives a compaction and a restart;
@@ -55,6 +57,7 @@ from mqmeta.controller import pysyncobj_compat as compat
 from mqmeta.controller import raft_node
 from mqmeta.controller.journal import FILE_MAGIC, DurableJournal, parse_records
 from mqmeta.controller.raft_node import ControllerRaft, Peer, RaftSettings
+from mqmeta.controller.snapshot import read_position
 from pysyncobj import SyncObj, SyncObjConf, SyncObjException, replicated
 from pysyncobj.transport import TCPTransport
 
@@ -216,6 +219,30 @@ print("ok")
     assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr
 
 
+def test_cryptography_is_imported_only_for_a_raft_secret():
+    script = """
+import sys
+import mqmeta.controller.server, mqmeta.cli  # what `mqmeta controller` imports
+import pysyncobj.syncobj
+from mqmeta.controller import pysyncobj_lazy_crypto
+assert "cryptography" not in sys.modules, "imported without a secret"
+assert pysyncobj.syncobj.HAS_CRYPTO
+ours = pysyncobj.syncobj.getEncryptor("a secret")
+assert "cryptography" in sys.modules
+stock = pysyncobj_lazy_crypto.stock_encryptor().getEncryptor("a secret")
+assert stock.decrypt(ours.encrypt(b"entry")) == b"entry" == ours.decrypt(stock.encrypt(b"entry"))
+print("ok")
+"""
+    run = subprocess.run(
+        [sys.executable, "-c", script],
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr
+
+
 # A real ControllerRaft in this process --------------------------------------------------
 
 
@@ -356,8 +383,8 @@ def test_snapshot_is_durable_before_the_journal_is_compacted(controllers, tmp_pa
     directory = os.path.realpath(data_dir)  # /proc/self/fd names the real path
     directory_synced = [e for e in events[renamed[-1] : compaction] if e[0] == "fsync" and e[1] == directory]
     assert directory_synced, f"the snapshot's directory entry was not fsynced before compaction: {events}"
-    # and the snapshot pysyncobj wrote is what read_snapshot_entries (so the restart path) reads
-    last, previous = compat.read_snapshot_entries(snapshot)
+    # and the snapshot pysyncobj wrote is what read_position (so the restart path) reads
+    last, previous = read_position(snapshot)
     journal = compat.raft_journal(node)
     assert (journal[0], journal[1]) == (previous, last)
 

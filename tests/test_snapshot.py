@@ -6,7 +6,7 @@ Properties checked:
 - serialize() returns before the snapshot is written (the Raft thread is not held), and
   check() says SERIALIZING until then and SUCCESS exactly once after it;
 - a snapshot read back holds every key, value and the digest it was written with, in
-  several chunks; read_snapshot_entries (the restart check) finds its Raft position;
+  several chunks; read_position (the restart check) finds its Raft position;
 - snapshots in pysyncobj's stock format (written before this module) and in format 1
   (gzip of pickles, written before format 2) still load;
 - format 2 keeps the values encoded until read: a load decodes no chunk, a read decodes
