@@ -15,6 +15,15 @@ snapshot_loaded, grpc_serving, leader_known, caught_up) go in the JSON with the 
 average, and so does each controller's idle RSS (2 s after the topics were created).
 etcd's side is bench.peers' own (`etcd_kills`).
 
+Bytecode: a node installed from a wheel has its modules compiled (pip compiles them), and
+so does one run from a checkout once Python has written its __pycache__; with
+PYTHONDONTWRITEBYTECODE=1 (set where this was first run) an editable checkout has none,
+and every start compiled mqmeta's modules again (about 0.08 s of CPU). So the benchmark
+compiles them first into a cache of its own (PYTHONPYCACHEPREFIX, for every process it
+starts); `--no-bytecode` measures without. `--no-raft-secret` runs the controllers with
+--insecure-raft, as etcd's peers run here (plain HTTP, no peer authentication): no
+cryptography imported, no key derived at start.
+
 The topics are created in batches (WriteBatch of 512, two clients). With `--snapshot`
 (the default from 10,000 topics on) the nodes compact their log every 150 entries, and
 single writes after the load make each take a snapshot holding every topic: every
@@ -27,7 +36,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import socket
+import subprocess
 import sys
 import tempfile
 import threading
@@ -66,6 +77,7 @@ SNAPSHOT_WAIT_S = 300.0
 COMPACTION_ENTRIES = 150  # --snapshot: the nodes compact their log past this many entries
 PAD_WRITES_MAX = 4 * COMPACTION_ENTRIES
 SNAPSHOT_POLL_WRITES = 10
+COMPILE_TIMEOUT_S = 120.0
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -75,6 +87,18 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--restarts", type=int, default=5, help="restarts of each system (default 5)")
     parser.add_argument("--topics", type=int, default=100, help="topics in the controllers' state (100)")
     parser.add_argument("--no-etcd", action="store_true", help="mqmeta alone")
+    parser.add_argument(
+        "--bytecode",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="compile mqmeta's modules before the run, as an installed node has them (default)",
+    )
+    parser.add_argument(
+        "--raft-secret",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="run the controllers with a Raft secret (default), or with --insecure-raft as etcd's peers",
+    )
     parser.add_argument(
         "--snapshot",
         action=argparse.BooleanOptionalAction,
@@ -136,7 +160,10 @@ def restart_once(cluster: Any, k: int) -> dict[str, Any]:
     cluster.kill(leader)
     with cluster.client([n.id for n in cluster.layout.controllers if n.id != leader], timeout_s=30) as client:
         client.create_topic(pb.TopicSpec(name=f"after-kill-{k}", queue_count=1))  # a new leader commits
-    command = controller_command(cluster.root, cluster.layout, node) + ["--config", str(cluster._config_file)]
+    command = controller_command(cluster.root, cluster.layout, node, cluster.raft_secret) + [
+        "--config",
+        str(cluster._config_file),
+    ]
     assert command[1:3] == ["-m", "mqmeta.cli"], command
     command[1:3] = [str(Path(timed_controller.__file__).resolve())]
     log_path = cluster.root / "logs" / f"{leader}.log"
@@ -246,11 +273,29 @@ def force_snapshots(cluster: Any) -> dict[str, Any]:
     }
 
 
-def mqmeta_restarts(root: Path, restarts: int, topics: int, snapshot: bool) -> dict[str, Any]:
+def compile_bytecode(root: Path) -> float:
+    """Compiles the repository's modules into `root`/pycache and points every process this
+    one starts there (PYTHONPYCACHEPREFIX); returns the seconds it took."""
+    import mqmeta
+
+    t0 = time.monotonic()
+    prefix = root / "pycache"
+    os.environ["PYTHONPYCACHEPREFIX"] = str(prefix)
+    repository = Path(mqmeta.__file__).resolve().parent.parent
+    folders = [str(repository / f) for f in ("mqmeta", "controller", "cluster", "bench")]
+    subprocess.run(
+        [sys.executable, "-m", "compileall", "-q", *folders], check=True, timeout=COMPILE_TIMEOUT_S
+    )
+    return time.monotonic() - t0
+
+
+def mqmeta_restarts(
+    root: Path, restarts: int, topics: int, snapshot: bool, raft_secret: bool
+) -> dict[str, Any]:
     from mqmeta.cluster.harness import Cluster
 
     settings = {"compaction_min_entries": COMPACTION_ENTRIES} if snapshot else None
-    cluster = Cluster(root / "mqmeta", count=3, raft_settings=settings)
+    cluster = Cluster(root / "mqmeta", count=3, raft_settings=settings, raft_secret=raft_secret)
     out: dict[str, Any] = {}
     try:
         cluster.start()
@@ -305,20 +350,36 @@ def main(argv: list[str]) -> int:
     root = Path(tempfile.mkdtemp(prefix="mqmeta-restart-"))
     result: dict[str, Any] = {
         "benchmark": "bench.peers.restart",
-        "parameters": {"restarts": args.restarts, "topics": args.topics, "snapshot": args.snapshot},
+        "parameters": {
+            "restarts": args.restarts,
+            "topics": args.topics,
+            "snapshot": args.snapshot,
+            "bytecode": args.bytecode,
+            "raft_secret": args.raft_secret,
+            "PYTHONDONTWRITEBYTECODE": os.environ.get("PYTHONDONTWRITEBYTECODE", ""),
+        },
         "load_average_at_start": list(os.getloadavg()),
     }
-    result["mqmeta"] = mqmeta_restarts(root, args.restarts, args.topics, args.snapshot)
-    if not args.no_etcd:
-        missing = absent("etcd")
-        if missing:
-            result["skipped"] = {"etcd": missing}
-        else:
-            result["etcd"] = etcd_restarts(root, args.restarts)
-            result["restart_to_serving_p50_vs_etcd"] = _ratio(
-                result["mqmeta"]["restart_to_serving_s"]["p50_s"],
-                result["etcd"]["restart_to_serving_s"].get("p50_s"),
-            )
+    try:
+        if args.bytecode:
+            result["compile_s"] = _r(compile_bytecode(root))
+        result["mqmeta"] = mqmeta_restarts(root, args.restarts, args.topics, args.snapshot, args.raft_secret)
+        if not args.no_etcd:
+            missing = absent("etcd")
+            if missing:
+                result["skipped"] = {"etcd": missing}
+            else:
+                result["etcd"] = etcd_restarts(root, args.restarts)
+                result["restart_to_serving_p50_vs_etcd"] = _ratio(
+                    result["mqmeta"]["restart_to_serving_s"]["p50_s"],
+                    result["etcd"]["restart_to_serving_s"].get("p50_s"),
+                )
+                result["idle_rss_vs_etcd"] = _ratio(
+                    percentile(list(result["mqmeta"]["idle_rss_mb"].values()), 50),
+                    percentile(list(result["etcd"]["idle_rss_mb"].values()), 50),
+                )
+    finally:
+        shutil.rmtree(root, ignore_errors=True)  # a 100,000-topic run leaves 400 MB otherwise
     result["load_average_at_end"] = list(os.getloadavg())
     json.dump(result, sys.stdout, indent=2)
     print()
