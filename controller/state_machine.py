@@ -163,10 +163,15 @@ class ControllerState:
 
     def get(self, key: str) -> Json | None:
         value = self._values.get(key)
-        if value is None and self._encoded:
+        if value is None:
             chunk = self._encoded.get(key)
-            if chunk is not None:  # commit() stores a new value before it drops the chunk
+            if chunk is not None:
                 return chunk.value_of(key)
+            # commit() stores a key's new value before it drops the key's chunk, and a key
+            # never goes back into a chunk: one found in neither dict, looked up one after
+            # the other, moved in between (no shortcut on an empty _encoded: the last key
+            # leaving it may be this one)
+            value = self._values.get(key)
         return value
 
     def _hash_of(self, key: str) -> int:

@@ -12,7 +12,8 @@ Properties checked:
 - format 2 keeps the values encoded until read: a load decodes no chunk, a read decodes
   the read key's chunk only, commands on encoded keys reach the same digest as on the
   state they were written from, and writing a snapshot of such a state decodes nothing
-  for good; a flipped byte anywhere in the file, or a file cut short, is refused;
+  for good; readers on other threads never find an encoded key missing while commits
+  replace it; a flipped byte anywhere in the file, or a file cut short, is refused;
 - a snapshot whose content does not add up to its recorded digest is refused;
 - the start-up check's read (load_snapshot, with every check) is what the node installs:
   its snapshot file is read once at start; a file renamed over it since is read again;
@@ -275,6 +276,46 @@ def test_a_snapshot_of_an_encoded_state_holds_it_all_and_decodes_nothing_for_goo
     assert {id(c) for c in chunks_of(loaded) if c.is_decoded} == decoded, "the writer kept what it decoded"
     again, _ = read_snapshot(second)
     assert again.entries == state.entries and again.digest == state.digest
+
+
+def big_value(round_: int) -> dict:
+    """Large enough that hashing it (sha256 releases the GIL) lets readers run mid-commit."""
+    return {"uploaded_offset": round_, "segments": [{"base_offset": k, "name": "s" * 40} for k in range(60)]}
+
+
+def test_readers_beside_commits_never_find_an_encoded_key_missing(tmp_path, monkeypatch):
+    monkeypatch.setattr(snapshot, "CHUNK_KEYS", 8)
+    keys = [f"tiered/c/b{i}" for i in range(64)]
+    state = ControllerState()
+    state.commit({key: big_value(0) for key in keys})
+    target = tmp_path / "raft.snapshot"
+    written_snapshot(state, target)
+    loaded, _ = read_snapshot(target)
+    stop = threading.Event()
+    reads, missing, failures = [0], [0], []
+
+    def read() -> None:
+        try:
+            while not stop.is_set():
+                for key in keys:
+                    reads[0] += 1
+                    missing[0] += loaded.get(key) is None
+                assert all(value is not None for _, value in loaded.with_prefix("tiered/"))
+        except BaseException as error:  # reported by the main thread
+            failures.append(error)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        for round_, key in enumerate(keys * 6, start=1):  # each key leaves its chunk, then changes again
+            loaded.commit({key: big_value(round_)})
+            state.commit({key: big_value(round_)})
+    finally:
+        stop.set()
+        reader.join(10.0)
+    assert not failures, failures
+    assert missing[0] == 0, f"{missing[0]} of {reads[0]} reads found a key missing"
+    assert loaded.digest == state.digest == loaded.recompute_digest()
 
 
 def test_a_flipped_byte_anywhere_in_a_format_2_snapshot_or_a_cut_is_refused(tmp_path):
