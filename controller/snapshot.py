@@ -63,7 +63,7 @@ from typing import Any
 
 from mqmeta.controller import pysyncobj_compat
 from mqmeta.controller.state_chunks import EncodedChunk
-from mqmeta.controller.state_machine import ControllerState, FrozenState
+from mqmeta.controller.state_machine import DIGEST_MODULUS, ControllerState, FrozenState
 from pysyncobj import SERIALIZER_STATE
 
 from mqmeta.errors import CorruptData
@@ -340,12 +340,13 @@ def _check_format_2(data: bytes, path: Path) -> tuple[dict, int]:
         raise CorruptData(f"{path} fails its CRC-32: some of its bytes changed after it was written")
     table_at = trailer_at - TABLE_LENGTH.unpack_from(data, trailer_at)[0]
     meta = pickle.loads(data[table_at:trailer_at])
+    if meta.get("format") != FORMAT:
+        raise CorruptData(f"{path} is in format {meta.get('format')!r}, which this version cannot read")
     rows = meta["chunks"]
     if (
-        meta.get("format") != FORMAT
-        or sum(row[3] + row[4] for row in rows) != table_at - len(MAGIC)
+        sum(row[3] + row[4] for row in rows) != table_at - len(MAGIC)
         or sum(row[1] for row in rows) != meta["keys"]
-        or format(sum(row[2] for row in rows) % 2**256, "064x") != meta["digest"]
+        or format(sum(row[2] for row in rows) % DIGEST_MODULUS, "064x") != meta["digest"]
     ):
         raise CorruptData(f"{path}'s chunk table does not add up to its length, key count or digest")
     return meta, table_at
