@@ -20,7 +20,7 @@ What it provides, applied explicitly:
   serializer may finish after it returns; the journal is compacted only once the checker
   says SUCCESS): REQUIREMENTS names what it relies on;
 - NextIndexFix, HeldEntriesFix, SnapshotCommitFix, SnapshotTransferFix, InputFirstFix, ReadIndex,
-  SendBeforeSync and RaftFixes (all):
+  SendBeforeSync, PromptAppendOnConnect and RaftFixes (all):
   SyncObj subclasses to inherit from;
 - DialHookTransport: pysyncobj's TCP transport with a dial hook;
 - accessors: raft_journal, entries_from, leader_address, is_leader, read_snapshot_entries;
@@ -213,6 +213,20 @@ REQUIREMENTS: tuple[Requirement, ...] = (
     Requirement(_SYNCOBJ, "", "PIPE_NOTIFIER_ENABLED", ATTRIBUTE, "ReadIndex wakes the tick if it can"),
     # install_prompt_first_tick
     Requirement(_SYNCOBJ, "SyncObj", "_autoTickThread", ROUTINE, "install_prompt_first_tick replaces it"),
+    # PromptAppendOnConnect
+    Requirement(
+        _SYNCOBJ, "SyncObj", "_SyncObj__onNodeConnected", ROUTINE, "PromptAppendOnConnect extends it"
+    ),
+    Requirement(
+        _SYNCOBJ, "SyncObj.__init__", "_SyncObj__onNodeConnected", USES, "the transport's connect callback"
+    ),
+    Requirement(
+        _SYNCOBJ,
+        "SyncObj._onTick",
+        "_SyncObj__newAppendEntriesTime",
+        USES,
+        "a leader sends once it has passed",
+    ),
     Requirement(_SYNCOBJ, "SyncObj.__init__", "_autoTickThread", USES, "the tick thread runs it"),
     Requirement(_SYNCOBJ, "SyncObj.__init__", "_SyncObj__initialised", USES, "the constructor waits for it"),
     Requirement(_SYNCOBJ, "SyncObj.__init__", "_SyncObj__mainThread", USES, "the tick stops with it"),
@@ -634,6 +648,22 @@ class InputFirstFix(SyncObj):
         super()._onTick(timeToWait)
 
 
+class PromptAppendOnConnect(SyncObj):
+    """Leader side: a node that (re)connects is sent append_entries on the next tick, not
+    at the next heartbeat.
+
+    pysyncobj 0.3.17 only records the new connection; the node hears of its leader when
+    the leader's appendEntriesPeriod (heartbeat_ms) next comes round, so a restarted node
+    waited up to a heartbeat after it was connected before it knew whom to ask and could
+    serve a read. The connect callback runs in the tick thread; setting the next send time
+    to now makes that tick (or the next) send to every follower, which only costs one
+    heartbeat round early."""
+
+    def _SyncObj__onNodeConnected(self, node: Any) -> None:  # noqa: N802 - pysyncobj's name
+        super()._SyncObj__onNodeConnected(node)  # type: ignore[misc]
+        self._SyncObj__newAppendEntriesTime = 0.0
+
+
 class LeadershipTransfer(SyncObj):
     """A leader about to stop hands its role to its most caught-up connected follower
     first (Raft's TimeoutNow, pysyncobj's transferLeadership), so that writes pause for a
@@ -964,6 +994,7 @@ class ReadIndex(SyncObj):
 
 
 class RaftFixes(
+    PromptAppendOnConnect,
     CatchUpFix,
     ReadIndex,
     SendBeforeSync,

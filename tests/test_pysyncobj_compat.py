@@ -21,6 +21,8 @@ Properties checked:
   none of them when the new leader starts sending it a snapshot;
 - InputFirstFix: a follower that stalled past its election timeout reads the leader's
   heartbeats (waiting in its socket) before deciding, so it does not depose the leader;
+- PromptAppendOnConnect: a restarted follower hears from its leader as soon as they are
+  connected, not at the leader's next heartbeat (a stock leader waits for it);
 - DialHookTransport: Raft connects through the dial map, peers keep their identities;
 - wrap_tick, wrap_transport_send (the benchmark's profiler) see every tick and message;
 - install_prompt_first_tick: a node's tick thread does not sleep 0.1 s between binding
@@ -811,6 +813,64 @@ class Relay(threading.Thread):
         for key in list(self.selector.get_map().values()):
             key.fileobj.close()  # type: ignore[union-attr]
         self.selector.close()
+
+
+class LeaderWithPromptAppend(compat.PromptAppendOnConnect, Counter):
+    pass
+
+
+HEARTBEAT_NEVER_S = 60.0  # longer than the test: only a prompt send reaches the follower
+
+
+def quick_redial_conf(address: str, election_s: float) -> SyncObjConf:
+    conf = manual_conf(address, election_s)
+    conf.connectionRetryTime = 0.1  # whichever node dials (the higher address) redials soon
+    return conf
+
+
+def restarted_follower_hears_its_leader(leader_class: type) -> bool:
+    """A pair forms, the leader's heartbeat is then set a minute apart (pysyncobj checks the
+    period against the election timeout only at start), the follower is destroyed and
+    started again on its address: whether it learns who leads within RESTART_HEARD_S."""
+    for _ in range(BIND_ATTEMPTS_MAX):
+        leader_address, follower_address = loopback_addresses(2)
+        try:
+            leader = leader_class(leader_address, follower_address, quick_redial_conf(leader_address, 0.2))
+        except SyncObjException:
+            continue
+        break
+    else:
+        pytest.fail(f"could not bind a loopback port in {BIND_ATTEMPTS_MAX} attempts")
+    follower = Counter(follower_address, leader_address, quick_redial_conf(follower_address, 30.0))
+    restarted = None
+    try:
+        wait_for(
+            lambda: compat.leader_address(follower) == leader_address,
+            10.0,
+            "the follower to hear of its leader",
+            tick_both(leader, follower),
+        )
+        conf = leader._SyncObj__conf
+        conf.appendEntriesPeriod, conf.leaderFallbackTimeout = HEARTBEAT_NEVER_S, 2 * HEARTBEAT_NEVER_S
+        for _ in range(20):  # the heartbeat already due goes out; the next is a minute away
+            tick_both(leader, follower)()
+        follower.destroy()
+        restarted = Counter(follower_address, leader_address, quick_redial_conf(follower_address, 30.0))
+        step = tick_both(leader, restarted)
+        deadline = time.monotonic() + RESTART_HEARD_S
+        while time.monotonic() < deadline and compat.leader_address(restarted) != leader_address:
+            step()
+        return compat.leader_address(restarted) == leader_address
+    finally:
+        stop_pair(*(n for n in (leader, follower, restarted) if n is not None))
+
+
+RESTART_HEARD_S = 3.0  # connecting takes up to connectionRetryTime (0.1 s here), then a tick
+
+
+def test_a_restarted_follower_hears_its_leader_once_connected():
+    assert restarted_follower_hears_its_leader(LeaderWithPromptAppend), "not within the connect"
+    assert not restarted_follower_hears_its_leader(Counter), "a stock leader sent before its heartbeat"
 
 
 def test_raft_connects_through_the_dial_map(monkeypatch):
