@@ -47,8 +47,10 @@ class Cluster:
         replicas: int = 0,
         broker_flags: list[str] | None = None,
         test_liveness: bool = True,
+        raft_secret: bool = True,
     ) -> None:
         self.root = root
+        self.raft_secret = raft_secret  # False: the controllers run without a Raft secret (benchmarks)
         # False: the brokers run with the controller's default liveness settings (chaos --liveness)
         self.test_liveness = test_liveness
         self.layout: Layout
@@ -168,7 +170,10 @@ class Cluster:
 
     def start_node(self, node_id: str) -> subprocess.Popen:
         node = self.node(node_id)
-        command = controller_command(self.root, self.layout, node) + ["--config", str(self._config_file)]
+        command = controller_command(self.root, self.layout, node, self.raft_secret) + [
+            "--config",
+            str(self._config_file),
+        ]
         return self.supervisor.start(node_id, command, self.process_env(node_id))
 
     def wait_ready(self, timeout_s: float = 30.0) -> None:

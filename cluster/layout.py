@@ -222,7 +222,9 @@ def ensure_secret(root: Path) -> Path:
     return path
 
 
-def controller_command(root: Path, layout: Layout, node: NodeLayout) -> list[str]:
+def controller_command(root: Path, layout: Layout, node: NodeLayout, secret: bool = True) -> list[str]:
+    """`mqmeta controller` for `node`; secret=False: with --insecure-raft instead of the Raft
+    secret (a benchmark beside a peer whose Raft traffic is not authenticated either)."""
     base = [sys.executable, "-m", "mqmeta.cli"]
     flags = [
         "--id",
@@ -233,8 +235,7 @@ def controller_command(root: Path, layout: Layout, node: NodeLayout) -> list[str
         node.raft,
         "--data-dir",
         str(root / node.data_dir),
-        "--secret-file",
-        str(root / "secret"),
+        *(["--secret-file", str(root / "secret")] if secret else ["--insecure-raft"]),
         *layout.peer_flags(),
         *(["--metrics-listen", node.metrics] if node.metrics else []),
     ]

@@ -39,7 +39,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NoReturn
 
-from mqmeta.controller import pysyncobj_compat
+from mqmeta.controller.snapshot import read_position
 
 from mqmeta.errors import CorruptData
 from mqmeta.formats.atomic import write_atomically
@@ -321,15 +321,15 @@ class DurableJournal:
 def read_snapshot_tail(path: Path) -> tuple[Entry, Entry] | None:
     """The (last applied, previous) entries a pysyncobj snapshot was taken at.
 
-    Reading the whole gzip stream checks its CRC-32: a corrupt snapshot is refused.
+    Reading the whole file checks its CRC-32: a corrupt snapshot is refused.
     pysyncobj itself logs a failed load and carries on with an empty state on top of
     a compacted journal, which would silently serve wrong metadata.
     """
     if not path.exists():
         return None
     try:
-        return pysyncobj_compat.read_snapshot_entries(path)
-    except Exception as exc:  # gzip/zlib/pickle each raise their own kinds
+        return read_position(path)  # type: ignore[return-value]
+    except Exception as exc:  # CorruptData, or gzip/zlib/pickle's own kinds
         raise CorruptData(
             f"Raft snapshot {path} is corrupt ({type(exc).__name__}: {exc}); this node refuses "
             "to start with it. Move the node's data directory aside and restart it empty: it "

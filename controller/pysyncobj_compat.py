@@ -9,7 +9,9 @@ used where we hook in; otherwise it raises PysyncobjIncompatible naming each mis
 name, so an upgrade fails when the controller starts instead of silently dropping a
 durability fix.
 
-Nothing is changed by importing this module. What it provides, applied explicitly:
+Nothing is changed by importing this module, except what controller/pysyncobj_lazy_crypto.py
+does before pysyncobj is imported (cryptography imported only when a Raft secret needs it).
+What it provides, applied explicitly:
 - install(journal_factory, journal_class, replace): the module-level replacements,
   install_journal_factory, install_durable_snapshots and install_prompt_first_tick
   (idempotent; ControllerRaft calls it before constructing its SyncObj);
@@ -18,7 +20,7 @@ Nothing is changed by importing this module. What it provides, applied explicitl
   serializer may finish after it returns; the journal is compacted only once the checker
   says SUCCESS): REQUIREMENTS names what it relies on;
 - NextIndexFix, HeldEntriesFix, SnapshotCommitFix, SnapshotTransferFix, InputFirstFix, ReadIndex,
-  SendBeforeSync and RaftFixes (all):
+  SendBeforeSync, PromptAppendOnConnect and RaftFixes (all):
   SyncObj subclasses to inherit from;
 - DialHookTransport: pysyncobj's TCP transport with a dial hook;
 - accessors: raft_journal, entries_from, leader_address, is_leader, read_snapshot_entries;
@@ -39,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import mqmeta.controller.pysyncobj_lazy_crypto  # noqa: F401 - before pysyncobj: its docstring says why
 import pysyncobj.journal
 import pysyncobj.pickle
 import pysyncobj.serializer
@@ -93,6 +96,12 @@ REQUIREMENTS: tuple[Requirement, ...] = (
     Requirement(_SYNCOBJ, "", "createJournal", ROUTINE, "install_journal_factory replaces it"),
     Requirement(_SYNCOBJ, "SyncObj.__init__", "createJournal", USES, "SyncObj creates its journal with it"),
     Requirement(_JOURNAL, "", "Journal", ATTRIBUTE, "the journal interface our journal must implement"),
+    # pysyncobj_lazy_crypto: the module it replaces offers these two names, used here
+    Requirement(_SYNCOBJ, "", "getEncryptor", ROUTINE, "pysyncobj_lazy_crypto provides it"),
+    Requirement(_SYNCOBJ, "", "HAS_CRYPTO", ATTRIBUTE, "pysyncobj_lazy_crypto provides it"),
+    Requirement(
+        _SYNCOBJ, "SyncObj.__init__", "getEncryptor", USES, "a node with a Raft secret builds its encryptor"
+    ),
     # install_durable_snapshots
     Requirement(_SERIALIZER, "", "atomicReplace", ROUTINE, "install_durable_snapshots replaces it"),
     Requirement(
@@ -204,6 +213,20 @@ REQUIREMENTS: tuple[Requirement, ...] = (
     Requirement(_SYNCOBJ, "", "PIPE_NOTIFIER_ENABLED", ATTRIBUTE, "ReadIndex wakes the tick if it can"),
     # install_prompt_first_tick
     Requirement(_SYNCOBJ, "SyncObj", "_autoTickThread", ROUTINE, "install_prompt_first_tick replaces it"),
+    # PromptAppendOnConnect
+    Requirement(
+        _SYNCOBJ, "SyncObj", "_SyncObj__onNodeConnected", ROUTINE, "PromptAppendOnConnect extends it"
+    ),
+    Requirement(
+        _SYNCOBJ, "SyncObj.__init__", "_SyncObj__onNodeConnected", USES, "the transport's connect callback"
+    ),
+    Requirement(
+        _SYNCOBJ,
+        "SyncObj._onTick",
+        "_SyncObj__newAppendEntriesTime",
+        USES,
+        "a leader sends once it has passed",
+    ),
     Requirement(_SYNCOBJ, "SyncObj.__init__", "_autoTickThread", USES, "the tick thread runs it"),
     Requirement(_SYNCOBJ, "SyncObj.__init__", "_SyncObj__initialised", USES, "the constructor waits for it"),
     Requirement(_SYNCOBJ, "SyncObj.__init__", "_SyncObj__mainThread", USES, "the tick stops with it"),
@@ -625,6 +648,22 @@ class InputFirstFix(SyncObj):
         super()._onTick(timeToWait)
 
 
+class PromptAppendOnConnect(SyncObj):
+    """Leader side: a node that (re)connects is sent append_entries on the next tick, not
+    at the next heartbeat.
+
+    pysyncobj 0.3.17 only records the new connection; the node hears of its leader when
+    the leader's appendEntriesPeriod (heartbeat_ms) next comes round, so a restarted node
+    waited up to a heartbeat after it was connected before it knew whom to ask and could
+    serve a read. The connect callback runs in the tick thread; setting the next send time
+    to now makes that tick (or the next) send to every follower, which only costs one
+    heartbeat round early."""
+
+    def _SyncObj__onNodeConnected(self, node: Any) -> None:  # noqa: N802 - pysyncobj's name
+        super()._SyncObj__onNodeConnected(node)  # type: ignore[misc]
+        self._SyncObj__newAppendEntriesTime = 0.0
+
+
 class LeadershipTransfer(SyncObj):
     """A leader about to stop hands its role to its most caught-up connected follower
     first (Raft's TimeoutNow, pysyncobj's transferLeadership), so that writes pause for a
@@ -955,6 +994,7 @@ class ReadIndex(SyncObj):
 
 
 class RaftFixes(
+    PromptAppendOnConnect,
     CatchUpFix,
     ReadIndex,
     SendBeforeSync,
@@ -1027,11 +1067,12 @@ def is_leader(node: SyncObj) -> bool:
 
 
 def read_snapshot_entries(path: Path) -> tuple[Entry, Entry]:
-    """The (last applied, previous) entries of a pysyncobj snapshot file.
+    """The (last applied, previous) entries of a snapshot file in pysyncobj's gzip shape
+    (pysyncobj's stock format and mqmeta's format 1; snapshot.read_position reads any).
 
     The file starts with pickle((state, last applied entry, previous entry, cluster)) in
-    gzip, as pysyncobj's Serializer writes it (controller/snapshot.py writes the same
-    first pickle, with the state in the pickles after it). Reading the whole gzip stream
+    gzip, as pysyncobj's Serializer writes it (format 1 of controller/snapshot.py wrote the
+    same first pickle, with the state in the pickles after it). Reading the whole gzip stream
     checks its CRC-32; only the first pickle is loaded. Errors (gzip, zlib, pickle, a
     short tuple) are the caller's to report."""
     with gzip.open(path, "rb") as snapshot:

@@ -45,6 +45,7 @@ from mqmeta.controller.commands import (
     command_json,
     unchanged,
 )
+from mqmeta.controller.state_chunks import EncodedChunk
 
 from mqmeta.errors import MqmetaError, error_from_code
 from mqmeta.formats.checksummed import canonical_json
@@ -100,28 +101,47 @@ def command_digest(command: Command) -> str:
 class FrozenState:
     """A ControllerState's data at one Raft index (see ControllerState.freeze)."""
 
-    entries: dict[str, Json]
+    values: dict[str, Json]
     hashes: dict[str, int]
+    encoded: dict[str, EncodedChunk]  # keys whose value is still encoded (a snapshot's chunk)
     digest_sum: int
 
     @property
     def digest(self) -> str:
         return format(self.digest_sum, "064x")
 
+    @property
+    def key_count(self) -> int:
+        return len(self.values) + len(self.encoded)
+
     def items(self) -> Iterator[tuple[str, Json, int]]:
-        """(key, value, hash) of every key, in the live state's insertion order (not sorted:
-        one sort of 100,000 keys would hold the GIL for tens of milliseconds)."""
+        """(key, value, hash) of every key: the decoded ones in the live state's insertion
+        order (not sorted: one sort of 100,000 keys would hold the GIL for tens of
+        milliseconds), then the encoded ones a chunk at a time (decoded for the caller,
+        not kept)."""
         hashes = self.hashes
-        for key, value in self.entries.items():
+        for key, value in self.values.items():
             yield key, value, hashes[key]
+        encoded = self.encoded
+        chunks = {id(chunk): chunk for chunk in encoded.values()}
+        for chunk in chunks.values():
+            for key, value, entry_hash in chunk.items():
+                if encoded.get(key) is chunk:  # not replaced or deleted before the freeze
+                    yield key, value, entry_hash
 
 
 class ControllerState:
-    """The replicated data plus its running digest. Picklable for snapshots."""
+    """The replicated data plus its running digest. Picklable for snapshots.
+
+    A key's value is either decoded (`_values`, with its hash in `_hashes`) or, in a
+    state loaded from a snapshot, still encoded in the snapshot's chunk (`_encoded`:
+    key -> chunk, decoded on first read: controller/state_chunks.py); never both. A
+    change always lands decoded."""
 
     def __init__(self) -> None:
-        self.entries: dict[str, Json] = {}
+        self._values: dict[str, Json] = {}
         self._hashes: dict[str, int] = {}
+        self._encoded: dict[str, EncodedChunk] = {}
         self._digest_sum = 0
         # keys by their first segment (brokerset, topic, ...): scans of one kind must not
         # walk every topic (the liveness scan lists broker sets ten times a second)
@@ -131,8 +151,36 @@ class ControllerState:
     def digest(self) -> str:
         return format(self._digest_sum, "064x")
 
+    @property
+    def key_count(self) -> int:
+        return len(self._values) + len(self._encoded)
+
+    @property
+    def entries(self) -> dict[str, Json]:
+        """Every key and its value, decoded, as a new dict (tests and tools; the service
+        reads single keys with `get` and kinds with `with_prefix`)."""
+        return {key: value for key, value, _ in self.freeze().items()}
+
     def get(self, key: str) -> Json | None:
-        return self.entries.get(key)
+        value = self._values.get(key)
+        if value is None:
+            chunk = self._encoded.get(key)
+            if chunk is not None:
+                return chunk.value_of(key)
+            # commit() stores a key's new value before it drops the key's chunk, and a key
+            # never goes back into a chunk: one found in neither dict, looked up one after
+            # the other, moved in between (no shortcut on an empty _encoded: the last key
+            # leaving it may be this one)
+            value = self._values.get(key)
+        return value
+
+    def _hash_of(self, key: str) -> int:
+        """The hash of `key`'s current value (0: no such key)."""
+        found = self._hashes.get(key)
+        if found is not None:
+            return found
+        chunk = self._encoded.get(key)
+        return 0 if chunk is None else chunk.hash_of(key)
 
     def commit(self, changes: dict[str, Json | None]) -> None:
         """Applies `changes` (None deletes). Called on the Raft thread while the service's
@@ -140,35 +188,38 @@ class ControllerState:
         at i or later), so every key moves from its old value to its new one in one dict
         store: a reader never finds a key that exists missing (deleting it and adding it
         back after hashing the new value left a gap, which sha256, releasing the GIL on a
-        large value, held open long enough for reads to fall into)."""
+        large value, held open long enough for reads to fall into). A key still encoded
+        is dropped from its chunk only after its new value is in place."""
         for key, value in changes.items():
             kind_keys = self._keys_by_kind.setdefault(key.split("/", 1)[0], set())
-            old_hash = self._hashes.get(key, 0)
+            old_hash = self._hash_of(key)
             new_hash = 0
             if value is not None:
                 new_hash = _entry_hash(key, value)  # before the swap, not inside a gap
-                self.entries[key] = value  # old value, then new: never neither
+                self._values[key] = value  # old value, then new: never neither
                 self._hashes[key] = new_hash
+                self._encoded.pop(key, None)
                 kind_keys.add(key)
-            elif key in self._hashes:
+            elif key in self._hashes or key in self._encoded:
                 kind_keys.discard(key)  # before the value: a listing never names a gone key
-                del self._hashes[key]
-                self.entries.pop(key, None)
+                self._hashes.pop(key, None)
+                self._encoded.pop(key, None)
+                self._values.pop(key, None)
             self._digest_sum = (self._digest_sum - old_hash + new_hash) % DIGEST_MODULUS
 
     def recompute_digest(self) -> str:
         """Full re-hash; the audit and tests compare it with the running digest."""
-        total = sum(_entry_hash(k, v) for k, v in self.entries.items()) % DIGEST_MODULUS
+        total = sum(_entry_hash(k, v) for k, v, _ in self.freeze().items()) % DIGEST_MODULUS
         return format(total, "064x")
 
     def freeze(self) -> FrozenState:
         """This state as it is now, for a snapshot written beside the Raft thread.
 
-        Two shallow copies (milliseconds at 100,000 keys), not a deep one: `apply` never
+        Shallow copies (milliseconds at 100,000 keys), not a deep one: `apply` never
         changes a stored value in place (handlers copy what they change and `commit`
         swaps in the new value), so the values shared with the live state stay as they
-        are here."""
-        return FrozenState(dict(self.entries), dict(self._hashes), self._digest_sum)
+        are here; an encoded chunk never changes once made."""
+        return FrozenState(dict(self._values), dict(self._hashes), dict(self._encoded), self._digest_sum)
 
     @classmethod
     def from_items(cls, items: Iterable[tuple[str, Json, int]]) -> ControllerState:
@@ -182,7 +233,7 @@ class ControllerState:
         """from_items, a chunk at a time: dict.update and sum over each chunk's columns cost
         about 60 % of a loop over the triples (0.13 s of CPU against 0.20 s at 120,000 keys)."""
         state = cls()
-        entries, hashes, by_kind = state.entries, state._hashes, state._keys_by_kind
+        entries, hashes, by_kind = state._values, state._hashes, state._keys_by_kind
         total = 0
         for chunk in chunks:
             if not chunk:
@@ -200,26 +251,43 @@ class ControllerState:
         state._digest_sum = total % DIGEST_MODULUS
         return state
 
+    @classmethod
+    def from_encoded(cls, chunks: Iterable[tuple[str, EncodedChunk]]) -> ControllerState:
+        """A state whose values stay encoded until read: (kind, chunk) pairs, every key of
+        a chunk of that kind (a snapshot of format 2). Only the key maps are built here."""
+        state = cls()
+        encoded, by_kind = state._encoded, state._keys_by_kind
+        total = 0
+        for kind, chunk in chunks:
+            encoded.update(dict.fromkeys(chunk.keys, chunk))
+            kind_keys = by_kind.get(kind)
+            if kind_keys is None:
+                kind_keys = by_kind[kind] = set()
+            kind_keys.update(chunk.keys)
+            total += chunk.hash_sum
+        state._digest_sum = total % DIGEST_MODULUS
+        return state
+
     def with_prefix(self, prefix: str) -> Iterable[tuple[str, Json]]:
         """Every (key, value) under `prefix`, sorted. Safe beside commit() on the Raft
         thread: the key set is copied in one step (iterating the live set could fail when a
         key is added meanwhile), and a key deleted since is skipped."""
         keys = list(self._keys_by_kind.get(prefix.split("/", 1)[0], ()))
-        found = ((k, self.entries.get(k)) for k in sorted(k for k in keys if k.startswith(prefix)))
+        found = ((k, self.get(k)) for k in sorted(k for k in keys if k.startswith(prefix)))
         return ((k, v) for k, v in found if v is not None)
 
     # Reads used by the service ------------------------------------------------
     def config(self) -> Json:
-        stored = self.entries.get("config", {})
+        stored = self.get("config") or {}
         return {name: stored.get(name, spec[1]) for name, spec in CONFIG_SCHEMA.items()}
 
     def config_value(self, name: str) -> Any:
         """One configuration value, without building the whole map (every heartbeat and
         every liveness scan of every broker set reads one)."""
-        return self.entries.get("config", {}).get(name, CONFIG_SCHEMA[name][1])
+        return (self.get("config") or {}).get(name, CONFIG_SCHEMA[name][1])
 
     def broker_set(self, cluster: str, broker_name: str) -> Json | None:
-        return self.entries.get(broker_set_key(cluster, broker_name))
+        return self.get(broker_set_key(cluster, broker_name))
 
     def broker_sets(self, cluster: str = "") -> list[Json]:
         prefix = f"brokerset/{cluster}/" if cluster else "brokerset/"

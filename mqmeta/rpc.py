@@ -48,6 +48,7 @@ from mqmeta.errors import (
     error_from_code,
     listed_class,
 )
+from mqmeta.memory import TRIM_INTERVAL_S, return_freed_memory
 
 log = logging.getLogger(__name__)
 
@@ -373,8 +374,12 @@ def serve_until_signal(node: Stoppable) -> None:
     # A timed wait: the kernel may deliver the signal to any thread, and then an untimed
     # wait of the main thread is never woken to run the handler (the process would go on
     # serving until its launcher kills it).
+    return_freed_memory()  # what the start freed: the imports' and the set-up's garbage
+    trimmed_at = time.monotonic()
     while not stop.wait(SIGNAL_POLL_S):
-        pass
+        if time.monotonic() - trimmed_at >= TRIM_INTERVAL_S:
+            return_freed_memory()
+            trimmed_at = time.monotonic()
     graceful = received[0] == signal.SIGTERM
     log.info("%s: stopping %s", signal.Signals(received[0]).name, "gracefully" if graceful else "at once")
     started = time.monotonic()

@@ -4,7 +4,8 @@ Properties checked:
 - kill -9 of ALL nodes in the middle of a write stream, restart in another order:
   every acknowledged write is there, every node converges to one state digest, and no
   node's Raft term went backwards (term/vote durability, pysyncobj #84).
-- the same across log compaction: a restart from snapshot + journal keeps everything.
+- the same across log compaction: a restart from snapshot (format 2, its values decoded
+  on first read) + journal keeps everything, and every node lists the same topics.
 - a commit-index side file pointing past the journal end (pysyncobj #197) does not
   make a node apply phantom entries: it restarts, catches up and agrees.
 - a corrupt snapshot or journal record is detected by its checksum (pysyncobj swallows
@@ -114,10 +115,17 @@ def test_restart_from_snapshot_and_journal_keeps_everything(cluster_factory):
 
     wait_for(snapshots_written, 20, "log compaction to write a snapshot on every node", interval_s=0.2)
     acked += kill_all_mid_stream(cluster, "aftersnap")
+    assert all(p.read_bytes().startswith(b"MQMETA-SNAPSHOT-2\n") for p in snapshots), "format 2"
     cluster.start()
     wait_same_digest(cluster, ids)
-    for node_id in ids:
+    listed = {}
+    for node_id in ids:  # values decoded from the snapshot's chunks on first read
         assert set(acked) <= topic_names(cluster, node_id)
+        with cluster.client([node_id]) as client:
+            topics = client.call("ListTopics", pb.ListTopicsRequest()).topics
+        listed[node_id] = sorted((t.name, t.queue_count, t.perm) for t in topics)
+        assert all(count == 1 for name, count, _ in listed[node_id] if name.startswith("snap"))
+    assert len({tuple(topics) for topics in listed.values()}) == 1, "the nodes list different topics"
 
 
 def test_commit_index_side_file_past_journal_end_is_harmless(cluster):

@@ -6,9 +6,11 @@ Properties checked:
   pin in pyproject.toml), every private name with its kind, every hook still wired;
   a journal class that lacks a method of pysyncobj's Journal interface is refused;
 - importing changes nothing; install() does, idempotently;
+- a controller's imports load no cryptography (pysyncobj_lazy_crypto); a Raft secret
+  still gets pysyncobj's own encryptor (same key), loaded on first use;
 - install_journal_factory: a real ControllerRaft writes our journal format;
 - install_durable_snapshots: a real node's snapshot file data and its directory entry
-  are fsynced before the journal is compacted, and read_snapshot_entries reads the
+  are fsynced before the journal is compacted, and snapshot.read_position reads the
   snapshot pysyncobj wrote;
 - the state snapshot (controller/snapshot.py, through pysyncobj's serializer hooks): the
   replicated state survives a compaction and a restart;
@@ -19,6 +21,8 @@ Properties checked:
   none of them when the new leader starts sending it a snapshot;
 - InputFirstFix: a follower that stalled past its election timeout reads the leader's
   heartbeats (waiting in its socket) before deciding, so it does not depose the leader;
+- PromptAppendOnConnect: a restarted follower hears from its leader as soon as they are
+  connected, not at the leader's next heartbeat (a stock leader waits for it);
 - DialHookTransport: Raft connects through the dial map, peers keep their identities;
 - wrap_tick, wrap_transport_send (the benchmark's profiler) see every tick and message;
 - install_prompt_first_tick: a node's tick thread does not sleep 0.1 s between binding
@@ -55,6 +59,7 @@ from mqmeta.controller import pysyncobj_compat as compat
 from mqmeta.controller import raft_node
 from mqmeta.controller.journal import FILE_MAGIC, DurableJournal, parse_records
 from mqmeta.controller.raft_node import ControllerRaft, Peer, RaftSettings
+from mqmeta.controller.snapshot import read_position
 from pysyncobj import SyncObj, SyncObjConf, SyncObjException, replicated
 from pysyncobj.transport import TCPTransport
 
@@ -216,6 +221,30 @@ print("ok")
     assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr
 
 
+def test_cryptography_is_imported_only_for_a_raft_secret():
+    script = """
+import sys
+import mqmeta.controller.server, mqmeta.cli  # what `mqmeta controller` imports
+import pysyncobj.syncobj
+from mqmeta.controller import pysyncobj_lazy_crypto
+assert "cryptography" not in sys.modules, "imported without a secret"
+assert pysyncobj.syncobj.HAS_CRYPTO
+ours = pysyncobj.syncobj.getEncryptor("a secret")
+assert "cryptography" in sys.modules
+stock = pysyncobj_lazy_crypto.stock_encryptor().getEncryptor("a secret")
+assert stock.decrypt(ours.encrypt(b"entry")) == b"entry" == ours.decrypt(stock.encrypt(b"entry"))
+print("ok")
+"""
+    run = subprocess.run(
+        [sys.executable, "-c", script],
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr
+
+
 # A real ControllerRaft in this process --------------------------------------------------
 
 
@@ -356,8 +385,8 @@ def test_snapshot_is_durable_before_the_journal_is_compacted(controllers, tmp_pa
     directory = os.path.realpath(data_dir)  # /proc/self/fd names the real path
     directory_synced = [e for e in events[renamed[-1] : compaction] if e[0] == "fsync" and e[1] == directory]
     assert directory_synced, f"the snapshot's directory entry was not fsynced before compaction: {events}"
-    # and the snapshot pysyncobj wrote is what read_snapshot_entries (so the restart path) reads
-    last, previous = compat.read_snapshot_entries(snapshot)
+    # and the snapshot pysyncobj wrote is what read_position (so the restart path) reads
+    last, previous = read_position(snapshot)
     journal = compat.raft_journal(node)
     assert (journal[0], journal[1]) == (previous, last)
 
@@ -784,6 +813,64 @@ class Relay(threading.Thread):
         for key in list(self.selector.get_map().values()):
             key.fileobj.close()  # type: ignore[union-attr]
         self.selector.close()
+
+
+class LeaderWithPromptAppend(compat.PromptAppendOnConnect, Counter):
+    pass
+
+
+HEARTBEAT_NEVER_S = 60.0  # longer than the test: only a prompt send reaches the follower
+
+
+def quick_redial_conf(address: str, election_s: float) -> SyncObjConf:
+    conf = manual_conf(address, election_s)
+    conf.connectionRetryTime = 0.1  # whichever node dials (the higher address) redials soon
+    return conf
+
+
+def restarted_follower_hears_its_leader(leader_class: type) -> bool:
+    """A pair forms, the leader's heartbeat is then set a minute apart (pysyncobj checks the
+    period against the election timeout only at start), the follower is destroyed and
+    started again on its address: whether it learns who leads within RESTART_HEARD_S."""
+    for _ in range(BIND_ATTEMPTS_MAX):
+        leader_address, follower_address = loopback_addresses(2)
+        try:
+            leader = leader_class(leader_address, follower_address, quick_redial_conf(leader_address, 0.2))
+        except SyncObjException:
+            continue
+        break
+    else:
+        pytest.fail(f"could not bind a loopback port in {BIND_ATTEMPTS_MAX} attempts")
+    follower = Counter(follower_address, leader_address, quick_redial_conf(follower_address, 30.0))
+    restarted = None
+    try:
+        wait_for(
+            lambda: compat.leader_address(follower) == leader_address,
+            10.0,
+            "the follower to hear of its leader",
+            tick_both(leader, follower),
+        )
+        conf = leader._SyncObj__conf
+        conf.appendEntriesPeriod, conf.leaderFallbackTimeout = HEARTBEAT_NEVER_S, 2 * HEARTBEAT_NEVER_S
+        for _ in range(20):  # the heartbeat already due goes out; the next is a minute away
+            tick_both(leader, follower)()
+        follower.destroy()
+        restarted = Counter(follower_address, leader_address, quick_redial_conf(follower_address, 30.0))
+        step = tick_both(leader, restarted)
+        deadline = time.monotonic() + RESTART_HEARD_S
+        while time.monotonic() < deadline and compat.leader_address(restarted) != leader_address:
+            step()
+        return compat.leader_address(restarted) == leader_address
+    finally:
+        stop_pair(*(n for n in (leader, follower, restarted) if n is not None))
+
+
+RESTART_HEARD_S = 3.0  # connecting takes up to connectionRetryTime (0.1 s here), then a tick
+
+
+def test_a_restarted_follower_hears_its_leader_once_connected():
+    assert restarted_follower_hears_its_leader(LeaderWithPromptAppend), "not within the connect"
+    assert not restarted_follower_hears_its_leader(Counter), "a stock leader sent before its heartbeat"
 
 
 def test_raft_connects_through_the_dial_map(monkeypatch):

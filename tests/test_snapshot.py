@@ -6,8 +6,14 @@ Properties checked:
 - serialize() returns before the snapshot is written (the Raft thread is not held), and
   check() says SERIALIZING until then and SUCCESS exactly once after it;
 - a snapshot read back holds every key, value and the digest it was written with, in
-  several chunks; read_snapshot_entries (the restart check) finds its Raft position;
-- snapshots in pysyncobj's stock format (written before this module) still load;
+  several chunks; read_position (the restart check) finds its Raft position;
+- snapshots in pysyncobj's stock format (written before this module) and in format 1
+  (gzip of pickles, written before format 2) still load;
+- format 2 keeps the values encoded until read: a load decodes no chunk, a read decodes
+  the read key's chunk only, commands on encoded keys reach the same digest as on the
+  state they were written from, and writing a snapshot of such a state decodes nothing
+  for good; readers on other threads never find an encoded key missing while commits
+  replace it; a flipped byte anywhere in the file, or a file cut short, is refused;
 - a snapshot whose content does not add up to its recorded digest is refused;
 - the start-up check's read (load_snapshot, with every check) is what the node installs:
   its snapshot file is read once at start; a file renamed over it since is read again;
@@ -26,10 +32,11 @@ import os
 import pickle
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 from mqmeta.cluster.wait import wait_for
-from mqmeta.controller import pysyncobj_compat, snapshot
+from mqmeta.controller import snapshot
 from mqmeta.controller.commands import command_from_json
 from mqmeta.controller.snapshot import SnapshotInProgress, StateSnapshots, guarded_replace, read_snapshot
 from mqmeta.controller.state_machine import ControllerState, apply
@@ -86,7 +93,7 @@ def snapshots_of(state: ControllerState) -> tuple[StateSnapshots, list[Controlle
 def test_a_frozen_state_does_not_change_when_the_live_state_does():
     state = loaded_state(50)
     frozen = state.freeze()
-    kept = copy.deepcopy(frozen.entries)
+    kept = copy.deepcopy(frozen.values)
     apply(
         state, command_from_json({"type": "put_topic", "mode": "update", "name": "t1", "queue_count": 8}), 100
     )
@@ -97,7 +104,7 @@ def test_a_frozen_state_does_not_change_when_the_live_state_does():
         102,
     )
     apply(state, command_from_json({"type": "update_config", "values": {"default_queue_count": "16"}}), 103)
-    assert frozen.entries == kept, "a value shared with the live state was changed in place"
+    assert frozen.values == kept, "a value shared with the live state was changed in place"
     assert state.digest != frozen.digest
     rebuilt = ControllerState.from_items(frozen.items())
     assert rebuilt.recompute_digest() == frozen.digest
@@ -129,7 +136,8 @@ def test_a_snapshot_read_back_holds_every_key_and_its_raft_position(tmp_path, mo
     assert loaded.entries == state.entries
     assert loaded.digest == state.digest == loaded.recompute_digest()
     assert tail[:2] == TAIL[:2]
-    assert pysyncobj_compat.read_snapshot_entries(target) == TAIL[:2]
+    assert snapshot.read_position(target) == TAIL[:2]
+    assert target.read_bytes().startswith(snapshot.MAGIC), "written in format 2"
     assert snapshots.deserialize(str(target))[:2] == TAIL[:2]
     assert installed and installed[0].digest == state.digest
     assert [t["name"] for t in installed[0].topics()] == [t["name"] for t in state.topics()]
@@ -172,9 +180,19 @@ def test_a_start_up_read_of_another_file_is_not_installed(tmp_path):
     assert installed[0] is not loaded.state and len(installed[0].topics()) == 6
 
 
+def format_1_snapshot(state: ControllerState, target: Path, chunk_keys: int = 7) -> None:
+    """`state` in the format written before format 2 (gzip of pickles)."""
+    frozen = state.freeze()
+    items = list(frozen.items())
+    chunks = [items[i : i + chunk_keys] for i in range(0, len(items), chunk_keys)]
+    meta = {"format": snapshot.FORMAT_1, "keys": len(items), "chunks": len(chunks), "digest": frozen.digest}
+    with gzip.open(target, "wb") as out:
+        out.write(pickle.dumps((meta, *TAIL)) + b"".join(pickle.dumps(chunk) for chunk in chunks))
+
+
 def test_the_collector_is_held_off_while_snapshots_are_decoded(tmp_path, monkeypatch):
     target = tmp_path / "raft.snapshot"
-    written_snapshot(loaded_state(5), target)
+    format_1_snapshot(loaded_state(5), target)
     seen: list[bool] = []
     real_from_chunks = ControllerState.from_chunks.__func__  # type: ignore[attr-defined]
 
@@ -206,13 +224,127 @@ def test_a_snapshot_in_pysyncobjs_stock_format_still_loads(tmp_path):
     assert loaded.digest == state.digest and tail[:2] == TAIL[:2]
 
 
+def test_a_format_1_snapshot_still_loads(tmp_path):
+    state = loaded_state(40)
+    target = tmp_path / "raft.snapshot"
+    format_1_snapshot(state, target)
+    loaded, tail = read_snapshot(target)
+    assert loaded.entries == state.entries and loaded.digest == state.digest
+    assert tail[:2] == TAIL[:2] and snapshot.read_position(target) == TAIL[:2]
+
+
+def chunks_of(state: ControllerState) -> Any:
+    return {id(chunk): chunk for chunk in state.freeze().encoded.values()}.values()
+
+
+def test_a_format_2_snapshot_keeps_values_encoded_until_read(tmp_path, monkeypatch):
+    monkeypatch.setattr(snapshot, "CHUNK_KEYS", 16)  # several chunks of topics
+    state = loaded_state(100)
+    target = tmp_path / "raft.snapshot"
+    written_snapshot(state, target)
+    loaded, _ = read_snapshot(target)
+    chunks = chunks_of(loaded)
+    assert len(chunks) == 8 and not any(c.is_decoded for c in chunks), "a load decoded values"
+    assert loaded.key_count == state.key_count and loaded.digest == state.digest
+    assert loaded.get("topic/t5") == state.get("topic/t5")
+    assert sum(c.is_decoded for c in chunks) == 1, "a read decoded more than its key's chunk"
+    commands = [
+        {"type": "put_topic", "mode": "update", "name": "t70", "queue_count": 8},
+        {"type": "delete_topic", "name": "t71"},
+        {"type": "put_topic", "name": "new", "queue_count": 2},
+        {"type": "elect_master", "cluster": "c", "broker_name": "b", "alive": {"1": {}}},
+    ]
+    for index, command in enumerate(commands, start=200):
+        assert (
+            apply(loaded, command_from_json(command), index)[0]
+            == apply(state, command_from_json(command), index)[0]
+        )
+    assert loaded.digest == state.digest == loaded.recompute_digest()
+    assert loaded.entries == state.entries
+    assert [t["name"] for t in loaded.topics()] == [t["name"] for t in state.topics()]
+
+
+def test_a_snapshot_of_an_encoded_state_holds_it_all_and_decodes_nothing_for_good(tmp_path):
+    state = loaded_state(30)
+    first, second = tmp_path / "first", tmp_path / "raft.snapshot"
+    written_snapshot(state, first)
+    loaded, _ = read_snapshot(first)
+    apply(loaded, command_from_json({"type": "delete_topic", "name": "t3"}), 300)
+    apply(state, command_from_json({"type": "delete_topic", "name": "t3"}), 300)
+    decoded = {id(c) for c in chunks_of(loaded) if c.is_decoded}  # t3's, read by the delete
+    written_snapshot(loaded, second)
+    assert {id(c) for c in chunks_of(loaded) if c.is_decoded} == decoded, "the writer kept what it decoded"
+    again, _ = read_snapshot(second)
+    assert again.entries == state.entries and again.digest == state.digest
+
+
+def big_value(round_: int) -> dict:
+    """Large enough that hashing it (sha256 releases the GIL) lets readers run mid-commit."""
+    return {"uploaded_offset": round_, "segments": [{"base_offset": k, "name": "s" * 40} for k in range(60)]}
+
+
+def test_readers_beside_commits_never_find_an_encoded_key_missing(tmp_path, monkeypatch):
+    monkeypatch.setattr(snapshot, "CHUNK_KEYS", 8)
+    keys = [f"tiered/c/b{i}" for i in range(64)]
+    state = ControllerState()
+    state.commit({key: big_value(0) for key in keys})
+    target = tmp_path / "raft.snapshot"
+    written_snapshot(state, target)
+    loaded, _ = read_snapshot(target)
+    stop = threading.Event()
+    reads, missing, failures = [0], [0], []
+
+    def read() -> None:
+        try:
+            while not stop.is_set():
+                for key in keys:
+                    reads[0] += 1
+                    missing[0] += loaded.get(key) is None
+                assert all(value is not None for _, value in loaded.with_prefix("tiered/"))
+        except BaseException as error:  # reported by the main thread
+            failures.append(error)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        for round_, key in enumerate(keys * 6, start=1):  # each key leaves its chunk, then changes again
+            loaded.commit({key: big_value(round_)})
+            state.commit({key: big_value(round_)})
+    finally:
+        stop.set()
+        reader.join(10.0)
+    assert not failures, failures
+    assert missing[0] == 0, f"{missing[0]} of {reads[0]} reads found a key missing"
+    assert loaded.digest == state.digest == loaded.recompute_digest()
+
+
+def test_a_flipped_byte_anywhere_in_a_format_2_snapshot_or_a_cut_is_refused(tmp_path):
+    state = loaded_state(20)
+    target = tmp_path / "raft.snapshot"
+    written_snapshot(state, target)
+    original = target.read_bytes()
+    positions = sorted(set(range(0, len(original), max(1, len(original) // 150))) | {len(original) - 1})
+    for position in positions:
+        data = bytearray(original)
+        data[position] ^= 0x01
+        target.write_bytes(bytes(data))
+        with pytest.raises(CorruptData):
+            read_snapshot(target)
+        with pytest.raises(CorruptData):
+            snapshot.read_position(target)
+    for length in (len(original) - 1, len(original) // 2, len(snapshot.MAGIC), 0):
+        target.write_bytes(original[:length])
+        with pytest.raises(CorruptData):
+            read_snapshot(target)
+
+
 def test_a_snapshot_that_does_not_add_up_to_its_digest_is_refused(tmp_path):
     state = loaded_state(20)
     frozen = state.freeze()
     items = list(frozen.items())
     key, value, entry_hash = items[0]
     items[0] = (key, dict(value, queue_count=99), entry_hash + 1)  # a changed value and hash
-    meta = {"format": snapshot.FORMAT, "keys": len(items), "chunks": 1, "digest": frozen.digest}
+    meta = {"format": snapshot.FORMAT_1, "keys": len(items), "chunks": 1, "digest": frozen.digest}
     target = tmp_path / "raft.snapshot"
     with gzip.open(target, "wb") as out:
         out.write(pickle.dumps((meta, *TAIL)) + pickle.dumps(items))

@@ -160,7 +160,8 @@ def load_snapshot_state(path: Path) -> Any:
     except ImportError:
         read_state = None
     if read_state is not None:
-        return read_state(path)
+        state = read_state(path)  # format 2 keeps values encoded: decode them all, as before
+        return type(state).from_items(state.freeze().items()) if hasattr(state, "freeze") else state
     import pysyncobj.pickle as syncobj_pickle
 
     with gzip.open(path, "rb") as f:
