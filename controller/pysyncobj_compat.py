@@ -777,7 +777,7 @@ class ReadIndex(SyncObj):
         self._read_incarnation = os.urandom(8).hex()
         self._reads_applying: list[tuple[int, Any]] = []  # (index, Future): wait for the apply
         super().__init__(*args, **kwargs)
-        self.addOnTickCallback(self._start_reads_before_poll)
+        self.addOnTickCallback(self._reads_before_poll)
 
     # any thread
     def read_index(self) -> Future:
@@ -800,14 +800,17 @@ class ReadIndex(SyncObj):
         super()._onTick(timeToWait)
         self._finish_reads()
 
-    def _start_reads_before_poll(self) -> None:
-        """Reads queued since this tick took its reads start now, before the tick sleeps in
-        its poll. Their wake-up may be spent already: a read queued between the tick's
-        start and InputFirstFix's poll(0) has its pipe byte read there, and the tick's last
-        poll then slept until the next message or heartbeat (p99 of a read on an idle
-        cluster: 53 ms, one heartbeat period)."""
+    def _reads_before_poll(self) -> None:
+        """Just before the tick sleeps in its poll: reads queued since the tick took its
+        reads start, rounds confirmed since it began are answered, and reads whose index
+        it applied are served. Each used to wait until the poll woke for the next message
+        or heartbeat (50 ms): the wake-up of a read queued between the tick's start and
+        InputFirstFix's poll(0) is read by that poll; a pong read by that poll(0) confirmed
+        a round that was answered only after the last poll; and a follower applies the
+        index it was answered with in the tick after the answer came."""
         if self._reads_new:
             self._start_reads()
+        self._finish_reads()
 
     def _start_reads(self) -> None:
         with self._read_lock:

@@ -20,8 +20,9 @@ Properties checked:
 - an answer addressed to a previous run of the asking node (ask ids restart at 1 with the
   process) settles none of this run's reads;
 - a read queued after the tick took its reads but before InputFirstFix's poll(0) read
-  the wake-up byte is still started in that tick, before it sleeps in its last poll (it
-  used to wait for the next message or heartbeat: 50 ms).
+  the wake-up byte is still started in that tick, and a round whose pongs that poll(0)
+  read is answered in that tick, both before it sleeps in its last poll (each used to
+  wait for the next message or heartbeat: 50 ms).
 """
 
 from __future__ import annotations
@@ -249,3 +250,19 @@ def test_a_read_queued_during_the_tick_is_started_before_the_tick_sleeps(late_tr
         "the read was not started before the tick slept in its poll"
     )
     assert isinstance(answered(leader.late, late_trio), int)
+
+
+def test_a_round_confirmed_at_the_start_of_a_tick_is_answered_before_the_tick_sleeps(late_trio):
+    leader, *followers = late_trio.nodes
+    late_trio.write(leader, 3)  # the no-op of the term is committed: a round can start at once
+    read = leader.read_index()
+    leader.doTick(0.0)  # the round starts: pings to both followers
+    assert len(leader._read_rounds) == 1
+    for _ in range(3):
+        late_trio.tick(followers)  # they answer: the pongs wait in the leader's socket
+    assert not read.done()
+    answered_before_poll: list[bool] = []
+    leader.addOnTickCallback(lambda: answered_before_poll.append(read.done()))  # runs after ReadIndex's
+    leader.doTick(0.3)  # InputFirstFix's poll(0) reads the pongs
+    assert answered_before_poll[:1] == [True], "the confirmed round waited for the tick's last poll"
+    assert isinstance(read.result(), int)
