@@ -211,7 +211,8 @@ class ControllerOperations:
         self.raft = ControllerRaft(
             node_id, self.self_peer.raft, peers, data_dir, settings, self.watch_hub.publish
         )
-        self.proposer = Proposer(self.raft, settings)
+        self.proposer = Proposer(self.raft, settings, self.raft.wake_tick)
+        self.raft.attach_pump(self.proposer.pump)
         self._grpc_by_raft = {p.raft: p.grpc for p in peers}
         self._stop = threading.Event()
         self._electing: set[tuple[str, str]] = set()

@@ -199,7 +199,10 @@ REQUIREMENTS: tuple[Requirement, ...] = (
     Requirement(_SYNCOBJ, "SyncObj.__init__", "_SyncObj__raftCommitIndex", USES, "ReadIndex records it"),
     Requirement(_SYNCOBJ, "SyncObj.__init__", "_SyncObj__noopIDx", USES, "ReadIndex waits for the no-op"),
     Requirement(_SYNCOBJ, "SyncObj.__init__", "_SyncObj__otherNodes", USES, "ReadIndex counts a majority"),
-    Requirement(_SYNCOBJ, "SyncObj.__init__", "_SyncObj__pipeNotifier", USES, "ReadIndex wakes the tick"),
+    Requirement(
+        _SYNCOBJ, "SyncObj.__init__", "_SyncObj__pipeNotifier", USES, "ReadIndex and wake_tick wake the tick"
+    ),
+    Requirement(_SYNCOBJ, "SyncObj.__init__", "_SyncObj__conf", USES, "wake_tick: is there a pipe notifier"),
     Requirement(_SYNCOBJ, "SyncObj._onTick", "_SyncObj__applyLogEntries", USES, "a tick applies, then polls"),
     Requirement(_SYNCOBJ, "", "PIPE_NOTIFIER_ENABLED", ATTRIBUTE, "ReadIndex wakes the tick if it can"),
     Requirement(_SYNCOBJ, "SyncObj", "addOnTickCallback", ROUTINE, "ReadIndex starts late reads there"),
@@ -1015,6 +1018,14 @@ class DialHookTransport(TCPTransport):
 
 
 # Accessors ---------------------------------------------------------------------------------
+
+
+def wake_tick(node: SyncObj) -> None:
+    """Any thread: the node's tick returns from its poll at once (or skips its next wait),
+    as pysyncobj's own _applyCommand wakes it; without a pipe notifier (a platform that has
+    none, or appendEntriesUseBatch) the tick finds the work within autoTickPeriod."""
+    if pysyncobj.syncobj.PIPE_NOTIFIER_ENABLED and not node._SyncObj__conf.appendEntriesUseBatch:
+        node._SyncObj__pipeNotifier.notify()
 
 
 def raft_journal(node: SyncObj) -> Any:
