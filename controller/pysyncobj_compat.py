@@ -191,6 +191,8 @@ REQUIREMENTS: tuple[Requirement, ...] = (
     Requirement(_TRANSPORT, "TCPTransport", "send", ROUTINE, "wrap_transport_send wraps it"),
     # SendBeforeSync
     Requirement(_SYNCOBJ, "SyncObj._onTick", "_checkCommandsToApply", USES, "a tick proposes through it"),
+    Requirement(_SYNCOBJ, "SyncObj", "_SyncObj__sendAppendEntries", ROUTINE, "SendBeforeSync holds it"),
+    Requirement(_SYNCOBJ, "SyncObj._onTick", "_SyncObj__sendAppendEntries", USES, "a tick sends through it"),
     Requirement(_SYNCOBJ, "SyncObj._checkCommandsToApply", "_SyncObj__raftLog", USES, "it appends there"),
     Requirement(
         _SYNCOBJ, "SyncObj._checkCommandsToApply", "_SyncObj__sendAppendEntries", USES, "and sends at once"
@@ -698,7 +700,8 @@ class CatchUpFix(SyncObj):
 
 class SendBeforeSync(SyncObj):
     """Leader side: new entries go to the followers before the leader's own fsync, which
-    then runs while they write theirs (Raft thesis section 10.2.1; etcd does the same).
+    then runs while they write theirs (Raft thesis section 10.2.1; etcd does the same);
+    and a tick sends each follower one append, not one per reason to send.
 
     pysyncobj 0.3.17's leader appends each new command to its journal (our journal
     fdatasyncs there) and only then sends it, so a write waits for two fsyncs one after
@@ -711,7 +714,43 @@ class SendBeforeSync(SyncObj):
     that crashes before its sync may lose entries only followers hold: as after any
     leader crash, Raft keeps them if a majority holds them and drops them otherwise,
     and none was acknowledged to a client. A journal without begin_deferred_sync
-    (pysyncobj's own) is left as it is."""
+    (pysyncobj's own) is left as it is.
+
+    pysyncobj sends every follower an append when an entry was applied (the new commit
+    index), one more for each new entry, and one per heartbeat. Within a tick these are
+    held and sent once, before the leader's sync (or, in a tick that proposes nothing,
+    just before the tick's poll): a tick that commits an entry and proposes the next sends
+    each follower one message carrying both, not two (each message costs both sides a
+    pickle, a compression, an encryption and, on the follower, an acknowledgement)."""
+
+    _sends_held = False  # inside a tick: appends wait for _send_held_appends
+    _send_wanted = False
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.addOnTickCallback(self._send_held_appends)  # just before the tick's poll
+
+    def _onTick(self, timeToWait: float = 0.0) -> None:  # noqa: N803 - pysyncobj's name
+        self._sends_held = True
+        try:
+            super()._onTick(timeToWait)
+        finally:
+            self._send_held_appends()  # a tick that returned before its callbacks
+
+    def _SyncObj__sendAppendEntries(self) -> None:  # noqa: N802 - pysyncobj's name
+        if self._sends_held:
+            self._send_wanted = True
+            return
+        super()._SyncObj__sendAppendEntries()  # type: ignore[misc]
+
+    def _send_held_appends(self) -> None:
+        """Sends what the tick held, and sends at once from now until the next tick (the
+        messages its poll reads may ask for a send: a new leadership's first append)."""
+        self._sends_held = False
+        if self._send_wanted:
+            self._send_wanted = False
+            if self._isLeader():
+                super()._SyncObj__sendAppendEntries()  # type: ignore[misc]
 
     def _checkCommandsToApply(self) -> None:
         journal = self._SyncObj__raftLog
@@ -721,6 +760,7 @@ class SendBeforeSync(SyncObj):
         journal.begin_deferred_sync()
         try:
             super()._checkCommandsToApply()
+            self._send_held_appends()  # before the sync: the followers write while the leader does
         finally:
             journal.end_deferred_sync()
 
