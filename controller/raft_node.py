@@ -1,8 +1,8 @@
 """The thin shell that runs the pure state machine on pysyncobj.
 
-One Raft entry carries a batch of commands (group commit): the proposer takes
-whatever callers are waiting when the previous batch is still in flight, so one
-sequential caller pays one round trip, and sixteen concurrent callers share one.
+One Raft entry carries a batch of commands (group commit): the Raft tick takes
+whatever callers are waiting when the previous batch is still in flight (Proposer.pump),
+so one sequential caller pays one round trip, and sixteen concurrent callers share one.
 pysyncobj runs with appendEntriesUseBatch=False, so every entry is sent at once.
 
 Effects happen in one order per entry: apply (pure) -> applied-entry log -> command
