@@ -211,7 +211,8 @@ class ControllerOperations:
         self.raft = ControllerRaft(
             node_id, self.self_peer.raft, peers, data_dir, settings, self.watch_hub.publish
         )
-        self.proposer = Proposer(self.raft, settings)
+        self.proposer = Proposer(self.raft, settings, self.raft.wake_tick)
+        self.raft.attach_pump(self.proposer.pump)
         self._grpc_by_raft = {p.raft: p.grpc for p in peers}
         self._stop = threading.Event()
         self._electing: set[tuple[str, str]] = set()
@@ -249,20 +250,19 @@ class ControllerOperations:
             settled = group.future.result(timeout=timeout_s)
         except TimeoutError:
             settled = group.outcomes()  # those committed in time are reported as such
-        outcomes: list[Json | MqmetaError] = []
-        for outcome, command in zip(settled, commands, strict=True):
-            if outcome is None:
-                outcomes.append(
-                    DeadlineExceeded(
-                        f"{command.TYPE} was not committed within {timeout_s:.1f}s; its outcome is unknown"
-                    )
-                )
-            elif isinstance(outcome, MqmetaError):
-                outcomes.append(outcome)
-            else:
-                ok = outcome.get("ok")
-                outcomes.append(outcome if ok else error_from_code(outcome["code"], outcome["message"]))
-        return outcomes
+        return _group_outcomes(commands, settled, timeout_s)
+
+    async def propose_many_async(
+        self, commands: list[Command], timeout_s: float = 5.0
+    ) -> list[Json | MqmetaError]:
+        """propose_many() for a coroutine on the server's event loop: no thread waits."""
+        group = self.proposer.submit_group(commands)
+        waiter = self._loop_futures(asyncio.get_running_loop()).wrap(group.future)
+        try:
+            settled = await asyncio.wait_for(waiter, timeout_s)
+        except TimeoutError:
+            settled = group.outcomes()  # those committed in time are reported as such
+        return _group_outcomes(commands, settled, timeout_s)
 
     def read_barrier(self, timeout_s: float = 5.0) -> ControllerState:
         """The state as of a linearizable read: confirmed by ReadIndex (no log entry), or,
@@ -604,3 +604,24 @@ class ControllerOperations:
             log.warning("could not elect a master for %s/%s: %s", key[0], key[1], exc)
         finally:
             self._electing.discard(key)
+
+
+def _group_outcomes(
+    commands: list[Command], settled: list[Json | MqmetaError | None], timeout_s: float
+) -> list[Json | MqmetaError]:
+    """A `Write` batch's outcome per command: its result, its error, or DeadlineExceeded
+    for one that did not settle in time (its outcome is unknown)."""
+    outcomes: list[Json | MqmetaError] = []
+    for outcome, command in zip(settled, commands, strict=True):
+        if outcome is None:
+            outcomes.append(
+                DeadlineExceeded(
+                    f"{command.TYPE} was not committed within {timeout_s:.1f}s; its outcome is unknown"
+                )
+            )
+        elif isinstance(outcome, MqmetaError):
+            outcomes.append(outcome)
+        else:
+            ok = outcome.get("ok")
+            outcomes.append(outcome if ok else error_from_code(outcome["code"], outcome["message"]))
+    return outcomes

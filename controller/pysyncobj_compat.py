@@ -200,6 +200,8 @@ REQUIREMENTS: tuple[Requirement, ...] = (
     Requirement(_TRANSPORT, "TCPTransport", "send", ROUTINE, "wrap_transport_send wraps it"),
     # SendBeforeSync
     Requirement(_SYNCOBJ, "SyncObj._onTick", "_checkCommandsToApply", USES, "a tick proposes through it"),
+    Requirement(_SYNCOBJ, "SyncObj", "_SyncObj__sendAppendEntries", ROUTINE, "SendBeforeSync holds it"),
+    Requirement(_SYNCOBJ, "SyncObj._onTick", "_SyncObj__sendAppendEntries", USES, "a tick sends through it"),
     Requirement(_SYNCOBJ, "SyncObj._checkCommandsToApply", "_SyncObj__raftLog", USES, "it appends there"),
     Requirement(
         _SYNCOBJ, "SyncObj._checkCommandsToApply", "_SyncObj__sendAppendEntries", USES, "and sends at once"
@@ -208,9 +210,16 @@ REQUIREMENTS: tuple[Requirement, ...] = (
     Requirement(_SYNCOBJ, "SyncObj.__init__", "_SyncObj__raftCommitIndex", USES, "ReadIndex records it"),
     Requirement(_SYNCOBJ, "SyncObj.__init__", "_SyncObj__noopIDx", USES, "ReadIndex waits for the no-op"),
     Requirement(_SYNCOBJ, "SyncObj.__init__", "_SyncObj__otherNodes", USES, "ReadIndex counts a majority"),
-    Requirement(_SYNCOBJ, "SyncObj.__init__", "_SyncObj__pipeNotifier", USES, "ReadIndex wakes the tick"),
+    Requirement(
+        _SYNCOBJ, "SyncObj.__init__", "_SyncObj__pipeNotifier", USES, "ReadIndex and wake_tick wake the tick"
+    ),
+    Requirement(_SYNCOBJ, "SyncObj.__init__", "_SyncObj__conf", USES, "wake_tick: is there a pipe notifier"),
     Requirement(_SYNCOBJ, "SyncObj._onTick", "_SyncObj__applyLogEntries", USES, "a tick applies, then polls"),
     Requirement(_SYNCOBJ, "", "PIPE_NOTIFIER_ENABLED", ATTRIBUTE, "ReadIndex wakes the tick if it can"),
+    Requirement(_SYNCOBJ, "SyncObj", "addOnTickCallback", ROUTINE, "ReadIndex starts late reads there"),
+    Requirement(
+        _SYNCOBJ, "SyncObj._onTick", "_SyncObj__onTickCallbacks", USES, "the callbacks run before the poll"
+    ),
     # install_prompt_first_tick
     Requirement(_SYNCOBJ, "SyncObj", "_autoTickThread", ROUTINE, "install_prompt_first_tick replaces it"),
     # PromptAppendOnConnect
@@ -730,7 +739,8 @@ class CatchUpFix(SyncObj):
 
 class SendBeforeSync(SyncObj):
     """Leader side: new entries go to the followers before the leader's own fsync, which
-    then runs while they write theirs (Raft thesis section 10.2.1; etcd does the same).
+    then runs while they write theirs (Raft thesis section 10.2.1; etcd does the same);
+    and a tick sends each follower one append, not one per reason to send.
 
     pysyncobj 0.3.17's leader appends each new command to its journal (our journal
     fdatasyncs there) and only then sends it, so a write waits for two fsyncs one after
@@ -743,7 +753,43 @@ class SendBeforeSync(SyncObj):
     that crashes before its sync may lose entries only followers hold: as after any
     leader crash, Raft keeps them if a majority holds them and drops them otherwise,
     and none was acknowledged to a client. A journal without begin_deferred_sync
-    (pysyncobj's own) is left as it is."""
+    (pysyncobj's own) is left as it is.
+
+    pysyncobj sends every follower an append when an entry was applied (the new commit
+    index), one more for each new entry, and one per heartbeat. Within a tick these are
+    held and sent once, before the leader's sync (or, in a tick that proposes nothing,
+    just before the tick's poll): a tick that commits an entry and proposes the next sends
+    each follower one message carrying both, not two (each message costs both sides a
+    pickle, a compression, an encryption and, on the follower, an acknowledgement)."""
+
+    _sends_held = False  # inside a tick: appends wait for _send_held_appends
+    _send_wanted = False
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.addOnTickCallback(self._send_held_appends)  # just before the tick's poll
+
+    def _onTick(self, timeToWait: float = 0.0) -> None:  # noqa: N803 - pysyncobj's name
+        self._sends_held = True
+        try:
+            super()._onTick(timeToWait)
+        finally:
+            self._send_held_appends()  # a tick that returned before its callbacks
+
+    def _SyncObj__sendAppendEntries(self) -> None:  # noqa: N802 - pysyncobj's name
+        if self._sends_held:
+            self._send_wanted = True
+            return
+        super()._SyncObj__sendAppendEntries()  # type: ignore[misc]
+
+    def _send_held_appends(self) -> None:
+        """Sends what the tick held, and sends at once from now until the next tick (the
+        messages its poll reads may ask for a send: a new leadership's first append)."""
+        self._sends_held = False
+        if self._send_wanted:
+            self._send_wanted = False
+            if self._isLeader():
+                super()._SyncObj__sendAppendEntries()  # type: ignore[misc]
 
     def _checkCommandsToApply(self) -> None:
         journal = self._SyncObj__raftLog
@@ -753,6 +799,7 @@ class SendBeforeSync(SyncObj):
         journal.begin_deferred_sync()
         try:
             super()._checkCommandsToApply()
+            self._send_held_appends()  # before the sync: the followers write while the leader does
         finally:
             journal.end_deferred_sync()
 
@@ -812,6 +859,7 @@ class ReadIndex(SyncObj):
         self._read_incarnation = os.urandom(8).hex()
         self._reads_applying: list[tuple[int, Any]] = []  # (index, Future): wait for the apply
         super().__init__(*args, **kwargs)
+        self.addOnTickCallback(self._reads_before_poll)
 
     # any thread
     def read_index(self) -> Future:
@@ -832,6 +880,18 @@ class ReadIndex(SyncObj):
     def _onTick(self, timeToWait: float = 0.0) -> None:  # noqa: N803 - pysyncobj's name
         self._start_reads()
         super()._onTick(timeToWait)
+        self._finish_reads()
+
+    def _reads_before_poll(self) -> None:
+        """Just before the tick sleeps in its poll: reads queued since the tick took its
+        reads start, rounds confirmed since it began are answered, and reads whose index
+        it applied are served. Each used to wait until the poll woke for the next message
+        or heartbeat (50 ms): the wake-up of a read queued between the tick's start and
+        InputFirstFix's poll(0) is read by that poll; a pong read by that poll(0) confirmed
+        a round that was answered only after the last poll; and a follower applies the
+        index it was answered with in the tick after the answer came."""
+        if self._reads_new:
+            self._start_reads()
         self._finish_reads()
 
     def _start_reads(self) -> None:
@@ -1038,6 +1098,14 @@ class DialHookTransport(TCPTransport):
 
 
 # Accessors ---------------------------------------------------------------------------------
+
+
+def wake_tick(node: SyncObj) -> None:
+    """Any thread: the node's tick returns from its poll at once (or skips its next wait),
+    as pysyncobj's own _applyCommand wakes it; without a pipe notifier (a platform that has
+    none, or appendEntriesUseBatch) the tick finds the work within autoTickPeriod."""
+    if pysyncobj.syncobj.PIPE_NOTIFIER_ENABLED and not node._SyncObj__conf.appendEntriesUseBatch:
+        node._SyncObj__pipeNotifier.notify()
 
 
 def raft_journal(node: SyncObj) -> Any:

@@ -94,3 +94,38 @@ def test_sends_ratios_are_medians_over_rounds_and_bad_flags_are_refused() -> Non
     with pytest.raises(SystemExit) as exit_info:
         sends.parse_args(["--rounds", "0"])
     assert exit_info.value.code == 2
+
+
+def test_only_metadata_keeps_etcd_alone_and_the_metadata_ratios() -> None:
+    """bench.peers --only metadata: etcd is the only peer started whatever --peers names,
+    an unknown phase is exit 2, and `ratios` keeps the names the issue lists (the message
+    ones are None without message rounds)."""
+    from bench.peers import run
+
+    args = run.parse_args(["--quick", "--only", "metadata", "--peers", "etcd,rabbitmq,nats"])
+    assert args.peers == "etcd" and args.only == "metadata"
+    with pytest.raises(SystemExit) as exit_info:
+        run.parse_args(["--only", "messages"])
+    assert exit_info.value.code == 2
+
+    def metadata(write_ms: float, read_ms: float, rate: float) -> dict:
+        return {
+            "write_1": {"p50_ms": write_ms},
+            "read_1": {"p50_ms": read_ms},
+            "write_16": {"ops_per_s": rate},
+            "write_16x32": {"ops_per_s": rate * 4},
+        }
+
+    result: dict = {
+        "metadata_rounds": [
+            {"mqmeta": metadata(3.0, 1.5, 800), "etcd": metadata(1.0, 0.5, 2000)},
+            {"mqmeta": metadata(5.0, 1.7, 700), "etcd": metadata(1.0, 0.5, 2000)},
+        ],
+        "message_rounds": [],
+    }
+    run.summarize(result)
+    ratios = result["ratios"]
+    assert ratios["metadata_write_p50_vs_etcd"] == 4.0
+    assert ratios["metadata_read_p50_vs_etcd"] == 3.2
+    assert ratios["metadata_writes_per_s_16_vs_etcd"] == 0.375
+    assert ratios["send_p50_vs_rabbitmq"] is None and ratios["sends_per_s_16_vs_rabbitmq"] is None

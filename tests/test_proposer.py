@@ -2,28 +2,58 @@
 split across Raft entries, a failed entry failing only its own commands, a full queue
 refusing the whole group, a timeout keeping what committed. The Raft node is a stand-in
 that records each entry and lets the test answer it: the group logic is the Proposer's own,
-and test_cluster.py's Write test runs it on a real cluster."""
+and test_cluster.py's Write test runs it on a real cluster.
+
+On three real ControllerRaft nodes (real TCP and journals, ticks driven by the test): the
+Raft tick itself takes the Proposer's commands (no proposer thread), so a command is
+appended and sent in the tick it woke, and the commands that waited while an entry was in
+flight are proposed in the very tick that commits it."""
 
 from __future__ import annotations
 
 import threading
+import time
+from collections.abc import Iterator
 from concurrent.futures import Future
+from pathlib import Path
 from typing import Any
 
 import pytest
+from mqmeta.cluster.ports import PortReservation
+from mqmeta.controller import raft_node
 from mqmeta.controller.commands import DeleteTopic, decode_entry
-from mqmeta.controller.raft_node import Proposer, RaftSettings
+from mqmeta.controller.raft_node import ControllerRaft, Peer, Proposer, RaftSettings
 from pysyncobj import FAIL_REASON
 
 from mqmeta.errors import DeadlineExceeded, Unavailable
 
 
 class EntryRecorder:
-    """Takes the Proposer's entries; the test answers each with the callback pysyncobj would call."""
+    """Takes the Proposer's entries; the test answers each with the callback pysyncobj would
+    call. A thread stands in for the Raft tick: it pumps the Proposer when woken, and at
+    least every 10 ms (the real tick runs at least every autoTickPeriod)."""
 
     def __init__(self) -> None:
         self.entries: list[tuple[list[Any], Any]] = []
         self.arrived = threading.Condition()
+        self.woken = threading.Event()
+        self.stopped = threading.Event()
+        self.pump: Any = None
+
+    def start_ticks(self, pump: Any) -> None:
+        self.pump = pump
+        threading.Thread(target=self._ticks, name="ticks", daemon=True).start()
+
+    def _ticks(self) -> None:
+        for _ in range(10_000):  # 100 s at most
+            if self.stopped.is_set():
+                return
+            self.woken.wait(0.01)
+            self.woken.clear()
+            self.pump()
+
+    def wake(self) -> None:
+        self.woken.set()
 
     def _apply_entry(self, payload: str, callback: Any) -> None:
         with self.arrived:
@@ -45,7 +75,14 @@ class EntryRecorder:
 def proposer(**settings: int) -> tuple[Proposer, EntryRecorder]:
     raft = EntryRecorder()
     values = dict({"inflight_batches_max": 4}, **settings)
-    return Proposer(raft, RaftSettings(**values)), raft  # type: ignore[arg-type]
+    made = Proposer(raft, RaftSettings(**values), raft.wake)  # type: ignore[arg-type]
+    raft.start_ticks(made.pump)
+    return made, raft
+
+
+def stop(p: Proposer, raft: EntryRecorder) -> None:
+    p.stop()
+    raft.stopped.set()
 
 
 def commands(count: int) -> list[Any]:
@@ -65,7 +102,7 @@ def test_a_group_split_across_entries_settles_once_all_have_committed() -> None:
         raft.commit(1)
         assert [o["n"] for o in group.future.result(timeout=5)] == list(range(10))
     finally:
-        p.stop()
+        stop(p, raft)
 
 
 def test_a_failed_entry_fails_only_its_own_commands() -> None:
@@ -79,7 +116,7 @@ def test_a_failed_entry_fails_only_its_own_commands() -> None:
         assert all(isinstance(o, Unavailable) and "leader changed" in str(o) for o in outcomes[:3]), outcomes
         assert [o["n"] for o in outcomes[3:]] == [3, 4, 5]
     finally:
-        p.stop()
+        stop(p, raft)
 
 
 def test_a_full_queue_refuses_the_whole_group_and_queues_none_of_it() -> None:
@@ -99,7 +136,7 @@ def test_a_full_queue_refuses_the_whole_group_and_queues_none_of_it() -> None:
         assert single.result(timeout=5)["n"] == 99
         assert sum(len(c) for c, _ in raft.entries) == 7
     finally:
-        p.stop()
+        stop(p, raft)
 
 
 def test_an_entry_that_times_out_fails_its_commands_and_the_committed_ones_stay() -> None:
@@ -114,4 +151,77 @@ def test_an_entry_that_times_out_fails_its_commands_and_the_committed_ones_stay(
         raft.commit(1)  # a late answer changes nothing
         assert all(isinstance(o, DeadlineExceeded) for o in group.outcomes()[2:])
     finally:
-        p.stop()
+        stop(p, raft)
+
+
+# On three ControllerRaft nodes, ticked by the test ------------------------------------------
+
+
+def _manual_ticks(original: Any) -> Any:
+    def conf(*args: Any, **kwargs: Any) -> Any:
+        made = original(*args, **kwargs)
+        made.autoTick = False
+        return made
+
+    return conf
+
+
+@pytest.fixture
+def nodes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[ControllerRaft, Proposer]]]:
+    monkeypatch.setattr(raft_node, "_syncobj_conf", _manual_ticks(raft_node._syncobj_conf))
+    ports = PortReservation.pick(3)
+    peers = [Peer(f"n{k}", address, "") for k, address in enumerate(ports.addresses)]
+    made: list[tuple[ControllerRaft, Proposer]] = []
+    try:
+        for k, peer in enumerate(peers):
+            election_ms = 300 if k == 0 else 30_000  # n0 leads
+            settings = RaftSettings(
+                election_min_ms=election_ms, election_max_ms=election_ms + 100, inflight_batches_max=1
+            )
+            node = ControllerRaft(peer.id, peer.raft, peers, tmp_path / peer.id, settings, lambda i, e: None)
+            proposer = Proposer(node, settings, node.wake_tick)
+            node.attach_pump(proposer.pump)
+            made.append((node, proposer))
+        yield made  # the reservation holds the ports while the nodes bind them (SO_REUSEADDR)
+    finally:
+        for node, proposer in made:
+            proposer.stop()
+            node.close()
+        ports.release()
+
+
+def tick_until(nodes: list[ControllerRaft], predicate: Any, what: str) -> None:
+    deadline = time.monotonic() + 20.0
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        for node in nodes:
+            node.doTick(0.005)
+
+
+def test_the_tick_proposes_at_once_and_in_the_tick_that_commits_the_entry_before(nodes) -> None:
+    rafts = [node for node, _ in nodes]
+    leader, proposer = nodes[0]
+    followers = rafts[1:]
+    tick_until(rafts, lambda: leader.is_leader(), "n0 to lead")
+    warm = proposer.submit(DeleteTopic(name="warm-up"))  # the term's no-op commits with it
+    tick_until(rafts, warm.done, "the first write to commit")
+    tick_until(rafts, lambda: all(r.raftLastApplied == leader.raftLastApplied for r in rafts), "every apply")
+    log_length = leader.getStatus()["log_len"]
+
+    first = proposer.submit(DeleteTopic(name="a"))
+    leader.doTick(0.0)  # woken by the submit: the tick takes the command, appends and sends it
+    assert leader.getStatus()["log_len"] == log_length + 1, "the tick did not propose the waiting command"
+    second = proposer.submit(DeleteTopic(name="b"))  # waits: one entry in flight at a time
+    leader.doTick(0.0)
+    assert leader.getStatus()["log_len"] == log_length + 1
+    tick_until(followers, lambda: all(f.getStatus()["log_len"] == log_length + 1 for f in followers), "acks")
+    for follower in followers:
+        follower.doTick(0.005)  # their acknowledgements are on their way
+    tick_until([leader], first.done, "the first entry to commit")  # ...and in that same tick:
+    assert not second.done()
+    assert leader.getStatus()["log_len"] == log_length + 2, (
+        "the waiting command was not proposed in the commit's tick"
+    )
+    tick_until(rafts, second.done, "the second entry to commit")
+    assert first.result()["ok"] is False and second.result()["ok"] is False  # no such topics: answered
+    assert all(t.name != "proposer" for t in threading.enumerate())

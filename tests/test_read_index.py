@@ -18,7 +18,11 @@ Properties checked:
 - followers' asks queued on a leader that loses its leadership are refused, not taken for
   the node's own reads (they broke its tick), and the asker hears so at once;
 - an answer addressed to a previous run of the asking node (ask ids restart at 1 with the
-  process) settles none of this run's reads.
+  process) settles none of this run's reads;
+- a read queued after the tick took its reads but before InputFirstFix's poll(0) read
+  the wake-up byte is still started in that tick, and a round whose pongs that poll(0)
+  read is answered in that tick, both before it sleeps in its last poll (each used to
+  wait for the next message or heartbeat: 50 ms).
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ import pytest
 from mqmeta.controller import pysyncobj_compat as compat
 from mqmeta.controller import state_machine
 from mqmeta.controller.state_machine import ControllerState
-from pysyncobj import SyncObjConf, replicated
+from pysyncobj import SyncObj, SyncObjConf, replicated
 
 from tests.support.raft_trio import CuttableTransport, Register, Trio, release_held_ports, wait_for
 
@@ -201,3 +205,64 @@ def test_an_answer_for_a_previous_run_of_the_asker_settles_nothing(trio):
     asker._SyncObj__onMessageReceived(None, dict(previous_run, index=1, error=None))
     assert not read.done(), "an answer for the previous run's ask 1 settled this run's read"
     assert answered(read, trio) >= leader.getStatus()["commit_idx"] - 1
+
+
+# A read that arrives while the tick is under way -----------------------------------------------
+
+
+class _QueueLateRead(SyncObj):
+    """Queues one read (`late`) just after ReadIndex took this tick's reads and before
+    InputFirstFix's poll(0) reads the wake-up byte that read wrote: what a gRPC thread
+    does when it queues a read at that moment."""
+
+    queue_late = False
+    late: Future | None = None
+
+    def _onTick(self, timeToWait: float = 0.0) -> None:  # noqa: N803 - pysyncobj's name
+        if self.queue_late:
+            self.queue_late = False
+            self.late = self.read_index()  # type: ignore[attr-defined]
+        super()._onTick(timeToWait)
+
+
+class LateReadRegister(Register, _QueueLateRead, compat.InputFirstFix):
+    """MRO: ReadIndex._onTick (takes the reads), _QueueLateRead, InputFirstFix (poll(0)), SyncObj."""
+
+
+@pytest.fixture
+def late_trio() -> Iterator[Trio]:
+    made = Trio(node_class=LateReadRegister)
+    try:
+        made.settle()
+        yield made
+    finally:
+        made.stop()
+
+
+def test_a_read_queued_during_the_tick_is_started_before_the_tick_sleeps(late_trio):
+    leader = late_trio.nodes[0]
+    assert isinstance(leader, LateReadRegister)
+    CuttableTransport.pings.clear()
+    leader.queue_late = True
+    leader.doTick(0.3)  # the followers do not tick: nothing else wakes this poll
+    assert leader.late is not None
+    assert {to for _, to in CuttableTransport.pings} == {n.selfNode.address for n in late_trio.nodes[1:]}, (
+        "the read was not started before the tick slept in its poll"
+    )
+    assert isinstance(answered(leader.late, late_trio), int)
+
+
+def test_a_round_confirmed_at_the_start_of_a_tick_is_answered_before_the_tick_sleeps(late_trio):
+    leader, *followers = late_trio.nodes
+    late_trio.write(leader, 3)  # the no-op of the term is committed: a round can start at once
+    read = leader.read_index()
+    leader.doTick(0.0)  # the round starts: pings to both followers
+    assert len(leader._read_rounds) == 1
+    for _ in range(3):
+        late_trio.tick(followers)  # they answer: the pongs wait in the leader's socket
+    assert not read.done()
+    answered_before_poll: list[bool] = []
+    leader.addOnTickCallback(lambda: answered_before_poll.append(read.done()))  # runs after ReadIndex's
+    leader.doTick(0.3)  # InputFirstFix's poll(0) reads the pongs
+    assert answered_before_poll[:1] == [True], "the confirmed round waited for the tick's last poll"
+    assert isinstance(read.result(), int)

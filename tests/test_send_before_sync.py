@@ -7,6 +7,10 @@ overlap), yet the leader has fdatasynced it before its commit index covers it, a
 follower has fdatasynced it before it acknowledges it. With the fix off, the first part
 fails (the leader syncs, then sends); with the journal's deferral left on past the call,
 the second does.
+
+And a tick that commits an entry and proposes the next sends each follower one
+append_entries carrying both (the new entry and the commit index that covers the first),
+not one for the commit and one for the entry.
 """
 
 from __future__ import annotations
@@ -104,5 +108,52 @@ def test_the_leader_sends_before_it_syncs_and_syncs_before_it_commits(tmp_path: 
             acked = first(events, held, lambda e, f=follower: e[:3] == ("send", f, "ack") and e[3] >= index)
             follower_synced = first(events, held, lambda e, f=follower: e == ("sync", f))
             assert follower_synced < acked, f"{follower} acknowledged entry {index} before syncing it"
+    finally:
+        trio.stop()
+
+
+def test_a_tick_that_commits_and_proposes_sends_each_follower_one_append(tmp_path: Path, monkeypatch):
+    install_pysyncobj_patches()
+    trio = Trio(tmp_path, SyncAfterSendRegister)
+    try:
+        trio.settle()
+        leader, *followers = trio.nodes
+        trio.write(leader, 1)  # the no-op of the term is behind us
+        trio.settle()
+        done: list[object] = []
+        leader.put(5, callback=lambda result, error: done.append(error))
+        leader.doTick(0.0)  # entry 5 is appended and sent
+        index = compat.raft_journal(leader)[-1][1]
+        wait_for(
+            lambda: all(compat.raft_journal(f)[-1][1] == index for f in followers),
+            10.0,
+            "the followers to hold entry 5",
+            step=lambda: trio.tick(followers),
+        )
+        wait_for(
+            lambda: leader.getStatus()["match_idx_server_" + followers[0].selfNode.id] >= index,
+            10.0,
+            "the leader to read an acknowledgement",
+            step=lambda: leader.doTick(0.01),
+        )
+        assert not done
+        sent: list[tuple[str, dict]] = []
+        real_send = CuttableTransport.send
+
+        def send(transport, node, message):
+            if isinstance(message, dict) and message.get("type") == "append_entries":
+                sent.append((node.address, message))
+            return real_send(transport, node, message)
+
+        monkeypatch.setattr(CuttableTransport, "send", send)
+        leader.put(6, callback=lambda result, error: done.append(error))
+        leader.doTick(0.0)  # commits and applies 5, proposes 6
+        assert done == [compat.FAIL_REASON.SUCCESS], "entry 5 was not committed in this tick"
+        for follower in followers:
+            to_it = [m for address, m in sent if address == follower.selfNode.address]
+            assert len(to_it) == 1, (
+                f"{len(to_it)} appends to {follower.selfNode.address} in one tick: {to_it}"
+            )
+            assert [e[1] for e in to_it[0]["entries"]] == [index + 1] and to_it[0]["commit_index"] >= index
     finally:
         trio.stop()

@@ -32,6 +32,7 @@ from bench.peers.servers import PEERS, Etcd, Nats, RabbitMQ, absent, b64, http_j
 log = make_log("peers")
 STARTED: list[Any] = []  # peers to stop on exit
 WATCHDOG_S = {"quick": 14 * 60, "full": 45 * 60}
+ONLY = {"metadata": ("etcd",)}  # --only: the peers each restricted run keeps
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -42,12 +43,21 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--peers", default="etcd,rabbitmq,nats", help="which peers to run (comma-separated)")
     parser.add_argument("--no-profile", action="store_true", help="skip the py-spy phase")
     parser.add_argument("--root", default="", help="where the clusters live (default: a temp dir)")
+    parser.add_argument(
+        "--only",
+        choices=sorted(ONLY),
+        default=None,
+        help="only these phases: `metadata` runs the controller beside etcd (writes, reads, the "
+        "fsync count and the profile of 1 and 16 writers), no messages, kills or restarts",
+    )
     args = parser.parse_args(argv)
     args.rounds = args.rounds or (2 if args.quick else 3)
     args.duration = args.duration or (4.0 if args.quick else 10.0)
     args.warmup = 1.0 if args.quick else 2.0
     args.kills = 3 if args.quick else 10
     args.fsync_writes = 100 if args.quick else 300
+    if args.only == "metadata":
+        args.peers = ",".join(p for p in args.peers.split(",") if p in ONLY["metadata"])
     unknown = set(args.peers.split(",")) - set(PEERS) - {""}
     if unknown:
         parser.error(f"unknown peers {sorted(unknown)}; choose from {sorted(PEERS)}")
@@ -169,6 +179,8 @@ def fsync_phase(systems: dict[str, Any], root: Path, args) -> dict[str, Any]:
                 list(system.controller_pids().values()), client, writes, root / "strace-mqmeta-controller.txt"
             )
             client.close()
+            if args.only == "metadata":
+                continue
             sender = load.MqmetaSend(system.cluster.namesrv, brokerlib.TOPIC)
             out["mqmeta_broker"] = load.count_fsyncs(
                 list(system.broker_pids().values()), sender, writes, root / "strace-mqmeta-broker.txt"
@@ -320,8 +332,16 @@ def idle_rss(systems: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def profile_phase(system: Mqmeta, root: Path, duration_s: float) -> dict[str, Any]:
-    """py-spy on the mqmeta processes while one client sends (and, apart, writes metadata)."""
+def profile_phase(system: Mqmeta, root: Path, duration_s: float, only: str | None = None) -> dict[str, Any]:
+    """py-spy on the mqmeta processes while one client sends (and, apart, writes metadata;
+    with `only` metadata: one writer and 16)."""
+    if only == "metadata":
+        return {
+            f"metadata_write_{writers}": _profile_metadata(
+                system, root / f"meta-{writers}", duration_s, writers
+            )
+            for writers in (1, 16)
+        }
     out: dict[str, Any] = {}
     cluster = system.cluster
     master = brokerlib.wait_in_sync(cluster, 3)
@@ -331,16 +351,23 @@ def profile_phase(system: Mqmeta, root: Path, duration_s: float) -> dict[str, An
     time.sleep(1.0)  # py-spy attaches
     sent = load.drive(lambda k: load.MqmetaSend(cluster.namesrv, brokerlib.TOPIC), 1, 0.0, duration_s - 1.5)
     out["send_1"] = {"figures": sent, "processes": brokerlib.finish_py_spy(spies)}
-    leader = cluster.leader_id()
+    out["metadata_write_1"] = _profile_metadata(system, root / "meta", duration_s, 1)
+    return out
+
+
+def _profile_metadata(system: Mqmeta, where: Path, duration_s: float, writers: int) -> dict[str, Any]:
+    """py-spy (every thread, not only the GIL holder) on the controllers and this process
+    while `writers` clients write metadata."""
+    where.mkdir(parents=True, exist_ok=True)
+    leader = system.cluster.leader_id()
     controllers = {
         ("leader" if n == leader else f"follower-{n}"): p for n, p in system.controller_pids().items()
     }
     controllers["bench"] = os.getpid()
-    spies = brokerlib.start_py_spy({"dir": root / "meta", "rate": 200, "gil": False}, controllers, duration_s)
-    time.sleep(1.0)
-    written = load.drive(lambda k: load.MqmetaWrite(system.addresses, k), 1, 0.0, duration_s - 1.5)
-    out["metadata_write_1"] = {"figures": written, "processes": brokerlib.finish_py_spy(spies)}
-    return out
+    spies = brokerlib.start_py_spy({"dir": where, "rate": 200, "gil": False}, controllers, duration_s)
+    time.sleep(1.0)  # py-spy attaches
+    written = load.drive(lambda k: load.MqmetaWrite(system.addresses, k), writers, 0.0, duration_s - 1.5)
+    return {"figures": written, "processes": brokerlib.finish_py_spy(spies)}
 
 
 # Summary ------------------------------------------------------------------------------------
@@ -497,6 +524,7 @@ def run(args: argparse.Namespace, root: Path, result: dict[str, Any]) -> None:
         "body_bytes": load.BODY_BYTES,
         "etcd_value_bytes": load.ETCD_VALUE_BYTES,
         "batch": load.BATCH,
+        "only": args.only,
     }
     systems = start_systems(root, wanted, result)
     time.sleep(2.0)  # let start-up work settle before the idle memory figure
@@ -510,11 +538,18 @@ def run(args: argparse.Namespace, root: Path, result: dict[str, Any]) -> None:
         meta_order = meta_systems[k % len(meta_systems) :] + meta_systems[: k % len(meta_systems)]
         msg_order = msg_systems[k % len(msg_systems) :] + msg_systems[: k % len(msg_systems)]
         result["metadata_rounds"].append(metadata_round(systems, meta_order, args))
-        result["message_rounds"].append(message_round(systems, msg_order, args))
+        if args.only != "metadata":
+            result["message_rounds"].append(message_round(systems, msg_order, args))
         summarize(result)
     result["fsyncs"] = fsync_phase(systems, root, args)
     if not args.no_profile:
-        result["profile"] = profile_phase(systems["mqmeta"], root / "profile", min(10.0, args.duration + 3))
+        result["profile"] = profile_phase(
+            systems["mqmeta"], root / "profile", min(10.0, args.duration + 3), args.only
+        )
+    if args.only == "metadata":
+        result["machine"]["load_average_at_end"] = list(os.getloadavg())
+        summarize(result)
+        return
     result["kills"] = {"mqmeta": mqmeta_kills(systems["mqmeta"], args.kills)}
     if "etcd" in systems:
         result["kills"]["etcd"] = etcd_kills(systems["etcd"], args.kills)
@@ -540,7 +575,7 @@ def main(argv: list[str]) -> int:
     args.budget_s = WATCHDOG_S["quick" if args.quick else "full"]
     root = Path(args.root) if args.keep else Path(tempfile.mkdtemp(prefix="mqmeta-peers-"))
     (root / "profile" / "meta").mkdir(parents=True, exist_ok=True)
-    result: dict[str, Any] = {"benchmark": "bench.peers", "quick": args.quick}
+    result: dict[str, Any] = {"benchmark": "bench.peers", "quick": args.quick, "only": args.only}
     return run_main(
         args,
         root,
