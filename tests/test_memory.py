@@ -9,16 +9,13 @@ fails with return_freed_memory a no-op (seen).
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.timeout(60)
+from tests.support.checks_process import run_script
 
-ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.timeout(60)
 
 SCRIPT = """
 from mqmeta.memory import return_freed_memory
@@ -40,13 +37,7 @@ print(grown, freed, rss_kb(), returned, len(kept))
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc_trim, /proc")
 def test_freed_heap_memory_is_handed_back():
-    run = subprocess.run(
-        [sys.executable, "-c", SCRIPT],
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
+    run = run_script(SCRIPT)
     assert run.returncode == 0, run.stderr
     grown, freed, after, returned, _ = run.stdout.split()
     assert int(freed) > int(grown) * 0.8, "glibc gave the pages back by itself: nothing to show"

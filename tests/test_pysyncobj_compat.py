@@ -64,6 +64,7 @@ from pysyncobj import SyncObj, SyncObjConf, SyncObjException, replicated
 from pysyncobj.transport import TCPTransport
 
 from mqmeta import dialmap
+from tests.support.checks_process import run_script
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -211,13 +212,7 @@ raft_node.install_pysyncobj_patches()
 assert (pysyncobj.syncobj.createJournal, pysyncobj.serializer.atomicReplace) == installed
 print("ok")
 """
-    run = subprocess.run(
-        [sys.executable, "-c", script],
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
+    run = run_script(script)
     assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr
 
 
@@ -235,13 +230,7 @@ stock = pysyncobj_lazy_crypto.stock_encryptor().getEncryptor("a secret")
 assert stock.decrypt(ours.encrypt(b"entry")) == b"entry" == ours.decrypt(stock.encrypt(b"entry"))
 print("ok")
 """
-    run = subprocess.run(
-        [sys.executable, "-c", script],
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
+    run = run_script(script)
     assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr
 
 

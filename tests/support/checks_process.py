@@ -3,12 +3,14 @@ RocketMQ client's apache.rocketmq.v2 stubs, which clash with ours: tests/support
 
 A checks module ends with `if __name__ == "__main__": run_named(CHECKS, sys.argv[1:])`;
 its test module calls `results_of(module, names, timeout_s)` once (a module fixture) and
-asserts each name's result is "ok".
+asserts each name's result is "ok". `run_script` runs a short script in a fresh interpreter
+(what a test must see before anything in this process imported it).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import traceback
@@ -37,3 +39,14 @@ def results_of(module: str, names: Iterable[str], timeout_s: float) -> dict[str,
     )
     assert done.returncode == 0, done.stderr[-4000:]
     return json.loads(done.stdout.splitlines()[-1])
+
+
+def run_script(script: str, timeout_s: float = 30) -> subprocess.CompletedProcess:
+    """`python -c SCRIPT` in a fresh interpreter that imports this checkout's packages."""
+    return subprocess.run(
+        [sys.executable, "-c", script],
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
