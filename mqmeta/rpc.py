@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import faulthandler
 import functools
 import logging
 import os
@@ -371,21 +372,32 @@ def serve_until_signal(node: Stoppable) -> None:
 
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, _record)
+    # SIGUSR1 writes every thread's stack to stderr (the process's log under `local up`):
+    # what a process that does not stop is doing, even with its main thread stuck in C.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    # The freed heap is handed back on a thread of its own: the main thread does nothing but
+    # wait for the signal.
+    threading.Thread(target=_trim_until, args=(stop,), name="memory-trim", daemon=True).start()
     # A timed wait: the kernel may deliver the signal to any thread, and then an untimed
     # wait of the main thread is never woken to run the handler (the process would go on
     # serving until its launcher kills it).
-    return_freed_memory()  # what the start freed: the imports' and the set-up's garbage
-    trimmed_at = time.monotonic()
     while not stop.wait(SIGNAL_POLL_S):
-        if time.monotonic() - trimmed_at >= TRIM_INTERVAL_S:
-            return_freed_memory()
-            trimmed_at = time.monotonic()
+        pass
     graceful = received[0] == signal.SIGTERM
     log.info("%s: stopping %s", signal.Signals(received[0]).name, "gracefully" if graceful else "at once")
     started = time.monotonic()
     node.stop(graceful=graceful)
     log.info("stopped in %.2f s", time.monotonic() - started)
     exit_at_once()
+
+
+def _trim_until(stop: threading.Event) -> None:
+    """What the start freed (the imports' and the set-up's garbage), then every
+    TRIM_INTERVAL_S until `stop`: see mqmeta/memory.py."""
+    while True:
+        return_freed_memory()
+        if stop.wait(TRIM_INTERVAL_S):
+            return
 
 
 def run_stop_steps(steps: list[Callable[[], object]]) -> None:

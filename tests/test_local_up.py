@@ -16,6 +16,7 @@ Properties checked (one two-cluster `local up` serves the module; its last test 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -27,6 +28,7 @@ from pathlib import Path
 
 import pytest
 from mqmeta.cluster.ports import PortReservation
+from mqmeta.cluster.wait import WaitTimeout
 
 from tests.support import wait_for
 from tests.support.local_up import MQMETA, start_local_up
@@ -202,7 +204,10 @@ def test_ctrl_c_stops_every_child_within_3_s_and_marks_the_cluster_stopped(up):
     def running() -> list[int]:
         return [pid for pid in pids if _runs(pid)]
 
-    wait_for(running, STOP_WITHIN_S, "every child to end on its own", until=lambda left: not left)
+    try:
+        wait_for(running, STOP_WITHIN_S, "every child to end on its own", until=lambda left: not left)
+    except WaitTimeout as error:
+        pytest.fail(f"{error}\n{_stacks_of(running(), data_dir)}")
     print(f"every child ended {time.monotonic() - started:.2f} s after Ctrl-C")
     assert proc.wait(timeout=STOP_WITHIN_S) == 0, "local up itself did not end"
     print(f"local up ended {time.monotonic() - started:.2f} s after Ctrl-C")
@@ -211,6 +216,18 @@ def test_ctrl_c_stops_every_child_within_3_s_and_marks_the_cluster_stopped(up):
     assert "pid" not in json.dumps(stopped).replace('"pid": null', ""), "a pid of a gone process"
     status = mqmeta("admin", "--cluster-dir", str(data_dir), "cluster-status")  # reads cluster.json
     assert_bad_input(status, "is stopped", f"mqmeta local up --data-dir {data_dir}")
+
+
+def _stacks_of(pids: list[int], data_dir: Path) -> str:
+    """Each still-running child's threads (SIGUSR1: faulthandler writes them to its log)
+    and the end of its log, for the failure message."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGUSR1)
+    time.sleep(1.0)
+    logs = sorted(data_dir.glob("**/logs/*.log"))
+    tails = [f"== {log}\n" + "\n".join(log.read_text(errors="replace").splitlines()[-60:]) for log in logs]
+    return f"still running: {pids}\n" + "\n".join(tails)
 
 
 def _runs(pid: int) -> bool:
