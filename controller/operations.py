@@ -243,19 +243,11 @@ class ControllerOperations:
             raise error_from_code(result["code"], result["message"])
         return result
 
-    def propose_many(self, commands: list[Command], timeout_s: float = 5.0) -> list[Json | MqmetaError]:
-        """Independent writes sharing the group commit; one result or error each."""
-        group = self.proposer.submit_group(commands)
-        try:
-            settled = group.future.result(timeout=timeout_s)
-        except TimeoutError:
-            settled = group.outcomes()  # those committed in time are reported as such
-        return _group_outcomes(commands, settled, timeout_s)
-
     async def propose_many_async(
         self, commands: list[Command], timeout_s: float = 5.0
     ) -> list[Json | MqmetaError]:
-        """propose_many() for a coroutine on the server's event loop: no thread waits."""
+        """Independent writes sharing the group commit, one result or error each; for a
+        coroutine on the server's event loop (no thread waits)."""
         group = self.proposer.submit_group(commands)
         waiter = self._loop_futures(asyncio.get_running_loop()).wrap(group.future)
         try:
