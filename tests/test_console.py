@@ -84,7 +84,11 @@ def browser(cluster):
     for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"):
         options.add_argument(flag)
     options.add_argument("--window-size=1280,900")
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    # chromium leaves an empty org.chromium.Chromium.* directory in TMPDIR per run: keep it in the test's own
+    scratch = cluster["root"] / "chromium-tmp"
+    scratch.mkdir()
+    service = Service(CHROMEDRIVER, env={**os.environ, "TMPDIR": str(scratch)})
+    driver = webdriver.Chrome(service=service, options=options)
     try:
         driver.get(cluster["console"])
         login(driver, Path(cluster["auth"]["read_token_file"]).read_text().strip())
