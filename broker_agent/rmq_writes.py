@@ -1,14 +1,13 @@
 """Plain sends of concurrent SendMessage calls on the master, written together.
 
 Why: every write of the commit log is an append (the agent's lock, the core's Appended,
-waking the slaves' fetches), a group commit and a wait for the SyncStateSet's acks. Eight
-official-client threads sending directly to the master made eight such writes at once,
-each appended while another's fsync and slave round were under way, so each waited for
-about one and a half of them (py-spy and timings on the master: 2.0-2.5 ms for the fsync
-step, 2.5-3.2 ms more for the acks, against 1.3-1.7 and 0.6-0.7 ms for a proxied merged
-send, which is one write). The proxy already merges a client's sends; this does the same
-for the sends that reach the master at once from several callers (direct routes, several
-clients through the proxy).
+waking the slaves' fetches), a group commit and a wait for the SyncStateSet's acks.
+Official-client threads sending directly to the master made as many writes at once, each
+appended while another's fsync and slave round were under way, so each waited for about
+one and a half of them; one write carrying them all waits for one. The proxy already
+merges a client's sends; this does the same for the sends that reach the master at once
+from several callers (direct routes, several clients through the proxy). Measured in
+docs/benchmarks.md (RocketMQ 5 clients).
 
 How: a caller joins the newest waiting batch (a new one when there is none, or it is
 full); the first caller of a batch is its leader. At most `in_flight_max` batches are
