@@ -15,6 +15,7 @@ import itertools
 import logging
 import threading
 import uuid
+from collections.abc import Callable
 
 from mqmeta.broker_agent.agent import BrokerAgent
 from mqmeta.broker_agent.ha import Role
@@ -48,7 +49,7 @@ class RmqBroker:
     """The state behind the service: role, clients, Telemetry streams, cursors (the pop
     shell), system queues."""
 
-    def __init__(self, agent: BrokerAgent) -> None:
+    def __init__(self, agent: BrokerAgent, on_write: Callable[[], object] = lambda: None) -> None:
         self.agent = agent
         self.store = agent.store
         self.boot_id = uuid.uuid4().hex[:8]  # a handle from another process is stale
@@ -65,6 +66,7 @@ class RmqBroker:
             PLAIN_WRITE_RECORDS_MAX,
             PLAIN_WRITE_BODY_BYTES_MAX,
             agent.config.send_timeout_ms / 1000,
+            on_write,
         )
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []

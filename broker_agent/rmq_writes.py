@@ -52,10 +52,12 @@ class PlainWrites:
         records_max: int,
         body_bytes_max: int,
         wait_s_max: float,
+        on_write: Callable[[], object] = lambda: None,
     ) -> None:
         if in_flight_max < 1 or records_max < 1 or body_bytes_max < 1 or wait_s_max <= 0:
             raise ValueError("PlainWrites' bounds must be positive")
         self._write = write
+        self._on_write = on_write  # counts each write (the broker's metrics)
         self.in_flight_max = in_flight_max
         self._records_max = records_max
         self._body_bytes_max = body_bytes_max
@@ -120,6 +122,7 @@ class PlainWrites:
     def _fly(self, batch: _Batch) -> None:
         try:
             self.writes += 1
+            self._on_write()
             results = self._write(batch.records)
             assert len(results) == len(batch.records), (len(results), len(batch.records))
             batch.results = results
