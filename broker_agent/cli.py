@@ -205,9 +205,9 @@ def _start(config: BrokerConfig, metrics_listen: str) -> Any:
     except OSError as error:  # the disk failed (EIO, ENOSPC, ...): a restart may find it back
         print(f"mqmeta: error: cannot open the store in {config.data_dir}: {error}", file=sys.stderr)
         return EXIT_DISK_FAILED
-    rmq = RmqBroker(agent)
-    server = build_server(config.listen, SERVER_WORKERS, REQUEST_BYTES_MAX)
     metrics = BrokerMetrics(agent)
+    rmq = RmqBroker(agent, metrics.rocketmq_send_writes.inc)
+    server = build_server(config.listen, SERVER_WORKERS, REQUEST_BYTES_MAX)
     admin = BrokerAdmin(
         agent,
         member_sources=[rmq.members.of_group],

@@ -30,6 +30,10 @@ class BrokerMetrics:
         self.bytes_in = self.metrics.counter(
             PREFIX + "bytes_in", "message body bytes acknowledged to producers"
         )
+        self.rocketmq_send_writes = self.metrics.counter(
+            PREFIX + "rocketmq_send_writes",
+            "commit-log writes of RocketMQ 5 plain sends (the sends that reach the master at once: one)",
+        )
         self.bytes_out = self.metrics.counter(PREFIX + "replicated_bytes_out", "log bytes served to slaves")
         self.messages_out = self.metrics.counter(
             PREFIX + "messages_out",

@@ -5,7 +5,8 @@ hosts of the pop shell (rmq_pop.py) and the system queues (rmq_system.py).
 Sends become records of our commit log like any other: the codec (mqmeta.codec.rocketmq5)
 checks and converts each message; this module picks its queue (FIFO: by message group,
 otherwise round-robin over the topic's write queues on this broker) and writes it to its
-topic, or to the delay or half queue.
+topic, or to the delay or half queue. Plain messages of concurrent sends are written
+together (rmq_writes.py).
 """
 
 from __future__ import annotations
@@ -14,12 +15,14 @@ import itertools
 import logging
 import threading
 import uuid
+from collections.abc import Callable
 
 from mqmeta.broker_agent.agent import BrokerAgent
 from mqmeta.broker_agent.ha import Role
 from mqmeta.broker_agent.rmq_metadata import Members, Metadata, fifo_queue
 from mqmeta.broker_agent.rmq_pop import PopShell
 from mqmeta.broker_agent.rmq_system import SystemQueues
+from mqmeta.broker_agent.rmq_writes import PlainWrites
 
 from mqmeta.clock import now_ms, wall_ms
 from mqmeta.codec import rocketmq5
@@ -35,13 +38,18 @@ log = logging.getLogger(__name__)
 
 LONG_POLLS_MAX = 128
 TELEMETRY_STREAMS_MAX = 128
+# Plain sends of concurrent SendMessage calls written together (rmq_writes.py): one write
+# in flight, as the proxy's merged sends of one client (measured: docs/benchmarks.md).
+PLAIN_WRITES_IN_FLIGHT_MAX = 1
+PLAIN_WRITE_RECORDS_MAX = 256
+PLAIN_WRITE_BODY_BYTES_MAX = 8 << 20  # a single larger send goes alone
 
 
 class RmqBroker:
     """The state behind the service: role, clients, Telemetry streams, cursors (the pop
     shell), system queues."""
 
-    def __init__(self, agent: BrokerAgent) -> None:
+    def __init__(self, agent: BrokerAgent, on_write: Callable[[], object] = lambda: None) -> None:
         self.agent = agent
         self.store = agent.store
         self.boot_id = uuid.uuid4().hex[:8]  # a handle from another process is stale
@@ -52,6 +60,14 @@ class RmqBroker:
         self.round_robin = itertools.count()
         self.pop = PopShell(self)
         self.system = SystemQueues(self)
+        self.plain = PlainWrites(
+            lambda records: agent.send(records)[0],
+            PLAIN_WRITES_IN_FLIGHT_MAX,
+            PLAIN_WRITE_RECORDS_MAX,
+            PLAIN_WRITE_BODY_BYTES_MAX,
+            agent.config.send_timeout_ms / 1000,
+            on_write,
+        )
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
 
@@ -135,7 +151,7 @@ class RmqBroker:
         if send.deliver_at_ms:
             return self.system.send_delayed(record, send.deliver_at_ms)
         try:
-            (result,), _ = self.agent.send([record])
+            (result,) = self.plain.write([record])
         except NotMaster as error:
             raise RmqError(rdef.MASTER_PERSISTENCE_TIMEOUT, f"outcome unknown: {error.message}") from None
         return rsvc.SendResultEntry(
@@ -149,7 +165,7 @@ class RmqBroker:
         self._check_writable()
         records = [send.record for send in sends]
         try:
-            results, _ = self.agent.send(records)
+            results = self.plain.write(records)
         except NotMaster as error:
             raise RmqError(rdef.MASTER_PERSISTENCE_TIMEOUT, f"outcome unknown: {error.message}") from None
         return [

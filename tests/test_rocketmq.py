@@ -16,6 +16,8 @@ Properties checked:
 - PushConsumer: queues are shared among the live members of a group (a second member
   joining takes some, and its leaving gives them back); a message its listener keeps
   failing is retried with the group's backoff and then moved to %DLQ%{group};
+- sends that reach the master at once are written together (fewer commit-log writes than
+  messages, each message counted);
 - the master's metrics count the client's sends (messages and bytes in, send latency) and
   deliveries (messages and bytes out);
 - Telemetry answers each Settings with OK and the merged settings on an open stream;
@@ -36,6 +38,7 @@ import sys
 import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import grpc
@@ -180,6 +183,29 @@ def test_rocketmq_traffic_counts_in_the_brokers_metrics(cluster):
     assert delta(sent, before, "mqmeta_broker_send_seconds_count") == len(bodies)
     assert delta(after, sent, "mqmeta_broker_messages_out_total") == len(bodies)
     assert delta(after, sent, "mqmeta_broker_bytes_out_total") == size
+
+
+def test_sends_reaching_the_master_at_once_are_written_together(cluster):
+    """SendMessage calls that reach the master at once share one commit-log write
+    (rmq_writes.py): 8 threads of a client given the master's own address (direct routes)
+    send 64 messages; the master counts every message and fewer writes than messages."""
+    master = cluster.broker(cluster.master_of("broker-a"))
+    direct = rmq.ClientConfiguration(master.grpc, rmq.Credentials(), request_timeout=3)
+    producer = started(rmq.Producer, direct, ("Plain",))
+    try:
+        producer.send(message("Plain", "warm-up"))  # routes and channel first
+        before = scrape(master.metrics)
+        with ThreadPoolExecutor(8) as pool:
+            ids = list(
+                pool.map(lambda i: producer.send(message("Plain", f"together-{i}")).message_id, range(64))
+            )
+        after = scrape(master.metrics)
+    finally:
+        producer.shutdown()
+    assert len(set(ids)) == 64
+    assert delta(after, before, "mqmeta_broker_messages_in_total") == 64
+    writes = delta(after, before, "mqmeta_broker_rocketmq_send_writes_total")
+    assert 1 <= writes < 64, f"{writes:.0f} writes for 64 concurrent sends"
 
 
 def test_a_simple_consumer_gets_a_waiting_message_whichever_queue_it_names(cluster):
