@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mqmeta.broker_agent import ha_fetch
+from mqmeta.broker_agent import ha_fetch, ha_stream
 from mqmeta.broker_agent.confirm_log import ConfirmLog
 from mqmeta.broker_agent.core import (
     AckPolicy,
@@ -70,6 +70,7 @@ from mqmeta.broker_agent.core import (
 )
 from mqmeta.broker_agent.ha import Role
 from mqmeta.broker_agent.ha_fetch import FetchSettings
+from mqmeta.broker_agent.ha_stream import StreamServer
 from mqmeta.broker_agent.scrub import SCRUB_BYTES_PER_S_DEFAULT, Scrubber, ScrubStats
 from mqmeta.broker_agent.seams import log_view
 from mqmeta.broker_agent.store import MessageStore
@@ -89,6 +90,7 @@ from mqmeta.errors import (
 )
 from mqmeta.formats.atomic import make_directories, write_json_atomically
 from mqmeta.formats.records import MessageFields
+from mqmeta.pb import broker_pb2 as bpb
 from mqmeta.pb import controller_pb2 as cpb
 from mqmeta.rpc import exit_at_once
 from mqmeta.timing import (
@@ -163,6 +165,7 @@ class BrokerConfig:
     send_timeout_ms: int = 3000
     fetch_max_bytes: int = 4 << 20
     fetch_wait_ms: int = 100
+    ha_stream: bool = True  # a master offers, a slave uses the HA stream (ha_stream.py)
     segment_bytes: int = 64 << 20
     fsync: bool = True
     tiered_url: str = ""  # empty = no tiered storage
@@ -278,7 +281,12 @@ class BrokerAgent:
         self._wake = threading.Event()  # the controller loop has something to do now
         self._report: ReportMasterUnreachable | None = None  # for the controller loop to send
         self._threads: list[threading.Thread] = []
-        self._fetch = FetchSettings(config.fetch_max_bytes, config.fetch_wait_ms, config.tiered_url)
+        self._fetch = FetchSettings(
+            config.fetch_max_bytes, config.fetch_wait_ms, config.tiered_url, stream=config.ha_stream
+        )
+        self._stream_server: StreamServer | None = None
+        # How each slave's last fetch came (True: the HA stream), for its HA status.
+        self.fetch_transports: dict[int, bool] = {}
 
     # The host replication and the uploader see (seams.BrokerHost) ---------------------------
     @property
@@ -298,6 +306,18 @@ class BrokerAgent:
             effects = self.core.handle(event)
             self._carry_out(effects)
             return effects
+
+    @property
+    def ha_stream_port(self) -> int:
+        """The port of this broker's HA stream, offered to its slaves; 0 when it has none."""
+        return self._stream_server.port if self._stream_server is not None else 0
+
+    def _serve_streamed(self, request: bpb.HaFetchRequest) -> bpb.HaFetchResponse:
+        """A fetch that came over the HA stream: the HaFetch call's checks, then serve_fetch."""
+        if request.broker_name != self.config.broker_name:
+            raise NotFound(f"this broker serves {self.config.broker_name}, not {request.broker_name}")
+        self.fetch_transports[request.broker_id] = True
+        return ha_fetch.serve_fetch(self, request)
 
     def request_refresh(self) -> None:
         self._refresh_needed.set()
@@ -507,6 +527,9 @@ class BrokerAgent:
                 ),
             )
             self.tiered.start()
+        if self.config.ha_stream and ha_stream.offered():
+            self._stream_server = StreamServer(ha_stream.host_of(self.config.listen), self._serve_streamed)
+            self._stream_server.start()
         loops = (
             (self._controller_loop, "controller"),
             (self._watch_loop, "watch"),
@@ -523,6 +546,8 @@ class BrokerAgent:
         self.feed(Stop())
         for thread in self._threads:
             thread.join(timeout=3)
+        if self._stream_server is not None:
+            self._stream_server.stop()
         self.controller.close()
         with self.lock:
             self.confirm_log.close()

@@ -233,7 +233,10 @@ class BrokerServicer(bpb_grpc.BrokerServiceServicer):
         if request.broker_name != self.agent.config.broker_name:
             raise NotFound(f"this broker serves {self.agent.config.broker_name}, not {request.broker_name}")
         started = time.perf_counter()
+        self.agent.fetch_transports[request.broker_id] = False
         reply = ha_fetch.serve_fetch(self.agent, request)
+        if request.handshake:  # the later fetches may use the stream (ha_stream.py)
+            reply.stream_port = self.agent.ha_stream_port
         if self.metrics is not None:
             self.metrics.fetch_seconds.observe(time.perf_counter() - started)
             self.metrics.bytes_out.inc(len(reply.data))

@@ -33,6 +33,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=2, help="alternating rounds (default 2)")
     parser.add_argument("--duration", type=float, default=5.0, help="seconds per measurement (5)")
     parser.add_argument("--no-rabbitmq", action="store_true", help="mqmeta alone")
+    parser.add_argument(
+        "--compare-grpc",
+        action="store_true",
+        help="also a second mqmeta cluster whose slaves fetch over gRPC calls (--no-ha-stream), "
+        "in the same rounds: `mqmeta-grpc`",
+    )
     parser.add_argument("--profile", action="store_true", help="py-spy on the brokers (needs py-spy)")
     parser.add_argument("--root", default="", help="where the clusters live (default: a temp dir)")
     args = parser.parse_args(argv)
@@ -44,7 +50,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def _round(systems: dict[str, Any], order: list[str], duration_s: float) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name in order:
-        send = _send_client(name, systems[name])
+        send = _send_client(name.split("-")[0], systems[name])
         out[name] = {
             "send_1": load.drive(send, 1, 1.0, duration_s),
             "send_16": load.drive(send, 16, 1.0, duration_s),
@@ -78,7 +84,7 @@ def _median(rounds: list[dict[str, Any]], system: str, phase: str, key: str) -> 
 def summarize(result: dict[str, Any]) -> None:
     rounds = result.get("rounds", [])
     summary: dict[str, Any] = {}
-    for system in ("mqmeta", "rabbitmq"):
+    for system in ("mqmeta", "mqmeta-grpc", "rabbitmq"):
         if rounds and system in rounds[0]:
             summary[system] = {
                 "send_p50_ms": _median(rounds, system, "send_1", "p50_ms"),
@@ -92,6 +98,16 @@ def summarize(result: dict[str, Any]) -> None:
         "sends_per_s_16_vs_rabbitmq": _ratio(m.get("sends_per_s_16"), r.get("sends_per_s_16")),
         "sends_per_s_16_vs_1_mqmeta": _ratio(m.get("sends_per_s_16"), m.get("sends_per_s_1")),
     }
+    if "mqmeta-grpc" in summary:
+        g = summary["mqmeta-grpc"]
+        result["ratios"].update(
+            {
+                "grpc_send_p50_vs_rabbitmq": _ratio(g.get("send_p50_ms"), r.get("send_p50_ms")),
+                "grpc_sends_per_s_16_vs_rabbitmq": _ratio(g.get("sends_per_s_16"), r.get("sends_per_s_16")),
+                "send_p50_stream_vs_grpc": _ratio(m.get("send_p50_ms"), g.get("send_p50_ms")),
+                "sends_per_s_16_stream_vs_grpc": _ratio(m.get("sends_per_s_16"), g.get("sends_per_s_16")),
+            }
+        )
 
 
 def run(args: argparse.Namespace, root: Path, result: dict[str, Any]) -> None:
@@ -101,6 +117,11 @@ def run(args: argparse.Namespace, root: Path, result: dict[str, Any]) -> None:
     STARTED.append(mqmeta)
     mqmeta.start()
     systems: dict[str, Any] = {"mqmeta": mqmeta}
+    if args.compare_grpc:
+        grpc_fetches = Mqmeta(root, "mqmeta-grpc", ["--no-ha-stream"])
+        STARTED.append(grpc_fetches)
+        grpc_fetches.start()
+        systems["mqmeta-grpc"] = grpc_fetches
     why = "not asked for" if args.no_rabbitmq else absent("rabbitmq")
     if why is None:
         rabbit = RabbitMQ(root)
