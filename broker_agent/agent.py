@@ -287,6 +287,8 @@ class BrokerAgent:
         self._stream_server: StreamServer | None = None
         # How each slave's last fetch came (True: the HA stream), for its HA status.
         self.fetch_transports: dict[int, bool] = {}
+        # Told of each fetch served over the HA stream (seconds, data bytes): the metrics.
+        self.fetch_served: Callable[[float, int], None] | None = None
 
     # The host replication and the uploader see (seams.BrokerHost) ---------------------------
     @property
@@ -317,7 +319,11 @@ class BrokerAgent:
         if request.broker_name != self.config.broker_name:
             raise NotFound(f"this broker serves {self.config.broker_name}, not {request.broker_name}")
         self.fetch_transports[request.broker_id] = True
-        return ha_fetch.serve_fetch(self, request)
+        started = time.perf_counter()
+        reply = ha_fetch.serve_fetch(self, request)
+        if self.fetch_served is not None:
+            self.fetch_served(time.perf_counter() - started, len(reply.data))
+        return reply
 
     def request_refresh(self) -> None:
         self._refresh_needed.set()
