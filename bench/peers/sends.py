@@ -39,11 +39,18 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="also a second mqmeta cluster whose slaves fetch over gRPC calls (--no-ha-stream), "
         "in the same rounds: `mqmeta-grpc`",
     )
+    parser.add_argument(
+        "--kills",
+        type=int,
+        default=0,
+        help="then N rounds of kill -9 of the mqmeta master, each timed to the first send "
+        "a new master acknowledges (brokerlib.failover_round; 0 = none)",
+    )
     parser.add_argument("--profile", action="store_true", help="py-spy on the brokers (needs py-spy)")
     parser.add_argument("--root", default="", help="where the clusters live (default: a temp dir)")
     args = parser.parse_args(argv)
-    if not 1 <= args.rounds <= 10 or not 1 <= args.duration <= 60:
-        parser.error("--rounds is 1 to 10 and --duration 1 to 60 seconds")
+    if not 1 <= args.rounds <= 10 or not 1 <= args.duration <= 60 or not 0 <= args.kills <= 20:
+        parser.error("--rounds is 1 to 10, --duration 1 to 60 seconds and --kills 0 to 20")
     return args
 
 
@@ -74,6 +81,21 @@ def _profile(system: Mqmeta, root: Path, duration_s: float) -> dict[str, Any]:
         figures = load.drive(_send_client("mqmeta", system), threads, 0.0, duration_s - 1.5)
         out[f"send_{threads}"] = {"figures": figures, "processes": brokerlib.finish_py_spy(spies)}
     return out
+
+
+def _kills(system: Mqmeta, kills: int) -> dict[str, Any]:
+    """kill -9 of the master -> the first send acknowledged at a higher master epoch, each
+    round's killed broker restarted and the set back to 3 in sync before the next."""
+    rounds = [brokerlib.failover_round(system.cluster, "SIGKILL", k, 0.3, wait_s=15.0) for k in range(kills)]
+    samples = sorted(r["failover_s"] for r in rounds if r.get("failover_s") is not None)
+    for r in rounds:
+        log(f"kill {r['round']}: {r['old_master']} -> {r.get('new_master')} in {r.get('failover_s')} s")
+    return {
+        "master_kill_to_next_ack_s": samples,
+        "p99_s": samples[-1] if samples else None,  # of at most 20: the largest
+        "failed": sum(1 for r in rounds if r.get("failover_s") is None),
+        "rounds": rounds,
+    }
 
 
 def _median(rounds: list[dict[str, Any]], system: str, phase: str, key: str) -> float | None:
@@ -137,6 +159,8 @@ def run(args: argparse.Namespace, root: Path, result: dict[str, Any]) -> None:
         order = names[k % len(names) :] + names[: k % len(names)]
         result["rounds"].append(_round(systems, order, args.duration))
         summarize(result)
+    if args.kills:
+        result["kills"] = _kills(mqmeta, args.kills)
     if args.profile:
         result["profile"] = _profile(mqmeta, root, min(8.0, args.duration + 3))
     result["machine"]["load_average_at_end"] = list(os.getloadavg())
