@@ -117,6 +117,10 @@ class StreamServer:
 
     def stop(self) -> None:
         self._stopping.set()
+        try:  # wakes the accepting thread at once (Linux), not after its poll
+            self._listener.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
         self._thread.join(timeout=ACCEPT_POLL_S * 4)
         self._listener.close()
         with self._lock:
