@@ -54,13 +54,44 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process (/proc/PID/stat), 0 when it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _drive_with_cpu(system: Any, send: Any, threads: int, duration_s: float) -> dict[str, Any]:
+    """load.drive, and for an mqmeta cluster the CPU each broker and this process used
+    meanwhile: cores (CPU seconds per second of the drive, warm-up included) and ms of CPU
+    per acknowledged message at the measured rate."""
+    cluster = getattr(system, "cluster", None)
+    pids: dict[str, int] = {}
+    if cluster is not None:
+        master = brokerlib.wait_in_sync(cluster, 3)
+        wanted = ("master", "slave1", "slave2", "bench")
+        pids = {k: v for k, v in brokerlib.all_pids(cluster, master).items() if k in wanted}
+    before, started = {k: _cpu_s(p) for k, p in pids.items()}, time.monotonic()
+    figures = load.drive(send, threads, 1.0, duration_s)
+    elapsed_s = time.monotonic() - started
+    if pids and figures.get("ops_per_s"):
+        cores = {k: (_cpu_s(p) - before[k]) / elapsed_s for k, p in pids.items()}
+        figures["cpu_cores"] = {k: round(v, 3) for k, v in cores.items()}
+        figures["cpu_ms_per_message"] = {
+            k: round(v * 1000 / figures["ops_per_s"], 3) for k, v in cores.items()
+        }
+    return figures
+
+
 def _round(systems: dict[str, Any], order: list[str], duration_s: float) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name in order:
         send = _send_client(name.split("-")[0], systems[name])
         out[name] = {
-            "send_1": load.drive(send, 1, 1.0, duration_s),
-            "send_16": load.drive(send, 16, 1.0, duration_s),
+            "send_1": _drive_with_cpu(systems[name], send, 1, duration_s),
+            "send_16": _drive_with_cpu(systems[name], send, 16, duration_s),
         }
         one, sixteen = out[name]["send_1"], out[name]["send_16"]
         log(f"{name}: p50 {one.get('p50_ms')} ms, 16 producers {sixteen['ops_per_s']}/s")
