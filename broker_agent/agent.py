@@ -534,8 +534,7 @@ class BrokerAgent:
             )
             self.tiered.start()
         if self.config.ha_stream and ha_stream.offered():
-            self._stream_server = StreamServer(ha_stream.host_of(self.config.listen), self._serve_streamed)
-            self._stream_server.start()
+            self._start_stream_server()
         loops = (
             (self._controller_loop, "controller"),
             (self._watch_loop, "watch"),
@@ -545,6 +544,16 @@ class BrokerAgent:
             thread = threading.Thread(target=target, name=name, daemon=True)
             thread.start()
             self._threads.append(thread)
+
+    def _start_stream_server(self) -> None:
+        """The HA stream (ha_stream.py); without it the slaves fetch over gRPC calls."""
+        try:
+            server = StreamServer(ha_stream.host_of(self.config.listen), self._serve_streamed)
+        except OSError as error:
+            log.warning("no HA stream on %s (%s): slaves fetch over gRPC calls", self.config.listen, error)
+            return
+        server.start()
+        self._stream_server = server
 
     def stop(self) -> None:
         self.stopping.set()

@@ -104,7 +104,8 @@ class StreamServer:
 
     def __init__(self, host: str, serve: Serve) -> None:
         self._serve = serve
-        self._listener = socket.create_server((host, 0), backlog=LISTEN_BACKLOG, reuse_port=False)
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET  # host_of strips the brackets
+        self._listener = socket.create_server((host, 0), family=family, backlog=LISTEN_BACKLOG)
         self._listener.settimeout(ACCEPT_POLL_S)
         self.port: int = self._listener.getsockname()[1]
         self._stopping = threading.Event()
