@@ -15,13 +15,14 @@ import os
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from bench import brokerlib
 from bench.benchlib import _ratio, make_log, run_main
 from bench.peers import load
-from bench.peers.run import STARTED, Mqmeta, _send_client, cleanup, machine
+from bench.peers.run import STARTED, Mqmeta, _batched, _send_client, cleanup, machine
 from bench.peers.servers import RabbitMQ, absent
 
 log = make_log("peers.sends")
@@ -38,6 +39,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         action="store_true",
         help="also a second mqmeta cluster whose slaves fetch over gRPC calls (--no-ha-stream), "
         "in the same rounds: `mqmeta-grpc`",
+    )
+    parser.add_argument(
+        "--batched",
+        action="store_true",
+        help="also 4 producers x 32 messages per call (mqmeta only, as in bench.peers)",
     )
     parser.add_argument(
         "--kills",
@@ -85,7 +91,7 @@ def _drive_with_cpu(system: Any, send: Any, threads: int, duration_s: float) -> 
     return figures
 
 
-def _round(systems: dict[str, Any], order: list[str], duration_s: float) -> dict[str, Any]:
+def _round(systems: dict[str, Any], order: list[str], duration_s: float, batched: bool) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name in order:
         send = _send_client(name.split("-")[0], systems[name])
@@ -93,6 +99,9 @@ def _round(systems: dict[str, Any], order: list[str], duration_s: float) -> dict
             "send_1": _drive_with_cpu(systems[name], send, 1, duration_s),
             "send_16": _drive_with_cpu(systems[name], send, 16, duration_s),
         }
+        if batched and name != "rabbitmq":  # pika's blocking channel confirms one publish at a time
+            batches = partial(_batched, send, load.BATCH)
+            out[name]["send_4x32"] = load.drive(batches, 4, 1.0, duration_s, load.BATCH)
         one, sixteen = out[name]["send_1"], out[name]["send_16"]
         log(f"{name}: p50 {one.get('p50_ms')} ms, 16 producers {sixteen['ops_per_s']}/s")
     return out
@@ -144,6 +153,8 @@ def summarize(result: dict[str, Any]) -> None:
                 "sends_per_s_1": _median(rounds, system, "send_1", "ops_per_s"),
                 "sends_per_s_16": _median(rounds, system, "send_16", "ops_per_s"),
             }
+            if "send_4x32" in rounds[0][system]:
+                summary[system]["sends_per_s_4x32"] = _median(rounds, system, "send_4x32", "ops_per_s")
     result["summary"] = summary
     m, r = summary.get("mqmeta", {}), summary.get("rabbitmq", {})
     result["ratios"] = {
@@ -151,6 +162,10 @@ def summarize(result: dict[str, Any]) -> None:
         "sends_per_s_16_vs_rabbitmq": _ratio(m.get("sends_per_s_16"), r.get("sends_per_s_16")),
         "sends_per_s_16_vs_1_mqmeta": _ratio(m.get("sends_per_s_16"), m.get("sends_per_s_1")),
     }
+    if m.get("sends_per_s_4x32") is not None:  # as bench.peers: batched beside RabbitMQ's 16 producers
+        result["ratios"]["sends_per_s_4x32_vs_rabbitmq_16"] = _ratio(
+            m.get("sends_per_s_4x32"), r.get("sends_per_s_16")
+        )
     if "mqmeta-grpc" in summary:
         g = summary["mqmeta-grpc"]
         result["ratios"].update(
@@ -188,7 +203,7 @@ def run(args: argparse.Namespace, root: Path, result: dict[str, Any]) -> None:
     result["rounds"] = []
     for k in range(args.rounds):
         order = names[k % len(names) :] + names[: k % len(names)]
-        result["rounds"].append(_round(systems, order, args.duration))
+        result["rounds"].append(_round(systems, order, args.duration, args.batched))
         summarize(result)
     if args.kills:
         result["kills"] = _kills(mqmeta, args.kills)
