@@ -273,6 +273,11 @@ class BrokerAgent:
         # not by every append and every other writer's acknowledgement.
         self._writers: dict[threading.Condition, int] = {}
         self._writers_seen: tuple[Role, int, int] | None = None  # role, epoch, confirm last woken for
+        # Slaves' fetches long-polling for data (ha_fetch.serve_fetch), each on its own
+        # condition of the same lock: woken when the log grows or the role or epoch changes,
+        # not by every acknowledgement and every sync (two wake-ups of each fetch per send).
+        self._fetchers: set[threading.Condition] = set()
+        self._fetchers_seen: tuple[Role, int, int] | None = None  # role, epoch, log end last woken for
         self.stopping = threading.Event()
         self.heartbeat_interval_ms = BROKER_HEARTBEAT_INTERVAL_MS_DEFAULT  # until the controller's is read
         self.tiered: TieredUploader | None = None
@@ -376,6 +381,7 @@ class BrokerAgent:
                 case WakeWaiters():
                     self.lock.notify_all()
                     self._wake_writers()
+                    self._wake_fetchers()
                 case Refuse(error=error):
                     raise error
                 case StopFetching() | ProposeSyncStateSet() | AnswerFetch() | ElectSuccessor():
@@ -397,6 +403,26 @@ class BrokerAgent:
         for condition, end in self._writers.items():
             if everyone or end <= seen[2]:
                 condition.notify()
+
+    def _wake_fetchers(self) -> None:
+        """With the lock held: wakes the long-polling fetches when what they wait for may
+        have moved (the log end, the role, the epoch)."""
+        seen = (self.core.role, self.core.master_epoch, self.store.max_offset)
+        if seen == self._fetchers_seen:
+            return  # a fetch checks the log end before it waits, under this lock
+        self._fetchers_seen = seen
+        for condition in self._fetchers:
+            condition.notify()
+
+    def wait_for_append(self, timeout_s: float) -> None:
+        """With the lock held: waits (releasing it) until the log grows, the role or epoch
+        changes, or `timeout_s` passes; a fetch with nothing to send waits here."""
+        condition = threading.Condition(self._mutex)
+        self._fetchers.add(condition)
+        try:
+            condition.wait(timeout=timeout_s)
+        finally:
+            self._fetchers.discard(condition)
 
     def _begin_epoch(self, epoch: int) -> None:
         try:

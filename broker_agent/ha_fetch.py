@@ -203,7 +203,7 @@ def serve_fetch(host: BrokerHost, request: bpb.HaFetchRequest) -> bpb.HaFetchRes
         # Up to the log end, synced or not (AnswerFetch): woken by the append (Appended),
         # so the slaves write and fsync while this master's group commit runs.
         while (end := store.max_offset) <= request.fetch_offset and time.monotonic() < deadline:
-            host.lock.wait(timeout=deadline - time.monotonic())
+            host.wait_for_append(deadline - time.monotonic())
             host.feed(FetchStillWaiting(request.master_epoch))
         # Unchecked here: the slave checks every record's CRC and layout (scan_records)
         # before it writes any, so a record corrupted on this disk is refused there.

@@ -82,7 +82,7 @@ def test_a_streamed_fetch_is_woken_by_the_append_and_acknowledges_like_a_call(ma
     poll = threading.Thread(target=lambda: answers.append(client.fetch(request(0, 5_000), TIMEOUT_S)))
     started = time.monotonic()
     poll.start()
-    wait_for(lambda: agent.lock._waiters, TIMEOUT_S, "the streamed fetch waiting for data")  # type: ignore[attr-defined]
+    wait_for(lambda: agent._fetchers, TIMEOUT_S, "the streamed fetch waiting for data")
     _, end, _ = agent.append(lambda e: agent.store.put_messages([Message("T", 0, b"x" * 100)], e, 1))
     poll.join(TIMEOUT_S)
     assert answers and answers[0].data_offset == 0 and len(answers[0].data) == end
