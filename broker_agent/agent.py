@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mqmeta.broker_agent import ha_fetch
+from mqmeta.broker_agent import ha_fetch, ha_stream
 from mqmeta.broker_agent.confirm_log import ConfirmLog
 from mqmeta.broker_agent.core import (
     AckPolicy,
@@ -70,6 +70,7 @@ from mqmeta.broker_agent.core import (
 )
 from mqmeta.broker_agent.ha import Role
 from mqmeta.broker_agent.ha_fetch import FetchSettings
+from mqmeta.broker_agent.ha_stream import StreamServer
 from mqmeta.broker_agent.scrub import SCRUB_BYTES_PER_S_DEFAULT, Scrubber, ScrubStats
 from mqmeta.broker_agent.seams import log_view
 from mqmeta.broker_agent.store import MessageStore
@@ -89,6 +90,7 @@ from mqmeta.errors import (
 )
 from mqmeta.formats.atomic import make_directories, write_json_atomically
 from mqmeta.formats.records import MessageFields
+from mqmeta.pb import broker_pb2 as bpb
 from mqmeta.pb import controller_pb2 as cpb
 from mqmeta.rpc import exit_at_once
 from mqmeta.timing import (
@@ -163,6 +165,7 @@ class BrokerConfig:
     send_timeout_ms: int = 3000
     fetch_max_bytes: int = 4 << 20
     fetch_wait_ms: int = 100
+    ha_stream: bool = True  # a master offers, a slave uses the HA stream (ha_stream.py)
     segment_bytes: int = 64 << 20
     fsync: bool = True
     tiered_url: str = ""  # empty = no tiered storage
@@ -270,6 +273,11 @@ class BrokerAgent:
         # not by every append and every other writer's acknowledgement.
         self._writers: dict[threading.Condition, int] = {}
         self._writers_seen: tuple[Role, int, int] | None = None  # role, epoch, confirm last woken for
+        # Slaves' fetches long-polling for data (ha_fetch.serve_fetch), each on its own
+        # condition of the same lock: woken when the log grows or the role or epoch changes,
+        # not by every acknowledgement and every sync (two wake-ups of each fetch per send).
+        self._fetchers: set[threading.Condition] = set()
+        self._fetchers_seen: tuple[Role, int, int] | None = None  # role, epoch, log end last woken for
         self.stopping = threading.Event()
         self.heartbeat_interval_ms = BROKER_HEARTBEAT_INTERVAL_MS_DEFAULT  # until the controller's is read
         self.tiered: TieredUploader | None = None
@@ -278,7 +286,14 @@ class BrokerAgent:
         self._wake = threading.Event()  # the controller loop has something to do now
         self._report: ReportMasterUnreachable | None = None  # for the controller loop to send
         self._threads: list[threading.Thread] = []
-        self._fetch = FetchSettings(config.fetch_max_bytes, config.fetch_wait_ms, config.tiered_url)
+        self._fetch = FetchSettings(
+            config.fetch_max_bytes, config.fetch_wait_ms, config.tiered_url, stream=config.ha_stream
+        )
+        self._stream_server: StreamServer | None = None
+        # How each slave's last fetch came (True: the HA stream), for its HA status.
+        self.fetch_transports: dict[int, bool] = {}
+        # Told of each fetch served over the HA stream (seconds, data bytes): the metrics.
+        self.fetch_served: Callable[[float, int], None] | None = None
 
     # The host replication and the uploader see (seams.BrokerHost) ---------------------------
     @property
@@ -298,6 +313,22 @@ class BrokerAgent:
             effects = self.core.handle(event)
             self._carry_out(effects)
             return effects
+
+    @property
+    def ha_stream_port(self) -> int:
+        """The port of this broker's HA stream, offered to its slaves; 0 when it has none."""
+        return self._stream_server.port if self._stream_server is not None else 0
+
+    def _serve_streamed(self, request: bpb.HaFetchRequest) -> bpb.HaFetchResponse:
+        """A fetch that came over the HA stream: the HaFetch call's checks, then serve_fetch."""
+        if request.broker_name != self.config.broker_name:
+            raise NotFound(f"this broker serves {self.config.broker_name}, not {request.broker_name}")
+        self.fetch_transports[request.broker_id] = True
+        started = time.perf_counter()
+        reply = ha_fetch.serve_fetch(self, request)
+        if self.fetch_served is not None:
+            self.fetch_served(time.perf_counter() - started, len(reply.data))
+        return reply
 
     def request_refresh(self) -> None:
         self._refresh_needed.set()
@@ -350,6 +381,7 @@ class BrokerAgent:
                 case WakeWaiters():
                     self.lock.notify_all()
                     self._wake_writers()
+                    self._wake_fetchers()
                 case Refuse(error=error):
                     raise error
                 case StopFetching() | ProposeSyncStateSet() | AnswerFetch() | ElectSuccessor():
@@ -371,6 +403,26 @@ class BrokerAgent:
         for condition, end in self._writers.items():
             if everyone or end <= seen[2]:
                 condition.notify()
+
+    def _wake_fetchers(self) -> None:
+        """With the lock held: wakes the long-polling fetches when what they wait for may
+        have moved (the log end, the role, the epoch)."""
+        seen = (self.core.role, self.core.master_epoch, self.store.max_offset)
+        if seen == self._fetchers_seen:
+            return  # a fetch checks the log end before it waits, under this lock
+        self._fetchers_seen = seen
+        for condition in self._fetchers:
+            condition.notify()
+
+    def wait_for_append(self, timeout_s: float) -> None:
+        """With the lock held: waits (releasing it) until the log grows, the role or epoch
+        changes, or `timeout_s` passes; a fetch with nothing to send waits here."""
+        condition = threading.Condition(self._mutex)
+        self._fetchers.add(condition)
+        try:
+            condition.wait(timeout=timeout_s)
+        finally:
+            self._fetchers.discard(condition)
 
     def _begin_epoch(self, epoch: int) -> None:
         try:
@@ -507,6 +559,8 @@ class BrokerAgent:
                 ),
             )
             self.tiered.start()
+        if self.config.ha_stream and ha_stream.offered():
+            self._start_stream_server()
         loops = (
             (self._controller_loop, "controller"),
             (self._watch_loop, "watch"),
@@ -517,12 +571,24 @@ class BrokerAgent:
             thread.start()
             self._threads.append(thread)
 
+    def _start_stream_server(self) -> None:
+        """The HA stream (ha_stream.py); without it the slaves fetch over gRPC calls."""
+        try:
+            server = StreamServer(ha_stream.host_of(self.config.listen), self._serve_streamed)
+        except OSError as error:
+            log.warning("no HA stream on %s (%s): slaves fetch over gRPC calls", self.config.listen, error)
+            return
+        server.start()
+        self._stream_server = server
+
     def stop(self) -> None:
         self.stopping.set()
         self._wake.set()
         self.feed(Stop())
         for thread in self._threads:
             thread.join(timeout=3)
+        if self._stream_server is not None:
+            self._stream_server.stop()
         self.controller.close()
         with self.lock:
             self.confirm_log.close()

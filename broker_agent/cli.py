@@ -80,6 +80,12 @@ def add_parser(subparsers: Any) -> None:
         "--send-timeout-ms", type=_bounded("--send-timeout-ms", TIMEOUT_MS_MIN, TIMEOUT_MS_MAX), default=3000
     )
     broker.add_argument(
+        "--no-ha-stream",
+        action="store_true",
+        help="as master, offer no HA stream; as slave, fetch over gRPC HaFetch calls only "
+        "(the stream is used only without TLS, auth and dial maps in any case)",
+    )
+    broker.add_argument(
         "--segment-bytes",
         type=_bounded("--segment-bytes", SEGMENT_BYTES_MIN, SEGMENT_BYTES_MAX),
         default=64 << 20,
@@ -160,6 +166,7 @@ def _broker_config(args: argparse.Namespace) -> BrokerConfig:
         all_ack_in_sync_state_set=not args.no_all_ack,
         ha_max_time_slave_not_catchup_ms=args.ha_max_time_slave_not_catchup_ms,
         send_timeout_ms=args.send_timeout_ms,
+        ha_stream=not args.no_ha_stream,
         segment_bytes=args.segment_bytes,
         tiered_url=args.tiered_store,
         tiered_upload_bytes=args.tiered_upload_bytes,

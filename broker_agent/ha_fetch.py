@@ -24,10 +24,11 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import grpc
+from mqmeta.broker_agent import ha_stream
 from mqmeta.broker_agent.core import (
     AnswerFetch,
     Departure,
@@ -41,6 +42,7 @@ from mqmeta.broker_agent.core import (
     Truncate,
 )
 from mqmeta.broker_agent.ha import Role
+from mqmeta.broker_agent.ha_stream import StreamBroken, StreamClient
 from mqmeta.broker_agent.seams import BrokerHost, log_view
 from mqmeta.broker_agent.tiered import bootstrap_from_tiered
 
@@ -66,6 +68,10 @@ class FetchSettings:
     max_bytes: int
     wait_ms: int
     tiered_url: str = ""  # where to bootstrap from when the master no longer holds our offset
+    stream: bool = True  # fetch over the master's HA stream when it offers one (ha_stream.py)
+
+
+Fetch = Callable[[bpb.HaFetchRequest, float], bpb.HaFetchResponse]  # (request, timeout in s)
 
 
 def _entries(pairs: Sequence[EpochEntry]) -> list[bpb.EpochEntry]:
@@ -73,16 +79,24 @@ def _entries(pairs: Sequence[EpochEntry]) -> list[bpb.EpochEntry]:
 
 
 def follow(host: BrokerHost, session: int, settings: FetchSettings) -> None:
-    """The slave's fetch loop; ends when the host starts another session."""
+    """The slave's fetch loop; ends when the host starts another session. A handshake goes
+    over gRPC; when its answer offers the master's HA stream (ha_stream.py) and this slave
+    may use it, the later fetches go there until anything fails."""
     address = host.view().master_address
     channel = tls.channel(dial(address))
     stub = bpb_grpc.BrokerServiceStub(channel)
     handshake = True
+    stream: StreamClient | None = None
     attempts = backoff.Attempts(backoff.REPLICA_FETCH)
     try:
         while _current(host, session):
             try:
-                handshake = _fetch_once(host, session, settings, stub, handshake)
+                if handshake or stream is None:
+                    handshake, offer = _fetch_once(host, session, settings, stub.HaFetch, handshake)
+                    if offer and stream is None and settings.stream and ha_stream.usable(address):
+                        stream = _connect(address, offer)
+                else:
+                    handshake, _ = _fetch_once(host, session, settings, stream.fetch, handshake)
                 attempts.succeeded()
             except grpc.RpcError as rpc_error:
                 error = from_rpc_error(rpc_error)
@@ -94,8 +108,17 @@ def follow(host: BrokerHost, session: int, settings: FetchSettings) -> None:
                     host.feed(MasterUnreachable(now_ms(), session))
                 handshake = True
                 host.stopping.wait(attempts.failed())
+            except StreamBroken as error:
+                log.debug("the HA stream from %s failed: %s", address, error)
+                stream = None  # closed: the next handshake (over gRPC) offers it again
+                if error.unreachable:
+                    host.feed(MasterUnreachable(now_ms(), session))
+                handshake = True
+                host.stopping.wait(attempts.failed())
             except MqmetaError as error:
                 log.warning("replication from %s: %s", address, error)
+                if isinstance(error, NotMaster | FencedEpoch):  # refused on the stream
+                    host.request_refresh()
                 handshake = True
                 host.stopping.wait(attempts.failed())
             except Exception:  # e.g. OSError from the store: report, pause, go on
@@ -103,7 +126,18 @@ def follow(host: BrokerHost, session: int, settings: FetchSettings) -> None:
                 handshake = True
                 host.stopping.wait(max(ERROR_PAUSE_S, attempts.failed()))
     finally:
+        if stream is not None:
+            stream.close()
         channel.close()
+
+
+def _connect(address: str, port: int) -> StreamClient | None:
+    """The master's HA stream, or None (the fetches stay on gRPC until the next handshake)."""
+    try:
+        return StreamClient(ha_stream.host_of(address), port)
+    except StreamBroken as error:
+        log.info("fetching from %s over gRPC: %s", address, error)
+        return None
 
 
 def _current(host: BrokerHost, session: int) -> bool:
@@ -112,9 +146,10 @@ def _current(host: BrokerHost, session: int) -> bool:
 
 
 def _fetch_once(
-    host: BrokerHost, session: int, settings: FetchSettings, stub: bpb_grpc.BrokerServiceStub, handshake: bool
-) -> bool:
-    """One fetch; returns whether the next one must handshake again."""
+    host: BrokerHost, session: int, settings: FetchSettings, call: Fetch, handshake: bool
+) -> tuple[bool, int]:
+    """One fetch over `call` (gRPC's or the stream's); returns whether the next one must
+    handshake again, and the stream port the answer offers (0: none)."""
     store, view = host.store, host.view()
     request = bpb.HaFetchRequest(
         cluster=host.cluster,
@@ -128,19 +163,19 @@ def _fetch_once(
         wait_ms=settings.wait_ms,
         leaving=view.departure is Departure.LEAVING,
     )
-    reply = stub.HaFetch(request, timeout=settings.wait_ms / 1000 + FETCH_DEADLINE_SLACK_S)
+    reply = call(request, settings.wait_ms / 1000 + FETCH_DEADLINE_SLACK_S)
     if reply.offset_moved_to_tiered:
         # Not under the host's lock: it downloads; it re-checks the session per append.
         bootstrap_from_tiered(host, settings.tiered_url, reply.min_offset, lambda: _current(host, session))
-        return True  # handshake again from the new end
+        return True, 0  # handshake again from the new end
     with host.lock:
         answer = MasterAnswered(
             session, reply.master_epoch, reply.truncate_to, reply.data_offset, reply.data, log_view(store)
         )
         if any(isinstance(effect, Truncate) for effect in host.feed(answer)):
-            return False
+            return False, reply.stream_port
         host.feed(Replicated(session, reply.confirm_offset, log_view(store)))
-    return False
+    return False, reply.stream_port
 
 
 def serve_fetch(host: BrokerHost, request: bpb.HaFetchRequest) -> bpb.HaFetchResponse:
@@ -168,7 +203,7 @@ def serve_fetch(host: BrokerHost, request: bpb.HaFetchRequest) -> bpb.HaFetchRes
         # Up to the log end, synced or not (AnswerFetch): woken by the append (Appended),
         # so the slaves write and fsync while this master's group commit runs.
         while (end := store.max_offset) <= request.fetch_offset and time.monotonic() < deadline:
-            host.lock.wait(timeout=deadline - time.monotonic())
+            host.wait_for_append(deadline - time.monotonic())
             host.feed(FetchStillWaiting(request.master_epoch))
         # Unchecked here: the slave checks every record's CRC and layout (scan_records)
         # before it writes any, so a record corrupted on this disk is refused there.

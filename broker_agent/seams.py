@@ -44,6 +44,11 @@ class BrokerHost(Protocol):
         refusal last); returns the effects, e.g. the answer to a slave's fetch."""
         ...
 
+    def wait_for_append(self, timeout_s: float) -> None:
+        """With the lock held: waits (releasing it) until the log grows, the role or the
+        epoch changes, or `timeout_s` passes."""
+        ...
+
     def request_refresh(self) -> None:
         """Ask the controller for this broker set's replica info soon."""
         ...

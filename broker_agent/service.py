@@ -95,6 +95,7 @@ class BrokerServicer(bpb_grpc.BrokerServiceServicer):
         self.agent = agent
         self.metrics = metrics
         self.admin = admin if admin is not None else BrokerAdmin(agent)
+        agent.fetch_served = self._observe_fetch  # the HA stream's fetches are counted too
 
     @rpc
     def Send(self, request, context):
@@ -233,11 +234,18 @@ class BrokerServicer(bpb_grpc.BrokerServiceServicer):
         if request.broker_name != self.agent.config.broker_name:
             raise NotFound(f"this broker serves {self.agent.config.broker_name}, not {request.broker_name}")
         started = time.perf_counter()
+        self.agent.fetch_transports[request.broker_id] = False
         reply = ha_fetch.serve_fetch(self.agent, request)
-        if self.metrics is not None:
-            self.metrics.fetch_seconds.observe(time.perf_counter() - started)
-            self.metrics.bytes_out.inc(len(reply.data))
+        if request.handshake:  # the later fetches may use the stream (ha_stream.py)
+            reply.stream_port = self.agent.ha_stream_port
+        self._observe_fetch(time.perf_counter() - started, len(reply.data))
         return reply
+
+    def _observe_fetch(self, seconds: float, data_bytes: int) -> None:
+        """A fetch served, over gRPC or the HA stream (agent.fetch_served)."""
+        if self.metrics is not None:
+            self.metrics.fetch_seconds.observe(seconds)
+            self.metrics.bytes_out.inc(data_bytes)
 
     # Admin calls (broker_agent/admin.py) -----------------------------------------------------
     @rpc

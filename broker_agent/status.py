@@ -23,6 +23,7 @@ def ha_status(agent: BrokerAgent) -> bpb.HaStatus:
                 in_sync=i in view.sync_state_set,
                 lag_bytes=max(0, max_offset - p.acked_offset),
                 last_fetch_ms_ago=now - p.last_fetch_ms,
+                streamed=agent.fetch_transports.get(i, False),
             )
             for i, p in sorted(core.slaves().items())  # empty unless master
         ]

@@ -366,9 +366,10 @@ def serve_until_signal(node: Stoppable) -> None:
     stop = threading.Event()
 
     def _record(signum: int, frame: object) -> None:
-        if not received:
-            received.append(signum)
-        stop.set()
+        # No lock in here: a second signal runs this handler again inside the first one
+        # (seen inside Event.set, under its lock), and a lock taken twice by one thread
+        # never returns: the process then served on until its launcher killed it.
+        received.append(signum)
 
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, _record)
@@ -381,8 +382,9 @@ def serve_until_signal(node: Stoppable) -> None:
     # A timed wait: the kernel may deliver the signal to any thread, and then an untimed
     # wait of the main thread is never woken to run the handler (the process would go on
     # serving until its launcher kills it).
-    while not stop.wait(SIGNAL_POLL_S):
-        pass
+    while not received:
+        time.sleep(SIGNAL_POLL_S)
+    stop.set()
     graceful = received[0] == signal.SIGTERM
     log.info("%s: stopping %s", signal.Signals(received[0]).name, "gracefully" if graceful else "at once")
     started = time.monotonic()

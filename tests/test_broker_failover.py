@@ -1,8 +1,9 @@
 """Broker sets failing over, with real controller, nameserver and broker processes.
 
 Properties checked:
-- produce with acks from the whole SyncStateSet, kill -9 the master: a slave is elected
-  and every acknowledged message is consumable, each at exactly one queue offset;
+- produce with acks from the whole SyncStateSet, the slaves fetching over the HA stream,
+  kill -9 the master: a slave is elected and every acknowledged message is consumable,
+  each at exactly one queue offset;
 - a two-replica broker set fails over too (RIP-44: no third replica needed);
 - SIGSTOP of the master (silent crash): it is replaced; on SIGCONT it finds itself
   fenced, rejoins as a slave and cuts what was never confirmed;
@@ -49,6 +50,12 @@ def broker_cluster(cluster_factory, replicas: int = 3, start_brokers: bool = Tru
 
 def failover_with(cluster, fault, replicas: int) -> None:
     old = wait_in_sync(cluster, replicas)
+    wait_for(  # the default transport: the slaves' fetches come over the HA stream
+        lambda: [s.streamed for s in cluster.broker_status(old).slaves],
+        15,
+        "every slave fetching over the HA stream",
+        until=lambda streamed: len(streamed) == replicas - 1 and all(streamed),
+    )
     loop = ProduceLoop(cluster, "m")
     loop.start()
     wait_for(

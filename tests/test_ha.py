@@ -108,6 +108,7 @@ from mqmeta.formats.epochs import consistent_point
 from mqmeta.formats.records import Message
 from mqmeta.pb import broker_pb2 as bpb
 from mqmeta.pb import controller_pb2 as cpb
+from tests.support.sampling import sample_for
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -862,12 +863,40 @@ def test_a_long_poll_is_answered_by_the_append_not_the_sync(agent):
     poll = threading.Thread(target=lambda: answers.append(ha_fetch.serve_fetch(a, request)), daemon=True)
     started = time.monotonic()
     poll.start()
-    wait_for(lambda: a.lock._waiters, 5, "the fetch waiting for data")  # type: ignore[attr-defined]
+    wait_for(lambda: a._fetchers, 5, "the fetch waiting for data")
     _, end, _ = a.append(lambda e: a.store.put_messages([Message("T", 0, b"x" * 100)], e, 1))
     poll.join(timeout=5)
     assert answers and len(answers[0].data) == end
     assert a.store.durable_offset == 0, "answered before any fsync"
     assert time.monotonic() - started < 2.5, "woken by the append, not by the end of its wait"
+
+
+def test_a_long_poll_sleeps_through_syncs_and_other_slaves_acks(agent):
+    """A fetch waiting for data is woken by what it waits for (the log growing), not by
+    the master's sync or another slave's acknowledgement: each such wake-up cost the
+    master a thread switch on every send's path."""
+    a = agent(fsync=True)
+    a.feed(Registered(1, lease_ms=600_000))
+    a.apply_replica_info(replica_info(1, 1, [1, 2, 3]))
+    a.feed(HeartbeatAnswered(now_ms(), 1, 1, 1, lease_ms=0))
+    _, end, _ = a.append(lambda e: a.store.put_messages([Message("T", 0, b"x" * 100)], e, 1))
+    fed: list[object] = []
+    feed = a.feed
+    a.feed = lambda event: fed.append(event) or feed(event)  # type: ignore[method-assign]
+    request = bpb.HaFetchRequest(broker_id=2, master_epoch=1, fetch_offset=end, wait_ms=5_000)
+    answers: list[bpb.HaFetchResponse] = []
+    poll = threading.Thread(target=lambda: answers.append(ha_fetch.serve_fetch(a, request)), daemon=True)
+    poll.start()
+    wait_for(lambda: a._fetchers, 5, "the fetch waiting for data")
+    a.store.sync(end)
+    a.feed(Synced(log_view(a.store)))  # the master's own sync: the confirm offset may move
+    ha_fetch.serve_fetch(a, bpb.HaFetchRequest(broker_id=3, master_epoch=1, fetch_offset=end, wait_ms=0))
+    assert a.view().confirm_offset == end, "the sync and broker 3's ack moved the confirm offset"
+    for _ in sample_for(0.3, 0.05):  # the waiting fetch's thread had the time to run
+        assert not any(isinstance(e, FetchStillWaiting) for e in fed), "the waiting fetch was woken"
+    _, grown, _ = a.append(lambda e: a.store.put_messages([Message("T", 0, b"y" * 100)], e, 1))
+    poll.join(timeout=5)
+    assert answers and answers[0].data_offset == end and len(answers[0].data) == grown - end
 
 
 def test_a_master_that_re_adopts_its_epoch_cuts_slaves_back_to_what_it_found_durable():

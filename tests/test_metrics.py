@@ -3,11 +3,11 @@
 Properties checked (one cluster for the module: 3 controllers, a nameserver, a broker set
 of 3): every process answers on its metrics address; the master's metrics agree with its
 admin API (role, master epoch, max and confirm offset, SyncStateSet size) and count
-exactly the messages and Send calls made to it and the messages pulled back through the
-native Pull; the leader's liveness gauges show the 3 brokers alive; exactly one
-controller reports mqmeta_controller_is_leader 1, the one the cluster names leader, and
-after it is killed exactly one other does; the sample Grafana dashboard queries only
-metrics that are served.
+exactly the messages and Send calls made to it, the bytes its slaves fetched (over the HA
+stream) and the messages pulled back through the native Pull; the leader's liveness
+gauges show the 3 brokers alive; exactly one controller reports
+mqmeta_controller_is_leader 1, the one the cluster names leader, and after it is killed
+exactly one other does; the sample Grafana dashboard queries only metrics that are served.
 """
 
 from __future__ import annotations
@@ -82,6 +82,18 @@ def test_the_master_metrics_agree_with_its_admin_api(cluster):
         samples[("mqmeta_broker_send_seconds_count", ())] - before[("mqmeta_broker_send_seconds_count", ())]
     )
     assert (sent, calls) == (BATCHES * BATCH, BATCHES)
+    # Both slaves fetched every byte appended (over the HA stream, counted as gRPC fetches are).
+    appended = status.max_offset - before[("mqmeta_broker_max_offset", ())]
+    replicated = wait_for(
+        lambda: (
+            scrape(metrics_address)[("mqmeta_broker_replicated_bytes_out_total", ())]
+            - before[("mqmeta_broker_replicated_bytes_out_total", ())]
+        ),
+        10,
+        "the master's replicated bytes to count both slaves' copies",
+        until=lambda served: served >= 2 * appended,
+    )
+    assert replicated >= 2 * appended > 0
     consumer = Consumer(cluster.namesrv, "Orders", "metrics-reader")
     try:
         pulled: list = []

@@ -72,14 +72,16 @@ class Mqmeta:
 
     name = "mqmeta"
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, directory: str = "mqmeta", flags: list[str] | None = None) -> None:
         self.root = root
+        self.directory = directory
+        self.flags = flags or []  # the brokers' own, after brokerlib.FLAGS
         self.cluster: Any = None
         self.info: dict[str, Any] = {}
 
     def start(self) -> None:
         self.cluster, self.info = brokerlib.start_cluster(
-            self.root, "mqmeta", brokerlib.FLAGS, no_tiered=True
+            self.root, self.directory, [*brokerlib.FLAGS, *self.flags], no_tiered=True
         )
 
     @property

@@ -15,13 +15,14 @@ import os
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from bench import brokerlib
 from bench.benchlib import _ratio, make_log, run_main
 from bench.peers import load
-from bench.peers.run import STARTED, Mqmeta, _send_client, cleanup, machine
+from bench.peers.run import STARTED, Mqmeta, _batched, _send_client, cleanup, machine
 from bench.peers.servers import RabbitMQ, absent
 
 log = make_log("peers.sends")
@@ -33,22 +34,74 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=2, help="alternating rounds (default 2)")
     parser.add_argument("--duration", type=float, default=5.0, help="seconds per measurement (5)")
     parser.add_argument("--no-rabbitmq", action="store_true", help="mqmeta alone")
+    parser.add_argument(
+        "--compare-grpc",
+        action="store_true",
+        help="also a second mqmeta cluster whose slaves fetch over gRPC calls (--no-ha-stream), "
+        "in the same rounds: `mqmeta-grpc`",
+    )
+    parser.add_argument(
+        "--batched",
+        action="store_true",
+        help="also 4 producers x 32 messages per call (mqmeta only, as in bench.peers)",
+    )
+    parser.add_argument(
+        "--kills",
+        type=int,
+        default=0,
+        help="then N rounds of kill -9 of the mqmeta master, each timed to the first send "
+        "a new master acknowledges (brokerlib.failover_round; 0 = none)",
+    )
     parser.add_argument("--profile", action="store_true", help="py-spy on the brokers (needs py-spy)")
     parser.add_argument("--root", default="", help="where the clusters live (default: a temp dir)")
     args = parser.parse_args(argv)
-    if not 1 <= args.rounds <= 10 or not 1 <= args.duration <= 60:
-        parser.error("--rounds is 1 to 10 and --duration 1 to 60 seconds")
+    if not 1 <= args.rounds <= 10 or not 1 <= args.duration <= 60 or not 0 <= args.kills <= 20:
+        parser.error("--rounds is 1 to 10, --duration 1 to 60 seconds and --kills 0 to 20")
     return args
 
 
-def _round(systems: dict[str, Any], order: list[str], duration_s: float) -> dict[str, Any]:
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process (/proc/PID/stat), 0 when it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _drive_with_cpu(system: Any, send: Any, threads: int, duration_s: float) -> dict[str, Any]:
+    """load.drive, and for an mqmeta cluster the CPU each broker and this process used
+    meanwhile: cores (CPU seconds per second of the drive, warm-up included) and ms of CPU
+    per acknowledged message at the measured rate."""
+    cluster = getattr(system, "cluster", None)
+    pids: dict[str, int] = {}
+    if cluster is not None:
+        master = brokerlib.wait_in_sync(cluster, 3)
+        wanted = ("master", "slave1", "slave2", "bench")
+        pids = {k: v for k, v in brokerlib.all_pids(cluster, master).items() if k in wanted}
+    before, started = {k: _cpu_s(p) for k, p in pids.items()}, time.monotonic()
+    figures = load.drive(send, threads, 1.0, duration_s)
+    elapsed_s = time.monotonic() - started
+    if pids and figures.get("ops_per_s"):
+        cores = {k: (_cpu_s(p) - before[k]) / elapsed_s for k, p in pids.items()}
+        figures["cpu_cores"] = {k: round(v, 3) for k, v in cores.items()}
+        figures["cpu_ms_per_message"] = {
+            k: round(v * 1000 / figures["ops_per_s"], 3) for k, v in cores.items()
+        }
+    return figures
+
+
+def _round(systems: dict[str, Any], order: list[str], duration_s: float, batched: bool) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name in order:
-        send = _send_client(name, systems[name])
+        send = _send_client(name.split("-")[0], systems[name])
         out[name] = {
-            "send_1": load.drive(send, 1, 1.0, duration_s),
-            "send_16": load.drive(send, 16, 1.0, duration_s),
+            "send_1": _drive_with_cpu(systems[name], send, 1, duration_s),
+            "send_16": _drive_with_cpu(systems[name], send, 16, duration_s),
         }
+        if batched and name != "rabbitmq":  # pika's blocking channel confirms one publish at a time
+            batches = partial(_batched, send, load.BATCH)
+            out[name]["send_4x32"] = load.drive(batches, 4, 1.0, duration_s, load.BATCH)
         one, sixteen = out[name]["send_1"], out[name]["send_16"]
         log(f"{name}: p50 {one.get('p50_ms')} ms, 16 producers {sixteen['ops_per_s']}/s")
     return out
@@ -70,6 +123,21 @@ def _profile(system: Mqmeta, root: Path, duration_s: float) -> dict[str, Any]:
     return out
 
 
+def _kills(system: Mqmeta, kills: int) -> dict[str, Any]:
+    """kill -9 of the master -> the first send acknowledged at a higher master epoch, each
+    round's killed broker restarted and the set back to 3 in sync before the next."""
+    rounds = [brokerlib.failover_round(system.cluster, "SIGKILL", k, 0.3, wait_s=15.0) for k in range(kills)]
+    samples = sorted(r["failover_s"] for r in rounds if r.get("failover_s") is not None)
+    for r in rounds:
+        log(f"kill {r['round']}: {r['old_master']} -> {r.get('new_master')} in {r.get('failover_s')} s")
+    return {
+        "master_kill_to_next_ack_s": samples,
+        "p99_s": samples[-1] if samples else None,  # of at most 20: the largest
+        "failed": sum(1 for r in rounds if r.get("failover_s") is None),
+        "rounds": rounds,
+    }
+
+
 def _median(rounds: list[dict[str, Any]], system: str, phase: str, key: str) -> float | None:
     values = sorted(r[system][phase][key] for r in rounds if r[system][phase].get(key) is not None)
     return values[len(values) // 2] if values else None
@@ -78,13 +146,15 @@ def _median(rounds: list[dict[str, Any]], system: str, phase: str, key: str) -> 
 def summarize(result: dict[str, Any]) -> None:
     rounds = result.get("rounds", [])
     summary: dict[str, Any] = {}
-    for system in ("mqmeta", "rabbitmq"):
+    for system in ("mqmeta", "mqmeta-grpc", "rabbitmq"):
         if rounds and system in rounds[0]:
             summary[system] = {
                 "send_p50_ms": _median(rounds, system, "send_1", "p50_ms"),
                 "sends_per_s_1": _median(rounds, system, "send_1", "ops_per_s"),
                 "sends_per_s_16": _median(rounds, system, "send_16", "ops_per_s"),
             }
+            if "send_4x32" in rounds[0][system]:
+                summary[system]["sends_per_s_4x32"] = _median(rounds, system, "send_4x32", "ops_per_s")
     result["summary"] = summary
     m, r = summary.get("mqmeta", {}), summary.get("rabbitmq", {})
     result["ratios"] = {
@@ -92,6 +162,20 @@ def summarize(result: dict[str, Any]) -> None:
         "sends_per_s_16_vs_rabbitmq": _ratio(m.get("sends_per_s_16"), r.get("sends_per_s_16")),
         "sends_per_s_16_vs_1_mqmeta": _ratio(m.get("sends_per_s_16"), m.get("sends_per_s_1")),
     }
+    if m.get("sends_per_s_4x32") is not None:  # as bench.peers: batched beside RabbitMQ's 16 producers
+        result["ratios"]["sends_per_s_4x32_vs_rabbitmq_16"] = _ratio(
+            m.get("sends_per_s_4x32"), r.get("sends_per_s_16")
+        )
+    if "mqmeta-grpc" in summary:
+        g = summary["mqmeta-grpc"]
+        result["ratios"].update(
+            {
+                "grpc_send_p50_vs_rabbitmq": _ratio(g.get("send_p50_ms"), r.get("send_p50_ms")),
+                "grpc_sends_per_s_16_vs_rabbitmq": _ratio(g.get("sends_per_s_16"), r.get("sends_per_s_16")),
+                "send_p50_stream_vs_grpc": _ratio(m.get("send_p50_ms"), g.get("send_p50_ms")),
+                "sends_per_s_16_stream_vs_grpc": _ratio(m.get("sends_per_s_16"), g.get("sends_per_s_16")),
+            }
+        )
 
 
 def run(args: argparse.Namespace, root: Path, result: dict[str, Any]) -> None:
@@ -101,6 +185,11 @@ def run(args: argparse.Namespace, root: Path, result: dict[str, Any]) -> None:
     STARTED.append(mqmeta)
     mqmeta.start()
     systems: dict[str, Any] = {"mqmeta": mqmeta}
+    if args.compare_grpc:
+        grpc_fetches = Mqmeta(root, "mqmeta-grpc", ["--no-ha-stream"])
+        STARTED.append(grpc_fetches)
+        grpc_fetches.start()
+        systems["mqmeta-grpc"] = grpc_fetches
     why = "not asked for" if args.no_rabbitmq else absent("rabbitmq")
     if why is None:
         rabbit = RabbitMQ(root)
@@ -114,8 +203,10 @@ def run(args: argparse.Namespace, root: Path, result: dict[str, Any]) -> None:
     result["rounds"] = []
     for k in range(args.rounds):
         order = names[k % len(names) :] + names[: k % len(names)]
-        result["rounds"].append(_round(systems, order, args.duration))
+        result["rounds"].append(_round(systems, order, args.duration, args.batched))
         summarize(result)
+    if args.kills:
+        result["kills"] = _kills(mqmeta, args.kills)
     if args.profile:
         result["profile"] = _profile(mqmeta, root, min(8.0, args.duration + 3))
     result["machine"]["load_average_at_end"] = list(os.getloadavg())

@@ -187,18 +187,20 @@ class HaStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class SlaveStatus(_message.Message):
-    __slots__ = ("broker_id", "acked_offset", "in_sync", "lag_bytes", "last_fetch_ms_ago")
+    __slots__ = ("broker_id", "acked_offset", "in_sync", "lag_bytes", "last_fetch_ms_ago", "streamed")
     BROKER_ID_FIELD_NUMBER: _ClassVar[int]
     ACKED_OFFSET_FIELD_NUMBER: _ClassVar[int]
     IN_SYNC_FIELD_NUMBER: _ClassVar[int]
     LAG_BYTES_FIELD_NUMBER: _ClassVar[int]
     LAST_FETCH_MS_AGO_FIELD_NUMBER: _ClassVar[int]
+    STREAMED_FIELD_NUMBER: _ClassVar[int]
     broker_id: int
     acked_offset: int
     in_sync: bool
     lag_bytes: int
     last_fetch_ms_ago: int
-    def __init__(self, broker_id: _Optional[int] = ..., acked_offset: _Optional[int] = ..., in_sync: _Optional[bool] = ..., lag_bytes: _Optional[int] = ..., last_fetch_ms_ago: _Optional[int] = ...) -> None: ...
+    streamed: bool
+    def __init__(self, broker_id: _Optional[int] = ..., acked_offset: _Optional[int] = ..., in_sync: _Optional[bool] = ..., lag_bytes: _Optional[int] = ..., last_fetch_ms_ago: _Optional[int] = ..., streamed: _Optional[bool] = ...) -> None: ...
 
 class HaStatus(_message.Message):
     __slots__ = ("cluster", "broker_name", "broker_id", "role", "master_epoch", "master_broker_id", "master_address", "max_offset", "confirm_offset", "sync_state_set", "sync_state_set_epoch", "slaves", "lease_valid", "writable", "remoting_address")
@@ -259,7 +261,7 @@ class HaFetchRequest(_message.Message):
     def __init__(self, cluster: _Optional[str] = ..., broker_name: _Optional[str] = ..., broker_id: _Optional[int] = ..., master_epoch: _Optional[int] = ..., fetch_offset: _Optional[int] = ..., epoch_entries: _Optional[_Iterable[_Union[EpochEntry, _Mapping]]] = ..., handshake: _Optional[bool] = ..., max_bytes: _Optional[int] = ..., wait_ms: _Optional[int] = ..., leaving: _Optional[bool] = ...) -> None: ...
 
 class HaFetchResponse(_message.Message):
-    __slots__ = ("master_epoch", "master_max_offset", "confirm_offset", "truncate_to", "data_offset", "data", "epoch_entries", "min_offset", "offset_moved_to_tiered")
+    __slots__ = ("master_epoch", "master_max_offset", "confirm_offset", "truncate_to", "data_offset", "data", "epoch_entries", "min_offset", "offset_moved_to_tiered", "stream_port")
     MASTER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     MASTER_MAX_OFFSET_FIELD_NUMBER: _ClassVar[int]
     CONFIRM_OFFSET_FIELD_NUMBER: _ClassVar[int]
@@ -269,6 +271,7 @@ class HaFetchResponse(_message.Message):
     EPOCH_ENTRIES_FIELD_NUMBER: _ClassVar[int]
     MIN_OFFSET_FIELD_NUMBER: _ClassVar[int]
     OFFSET_MOVED_TO_TIERED_FIELD_NUMBER: _ClassVar[int]
+    STREAM_PORT_FIELD_NUMBER: _ClassVar[int]
     master_epoch: int
     master_max_offset: int
     confirm_offset: int
@@ -278,7 +281,8 @@ class HaFetchResponse(_message.Message):
     epoch_entries: _containers.RepeatedCompositeFieldContainer[EpochEntry]
     min_offset: int
     offset_moved_to_tiered: bool
-    def __init__(self, master_epoch: _Optional[int] = ..., master_max_offset: _Optional[int] = ..., confirm_offset: _Optional[int] = ..., truncate_to: _Optional[int] = ..., data_offset: _Optional[int] = ..., data: _Optional[bytes] = ..., epoch_entries: _Optional[_Iterable[_Union[EpochEntry, _Mapping]]] = ..., min_offset: _Optional[int] = ..., offset_moved_to_tiered: _Optional[bool] = ...) -> None: ...
+    stream_port: int
+    def __init__(self, master_epoch: _Optional[int] = ..., master_max_offset: _Optional[int] = ..., confirm_offset: _Optional[int] = ..., truncate_to: _Optional[int] = ..., data_offset: _Optional[int] = ..., data: _Optional[bytes] = ..., epoch_entries: _Optional[_Iterable[_Union[EpochEntry, _Mapping]]] = ..., min_offset: _Optional[int] = ..., offset_moved_to_tiered: _Optional[bool] = ..., stream_port: _Optional[int] = ...) -> None: ...
 
 class QueryOriginRequest(_message.Message):
     __slots__ = ("cluster", "broker_name", "topic", "queue_id", "translate")
