@@ -218,6 +218,10 @@ REQUIREMENTS: tuple[Requirement, ...] = (
     Requirement(_SYNCOBJ, "", "PIPE_NOTIFIER_ENABLED", ATTRIBUTE, "ReadIndex wakes the tick if it can"),
     Requirement(_SYNCOBJ, "SyncObj", "addOnTickCallback", ROUTINE, "ReadIndex starts late reads there"),
     Requirement(
+        _SYNCOBJ, "SyncObj._onTick", "_SyncObj__raftElectionDeadline", USES, "a vote hold holds it off"
+    ),
+    Requirement(_SYNCOBJ, "SyncObj", "transferLeadership", ROUTINE, "a leader gives its lease up in it"),
+    Requirement(
         _SYNCOBJ, "SyncObj._onTick", "_SyncObj__onTickCallbacks", USES, "the callbacks run before the poll"
     ),
     # install_prompt_first_tick
@@ -812,6 +816,13 @@ class ReadNotConfirmed(Exception):
 READ_ROUND_TIMEOUT_S = 1.0  # a round no majority confirmed by then fails (the caller falls back)
 READ_ROUNDS_INFLIGHT_MAX = 4  # rounds the leader runs at once; further reads wait for the next
 READ_WAITERS_MAX = 20_000  # reads queued on a node; past it a read fails at once
+# Leader leases (ReadIndex.lease_read_index): a follower that answered a ping of the
+# leader neither votes for another node nor stands for election for its vote hold,
+# election_min - heartbeat, at most VOTE_HOLD_S_MAX; the leader reads alone until the
+# round's start + the smallest hold its majority promised, shortened by the clock-rate
+# difference the lease tolerates between two nodes.
+VOTE_HOLD_S_MAX = 1.0
+LEASE_CLOCK_DRIFT_MAX = 0.1  # 10 %: far above what two machines' monotonic clocks differ by
 
 # Messages between nodes (pysyncobj ignores types it does not know, so a node without
 # ReadIndex simply never answers: its leader's reads time out and fall back)
@@ -819,13 +830,14 @@ _PING, _PONG, _ASK, _ANSWER = "read_index_ping", "read_index_pong", "read_index_
 
 
 class _ReadRound:
-    __slots__ = ("index", "term", "started", "acked", "waiters", "confirmed")
+    __slots__ = ("index", "term", "started", "acked", "holds", "waiters", "confirmed")
 
     def __init__(self, index: int, term: int, waiters: list[Any]) -> None:
         self.index = index
         self.term = term
         self.started = monotonic_time()
         self.acked: set[Any] = set()  # followers that answered (the leader counts itself)
+        self.holds: dict[Any, float] = {}  # follower -> the vote hold it promised (seconds)
         self.waiters = waiters  # Futures of this node, or (node, ask id, incarnation) of a follower
         self.confirmed = False
 
@@ -843,7 +855,23 @@ class ReadIndex(SyncObj):
     waiting when a round starts shares it, so concurrent reads cost one ping each per
     follower, not one log entry each. A follower asks the leader (`read_index_ask`); the
     leader answers with the confirmed index and the follower serves once it has applied
-    it. State lives on the tick thread; other threads only queue reads and wake it."""
+    it. State lives on the tick thread; other threads only queue reads and wake it.
+
+    Leader lease (Raft thesis section 6.4.1): a follower that answers a ping promises,
+    in its pong, to grant no vote and start no election for its vote hold (election_min
+    - heartbeat, at most VOTE_HOLD_S_MAX) from then on, and keeps it: request_vote
+    messages are dropped and its election deadline held off while the hold runs (also
+    for a hold after its own restart, when it had a term: the promise of its previous
+    run). So once a majority promised, no other leader can be elected before the round's
+    start + the smallest hold promised; the leader answers reads alone until then,
+    less LEASE_CLOCK_DRIFT_MAX of it for clocks that run at different rates
+    (lease_read_index, on any thread: no round, no tick). Reads that are served so keep
+    the lease renewed by a round with no reads when half of it is left. A leader that
+    hands over its leadership gives its lease up first (and its successor's vote is not
+    held: timeout_now from the leader ends the hold). A follower of an older version
+    promises nothing (no hold in its pong): it counts for ReadIndex, never for a lease."""
+
+    _SyncObj__raftElectionDeadline: float  # pysyncobj's, set in SyncObj.__init__
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         # before SyncObj.__init__, which may start the tick thread that reads them
@@ -858,7 +886,13 @@ class ReadIndex(SyncObj):
         # previous run (a round that started before this run's reads) must not settle them.
         self._read_incarnation = os.urandom(8).hex()
         self._reads_applying: list[tuple[int, Any]] = []  # (index, Future): wait for the apply
+        self._lease: tuple[float, int] = (0.0, -1)  # (valid until, term): written by the tick only
+        self._lease_used = False  # a read was served by the lease: keep it renewed (any thread sets)
+        self._lease_refused_term = -1  # a term in which this node handed its leadership over
+        self._vote_held_until = 0.0  # follower: no vote, no election until then (monotonic)
         super().__init__(*args, **kwargs)
+        if self.raftCurrentTerm > 0:  # it may have promised a hold before a restart: keep it
+            self._vote_held_until = monotonic_time() + self.vote_hold_s()
         self.addOnTickCallback(self._reads_before_poll)
 
     # any thread
@@ -876,8 +910,35 @@ class ReadIndex(SyncObj):
             self._SyncObj__pipeNotifier.notify()  # the tick may be asleep in its poll
         return future
 
+    def lease_read_index(self) -> int | None:
+        """Any thread: the index after which this node's state answers a read linearizably
+        when its lease covers now and it has applied that index, else None (the caller
+        takes read_index()). The lease is read before the indexes, the commit index
+        before the applied one: each only grows while the term lasts."""
+        until, term = self._lease
+        if monotonic_time() >= until or not self._isLeader() or self.raftCurrentTerm != term:
+            return None
+        commit = self._SyncObj__raftCommitIndex
+        if self.raftLastApplied < commit:
+            return None
+        self._lease_used = True
+        return int(commit)
+
+    def vote_hold_s(self) -> float:
+        """How long this node, as a follower, holds its vote after a ping of its leader."""
+        conf = self._SyncObj__conf
+        return min(conf.raftMinTimeout - conf.appendEntriesPeriod, VOTE_HOLD_S_MAX)
+
+    def transferLeadership(self, node: Any = None, callback: Any = None) -> None:  # noqa: N802 - pysyncobj's name
+        # before timeout_now goes out: the successor's election ends the followers' holds
+        self._lease_refused_term = self.raftCurrentTerm
+        self._lease = (0.0, -1)
+        super().transferLeadership(node, callback)
+
     # the tick thread
     def _onTick(self, timeToWait: float = 0.0) -> None:  # noqa: N803 - pysyncobj's name
+        if not self._isLeader() and self._vote_held_until > monotonic_time():
+            self._hold_vote(0.0)  # a hold kept over a restart
         self._start_reads()
         super()._onTick(timeToWait)
         self._finish_reads()
@@ -892,7 +953,27 @@ class ReadIndex(SyncObj):
         index it was answered with in the tick after the answer came."""
         if self._reads_new:
             self._start_reads()
+        self._renew_lease()
         self._finish_reads()
+
+    def _hold_vote(self, hold_s: float) -> None:
+        """No vote for another node and no election of its own before now + hold_s (nor
+        before a hold already promised ends)."""
+        self._vote_held_until = max(self._vote_held_until, monotonic_time() + hold_s)
+        deadline = self._SyncObj__raftElectionDeadline
+        self._SyncObj__raftElectionDeadline = max(deadline, self._vote_held_until)
+
+    def _renew_lease(self) -> None:
+        """A round with no reads, when reads used the lease and half of it is left."""
+        if not self._lease_used or self._read_rounds or not self._isLeader():
+            return
+        if self.raftCurrentTerm == self._lease_refused_term:
+            return
+        until, term = self._lease
+        if term == self.raftCurrentTerm and until - monotonic_time() > self.vote_hold_s() / 2:
+            return
+        self._lease_used = False  # renewed while reads use it; an idle leader stops pinging
+        self._start_round(renewal=True)
 
     def _start_reads(self) -> None:
         with self._read_lock:
@@ -912,11 +993,13 @@ class ReadIndex(SyncObj):
         else:
             self._fail_reads(local, "no leader is known")
 
-    def _start_round(self) -> None:
+    def _start_round(self, renewal: bool = False) -> None:
         noop = self._SyncObj__noopIDx
         commit = self._SyncObj__raftCommitIndex
         if noop is None or commit < noop or len(self._read_rounds) >= READ_ROUNDS_INFLIGHT_MAX:
             return  # the no-op of this term is not committed yet, or enough rounds run: next tick
+        if not renewal and not self._reads_waiting:
+            return
         waiters, self._reads_waiting = self._reads_waiting, []
         read_round = _ReadRound(commit, self.raftCurrentTerm, waiters)
         self._read_round_next += 1
@@ -924,9 +1007,10 @@ class ReadIndex(SyncObj):
         others = self._SyncObj__otherNodes
         if self._has_majority(read_round):
             read_round.confirmed = True  # a single node
+        lease = read_round.term != self._lease_refused_term  # else the followers promise no hold
         for node in others:
             self._SyncObj__transport.send(
-                node, {"type": _PING, "term": read_round.term, "round": self._read_round_next}
+                node, {"type": _PING, "term": read_round.term, "round": self._read_round_next, "lease": lease}
             )
 
     def _has_majority(self, read_round: _ReadRound) -> bool:
@@ -1022,14 +1106,24 @@ class ReadIndex(SyncObj):
         kind = message.get("type") if isinstance(message, dict) else None
         if kind == _PING:
             if message["term"] == self.raftCurrentTerm and not self._isLeader():
-                self._SyncObj__transport.send(
-                    node, {"type": _PONG, "term": message["term"], "round": message["round"]}
-                )
+                pong = {"type": _PONG, "term": message["term"], "round": message["round"]}
+                if message.get("lease") is True:  # a leader of an older version takes no lease
+                    pong["hold"] = self.vote_hold_s()
+                    self._hold_vote(pong["hold"])  # before the promise goes out
+                self._SyncObj__transport.send(node, pong)
         elif kind == _PONG:
             read_round = self._read_rounds.get(message["round"])
             if read_round is not None and message["term"] == read_round.term == self.raftCurrentTerm:
                 read_round.acked.add(node)  # a node counts once, however often it answers
+                if isinstance(message.get("hold"), float):  # an older follower promises nothing
+                    read_round.holds[node] = message["hold"]
                 read_round.confirmed = read_round.confirmed or self._has_majority(read_round)
+                self._extend_lease(read_round)
+        elif kind == "request_vote" and self._vote_held_until > monotonic_time() and not self._isLeader():
+            return  # the hold promised to the leader: no vote, and no newer term from the candidate
+        elif kind == "timeout_now" and node == self._getLeader() and message["term"] >= self.raftCurrentTerm:
+            self._vote_held_until = 0.0  # the leader gave its lease up before it asked for the transfer
+            super()._SyncObj__onMessageReceived(node, message)
         elif kind == _ASK:
             asks = [(node, ask, message.get("incarnation", "")) for ask in message["asks"]]
             if self._isLeader():
@@ -1041,6 +1135,19 @@ class ReadIndex(SyncObj):
             self._answered(message)
         else:
             super()._SyncObj__onMessageReceived(node, message)
+
+    def _extend_lease(self, read_round: _ReadRound) -> None:
+        """A majority promised holds from after the round started: no other leader can be
+        elected before started + the smallest of them (less the clock drift allowance)."""
+        if read_round.term == self._lease_refused_term or not read_round.holds:
+            return
+        if len(read_round.holds) + 1 <= (len(self._SyncObj__otherNodes) + 1) / 2:
+            return
+        hold = min(read_round.holds.values())
+        until = read_round.started + hold * (1.0 - LEASE_CLOCK_DRIFT_MAX)
+        current_until, current_term = self._lease
+        if current_term != read_round.term or until > current_until:
+            self._lease = (until, read_round.term)
 
     def _answered(self, message: dict) -> None:
         if message.get("incarnation") != self._read_incarnation:
