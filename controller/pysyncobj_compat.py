@@ -204,6 +204,16 @@ REQUIREMENTS: tuple[Requirement, ...] = (
     Requirement(_SYNCOBJ, "SyncObj._onTick", "_SyncObj__sendAppendEntries", USES, "a tick sends through it"),
     Requirement(_SYNCOBJ, "SyncObj._checkCommandsToApply", "_SyncObj__raftLog", USES, "it appends there"),
     Requirement(
+        _SYNCOBJ, "SyncObj", "_SyncObj__getCurrentLogIndex", ROUTINE, "SendBeforeSync: is anything new"
+    ),
+    Requirement(
+        _SYNCOBJ,
+        "SyncObj._SyncObj__sendAppendEntries",
+        "_SyncObj__newAppendEntriesTime",
+        USES,
+        "the next heartbeat is due then",
+    ),
+    Requirement(
         _SYNCOBJ, "SyncObj._checkCommandsToApply", "_SyncObj__sendAppendEntries", USES, "and sends at once"
     ),
     # ReadIndex
@@ -764,10 +774,20 @@ class SendBeforeSync(SyncObj):
     held and sent once, before the leader's sync (or, in a tick that proposes nothing,
     just before the tick's poll): a tick that commits an entry and proposes the next sends
     each follower one message carrying both, not two (each message costs both sides a
-    pickle, a compression, an encryption and, on the follower, an acknowledgement)."""
+    pickle, a compression, an encryption and, on the follower, an acknowledgement).
+
+    An append that would carry only a new commit index (a tick that applied an entry
+    and has no new entry for any follower, before the heartbeat is due) is not sent:
+    the followers learn that index from the next append, the next write's or the
+    heartbeat's (within heartbeat_ms), so one write costs each follower one append and
+    one acknowledgement, not two of each. Raft needs no more: a follower's commit index
+    only decides when it applies. Its state and its watch events lag the leader's by up
+    to a heartbeat when writes stop; a follower's ReadIndex read does not wait for it
+    (the leader sends the commit index with its answer: `_commit_send_forced`)."""
 
     _sends_held = False  # inside a tick: appends wait for _send_held_appends
     _send_wanted = False
+    _commit_send_forced = False  # ReadIndex answered a follower: it needs the commit index now
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -784,6 +804,7 @@ class SendBeforeSync(SyncObj):
         if self._sends_held:
             self._send_wanted = True
             return
+        self._commit_send_forced = False  # this send carries the commit index
         super()._SyncObj__sendAppendEntries()  # type: ignore[misc]
 
     def _send_held_appends(self) -> None:
@@ -792,8 +813,17 @@ class SendBeforeSync(SyncObj):
         self._sends_held = False
         if self._send_wanted:
             self._send_wanted = False
-            if self._isLeader():
+            if self._isLeader() and self._append_needed():
                 super()._SyncObj__sendAppendEntries()  # type: ignore[misc]
+
+    def _append_needed(self) -> bool:
+        """False for an append that would carry only a new commit index."""
+        if self._commit_send_forced or monotonic_time() > self._SyncObj__newAppendEntriesTime:
+            self._commit_send_forced = False
+            return True
+        last_index = self._SyncObj__getCurrentLogIndex()
+        next_index = self._SyncObj__raftNextIndex
+        return any(next_index.get(node, 0) <= last_index for node in self._SyncObj__otherNodes)
 
     def _checkCommandsToApply(self) -> None:
         journal = self._SyncObj__raftLog
@@ -1078,6 +1108,9 @@ class ReadIndex(SyncObj):
                     "error": error,
                 },
             )
+        if remote and error is None:  # the askers apply up to the index once they know it committed
+            self._commit_send_forced = True
+            self._SyncObj__sendAppendEntries()
         if error is not None:
             self._fail_reads(local, error)
         else:
