@@ -1194,8 +1194,9 @@ class ReadIndex(SyncObj):
             read_round = self._read_rounds.get(message["round"])
             if read_round is not None and message["term"] == read_round.term == self.raftCurrentTerm:
                 read_round.acked.add(node)  # a node counts once, however often it answers
-                if isinstance(message.get("hold"), float):  # an older follower promises nothing
-                    read_round.holds[node] = message["hold"]
+                hold = message.get("hold")
+                if isinstance(hold, int | float) and not isinstance(hold, bool) and hold > 0:
+                    read_round.holds[node] = float(hold)  # an older follower promises nothing
                 read_round.confirmed = read_round.confirmed or self._has_majority(read_round)
                 self._extend_lease(read_round)
         elif kind == "request_vote" and self._vote_held_until > monotonic_time() and not self._isLeader():
