@@ -28,7 +28,9 @@ Properties checked:
   ran out is elected (it neither stands for election nor gets a vote during its hold), and
   the old leader then no longer reads alone; a follower holding its vote ignores a
   candidate (not even taking its term) until the hold ends; a leader that hands over gives
-  its lease up first, and its successor is not held by the hold it promised.
+  its lease up first, and its successor is not held by the hold it promised; a node
+  restarted on a journal with a term holds its vote after it starts (the hold its previous
+  run may have promised).
 """
 
 from __future__ import annotations
@@ -38,12 +40,14 @@ from concurrent.futures import Future
 from typing import Any, ClassVar
 
 import pytest
+from mqmeta.cluster.ports import PortReservation
 from mqmeta.controller import pysyncobj_compat as compat
 from mqmeta.controller import state_machine
+from mqmeta.controller.raft_node import install_pysyncobj_patches
 from mqmeta.controller.state_machine import ControllerState
 from pysyncobj import SyncObj, SyncObjConf, replicated
 
-from tests.support.raft_trio import CuttableTransport, Register, Trio, release_held_ports, wait_for
+from tests.support.raft_trio import CuttableTransport, Register, Trio, conf, release_held_ports, wait_for
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -342,3 +346,34 @@ def test_a_leader_gives_its_lease_up_before_it_hands_over(trio):
     assert compat.monotonic_time() < hold_until, (
         "the successor waited for the hold it promised the old leader"
     )
+
+
+def test_a_node_restarted_with_a_term_holds_its_vote_as_it_may_have_promised(tmp_path):
+    install_pysyncobj_patches()  # our journal: the term survives the restart
+    trio = Trio(tmp_path)
+    try:
+        trio.settle()
+        leased(trio)  # n2 promised n0 a hold just now
+        term = trio.nodes[2].raftCurrentTerm
+    finally:
+        trio.stop()
+    # n2 comes back at once (a kill -9 and a quick restart): it no longer remembers the ping
+    port = PortReservation.pick(1)  # held while the node listens on it
+    address = port.addresses[0]
+    peers = [n.selfNode.address for n in trio.nodes[:2]]
+    restarted = Register(address, peers, conf(address, 60.0, str(tmp_path / "n2.journal")))
+    try:
+        assert restarted.raftCurrentTerm == term > 0
+        request = {
+            "type": "request_vote",
+            "term": term + 1,
+            "last_log_index": 10**6,
+            "last_log_term": term + 1,
+        }
+        restarted._SyncObj__onMessageReceived(trio.nodes[1].selfNode, request)
+        assert restarted.raftCurrentTerm == term, (
+            "a restarted node voted within the hold it may have promised"
+        )
+    finally:
+        restarted.destroy()
+        port.release()
