@@ -6,9 +6,11 @@ Rules for where a call is served:
   sync-state data, clean broker data) are served by the leader only; a follower
   raises NotLeader with the leader's gRPC address.
 - Every other write may go to any node: pysyncobj forwards it to the leader.
-- Reads are linearizable: ReadIndex confirms the leader's commit index with one round
-  to a majority (no log entry) and the node waits until it has applied it; when that
-  cannot be confirmed, a barrier entry committed through the log does the same.
+- Reads are linearizable: a leader whose lease covers the read answers from its state at
+  once (pysyncobj_compat.ReadIndex says what the lease rests on); otherwise ReadIndex
+  confirms the leader's commit index with one round to a majority (no log entry) and the
+  node waits until it has applied it; when that cannot be confirmed, a barrier entry
+  committed through the log does the same.
 """
 
 from __future__ import annotations
@@ -262,6 +264,8 @@ class ControllerOperations:
         out), by a barrier entry committed through the log, as before."""
         started = time.monotonic()
         if READ_INDEX_READS:
+            if self.raft.lease_read_index() is not None:
+                return self.state
             try:
                 self.raft.read_index().result(timeout=min(timeout_s, READ_INDEX_TIMEOUT_S))
                 return self.state
@@ -292,6 +296,8 @@ class ControllerOperations:
         """read_barrier() for a coroutine on the server's event loop: no thread waits."""
         started = time.monotonic()
         if READ_INDEX_READS:
+            if self.raft.lease_read_index() is not None:
+                return self.state  # the leader's lease: no round, no hand-off to the tick
             waiter = self._loop_futures(asyncio.get_running_loop()).wrap(self.raft.read_index())
             try:
                 await asyncio.wait_for(waiter, min(timeout_s, READ_INDEX_TIMEOUT_S))

@@ -9,10 +9,17 @@ importing cryptography and getEncryptor loading pysyncobj's own module (from its
 so the key derivation is pysyncobj's) on the first call. If pysyncobj was imported
 first (a tool or test that imports it directly), the stock module stays: that costs only
 memory. pysyncobj_compat checks at import which one pysyncobj uses.
+
+The encryptor getEncryptor returns is pysyncobj's Fernet, made as pysyncobj makes it
+(PBKDF2 over the secret with pysyncobj's salt), carrying one more key derived from the
+same secret, `raft_frame_key`: pysyncobj_compat.AeadTcpConnection seals the Raft messages
+between two nodes of this version with it (one AES-GCM per message instead of Fernet's
+AES-CBC, HMAC and base64, and no zlib for small messages).
 """
 
 from __future__ import annotations
 
+import base64
 import importlib.util
 import os
 import sys
@@ -32,7 +39,30 @@ class LazyEncryptor(types.ModuleType):
 
     @staticmethod
     def getEncryptor(password: str | bytes) -> Any:  # noqa: N802 - pysyncobj's name
-        return stock_encryptor().getEncryptor(password)
+        return encryptor_with_frame_key(password)
+
+
+PBKDF2_ITERATIONS = 100_000  # pysyncobj's (encryptor.getEncryptor); a test checks the two agree
+FRAME_KEY_INFO = b"mqmeta raft frames 1"
+
+
+def encryptor_with_frame_key(password: str | bytes) -> Any:
+    """pysyncobj's Fernet for `password`, with `raft_frame_key` (32 bytes, HKDF of the same
+    PBKDF2 output): one key derivation for both, at the cost pysyncobj's alone had."""
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+    from cryptography.hazmat.primitives.kdf.pbkdf2 import PBKDF2HMAC
+
+    stock = stock_encryptor()
+    secret = password if isinstance(password, bytes) else password.encode()
+    derived = PBKDF2HMAC(
+        algorithm=hashes.SHA256(), length=32, salt=stock.SALT, iterations=PBKDF2_ITERATIONS
+    ).derive(secret)
+    fernet = stock.Fernet(base64.urlsafe_b64encode(derived))
+    fernet.raft_frame_key = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=FRAME_KEY_INFO).derive(
+        derived
+    )
+    return fernet
 
 
 def stock_encryptor() -> types.ModuleType:

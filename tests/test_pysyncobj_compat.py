@@ -26,7 +26,12 @@ Properties checked:
 - DialHookTransport: Raft connects through the dial map, peers keep their identities;
 - wrap_tick, wrap_transport_send (the benchmark's profiler) see every tick and message;
 - install_prompt_first_tick: a node's tick thread does not sleep 0.1 s between binding
-  its port and its first tick (pysyncobj's does).
+  its port and its first tick (pysyncobj's does);
+- AeadTcpConnection (install_raft_frames): two nodes of this version with a Raft secret
+  send no Fernet token once connected (every message a sealed frame), a node of an older
+  version and one of this version talk Fernet (and commit), and a frame opens only once,
+  in order, unaltered and on the connection (and direction) it was sealed for; the
+  secret's frame key comes with pysyncobj's own Fernet key (the same derivation).
 
 Each test was seen to fail with the patch it covers disabled.
 """
@@ -52,15 +57,20 @@ import pysyncobj.journal
 import pysyncobj.pickle
 import pysyncobj.serializer
 import pysyncobj.syncobj
+import pysyncobj.tcp_server
+import pysyncobj.transport
 import pytest
+from cryptography.fernet import Fernet
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from mqmeta.cluster.ports import PortReservation
 from mqmeta.cluster.wait import wait_for as cluster_wait_for
 from mqmeta.controller import pysyncobj_compat as compat
-from mqmeta.controller import raft_node
+from mqmeta.controller import pysyncobj_lazy_crypto, raft_node
 from mqmeta.controller.journal import FILE_MAGIC, DurableJournal, parse_records
 from mqmeta.controller.raft_node import ControllerRaft, Peer, RaftSettings
 from mqmeta.controller.snapshot import read_position
-from pysyncobj import SyncObj, SyncObjConf, SyncObjException, replicated
+from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, SyncObjException, replicated
+from pysyncobj.tcp_connection import TcpConnection
 from pysyncobj.transport import TCPTransport
 
 from mqmeta import dialmap
@@ -944,3 +954,153 @@ def test_the_raft_port_listens_on_its_own_address_only(tmp_path):
     finally:
         node.close()
         reservation.close()
+
+
+# Raft messages sealed as frames (AeadTcpConnection) ----------------------------------------
+
+
+class StockConnectionsTransport(TCPTransport):
+    """A node of an older version: pysyncobj's own connections, whatever is installed."""
+
+    def addNode(self, node) -> None:  # noqa: N802 - pysyncobj's name
+        super().addNode(node)
+        for connection in self._connections.values():
+            connection.__class__ = TcpConnection
+
+    def _onNewIncomingConnection(self, conn) -> None:  # noqa: N802 - pysyncobj's name
+        conn.__class__ = TcpConnection
+        super()._onNewIncomingConnection(conn)
+
+
+class CountingFrames:
+    """Counts Fernet tokens and sealed frames made in this process."""
+
+    def __init__(self, monkeypatch) -> None:
+        self.fernet = 0
+        self.frames = 0
+        real_fernet = Fernet.encrypt_at_time
+        real_seal = AESGCM.encrypt
+
+        def fernet(encryptor, data, current_time):
+            self.fernet += 1
+            return real_fernet(encryptor, data, current_time)
+
+        def seal(aead, nonce, data, associated_data):
+            self.frames += 1
+            return real_seal(aead, nonce, data, associated_data)
+
+        monkeypatch.setattr(Fernet, "encrypt_at_time", fernet)
+        monkeypatch.setattr(AESGCM, "encrypt", seal)
+
+
+def secret_pair(monkeypatch, follower_transport: type = TCPTransport) -> tuple[Any, Any]:
+    monkeypatch.setattr(pysyncobj.syncobj, "getEncryptor", pysyncobj_lazy_crypto.encryptor_with_frame_key)
+    monkeypatch.setattr(pysyncobj.transport, "TcpConnection", compat.AeadTcpConnection)
+    monkeypatch.setattr(pysyncobj.tcp_server, "TcpConnection", compat.AeadTcpConnection)
+    for _ in range(BIND_ATTEMPTS_MAX):
+        leader_address, follower_address = loopback_addresses(2)
+        try:
+            leader = Counter(leader_address, follower_address, secret_conf(leader_address, 0.2))
+        except SyncObjException:
+            continue
+        try:
+            follower = Counter(
+                follower_address, leader_address, secret_conf(follower_address, 30.0), follower_transport
+            )
+        except SyncObjException:
+            leader.destroy()
+            continue
+        return leader, follower
+    pytest.fail(f"could not bind two loopback ports in {BIND_ATTEMPTS_MAX} attempts")
+
+
+def secret_conf(address: str, election_s: float) -> SyncObjConf:
+    conf = manual_conf(address, election_s)
+    conf.password = "a secret"
+    return conf
+
+
+def increments(leader, follower, count: int) -> None:
+    step = tick_both(leader, follower)
+    wait_for(lambda: leader._isLeader() and follower.value == leader.value, 10.0, "a leader, in step", step)
+    start = leader.value
+    for _ in range(count):
+        done: list[Any] = []
+        leader.inc(callback=lambda result, error, done=done: done.append(error))
+        wait_for(lambda done=done: bool(done), 10.0, "an increment to commit", step)
+        assert done == [FAIL_REASON.SUCCESS]
+    wait_for(lambda: follower.value == start + count, 10.0, "the follower to apply them", step)
+
+
+def test_two_nodes_of_this_version_seal_their_messages_as_frames(monkeypatch):
+    leader, follower = secret_pair(monkeypatch)
+    try:
+        increments(leader, follower, 1)  # connected, handshake done
+        counted = CountingFrames(monkeypatch)
+        increments(leader, follower, 20)
+        assert counted.fernet == 0, f"{counted.fernet} messages went in Fernet after the handshake"
+        assert counted.frames >= 40  # an append and its acknowledgement per write at least
+    finally:
+        stop_pair(leader, follower)
+
+
+def test_a_node_of_an_older_version_and_one_of_this_version_talk_fernet(monkeypatch):
+    leader, follower = secret_pair(monkeypatch, StockConnectionsTransport)
+    try:
+        increments(leader, follower, 1)
+        counted = CountingFrames(monkeypatch)
+        increments(leader, follower, 20)
+        assert counted.frames == 0 and counted.fernet >= 40
+    finally:
+        stop_pair(leader, follower)
+
+
+class _NoPoller:
+    def subscribe(self, *args: Any) -> None: ...
+
+    def unsubscribe(self, *args: Any) -> None: ...
+
+
+def connected_ends() -> tuple[Any, Any]:
+    """Two AeadTcpConnections past a marked handshake, without sockets: frames that one
+    sends (its write buffer) are fed to the other (its read buffer) by the test."""
+    encryptor = pysyncobj_lazy_crypto.encryptor_with_frame_key("a secret")
+    a, b = compat.AeadTcpConnection(_NoPoller()), compat.AeadTcpConnection(_NoPoller())
+    key_a, key_b = os.urandom(32) + compat.FRAME_MARK, os.urandom(32) + compat.FRAME_MARK
+    a.encryptor = b.encryptor = encryptor
+    a.recvRandKey, a.sendRandKey = key_a, key_b
+    b.recvRandKey, b.sendRandKey = key_b, key_a
+    return a, b
+
+
+def sent_frames(sender: Any, messages: list[Any]) -> list[bytes]:
+    frames = []
+    for message in messages:
+        sender.send(message)
+        frames.append(sender._TcpConnection__writeBuffer)
+        sender._TcpConnection__writeBuffer = b""
+    return frames
+
+
+def received(receiver: Any, data: bytes) -> tuple[Any, bool]:
+    """(the message parsed from `data`, whether the connection was dropped)."""
+    dropped: list[bool] = []
+    receiver.disconnect = lambda: dropped.append(True)
+    receiver._TcpConnection__readBuffer = data
+    return receiver._TcpConnection__processParseMessage(), bool(dropped)
+
+
+def test_a_frame_opens_once_in_order_and_unaltered_on_its_own_connection():
+    a, b = connected_ends()
+    big = {"type": "append_entries", "entries": [(os.urandom(8) * 4096, 7, 2)]}  # compressed
+    first, second, third = sent_frames(a, [{"type": "ping", "n": 1}, big, {"type": "ping", "n": 3}])
+    assert second[4] == compat.FRAME_MAGIC and b"ping" not in first  # sealed, not in clear
+    assert received(b, first) == ({"type": "ping", "n": 1}, False)
+    assert received(b, second) == (big, False)
+    assert received(b, first) == (None, True), "a replayed frame was taken"
+    assert received(b, third[:-1] + bytes([third[-1] ^ 1])) == (None, True), "an altered frame was taken"
+    other, _ = connected_ends()  # another connection: other handshake keys
+    (foreign,) = sent_frames(other, [{"type": "ping", "n": 9}])
+    assert received(b, foreign)[1], "a frame of another connection was taken"
+    (reply,) = sent_frames(b, [{"type": "pong"}])
+    assert received(a, reply) == ({"type": "pong"}, False)  # each direction its own key and numbers

@@ -22,7 +22,15 @@ Properties checked:
 - a read queued after the tick took its reads but before InputFirstFix's poll(0) read
   the wake-up byte is still started in that tick, and a round whose pongs that poll(0)
   read is answered in that tick, both before it sleeps in its last poll (each used to
-  wait for the next message or heartbeat: 50 ms).
+  wait for the next message or heartbeat: 50 ms);
+- the leader's lease: once a round's pongs promised vote holds, the leader answers reads
+  with no round (no ping); a partitioned leader's lease ends before a follower whose timer
+  ran out is elected (it neither stands for election nor gets a vote during its hold), and
+  the old leader then no longer reads alone; a follower holding its vote ignores a
+  candidate (not even taking its term) until the hold ends; a leader that hands over gives
+  its lease up first, and its successor is not held by the hold it promised; a node
+  restarted on a journal with a term holds its vote after it starts (the hold its previous
+  run may have promised).
 """
 
 from __future__ import annotations
@@ -32,12 +40,14 @@ from concurrent.futures import Future
 from typing import Any, ClassVar
 
 import pytest
+from mqmeta.cluster.ports import PortReservation
 from mqmeta.controller import pysyncobj_compat as compat
 from mqmeta.controller import state_machine
+from mqmeta.controller.raft_node import install_pysyncobj_patches
 from mqmeta.controller.state_machine import ControllerState
 from pysyncobj import SyncObj, SyncObjConf, replicated
 
-from tests.support.raft_trio import CuttableTransport, Register, Trio, release_held_ports, wait_for
+from tests.support.raft_trio import CuttableTransport, Register, Trio, conf, release_held_ports, wait_for
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -266,3 +276,104 @@ def test_a_round_confirmed_at_the_start_of_a_tick_is_answered_before_the_tick_sl
     leader.doTick(0.3)  # InputFirstFix's poll(0) reads the pongs
     assert answered_before_poll[:1] == [True], "the confirmed round waited for the tick's last poll"
     assert isinstance(read.result(), int)
+
+
+# The leader's lease ---------------------------------------------------------------------------
+
+
+def leased(trio: Trio) -> int:
+    """n0 holds a lease: a read confirmed by a round whose pongs promised vote holds."""
+    leader = trio.nodes[0]
+    assert isinstance(answered(leader.read_index(), trio), int)
+    return wait_for(leader.lease_read_index, 10.0, "n0 to hold a lease", step=trio.tick)
+
+
+def test_a_leader_with_a_lease_answers_reads_without_a_round(trio):
+    leader = trio.nodes[0]
+    trio.write(leader, 4)
+    trio.settle()
+    leased(trio)
+    CuttableTransport.pings.clear()
+    for _ in range(20):
+        assert leader.lease_read_index() == leader.getStatus()["commit_idx"]
+    assert leader.value == 4
+    assert CuttableTransport.pings == [], "a read under the lease sent a ping"
+
+
+def test_a_partitioned_leaders_lease_ends_before_another_leader_is_elected(trio):
+    old, new, third = trio.nodes
+    trio.write(old, 1)
+    trio.settle()
+    leased(trio)
+    lease_until = old._lease[0]
+    trio.cut(old, new)
+    trio.cut(old, third)
+    new._SyncObj__raftElectionDeadline = 0.0  # its timer runs out now (a clock jump, a restart)
+    term = new.raftCurrentTerm
+    new.doTick(0.0)
+    assert new.raftCurrentTerm == term, "a follower that promised a hold stood for election during it"
+    wait_for(lambda: compat.is_leader(new), 20.0, "n1 to take over", step=lambda: trio.tick([new, third]))
+    elected_at = compat.monotonic_time()
+    assert elected_at >= lease_until, f"n1 was elected {lease_until - elected_at:.3f}s inside n0's lease"
+    trio.write(new, 2)
+    assert compat.is_leader(old) and old.value == 1  # it still believes, with a stale value
+    assert old.lease_read_index() is None, "the old leader read alone after its lease"
+
+
+def test_a_follower_holding_its_vote_ignores_a_candidate_until_the_hold_ends(trio):
+    leader, candidate, voter = trio.nodes
+    leased(trio)
+    term = voter.raftCurrentTerm
+    request = {"type": "request_vote", "term": term + 5, "last_log_index": 10**6, "last_log_term": term + 5}
+    voter._SyncObj__onMessageReceived(candidate.selfNode, request)
+    assert voter.raftCurrentTerm == term, (
+        "a follower holding its vote for the leader moved to the candidate's term"
+    )
+    wait_for(
+        lambda: compat.monotonic_time() > voter._vote_held_until, 5.0, "the hold to end", step=lambda: None
+    )
+    voter._SyncObj__onMessageReceived(candidate.selfNode, request)
+    assert voter.raftCurrentTerm == term + 5  # once the hold is over it votes as before
+
+
+def test_a_leader_gives_its_lease_up_before_it_hands_over(trio):
+    old, new, _ = trio.nodes
+    leased(trio)
+    hold_until = new._vote_held_until
+    old.transferLeadership(new.selfNode, lambda result, error: None)
+    assert old.lease_read_index() is None, "a leader handing over still read alone"
+    wait_for(lambda: compat.is_leader(new), 20.0, "n1 to take over", step=trio.tick)
+    assert compat.monotonic_time() < hold_until, (
+        "the successor waited for the hold it promised the old leader"
+    )
+
+
+def test_a_node_restarted_with_a_term_holds_its_vote_as_it_may_have_promised(tmp_path):
+    install_pysyncobj_patches()  # our journal: the term survives the restart
+    trio = Trio(tmp_path)
+    try:
+        trio.settle()
+        leased(trio)  # n2 promised n0 a hold just now
+        term = trio.nodes[2].raftCurrentTerm
+    finally:
+        trio.stop()
+    # n2 comes back at once (a kill -9 and a quick restart): it no longer remembers the ping
+    port = PortReservation.pick(1)  # held while the node listens on it
+    address = port.addresses[0]
+    peers = [n.selfNode.address for n in trio.nodes[:2]]
+    restarted = Register(address, peers, conf(address, 60.0, str(tmp_path / "n2.journal")))
+    try:
+        assert restarted.raftCurrentTerm == term > 0
+        request = {
+            "type": "request_vote",
+            "term": term + 1,
+            "last_log_index": 10**6,
+            "last_log_term": term + 1,
+        }
+        restarted._SyncObj__onMessageReceived(trio.nodes[1].selfNode, request)
+        assert restarted.raftCurrentTerm == term, (
+            "a restarted node voted within the hold it may have promised"
+        )
+    finally:
+        restarted.destroy()
+        port.release()

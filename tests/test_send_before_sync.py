@@ -10,7 +10,10 @@ the second does.
 
 And a tick that commits an entry and proposes the next sends each follower one
 append_entries carrying both (the new entry and the commit index that covers the first),
-not one for the commit and one for the entry.
+not one for the commit and one for the entry; and a tick that commits an entry with
+nothing new to send sends no append at all (the followers learn the commit index from the
+next append), while a follower's ReadIndex read still sees that entry at once (the leader
+sends the commit index with its answer).
 """
 
 from __future__ import annotations
@@ -155,5 +158,49 @@ def test_a_tick_that_commits_and_proposes_sends_each_follower_one_append(tmp_pat
                 f"{len(to_it)} appends to {follower.selfNode.address} in one tick: {to_it}"
             )
             assert [e[1] for e in to_it[0]["entries"]] == [index + 1] and to_it[0]["commit_index"] >= index
+    finally:
+        trio.stop()
+
+
+def test_a_commit_alone_is_not_sent_and_a_follower_read_still_sees_it(tmp_path: Path, monkeypatch):
+    install_pysyncobj_patches()
+    trio = Trio(tmp_path, SyncAfterSendRegister)
+    try:
+        trio.settle()
+        leader, *followers = trio.nodes
+        trio.write(leader, 1)  # the no-op of the term is behind us
+        trio.settle()
+        done: list[object] = []
+        leader.put(5, callback=lambda result, error: done.append(error))
+        leader.doTick(0.0)  # entry 5 is appended and sent
+        index = compat.raft_journal(leader)[-1][1]
+        wait_for(
+            lambda: all(leader.getStatus()["match_idx_server_" + f.selfNode.id] >= index for f in followers),
+            10.0,
+            "the leader to read both acknowledgements",
+            step=lambda: trio.tick(),
+        )
+        sent: list[tuple[str, dict]] = []
+        real_send = CuttableTransport.send
+
+        def send(transport, node, message):
+            if isinstance(message, dict) and message.get("type") == "append_entries":
+                sent.append((node.address, message))
+            return real_send(transport, node, message)
+
+        monkeypatch.setattr(CuttableTransport, "send", send)
+        leader._SyncObj__newAppendEntriesTime = compat.monotonic_time() + 60.0  # no heartbeat due
+        while not done:
+            leader.doTick(0.0)  # commits and applies 5; nothing new to send
+        assert done == [compat.FAIL_REASON.SUCCESS]
+        assert sent == [], f"appends carrying only the commit index were sent: {sent}"
+        follower, term = followers[1], leader.raftCurrentTerm
+        assert follower.raftLastApplied < index  # it has not heard of the commit
+        read = follower.read_index()
+        wait_for(read.done, 10.0, "the follower's read", step=trio.tick)
+        assert read.result() >= index and follower.raftLastApplied >= index and follower.value == 5
+        assert compat.is_leader(leader) and leader.raftCurrentTerm == term, (
+            "answered only by a new leader's append"
+        )
     finally:
         trio.stop()
