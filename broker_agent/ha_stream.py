@@ -205,8 +205,11 @@ class StreamClient:
         host, _, port = address.rpartition(":")
         try:
             self._sock = socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT_S)
-        except OSError as error:
-            raise StreamBroken(f"cannot connect to the HA stream at {self.address}: {error}", True) from None
+        except (OSError, ValueError) as error:  # ValueError: a dial map's port that is no number
+            unreachable = isinstance(error, OSError)
+            raise StreamBroken(
+                f"cannot connect to the HA stream at {self.address}: {error}", unreachable
+            ) from None
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def fetch(self, request: bpb.HaFetchRequest, timeout_s: float) -> bpb.HaFetchResponse:

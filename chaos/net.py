@@ -53,10 +53,11 @@ def _links(cluster: Cluster) -> list[Link]:
     links = [Link(a.id, b.id, b.raft) for a, b in itertools.permutations(controllers, 2)]
     for broker in layout.brokers:
         links += [Link(broker.name, c.id, c.grpc) for c in controllers]
-        masters = [o for o in layout.brokers if o.broker_name == broker.broker_name and o.name != broker.name]
-        links += [Link(broker.name, other.name, other.grpc) for other in masters]
+        # every other broker of its set: each may become its master
+        peers = [o for o in layout.brokers if o.broker_name == broker.broker_name and o.name != broker.name]
+        links += [Link(broker.name, peer.name, peer.grpc) for peer in peers]
         # A layout written before HA stream ports has none: those slaves fetch over gRPC.
-        links += [Link(broker.name, o.name, o.ha_stream, stream=True) for o in masters if o.ha_stream]
+        links += [Link(broker.name, p.name, p.ha_stream, stream=True) for p in peers if p.ha_stream]
     if not layout.embedded:
         links += [Link(NAMESRV, c.id, c.grpc) for c in controllers]
         links += [Link(CLIENT, NAMESRV, address) for address in layout.namesrv]

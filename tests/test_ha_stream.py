@@ -134,6 +134,9 @@ def test_a_frame_that_fails_its_crc_ends_the_connection_and_the_next_is_served(m
     with pytest.raises(StreamBroken) as refused:
         StreamClient("127.0.0.1:1")
     assert refused.value.unreachable
+    with pytest.raises(StreamBroken) as malformed:  # a dial map's target port that is no number
+        StreamClient("127.0.0.1:x")
+    assert not malformed.value.unreachable
 
 
 def test_the_stream_is_offered_only_over_plain_grpc_and_used_only_through_the_same_dial_map():
