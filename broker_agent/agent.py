@@ -16,6 +16,7 @@ from __future__ import annotations
 import errno
 import json
 import logging
+import os
 import sys
 import threading
 import time
@@ -166,6 +167,7 @@ class BrokerConfig:
     fetch_max_bytes: int = 4 << 20
     fetch_wait_ms: int = 100
     ha_stream: bool = True  # a master offers, a slave uses the HA stream (ha_stream.py)
+    ha_stream_port: int = 0  # the HA stream's port on the listen host; 0 = one the kernel picks
     segment_bytes: int = 64 << 20
     fsync: bool = True
     tiered_url: str = ""  # empty = no tiered storage
@@ -183,6 +185,8 @@ class BrokerConfig:
             raise InvalidArgument("send_timeout_ms must be >= 100 and fetch_wait_ms >= 1")
         if self.ha_max_time_slave_not_catchup_ms < 100:
             raise InvalidArgument("ha_max_time_slave_not_catchup_ms must be >= 100")
+        if not 0 <= self.ha_stream_port <= 65535:
+            raise InvalidArgument("ha_stream_port must be 0 (one the kernel picks) to 65535")
         if not 1 <= self.scrub_bytes_per_s <= 1 << 40:
             raise InvalidArgument("scrub_bytes_per_s must be 1 to 2^40")
 
@@ -548,6 +552,8 @@ class BrokerAgent:
 
     # Lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
+        if self.config.ha_stream and ha_stream.offered():  # first: a taken fixed port ends the start
+            self._start_stream_server()
         if self.config.tiered_url:
             self.tiered = TieredUploader(
                 self,
@@ -559,8 +565,6 @@ class BrokerAgent:
                 ),
             )
             self.tiered.start()
-        if self.config.ha_stream and ha_stream.offered():
-            self._start_stream_server()
         loops = (
             (self._controller_loop, "controller"),
             (self._watch_loop, "watch"),
@@ -572,10 +576,18 @@ class BrokerAgent:
             self._threads.append(thread)
 
     def _start_stream_server(self) -> None:
-        """The HA stream (ha_stream.py); without it the slaves fetch over gRPC calls."""
+        """The HA stream (ha_stream.py); without it the slaves fetch over gRPC calls. A fixed
+        port (--ha-stream-port) that cannot be bound is an error: a firewall or a fault proxy
+        was set up for it, and a slave would silently fetch over gRPC instead."""
+        host, port = ha_stream.host_of(self.config.listen), self.config.ha_stream_port
         try:
-            server = StreamServer(ha_stream.host_of(self.config.listen), self._serve_streamed)
+            server = StreamServer(host, self._serve_streamed, port)
         except OSError as error:
+            if port:
+                raise InvalidArgument(
+                    f"cannot listen on {ha_stream.stream_address(self.config.listen, port)} for the HA "
+                    f"stream (--ha-stream-port): {os.strerror(error.errno) if error.errno else error}"
+                ) from None
             log.warning("no HA stream on %s (%s): slaves fetch over gRPC calls", self.config.listen, error)
             return
         server.start()

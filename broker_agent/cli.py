@@ -46,6 +46,7 @@ TIMEOUT_MS_MIN, TIMEOUT_MS_MAX = 100, 3_600_000
 RETENTION_BYTES_MAX = 1 << 50  # 1 PiB
 UPLOAD_BYTES_MIN = 1 << 10  # as TieredConfig.validate checks them when --tiered-store is given
 UPLOAD_INTERVAL_MS_MIN, UPLOAD_INTERVAL_MS_MAX = 10, 3_600_000
+PORT_MAX = 65535
 
 
 def _bounded(flag: str, minimum: int, maximum: int) -> FlagNumber:
@@ -83,7 +84,14 @@ def add_parser(subparsers: Any) -> None:
         "--no-ha-stream",
         action="store_true",
         help="as master, offer no HA stream; as slave, fetch over gRPC HaFetch calls only "
-        "(the stream is used only without TLS, auth and dial maps in any case)",
+        "(the stream is used only without TLS and auth in any case)",
+    )
+    broker.add_argument(
+        "--ha-stream-port",
+        type=_bounded("--ha-stream-port", 0, PORT_MAX),
+        default=0,
+        help="as master, serve the HA stream on this port of the --listen host (open it in "
+        "firewalls between brokers; a taken port stops the start); 0: one the kernel picks",
     )
     broker.add_argument(
         "--segment-bytes",
@@ -167,6 +175,7 @@ def _broker_config(args: argparse.Namespace) -> BrokerConfig:
         ha_max_time_slave_not_catchup_ms=args.ha_max_time_slave_not_catchup_ms,
         send_timeout_ms=args.send_timeout_ms,
         ha_stream=not args.no_ha_stream,
+        ha_stream_port=args.ha_stream_port,
         segment_bytes=args.segment_bytes,
         tiered_url=args.tiered_store,
         tiered_upload_bytes=args.tiered_upload_bytes,

@@ -93,7 +93,7 @@ def follow(host: BrokerHost, session: int, settings: FetchSettings) -> None:
             try:
                 if handshake or stream is None:
                     handshake, offer = _fetch_once(host, session, settings, stub.HaFetch, handshake)
-                    if offer and stream is None and settings.stream and ha_stream.usable(address):
+                    if offer and stream is None and settings.stream and ha_stream.usable(address, offer):
                         stream = _connect(address, offer)
                 else:
                     handshake, _ = _fetch_once(host, session, settings, stream.fetch, handshake)
@@ -132,9 +132,10 @@ def follow(host: BrokerHost, session: int, settings: FetchSettings) -> None:
 
 
 def _connect(address: str, port: int) -> StreamClient | None:
-    """The master's HA stream, or None (the fetches stay on gRPC until the next handshake)."""
+    """The master's HA stream, dialled through the dial map (its fault proxy in the chaos
+    suite), or None (the fetches stay on gRPC until the next handshake)."""
     try:
-        return StreamClient(ha_stream.host_of(address), port)
+        return StreamClient(dial(ha_stream.stream_address(address, port)))
     except StreamBroken as error:
         log.info("fetching from %s over gRPC: %s", address, error)
         return None

@@ -16,10 +16,13 @@ its message, UTF-8). A frame that fails its CRC or is too long ends the connecti
 
 Who uses it: a master offers its stream's port in every handshake answer over gRPC
 (HaFetchResponse.stream_port); it opens the stream only when this process serves plain,
-unauthenticated gRPC (no TLS, no auth policy): the stream has neither. A slave that is
-offered a port and reaches its master directly (no dial map redirects the address: the
-chaos suite's fault proxies stand on the gRPC link) sends its later fetches there; any
-failure of the stream sends it back to a gRPC handshake, which offers the stream again.
+unauthenticated gRPC (no TLS, no auth policy): the stream has neither. The port is the
+broker's --ha-stream-port, or one the kernel picks (0, the default). A slave that is
+offered a port dials HOST:PORT (its master's host) through the dial map as it dials gRPC:
+the chaos suite puts a fault proxy on the stream's link too. When the dial map redirects
+the master's gRPC address but not the stream's, the slave stays on gRPC, so that a fault
+proxy is never bypassed. Any failure of the stream sends the slave back to a gRPC
+handshake, which offers the stream again.
 """
 
 from __future__ import annotations
@@ -67,9 +70,20 @@ def offered() -> bool:
     return tls.current() is None and auth.current_policy() is None and auth.client_token() is None
 
 
-def usable(master_address: str) -> bool:
-    """Whether a slave may dial its master's stream: plain gRPC, and no dial map between."""
-    return offered() and dial(master_address) == master_address
+def stream_address(master_address: str, port: int) -> str:
+    """The address a slave dials for its master's stream: the master's host, the offered port."""
+    host = host_of(master_address)
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def usable(master_address: str, port: int) -> bool:
+    """Whether a slave may dial its master's stream: plain gRPC, and either no dial map
+    redirects the master or one redirects the stream's address too (its fault proxy)."""
+    if not offered():
+        return False
+    redirected = dial(master_address) != master_address
+    address = stream_address(master_address, port)
+    return not redirected or dial(address) != address
 
 
 def _frame(kind: int, payload: bytes) -> bytes:
@@ -102,10 +116,11 @@ class StreamServer:
     """The master's side: a listening socket, a thread per connected slave (at most
     CONNECTIONS_MAX), each answering one request at a time with `serve`."""
 
-    def __init__(self, host: str, serve: Serve) -> None:
+    def __init__(self, host: str, serve: Serve, port: int = 0) -> None:
         self._serve = serve
         family = socket.AF_INET6 if ":" in host else socket.AF_INET  # host_of strips the brackets
-        self._listener = socket.create_server((host, 0), family=family, backlog=LISTEN_BACKLOG)
+        # create_server sets SO_REUSEADDR: a port held for a local cluster (cluster/ports.py) binds
+        self._listener = socket.create_server((host, port), family=family, backlog=LISTEN_BACKLOG)
         self._listener.settimeout(ACCEPT_POLL_S)
         self.port: int = self._listener.getsockname()[1]
         self._stopping = threading.Event()
@@ -180,16 +195,21 @@ def _close(sock: socket.socket) -> None:
 
 
 class StreamClient:
-    """The slave's side: one connection to its master's stream; `fetch` is one round trip,
-    with the timeout the gRPC call would have had. Every failure is StreamBroken (the
-    connection is then closed); a refusal is the typed error the master raised."""
+    """The slave's side: one connection to its master's stream at `address` (HOST:PORT, as
+    dialled: a fault proxy's address in the chaos suite); `fetch` is one round trip, with the
+    timeout the gRPC call would have had. Every failure is StreamBroken (the connection is
+    then closed); a refusal is the typed error the master raised."""
 
-    def __init__(self, host: str, port: int) -> None:
-        self.address = f"{host}:{port}"
+    def __init__(self, address: str) -> None:
+        self.address = address
+        host, _, port = address.rpartition(":")
         try:
-            self._sock = socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S)
-        except OSError as error:
-            raise StreamBroken(f"cannot connect to the HA stream at {self.address}: {error}", True) from None
+            self._sock = socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT_S)
+        except (OSError, ValueError) as error:  # ValueError: a dial map's port that is no number
+            unreachable = isinstance(error, OSError)
+            raise StreamBroken(
+                f"cannot connect to the HA stream at {self.address}: {error}", unreachable
+            ) from None
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def fetch(self, request: bpb.HaFetchRequest, timeout_s: float) -> bpb.HaFetchResponse:

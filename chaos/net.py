@@ -3,7 +3,10 @@
 Links (each a proxy named ``SOURCE__DESTINATION``):
 - controller -> controller, Raft (both directions; pysyncobj dials from one side only);
 - broker -> controller and nameserver -> controller, gRPC;
-- broker -> broker of the same set, gRPC (a slave fetching from its master);
+- broker -> broker of the same set, gRPC and the HA stream (a slave fetching from its
+  master: the handshake over gRPC, the later fetches over the stream; both links are named
+  SOURCE__DESTINATION, the stream's with the suffix ``__stream``, and a fault between the
+  two brokers hits both);
 - client -> nameserver, client -> controller, client -> broker (the workloads' process).
 
 Every process keeps the real addresses as identities and dials through its own dial map
@@ -27,6 +30,7 @@ from toxiproxy import Toxiproxy
 CLIENT = "client"
 NAMESRV = "namesrv"
 PROXY_SEPARATOR = "__"
+STREAM_SUFFIX = "stream"  # the HA stream's link beside a slave's gRPC link to its master
 
 
 @dataclass(frozen=True)
@@ -35,10 +39,12 @@ class Link:
     destination: str
     upstream: str  # the real address dialled
     listen: str = ""  # the proxy's address, once created
+    stream: bool = False  # the HA stream's link (broker -> broker), beside the gRPC one
 
     @property
     def name(self) -> str:
-        return f"{self.source}{PROXY_SEPARATOR}{self.destination}"
+        name = f"{self.source}{PROXY_SEPARATOR}{self.destination}"
+        return f"{name}{PROXY_SEPARATOR}{STREAM_SUFFIX}" if self.stream else name
 
 
 def _links(cluster: Cluster) -> list[Link]:
@@ -47,11 +53,11 @@ def _links(cluster: Cluster) -> list[Link]:
     links = [Link(a.id, b.id, b.raft) for a, b in itertools.permutations(controllers, 2)]
     for broker in layout.brokers:
         links += [Link(broker.name, c.id, c.grpc) for c in controllers]
-        links += [
-            Link(broker.name, other.name, other.grpc)
-            for other in layout.brokers
-            if other.broker_name == broker.broker_name and other.name != broker.name
-        ]
+        # every other broker of its set: each may become its master
+        peers = [o for o in layout.brokers if o.broker_name == broker.broker_name and o.name != broker.name]
+        links += [Link(broker.name, peer.name, peer.grpc) for peer in peers]
+        # A layout written before HA stream ports has none: those slaves fetch over gRPC.
+        links += [Link(broker.name, p.name, p.ha_stream, stream=True) for p in peers if p.ha_stream]
     if not layout.embedded:
         links += [Link(NAMESRV, c.id, c.grpc) for c in controllers]
         links += [Link(CLIENT, NAMESRV, address) for address in layout.namesrv]
@@ -79,7 +85,7 @@ class ProxiedNetwork:
             # Port 0: the proxy server binds a free port and answers with it. It cannot be
             # one of the cluster's: the Cluster holds those until it stops (cluster/ports.py).
             proxy = self.server.create(upstream=link.upstream, name=link.name, listen="127.0.0.1:0")
-            created.append(Link(link.source, link.destination, link.upstream, proxy.listen))
+            created.append(Link(link.source, link.destination, link.upstream, proxy.listen, link.stream))
         self.links = created
         dial_dir = self.cluster.root / "dial"
         dial_dir.mkdir(exist_ok=True)

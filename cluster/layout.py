@@ -43,6 +43,7 @@ class BrokerLayout:
     data_dir: str  # relative to the cluster directory
     metrics: str = ""  # Prometheus text (HTTP); empty in layouts written before metrics
     remoting: str = ""  # RocketMQ remoting address; empty in layouts written before it
+    ha_stream: str = ""  # its HA stream's address (--ha-stream-port); empty: a port the kernel picks
 
 
 def broker_set_name(index: int) -> str:
@@ -67,11 +68,13 @@ class Layout:
         """How many ports such a cluster listens on: gRPC and Raft per controller, a nameserver
         per controller (embedded) or one standalone, one per broker; then one metrics port
         per process; then a RocketMQ remoting port per nameserver and per broker; then a
-        remoting proxy port per nameserver and broker set, then a web console per nameserver."""
+        remoting proxy port per nameserver and broker set, then a web console per nameserver,
+        then an HA stream port per broker."""
         processes = count + (0 if embedded else 1) + broker_sets * replicas
         nameservers = count if embedded else 1
         servers = count * (3 if embedded else 2) + (0 if embedded else 1) + broker_sets * replicas
-        return servers + processes + 2 * nameservers + broker_sets * replicas + nameservers * broker_sets
+        brokers = broker_sets * replicas
+        return servers + processes + 2 * nameservers + 2 * brokers + nameservers * broker_sets
 
     @staticmethod
     def create(count: int, embedded: bool, broker_sets: int, replicas: int, addresses: list[str]) -> Layout:
@@ -113,6 +116,8 @@ class Layout:
         for node in nodes if embedded else []:  # consoles last: older layouts keep their ports
             node.console = next(free)
         namesrv_console = "" if embedded else next(free)
+        for broker in brokers:  # HA stream ports after those: older layouts keep theirs
+            broker.ha_stream = next(free)
         layout = Layout(embedded, nodes, namesrv_addresses, brokers, namesrv_metrics, namesrv_remoting)
         layout.namesrv_remoting_proxy = namesrv_proxy
         layout.namesrv_console = namesrv_console
@@ -130,7 +135,9 @@ class Layout:
         proxies = [n.remoting_proxy for n in self.controllers] + [self.namesrv_remoting_proxy]
         remoting += [item.partition("=")[2] for p in proxies if p for item in p.split(",")]
         consoles = [n.console for n in self.controllers] + [self.namesrv_console]
-        return found + [a for a in metrics if a] + [a for a in remoting if a] + [a for a in consoles if a]
+        streams = [b.ha_stream for b in self.brokers]
+        found += [a for a in metrics if a] + [a for a in remoting if a] + [a for a in consoles if a]
+        return found + [a for a in streams if a]
 
     def peer_flags(self) -> list[str]:
         flags = []
@@ -277,6 +284,7 @@ def broker_command(root: Path, layout: Layout, broker: BrokerLayout) -> list[str
         str(tiered_dir(root)),
         *(["--metrics-listen", broker.metrics] if broker.metrics else []),
         *(["--remoting-listen", broker.remoting] if broker.remoting else []),
+        *(["--ha-stream-port", broker.ha_stream.rpartition(":")[2]] if broker.ha_stream else []),
     ]
 
 

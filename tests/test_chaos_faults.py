@@ -4,7 +4,8 @@
   the same majority; for 3 nodes that cuts every link;
 - bridge: two halves cannot talk, the bridge node talks to everyone;
 - every link kind of the cluster gets a proxy: Raft both ways, broker -> controller,
-  slave -> master, nameserver -> controller, client -> nameserver/controller/broker;
+  slave -> master (gRPC, and the HA stream to the master's fixed stream port),
+  nameserver -> controller, client -> nameserver/controller/broker;
 - bad run settings are refused with a sentence (CLI exit 2).
 """
 
@@ -62,7 +63,8 @@ def test_every_link_kind_gets_its_own_proxy(tmp_path):
     with Cluster(tmp_path / "c", count=3, broker_sets=1, replicas=3) as cluster:  # never started
         links = _links(cluster)
     pairs = {(link.source, link.destination) for link in links}
-    assert len(pairs) == len(links), "one proxy per (source, destination)"
+    assert len({link.name for link in links}) == len(links), "one proxy per (source, destination, kind)"
+    assert len(pairs) == len([link for link in links if not link.stream])
     controllers = {n.id: n for n in cluster.layout.controllers}
     assert ("c1", "c2") in pairs and ("c2", "c1") in pairs
     raft = next(link for link in links if (link.source, link.destination) == ("c1", "c2"))
@@ -76,7 +78,11 @@ def test_every_link_kind_gets_its_own_proxy(tmp_path):
         ("client", "broker-a-3"),
     } <= pairs
     assert not any(link.source == link.destination for link in links)
-    assert len(links) == 6 + 9 + 6 + 3 + 1 + 3 + 3
+    streams = {(link.source, link.destination): link for link in links if link.stream}
+    assert set(streams) == {(a, b) for a, b in pairs if a.startswith("broker") and b.startswith("broker")}
+    brokers = {b.name: b for b in cluster.layout.brokers}
+    assert streams["broker-a-2", "broker-a-1"].upstream == brokers["broker-a-1"].ha_stream
+    assert len(links) == 6 + 9 + 6 + 6 + 3 + 1 + 3 + 3
 
 
 def test_run_settings_are_validated(tmp_path):
@@ -177,6 +183,14 @@ def test_network_cuts_poisons_and_heals_the_right_proxies(tmp_path):
         assert network.cut([("c1", "c2"), ("broker-a-1", "c3")]) == 3
         disabled = {name for name, p in network.server.proxies().items() if not p.enabled}
         assert disabled == {"c1__c2", "c2__c1", "broker-a-1__c3"}
+        assert network.cut([("broker-a-2", "broker-a-1")]) == 4, "gRPC and HA stream, both ways"
+        disabled = {name for name, p in network.server.proxies().items() if not p.enabled} - disabled
+        assert disabled == {
+            "broker-a-2__broker-a-1",
+            "broker-a-1__broker-a-2",
+            "broker-a-2__broker-a-1__stream",
+            "broker-a-1__broker-a-2__stream",
+        }
         assert network.add_toxic(network.between(["c1"], ["c2"]), "latency", {"latency": 5}) == 2
         toxics = network.server.get_proxy("c1__c2").toxics()
         assert sorted(t.stream for t in toxics.values()) == ["downstream", "upstream"]
@@ -187,6 +201,8 @@ def test_network_cuts_poisons_and_heals_the_right_proxies(tmp_path):
         by_name = {link.name: link for link in network.links}
         link = by_name["broker-a-2__broker-a-1"]
         assert broker_map[link.upstream] == link.listen
+        stream = by_name["broker-a-2__broker-a-1__stream"]
+        assert broker_map[stream.upstream] == stream.listen, "the slave dials its master's stream proxy"
         assert network.env_for("broker-a-2") == {
             "MQMETA_DIAL_MAP": str(cluster.root / "dial" / "broker-a-2.json")
         }

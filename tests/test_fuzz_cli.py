@@ -357,6 +357,7 @@ def test_numeric_flags_fuzzed(command, tmp_path, monkeypatch, capsys):
         # a protobuf traceback at registration before
         ("election_priority = 2147483648", "'election_priority' in {} (--election-priority) must be"),
         ("segment_bytes = 0", "(--segment-bytes) must be a whole number from 4096 to 1073741824"),
+        ("ha_stream_port = 65536", "(--ha-stream-port) must be a whole number from 0 to 65535"),
         (
             "tiered_upload_interval_ms = nan",
             "'tiered_upload_interval_ms' in {} must be a whole number, not a",
