@@ -30,8 +30,9 @@ from collections.abc import Iterable
 from mqmeta.errors import Unavailable
 
 LOOPBACK_HOST = "127.0.0.1"
-# A local cluster of 7 controllers and 26 broker sets of 5 replicas needs 152 ports.
-RESERVATION_PORTS_MAX = 256
+# The largest `local up` (7 controllers, 26 broker sets of 5 replicas) listens on 571
+# ports (a test keeps this above Layout.port_count of it).
+RESERVATION_PORTS_MAX = 1024
 
 
 class PortReservation:

@@ -23,6 +23,7 @@ import sys
 import pytest
 from mqmeta.cluster.harness import Cluster
 from mqmeta.cluster.layout import Layout
+from mqmeta.cluster.local import BROKER_SETS_MAX, CONTROLLERS_MAX, REPLICAS_MAX
 from mqmeta.cluster.ports import RESERVATION_PORTS_MAX, PortReservation
 
 from mqmeta.errors import Unavailable
@@ -146,6 +147,13 @@ def test_reservation_bounds():
             PortReservation.pick(count)
     with pytest.raises(ValueError, match="not HOST:PORT"):
         PortReservation.hold(["127.0.0.1"])
+
+
+@pytest.mark.parametrize("embedded", [False, True])
+def test_the_largest_local_up_fits_one_reservation(embedded):
+    assert (
+        Layout.port_count(CONTROLLERS_MAX, embedded, BROKER_SETS_MAX, REPLICAS_MAX) <= RESERVATION_PORTS_MAX
+    )
 
 
 @pytest.mark.parametrize("embedded", [False, True])
