@@ -478,26 +478,32 @@ def loopback_addresses(count: int) -> list[str]:
     return _HELD[-1].addresses
 
 
-def start_pair(leader_class: type, follower_class: type, transport: type = TCPTransport) -> tuple[Any, Any]:
-    """A leader-to-be (short election timeout) and a follower (one that never runs out).
-    pysyncobj needs both addresses up front: a port taken meanwhile is retried."""
+def bind_pair(
+    make_leader: Callable[[str, str], Any], make_follower: Callable[[str, str], Any]
+) -> tuple[Any, Any]:
+    """Two nodes made with (own address, peer address): pysyncobj needs both addresses up
+    front, so a port taken meanwhile is retried with two new ones."""
     for _ in range(BIND_ATTEMPTS_MAX):
         leader_address, follower_address = loopback_addresses(2)
         try:
-            leader = leader_class(
-                leader_address, follower_address, manual_conf(leader_address, 0.2), transport
-            )
+            leader = make_leader(leader_address, follower_address)
         except SyncObjException:
             continue
         try:
-            follower = follower_class(
-                follower_address, leader_address, manual_conf(follower_address, 30.0), transport
-            )
+            follower = make_follower(follower_address, leader_address)
         except SyncObjException:
             leader.destroy()
             continue
         return leader, follower
     pytest.fail(f"could not bind two loopback ports in {BIND_ATTEMPTS_MAX} attempts")
+
+
+def start_pair(leader_class: type, follower_class: type, transport: type = TCPTransport) -> tuple[Any, Any]:
+    """A leader-to-be (short election timeout) and a follower (one that never runs out)."""
+    return bind_pair(
+        lambda own, peer: leader_class(own, peer, manual_conf(own, 0.2), transport),
+        lambda own, peer: follower_class(own, peer, manual_conf(own, 30.0), transport),
+    )
 
 
 def tick_both(leader, follower) -> Callable[[], None]:
@@ -719,19 +725,10 @@ class FollowerWithInputFirstFix(compat.InputFirstFix, Counter):
 def start_stallable_pair(follower_class: type) -> tuple[Any, Any]:
     """A leader-to-be (election timeout 0.2 s) and a follower whose timeout (0.4-0.6 s) a
     test can outlast by not ticking it."""
-    for _ in range(BIND_ATTEMPTS_MAX):
-        leader_address, follower_address = loopback_addresses(2)
-        try:
-            leader = Counter(leader_address, follower_address, manual_conf(leader_address, 0.2))
-        except SyncObjException:
-            continue
-        try:
-            follower = follower_class(follower_address, leader_address, manual_conf(follower_address, 0.4))
-        except SyncObjException:
-            leader.destroy()
-            continue
-        return leader, follower
-    pytest.fail(f"could not bind two loopback ports in {BIND_ATTEMPTS_MAX} attempts")
+    return bind_pair(
+        lambda own, peer: Counter(own, peer, manual_conf(own, 0.2)),
+        lambda own, peer: follower_class(own, peer, manual_conf(own, 0.4)),
+    )
 
 
 def term_after_a_follower_stall(follower_class: type) -> tuple[int, int, str]:
@@ -997,21 +994,10 @@ def secret_pair(monkeypatch, follower_transport: type = TCPTransport) -> tuple[A
     monkeypatch.setattr(pysyncobj.syncobj, "getEncryptor", pysyncobj_lazy_crypto.encryptor_with_frame_key)
     monkeypatch.setattr(pysyncobj.transport, "TcpConnection", compat.AeadTcpConnection)
     monkeypatch.setattr(pysyncobj.tcp_server, "TcpConnection", compat.AeadTcpConnection)
-    for _ in range(BIND_ATTEMPTS_MAX):
-        leader_address, follower_address = loopback_addresses(2)
-        try:
-            leader = Counter(leader_address, follower_address, secret_conf(leader_address, 0.2))
-        except SyncObjException:
-            continue
-        try:
-            follower = Counter(
-                follower_address, leader_address, secret_conf(follower_address, 30.0), follower_transport
-            )
-        except SyncObjException:
-            leader.destroy()
-            continue
-        return leader, follower
-    pytest.fail(f"could not bind two loopback ports in {BIND_ATTEMPTS_MAX} attempts")
+    return bind_pair(
+        lambda own, peer: Counter(own, peer, secret_conf(own, 0.2)),
+        lambda own, peer: Counter(own, peer, secret_conf(own, 30.0), follower_transport),
+    )
 
 
 def secret_conf(address: str, election_s: float) -> SyncObjConf:

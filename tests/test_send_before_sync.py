@@ -115,6 +115,20 @@ def test_the_leader_sends_before_it_syncs_and_syncs_before_it_commits(tmp_path: 
         trio.stop()
 
 
+def record_appends(monkeypatch) -> list[tuple[str, dict]]:
+    """From now on, every append_entries message sent: (the receiver's address, the message)."""
+    sent: list[tuple[str, dict]] = []
+    real_send = CuttableTransport.send
+
+    def send(transport, node, message):
+        if isinstance(message, dict) and message.get("type") == "append_entries":
+            sent.append((node.address, message))
+        return real_send(transport, node, message)
+
+    monkeypatch.setattr(CuttableTransport, "send", send)
+    return sent
+
+
 def test_a_tick_that_commits_and_proposes_sends_each_follower_one_append(tmp_path: Path, monkeypatch):
     install_pysyncobj_patches()
     trio = Trio(tmp_path, SyncAfterSendRegister)
@@ -140,15 +154,7 @@ def test_a_tick_that_commits_and_proposes_sends_each_follower_one_append(tmp_pat
             step=lambda: leader.doTick(0.01),
         )
         assert not done
-        sent: list[tuple[str, dict]] = []
-        real_send = CuttableTransport.send
-
-        def send(transport, node, message):
-            if isinstance(message, dict) and message.get("type") == "append_entries":
-                sent.append((node.address, message))
-            return real_send(transport, node, message)
-
-        monkeypatch.setattr(CuttableTransport, "send", send)
+        sent = record_appends(monkeypatch)
         leader.put(6, callback=lambda result, error: done.append(error))
         leader.doTick(0.0)  # commits and applies 5, proposes 6
         assert done == [compat.FAIL_REASON.SUCCESS], "entry 5 was not committed in this tick"
@@ -180,15 +186,7 @@ def test_a_commit_alone_is_not_sent_and_a_follower_read_still_sees_it(tmp_path: 
             "the leader to read both acknowledgements",
             step=lambda: trio.tick(),
         )
-        sent: list[tuple[str, dict]] = []
-        real_send = CuttableTransport.send
-
-        def send(transport, node, message):
-            if isinstance(message, dict) and message.get("type") == "append_entries":
-                sent.append((node.address, message))
-            return real_send(transport, node, message)
-
-        monkeypatch.setattr(CuttableTransport, "send", send)
+        sent = record_appends(monkeypatch)
         leader._SyncObj__newAppendEntriesTime = compat.monotonic_time() + 60.0  # no heartbeat due
         while not done:
             leader.doTick(0.0)  # commits and applies 5; nothing new to send
