@@ -31,7 +31,7 @@ from mqmeta.errors import Unavailable
 
 LOOPBACK_HOST = "127.0.0.1"
 # The largest `local up` (7 controllers, 26 broker sets of 5 replicas) listens on 571
-# ports (a test keeps this above Layout.port_count of it).
+# ports, 744 with embedded nameservers (a test keeps this above Layout.port_count of it).
 RESERVATION_PORTS_MAX = 1024
 
 

@@ -903,6 +903,7 @@ LEASE_CLOCK_DRIFT_MAX = 0.1  # 10 %: far above what two machines' monotonic cloc
 # Messages between nodes (pysyncobj ignores types it does not know, so a node without
 # ReadIndex simply never answers: its leader's reads time out and fall back)
 _PING, _PONG, _ASK, _ANSWER = "read_index_ping", "read_index_pong", "read_index_ask", "read_index_answer"
+_RELEASE = "read_index_release"  # a leader handing over frees its followers' vote holds
 
 
 class _ReadRound:
@@ -943,8 +944,9 @@ class ReadIndex(SyncObj):
     less LEASE_CLOCK_DRIFT_MAX of it for clocks that run at different rates
     (lease_read_index, on any thread: no round, no tick). Reads that are served so keep
     the lease renewed by a round with no reads when half of it is left. A leader that
-    hands over its leadership gives its lease up first (and its successor's vote is not
-    held: timeout_now from the leader ends the hold). A follower of an older version
+    hands over its leadership gives its lease up first and tells every follower to free
+    its hold (read_index_release, ahead of timeout_now), so the successor's votes are not
+    held. A follower of an older version
     promises nothing (no hold in its pong): it counts for ReadIndex, never for a lease."""
 
     _SyncObj__raftElectionDeadline: float  # pysyncobj's, set in SyncObj.__init__
@@ -1006,9 +1008,16 @@ class ReadIndex(SyncObj):
         return min(conf.raftMinTimeout - conf.appendEntriesPeriod, VOTE_HOLD_S_MAX)
 
     def transferLeadership(self, node: Any = None, callback: Any = None) -> None:  # noqa: N802 - pysyncobj's name
-        # before timeout_now goes out: the successor's election ends the followers' holds
+        # Before timeout_now goes out: the lease is given up for this term, and every
+        # follower is told to free the hold it promised (sent ahead of timeout_now on each
+        # connection), so that the successor's request_vote finds no held vote. Without it,
+        # a follower other than the successor (in a cluster of four or more, whose majority
+        # needs them) would drop the vote and the hand-over would wait an election timeout.
         self._lease_refused_term = self.raftCurrentTerm
         self._lease = (0.0, -1)
+        if self._isLeader():
+            for other in self._SyncObj__otherNodes:
+                self._SyncObj__transport.send(other, {"type": _RELEASE, "term": self.raftCurrentTerm})
         super().transferLeadership(node, callback)
 
     # the tick thread
@@ -1201,6 +1210,9 @@ class ReadIndex(SyncObj):
                 self._extend_lease(read_round)
         elif kind == "request_vote" and self._vote_held_until > monotonic_time() and not self._isLeader():
             return  # the hold promised to the leader: no vote, and no newer term from the candidate
+        elif kind == _RELEASE:
+            if node == self._getLeader() and message["term"] == self.raftCurrentTerm:
+                self._vote_held_until = 0.0  # its leader gave its lease up: the hold protects nothing
         elif kind == "timeout_now" and node == self._getLeader() and message["term"] >= self.raftCurrentTerm:
             self._vote_held_until = 0.0  # the leader gave its lease up before it asked for the transfer
             super()._SyncObj__onMessageReceived(node, message)

@@ -348,6 +348,18 @@ def test_a_leader_gives_its_lease_up_before_it_hands_over(trio):
     )
 
 
+def test_a_leader_handing_over_frees_every_followers_hold(trio):
+    """In a cluster of four or more the successor needs votes of followers other than
+    itself; those held their vote for the old leader's lease, and must not hold it now."""
+    old, new, other = trio.nodes
+    leased(trio)
+    assert other._vote_held_until > compat.monotonic_time()
+    old.transferLeadership(new.selfNode, lambda result, error: None)
+    wait_for(
+        lambda: other._vote_held_until == 0.0, 5.0, "the other follower to free its hold", step=trio.tick
+    )
+
+
 def test_a_node_restarted_with_a_term_holds_its_vote_as_it_may_have_promised(tmp_path):
     install_pysyncobj_patches()  # our journal: the term survives the restart
     trio = Trio(tmp_path)
