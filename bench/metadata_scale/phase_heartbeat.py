@@ -269,17 +269,35 @@ def capacity_phase(cluster: ScaleCluster, fleet: BrokerFleet, sizes: dict[str, i
     fleet.set_transport(args.heartbeat_transport)
     if {"stream", "unary"} <= out.keys():
         stream, unary = out["stream"], out["unary"]
+        step = _first_measured_step(stream["steps"], unary["steps"])
         out["stream_to_unary"] = {
             "sustained_heartbeats_per_s": _ratio(
                 stream["sustained_heartbeats_per_s"], unary["sustained_heartbeats_per_s"]
             ),
-            "leader_cpu_us_per_heartbeat_first_step": _ratio(
-                stream["steps"][0].get("leader_cpu_us_per_heartbeat"),
-                unary["steps"][0].get("leader_cpu_us_per_heartbeat"),
+            "leader_cpu_us_per_heartbeat_first_measured_step": None
+            if step is None
+            else _ratio(
+                stream["steps"][step].get("leader_cpu_us_per_heartbeat"),
+                unary["steps"][step].get("leader_cpu_us_per_heartbeat"),
             ),
+            "first_measured_step_interval_ms": None
+            if step is None
+            else stream["steps"][step].get("interval_ms"),
         }
     out["note"] = "the fleet runs on the same 2 cores: its CPU is listed per step"
     return out
+
+
+def _first_measured_step(stream: list[dict[str, Any]], unary: list[dict[str, Any]]) -> int | None:
+    """The first step (same interval in both) at which both leaders' CPU was measured above
+    zero: the kernel counts a process's CPU in 10 ms ticks, so a one-second window of a
+    few heartbeats a second may read 0 and say nothing of the cost per heartbeat."""
+    for i, (a, b) in enumerate(zip(stream, unary, strict=False)):
+        if a.get("interval_ms") == b.get("interval_ms") and all(
+            (step.get("leader_cpu_us_per_heartbeat") or 0) > 0 for step in (a, b)
+        ):
+            return i
+    return None
 
 
 def _capacity_steps(cluster: ScaleCluster, fleet: BrokerFleet, sizes: dict[str, int], args, transport: str):
