@@ -187,6 +187,10 @@ class BrokerConfig:
             raise InvalidArgument("ha_max_time_slave_not_catchup_ms must be >= 100")
         if not 0 <= self.ha_stream_port <= 65535:
             raise InvalidArgument("ha_stream_port must be 0 (one the kernel picks) to 65535")
+        if self.ha_stream_port and not self.ha_stream:
+            raise InvalidArgument(
+                "--ha-stream-port names a port for the HA stream that --no-ha-stream turns off"
+            )
         if not 1 <= self.scrub_bytes_per_s <= 1 << 40:
             raise InvalidArgument("scrub_bytes_per_s must be 1 to 2^40")
 
@@ -327,9 +331,9 @@ class BrokerAgent:
         """A fetch that came over the HA stream: the HaFetch call's checks, then serve_fetch."""
         if request.broker_name != self.config.broker_name:
             raise NotFound(f"this broker serves {self.config.broker_name}, not {request.broker_name}")
-        self.fetch_transports[request.broker_id] = True
         started = time.perf_counter()
         reply = ha_fetch.serve_fetch(self, request)
+        self.fetch_transports[request.broker_id] = True  # after serve_fetch: a replica of this set
         if self.fetch_served is not None:
             self.fetch_served(time.perf_counter() - started, len(reply.data))
         return reply
@@ -552,8 +556,9 @@ class BrokerAgent:
 
     # Lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
-        if self.config.ha_stream and ha_stream.offered():  # first: a taken fixed port ends the start
-            self._start_stream_server()
+        self.bind_stream_server()  # first: a taken fixed port ends the start
+        if self._stream_server is not None:
+            self._stream_server.start()
         if self.config.tiered_url:
             self.tiered = TieredUploader(
                 self,
@@ -575,11 +580,18 @@ class BrokerAgent:
             thread.start()
             self._threads.append(thread)
 
-    def _start_stream_server(self) -> None:
-        """The HA stream (ha_stream.py); without it the slaves fetch over gRPC calls. A fixed
-        port (--ha-stream-port) that cannot be bound is an error: a firewall or a fault proxy
-        was set up for it, and a slave would silently fetch over gRPC instead."""
+    def bind_stream_server(self) -> None:
+        """Binds the HA stream's port (ha_stream.py), once; start() serves it. Without it the
+        slaves fetch over gRPC calls. A fixed port (--ha-stream-port) that cannot be bound is
+        an error: a firewall or a fault proxy was set up for it, and a slave would silently
+        fetch over gRPC instead. The CLI binds it before its gRPC server serves."""
+        if self._stream_server is not None or not self.config.ha_stream:
+            return
         host, port = ha_stream.host_of(self.config.listen), self.config.ha_stream_port
+        if not ha_stream.offered():
+            if port:
+                log.warning("no HA stream on port %d: it is offered only without TLS and auth", port)
+            return
         try:
             server = StreamServer(host, self._serve_streamed, port)
         except OSError as error:
@@ -590,7 +602,6 @@ class BrokerAgent:
                 ) from None
             log.warning("no HA stream on %s (%s): slaves fetch over gRPC calls", self.config.listen, error)
             return
-        server.start()
         self._stream_server = server
 
     def stop(self) -> None:

@@ -233,6 +233,7 @@ def _start(config: BrokerConfig, metrics_listen: str) -> Any:
     bpb_grpc.add_BrokerServiceServicer_to_server(BrokerServicer(agent, metrics, admin), server)
     rsvc_grpc.add_MessagingServiceServicer_to_server(MessagingServicer(rmq, metrics), server)
     add_health_and_reflection(server, [BROKER_SERVICE, MESSAGING_SERVICE])
+    agent.bind_stream_server()  # a taken --ha-stream-port ends the start before gRPC serves
     server.start()
     agent.start()
     rmq.start()

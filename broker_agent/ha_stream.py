@@ -31,8 +31,11 @@ import logging
 import socket
 import struct
 import threading
+import time
 import zlib
 from collections.abc import Callable
+
+from google.protobuf.message import DecodeError
 
 from mqmeta import auth, tls
 from mqmeta.dialmap import dial
@@ -51,6 +54,9 @@ CONNECTIONS_MAX = 16  # slaves connected at once; one thread each
 IDLE_TIMEOUT_S = 30.0  # a slave fetches at least every wait_ms; silence this long ends it
 CONNECT_TIMEOUT_S = 1.0
 ACCEPT_POLL_S = 0.5  # how soon the accepting thread sees stop()
+# How long stop() waits for the connections' threads: one may be in a fetch's wait (at
+# most ha_fetch.FETCH_WAIT_MS_MAX, 1 s), then answer; after stop() none touches the store.
+STOP_JOIN_S = 2.0
 LISTEN_BACKLOG = 16
 
 Serve = Callable[[bpb.HaFetchRequest], bpb.HaFetchResponse]
@@ -125,7 +131,7 @@ class StreamServer:
         self.port: int = self._listener.getsockname()[1]
         self._stopping = threading.Event()
         self._lock = threading.Lock()
-        self._connections: set[socket.socket] = set()
+        self._connections: dict[socket.socket, threading.Thread] = {}
         self._thread = threading.Thread(target=self._accept_loop, name="ha-stream-accept", daemon=True)
 
     def start(self) -> None:
@@ -137,11 +143,18 @@ class StreamServer:
             self._listener.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
-        self._thread.join(timeout=ACCEPT_POLL_S * 4)
+        if self._thread.ident is not None:  # started (a bound server may be stopped unstarted)
+            self._thread.join(timeout=ACCEPT_POLL_S * 4)
         self._listener.close()
         with self._lock:
-            for connection in self._connections:
+            threads = list(self._connections.values())
+            for connection in self._connections:  # wakes a thread reading; one serving ends its fetch
                 _close(connection)
+        deadline = time.monotonic() + STOP_JOIN_S
+        for thread in threads:
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
+            if thread.is_alive():
+                log.warning("an HA stream connection still served %.1f s after stop", STOP_JOIN_S)
 
     def _accept_loop(self) -> None:
         while not self._stopping.is_set():
@@ -157,10 +170,11 @@ class StreamServer:
                 if len(self._connections) >= CONNECTIONS_MAX or self._stopping.is_set():
                     _close(connection)
                     continue
-                self._connections.add(connection)
-            threading.Thread(
-                target=self._serve_connection, args=(connection,), name="ha-stream", daemon=True
-            ).start()
+                thread = threading.Thread(
+                    target=self._serve_connection, args=(connection,), name="ha-stream", daemon=True
+                )
+                self._connections[connection] = thread
+            thread.start()
 
     def _serve_connection(self, connection: socket.socket) -> None:
         connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -176,13 +190,13 @@ class StreamServer:
                 except MqmetaError as error:  # refused (not master, fenced, ...): the slave handshakes again
                     answer = _frame(KIND_REFUSAL, f"{error.code}\n{error}".encode())
                 connection.sendall(answer)
-        except (OSError, ValueError) as error:  # gone, silent, or a bad frame: it connects again
+        except (OSError, ValueError, DecodeError) as error:  # gone, silent, or a bad frame: it connects again
             log.debug("an HA stream connection ended: %s", error)
         except Exception:
             log.exception("serving an HA stream failed")
         finally:
             with self._lock:
-                self._connections.discard(connection)
+                self._connections.pop(connection, None)
             _close(connection)
 
 
@@ -211,6 +225,9 @@ class StreamClient:
                 f"cannot connect to the HA stream at {self.address}: {error}", unreachable
             ) from None
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        # A master at CONNECTIONS_MAX accepts, then closes: a reset or an end before the
+        # first answer is a refusal by a live process, not a master that is gone.
+        self._answered = False
 
     def fetch(self, request: bpb.HaFetchRequest, timeout_s: float) -> bpb.HaFetchResponse:
         try:
@@ -224,12 +241,19 @@ class StreamClient:
             ) from None
         except OSError as error:
             self.close()
-            raise StreamBroken(f"the HA stream at {self.address} failed: {error}", True) from None
+            raise StreamBroken(f"the HA stream at {self.address} failed: {error}", self._answered) from None
         except ValueError as error:
             self.close()
             raise StreamBroken(f"the HA stream at {self.address}: {error}", False) from None
+        self._answered = True
         if kind == KIND_RESPONSE:
-            return bpb.HaFetchResponse.FromString(payload)
+            try:
+                return bpb.HaFetchResponse.FromString(payload)
+            except DecodeError as error:
+                self.close()
+                raise StreamBroken(
+                    f"an HA stream answer that is no HaFetchResponse: {error}", False
+                ) from None
         if kind == KIND_REFUSAL:
             code, _, message = payload.decode("utf-8", "replace").partition("\n")
             raise error_from_code(code, message)

@@ -234,8 +234,8 @@ class BrokerServicer(bpb_grpc.BrokerServiceServicer):
         if request.broker_name != self.agent.config.broker_name:
             raise NotFound(f"this broker serves {self.agent.config.broker_name}, not {request.broker_name}")
         started = time.perf_counter()
-        self.agent.fetch_transports[request.broker_id] = False
         reply = ha_fetch.serve_fetch(self.agent, request)
+        self.agent.fetch_transports[request.broker_id] = False  # after serve_fetch: a replica of this set
         if request.handshake:  # the later fetches may use the stream (ha_stream.py)
             reply.stream_port = self.agent.ha_stream_port
         self._observe_fetch(time.perf_counter() - started, len(reply.data))

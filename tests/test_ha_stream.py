@@ -6,7 +6,11 @@ Properties checked (a real master agent, its stream server on loopback, no contr
   master's HA status saying the slave streams;
 - a refusal reaches the slave as the typed error the master raised (wrong broker set,
   an older master epoch), and the connection serves the next fetch;
-- a frame that fails its CRC-32 ends that connection, and the server accepts the next;
+- a frame that fails its CRC-32 ends that connection, and the server accepts the next; a
+  payload that is no protobuf is a bad frame on both sides (no error logged on the master,
+  not an unreachable master on the slave), as is a connection refused at CONNECTIONS_MAX;
+- stop() returns only once no connection's thread still serves a fetch; a refused fetch
+  records no transport for its broker id; --ha-stream-port with --no-ha-stream is refused;
 - the stream is offered only where gRPC is plain and unauthenticated; a dial map that
   redirects the master's gRPC address must redirect the stream's too, or the slave stays
   on gRPC (a fault proxy is never bypassed); a fixed port is bound as given.
@@ -34,7 +38,7 @@ from mqmeta.cluster.wait import wait_for
 
 from mqmeta import dialmap, tls
 from mqmeta.clock import now_ms
-from mqmeta.errors import FencedEpoch, NotFound
+from mqmeta.errors import FencedEpoch, InvalidArgument, NotFound
 from mqmeta.formats.records import Message
 from mqmeta.pb import broker_pb2 as bpb
 from mqmeta.pb import controller_pb2 as cpb
@@ -195,3 +199,95 @@ def test_a_broker_whose_fixed_stream_port_is_taken_stops_with_one_sentence(tmp_p
         f"mqmeta: error: cannot listen on 127.0.0.1:{port} for the HA stream (--ha-stream-port): "
         "Address already in use"
     )
+
+
+def test_stop_waits_for_the_connection_threads_in_a_fetch(master):
+    """After stop() no connection's thread still serves (and touches the store): stop
+    waits, within its bound, for the fetch under way."""
+    served: list[str] = []
+    entered = threading.Event()
+
+    def serve(req: bpb.HaFetchRequest) -> bpb.HaFetchResponse:
+        entered.set()
+        time.sleep(0.5)  # a fetch in its wait
+        served.append("done")
+        return bpb.HaFetchResponse()
+
+    server = ha_stream.StreamServer("127.0.0.1", serve)
+    server.start()
+    client = StreamClient(f"127.0.0.1:{server.port}")
+    poll = threading.Thread(target=lambda: _fetch_quietly(client), daemon=True)
+    poll.start()
+    assert entered.wait(TIMEOUT_S)
+    server.stop()
+    assert served == ["done"], "stop returned while a connection's thread was still serving"
+    poll.join(TIMEOUT_S)
+    client.close()
+
+
+def _fetch_quietly(client: StreamClient) -> None:
+    try:
+        client.fetch(request(0), TIMEOUT_S)
+    except StreamBroken:
+        pass
+
+
+def test_a_payload_that_is_no_protobuf_is_a_bad_frame_on_both_sides(master, caplog):
+    """A frame whose CRC holds but whose payload does not parse: the master closes the
+    connection without logging an error; the slave's fetch is StreamBroken, not unreachable."""
+    _, server = master
+    garbage = b"\x0a\xff"  # field 1, a length past the end
+    with socket.create_connection(("127.0.0.1", server.port), timeout=TIMEOUT_S) as raw:
+        raw.sendall(struct.pack(">IBI", len(garbage), ha_stream.KIND_REQUEST, zlib.crc32(garbage)) + garbage)
+        assert raw.recv(1) == b"", "the master closed the connection without answering"
+    assert not [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")]
+    with socket.create_server(("127.0.0.1", 0)) as fake:
+        client = StreamClient(f"127.0.0.1:{fake.getsockname()[1]}")
+        peer, _ = fake.accept()
+        with peer:
+            peer.sendall(
+                struct.pack(">IBI", len(garbage), ha_stream.KIND_RESPONSE, zlib.crc32(garbage)) + garbage
+            )
+            with pytest.raises(StreamBroken) as broken:
+                client.fetch(request(0), TIMEOUT_S)
+    assert not broken.value.unreachable
+
+
+def test_a_refused_fetch_records_no_transport(master):
+    """fetch_transports holds only the slaves whose fetch was served: a peer's refused
+    requests do not grow it."""
+    agent, server = master
+    client = StreamClient(f"127.0.0.1:{server.port}")
+    with pytest.raises(FencedEpoch):
+        client.fetch(request(0, broker_id=7, master_epoch=0), TIMEOUT_S)
+    client.close()
+    assert 7 not in agent.fetch_transports
+
+
+def test_a_connection_past_the_limit_is_not_an_unreachable_master(master, monkeypatch):
+    """At CONNECTIONS_MAX the master closes a new connection: the slave's fetch is broken
+    but the master is not reported unreachable (the slave goes back to gRPC)."""
+    _, server = master
+    monkeypatch.setattr(ha_stream, "CONNECTIONS_MAX", 1)
+    first = StreamClient(f"127.0.0.1:{server.port}")
+    assert first.fetch(request(0), TIMEOUT_S).master_epoch == 1
+    second = StreamClient(f"127.0.0.1:{server.port}")
+    with pytest.raises(StreamBroken) as broken:
+        second.fetch(request(0), TIMEOUT_S)
+    assert not broken.value.unreachable
+    first.close()
+
+
+def test_a_stream_port_with_the_stream_off_is_refused():
+    """--ha-stream-port N with --no-ha-stream is a contradiction, not a silent no-op."""
+    config = BrokerConfig(
+        cluster="C",
+        broker_name="b",
+        listen="127.0.0.1:1",
+        controllers=["127.0.0.1:1"],
+        data_dir=".",
+        ha_stream=False,
+        ha_stream_port=4000,
+    )
+    with pytest.raises(InvalidArgument, match="--no-ha-stream"):
+        config.validate()
