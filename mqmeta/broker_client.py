@@ -138,6 +138,12 @@ def _call_master(
             )
         except grpc.RpcError as rpc_error:
             last = from_rpc_error(rpc_error)
+            if rpc_error.code() is grpc.StatusCode.CANCELLED:  # type: ignore[attr-defined]
+                # We never cancel a call in flight, so the server did: gRPC cancels the calls
+                # no handler has taken yet when a server stops (a master that handed off and
+                # exits), where it would be UNAVAILABLE had they come a moment later. Tried
+                # again as UNAVAILABLE is (a send is at least once, as after any lost answer).
+                last = Unavailable(f"{method} was cancelled by the broker (it is stopping): {last}")
         except Unavailable as error:
             last = error
         if not isinstance(last, NotMaster | Unavailable):
