@@ -47,6 +47,18 @@ pytestmark = pytest.mark.timeout(60)
 TIMEOUT_S = 5.0
 
 
+def master_info(epoch: int) -> cpb.ReplicaInfo:
+    """Broker 1 the master of a set of two at `epoch`, both in the SyncStateSet."""
+    return cpb.ReplicaInfo(
+        master_broker_id=1,
+        master_address="127.0.0.1:1",
+        master_epoch=epoch,
+        sync_state_set=[1, 2],
+        sync_state_set_epoch=epoch,
+        replicas=[cpb.Replica(broker_id=i) for i in (1, 2)],
+    )
+
+
 @pytest.fixture
 def master(tmp_path):
     """Broker 1, master of epoch 1 with SyncStateSet {1, 2}, its HA stream listening."""
@@ -61,15 +73,7 @@ def master(tmp_path):
         )
     )
     agent.feed(Registered(1, lease_ms=600_000))
-    info = cpb.ReplicaInfo(
-        master_broker_id=1,
-        master_address="127.0.0.1:1",
-        master_epoch=1,
-        sync_state_set=[1, 2],
-        sync_state_set_epoch=1,
-        replicas=[cpb.Replica(broker_id=i) for i in (1, 2)],
-    )
-    agent.apply_replica_info(info)
+    agent.apply_replica_info(master_info(epoch=1))
     agent.feed(HeartbeatAnswered(now_ms(), 1, 1, 1, lease_ms=0))
     server = ha_stream.StreamServer("127.0.0.1", agent._serve_streamed)
     server.start()
@@ -109,16 +113,7 @@ def test_a_refusal_is_the_typed_error_and_the_connection_serves_on(master):
     client = StreamClient(f"127.0.0.1:{server.port}")
     with pytest.raises(NotFound, match="serves b, not other"):
         client.fetch(request(0, broker_name="other"), TIMEOUT_S)
-    agent.apply_replica_info(
-        cpb.ReplicaInfo(
-            master_broker_id=1,
-            master_address="127.0.0.1:1",
-            master_epoch=2,
-            sync_state_set=[1, 2],
-            sync_state_set_epoch=2,
-            replicas=[cpb.Replica(broker_id=i) for i in (1, 2)],
-        )
-    )
+    agent.apply_replica_info(master_info(epoch=2))
     with pytest.raises(FencedEpoch):
         client.fetch(request(0, master_epoch=1), TIMEOUT_S)
     assert client.fetch(request(0, master_epoch=2), TIMEOUT_S).master_epoch == 2
