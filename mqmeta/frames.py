@@ -85,19 +85,23 @@ def read_exact(sock: socket.socket, size: int) -> bytes:
 
 
 def read_frame(sock: socket.socket, size_max: int) -> tuple[int, bytes]:
-    return check_frame(read_exact(sock, HEADER.size), lambda size: read_exact(sock, size), size_max)
+    size, kind, crc = header_of(read_exact(sock, HEADER.size), size_max)
+    return kind, checked(read_exact(sock, size) if size else b"", crc)
 
 
-def check_frame(header: bytes, read: Callable[[int], bytes], size_max: int) -> tuple[int, bytes]:
-    """A frame from its header and `read` (what reads the payload): ValueError when it is
-    too long or fails its CRC-32."""
+def header_of(header: bytes, size_max: int) -> tuple[int, int, int]:
+    """A frame's (size, kind, CRC-32); ValueError when it is longer than `size_max`."""
     size, kind, crc = HEADER.unpack(header)
     if size > size_max:
         raise ValueError(f"a frame of {size} bytes (at most {size_max})")
-    payload = read(size) if size else b""
+    return size, kind, crc
+
+
+def checked(payload: bytes, crc: int) -> bytes:
+    """`payload`, or ValueError when it fails its CRC-32."""
     if zlib.crc32(payload) != crc:
         raise ValueError("a frame failed its CRC-32")
-    return kind, payload
+    return payload
 
 
 def close(sock: socket.socket) -> None:
