@@ -294,6 +294,6 @@ def _call_stream(
         stream = ThreadedCallServer(frames.host_of(config.listen), table, calls.inc)
         stream.start()
     port = stream.port if stream is not None else 0
-    offer = call_stream.OfferServicer(lambda: port, [BROKER_SERVICE] if port else [])
+    offer = call_stream.OfferServicer(lambda: port, [BROKER_SERVICE] if port else [], config.listen)
     call_stream_pb2_grpc.add_CallStreamServicer_to_server(offer, server)
     return stream

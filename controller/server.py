@@ -262,7 +262,7 @@ async def _serve_call_stream(
         await stream.start(frames.host_of(config.grpc))
         owner.stop_hooks.append(stream.stop)
     port = stream.port if stream is not None else 0
-    offer = call_stream.OfferServicer(lambda: port, [CONTROLLER_SERVICE] if port else [])
+    offer = call_stream.OfferServicer(lambda: port, [CONTROLLER_SERVICE] if port else [], config.grpc)
     call_stream_pb2_grpc.add_CallStreamServicer_to_server(offer, server)
 
 

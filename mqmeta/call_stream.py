@@ -305,22 +305,43 @@ class AsyncCallServer:
 
 
 class OfferServicer(cspb_grpc.CallStreamServicer):
-    """CallStream.Offer: this process's call stream port (0: none) and what it serves."""
+    """CallStream.Offer: this process's call stream port (0: none), what it serves, and
+    the gRPC address it listens on."""
 
-    def __init__(self, port: Callable[[], int], services: list[str]) -> None:
+    def __init__(self, port: Callable[[], int], services: list[str], address: str) -> None:
         self._port = port
         self._services = services
+        self._address = address
 
     def Offer(self, request: cspb.CallStreamOfferRequest, context: Any) -> cspb.CallStreamOffer:
         port = self._port()
-        return cspb.CallStreamOffer(port=port, services=self._services if port else [])
+        return cspb.CallStreamOffer(port=port, services=self._services if port else [], address=self._address)
+
+
+WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", ""})
+
+
+def dialled_directly(address: str, served: str) -> bool:
+    """Whether a client that dialled `address` reached the process serving gRPC on `served`
+    itself, not a proxy or a NAT address in front of it (whose stream port it cannot reach,
+    or would reach around the proxy)."""
+    if address == served:
+        return True
+    return (
+        frames.host_of(served) in WILDCARD_HOSTS and address.rpartition(":")[2] == served.rpartition(":")[2]
+    )
 
 
 # The client's side ---------------------------------------------------------------------------
 
 
 class _Broken(Exception):
-    """A connection that broke before its answer: the call goes over gRPC."""
+    """A connection that broke before its answer: the call goes over gRPC. `fresh`: it
+    could not even be opened (the offered port is not reachable from here)."""
+
+    def __init__(self, message: str, fresh: bool = False) -> None:
+        super().__init__(message)
+        self.fresh = fresh
 
 
 @dataclass
@@ -377,7 +398,7 @@ class CallStreamClient:
             kind, answer = self._round_trip(connection, payload, timeout_s)
         except _Broken as broken:
             log.debug("the call stream of %s broke (%s): %s goes over gRPC", address, broken, method)
-            self._forget(address)
+            self._forget(address, broken.fresh)
             return self._over_grpc()
         self._give_back(connection)
         with self._lock:
@@ -397,7 +418,8 @@ class CallStreamClient:
                 f"an answer of {address}'s call stream that is no {method} reply: {error}"
             ) from None
 
-    def _over_grpc(self) -> None:
+    def _over_grpc(self) -> Any:
+        """None (the caller makes a gRPC call), counted."""
         with self._lock:
             self.calls["grpc"] += 1
         return None
@@ -427,7 +449,11 @@ class CallStreamClient:
                 "%s has no call stream (an older version): calls go over gRPC for %.0f s", address, RETRY_S
             )
             answer = cspb.CallStreamOffer()
-        usable = answer.port > 0 and frames.usable(address, answer.port)
+        usable = (
+            answer.port > 0
+            and dialled_directly(address, answer.address)
+            and frames.usable(address, answer.port)
+        )
         offer = _Offer(answer.port if usable else 0, frozenset(answer.services), now)
         with self._lock:
             self._offers[address] = offer
@@ -453,7 +479,7 @@ class CallStreamClient:
         try:
             sock = socket.create_connection((host.strip("[]"), int(dial_port)), timeout=CONNECT_TIMEOUT_S)
         except (OSError, ValueError) as error:  # ValueError: a dial map's port that is no number
-            raise _Broken(f"cannot connect: {error}") from None
+            raise _Broken(f"cannot connect: {error}", fresh=True) from None
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return _Connection(sock, address, now)
 
@@ -484,11 +510,15 @@ class CallStreamClient:
                 return
         frames.close(connection.sock)
 
-    def _forget(self, address: str) -> None:
+    def _forget(self, address: str, unreachable: bool) -> None:
         """After a broken connection: the server's other idle connections are closed and
-        its offer asked again (a restarted server has another port)."""
+        its offer asked again on the next call (a restarted server has another port), or
+        after RETRY_S when the offered port could not be connected to."""
         with self._lock:
-            self._offers.pop(address, None)
+            if unreachable:
+                self._offers[address] = _Offer(0, frozenset(), time.monotonic())
+            else:
+                self._offers.pop(address, None)
             idle = self._idle.pop(address, [])
         for connection in idle:
             frames.close(connection.sock)

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bmqmeta/pb/call_stream.proto\x12\tmqmeta.v1\"\x18\n\x16\x43\x61llStreamOfferRequest\"1\n\x0f\x43\x61llStreamOffer\x12\x0c\n\x04port\x18\x01 \x01(\x05\x12\x10\n\x08services\x18\x02 \x03(\t2T\n\nCallStream\x12\x46\n\x05Offer\x12!.mqmeta.v1.CallStreamOfferRequest\x1a\x1a.mqmeta.v1.CallStreamOfferb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bmqmeta/pb/call_stream.proto\x12\tmqmeta.v1\"\x18\n\x16\x43\x61llStreamOfferRequest\"B\n\x0f\x43\x61llStreamOffer\x12\x0c\n\x04port\x18\x01 \x01(\x05\x12\x10\n\x08services\x18\x02 \x03(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t2T\n\nCallStream\x12\x46\n\x05Offer\x12!.mqmeta.v1.CallStreamOfferRequest\x1a\x1a.mqmeta.v1.CallStreamOfferb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,7 +34,7 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CALLSTREAMOFFERREQUEST']._serialized_start=42
   _globals['_CALLSTREAMOFFERREQUEST']._serialized_end=66
   _globals['_CALLSTREAMOFFER']._serialized_start=68
-  _globals['_CALLSTREAMOFFER']._serialized_end=117
-  _globals['_CALLSTREAM']._serialized_start=119
-  _globals['_CALLSTREAM']._serialized_end=203
+  _globals['_CALLSTREAMOFFER']._serialized_end=134
+  _globals['_CALLSTREAM']._serialized_start=136
+  _globals['_CALLSTREAM']._serialized_end=220
 # @@protoc_insertion_point(module_scope)

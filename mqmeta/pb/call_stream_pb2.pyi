@@ -11,9 +11,11 @@ class CallStreamOfferRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class CallStreamOffer(_message.Message):
-    __slots__ = ("port", "services")
+    __slots__ = ("port", "services", "address")
     PORT_FIELD_NUMBER: _ClassVar[int]
     SERVICES_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
     port: int
     services: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, port: _Optional[int] = ..., services: _Optional[_Iterable[str]] = ...) -> None: ...
+    address: str
+    def __init__(self, port: _Optional[int] = ..., services: _Optional[_Iterable[str]] = ..., address: _Optional[str] = ...) -> None: ...
