@@ -287,11 +287,8 @@ def _call_stream(
     port (0: none, under TLS or auth or with --no-call-stream)."""
     stream = None
     if config.call_stream and frames.offered():
-        calls = metrics.metrics.counter(
-            "mqmeta_broker_call_stream_calls", "unary calls served over the call stream (not gRPC)"
-        )
         table = call_stream.handlers(servicer, BROKER_DESCRIPTOR)
-        stream = ThreadedCallServer(frames.host_of(config.listen), table, calls.inc)
+        stream = ThreadedCallServer(frames.host_of(config.listen), table, metrics.call_stream_calls.inc)
         stream.start()
     port = stream.port if stream is not None else 0
     offer = call_stream.OfferServicer(lambda: port, [BROKER_SERVICE] if port else [], config.listen)

@@ -199,14 +199,14 @@ def start_controller(
             check_can_listen(address)
     core = ControllerOperations(config.node_id, config.peers, config.data_dir, config.raft_settings)
     embedded_here = namesrv_address == config.grpc
-    metrics = controller_metrics(core)
+    metrics, call_stream_calls = controller_metrics(core)
     call_server: list[AsyncServer] = []  # set before setup runs on its loop
 
     async def setup(server: grpc.aio.Server) -> None:
         core.watch_hub.attach(asyncio.get_running_loop(), watch_event_pb)
         servicer = ControllerServicer(core)
         controller_pb2_grpc.add_ControllerServiceServicer_to_server(servicer, server)
-        await _serve_call_stream(call_server[0], config, servicer, metrics, server)
+        await _serve_call_stream(call_server[0], config, servicer, call_stream_calls.inc, server)
         services = [CONTROLLER_SERVICE, call_stream.SERVICE]
         if embedded_here:
             namesrv_pb2_grpc.add_NameServerServicer_to_server(EmbeddedNameServer(core), server)
@@ -248,17 +248,14 @@ async def _serve_call_stream(
     owner: AsyncServer,
     config: ControllerConfig,
     servicer: ControllerServicer,
-    metrics: Metrics,
+    on_call: Callable[[], object],
     server: grpc.aio.Server,
 ) -> None:
     """The call stream (mqmeta/call_stream.py) on `owner`'s loop, bound before gRPC serves,
     stopped before gRPC stops; CallStream.Offer tells clients its port (0: none)."""
     stream: AsyncCallServer | None = None
     if config.call_stream and frames.offered():
-        calls = metrics.counter(
-            "mqmeta_controller_call_stream_calls", "unary calls served over the call stream (not gRPC)"
-        )
-        stream = AsyncCallServer(call_stream.handlers(servicer, CONTROLLER_DESCRIPTOR), owner.pool, calls.inc)
+        stream = AsyncCallServer(call_stream.handlers(servicer, CONTROLLER_DESCRIPTOR), owner.pool, on_call)
         await stream.start(frames.host_of(config.grpc))
         owner.stop_hooks.append(stream.stop)
     port = stream.port if stream is not None else 0

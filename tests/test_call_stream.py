@@ -52,6 +52,7 @@ from mqmeta.pb import call_stream_pb2_grpc as cspb_grpc
 from mqmeta.pb import controller_pb2 as pb
 from mqmeta.rpc import from_rpc_error, rpc
 from tests.support import wait_for
+from tests.support.prometheus import delta, scrape
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(120)]
 
@@ -71,6 +72,8 @@ def cluster(tmp_path_factory):
 
 
 def test_calls_go_over_the_stream_and_refusals_are_the_grpc_classes(cluster):
+    leader_metrics = cluster.node(cluster.leader_id()).metrics
+    before = scrape(leader_metrics)
     with cluster.client() as client:
         client.get_topic_route(pb.NameRequest(name="orders"))
         with pytest.raises(AlreadyExists):
@@ -78,6 +81,8 @@ def test_calls_go_over_the_stream_and_refusals_are_the_grpc_classes(cluster):
         with pytest.raises(InvalidArgument):
             client.create_topic(pb.TopicSpec(name="bad name!", queue_count=2))
         assert client.streams.calls["stream"] >= 3 and client.streams.calls["grpc"] == 0
+        served = delta(scrape(leader_metrics), before, "mqmeta_controller_call_stream_calls_total")
+        assert served >= 3, "the leader counted the calls its call stream served"
         leader = cluster.node(cluster.leader_id()).grpc
         follower = cluster.node(cluster.followers()[0]).grpc
         heartbeat = pb.HeartbeatRequest(cluster="DefaultCluster", broker_name="nobody", broker_id=1)
@@ -111,6 +116,8 @@ def test_sends_go_over_the_stream_and_a_slave_refuses_with_not_master(cluster):
         for _ in range(5):
             producer.send("orders", [b"x" * 1024])
         assert producer._channels.streams.calls["stream"] == 5
+        master_metrics = cluster.broker(cluster.master_of("broker-a")).metrics
+        assert scrape(master_metrics)[("mqmeta_broker_call_stream_calls_total", ())] >= 5
         master = cluster.master_of("broker-a")
         slave = next(b.grpc for b in cluster.layout.brokers if b.name != master)
         request = bpb.SendRequest(messages=[bpb.Message(topic="orders", queue_id=0, body=b"x")])
