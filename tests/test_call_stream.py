@@ -149,10 +149,10 @@ def test_a_killed_leader_is_left_and_its_stream_used_again_once_restarted(cluste
 
         def served_by_restarted() -> bool:
             try:
-                client.streams.call(leader, CONTROLLER_SERVICE, "GetTopicRoute", route, TIMEOUT_S)
+                answer = client.streams.call(leader, CONTROLLER_SERVICE, "GetTopicRoute", route, TIMEOUT_S)
             except MqmetaError:
                 return False
-            return True
+            return answer is not None  # None: not over the stream
 
         wait_for(served_by_restarted, 30, "the restarted node answering on its call stream")
         assert client.streams.calls["stream"] > streamed
