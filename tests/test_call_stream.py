@@ -203,12 +203,16 @@ def test_a_client_that_dials_a_proxy_stays_on_grpc(cluster):
 
 
 class ToyBroker(bpb_grpc.BrokerServiceServicer):
-    """GetHaStatus has a bug; QueryOffset answers after `delay_s`, the offset asked for."""
+    """GetHaStatus and QueryOrigin have a bug; QueryOffset answers after `delay_s`, the
+    offset asked for."""
 
     delay_s = 0.0
 
     @rpc
     def GetHaStatus(self, request, context):
+        raise RuntimeError("secret/path/in/the/exception")
+
+    def QueryOrigin(self, request, context):  # no rpc decorator: the call stream still hides the bug
         raise RuntimeError("secret/path/in/the/exception")
 
     @rpc
@@ -270,6 +274,12 @@ def test_a_bug_is_internal_with_an_id_as_over_grpc(toy, caplog):
     assert type(streamed.value) is type(expected) is MqmetaError
     assert streamed.value.message.startswith("internal error ") and "secret" not in streamed.value.message
     assert streamed.value.message.endswith(expected.message[len("internal error 123456789012") :])
+    with pytest.raises(MqmetaError) as undecorated:
+        client.call(address, BROKER_SERVICE, "QueryOrigin", bpb.QueryOriginRequest(), TIMEOUT_S)
+    assert type(undecorated.value) is MqmetaError
+    assert (
+        undecorated.value.message.startswith("internal error ") and "secret" not in undecorated.value.message
+    )
     client.close()
 
 
