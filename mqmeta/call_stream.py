@@ -272,7 +272,8 @@ class AsyncCallServer:
         peer = _peer_of(sock)
         try:
             while True:
-                header = await asyncio.wait_for(reader.readexactly(frames.HEADER.size), IDLE_TIMEOUT_S)
+                async with asyncio.timeout(IDLE_TIMEOUT_S):  # no task per read, as wait_for's
+                    header = await reader.readexactly(frames.HEADER.size)
                 size, kind, crc = frames.header_of(header, REQUEST_BYTES_MAX)
                 payload = frames.checked(await reader.readexactly(size) if size else b"", crc)
                 writer.write(await self._serve_call(kind, payload, peer))

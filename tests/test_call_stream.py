@@ -17,17 +17,22 @@ to happen on demand:
 - a frame that fails its CRC, names an unknown method or does not decode ends the
   connection, with one log line and no traceback; the next connection is served;
 - an older server (no CallStream: UNIMPLEMENTED) gets gRPC calls and is not asked again
-  for RETRY_S; TLS or auth in the client's process: no stream is asked for.
+  for RETRY_S; TLS or auth in the client's process: no stream is asked for;
+- a controller's side (a task per connection on a loop) closes a connection past
+  CONNECTIONS_MAX unanswered and one silent for IDLE_TIMEOUT_S, and stop() closes the rest.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import socket
 import struct
+import threading
 import time
 import zlib
 from concurrent import futures
+from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import pytest
@@ -35,7 +40,7 @@ from mqmeta.cluster.harness import Cluster
 
 from mqmeta import auth, call_stream, frames, tls
 from mqmeta.broker_client import Producer
-from mqmeta.call_stream import CallStreamClient, ThreadedCallServer
+from mqmeta.call_stream import AsyncCallServer, CallStreamClient, ThreadedCallServer
 from mqmeta.client import SERVICE as CONTROLLER_SERVICE
 from mqmeta.client import ControllerClient
 from mqmeta.errors import (
@@ -50,7 +55,8 @@ from mqmeta.pb import broker_pb2 as bpb
 from mqmeta.pb import broker_pb2_grpc as bpb_grpc
 from mqmeta.pb import call_stream_pb2_grpc as cspb_grpc
 from mqmeta.pb import controller_pb2 as pb
-from mqmeta.rpc import from_rpc_error, rpc
+from mqmeta.pb import controller_pb2_grpc as pb_grpc
+from mqmeta.rpc import from_rpc_error, rpc, rpc_async
 from tests.support import wait_for
 from tests.support.prometheus import delta, scrape
 
@@ -208,6 +214,9 @@ class ToyBroker(bpb_grpc.BrokerServiceServicer):
 
     delay_s = 0.0
 
+    def __init__(self) -> None:
+        self.answered = threading.Event()
+
     @rpc
     def GetHaStatus(self, request, context):
         raise RuntimeError("secret/path/in/the/exception")
@@ -218,6 +227,7 @@ class ToyBroker(bpb_grpc.BrokerServiceServicer):
     @rpc
     def QueryOffset(self, request, context):
         time.sleep(self.delay_s)
+        self.answered.set()
         return bpb.QueryOffsetResponse(offset=request.queue_id)
 
 
@@ -290,8 +300,11 @@ def test_a_timeout_closes_the_connection_and_no_late_answer_is_read(toy):
     servicer.delay_s = 0.5
     with pytest.raises(DeadlineExceeded):
         client.call(address, BROKER_SERVICE, "QueryOffset", bpb.QueryOffsetRequest(queue_id=1), 0.1)
+    servicer.answered.clear()
     servicer.delay_s = 0.0
-    time.sleep(0.6)  # the late answer (offset 1) has been written by now, to a closed connection
+    # the late answer (offset 1) is written after this, to the closed connection: a pooled
+    # connection would have it before the next call's, whatever the timing
+    assert servicer.answered.wait(5)
     for queue_id in (2, 3):
         reply = client.call(
             address, BROKER_SERVICE, "QueryOffset", bpb.QueryOffsetRequest(queue_id=queue_id), 1
@@ -353,3 +366,66 @@ def test_a_bad_frame_on_the_threaded_server_is_one_warning(toy, caplog):
     wait_for(lambda: any("bad frame" in r.getMessage() for r in caplog.records), 5, "the log line")
     assert not any(r.exc_info for r in caplog.records), "no traceback"
     client.close()
+
+
+def closed(sock: socket.socket) -> bool:
+    """Whether the peer closed `sock` (an end, or a reset when it closed with our request unread)."""
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+
+
+class ToyController(pb_grpc.ControllerServiceServicer):
+    @rpc_async
+    async def GetTopicRoute(self, request, context):
+        return pb.TopicRoute(topic=request.name)
+
+
+def test_the_async_server_bounds_its_connections_ends_idle_ones_and_stops_them(monkeypatch):
+    """A controller's side (a task per connection on a loop): a connection past
+    CONNECTIONS_MAX is closed unanswered; one silent for IDLE_TIMEOUT_S is closed, which
+    frees its place; stop() closes the rest."""
+    monkeypatch.setattr(call_stream, "CONNECTIONS_MAX", 1)
+    monkeypatch.setattr(call_stream, "IDLE_TIMEOUT_S", 0.3)
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    pool = ThreadPoolExecutor(max_workers=2)
+    server = AsyncCallServer(call_stream.handlers(ToyController(), CONTROLLER_SERVICE), pool)
+    asyncio.run_coroutine_threadsafe(server.start("127.0.0.1"), loop).result(TIMEOUT_S)
+    body = pb.NameRequest(name="t").SerializeToString()
+    path = f"/{CONTROLLER_SERVICE.full_name}/GetTopicRoute"
+    request = frames.frame(frames.KIND_REQUEST, call_stream.encode_request(path, "", TIMEOUT_S, body))
+    opened: list[socket.socket] = []
+
+    def connect() -> socket.socket:
+        opened.append(socket.create_connection(("127.0.0.1", server.port), timeout=TIMEOUT_S))
+        return opened[-1]
+
+    def answered(sock: socket.socket) -> bool:
+        sock.sendall(request)
+        kind, answer = frames.read_frame(sock, 1 << 20)
+        return kind == frames.KIND_RESPONSE and pb.TopicRoute.FromString(answer).topic == "t"
+
+    try:
+        first = connect()
+        assert answered(first)
+        second = connect()
+        second.sendall(request)
+        assert closed(second), "past CONNECTIONS_MAX: closed unanswered"
+        started = time.monotonic()
+        assert closed(first), "an idle connection is closed by the server"
+        assert time.monotonic() - started < 3.0
+        third = connect()
+        assert answered(third), "the idle connection's place was freed"
+        asyncio.run_coroutine_threadsafe(server.stop(), loop).result(TIMEOUT_S)
+        assert closed(third), "stop() closes the connections"
+    finally:
+        for sock in opened:
+            sock.close()
+        asyncio.run_coroutine_threadsafe(server.stop(), loop).result(TIMEOUT_S)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(TIMEOUT_S)
+        loop.close()
+        pool.shutdown()
