@@ -79,6 +79,7 @@ IDLE_REUSE_S = 20.0  # a client does not reuse a connection idle this long (the 
 IDLE_CONNECTIONS_MAX = 8  # a client keeps this many idle connections per server
 CONNECT_TIMEOUT_S = 1.0
 OFFER_TIMEOUT_S = 1.0
+OFFER_RETRY_S = 1.0  # after the offer could not be asked (the server down or cut off)
 RETRY_S = 60.0  # no offer (UNIMPLEMENTED, TLS, off): gRPC only this long, then ask again
 STOP_JOIN_S = 2.0  # how long a server's stop waits for the calls being served
 SERVICE = cspb.DESCRIPTOR.services_by_name["CallStream"].full_name  # its Offer call
@@ -347,9 +348,9 @@ class _Broken(Exception):
 
 @dataclass
 class _Offer:
-    port: int  # 0: none
+    port: int  # 0: none (ask again at retry_at)
     services: frozenset[str]
-    asked_at: float
+    retry_at: float
 
 
 @dataclass
@@ -365,9 +366,15 @@ class CallStreamClient:
     then makes the gRPC call); `channel_of` gives the gRPC channel to ask the offer on.
     Counts the calls each way in `calls` ({"stream": n, "grpc": n})."""
 
-    def __init__(self, channel_of: Callable[[str], grpc.Channel], enabled: bool = True) -> None:
+    def __init__(
+        self,
+        channel_of: Callable[[str], grpc.Channel],
+        enabled: bool = True,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.enabled = enabled
         self._channel_of = channel_of
+        self._clock = clock
         self._lock = threading.Lock()
         self._offers: dict[str, _Offer] = {}
         self._idle: dict[str, list[_Connection]] = {}
@@ -433,11 +440,12 @@ class CallStreamClient:
         return reply_type
 
     def _offer(self, address: str, timeout_s: float) -> _Offer | None:
-        """The server's offer, asked once (again RETRY_S after it offered none); None when
-        it could not be asked now (the gRPC call will tell why)."""
-        now = time.monotonic()
+        """The server's offer, asked once (again RETRY_S after it offered none, and
+        OFFER_RETRY_S after the question failed: a server down or cut off is not asked
+        before every call); None when it could not be asked now (the gRPC call will tell why)."""
+        now = self._clock()
         offer = self._offers.get(address)
-        if offer is not None and (offer.port or now - offer.asked_at < RETRY_S):
+        if offer is not None and (offer.port or now < offer.retry_at):
             return offer
         try:
             answer = cspb_grpc.CallStreamStub(self._channel_of(address)).Offer(
@@ -445,6 +453,8 @@ class CallStreamClient:
             )
         except grpc.RpcError as error:
             if error.code() is not grpc.StatusCode.UNIMPLEMENTED:  # type: ignore[attr-defined]
+                with self._lock:
+                    self._offers[address] = _Offer(0, frozenset(), now + OFFER_RETRY_S)
                 return None
             log.info(
                 "%s has no call stream (an older version): calls go over gRPC for %.0f s", address, RETRY_S
@@ -455,13 +465,13 @@ class CallStreamClient:
             and dialled_directly(address, answer.address)
             and frames.usable(address, answer.port)
         )
-        offer = _Offer(answer.port if usable else 0, frozenset(answer.services), now)
+        offer = _Offer(answer.port if usable else 0, frozenset(answer.services), now + RETRY_S)
         with self._lock:
             self._offers[address] = offer
         return offer
 
     def _take(self, address: str, port: int) -> _Connection:
-        now = time.monotonic()
+        now = self._clock()
         stale = []
         with self._lock:
             idle = self._idle.get(address, [])
@@ -503,7 +513,7 @@ class CallStreamClient:
             raise Unavailable(f"the call stream of {connection.address}: {error}") from None
 
     def _give_back(self, connection: _Connection) -> None:
-        connection.idle_since = time.monotonic()
+        connection.idle_since = self._clock()
         with self._lock:
             idle = self._idle.setdefault(connection.address, [])
             if len(idle) < IDLE_CONNECTIONS_MAX:
@@ -517,7 +527,7 @@ class CallStreamClient:
         after RETRY_S when the offered port could not be connected to."""
         with self._lock:
             if unreachable:
-                self._offers[address] = _Offer(0, frozenset(), time.monotonic())
+                self._offers[address] = _Offer(0, frozenset(), self._clock() + RETRY_S)
             else:
                 self._offers.pop(address, None)
             idle = self._idle.pop(address, [])

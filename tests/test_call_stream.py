@@ -17,7 +17,8 @@ to happen on demand:
 - a frame that fails its CRC, names an unknown method or does not decode ends the
   connection, with one log line and no traceback; the next connection is served;
 - an older server (no CallStream: UNIMPLEMENTED) gets gRPC calls and is not asked again
-  for RETRY_S; TLS or auth in the client's process: no stream is asked for;
+  for RETRY_S; a server that cannot be asked (down) is asked again after OFFER_RETRY_S,
+  not before every call; TLS or auth in the client's process: no stream is asked for;
 - a controller's side (a task per connection on a loop) closes a connection past
   CONNECTIONS_MAX unanswered and one silent for IDLE_TIMEOUT_S, and stop() closes the rest.
 """
@@ -260,7 +261,18 @@ def toy():
             stream.stop()
 
 
-def _client() -> tuple[CallStreamClient, list[str]]:
+class Clock:
+    """A monotonic clock the test moves on."""
+
+    def __init__(self) -> None:
+        self.now_s = time.monotonic()
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
+def _client(clock: Clock | None = None) -> tuple[CallStreamClient, list[str]]:
+    """A client, and the addresses it asked for an offer (one per question)."""
     asked: list[str] = []
     channels: dict[str, grpc.Channel] = {}
 
@@ -268,7 +280,7 @@ def _client() -> tuple[CallStreamClient, list[str]]:
         asked.append(address)
         return channels.setdefault(address, grpc.insecure_channel(address))
 
-    return CallStreamClient(channel_of), asked
+    return CallStreamClient(channel_of, clock=clock or time.monotonic), asked
 
 
 def test_a_bug_is_internal_with_an_id_as_over_grpc(toy, caplog):
@@ -313,19 +325,37 @@ def test_a_timeout_closes_the_connection_and_no_late_answer_is_read(toy):
     client.close()
 
 
-def test_an_older_server_gets_grpc_calls_and_is_asked_again_only_later(toy, monkeypatch):
+def test_an_older_server_gets_grpc_calls_and_is_asked_again_only_later(toy):
     _, start = toy
     address = start(offer=False)
-    client, asked = _client()
+    clock = Clock()
+    client, asked = _client(clock)
+    query = bpb.QueryOffsetRequest()
     for _ in range(3):
-        assert (
-            client.call(address, BROKER_SERVICE, "QueryOffset", bpb.QueryOffsetRequest(), TIMEOUT_S) is None
-        )
+        assert client.call(address, BROKER_SERVICE, "QueryOffset", query, TIMEOUT_S) is None
     assert client.calls == {"stream": 0, "grpc": 3} and asked == [address], "asked once"
-    monkeypatch.setattr(call_stream, "RETRY_S", 0.0)
-    client.call(address, BROKER_SERVICE, "QueryOffset", bpb.QueryOffsetRequest(), TIMEOUT_S)
+    clock.now_s += call_stream.RETRY_S
+    client.call(address, BROKER_SERVICE, "QueryOffset", query, TIMEOUT_S)
     assert asked == [address, address], "asked again after RETRY_S"
     client.close()
+
+
+def test_a_server_that_cannot_be_asked_is_not_asked_before_every_call():
+    """A server down (or cut off): its offer is asked again after OFFER_RETRY_S, not before
+    each call (each question may wait up to OFFER_TIMEOUT_S before the gRPC call)."""
+    with socket.socket() as unused:  # a port nobody listens on: refused at once
+        unused.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{unused.getsockname()[1]}"
+        clock = Clock()
+        client, asked = _client(clock)
+        query = bpb.QueryOffsetRequest()
+        for _ in range(3):
+            assert client.call(address, BROKER_SERVICE, "QueryOffset", query, 0.5) is None
+        assert asked == [address]
+        clock.now_s += call_stream.OFFER_RETRY_S
+        assert client.call(address, BROKER_SERVICE, "QueryOffset", query, 0.5) is None
+        assert asked == [address, address]
+        client.close()
 
 
 def test_no_stream_is_asked_for_under_tls_or_auth(toy):
