@@ -168,6 +168,7 @@ class BrokerConfig:
     fetch_wait_ms: int = 100
     ha_stream: bool = True  # a master offers, a slave uses the HA stream (ha_stream.py)
     ha_stream_port: int = 0  # the HA stream's port on the listen host; 0 = one the kernel picks
+    call_stream: bool = True  # offer our clients the call stream (mqmeta/call_stream.py)
     segment_bytes: int = 64 << 20
     fsync: bool = True
     tiered_url: str = ""  # empty = no tiered storage

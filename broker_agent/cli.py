@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import grpc
 from mqmeta.broker_agent.admin import BrokerAdmin
 from mqmeta.broker_agent.agent import (
     DELAY_LEVELS_DEFAULT,
@@ -20,12 +21,15 @@ from mqmeta.broker_agent.agent import (
 )
 from mqmeta.broker_agent.commitlog import SEGMENT_BYTES_MAX, SEGMENT_BYTES_MIN
 from mqmeta.broker_agent.metrics import BrokerMetrics
-from mqmeta.broker_agent.service import BROKER_SERVICE, BrokerServicer
+from mqmeta.broker_agent.service import BROKER_DESCRIPTOR, BROKER_SERVICE, BrokerServicer
 from mqmeta.broker_agent.tiered import UPLOAD_BYTES_MAX
 
+from mqmeta import call_stream, frames
+from mqmeta.call_stream import ThreadedCallServer
 from mqmeta.config_file import accept_config_file
 from mqmeta.errors import InvalidArgument
 from mqmeta.pb import broker_pb2_grpc as bpb_grpc
+from mqmeta.pb import call_stream_pb2_grpc
 from mqmeta.remoting.server import listen_address
 from mqmeta.rpc import (
     STOP_GRACE_S,
@@ -92,6 +96,12 @@ def add_parser(subparsers: Any) -> None:
         default=0,
         help="as master, serve the HA stream on this port of the --listen host (open it in "
         "firewalls between brokers; a taken port stops the start); 0: one the kernel picks",
+    )
+    broker.add_argument(
+        "--no-call-stream",
+        action="store_true",
+        help="offer our clients no call stream: their sends and other unary calls stay gRPC "
+        "calls (the stream is offered only without TLS and auth in any case)",
     )
     broker.add_argument(
         "--segment-bytes",
@@ -176,6 +186,7 @@ def _broker_config(args: argparse.Namespace) -> BrokerConfig:
         send_timeout_ms=args.send_timeout_ms,
         ha_stream=not args.no_ha_stream,
         ha_stream_port=args.ha_stream_port,
+        call_stream=not args.no_call_stream,
         segment_bytes=args.segment_bytes,
         tiered_url=args.tiered_store,
         tiered_upload_bytes=args.tiered_upload_bytes,
@@ -230,10 +241,12 @@ def _start(config: BrokerConfig, metrics_listen: str) -> Any:
         ensure_topic=rmq.metadata.ensure_dead_letter_topic,
         forget_cursors=rmq.pop.forget,
     )
-    bpb_grpc.add_BrokerServiceServicer_to_server(BrokerServicer(agent, metrics, admin), server)
+    servicer = BrokerServicer(agent, metrics, admin)
+    bpb_grpc.add_BrokerServiceServicer_to_server(servicer, server)
     rsvc_grpc.add_MessagingServiceServicer_to_server(MessagingServicer(rmq, metrics), server)
-    add_health_and_reflection(server, [BROKER_SERVICE, MESSAGING_SERVICE])
+    add_health_and_reflection(server, [BROKER_SERVICE, MESSAGING_SERVICE, call_stream.SERVICE])
     agent.bind_stream_server()  # a taken --ha-stream-port ends the start before gRPC serves
+    calls = _call_stream(config, servicer, metrics, server)  # bound before gRPC serves
     server.start()
     agent.start()
     rmq.start()
@@ -255,6 +268,8 @@ def _start(config: BrokerConfig, metrics_listen: str) -> Any:
 
             def stop_serving() -> None:
                 server.stop(grace=grace).wait()
+                if calls is not None:
+                    calls.stop()
 
             steps: list[Callable[[], object]] = [agent.depart] if graceful else []
             steps.append(stop_serving)
@@ -263,3 +278,19 @@ def _start(config: BrokerConfig, metrics_listen: str) -> Any:
             run_stop_steps([*steps, rmq.stop, agent.stop, metrics.stop])
 
     return _Node()
+
+
+def _call_stream(
+    config: BrokerConfig, servicer: BrokerServicer, metrics: BrokerMetrics, server: grpc.Server
+) -> ThreadedCallServer | None:
+    """The call stream (mqmeta/call_stream.py), started; CallStream.Offer tells clients its
+    port (0: none, under TLS or auth or with --no-call-stream)."""
+    stream = None
+    if config.call_stream and frames.offered():
+        table = call_stream.handlers(servicer, BROKER_DESCRIPTOR)
+        stream = ThreadedCallServer(frames.host_of(config.listen), table, metrics.call_stream_calls.inc)
+        stream.start()
+    port = stream.port if stream is not None else 0
+    offer = call_stream.OfferServicer(lambda: port, [BROKER_SERVICE] if port else [], config.listen)
+    call_stream_pb2_grpc.add_CallStreamServicer_to_server(offer, server)
+    return stream

@@ -2,64 +2,51 @@
 
 The same messages as the HaFetch call (HaFetchRequest, HaFetchResponse) and the same rules
 (ha_fetch.serve_fetch answers each request; the slave's core applies each answer): only
-the transport differs. A gRPC unary call costs each side a few thread hand-offs in
-Python's gRPC (about 0.3 ms a round trip on a quiet machine, a millisecond or more under
-load); a request or an answer on the stream is one socket write and one read (about
-0.01 ms). Each round trip is on a send's path: the slave's next fetch acknowledges the
-bytes of the last one. RocketMQ's HAService works the same way (a connection per slave,
-the master pushing bytes, the slave answering with its offset).
+the transport differs (mqmeta/frames.py: the frame, and who may open a stream). Each
+round trip is on a send's path: the slave's next fetch acknowledges the bytes of the
+last one. RocketMQ's HAService works the same way (a connection per slave, the master
+pushing bytes, the slave answering with its offset).
 
-A frame is a 9-byte header, the payload's length (4 bytes, big-endian), its kind (1
-byte) and its CRC-32 (4 bytes), then the payload: a serialized HaFetchRequest (slave to
-master), HaFetchResponse (master to slave), or a refusal (the error's code, a newline,
-its message, UTF-8). A frame that fails its CRC or is too long ends the connection.
+A request frame carries a serialized HaFetchRequest (slave to master), an answer a
+HaFetchResponse (master to slave), or a refusal (the error's code, a newline, its
+message, UTF-8).
 
 Who uses it: a master offers its stream's port in every handshake answer over gRPC
-(HaFetchResponse.stream_port); it opens the stream only when this process serves plain,
-unauthenticated gRPC (no TLS, no auth policy): the stream has neither. The port is the
-broker's --ha-stream-port, or one the kernel picks (0, the default). A slave that is
-offered a port dials HOST:PORT (its master's host) through the dial map as it dials gRPC:
-the chaos suite puts a fault proxy on the stream's link too. When the dial map redirects
-the master's gRPC address but not the stream's, the slave stays on gRPC, so that a fault
-proxy is never bypassed. Any failure of the stream sends the slave back to a gRPC
-handshake, which offers the stream again.
+(HaFetchResponse.stream_port); it opens the stream only when frames.offered(). The port
+is the broker's --ha-stream-port, or one the kernel picks (0, the default). A slave that
+is offered a port dials HOST:PORT (its master's host) through the dial map as it dials
+gRPC (frames.usable): the chaos suite puts a fault proxy on the stream's link too. Any
+failure of the stream sends the slave back to a gRPC handshake, which offers the stream
+again.
 """
 
 from __future__ import annotations
 
-import logging
 import socket
-import struct
-import threading
-import time
-import zlib
 from collections.abc import Callable
 
 from google.protobuf.message import DecodeError
 
-from mqmeta import auth, tls
-from mqmeta.dialmap import dial
+from mqmeta import frames
 from mqmeta.errors import MqmetaError, Unavailable, error_from_code
 from mqmeta.pb import broker_pb2 as bpb
 
-log = logging.getLogger(__name__)
-
-HEADER = struct.Struct(">IBI")  # payload length, kind, CRC-32 of the payload
-KIND_REQUEST = 1
-KIND_RESPONSE = 2
-KIND_REFUSAL = 3
 REQUEST_BYTES_MAX = 1 << 20
 RESPONSE_BYTES_MAX = 17 << 20  # ha_fetch.FETCH_MAX_BYTES_LIMIT of records and the rest
 CONNECTIONS_MAX = 16  # slaves connected at once; one thread each
 IDLE_TIMEOUT_S = 30.0  # a slave fetches at least every wait_ms; silence this long ends it
 CONNECT_TIMEOUT_S = 1.0
-ACCEPT_POLL_S = 0.5  # how soon the accepting thread sees stop()
 # How long stop() waits for the connections' threads: one may be in a fetch's wait (at
 # most ha_fetch.FETCH_WAIT_MS_MAX, 1 s), then answer; after stop() none touches the store.
 STOP_JOIN_S = 2.0
-LISTEN_BACKLOG = 16
 
 Serve = Callable[[bpb.HaFetchRequest], bpb.HaFetchResponse]
+
+# Who may open, and where to dial, the stream (kept under these names for ha_fetch and the tests).
+offered = frames.offered
+stream_address = frames.stream_address
+usable = frames.usable
+host_of = frames.host_of
 
 
 class StreamBroken(Unavailable):
@@ -71,141 +58,31 @@ class StreamBroken(Unavailable):
         self.unreachable = unreachable
 
 
-def offered() -> bool:
-    """Whether this process may open the stream: plain, unauthenticated gRPC only."""
-    return tls.current() is None and auth.current_policy() is None and auth.client_token() is None
-
-
-def stream_address(master_address: str, port: int) -> str:
-    """The address a slave dials for its master's stream: the master's host, the offered port."""
-    host = host_of(master_address)
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-def usable(master_address: str, port: int) -> bool:
-    """Whether a slave may dial its master's stream: plain gRPC, and either no dial map
-    redirects the master or one redirects the stream's address too (its fault proxy)."""
-    if not offered():
-        return False
-    redirected = dial(master_address) != master_address
-    address = stream_address(master_address, port)
-    return not redirected or dial(address) != address
-
-
-def _frame(kind: int, payload: bytes) -> bytes:
-    return HEADER.pack(len(payload), kind, zlib.crc32(payload)) + payload
-
-
-def _read_exact(sock: socket.socket, size: int) -> bytes:
-    buffer = bytearray(size)
-    view = memoryview(buffer)
-    got = 0
-    while got < size:
-        n = sock.recv_into(view[got:])
-        if n == 0:
-            raise ConnectionResetError("the peer closed the HA stream")
-        got += n
-    return bytes(buffer)
-
-
-def _read_frame(sock: socket.socket, size_max: int) -> tuple[int, bytes]:
-    size, kind, crc = HEADER.unpack(_read_exact(sock, HEADER.size))
-    if size > size_max:
-        raise ValueError(f"an HA stream frame of {size} bytes (at most {size_max})")
-    payload = _read_exact(sock, size) if size else b""
-    if zlib.crc32(payload) != crc:
-        raise ValueError("an HA stream frame failed its CRC-32")
-    return kind, payload
-
-
-class StreamServer:
+class StreamServer(frames.FrameServer):
     """The master's side: a listening socket, a thread per connected slave (at most
     CONNECTIONS_MAX), each answering one request at a time with `serve`."""
 
     def __init__(self, host: str, serve: Serve, port: int = 0) -> None:
         self._serve = serve
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET  # host_of strips the brackets
-        # create_server sets SO_REUSEADDR: a port held for a local cluster (cluster/ports.py) binds
-        self._listener = socket.create_server((host, port), family=family, backlog=LISTEN_BACKLOG)
-        self._listener.settimeout(ACCEPT_POLL_S)
-        self.port: int = self._listener.getsockname()[1]
-        self._stopping = threading.Event()
-        self._lock = threading.Lock()
-        self._connections: dict[socket.socket, threading.Thread] = {}
-        self._thread = threading.Thread(target=self._accept_loop, name="ha-stream-accept", daemon=True)
+        super().__init__(
+            "ha-stream",
+            host,
+            self._answer_fetch,
+            port,
+            REQUEST_BYTES_MAX,
+            CONNECTIONS_MAX,
+            IDLE_TIMEOUT_S,
+            STOP_JOIN_S,
+        )
 
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stopping.set()
-        try:  # wakes the accepting thread at once (Linux), not after its poll
-            self._listener.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        if self._thread.ident is not None:  # started (a bound server may be stopped unstarted)
-            self._thread.join(timeout=ACCEPT_POLL_S * 4)
-        self._listener.close()
-        with self._lock:
-            threads = list(self._connections.values())
-            for connection in self._connections:  # wakes a thread reading; one serving ends its fetch
-                _close(connection)
-        deadline = time.monotonic() + STOP_JOIN_S
-        for thread in threads:
-            thread.join(timeout=max(0.0, deadline - time.monotonic()))
-            if thread.is_alive():
-                log.warning("an HA stream connection still served %.1f s after stop", STOP_JOIN_S)
-
-    def _accept_loop(self) -> None:
-        while not self._stopping.is_set():
-            try:
-                connection, _ = self._listener.accept()
-            except TimeoutError:
-                continue
-            except OSError as error:
-                if not self._stopping.is_set():
-                    log.warning("the HA stream stopped accepting: %s", error)
-                return
-            with self._lock:
-                if len(self._connections) >= CONNECTIONS_MAX or self._stopping.is_set():
-                    _close(connection)
-                    continue
-                thread = threading.Thread(
-                    target=self._serve_connection, args=(connection,), name="ha-stream", daemon=True
-                )
-                self._connections[connection] = thread
-            thread.start()
-
-    def _serve_connection(self, connection: socket.socket) -> None:
-        connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        connection.settimeout(IDLE_TIMEOUT_S)
+    def _answer_fetch(self, kind: int, payload: bytes, connection: socket.socket) -> bytes:
+        if kind != frames.KIND_REQUEST:
+            raise ValueError(f"an HA stream frame of kind {kind} from a slave")
+        request = bpb.HaFetchRequest.FromString(payload)
         try:
-            while not self._stopping.is_set():
-                kind, payload = _read_frame(connection, REQUEST_BYTES_MAX)
-                if kind != KIND_REQUEST:
-                    raise ValueError(f"an HA stream frame of kind {kind} from a slave")
-                request = bpb.HaFetchRequest.FromString(payload)
-                try:
-                    answer = _frame(KIND_RESPONSE, self._serve(request).SerializeToString())
-                except MqmetaError as error:  # refused (not master, fenced, ...): the slave handshakes again
-                    answer = _frame(KIND_REFUSAL, f"{error.code}\n{error}".encode())
-                connection.sendall(answer)
-        except (OSError, ValueError, DecodeError) as error:  # gone, silent, or a bad frame: it connects again
-            log.debug("an HA stream connection ended: %s", error)
-        except Exception:
-            log.exception("serving an HA stream failed")
-        finally:
-            with self._lock:
-                self._connections.pop(connection, None)
-            _close(connection)
-
-
-def _close(sock: socket.socket) -> None:
-    try:
-        sock.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass
-    sock.close()
+            return frames.frame(frames.KIND_RESPONSE, self._serve(request).SerializeToString())
+        except MqmetaError as error:  # refused (not master, fenced, ...): the slave handshakes again
+            return frames.frame(frames.KIND_REFUSAL, f"{error.code}\n{error}".encode())
 
 
 class StreamClient:
@@ -232,8 +109,8 @@ class StreamClient:
     def fetch(self, request: bpb.HaFetchRequest, timeout_s: float) -> bpb.HaFetchResponse:
         try:
             self._sock.settimeout(timeout_s)
-            self._sock.sendall(_frame(KIND_REQUEST, request.SerializeToString()))
-            kind, payload = _read_frame(self._sock, RESPONSE_BYTES_MAX)
+            self._sock.sendall(frames.frame(frames.KIND_REQUEST, request.SerializeToString()))
+            kind, payload = frames.read_frame(self._sock, RESPONSE_BYTES_MAX)
         except TimeoutError:
             self.close()
             raise StreamBroken(
@@ -246,7 +123,7 @@ class StreamClient:
             self.close()
             raise StreamBroken(f"the HA stream at {self.address}: {error}", False) from None
         self._answered = True
-        if kind == KIND_RESPONSE:
+        if kind == frames.KIND_RESPONSE:
             try:
                 return bpb.HaFetchResponse.FromString(payload)
             except DecodeError as error:
@@ -254,15 +131,11 @@ class StreamClient:
                 raise StreamBroken(
                     f"an HA stream answer that is no HaFetchResponse: {error}", False
                 ) from None
-        if kind == KIND_REFUSAL:
+        if kind == frames.KIND_REFUSAL:
             code, _, message = payload.decode("utf-8", "replace").partition("\n")
             raise error_from_code(code, message)
         self.close()
         raise StreamBroken(f"an HA stream frame of kind {kind} from the master", False)
 
     def close(self) -> None:
-        _close(self._sock)
-
-
-def host_of(address: str) -> str:
-    return address.rpartition(":")[0].strip("[]")
+        frames.close(self._sock)

@@ -43,6 +43,9 @@ class BrokerMetrics:
             PREFIX + "bytes_out",
             "message body bytes delivered to consumers: native Pull and RocketMQ 5 (redeliveries included)",
         )
+        self.call_stream_calls = self.metrics.counter(
+            PREFIX + "call_stream_calls", "unary calls served over the call stream (not as gRPC calls)"
+        )
         self.metrics.on_scrape(lambda: _collect(agent))
 
     def serve(self, listen: str) -> None:

@@ -35,7 +35,8 @@ log = logging.getLogger(__name__)
 PULL_COUNT_MAX = 1024
 ORIGIN_REORDER_WAIT_MS = 1000  # how long a replicated batch waits for its predecessor
 ORIGIN_REORDER_POLL_MS = 20
-BROKER_SERVICE = bpb.DESCRIPTOR.services_by_name["BrokerService"].full_name
+BROKER_DESCRIPTOR = bpb.DESCRIPTOR.services_by_name["BrokerService"]
+BROKER_SERVICE = BROKER_DESCRIPTOR.full_name
 TOPICS_SEEN_MAX = 4096  # valid topic names _message remembers
 _TOPICS_SEEN: set[str] = set()
 

@@ -37,6 +37,12 @@ def _add_node_flags(parser: argparse.ArgumentParser) -> None:
         "from untrusted hosts: the wire format is pickle)",
     )
     parser.add_argument("--metrics-listen", help="serve Prometheus metrics over HTTP on HOST:PORT")
+    parser.add_argument(
+        "--no-call-stream",
+        action="store_true",
+        help="offer our clients no call stream: their unary calls stay gRPC calls (the stream "
+        "is offered only without TLS and auth in any case)",
+    )
 
 
 def add_parser(subparsers: Any) -> None:
@@ -140,6 +146,7 @@ def controller_config(args: argparse.Namespace) -> ControllerConfig:
         peers=[parse_peer(p) for p in args.peer or []],
         raft_settings=raft_settings_from(getattr(args, "raft_settings", None) or {}, secret),
         metrics_listen=str(args.metrics_listen or ""),
+        call_stream=not getattr(args, "no_call_stream", False),
     )
 
 

@@ -14,8 +14,12 @@ from mqmeta.metrics import Metrics, gauge
 PREFIX = "mqmeta_controller_"
 
 
-def controller_metrics(core: ControllerOperations) -> Metrics:
+def controller_metrics(core: ControllerOperations) -> tuple[Metrics, Counter]:
+    """A node's metrics and the counter its call stream counts its calls on."""
     metrics = Metrics()
+    call_stream_calls = metrics.counter(
+        PREFIX + "call_stream_calls", "unary calls served over the call stream (not as gRPC calls)"
+    )
     apply_seconds = metrics.histogram(PREFIX + "apply_seconds", "time to apply one Raft entry (a batch)")
     writes = metrics.counter(PREFIX + "writes", "commands applied from the Raft log")
 
@@ -25,7 +29,7 @@ def controller_metrics(core: ControllerOperations) -> Metrics:
 
     core.raft.on_applied = applied
     metrics.on_scrape(lambda: _collect(core))
-    return metrics
+    return metrics, call_stream_calls
 
 
 def namesrv_metrics() -> tuple[Metrics, Counter]:

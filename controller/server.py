@@ -24,10 +24,18 @@ from mqmeta.controller.raft_node import Peer, RaftSettings
 from mqmeta.controller.route_cache import RouteCache
 from mqmeta.controller.service import ControllerServicer, watch_event_pb
 
+from mqmeta import call_stream, frames
+from mqmeta.call_stream import AsyncCallServer
 from mqmeta.client import ControllerClient
 from mqmeta.errors import InvalidArgument
 from mqmeta.metrics import Metrics
-from mqmeta.pb import controller_pb2, controller_pb2_grpc, namesrv_pb2, namesrv_pb2_grpc
+from mqmeta.pb import (
+    call_stream_pb2_grpc,
+    controller_pb2,
+    controller_pb2_grpc,
+    namesrv_pb2,
+    namesrv_pb2_grpc,
+)
 from mqmeta.rpc import (
     STOP_GRACE_S,
     STOP_NOW_GRACE_S,
@@ -44,7 +52,8 @@ log = logging.getLogger(__name__)
 # Threads for the plain (sync) handlers; coroutine handlers and Watch streams use none.
 # Module-level so that bench/controller_bench.py can change it.
 GRPC_WORKERS_MAX = 64
-CONTROLLER_SERVICE = controller_pb2.DESCRIPTOR.services_by_name["ControllerService"].full_name
+CONTROLLER_DESCRIPTOR = controller_pb2.DESCRIPTOR.services_by_name["ControllerService"]
+CONTROLLER_SERVICE = CONTROLLER_DESCRIPTOR.full_name
 NAMESRV_SERVICE = namesrv_pb2.DESCRIPTOR.services_by_name["NameServer"].full_name
 PROXY_ROUTES = RocketMQRoutes()
 REQUEST_BYTES_MAX = 5 << 20  # a RocketMQ 5 body of 4 MiB passes through the proxy
@@ -59,6 +68,7 @@ class ControllerConfig:
     peers: list[Peer] = field(default_factory=list)
     raft_settings: RaftSettings = field(default_factory=RaftSettings)
     metrics_listen: str = ""  # HOST:PORT for Prometheus text; empty = none
+    call_stream: bool = True  # offer our clients the call stream (mqmeta/call_stream.py)
 
     def validate(self) -> None:
         parse_addresses(self.grpc, "--grpc address")
@@ -189,11 +199,15 @@ def start_controller(
             check_can_listen(address)
     core = ControllerOperations(config.node_id, config.peers, config.data_dir, config.raft_settings)
     embedded_here = namesrv_address == config.grpc
+    metrics, call_stream_calls = controller_metrics(core)
+    call_server: list[AsyncServer] = []  # set before setup runs on its loop
 
     async def setup(server: grpc.aio.Server) -> None:
         core.watch_hub.attach(asyncio.get_running_loop(), watch_event_pb)
-        controller_pb2_grpc.add_ControllerServiceServicer_to_server(ControllerServicer(core), server)
-        services = [CONTROLLER_SERVICE]
+        servicer = ControllerServicer(core)
+        controller_pb2_grpc.add_ControllerServiceServicer_to_server(servicer, server)
+        await _serve_call_stream(call_server[0], config, servicer, call_stream_calls.inc, server)
+        services = [CONTROLLER_SERVICE, call_stream.SERVICE]
         if embedded_here:
             namesrv_pb2_grpc.add_NameServerServicer_to_server(EmbeddedNameServer(core), server)
             services.append(NAMESRV_SERVICE)
@@ -202,7 +216,8 @@ def start_controller(
 
     servers: list[StoppableServer] = []
     try:
-        servers.append(_started(AsyncServer(config.grpc, setup, GRPC_WORKERS_MAX, REQUEST_BYTES_MAX)))
+        call_server.append(AsyncServer(config.grpc, setup, GRPC_WORKERS_MAX, REQUEST_BYTES_MAX))
+        servers.append(_started(call_server[0]))
         if namesrv_address and not embedded_here:
             setup_namesrv = _namesrv_setup(core, routes, namesrv_address)
             servers.append(
@@ -225,9 +240,27 @@ def start_controller(
                 server.stop(grace=0)
             core.close()
             raise
-    metrics = controller_metrics(core)
     metrics.serve(config.metrics_listen)
     return RunningNode(servers, core, None, metrics, closers)
+
+
+async def _serve_call_stream(
+    owner: AsyncServer,
+    config: ControllerConfig,
+    servicer: ControllerServicer,
+    on_call: Callable[[], object],
+    server: grpc.aio.Server,
+) -> None:
+    """The call stream (mqmeta/call_stream.py) on `owner`'s loop, bound before gRPC serves,
+    stopped before gRPC stops; CallStream.Offer tells clients its port (0: none)."""
+    stream: AsyncCallServer | None = None
+    if config.call_stream and frames.offered():
+        stream = AsyncCallServer(call_stream.handlers(servicer, CONTROLLER_DESCRIPTOR), owner.pool, on_call)
+        await stream.start(frames.host_of(config.grpc))
+        owner.stop_hooks.append(stream.stop)
+    port = stream.port if stream is not None else 0
+    offer = call_stream.OfferServicer(lambda: port, [CONTROLLER_SERVICE] if port else [], config.grpc)
+    call_stream_pb2_grpc.add_CallStreamServicer_to_server(offer, server)
 
 
 def _remoting(

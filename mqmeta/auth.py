@@ -96,6 +96,8 @@ _ACCESS_BY_SERVICE: dict[str, dict[str, Access]] = {
     "grpc.health.v1.Health": dict.fromkeys(["Check", "Watch", "List"], _O),
     # the schema only, but a read like any other (grpcurl sends -H and -cert)
     "grpc.reflection.v1alpha.ServerReflection": {"ServerReflectionInfo": _R},
+    # the call stream's port (mqmeta/call_stream.py): 0 under an auth policy in any case
+    "mqmeta.v1.CallStream": {"Offer": _R},
 }
 METHOD_ACCESS: dict[str, Access] = {
     f"/{service}/{method}": access

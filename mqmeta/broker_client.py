@@ -17,6 +17,7 @@ from typing import Any
 import grpc
 
 from mqmeta import backoff, tls
+from mqmeta.call_stream import CallStreamClient
 from mqmeta.dialmap import dial
 from mqmeta.errors import (
     DeadlineExceeded,
@@ -34,18 +35,30 @@ from mqmeta.pb import namesrv_pb2_grpc as npb_grpc
 from mqmeta.rpc import from_rpc_error
 from mqmeta.validate import parse_addresses
 
+BROKER_SERVICE = bpb.DESCRIPTOR.services_by_name["BrokerService"]
 CALL_TIMEOUT_S = 10.0
 ATTEMPT_TIMEOUT_S = 4.0
 
 
 class _Channels:
     """One channel per address, and its broker stub: building a stub makes a callable for
-    every method of the service (about 0.3 ms of Python), too much to pay per send."""
+    every method of the service (about 0.3 ms of Python), too much to pay per send. With
+    `call_stream`, a broker's unary calls go over its call stream when it offers one
+    (mqmeta/call_stream.py)."""
 
-    def __init__(self) -> None:
+    def __init__(self, call_stream: bool = True) -> None:
         self._lock = threading.Lock()
         self._channels: dict[str, grpc.Channel] = {}
         self._broker_stubs: dict[str, bpb_grpc.BrokerServiceStub] = {}
+        self.streams = CallStreamClient(self.get, enabled=call_stream)
+
+    def call_broker(self, address: str, method: str, request: Any, timeout_s: float) -> Any:
+        """One attempt of a BrokerService call: over the broker's call stream when it offers
+        one (a failure is then the typed error), else a gRPC call (grpc.RpcError)."""
+        reply = self.streams.call(address, BROKER_SERVICE, method, request, timeout_s)
+        if reply is None:
+            reply = getattr(self.broker_stub(address), method)(request, timeout=timeout_s)
+        return reply
 
     def get(self, address: str) -> grpc.Channel:
         with self._lock:
@@ -63,6 +76,7 @@ class _Channels:
         return stub
 
     def close(self) -> None:
+        self.streams.close()
         with self._lock:
             for channel in self._channels.values():
                 channel.close()
@@ -133,8 +147,8 @@ def _call_master(
             if refresh:
                 routes.route(topic, refresh=True)
             address = routes.master(topic, broker_name)
-            return getattr(channels.broker_stub(address), method)(
-                request, timeout=min(ATTEMPT_TIMEOUT_S, max(0.05, deadline - time.monotonic()))
+            return channels.call_broker(
+                address, method, request, min(ATTEMPT_TIMEOUT_S, max(0.05, deadline - time.monotonic()))
             )
         except grpc.RpcError as rpc_error:
             last = from_rpc_error(rpc_error)
@@ -144,7 +158,7 @@ def _call_master(
                 # exits), where it would be UNAVAILABLE had they come a moment later. Tried
                 # again as UNAVAILABLE is (a send is at least once, as after any lost answer).
                 last = Unavailable(f"{method} was cancelled by the broker (it is stopping): {last}")
-        except Unavailable as error:
+        except MqmetaError as error:  # refused on the call stream, or no master in the route
             last = error
         if not isinstance(last, NotMaster | Unavailable):
             raise last
@@ -159,8 +173,12 @@ call_master = _call_master
 
 
 class Producer:
-    def __init__(self, namesrv: list[str] | str, timeout_s: float = CALL_TIMEOUT_S) -> None:
-        self._channels = _Channels()
+    """`call_stream`: send over a master's call stream when it offers one; False: gRPC only."""
+
+    def __init__(
+        self, namesrv: list[str] | str, timeout_s: float = CALL_TIMEOUT_S, call_stream: bool = True
+    ) -> None:
+        self._channels = _Channels(call_stream)
         self.routes = RouteCache(namesrv, self._channels)
         self.timeout_s = timeout_s
         self.producer_id = uuid.uuid4().hex[:16]
@@ -228,11 +246,12 @@ class Consumer:
         group: str,
         timeout_s: float = CALL_TIMEOUT_S,
         share: tuple[int, int] | None = None,
+        call_stream: bool = True,
     ) -> None:
         if share is not None and not 0 <= share[0] < share[1]:
             raise InvalidArgument(f"consumer share {share} must be (i, n) with 0 <= i < n")
         self.share = share
-        self._channels = _Channels()
+        self._channels = _Channels(call_stream)
         self.routes = RouteCache(namesrv, self._channels)
         self.topic = topic
         self.group = group

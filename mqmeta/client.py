@@ -26,6 +26,7 @@ from typing import Any
 import grpc
 
 from mqmeta import backoff, tls
+from mqmeta.call_stream import CallStreamClient
 from mqmeta.dialmap import dial
 from mqmeta.errors import (
     DeadlineExceeded,
@@ -55,6 +56,7 @@ CHANNEL_OPTIONS = [
     ("grpc.min_reconnect_backoff_ms", 50),
     ("grpc.max_reconnect_backoff_ms", 500),
 ]
+SERVICE = pb.DESCRIPTOR.services_by_name["ControllerService"]
 STREAM_RETRY_S = 60.0  # after UNIMPLEMENTED, heartbeats go unary this long before the stream is tried again
 
 
@@ -128,10 +130,16 @@ class HeartbeatCall:
 
 
 class ControllerClient:
-    def __init__(self, addresses: list[str] | str, timeout_s: float = CALL_TIMEOUT_S) -> None:
+    """`call_stream`: send unary calls over a controller's call stream when it offers one
+    (mqmeta/call_stream.py); False: gRPC calls only."""
+
+    def __init__(
+        self, addresses: list[str] | str, timeout_s: float = CALL_TIMEOUT_S, call_stream: bool = True
+    ) -> None:
         self.addresses = parse_addresses(addresses) if isinstance(addresses, str) else addresses
         self.timeout_s = timeout_s
         self._lock = threading.Lock()
+        self.streams = CallStreamClient(self._channel, enabled=call_stream)
         self._closed = False  # close() ends calls in flight and refuses new ones
         self._channels: dict[str, grpc.Channel] = {}
         self._stubs: dict[str, pb_grpc.ControllerServiceStub] = {}
@@ -152,6 +160,24 @@ class ControllerClient:
                 self._channels[address] = channel
                 stub = self._stubs[address] = pb_grpc.ControllerServiceStub(channel)
             return stub
+
+    def _channel(self, address: str) -> grpc.Channel:
+        self._stub(address)
+        return self._channels[address]
+
+    def _attempt(
+        self, target: str, method: str, request: Any, timeout_s: float, request_id: str | None
+    ) -> Any:
+        """One attempt at `target`: over its call stream when it offers one, else a gRPC
+        call; a failure is the typed error either way."""
+        reply = self.streams.call(target, SERVICE, method, request, timeout_s, request_id or "")
+        if reply is not None:
+            return reply
+        metadata = ((REQUEST_ID_HEADER, request_id),) if request_id else None
+        try:
+            return getattr(self._stub(target), method)(request, timeout=timeout_s, metadata=metadata)
+        except grpc.RpcError as rpc_error:
+            raise from_rpc_error(rpc_error) from None
 
     def _next_target(self, failed: str) -> str:
         candidates = self.addresses
@@ -186,7 +212,6 @@ class ControllerClient:
         """One logical call, retried on UNAVAILABLE and NOT_LEADER until its deadline. With
         `request_id` (admin writes) every attempt carries it, so the controller applies the
         write once and answers a retry with the first attempt's answer."""
-        metadata = ((REQUEST_ID_HEADER, request_id),) if request_id else None
         deadline = time.monotonic() + (timeout_s or self.timeout_s)
         if not self._leader_known and len(self.addresses) > 1:
             self._discover_leader(deadline)
@@ -201,13 +226,11 @@ class ControllerClient:
                     f"(tried {', '.join(self.addresses)}): {last_error or 'no answer'}"
                 )
             try:
-                reply = getattr(self._stub(target), method)(
-                    request, timeout=min(remaining, ATTEMPT_TIMEOUT_S), metadata=metadata
-                )
+                reply = self._attempt(target, method, request, min(remaining, ATTEMPT_TIMEOUT_S), request_id)
                 self._target = target
                 return reply
-            except grpc.RpcError as rpc_error:
-                error = from_rpc_error(rpc_error)
+            except MqmetaError as failed:
+                error = failed
             if not isinstance(error, Unavailable | NotLeader):
                 raise error
             last_error = error
@@ -434,6 +457,7 @@ class ControllerClient:
         with self._heartbeat_lock:
             if self._heartbeat_call is not None:
                 self._heartbeat_call.close()
+        self.streams.close()
         with self._lock:
             self._closed = True
             for channel in [*self._channels.values(), *self._watch_channels.values()]:

@@ -125,8 +125,14 @@ def from_rpc_error(err: grpc.RpcError) -> MqmetaError:
     code = err.code() if hasattr(err, "code") else grpc.StatusCode.UNKNOWN
     details = err.details() if hasattr(err, "details") else str(err)
     trailing = dict(err.trailing_metadata() or ()) if hasattr(err, "trailing_metadata") else {}
-    domain = str(trailing.get(ERROR_CODE_KEY, ""))
-    leader = str(trailing.get(LEADER_KEY, ""))
+    return error_from_status(
+        code, details or "", str(trailing.get(ERROR_CODE_KEY, "")), str(trailing.get(LEADER_KEY, ""))
+    )
+
+
+def error_from_status(code: grpc.StatusCode, details: str, domain: str, leader: str) -> MqmetaError:
+    """The typed error of a failed call: its status, message, domain code (ERROR_CODE_KEY)
+    and leader (LEADER_KEY), as gRPC or the call stream (mqmeta/call_stream.py) carry them."""
     if domain:
         typed = error_from_code(domain, details or domain)
     else:
@@ -300,8 +306,10 @@ class AsyncServer:
         self.address = address
         self._request_bytes_max = request_bytes_max
         self._setup = setup
-        self._pool = ThreadPoolExecutor(max_workers=workers_max, thread_name_prefix="rpc")
+        self.pool = ThreadPoolExecutor(max_workers=workers_max, thread_name_prefix="rpc")
         self.loop = asyncio.new_event_loop()
+        # awaited on the loop when the server stops, before gRPC stops (a call stream's close)
+        self.stop_hooks: list[Callable[[], Awaitable[None]]] = []
         self._server: grpc.aio.Server | None = None
         self._thread = threading.Thread(target=self.loop.run_forever, name="grpc-loop", daemon=True)
 
@@ -321,7 +329,7 @@ class AsyncServer:
             else [("grpc.max_receive_message_length", self._request_bytes_max)]
         )
         server = grpc.aio.server(
-            migration_thread_pool=self._pool,
+            migration_thread_pool=self.pool,
             options=[("grpc.so_reuseport", 0), *PING_TOLERANT_OPTIONS, *limit],
             interceptors=auth.aio_server_interceptors(),
         )
@@ -337,11 +345,17 @@ class AsyncServer:
     def stop(self, grace: float | None = STOP_GRACE_S) -> threading.Event:
         stopped = threading.Event()
         if self._server is not None and self.loop.is_running():
-            future = asyncio.run_coroutine_threadsafe(self._server.stop(grace), self.loop)
+            future = asyncio.run_coroutine_threadsafe(self._stop(grace), self.loop)
             future.result(timeout=(grace or 0.0) + SERVER_START_TIMEOUT_S)
         self._stop_loop()
         stopped.set()
         return stopped
+
+    async def _stop(self, grace: float | None) -> None:
+        for hook in self.stop_hooks:
+            await hook()
+        assert self._server is not None
+        await self._server.stop(grace)
 
     def _stop_loop(self) -> None:
         if self.loop.is_running():
@@ -349,7 +363,7 @@ class AsyncServer:
         self._thread.join(timeout=SERVER_START_TIMEOUT_S)
         if not self._thread.is_alive():
             self.loop.close()
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self.pool.shutdown(wait=False, cancel_futures=True)
 
 
 class Stoppable(Protocol):

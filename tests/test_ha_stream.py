@@ -36,7 +36,7 @@ from mqmeta.broker_agent.status import ha_status
 from mqmeta.cluster.ports import PortReservation
 from mqmeta.cluster.wait import wait_for
 
-from mqmeta import dialmap, tls
+from mqmeta import dialmap, frames, tls
 from mqmeta.clock import now_ms
 from mqmeta.errors import FencedEpoch, InvalidArgument, NotFound
 from mqmeta.formats.records import Message
@@ -125,7 +125,7 @@ def test_a_frame_that_fails_its_crc_ends_the_connection_and_the_next_is_served(m
     payload = request(0).SerializeToString()
     with socket.create_connection(("127.0.0.1", server.port), timeout=TIMEOUT_S) as raw:
         bad_crc = zlib.crc32(payload) ^ 1
-        raw.sendall(struct.pack(">IBI", len(payload), ha_stream.KIND_REQUEST, bad_crc) + payload)
+        raw.sendall(struct.pack(">IBI", len(payload), frames.KIND_REQUEST, bad_crc) + payload)
         assert raw.recv(1) == b"", "the master closed the connection without answering"
     client = StreamClient(f"127.0.0.1:{server.port}")
     assert client.fetch(request(0), TIMEOUT_S).master_epoch == 1
@@ -233,7 +233,7 @@ def test_a_payload_that_is_no_protobuf_is_a_bad_frame_on_both_sides(master, capl
     _, server = master
     garbage = b"\x0a\xff"  # field 1, a length past the end
     with socket.create_connection(("127.0.0.1", server.port), timeout=TIMEOUT_S) as raw:
-        raw.sendall(struct.pack(">IBI", len(garbage), ha_stream.KIND_REQUEST, zlib.crc32(garbage)) + garbage)
+        raw.sendall(struct.pack(">IBI", len(garbage), frames.KIND_REQUEST, zlib.crc32(garbage)) + garbage)
         assert raw.recv(1) == b"", "the master closed the connection without answering"
     assert not [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")]
     with socket.create_server(("127.0.0.1", 0)) as fake:
@@ -241,7 +241,7 @@ def test_a_payload_that_is_no_protobuf_is_a_bad_frame_on_both_sides(master, capl
         peer, _ = fake.accept()
         with peer:
             peer.sendall(
-                struct.pack(">IBI", len(garbage), ha_stream.KIND_RESPONSE, zlib.crc32(garbage)) + garbage
+                struct.pack(">IBI", len(garbage), frames.KIND_RESPONSE, zlib.crc32(garbage)) + garbage
             )
             with pytest.raises(StreamBroken) as broken:
                 client.fetch(request(0), TIMEOUT_S)
@@ -263,7 +263,7 @@ def test_a_connection_past_the_limit_is_not_an_unreachable_master(master, monkey
     """At CONNECTIONS_MAX the master closes a new connection: the slave's fetch is broken
     but the master is not reported unreachable (the slave goes back to gRPC)."""
     _, server = master
-    monkeypatch.setattr(ha_stream, "CONNECTIONS_MAX", 1)
+    monkeypatch.setattr(server, "_connections_max", 1)
     first = StreamClient(f"127.0.0.1:{server.port}")
     assert first.fetch(request(0), TIMEOUT_S).master_epoch == 1
     second = StreamClient(f"127.0.0.1:{server.port}")

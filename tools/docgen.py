@@ -573,7 +573,7 @@ def registries() -> dict[str, Any]:
     replicator = CollectorRegistry(auto_describe=False)
     replicator.register(TaskCollector(lambda: fakes["replicator"]))
     return {
-        "controller": controller_metrics(fakes["controller"]).registry,
+        "controller": controller_metrics(fakes["controller"])[0].registry,
         "namesrv": namesrv_metrics()[0].registry,
         "broker": BrokerMetrics(fakes["broker"]).metrics.registry,
         "replicator": replicator,

@@ -107,12 +107,13 @@ def sequential(client: Client, count: int) -> float:
 
 
 class MqmetaWrite:
-    """One metadata write: create a topic (a new name each call)."""
+    """One metadata write: create a topic (a new name each call). `call_stream` False: as
+    gRPC calls, not over the controllers' call stream (mqmeta/call_stream.py)."""
 
-    def __init__(self, addresses: list[str], k: int, batch: int = 1) -> None:
+    def __init__(self, addresses: list[str], k: int, batch: int = 1, call_stream: bool = True) -> None:
         from mqmeta.client import ControllerClient
 
-        self.client = ControllerClient(addresses, timeout_s=5.0)
+        self.client = ControllerClient(addresses, timeout_s=5.0, call_stream=call_stream)
         self.prefix = f"peers-{os.getpid()}-{k}-{time.monotonic_ns()}"
         self.batch = batch
         self.i = 0
@@ -140,10 +141,10 @@ class MqmetaWrite:
 class MqmetaRead:
     """One linearizable read: the controller's configuration."""
 
-    def __init__(self, addresses: list[str], k: int) -> None:
+    def __init__(self, addresses: list[str], k: int, call_stream: bool = True) -> None:
         from mqmeta.client import ControllerClient
 
-        self.client = ControllerClient(addresses, timeout_s=5.0)
+        self.client = ControllerClient(addresses, timeout_s=5.0, call_stream=call_stream)
 
     def call(self) -> None:
         from mqmeta.pb import controller_pb2 as pb
@@ -157,10 +158,10 @@ class MqmetaRead:
 class MqmetaSend:
     """`batch` 1 KB messages in one synchronous send (acknowledged by the SyncStateSet)."""
 
-    def __init__(self, namesrv: str, topic: str, batch: int = 1) -> None:
+    def __init__(self, namesrv: str, topic: str, batch: int = 1, call_stream: bool = True) -> None:
         from mqmeta.broker_client import Producer
 
-        self.producer = Producer(namesrv, timeout_s=10.0)
+        self.producer = Producer(namesrv, timeout_s=10.0, call_stream=call_stream)
         self.producer.routes.route(topic)  # the route query is not measured
         self.topic = topic
         self.bodies = [os.urandom(BODY_BYTES)] * batch

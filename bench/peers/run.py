@@ -32,7 +32,9 @@ from bench.peers.servers import PEERS, Etcd, Nats, RabbitMQ, absent, b64, http_j
 log = make_log("peers")
 STARTED: list[Any] = []  # peers to stop on exit
 WATCHDOG_S = {"quick": 14 * 60, "full": 45 * 60}
-ONLY = {"metadata": ("etcd",)}  # --only: the peers each restricted run keeps
+ONLY = {"metadata": ("etcd",)}
+# --compare-call-stream: the same mqmeta cluster, driven by clients that make gRPC calls
+NO_CALL_STREAM = "mqmeta-no-call-stream"  # --only: the peers each restricted run keeps
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -49,6 +51,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         default=None,
         help="only these phases: `metadata` runs the controller beside etcd (writes, reads, the "
         "fsync count and the profile of 1 and 16 writers), no messages, kills or restarts",
+    )
+    parser.add_argument(
+        "--compare-call-stream",
+        action="store_true",
+        help=f"also drive the same mqmeta cluster with clients that make gRPC calls, not the "
+        f"call stream, in the same rounds: `{NO_CALL_STREAM}`",
     )
     args = parser.parse_args(argv)
     args.rounds = args.rounds or (2 if args.quick else 3)
@@ -108,8 +116,12 @@ class Mqmeta:
 
 def _metadata_clients(name: str, system: Any) -> tuple[Any, Any]:
     """(write factory (k, batch), read factory (k)) for one system."""
-    if name == "mqmeta":
-        return partial(load.MqmetaWrite, system.addresses), partial(load.MqmetaRead, system.addresses)
+    if name.startswith("mqmeta"):
+        streamed = name != NO_CALL_STREAM
+        return (
+            partial(load.MqmetaWrite, system.addresses, call_stream=streamed),
+            partial(load.MqmetaRead, system.addresses, call_stream=streamed),
+        )
     endpoint = system.endpoint(system.leader() or "e0")
     return partial(load.EtcdWrite, endpoint), partial(load.EtcdRead, endpoint)
 
@@ -139,9 +151,11 @@ def _batched(factory: Any, batch: int, k: int) -> Any:
 
 
 def _send_client(name: str, system: Any) -> Any:
-    """A send factory (k, batch) for one system."""
-    if name == "mqmeta":
-        return lambda k, batch=1: load.MqmetaSend(system.cluster.namesrv, brokerlib.TOPIC, batch)
+    """A send factory (k, batch) for one system (an mqmeta one by any name: NO_CALL_STREAM
+    sends as gRPC calls)."""
+    if name.startswith("mqmeta"):
+        streamed = name != NO_CALL_STREAM
+        return lambda k, batch=1: load.MqmetaSend(system.cluster.namesrv, brokerlib.TOPIC, batch, streamed)
     if name == "rabbitmq":
         return lambda k, batch=1: load.RabbitSend(system.amqp_ports[0], k)
     return lambda k, batch=1: load.NatsSend(system.url(0), k, batch)
@@ -386,7 +400,7 @@ def summarize(result: dict[str, Any]) -> None:
     meta = result.get("metadata_rounds", [])
     msgs = result.get("message_rounds", [])
     figures: dict[str, Any] = {}
-    for system in ("mqmeta", "etcd"):
+    for system in ("mqmeta", NO_CALL_STREAM, "etcd"):
         if any(system in r for r in meta):
             figures[system] = {
                 "metadata_write_p50_ms": _median_over_rounds(meta, system, "write_1", "p50_ms"),
@@ -394,7 +408,7 @@ def summarize(result: dict[str, Any]) -> None:
                 "metadata_writes_per_s_16": _median_over_rounds(meta, system, "write_16", "ops_per_s"),
                 "metadata_writes_per_s_16x32": _median_over_rounds(meta, system, "write_16x32", "ops_per_s"),
             }
-    for system in ("mqmeta", "rabbitmq", "nats"):
+    for system in ("mqmeta", NO_CALL_STREAM, "rabbitmq", "nats"):
         if any(system in r for r in msgs):
             figures.setdefault(system, {}).update(
                 {
@@ -440,6 +454,22 @@ def summarize(result: dict[str, Any]) -> None:
         "sends_per_s_4x32_vs_nats": _ratio(m.get("sends_per_s_4x32"), n.get("sends_per_s_4x32")),
         "sends_per_s_16_vs_1_mqmeta": _ratio(m.get("sends_per_s_16"), m.get("sends_per_s_1")),
     }
+    g = figures.get(NO_CALL_STREAM)
+    if g:  # the call stream beside gRPC calls, on the same cluster in the same rounds
+        result["ratios"].update(
+            {
+                f"{key}_call_stream_vs_grpc": _ratio(m.get(key), g.get(key))
+                for key in (
+                    "metadata_write_p50_ms",
+                    "metadata_read_p50_ms",
+                    "metadata_writes_per_s_16",
+                    "send_p50_ms",
+                    "sends_per_s_16",
+                    "sends_per_s_4x32",
+                )
+                if g.get(key) is not None
+            }
+        )
 
 
 # Main ---------------------------------------------------------------------------------------
@@ -533,15 +563,20 @@ def run(args: argparse.Namespace, root: Path, result: dict[str, Any]) -> None:
     result["idle_rss"] = idle_rss(systems)
     meta_systems = [s for s in ("mqmeta", "etcd") if s in systems]
     msg_systems = [s for s in ("mqmeta", "rabbitmq", "nats") if s in systems]
+    drives = dict(systems)  # what the rounds drive: with the comparison, mqmeta twice
+    if args.compare_call_stream:
+        drives[NO_CALL_STREAM] = systems["mqmeta"]
+        meta_systems.insert(1, NO_CALL_STREAM)
+        msg_systems.insert(1, NO_CALL_STREAM)
     result["metadata_rounds"] = []
     result["message_rounds"] = []
     for k in range(args.rounds):
         log(f"round {k + 1}/{args.rounds}")
         meta_order = meta_systems[k % len(meta_systems) :] + meta_systems[: k % len(meta_systems)]
         msg_order = msg_systems[k % len(msg_systems) :] + msg_systems[: k % len(msg_systems)]
-        result["metadata_rounds"].append(metadata_round(systems, meta_order, args))
+        result["metadata_rounds"].append(metadata_round(drives, meta_order, args))
         if args.only != "metadata":
-            result["message_rounds"].append(message_round(systems, msg_order, args))
+            result["message_rounds"].append(message_round(drives, msg_order, args))
         summarize(result)
     result["fsyncs"] = fsync_phase(systems, root, args)
     if not args.no_profile:

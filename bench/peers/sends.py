@@ -22,7 +22,7 @@ from typing import Any
 from bench import brokerlib
 from bench.benchlib import _ratio, make_log, run_main
 from bench.peers import load
-from bench.peers.run import STARTED, Mqmeta, _batched, _send_client, cleanup, machine
+from bench.peers.run import NO_CALL_STREAM, STARTED, Mqmeta, _batched, _send_client, cleanup, machine
 from bench.peers.servers import RabbitMQ, absent
 
 log = make_log("peers.sends")
@@ -39,6 +39,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         action="store_true",
         help="also a second mqmeta cluster whose slaves fetch over gRPC calls (--no-ha-stream), "
         "in the same rounds: `mqmeta-grpc`",
+    )
+    parser.add_argument(
+        "--compare-call-stream",
+        action="store_true",
+        help="also drive the first mqmeta cluster with producers that send as gRPC calls, not "
+        f"over the call stream, in the same rounds: `{NO_CALL_STREAM}`",
     )
     parser.add_argument(
         "--batched",
@@ -94,7 +100,7 @@ def _drive_with_cpu(system: Any, send: Any, threads: int, duration_s: float) -> 
 def _round(systems: dict[str, Any], order: list[str], duration_s: float, batched: bool) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name in order:
-        send = _send_client(name.split("-")[0], systems[name])
+        send = _send_client(name, systems[name])
         out[name] = {
             "send_1": _drive_with_cpu(systems[name], send, 1, duration_s),
             "send_16": _drive_with_cpu(systems[name], send, 16, duration_s),
@@ -146,7 +152,7 @@ def _median(rounds: list[dict[str, Any]], system: str, phase: str, key: str) -> 
 def summarize(result: dict[str, Any]) -> None:
     rounds = result.get("rounds", [])
     summary: dict[str, Any] = {}
-    for system in ("mqmeta", "mqmeta-grpc", "rabbitmq"):
+    for system in ("mqmeta", "mqmeta-grpc", NO_CALL_STREAM, "rabbitmq"):
         if rounds and system in rounds[0]:
             summary[system] = {
                 "send_p50_ms": _median(rounds, system, "send_1", "p50_ms"),
@@ -166,6 +172,7 @@ def summarize(result: dict[str, Any]) -> None:
         result["ratios"]["sends_per_s_4x32_vs_rabbitmq_16"] = _ratio(
             m.get("sends_per_s_4x32"), r.get("sends_per_s_16")
         )
+    _compare_call_stream(result, summary)
     if "mqmeta-grpc" in summary:
         g = summary["mqmeta-grpc"]
         result["ratios"].update(
@@ -174,6 +181,22 @@ def summarize(result: dict[str, Any]) -> None:
                 "grpc_sends_per_s_16_vs_rabbitmq": _ratio(g.get("sends_per_s_16"), r.get("sends_per_s_16")),
                 "send_p50_stream_vs_grpc": _ratio(m.get("send_p50_ms"), g.get("send_p50_ms")),
                 "sends_per_s_16_stream_vs_grpc": _ratio(m.get("sends_per_s_16"), g.get("sends_per_s_16")),
+            }
+        )
+
+
+def _compare_call_stream(result: dict[str, Any], summary: dict[str, Any]) -> None:
+    m, g = summary.get("mqmeta", {}), summary.get(NO_CALL_STREAM, {})
+    if g:
+        result["ratios"].update(
+            {
+                "send_p50_call_stream_vs_grpc": _ratio(m.get("send_p50_ms"), g.get("send_p50_ms")),
+                "sends_per_s_16_call_stream_vs_grpc": _ratio(
+                    m.get("sends_per_s_16"), g.get("sends_per_s_16")
+                ),
+                "sends_per_s_4x32_call_stream_vs_grpc": _ratio(
+                    m.get("sends_per_s_4x32"), g.get("sends_per_s_4x32")
+                ),
             }
         )
 
@@ -190,6 +213,8 @@ def run(args: argparse.Namespace, root: Path, result: dict[str, Any]) -> None:
         STARTED.append(grpc_fetches)
         grpc_fetches.start()
         systems["mqmeta-grpc"] = grpc_fetches
+    if args.compare_call_stream:
+        systems[NO_CALL_STREAM] = mqmeta  # the same cluster, other clients
     why = "not asked for" if args.no_rabbitmq else absent("rabbitmq")
     if why is None:
         rabbit = RabbitMQ(root)

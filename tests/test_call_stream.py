@@ -1,0 +1,461 @@
+"""The call stream (mqmeta/call_stream.py): our clients' unary calls as frames over plain TCP.
+
+Properties checked, on one real cluster for the module (3 controllers, a nameserver, one
+broker set of 2 replicas) and on servers in this process where a case cannot be made
+to happen on demand:
+- a controller's and a broker's unary calls go over the stream when offered (counted on
+  the client), and not with the client's option off or the server's --no-call-stream;
+- a client that dials a server through a proxy address (not the dial map) stays on gRPC;
+- a write's request id travels with it: a retry answers the first attempt's result;
+- refusals come back as the classes the gRPC call raises: AlreadyExists, InvalidArgument,
+  NotLeader with the leader's address, NotMaster from a slave; a bug is INTERNAL with the
+  sentence gRPC gives (an id), never the exception's text;
+- a call that times out is DeadlineExceeded and its connection is closed: the late answer
+  is never read as the next call's;
+- the leader killed mid-use: calls go on (over gRPC, then the stream of the new leader);
+  restarted, it is offered and used again;
+- a frame that fails its CRC, names an unknown method or does not decode ends the
+  connection, with one log line and no traceback; the next connection is served;
+- an older server (no CallStream: UNIMPLEMENTED) gets gRPC calls and is not asked again
+  for RETRY_S; a server that cannot be asked (down) is asked again after OFFER_RETRY_S,
+  not before every call; TLS or auth in the client's process: no stream is asked for;
+- a controller's side (a task per connection on a loop) closes a connection past
+  CONNECTIONS_MAX unanswered and one silent for IDLE_TIMEOUT_S, and stop() closes the rest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import struct
+import threading
+import time
+import zlib
+from concurrent import futures
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+import pytest
+from mqmeta.cluster.harness import Cluster
+
+from mqmeta import auth, call_stream, frames, tls
+from mqmeta.broker_client import Producer
+from mqmeta.call_stream import AsyncCallServer, CallStreamClient, ThreadedCallServer
+from mqmeta.client import SERVICE as CONTROLLER_SERVICE
+from mqmeta.client import ControllerClient
+from mqmeta.errors import (
+    AlreadyExists,
+    DeadlineExceeded,
+    InvalidArgument,
+    MqmetaError,
+    NotLeader,
+    NotMaster,
+)
+from mqmeta.pb import broker_pb2 as bpb
+from mqmeta.pb import broker_pb2_grpc as bpb_grpc
+from mqmeta.pb import call_stream_pb2_grpc as cspb_grpc
+from mqmeta.pb import controller_pb2 as pb
+from mqmeta.pb import controller_pb2_grpc as pb_grpc
+from mqmeta.rpc import from_rpc_error, rpc, rpc_async
+from tests.support import wait_for
+from tests.support.prometheus import delta, scrape
+
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(120)]
+
+BROKER_SERVICE = bpb.DESCRIPTOR.services_by_name["BrokerService"]
+TIMEOUT_S = 5.0
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    c = Cluster(tmp_path_factory.mktemp("call-stream"), broker_sets=1, replicas=2).start()
+    try:
+        with c.client() as client:
+            client.create_topic(pb.TopicSpec(name="orders", queue_count=2))
+        yield c
+    finally:
+        c.stop()
+
+
+def test_calls_go_over_the_stream_and_refusals_are_the_grpc_classes(cluster):
+    leader_metrics = cluster.node(cluster.leader_id()).metrics
+    before = scrape(leader_metrics)
+    with cluster.client() as client:
+        client.get_topic_route(pb.NameRequest(name="orders"))
+        with pytest.raises(AlreadyExists):
+            client.create_topic(pb.TopicSpec(name="orders", queue_count=2))
+        with pytest.raises(InvalidArgument):
+            client.create_topic(pb.TopicSpec(name="bad name!", queue_count=2))
+        assert client.streams.calls["stream"] >= 3 and client.streams.calls["grpc"] == 0
+        served = delta(scrape(leader_metrics), before, "mqmeta_controller_call_stream_calls_total")
+        assert served >= 3, "the leader counted the calls its call stream served"
+        leader = cluster.node(cluster.leader_id()).grpc
+        follower = cluster.node(cluster.followers()[0]).grpc
+        heartbeat = pb.HeartbeatRequest(cluster="DefaultCluster", broker_name="nobody", broker_id=1)
+        with pytest.raises(NotLeader) as streamed:
+            client.streams.call(follower, CONTROLLER_SERVICE, "Heartbeat", heartbeat, TIMEOUT_S)
+        with pytest.raises(grpc.RpcError) as over_grpc:
+            client._stub(follower).Heartbeat(heartbeat, timeout=TIMEOUT_S)
+        assert streamed.value.leader == leader == from_rpc_error(over_grpc.value).leader
+        assert streamed.value.code == from_rpc_error(over_grpc.value).code
+    with ControllerClient(cluster.addresses.split(","), call_stream=False) as plain:
+        plain.get_topic_route(pb.NameRequest(name="orders"))
+        assert plain.streams.calls == {"stream": 0, "grpc": 1}
+
+
+def test_a_retried_write_carries_its_request_id_and_answers_its_first_result(cluster):
+    """The request id travels in the request frame: a second attempt with the same id (its
+    first answer lost) answers the topic created, not ALREADY_EXISTS."""
+    spec = pb.TopicSpec(name="retried", queue_count=3)
+    with cluster.client() as client:
+        leader = cluster.node(cluster.leader_id()).grpc
+        first = client.streams.call(leader, CONTROLLER_SERVICE, "CreateTopic", spec, TIMEOUT_S, "id-1")
+        again = client.streams.call(leader, CONTROLLER_SERVICE, "CreateTopic", spec, TIMEOUT_S, "id-1")
+        assert first == again and again.queue_count == 3
+        with pytest.raises(AlreadyExists):
+            client.streams.call(leader, CONTROLLER_SERVICE, "CreateTopic", spec, TIMEOUT_S, "id-2")
+
+
+def test_sends_go_over_the_stream_and_a_slave_refuses_with_not_master(cluster):
+    producer = Producer(cluster.namesrv)
+    try:
+        for _ in range(5):
+            producer.send("orders", [b"x" * 1024])
+        assert producer._channels.streams.calls["stream"] == 5
+        master_metrics = cluster.broker(cluster.master_of("broker-a")).metrics
+        assert scrape(master_metrics)[("mqmeta_broker_call_stream_calls_total", ())] >= 5
+        master = cluster.master_of("broker-a")
+        slave = next(b.grpc for b in cluster.layout.brokers if b.name != master)
+        request = bpb.SendRequest(messages=[bpb.Message(topic="orders", queue_id=0, body=b"x")])
+        with pytest.raises(NotMaster):
+            producer._channels.call_broker(slave, "Send", request, TIMEOUT_S)
+    finally:
+        producer.close()
+    plain = Producer(cluster.namesrv, call_stream=False)
+    try:
+        plain.send("orders", [b"y"])
+        assert plain._channels.streams.calls == {"stream": 0, "grpc": 1}
+    finally:
+        plain.close()
+
+
+def test_a_killed_leader_is_left_and_its_stream_used_again_once_restarted(cluster):
+    with cluster.client() as client:
+        client.get_topic_route(pb.NameRequest(name="orders"))
+        leader_id = cluster.leader_id()
+        leader = cluster.node(leader_id).grpc
+        assert client.streams._offers[leader].port, "the leader's stream was in use"
+        cluster.kill(leader_id)
+        for i in range(5):  # each one succeeds: the pooled connection's failure is not the call's
+            client.create_topic(pb.TopicSpec(name=f"after-kill-{i}", queue_count=1))
+        cluster.restart(leader_id)
+        cluster.wait_ready()
+        streamed = client.streams.calls["stream"]
+        route = pb.NameRequest(name="orders")
+
+        def served_by_restarted() -> bool:
+            try:
+                answer = client.streams.call(leader, CONTROLLER_SERVICE, "GetTopicRoute", route, TIMEOUT_S)
+            except MqmetaError:
+                return False
+            return answer is not None  # None: not over the stream
+
+        wait_for(served_by_restarted, 30, "the restarted node answering on its call stream")
+        assert client.streams.calls["stream"] > streamed
+
+
+def test_a_bad_frame_ends_the_connection_with_a_log_line(cluster):
+    with cluster.client() as client:
+        client.get_topic_route(pb.NameRequest(name="orders"))
+        target = client._target
+        port = client.streams._offers[target].port
+    body = pb.NameRequest(name="orders").SerializeToString()
+    good = call_stream.encode_request(f"/{CONTROLLER_SERVICE.full_name}/GetTopicRoute", "", TIMEOUT_S, body)
+    unknown = call_stream.encode_request("/nope.Service/Nothing", "", TIMEOUT_S, body)
+    undecodable = call_stream.encode_request(f"/{CONTROLLER_SERVICE.full_name}/GetTopicRoute", "", 1, b"\xff")
+    bad_frames = [
+        struct.pack(">IBI", len(good), frames.KIND_REQUEST, zlib.crc32(good) ^ 1) + good,
+        frames.frame(frames.KIND_REQUEST, unknown),
+        frames.frame(frames.KIND_REQUEST, undecodable),
+    ]
+    for bad in bad_frames:
+        with socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT_S) as raw:
+            raw.sendall(bad)
+            assert raw.recv(1) == b"", "the server closed the connection without answering"
+    with socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT_S) as raw:
+        raw.sendall(frames.frame(frames.KIND_REQUEST, good))
+        kind, answer = frames.read_frame(raw, 1 << 20)
+    assert kind == frames.KIND_RESPONSE and pb.TopicRoute.FromString(answer).topic == "orders"
+    node_id = next(n.id for n in cluster.layout.controllers if n.grpc == target)
+    log_text = (cluster.root / "logs" / f"{node_id}.log").read_text(errors="replace")
+    assert log_text.count("call stream connection ended on a bad frame") >= 3
+    assert "Traceback" not in log_text
+
+
+def test_a_client_that_dials_a_proxy_stays_on_grpc(cluster):
+    from tests.support.tcp_cut import TcpCut
+
+    leader = cluster.node(cluster.leader_id()).grpc
+    proxy = TcpCut(leader)
+    try:
+        with ControllerClient([proxy.address]) as client:
+            client.get_topic_route(pb.NameRequest(name="orders"))
+            assert client.streams.calls == {"stream": 0, "grpc": 1}, "the proxy is not bypassed"
+    finally:
+        proxy.close()
+
+
+# Servers in this process ---------------------------------------------------------------------
+
+
+class ToyBroker(bpb_grpc.BrokerServiceServicer):
+    """GetHaStatus and QueryOrigin have a bug; QueryOffset answers after `delay_s`, the
+    offset asked for."""
+
+    delay_s = 0.0
+
+    def __init__(self) -> None:
+        self.answered = threading.Event()
+
+    @rpc
+    def GetHaStatus(self, request, context):
+        raise RuntimeError("secret/path/in/the/exception")
+
+    def QueryOrigin(self, request, context):  # no rpc decorator: the call stream still hides the bug
+        raise RuntimeError("secret/path/in/the/exception")
+
+    @rpc
+    def QueryOffset(self, request, context):
+        time.sleep(self.delay_s)
+        self.answered.set()
+        return bpb.QueryOffsetResponse(offset=request.queue_id)
+
+
+@pytest.fixture
+def toy():
+    """A gRPC server with BrokerService (and, with `offer`, its call stream) in this process."""
+    servicer = ToyBroker()
+    started: list[tuple[grpc.Server, ThreadedCallServer | None]] = []
+
+    def start(offer: bool = True) -> str:
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        bpb_grpc.add_BrokerServiceServicer_to_server(servicer, server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        stream = None
+        if offer:
+            stream = ThreadedCallServer("127.0.0.1", call_stream.handlers(servicer, BROKER_SERVICE))
+            stream.start()
+            offer_servicer = call_stream.OfferServicer(
+                lambda: stream.port, [BROKER_SERVICE.full_name], f"127.0.0.1:{port}"
+            )
+            cspb_grpc.add_CallStreamServicer_to_server(offer_servicer, server)
+        server.start()
+        started.append((server, stream))
+        return f"127.0.0.1:{port}"
+
+    yield servicer, start
+    for server, stream in started:
+        server.stop(0)
+        if stream is not None:
+            stream.stop()
+
+
+class Clock:
+    """A monotonic clock the test moves on."""
+
+    def __init__(self) -> None:
+        self.now_s = time.monotonic()
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
+def _client(clock: Clock | None = None) -> tuple[CallStreamClient, list[str]]:
+    """A client, and the addresses it asked for an offer (one per question)."""
+    asked: list[str] = []
+    channels: dict[str, grpc.Channel] = {}
+
+    def channel_of(address: str) -> grpc.Channel:
+        asked.append(address)
+        return channels.setdefault(address, grpc.insecure_channel(address))
+
+    return CallStreamClient(channel_of, clock=clock or time.monotonic), asked
+
+
+def test_a_bug_is_internal_with_an_id_as_over_grpc(toy, caplog):
+    _, start = toy
+    address = start()
+    client, _ = _client()
+    with pytest.raises(MqmetaError) as streamed:
+        client.call(address, BROKER_SERVICE, "GetHaStatus", bpb.HaStatusRequest(), TIMEOUT_S)
+    with pytest.raises(grpc.RpcError) as over_grpc:
+        bpb_grpc.BrokerServiceStub(grpc.insecure_channel(address)).GetHaStatus(bpb.HaStatusRequest())
+    assert client.calls["stream"] == 1
+    expected = from_rpc_error(over_grpc.value)
+    assert type(streamed.value) is type(expected) is MqmetaError
+    assert streamed.value.message.startswith("internal error ") and "secret" not in streamed.value.message
+    assert streamed.value.message.endswith(expected.message[len("internal error 123456789012") :])
+    with pytest.raises(MqmetaError) as undecorated:
+        client.call(address, BROKER_SERVICE, "QueryOrigin", bpb.QueryOriginRequest(), TIMEOUT_S)
+    assert type(undecorated.value) is MqmetaError
+    assert (
+        undecorated.value.message.startswith("internal error ") and "secret" not in undecorated.value.message
+    )
+    client.close()
+
+
+def test_a_timeout_closes_the_connection_and_no_late_answer_is_read(toy):
+    servicer, start = toy
+    address = start()
+    client, _ = _client()
+    servicer.delay_s = 0.5
+    with pytest.raises(DeadlineExceeded):
+        client.call(address, BROKER_SERVICE, "QueryOffset", bpb.QueryOffsetRequest(queue_id=1), 0.1)
+    servicer.answered.clear()
+    servicer.delay_s = 0.0
+    # the late answer (offset 1) is written after this, to the closed connection: a pooled
+    # connection would have it before the next call's, whatever the timing
+    assert servicer.answered.wait(5)
+    for queue_id in (2, 3):
+        reply = client.call(
+            address, BROKER_SERVICE, "QueryOffset", bpb.QueryOffsetRequest(queue_id=queue_id), 1
+        )
+        assert reply.offset == queue_id
+    client.close()
+
+
+def test_an_older_server_gets_grpc_calls_and_is_asked_again_only_later(toy):
+    _, start = toy
+    address = start(offer=False)
+    clock = Clock()
+    client, asked = _client(clock)
+    query = bpb.QueryOffsetRequest()
+    for _ in range(3):
+        assert client.call(address, BROKER_SERVICE, "QueryOffset", query, TIMEOUT_S) is None
+    assert client.calls == {"stream": 0, "grpc": 3} and asked == [address], "asked once"
+    clock.now_s += call_stream.RETRY_S
+    client.call(address, BROKER_SERVICE, "QueryOffset", query, TIMEOUT_S)
+    assert asked == [address, address], "asked again after RETRY_S"
+    client.close()
+
+
+def test_a_server_that_cannot_be_asked_is_not_asked_before_every_call():
+    """A server down (or cut off): its offer is asked again after OFFER_RETRY_S, not before
+    each call (each question may wait up to OFFER_TIMEOUT_S before the gRPC call)."""
+    with socket.socket() as unused:  # a port nobody listens on: refused at once
+        unused.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{unused.getsockname()[1]}"
+        clock = Clock()
+        client, asked = _client(clock)
+        query = bpb.QueryOffsetRequest()
+        for _ in range(3):
+            assert client.call(address, BROKER_SERVICE, "QueryOffset", query, 0.5) is None
+        assert asked == [address]
+        clock.now_s += call_stream.OFFER_RETRY_S
+        assert client.call(address, BROKER_SERVICE, "QueryOffset", query, 0.5) is None
+        assert asked == [address, address]
+        client.close()
+
+
+def test_no_stream_is_asked_for_under_tls_or_auth(toy):
+    _, start = toy
+    address = start()
+    client, asked = _client()
+    tls.configure(tls.TlsConfig(cert=b"cert", key=b"key"))
+    try:
+        assert (
+            client.call(address, BROKER_SERVICE, "QueryOffset", bpb.QueryOffsetRequest(), TIMEOUT_S) is None
+        )
+    finally:
+        tls.configure(None)
+    auth.configure({}, token="a-token")
+    try:
+        assert (
+            client.call(address, BROKER_SERVICE, "QueryOffset", bpb.QueryOffsetRequest(), TIMEOUT_S) is None
+        )
+    finally:
+        auth.configure(None)
+    assert asked == [] and client.calls == {"stream": 0, "grpc": 2}
+    assert (
+        client.call(address, BROKER_SERVICE, "QueryOffset", bpb.QueryOffsetRequest(), TIMEOUT_S).offset == 0
+    )
+    client.close()
+
+
+def test_a_bad_frame_on_the_threaded_server_is_one_warning(toy, caplog):
+    _, start = toy
+    address = start()
+    client, _ = _client()
+    client.call(address, BROKER_SERVICE, "QueryOffset", bpb.QueryOffsetRequest(), TIMEOUT_S)
+    port = client._offers[address].port
+    caplog.set_level(logging.DEBUG, logger="mqmeta.frames")
+    with socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT_S) as raw:
+        raw.sendall(frames.frame(frames.KIND_REQUEST, b"\x00\x01"))  # shorter than its head
+        assert raw.recv(1) == b""
+    wait_for(lambda: any("bad frame" in r.getMessage() for r in caplog.records), 5, "the log line")
+    assert not any(r.exc_info for r in caplog.records), "no traceback"
+    client.close()
+
+
+def closed(sock: socket.socket) -> bool:
+    """Whether the peer closed `sock` (an end, or a reset when it closed with our request unread)."""
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+
+
+class ToyController(pb_grpc.ControllerServiceServicer):
+    @rpc_async
+    async def GetTopicRoute(self, request, context):
+        return pb.TopicRoute(topic=request.name)
+
+
+def test_the_async_server_bounds_its_connections_ends_idle_ones_and_stops_them(monkeypatch):
+    """A controller's side (a task per connection on a loop): a connection past
+    CONNECTIONS_MAX is closed unanswered; one silent for IDLE_TIMEOUT_S is closed, which
+    frees its place; stop() closes the rest."""
+    monkeypatch.setattr(call_stream, "CONNECTIONS_MAX", 1)
+    monkeypatch.setattr(call_stream, "IDLE_TIMEOUT_S", 0.3)
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    pool = ThreadPoolExecutor(max_workers=2)
+    server = AsyncCallServer(call_stream.handlers(ToyController(), CONTROLLER_SERVICE), pool)
+    asyncio.run_coroutine_threadsafe(server.start("127.0.0.1"), loop).result(TIMEOUT_S)
+    body = pb.NameRequest(name="t").SerializeToString()
+    path = f"/{CONTROLLER_SERVICE.full_name}/GetTopicRoute"
+    request = frames.frame(frames.KIND_REQUEST, call_stream.encode_request(path, "", TIMEOUT_S, body))
+    opened: list[socket.socket] = []
+
+    def connect() -> socket.socket:
+        opened.append(socket.create_connection(("127.0.0.1", server.port), timeout=TIMEOUT_S))
+        return opened[-1]
+
+    def answered(sock: socket.socket) -> bool:
+        sock.sendall(request)
+        kind, answer = frames.read_frame(sock, 1 << 20)
+        return kind == frames.KIND_RESPONSE and pb.TopicRoute.FromString(answer).topic == "t"
+
+    try:
+        first = connect()
+        assert answered(first)
+        second = connect()
+        second.sendall(request)
+        assert closed(second), "past CONNECTIONS_MAX: closed unanswered"
+        started = time.monotonic()
+        assert closed(first), "an idle connection is closed by the server"
+        assert time.monotonic() - started < 3.0
+        third = connect()
+        assert answered(third), "the idle connection's place was freed"
+        asyncio.run_coroutine_threadsafe(server.stop(), loop).result(TIMEOUT_S)
+        assert closed(third), "stop() closes the connections"
+    finally:
+        for sock in opened:
+            sock.close()
+        asyncio.run_coroutine_threadsafe(server.stop(), loop).result(TIMEOUT_S)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(TIMEOUT_S)
+        loop.close()
+        pool.shutdown()
