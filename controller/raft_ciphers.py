@@ -29,7 +29,7 @@ import hmac
 import os
 import threading
 import time
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 GCM_TAG_BYTES = 16
 GCM_NONCE_BYTES = 12
@@ -62,6 +62,17 @@ class Aead(Protocol):
 # The binding ---------------------------------------------------------------------------------
 
 
+_RAW_FUNCTIONS = (
+    "EVP_EncryptInit_ex",
+    "EVP_EncryptUpdate",
+    "EVP_EncryptFinal_ex",
+    "EVP_DecryptInit_ex",
+    "EVP_DecryptUpdate",
+    "EVP_DecryptFinal_ex",
+    "EVP_CIPHER_CTX_ctrl",
+)
+
+
 class _LibCrypto:
     """The EVP functions used here, typed, from the libcrypto `_hashlib` is linked to."""
 
@@ -69,8 +80,15 @@ class _LibCrypto:
         import _hashlib
 
         # dlsym on the extension's handle searches its dependencies too: its libcrypto, the
-        # one already mapped (no second copy is loaded).
-        library = ctypes.CDLL(_hashlib.__file__)
+        # one already mapped (no second copy is loaded). PyDLL: the calls keep the GIL. Each
+        # takes a microsecond; releasing and taking the GIL back around it (CDLL) let other
+        # threads in five times per message, and the Raft thread waited for it each time.
+        library = ctypes.PyDLL(_hashlib.__file__)
+        # The per-message calls, untyped (a handle of their own: typing a function types it
+        # for every user of the handle); each returns a C int, as ctypes assumes.
+        self.raw = ctypes.PyDLL(_hashlib.__file__)
+        for name in _RAW_FUNCTIONS:
+            getattr(self.raw, name)  # AttributeError: not there
         pointer, integer, char_p = ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p
         int_p = ctypes.POINTER(ctypes.c_int)
         self.ctx_new = _function(library, "EVP_CIPHER_CTX_new", pointer, [])
@@ -110,7 +128,7 @@ class _LibCrypto:
     decrypt_final: Any
 
 
-def _function(library: ctypes.CDLL, name: str, result: Any, arguments: list[Any]) -> Any:
+def _function(library: ctypes.PyDLL, name: str, result: Any, arguments: list[Any]) -> Any:
     function = getattr(library, name)  # AttributeError: not there
     function.restype = result
     function.argtypes = arguments
@@ -145,7 +163,9 @@ def available() -> bool:
 class AesGcm:
     """cryptography's AESGCM (encrypt and decrypt with a 12-byte nonce; the 16-byte tag
     after the ciphertext) over libcrypto. The key schedule is made once per direction;
-    calls on one object are serialized (each holds a cipher context)."""
+    calls on one object are serialized (each direction holds a cipher context and an
+    output buffer it reuses). Per message: five calls into libcrypto, untyped (their
+    arguments are ctypes objects, bytes, ints and None already), about 2 µs in all."""
 
     def __init__(self, key: bytes, library: _LibCrypto | None = None) -> None:
         library = library or _libcrypto()
@@ -155,19 +175,22 @@ class AesGcm:
         self._library = library
         self._key = bytes(key)
         self._lock = threading.Lock()
-        self._contexts: dict[str, int] = {}
+        self._contexts: dict[str, ctypes.c_void_p] = {}
+        self._buffers: dict[str, ctypes.Array[ctypes.c_char]] = {}
+        self._written = ctypes.c_int(0)
+        self._written_at = ctypes.pointer(self._written)  # the untyped calls take its address
 
     def __del__(self) -> None:
         for context in getattr(self, "_contexts", {}).values():
             self._library.ctx_free(context)
 
-    def _context(self, verb: str) -> int:
+    def _context(self, verb: str) -> ctypes.c_void_p:
         """This direction's context, keyed once; each call then sets only the nonce."""
         context = self._contexts.get(verb)
         if context is None:
             library = self._library
-            context = library.ctx_new()
-            if not context:
+            context = ctypes.c_void_p(library.ctx_new())
+            if not context.value:
                 raise MemoryError("EVP_CIPHER_CTX_new")
             self._contexts[verb] = context
             init = library.encrypt_init if verb == "encrypt" else library.decrypt_init
@@ -176,50 +199,57 @@ class AesGcm:
             _ok(init(context, None, None, self._key, None), "key")
         return context
 
+    def _buffer(self, verb: str, size: int) -> ctypes.Array[ctypes.c_char]:
+        buffer = self._buffers.get(verb)
+        if buffer is None or len(buffer) < size:
+            buffer = self._buffers[verb] = ctypes.create_string_buffer(max(size, 4096))
+        return buffer
+
     def encrypt(self, nonce: bytes, data: bytes, associated_data: bytes | None) -> bytes:
         _check_sizes(nonce, data, associated_data)
-        library = self._library
-        out = ctypes.create_string_buffer(len(data) + GCM_TAG_BYTES)
-        written = ctypes.c_int(0)
+        raw, length, written, at = self._library.raw, len(data), self._written, self._written_at
         with self._lock:
             context = self._context("encrypt")
-            _ok(library.encrypt_init(context, None, None, None, nonce), "nonce")
+            out = self._buffer("encrypt", length + GCM_TAG_BYTES)
+            _ok(raw.EVP_EncryptInit_ex(context, None, None, None, nonce), "nonce")
             if associated_data:
                 _ok(
-                    library.encrypt_update(context, None, written, associated_data, len(associated_data)),
+                    raw.EVP_EncryptUpdate(context, None, at, associated_data, len(associated_data)),
                     "AAD",
                 )
-            _ok(library.encrypt_update(context, out, written, data, len(data)), "update")
-            assert written.value == len(data), (written.value, len(data))
-            _ok(library.encrypt_final(context, ctypes.byref(out, len(data)), written), "final")
+            _ok(raw.EVP_EncryptUpdate(context, out, at, data, length), "update")
+            assert written.value == length, (written.value, length)
+            end = ctypes.byref(out, length)
+            _ok(raw.EVP_EncryptFinal_ex(context, end, at), "final")
             assert written.value == 0, written.value
-            tag = ctypes.byref(out, len(data))
-            _ok(library.ctx_ctrl(context, _CTRL_GCM_GET_TAG, GCM_TAG_BYTES, tag), "tag")
-        return out.raw
+            _ok(raw.EVP_CIPHER_CTX_ctrl(context, _CTRL_GCM_GET_TAG, GCM_TAG_BYTES, end), "tag")
+            return cast(bytes, out[: length + GCM_TAG_BYTES])  # a char array slice is bytes
 
     def decrypt(self, nonce: bytes, data: bytes, associated_data: bytes | None) -> bytes:
         _check_sizes(nonce, data, associated_data)
         if len(data) < GCM_TAG_BYTES:
             raise InvalidTag("shorter than its tag")
-        library = self._library
-        length = len(data) - GCM_TAG_BYTES
-        out = ctypes.create_string_buffer(max(1, length))
-        tag = ctypes.create_string_buffer(data[length:], GCM_TAG_BYTES)
-        written = ctypes.c_int(0)
+        raw, length, written, at = (
+            self._library.raw,
+            len(data) - GCM_TAG_BYTES,
+            self._written,
+            self._written_at,
+        )
         with self._lock:
             context = self._context("decrypt")
-            _ok(library.decrypt_init(context, None, None, None, nonce), "nonce")
+            out = self._buffer("decrypt", length + AES_BLOCK_BYTES)
+            _ok(raw.EVP_DecryptInit_ex(context, None, None, None, nonce), "nonce")
             if associated_data:
                 _ok(
-                    library.decrypt_update(context, None, written, associated_data, len(associated_data)),
+                    raw.EVP_DecryptUpdate(context, None, at, associated_data, len(associated_data)),
                     "AAD",
                 )
-            _ok(library.decrypt_update(context, out, written, data[:length], length), "update")
+            _ok(raw.EVP_DecryptUpdate(context, out, at, data, length), "update")  # the tag is not read
             assert written.value == length, (written.value, length)
-            _ok(library.ctx_ctrl(context, _CTRL_GCM_SET_TAG, GCM_TAG_BYTES, tag), "tag")
-            if library.decrypt_final(context, ctypes.byref(out, length), written) <= 0:
+            _ok(raw.EVP_CIPHER_CTX_ctrl(context, _CTRL_GCM_SET_TAG, GCM_TAG_BYTES, data[length:]), "tag")
+            if raw.EVP_DecryptFinal_ex(context, ctypes.byref(out, length), at) <= 0:
                 raise InvalidTag("the tag does not match")
-        return out.raw[:length]
+            return cast(bytes, out[:length])
 
 
 def _check_sizes(nonce: bytes, data: bytes, associated_data: bytes | None) -> None:
