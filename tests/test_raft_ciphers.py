@@ -8,7 +8,9 @@ Properties checked:
   timestamp; an altered, truncated or foreign token is refused (InvalidToken);
 - HKDF-SHA256 and PBKDF2-HMAC-SHA256 derive cryptography's keys;
 - where libcrypto cannot be bound, ciphers() is cryptography's classes, and the node's
-  encryptor is cryptography's Fernet with the same key.
+  encryptor is cryptography's Fernet with the same key;
+- a binding that does not compute the known answers stops the node (AssertionError on
+  first use), it is not used.
 """
 
 from __future__ import annotations
@@ -133,3 +135,11 @@ def test_without_libcrypto_the_ciphers_are_cryptographys(monkeypatch):
     ours = pysyncobj_lazy_crypto.encryptor_with_frame_key("a secret")
     assert isinstance(ours, raft_ciphers.Fernet) and ours.raft_frame_key == theirs.raft_frame_key
     assert theirs.decrypt(ours.encrypt(b"entry")) == b"entry" == ours.decrypt(theirs.encrypt(b"entry"))
+
+
+def test_a_binding_that_fails_its_known_answers_is_not_used(monkeypatch):
+    monkeypatch.setattr(raft_ciphers, "_bound", [])
+    monkeypatch.setattr(raft_ciphers, "_GCM_256_TAG", bytes(16))
+    with pytest.raises(AssertionError, match="AES-256-GCM binding is wrong"):
+        raft_ciphers.available()
+    assert raft_ciphers._bound == [], "a binding that failed its check was kept"
