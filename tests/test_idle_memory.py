@@ -6,8 +6,7 @@ Properties checked:
   (the Raft ciphers run over Python's libcrypto: controller/raft_ciphers.py), the parts of
   other commands (brokers, the console, the RocketMQ proxy and remoting, chaos, Spark),
   server reflection's modules and protobuf's descriptor_pb2 (imported on the first
-  reflection call), difflib (only for a configuration mistake), prometheus-client and the
-  HTTP server, URL client and email package it imported (mqmeta/metrics.py serves);
+  reflection call), difflib (only for a configuration mistake);
 - its resident memory stays under a bound with a wide margin (a regrown import set or a
   leak at start would cross it);
 - server reflection still answers on the node (async server) and then has its modules.
@@ -37,10 +36,6 @@ NOT_AT_IDLE = (
     "pyspark",
     "py4j",
     "difflib",
-    "prometheus_client",
-    "http.server",
-    "urllib.request",
-    "email",
     "google.protobuf.descriptor_pb2",
     "grpc_reflection.v1alpha.reflection",
     "mqmeta.broker_agent",
