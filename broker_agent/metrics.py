@@ -8,9 +8,10 @@ from collections.abc import Iterator
 
 from mqmeta.broker_agent.agent import BrokerAgent
 from mqmeta.broker_agent.ha import Role
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from mqmeta.clock import wall_ms
-from mqmeta.metrics import CounterMetricFamily, GaugeMetricFamily, Metric, Metrics, gauge, gauges
+from mqmeta.metrics import Metrics, gauge, gauges
 
 PREFIX = "mqmeta_broker_"
 LAG_SERIES_MAX = 2000  # (group, topic, queue) series a scrape reports; past it, the largest backlogs

@@ -6,8 +6,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from mqmeta.controller.operations import ControllerOperations
+from prometheus_client import Counter
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from mqmeta.metrics import Counter, CounterMetricFamily, GaugeMetricFamily, Metric, Metrics, gauge
+from mqmeta.metrics import Metrics, gauge
 
 PREFIX = "mqmeta_controller_"
 
