@@ -225,7 +225,7 @@ def start_controller(
                 server.stop(grace=0)
             core.close()
             raise
-    metrics = controller_metrics(core)
+    metrics = controller_metrics(core, serving=bool(config.metrics_listen))
     metrics.serve(config.metrics_listen)
     return RunningNode(servers, core, None, metrics, closers)
 
@@ -332,7 +332,7 @@ def start_namesrv(
     rocketmq_routes.validate()
     client = ControllerClient(controllers)
     cache = RouteCache(ControllerClient(controllers))
-    metrics, routes = namesrv_metrics()
+    metrics, routes = namesrv_metrics(serving=bool(metrics_listen))
     servicer = NameServerServicer(client, cache, routes.inc)
 
     def route(topic: str):

@@ -1,12 +1,13 @@
 """What a controller node holds in memory when idle: a real `mqmeta controller` (with a Raft
-secret and metrics, as deployed and as the benchmark runs it) serving in a fresh interpreter.
+secret and no metrics endpoint, as the benchmark runs it) serving in a fresh interpreter.
 
 Properties checked:
 - the node's idle import set has none of the modules it does not use at idle: cryptography
   (the Raft ciphers run over Python's libcrypto: controller/raft_ciphers.py), the parts of
   other commands (brokers, the console, the RocketMQ proxy and remoting, chaos, Spark),
   server reflection's modules and protobuf's descriptor_pb2 (imported on the first
-  reflection call), difflib (only for a configuration mistake);
+  reflection call), difflib (only for a configuration mistake), prometheus-client (only
+  with --metrics-listen: tests/test_metrics.py scrapes nodes that serve it);
 - its resident memory stays under a bound with a wide margin (a regrown import set or a
   leak at start would cross it);
 - server reflection still answers on the node (async server) and then has its modules.
@@ -36,6 +37,7 @@ NOT_AT_IDLE = (
     "pyspark",
     "py4j",
     "difflib",
+    "prometheus_client",
     "google.protobuf.descriptor_pb2",
     "grpc_reflection.v1alpha.reflection",
     "mqmeta.broker_agent",
@@ -55,7 +57,7 @@ SCRIPT = """
 import json, os, signal, sys, threading, time
 import mqmeta.cli
 
-grpc_address, raft, metrics, data_dir, secret = sys.argv[1:]
+grpc_address, raft, data_dir, secret = sys.argv[1:]
 IDLE_S = 1.0
 DEADLINE_S = 40.0
 
@@ -97,7 +99,7 @@ threading.Thread(target=watch, daemon=True).start()
 sys.exit(mqmeta.cli.main([
     "--log-level", "WARNING", "controller", "--id", "c1", "--grpc", grpc_address, "--raft", raft,
     "--peer", f"c1={raft}/{grpc_address}", "--data-dir", data_dir,
-    "--secret-file", secret, "--metrics-listen", metrics,
+    "--secret-file", secret,
 ]))
 """
 
@@ -105,7 +107,7 @@ sys.exit(mqmeta.cli.main([
 def test_an_idle_controller_holds_only_what_it_uses(tmp_path):
     secret = tmp_path / "secret"
     secret.write_text("a secret of the test")
-    with PortReservation.pick(3) as ports:
+    with PortReservation.pick(2) as ports:
         run = subprocess.run(
             [sys.executable, "-c", SCRIPT, *ports.addresses, str(tmp_path / "data"), str(secret)],
             env={**os.environ, "PYTHONPATH": str(ROOT)},
