@@ -32,7 +32,9 @@ STOCK_MODULE = "pysyncobj._stock_encryptor"
 
 
 class LazyEncryptor(types.ModuleType):
-    """pysyncobj.encryptor's HAS_CRYPTO and getEncryptor, cryptography imported on first use."""
+    """pysyncobj.encryptor's HAS_CRYPTO and getEncryptor over controller/raft_ciphers.py
+    (libcrypto bound and checked against known answers when pysyncobj reads HAS_CRYPTO, at
+    its import; cryptography imported only where libcrypto cannot be bound)."""
 
     def __init__(self) -> None:
         super().__init__(ENCRYPTOR_MODULE, __doc__)

@@ -118,7 +118,7 @@ class _LibCrypto:
             bits // 8: _function(library, f"EVP_aes_{bits}_gcm", pointer, [])() for bits in (128, 192, 256)
         }
         self.cbc_128 = _function(library, "EVP_aes_128_cbc", pointer, [])()
-        assert all(self.gcm.values()) and self.cbc_128, "libcrypto has no AES ciphers"
+        _require(all(self.gcm.values()) and self.cbc_128, "libcrypto has no AES ciphers")
 
     encrypt_init: Any
     encrypt_update: Any
@@ -170,7 +170,7 @@ class AesGcm:
 
     def __init__(self, key: bytes, library: _LibCrypto | None = None) -> None:
         library = library or _libcrypto()
-        assert library is not None, "AesGcm without libcrypto: use ciphers()"
+        _require(library is not None, "AesGcm without libcrypto: use ciphers()")
         if len(key) not in library.gcm:
             raise ValueError("AES-GCM key must be 128, 192 or 256 bits")
         self._library = library
@@ -193,11 +193,15 @@ class AesGcm:
             context = ctypes.c_void_p(library.ctx_new())
             if not context.value:
                 raise MemoryError("EVP_CIPHER_CTX_new")
-            self._contexts[verb] = context
             init = library.encrypt_init if verb == "encrypt" else library.decrypt_init
-            _ok(init(context, library.gcm[len(self._key)], None, None, None), "init")
-            _ok(library.ctx_ctrl(context, _CTRL_GCM_SET_IVLEN, GCM_NONCE_BYTES, None), "IV length")
-            _ok(init(context, None, None, self._key, None), "key")
+            try:
+                _ok(init(context, library.gcm[len(self._key)], None, None, None), "init")
+                _ok(library.ctx_ctrl(context, _CTRL_GCM_SET_IVLEN, GCM_NONCE_BYTES, None), "IV length")
+                _ok(init(context, None, None, self._key, None), "key")
+            except BaseException:
+                library.ctx_free(context)
+                raise
+            self._contexts[verb] = context  # kept only once keyed
         return context
 
     def _buffer(self, verb: str, size: int) -> ctypes.Array[ctypes.c_char]:
@@ -219,10 +223,10 @@ class AesGcm:
                     "AAD",
                 )
             _ok(raw.EVP_EncryptUpdate(context, out, at, data, length), "update")
-            assert written.value == length, (written.value, length)
+            _require(written.value == length, f"libcrypto wrote {written.value} of {length} bytes")
             end = ctypes.byref(out, length)
             _ok(raw.EVP_EncryptFinal_ex(context, end, at), "final")
-            assert written.value == 0, written.value
+            _require(written.value == 0, f"libcrypto wrote {written.value} bytes at the end of a GCM message")
             _ok(raw.EVP_CIPHER_CTX_ctrl(context, _CTRL_GCM_GET_TAG, GCM_TAG_BYTES, end), "tag")
             return cast(bytes, out[: length + GCM_TAG_BYTES])  # a char array slice is bytes
 
@@ -246,14 +250,27 @@ class AesGcm:
                     "AAD",
                 )
             _ok(raw.EVP_DecryptUpdate(context, out, at, data, length), "update")  # the tag is not read
-            assert written.value == length, (written.value, length)
+            _require(written.value == length, f"libcrypto wrote {written.value} of {length} bytes")
             _ok(raw.EVP_CIPHER_CTX_ctrl(context, _CTRL_GCM_SET_TAG, GCM_TAG_BYTES, data[length:]), "tag")
             if raw.EVP_DecryptFinal_ex(context, ctypes.byref(out, length), at) <= 0:
                 raise InvalidTag("the tag does not match")
             return cast(bytes, out[:length])
 
 
+def _require(condition: object, message: str) -> None:
+    """A check that stays under `python -O` (assert statements do not)."""
+    if not condition:
+        raise RuntimeError(message)
+
+
 def _check_sizes(nonce: bytes, data: bytes, associated_data: bytes | None) -> None:
+    # ctypes would pass a str as wide characters: only bytes are accepted, as cryptography does
+    if (
+        type(nonce) is not bytes
+        or type(data) is not bytes
+        or type(associated_data) not in (bytes, type(None))
+    ):
+        raise TypeError("nonce, data and associated data must be bytes")
     if len(nonce) != GCM_NONCE_BYTES:
         raise ValueError(f"the nonce must be {GCM_NONCE_BYTES} bytes")
     if len(data) > _DATA_BYTES_MAX or len(associated_data or b"") > _DATA_BYTES_MAX:
@@ -303,7 +320,7 @@ class Fernet:
             raise ValueError("Fernet key must be 32 url-safe base64-encoded bytes.")
         self._signing_key, self._encryption_key = raw[:16], raw[16:]
         library = _libcrypto()
-        assert library is not None, "Fernet without libcrypto: use ciphers()"
+        _require(library is not None, "Fernet without libcrypto: use ciphers()")
         self._library = library
 
     def encrypt(self, data: bytes) -> bytes:
@@ -355,7 +372,7 @@ def pbkdf2_sha256(secret: bytes, salt: bytes, iterations: int, length: int) -> b
 
 def hkdf_sha256(secret: bytes, info: bytes, length: int, salt: bytes | None = None) -> bytes:
     """HKDF-SHA256 (RFC 5869; cryptography's HKDF): extract, then expand to `length`."""
-    assert 0 < length <= 255 * 32, length
+    _require(0 < length <= 255 * 32, f"HKDF-SHA256 gives 1 to {255 * 32} bytes, not {length}")
     prk = hmac.digest(salt or bytes(32), secret, "sha256")
     out, block = b"", b""
     for counter in range(1, -(-length // 32) + 1):
@@ -394,21 +411,30 @@ def _check_known_answers(library: _LibCrypto) -> None:
     """Crashes if the binding computes anything but AES (called under _lock, before use)."""
     gcm = AesGcm(_GCM_256_KEY, library)
     sealed = gcm.encrypt(bytes(GCM_NONCE_BYTES), bytes(16), None)
-    assert sealed == _GCM_256_CIPHERTEXT + _GCM_256_TAG, f"AES-256-GCM binding is wrong: {sealed.hex()}"
-    assert gcm.decrypt(bytes(GCM_NONCE_BYTES), sealed, None) == bytes(16)
+    _require(sealed == _GCM_256_CIPHERTEXT + _GCM_256_TAG, f"AES-256-GCM binding is wrong: {sealed.hex()}")
+    _require(
+        gcm.decrypt(bytes(GCM_NONCE_BYTES), sealed, None) == bytes(16),
+        "AES-256-GCM binding does not open its own message",
+    )
     with_aad = gcm.encrypt(bytes(GCM_NONCE_BYTES), b"data", b"header")
-    assert gcm.decrypt(bytes(GCM_NONCE_BYTES), with_aad, b"header") == b"data"
+    _require(
+        gcm.decrypt(bytes(GCM_NONCE_BYTES), with_aad, b"header") == b"data",
+        "AES-256-GCM binding does not open a message with associated data",
+    )
     for altered in (with_aad[:-1] + bytes([with_aad[-1] ^ 1]), bytes([with_aad[0] ^ 1]) + with_aad[1:]):
         try:
             gcm.decrypt(bytes(GCM_NONCE_BYTES), altered, b"header")
         except InvalidTag:
             continue
-        raise AssertionError("AES-GCM binding opened an altered message")
+        raise RuntimeError("AES-GCM binding opened an altered message")
     try:
         gcm.decrypt(bytes(GCM_NONCE_BYTES), with_aad, b"other header")
-        raise AssertionError("AES-GCM binding opened a message under other associated data")
+        raise RuntimeError("AES-GCM binding opened a message under other associated data")
     except InvalidTag:
         pass
     cbc = _cbc(library, _CBC_KEY, _CBC_IV, _CBC_PLAINTEXT, encrypt=True)
-    assert cbc[:16] == _CBC_CIPHERTEXT and len(cbc) == 32, f"AES-128-CBC binding is wrong: {cbc.hex()}"
-    assert _cbc(library, _CBC_KEY, _CBC_IV, cbc, encrypt=False) == _CBC_PLAINTEXT
+    _require(cbc[:16] == _CBC_CIPHERTEXT and len(cbc) == 32, f"AES-128-CBC binding is wrong: {cbc.hex()}")
+    _require(
+        _cbc(library, _CBC_KEY, _CBC_IV, cbc, encrypt=False) == _CBC_PLAINTEXT,
+        "AES-128-CBC binding does not decrypt its own message",
+    )

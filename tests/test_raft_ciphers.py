@@ -9,7 +9,7 @@ Properties checked:
 - HKDF-SHA256 and PBKDF2-HMAC-SHA256 derive cryptography's keys;
 - where libcrypto cannot be bound, ciphers() is cryptography's classes, and the node's
   encryptor is cryptography's Fernet with the same key;
-- a binding that does not compute the known answers stops the node (AssertionError on
+- a binding that does not compute the known answers stops the node (RuntimeError on
   first use), it is not used.
 """
 
@@ -140,6 +140,13 @@ def test_without_libcrypto_the_ciphers_are_cryptographys(monkeypatch):
 def test_a_binding_that_fails_its_known_answers_is_not_used(monkeypatch):
     monkeypatch.setattr(raft_ciphers, "_bound", [])
     monkeypatch.setattr(raft_ciphers, "_GCM_256_TAG", bytes(16))
-    with pytest.raises(AssertionError, match="AES-256-GCM binding is wrong"):
+    with pytest.raises(RuntimeError, match="AES-256-GCM binding is wrong"):
         raft_ciphers.available()
     assert raft_ciphers._bound == [], "a binding that failed its check was kept"
+
+
+def test_only_bytes_are_sealed():
+    """ctypes would pass a str as wide characters: refused, as cryptography refuses it."""
+    gcm = raft_ciphers.AesGcm(bytes(32), raft_ciphers._libcrypto())
+    with pytest.raises(TypeError):
+        gcm.encrypt(bytes(12), "text", None)
