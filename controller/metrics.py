@@ -4,19 +4,23 @@ time, except the apply latency and the write count, which the Raft apply path re
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from mqmeta.controller.operations import ControllerOperations
-from prometheus_client import Counter
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from mqmeta.metrics import Metrics, gauge
+
+if TYPE_CHECKING:
+    from prometheus_client import Counter
+    from prometheus_client.core import GaugeMetricFamily, Metric
 
 PREFIX = "mqmeta_controller_"
 
 
-def controller_metrics(core: ControllerOperations) -> tuple[Metrics, Counter]:
-    """A node's metrics and the counter its call stream counts its calls on."""
-    metrics = Metrics()
+def controller_metrics(core: ControllerOperations, serving: bool = True) -> tuple[Metrics, Counter]:
+    """A node's metrics and the counter its call stream counts its calls on; `serving=False`
+    for a node without `--metrics-listen`: nothing recorded or imported."""
+    metrics = Metrics(serving)
     call_stream_calls = metrics.counter(
         PREFIX + "call_stream_calls", "unary calls served over the call stream (not as gRPC calls)"
     )
@@ -32,9 +36,9 @@ def controller_metrics(core: ControllerOperations) -> tuple[Metrics, Counter]:
     return metrics, call_stream_calls
 
 
-def namesrv_metrics() -> tuple[Metrics, Counter]:
+def namesrv_metrics(serving: bool = True) -> tuple[Metrics, Counter]:
     """A standalone nameserver's metrics and the route-query counter its handlers count on."""
-    metrics = Metrics()
+    metrics = Metrics(serving)
     routes = metrics.counter(
         "mqmeta_namesrv_route_queries", "route queries answered (QueryRoute, GetTopicRoute)"
     )
@@ -42,6 +46,8 @@ def namesrv_metrics() -> tuple[Metrics, Counter]:
 
 
 def _collect(core: ControllerOperations) -> Iterator[Metric]:
+    from prometheus_client.core import GaugeMetricFamily
+
     raft = core.raft
     leader = raft.is_leader()
     yield gauge(PREFIX + "is_leader", "1 on the Raft leader, 0 elsewhere", 1.0 if leader else 0.0)
@@ -66,6 +72,8 @@ def _collect(core: ControllerOperations) -> Iterator[Metric]:
 
 
 def _liveness(core: ControllerOperations) -> GaugeMetricFamily:
+    from prometheus_client.core import GaugeMetricFamily
+
     family = GaugeMetricFamily(
         PREFIX + "broker_alive",
         "1 while a broker heartbeats within dead-after (leader only)",
@@ -83,6 +91,8 @@ def _liveness(core: ControllerOperations) -> GaugeMetricFamily:
 
 def _repair_metrics(core: ControllerOperations) -> Iterator[Metric]:
     """The Raft log and snapshot scrub and repair (controller/repair.py)."""
+    from prometheus_client.core import CounterMetricFamily
+
     stats = core.raft.repair_stats
     yield CounterMetricFamily(
         PREFIX + "raft_scrubs",

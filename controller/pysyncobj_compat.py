@@ -10,7 +10,7 @@ name, so an upgrade fails when the controller starts instead of silently droppin
 durability fix.
 
 Nothing is changed by importing this module, except what controller/pysyncobj_lazy_crypto.py
-does before pysyncobj is imported (cryptography imported only when a Raft secret needs it).
+does before pysyncobj is imported (its encryptor without cryptography: controller/raft_ciphers.py).
 What it provides, applied explicitly:
 - install(journal_factory, journal_class, replace): the module-level replacements,
   install_journal_factory, install_durable_snapshots and install_prompt_first_tick
@@ -54,6 +54,7 @@ import pysyncobj.tcp_connection
 import pysyncobj.tcp_server
 import pysyncobj.transport
 import pysyncobj.version
+from mqmeta.controller import raft_ciphers
 from pysyncobj import FAIL_REASON, SyncObj
 from pysyncobj.monotonic import monotonic as monotonic_time
 from pysyncobj.tcp_connection import TcpConnection
@@ -1370,10 +1371,9 @@ class AeadTcpConnection(TcpConnection):
             secret = getattr(self.encryptor, "raft_frame_key", None)
             if secret is None:
                 return False
-            from cryptography.hazmat.primitives.ciphers.aead import AESGCM  # only with a secret
-
-            self._sealer = AESGCM(_connection_key(secret, receiver=peer_key, sender=own_key))
-            self._opener = AESGCM(_connection_key(secret, receiver=own_key, sender=peer_key))
+            aead, _fernet = raft_ciphers.ciphers()
+            self._sealer = aead(_connection_key(secret, receiver=peer_key, sender=own_key))
+            self._opener = aead(_connection_key(secret, receiver=own_key, sender=peer_key))
             self._frame_keys = (peer_key, own_key)
             self._sent_number = self._received_number = 0
         return True
@@ -1410,11 +1410,7 @@ class AeadTcpConnection(TcpConnection):
 
 def _connection_key(secret: bytes, receiver: bytes, sender: bytes) -> bytes:
     """The key of one direction of one connection (each handshake key is 32 random bytes)."""
-    from cryptography.hazmat.primitives import hashes
-    from cryptography.hazmat.primitives.kdf.hkdf import HKDF
-
-    info = b"mqmeta raft connection 1" + receiver + sender
-    return HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=info).derive(secret)
+    return raft_ciphers.hkdf_sha256(secret, b"mqmeta raft connection 1" + receiver + sender, 32)
 
 
 _STOCK_TCP_CONNECTION = TcpConnection

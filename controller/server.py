@@ -199,7 +199,7 @@ def start_controller(
             check_can_listen(address)
     core = ControllerOperations(config.node_id, config.peers, config.data_dir, config.raft_settings)
     embedded_here = namesrv_address == config.grpc
-    metrics, call_stream_calls = controller_metrics(core)
+    metrics, call_stream_calls = controller_metrics(core, serving=bool(config.metrics_listen))
     call_server: list[AsyncServer] = []  # set before setup runs on its loop
 
     async def setup(server: grpc.aio.Server) -> None:
@@ -365,7 +365,7 @@ def start_namesrv(
     rocketmq_routes.validate()
     client = ControllerClient(controllers)
     cache = RouteCache(ControllerClient(controllers))
-    metrics, routes = namesrv_metrics()
+    metrics, routes = namesrv_metrics(serving=bool(metrics_listen))
     servicer = NameServerServicer(client, cache, routes.inc)
 
     def route(topic: str):

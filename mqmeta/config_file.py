@@ -18,7 +18,6 @@ reaches a terminal or a log.
 from __future__ import annotations
 
 import argparse
-import difflib
 import re
 import tomllib
 from collections.abc import Callable
@@ -155,6 +154,8 @@ def _flag_values(spec: _Spec, document: dict[str, Any], where: str) -> dict[str,
     known = sorted([*spec.actions, *spec.tables])
     for key in document:
         if key not in known:
+            import difflib  # only for a mistake: not in a running server's memory
+
             close = difflib.get_close_matches(key, known, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise InvalidArgument(f"unknown key {key!r} in {where}{hint}; known keys: {', '.join(known)}")

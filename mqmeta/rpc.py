@@ -32,7 +32,6 @@ from typing import Any, NoReturn, Protocol
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 
 from mqmeta import auth, tls
 from mqmeta.errors import (
@@ -260,7 +259,7 @@ def add_health_and_reflection(server: grpc.Server, services: Iterable[str]) -> N
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     for name in ["", *names]:
         health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    reflection.enable_server_reflection([*names, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
+    server.add_generic_rpc_handlers((_reflection_handler([*names, health.SERVICE_NAME], asynchronous=False),))
 
 
 async def add_health_and_reflection_async(server: grpc.aio.Server, services: Iterable[str]) -> None:
@@ -270,7 +269,47 @@ async def add_health_and_reflection_async(server: grpc.aio.Server, services: Ite
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     for name in ["", *names]:
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    reflection.enable_server_reflection([*names, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
+    server.add_generic_rpc_handlers((_reflection_handler([*names, health.SERVICE_NAME], asynchronous=True),))
+
+
+REFLECTION_SERVICE = "grpc.reflection.v1alpha.ServerReflection"  # grpc_reflection's SERVICE_NAME
+
+
+def _reflection_handler(names: list[str], asynchronous: bool) -> grpc.GenericRpcHandler:
+    """grpc_reflection's service, its modules imported on the first reflection call: they
+    import protobuf's descriptor_pb2, 0.7 MB of every server's memory that only a
+    reflection client (grpcurl) uses. The servicer is grpc_reflection's own."""
+    made: list[Any] = []
+    lock = threading.Lock()
+
+    def servicer() -> Any:
+        with lock:
+            if not made:
+                from grpc_reflection.v1alpha import reflection
+
+                assert reflection.SERVICE_NAME == REFLECTION_SERVICE, reflection.SERVICE_NAME
+                kind = reflection.aio.ReflectionServicer if asynchronous else reflection.ReflectionServicer
+                made.append(kind([*names, REFLECTION_SERVICE]))
+            return made[0]
+
+    def request(data: bytes) -> Any:
+        from grpc_reflection.v1alpha import reflection_pb2
+
+        return reflection_pb2.ServerReflectionRequest.FromString(data)
+
+    async def answers_async(requests: Any, context: Any) -> AsyncIterator[Any]:
+        async for answer in servicer().ServerReflectionInfo(requests, context):
+            yield answer
+
+    def answers(requests: Any, context: Any) -> Any:
+        yield from servicer().ServerReflectionInfo(requests, context)
+
+    method = grpc.stream_stream_rpc_method_handler(
+        answers_async if asynchronous else answers,
+        request_deserializer=request,
+        response_serializer=lambda answer: answer.SerializeToString(),
+    )
+    return grpc.method_handlers_generic_handler(REFLECTION_SERVICE, {"ServerReflectionInfo": method})
 
 
 ServerSetup = Callable[[grpc.aio.Server], Awaitable[None]]

@@ -6,8 +6,9 @@ Properties checked:
   pin in pyproject.toml), every private name with its kind, every hook still wired;
   a journal class that lacks a method of pysyncobj's Journal interface is refused;
 - importing changes nothing; install() does, idempotently;
-- a controller's imports load no cryptography (pysyncobj_lazy_crypto); a Raft secret
-  still gets pysyncobj's own encryptor (same key), loaded on first use;
+- a controller loads no cryptography, with a Raft secret either (pysyncobj_lazy_crypto,
+  raft_ciphers), and its encryptor reads and makes the tokens of pysyncobj's own (same
+  salt, same key);
 - install_journal_factory: a real ControllerRaft writes our journal format;
 - install_durable_snapshots: a real node's snapshot file data and its directory entry
   are fsynced before the journal is compacted, and snapshot.read_position reads the
@@ -60,12 +61,10 @@ import pysyncobj.syncobj
 import pysyncobj.tcp_server
 import pysyncobj.transport
 import pytest
-from cryptography.fernet import Fernet
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from mqmeta.cluster.ports import PortReservation
 from mqmeta.cluster.wait import wait_for as cluster_wait_for
 from mqmeta.controller import pysyncobj_compat as compat
-from mqmeta.controller import pysyncobj_lazy_crypto, raft_node
+from mqmeta.controller import pysyncobj_lazy_crypto, raft_ciphers, raft_node
 from mqmeta.controller.journal import FILE_MAGIC, DurableJournal, parse_records
 from mqmeta.controller.raft_node import ControllerRaft, Peer, RaftSettings
 from mqmeta.controller.snapshot import read_position
@@ -226,17 +225,23 @@ print("ok")
     assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr
 
 
-def test_cryptography_is_imported_only_for_a_raft_secret():
+def test_cryptography_is_not_imported_even_for_a_raft_secret():
     script = """
 import sys
 import mqmeta.controller.server, mqmeta.cli  # what `mqmeta controller` imports
 import pysyncobj.syncobj
-from mqmeta.controller import pysyncobj_lazy_crypto
-assert "cryptography" not in sys.modules, "imported without a secret"
+from mqmeta.controller import pysyncobj_compat, pysyncobj_lazy_crypto
+assert "cryptography" not in sys.modules, "imported at start"
 assert pysyncobj.syncobj.HAS_CRYPTO
 ours = pysyncobj.syncobj.getEncryptor("a secret")
-assert "cryptography" in sys.modules
-stock = pysyncobj_lazy_crypto.stock_encryptor().getEncryptor("a secret")
+connection = pysyncobj_compat.AeadTcpConnection(None)
+connection.encryptor, connection.recvRandKey = ours, b"k" * 32 + pysyncobj_compat.FRAME_MARK
+connection.sendRandKey = b"p" * 32 + pysyncobj_compat.FRAME_MARK
+assert connection._frames_ready() and connection._sealer.encrypt(bytes(12), b"m", b"h")
+assert "cryptography" not in sys.modules, "imported for a secret"
+stock = pysyncobj_lazy_crypto.stock_encryptor()  # pysyncobj's own, with cryptography
+assert stock.SALT == pysyncobj_lazy_crypto.PBKDF2_SALT
+stock = stock.getEncryptor("a secret")
 assert stock.decrypt(ours.encrypt(b"entry")) == b"entry" == ours.decrypt(stock.encrypt(b"entry"))
 print("ok")
 """
@@ -975,8 +980,9 @@ class CountingFrames:
     def __init__(self, monkeypatch) -> None:
         self.fernet = 0
         self.frames = 0
-        real_fernet = Fernet.encrypt_at_time
-        real_seal = AESGCM.encrypt
+        aead, fernet_class = raft_ciphers.ciphers()
+        real_fernet = fernet_class.encrypt_at_time
+        real_seal = aead.encrypt
 
         def fernet(encryptor, data, current_time):
             self.fernet += 1
@@ -986,8 +992,8 @@ class CountingFrames:
             self.frames += 1
             return real_seal(aead, nonce, data, associated_data)
 
-        monkeypatch.setattr(Fernet, "encrypt_at_time", fernet)
-        monkeypatch.setattr(AESGCM, "encrypt", seal)
+        monkeypatch.setattr(fernet_class, "encrypt_at_time", fernet)
+        monkeypatch.setattr(aead, "encrypt", seal)
 
 
 def secret_pair(monkeypatch, follower_transport: type = TCPTransport) -> tuple[Any, Any]:

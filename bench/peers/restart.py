@@ -21,8 +21,8 @@ PYTHONDONTWRITEBYTECODE=1 (set where this was first run) an editable checkout ha
 and every start compiled mqmeta's modules again (about 0.08 s of CPU). So the benchmark
 lets its processes keep compiled modules in a cache of its own (cache_bytecode);
 `--no-bytecode` measures without. `--no-raft-secret` runs the controllers with
---insecure-raft, as etcd's peers run here (plain HTTP, no peer authentication): no
-cryptography imported, no key derived at start.
+--insecure-raft, as etcd's peers run here (plain HTTP, no peer authentication): no key
+derived at start, no message sealed.
 
 The topics are created in batches (WriteBatch of 512, two clients). With `--snapshot`
 (the default from 10,000 topics on) the nodes compact their log every 150 entries, and
@@ -78,10 +78,10 @@ COMPACTION_ENTRIES = 150  # --snapshot: the nodes compact their log past this ma
 PAD_WRITES_MAX = 4 * COMPACTION_ENTRIES
 SNAPSHOT_POLL_WRITES = 10
 WARM_TIMEOUT_S = 120.0
-# What a controller imports, with a Raft secret too (cryptography's Fernet and key derivation)
+# What a controller imports, with a Raft secret too (its ciphers: controller/raft_ciphers.py)
 WARM_IMPORTS = (
     "import mqmeta.controller.server, mqmeta.cli, bench.peers.timed_controller, "
-    "cryptography.fernet, cryptography.hazmat.primitives.kdf.pbkdf2"
+    "mqmeta.controller.raft_ciphers"
 )
 
 
