@@ -229,7 +229,11 @@ class ControllerRaft(pysyncobj_compat.RaftFixes):
 
     def _checkCommandsToApply(self) -> None:  # noqa: N802 - pysyncobj's name
         if self._pump is not None:
-            self._pump()
+            self._proposing_in_tick = True  # ProposeInTick: no wake-up for the tick's own proposals
+            try:
+                self._pump()
+            finally:
+                self._proposing_in_tick = False
         super()._checkCommandsToApply()
 
     def _state_changed(self, old_state: int, new_state: int) -> None:

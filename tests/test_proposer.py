@@ -225,3 +225,30 @@ def test_the_tick_proposes_at_once_and_in_the_tick_that_commits_the_entry_before
     tick_until(rafts, second.done, "the second entry to commit")
     assert first.result()["ok"] is False and second.result()["ok"] is False  # no such topics: answered
     assert all(t.name != "proposer" for t in threading.enumerate())
+
+
+def test_a_command_the_tick_proposes_does_not_wake_the_tick_again(nodes, monkeypatch) -> None:
+    """pysyncobj writes a byte to the tick's wake-up pipe for every command queued; for the
+    commands the tick proposes itself (the pump) that byte only cost an empty tick."""
+    rafts = [node for node, _ in nodes]
+    leader, proposer = nodes[0]
+    tick_until(rafts, lambda: leader.is_leader(), "n0 to lead")
+    warm = proposer.submit(DeleteTopic(name="warm-up"))
+    tick_until(rafts, warm.done, "the first write to commit")
+    log_length = leader.getStatus()["log_len"]
+    notifier = leader._SyncObj__pipeNotifier
+    wake_ups: list[str] = []
+    original = notifier.notify
+
+    def counted() -> None:
+        wake_ups.append(threading.current_thread().name)
+        original()
+
+    monkeypatch.setattr(notifier, "notify", counted)
+    first = proposer.submit(DeleteTopic(name="a"))
+    assert len(wake_ups) == 1, wake_ups  # the submit wakes the tick (from this thread)
+    leader.doTick(0.0)
+    assert leader.getStatus()["log_len"] == log_length + 1, "the tick did not propose the waiting command"
+    assert len(wake_ups) == 1, f"the tick's own proposal woke the tick again: {wake_ups}"
+    tick_until(rafts, first.done, "the write to commit")
+    assert first.result()["ok"] is False  # no such topic: answered
