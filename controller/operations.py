@@ -98,7 +98,8 @@ class WatchHub:
     """Fans applied events out to watch streams; a slow watcher is cut off, not waited on.
 
     The Raft thread publishes each applied entry's events with one call_soon_threadsafe
-    to the server's event loop (nothing is published before attach); there each event
+    to the server's event loop (nothing is published before attach, nor while no stream
+    is open); there each event
     is encoded once and queued to every stream that wants it. Subscriptions live on the
     loop only, so they need no lock."""
 
@@ -130,7 +131,10 @@ class WatchHub:
 
     def publish(self, index: int, events: list[Json]) -> None:
         loop = self._loop
-        if loop is None or not events:
+        if loop is None or not events or not self._subscribers:
+            # No stream to wake the loop for (a follower nobody watches: every entry's
+            # events cost its loop a wake-up). A stream that subscribes after this check
+            # reads its snapshot after the subscription, so after this entry's apply.
             return
         try:
             loop.call_soon_threadsafe(self._dispatch, index, events)

@@ -3,6 +3,7 @@
 Properties checked:
 - the Raft thread publishes with one hand-off to the event loop, where each event is
   encoded once whatever the number of streams, and every stream that wants it gets it;
+  with no stream open it does not wake the loop at all;
 - a stream that names a broker set gets that set's events only; topic and group events go
   to the streams that name none, in their cluster; config events (no cluster) to the
   streams that name no cluster either;
@@ -86,6 +87,23 @@ def test_each_event_is_encoded_once_and_reaches_every_stream_that_wants_it():
             assert [item[1] for item in drained(stream)] == [("pb", "role", "a", 7), ("pb", "topic", None, 7)]
 
     run_on_loop(body)
+
+
+def test_with_no_stream_open_a_publish_does_not_wake_the_loop():
+    class CountingLoop:
+        def __init__(self) -> None:
+            self.calls: list[tuple] = []
+
+        def call_soon_threadsafe(self, *args) -> None:
+            self.calls.append(args)
+
+    hub, loop = WatchHub(), CountingLoop()
+    hub.attach(loop, lambda event: event)  # type: ignore[arg-type]
+    hub.publish(5, [TOPIC])
+    assert loop.calls == [], "a publish with no stream open woke the loop"
+    hub.subscribe("", "")
+    hub.publish(6, [TOPIC])
+    assert len(loop.calls) == 1
 
 
 def test_a_stream_naming_a_broker_set_gets_that_sets_events_only():
