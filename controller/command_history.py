@@ -20,12 +20,13 @@ change nothing and are not kept.
 from __future__ import annotations
 
 import collections
-import json
 import threading
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from mqmeta.controller.commands import Barrier, Command, Undecodable, command_json
+
+from mqmeta.formats.checksummed import canonical_json
 
 Json = dict[str, Any]
 
@@ -57,7 +58,7 @@ def key_fields(command: Command) -> dict[str, str]:
     for name, value in command_json(command).items():
         if name == "type" or name in _LEFT_OUT or value in ("", [], {}):
             continue  # an empty field (an update's "keep as is") says nothing
-        text = value if isinstance(value, str) else json.dumps(value, separators=(",", ":"), sort_keys=True)
+        text = value if isinstance(value, str) else canonical_json(value)
         fields[name] = text if len(text) <= FIELD_CHARS_MAX else text[: FIELD_CHARS_MAX - 1] + "…"
     return fields
 
