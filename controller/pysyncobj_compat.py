@@ -1096,6 +1096,8 @@ class ReadIndex(SyncObj):
         self._start_round(renewal=True)
 
     def _start_reads(self) -> None:
+        if not self._reads_new and not self._reads_waiting:
+            return  # most ticks: no read queued (a read queued meanwhile also wakes the tick)
         with self._read_lock:
             new, self._reads_new = self._reads_new, []
         self._reads_waiting.extend(new)
@@ -1160,6 +1162,8 @@ class ReadIndex(SyncObj):
             )
 
     def _finish_reads(self) -> None:
+        if not self._read_rounds and not self._read_asks and not self._reads_applying:
+            return  # most ticks: no read in flight
         now = monotonic_time()
         leader = self._isLeader()
         for number, read_round in list(self._read_rounds.items()):
