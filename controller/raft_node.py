@@ -264,6 +264,7 @@ class ControllerRaft(pysyncobj_compat.RaftFixes):
             events.extend(command_events)
             effects.update(changes)
         types = sorted({c.TYPE for c in commands})
+        documents = [_logged(c) for c in commands]  # the line's and the history's
         self._append_applied(
             {
                 "index": index,
@@ -271,11 +272,11 @@ class ControllerRaft(pysyncobj_compat.RaftFixes):
                 "command_type": types[0] if len(types) == 1 else "batch",
                 "command_digest": hashlib.sha256(payload.encode()).hexdigest(),
                 "state_digest": self._state.digest,
-                "commands": [_logged(c) for c in commands],
+                "commands": documents,
                 "effects": effects,
             }
         )
-        self.history.record(index, term, commands, results)
+        self.history.record(index, term, commands, results, documents)
         if events:
             self._on_events(index, events)
         if self.on_applied is not None:

@@ -642,9 +642,8 @@ def _clean_broker_data(state: ControllerState, command: CleanBrokerData, index: 
 
 
 def _topic_spec(state: ControllerState, command: PutTopic) -> Json:
-    config = state.config()
-    cluster = validate_name("cluster", command.cluster or config["default_cluster"])
-    queue_count = command.queue_count or config["default_queue_count"]
+    cluster = validate_name("cluster", command.cluster or state.config_value("default_cluster"))
+    queue_count = command.queue_count or state.config_value("default_queue_count")
     broker_names = sorted(set(command.broker_names or []))
     for broker_name in broker_names:
         validate_name("broker name", broker_name)
