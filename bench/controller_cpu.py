@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.benchlib import _r, cpu_seconds, environment, latency_summary, make_log, run_main, stop_clusters
-from bench.controller_bench import Cluster, topic_request
+from bench.controller_bench import Cluster, _commit_index, topic_request
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 PARTS = ("controller", "broker_agent", "cluster", "replicator", "chaos", "spark")  # mqmeta.<part>
@@ -173,15 +173,20 @@ def concurrent(cluster: VariantCluster, leader: str, duration_s: float, prefix: 
         time.sleep(0.005)
     pids = cluster.pids()
     before = _cpu(pids)
+    commit_before = _commit_index(cluster.grpc(leader))
     while time.perf_counter() < window[1]:
         time.sleep(0.005)
     after = _cpu(pids)
+    commit_after = _commit_index(cluster.grpc(leader))
     for thread in threads:
         thread.join(timeout=15.0)
     counted = [x for per in latencies for x in per]
     out = {"cpu_ms_per_write": _per_write(before, after, leader, len(counted))}
     out.update(latency_summary(counted))
     out["writes_per_s"] = _r(len(counted) / duration_s, 1)
+    if commit_before is not None and commit_after is not None and commit_after > commit_before:
+        # the writes per Raft entry (group commit) move the CPU per write: compare like with like
+        out["writes_per_raft_entry"] = _r(len(counted) / (commit_after - commit_before), 2)
     if errors:
         out["errors"] = errors[:5]
     return out
@@ -262,6 +267,9 @@ def main(argv: list[str] | None = None) -> int:
                     r["concurrent"]["cpu_ms_per_write"]["follower_mean"] for r in rows
                 ],
                 "concurrent_writes_per_s": [r["concurrent"]["writes_per_s"] for r in rows],
+                "concurrent_writes_per_raft_entry": [
+                    r["concurrent"].get("writes_per_raft_entry") for r in rows
+                ],
             }
         res["summary"] = summary
 
