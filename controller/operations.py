@@ -198,6 +198,16 @@ class LoopFutures:
             call(*args)
 
 
+def _deliver(waiter: asyncio.Future, outcome: Json | MqmetaError) -> None:
+    """On the loop: `waiter` gets `outcome`, unless its caller stopped waiting."""
+    if waiter.done():
+        return
+    if isinstance(outcome, MqmetaError):
+        waiter.set_exception(outcome)
+    else:
+        waiter.set_result(outcome)
+
+
 def _complete(future: Future, waiter: asyncio.Future) -> None:
     """On the loop: `waiter` gets the outcome of `future` (done), unless its caller stopped
     waiting (a timeout, a client gone)."""
@@ -285,9 +295,14 @@ class ControllerOperations:
         return self.state
 
     async def propose_async(self, command: Command, timeout_s: float = 5.0) -> Json:
-        """propose() for a coroutine on the server's event loop: no thread waits."""
-        future = self.proposer.submit(command)
-        waiter = self._loop_futures(asyncio.get_running_loop()).wrap(future)
+        """propose() for a coroutine on the server's event loop: no thread waits. The
+        outcome goes from the Raft thread straight to the loop (LoopFutures.post), without
+        a concurrent Future in between (its Condition, lock and callbacks cost more than
+        the rest of the hand-over)."""
+        loop = asyncio.get_running_loop()
+        waiter = loop.create_future()
+        post = self._loop_futures(loop).post
+        self.proposer.submit_to(command, lambda outcome: post(_deliver, waiter, outcome))
         try:
             result = await asyncio.wait_for(waiter, timeout_s)
         except TimeoutError:

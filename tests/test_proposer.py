@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 from mqmeta.cluster.ports import PortReservation
+from mqmeta.cluster.wait import wait_for
 from mqmeta.controller import raft_node
 from mqmeta.controller.commands import DeleteTopic, decode_entry
 from mqmeta.controller.raft_node import ControllerRaft, Peer, Proposer, RaftSettings
@@ -150,6 +151,30 @@ def test_an_entry_that_times_out_fails_its_commands_and_the_committed_ones_stay(
         assert all(isinstance(o, DeadlineExceeded) for o in outcomes[2:]), outcomes
         raft.commit(1)  # a late answer changes nothing
         assert all(isinstance(o, DeadlineExceeded) for o in group.outcomes()[2:])
+    finally:
+        stop(p, raft)
+
+
+def test_a_command_handed_a_function_gets_its_outcome_once_committed_failed_or_timed_out() -> None:
+    """A coroutine's write (propose_async) gives the Proposer a function instead of a Future:
+    it is called exactly once with the result, or with the error that ended the command."""
+    p, raft = proposer(proposal_timeout_ms=300)
+    outcomes: dict[str, list[Any]] = {"t1": [], "t2": [], "t3": []}
+    try:
+        p.submit_to(DeleteTopic(name="t1"), outcomes["t1"].append)
+        raft.wait_entries(1)
+        raft.commit(0)
+        p.submit_to(DeleteTopic(name="t2"), outcomes["t2"].append)
+        raft.wait_entries(2)
+        raft.fail(1)
+        p.submit_to(DeleteTopic(name="t3"), outcomes["t3"].append)
+        raft.wait_entries(3)  # never answered: fails once proposal_timeout_ms has passed
+        wait_for(lambda: outcomes["t3"], 5.0, "the unanswered command to time out")
+        raft.commit(1)  # late answers change nothing
+        raft.commit(2)
+        assert outcomes["t1"] == [{"ok": True, "n": 1}]
+        assert len(outcomes["t2"]) == 1 and isinstance(outcomes["t2"][0], Unavailable), outcomes
+        assert len(outcomes["t3"]) == 1 and isinstance(outcomes["t3"][0], DeadlineExceeded), outcomes
     finally:
         stop(p, raft)
 
