@@ -205,6 +205,7 @@ def one_run(
         out: dict[str, Any] = {"load_average_at_start": list(os.getloadavg()), "leader": leader}
         out["sequential"] = sequential(cluster, leader, args.writes, tag)
         out["concurrent"] = concurrent(cluster, leader, args.concurrent_s, tag)
+        out["leader_at_end"] = cluster.leader_id()  # another one: an election during the round
         out["load_average_at_end"] = list(os.getloadavg())
         return out
     finally:
