@@ -20,12 +20,13 @@ change nothing and are not kept.
 from __future__ import annotations
 
 import collections
-import json
 import threading
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from mqmeta.controller.commands import Barrier, Command, Undecodable, command_json
+
+from mqmeta.formats.checksummed import canonical_json
 
 Json = dict[str, Any]
 
@@ -49,15 +50,16 @@ def outcome(result: Json) -> tuple[str, str, str]:
     return (FENCED if fenced else REFUSED), code, str(result.get("message", ""))
 
 
-def key_fields(command: Command) -> dict[str, str]:
-    """The command's fields a reader wants, each as text (JSON for a list or a map)."""
+def key_fields(command: Command, document: Json | None = None) -> dict[str, str]:
+    """The command's fields a reader wants, each as text (JSON for a list or a map);
+    `document` is its command_json when the caller has it already."""
     if isinstance(command, Undecodable):
         return {"reason": command.reason[:FIELD_CHARS_MAX]}
     fields: dict[str, str] = {}
-    for name, value in command_json(command).items():
+    for name, value in (command_json(command) if document is None else document).items():
         if name == "type" or name in _LEFT_OUT or value in ("", [], {}):
             continue  # an empty field (an update's "keep as is") says nothing
-        text = value if isinstance(value, str) else json.dumps(value, separators=(",", ":"), sort_keys=True)
+        text = value if isinstance(value, str) else canonical_json(value)
         fields[name] = text if len(text) <= FIELD_CHARS_MAX else text[: FIELD_CHARS_MAX - 1] + "…"
     return fields
 
@@ -69,10 +71,22 @@ class CommandHistory:
         self._records: collections.deque[Json] = collections.deque(maxlen=commands_max)
         self._lock = threading.Lock()
 
-    def record(self, index: int, term: int, commands: Sequence[Command], results: Sequence[Json]) -> None:
-        """One applied entry's commands with their results (what apply answered)."""
+    def record(
+        self,
+        index: int,
+        term: int,
+        commands: Sequence[Command],
+        results: Sequence[Json],
+        documents: Sequence[Json | None] | None = None,
+    ) -> None:
+        """One applied entry's commands with their results (what apply answered), and
+        their command_json when the caller has them (the applied-entry line's)."""
         records = []
-        for position, (command, result) in enumerate(zip(commands, results, strict=True)):
+        if documents is None:
+            documents = [None] * len(commands)
+        for position, (command, result, document) in enumerate(
+            zip(commands, results, documents, strict=True)
+        ):
             if isinstance(command, Barrier):
                 continue
             verdict, code, message = outcome(result)
@@ -82,7 +96,7 @@ class CommandHistory:
                     "term": term,
                     "position": position,
                     "command": command.TYPE,
-                    "fields": key_fields(command),
+                    "fields": key_fields(command, document),
                     "result": verdict,
                     "code": code,
                     "message": message,

@@ -293,6 +293,7 @@ COMMAND_TYPES: dict[str, type[Command]] = {
 _FIELDS: dict[type, tuple[str, ...]] = {
     kind: tuple(f.name for f in dataclasses.fields(kind)) for kind in (*COMMAND_TYPES.values(), Undecodable)
 }
+_FIELD_SETS: dict[type, frozenset[str]] = {kind: frozenset(names) for kind, names in _FIELDS.items()}
 _REQUIRED: dict[type, frozenset[str]] = {
     kind: frozenset(
         f.name
@@ -323,6 +324,9 @@ def command_from_json(document: Any) -> Command:
     if kind is None:
         return Undecodable(f"unknown command type {document.get('type')!r}")
     fields = {k: v for k, v in document.items() if k != "type"}
+    names = fields.keys()
+    if names <= _FIELD_SETS[kind] and _REQUIRED[kind] <= names:
+        return kind(**fields)  # the usual case, without building the lists below
     unknown = sorted(set(fields) - set(_FIELDS[kind]))
     missing = sorted(_REQUIRED[kind] - set(fields))
     if unknown or missing:

@@ -97,18 +97,20 @@ class WatchSubscription:
 class WatchHub:
     """Fans applied events out to watch streams; a slow watcher is cut off, not waited on.
 
-    The Raft thread publishes each applied entry's events with one call_soon_threadsafe
-    to the server's event loop (nothing is published before attach); there each event
-    is encoded once and queued to every stream that wants it. Subscriptions live on the
-    loop only, so they need no lock."""
+    The Raft thread hands each applied entry's events to the server's event loop through
+    the loop's LoopFutures (nothing is published before attach, nor while no stream is
+    open), in the same wake-up as the answers to the writers of that tick; there each
+    event is encoded once and queued to every stream that wants it. Subscriptions live
+    on the loop only, so they need no lock."""
 
-    def __init__(self) -> None:
-        self._loop: asyncio.AbstractEventLoop | None = None
+    def __init__(self, bridge_for: Callable[[asyncio.AbstractEventLoop], LoopFutures] | None = None) -> None:
+        self._bridge_for = bridge_for or LoopFutures
+        self._bridge: LoopFutures | None = None
         self._encode: Encode = lambda event: event
         self._subscribers: list[WatchSubscription] = []
 
     def attach(self, loop: asyncio.AbstractEventLoop, encode: Encode) -> None:
-        self._loop = loop
+        self._bridge = self._bridge_for(loop)
         self._encode = encode
 
     def subscribe(self, cluster: str, broker_name: str) -> WatchSubscription:
@@ -129,13 +131,13 @@ class WatchHub:
         return len(self._subscribers)
 
     def publish(self, index: int, events: list[Json]) -> None:
-        loop = self._loop
-        if loop is None or not events:
+        bridge = self._bridge
+        if bridge is None or not events or not self._subscribers:
+            # No stream to wake the loop for (a follower nobody watches: every entry's
+            # events cost its loop a wake-up). A stream that subscribes after this check
+            # reads its snapshot after the subscription, so after this entry's apply.
             return
-        try:
-            loop.call_soon_threadsafe(self._dispatch, index, events)
-        except RuntimeError:  # the loop is closed: the server is stopping
-            pass
+        bridge.post(self._dispatch, index, events)
 
     def _dispatch(self, index: int, events: list[Json]) -> None:
         stamped = [dict(event, index=index) for event in events]
@@ -156,7 +158,8 @@ class WatchHub:
 
 class LoopFutures:
     """Completes asyncio futures on one event loop from futures that other threads set,
-    waking the loop once per burst instead of once per future.
+    and runs the calls other threads post to it (WatchHub.publish), waking the loop once
+    per burst instead of once per future or call.
 
     asyncio.wrap_future wakes the loop from the thread that sets the result, one
     call_soon_threadsafe (a write to the loop's self-pipe, with a GIL hand-off) per
@@ -167,18 +170,19 @@ class LoopFutures:
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
         self._lock = threading.Lock()
-        self._ready: list[tuple[Future, asyncio.Future]] = []
+        self._ready: list[tuple[Callable[..., None], tuple[Any, ...]]] = []  # calls, in order
         self._wake_scheduled = False
 
     def wrap(self, future: Future) -> asyncio.Future:
         """An asyncio future (of this loop) that gets `future`'s outcome; call on the loop."""
         waiter = self._loop.create_future()
-        future.add_done_callback(lambda done: self._done(done, waiter))
+        future.add_done_callback(lambda done: self.post(_complete, done, waiter))
         return waiter
 
-    def _done(self, future: Future, waiter: asyncio.Future) -> None:  # any thread
+    def post(self, call: Callable[..., None], *args: Any) -> None:  # any thread
+        """Runs call(*args) on the loop, after the calls posted before it."""
         with self._lock:
-            self._ready.append((future, waiter))
+            self._ready.append((call, args))
             if self._wake_scheduled:
                 return
             self._wake_scheduled = True
@@ -190,14 +194,30 @@ class LoopFutures:
     def _drain(self) -> None:  # on the loop
         with self._lock:
             ready, self._ready, self._wake_scheduled = self._ready, [], False
-        for future, waiter in ready:
-            if waiter.done():  # its caller stopped waiting (timeout, client gone)
-                continue
-            error = future.exception()
-            if error is not None:
-                waiter.set_exception(error)
-            else:
-                waiter.set_result(future.result())
+        for call, args in ready:
+            call(*args)
+
+
+def _deliver(waiter: asyncio.Future, outcome: Json | MqmetaError) -> None:
+    """On the loop: `waiter` gets `outcome`, unless its caller stopped waiting."""
+    if waiter.done():
+        return
+    if isinstance(outcome, MqmetaError):
+        waiter.set_exception(outcome)
+    else:
+        waiter.set_result(outcome)
+
+
+def _complete(future: Future, waiter: asyncio.Future) -> None:
+    """On the loop: `waiter` gets the outcome of `future` (done), unless its caller stopped
+    waiting (a timeout, a client gone)."""
+    if waiter.done():
+        return
+    error = future.exception()
+    if error is not None:
+        waiter.set_exception(error)
+    else:
+        waiter.set_result(future.result())
 
 
 class ControllerOperations:
@@ -206,7 +226,8 @@ class ControllerOperations:
         self.peers = peers
         self.self_peer = next(p for p in peers if p.id == node_id)
         self.settings = settings
-        self.watch_hub = WatchHub()
+        self._bridges: dict[asyncio.AbstractEventLoop, LoopFutures] = {}  # one per server loop
+        self.watch_hub = WatchHub(self._loop_futures)  # events share the loop's wake-ups
         self.liveness = Liveness()
         self.workers = replicator_liveness.WorkerLiveness()  # replicator workers' heartbeats
         self._expiring = threading.Event()  # a replicator_expire proposal is in flight
@@ -218,7 +239,6 @@ class ControllerOperations:
         self._grpc_by_raft = {p.raft: p.grpc for p in peers}
         self._stop = threading.Event()
         self._electing: set[tuple[str, str]] = set()
-        self._bridges: dict[asyncio.AbstractEventLoop, LoopFutures] = {}  # one per server loop
         self._scanner = threading.Thread(target=self._scan_loop, name="liveness", daemon=True)
         self._scanner.start()
 
@@ -275,9 +295,14 @@ class ControllerOperations:
         return self.state
 
     async def propose_async(self, command: Command, timeout_s: float = 5.0) -> Json:
-        """propose() for a coroutine on the server's event loop: no thread waits."""
-        future = self.proposer.submit(command)
-        waiter = self._loop_futures(asyncio.get_running_loop()).wrap(future)
+        """propose() for a coroutine on the server's event loop: no thread waits. The
+        outcome goes from the Raft thread straight to the loop (LoopFutures.post), without
+        a concurrent Future in between (its Condition, lock and callbacks cost more than
+        the rest of the hand-over)."""
+        loop = asyncio.get_running_loop()
+        waiter = loop.create_future()
+        post = self._loop_futures(loop).post
+        self.proposer.submit_to(command, lambda outcome: post(_deliver, waiter, outcome))
         try:
             result = await asyncio.wait_for(waiter, timeout_s)
         except TimeoutError:

@@ -20,7 +20,7 @@ What it provides, applied explicitly:
   serializer may finish after it returns; the journal is compacted only once the checker
   says SUCCESS): REQUIREMENTS names what it relies on;
 - NextIndexFix, HeldEntriesFix, SnapshotCommitFix, SnapshotTransferFix, InputFirstFix, ReadIndex,
-  SendBeforeSync, PromptAppendOnConnect and RaftFixes (all):
+  SendBeforeSync, ProposeInTick, PromptAppendOnConnect and RaftFixes (all):
   SyncObj subclasses to inherit from;
 - DialHookTransport: pysyncobj's TCP transport with a dial hook;
 - AeadTcpConnection: pysyncobj's TCP connection sealing messages between two nodes of this
@@ -35,6 +35,7 @@ import gzip
 import inspect
 import logging
 import os
+import queue
 import struct
 import threading
 import time
@@ -226,6 +227,13 @@ REQUIREMENTS: tuple[Requirement, ...] = (
     Requirement(
         _SYNCOBJ, "SyncObj._checkCommandsToApply", "_SyncObj__sendAppendEntries", USES, "and sends at once"
     ),
+    # ProposeInTick
+    Requirement(_SYNCOBJ, "SyncObj", "_applyCommand", ROUTINE, "ProposeInTick queues without the wake-up"),
+    Requirement(_SYNCOBJ, "SyncObj._applyCommand", "_SyncObj__commandsQueue", USES, "the queue it fills"),
+    Requirement(_SYNCOBJ, "SyncObj._applyCommand", "_SyncObj__pipeNotifier", USES, "the wake-up it skips"),
+    Requirement(_SYNCOBJ, "SyncObj._applyCommand", "_SyncObj__callErrCallback", USES, "a full queue"),
+    Requirement(_SYNCOBJ, "SyncObj._applyCommand", "_bchr", USES, "the command type byte"),
+    Requirement(_SYNCOBJ, "", "_bchr", ATTRIBUTE, "ProposeInTick prefixes the command type with it"),
     # ReadIndex
     Requirement(_SYNCOBJ, "SyncObj.__init__", "_SyncObj__raftCommitIndex", USES, "ReadIndex records it"),
     Requirement(_SYNCOBJ, "SyncObj.__init__", "_SyncObj__noopIDx", USES, "ReadIndex waits for the no-op"),
@@ -885,6 +893,33 @@ class SendBeforeSync(SyncObj):
             journal.end_deferred_sync()
 
 
+class ProposeInTick(SyncObj):
+    """A command the tick proposes itself does not wake the tick again.
+
+    pysyncobj 0.3.17's _applyCommand queues a command and writes a byte to the tick's
+    wake-up pipe, for callers on other threads. The controller's tick proposes its own
+    commands (the Proposer's pump, at the start of _checkCommandsToApply, which takes the
+    queue right after): that byte only made the tick's next poll return at once, so every
+    proposal cost one empty tick (every per-tick check, a pipe write and its read). While
+    `_proposing_in_tick` is set (by the tick thread, around its pump), commands are queued
+    without it. pysyncobj's _checkCommandsToApply takes them in the same call; one it
+    leaves queued (no leader known, or its time budget spent) waits for the next tick,
+    within autoTickPeriod, as it did after the wake-up's one empty tick."""
+
+    _proposing_in_tick = False
+
+    def _applyCommand(self, command: bytes, callback: Any, commandType: int | None = None) -> None:  # noqa: N802, N803 - pysyncobj's names
+        if not self._proposing_in_tick:
+            super()._applyCommand(command, callback, commandType)
+            return
+        if commandType is not None:
+            command = pysyncobj.syncobj._bchr(commandType) + command
+        try:
+            self._SyncObj__commandsQueue.put_nowait((command, callback))  # type: ignore[attr-defined]
+        except queue.Full:
+            self._SyncObj__callErrCallback(FAIL_REASON.QUEUE_FULL, callback)  # type: ignore[attr-defined]
+
+
 class ReadNotConfirmed(Exception):
     """A ReadIndex read could not be confirmed (no leader, leadership lost, a round that
     no majority answered in time): the caller reads another way or fails; never stale."""
@@ -1062,6 +1097,8 @@ class ReadIndex(SyncObj):
         self._start_round(renewal=True)
 
     def _start_reads(self) -> None:
+        if not self._reads_new and not self._reads_waiting:
+            return  # most ticks: no read queued (a read queued meanwhile also wakes the tick)
         with self._read_lock:
             new, self._reads_new = self._reads_new, []
         self._reads_waiting.extend(new)
@@ -1126,6 +1163,8 @@ class ReadIndex(SyncObj):
             )
 
     def _finish_reads(self) -> None:
+        if not self._read_rounds and not self._read_asks and not self._reads_applying:
+            return  # most ticks: no read in flight
         now = monotonic_time()
         leader = self._isLeader()
         for number, read_round in list(self._read_rounds.items()):
@@ -1258,6 +1297,7 @@ class RaftFixes(
     CatchUpFix,
     ReadIndex,
     SendBeforeSync,
+    ProposeInTick,
     LeadershipTransfer,
     InputFirstFix,
     SnapshotTransferFix,

@@ -229,7 +229,11 @@ class ControllerRaft(pysyncobj_compat.RaftFixes):
 
     def _checkCommandsToApply(self) -> None:  # noqa: N802 - pysyncobj's name
         if self._pump is not None:
-            self._pump()
+            self._proposing_in_tick = True  # ProposeInTick: no wake-up for the tick's own proposals
+            try:
+                self._pump()
+            finally:
+                self._proposing_in_tick = False
         super()._checkCommandsToApply()
 
     def _state_changed(self, old_state: int, new_state: int) -> None:
@@ -260,6 +264,7 @@ class ControllerRaft(pysyncobj_compat.RaftFixes):
             events.extend(command_events)
             effects.update(changes)
         types = sorted({c.TYPE for c in commands})
+        documents = [_logged(c) for c in commands]  # the line's and the history's
         self._append_applied(
             {
                 "index": index,
@@ -267,11 +272,11 @@ class ControllerRaft(pysyncobj_compat.RaftFixes):
                 "command_type": types[0] if len(types) == 1 else "batch",
                 "command_digest": hashlib.sha256(payload.encode()).hexdigest(),
                 "state_digest": self._state.digest,
-                "commands": [_logged(c) for c in commands],
+                "commands": documents,
                 "effects": effects,
             }
         )
-        self.history.record(index, term, commands, results)
+        self.history.record(index, term, commands, results, documents)
         if events:
             self._on_events(index, events)
         if self.on_applied is not None:
@@ -355,18 +360,24 @@ class CommandGroup:
             return list(self._outcomes)
 
 
-# Where a command's outcome goes: its own future, or its place in a CommandGroup.
-Target = Future | tuple[CommandGroup, int]
+Deliver = Callable[[Json | MqmetaError], None]  # called once, on the Raft thread, with the outcome
+
+# Where a command's outcome goes: its own future, its place in a CommandGroup, or a
+# function that hands it on (a coroutine's waiter: no Future, no Condition in between).
+Target = Future | tuple[CommandGroup, int] | Deliver
 
 
 def _settle(target: Target, outcome: Json | MqmetaError) -> None:
     if isinstance(target, tuple):
         target[0].settle(target[1], outcome)
-    elif not target.done():
-        if isinstance(outcome, MqmetaError):
-            target.set_exception(outcome)
-        else:
-            target.set_result(outcome)
+    elif isinstance(target, Future):
+        if not target.done():
+            if isinstance(outcome, MqmetaError):
+                target.set_exception(outcome)
+            else:
+                target.set_result(outcome)
+    else:
+        target(outcome)
 
 
 class _Batch:
@@ -402,16 +413,21 @@ class Proposer:
     def submit(self, command: Command) -> Future:
         future: Future = Future()
         future.set_running_or_notify_cancel()  # a waiter that gives up cannot cancel it
+        self.submit_to(command, future)
+        return future
+
+    def submit_to(self, command: Command, target: Target) -> None:
+        """Queues `command`; its outcome goes to `target` once (a Deliver function is called
+        on the Raft thread, or on the caller's for a command never proposed)."""
         with self._lock:
             if self._stopped:
                 raise Unavailable("this controller node is shutting down; try another node")
             if len(self._queue) >= self._settings.queue_commands_max:
                 raise Unavailable("controller proposal queue is full; retry with backoff")
             was_empty = not self._queue
-            self._queue.append((command, future))
+            self._queue.append((command, target))
         if was_empty:
             self._wake()
-        return future
 
     def submit_group(self, commands: list[Command]) -> CommandGroup:
         """Queues every command or none (a full queue refuses the whole group)."""

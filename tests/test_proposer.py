@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 from mqmeta.cluster.ports import PortReservation
+from mqmeta.cluster.wait import wait_for
 from mqmeta.controller import raft_node
 from mqmeta.controller.commands import DeleteTopic, decode_entry
 from mqmeta.controller.raft_node import ControllerRaft, Peer, Proposer, RaftSettings
@@ -154,6 +155,30 @@ def test_an_entry_that_times_out_fails_its_commands_and_the_committed_ones_stay(
         stop(p, raft)
 
 
+def test_a_command_handed_a_function_gets_its_outcome_once_committed_failed_or_timed_out() -> None:
+    """A coroutine's write (propose_async) gives the Proposer a function instead of a Future:
+    it is called exactly once with the result, or with the error that ended the command."""
+    p, raft = proposer(proposal_timeout_ms=300)
+    outcomes: dict[str, list[Any]] = {"t1": [], "t2": [], "t3": []}
+    try:
+        p.submit_to(DeleteTopic(name="t1"), outcomes["t1"].append)
+        raft.wait_entries(1)
+        raft.commit(0)
+        p.submit_to(DeleteTopic(name="t2"), outcomes["t2"].append)
+        raft.wait_entries(2)
+        raft.fail(1)
+        p.submit_to(DeleteTopic(name="t3"), outcomes["t3"].append)
+        raft.wait_entries(3)  # never answered: fails once proposal_timeout_ms has passed
+        wait_for(lambda: outcomes["t3"], 5.0, "the unanswered command to time out")
+        raft.commit(1)  # late answers change nothing
+        raft.commit(2)
+        assert outcomes["t1"] == [{"ok": True, "n": 1}]
+        assert len(outcomes["t2"]) == 1 and isinstance(outcomes["t2"][0], Unavailable), outcomes
+        assert len(outcomes["t3"]) == 1 and isinstance(outcomes["t3"][0], DeadlineExceeded), outcomes
+    finally:
+        stop(p, raft)
+
+
 # On three ControllerRaft nodes, ticked by the test ------------------------------------------
 
 
@@ -225,3 +250,30 @@ def test_the_tick_proposes_at_once_and_in_the_tick_that_commits_the_entry_before
     tick_until(rafts, second.done, "the second entry to commit")
     assert first.result()["ok"] is False and second.result()["ok"] is False  # no such topics: answered
     assert all(t.name != "proposer" for t in threading.enumerate())
+
+
+def test_a_command_the_tick_proposes_does_not_wake_the_tick_again(nodes, monkeypatch) -> None:
+    """pysyncobj writes a byte to the tick's wake-up pipe for every command queued; for the
+    commands the tick proposes itself (the pump) that byte only cost an empty tick."""
+    rafts = [node for node, _ in nodes]
+    leader, proposer = nodes[0]
+    tick_until(rafts, lambda: leader.is_leader(), "n0 to lead")
+    warm = proposer.submit(DeleteTopic(name="warm-up"))
+    tick_until(rafts, warm.done, "the first write to commit")
+    log_length = leader.getStatus()["log_len"]
+    notifier = leader._SyncObj__pipeNotifier
+    wake_ups: list[str] = []
+    original = notifier.notify
+
+    def counted() -> None:
+        wake_ups.append(threading.current_thread().name)
+        original()
+
+    monkeypatch.setattr(notifier, "notify", counted)
+    first = proposer.submit(DeleteTopic(name="a"))
+    assert len(wake_ups) == 1, wake_ups  # the submit wakes the tick (from this thread)
+    leader.doTick(0.0)
+    assert leader.getStatus()["log_len"] == log_length + 1, "the tick did not propose the waiting command"
+    assert len(wake_ups) == 1, f"the tick's own proposal woke the tick again: {wake_ups}"
+    tick_until(rafts, first.done, "the write to commit")
+    assert first.result()["ok"] is False  # no such topic: answered

@@ -3,6 +3,8 @@
 Properties checked:
 - the Raft thread publishes with one hand-off to the event loop, where each event is
   encoded once whatever the number of streams, and every stream that wants it gets it;
+  with no stream open it does not wake the loop at all, and an entry's events share the
+  loop's wake-up with the answers to its writers;
 - a stream that names a broker set gets that set's events only; topic and group events go
   to the streams that name none, in their cluster; config events (no cluster) to the
   streams that name no cluster either;
@@ -86,6 +88,40 @@ def test_each_event_is_encoded_once_and_reaches_every_stream_that_wants_it():
             assert [item[1] for item in drained(stream)] == [("pb", "role", "a", 7), ("pb", "topic", None, 7)]
 
     run_on_loop(body)
+
+
+class CountingLoop:
+    """Records the wake-ups other threads ask of the loop."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+
+    def call_soon_threadsafe(self, *args) -> None:
+        self.calls.append(args)
+
+
+def test_with_no_stream_open_a_publish_does_not_wake_the_loop():
+    hub, loop = WatchHub(), CountingLoop()
+    hub.attach(loop, lambda event: event)  # type: ignore[arg-type]
+    hub.publish(5, [TOPIC])
+    assert loop.calls == [], "a publish with no stream open woke the loop"
+    hub.subscribe("", "")
+    hub.publish(6, [TOPIC])
+    assert len(loop.calls) == 1
+
+
+def test_an_entrys_events_and_its_writers_answers_share_one_wake_up_of_the_loop():
+    loop = CountingLoop()
+    bridge = LoopFutures(loop)  # type: ignore[arg-type]
+    hub = WatchHub(lambda _: bridge)
+    hub.attach(loop, lambda event: event)  # type: ignore[arg-type]
+    hub.subscribe("", "")
+    answered: list[str] = []
+    hub.publish(5, [TOPIC])  # the Raft thread applies an entry: its events...
+    bridge.post(answered.append, "writer")  # ...and its writer's answer, in the same tick
+    assert len(loop.calls) == 1, "the events and the answer woke the loop separately"
+    loop.calls[0][0]()  # the loop runs the drain: events first, then the answer
+    assert answered == ["writer"]
 
 
 def test_a_stream_naming_a_broker_set_gets_that_sets_events_only():
