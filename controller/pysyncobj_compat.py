@@ -838,11 +838,17 @@ class SendBeforeSync(SyncObj):
     one acknowledgement, not two of each. Raft needs no more: a follower's commit index
     only decides when it applies. Its state and its watch events lag the leader's by up
     to a heartbeat when writes stop; a follower's ReadIndex read does not wait for it
-    (the leader sends the commit index with its answer: `_commit_send_forced`)."""
+    (the leader sends the commit index with its answer: `_commit_send_forced`), nor does a
+    write a follower forwarded (pysyncobj's apply_command): its caller waits on that
+    follower until the follower applies the entry, so once everything queued and appended
+    by then is committed the leader sends the commit index (without
+    it each forwarded write waited up to a heartbeat: `_forwarded_upto`)."""
 
     _sends_held = False  # inside a tick: appends wait for _send_held_appends
     _send_wanted = False
     _commit_send_forced = False  # ReadIndex answered a follower: it needs the commit index now
+    _forwarded_seen = False  # a follower forwarded a write since the last tick's sends
+    _forwarded_upto = 0  # the last log index holding one: once committed, the followers need it
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -871,12 +877,26 @@ class SendBeforeSync(SyncObj):
             if self._isLeader() and self._append_needed():
                 super()._SyncObj__sendAppendEntries()  # type: ignore[misc]
 
+    def _SyncObj__onMessageReceived(self, node: Any, message: Any) -> None:
+        if isinstance(message, dict) and message.get("type") == "apply_command" and self._isLeader():
+            self._forwarded_seen = True  # queued now; the next tick's _checkCommandsToApply appends it
+        super()._SyncObj__onMessageReceived(node, message)
+
     def _append_needed(self) -> bool:
-        """False for an append that would carry only a new commit index."""
+        """False for an append that would carry only a new commit index, unless a write a
+        follower forwarded waits for that index. Called in a tick, after
+        _checkCommandsToApply appended what was queued."""
+        last_index = self._SyncObj__getCurrentLogIndex()
+        if self._forwarded_seen:
+            self._forwarded_seen = False
+            self._forwarded_upto = max(self._forwarded_upto, last_index)
+        commit_index = self._SyncObj__raftCommitIndex
+        if self._forwarded_upto and commit_index >= self._forwarded_upto:
+            self._forwarded_upto = 0  # this send carries a commit index covering them
+            return True
         if self._commit_send_forced or monotonic_time() > self._SyncObj__newAppendEntriesTime:
             self._commit_send_forced = False
             return True
-        last_index = self._SyncObj__getCurrentLogIndex()
         next_index = self._SyncObj__raftNextIndex
         return any(next_index.get(node, 0) <= last_index for node in self._SyncObj__otherNodes)
 

@@ -13,7 +13,8 @@ append_entries carrying both (the new entry and the commit index that covers the
 not one for the commit and one for the entry; and a tick that commits an entry with
 nothing new to send sends no append at all (the followers learn the commit index from the
 next append), while a follower's ReadIndex read still sees that entry at once (the leader
-sends the commit index with its answer).
+sends the commit index with its answer), and a write a follower forwarded is applied there
+without a heartbeat (the leader sends the commit index once that write is committed).
 """
 
 from __future__ import annotations
@@ -199,6 +200,33 @@ def test_a_commit_alone_is_not_sent_and_a_follower_read_still_sees_it(tmp_path: 
         assert read.result() >= index and follower.raftLastApplied >= index and follower.value == 5
         assert compat.is_leader(leader) and leader.raftCurrentTerm == term, (
             "answered only by a new leader's append"
+        )
+    finally:
+        trio.stop()
+
+
+def test_a_write_a_follower_forwarded_is_applied_there_without_a_heartbeat(tmp_path: Path):
+    """The follower's caller waits until the follower applies its forwarded write: the
+    leader sends the commit index once that write is committed, not at the next heartbeat."""
+    install_pysyncobj_patches()
+    trio = Trio(tmp_path, SyncAfterSendRegister)
+    try:
+        trio.settle()
+        leader, follower, _ = trio.nodes
+        trio.write(leader, 1)  # the no-op of the term is behind us
+        trio.settle()
+        term = leader.raftCurrentTerm
+        done: list[object] = []
+        follower.put(7, callback=lambda result, error: done.append(error))
+
+        def step() -> None:
+            leader._SyncObj__newAppendEntriesTime = compat.monotonic_time() + 60.0  # no heartbeat due
+            trio.tick()
+
+        wait_for(lambda: bool(done), 5.0, "the forwarded write to be applied on its follower", step=step)
+        assert done == [compat.FAIL_REASON.SUCCESS] and follower.value == 7
+        assert compat.is_leader(leader) and leader.raftCurrentTerm == term, (
+            "applied only once the follower, hearing no heartbeat, was elected"
         )
     finally:
         trio.stop()
