@@ -170,7 +170,8 @@ class AesGcm:
 
     def __init__(self, key: bytes, library: _LibCrypto | None = None) -> None:
         library = library or _libcrypto()
-        _require(library is not None, "AesGcm without libcrypto: use ciphers()")
+        if library is None:
+            raise RuntimeError("AesGcm without libcrypto: use ciphers()")
         if len(key) not in library.gcm:
             raise ValueError("AES-GCM key must be 128, 192 or 256 bits")
         self._library = library
@@ -320,7 +321,8 @@ class Fernet:
             raise ValueError("Fernet key must be 32 url-safe base64-encoded bytes.")
         self._signing_key, self._encryption_key = raw[:16], raw[16:]
         library = _libcrypto()
-        _require(library is not None, "Fernet without libcrypto: use ciphers()")
+        if library is None:
+            raise RuntimeError("Fernet without libcrypto: use ciphers()")
         self._library = library
 
     def encrypt(self, data: bytes) -> bytes:
