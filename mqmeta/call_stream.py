@@ -633,8 +633,8 @@ class CallStreamClient:
     def _give_back(self, connection: _Connection) -> None:
         connection.idle_since = self._clock()
         with self._lock:
-            idle = self._idle.setdefault(connection.address, [])
-            if not self._closed and len(idle) < IDLE_CONNECTIONS_MAX:
+            idle = self._idle.setdefault(connection.address, []) if not self._closed else None
+            if idle is not None and len(idle) < IDLE_CONNECTIONS_MAX:  # none after close()
                 idle.append(connection)
                 return
         frames.close(connection.sock)

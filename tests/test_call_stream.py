@@ -708,6 +708,9 @@ def test_close_ends_the_calls_in_flight_and_pools_no_connection():
         assert not caller.is_alive() and time.monotonic() - started < 1.0, "the call ended at close"
         assert isinstance(outcome[0], FailedPrecondition)
         assert client._idle == {} and client._busy == set()
+        late = call_stream._Connection(socket.socket(), address, time.monotonic())
+        client._give_back(late)  # a call whose answer came as close() ran
+        assert client._idle == {} and late.sock.fileno() == -1, "closed, not pooled"
     finally:
         servicer.release.set()
         stream.stop()
