@@ -20,7 +20,16 @@ to happen on demand:
   for RETRY_S; a server that cannot be asked (down) is asked again after OFFER_RETRY_S,
   not before every call; TLS or auth in the client's process: no stream is asked for;
 - a controller's side (a task per connection on a loop) closes a connection past
-  CONNECTIONS_MAX unanswered and one silent for IDLE_TIMEOUT_S, and stop() closes the rest.
+  CONNECTIONS_MAX unanswered and one silent for IDLE_TIMEOUT_S, and stop() closes the rest;
+- a request names the server it is meant for: a server that took over the port refuses
+  it, and the call goes over gRPC to the server meant;
+- stop (both sides) refuses new connections at once and lets a call in flight answer;
+- a frame trickled in is cut FRAME_TIMEOUT_S after its first byte (both sides), and a
+  frame is stored as it arrives, not as long as its header claims;
+- a stream that breaks leaves the gRPC call only what is left of the call's timeout;
+- close() ends a call in flight and pools no connection given back after it;
+- a server at CONNECTIONS_MAX, or whose port is refused, is asked for its offer again
+  after OFFER_RETRY_S: not before every call, not only after RETRY_S.
 """
 
 from __future__ import annotations
