@@ -172,11 +172,9 @@ def encode_request(path: str, address: str, request_id: str, timeout_s: float, b
     return head + path_bytes + id_bytes + address_bytes + body
 
 
-@dataclass(frozen=True)
-class _Request:
-    handler: Handler
-    request: Message
-    context: CallContext
+# A request frame's handler, request and context (a tuple: a frozen dataclass costs a
+# microsecond a call to build)
+_Request = tuple[Handler, Message, CallContext]
 
 
 def _prepare(table: Handlers, address: str, kind: int, payload: bytes, peer: str) -> _Request | bytes:
@@ -199,7 +197,7 @@ def _prepare(table: Handlers, address: str, kind: int, payload: bytes, peer: str
     if handler is None:
         raise ValueError(f"a call of {path!r}, which this server does not serve on the call stream")
     request = handler.request_type.FromString(payload[start + address_size :])
-    return _Request(handler, request, CallContext(request_id, timeout_ms / 1000, peer))
+    return handler, request, CallContext(request_id, timeout_ms / 1000, peer)
 
 
 def _answer(reply: Message) -> bytes:
@@ -258,11 +256,11 @@ class ThreadedCallServer(frames.FrameServer):
         prepared = _prepare(self._table, self._address, kind, payload, _peer_of(connection))
         if isinstance(prepared, bytes):
             return prepared
-        handler = prepared.handler
+        handler, request, context = prepared
         assert not handler.is_coroutine, f"{handler.name} is a coroutine: serve it with AsyncCallServer"
         self._on_call()
         try:
-            return _answer(handler.call(prepared.request, prepared.context))
+            return _answer(handler.call(request, context))
         except Exception as error:
             return _refusal_of(handler, error)
 
@@ -364,7 +362,7 @@ class AsyncCallServer:
         prepared = _prepare(self._table, self._address, kind, payload, peer)
         if isinstance(prepared, bytes):
             return prepared
-        handler, request, context = prepared.handler, prepared.request, prepared.context
+        handler, request, context = prepared
         self._on_call()
         try:
             if handler.is_coroutine:
