@@ -58,6 +58,7 @@ ACCEPT_POLL_S = 0.5  # how soon the accepting thread sees stop()
 # most ha_fetch.FETCH_WAIT_MS_MAX, 1 s), then answer; after stop() none touches the store.
 STOP_JOIN_S = 2.0
 LISTEN_BACKLOG = 16
+RECV_BYTES = 64 << 10  # one recv of a frame's start: its header and, mostly, all of it
 
 Serve = Callable[[bpb.HaFetchRequest], bpb.HaFetchResponse]
 
@@ -96,26 +97,56 @@ def _frame(kind: int, payload: bytes) -> bytes:
     return HEADER.pack(len(payload), kind, zlib.crc32(payload)) + payload
 
 
-def _read_exact(sock: socket.socket, size: int) -> bytes:
-    buffer = bytearray(size)
-    view = memoryview(buffer)
-    got = 0
-    while got < size:
-        n = sock.recv_into(view[got:])
+def _blocking_with_timeouts(sock: socket.socket, timeout_s: float) -> None:
+    """A blocking socket whose reads and writes fail after `timeout_s` (SO_RCVTIMEO,
+    SO_SNDTIMEO: BlockingIOError, or TimeoutError past a partial sendall). Python's own
+    timeouts poll before every recv and send: two system calls, and two hand-offs of the
+    GIL, each on a send's path on both sides; this is one."""
+    sock.settimeout(None)
+    seconds = int(timeout_s)
+    timeval = struct.pack("ll", seconds, int((timeout_s - seconds) * 1_000_000))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeval)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeval)
+
+
+class _FrameReader:
+    """Reads one frame at a time from a socket: the header and a small payload usually
+    come in one recv (a request or an answer of one message is about 1.2 KB)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self._pending = b""  # bytes received past the last frame (a peer that pipelines)
+
+    def _recv_into(self, view: memoryview) -> int:
+        n = self._sock.recv_into(view)
         if n == 0:
             raise ConnectionResetError("the peer closed the HA stream")
-        got += n
-    return bytes(buffer)
+        return n
 
-
-def _read_frame(sock: socket.socket, size_max: int) -> tuple[int, bytes]:
-    size, kind, crc = HEADER.unpack(_read_exact(sock, HEADER.size))
-    if size > size_max:
-        raise ValueError(f"an HA stream frame of {size} bytes (at most {size_max})")
-    payload = _read_exact(sock, size) if size else b""
-    if zlib.crc32(payload) != crc:
-        raise ValueError("an HA stream frame failed its CRC-32")
-    return kind, payload
+    def read(self, size_max: int) -> tuple[int, bytes]:
+        data = self._pending
+        while len(data) < HEADER.size:
+            chunk = self._sock.recv(RECV_BYTES)
+            if not chunk:
+                raise ConnectionResetError("the peer closed the HA stream")
+            data += chunk
+        size, kind, crc = HEADER.unpack_from(data)
+        if size > size_max:
+            raise ValueError(f"an HA stream frame of {size} bytes (at most {size_max})")
+        end = HEADER.size + size
+        if len(data) >= end:
+            payload, self._pending = data[HEADER.size : end], data[end:]
+        else:  # the rest of a large frame, straight into its buffer
+            buffer = bytearray(size)
+            got = len(data) - HEADER.size
+            buffer[:got] = data[HEADER.size :]
+            view = memoryview(buffer)
+            while got < size:
+                got += self._recv_into(view[got:])
+            payload, self._pending = bytes(buffer), b""
+        if zlib.crc32(payload) != crc:
+            raise ValueError("an HA stream frame failed its CRC-32")
+        return kind, payload
 
 
 class StreamServer:
@@ -178,10 +209,11 @@ class StreamServer:
 
     def _serve_connection(self, connection: socket.socket) -> None:
         connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        connection.settimeout(IDLE_TIMEOUT_S)
+        _blocking_with_timeouts(connection, IDLE_TIMEOUT_S)
+        reader = _FrameReader(connection)
         try:
             while not self._stopping.is_set():
-                kind, payload = _read_frame(connection, REQUEST_BYTES_MAX)
+                kind, payload = reader.read(REQUEST_BYTES_MAX)
                 if kind != KIND_REQUEST:
                     raise ValueError(f"an HA stream frame of kind {kind} from a slave")
                 request = bpb.HaFetchRequest.FromString(payload)
@@ -225,16 +257,20 @@ class StreamClient:
                 f"cannot connect to the HA stream at {self.address}: {error}", unreachable
             ) from None
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._timeout_s = 0.0  # set per fetch (_blocking_with_timeouts) when it changes
+        self._reader = _FrameReader(self._sock)
         # A master at CONNECTIONS_MAX accepts, then closes: a reset or an end before the
         # first answer is a refusal by a live process, not a master that is gone.
         self._answered = False
 
     def fetch(self, request: bpb.HaFetchRequest, timeout_s: float) -> bpb.HaFetchResponse:
         try:
-            self._sock.settimeout(timeout_s)
+            if timeout_s != self._timeout_s:
+                _blocking_with_timeouts(self._sock, timeout_s)
+                self._timeout_s = timeout_s
             self._sock.sendall(_frame(KIND_REQUEST, request.SerializeToString()))
-            kind, payload = _read_frame(self._sock, RESPONSE_BYTES_MAX)
-        except TimeoutError:
+            kind, payload = self._reader.read(RESPONSE_BYTES_MAX)
+        except (TimeoutError, BlockingIOError):  # SO_RCVTIMEO, SO_SNDTIMEO
             self.close()
             raise StreamBroken(
                 f"no answer on the HA stream at {self.address} in {timeout_s:.1f} s", False

@@ -11,6 +11,8 @@ Properties checked (a real master agent, its stream server on loopback, no contr
   not an unreachable master on the slave), as is a connection refused at CONNECTIONS_MAX;
 - stop() returns only once no connection's thread still serves a fetch; a refused fetch
   records no transport for its broker id; --ha-stream-port with --no-ha-stream is refused;
+- a master that stops answering ends the fetch at its timeout (the sockets block with
+  kernel timeouts), not as an unreachable master;
 - the stream is offered only where gRPC is plain and unauthenticated; a dial map that
   redirects the master's gRPC address must redirect the stream's too, or the slave stays
   on gRPC (a fault proxy is never bypassed); a fixed port is bound as given.
@@ -286,3 +288,23 @@ def test_a_stream_port_with_the_stream_off_is_refused():
     )
     with pytest.raises(InvalidArgument, match="--no-ha-stream"):
         config.validate()
+
+
+def test_a_silent_master_ends_the_fetch_at_its_timeout_as_no_unreachable_master():
+    """The stream's sockets block with kernel timeouts (SO_RCVTIMEO): a master that answered
+    before and then says nothing ends the fetch after its timeout, as StreamBroken that
+    does not report the master unreachable (its process is there)."""
+    with socket.create_server(("127.0.0.1", 0)) as fake:
+        client = StreamClient(f"127.0.0.1:{fake.getsockname()[1]}")
+        peer, _ = fake.accept()
+        with peer:
+            answer = bpb.HaFetchResponse(master_epoch=1).SerializeToString()
+            peer.sendall(
+                struct.pack(">IBI", len(answer), ha_stream.KIND_RESPONSE, zlib.crc32(answer)) + answer
+            )
+            assert client.fetch(request(0), TIMEOUT_S).master_epoch == 1
+            started = time.monotonic()
+            with pytest.raises(StreamBroken, match="no answer") as silent:
+                client.fetch(request(0), 0.3)
+            assert 0.25 < time.monotonic() - started < 2.0
+    assert not silent.value.unreachable
