@@ -286,6 +286,9 @@ class BrokerAgent:
         # not by every acknowledgement and every sync (two wake-ups of each fetch per send).
         self._fetchers: set[threading.Condition] = set()
         self._fetchers_seen: tuple[Role, int, int] | None = None  # role, epoch, log end last woken for
+        # Fetches over the HA stream with nothing to send yet (ha_fetch.ParkedFetch): the
+        # append answers them from its own thread; a new role or epoch wakes their threads.
+        self._parked: set[ha_fetch.ParkedFetch] = set()
         self.stopping = threading.Event()
         self.heartbeat_interval_ms = BROKER_HEARTBEAT_INTERVAL_MS_DEFAULT  # until the controller's is read
         self.tiered: TieredUploader | None = None
@@ -327,16 +330,53 @@ class BrokerAgent:
         """The port of this broker's HA stream, offered to its slaves; 0 when it has none."""
         return self._stream_server.port if self._stream_server is not None else 0
 
-    def _serve_streamed(self, request: bpb.HaFetchRequest) -> bpb.HaFetchResponse:
-        """A fetch that came over the HA stream: the HaFetch call's checks, then serve_fetch."""
+    def _serve_streamed(
+        self, request: bpb.HaFetchRequest, link: ha_stream.Link
+    ) -> bpb.HaFetchResponse | ha_fetch.ParkedFetch:
+        """A fetch that came over the HA stream: the HaFetch call's checks, then serve_fetch
+        (which parks it when there is nothing to send yet)."""
         if request.broker_name != self.config.broker_name:
             raise NotFound(f"this broker serves {self.config.broker_name}, not {request.broker_name}")
         started = time.perf_counter()
-        reply = ha_fetch.serve_fetch(self, request)
+        reply = ha_fetch.serve_fetch(self, request, link)
         self.fetch_transports[request.broker_id] = True  # after serve_fetch: a replica of this set
-        if self.fetch_served is not None:
+        if self.fetch_served is not None and isinstance(reply, bpb.HaFetchResponse):
             self.fetch_served(time.perf_counter() - started, len(reply.data))
         return reply
+
+    def park(self, parked: ha_fetch.ParkedFetch) -> None:
+        """With the lock held: holds a streamed fetch until an append answers it."""
+        self._parked.add(parked)
+
+    def unpark(self, parked: ha_fetch.ParkedFetch) -> bool:
+        """With the lock held: takes `parked` back; whether it was still parked (its answer
+        is then the caller's to send)."""
+        if parked not in self._parked:
+            return False
+        self._parked.remove(parked)
+        return True
+
+    def serves(self, master_epoch: int) -> bool:
+        """With the lock held: would a fetch of a slave following `master_epoch` be answered?"""
+        return self.core.serves_fetch(master_epoch)
+
+    def _answer_parked(self) -> list[tuple[ha_fetch.ParkedFetch, bpb.HaFetchResponse]]:
+        """With the lock held, after an append: the answers to the parked fetches the log
+        has grown for, to push once the lock is let go (_push)."""
+        answers = []
+        for parked in list(self._parked):
+            answer = ha_fetch.answer_parked(self, parked)
+            if answer is not None:
+                answers.append((parked, answer))
+        return answers
+
+    def _push(self, answers: list[tuple[ha_fetch.ParkedFetch, bpb.HaFetchResponse]]) -> None:
+        """Sends the answers to parked fetches from this (the appending) thread: the slaves
+        have the bytes without a hand-off to their connections' threads."""
+        for parked, answer in answers:
+            parked.link.push(answer)
+            if self.fetch_served is not None:
+                self.fetch_served(time.perf_counter() - parked.started, len(answer.data))
 
     def request_refresh(self) -> None:
         self._refresh_needed.set()
@@ -414,10 +454,14 @@ class BrokerAgent:
 
     def _wake_fetchers(self) -> None:
         """With the lock held: wakes the long-polling fetches when what they wait for may
-        have moved (the log end, the role, the epoch)."""
+        have moved (the log end, the role, the epoch); the parked ones (the HA stream's)
+        on a new role or epoch only: the append answers them itself (append)."""
         seen = (self.core.role, self.core.master_epoch, self.store.max_offset)
         if seen == self._fetchers_seen:
             return  # a fetch checks the log end before it waits, under this lock
+        if self._fetchers_seen is None or seen[:2] != self._fetchers_seen[:2]:
+            for parked in self._parked:
+                parked.link.wake()
         self._fetchers_seen = seen
         for condition in self._fetchers:
             condition.notify()
@@ -974,6 +1018,9 @@ class BrokerAgent:
                 raise self._disk_error(error) from None
             end = self.store.max_offset
             self.feed(Appended(log_view(self.store)))  # also wakes the slaves' long-polling fetches
+            answers = self._answer_parked() if self._parked else []
+        if answers:  # once the lock is let go: a slow socket never holds it
+            self._push(answers)
         return results, end, epoch
 
     def _sync_written(self, end: int | None = None) -> None:

@@ -9,6 +9,11 @@ load); a request or an answer on the stream is one socket write and one read (ab
 bytes of the last one. RocketMQ's HAService works the same way (a connection per slave,
 the master pushing bytes, the slave answering with its offset).
 
+One thread per connection reads the slave's requests and serves them; a fetch with
+nothing to send yet is parked on the master rather than waited for in that thread: the
+thread that appends sends the answer itself (Link.push), so a send's path wakes no
+connection thread on the way out, only on the slave's acknowledgement coming back.
+
 A frame is a 9-byte header, the payload's length (4 bytes, big-endian), its kind (1
 byte) and its CRC-32 (4 bytes), then the payload: a serialized HaFetchRequest (slave to
 master), HaFetchResponse (master to slave), or a refusal (the error's code, a newline,
@@ -28,12 +33,15 @@ handshake, which offers the stream again.
 from __future__ import annotations
 
 import logging
+import os
+import select
 import socket
 import struct
 import threading
 import time
 import zlib
 from collections.abc import Callable
+from typing import Protocol
 
 from google.protobuf.message import DecodeError
 
@@ -60,7 +68,27 @@ STOP_JOIN_S = 2.0
 LISTEN_BACKLOG = 16
 RECV_BYTES = 64 << 10  # one recv of a frame's start: its header and, mostly, all of it
 
-Serve = Callable[[bpb.HaFetchRequest], bpb.HaFetchResponse]
+AWAIT_ROUNDS_MAX = 10_000  # wake-ups of one parked fetch's connection (each a wake or a timeout)
+
+
+class Waiting(Protocol):
+    """A fetch the master parked (nothing to send yet). Another thread may answer it through
+    the connection's Link (the master's appending thread); the connection's own thread
+    settles it when its wait ends or it is woken."""
+
+    deadline: float  # time.monotonic() by which it is answered, with data or without
+
+    def settle(self) -> bpb.HaFetchResponse | None:
+        """The answer for the connection's thread to send; None when another thread
+        answered it; raises the refusal (an MqmetaError)."""
+        ...
+
+    def abandon(self) -> bool:
+        """The connection ends: whether it was still parked."""
+        ...
+
+
+Serve = Callable[[bpb.HaFetchRequest, "Link"], "bpb.HaFetchResponse | Waiting"]
 
 
 class StreamBroken(Unavailable):
@@ -117,6 +145,10 @@ class _FrameReader:
         self._sock = sock
         self._pending = b""  # bytes received past the last frame (a peer that pipelines)
 
+    @property
+    def pending(self) -> bool:
+        return bool(self._pending)
+
     def _recv_into(self, view: memoryview) -> int:
         n = self._sock.recv_into(view)
         if n == 0:
@@ -147,6 +179,56 @@ class _FrameReader:
         if zlib.crc32(payload) != crc:
             raise ValueError("an HA stream frame failed its CRC-32")
         return kind, payload
+
+
+class Link:
+    """One slave's connection as another thread sees it: `push` sends the answer to its
+    parked fetch without blocking (the socket's buffer is empty: the slave waits for this
+    answer); what the socket does not take at once, the connection's thread sends, woken
+    through an eventfd, as it is by `wake` (a new role or epoch: it settles its fetch)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self.waker = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self._lock = threading.Lock()  # a push or a wake against close (no write to a reused fd)
+        self._rest = b""  # of a pushed answer, for the connection's thread to send
+        self._closed = False
+
+    def push(self, response: bpb.HaFetchResponse) -> None:
+        frame = _frame(KIND_RESPONSE, response.SerializeToString())
+        with self._lock:
+            if self._closed:
+                return
+            try:
+                sent = self._sock.send(frame, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                sent = 0
+            except OSError as error:  # the connection failed: its thread ends it
+                log.debug("pushing an HA stream answer failed: %s", error)
+                return
+            if sent < len(frame):
+                self._rest = frame[sent:]
+                os.eventfd_write(self.waker, 1)
+
+    def wake(self) -> None:
+        with self._lock:
+            if not self._closed:
+                os.eventfd_write(self.waker, 1)
+
+    def take_rest(self) -> bytes:
+        with self._lock:
+            rest, self._rest = self._rest, b""
+        try:
+            os.eventfd_read(self.waker)
+        except BlockingIOError:
+            pass
+        return rest
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            _close(self._sock)
+            os.close(self.waker)
 
 
 class StreamServer:
@@ -180,7 +262,7 @@ class StreamServer:
         with self._lock:
             threads = list(self._connections.values())
             for connection in self._connections:  # wakes a thread reading; one serving ends its fetch
-                _close(connection)
+                _shutdown(connection)  # its thread closes it (Link.close: never under a push)
         deadline = time.monotonic() + STOP_JOIN_S
         for thread in threads:
             thread.join(timeout=max(0.0, deadline - time.monotonic()))
@@ -211,32 +293,89 @@ class StreamServer:
         connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         _blocking_with_timeouts(connection, IDLE_TIMEOUT_S)
         reader = _FrameReader(connection)
+        link = Link(connection)
+        waiting: Waiting | None = None
         try:
             while not self._stopping.is_set():
+                if waiting is not None:
+                    self._await(connection, reader, link, waiting)
+                    waiting = None
                 kind, payload = reader.read(REQUEST_BYTES_MAX)
                 if kind != KIND_REQUEST:
                     raise ValueError(f"an HA stream frame of kind {kind} from a slave")
                 request = bpb.HaFetchRequest.FromString(payload)
                 try:
-                    answer = _frame(KIND_RESPONSE, self._serve(request).SerializeToString())
+                    outcome = self._serve(request, link)
                 except MqmetaError as error:  # refused (not master, fenced, ...): the slave handshakes again
-                    answer = _frame(KIND_REFUSAL, f"{error.code}\n{error}".encode())
-                connection.sendall(answer)
+                    connection.sendall(_refusal(error))
+                    continue
+                if isinstance(outcome, bpb.HaFetchResponse):
+                    connection.sendall(_frame(KIND_RESPONSE, outcome.SerializeToString()))
+                else:
+                    waiting = outcome
         except (OSError, ValueError, DecodeError) as error:  # gone, silent, or a bad frame: it connects again
             log.debug("an HA stream connection ended: %s", error)
         except Exception:
             log.exception("serving an HA stream failed")
         finally:
+            if waiting is not None:
+                waiting.abandon()
             with self._lock:
                 self._connections.pop(connection, None)
-            _close(connection)
+            link.close()
+
+    def _await(self, connection: socket.socket, reader: _FrameReader, link: Link, waiting: Waiting) -> None:
+        """Until the parked fetch is answered: by another thread's push (the slave's next
+        request then arrives; the rest of a push the socket did not take is sent here), or
+        by this thread once the fetch's wait ends or the master wakes it."""
+        poller = select.poll()
+        poller.register(connection, select.POLLIN)
+        poller.register(link.waker, select.POLLIN)
+        settled = False  # settle() said another thread answers it
+        give_up_at = time.monotonic() + IDLE_TIMEOUT_S
+        for _ in range(AWAIT_ROUNDS_MAX):
+            until = give_up_at if settled else min(waiting.deadline, give_up_at)
+            if reader.pending:
+                ready = {connection.fileno()}
+            else:
+                ready = {fd for fd, _ in poller.poll(max(0.0, until - time.monotonic()) * 1000)}
+            rest = link.take_rest() if link.waker in ready else b""
+            if rest:
+                connection.sendall(rest)
+                return
+            if connection.fileno() in ready:  # the slave's next request, or its end
+                if waiting.abandon():
+                    raise ValueError("an HA stream request came before the answer to the last")
+                return
+            if time.monotonic() >= give_up_at:
+                raise TimeoutError(f"no request on the HA stream for {IDLE_TIMEOUT_S:.0f} s")
+            if settled:
+                continue  # woken after another thread answered it (a new role): the request comes
+            try:
+                answer = waiting.settle()
+            except MqmetaError as error:
+                connection.sendall(_refusal(error))
+                return
+            if answer is not None:
+                connection.sendall(_frame(KIND_RESPONSE, answer.SerializeToString()))
+                return
+            settled = True
+        raise ValueError(f"a parked HA stream fetch was woken {AWAIT_ROUNDS_MAX} times")
 
 
-def _close(sock: socket.socket) -> None:
+def _refusal(error: MqmetaError) -> bytes:
+    return _frame(KIND_REFUSAL, f"{error.code}\n{error}".encode())
+
+
+def _shutdown(sock: socket.socket) -> None:
     try:
         sock.shutdown(socket.SHUT_RDWR)
     except OSError:
         pass
+
+
+def _close(sock: socket.socket) -> None:
+    _shutdown(sock)
     sock.close()
 
 
