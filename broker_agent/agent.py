@@ -362,7 +362,16 @@ class BrokerAgent:
 
     def _answer_parked(self) -> list[tuple[ha_fetch.ParkedFetch, bpb.HaFetchResponse]]:
         """With the lock held, after an append: the answers to the parked fetches the log
-        has grown for, to push once the lock is let go (_push)."""
+        has grown for, to push once the lock is let go (_push). While other writers wait
+        for their acknowledgements (concurrent producers), the connections' threads are
+        woken instead: by the time one runs, it answers with those writers' appends too,
+        one replication round for several sends, where a push would carry this one alone."""
+        if self._writers:
+            for parked in self._parked:
+                if not parked.woken:
+                    parked.woken = True
+                    parked.link.wake()
+            return []
         answers = []
         for parked in list(self._parked):
             answer = ha_fetch.answer_parked(self, parked)

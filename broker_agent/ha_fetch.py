@@ -249,6 +249,7 @@ class ParkedFetch:
     deadline: float  # time.monotonic() by which it is answered, with data or without
     link: Link
     started: float = field(default_factory=time.perf_counter)
+    woken: bool = False  # its connection's thread was woken to answer it (agent._answer_parked)
 
     def settle(self) -> bpb.HaFetchResponse | None:
         """The connection thread's answer: None when another thread answered it; raises

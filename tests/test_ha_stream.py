@@ -14,7 +14,8 @@ Properties checked (a real master agent, its stream server on loopback, no contr
 - a streamed fetch with nothing to send is parked: the append answers it from its own
   thread (before any fsync), the connection's thread when its wait ends (empty) or when a
   new epoch wakes it (the refusal, at once); an answer larger than the socket takes at
-  once is finished by the connection's thread, whole;
+  once is finished by the connection's thread, whole; while other writers wait for their
+  acknowledgements an append wakes the connection's thread instead of pushing;
 - a master that stops answering ends the fetch at its timeout (the sockets block with
   kernel timeouts), not as an unreachable master;
 - the stream is offered only where gRPC is plain and unauthenticated; a dial map that
@@ -395,4 +396,23 @@ def test_an_answer_larger_than_the_socket_takes_at_once_is_finished_by_the_conne
     (answer,) = outcomes
     assert isinstance(answer, bpb.HaFetchResponse) and len(answer.data) == end > 8 << 20
     assert answer.data == agent.store.read_bytes(0, 16 << 20)
+    client.close()
+
+
+def test_while_other_writers_wait_the_append_wakes_the_connection_instead(master, monkeypatch):
+    """Concurrent producers: an append while other writers wait for their acknowledgements
+    does not push its bytes alone; the connection's thread answers, with every append made
+    by the time it runs (one replication round for several sends)."""
+    agent, server = master
+    pushed: list[int] = []
+    push = ha_stream.Link.push
+    monkeypatch.setattr(ha_stream.Link, "push", lambda link, answer: pushed.append(1) or push(link, answer))
+    agent._writers[threading.Condition(agent._mutex)] = 1 << 40  # a writer waiting for its acks
+    client = StreamClient(f"127.0.0.1:{server.port}")
+    poll, outcomes = _park(agent, client, 0, 5_000)
+    _, end, _ = agent.append(lambda e: agent.store.put_messages([Message("T", 0, b"x" * 100)], e, 1))
+    poll.join(TIMEOUT_S)
+    (answer,) = outcomes
+    assert isinstance(answer, bpb.HaFetchResponse) and len(answer.data) == end and not pushed
+    agent._writers.clear()
     client.close()
