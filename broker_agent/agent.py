@@ -72,6 +72,7 @@ from mqmeta.broker_agent.core import (
 from mqmeta.broker_agent.ha import Role
 from mqmeta.broker_agent.ha_fetch import FetchSettings
 from mqmeta.broker_agent.ha_stream import StreamServer
+from mqmeta.broker_agent.rmq_writes import PlainWrites
 from mqmeta.broker_agent.scrub import SCRUB_BYTES_PER_S_DEFAULT, Scrubber, ScrubStats
 from mqmeta.broker_agent.seams import log_view
 from mqmeta.broker_agent.store import MessageStore
@@ -90,6 +91,7 @@ from mqmeta.errors import (
     Unavailable,
 )
 from mqmeta.formats.atomic import make_directories, write_json_atomically
+from mqmeta.formats.origin import KEY_PROPERTIES
 from mqmeta.formats.records import MessageFields
 from mqmeta.pb import broker_pb2 as bpb
 from mqmeta.pb import controller_pb2 as cpb
@@ -104,6 +106,11 @@ from mqmeta.timing import (
 log = logging.getLogger(__name__)
 
 SEND_BATCH_MAX = 1024
+# Concurrent sends written together (send): one write in flight, the sends that arrive
+# meanwhile go in the next; a send whose bodies alone pass the bound goes alone.
+SENDS_IN_FLIGHT_MAX = 1
+SENDS_TOGETHER_BODY_BYTES_MAX = 8 << 20
+_ORIGIN_PROPERTIES = frozenset(KEY_PROPERTIES)  # a message carrying one is a replicated copy
 CONTROLLER_CALL_TIMEOUT_S = 1.0
 # Graceful departure (SIGTERM, admin handoff): how long a master waits for its successor to
 # hold everything (then it gives up and writes again), how long the election call may take,
@@ -301,6 +308,13 @@ class BrokerAgent:
             config.fetch_max_bytes, config.fetch_wait_ms, config.tiered_url, stream=config.ha_stream
         )
         self._stream_server: StreamServer | None = None
+        self._sends = PlainWrites(
+            self._send_together,
+            SENDS_IN_FLIGHT_MAX,
+            SEND_BATCH_MAX,
+            SENDS_TOGETHER_BODY_BYTES_MAX,
+            config.send_timeout_ms / 1000,
+        )
         # How each slave's last fetch came (True: the HA stream), for its HA status.
         self.fetch_transports: dict[int, bool] = {}
         # Told of each fetch served over the HA stream (seconds, data bytes): the metrics.
@@ -993,9 +1007,29 @@ class BrokerAgent:
             return self.core.writable(now or now_ms())
 
     def send(self, messages: Sequence[MessageFields]) -> tuple[list[Any], int]:
+        """Appends `messages` and waits for the ack policy: (their results, the epoch).
+        Concurrent sends are written together (rmq_writes.PlainWrites: one append, one
+        group commit, one replication round, one wait for several producers' sends);
+        replicated copies, which must keep their origin's order, are written alone."""
         if not 1 <= len(messages) <= SEND_BATCH_MAX:
             raise InvalidArgument(f"a send carries 1 to {SEND_BATCH_MAX} messages")
+        if any(m.properties and not _ORIGIN_PROPERTIES.isdisjoint(m.properties) for m in messages):
+            return self._send_alone(messages)
+        try:
+            placed = self._sends.write(messages)
+        except (InvalidArgument, FailedPrecondition):
+            # Refused before anything was written, maybe for another producer's messages
+            # written with these: alone, this send gets its own outcome.
+            return self._send_alone(messages)
+        return [result for result, _ in placed], placed[0][1]
+
+    def _send_alone(self, messages: Sequence[MessageFields]) -> tuple[list[Any], int]:
         return self._write(lambda epoch: self.store.put_messages(messages, epoch, wall_ms()))
+
+    def _send_together(self, messages: list[Any]) -> list[tuple[Any, int]]:
+        """The write of a PlainWrites batch: each message's result with the epoch."""
+        results, epoch = self._send_alone(messages)
+        return [(result, epoch) for result in results]
 
     def commit_consumer_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
         """Consumer offsets are commit-log records: they replicate and fail over with the data."""
