@@ -104,11 +104,17 @@ def checked(payload: bytes, crc: int) -> bytes:
     return payload
 
 
-def close(sock: socket.socket) -> None:
+def shutdown(sock: socket.socket) -> None:
+    """Ends the connection (a thread reading it wakes) but keeps its descriptor: the thread
+    that owns it closes it, so no other thread writes to a descriptor number reused meanwhile."""
     try:
         sock.shutdown(socket.SHUT_RDWR)
     except OSError:
         pass
+
+
+def close(sock: socket.socket) -> None:
+    shutdown(sock)
     sock.close()
 
 
@@ -165,7 +171,7 @@ class FrameServer:
         with self._lock:
             threads = list(self._connections.values())
             for connection in self._connections:  # wakes a thread reading; one serving ends its call
-                close(connection)
+                shutdown(connection)  # its thread closes it
         deadline = time.monotonic() + self._stop_join_s
         for thread in threads:
             thread.join(timeout=max(0.0, deadline - time.monotonic()))
