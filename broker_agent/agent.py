@@ -72,6 +72,7 @@ from mqmeta.broker_agent.core import (
 from mqmeta.broker_agent.ha import Role
 from mqmeta.broker_agent.ha_fetch import FetchSettings
 from mqmeta.broker_agent.ha_stream import StreamServer
+from mqmeta.broker_agent.rmq_writes import PlainWrites
 from mqmeta.broker_agent.scrub import SCRUB_BYTES_PER_S_DEFAULT, Scrubber, ScrubStats
 from mqmeta.broker_agent.seams import log_view
 from mqmeta.broker_agent.store import MessageStore
@@ -90,6 +91,7 @@ from mqmeta.errors import (
     Unavailable,
 )
 from mqmeta.formats.atomic import make_directories, write_json_atomically
+from mqmeta.formats.origin import KEY_PROPERTIES
 from mqmeta.formats.records import MessageFields
 from mqmeta.pb import broker_pb2 as bpb
 from mqmeta.pb import controller_pb2 as cpb
@@ -104,6 +106,11 @@ from mqmeta.timing import (
 log = logging.getLogger(__name__)
 
 SEND_BATCH_MAX = 1024
+# Concurrent sends written together (send): one write in flight, the sends that arrive
+# meanwhile go in the next; a send whose bodies alone pass the bound goes alone.
+SENDS_IN_FLIGHT_MAX = 1
+SENDS_TOGETHER_BODY_BYTES_MAX = 8 << 20
+_ORIGIN_PROPERTIES = frozenset(KEY_PROPERTIES)  # a message carrying one is a replicated copy
 CONTROLLER_CALL_TIMEOUT_S = 1.0
 # Graceful departure (SIGTERM, admin handoff): how long a master waits for its successor to
 # hold everything (then it gives up and writes again), how long the election call may take,
@@ -287,6 +294,9 @@ class BrokerAgent:
         # not by every acknowledgement and every sync (two wake-ups of each fetch per send).
         self._fetchers: set[threading.Condition] = set()
         self._fetchers_seen: tuple[Role, int, int] | None = None  # role, epoch, log end last woken for
+        # Fetches over the HA stream with nothing to send yet (ha_fetch.ParkedFetch): the
+        # append answers them from its own thread; a new role or epoch wakes their threads.
+        self._parked: set[ha_fetch.ParkedFetch] = set()
         self.stopping = threading.Event()
         self.heartbeat_interval_ms = BROKER_HEARTBEAT_INTERVAL_MS_DEFAULT  # until the controller's is read
         self.tiered: TieredUploader | None = None
@@ -299,6 +309,13 @@ class BrokerAgent:
             config.fetch_max_bytes, config.fetch_wait_ms, config.tiered_url, stream=config.ha_stream
         )
         self._stream_server: StreamServer | None = None
+        self._sends = PlainWrites(
+            self._send_together,
+            SENDS_IN_FLIGHT_MAX,
+            SEND_BATCH_MAX,
+            SENDS_TOGETHER_BODY_BYTES_MAX,
+            config.send_timeout_ms / 1000,
+        )
         # How each slave's last fetch came (True: the HA stream), for its HA status.
         self.fetch_transports: dict[int, bool] = {}
         # Told of each fetch served over the HA stream (seconds, data bytes): the metrics.
@@ -328,16 +345,62 @@ class BrokerAgent:
         """The port of this broker's HA stream, offered to its slaves; 0 when it has none."""
         return self._stream_server.port if self._stream_server is not None else 0
 
-    def _serve_streamed(self, request: bpb.HaFetchRequest) -> bpb.HaFetchResponse:
-        """A fetch that came over the HA stream: the HaFetch call's checks, then serve_fetch."""
+    def _serve_streamed(
+        self, request: bpb.HaFetchRequest, link: ha_stream.Link
+    ) -> bpb.HaFetchResponse | ha_fetch.ParkedFetch:
+        """A fetch that came over the HA stream: the HaFetch call's checks, then serve_fetch
+        (which parks it when there is nothing to send yet)."""
         if request.broker_name != self.config.broker_name:
             raise NotFound(f"this broker serves {self.config.broker_name}, not {request.broker_name}")
         started = time.perf_counter()
-        reply = ha_fetch.serve_fetch(self, request)
+        reply = ha_fetch.serve_fetch(self, request, link)
         self.fetch_transports[request.broker_id] = True  # after serve_fetch: a replica of this set
-        if self.fetch_served is not None:
+        if self.fetch_served is not None and isinstance(reply, bpb.HaFetchResponse):
             self.fetch_served(time.perf_counter() - started, len(reply.data))
         return reply
+
+    def park(self, parked: ha_fetch.ParkedFetch) -> None:
+        """With the lock held: holds a streamed fetch until an append answers it."""
+        self._parked.add(parked)
+
+    def unpark(self, parked: ha_fetch.ParkedFetch) -> bool:
+        """With the lock held: takes `parked` back; whether it was still parked (its answer
+        is then the caller's to send)."""
+        if parked not in self._parked:
+            return False
+        self._parked.remove(parked)
+        return True
+
+    def serves(self, master_epoch: int) -> bool:
+        """With the lock held: would a fetch of a slave following `master_epoch` be answered?"""
+        return self.core.serves_fetch(master_epoch)
+
+    def _answer_parked(self) -> list[tuple[ha_fetch.ParkedFetch, bpb.HaFetchResponse]]:
+        """With the lock held, after an append: the answers to the parked fetches the log
+        has grown for, to push once the lock is let go (_push). While other writers wait
+        for their acknowledgements (concurrent producers), the connections' threads are
+        woken instead: by the time one runs, it answers with those writers' appends too,
+        one replication round for several sends, where a push would carry this one alone."""
+        if self._writers:
+            for parked in self._parked:
+                if not parked.woken:
+                    parked.woken = True
+                    parked.link.wake()
+            return []
+        answers = []
+        for parked in list(self._parked):
+            answer = ha_fetch.answer_parked(self, parked)
+            if answer is not None:
+                answers.append((parked, answer))
+        return answers
+
+    def _push(self, answers: list[tuple[ha_fetch.ParkedFetch, bpb.HaFetchResponse]]) -> None:
+        """Sends the answers to parked fetches from this (the appending) thread: the slaves
+        have the bytes without a hand-off to their connections' threads."""
+        for parked, answer in answers:
+            parked.link.push(answer)
+            if self.fetch_served is not None:
+                self.fetch_served(time.perf_counter() - parked.started, len(answer.data))
 
     def request_refresh(self) -> None:
         self._refresh_needed.set()
@@ -415,10 +478,14 @@ class BrokerAgent:
 
     def _wake_fetchers(self) -> None:
         """With the lock held: wakes the long-polling fetches when what they wait for may
-        have moved (the log end, the role, the epoch)."""
+        have moved (the log end, the role, the epoch); the parked ones (the HA stream's)
+        on a new role or epoch only: the append answers them itself (append)."""
         seen = (self.core.role, self.core.master_epoch, self.store.max_offset)
         if seen == self._fetchers_seen:
             return  # a fetch checks the log end before it waits, under this lock
+        if self._fetchers_seen is None or seen[:2] != self._fetchers_seen[:2]:
+            for parked in self._parked:
+                parked.link.wake()
         self._fetchers_seen = seen
         for condition in self._fetchers:
             condition.notify()
@@ -941,9 +1008,29 @@ class BrokerAgent:
             return self.core.writable(now or now_ms())
 
     def send(self, messages: Sequence[MessageFields]) -> tuple[list[Any], int]:
+        """Appends `messages` and waits for the ack policy: (their results, the epoch).
+        Concurrent sends are written together (rmq_writes.PlainWrites: one append, one
+        group commit, one replication round, one wait for several producers' sends);
+        replicated copies, which must keep their origin's order, are written alone."""
         if not 1 <= len(messages) <= SEND_BATCH_MAX:
             raise InvalidArgument(f"a send carries 1 to {SEND_BATCH_MAX} messages")
+        if any(m.properties and not _ORIGIN_PROPERTIES.isdisjoint(m.properties) for m in messages):
+            return self._send_alone(messages)
+        try:
+            placed = self._sends.write(messages)
+        except (InvalidArgument, FailedPrecondition):
+            # Refused before anything was written, maybe for another producer's messages
+            # written with these: alone, this send gets its own outcome.
+            return self._send_alone(messages)
+        return [result for result, _ in placed], placed[0][1]
+
+    def _send_alone(self, messages: Sequence[MessageFields]) -> tuple[list[Any], int]:
         return self._write(lambda epoch: self.store.put_messages(messages, epoch, wall_ms()))
+
+    def _send_together(self, messages: list[Any]) -> list[tuple[Any, int]]:
+        """The write of a PlainWrites batch: each message's result with the epoch."""
+        results, epoch = self._send_alone(messages)
+        return [(result, epoch) for result in results]
 
     def commit_consumer_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
         """Consumer offsets are commit-log records: they replicate and fail over with the data."""
@@ -975,6 +1062,9 @@ class BrokerAgent:
                 raise self._disk_error(error) from None
             end = self.store.max_offset
             self.feed(Appended(log_view(self.store)))  # also wakes the slaves' long-polling fetches
+            answers = self._answer_parked() if self._parked else []
+        if answers:  # once the lock is let go: a slow socket never holds it
+            self._push(answers)
         return results, end, epoch
 
     def _sync_written(self, end: int | None = None) -> None:

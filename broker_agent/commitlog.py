@@ -69,6 +69,10 @@ COPY_CHUNK_BYTES = 16 << 20  # FileRange.write_to: one copy_file_range call (a c
 APPEND_BYTES_MAX = 64 << 20
 APPEND_RECORDS_MAX = 16_384
 MARK_INTERVAL_BYTES = 4096
+# The record starts of the latest appends, remembered: a slave fetches from where its last
+# answer ended, a record start the marks alone would find only by reading the lengths of
+# up to four records before it (a pread each, on every fetch of a send's path).
+RECENT_STARTS_MAX = 8192
 OPEN_SEGMENTS_MAX = 16
 SCAN_READ_BYTES = 4 << 20  # what a scan of the log (index rebuild, origin replay) reads at once
 _SEGMENT_NAME = re.compile(r"(\d{20})\.log")
@@ -190,6 +194,7 @@ class CommitLog:
         self._open: OrderedDict[int, _Segment] = OrderedDict()  # segments holding an fd
         self._closed = False
         self._truncations = 0  # a sync that overlapped a truncation does not move _durable
+        self._recent_starts: set[int] = set()  # see RECENT_STARTS_MAX; emptied by truncate and undo
         self.cut_corruption = cut_corruption
         self.corruption_cut_at: int | None = None
         make_directories(self.directory, self.fsync)
@@ -378,6 +383,8 @@ class CommitLog:
             return True
         if not self._segments[0].base <= offset < self._segments[-1].end:
             return False
+        if offset in self._recent_starts:
+            return True
         segment = self._segment_for(offset)
         pos = segment.marks[bisect.bisect_right(segment.marks, offset) - 1]
         while pos < offset:
@@ -523,10 +530,14 @@ class CommitLog:
             if base + start - last >= MARK_INTERVAL_BYTES:
                 last = base + start
                 marks.append(last)
+        if len(self._recent_starts) + len(starts) > RECENT_STARTS_MAX:
+            self._recent_starts.clear()
+        self._recent_starts.update([base + start for start in starts])
         segment.size += len(data)
 
     def _undo(self, undo: list[tuple[_Segment, int]], created: list[_Segment]) -> None:
         """Puts the files back as they were before a failed append (e.g. disk full)."""
+        self._recent_starts.clear()
         try:
             for segment in reversed(created):
                 self._close_fd(segment)
@@ -711,6 +722,7 @@ class CommitLog:
                 os.fsync(fd)
             segment.size = offset - segment.base
             segment.cut_marks(offset)
+            self._recent_starts.clear()  # starts past offset name other bytes once it grows again
             self._durable = min(self._durable, offset)
             self._truncations += 1
             log.info("%s: truncated to %d", self.directory, offset)

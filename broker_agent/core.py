@@ -770,6 +770,10 @@ class BrokerCore:
             return WriteOutcome.DEPOSED
         return WriteOutcome.ACKNOWLEDGED if _acknowledged(s, end_offset) else WriteOutcome.WAITING
 
+    def serves_fetch(self, master_epoch: int) -> bool:
+        """Would a fetch of a slave following `master_epoch` be answered now (not refused)?"""
+        return not _fetch_refusal(self._state, master_epoch)
+
     def acked_offsets(self) -> dict[int, int]:
         """Each slave's acknowledged offset in this master epoch (empty unless master)."""
         return _acked_offsets(self._state)

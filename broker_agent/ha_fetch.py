@@ -11,7 +11,9 @@ the slave's durable end offset, which acknowledges everything before it.
 Master: records each fetch offset as that slave's ack (advancing the confirm offset),
 then returns whole records from the fetch offset up to its log end, synced or not (the
 slaves' write and fsync overlap the master's own; an ack still needs the master's fsync
-too), waiting up to wait_ms when there is nothing new; an append wakes it at once. It
+too), waiting up to wait_ms when there is nothing new; an append wakes it at once (over
+the HA stream such a fetch is parked instead, and the appending thread sends its answer
+itself: ParkedFetch). It
 does not check their CRCs: the slave checks every record (CRC-32, framing, layout)
 before it writes any, which also catches bytes corrupted on the
 master's disk (the fetch fails there, as it did here before, and nothing is written).
@@ -25,7 +27,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import grpc
 from mqmeta.broker_agent import ha_stream
@@ -42,7 +44,7 @@ from mqmeta.broker_agent.core import (
     Truncate,
 )
 from mqmeta.broker_agent.ha import Role
-from mqmeta.broker_agent.ha_stream import StreamBroken, StreamClient
+from mqmeta.broker_agent.ha_stream import Link, StreamBroken, StreamClient
 from mqmeta.broker_agent.seams import BrokerHost, log_view
 from mqmeta.broker_agent.tiered import bootstrap_from_tiered
 
@@ -179,8 +181,13 @@ def _fetch_once(
     return False, reply.stream_port
 
 
-def serve_fetch(host: BrokerHost, request: bpb.HaFetchRequest) -> bpb.HaFetchResponse:
-    """The master's side of one fetch."""
+def serve_fetch(
+    host: BrokerHost, request: bpb.HaFetchRequest, link: Link | None = None
+) -> bpb.HaFetchResponse | ParkedFetch:
+    """The master's side of one fetch. Over gRPC (no `link`) a fetch with nothing to send
+    waits here for the append; over the HA stream it is parked instead (returned): the
+    appending thread answers it through `link` (answer_parked), or the connection's
+    thread when its wait ends (ParkedFetch.settle)."""
     max_bytes = max(1, min(request.max_bytes or (1 << 20), FETCH_MAX_BYTES_LIMIT))
     wait_s = max(0, min(request.wait_ms, FETCH_WAIT_MS_MAX)) / 1000
     store = host.store
@@ -197,24 +204,76 @@ def serve_fetch(host: BrokerHost, request: bpb.HaFetchRequest) -> bpb.HaFetchRes
         )
         answer = _answer(host.feed(fetch))  # a refusal is raised here
         if answer.truncate_to >= 0:
-            return _reply(host, truncate_to=answer.truncate_to)
+            return _reply(host, request, truncate_to=answer.truncate_to)
         if answer.moved_to_tiered:
-            return _reply(host, moved=True)
+            return _reply(host, request, moved=True)
+        if link is not None and wait_s > 0 and store.max_offset <= request.fetch_offset:
+            parked = ParkedFetch(host, request, max_bytes, time.monotonic() + wait_s, link)
+            host.park(parked)
+            return parked
         deadline = time.monotonic() + wait_s
         # Up to the log end, synced or not (AnswerFetch): woken by the append (Appended),
         # so the slaves write and fsync while this master's group commit runs.
-        while (end := store.max_offset) <= request.fetch_offset and time.monotonic() < deadline:
+        while store.max_offset <= request.fetch_offset and time.monotonic() < deadline:
             host.wait_for_append(deadline - time.monotonic())
             host.feed(FetchStillWaiting(request.master_epoch))
-        # Unchecked here: the slave checks every record's CRC and layout (scan_records)
-        # before it writes any, so a record corrupted on this disk is refused there.
-        data = (
-            store.read_bytes(request.fetch_offset, min(max_bytes, end - request.fetch_offset), check=False)
-            if end > request.fetch_offset
-            else b""
-        )
-        host.feed(FetchAnswered(now_ms(), request.broker_id, log_view(store)))  # the host's clock
-        return _reply(host, data_offset=request.fetch_offset, data=data)
+        return data_reply(host, request, max_bytes)
+
+
+def data_reply(host: BrokerHost, request: bpb.HaFetchRequest, max_bytes: int) -> bpb.HaFetchResponse:
+    """With the host's lock held: the answer to a fetch the core accepted, from its offset
+    up to the log end (nothing when the log has not grown past it)."""
+    store = host.store
+    end = store.max_offset
+    # Unchecked here: the slave checks every record's CRC and layout (scan_records)
+    # before it writes any, so a record corrupted on this disk is refused there.
+    data = (
+        store.read_bytes(request.fetch_offset, min(max_bytes, end - request.fetch_offset), check=False)
+        if end > request.fetch_offset
+        else b""
+    )
+    host.feed(FetchAnswered(now_ms(), request.broker_id, log_view(store)))  # the host's clock
+    return _reply(host, request, data_offset=request.fetch_offset, data=data)
+
+
+@dataclass(eq=False)
+class ParkedFetch:
+    """A fetch over the HA stream with nothing to send yet: the host holds it (park) until
+    an append answers it (answer_parked, from the appending thread: no other thread is
+    woken on a send's path), or the connection's thread settles it (its wait ended, or the
+    host woke it: a new role or epoch). Whoever unparks it under the host's lock answers it."""
+
+    host: BrokerHost
+    request: bpb.HaFetchRequest
+    max_bytes: int
+    deadline: float  # time.monotonic() by which it is answered, with data or without
+    link: Link
+    started: float = field(default_factory=time.perf_counter)
+    woken: bool = False  # its connection's thread was woken to answer it (agent._answer_parked)
+
+    def settle(self) -> bpb.HaFetchResponse | None:
+        """The connection thread's answer: None when another thread answered it; raises
+        the refusal when the host no longer serves this fetch (a new role or epoch)."""
+        with self.host.lock:
+            if not self.host.unpark(self):
+                return None
+            self.host.feed(FetchStillWaiting(self.request.master_epoch))  # a refusal is raised here
+            return data_reply(self.host, self.request, self.max_bytes)
+
+    def abandon(self) -> bool:
+        """The connection ended (or broke the protocol): whether it was still parked."""
+        with self.host.lock:
+            return self.host.unpark(self)
+
+
+def answer_parked(host: BrokerHost, parked: ParkedFetch) -> bpb.HaFetchResponse | None:
+    """With the host's lock held, after an append: the answer to `parked` (unparked), or
+    None when the log has not grown past its offset or the core would refuse it now (its
+    connection's thread, woken by the new role or epoch, answers it)."""
+    if host.store.max_offset <= parked.request.fetch_offset or not host.serves(parked.request.master_epoch):
+        return None
+    host.unpark(parked)
+    return data_reply(host, parked.request, parked.max_bytes)
 
 
 def _answer(effects: list[Effect]) -> AnswerFetch:
@@ -224,9 +283,16 @@ def _answer(effects: list[Effect]) -> AnswerFetch:
 
 
 def _reply(
-    host: BrokerHost, truncate_to: int = -1, data_offset: int = 0, data: bytes = b"", moved: bool = False
+    host: BrokerHost,
+    request: bpb.HaFetchRequest,
+    truncate_to: int = -1,
+    data_offset: int = 0,
+    data: bytes = b"",
+    moved: bool = False,
 ) -> bpb.HaFetchResponse:
     view, store = host.view(), host.store
+    # The master's epochs, for a handshake or a cut: a slave in sync does not read them
+    entries = _entries(store.epochs.entries) if request.handshake or truncate_to >= 0 or moved else ()
     return bpb.HaFetchResponse(
         master_epoch=view.master_epoch,
         master_max_offset=store.max_offset,
@@ -234,7 +300,7 @@ def _reply(
         truncate_to=truncate_to,
         data_offset=data_offset,
         data=data,
-        epoch_entries=_entries(store.epochs.entries),
+        epoch_entries=entries,
         min_offset=store.min_offset,
         offset_moved_to_tiered=moved,
     )

@@ -7,6 +7,11 @@ round trip is on a send's path: the slave's next fetch acknowledges the bytes of
 last one. RocketMQ's HAService works the same way (a connection per slave, the master
 pushing bytes, the slave answering with its offset).
 
+One thread per connection reads the slave's requests and serves them; a fetch with
+nothing to send yet is parked on the master rather than waited for in that thread: the
+thread that appends sends the answer itself (Link.push), so a send's path wakes no
+connection thread on the way out, only on the slave's acknowledgement coming back.
+
 A request frame carries a serialized HaFetchRequest (slave to master), an answer a
 HaFetchResponse (master to slave), or a refusal (the error's code, a newline, its
 message, UTF-8).
@@ -22,8 +27,15 @@ again.
 
 from __future__ import annotations
 
+import logging
+import os
+import select
 import socket
+import struct
+import threading
+import time
 from collections.abc import Callable
+from typing import Protocol
 
 from google.protobuf.message import DecodeError
 
@@ -31,6 +43,12 @@ from mqmeta import frames
 from mqmeta.errors import MqmetaError, Unavailable, error_from_code
 from mqmeta.pb import broker_pb2 as bpb
 
+log = logging.getLogger(__name__)
+
+HEADER = frames.HEADER
+KIND_REQUEST = frames.KIND_REQUEST
+KIND_RESPONSE = frames.KIND_RESPONSE
+KIND_REFUSAL = frames.KIND_REFUSAL
 REQUEST_BYTES_MAX = 1 << 20
 RESPONSE_BYTES_MAX = 17 << 20  # ha_fetch.FETCH_MAX_BYTES_LIMIT of records and the rest
 CONNECTIONS_MAX = 16  # slaves connected at once; one thread each
@@ -39,14 +57,29 @@ CONNECT_TIMEOUT_S = 1.0
 # How long stop() waits for the connections' threads: one may be in a fetch's wait (at
 # most ha_fetch.FETCH_WAIT_MS_MAX, 1 s), then answer; after stop() none touches the store.
 STOP_JOIN_S = 2.0
+RECV_BYTES = 64 << 10  # one recv of a frame's start: its header and, mostly, all of it
 
-Serve = Callable[[bpb.HaFetchRequest], bpb.HaFetchResponse]
+AWAIT_ROUNDS_MAX = 10_000  # wake-ups of one parked fetch's connection (each a wake or a timeout)
 
-# Who may open, and where to dial, the stream (kept under these names for ha_fetch and the tests).
-offered = frames.offered
-stream_address = frames.stream_address
-usable = frames.usable
-host_of = frames.host_of
+
+class Waiting(Protocol):
+    """A fetch the master parked (nothing to send yet). Another thread may answer it through
+    the connection's Link (the master's appending thread); the connection's own thread
+    settles it when its wait ends or it is woken."""
+
+    deadline: float  # time.monotonic() by which it is answered, with data or without
+
+    def settle(self) -> bpb.HaFetchResponse | None:
+        """The answer for the connection's thread to send; None when another thread
+        answered it; raises the refusal (an MqmetaError)."""
+        ...
+
+    def abandon(self) -> bool:
+        """The connection ends: whether it was still parked."""
+        ...
+
+
+Serve = Callable[[bpb.HaFetchRequest, "Link"], "bpb.HaFetchResponse | Waiting"]
 
 
 class StreamBroken(Unavailable):
@@ -58,16 +91,129 @@ class StreamBroken(Unavailable):
         self.unreachable = unreachable
 
 
+_frame = frames.frame
+
+# Who may open, and where to dial, the stream (kept under these names for ha_fetch and the tests).
+offered = frames.offered
+stream_address = frames.stream_address
+usable = frames.usable
+host_of = frames.host_of
+
+
+def _blocking_with_timeouts(sock: socket.socket, timeout_s: float) -> None:
+    """A blocking socket whose reads and writes fail after `timeout_s` (SO_RCVTIMEO,
+    SO_SNDTIMEO: BlockingIOError, or TimeoutError past a partial sendall). Python's own
+    timeouts poll before every recv and send: two system calls, and two hand-offs of the
+    GIL, each on a send's path on both sides; this is one."""
+    sock.settimeout(None)
+    seconds = int(timeout_s)
+    timeval = struct.pack("ll", seconds, int((timeout_s - seconds) * 1_000_000))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeval)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeval)
+
+
+class _FrameReader:
+    """Reads one frame at a time from a socket: the header and a small payload usually
+    come in one recv (a request or an answer of one message is about 1.2 KB)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self._pending = b""  # bytes received past the last frame (a peer that pipelines)
+
+    @property
+    def pending(self) -> bool:
+        return bool(self._pending)
+
+    def _recv_into(self, view: memoryview) -> int:
+        n = self._sock.recv_into(view)
+        if n == 0:
+            raise ConnectionResetError("the peer closed the HA stream")
+        return n
+
+    def read(self, size_max: int) -> tuple[int, bytes]:
+        data = self._pending
+        while len(data) < HEADER.size:
+            chunk = self._sock.recv(RECV_BYTES)
+            if not chunk:
+                raise ConnectionResetError("the peer closed the HA stream")
+            data += chunk
+        size, kind, crc = HEADER.unpack_from(data)
+        if size > size_max:
+            raise ValueError(f"an HA stream frame of {size} bytes (at most {size_max})")
+        end = HEADER.size + size
+        if len(data) >= end:
+            payload, self._pending = data[HEADER.size : end], data[end:]
+        else:  # the rest of a large frame, straight into its buffer
+            buffer = bytearray(size)
+            got = len(data) - HEADER.size
+            buffer[:got] = data[HEADER.size :]
+            view = memoryview(buffer)
+            while got < size:
+                got += self._recv_into(view[got:])
+            payload, self._pending = bytes(buffer), b""
+        return kind, frames.checked(payload, crc)
+
+
+class Link:
+    """One slave's connection as another thread sees it: `push` sends the answer to its
+    parked fetch without blocking (the socket's buffer is empty: the slave waits for this
+    answer); what the socket does not take at once, the connection's thread sends, woken
+    through an eventfd, as it is by `wake` (a new role or epoch: it settles its fetch)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self.waker = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self._lock = threading.Lock()  # a push or a wake against close (no write to a reused fd)
+        self._rest = b""  # of a pushed answer, for the connection's thread to send
+        self._closed = False
+
+    def push(self, response: bpb.HaFetchResponse) -> None:
+        frame = _frame(KIND_RESPONSE, response.SerializeToString())
+        with self._lock:
+            if self._closed:
+                return
+            try:
+                sent = self._sock.send(frame, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                sent = 0
+            except OSError as error:  # the connection failed: its thread ends it
+                log.debug("pushing an HA stream answer failed: %s", error)
+                return
+            if sent < len(frame):
+                self._rest = frame[sent:]
+                os.eventfd_write(self.waker, 1)
+
+    def wake(self) -> None:
+        with self._lock:
+            if not self._closed:
+                os.eventfd_write(self.waker, 1)
+
+    def take_rest(self) -> bytes:
+        with self._lock:
+            rest, self._rest = self._rest, b""
+        try:
+            os.eventfd_read(self.waker)
+        except BlockingIOError:
+            pass
+        return rest
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            _close(self._sock)
+            os.close(self.waker)
+
+
 class StreamServer(frames.FrameServer):
     """The master's side: a listening socket, a thread per connected slave (at most
-    CONNECTIONS_MAX), each answering one request at a time with `serve`."""
+    CONNECTIONS_MAX), each answering one request at a time with `serve`, or parking it."""
 
     def __init__(self, host: str, serve: Serve, port: int = 0) -> None:
         self._serve = serve
         super().__init__(
             "ha-stream",
             host,
-            self._answer_fetch,
+            self._no_answer,
             port,
             REQUEST_BYTES_MAX,
             CONNECTIONS_MAX,
@@ -75,14 +221,89 @@ class StreamServer(frames.FrameServer):
             STOP_JOIN_S,
         )
 
-    def _answer_fetch(self, kind: int, payload: bytes, connection: socket.socket) -> bytes:
-        if kind != frames.KIND_REQUEST:
-            raise ValueError(f"an HA stream frame of kind {kind} from a slave")
-        request = bpb.HaFetchRequest.FromString(payload)
+    @staticmethod
+    def _no_answer(kind: int, payload: bytes, connection: socket.socket) -> bytes:
+        raise NotImplementedError("the HA stream serves its connections itself")
+
+    def _serve_connection(self, connection: socket.socket) -> None:
+        connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        _blocking_with_timeouts(connection, IDLE_TIMEOUT_S)
+        reader = _FrameReader(connection)
+        link = Link(connection)
+        waiting: Waiting | None = None
         try:
-            return frames.frame(frames.KIND_RESPONSE, self._serve(request).SerializeToString())
-        except MqmetaError as error:  # refused (not master, fenced, ...): the slave handshakes again
-            return frames.frame(frames.KIND_REFUSAL, f"{error.code}\n{error}".encode())
+            while not self._stopping.is_set():
+                if waiting is not None:
+                    self._await(connection, reader, link, waiting)
+                    waiting = None
+                kind, payload = reader.read(REQUEST_BYTES_MAX)
+                if kind != KIND_REQUEST:
+                    raise ValueError(f"an HA stream frame of kind {kind} from a slave")
+                request = bpb.HaFetchRequest.FromString(payload)
+                try:
+                    outcome = self._serve(request, link)
+                except MqmetaError as error:  # refused (not master, fenced, ...): the slave handshakes again
+                    connection.sendall(_refusal(error))
+                    continue
+                if isinstance(outcome, bpb.HaFetchResponse):
+                    connection.sendall(_frame(KIND_RESPONSE, outcome.SerializeToString()))
+                else:
+                    waiting = outcome
+        except (OSError, ValueError, DecodeError) as error:  # gone, silent, or a bad frame: it connects again
+            log.debug("an HA stream connection ended: %s", error)
+        except Exception:
+            log.exception("serving an HA stream failed")
+        finally:
+            if waiting is not None:
+                waiting.abandon()
+            with self._lock:
+                self._connections.pop(connection, None)
+            link.close()
+
+    def _await(self, connection: socket.socket, reader: _FrameReader, link: Link, waiting: Waiting) -> None:
+        """Until the parked fetch is answered: by another thread's push (the slave's next
+        request then arrives; the rest of a push the socket did not take is sent here), or
+        by this thread once the fetch's wait ends or the master wakes it."""
+        poller = select.poll()
+        poller.register(connection, select.POLLIN)
+        poller.register(link.waker, select.POLLIN)
+        settled = False  # settle() said another thread answers it
+        give_up_at = time.monotonic() + IDLE_TIMEOUT_S
+        for _ in range(AWAIT_ROUNDS_MAX):
+            until = give_up_at if settled else min(waiting.deadline, give_up_at)
+            if reader.pending:
+                ready = {connection.fileno()}
+            else:
+                ready = {fd for fd, _ in poller.poll(max(0.0, until - time.monotonic()) * 1000)}
+            rest = link.take_rest() if link.waker in ready else b""
+            if rest:
+                connection.sendall(rest)
+                return
+            if connection.fileno() in ready:  # the slave's next request, or its end
+                if waiting.abandon():
+                    raise ValueError("an HA stream request came before the answer to the last")
+                return
+            if time.monotonic() >= give_up_at:
+                raise TimeoutError(f"no request on the HA stream for {IDLE_TIMEOUT_S:.0f} s")
+            if settled:
+                continue  # woken after another thread answered it (a new role): the request comes
+            try:
+                answer = waiting.settle()
+            except MqmetaError as error:
+                connection.sendall(_refusal(error))
+                return
+            if answer is not None:
+                connection.sendall(_frame(KIND_RESPONSE, answer.SerializeToString()))
+                return
+            settled = True
+        raise ValueError(f"a parked HA stream fetch was woken {AWAIT_ROUNDS_MAX} times")
+
+
+def _refusal(error: MqmetaError) -> bytes:
+    return _frame(KIND_REFUSAL, f"{error.code}\n{error}".encode())
+
+
+_close = frames.close
 
 
 class StreamClient:
@@ -102,16 +323,20 @@ class StreamClient:
                 f"cannot connect to the HA stream at {self.address}: {error}", unreachable
             ) from None
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._timeout_s = 0.0  # set per fetch (_blocking_with_timeouts) when it changes
+        self._reader = _FrameReader(self._sock)
         # A master at CONNECTIONS_MAX accepts, then closes: a reset or an end before the
         # first answer is a refusal by a live process, not a master that is gone.
         self._answered = False
 
     def fetch(self, request: bpb.HaFetchRequest, timeout_s: float) -> bpb.HaFetchResponse:
         try:
-            self._sock.settimeout(timeout_s)
-            self._sock.sendall(frames.frame(frames.KIND_REQUEST, request.SerializeToString()))
-            kind, payload = frames.read_frame(self._sock, RESPONSE_BYTES_MAX)
-        except TimeoutError:
+            if timeout_s != self._timeout_s:
+                _blocking_with_timeouts(self._sock, timeout_s)
+                self._timeout_s = timeout_s
+            self._sock.sendall(_frame(KIND_REQUEST, request.SerializeToString()))
+            kind, payload = self._reader.read(RESPONSE_BYTES_MAX)
+        except (TimeoutError, BlockingIOError):  # SO_RCVTIMEO, SO_SNDTIMEO
             self.close()
             raise StreamBroken(
                 f"no answer on the HA stream at {self.address} in {timeout_s:.1f} s", False
@@ -123,7 +348,7 @@ class StreamClient:
             self.close()
             raise StreamBroken(f"the HA stream at {self.address}: {error}", False) from None
         self._answered = True
-        if kind == frames.KIND_RESPONSE:
+        if kind == KIND_RESPONSE:
             try:
                 return bpb.HaFetchResponse.FromString(payload)
             except DecodeError as error:
@@ -131,11 +356,11 @@ class StreamClient:
                 raise StreamBroken(
                     f"an HA stream answer that is no HaFetchResponse: {error}", False
                 ) from None
-        if kind == frames.KIND_REFUSAL:
+        if kind == KIND_REFUSAL:
             code, _, message = payload.decode("utf-8", "replace").partition("\n")
             raise error_from_code(code, message)
         self.close()
         raise StreamBroken(f"an HA stream frame of kind {kind} from the master", False)
 
     def close(self) -> None:
-        frames.close(self._sock)
+        _close(self._sock)

@@ -25,14 +25,14 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from mqmeta.errors import DeadlineExceeded
-from mqmeta.formats.records import Message
+from mqmeta.formats.records import MessageFields
 
 __all__ = ["PlainWrites"]
 
 
 class _Batch:
     def __init__(self) -> None:
-        self.records: list[Message] = []
+        self.records: list[MessageFields] = []
         self.body_bytes = 0
         self.turn = threading.Event()  # its leader may write it
         self.done = threading.Event()
@@ -47,7 +47,7 @@ class PlainWrites:
 
     def __init__(
         self,
-        write: Callable[[list[Message]], list[Any]],
+        write: Callable[[list[MessageFields]], list[Any]],
         in_flight_max: int,
         records_max: int,
         body_bytes_max: int,
@@ -67,7 +67,7 @@ class PlainWrites:
         self._in_flight = 0
         self.writes = 0  # batches written (for tests and the bench)
 
-    def write(self, records: Sequence[Message]) -> list[Any]:
+    def write(self, records: Sequence[MessageFields]) -> list[Any]:
         """Writes `records` (with whatever else waits) and returns their results in order."""
         body_bytes = sum(len(record.body) for record in records)
         with self._lock:

@@ -49,6 +49,19 @@ class BrokerHost(Protocol):
         epoch changes, or `timeout_s` passes."""
         ...
 
+    def park(self, parked: Any) -> None:
+        """With the lock held: holds a streamed fetch (ha_fetch.ParkedFetch) until an
+        append answers it through its connection."""
+        ...
+
+    def unpark(self, parked: Any) -> bool:
+        """With the lock held: takes it back; whether it was still parked."""
+        ...
+
+    def serves(self, master_epoch: int) -> bool:
+        """With the lock held: would a fetch of a slave following `master_epoch` be answered?"""
+        ...
+
     def request_refresh(self) -> None:
         """Ask the controller for this broker set's replica info soon."""
         ...

@@ -195,7 +195,10 @@ class LoopFutures:
         with self._lock:
             ready, self._ready, self._wake_scheduled = self._ready, [], False
         for call, args in ready:
-            call(*args)
+            try:
+                call(*args)
+            except Exception:  # one failing call (a watch dispatch) must not drop the rest
+                log.exception("a call posted to the server's loop failed: %r", call)
 
 
 def _deliver(waiter: asyncio.Future, outcome: Json | MqmetaError) -> None:

@@ -135,11 +135,17 @@ def checked(payload: bytes, crc: int) -> bytes:
     return payload
 
 
-def close(sock: socket.socket) -> None:
+def shutdown(sock: socket.socket) -> None:
+    """Ends the connection (a thread reading it wakes) but keeps its descriptor: the thread
+    that owns it closes it, so no other thread writes to a descriptor number reused meanwhile."""
     try:
         sock.shutdown(socket.SHUT_RDWR)
     except OSError:
         pass
+
+
+def close(sock: socket.socket) -> None:
+    shutdown(sock)
     sock.close()
 
 
@@ -202,16 +208,16 @@ class FrameServer:
         self._listener.close()  # refused from now on
         with self._lock:
             threads = list(self._connections.values())
-            for connection in self._connections:  # wakes a thread reading
+            for connection in self._connections:  # wakes a thread reading; its thread closes it
                 if connection not in self._serving:
-                    close(connection)
+                    shutdown(connection)
         grace_deadline = time.monotonic() + grace_s
         for thread in threads:
             thread.join(timeout=max(0.0, grace_deadline - time.monotonic()))
         with self._lock:
             late = list(self._serving)
         for connection in late:  # past the grace: its answer is lost
-            close(connection)
+            shutdown(connection)
         if self._thread.ident is not None:  # started (a bound server may be stopped unstarted)
             self._thread.join(timeout=ACCEPT_POLL_S * 4)
         deadline = time.monotonic() + self._stop_join_s

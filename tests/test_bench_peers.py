@@ -96,6 +96,35 @@ def test_sends_ratios_are_medians_over_rounds_and_bad_flags_are_refused() -> Non
     assert exit_info.value.code == 2
 
 
+def test_sends_baseline_ratios_are_medians_of_cpu_per_message_and_a_missing_python_is_refused() -> None:
+    """bench.peers.sends --baseline-python: the `_vs_baseline` ratios divide mqmeta's median
+    over the rounds (CPU per message too) by the baseline cluster's; a baseline interpreter
+    that is no executable file ends argparse with exit 2."""
+    from bench.peers import sends
+
+    def phases(p50: float, master_cpu: float) -> dict:
+        cpu = {"master": master_cpu, "slave1": 0.2}
+        return {
+            "send_1": {"p50_ms": p50, "ops_per_s": 100.0, "cpu_ms_per_message": cpu},
+            "send_16": {"ops_per_s": 500.0, "cpu_ms_per_message": cpu},
+        }
+
+    result = {
+        "rounds": [
+            {"mqmeta": phases(p50, cpu), "mqmeta-baseline": phases(2 * p50, 2 * cpu)}
+            for p50, cpu in ((1.0, 0.9), (3.0, 1.0), (2.0, 5.0))
+        ]
+    }
+    sends.summarize(result)
+    assert result["summary"]["mqmeta"]["master_cpu_ms_per_message_1"] == 1.0
+    assert result["ratios"]["send_p50_ms_vs_baseline"] == 0.5
+    assert result["ratios"]["master_cpu_ms_per_message_1_vs_baseline"] == 0.5
+    assert result["ratios"]["slave1_cpu_ms_per_message_16_vs_baseline"] == 1.0
+    with pytest.raises(SystemExit) as exit_info:
+        sends.parse_args(["--baseline-python", "/nonexistent/python"])
+    assert exit_info.value.code == 2
+
+
 def test_only_metadata_keeps_etcd_alone_and_the_metadata_ratios() -> None:
     """bench.peers --only metadata: etcd is the only peer started whatever --peers names,
     an unknown phase is exit 2, and `ratios` keeps the names the issue lists (the message

@@ -625,6 +625,24 @@ def test_truncate_and_retention_survive_reopen(tmp_path):
     assert (log.min_offset, log.read_record(at_base).producer_seq) == (at_base, 77)
 
 
+def test_record_starts_remembered_from_appends_are_forgotten_by_truncate(tmp_path):
+    """is_boundary answers the latest appends' record starts from memory (a slave's fetch
+    offset, without reading lengths): after a truncation the log grows with other records,
+    and a start of the cut records is no record start any more."""
+    log = CommitLog(tmp_path, segment_bytes=1 << 20, fsync=False)
+    offsets = log.append([record(i, size=300) for i in range(8)])
+    assert all(log.is_boundary(offset) for offset in offsets)
+    assert not log.is_boundary(offsets[3] + 1)
+    log.truncate(offsets[2])
+    grown = log.append([record(9, size=450) for _ in range(4)])  # longer records from offsets[2]
+    assert offsets[3] not in grown and grown[-1] > offsets[3]
+    assert not log.is_boundary(offsets[3]), "a start of the truncated records is still trusted"
+    assert all(log.is_boundary(offset) for offset in grown)
+    with pytest.raises(InvalidArgument, match="not the start of a record"):
+        log.read(offsets[3], 1 << 10)
+    log.close()
+
+
 def test_failed_write_leaves_the_log_unchanged(tmp_path, monkeypatch):
     log = CommitLog(tmp_path, segment_bytes=SEGMENT, fsync=False)
     log.append([record(i, size=300) for i in range(5)])

@@ -58,6 +58,7 @@ TARGETS = {
     "mqmeta.v1.NameServer": ["namesrv"],
     "mqmeta.v1.BrokerService": ["broker"],
     RMQ_SERVICE: ["namesrv", "broker"],
+    "mqmeta.v1.CallStream": ["controller", "broker"],
 }
 # Methods that wait by design, where UNAVAILABLE / DEADLINE_EXCEEDED are documented.
 LONG_POLLS = {"Watch", "HaFetch", "ReceiveMessage", "Telemetry"}

@@ -31,7 +31,8 @@ Properties checked:
   keep it out;
 - the shell (agent.py) carries the effects out: BeginEpoch reaches the epoch file, and a
   failure to begin the epoch fences the broker instead of leaving it master; a writer
-  waiting for acknowledgement is woken by the ack that covers its end (no polling).
+  waiting for acknowledgement is woken by the ack that covers its end (no polling);
+  concurrent sends are written together, and one send's invalid message fails only it.
 """
 
 from __future__ import annotations
@@ -93,12 +94,14 @@ from mqmeta.broker_agent.core import (
 )
 from mqmeta.broker_agent.ha import Lease, Role, SyncStateTracker, confirm_offset
 from mqmeta.broker_agent.seams import log_view
+from mqmeta.broker_agent.store import CONSUMER_OFFSET_TOPIC, PutResult
 from mqmeta.cluster.wait import wait_for
 
 from mqmeta.clock import now_ms
 from mqmeta.errors import (
     FailedPrecondition,
     FencedEpoch,
+    InvalidArgument,
     MqmetaError,
     NotMaster,
     ResourceExhausted,
@@ -1076,3 +1079,55 @@ def test_a_refused_first_election_is_asked_again_until_the_set_has_a_master(agen
     finally:
         a.stopping.set()
         loop.join(timeout=5)
+
+
+def test_concurrent_sends_are_written_together_and_a_bad_message_fails_only_its_send(agent, monkeypatch):
+    """Sends that arrive while another's write is in flight go together in the next write
+    (one append, one group commit, one replication round); when that write is refused
+    (a message of one send is invalid: nothing was written), each send is written alone,
+    so the others succeed and only the bad one fails."""
+    monkeypatch.setattr(agent_module, "ACK_POLL_INTERVAL_S", 60.0)
+    a = agent(send_timeout_ms=60_000)
+    a.feed(Registered(1, lease_ms=600_000))
+    a.apply_replica_info(replica_info(1, 1, [1, 2]))
+    a.feed(HeartbeatAnswered(now_ms(), 1, 1, 1, lease_ms=0))
+    outcomes: dict[str, object] = {}
+
+    def send(name: str, message: Message) -> threading.Thread:
+        def run() -> None:
+            try:
+                outcomes[name] = a.send([message])[0][0]
+            except MqmetaError as error:
+                outcomes[name] = error
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        return thread
+
+    def ack_everything() -> None:
+        a.feed(fetch(2, a.store.max_offset, LogView(a.store.max_offset, ((1, 0),)), now_ms=now_ms()))
+
+    def written_together(names: list[str], messages: list[Message]) -> list[threading.Thread]:
+        """`names` sent while a first send's write waits for the slave, then acked."""
+        first = send(f"first-{names[0]}", Message("T", 0, b"first"))
+        wait_for(lambda: len(a._writers) == 1, 10, "the first send waiting for its acknowledgement")
+        threads = [send(n, m) for n, m in zip(names, messages, strict=True)]
+        waiting = a._sends._waiting
+        wait_for(lambda: len(waiting) == 1 and len(waiting[0].records) == len(names), 10, "the next write")
+        for _ in sample_for(10, 0.02):  # the slave acknowledges what it has, as it fetches
+            ack_everything()
+            if not any(t.is_alive() for t in [first, *threads]):
+                break
+        return threads
+
+    writes = a._sends.writes
+    written_together(["a", "b"], [Message("T", 0, b"a"), Message("T", 0, b"b")])
+    a_result, b_result = outcomes["a"], outcomes["b"]
+    assert a._sends.writes == writes + 2, "the two sends went in one write after the first's"
+    assert isinstance(a_result, PutResult) and isinstance(b_result, PutResult)
+    assert b_result.queue_offset == a_result.queue_offset + 1
+    written_together(["good", "bad"], [Message("T", 0, b"good"), Message(CONSUMER_OFFSET_TOPIC, 0, b"x")])
+    assert isinstance(outcomes["good"], PutResult), outcomes["good"]
+    assert isinstance(outcomes["bad"], InvalidArgument), outcomes["bad"]
+    bodies = [r.body for r in a.store.get_messages("T", 0, 0, 10, a.store.max_offset)]
+    assert bodies == [b"first", b"a", b"b", b"first", b"good"]

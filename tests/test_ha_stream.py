@@ -11,6 +11,13 @@ Properties checked (a real master agent, its stream server on loopback, no contr
   not an unreachable master on the slave), as is a connection refused at CONNECTIONS_MAX;
 - stop() returns only once no connection's thread still serves a fetch; a refused fetch
   records no transport for its broker id; --ha-stream-port with --no-ha-stream is refused;
+- a streamed fetch with nothing to send is parked: the append answers it from its own
+  thread (before any fsync), the connection's thread when its wait ends (empty) or when a
+  new epoch wakes it (the refusal, at once); an answer larger than the socket takes at
+  once is finished by the connection's thread, whole; while other writers wait for their
+  acknowledgements an append wakes the connection's thread instead of pushing;
+- a master that stops answering ends the fetch at its timeout (the sockets block with
+  kernel timeouts), not as an unreachable master;
 - the stream is offered only where gRPC is plain and unauthenticated; a dial map that
   redirects the master's gRPC address must redirect the stream's too, or the slave stays
   on gRPC (a fault proxy is never bypassed); a fixed port is bound as given.
@@ -27,7 +34,7 @@ import time
 import zlib
 
 import pytest
-from mqmeta.broker_agent import ha_stream
+from mqmeta.broker_agent import ha_fetch, ha_stream
 from mqmeta.broker_agent.agent import BrokerAgent, BrokerConfig
 from mqmeta.broker_agent.core import HeartbeatAnswered, Registered, Synced, WriteOutcome
 from mqmeta.broker_agent.ha_stream import StreamBroken, StreamClient
@@ -94,7 +101,7 @@ def test_a_streamed_fetch_is_woken_by_the_append_and_acknowledges_like_a_call(ma
     poll = threading.Thread(target=lambda: answers.append(client.fetch(request(0, 5_000), TIMEOUT_S)))
     started = time.monotonic()
     poll.start()
-    wait_for(lambda: agent._fetchers, TIMEOUT_S, "the streamed fetch waiting for data")
+    wait_for(lambda: agent._parked, TIMEOUT_S, "the streamed fetch parked until there is data")
     _, end, _ = agent.append(lambda e: agent.store.put_messages([Message("T", 0, b"x" * 100)], e, 1))
     poll.join(TIMEOUT_S)
     assert answers and answers[0].data_offset == 0 and len(answers[0].data) == end
@@ -202,7 +209,7 @@ def test_stop_waits_for_the_connection_threads_in_a_fetch(master):
     served: list[str] = []
     entered = threading.Event()
 
-    def serve(req: bpb.HaFetchRequest) -> bpb.HaFetchResponse:
+    def serve(req: bpb.HaFetchRequest, link: ha_stream.Link) -> bpb.HaFetchResponse:
         entered.set()
         time.sleep(0.5)  # a fetch in its wait
         served.append("done")
@@ -286,3 +293,126 @@ def test_a_stream_port_with_the_stream_off_is_refused():
     )
     with pytest.raises(InvalidArgument, match="--no-ha-stream"):
         config.validate()
+
+
+def test_a_silent_master_ends_the_fetch_at_its_timeout_as_no_unreachable_master():
+    """The stream's sockets block with kernel timeouts (SO_RCVTIMEO): a master that answered
+    before and then says nothing ends the fetch after its timeout, as StreamBroken that
+    does not report the master unreachable (its process is there)."""
+    with socket.create_server(("127.0.0.1", 0)) as fake:
+        client = StreamClient(f"127.0.0.1:{fake.getsockname()[1]}")
+        peer, _ = fake.accept()
+        with peer:
+            answer = bpb.HaFetchResponse(master_epoch=1).SerializeToString()
+            peer.sendall(
+                struct.pack(">IBI", len(answer), ha_stream.KIND_RESPONSE, zlib.crc32(answer)) + answer
+            )
+            assert client.fetch(request(0), TIMEOUT_S).master_epoch == 1
+            started = time.monotonic()
+            with pytest.raises(StreamBroken, match="no answer") as silent:
+                client.fetch(request(0), 0.3)
+            assert 0.25 < time.monotonic() - started < 2.0
+    assert not silent.value.unreachable
+
+
+def _park(agent: BrokerAgent, client: StreamClient, offset: int, wait_ms: int, max_bytes: int = 1 << 20):
+    """A streamed fetch from `offset`, in a thread, parked on the master: (thread, outcomes)."""
+    outcomes: list[object] = []
+
+    def fetch() -> None:
+        try:
+            outcomes.append(client.fetch(request(offset, wait_ms, max_bytes=max_bytes), TIMEOUT_S))
+        except Exception as error:  # the test looks at it
+            outcomes.append(error)
+
+    poll = threading.Thread(target=fetch, daemon=True)
+    poll.start()
+    wait_for(lambda: agent._parked, TIMEOUT_S, "the streamed fetch parked")
+    return poll, outcomes
+
+
+def test_the_append_answers_a_parked_fetch_from_its_own_thread(master, monkeypatch):
+    """A streamed fetch with nothing to send is parked, not waiting in a thread: the append
+    sends the answer itself (no connection thread woken on a send's path), before any sync."""
+    agent, server = master
+    pushed_by: list[str] = []
+    push = ha_stream.Link.push
+    monkeypatch.setattr(
+        ha_stream.Link,
+        "push",
+        lambda link, answer: pushed_by.append(threading.current_thread().name) or push(link, answer),
+    )
+    client = StreamClient(f"127.0.0.1:{server.port}")
+    poll, outcomes = _park(agent, client, 0, 5_000)
+    _, end, _ = agent.append(lambda e: agent.store.put_messages([Message("T", 0, b"x" * 100)], e, 1))
+    poll.join(TIMEOUT_S)
+    assert pushed_by == [threading.current_thread().name], "not pushed by the appending thread"
+    (answer,) = outcomes
+    assert isinstance(answer, bpb.HaFetchResponse) and len(answer.data) == end and not agent._parked
+    assert agent.store.durable_offset == 0, "answered before the master's fsync"
+    assert client.fetch(request(end), TIMEOUT_S).data == b"", "the connection serves on after a push"
+    client.close()
+
+
+def test_a_parked_fetch_is_answered_empty_when_its_wait_ends(master):
+    agent, server = master
+    client = StreamClient(f"127.0.0.1:{server.port}")
+    started = time.monotonic()
+    poll, outcomes = _park(agent, client, 0, 300)
+    poll.join(TIMEOUT_S)
+    (answer,) = outcomes
+    assert isinstance(answer, bpb.HaFetchResponse) and answer.data == b"" and not agent._parked
+    assert 0.25 < time.monotonic() - started < 2.5
+    client.close()
+
+
+def test_a_new_epoch_wakes_a_parked_fetch_with_its_refusal(master):
+    """A parked fetch of the old epoch is refused at once when the master's epoch moves,
+    not at the end of its wait."""
+    agent, server = master
+    client = StreamClient(f"127.0.0.1:{server.port}")
+    poll, outcomes = _park(agent, client, 0, ha_fetch.FETCH_WAIT_MS_MAX)
+    started = time.monotonic()
+    agent.apply_replica_info(master_info(epoch=2))
+    poll.join(TIMEOUT_S)
+    assert outcomes and isinstance(outcomes[0], FencedEpoch) and not agent._parked
+    waited_s = time.monotonic() - started
+    assert waited_s < 0.7 * ha_fetch.FETCH_WAIT_MS_MAX / 1000, (
+        "refused at the end of its wait, not when woken"
+    )
+    assert client.fetch(request(0, master_epoch=2), TIMEOUT_S).master_epoch == 2
+    client.close()
+
+
+def test_an_answer_larger_than_the_socket_takes_at_once_is_finished_by_the_connection(master):
+    """A push sends what the socket takes without blocking; the connection's thread sends
+    the rest: the slave gets every byte, whole."""
+    agent, server = master
+    client = StreamClient(f"127.0.0.1:{server.port}")
+    poll, outcomes = _park(agent, client, 0, 5_000, max_bytes=16 << 20)
+    body = bytes(range(256)) * 4096  # 1 MiB
+    _, end, _ = agent.append(lambda e: agent.store.put_messages([Message("T", 0, body)] * 8, e, 1))
+    poll.join(TIMEOUT_S)
+    (answer,) = outcomes
+    assert isinstance(answer, bpb.HaFetchResponse) and len(answer.data) == end > 8 << 20
+    assert answer.data == agent.store.read_bytes(0, 16 << 20)
+    client.close()
+
+
+def test_while_other_writers_wait_the_append_wakes_the_connection_instead(master, monkeypatch):
+    """Concurrent producers: an append while other writers wait for their acknowledgements
+    does not push its bytes alone; the connection's thread answers, with every append made
+    by the time it runs (one replication round for several sends)."""
+    agent, server = master
+    pushed: list[int] = []
+    push = ha_stream.Link.push
+    monkeypatch.setattr(ha_stream.Link, "push", lambda link, answer: pushed.append(1) or push(link, answer))
+    agent._writers[threading.Condition(agent._mutex)] = 1 << 40  # a writer waiting for its acks
+    client = StreamClient(f"127.0.0.1:{server.port}")
+    poll, outcomes = _park(agent, client, 0, 5_000)
+    _, end, _ = agent.append(lambda e: agent.store.put_messages([Message("T", 0, b"x" * 100)], e, 1))
+    poll.join(TIMEOUT_S)
+    (answer,) = outcomes
+    assert isinstance(answer, bpb.HaFetchResponse) and len(answer.data) == end and not pushed
+    agent._writers.clear()
+    client.close()

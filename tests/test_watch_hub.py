@@ -4,7 +4,8 @@ Properties checked:
 - the Raft thread publishes with one hand-off to the event loop, where each event is
   encoded once whatever the number of streams, and every stream that wants it gets it;
   with no stream open it does not wake the loop at all, and an entry's events share the
-  loop's wake-up with the answers to its writers;
+  loop's wake-up with the answers to its writers, and one call that fails on the loop does
+  not drop the answers posted after it;
 - a stream that names a broker set gets that set's events only; topic and group events go
   to the streams that name none, in their cluster; config events (no cluster) to the
   streams that name no cluster either;
@@ -121,6 +122,22 @@ def test_an_entrys_events_and_its_writers_answers_share_one_wake_up_of_the_loop(
     bridge.post(answered.append, "writer")  # ...and its writer's answer, in the same tick
     assert len(loop.calls) == 1, "the events and the answer woke the loop separately"
     loop.calls[0][0]()  # the loop runs the drain: events first, then the answer
+    assert answered == ["writer"]
+
+
+def test_a_posted_call_that_fails_does_not_drop_the_calls_after_it():
+    """A watch dispatch that raises must not cost the writers answered in the same drain
+    their answers (they would wait out their timeout and retry)."""
+    loop = CountingLoop()
+    bridge = LoopFutures(loop)  # type: ignore[arg-type]
+    answered: list[str] = []
+
+    def broken_dispatch() -> None:
+        raise ValueError("an event that does not encode")
+
+    bridge.post(broken_dispatch)
+    bridge.post(answered.append, "writer")
+    loop.calls[0][0]()
     assert answered == ["writer"]
 
 

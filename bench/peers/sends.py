@@ -4,17 +4,21 @@ mqmeta's three brokers (acks from the whole SyncStateSet) beside a RabbitMQ quor
 three nodes, the same Python load generator (bench/peers/load.py), in rounds that alternate
 which system goes first: one sync producer (p50) and 16 independent sync producers
 (msg/s), 1 KB each. With `--profile`, py-spy (200 Hz) on the master, both slaves and this
-process while one producer and then 16 send. One JSON document on stdout; `ratios` are
-mqmeta ÷ RabbitMQ, medians over the rounds. About 1.5 minutes with the defaults.
+process while one producer and then 16 send. With `--baseline-python`, a second mqmeta
+cluster run by another interpreter (a checkout to compare with) in the same rounds. One
+JSON document on stdout; `ratios` are mqmeta ÷ RabbitMQ (and ÷ the baseline), medians
+over the rounds. About 1.5 minutes with the defaults.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -47,6 +51,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         f"over the call stream, in the same rounds: `{NO_CALL_STREAM}`",
     )
     parser.add_argument(
+        "--baseline-python",
+        default="",
+        metavar="PYTHON",
+        help="also a second mqmeta cluster whose processes run PYTHON, e.g. the venv of a checkout "
+        "of main (an A/B in the same rounds, beside the same load): `mqmeta-baseline`",
+    )
+    parser.add_argument(
         "--batched",
         action="store_true",
         help="also 4 producers x 32 messages per call (mqmeta only, as in bench.peers)",
@@ -63,6 +74,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if not 1 <= args.rounds <= 10 or not 1 <= args.duration <= 60 or not 0 <= args.kills <= 20:
         parser.error("--rounds is 1 to 10, --duration 1 to 60 seconds and --kills 0 to 20")
+    if args.baseline_python and not os.access(args.baseline_python, os.X_OK):
+        parser.error(f"--baseline-python {args.baseline_python} is no executable file")
     return args
 
 
@@ -75,16 +88,46 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _context_switches(pid: int) -> int:
+    """Voluntary and involuntary context switches of all a process's threads so far."""
+    total = 0
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return 0
+    for task in tasks:
+        try:
+            lines = Path(f"/proc/{pid}/task/{task}/status").read_text().splitlines()
+        except OSError:  # the thread ended meanwhile
+            continue
+        total += sum(int(line.split()[1]) for line in lines if "ctxt_switches:" in line)
+    return total
+
+
+@contextlib.contextmanager
+def _interpreter(python: str) -> Iterator[None]:
+    """Processes started meanwhile run `python` (cluster/layout.py starts sys.executable)."""
+    real = sys.executable
+    sys.executable = python
+    try:
+        yield
+    finally:
+        sys.executable = real
+
+
 def _drive_with_cpu(system: Any, send: Any, threads: int, duration_s: float) -> dict[str, Any]:
     """load.drive, and for an mqmeta cluster the CPU each broker and this process used
-    meanwhile: cores (CPU seconds per second of the drive, warm-up included) and ms of CPU
-    per acknowledged message at the measured rate."""
+    meanwhile: cores (CPU seconds per second of the drive, warm-up included), ms of CPU
+    per acknowledged message at the measured rate, and each broker's context switches per
+    acknowledged message (thread hand-offs: a figure the machine's load moves less)."""
     cluster = getattr(system, "cluster", None)
     pids: dict[str, int] = {}
     if cluster is not None:
         master = brokerlib.wait_in_sync(cluster, 3)
         wanted = ("master", "slave1", "slave2", "bench")
         pids = {k: v for k, v in brokerlib.all_pids(cluster, master).items() if k in wanted}
+    brokers = {k: p for k, p in pids.items() if k != "bench"}
+    switches = {k: _context_switches(p) for k, p in brokers.items()}
     before, started = {k: _cpu_s(p) for k, p in pids.items()}, time.monotonic()
     figures = load.drive(send, threads, 1.0, duration_s)
     elapsed_s = time.monotonic() - started
@@ -93,6 +136,10 @@ def _drive_with_cpu(system: Any, send: Any, threads: int, duration_s: float) -> 
         figures["cpu_cores"] = {k: round(v, 3) for k, v in cores.items()}
         figures["cpu_ms_per_message"] = {
             k: round(v * 1000 / figures["ops_per_s"], 3) for k, v in cores.items()
+        }
+        messages = figures["ops_per_s"] * elapsed_s  # warm-up included, as the CPU is
+        figures["context_switches_per_message"] = {
+            k: round((_context_switches(p) - switches[k]) / messages, 2) for k, p in brokers.items()
         }
     return figures
 
@@ -149,16 +196,26 @@ def _median(rounds: list[dict[str, Any]], system: str, phase: str, key: str) -> 
     return values[len(values) // 2] if values else None
 
 
+def _median_of(rounds: list[dict[str, Any]], system: str, phase: str, key: str, who: str) -> float | None:
+    values = sorted(r[system][phase][key][who] for r in rounds if who in r[system][phase].get(key, {}))
+    return values[len(values) // 2] if values else None
+
+
 def summarize(result: dict[str, Any]) -> None:
     rounds = result.get("rounds", [])
     summary: dict[str, Any] = {}
-    for system in ("mqmeta", "mqmeta-grpc", NO_CALL_STREAM, "rabbitmq"):
+    for system in ("mqmeta", "mqmeta-baseline", "mqmeta-grpc", NO_CALL_STREAM, "rabbitmq"):
         if rounds and system in rounds[0]:
             summary[system] = {
                 "send_p50_ms": _median(rounds, system, "send_1", "p50_ms"),
                 "sends_per_s_1": _median(rounds, system, "send_1", "ops_per_s"),
                 "sends_per_s_16": _median(rounds, system, "send_16", "ops_per_s"),
             }
+            for phase in ("send_1", "send_16"):
+                for who in ("master", "slave1", "slave2", "bench"):
+                    cpu = _median_of(rounds, system, phase, "cpu_ms_per_message", who)
+                    if cpu is not None:
+                        summary[system][f"{who}_cpu_ms_per_message_{phase[5:]}"] = cpu
             if "send_4x32" in rounds[0][system]:
                 summary[system]["sends_per_s_4x32"] = _median(rounds, system, "send_4x32", "ops_per_s")
     result["summary"] = summary
@@ -173,6 +230,15 @@ def summarize(result: dict[str, Any]) -> None:
             m.get("sends_per_s_4x32"), r.get("sends_per_s_16")
         )
     _compare_call_stream(result, summary)
+    if "mqmeta-baseline" in summary:
+        b = summary["mqmeta-baseline"]
+        result["ratios"].update(
+            {
+                f"{key}_vs_baseline": _ratio(m.get(key), b.get(key))
+                for key in b
+                if key.startswith(("send_p50", "sends_per_s", "master_cpu", "slave1_cpu"))
+            }
+        )
     if "mqmeta-grpc" in summary:
         g = summary["mqmeta-grpc"]
         result["ratios"].update(
@@ -208,6 +274,13 @@ def run(args: argparse.Namespace, root: Path, result: dict[str, Any]) -> None:
     STARTED.append(mqmeta)
     mqmeta.start()
     systems: dict[str, Any] = {"mqmeta": mqmeta}
+    if args.baseline_python:
+        baseline = Mqmeta(root, "mqmeta-baseline")
+        STARTED.append(baseline)
+        with _interpreter(args.baseline_python):
+            baseline.start()
+        systems["mqmeta-baseline"] = baseline
+        result["parameters"]["baseline_python"] = args.baseline_python
     if args.compare_grpc:
         grpc_fetches = Mqmeta(root, "mqmeta-grpc", ["--no-ha-stream"])
         STARTED.append(grpc_fetches)
