@@ -267,9 +267,12 @@ def _start(config: BrokerConfig, metrics_listen: str) -> Any:
             grace = STOP_GRACE_S if graceful else STOP_NOW_GRACE_S
 
             def stop_serving() -> None:
-                server.stop(grace=grace).wait()
+                # Both stop accepting at once; the calls being served on either get the
+                # grace (a Send whose answer is lost is sent again: a duplicate message).
+                stopped = server.stop(grace=grace)
                 if calls is not None:
-                    calls.stop()
+                    calls.stop(grace)
+                stopped.wait()
 
             steps: list[Callable[[], object]] = [agent.depart] if graceful else []
             steps.append(stop_serving)
@@ -288,7 +291,8 @@ def _call_stream(
     stream = None
     if config.call_stream and frames.offered():
         table = call_stream.handlers(servicer, BROKER_DESCRIPTOR)
-        stream = ThreadedCallServer(frames.host_of(config.listen), table, metrics.call_stream_calls.inc)
+        host = frames.host_of(config.listen)
+        stream = ThreadedCallServer(host, config.listen, table, metrics.call_stream_calls.inc)
         stream.start()
     port = stream.port if stream is not None else 0
     offer = call_stream.OfferServicer(lambda: port, [BROKER_SERVICE] if port else [], config.listen)

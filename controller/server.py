@@ -252,10 +252,12 @@ async def _serve_call_stream(
     server: grpc.aio.Server,
 ) -> None:
     """The call stream (mqmeta/call_stream.py) on `owner`'s loop, bound before gRPC serves,
-    stopped before gRPC stops; CallStream.Offer tells clients its port (0: none)."""
+    stopped with gRPC (with its grace for the calls being served); CallStream.Offer tells
+    clients its port (0: none)."""
     stream: AsyncCallServer | None = None
     if config.call_stream and frames.offered():
-        stream = AsyncCallServer(call_stream.handlers(servicer, CONTROLLER_DESCRIPTOR), owner.pool, on_call)
+        table = call_stream.handlers(servicer, CONTROLLER_DESCRIPTOR)
+        stream = AsyncCallServer(config.grpc, table, owner.pool, on_call)
         await stream.start(frames.host_of(config.grpc))
         owner.stop_hooks.append(stream.stop)
     port = stream.port if stream is not None else 0

@@ -17,7 +17,7 @@ from typing import Any
 import grpc
 
 from mqmeta import backoff, tls
-from mqmeta.call_stream import CallStreamClient
+from mqmeta.call_stream import CallStreamClient, grpc_timeout_s
 from mqmeta.dialmap import dial
 from mqmeta.errors import (
     DeadlineExceeded,
@@ -55,9 +55,10 @@ class _Channels:
     def call_broker(self, address: str, method: str, request: Any, timeout_s: float) -> Any:
         """One attempt of a BrokerService call: over the broker's call stream when it offers
         one (a failure is then the typed error), else a gRPC call (grpc.RpcError)."""
-        reply = self.streams.call(address, BROKER_SERVICE, method, request, timeout_s)
-        if reply is None:
-            reply = getattr(self.broker_stub(address), method)(request, timeout=timeout_s)
+        deadline = time.monotonic() + timeout_s
+        reply = self.streams.call(address, BROKER_SERVICE, method, request, timeout_s, "", deadline)
+        if reply is None:  # with what the stream's attempt left of the timeout
+            reply = getattr(self.broker_stub(address), method)(request, timeout=grpc_timeout_s(deadline))
         return reply
 
     def get(self, address: str) -> grpc.Channel:

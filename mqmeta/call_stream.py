@@ -7,9 +7,14 @@ Python's gRPC and the client about 0.3 ms; a call on the stream is one socket wr
 one read on each side.
 
 A request frame's payload is REQUEST_HEAD (the method path's length, the request id's
-length, the call's timeout in ms), the method path ("/mqmeta.v1.ControllerService/
-CreateTopic"), the request id (mqmeta.rpc.REQUEST_ID_HEADER's value; empty when none),
-then the serialized request. The answer is the serialized reply, or a refusal: the gRPC
+length, the server address's length, the call's timeout in ms), the method path
+("/mqmeta.v1.ControllerService/CreateTopic"), the request id (mqmeta.rpc.REQUEST_ID_HEADER's
+value; empty when none), the gRPC address of the server the call is meant for (as its
+offer named it), then the serialized request. A server answers a request naming another
+address with a frame of kind frames.KIND_WRONG_SERVER (its own address): the port the
+client dialled is no longer that server's (it restarted, and another server on the host
+took the port), and the client sends that call over gRPC and asks for the offer again
+after OFFER_RETRY_S. The answer is the serialized reply, or a refusal: the gRPC
 status's name, the domain code, the leader (NOT_LEADER / NOT_MASTER) and the message,
 a line each, UTF-8: the client rebuilds the error the gRPC call would have raised
 (mqmeta.rpc.error_from_status). A bug is INTERNAL with the sentence gRPC gives (its id in
@@ -29,9 +34,18 @@ stream's, it stays on gRPC, so a fault proxy is never bypassed).
 A client keeps a small pool of connections per server: a call takes an idle one or dials
 one, waits for its answer on it (no reader thread) and gives it back. A timeout closes
 the connection (a late answer is never read as another call's) and is DeadlineExceeded;
-a connection that breaks before its answer sends that call over gRPC (a restarted server
-is reconnected to as a gRPC channel would; a dead one then fails as UNAVAILABLE), and the
-server is asked for its offer again.
+a connection that breaks before its answer sends that call over gRPC, with what is left
+of its timeout (a restarted server is reconnected to as a gRPC channel would; a dead one
+then fails as UNAVAILABLE). The server is then asked for its offer again: on the next
+call when a pooled connection broke (the server restarted, on another port); after
+OFFER_RETRY_S when a new connection was refused or closed before its first answer (the
+port is gone, or the server is at CONNECTIONS_MAX: not an Offer call before every call)
+or the server refused the request as meant for another server; after RETRY_S when a
+connect timed out (the port cannot be reached from here).
+
+A server stops accepting when its gRPC server stops; a call being served gets gRPC's
+grace to write its answer (its client would send it again over gRPC: a write without a
+request id applied twice), the connections waiting for a request are closed at once.
 """
 
 from __future__ import annotations
@@ -55,7 +69,7 @@ from google.protobuf.message import DecodeError, Message
 
 from mqmeta import frames
 from mqmeta.dialmap import dial
-from mqmeta.errors import DeadlineExceeded, MqmetaError, Unavailable
+from mqmeta.errors import DeadlineExceeded, FailedPrecondition, MqmetaError, Unavailable
 from mqmeta.pb import call_stream_pb2 as cspb
 from mqmeta.pb import call_stream_pb2_grpc as cspb_grpc
 from mqmeta.rpc import (
@@ -70,7 +84,7 @@ from mqmeta.rpc import (
 
 log = logging.getLogger(__name__)
 
-REQUEST_HEAD = struct.Struct(">HHI")  # method path length, request id length, timeout ms
+REQUEST_HEAD = struct.Struct(">HHHI")  # method path, request id and server address lengths, timeout ms
 REQUEST_BYTES_MAX = 5 << 20  # as the gRPC servers' (a 4 MiB body and the rest)
 RESPONSE_BYTES_MAX = 256 << 20  # as the controller client's REPLY_BYTES_MAX
 CONNECTIONS_MAX = 256  # per server; a thread (broker) or a task (controller) each
@@ -81,7 +95,8 @@ CONNECT_TIMEOUT_S = 1.0
 OFFER_TIMEOUT_S = 1.0
 OFFER_RETRY_S = 1.0  # after the offer could not be asked (the server down or cut off)
 RETRY_S = 60.0  # no offer (UNIMPLEMENTED, TLS, off): gRPC only this long, then ask again
-STOP_JOIN_S = 2.0  # how long a server's stop waits for the calls being served
+STOP_JOIN_S = 2.0  # how long a server's stop waits, past its grace, for the calls being served
+FRAME_TIMEOUT_S = frames.FRAME_TIMEOUT_S  # a server's wait from a request's first byte to its last
 SERVICE = cspb.DESCRIPTOR.services_by_name["CallStream"].full_name  # its Offer call
 
 
@@ -149,27 +164,39 @@ def handlers(servicer: object, service: ServiceDescriptor) -> Handlers:
     return table
 
 
-def encode_request(path: str, request_id: str, timeout_s: float, body: bytes) -> bytes:
-    path_bytes, id_bytes = path.encode(), request_id.encode()
+def encode_request(path: str, address: str, request_id: str, timeout_s: float, body: bytes) -> bytes:
+    """A request's payload, for the server whose gRPC address (as its offer named it) is `address`."""
+    path_bytes, id_bytes, address_bytes = path.encode(), request_id.encode(), address.encode()
     timeout_ms = max(1, min(int(timeout_s * 1000), 0xFFFFFFFF))
-    return REQUEST_HEAD.pack(len(path_bytes), len(id_bytes), timeout_ms) + path_bytes + id_bytes + body
+    head = REQUEST_HEAD.pack(len(path_bytes), len(id_bytes), len(address_bytes), timeout_ms)
+    return head + path_bytes + id_bytes + address_bytes + body
 
 
-def _prepare(table: Handlers, kind: int, payload: bytes, peer: str) -> tuple[Handler, Message, CallContext]:
-    """The handler, request and context of a request frame; ValueError or DecodeError
-    for a bad one (which ends the connection)."""
+# A request frame's handler, request and context (a tuple: a frozen dataclass costs a
+# microsecond a call to build)
+_Request = tuple[Handler, Message, CallContext]
+
+
+def _prepare(table: Handlers, address: str, kind: int, payload: bytes, peer: str) -> _Request | bytes:
+    """The handler, request and context of a request frame, or the KIND_WRONG_SERVER frame
+    to answer when it names another server than `address`; ValueError or DecodeError for a
+    bad one (which ends the connection)."""
     if kind != frames.KIND_REQUEST:
         raise ValueError(f"a call stream frame of kind {kind} from a client")
     if len(payload) < REQUEST_HEAD.size:
         raise ValueError("a call stream request shorter than its head")
-    path_size, id_size, timeout_ms = REQUEST_HEAD.unpack_from(payload)
+    path_size, id_size, address_size, timeout_ms = REQUEST_HEAD.unpack_from(payload)
     start = REQUEST_HEAD.size
     path = payload[start : start + path_size].decode("utf-8", "replace")
-    request_id = payload[start + path_size : start + path_size + id_size].decode("utf-8", "replace")
+    start += path_size
+    request_id = payload[start : start + id_size].decode("utf-8", "replace")
+    start += id_size
+    if payload[start : start + address_size] != address.encode():
+        return frames.frame(frames.KIND_WRONG_SERVER, address.encode())
     handler = table.get(path)
     if handler is None:
         raise ValueError(f"a call of {path!r}, which this server does not serve on the call stream")
-    request = handler.request_type.FromString(payload[start + path_size + id_size :])
+    request = handler.request_type.FromString(payload[start + address_size :])
     return handler, request, CallContext(request_id, timeout_ms / 1000, peer)
 
 
@@ -203,10 +230,15 @@ def _peer_of(connection: socket.socket) -> str:
 
 
 class ThreadedCallServer(frames.FrameServer):
-    """A broker's side: a thread per connection, calling the servicer's (blocking) methods."""
+    """A broker's side: a thread per connection, calling the servicer's (blocking) methods.
+    `address`: the gRPC address its offer names (a request naming another is refused).
+    stop(grace_s): see frames.FrameServer."""
 
-    def __init__(self, host: str, table: Handlers, on_call: Callable[[], object] = lambda: None) -> None:
+    def __init__(
+        self, host: str, address: str, table: Handlers, on_call: Callable[[], object] = lambda: None
+    ) -> None:
         self._table = table
+        self._address = address
         self._on_call = on_call
         super().__init__(
             "call-stream",
@@ -217,10 +249,14 @@ class ThreadedCallServer(frames.FrameServer):
             CONNECTIONS_MAX,
             IDLE_TIMEOUT_S,
             STOP_JOIN_S,
+            FRAME_TIMEOUT_S,
         )
 
     def _serve_call(self, kind: int, payload: bytes, connection: socket.socket) -> bytes:
-        handler, request, context = _prepare(self._table, kind, payload, _peer_of(connection))
+        prepared = _prepare(self._table, self._address, kind, payload, _peer_of(connection))
+        if isinstance(prepared, bytes):
+            return prepared
+        handler, request, context = prepared
         assert not handler.is_coroutine, f"{handler.name} is a coroutine: serve it with AsyncCallServer"
         self._on_call()
         try:
@@ -231,14 +267,20 @@ class ThreadedCallServer(frames.FrameServer):
 
 class AsyncCallServer:
     """A controller's side: a task per connection on the gRPC server's event loop; a
-    coroutine handler is awaited there, a plain one runs in `pool`."""
+    coroutine handler is awaited there, a plain one runs in `pool`. `address`: the gRPC
+    address its offer names (a request naming another is refused)."""
 
-    def __init__(self, table: Handlers, pool: Executor, on_call: Callable[[], object] = lambda: None) -> None:
+    def __init__(
+        self, address: str, table: Handlers, pool: Executor, on_call: Callable[[], object] = lambda: None
+    ) -> None:
+        self._address = address
         self._table = table
         self._pool = pool
         self._on_call = on_call
         self._server: asyncio.Server | None = None
         self._connections: dict[asyncio.Task[None], asyncio.StreamWriter] = {}
+        self._serving: set[asyncio.Task[None]] = set()  # between a request read and its answer written
+        self._stopping = False
         self.port = 0
 
     async def start(self, host: str) -> None:
@@ -247,10 +289,21 @@ class AsyncCallServer:
         self._server = await asyncio.start_server(self._serve_connection, sock=listener)
         self.port = listener.getsockname()[1]
 
-    async def stop(self) -> None:
+    async def stop(self, grace_s: float = 0.0) -> None:
+        """Stops accepting and ends the connections waiting for a request at once; a call
+        being served gets `grace_s` to write its answer (its client would otherwise send it
+        again: a write applied twice), then is cancelled."""
         if self._server is None:
             return
-        self._server.close()
+        self._stopping = True
+        self._server.close()  # refused from now on
+        for task, writer in list(self._connections.items()):
+            if task not in self._serving:
+                writer.close()
+                task.cancel()
+        serving = list(self._serving)
+        if serving:
+            await asyncio.wait(serving, timeout=grace_s)
         for task, writer in list(self._connections.items()):
             writer.close()
             task.cancel()
@@ -264,7 +317,7 @@ class AsyncCallServer:
     async def _serve_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
-        if len(self._connections) >= CONNECTIONS_MAX:
+        if len(self._connections) >= CONNECTIONS_MAX or self._stopping:
             writer.close()
             return
         self._connections[task] = writer
@@ -272,14 +325,13 @@ class AsyncCallServer:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         peer = _peer_of(sock)
         try:
-            while True:
-                async with asyncio.timeout(IDLE_TIMEOUT_S):  # no task per read, as wait_for's
-                    header = await reader.readexactly(frames.HEADER.size)
-                size, kind, crc = frames.header_of(header, REQUEST_BYTES_MAX)
-                payload = frames.checked(await reader.readexactly(size) if size else b"", crc)
+            while not self._stopping:
+                kind, payload = await self._read_request(reader)
+                self._serving.add(task)
                 writer.write(await self._serve_call(kind, payload, peer))
                 await writer.drain()
-        except (OSError, EOFError, TimeoutError) as error:  # gone or silent: it connects again
+                self._serving.discard(task)
+        except (OSError, EOFError, TimeoutError) as error:  # gone, silent or too slow: it connects again
             log.debug("a call stream connection ended: %s", error)
         except (ValueError, DecodeError) as error:
             log.warning("a call stream connection ended on a bad frame: %s", error)
@@ -289,10 +341,28 @@ class AsyncCallServer:
             log.exception("serving a call stream connection failed")
         finally:
             self._connections.pop(task, None)
+            self._serving.discard(task)
             writer.close()
 
+    @staticmethod
+    async def _read_request(reader: asyncio.StreamReader) -> tuple[int, bytes]:
+        """A request frame: its first byte within IDLE_TIMEOUT_S, its last FRAME_TIMEOUT_S
+        after its first (the reader stores what arrived, not what the header claims)."""
+        async with asyncio.timeout(IDLE_TIMEOUT_S) as scope:  # no task per read, as wait_for's
+            header = await reader.read(frames.HEADER.size)
+            if not header:
+                raise EOFError("the client closed the connection")
+            scope.reschedule(asyncio.get_running_loop().time() + FRAME_TIMEOUT_S)
+            if len(header) < frames.HEADER.size:
+                header += await reader.readexactly(frames.HEADER.size - len(header))
+            size, kind, crc = frames.header_of(header, REQUEST_BYTES_MAX)
+            return kind, frames.checked(await reader.readexactly(size) if size else b"", crc)
+
     async def _serve_call(self, kind: int, payload: bytes, peer: str) -> bytes:
-        handler, request, context = _prepare(self._table, kind, payload, peer)
+        prepared = _prepare(self._table, self._address, kind, payload, peer)
+        if isinstance(prepared, bytes):
+            return prepared
+        handler, request, context = prepared
         self._on_call()
         try:
             if handler.is_coroutine:
@@ -338,12 +408,17 @@ def dialled_directly(address: str, served: str) -> bool:
 
 
 class _Broken(Exception):
-    """A connection that broke before its answer: the call goes over gRPC. `fresh`: it
-    could not even be opened (the offered port is not reachable from here)."""
+    """A connection that broke before its answer: the call goes over gRPC. `back_off`: the
+    server is not asked for its offer again before OFFER_RETRY_S (a fresh connection refused
+    or closed unanswered: the port is gone or the server is at CONNECTIONS_MAX; a request
+    refused as meant for another server); else on the next call (a pooled connection that
+    broke: the server restarted); `unreachable`: not before RETRY_S (the offered port cannot
+    be reached from here: a connect timed out)."""
 
-    def __init__(self, message: str, fresh: bool = False) -> None:
+    def __init__(self, message: str, back_off: bool = False, unreachable: bool = False) -> None:
         super().__init__(message)
-        self.fresh = fresh
+        self.back_off = back_off
+        self.unreachable = unreachable
 
 
 @dataclass
@@ -351,20 +426,23 @@ class _Offer:
     port: int  # 0: none (ask again at retry_at)
     services: frozenset[str]
     retry_at: float
+    address: str = ""  # the server's gRPC address as it names it (sent with each request)
 
 
-@dataclass
+@dataclass(eq=False)
 class _Connection:
     sock: socket.socket
-    address: str  # the server's gRPC address
+    address: str  # the server's gRPC address (as dialled)
     idle_since: float
+    answered: bool = False  # a fresh connection closed before its first answer is a refusal
 
 
 class CallStreamClient:
     """A client's pool of call stream connections, per server (gRPC address). `call`
     answers a unary call over the stream, or None when the server offers none (the caller
-    then makes the gRPC call); `channel_of` gives the gRPC channel to ask the offer on.
-    Counts the calls each way in `calls` ({"stream": n, "grpc": n})."""
+    then makes the gRPC call, with what is left of the call's timeout: grpc_timeout_s);
+    `channel_of` gives the gRPC channel to ask the offer on. Counts the calls each way in
+    `calls` ({"stream": n, "grpc": n}). close() ends the calls in flight on the stream."""
 
     def __init__(
         self,
@@ -378,6 +456,8 @@ class CallStreamClient:
         self._lock = threading.Lock()
         self._offers: dict[str, _Offer] = {}
         self._idle: dict[str, list[_Connection]] = {}
+        self._busy: set[_Connection] = set()
+        self._closed = False
         self._reply_types: dict[str, type[Message]] = {}
         self.calls = {"stream": 0, "grpc": 0}
 
@@ -389,25 +469,34 @@ class CallStreamClient:
         request: Message,
         timeout_s: float,
         request_id: str = "",
+        deadline: float | None = None,
     ) -> Any | None:
         """The reply; the typed error the server refused with; DeadlineExceeded when no
-        answer came in `timeout_s`; None: make this call over gRPC."""
-        if not self.enabled or not frames.offered():
+        answer came in `timeout_s` (or by `deadline`, time.monotonic()); None: make this
+        call over gRPC, with grpc_timeout_s(deadline) (the stream's attempt took its part)."""
+        if deadline is None:
+            deadline = time.monotonic() + timeout_s
+        if not self.enabled or not frames.offered() or self._closed:
             return self._over_grpc()
-        offer = self._offer(address, min(timeout_s, OFFER_TIMEOUT_S))
+        offer = self._offer(address, min(timeout_s, OFFER_TIMEOUT_S, _left_s(deadline)))
         if offer is None or not offer.port or service.full_name not in offer.services:
             return self._over_grpc()
         path = f"/{service.full_name}/{method}"
-        payload = frames.frame(
-            frames.KIND_REQUEST, encode_request(path, request_id, timeout_s, request.SerializeToString())
-        )
+        body = request.SerializeToString()
+        connection: _Connection | None = None
         try:
-            connection = self._take(address, offer.port)
-            kind, answer = self._round_trip(connection, payload, timeout_s)
+            connection = self._take(address, offer.port, deadline)
+            head = encode_request(path, offer.address, request_id, _left_s(deadline), body)
+            kind, answer = self._round_trip(connection, frames.frame(frames.KIND_REQUEST, head), deadline)
         except _Broken as broken:
             log.debug("the call stream of %s broke (%s): %s goes over gRPC", address, broken, method)
-            self._forget(address, broken.fresh)
+            self._forget(address, broken)
             return self._over_grpc()
+        finally:
+            if connection is not None:
+                with self._lock:
+                    self._busy.discard(connection)
+        assert connection is not None
         self._give_back(connection)
         with self._lock:
             self.calls["stream"] += 1
@@ -447,6 +536,8 @@ class CallStreamClient:
         offer = self._offers.get(address)
         if offer is not None and (offer.port or now < offer.retry_at):
             return offer
+        if timeout_s <= 0:
+            return None
         try:
             answer = cspb_grpc.CallStreamStub(self._channel_of(address)).Offer(
                 cspb.CallStreamOfferRequest(), timeout=timeout_s
@@ -465,12 +556,14 @@ class CallStreamClient:
             and dialled_directly(address, answer.address)
             and frames.usable(address, answer.port)
         )
-        offer = _Offer(answer.port if usable else 0, frozenset(answer.services), now + RETRY_S)
+        offer = _Offer(
+            answer.port if usable else 0, frozenset(answer.services), now + RETRY_S, answer.address
+        )
         with self._lock:
             self._offers[address] = offer
         return offer
 
-    def _take(self, address: str, port: int) -> _Connection:
+    def _take(self, address: str, port: int, deadline: float) -> _Connection:
         now = self._clock()
         stale = []
         with self._lock:
@@ -482,52 +575,77 @@ class CallStreamClient:
                 stale.append(connection)
             else:
                 connection = None
+            if connection is not None:
+                self._busy.add(connection)
         for old in stale:
             frames.close(old.sock)
         if connection is not None:
             return connection
         host, _, dial_port = dial(frames.stream_address(address, port)).rpartition(":")
+        timeout_s = min(CONNECT_TIMEOUT_S, _left_s(deadline))
         try:
-            sock = socket.create_connection((host.strip("[]"), int(dial_port)), timeout=CONNECT_TIMEOUT_S)
+            if timeout_s <= 0:
+                raise TimeoutError("no time left to connect")
+            sock = socket.create_connection((host.strip("[]"), int(dial_port)), timeout=timeout_s)
+        except TimeoutError as error:  # a port that drops what is sent to it (a firewall)
+            full = timeout_s >= CONNECT_TIMEOUT_S
+            raise _Broken(f"cannot connect: {error}", back_off=True, unreachable=full) from None
         except (OSError, ValueError) as error:  # ValueError: a dial map's port that is no number
-            raise _Broken(f"cannot connect: {error}", fresh=True) from None
+            raise _Broken(f"cannot connect: {error}", back_off=True) from None
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        return _Connection(sock, address, now)
+        connection = _Connection(sock, address, now)
+        with self._lock:
+            if self._closed:
+                frames.close(sock)
+                raise _Broken("the client is closed")
+            self._busy.add(connection)
+        return connection
 
-    def _round_trip(self, connection: _Connection, payload: bytes, timeout_s: float) -> tuple[int, bytes]:
+    def _round_trip(self, connection: _Connection, payload: bytes, deadline: float) -> tuple[int, bytes]:
         sock = connection.sock
+        timeout_s = _left_s(deadline)
         try:
+            if timeout_s <= 0:
+                raise TimeoutError
             sock.settimeout(timeout_s)
             sock.sendall(payload)
-            return frames.read_frame(sock, RESPONSE_BYTES_MAX)
+            kind, answer = frames.read_frame(sock, RESPONSE_BYTES_MAX, deadline=deadline)
         except TimeoutError:
             frames.close(sock)
-            raise DeadlineExceeded(
-                f"no answer on the call stream of {connection.address} in {timeout_s:.1f} s"
-            ) from None
+            raise DeadlineExceeded(f"no answer on the call stream of {connection.address} in time") from None
         except OSError as error:
             frames.close(sock)
-            raise _Broken(str(error)) from None
+            if self._closed:
+                raise FailedPrecondition("this call stream client is closed") from None
+            raise _Broken(str(error), back_off=not connection.answered) from None
         except ValueError as error:
             frames.close(sock)
             raise Unavailable(f"the call stream of {connection.address}: {error}") from None
+        if kind == frames.KIND_WRONG_SERVER:
+            frames.close(sock)
+            served = answer.decode("utf-8", "replace")
+            raise _Broken(f"its port now serves {served} (restarted elsewhere)", back_off=True)
+        connection.answered = True
+        return kind, answer
 
     def _give_back(self, connection: _Connection) -> None:
         connection.idle_since = self._clock()
         with self._lock:
-            idle = self._idle.setdefault(connection.address, [])
-            if len(idle) < IDLE_CONNECTIONS_MAX:
+            idle = self._idle.setdefault(connection.address, []) if not self._closed else None
+            if idle is not None and len(idle) < IDLE_CONNECTIONS_MAX:  # none after close()
                 idle.append(connection)
                 return
         frames.close(connection.sock)
 
-    def _forget(self, address: str, unreachable: bool) -> None:
+    def _forget(self, address: str, broken: _Broken) -> None:
         """After a broken connection: the server's other idle connections are closed and
-        its offer asked again on the next call (a restarted server has another port), or
-        after RETRY_S when the offered port could not be connected to."""
+        its offer asked again on the next call (a restarted server has another port), after
+        OFFER_RETRY_S (back_off) or after RETRY_S (unreachable)."""
         with self._lock:
-            if unreachable:
+            if broken.unreachable:
                 self._offers[address] = _Offer(0, frozenset(), self._clock() + RETRY_S)
+            elif broken.back_off:
+                self._offers[address] = _Offer(0, frozenset(), self._clock() + OFFER_RETRY_S)
             else:
                 self._offers.pop(address, None)
             idle = self._idle.pop(address, [])
@@ -535,9 +653,23 @@ class CallStreamClient:
             frames.close(connection.sock)
 
     def close(self) -> None:
+        """Closes every connection; a call in flight on one ends with FailedPrecondition, and
+        later calls go over gRPC (whose closed client refuses them)."""
         with self._lock:
+            self._closed = True
             idle = [c for connections in self._idle.values() for c in connections]
+            idle += list(self._busy)
             self._idle.clear()
             self._offers.clear()
         for connection in idle:
             frames.close(connection.sock)
+
+
+def _left_s(deadline: float) -> float:
+    return deadline - time.monotonic()
+
+
+def grpc_timeout_s(deadline: float) -> float:
+    """The timeout of the gRPC call made when the stream's `call` gave None: what is left
+    until `deadline` (at least 1 ms: gRPC then answers DEADLINE_EXCEEDED itself)."""
+    return max(0.001, deadline - time.monotonic())

@@ -26,7 +26,7 @@ from typing import Any
 import grpc
 
 from mqmeta import backoff, tls
-from mqmeta.call_stream import CallStreamClient
+from mqmeta.call_stream import CallStreamClient, grpc_timeout_s
 from mqmeta.dialmap import dial
 from mqmeta.errors import (
     DeadlineExceeded,
@@ -170,10 +170,12 @@ class ControllerClient:
     ) -> Any:
         """One attempt at `target`: over its call stream when it offers one, else a gRPC
         call; a failure is the typed error either way."""
-        reply = self.streams.call(target, SERVICE, method, request, timeout_s, request_id or "")
+        deadline = time.monotonic() + timeout_s
+        reply = self.streams.call(target, SERVICE, method, request, timeout_s, request_id or "", deadline)
         if reply is not None:
             return reply
         metadata = ((REQUEST_ID_HEADER, request_id),) if request_id else None
+        timeout_s = grpc_timeout_s(deadline)  # what the stream's attempt left
         try:
             return getattr(self._stub(target), method)(request, timeout=timeout_s, metadata=metadata)
         except grpc.RpcError as rpc_error:

@@ -7,10 +7,13 @@ or more under load); a request or an answer in a frame is one socket write and o
 
 A frame is a 9-byte header, the payload's length (4 bytes, big-endian), its kind (1
 byte) and its CRC-32 (4 bytes), then the payload. A frame that fails its CRC or is too
-long ends the connection. A stream is opened only when this process serves plain,
-unauthenticated gRPC (no TLS, no auth policy): the stream has neither. Its peer dials it
-through the dial map as it dials gRPC; when the dial map redirects the gRPC address but
-not the stream's, the peer stays on gRPC, so that a fault proxy is never bypassed.
+long ends the connection; so does one whose last byte comes FRAME_TIMEOUT_S after its
+first on a server (a slow sender holds no connection), and a payload is stored as it
+arrives (READ_CHUNK_BYTES at a time), not as long as its header claims. A stream is
+opened only when this process serves plain, unauthenticated gRPC (no TLS, no auth
+policy): the stream has neither. Its peer dials it through the dial map as it dials gRPC;
+when the dial map redirects the gRPC address but not the stream's, the peer stays on
+gRPC, so that a fault proxy is never bypassed.
 """
 
 from __future__ import annotations
@@ -34,7 +37,10 @@ HEADER = struct.Struct(">IBI")  # payload length, kind, CRC-32 of the payload
 KIND_REQUEST = 1
 KIND_RESPONSE = 2
 KIND_REFUSAL = 3
+KIND_WRONG_SERVER = 4  # the call stream's: a request meant for another server (mqmeta/call_stream.py)
 ACCEPT_POLL_S = 0.5  # how soon the accepting thread sees stop()
+FRAME_TIMEOUT_S = 10.0  # a server's wait from a frame's first byte to its last
+READ_CHUNK_BYTES = 64 << 10  # a payload is read (and stored) this much at a time
 LISTEN_BACKLOG = 16
 
 # What a connection's thread does with one request frame (kind, payload): the answer
@@ -72,21 +78,46 @@ def frame(kind: int, payload: bytes) -> bytes:
     return HEADER.pack(len(payload), kind, zlib.crc32(payload)) + payload
 
 
-def read_exact(sock: socket.socket, size: int) -> bytes:
-    buffer = bytearray(size)
-    view = memoryview(buffer)
+def read_exact(sock: socket.socket, size: int, deadline: float | None = None) -> bytes:
+    """`size` bytes, stored as they arrive; with `deadline` (time.monotonic()), TimeoutError
+    past it (the socket's timeout is then changed)."""
+    chunks = []
     got = 0
     while got < size:
-        n = sock.recv_into(view[got:])
-        if n == 0:
+        if deadline is not None:
+            remaining_s = deadline - time.monotonic()
+            if remaining_s <= 0:
+                raise TimeoutError(f"{got} of a frame's {size} bytes came in time")
+            sock.settimeout(remaining_s)
+        chunk = sock.recv(min(size - got, READ_CHUNK_BYTES))
+        if not chunk:
             raise ConnectionResetError("the peer closed the stream")
-        got += n
-    return bytes(buffer)
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
 
 
-def read_frame(sock: socket.socket, size_max: int) -> tuple[int, bytes]:
-    size, kind, crc = header_of(read_exact(sock, HEADER.size), size_max)
-    return kind, checked(read_exact(sock, size) if size else b"", crc)
+def read_frame(
+    sock: socket.socket, size_max: int, frame_timeout_s: float | None = None, deadline: float | None = None
+) -> tuple[int, bytes]:
+    """One frame (kind, payload). Its first byte is waited for with the socket's timeout;
+    the rest must come within `frame_timeout_s` of it and by `deadline` (time.monotonic()),
+    else TimeoutError (the socket's timeout is then put back)."""
+    first = sock.recv(HEADER.size)
+    if not first:
+        raise ConnectionResetError("the peer closed the stream")
+    if frame_timeout_s is not None:
+        frame_deadline = time.monotonic() + frame_timeout_s
+        deadline = frame_deadline if deadline is None else min(deadline, frame_deadline)
+    timeout_s = sock.gettimeout()
+    header = (
+        first if len(first) == HEADER.size else first + read_exact(sock, HEADER.size - len(first), deadline)
+    )
+    size, kind, crc = header_of(header, size_max)
+    payload = read_exact(sock, size, deadline) if size else b""
+    if deadline is not None and sock.gettimeout() != timeout_s:
+        sock.settimeout(timeout_s)
+    return kind, checked(payload, crc)
 
 
 def header_of(header: bytes, size_max: int) -> tuple[int, int, int]:
@@ -128,8 +159,14 @@ def listen(host: str, port: int) -> socket.socket:
 class FrameServer:
     """A listening socket and a thread per connection (at most `connections_max`), each
     reading one request frame at a time and writing `answer`'s frame. A connection silent
-    for `idle_timeout_s` ends; stop() closes every connection and joins its thread (at most
-    `stop_join_s` in all). `name` names the stream in logs and threads."""
+    for `idle_timeout_s`, or whose frame is not all there `frame_timeout_s` after its first
+    byte, ends. `name` names the stream in logs and threads.
+
+    stop(grace_s) stops accepting and closes the connections waiting for a request at once
+    (a request that arrives then is never served: its client sends it again elsewhere); a
+    call being served gets `grace_s` to write its answer (its client would otherwise send it
+    again: a write applied twice), then its connection is closed too; the threads are
+    joined (at most `stop_join_s` in all)."""
 
     def __init__(
         self,
@@ -141,12 +178,14 @@ class FrameServer:
         connections_max: int,
         idle_timeout_s: float,
         stop_join_s: float,
+        frame_timeout_s: float = FRAME_TIMEOUT_S,
     ) -> None:
         self.name = name
         self._answer = answer
         self._request_bytes_max = request_bytes_max
         self._connections_max = connections_max
         self._idle_timeout_s = idle_timeout_s
+        self._frame_timeout_s = frame_timeout_s
         self._stop_join_s = stop_join_s
         self._listener = listen(host, port)
         self._listener.settimeout(ACCEPT_POLL_S)
@@ -154,24 +193,33 @@ class FrameServer:
         self._stopping = threading.Event()
         self._lock = threading.Lock()
         self._connections: dict[socket.socket, threading.Thread] = {}
+        self._serving: set[socket.socket] = set()  # between a request read and its answer written
         self._thread = threading.Thread(target=self._accept_loop, name=f"{name}-accept", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
 
-    def stop(self) -> None:
+    def stop(self, grace_s: float = 0.0) -> None:
         self._stopping.set()
         try:  # wakes the accepting thread at once (Linux), not after its poll
             self._listener.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
-        if self._thread.ident is not None:  # started (a bound server may be stopped unstarted)
-            self._thread.join(timeout=ACCEPT_POLL_S * 4)
-        self._listener.close()
+        self._listener.close()  # refused from now on
         with self._lock:
             threads = list(self._connections.values())
-            for connection in self._connections:  # wakes a thread reading; one serving ends its call
-                shutdown(connection)  # its thread closes it
+            for connection in self._connections:  # wakes a thread reading; its thread closes it
+                if connection not in self._serving:
+                    shutdown(connection)
+        grace_deadline = time.monotonic() + grace_s
+        for thread in threads:
+            thread.join(timeout=max(0.0, grace_deadline - time.monotonic()))
+        with self._lock:
+            late = list(self._serving)
+        for connection in late:  # past the grace: its answer is lost
+            shutdown(connection)
+        if self._thread.ident is not None:  # started (a bound server may be stopped unstarted)
+            self._thread.join(timeout=ACCEPT_POLL_S * 4)
         deadline = time.monotonic() + self._stop_join_s
         for thread in threads:
             thread.join(timeout=max(0.0, deadline - time.monotonic()))
@@ -202,10 +250,18 @@ class FrameServer:
         connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         connection.settimeout(self._idle_timeout_s)
         try:
-            while not self._stopping.is_set():
-                kind, payload = read_frame(connection, self._request_bytes_max)
+            while True:
+                kind, payload = read_frame(connection, self._request_bytes_max, self._frame_timeout_s)
+                with self._lock:
+                    if self._stopping.is_set():  # stop() closed it, or is about to: not served
+                        break
+                    self._serving.add(connection)
                 connection.sendall(self._answer(kind, payload, connection))
-        except OSError as error:  # gone or silent: it connects again
+                with self._lock:
+                    self._serving.discard(connection)
+                    if self._stopping.is_set():
+                        break
+        except OSError as error:  # gone, silent or too slow: it connects again
             log.debug("a %s connection ended: %s", self.name, error)
         except (ValueError, DecodeError) as error:  # a bad frame: a peer that is no client of ours, or a bug
             log.warning("a %s connection ended on a bad frame: %s", self.name, error)
@@ -214,4 +270,5 @@ class FrameServer:
         finally:
             with self._lock:
                 self._connections.pop(connection, None)
+                self._serving.discard(connection)
             close(connection)

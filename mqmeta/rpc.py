@@ -347,8 +347,8 @@ class AsyncServer:
         self._setup = setup
         self.pool = ThreadPoolExecutor(max_workers=workers_max, thread_name_prefix="rpc")
         self.loop = asyncio.new_event_loop()
-        # awaited on the loop when the server stops, before gRPC stops (a call stream's close)
-        self.stop_hooks: list[Callable[[], Awaitable[None]]] = []
+        # awaited on the loop with gRPC's stop, given its grace (a call stream's stop)
+        self.stop_hooks: list[Callable[[float], Awaitable[None]]] = []
         self._server: grpc.aio.Server | None = None
         self._thread = threading.Thread(target=self.loop.run_forever, name="grpc-loop", daemon=True)
 
@@ -391,10 +391,9 @@ class AsyncServer:
         return stopped
 
     async def _stop(self, grace: float | None) -> None:
-        for hook in self.stop_hooks:
-            await hook()
         assert self._server is not None
-        await self._server.stop(grace)
+        # All stop accepting at once, and the calls being served get the same grace.
+        await asyncio.gather(self._server.stop(grace), *(hook(grace or 0.0) for hook in self.stop_hooks))
 
     def _stop_loop(self) -> None:
         if self.loop.is_running():

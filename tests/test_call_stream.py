@@ -20,7 +20,16 @@ to happen on demand:
   for RETRY_S; a server that cannot be asked (down) is asked again after OFFER_RETRY_S,
   not before every call; TLS or auth in the client's process: no stream is asked for;
 - a controller's side (a task per connection on a loop) closes a connection past
-  CONNECTIONS_MAX unanswered and one silent for IDLE_TIMEOUT_S, and stop() closes the rest.
+  CONNECTIONS_MAX unanswered and one silent for IDLE_TIMEOUT_S, and stop() closes the rest;
+- a request names the server it is meant for: a server that took over the port refuses
+  it, and the call goes over gRPC to the server meant;
+- stop (both sides) refuses new connections at once and lets a call in flight answer;
+- a frame trickled in is cut FRAME_TIMEOUT_S after its first byte (both sides), and a
+  frame is stored as it arrives, not as long as its header claims;
+- a stream that breaks leaves the gRPC call only what is left of the call's timeout;
+- close() ends a call in flight and pools no connection given back after it;
+- a server at CONNECTIONS_MAX, or whose port is refused, is asked for its offer again
+  after OFFER_RETRY_S: not before every call, not only after RETRY_S.
 """
 
 from __future__ import annotations
@@ -47,6 +56,7 @@ from mqmeta.client import ControllerClient
 from mqmeta.errors import (
     AlreadyExists,
     DeadlineExceeded,
+    FailedPrecondition,
     InvalidArgument,
     MqmetaError,
     NotLeader,
@@ -54,6 +64,7 @@ from mqmeta.errors import (
 )
 from mqmeta.pb import broker_pb2 as bpb
 from mqmeta.pb import broker_pb2_grpc as bpb_grpc
+from mqmeta.pb import call_stream_pb2 as cspb
 from mqmeta.pb import call_stream_pb2_grpc as cspb_grpc
 from mqmeta.pb import controller_pb2 as pb
 from mqmeta.pb import controller_pb2_grpc as pb_grpc
@@ -171,9 +182,10 @@ def test_a_bad_frame_ends_the_connection_with_a_log_line(cluster):
         target = client._target
         port = client.streams._offers[target].port
     body = pb.NameRequest(name="orders").SerializeToString()
-    good = call_stream.encode_request(f"/{CONTROLLER_SERVICE.full_name}/GetTopicRoute", "", TIMEOUT_S, body)
-    unknown = call_stream.encode_request("/nope.Service/Nothing", "", TIMEOUT_S, body)
-    undecodable = call_stream.encode_request(f"/{CONTROLLER_SERVICE.full_name}/GetTopicRoute", "", 1, b"\xff")
+    route = f"/{CONTROLLER_SERVICE.full_name}/GetTopicRoute"
+    good = call_stream.encode_request(route, target, "", TIMEOUT_S, body)
+    unknown = call_stream.encode_request("/nope.Service/Nothing", target, "", TIMEOUT_S, body)
+    undecodable = call_stream.encode_request(route, target, "", 1, b"\xff")
     bad_frames = [
         struct.pack(">IBI", len(good), frames.KIND_REQUEST, zlib.crc32(good) ^ 1) + good,
         frames.frame(frames.KIND_REQUEST, unknown),
@@ -244,7 +256,8 @@ def toy():
         port = server.add_insecure_port("127.0.0.1:0")
         stream = None
         if offer:
-            stream = ThreadedCallServer("127.0.0.1", call_stream.handlers(servicer, BROKER_SERVICE))
+            table = call_stream.handlers(servicer, BROKER_SERVICE)
+            stream = ThreadedCallServer("127.0.0.1", f"127.0.0.1:{port}", table)
             stream.start()
             offer_servicer = call_stream.OfferServicer(
                 lambda: stream.port, [BROKER_SERVICE.full_name], f"127.0.0.1:{port}"
@@ -422,11 +435,13 @@ def test_the_async_server_bounds_its_connections_ends_idle_ones_and_stops_them(m
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
     pool = ThreadPoolExecutor(max_workers=2)
-    server = AsyncCallServer(call_stream.handlers(ToyController(), CONTROLLER_SERVICE), pool)
+    server = AsyncCallServer("here:1", call_stream.handlers(ToyController(), CONTROLLER_SERVICE), pool)
     asyncio.run_coroutine_threadsafe(server.start("127.0.0.1"), loop).result(TIMEOUT_S)
     body = pb.NameRequest(name="t").SerializeToString()
     path = f"/{CONTROLLER_SERVICE.full_name}/GetTopicRoute"
-    request = frames.frame(frames.KIND_REQUEST, call_stream.encode_request(path, "", TIMEOUT_S, body))
+    request = frames.frame(
+        frames.KIND_REQUEST, call_stream.encode_request(path, "here:1", "", TIMEOUT_S, body)
+    )
     opened: list[socket.socket] = []
 
     def connect() -> socket.socket:
@@ -459,3 +474,289 @@ def test_the_async_server_bounds_its_connections_ends_idle_ones_and_stops_them(m
         thread.join(TIMEOUT_S)
         loop.close()
         pool.shutdown()
+
+
+class OtherBroker(bpb_grpc.BrokerServiceServicer):
+    """Another server's QueryOffset: offset 1000 + the queue asked for."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    @rpc
+    def QueryOffset(self, request, context):
+        self.calls += 1
+        return bpb.QueryOffsetResponse(offset=1000 + request.queue_id)
+
+
+def test_a_request_meant_for_another_server_is_refused_and_goes_over_grpc(toy):
+    """The port a client remembers may now be another server's (its own restarted on
+    another port; every local cluster shares 127.0.0.1): that server refuses a request
+    naming another gRPC address, and the call goes over gRPC to the server meant."""
+    _, start = toy
+    address = start()
+    clock = Clock()
+    client, asked = _client(clock)
+    assert (
+        client.call(address, BROKER_SERVICE, "QueryOffset", bpb.QueryOffsetRequest(queue_id=1), 5).offset == 1
+    )
+    other = OtherBroker()
+    other_stream = ThreadedCallServer("127.0.0.1", "127.0.0.1:1", call_stream.handlers(other, BROKER_SERVICE))
+    other_stream.start()
+    try:
+        client._offers[address].port = other_stream.port  # the remembered port, now the other's
+        clock.now_s += call_stream.IDLE_REUSE_S  # idle long enough: no pooled connection
+        query = bpb.QueryOffsetRequest(queue_id=2)
+        assert client.call(address, BROKER_SERVICE, "QueryOffset", query, TIMEOUT_S) is None, "over gRPC"
+        assert other.calls == 0, "the other server served no call meant for another"
+        assert client.call(address, BROKER_SERVICE, "QueryOffset", query, TIMEOUT_S) is None
+        assert asked == [address], "the offer is asked again only after OFFER_RETRY_S"
+        clock.now_s += call_stream.OFFER_RETRY_S
+        reply = client.call(address, BROKER_SERVICE, "QueryOffset", query, TIMEOUT_S)
+        assert reply is not None and reply.offset == 2 and asked == [address, address]
+    finally:
+        other_stream.stop()
+        client.close()
+
+
+class SlowBroker(bpb_grpc.BrokerServiceServicer):
+    """QueryOffset waits for `release` (at most 5 s), then answers the queue asked for."""
+
+    def __init__(self) -> None:
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def QueryOffset(self, request, context):
+        self.entered.set()
+        self.release.wait(5)
+        return bpb.QueryOffsetResponse(offset=request.queue_id)
+
+
+class _AsyncStream:
+    """An AsyncCallServer on a loop of its own thread, stopped like a ThreadedCallServer."""
+
+    def __init__(self, table) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.pool = ThreadPoolExecutor(max_workers=2)
+        self.server = AsyncCallServer("here:1", table, self.pool)
+        asyncio.run_coroutine_threadsafe(self.server.start("127.0.0.1"), self.loop).result(TIMEOUT_S)
+        self.port = self.server.port
+
+    def stop(self, grace_s: float = 0.0) -> None:
+        asyncio.run_coroutine_threadsafe(self.server.stop(grace_s), self.loop).result(grace_s + TIMEOUT_S)
+
+    def close(self) -> None:
+        self.stop()
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(TIMEOUT_S)
+        self.loop.close()
+        self.pool.shutdown(wait=False)
+
+
+def _stream_server(kind: str, servicer) -> ThreadedCallServer | _AsyncStream:
+    table = call_stream.handlers(servicer, BROKER_SERVICE)
+    if kind == "async":
+        return _AsyncStream(table)
+    stream = ThreadedCallServer("127.0.0.1", "here:1", table)
+    stream.start()
+    return stream
+
+
+def _query_frame(queue_id: int) -> bytes:
+    body = bpb.QueryOffsetRequest(queue_id=queue_id).SerializeToString()
+    path = f"/{BROKER_SERVICE.full_name}/QueryOffset"
+    return frames.frame(frames.KIND_REQUEST, call_stream.encode_request(path, "here:1", "", TIMEOUT_S, body))
+
+
+def _refused(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT_S).close()
+    except ConnectionRefusedError:
+        return True
+    return False
+
+
+@pytest.mark.parametrize("kind", ["threaded", "async"])
+def test_a_call_in_flight_at_stop_gets_its_answer_and_new_connections_are_refused(kind):
+    """stop(grace_s) stops accepting at once, and a call being served writes its answer
+    (its client would otherwise send it again over gRPC: a write applied twice)."""
+    servicer = SlowBroker()
+    stream = _stream_server(kind, servicer)
+    stopper = threading.Thread(target=stream.stop, args=(TIMEOUT_S,), daemon=True)
+    try:
+        with socket.create_connection(("127.0.0.1", stream.port), timeout=TIMEOUT_S) as in_flight:
+            in_flight.sendall(_query_frame(7))
+            assert servicer.entered.wait(TIMEOUT_S)
+            stopper.start()
+            wait_for(lambda: _refused(stream.port), 3, "the stream refusing new connections")
+            servicer.release.set()
+            kind_answer, answer = frames.read_frame(in_flight, 1 << 20)
+            assert (
+                kind_answer == frames.KIND_RESPONSE and bpb.QueryOffsetResponse.FromString(answer).offset == 7
+            )
+            assert closed(in_flight), "closed once its call was answered"
+        stopper.join(TIMEOUT_S)
+        assert not stopper.is_alive()
+    finally:
+        servicer.release.set()
+        stream.close() if isinstance(stream, _AsyncStream) else stream.stop()
+
+
+@pytest.mark.parametrize("kind", ["threaded", "async"])
+def test_a_frame_trickled_in_is_cut_at_its_deadline(kind, monkeypatch):
+    """A header claiming a large frame, then a byte now and then (each within the idle
+    timeout): the server ends the connection FRAME_TIMEOUT_S after the frame's first byte."""
+    monkeypatch.setattr(call_stream, "FRAME_TIMEOUT_S", 0.5)
+    stream = _stream_server(kind, SlowBroker())
+    try:
+        with socket.create_connection(("127.0.0.1", stream.port), timeout=TIMEOUT_S) as slow:
+            started = time.monotonic()
+            slow.sendall(struct.pack(">IBI", call_stream.REQUEST_BYTES_MAX, frames.KIND_REQUEST, 0))
+            ended = False
+            while not ended and time.monotonic() - started < 4.0:
+                try:
+                    slow.sendall(b"x")
+                    slow.settimeout(0.1)
+                    ended = slow.recv(1) == b""
+                except TimeoutError:
+                    continue
+                except OSError:
+                    ended = True
+            took_s = time.monotonic() - started
+        assert ended and took_s < 2.0, f"the trickling connection lived {took_s:.1f} s"
+    finally:
+        stream.close() if isinstance(stream, _AsyncStream) else stream.stop()
+
+
+def test_a_frame_is_stored_as_it_arrives_not_as_its_header_claims():
+    import tracemalloc
+
+    reader, writer = socket.socketpair()
+    try:
+        writer.sendall(struct.pack(">IBI", 4 << 20, frames.KIND_REQUEST, 0) + b"x" * 1000)
+        writer.close()
+        tracemalloc.start()
+        try:
+            with pytest.raises(ConnectionResetError):
+                frames.read_frame(reader, 5 << 20)
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        assert peak < 1 << 20, f"{peak} bytes allocated for 1009 received"
+    finally:
+        reader.close()
+
+
+def test_a_broken_stream_leaves_the_grpc_call_only_what_is_left_of_the_timeout(toy):
+    """A stream that breaks after 0.6 s of a 1 s call: the gRPC call gets the 0.4 s left
+    (the server's 1 s answer is DEADLINE_EXCEEDED), not a whole timeout again."""
+    from mqmeta.broker_client import _Channels
+
+    servicer = ToyBroker()
+    servicer.delay_s = 1.0
+    fake = socket.create_server(("127.0.0.1", 0))
+    fake.settimeout(TIMEOUT_S)
+
+    def accept_read_and_break() -> None:
+        connection, _ = fake.accept()
+        with connection:
+            connection.recv(1 << 16)
+            time.sleep(0.6)
+
+    breaker = threading.Thread(target=accept_read_and_break, daemon=True)
+    breaker.start()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    bpb_grpc.add_BrokerServiceServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    address = f"127.0.0.1:{port}"
+    offer = call_stream.OfferServicer(lambda: fake.getsockname()[1], [BROKER_SERVICE.full_name], address)
+    cspb_grpc.add_CallStreamServicer_to_server(offer, server)
+    server.start()
+    channels = _Channels()
+    try:
+        started = time.monotonic()
+        with pytest.raises(grpc.RpcError) as over_grpc:
+            channels.call_broker(address, "QueryOffset", bpb.QueryOffsetRequest(queue_id=1), 1.0)
+        took_s = time.monotonic() - started
+        assert over_grpc.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED
+        assert took_s < 1.4, f"the call took {took_s:.2f} s of a 1 s timeout"
+        assert channels.streams.calls == {"stream": 0, "grpc": 1}
+    finally:
+        channels.close()
+        server.stop(0)
+        breaker.join(TIMEOUT_S)
+        fake.close()
+
+
+def test_close_ends_the_calls_in_flight_and_pools_no_connection():
+    servicer = SlowBroker()
+    stream = _stream_server("threaded", servicer)
+    client, _ = _client()
+    address = "here:1"
+    client._offers[address] = call_stream._Offer(
+        stream.port, frozenset({BROKER_SERVICE.full_name}), time.monotonic() + 60, address
+    )
+    outcome: list[object] = []
+
+    def call() -> None:
+        try:
+            outcome.append(client.call(address, BROKER_SERVICE, "QueryOffset", bpb.QueryOffsetRequest(), 5))
+        except MqmetaError as error:
+            outcome.append(error)
+
+    caller = threading.Thread(target=call, daemon=True)
+    try:
+        with pytest.MonkeyPatch.context() as patch:  # "here:1" is dialled at the stream's host
+            patch.setattr(frames, "stream_address", lambda grpc_address, port: f"127.0.0.1:{port}")
+            caller.start()
+            assert servicer.entered.wait(TIMEOUT_S)
+            started = time.monotonic()
+            client.close()
+            caller.join(2)
+        assert not caller.is_alive() and time.monotonic() - started < 1.0, "the call ended at close"
+        assert isinstance(outcome[0], FailedPrecondition)
+        assert client._idle == {} and client._busy == set()
+        late = call_stream._Connection(socket.socket(), address, time.monotonic())
+        client._give_back(late)  # a call whose answer came as close() ran
+        assert client._idle == {} and late.sock.fileno() == -1, "closed, not pooled"
+    finally:
+        servicer.release.set()
+        stream.stop()
+
+
+def test_a_server_at_connections_max_or_on_a_new_port_is_asked_again_after_offer_retry(toy, monkeypatch):
+    """A connection past CONNECTIONS_MAX is closed unanswered: the client backs off
+    OFFER_RETRY_S (no Offer call before every call while the server is full). A port
+    refused (the server restarted on another) is asked about again after OFFER_RETRY_S,
+    not after RETRY_S."""
+    monkeypatch.setattr(call_stream, "CONNECTIONS_MAX", 1)
+    _, start = toy
+    address = start()
+    clock = Clock()
+    client, asked = _client(clock)
+    query = bpb.QueryOffsetRequest(queue_id=4)
+    port = cspb_grpc.CallStreamStub(grpc.insecure_channel(address)).Offer(cspb.CallStreamOfferRequest()).port
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT_S) as holder:
+            holder.sendall(_query_frame(0)[:1])  # the one connection allowed, held
+            for _ in range(3):
+                assert client.call(address, BROKER_SERVICE, "QueryOffset", query, TIMEOUT_S) is None
+            assert asked == [address], "asked once while the server is full"
+
+        def over_the_stream() -> bool:
+            clock.now_s += call_stream.OFFER_RETRY_S  # past the back-off each time
+            return client.call(address, BROKER_SERVICE, "QueryOffset", query, TIMEOUT_S) is not None
+
+        wait_for(over_the_stream, 5, "the stream once the held connection is gone")
+        with socket.socket() as unused:  # the server restarted: its old port is refused
+            unused.bind(("127.0.0.1", 0))
+            client._offers[address].port = unused.getsockname()[1]
+            clock.now_s += call_stream.IDLE_REUSE_S
+            asked.clear()
+            assert client.call(address, BROKER_SERVICE, "QueryOffset", query, TIMEOUT_S) is None
+        clock.now_s += call_stream.OFFER_RETRY_S
+        reply = client.call(address, BROKER_SERVICE, "QueryOffset", query, TIMEOUT_S)
+        assert reply is not None and reply.offset == 4 and asked == [address]
+    finally:
+        client.close()
