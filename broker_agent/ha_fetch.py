@@ -51,7 +51,7 @@ from mqmeta.broker_agent.tiered import bootstrap_from_tiered
 from mqmeta import backoff, tls
 from mqmeta.clock import now_ms
 from mqmeta.dialmap import dial
-from mqmeta.errors import FencedEpoch, MqmetaError, NotMaster
+from mqmeta.errors import FencedEpoch, MqmetaError, NotMaster, Unavailable
 from mqmeta.formats.epochs import EpochEntry
 from mqmeta.pb import broker_pb2 as bpb
 from mqmeta.pb import broker_pb2_grpc as bpb_grpc
@@ -277,8 +277,11 @@ def answer_parked(host: BrokerHost, parked: ParkedFetch) -> bpb.HaFetchResponse 
 
 
 def _answer(effects: list[Effect]) -> AnswerFetch:
+    """The core's answer; it answers every fetch it does not refuse, unless it has stopped
+    (a fetch served while the broker stops: UNAVAILABLE, the slave fetches elsewhere)."""
     answers = [effect for effect in effects if isinstance(effect, AnswerFetch)]
-    assert len(answers) == 1, effects  # the core answers every fetch it does not refuse
+    if not answers:
+        raise Unavailable("this broker is stopping")
     return answers[0]
 
 

@@ -36,7 +36,7 @@ import zlib
 import pytest
 from mqmeta.broker_agent import ha_fetch, ha_stream
 from mqmeta.broker_agent.agent import BrokerAgent, BrokerConfig
-from mqmeta.broker_agent.core import HeartbeatAnswered, Registered, Synced, WriteOutcome
+from mqmeta.broker_agent.core import HeartbeatAnswered, Registered, Stop, Synced, WriteOutcome
 from mqmeta.broker_agent.ha_stream import StreamBroken, StreamClient
 from mqmeta.broker_agent.seams import log_view
 from mqmeta.broker_agent.status import ha_status
@@ -45,7 +45,7 @@ from mqmeta.cluster.wait import wait_for
 
 from mqmeta import dialmap, frames, tls
 from mqmeta.clock import now_ms
-from mqmeta.errors import FencedEpoch, InvalidArgument, NotFound
+from mqmeta.errors import FencedEpoch, InvalidArgument, NotFound, Unavailable
 from mqmeta.formats.records import Message
 from mqmeta.pb import broker_pb2 as bpb
 from mqmeta.pb import controller_pb2 as cpb
@@ -124,6 +124,18 @@ def test_a_refusal_is_the_typed_error_and_the_connection_serves_on(master):
     with pytest.raises(FencedEpoch):
         client.fetch(request(0, master_epoch=1), TIMEOUT_S)
     assert client.fetch(request(0, master_epoch=2), TIMEOUT_S).master_epoch == 2
+    client.close()
+
+
+def test_a_fetch_while_the_broker_stops_is_refused_as_unavailable(master, caplog):
+    """Between the core's stop and the stream's (BrokerAgent.stop), a fetch is refused with
+    UNAVAILABLE (the slave fetches elsewhere), not a failed assertion logged with a traceback."""
+    agent, server = master
+    client = StreamClient(f"127.0.0.1:{server.port}")
+    agent.feed(Stop())
+    with pytest.raises(Unavailable, match="stopping"):
+        client.fetch(request(0), TIMEOUT_S)
+    assert "serving an HA stream failed" not in caplog.text
     client.close()
 
 
