@@ -130,9 +130,19 @@ def check_false_failovers(
     }
 
 
-def check_run(cluster_dir: Path, layout, faults: list[dict[str, Any]], broker_set: str) -> dict[str, Any]:
-    """The checker over a finished run's cluster directory (`layout`: cluster.layout)."""
+def check_run(
+    cluster_dir: Path,
+    layout,
+    faults: list[dict[str, Any]],
+    broker_set: str,
+    stopped_ms: int | None = None,
+) -> dict[str, Any]:
+    """The checker over a finished run's cluster directory (`layout`: cluster.layout). A
+    change at or after `stopped_ms` (when the runner began stopping the cluster: a master
+    that stops before the controllers is replaced) is the run's end, not a failover."""
     names = {b.grpc: b.name for b in layout.brokers}
     timeline = master_timeline(sorted(cluster_dir.glob("**/applied.jsonl")), broker_set, names)
     first = timeline[0].master if timeline else ""
+    if stopped_ms is not None:
+        timeline = [change for change in timeline if change.at_ms < stopped_ms]
     return check_false_failovers(timeline[1:], first, faults)

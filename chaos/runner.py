@@ -224,6 +224,7 @@ def run(
     faults: list[dict[str, Any]] = []
     disks = NodeDisks(cluster, out) if set(config.faults) & set(DISK_FAULTS) else None
     disk_counters: dict[str, Any] = {}
+    stopped_ms: int | None = None
     try:
         if disks is not None:
             disks.mount()
@@ -241,6 +242,7 @@ def run(
         except Exception:  # the proxy may be gone; the cluster still has to stop
             log.exception("could not heal the network")
         not_running = [name for name in _processes(cluster) if not cluster.is_running(name)]
+        stopped_ms = int(time.time() * 1000)  # master changes from here on are the stop's
         cluster.stop()
         dialmap.install({})
         if proxy is not None:
@@ -248,7 +250,7 @@ def run(
         if disks is not None:
             disk_counters = disks.counters()
             disks.unmount()
-    failovers = check_failovers(out / "cluster", cluster.layout, faults, BROKER_SET)
+    failovers = check_failovers(out / "cluster", cluster.layout, faults, BROKER_SET, stopped_ms)
     return _conclude(config, recorder, faults, audit, failovers, not_running, disk_counters)
 
 

@@ -5,7 +5,8 @@ no injected fault touched the master the set had at the fault's start (kill, sus
 link of it) between that fault's start and its heal plus the grace window; delays and losses
 never excuse one; the master timeline is read from the controllers' applied.jsonl (the union of
 the nodes' logs, the first master not counted as a change, a re-election at a new epoch counted);
-electing a master for a set left without one is a recovery, never a false failover.
+electing a master for a set left without one is a recovery, never a false failover; a change
+made once the runner began stopping the cluster is not judged.
 """
 
 from __future__ import annotations
@@ -137,3 +138,21 @@ def test_master_timeline_reads_the_union_of_the_controllers_logs(tmp_path: Path)
         (3_000, 3, "broker-a-2", "broker-a-2"),  # the same broker at a new epoch: its clients moved
     ]
     assert master_timeline([one], "broker-b", names) == []
+
+
+def test_a_change_after_the_runner_began_stopping_the_cluster_is_not_judged(tmp_path: Path):
+    """The stop signals brokers and controllers in turn: a master that stops first is
+    replaced, at the run's end, by no fault's doing and by no fault of the system's."""
+    from types import SimpleNamespace
+
+    from mqmeta.chaos.failover import check_run
+
+    (tmp_path / "c1").mkdir()
+    (tmp_path / "c1" / "applied.jsonl").write_bytes(_line(1, 1_000, 1, 1) + _line(2, 9_000, 2, 2))
+    layout = SimpleNamespace(
+        brokers=[SimpleNamespace(grpc=f"127.0.0.1:{9000 + i}", name=f"broker-a-{i}") for i in (1, 2, 3)]
+    )
+    judged = check_run(tmp_path, layout, [], "broker-a")
+    assert judged["falseFailoverCount"] == 1  # without the stop's time, it looks false
+    result = check_run(tmp_path, layout, [], "broker-a", stopped_ms=8_500)
+    assert result["falseFailoverCount"] == 0 and result["masterChangeCount"] == 0
