@@ -313,6 +313,10 @@ class AsyncCallServer:
                 log.warning(
                     "%d call stream connections still served %.1f s after stop", len(pending), STOP_JOIN_S
                 )
+        # A closed transport lets its socket go on the loop's next turns: the loop may stop
+        # right after this (the server's), which left them open (ResourceWarning at GC).
+        for _ in range(2):
+            await asyncio.sleep(0)
 
     async def _serve_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
