@@ -45,10 +45,6 @@ from mqmeta.pb import broker_pb2 as bpb
 
 log = logging.getLogger(__name__)
 
-HEADER = frames.HEADER
-KIND_REQUEST = frames.KIND_REQUEST
-KIND_RESPONSE = frames.KIND_RESPONSE
-KIND_REFUSAL = frames.KIND_REFUSAL
 REQUEST_BYTES_MAX = 1 << 20
 RESPONSE_BYTES_MAX = 17 << 20  # ha_fetch.FETCH_MAX_BYTES_LIMIT of records and the rest
 CONNECTIONS_MAX = 16  # slaves connected at once; one thread each
@@ -91,8 +87,6 @@ class StreamBroken(Unavailable):
         self.unreachable = unreachable
 
 
-_frame = frames.frame
-
 # Who may open, and where to dial, the stream (kept under these names for ha_fetch and the tests).
 offered = frames.offered
 stream_address = frames.stream_address
@@ -132,21 +126,21 @@ class _FrameReader:
 
     def read(self, size_max: int) -> tuple[int, bytes]:
         data = self._pending
-        while len(data) < HEADER.size:
+        while len(data) < frames.HEADER.size:
             chunk = self._sock.recv(RECV_BYTES)
             if not chunk:
                 raise ConnectionResetError("the peer closed the HA stream")
             data += chunk
-        size, kind, crc = HEADER.unpack_from(data)
+        size, kind, crc = frames.HEADER.unpack_from(data)
         if size > size_max:
             raise ValueError(f"an HA stream frame of {size} bytes (at most {size_max})")
-        end = HEADER.size + size
+        end = frames.HEADER.size + size
         if len(data) >= end:
-            payload, self._pending = data[HEADER.size : end], data[end:]
+            payload, self._pending = data[frames.HEADER.size : end], data[end:]
         else:  # the rest of a large frame, straight into its buffer
             buffer = bytearray(size)
-            got = len(data) - HEADER.size
-            buffer[:got] = data[HEADER.size :]
+            got = len(data) - frames.HEADER.size
+            buffer[:got] = data[frames.HEADER.size :]
             view = memoryview(buffer)
             while got < size:
                 got += self._recv_into(view[got:])
@@ -168,7 +162,7 @@ class Link:
         self._closed = False
 
     def push(self, response: bpb.HaFetchResponse) -> None:
-        frame = _frame(KIND_RESPONSE, response.SerializeToString())
+        frame = frames.frame(frames.KIND_RESPONSE, response.SerializeToString())
         with self._lock:
             if self._closed:
                 return
@@ -200,7 +194,7 @@ class Link:
     def close(self) -> None:
         with self._lock:
             self._closed = True
-            _close(self._sock)
+            frames.close(self._sock)
             os.close(self.waker)
 
 
@@ -237,7 +231,7 @@ class StreamServer(frames.FrameServer):
                     self._await(connection, reader, link, waiting)
                     waiting = None
                 kind, payload = reader.read(REQUEST_BYTES_MAX)
-                if kind != KIND_REQUEST:
+                if kind != frames.KIND_REQUEST:
                     raise ValueError(f"an HA stream frame of kind {kind} from a slave")
                 request = bpb.HaFetchRequest.FromString(payload)
                 try:
@@ -246,7 +240,7 @@ class StreamServer(frames.FrameServer):
                     connection.sendall(_refusal(error))
                     continue
                 if isinstance(outcome, bpb.HaFetchResponse):
-                    connection.sendall(_frame(KIND_RESPONSE, outcome.SerializeToString()))
+                    connection.sendall(frames.frame(frames.KIND_RESPONSE, outcome.SerializeToString()))
                 else:
                     waiting = outcome
         except (OSError, ValueError, DecodeError) as error:  # gone, silent, or a bad frame: it connects again
@@ -293,17 +287,14 @@ class StreamServer(frames.FrameServer):
                 connection.sendall(_refusal(error))
                 return
             if answer is not None:
-                connection.sendall(_frame(KIND_RESPONSE, answer.SerializeToString()))
+                connection.sendall(frames.frame(frames.KIND_RESPONSE, answer.SerializeToString()))
                 return
             settled = True
         raise ValueError(f"a parked HA stream fetch was woken {AWAIT_ROUNDS_MAX} times")
 
 
 def _refusal(error: MqmetaError) -> bytes:
-    return _frame(KIND_REFUSAL, f"{error.code}\n{error}".encode())
-
-
-_close = frames.close
+    return frames.frame(frames.KIND_REFUSAL, f"{error.code}\n{error}".encode())
 
 
 class StreamClient:
@@ -334,7 +325,7 @@ class StreamClient:
             if timeout_s != self._timeout_s:
                 _blocking_with_timeouts(self._sock, timeout_s)
                 self._timeout_s = timeout_s
-            self._sock.sendall(_frame(KIND_REQUEST, request.SerializeToString()))
+            self._sock.sendall(frames.frame(frames.KIND_REQUEST, request.SerializeToString()))
             kind, payload = self._reader.read(RESPONSE_BYTES_MAX)
         except (TimeoutError, BlockingIOError):  # SO_RCVTIMEO, SO_SNDTIMEO
             self.close()
@@ -348,7 +339,7 @@ class StreamClient:
             self.close()
             raise StreamBroken(f"the HA stream at {self.address}: {error}", False) from None
         self._answered = True
-        if kind == KIND_RESPONSE:
+        if kind == frames.KIND_RESPONSE:
             try:
                 return bpb.HaFetchResponse.FromString(payload)
             except DecodeError as error:
@@ -356,11 +347,11 @@ class StreamClient:
                 raise StreamBroken(
                     f"an HA stream answer that is no HaFetchResponse: {error}", False
                 ) from None
-        if kind == KIND_REFUSAL:
+        if kind == frames.KIND_REFUSAL:
             code, _, message = payload.decode("utf-8", "replace").partition("\n")
             raise error_from_code(code, message)
         self.close()
         raise StreamBroken(f"an HA stream frame of kind {kind} from the master", False)
 
     def close(self) -> None:
-        _close(self._sock)
+        frames.close(self._sock)

@@ -316,9 +316,7 @@ def test_a_silent_master_ends_the_fetch_at_its_timeout_as_no_unreachable_master(
         peer, _ = fake.accept()
         with peer:
             answer = bpb.HaFetchResponse(master_epoch=1).SerializeToString()
-            peer.sendall(
-                struct.pack(">IBI", len(answer), ha_stream.KIND_RESPONSE, zlib.crc32(answer)) + answer
-            )
+            peer.sendall(struct.pack(">IBI", len(answer), frames.KIND_RESPONSE, zlib.crc32(answer)) + answer)
             assert client.fetch(request(0), TIMEOUT_S).master_epoch == 1
             started = time.monotonic()
             with pytest.raises(StreamBroken, match="no answer") as silent:
