@@ -95,6 +95,7 @@ CONNECT_TIMEOUT_S = 1.0
 OFFER_TIMEOUT_S = 1.0
 OFFER_RETRY_S = 1.0  # after the offer could not be asked (the server down or cut off)
 RETRY_S = 60.0  # no offer (UNIMPLEMENTED, TLS, off): gRPC only this long, then ask again
+ACCEPT_RETRY_S = 0.1  # after an accept failed (out of descriptors): the next try
 STOP_JOIN_S = 2.0  # how long a server's stop waits, past its grace, for the calls being served
 FRAME_TIMEOUT_S = frames.FRAME_TIMEOUT_S  # a server's wait from a request's first byte to its last
 SERVICE = cspb.DESCRIPTOR.services_by_name["CallStream"].full_name  # its Offer call
@@ -277,26 +278,83 @@ class AsyncCallServer:
         self._table = table
         self._pool = pool
         self._on_call = on_call
-        self._server: asyncio.Server | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._listener: socket.socket | None = None
+        self._tasks: set[asyncio.Task[None]] = set()  # one per accepted connection, until it ends
+        self._unopened: dict[asyncio.Task[None], socket.socket] = {}  # sockets no transport owns yet
         self._connections: dict[asyncio.Task[None], asyncio.StreamWriter] = {}
         self._serving: set[asyncio.Task[None]] = set()  # between a request read and its answer written
         self._stopping = False
         self.port = 0
 
     async def start(self, host: str) -> None:
-        """Binds a port the kernel picks on `host` and serves it (call it on the loop)."""
-        listener = frames.listen(host, 0)
-        self._server = await asyncio.start_server(self._serve_connection, sock=listener)
-        self.port = listener.getsockname()[1]
+        """Binds a port the kernel picks on `host` and serves it (call it on the loop).
+
+        The server accepts by itself, in a reader callback that hands each socket to its
+        task in the same turn (`_acceptable`), not through asyncio.start_server: on Python
+        3.11 a connection accepted in the loop turn that closed such a server gets a
+        transport that is never closed (its server refuses to count it), a socket left to
+        the garbage collector; nor with a task awaiting `sock_accept`, whose cancellation
+        at stop drops a socket it had just accepted."""
+        self._loop = asyncio.get_running_loop()
+        self._listener = frames.listen(host, 0)
+        self._listener.setblocking(False)
+        self.port = self._listener.getsockname()[1]
+        self._loop.add_reader(self._listener.fileno(), self._acceptable)
+
+    def _acceptable(self) -> None:
+        assert self._listener is not None and self._loop is not None
+        for _ in range(frames.LISTEN_BACKLOG):
+            try:
+                connection, _ = self._listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as error:  # out of descriptors, say: accepting resumes shortly
+                log.warning("the call stream could not accept a connection: %s", error)
+                self._loop.remove_reader(self._listener.fileno())
+                self._loop.call_later(ACCEPT_RETRY_S, self._resume_accepting)
+                return
+            if self._stopping or len(self._tasks) >= CONNECTIONS_MAX:
+                connection.close()
+                continue
+            connection.setblocking(False)
+            task = self._loop.create_task(self._open(connection))
+            self._tasks.add(task)
+            self._unopened[task] = connection
+            task.add_done_callback(self._ended)
+
+    def _resume_accepting(self) -> None:
+        if not self._stopping and self._listener is not None and self._loop is not None:
+            self._loop.add_reader(self._listener.fileno(), self._acceptable)
+
+    async def _open(self, connection: socket.socket) -> None:
+        """The connection's streams (their transport owns the socket from then on), then
+        its calls."""
+        reader, writer = await asyncio.open_connection(sock=connection)
+        task = asyncio.current_task()
+        self._unopened.pop(task, None)  # type: ignore[arg-type]
+        await self._serve_connection(reader, writer)
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        """A connection's task ended: a socket no transport took (the task was cancelled,
+        even before it began, or its streams failed) is closed here."""
+        self._tasks.discard(task)
+        connection = self._unopened.pop(task, None)
+        if connection is not None:
+            connection.close()
 
     async def stop(self, grace_s: float = 0.0) -> None:
         """Stops accepting and ends the connections waiting for a request at once; a call
         being served gets `grace_s` to write its answer (its client would otherwise send it
         again: a write applied twice), then is cancelled."""
-        if self._server is None:
+        if self._listener is None or self._loop is None:
             return
-        self._stopping = True
-        self._server.close()  # refused from now on
+        if not self._stopping:
+            self._stopping = True
+            self._loop.remove_reader(self._listener.fileno())
+            self._listener.close()  # refused from now on
+        for task in [t for t in self._tasks if t not in self._connections]:  # streams not made yet
+            task.cancel()
         for task, writer in list(self._connections.items()):
             if task not in self._serving:
                 writer.close()
@@ -307,8 +365,8 @@ class AsyncCallServer:
         for task, writer in list(self._connections.items()):
             writer.close()
             task.cancel()
-        if self._connections:
-            _, pending = await asyncio.wait(list(self._connections), timeout=STOP_JOIN_S)
+        if self._tasks:
+            _, pending = await asyncio.wait(list(self._tasks), timeout=STOP_JOIN_S)
             if pending:
                 log.warning(
                     "%d call stream connections still served %.1f s after stop", len(pending), STOP_JOIN_S
@@ -321,7 +379,7 @@ class AsyncCallServer:
     async def _serve_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
-        if len(self._connections) >= CONNECTIONS_MAX or self._stopping:
+        if self._stopping:
             writer.close()
             return
         self._connections[task] = writer
