@@ -225,7 +225,7 @@ def _add_console(node: RunningNode, args: argparse.Namespace) -> None:
     else:
         controllers = parse_addresses(args.controllers)
     try:
-        console = start_console(args.console_listen, controllers)
+        console = start_console(args.console_listen, controllers, node.route_cache)
     except BaseException:
         node.stop(graceful=False)
         raise

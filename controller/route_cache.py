@@ -45,6 +45,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -78,6 +79,7 @@ class RouteCache:
         self._stop = threading.Event()
         self._live = False
         self._topics: dict[str, pb.Topic] = {}
+        self._listeners: list[Callable[[pb.WatchEvent], None]] = []
         # Topics changed since the last load (not answered), each with the mark of its last
         # change: a reload clears only the marks it read after (an event that arrives while
         # the reload is under way may be newer than what the reload read).
@@ -103,6 +105,16 @@ class RouteCache:
             threading.Thread(target=self._follow_loop, name="route-cache-watch", daemon=True),
             threading.Thread(target=self._refresh_loop, name="route-cache-refresh", daemon=True),
         ]
+
+    def add_listener(self, listener: Callable[[pb.WatchEvent], None]) -> None:
+        """`listener` gets every event of the copy's watch stream, on its thread, after the
+        copy applied it (the nameserver's console keeps its timeline from them instead of a
+        watch stream of its own: each stream costs the controller serving it and this
+        process a gRPC message per applied entry). Events applied while the stream was
+        down are not replayed (a stream of the console's own missed them too). A listener
+        added while the copy runs gets the events from then on; one that raises is logged
+        and kept."""
+        self._listeners.append(listener)
 
     def start(self) -> RouteCache:
         for thread in self._threads:
@@ -213,6 +225,11 @@ class RouteCache:
                 self._load()
                 loaded = True
             self._apply(event)
+            for listener in self._listeners:
+                try:
+                    listener(event)
+                except Exception:  # noqa: BLE001 - a listener's bug must not end the copy's stream
+                    log.exception("route cache: a watch event listener failed")
 
     def _load(self) -> None:
         """Everything read after subscribing: a change after these reads comes on the stream."""

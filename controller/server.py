@@ -155,12 +155,14 @@ class RunningNode:
         client: ControllerClient | None,
         metrics: Metrics | None = None,
         closers: list[Callable[[], None]] | None = None,
+        route_cache: RouteCache | None = None,
     ) -> None:
         self.servers = servers
         self.core = core
         self.client = client
         self.metrics = metrics
         self.closers = closers or []
+        self.route_cache = route_cache  # a standalone nameserver's watched copy of the routes
 
     def stop(self, graceful: bool = True) -> None:
         """graceful: a leader first hands over (while still serving: calls in flight are
@@ -393,4 +395,4 @@ def start_namesrv(
             cache.stop()
             raise
     metrics.serve(metrics_listen)
-    return RunningNode([server], None, client, metrics, closers=closers)
+    return RunningNode([server], None, client, metrics, closers=closers, route_cache=cache)

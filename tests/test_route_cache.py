@@ -128,6 +128,36 @@ def test_the_copy_answers_as_the_barrier_read_and_follows_changes(loaded):
     print("route change -> seen by the copy (s):", {k: round(v, 3) for k, v in seen.items()})
 
 
+def test_listeners_get_each_event_after_the_copy_applied_it_and_one_that_raises_is_kept(loaded):
+    """The nameserver's console takes its live events from the copy's stream (no stream of
+    its own): every listener gets every event, after the copy marked the topic it names,
+    and a listener that raises ends neither the stream nor the other listeners' events."""
+    _, client, cache = loaded
+    got: list[tuple[str, str, bool]] = []
+    raised: list[int] = []
+
+    def failing(event: pb.WatchEvent) -> None:
+        raised.append(event.index)
+        raise RuntimeError("a listener's bug")
+
+    def recording(event: pb.WatchEvent) -> None:
+        got.append((event.kind, event.name, event.name in cache._dirty))
+
+    cache.add_listener(failing)
+    cache.add_listener(recording)
+    for name in ("Heard1", "Heard2"):
+        client.call("CreateTopic", pb.TopicSpec(name=name, cluster="C1"))
+    wait_for(
+        lambda: [g for g in got if g[0] == "topic"],
+        ROUTE_CHANGE_BOUND_S + 5,
+        "both topic events at the listener",
+        until=lambda seen: [name for _, name, _ in seen] == ["Heard1", "Heard2"],
+    )
+    assert all(marked for kind, _, marked in got if kind == "topic"), got  # applied before the listener
+    assert len(raised) >= 2 and cache.live
+    assert cache.stats["subscriptions"] == 1  # the raising listener did not end the stream
+
+
 def _stream_node(cluster, cache: RouteCache) -> str:
     target = cache.client._target  # the node its stream was opened on
     return next(n.id for n in cluster.layout.controllers if n.grpc == target)

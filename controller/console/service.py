@@ -19,7 +19,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from mqmeta.controller.console import data, web
 
@@ -35,10 +35,21 @@ WATCH_RETRY_S = 0.2
 __all__ = ["Console", "start_console"]
 
 
+class EventSource(Protocol):
+    """A follower of the controllers' watch stream that hands on each event it gets."""
+
+    def add_listener(self, listener: Callable[[Any], None]) -> None: ...
+
+
 class Console:
-    def __init__(self, listen: str, controllers: list[str]) -> None:
+    """`events`: where the live events come from when the process already follows the
+    controllers' watch stream (a standalone nameserver's RouteCache: `add_listener`);
+    without it, the console opens a watch stream of its own."""
+
+    def __init__(self, listen: str, controllers: list[str], events: EventSource | None = None) -> None:
         self.listen = listen
         self.client = ControllerClient(controllers)
+        self._events = events
         self.watch_client = ControllerClient(controllers)
         self.brokers = data.Brokers()
         self.hub = web.Hub()
@@ -47,9 +58,10 @@ class Console:
         self._loop = asyncio.new_event_loop()
         self._stopping = threading.Event()
         self._runner: Any = None
+        self._watch_thread = threading.Thread(target=self._watch, name="console-watch", daemon=True)
         self._threads = [
             threading.Thread(target=self._loop.run_forever, name="console-loop", daemon=True),
-            threading.Thread(target=self._watch, name="console-watch", daemon=True),
+            self._watch_thread,
             threading.Thread(target=self._sample, name="console-sample", daemon=True),
         ]
 
@@ -68,6 +80,9 @@ class Console:
             raise InvalidArgument(
                 f"--console-listen {self.listen}: cannot listen ({error.strerror})"
             ) from None
+        if self._events is not None:
+            self._threads.remove(self._watch_thread)
+            self._events.add_listener(self._on_event)
         for thread in self._threads[1:]:
             thread.start()
 
@@ -86,6 +101,9 @@ class Console:
     def _publish(self, kind: str, document: dict[str, Any]) -> None:
         if not self._stopping.is_set():
             self._loop.call_soon_threadsafe(self.hub.publish, kind, document)
+
+    def _on_event(self, event: Any) -> None:
+        self._publish("event", _event_document(event))
 
     def _watch(self) -> None:
         """The controllers' decisions as they are applied, to every open page; a broken
@@ -107,19 +125,22 @@ class Console:
 
     def _sample(self) -> None:
         previous: dict[str, Any] | None = None
+        took_s = 0.0
         while not self._stopping.is_set():
             if previous is not None:
-                watched = bool(self.hub.subscribers)
                 self.hub.joined.clear()
-                self.hub.joined.wait(web.SAMPLE_INTERVAL_S if watched else web.SAMPLE_IDLE_INTERVAL_S)
+                self.hub.joined.wait(_sample_pause_s(bool(self.hub.subscribers), took_s))
                 if self._stopping.is_set():
                     return
+            started = time.monotonic()
             try:
                 sample = _sample_document(self.client, self.brokers, previous)
             except MqmetaError as error:
                 log.debug("console sample failed: %s", error)
                 previous = previous or {}
                 continue
+            finally:
+                took_s = time.monotonic() - started
             previous = sample
             self._publish("sample", sample)
 
@@ -135,6 +156,15 @@ class Console:
         self.client.close()
         self.watch_client.close()
         self.brokers.close()
+
+
+def _sample_pause_s(watched: bool, took_s: float) -> float:
+    """The wait before the next sample: SAMPLE_INTERVAL_S while a page is open; else
+    SAMPLE_IDLE_INTERVAL_S, longer if the last sample took more than SAMPLE_IDLE_DUTY_MAX
+    of the time (a page that opens ends the wait: hub.joined)."""
+    if watched:
+        return web.SAMPLE_INTERVAL_S
+    return max(web.SAMPLE_IDLE_INTERVAL_S, took_s / web.SAMPLE_IDLE_DUTY_MAX - took_s)
 
 
 def _metadata_request() -> Any:
@@ -198,9 +228,10 @@ def _sample_document(
     }
 
 
-def start_console(listen: str, controllers: list[str]) -> Console:
-    """The console on `listen` (HOST:PORT), reading from `controllers`; stop() ends it."""
+def start_console(listen: str, controllers: list[str], events: EventSource | None = None) -> Console:
+    """The console on `listen` (HOST:PORT), reading from `controllers` (live events from
+    `events` when given); stop() ends it."""
     parse_addresses(listen, "--console-listen address")
-    console = Console(listen, controllers)
+    console = Console(listen, controllers, events)
     console.start()
     return console

@@ -40,7 +40,11 @@ SUBSCRIBER_QUEUE_MAX = 256  # events waiting for one slow browser; past it that 
 EVENTS_MAX = 500  # the timeline's memory
 SAMPLES_MAX = 300  # plot points kept (at SAMPLE_INTERVAL_S: ten minutes)
 SAMPLE_INTERVAL_S = 2.0  # while a page is open
-SAMPLE_IDLE_INTERVAL_S = 15.0  # while none is: the plots keep some history at little cost
+SAMPLE_IDLE_INTERVAL_S = 60.0  # while none is: the plots keep some history at little cost
+# ...and while none is, sampling takes at most this share of the time: a sample reads every
+# listed topic's queues from the brokers (200 topics of 4 queues: about 2,000 calls), which
+# beside a busy cluster on few cores took a tenth of a core when it ran every 15 s
+SAMPLE_IDLE_DUTY_MAX = 0.02
 STREAM_KEEPALIVE_S = 15.0
 READ_WORKERS_MAX = 8
 PLOT_KEYS = ("now_ms", "rates", "backlog", "replication_delay_ms")
@@ -83,6 +87,9 @@ def static_files() -> Any:
     return resources.files("mqmeta.controller.console").joinpath("static")
 
 
+CONSOLE: web.AppKey[Any] = web.AppKey("console", object)  # the running Console, in the app
+
+
 class Hub:
     """Fan-out of live events to every open stream, and the bounded memory of recent
     events (the timeline) and samples (the plots). Lives on the web loop."""
@@ -111,12 +118,12 @@ class Hub:
 def build_app(console: Any) -> web.Application:
     """The routes; `console` is the running Console (controller/console/__init__.py)."""
     app = web.Application(client_max_size=REQUEST_BODY_BYTES_MAX, middlewares=[_security_headers])
-    app["console"] = console
+    app[CONSOLE] = console
     pages = ["/", "/topics", "/groups", "/search", "/replicator", "/events"]
     for page in pages:
         app.router.add_get(page, _index)
     app.router.add_get("/static/{path:.+}", _static)
-    app.router.add_get("/favicon.ico", lambda request: _no_content())
+    app.router.add_get("/favicon.ico", _no_content)
     app.router.add_get("/api/session", _session)
     app.router.add_post("/api/login", _login)
     app.router.add_post("/api/logout", _logout)
@@ -151,7 +158,7 @@ async def _security_headers(request: web.Request, handler: Callable[[web.Request
     return response
 
 
-async def _no_content() -> web.Response:
+async def _no_content(request: web.Request) -> web.Response:
     return web.Response(status=204)
 
 
@@ -182,11 +189,11 @@ async def _static(request: web.Request) -> web.Response:
 
 
 def _session_of(request: web.Request) -> Session | None:
-    return request.app["console"].sessions.get(request.cookies.get(SESSION_COOKIE, ""))
+    return request.app[CONSOLE].sessions.get(request.cookies.get(SESSION_COOKIE, ""))
 
 
 def _new_session(request: web.Request, response: web.StreamResponse, session: Session) -> None:
-    sessions: collections.OrderedDict[str, Session] = request.app["console"].sessions
+    sessions: collections.OrderedDict[str, Session] = request.app[CONSOLE].sessions
     while len(sessions) >= SESSIONS_MAX:
         sessions.popitem(last=False)
     session_id = secrets.token_urlsafe(32)
@@ -278,7 +285,7 @@ async def _login(request: web.Request) -> web.Response:
 
 
 async def _logout(request: web.Request) -> web.Response:
-    request.app["console"].sessions.pop(request.cookies.get(SESSION_COOKIE, ""), None)
+    request.app[CONSOLE].sessions.pop(request.cookies.get(SESSION_COOKIE, ""), None)
     response = web.json_response({"logged_out": True})
     response.del_cookie(SESSION_COOKIE, path="/")
     return response
@@ -325,7 +332,7 @@ def _reader(
             return _error_response(refused)
         try:
             call = make(request)
-            document = await request.app["console"].run(call)
+            document = await request.app[CONSOLE].run(call)
         except MqmetaError as error:
             return _error_response(error)
         return web.json_response(document)
@@ -347,7 +354,7 @@ def _milliseconds(text: str, name: str) -> int:
 
 def _search_call(request: web.Request) -> Callable[[], Json]:
     query = request.query
-    console = request.app["console"]
+    console = request.app[CONSOLE]
     since = _milliseconds(query.get("since", ""), "since")
     until = _milliseconds(query.get("until", ""), "until")
     return lambda: data.search(
@@ -368,7 +375,7 @@ def _history_call(request: web.Request) -> Callable[[], Json]:
         raise InvalidArgument(f"before must be a Raft index, got {text[:32]!r}") from None
     if before_index < 0:
         raise InvalidArgument(f"before must be a Raft index (1 or more; 0: the newest), not {before_index}")
-    console = request.app["console"]
+    console = request.app[CONSOLE]
     return lambda: data.history(console.client, before_index, HISTORY_PAGE_COMMANDS)
 
 
@@ -376,14 +383,14 @@ async def _events(request: web.Request) -> web.Response:
     refused = _refused(request, READ_METHOD)
     if refused is not None:
         return _error_response(refused)
-    return web.json_response({"events": list(request.app["console"].hub.events)})
+    return web.json_response({"events": list(request.app[CONSOLE].hub.events)})
 
 
 async def _samples(request: web.Request) -> web.Response:
     refused = _refused(request, READ_METHOD)
     if refused is not None:
         return _error_response(refused)
-    return web.json_response({"samples": list(request.app["console"].hub.samples)})
+    return web.json_response({"samples": list(request.app[CONSOLE].hub.samples)})
 
 
 async def _stream(request: web.Request) -> web.StreamResponse:
@@ -392,7 +399,7 @@ async def _stream(request: web.Request) -> web.StreamResponse:
     refused = _refused(request, READ_METHOD)
     if refused is not None:
         return _error_response(refused)
-    hub: Hub = request.app["console"].hub
+    hub: Hub = request.app[CONSOLE].hub
     if len(hub.subscribers) >= SUBSCRIBERS_MAX:
         return web.json_response({"error": "too many open consoles on this nameserver"}, status=503)
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
@@ -432,7 +439,7 @@ async def _admin_write(
     if refused is not None:
         return _error_response(refused)
     body = await _json_body(request)
-    console = request.app["console"]
+    console = request.app[CONSOLE]
     try:
         document = await console.run(lambda: write(console, body))
     except MqmetaError as error:
