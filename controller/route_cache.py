@@ -80,6 +80,7 @@ class RouteCache:
         self._live = False
         self._topics: dict[str, pb.Topic] = {}
         self._listeners: list[Callable[[pb.WatchEvent], None]] = []
+        self._batched = True  # WatchBatched, until a controller answers it UNIMPLEMENTED
         # Topics changed since the last load (not answered), each with the mark of its last
         # change: a reload clears only the marks it read after (an event that arrives while
         # the reload is under way may be newer than what the reload read).
@@ -213,23 +214,38 @@ class RouteCache:
             self._stop.wait(RESUBSCRIBE_INTERVAL_S)
 
     def _follow(self) -> None:
+        """Follows one stream: WatchBatched (the events waiting together in one message);
+        Watch, one event per message, from a controller that answers it UNIMPLEMENTED."""
         self.client.get_metadata(pb.GetMetadataRequest())  # points the client at a live node
-        stream = self.client.watch(keepalive_ms=(WATCH_KEEPALIVE_MS, WATCH_KEEPALIVE_TIMEOUT_MS))
+        batched = self._batched
+        stream = self.client.watch(
+            keepalive_ms=(WATCH_KEEPALIVE_MS, WATCH_KEEPALIVE_TIMEOUT_MS), batched=batched
+        )
         self._stream = stream
         self.stats["subscriptions"] += 1
         loaded = False
-        for event in stream:
-            if self._stop.is_set():
-                return
-            if not loaded:  # the first message proves the subscription is registered
-                self._load()
-                loaded = True
-            self._apply(event)
-            for listener in self._listeners:
-                try:
-                    listener(event)
-                except Exception:  # noqa: BLE001 - a listener's bug must not end the copy's stream
-                    log.exception("route cache: a watch event listener failed")
+        try:
+            for message in stream:
+                if self._stop.is_set():
+                    return
+                if not loaded:  # the first message proves the subscription is registered
+                    self._load()
+                    loaded = True
+                for event in message.events if batched else [message]:
+                    self._apply(event)
+                    self._tell(event)
+        except grpc.RpcError as error:
+            if batched and error.code() == grpc.StatusCode.UNIMPLEMENTED:  # type: ignore[attr-defined]
+                self._batched = False  # an older controller: Watch from the next subscription on
+                log.info("route cache: the controller has no WatchBatched; following Watch")
+            raise
+
+    def _tell(self, event: pb.WatchEvent) -> None:
+        for listener in self._listeners:
+            try:
+                listener(event)
+            except Exception:  # noqa: BLE001 - a listener's bug must not end the copy's stream
+                log.exception("route cache: a watch event listener failed")
 
     def _load(self) -> None:
         """Everything read after subscribing: a change after these reads comes on the stream."""

@@ -446,6 +446,16 @@ class ControllerServicer(pb_grpc.ControllerServiceServicer):
         )
 
     async def Watch(self, request, context) -> AsyncIterator[pb.WatchEvent]:
+        async for events in self._watch(request, context):
+            for event in events:
+                yield event
+
+    async def WatchBatched(self, request, context) -> AsyncIterator[pb.WatchBatch]:
+        """Watch's events, every one waiting when the stream is written in one message."""
+        async for events in self._watch(request, context):
+            yield pb.WatchBatch(events=events)
+
+    async def _watch(self, request, context) -> AsyncIterator[list[pb.WatchEvent]]:
         hub = self.core.watch_hub
         try:
             cluster = validate_name("cluster", request.cluster) if request.cluster else ""
@@ -455,39 +465,51 @@ class ControllerServicer(pb_grpc.ControllerServiceServicer):
             await abort_with_async(context, error)
             return
         try:
-            async for event in self._watch_stream(subscription, context):
-                yield event
+            async for events in self._watch_stream(subscription, context):
+                yield events
         finally:
             hub.unsubscribe(subscription)
 
-    async def _watch_stream(self, subscription: WatchSubscription, context) -> AsyncIterator[pb.WatchEvent]:
+    async def _watch_stream(
+        self, subscription: WatchSubscription, context
+    ) -> AsyncIterator[list[pb.WatchEvent]]:
         """The broker sets that match as they are after a barrier (each stamped with the
         barrier's index), then every event the node applies after that index, until the
-        client goes away or falls behind. An event at or below the index is already in
-        the snapshot and in whatever the client reads after the first message, so it is
-        not sent: a node that is catching up (just restarted, or back from a partition)
-        applies its backlog after the subscription, and would otherwise replay every
-        topic and broker change of its log as news (a route copy then stopped answering
-        every topic until its next reload). A change may still come twice: the snapshot
-        is read just after its index, and an event above the index may repeat it."""
+        client goes away or falls behind; as lists of the events waiting together (at most
+        WATCH_BATCH_MAX). An event at or below the index is already in the snapshot and in
+        whatever the client reads after the first message, so it is not sent: a node that
+        is catching up (just restarted, or back from a partition) applies its backlog
+        after the subscription, and would otherwise replay every topic and broker change
+        of its log as news (a route copy then stopped answering every topic until its
+        next reload). A change may still come twice: the snapshot is read just after its
+        index, and an event above the index may repeat it."""
         try:
             state = await self.core.read_barrier_async()
         except MqmetaError as error:
             await abort_with_async(context, error)
             return
         index = self.core.raft.raftLastApplied
-        for bs in state.broker_sets(subscription.cluster):
-            if not subscription.broker_name or bs["broker_name"] == subscription.broker_name:
-                yield self._snapshot_events.get(index, bs)
+        snapshot = [
+            self._snapshot_events.get(index, bs)
+            for bs in state.broker_sets(subscription.cluster)
+            if not subscription.broker_name or bs["broker_name"] == subscription.broker_name
+        ]
+        for start in range(0, len(snapshot), WATCH_BATCH_MAX):
+            yield snapshot[start : start + WATCH_BATCH_MAX]
+        queue = subscription.queue
         while True:  # until the client goes away: the wait below then raises CancelledError
-            item = await subscription.queue.get()
-            if item is None:
+            items = [await queue.get()]
+            while len(items) < WATCH_BATCH_MAX and not queue.empty() and items[-1] is not None:
+                items.append(queue.get_nowait())
+            events = [item[1] for item in items if item is not None and item[0]["index"] > index]
+            if events:
+                yield events
+            if items[-1] is None:
                 await abort_with_async(context, Unavailable("watch stream fell behind; resubscribe"))
                 return
-            if item[0]["index"] > index:
-                yield item[1]
 
 
+WATCH_BATCH_MAX = 256  # events in one WatchBatched message
 WRITE_BATCH_MAX = 1024
 SNAPSHOT_EVENTS_CACHED_MAX = 4096
 _INT_SEGMENT_FIELDS = ("base_offset", "end_offset", "size", "record_count", "first_epoch", "last_epoch")

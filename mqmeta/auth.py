@@ -71,7 +71,9 @@ _ACCESS_BY_SERVICE: dict[str, dict[str, Access]] = {
         # reads (Watch: the nameservers' route copies)
         **dict.fromkeys(["GetReplicaInfo", "GetSyncStateData", "GetMetadata", "ListBrokerSets"], _R),
         **dict.fromkeys(["ListTopics", "GetTopicRoute", "ListGroups", "GetConfig"], _R),
-        **dict.fromkeys(["GetTieredCheckpoint", "GetReplicatorStatus", "Watch", "GetCommandHistory"], _R),
+        **dict.fromkeys(
+            ["GetTieredCheckpoint", "GetReplicatorStatus", "Watch", "WatchBatched", "GetCommandHistory"], _R
+        ),
     },
     "mqmeta.v1.NameServer": dict.fromkeys(["QueryRoute", "GetClusterInfo", "ListTopics"], _R),
     "mqmeta.v1.BrokerService": {

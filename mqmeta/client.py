@@ -417,14 +417,18 @@ class ControllerClient:
         broker_name: str = "",
         timeout_s: float | None = None,
         keepalive_ms: tuple[int, int] | None = None,
+        batched: bool = False,
     ):
-        """Server stream of WatchEvents from one node (the current target). With
-        `keepalive_ms` (interval, timeout) the stream runs on a channel of its own that
-        pings the node and fails the stream when a ping goes unanswered: a silently cut
-        stream (a stopped node, a black-holed link) then ends instead of waiting forever."""
+        """Server stream of WatchEvents from one node (the current target); `batched`:
+        of WatchBatch messages (WatchBatched: the events waiting together in one message;
+        a controller older than it answers UNIMPLEMENTED). With `keepalive_ms` (interval,
+        timeout) the stream runs on a channel of its own that pings the node and fails the
+        stream when a ping goes unanswered: a silently cut stream (a stopped node, a
+        black-holed link) then ends instead of waiting forever."""
         request = pb.WatchRequest(cluster=cluster, broker_name=broker_name)
         if keepalive_ms is None:
-            return self._stub(self._target).Watch(request, timeout=timeout_s)
+            stub = self._stub(self._target)
+            return (stub.WatchBatched if batched else stub.Watch)(request, timeout=timeout_s)
         interval_ms, timeout_ms = keepalive_ms
         channel = tls.channel(
             dial(self._target),
@@ -448,7 +452,8 @@ class ControllerClient:
             self._watch_channels[self._target] = channel
         if old is not None:
             old.close()  # the previous keepalive stream to this node, ended or abandoned
-        return pb_grpc.ControllerServiceStub(channel).Watch(request, timeout=timeout_s)
+        stub = pb_grpc.ControllerServiceStub(channel)
+        return (stub.WatchBatched if batched else stub.Watch)(request, timeout=timeout_s)
 
     def _refuse_if_closed(self) -> None:
         if self._closed:  # a call retried after close() would wait out its whole deadline

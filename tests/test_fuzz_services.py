@@ -61,7 +61,7 @@ TARGETS = {
     "mqmeta.v1.CallStream": ["controller", "broker"],
 }
 # Methods that wait by design, where UNAVAILABLE / DEADLINE_EXCEEDED are documented.
-LONG_POLLS = {"Watch", "HaFetch", "ReceiveMessage", "Telemetry"}
+LONG_POLLS = {"Watch", "WatchBatched", "HaFetch", "ReceiveMessage", "Telemetry"}
 # Real names, so that "nearly valid" requests pass the first checks. The topic and the group
 # share a name: the rmq Resource message names both.
 NAME = "Fuzz"
@@ -81,7 +81,7 @@ KNOWN = {
 # Controller methods that do not write (the rest must leave the digest alone when refused).
 CONTROLLER_READS = {"GetNextBrokerId", "GetReplicaInfo", "GetSyncStateData", "GetMetadata", "ListBrokerSets"}
 CONTROLLER_READS |= {"ListTopics", "GetTopicRoute", "ListGroups", "GetConfig", "GetTieredCheckpoint", "Watch"}
-CONTROLLER_READS |= {"GetReplicatorStatus", "GetCommandHistory"}
+CONTROLLER_READS |= {"GetReplicatorStatus", "GetCommandHistory", "WatchBatched"}
 
 # A replicator worker's heartbeats and commits (nearly valid: a worker with one rule).
 REPLICATOR_KNOWN = {

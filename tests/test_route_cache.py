@@ -22,8 +22,10 @@ Properties checked:
 from __future__ import annotations
 
 import socket
+import threading
 import time
 
+import grpc
 import pytest
 from mqmeta.cluster.wait import wait_for
 from mqmeta.controller import route_cache
@@ -128,6 +130,49 @@ def test_the_copy_answers_as_the_barrier_read_and_follows_changes(loaded):
     print("route change -> seen by the copy (s):", {k: round(v, 3) for k, v in seen.items()})
 
 
+def test_watch_batched_sends_watchs_events_in_order_several_per_message(loaded):
+    """On one node, WatchBatched and Watch carry the same events in the same order; the
+    topics of one Write, applied together, come in fewer WatchBatched messages than events."""
+    cluster, client, _ = loaded
+    names = [f"Batched{i}" for i in range(24)]
+    got: dict[str, list[tuple[int, str, str]]] = {"single": [], "batched": []}
+    watcher = ControllerClient(cluster.addresses)  # both streams on its target node
+    streams = {
+        "single": watcher.watch(timeout_s=30),
+        "batched": watcher.watch(timeout_s=30, batched=True),
+    }
+    messages: list[int] = []
+
+    def follow(kind: str) -> None:
+        for message in streams[kind]:
+            events = list(message.events) if kind == "batched" else [message]
+            if kind == "batched":
+                messages.append(len([e for e in events if e.kind == "topic"]))
+            got[kind] += [(e.index, e.kind, e.name) for e in events]
+            if any(e.name == names[-1] for e in events):
+                return
+
+    threads = [threading.Thread(target=follow, args=(kind,), daemon=True) for kind in streams]
+    for thread in threads:
+        thread.start()
+    try:
+        wait_for(  # both subscribed: the snapshot of the three broker sets arrived
+            lambda: min(len(v) for v in got.values()), 10, "both streams' snapshots", until=lambda n: n >= 3
+        )
+        ops = [pb.WriteOp(create_topic=pb.TopicSpec(name=n, cluster="C1")) for n in names]
+        assert not [r for r in client.call("Write", pb.WriteBatch(writes=ops)).results if r.error_code]
+        for thread in threads:
+            thread.join(20)
+        assert not any(t.is_alive() for t in threads)
+    finally:
+        for stream in streams.values():
+            stream.cancel()
+        watcher.close()
+    assert got["batched"] == got["single"]
+    assert [name for _, kind, name in got["batched"] if kind == "topic"] == names
+    assert len([m for m in messages if m]) < len(names), messages
+
+
 def test_listeners_get_each_event_after_the_copy_applied_it_and_one_that_raises_is_kept(loaded):
     """The nameserver's console takes its live events from the copy's stream (no stream of
     its own): every listener gets every event, after the copy marked the topic it names,
@@ -198,9 +243,16 @@ class ScriptedController:
         self.during = None
         self.fail_next = False
         self.events: list[pb.WatchEvent] = []  # what watch() streams
+        self.batches_unimplemented = False  # an older controller: WatchBatched is UNIMPLEMENTED
+        self.watched: list[bool] = []  # `batched` of each watch()
 
-    def watch(self, keepalive_ms=None):
-        return iter(self.events)
+    def watch(self, keepalive_ms=None, batched=False):
+        self.watched.append(batched)
+        if not batched:
+            return iter(self.events)
+        if self.batches_unimplemented:
+            return _raising(Unimplemented())
+        return iter([pb.WatchBatch(events=self.events)])
 
     def call(self, method: str, request):
         if method == "GetMetadata":
@@ -230,6 +282,19 @@ class ScriptedController:
 
     def list_topics(self, request):
         return self.call("ListTopics", request)
+
+
+class Unimplemented(grpc.RpcError):
+    def code(self):
+        return grpc.StatusCode.UNIMPLEMENTED
+
+    def details(self):
+        return "Method not found!"
+
+
+def _raising(error: Exception):
+    raise error
+    yield  # a generator: raises at its first next(), as a gRPC stream does
 
 
 def _scripted_cache(*names: str) -> tuple[RouteCache, ScriptedController]:
@@ -266,6 +331,31 @@ def test_a_topic_changed_during_the_first_load_is_not_answered_until_reloaded():
     cache._reload_dirty_topics()
     assert controller.asked[-1] == ["A"]
     assert cache.route("A").message_type == "FIFO"
+
+
+def test_the_copy_follows_batched_events_and_an_older_controllers_watch():
+    """The copy follows WatchBatched (several events per message, applied in order); a
+    controller that answers it UNIMPLEMENTED is followed with Watch from the next
+    subscription on, and the copy's listeners hear the same events either way."""
+    controller = ScriptedController("A", "B")
+    snapshot = pb.WatchEvent(
+        index=1, kind="snapshot", replica_info=pb.ReplicaInfo(cluster="C1", broker_name="b")
+    )
+    controller.events = [snapshot, _topic_event("A"), _topic_event("B")]
+    cache = RouteCache(controller)  # type: ignore[arg-type]
+    heard: list[str] = []
+    cache.add_listener(lambda event: heard.append(event.kind + ":" + event.name))
+    cache._follow()
+    assert controller.watched == [True] and cache.live
+    assert heard == ["snapshot:", "topic:A", "topic:B"]
+    assert cache.route("A") is None and cache.route("B") is None  # both marked, in one message
+    older = ScriptedController("A")
+    older.events, older.batches_unimplemented = [snapshot, _topic_event("A")], True
+    cache = RouteCache(older)  # type: ignore[arg-type]
+    with pytest.raises(grpc.RpcError):
+        cache._follow()
+    cache._follow()  # the next subscription
+    assert older.watched == [True, False] and cache.live and cache.route("A") is None
 
 
 def test_a_reload_reads_only_the_changed_topics_and_drops_the_deleted_ones():

@@ -595,6 +595,12 @@ class WatchEvent(_message.Message):
     replica_info: ReplicaInfo
     def __init__(self, index: _Optional[int] = ..., kind: _Optional[str] = ..., cluster: _Optional[str] = ..., broker_name: _Optional[str] = ..., name: _Optional[str] = ..., replica_info: _Optional[_Union[ReplicaInfo, _Mapping]] = ...) -> None: ...
 
+class WatchBatch(_message.Message):
+    __slots__ = ("events",)
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    events: _containers.RepeatedCompositeFieldContainer[WatchEvent]
+    def __init__(self, events: _Optional[_Iterable[_Union[WatchEvent, _Mapping]]] = ...) -> None: ...
+
 class ReplicatorTaskKey(_message.Message):
     __slots__ = ("rule", "topic", "broker_name", "queue_id")
     RULE_FIELD_NUMBER: _ClassVar[int]

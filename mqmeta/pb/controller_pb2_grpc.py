@@ -194,6 +194,11 @@ class ControllerServiceStub:
                 request_serializer=mqmeta_dot_pb_dot_controller__pb2.WatchRequest.SerializeToString,
                 response_deserializer=mqmeta_dot_pb_dot_controller__pb2.WatchEvent.FromString,
                 _registered_method=True)
+        self.WatchBatched = channel.unary_stream(
+                '/mqmeta.v1.ControllerService/WatchBatched',
+                request_serializer=mqmeta_dot_pb_dot_controller__pb2.WatchRequest.SerializeToString,
+                response_deserializer=mqmeta_dot_pb_dot_controller__pb2.WatchBatch.FromString,
+                _registered_method=True)
 
 
 class ControllerServiceServicer:
@@ -399,6 +404,13 @@ class ControllerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WatchBatched(self, request, context):
+        """Watch's events, several per message (WatchBatch).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControllerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -561,6 +573,11 @@ def add_ControllerServiceServicer_to_server(servicer, server):
                     servicer.Watch,
                     request_deserializer=mqmeta_dot_pb_dot_controller__pb2.WatchRequest.FromString,
                     response_serializer=mqmeta_dot_pb_dot_controller__pb2.WatchEvent.SerializeToString,
+            ),
+            'WatchBatched': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchBatched,
+                    request_deserializer=mqmeta_dot_pb_dot_controller__pb2.WatchRequest.FromString,
+                    response_serializer=mqmeta_dot_pb_dot_controller__pb2.WatchBatch.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1427,6 +1444,33 @@ class ControllerService:
             '/mqmeta.v1.ControllerService/Watch',
             mqmeta_dot_pb_dot_controller__pb2.WatchRequest.SerializeToString,
             mqmeta_dot_pb_dot_controller__pb2.WatchEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchBatched(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/mqmeta.v1.ControllerService/WatchBatched',
+            mqmeta_dot_pb_dot_controller__pb2.WatchRequest.SerializeToString,
+            mqmeta_dot_pb_dot_controller__pb2.WatchBatch.FromString,
             options,
             channel_credentials,
             insecure,
