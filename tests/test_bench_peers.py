@@ -96,6 +96,34 @@ def test_sends_ratios_are_medians_over_rounds_and_bad_flags_are_refused() -> Non
     assert exit_info.value.code == 2
 
 
+def test_cpu_medians_are_per_process_over_rounds_and_bad_flags_are_refused() -> None:
+    """bench.peers.cpu: each process's CPU per write is its median over the rounds (a
+    process missing from a round is left out of that round), `cpu_ms_per_write_all` their
+    sum; an out-of-range flag ends argparse with exit 2."""
+    from bench.peers import cpu
+
+    def phase(p50: float, rate: float, **per_write: float) -> dict:
+        return {"figures": {"p50_ms": p50, "ops_per_s": rate}, "cpu_ms_per_write": per_write}
+
+    result = {
+        "rounds": [
+            {"write_1": phase(3.0, 300, leader=2.0, namesrv=0.5), "write_16": phase(9.0, 900, leader=0.8)},
+            {"write_1": phase(5.0, 200, leader=3.0, namesrv=0.7), "write_16": phase(7.0, 700, leader=0.6)},
+            {"write_1": phase(4.0, 250, leader=9.0), "write_16": phase(8.0, 800, leader=0.7)},
+        ]
+    }
+    cpu.summarize(result)
+    one = result["medians"]["write_1"]
+    assert (one["p50_ms"], one["writes_per_s"]) == (4.0, 250)
+    assert one["cpu_ms_per_write"] == {"leader": 3.0, "namesrv": 0.6}
+    assert one["cpu_ms_per_write_all"] == 3.6
+    assert result["medians"]["write_16"]["cpu_ms_per_write"] == {"leader": 0.7}
+    for flags in (["--rounds", "0"], ["--duration", "0.1"]):
+        with pytest.raises(SystemExit) as exit_info:
+            cpu.parse_args(flags)
+        assert exit_info.value.code == 2
+
+
 def test_sends_baseline_ratios_are_medians_of_cpu_per_message_and_a_missing_python_is_refused() -> None:
     """bench.peers.sends --baseline-python: the `_vs_baseline` ratios divide mqmeta's median
     over the rounds (CPU per message too) by the baseline cluster's; a baseline interpreter

@@ -42,7 +42,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--duration", type=float, default=5.0, help="seconds per measurement (5)")
     parser.add_argument("--kill-namesrv", action="store_true", help="kill -9 the nameserver first")
     parser.add_argument("--root", default="", help="where the cluster lives (default: a temp dir)")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if not (1 <= args.rounds <= 10 and 1.0 <= args.duration <= 60.0):
+        parser.error("--rounds is 1 to 10 and --duration 1 to 60 seconds")
+    return args
 
 
 def _processes(system: Mqmeta) -> dict[str, int]:
