@@ -147,32 +147,48 @@ class ConfirmLog:
 
 def _cut_torn_tail(path: Path, mark: SyncMark) -> None:
     """Truncates an unterminated final line (a power loss's torn write), and before it
-    everything from a never-written (zero) page after the sync mark on, durably."""
+    everything from a never-written (zero) page after the sync mark on; then writes what
+    is left after the mark again, in place, and fsyncs it. After an fsync that failed
+    (EIO: the broker fenced itself and exited), Linux keeps the pages it could not write
+    readable but clean: a later fsync never writes them, so this log read whole at the
+    restart, yet a power loss or an unmount later left zeros in its middle (the audit's
+    B1 found one). Written again, they are dirty and this fsync makes them durable."""
     try:
         fd = os.open(path, os.O_RDWR)
     except FileNotFoundError:
         return
     try:
         size = os.fstat(fd).st_size
-        hole = unwritten_in(fd, mark.floor(size), size)
+        floor = mark.floor(size)
+        hole = unwritten_in(fd, floor, size)
         end = size if hole < 0 else hole
-        if end == 0 or os.pread(fd, 1, end - 1) == b"\n":
-            if end != size:
-                os.ftruncate(fd, end)
-                os.fsync(fd)
-            return
-        keep, block = 0, 1 << 16
-        while end > 0:  # the last newline, read backwards block by block
-            start = max(0, end - block)
-            found = os.pread(fd, end - start, start).rfind(b"\n")
-            if found >= 0:
-                keep = start + found + 1
-                break
-            end = start
-        os.ftruncate(fd, keep)
+        keep = end
+        if end > 0 and os.pread(fd, 1, end - 1) != b"\n":
+            keep, block = 0, 1 << 16
+            while end > 0:  # the last newline, read backwards block by block
+                start = max(0, end - block)
+                found = os.pread(fd, end - start, start).rfind(b"\n")
+                if found >= 0:
+                    keep = start + found + 1
+                    break
+                end = start
+        if keep != size:
+            os.ftruncate(fd, keep)
+        _write_again(fd, min(floor, keep), keep)
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _write_again(fd: int, start: int, end: int) -> None:
+    """Writes bytes [start, end) of the file back where they are, a chunk at a time."""
+    position = start
+    while position < end:
+        chunk = os.pread(fd, min(1 << 20, end - position), position)
+        if not chunk:
+            return
+        os.pwrite(fd, chunk, position)
+        position += len(chunk)
 
 
 def read_confirm_log(path: Path) -> list[dict[str, Any]]:

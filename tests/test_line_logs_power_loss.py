@@ -104,3 +104,38 @@ def test_confirm_log_after_a_power_loss_keeps_only_whole_lines(fs: FaultFs, here
     reopened.note(now_ms + 1000, 2, "SLAVE", 2, 7, 7, {})
     reopened.close()
     assert read_confirm_log(path)[-1]["epoch"] == 2
+
+
+def test_confirm_log_reopened_after_a_failed_fsync_makes_its_lines_durable(fs: FaultFs, here: Path) -> None:
+    """An fsync that fails with EIO leaves the lines written since readable but never
+    written (Linux marks their pages clean; the broker fences itself and exits). The
+    restarted broker's log writes them again at open, so a power loss after its next fsync
+    keeps every line: none lost, no zeros in the middle (the audit's B1 found such a hole
+    after a chaos run's fsync-eio round)."""
+    path = here / "confirm.log"
+    log = ConfirmLog(path, "broker-a", sync_every_bytes=1 << 30)  # only forced lines fsync
+    sync_directory(here)
+    now_ms, offset = 0, 0
+
+    def note(force: bool = False, role: str = "MASTER", target: ConfirmLog = log) -> None:
+        nonlocal now_ms, offset
+        now_ms, offset = now_ms + 100, offset + 100  # past the master's coalescing interval
+        target.note(now_ms, 2, role, 2, offset, offset, {1: offset, 3: offset}, force=force)
+
+    note(force=True)  # durable
+    for _ in range(40):  # about 7 KB after it, unsynced: two pages
+        note()
+    fs.fail_next_fsync(1)
+    with pytest.raises(OSError):
+        note(force=True)  # the forced line's fdatasync fails: the broker exits
+    log.close()
+    written = len(read_confirm_log(path))
+    assert written == 42
+
+    reopened = ConfirmLog(path, "broker-a", sync_every_bytes=1 << 30)
+    note(force=True, role="SLAVE", target=reopened)  # the restarted broker's next fsync
+    reopened.close()
+    fs.lose_power(writeback_fraction=0.0, seed=1)
+
+    records = _verified_lines(path)
+    assert [r["confirm_offset"] for r in records] == list(range(100, 100 * (written + 2), 100))
