@@ -47,7 +47,7 @@ class ConfirmLog:
         self.path = path
         self.broker_name = broker_name
         self._mark = SyncMark(path, sync_every_bytes)
-        _cut_torn_tail(path, self._mark)
+        _recover(path, self._mark)
         self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         self._size = os.fstat(self._fd).st_size
         self._last_key: tuple[Any, ...] | None = None
@@ -145,14 +145,17 @@ class ConfirmLog:
             self._fd = -1
 
 
-def _cut_torn_tail(path: Path, mark: SyncMark) -> None:
+def _recover(path: Path, mark: SyncMark) -> None:
     """Truncates an unterminated final line (a power loss's torn write), and before it
-    everything from a never-written (zero) page after the sync mark on; then writes what
-    is left after the mark again, in place, and fsyncs it. After an fsync that failed
-    (EIO: the broker fenced itself and exited), Linux keeps the pages it could not write
-    readable but clean: a later fsync never writes them, so this log read whole at the
-    restart, yet a power loss or an unmount later left zeros in its middle (the audit's
-    B1 found one). Written again, they are dirty and this fsync makes them durable."""
+    everything from a never-written (zero) page after the sync mark on, durably; then
+    writes what is left after the mark again, in place, and fsyncs it. After an fsync that
+    failed (EIO: the broker fenced itself and exited), Linux keeps the pages it could not
+    write readable but clean: a later fsync never writes them, so this log read whole at
+    the restart, yet a power loss or an unmount later left zeros in its middle (the
+    audit's B1 found one). Written again, they are dirty and this fsync makes them
+    durable. That second step is best effort, as the mark's fsync is (a line of this audit
+    trail never fences): a disk still full or failing leaves a warning, not a broker that
+    cannot start."""
     try:
         fd = os.open(path, os.O_RDWR)
     except FileNotFoundError:
@@ -174,8 +177,12 @@ def _cut_torn_tail(path: Path, mark: SyncMark) -> None:
                 end = start
         if keep != size:
             os.ftruncate(fd, keep)
-        _write_again(fd, min(floor, keep), keep)
-        os.fsync(fd)
+            os.fsync(fd)
+        try:
+            _write_again(fd, min(floor, keep), keep)
+            os.fsync(fd)
+        except OSError as error:
+            log.warning("%s: its lines after the sync mark were not made durable again: %s", path, error)
     finally:
         os.close(fd)
 

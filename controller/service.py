@@ -446,16 +446,16 @@ class ControllerServicer(pb_grpc.ControllerServiceServicer):
         )
 
     async def Watch(self, request, context) -> AsyncIterator[pb.WatchEvent]:
-        async for events in self._watch(request, context):
+        async for events in self._watch(request, context, 1):  # one at a time: none held off the queue
             for event in events:
                 yield event
 
     async def WatchBatched(self, request, context) -> AsyncIterator[pb.WatchBatch]:
         """Watch's events, every one waiting when the stream is written in one message."""
-        async for events in self._watch(request, context):
+        async for events in self._watch(request, context, WATCH_BATCH_MAX):
             yield pb.WatchBatch(events=events)
 
-    async def _watch(self, request, context) -> AsyncIterator[list[pb.WatchEvent]]:
+    async def _watch(self, request, context, batch_max: int) -> AsyncIterator[list[pb.WatchEvent]]:
         hub = self.core.watch_hub
         try:
             cluster = validate_name("cluster", request.cluster) if request.cluster else ""
@@ -465,18 +465,19 @@ class ControllerServicer(pb_grpc.ControllerServiceServicer):
             await abort_with_async(context, error)
             return
         try:
-            async for events in self._watch_stream(subscription, context):
+            async for events in self._watch_stream(subscription, context, batch_max):
                 yield events
         finally:
             hub.unsubscribe(subscription)
 
     async def _watch_stream(
-        self, subscription: WatchSubscription, context
+        self, subscription: WatchSubscription, context, batch_max: int
     ) -> AsyncIterator[list[pb.WatchEvent]]:
         """The broker sets that match as they are after a barrier (each stamped with the
         barrier's index), then every event the node applies after that index, until the
         client goes away or falls behind; as lists of the events waiting together (at most
-        WATCH_BATCH_MAX). An event at or below the index is already in the snapshot and in
+        `batch_max`: a stream that falls behind is noticed by its queue, so Watch takes one
+        at a time). An event at or below the index is already in the snapshot and in
         whatever the client reads after the first message, so it is not sent: a node that
         is catching up (just restarted, or back from a partition) applies its backlog
         after the subscription, and would otherwise replay every topic and broker change
@@ -494,12 +495,12 @@ class ControllerServicer(pb_grpc.ControllerServiceServicer):
             for bs in state.broker_sets(subscription.cluster)
             if not subscription.broker_name or bs["broker_name"] == subscription.broker_name
         ]
-        for start in range(0, len(snapshot), WATCH_BATCH_MAX):
-            yield snapshot[start : start + WATCH_BATCH_MAX]
+        for start in range(0, len(snapshot), batch_max):
+            yield snapshot[start : start + batch_max]
         queue = subscription.queue
         while True:  # until the client goes away: the wait below then raises CancelledError
             items = [await queue.get()]
-            while len(items) < WATCH_BATCH_MAX and not queue.empty() and items[-1] is not None:
+            while len(items) < batch_max and not queue.empty() and items[-1] is not None:
                 items.append(queue.get_nowait())
             events = [item[1] for item in items if item is not None and item[0]["index"] > index]
             if events:

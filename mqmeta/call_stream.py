@@ -353,7 +353,7 @@ class AsyncCallServer:
             self._stopping = True
             self._loop.remove_reader(self._listener.fileno())
             self._listener.close()  # refused from now on
-        for task in [t for t in self._tasks if t not in self._connections]:  # streams not made yet
+        for task in list(self._unopened):  # streams not made yet
             task.cancel()
         for task, writer in list(self._connections.items()):
             if task not in self._serving:

@@ -139,3 +139,27 @@ def test_confirm_log_reopened_after_a_failed_fsync_makes_its_lines_durable(fs: F
 
     records = _verified_lines(path)
     assert [r["confirm_offset"] for r in records] == list(range(100, 100 * (written + 2), 100))
+
+
+def test_confirm_log_opens_on_a_full_disk_and_says_its_lines_were_not_made_durable_again(
+    fs: FaultFs, here: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Writing the lines after the sync mark again at open is best effort (a line of this
+    audit trail never fences): a broker restarted while its disk is full still opens its
+    log, with a warning, and appends once space returns."""
+    path = here / "confirm.log"
+    log = ConfirmLog(path, "broker-a", sync_every_bytes=1 << 30)
+    sync_directory(here)
+    for k in range(1, 6):
+        log.note(k * 100, 2, "MASTER", 2, k * 100, k * 100, {1: k * 100})
+    log.close()
+    fs.disk_full(True)
+    try:
+        with caplog.at_level("WARNING", logger="mqmeta.broker_agent.confirm_log"):
+            reopened = ConfirmLog(path, "broker-a", sync_every_bytes=1 << 30)
+    finally:
+        fs.disk_full(False)
+    assert "not made durable again" in caplog.text
+    reopened.note(1000, 2, "SLAVE", 3, 600, 600, {})
+    reopened.close()
+    assert [r["confirm_offset"] for r in read_confirm_log(path)] == [100, 200, 300, 400, 500, 600]
