@@ -32,7 +32,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from mqmeta.formats.jsonlines import SyncMark, format_line, parse_line, split_lines, unwritten_in
+from mqmeta.formats.jsonlines import SyncMark, format_line, parse_line, split_lines, unwritten_in, write_again
 
 log = logging.getLogger(__name__)
 
@@ -179,23 +179,11 @@ def _recover(path: Path, mark: SyncMark) -> None:
             os.ftruncate(fd, keep)
             os.fsync(fd)
         try:
-            _write_again(fd, min(floor, keep), keep)
-            os.fsync(fd)
+            write_again(fd, min(floor, keep), keep)
         except OSError as error:
             log.warning("%s: its lines after the sync mark were not made durable again: %s", path, error)
     finally:
         os.close(fd)
-
-
-def _write_again(fd: int, start: int, end: int) -> None:
-    """Writes bytes [start, end) of the file back where they are, a chunk at a time."""
-    position = start
-    while position < end:
-        chunk = os.pread(fd, min(1 << 20, end - position), position)
-        if not chunk:
-            return
-        os.pwrite(fd, chunk, position)
-        position += len(chunk)
 
 
 def read_confirm_log(path: Path) -> list[dict[str, Any]]:

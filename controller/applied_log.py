@@ -8,8 +8,10 @@ and crc32 covers the canonical JSON of every other field. Lines go to the page c
 (a kill -9 loses nothing); the file is fsynced once a megabyte has been appended since
 its last fsync, and its sync mark (`applied.jsonl.synced`) records how far it is durable.
 After a crash the torn last line (if any) is cut off; after a power loss also everything
-from the first never-written (zero) page after the mark on, wherever it lies. Entries the
-node replays from its Raft journal are not written twice.
+from the first never-written (zero) page after the mark on, wherever it lies; what is
+left after the mark is then written again in place and fsynced (`write_again`: lines an
+fsync failed to write read whole but are never written back by Linux). Entries the node
+replays from its Raft journal are not written twice.
 """
 
 from __future__ import annotations
@@ -20,7 +22,14 @@ from pathlib import Path
 from typing import Any
 
 from mqmeta.errors import CorruptData
-from mqmeta.formats.jsonlines import SyncMark, format_line, parse_line, split_lines, unwritten_in
+from mqmeta.formats.jsonlines import (
+    SyncMark,
+    format_line,
+    parse_line,
+    split_lines,
+    unwritten_in,
+    write_again,
+)
 
 log = logging.getLogger(__name__)
 
@@ -66,9 +75,15 @@ class AppliedLog:
                 break
             except CorruptData as exc:
                 log.error("%s (left in place for the audit to report)", exc)
-        if keep_end != size:
-            with open(self.path, "r+b") as f:
+        with open(self.path, "r+b") as f:
+            if keep_end != size:
                 f.truncate(keep_end)
+            try:  # best effort, as the mark's fsync is: a full disk must not stop the node
+                write_again(f.fileno(), min(self._mark.floor(size), keep_end), keep_end)
+            except OSError as error:
+                log.warning(
+                    "%s: its lines after the sync mark were not made durable again: %s", self.path, error
+                )
         return last_index
 
     def append(self, record: dict[str, Any]) -> None:

@@ -78,6 +78,61 @@ def test_applied_log_after_a_power_loss_keeps_only_whole_lines(fs: FaultFs, here
     assert _verified_lines(path)[-1]["term"] == 2
 
 
+def test_applied_log_reopened_after_a_failed_fsync_makes_its_lines_durable(fs: FaultFs, here: Path) -> None:
+    """The controller's applied-entry log after an fsync that failed with EIO (the node
+    fail-stops: controller/journal.py's fail_stop, no close): the lines written since
+    read whole but were never written. The restarted node's log writes them again at
+    open, so a power loss after its next fsync keeps every line, with no zeros in the
+    middle for the audit's R1 to report."""
+    path = here / "applied.jsonl"
+    log = AppliedLog(path, "c1", sync_every_bytes=1 << 30)  # only the explicit fsyncs
+    sync_directory(here)
+
+    def append(target: AppliedLog, index: int) -> None:
+        target.append({"index": index, "term": 1, "command_type": "t", "commands": ["x" * 150]})
+
+    append(log, 1)
+    log.fsync()  # durable, the mark after it
+    for index in range(2, 42):  # about 8 KB after it, unsynced: two pages and more
+        append(log, index)
+    fs.fail_next_fsync(1)
+    with pytest.raises(OSError):
+        log.fsync()
+    log._file.close()  # the node exits at once (fail_stop): no fsync at close
+
+    reopened = AppliedLog(path, "c1", sync_every_bytes=1 << 30)
+    assert reopened.last_index == 41  # the pages read whole, though never written
+    append(reopened, 42)
+    reopened.fsync()  # the restarted node's next fsync
+    reopened._file.close()
+    fs.lose_power(writeback_fraction=0.0, seed=1)
+
+    assert [r["index"] for r in _verified_lines(path)] == list(range(1, 43))
+
+
+def test_applied_log_opens_on_a_full_disk_and_says_its_lines_were_not_made_durable_again(
+    fs: FaultFs, here: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Writing the lines after the sync mark again is best effort, as its periodic fsync's
+    mark is: a controller restarted while its disk is full still opens the log."""
+    path = here / "applied.jsonl"
+    log = AppliedLog(path, "c1", sync_every_bytes=1 << 30)
+    sync_directory(here)
+    for index in range(1, 6):
+        log.append({"index": index, "term": 1, "command_type": "t", "commands": []})
+    log._file.close()
+    fs.disk_full(True)
+    try:
+        with caplog.at_level("WARNING", logger="mqmeta.controller.applied_log"):
+            reopened = AppliedLog(path, "c1", sync_every_bytes=1 << 30)
+    finally:
+        fs.disk_full(False)
+    assert "not made durable again" in caplog.text
+    reopened.append({"index": 6, "term": 2, "command_type": "t", "commands": []})
+    reopened.close()
+    assert [r["index"] for r in _verified_lines(path)] == list(range(1, 7))
+
+
 def test_confirm_log_after_a_power_loss_keeps_only_whole_lines(fs: FaultFs, here: Path) -> None:
     """A slave's lines are never forced: only the sync mark's interval makes them durable."""
     path = here / "confirm.log"

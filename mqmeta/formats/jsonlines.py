@@ -89,6 +89,23 @@ def unwritten_in(fd: int, start: int, end: int) -> int:
     return -1
 
 
+def write_again(fd: int, start: int, end: int) -> None:
+    """Writes bytes [start, end) of the file back where they are, a chunk at a time, and
+    fsyncs them. After an fsync that failed (EIO), Linux keeps the pages it could not write
+    readable but clean: the file reads whole, a later fsync never writes them, and a power
+    loss or an unmount after it leaves zeros in its middle. Written again, they are dirty,
+    and this fsync makes them durable. A log calls it at open for what lies after its sync
+    mark; an OSError (the disk still full or failing) is the caller's to report."""
+    position = start
+    while position < end:
+        chunk = os.pread(fd, min(SCAN_CHUNK_BYTES, end - position), position)
+        if not chunk:
+            break
+        os.pwrite(fd, chunk, position)
+        position += len(chunk)
+    os.fsync(fd)
+
+
 class SyncMark:
     """How much of an append-only line file is known durable, kept beside it in
     `<name>.synced` (checksummed, replaced atomically after the file's fsync).
