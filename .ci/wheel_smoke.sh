@@ -29,9 +29,26 @@ cleanup() {
     rm -rf "$WORK"
 }
 trap cleanup EXIT
+trap 'exit 143' TERM # a stopped smoke still stops its cluster (cleanup)
 
-step "build the wheel (pip wheel --no-deps)"
-"$PYTHON" -m pip wheel --quiet --no-deps -w "$WORK/wheel" . >"$WORK/build.out" 2>&1 || {
+# From a copy of the tree (the files git tracks or would, as they are now): setuptools
+# writes build/ and mqmeta.egg-info/ where it builds, and .ci/run installs the project
+# editable in the tree while this smoke runs beside it.
+step "build the wheel (pip wheel --no-deps) from a copy of the tree"
+"$PYTHON" - "$WORK/src" <<'COPY' || fail "copy the tree"
+import shutil, subprocess, sys
+from pathlib import Path
+
+listed = subprocess.run(
+    ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], check=True, capture_output=True
+).stdout
+for name in filter(None, listed.decode().split("\0")):
+    if Path(name).is_file():  # not a file deleted since the last commit
+        target = Path(sys.argv[1]) / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(name, target)
+COPY
+"$PYTHON" -m pip wheel --quiet --no-deps -w "$WORK/wheel" "$WORK/src" >"$WORK/build.out" 2>&1 || {
     cat "$WORK/build.out" >&2
     fail "pip wheel"
 }

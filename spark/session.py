@@ -18,6 +18,9 @@ from typing import Any
 SHUFFLE_PARTITIONS_DEFAULT = 4
 JVM_EXIT_WAIT_S = 30.0
 LOG4J_FILE = Path(__file__).with_name("log4j2.properties")
+JAVA_OPTIONS_ENV = (
+    "MQMETA_SPARK_JAVA_OPTIONS"  # more options for the driver JVM, e.g. -XX:TieredStopAtLevel=1
+)
 _lock = threading.Lock()
 _session: Any = None
 
@@ -37,6 +40,10 @@ def get_session(master: str | None = None, shuffle_partitions: int = SHUFFLE_PAR
         os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
         from pyspark.sql import SparkSession
 
+        # More options for the driver's JVM (in local mode, the only one): the tests and CI
+        # give `-XX:TieredStopAtLevel=1`, whose quicker JIT makes small audits faster.
+        java_options = os.environ.get(JAVA_OPTIONS_ENV, "").strip()
+        java_options = f" {java_options}" if java_options else ""
         builder = (
             SparkSession.builder.appName("mqmeta-audit")
             .config("spark.ui.enabled", "false")
@@ -44,7 +51,9 @@ def get_session(master: str | None = None, shuffle_partitions: int = SHUFFLE_PAR
             .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
             .config("spark.sql.adaptive.enabled", "true")
             .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-            .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{LOG4J_FILE}")
+            .config(
+                "spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{LOG4J_FILE}{java_options}"
+            )
             .config("spark.executor.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{LOG4J_FILE}")
             .config("spark.python.worker.reuse", "true")
             .config("spark.driver.memory", os.environ.get("MQMETA_SPARK_DRIVER_MEMORY", "1g"))

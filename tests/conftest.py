@@ -11,11 +11,16 @@ the run.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 from mqmeta.cluster.harness import Cluster
+
+# The suite's audits are of small data dirs, in the shared session and in `mqmeta audit`
+# processes: the JVM's quicker compiler alone makes them faster (docs/audit.md).
+os.environ.setdefault("MQMETA_SPARK_JAVA_OPTIONS", "-XX:TieredStopAtLevel=1")
 
 # The modules whose tests use the shared Spark session (marked `spark`): one scope.
 SPARK_MODULES = frozenset(

@@ -21,6 +21,7 @@ One Spark session (local[2]) serves every test of this module.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -51,6 +52,13 @@ def spark():
         from mqmeta.spark.session import stop_session
 
         stop_session()
+
+
+def test_the_driver_jvm_runs_with_the_options_of_mqmeta_spark_java_options(spark):
+    """tests/conftest.py gives -XX:TieredStopAtLevel=1; the session passes it to the JVM."""
+    assert os.environ["MQMETA_SPARK_JAVA_OPTIONS"] == "-XX:TieredStopAtLevel=1"
+    runtime = spark.sparkContext._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean()
+    assert "-XX:TieredStopAtLevel=1" in list(runtime.getInputArguments())
 
 
 def audit(spark, data_dir: Path, report: Path, checks: str | None = None) -> dict:
