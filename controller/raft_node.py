@@ -278,6 +278,12 @@ class ControllerRaft(pysyncobj_compat.RaftFixes):
         )
         self.history.record(index, term, commands, results, documents)
         if events:
+            if any("replica_info" in event for event in events):
+                # A broker set changed (a new master, its replicas): as leader, send the
+                # followers this commit index now, not with the next append or heartbeat,
+                # so that watch streams on followers (a nameserver's route copy) learn it
+                # as promptly as the leader's (SendBeforeSync._append_needed).
+                self._commit_send_forced = True
             self._on_events(index, events)
         if self.on_applied is not None:
             self.on_applied(time.perf_counter() - started, len(commands))

@@ -94,6 +94,8 @@ class RouteCache:
         self._loaded = False  # topics and the broker-set list were read after subscribing
         self._generation = 0  # bumped when the copy is dropped: older reloads are discarded
         self._unknown_kinds: set[str] = set()
+        self._subscribed = 0  # subscriptions made: the next one asks the next follower
+        self.watched = ""  # the controller address the stream is on ("" before the first)
         self.stats = {
             "hits": 0,
             "fallbacks": 0,
@@ -216,10 +218,13 @@ class RouteCache:
     def _follow(self) -> None:
         """Follows one stream: WatchBatched (the events waiting together in one message);
         Watch, one event per message, from a controller that answers it UNIMPLEMENTED."""
-        self.client.get_metadata(pb.GetMetadataRequest())  # points the client at a live node
+        meta = self.client.get_metadata(pb.GetMetadataRequest())  # points the client at a live node
         batched = self._batched
+        self.watched = self._watch_target(meta.leader_grpc)
         stream = self.client.watch(
-            keepalive_ms=(WATCH_KEEPALIVE_MS, WATCH_KEEPALIVE_TIMEOUT_MS), batched=batched
+            keepalive_ms=(WATCH_KEEPALIVE_MS, WATCH_KEEPALIVE_TIMEOUT_MS),
+            batched=batched,
+            target=self.watched,
         )
         self._stream = stream
         self.stats["subscriptions"] += 1
@@ -239,6 +244,20 @@ class RouteCache:
                 self._batched = False  # an older controller: Watch from the next subscription on
                 log.info("route cache: the controller has no WatchBatched; following Watch")
             raise
+
+    def _watch_target(self, leader: str) -> str:
+        """A follower, the next one at each subscription (one that died is passed over at
+        the next); the leader only when no other node is configured. Serving the stream
+        cost the leader a gRPC message per applied entry, on the thread that answers the
+        writers: with one writer, 1.0 of its 3.6 ms of CPU per write. A follower applies
+        an entry once it learns the commit index, from the next append or heartbeat; the
+        leader sends it at once after an entry that changed a broker set (a new master:
+        `ControllerRaft._apply_entry`), so failovers reach this copy as promptly as from
+        the leader, and a topic change within a heartbeat (its route is read from the
+        controller until the reload anyway)."""
+        followers = [a for a in self.client.addresses if a != leader] or list(self.client.addresses)
+        self._subscribed += 1
+        return followers[(self._subscribed - 1) % len(followers)]
 
     def _tell(self, event: pb.WatchEvent) -> None:
         for listener in self._listeners:

@@ -31,6 +31,7 @@ from mqmeta.dialmap import dial
 from mqmeta.errors import (
     DeadlineExceeded,
     FailedPrecondition,
+    InvalidArgument,
     MqmetaError,
     NotLeader,
     Unavailable,
@@ -418,20 +419,25 @@ class ControllerClient:
         timeout_s: float | None = None,
         keepalive_ms: tuple[int, int] | None = None,
         batched: bool = False,
+        target: str | None = None,
     ):
-        """Server stream of WatchEvents from one node (the current target); `batched`:
+        """Server stream of WatchEvents from one node (`target`, one of the configured
+        addresses, or else the current target); `batched`:
         of WatchBatch messages (WatchBatched: the events waiting together in one message;
         a controller older than it answers UNIMPLEMENTED). With `keepalive_ms` (interval,
         timeout) the stream runs on a channel of its own that pings the node and fails the
         stream when a ping goes unanswered: a silently cut stream (a stopped node, a
         black-holed link) then ends instead of waiting forever."""
         request = pb.WatchRequest(cluster=cluster, broker_name=broker_name)
+        if target is not None and target not in self.addresses:
+            raise InvalidArgument(f"{target} is not one of this client's controller addresses")
+        node = target or self._target
         if keepalive_ms is None:
-            stub = self._stub(self._target)
+            stub = self._stub(node)
             return (stub.WatchBatched if batched else stub.Watch)(request, timeout=timeout_s)
         interval_ms, timeout_ms = keepalive_ms
         channel = tls.channel(
-            dial(self._target),
+            dial(node),
             options=[
                 *CHANNEL_OPTIONS,
                 ("grpc.keepalive_time_ms", interval_ms),
@@ -448,8 +454,8 @@ class ControllerClient:
             if self._closed:
                 channel.close()
                 self._refuse_if_closed()
-            old = self._watch_channels.pop(self._target, None)
-            self._watch_channels[self._target] = channel
+            old = self._watch_channels.pop(node, None)
+            self._watch_channels[node] = channel
         if old is not None:
             old.close()  # the previous keepalive stream to this node, ended or abandoned
         stub = pb_grpc.ControllerServiceStub(channel)
