@@ -17,7 +17,10 @@ by tests/test_route_cache.py and bench/metadata_scale/). So the nameserver's ans
 were never the thing that made writes safe: fencing is, in the brokers and the
 controller, and neither changed. What does change: a route read is no longer
 linearizable - a client may see a route up to one watch delivery old (RocketMQ's own
-nameservers are eventually consistent, refreshed every 30 s; this is milliseconds).
+nameservers are eventually consistent, refreshed every 30 s; this is milliseconds). The
+stream is on a follower (`_watch_target`), which applies a broker-set change as soon as
+the leader does (the leader sends it the commit index at once) and a topic change within
+a heartbeat.
 
 When the copy answers, and when it does not (then: the barrier read, as before):
 - only while its watch stream is open and it has loaded every broker set the
