@@ -28,6 +28,17 @@ STOPPED_STATES = frozenset("Tt")  # /proc's "stopped" and "tracing stop"
 GONE_STATES = frozenset("ZX")
 
 
+def runs(pid: int) -> bool:
+    """Whether process `pid` runs: it exists and is not a zombie (ended, not yet reaped by
+    its parent). A process that ends while /proc is read does not run either (reading a
+    stat file opened just before the process went raises ProcessLookupError)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()[0].decode() not in GONE_STATES
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+
+
 def thread_states(pid: int) -> dict[int, str]:
     """Each thread's scheduler state (/proc/PID/task/TID/stat's third field); {} when
     the process is gone. The command name may hold spaces and parentheses: the state is

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import pytest
 from mqmeta.cluster.ports import PortReservation
+from mqmeta.cluster.supervisor import runs
 from mqmeta.cluster.wait import WaitTimeout
 
 from tests.support import wait_for
@@ -203,7 +204,7 @@ def test_ctrl_c_stops_every_child_within_3_s_and_marks_the_cluster_stopped(up):
     started = time.monotonic()
 
     def running() -> list[int]:
-        return [pid for pid in pids if _runs(pid)]
+        return [pid for pid in pids if runs(pid)]
 
     try:
         wait_for(running, STOP_WITHIN_S, "every child to end on its own", until=lambda left: not left)
@@ -230,12 +231,3 @@ def _stacks_of(pids: list[int], data_dir: Path) -> str:
     logs = sorted(data_dir.glob("**/logs/*.log"))
     tails = [f"== {log}\n" + "\n".join(log.read_text(errors="replace").splitlines()[-60:]) for log in logs]
     return f"still running: {pids}\n" + "\n".join(tails)
-
-
-def _runs(pid: int) -> bool:
-    """Whether `pid` runs (a zombie, ended and not yet reaped by the launcher, does not)."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from mqmeta.chaos.faultfs import FaultFs
+from mqmeta.cluster.supervisor import runs
 from mqmeta.cluster.wait import wait_for
 
 from tests.support.local_up import start_local_up, stop_local_up
@@ -63,18 +64,7 @@ def _kill_everything(local: subprocess.Popen[bytes], document: dict) -> None:
     for group in ("controllers", "namesrv", "brokers"):
         for child in document.get(group, []):
             if child.get("pid"):
-                wait_for(lambda pid=child["pid"]: not _alive(pid), 30, f"pid {child['pid']} gone")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie of local up's is dead for us
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except FileNotFoundError:
-        return False
+                wait_for(lambda pid=child["pid"]: not runs(pid), 30, f"pid {child['pid']} gone")
 
 
 def _power_loss_round(

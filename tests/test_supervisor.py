@@ -8,6 +8,7 @@ processes; no cluster."""
 from __future__ import annotations
 
 import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -21,6 +22,7 @@ from mqmeta.cluster.supervisor import (
     STOPPED_STATES,
     ChildExited,
     Supervisor,
+    runs,
     thread_states,
 )
 from mqmeta.cluster.wait import wait_for
@@ -84,6 +86,19 @@ def test_suspend_of_a_process_that_exited_returns(supervisor: Supervisor) -> Non
     proc.wait(timeout=10)
     supervisor.suspend("brief")  # gone: nothing to wait for
     assert thread_states(proc.pid) == {}
+
+
+def test_runs_is_false_for_a_zombie_and_for_a_process_gone() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    try:
+        assert runs(child.pid)
+        child.stdin.close()  # type: ignore[union-attr]
+        wait_for(lambda: not runs(child.pid), 10, "the child to end (a zombie until reaped)")
+        assert child.poll() == 0  # it ended, was a zombie, and is reaped only now
+        assert not runs(child.pid)
+    finally:
+        child.kill()
+        child.wait()
 
 
 def test_a_cluster_whose_controller_cannot_bind_fails_at_once_with_its_log(tmp_path: Path) -> None:
