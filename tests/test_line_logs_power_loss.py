@@ -13,8 +13,9 @@ syscalls; several megabytes of lines, about 3 s.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 from mqmeta.broker_agent.confirm_log import ConfirmLog, read_confirm_log
@@ -29,6 +30,7 @@ pytestmark = [
     pytest.mark.skipif(not os.path.exists("/dev/fuse"), reason="no /dev/fuse: FUSE is not in this kernel"),
 ]
 
+T = TypeVar("T")
 WRITTEN_BYTES = 3 << 20  # three times the sync interval: most of it unsynced without the mark
 WRITEBACK_FRACTION = 0.5  # half the dirty pages reach the disk before the cut, in no order
 
@@ -53,6 +55,19 @@ def _verified_lines(path: Path) -> list[dict]:
     lines, torn = split_lines(data)
     assert torn == 0
     return [parse_line(raw.decode(), f"{path.name}:{n}") for n, raw in enumerate(lines, 1)]
+
+
+def _opened_on_a_full_disk(fs: FaultFs, caplog: pytest.LogCaptureFixture, open_log: Callable[[], T]) -> T:
+    """The log opened while the disk is full: it opens, and warns that the lines after
+    its sync mark were not written again."""
+    fs.disk_full(True)
+    try:
+        with caplog.at_level("WARNING"):
+            opened = open_log()
+    finally:
+        fs.disk_full(False)
+    assert "not made durable again" in caplog.text
+    return opened
 
 
 def test_applied_log_after_a_power_loss_keeps_only_whole_lines(fs: FaultFs, here: Path) -> None:
@@ -121,13 +136,7 @@ def test_applied_log_opens_on_a_full_disk_and_says_its_lines_were_not_made_durab
     for index in range(1, 6):
         log.append({"index": index, "term": 1, "command_type": "t", "commands": []})
     log._file.close()
-    fs.disk_full(True)
-    try:
-        with caplog.at_level("WARNING", logger="mqmeta.controller.applied_log"):
-            reopened = AppliedLog(path, "c1", sync_every_bytes=1 << 30)
-    finally:
-        fs.disk_full(False)
-    assert "not made durable again" in caplog.text
+    reopened = _opened_on_a_full_disk(fs, caplog, lambda: AppliedLog(path, "c1", sync_every_bytes=1 << 30))
     reopened.append({"index": 6, "term": 2, "command_type": "t", "commands": []})
     reopened.close()
     assert [r["index"] for r in _verified_lines(path)] == list(range(1, 7))
@@ -208,13 +217,9 @@ def test_confirm_log_opens_on_a_full_disk_and_says_its_lines_were_not_made_durab
     for k in range(1, 6):
         log.note(k * 100, 2, "MASTER", 2, k * 100, k * 100, {1: k * 100})
     log.close()
-    fs.disk_full(True)
-    try:
-        with caplog.at_level("WARNING", logger="mqmeta.broker_agent.confirm_log"):
-            reopened = ConfirmLog(path, "broker-a", sync_every_bytes=1 << 30)
-    finally:
-        fs.disk_full(False)
-    assert "not made durable again" in caplog.text
+    reopened = _opened_on_a_full_disk(
+        fs, caplog, lambda: ConfirmLog(path, "broker-a", sync_every_bytes=1 << 30)
+    )
     reopened.note(1000, 2, "SLAVE", 3, 600, 600, {})
     reopened.close()
     assert [r["confirm_offset"] for r in read_confirm_log(path)] == [100, 200, 300, 400, 500, 600]
