@@ -31,7 +31,6 @@ import logging
 import os
 import select
 import socket
-import struct
 import threading
 import time
 from collections.abc import Callable
@@ -53,7 +52,7 @@ CONNECT_TIMEOUT_S = 1.0
 # How long stop() waits for the connections' threads: one may be in a fetch's wait (at
 # most ha_fetch.FETCH_WAIT_MS_MAX, 1 s), then answer; after stop() none touches the store.
 STOP_JOIN_S = 2.0
-RECV_BYTES = 64 << 10  # one recv of a frame's start: its header and, mostly, all of it
+CLOSED = "the peer closed the HA stream"  # a frame cut short, or no frame where one was due
 
 AWAIT_ROUNDS_MAX = 10_000  # wake-ups of one parked fetch's connection (each a wake or a timeout)
 
@@ -92,60 +91,6 @@ offered = frames.offered
 stream_address = frames.stream_address
 usable = frames.usable
 host_of = frames.host_of
-
-
-def _blocking_with_timeouts(sock: socket.socket, timeout_s: float) -> None:
-    """A blocking socket whose reads and writes fail after `timeout_s` (SO_RCVTIMEO,
-    SO_SNDTIMEO: BlockingIOError, or TimeoutError past a partial sendall). Python's own
-    timeouts poll before every recv and send: two system calls, and two hand-offs of the
-    GIL, each on a send's path on both sides; this is one."""
-    sock.settimeout(None)
-    seconds = int(timeout_s)
-    timeval = struct.pack("ll", seconds, int((timeout_s - seconds) * 1_000_000))
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeval)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeval)
-
-
-class _FrameReader:
-    """Reads one frame at a time from a socket: the header and a small payload usually
-    come in one recv (a request or an answer of one message is about 1.2 KB)."""
-
-    def __init__(self, sock: socket.socket) -> None:
-        self._sock = sock
-        self._pending = b""  # bytes received past the last frame (a peer that pipelines)
-
-    @property
-    def pending(self) -> bool:
-        return bool(self._pending)
-
-    def _recv_into(self, view: memoryview) -> int:
-        n = self._sock.recv_into(view)
-        if n == 0:
-            raise ConnectionResetError("the peer closed the HA stream")
-        return n
-
-    def read(self, size_max: int) -> tuple[int, bytes]:
-        data = self._pending
-        while len(data) < frames.HEADER.size:
-            chunk = self._sock.recv(RECV_BYTES)
-            if not chunk:
-                raise ConnectionResetError("the peer closed the HA stream")
-            data += chunk
-        size, kind, crc = frames.HEADER.unpack_from(data)
-        if size > size_max:
-            raise ValueError(f"an HA stream frame of {size} bytes (at most {size_max})")
-        end = frames.HEADER.size + size
-        if len(data) >= end:
-            payload, self._pending = data[frames.HEADER.size : end], data[end:]
-        else:  # the rest of a large frame, straight into its buffer
-            buffer = bytearray(size)
-            got = len(data) - frames.HEADER.size
-            buffer[:got] = data[frames.HEADER.size :]
-            view = memoryview(buffer)
-            while got < size:
-                got += self._recv_into(view[got:])
-            payload, self._pending = bytes(buffer), b""
-        return kind, frames.checked(payload, crc)
 
 
 class Link:
@@ -221,8 +166,8 @@ class StreamServer(frames.FrameServer):
 
     def _serve_connection(self, connection: socket.socket) -> None:
         connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        _blocking_with_timeouts(connection, IDLE_TIMEOUT_S)
-        reader = _FrameReader(connection)
+        frames.blocking_with_timeouts(connection, IDLE_TIMEOUT_S)
+        reader = frames.FrameReader(connection, None, CLOSED)
         link = Link(connection)
         waiting: Waiting | None = None
         try:
@@ -254,7 +199,9 @@ class StreamServer(frames.FrameServer):
                 self._connections.pop(connection, None)
             link.close()
 
-    def _await(self, connection: socket.socket, reader: _FrameReader, link: Link, waiting: Waiting) -> None:
+    def _await(
+        self, connection: socket.socket, reader: frames.FrameReader, link: Link, waiting: Waiting
+    ) -> None:
         """Until the parked fetch is answered: by another thread's push (the slave's next
         request then arrives; the rest of a push the socket did not take is sent here), or
         by this thread once the fetch's wait ends or the master wakes it."""
@@ -314,8 +261,8 @@ class StreamClient:
                 f"cannot connect to the HA stream at {self.address}: {error}", unreachable
             ) from None
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._timeout_s = 0.0  # set per fetch (_blocking_with_timeouts) when it changes
-        self._reader = _FrameReader(self._sock)
+        self._timeout_s = 0.0  # set per fetch (frames.blocking_with_timeouts) when it changes
+        self._reader = frames.FrameReader(self._sock, None, CLOSED)
         # A master at CONNECTIONS_MAX accepts, then closes: a reset or an end before the
         # first answer is a refusal by a live process, not a master that is gone.
         self._answered = False
@@ -323,7 +270,7 @@ class StreamClient:
     def fetch(self, request: bpb.HaFetchRequest, timeout_s: float) -> bpb.HaFetchResponse:
         try:
             if timeout_s != self._timeout_s:
-                _blocking_with_timeouts(self._sock, timeout_s)
+                frames.blocking_with_timeouts(self._sock, timeout_s)
                 self._timeout_s = timeout_s
             self._sock.sendall(frames.frame(frames.KIND_REQUEST, request.SerializeToString()))
             kind, payload = self._reader.read(RESPONSE_BYTES_MAX)

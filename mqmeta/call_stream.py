@@ -59,7 +59,8 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import grpc
@@ -97,6 +98,7 @@ OFFER_RETRY_S = 1.0  # after the offer could not be asked (the server down or cu
 RETRY_S = 60.0  # no offer (UNIMPLEMENTED, TLS, off): gRPC only this long, then ask again
 ACCEPT_RETRY_S = 0.1  # after an accept failed (out of descriptors): the next try
 STOP_JOIN_S = 2.0  # how long a server's stop waits, past its grace, for the calls being served
+TIMEOUT_SLACK_S = 0.05  # a connection's send timeout is set again when a call's timeout differs by more
 FRAME_TIMEOUT_S = frames.FRAME_TIMEOUT_S  # a server's wait from a request's first byte to its last
 SERVICE = cspb.DESCRIPTOR.services_by_name["CallStream"].full_name  # its Offer call
 
@@ -115,7 +117,7 @@ class CallAborted(grpc.RpcError):
 class CallContext:
     """What the handlers ask of a grpc.ServicerContext, for a call on the stream."""
 
-    def __init__(self, request_id: str, timeout_s: float, peer: str) -> None:
+    def __init__(self, request_id: str, timeout_s: float, peer: str | Callable[[], str]) -> None:
         self._metadata: tuple[tuple[str, str], ...] = ((REQUEST_ID_HEADER, request_id),) if request_id else ()
         self._deadline = time.monotonic() + timeout_s
         self._peer = peer
@@ -128,6 +130,11 @@ class CallContext:
         return max(0.0, self._deadline - time.monotonic())
 
     def peer(self) -> str:
+        """gRPC's form of the client's address ("ipv4:127.0.0.1:5000"); a broker's
+        connection thread gives a function, asked only by a handler that needs it (the
+        system call it makes is a GIL hand-off that most calls need not pay)."""
+        if not isinstance(self._peer, str):
+            self._peer = self._peer()
         return self._peer
 
     def set_trailing_metadata(self, metadata: Any) -> None:
@@ -178,7 +185,9 @@ def encode_request(path: str, address: str, request_id: str, timeout_s: float, b
 _Request = tuple[Handler, Message, CallContext]
 
 
-def _prepare(table: Handlers, address: str, kind: int, payload: bytes, peer: str) -> _Request | bytes:
+def _prepare(
+    table: Handlers, address: str, kind: int, payload: bytes, peer: str | Callable[[], str]
+) -> _Request | bytes:
     """The handler, request and context of a request frame, or the KIND_WRONG_SERVER frame
     to answer when it names another server than `address`; ValueError or DecodeError for a
     bad one (which ends the connection)."""
@@ -254,7 +263,7 @@ class ThreadedCallServer(frames.FrameServer):
         )
 
     def _serve_call(self, kind: int, payload: bytes, connection: socket.socket) -> bytes:
-        prepared = _prepare(self._table, self._address, kind, payload, _peer_of(connection))
+        prepared = _prepare(self._table, self._address, kind, payload, partial(_peer_of, connection))
         if isinstance(prepared, bytes):
             return prepared
         handler, request, context = prepared
@@ -493,10 +502,15 @@ class _Offer:
 
 @dataclass(eq=False)
 class _Connection:
-    sock: socket.socket
+    sock: socket.socket  # blocking, with kernel timeouts (frames.blocking_with_timeouts)
     address: str  # the server's gRPC address (as dialled)
     idle_since: float
     answered: bool = False  # a fresh connection closed before its first answer is a refusal
+    reader: frames.FrameReader = field(init=False)
+    timeout_s: float = 0.0  # the kernel send timeout set last (set again only when it changes)
+
+    def __post_init__(self) -> None:
+        self.reader = frames.FrameReader(self.sock, None, "the server closed the call stream")
 
 
 class CallStreamClient:
@@ -655,6 +669,7 @@ class CallStreamClient:
         except (OSError, ValueError) as error:  # ValueError: a dial map's port that is no number
             raise _Broken(f"cannot connect: {error}", back_off=True) from None
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.settimeout(None)  # kernel timeouts from now on, set per call (_round_trip)
         connection = _Connection(sock, address, now)
         with self._lock:
             if self._closed:
@@ -669,10 +684,12 @@ class CallStreamClient:
         try:
             if timeout_s <= 0:
                 raise TimeoutError
-            sock.settimeout(timeout_s)
+            if abs(timeout_s - connection.timeout_s) > TIMEOUT_SLACK_S:  # the read waits by `deadline`
+                frames.send_timeout(sock, timeout_s)
+                connection.timeout_s = timeout_s
             sock.sendall(payload)
-            kind, answer = frames.read_frame(sock, RESPONSE_BYTES_MAX, deadline=deadline)
-        except TimeoutError:
+            kind, answer = connection.reader.read(RESPONSE_BYTES_MAX, deadline=deadline)
+        except (TimeoutError, BlockingIOError):  # BlockingIOError: SO_SNDTIMEO, a server that reads nothing
             frames.close(sock)
             raise DeadlineExceeded(f"no answer on the call stream of {connection.address} in time") from None
         except OSError as error:

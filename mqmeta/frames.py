@@ -9,9 +9,10 @@ A frame is a 9-byte header, the payload's length (4 bytes, big-endian), its kind
 byte) and its CRC-32 (4 bytes), then the payload. A frame that fails its CRC or is too
 long ends the connection; so does one whose last byte comes FRAME_TIMEOUT_S after its
 first on a server (a slow sender holds no connection), and a payload is stored as it
-arrives (READ_CHUNK_BYTES at a time), not as long as its header claims. A stream is
-opened only when this process serves plain, unauthenticated gRPC (no TLS, no auth
-policy): the stream has neither. Its peer dials it through the dial map as it dials gRPC;
+arrives (READ_CHUNK_BYTES, or as much as has come, at a time), not as long as its header
+claims. Both sides read with FrameReader from blocking sockets with kernel timeouts
+(blocking_with_timeouts). A stream is opened only when this process serves plain,
+unauthenticated gRPC (no TLS, no auth policy): the stream has neither. Its peer dials it through the dial map as it dials gRPC;
 when the dial map redirects the gRPC address but not the stream's, the peer stays on
 gRPC, so that a fault proxy is never bypassed.
 """
@@ -78,46 +79,110 @@ def frame(kind: int, payload: bytes) -> bytes:
     return HEADER.pack(len(payload), kind, zlib.crc32(payload)) + payload
 
 
-def read_exact(sock: socket.socket, size: int, deadline: float | None = None) -> bytes:
-    """`size` bytes, stored as they arrive; with `deadline` (time.monotonic()), TimeoutError
-    past it (the socket's timeout is then changed)."""
-    chunks = []
-    got = 0
-    while got < size:
+def timeval(timeout_s: float) -> bytes:
+    """SO_RCVTIMEO's and SO_SNDTIMEO's struct timeval for `timeout_s`: at least a
+    microsecond (a zero timeval is no timeout at all)."""
+    micros = max(1, int(timeout_s * 1_000_000))
+    return struct.pack("ll", micros // 1_000_000, micros % 1_000_000)
+
+
+def blocking_with_timeouts(sock: socket.socket, timeout_s: float) -> None:
+    """A blocking socket whose reads and writes fail after `timeout_s` (SO_RCVTIMEO,
+    SO_SNDTIMEO: a recv then fails with EAGAIN, which FrameReader raises as TimeoutError; a
+    sendall with BlockingIOError). Python's own timeouts poll before every recv and send,
+    and settimeout changes the descriptor's flags: each a system call that lets go of the
+    GIL and takes it back, a hand-off to another thread where threads wait for it; a
+    kernel timeout is set without letting go of the GIL and costs the recv or send none."""
+    sock.settimeout(None)
+    value = timeval(timeout_s)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, value)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, value)
+
+
+def receive_timeout(sock: socket.socket, timeout_s: float) -> None:
+    """Changes only the receive timeout of a socket set up by blocking_with_timeouts."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeval(timeout_s))
+
+
+def send_timeout(sock: socket.socket, timeout_s: float) -> None:
+    """Changes only the send timeout of a socket set up by blocking_with_timeouts."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeval(timeout_s))
+
+
+class FrameReader:
+    """Reads one frame at a time from a socket set up by blocking_with_timeouts: a frame's
+    header and a small payload usually come in one recv (a request or an answer of one
+    message is about 1.2 KB), where reading the header first took two, and bytes received
+    past a frame (a peer that sends its next frame at once) are kept for the next read.
+
+    A frame's first bytes are waited for with the socket's receive timeout, or until
+    `deadline` (time.monotonic()) when one is given; the rest must come within
+    `frame_timeout_s` of them and by `deadline`, else TimeoutError. While it waits with a
+    deadline the socket's receive timeout is the time left; afterwards it is put back to
+    `timeout_s` (None: left as it is, for a caller that sets it before every read). A
+    long payload is stored as it arrives (READ_CHUNK_BYTES, or as much as has come, at a
+    time), not as long as its header claims."""
+
+    def __init__(
+        self, sock: socket.socket, timeout_s: float | None, closed: str = "the peer closed the stream"
+    ) -> None:
+        self._sock = sock
+        self._timeout_s = timeout_s
+        self._closed = closed
+        self._pending = b""
+        self._timeout_changed = False
+
+    @property
+    def pending(self) -> bool:
+        """Whether bytes of a next frame have been received already."""
+        return bool(self._pending)
+
+    def _recv(self, size: int, deadline: float | None) -> bytes:
         if deadline is not None:
-            remaining_s = deadline - time.monotonic()
-            if remaining_s <= 0:
-                raise TimeoutError(f"{got} of a frame's {size} bytes came in time")
-            sock.settimeout(remaining_s)
-        chunk = sock.recv(min(size - got, READ_CHUNK_BYTES))
+            left_s = deadline - time.monotonic()
+            if left_s <= 0:
+                raise TimeoutError("a frame did not come in time")
+            receive_timeout(self._sock, left_s)
+            self._timeout_changed = True
+        try:
+            chunk = self._sock.recv(size)
+        except BlockingIOError:  # SO_RCVTIMEO
+            raise TimeoutError("a frame did not come in time") from None
         if not chunk:
-            raise ConnectionResetError("the peer closed the stream")
-        chunks.append(chunk)
-        got += len(chunk)
-    return b"".join(chunks)
+            raise ConnectionResetError(self._closed)
+        return chunk
 
-
-def read_frame(
-    sock: socket.socket, size_max: int, frame_timeout_s: float | None = None, deadline: float | None = None
-) -> tuple[int, bytes]:
-    """One frame (kind, payload). Its first byte is waited for with the socket's timeout;
-    the rest must come within `frame_timeout_s` of it and by `deadline` (time.monotonic()),
-    else TimeoutError (the socket's timeout is then put back)."""
-    first = sock.recv(HEADER.size)
-    if not first:
-        raise ConnectionResetError("the peer closed the stream")
-    if frame_timeout_s is not None:
-        frame_deadline = time.monotonic() + frame_timeout_s
-        deadline = frame_deadline if deadline is None else min(deadline, frame_deadline)
-    timeout_s = sock.gettimeout()
-    header = (
-        first if len(first) == HEADER.size else first + read_exact(sock, HEADER.size - len(first), deadline)
-    )
-    size, kind, crc = header_of(header, size_max)
-    payload = read_exact(sock, size, deadline) if size else b""
-    if deadline is not None and sock.gettimeout() != timeout_s:
-        sock.settimeout(timeout_s)
-    return kind, checked(payload, crc)
+    def read(
+        self, size_max: int, frame_timeout_s: float | None = None, deadline: float | None = None
+    ) -> tuple[int, bytes]:
+        """One frame (kind, payload); ValueError when it is longer than `size_max` or
+        fails its CRC."""
+        data, self._pending = self._pending, b""
+        try:
+            if not data:
+                data = self._recv(READ_CHUNK_BYTES, deadline)
+            if frame_timeout_s is not None:
+                frame_deadline = time.monotonic() + frame_timeout_s
+                deadline = frame_deadline if deadline is None else min(deadline, frame_deadline)
+            while len(data) < HEADER.size:
+                data += self._recv(READ_CHUNK_BYTES, deadline)
+            size, kind, crc = header_of(data[: HEADER.size], size_max)
+            end = HEADER.size + size
+            if len(data) >= end:
+                payload, self._pending = data[HEADER.size : end], data[end:]
+            else:
+                chunks = [data[HEADER.size :]]
+                got = len(chunks[0])
+                while got < size:  # at most twice what came so far at a time: few recvs for a large one
+                    chunk = self._recv(min(size - got, max(READ_CHUNK_BYTES, got)), deadline)
+                    chunks.append(chunk)
+                    got += len(chunk)
+                payload = b"".join(chunks)
+        finally:
+            if self._timeout_changed and self._timeout_s is not None:
+                receive_timeout(self._sock, self._timeout_s)
+                self._timeout_changed = False
+        return kind, checked(payload, crc)
 
 
 def header_of(header: bytes, size_max: int) -> tuple[int, int, int]:
@@ -248,10 +313,11 @@ class FrameServer:
 
     def _serve_connection(self, connection: socket.socket) -> None:
         connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        connection.settimeout(self._idle_timeout_s)
+        blocking_with_timeouts(connection, self._idle_timeout_s)
+        reader = FrameReader(connection, self._idle_timeout_s)
         try:
             while True:
-                kind, payload = read_frame(connection, self._request_bytes_max, self._frame_timeout_s)
+                kind, payload = reader.read(self._request_bytes_max, self._frame_timeout_s)
                 with self._lock:
                     if self._stopping.is_set():  # stop() closed it, or is about to: not served
                         break

@@ -200,7 +200,7 @@ def test_a_bad_frame_ends_the_connection_with_a_log_line(cluster):
             assert raw.recv(1) == b"", "the server closed the connection without answering"
     with socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT_S) as raw:
         raw.sendall(frames.frame(frames.KIND_REQUEST, good))
-        kind, answer = frames.read_frame(raw, 1 << 20)
+        kind, answer = frames.FrameReader(raw, None).read(1 << 20)
     assert kind == frames.KIND_RESPONSE and pb.TopicRoute.FromString(answer).topic == "orders"
     node_id = next(n.id for n in cluster.layout.controllers if n.grpc == target)
     log_text = (cluster.root / "logs" / f"{node_id}.log").read_text(errors="replace")
@@ -453,7 +453,7 @@ def test_the_async_server_bounds_its_connections_ends_idle_ones_and_stops_them(m
 
     def answered(sock: socket.socket) -> bool:
         sock.sendall(request)
-        kind, answer = frames.read_frame(sock, 1 << 20)
+        kind, answer = frames.FrameReader(sock, None).read(1 << 20)
         return kind == frames.KIND_RESPONSE and pb.TopicRoute.FromString(answer).topic == "t"
 
     try:
@@ -594,7 +594,7 @@ def test_a_call_in_flight_at_stop_gets_its_answer_and_new_connections_are_refuse
             stopper.start()
             wait_for(lambda: _refused(stream.port), 3, "the stream refusing new connections")
             servicer.release.set()
-            kind_answer, answer = frames.read_frame(in_flight, 1 << 20)
+            kind_answer, answer = frames.FrameReader(in_flight, None).read(1 << 20)
             assert (
                 kind_answer == frames.KIND_RESPONSE and bpb.QueryOffsetResponse.FromString(answer).offset == 7
             )
@@ -678,7 +678,7 @@ def test_a_frame_is_stored_as_it_arrives_not_as_its_header_claims():
         tracemalloc.start()  # imported with the module: pytest's hook reads it too (CI run 23)
         try:
             with pytest.raises(ConnectionResetError):
-                frames.read_frame(reader, 5 << 20)
+                frames.FrameReader(reader, None).read(5 << 20)
             _, peak = tracemalloc.get_traced_memory()
         finally:
             tracemalloc.stop()
@@ -799,3 +799,70 @@ def test_a_server_at_connections_max_or_on_a_new_port_is_asked_again_after_offer
         assert reply is not None and reply.offset == 4 and asked == [address]
     finally:
         client.close()
+
+
+def test_the_frame_reader_takes_a_frame_in_one_recv_keeps_the_next_and_puts_its_timeout_back():
+    """FrameReader: two frames sent together are two reads (the second from the bytes the
+    first recv took); a frame whose rest comes later is waited for by its deadline, and the
+    socket's receive timeout is its own again afterwards; a frame that does not come by
+    the deadline is TimeoutError, as a silent socket past its kernel timeout is."""
+    a, b = socket.socketpair()
+    try:
+        frames.blocking_with_timeouts(a, 2.0)
+        reader = frames.FrameReader(a, 2.0)
+        b.sendall(frames.frame(frames.KIND_REQUEST, b"first") + frames.frame(frames.KIND_RESPONSE, b"second"))
+        assert reader.read(1 << 20) == (frames.KIND_REQUEST, b"first")
+        assert reader.pending
+        assert reader.read(1 << 20) == (frames.KIND_RESPONSE, b"second")
+        assert not reader.pending
+
+        whole = frames.frame(frames.KIND_REQUEST, b"x" * 3000)
+        sender = threading.Timer(0.2, b.sendall, args=(whole[1000:],))
+        b.sendall(whole[:1000])
+        sender.start()
+        assert reader.read(1 << 20, frame_timeout_s=1.0) == (frames.KIND_REQUEST, b"x" * 3000)
+        sender.join()
+        assert a.getsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, 16) == frames.timeval(2.0)
+
+        b.sendall(whole[:1000])
+        started = time.monotonic()
+        with pytest.raises(TimeoutError):
+            reader.read(1 << 20, frame_timeout_s=0.3)
+        assert 0.25 < time.monotonic() - started < 1.5
+        assert a.getsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, 16) == frames.timeval(2.0)
+
+        silent = frames.FrameReader(b, None)
+        frames.blocking_with_timeouts(b, 0.2)
+        started = time.monotonic()
+        with pytest.raises(TimeoutError):
+            silent.read(1 << 20)
+        assert time.monotonic() - started < 1.5
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_call_whose_handler_does_not_ask_for_the_peer_costs_no_getpeername(toy, monkeypatch):
+    """The broker's call stream names the client's address only to a handler that asks
+    (context.peer(): a system call that lets go of the GIL, once per call before)."""
+    asked: list[socket.socket] = []
+    peer_of = call_stream._peer_of
+
+    def counted(connection: socket.socket) -> str:
+        asked.append(connection)
+        return peer_of(connection)
+
+    monkeypatch.setattr(call_stream, "_peer_of", counted)
+    _, start = toy
+    address = start()
+    client, _ = _client()
+    for queue_id in (1, 2, 3):
+        reply = client.call(
+            address, BROKER_SERVICE, "QueryOffset", bpb.QueryOffsetRequest(queue_id=queue_id), 1
+        )
+        assert reply.offset == queue_id
+    assert client.calls["stream"] == 3 and asked == []
+    named: list[str] = []
+    context = call_stream.CallContext("", 1.0, lambda: named.append("asked") or "ipv4:127.0.0.1:1")
+    assert context.peer() == context.peer() == "ipv4:127.0.0.1:1" and named == ["asked"]
+    client.close()
