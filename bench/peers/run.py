@@ -4,7 +4,8 @@ machine, in one run, and one JSON document on stdout.
 Each system runs as three nodes on 127.0.0.1 in a temporary directory (bench/peers/
 servers.py); a peer that is not installed is skipped and named in `skipped`. Every
 figure comes from the same Python load generator (bench/peers/load.py), in rounds that
-alternate which system goes first. Metadata: mqmeta's controller against etcd (one
+alternate which system goes first; within a round each phase (one writer, 16 writers, ...)
+runs on every system back to back before the next phase. Metadata: mqmeta's controller against etcd (one
 write = create a topic / put a key; one linearizable read = the controller's
 configuration / a range read). Messages: mqmeta's brokers (one master, two slaves, acks
 from the whole SyncStateSet) against a RabbitMQ quorum queue and a NATS JetStream R3
@@ -39,8 +40,8 @@ NO_CALL_STREAM = "mqmeta-no-call-stream"  # --only: the peers each restricted ru
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench.peers", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="2 short rounds (under 15 minutes)")
-    parser.add_argument("--rounds", type=int, default=None, help="alternating rounds (default 3; quick 2)")
+    parser.add_argument("--quick", action="store_true", help="5 short rounds (under 15 minutes)")
+    parser.add_argument("--rounds", type=int, default=None, help="alternating rounds (default 3; quick 5)")
     parser.add_argument("--duration", type=float, default=None, help="seconds per measurement (10; quick 4)")
     parser.add_argument("--peers", default="etcd,rabbitmq,nats", help="which peers to run (comma-separated)")
     parser.add_argument("--no-profile", action="store_true", help="skip the py-spy phase")
@@ -59,7 +60,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         f"call stream, in the same rounds: `{NO_CALL_STREAM}`",
     )
     args = parser.parse_args(argv)
-    args.rounds = args.rounds or (2 if args.quick else 3)
+    args.rounds = args.rounds or (5 if args.quick else 3)
     args.duration = args.duration or (4.0 if args.quick else 10.0)
     args.warmup = 1.0 if args.quick else 2.0
     args.kills = 3 if args.quick else 10
@@ -127,22 +128,28 @@ def _metadata_clients(name: str, system: Any) -> tuple[Any, Any]:
 
 
 def metadata_round(systems: dict[str, Any], order: list[str], args) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for name in order:
-        write, read = _metadata_clients(name, systems[name])
-        figures = {
-            "write_1": load.drive(write, 1, args.warmup, args.duration),
-            "read_1": load.drive(read, 1, args.warmup, args.duration),
-            "write_16": load.drive(write, 16, args.warmup, args.duration),
-            "write_16x32": load.drive(
-                partial(_batched, write, load.BATCH), 16, args.warmup, args.duration, load.BATCH
-            ),
-        }
+    """One round of the metadata phases. Each phase runs on every system back to back (in
+    `order`) before the next phase starts: the two figures a ratio divides are taken
+    seconds apart, not a whole system's phases apart, so a change in the machine's load
+    within a round moves both alike."""
+    clients = {name: _metadata_clients(name, systems[name]) for name in order}
+    phases = {
+        "write_1": lambda write, read: load.drive(write, 1, args.warmup, args.duration),
+        "read_1": lambda write, read: load.drive(read, 1, args.warmup, args.duration),
+        "write_16": lambda write, read: load.drive(write, 16, args.warmup, args.duration),
+        "write_16x32": lambda write, read: load.drive(
+            partial(_batched, write, load.BATCH), 16, args.warmup, args.duration, load.BATCH
+        ),
+    }
+    out: dict[str, Any] = {name: {} for name in order}
+    for phase, measure in phases.items():
+        for name in order:
+            out[name][phase] = measure(*clients[name])
+    for name, figures in out.items():
         log(
             f"{name}: write p50 {figures['write_1'].get('p50_ms')} ms, read p50 "
             f"{figures['read_1'].get('p50_ms')} ms, 16 writers {figures['write_16']['ops_per_s']}/s"
         )
-        out[name] = figures
     return out
 
 
@@ -162,26 +169,33 @@ def _send_client(name: str, system: Any) -> Any:
 
 
 def message_round(systems: dict[str, Any], order: list[str], args) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for name in order:
+    """One round of the message phases, each on every system back to back (as
+    metadata_round). RabbitMQ's queue is purged before each of its phases."""
+    senders = {name: _send_client(name, systems[name]) for name in order}
+
+    def batched(name: str) -> dict[str, Any]:
         if name == "rabbitmq":
-            load.rabbit_purge(systems[name].amqp_ports[0])
-        send = _send_client(name, systems[name])
-        figures = {
-            "send_1": load.drive(send, 1, args.warmup, args.duration),
-            "send_16": load.drive(send, 16, args.warmup, args.duration),
-        }
-        if name == "rabbitmq":
-            figures["send_4x32"] = {"skipped": "pika's blocking channel confirms one publish at a time"}
-        else:
-            figures["send_4x32"] = load.drive(
-                partial(_batched, send, load.BATCH), 4, args.warmup, args.duration, load.BATCH
-            )
+            return {"skipped": "pika's blocking channel confirms one publish at a time"}
+        return load.drive(
+            partial(_batched, senders[name], load.BATCH), 4, args.warmup, args.duration, load.BATCH
+        )
+
+    phases = {
+        "send_1": lambda name: load.drive(senders[name], 1, args.warmup, args.duration),
+        "send_16": lambda name: load.drive(senders[name], 16, args.warmup, args.duration),
+        "send_4x32": batched,
+    }
+    out: dict[str, Any] = {name: {} for name in order}
+    for phase, measure in phases.items():
+        for name in order:
+            if name == "rabbitmq" and phase != "send_4x32":
+                load.rabbit_purge(systems[name].amqp_ports[0])
+            out[name][phase] = measure(name)
+    for name, figures in out.items():
         log(
             f"{name}: send p50 {figures['send_1'].get('p50_ms')} ms, 16 producers "
             f"{figures['send_16']['ops_per_s']}/s, 4x32 {figures['send_4x32'].get('ops_per_s')}/s"
         )
-        out[name] = figures
     return out
 
 
