@@ -507,7 +507,7 @@ class _Connection:
     idle_since: float
     answered: bool = False  # a fresh connection closed before its first answer is a refusal
     reader: frames.FrameReader = field(init=False)
-    timeout_s: float = 0.0  # the kernel send timeout set last (set again only when it changes)
+    timeout_s: float = -1.0  # the kernel send timeout set last (set again when it changes; -1: none yet)
 
     def __post_init__(self) -> None:
         self.reader = frames.FrameReader(self.sock, None, "the server closed the call stream")

@@ -12,9 +12,9 @@ first on a server (a slow sender holds no connection), and a payload is stored a
 arrives (READ_CHUNK_BYTES, or as much as has come, at a time), not as long as its header
 claims. Both sides read with FrameReader from blocking sockets with kernel timeouts
 (blocking_with_timeouts). A stream is opened only when this process serves plain,
-unauthenticated gRPC (no TLS, no auth policy): the stream has neither. Its peer dials it through the dial map as it dials gRPC;
-when the dial map redirects the gRPC address but not the stream's, the peer stays on
-gRPC, so that a fault proxy is never bypassed.
+unauthenticated gRPC (no TLS, no auth policy): the stream has neither. Its peer dials it
+through the dial map as it dials gRPC; when the dial map redirects the gRPC address but
+not the stream's, the peer stays on gRPC, so that a fault proxy is never bypassed.
 """
 
 from __future__ import annotations

@@ -866,3 +866,32 @@ def test_a_call_whose_handler_does_not_ask_for_the_peer_costs_no_getpeername(toy
     context = call_stream.CallContext("", 1.0, lambda: named.append("asked") or "ipv4:127.0.0.1:1")
     assert context.peer() == context.peer() == "ipv4:127.0.0.1:1" and named == ["asked"]
     client.close()
+
+
+def test_a_fresh_connection_gets_the_calls_send_timeout_however_short():
+    """The client sets a connection's kernel send timeout when the call's timeout differs
+    from the last one set by more than TIMEOUT_SLACK_S: a fresh connection always gets
+    one (a socket without one would wait forever on a server that reads nothing)."""
+    ours, theirs = socket.socketpair()
+    try:
+        client, _ = _client()
+        connection = call_stream._Connection(ours, "127.0.0.1:1", time.monotonic())
+
+        def answer() -> None:
+            frames.FrameReader(theirs, None).read(1 << 20)
+            theirs.sendall(frames.frame(frames.KIND_RESPONSE, b"ok"))
+
+        server = threading.Thread(target=answer)
+        server.start()
+        short_s = call_stream.TIMEOUT_SLACK_S / 2
+        kind, payload = client._round_trip(
+            connection, frames.frame(frames.KIND_REQUEST, b"x"), time.monotonic() + short_s
+        )
+        server.join()
+        assert (kind, payload) == (frames.KIND_RESPONSE, b"ok")
+        seconds, micros = struct.unpack("ll", ours.getsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, 16))
+        assert 0 < seconds + micros / 1e6 <= short_s + 0.01  # the kernel keeps it in clock ticks
+        client.close()
+    finally:
+        ours.close()
+        theirs.close()
