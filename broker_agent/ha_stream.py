@@ -167,7 +167,7 @@ class StreamServer(frames.FrameServer):
     def _serve_connection(self, connection: socket.socket) -> None:
         connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         frames.blocking_with_timeouts(connection, IDLE_TIMEOUT_S)
-        reader = frames.FrameReader(connection, None, CLOSED)
+        reader = frames.FrameReader(connection, IDLE_TIMEOUT_S, CLOSED)
         link = Link(connection)
         waiting: Waiting | None = None
         try:
@@ -175,7 +175,7 @@ class StreamServer(frames.FrameServer):
                 if waiting is not None:
                     self._await(connection, reader, link, waiting)
                     waiting = None
-                kind, payload = reader.read(REQUEST_BYTES_MAX)
+                kind, payload = reader.read(REQUEST_BYTES_MAX, frames.FRAME_TIMEOUT_S)
                 if kind != frames.KIND_REQUEST:
                     raise ValueError(f"an HA stream frame of kind {kind} from a slave")
                 request = bpb.HaFetchRequest.FromString(payload)
@@ -261,7 +261,7 @@ class StreamClient:
                 f"cannot connect to the HA stream at {self.address}: {error}", unreachable
             ) from None
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._timeout_s = 0.0  # set per fetch (frames.blocking_with_timeouts) when it changes
+        self._timeout_s = -1.0  # set per fetch (frames.blocking_with_timeouts) when it changes; -1: not yet
         self._reader = frames.FrameReader(self._sock, None, CLOSED)
         # A master at CONNECTIONS_MAX accepts, then closes: a reset or an end before the
         # first answer is a refusal by a live process, not a master that is gone.

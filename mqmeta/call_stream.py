@@ -235,7 +235,10 @@ def _refusal_of(handler: Handler, error: Exception) -> bytes:
 
 
 def _peer_of(connection: socket.socket) -> str:
-    host, port = connection.getpeername()[:2]
+    try:
+        host, port = connection.getpeername()[:2]
+    except OSError:  # the client went away while its call was served (gRPC's peer() never raises)
+        return "unknown"
     return f"ipv6:[{host}]:{port}" if ":" in host else f"ipv4:{host}:{port}"
 
 

@@ -10,11 +10,13 @@ byte) and its CRC-32 (4 bytes), then the payload. A frame that fails its CRC or 
 long ends the connection; so does one whose last byte comes FRAME_TIMEOUT_S after its
 first on a server (a slow sender holds no connection), and a payload is stored as it
 arrives (READ_CHUNK_BYTES, or as much as has come, at a time), not as long as its header
-claims. Both sides read with FrameReader from blocking sockets with kernel timeouts
-(blocking_with_timeouts). A stream is opened only when this process serves plain,
-unauthenticated gRPC (no TLS, no auth policy): the stream has neither. Its peer dials it
-through the dial map as it dials gRPC; when the dial map redirects the gRPC address but
-not the stream's, the peer stays on gRPC, so that a fault proxy is never bypassed.
+claims. The HA stream (both sides), the broker's call stream server and every call stream
+client read with FrameReader from blocking sockets with kernel timeouts
+(blocking_with_timeouts); a controller's call stream server reads with asyncio. A stream
+is opened only when this process serves plain, unauthenticated gRPC (no TLS, no auth
+policy): the stream has neither. Its peer dials it through the dial map as it dials gRPC;
+when the dial map redirects the gRPC address but not the stream's, the peer stays on
+gRPC, so that a fault proxy is never bypassed.
 """
 
 from __future__ import annotations
@@ -170,14 +172,13 @@ class FrameReader:
             end = HEADER.size + size
             if len(data) >= end:
                 payload, self._pending = data[HEADER.size : end], data[end:]
-            else:
-                chunks = [data[HEADER.size :]]
-                got = len(chunks[0])
-                while got < size:  # at most twice what came so far at a time: few recvs for a large one
-                    chunk = self._recv(min(size - got, max(READ_CHUNK_BYTES, got)), deadline)
-                    chunks.append(chunk)
-                    got += len(chunk)
-                payload = b"".join(chunks)
+            else:  # asked for at most what came so far (or READ_CHUNK_BYTES) at a time
+                buffer = bytearray(data[HEADER.size :])
+                while len(buffer) < size:
+                    buffer += self._recv(
+                        min(size - len(buffer), max(READ_CHUNK_BYTES, len(buffer))), deadline
+                    )
+                payload = bytes(buffer)
         finally:
             if self._timeout_changed and self._timeout_s is not None:
                 receive_timeout(self._sock, self._timeout_s)

@@ -877,17 +877,13 @@ def test_a_fresh_connection_gets_the_calls_send_timeout_however_short():
         client, _ = _client()
         connection = call_stream._Connection(ours, "127.0.0.1:1", time.monotonic())
 
-        def answer() -> None:
-            frames.FrameReader(theirs, None).read(1 << 20)
-            theirs.sendall(frames.frame(frames.KIND_RESPONSE, b"ok"))
-
-        server = threading.Thread(target=answer)
-        server.start()
+        theirs.sendall(
+            frames.frame(frames.KIND_RESPONSE, b"ok")
+        )  # waiting before the call: no thread's timing
         short_s = call_stream.TIMEOUT_SLACK_S / 2
         kind, payload = client._round_trip(
             connection, frames.frame(frames.KIND_REQUEST, b"x"), time.monotonic() + short_s
         )
-        server.join()
         assert (kind, payload) == (frames.KIND_RESPONSE, b"ok")
         seconds, micros = struct.unpack("ll", ours.getsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, 16))
         assert 0 < seconds + micros / 1e6 <= short_s + 0.01  # the kernel keeps it in clock ticks

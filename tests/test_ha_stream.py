@@ -157,6 +157,35 @@ def test_a_frame_that_fails_its_crc_ends_the_connection_and_the_next_is_served(m
     assert not malformed.value.unreachable
 
 
+def test_a_request_trickled_in_is_cut_at_its_deadline_and_an_idle_one_waits(master, monkeypatch):
+    """The master's side cuts a request frame not all there FRAME_TIMEOUT_S after its
+    first byte (a byte now and then, each well within the idle timeout), and puts its
+    receive timeout back after a frame that came whole: the next fetch, sent after a
+    pause longer than FRAME_TIMEOUT_S, is served."""
+    monkeypatch.setattr(frames, "FRAME_TIMEOUT_S", 0.5)
+    _, server = master
+    client = StreamClient(f"127.0.0.1:{server.port}")
+    assert client.fetch(request(0), TIMEOUT_S).master_epoch == 1
+    time.sleep(0.8)
+    assert client.fetch(request(0), TIMEOUT_S).master_epoch == 1
+    client.close()
+    with socket.create_connection(("127.0.0.1", server.port), timeout=TIMEOUT_S) as slow:
+        started = time.monotonic()
+        slow.sendall(struct.pack(">IBI", 1000, frames.KIND_REQUEST, 0))
+        ended = False
+        while not ended and time.monotonic() - started < 4.0:
+            try:
+                slow.sendall(b"x")
+                slow.settimeout(0.1)
+                ended = slow.recv(1) == b""
+            except TimeoutError:
+                continue
+            except OSError:
+                ended = True
+        took_s = time.monotonic() - started
+    assert ended and took_s < 2.0, f"the trickling connection lived {took_s:.1f} s"
+
+
 def test_the_stream_is_offered_only_over_plain_grpc_and_used_only_through_the_same_dial_map():
     assert ha_stream.offered() and ha_stream.usable("127.0.0.1:10911", 10913)
     tls.configure(tls.TlsConfig(cert=b"cert", key=b"key"))
