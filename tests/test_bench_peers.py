@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.peers import restart, timed_controller
+from bench.peers import restart, run, timed_controller
 from bench.peers.load import _strace_calls
 from bench.peers.servers import PEERS, _alive, absent
 
@@ -157,8 +157,6 @@ def test_only_metadata_keeps_etcd_alone_and_the_metadata_ratios() -> None:
     """bench.peers --only metadata: etcd is the only peer started whatever --peers names,
     an unknown phase is exit 2, and `ratios` keeps the names the issue lists (the message
     ones are None without message rounds)."""
-    from bench.peers import run
-
     args = run.parse_args(["--quick", "--only", "metadata", "--peers", "etcd,rabbitmq,nats"])
     assert args.peers == "etcd" and args.only == "metadata"
     with pytest.raises(SystemExit) as exit_info:
@@ -186,3 +184,17 @@ def test_only_metadata_keeps_etcd_alone_and_the_metadata_ratios() -> None:
     assert ratios["metadata_read_p50_vs_etcd"] == 3.2
     assert ratios["metadata_writes_per_s_16_vs_etcd"] == 0.375
     assert ratios["send_p50_vs_rabbitmq"] is None and ratios["sends_per_s_16_vs_rabbitmq"] is None
+
+
+def test_a_round_runs_each_phase_on_every_system_before_the_next_phase() -> None:
+    """bench.peers: within a round the phases go side by side (mqmeta's one writer, then
+    etcd's, then 16 writers on each), so the two figures of a ratio are seconds apart."""
+    calls: list[tuple[str, str]] = []
+
+    def phase(label: str):
+        return lambda name: calls.append((label, name)) or {"phase": label, "system": name}
+
+    out = run._side_by_side(["mqmeta", "etcd"], {"write_1": phase("write_1"), "write_16": phase("write_16")})
+    assert calls == [("write_1", "mqmeta"), ("write_1", "etcd"), ("write_16", "mqmeta"), ("write_16", "etcd")]
+    assert out["etcd"]["write_16"] == {"phase": "write_16", "system": "etcd"}
+    assert list(out) == ["mqmeta", "etcd"] and list(out["mqmeta"]) == ["write_1", "write_16"]

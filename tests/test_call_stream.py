@@ -74,6 +74,7 @@ from mqmeta.pb import controller_pb2_grpc as pb_grpc
 from mqmeta.rpc import from_rpc_error, rpc, rpc_async
 from tests.support import wait_for
 from tests.support.prometheus import delta, scrape
+from tests.support.trickle import trickled_connection_lifetime_s
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(120)]
 
@@ -651,21 +652,8 @@ def test_a_frame_trickled_in_is_cut_at_its_deadline(kind, monkeypatch):
     monkeypatch.setattr(call_stream, "FRAME_TIMEOUT_S", 0.5)
     stream = _stream_server(kind, SlowBroker())
     try:
-        with socket.create_connection(("127.0.0.1", stream.port), timeout=TIMEOUT_S) as slow:
-            started = time.monotonic()
-            slow.sendall(struct.pack(">IBI", call_stream.REQUEST_BYTES_MAX, frames.KIND_REQUEST, 0))
-            ended = False
-            while not ended and time.monotonic() - started < 4.0:
-                try:
-                    slow.sendall(b"x")
-                    slow.settimeout(0.1)
-                    ended = slow.recv(1) == b""
-                except TimeoutError:
-                    continue
-                except OSError:
-                    ended = True
-            took_s = time.monotonic() - started
-        assert ended and took_s < 2.0, f"the trickling connection lived {took_s:.1f} s"
+        lived_s = trickled_connection_lifetime_s(stream.port, call_stream.REQUEST_BYTES_MAX)
+        assert lived_s is not None and lived_s < 2.0, f"the trickling connection lived {lived_s} s"
     finally:
         stream.close() if isinstance(stream, _AsyncStream) else stream.stop()
 

@@ -49,6 +49,7 @@ from mqmeta.errors import FencedEpoch, InvalidArgument, NotFound, Unavailable
 from mqmeta.formats.records import Message
 from mqmeta.pb import broker_pb2 as bpb
 from mqmeta.pb import controller_pb2 as cpb
+from tests.support.trickle import trickled_connection_lifetime_s
 
 pytestmark = pytest.mark.timeout(60)
 TIMEOUT_S = 5.0
@@ -169,21 +170,8 @@ def test_a_request_trickled_in_is_cut_at_its_deadline_and_an_idle_one_waits(mast
     time.sleep(0.8)
     assert client.fetch(request(0), TIMEOUT_S).master_epoch == 1
     client.close()
-    with socket.create_connection(("127.0.0.1", server.port), timeout=TIMEOUT_S) as slow:
-        started = time.monotonic()
-        slow.sendall(struct.pack(">IBI", 1000, frames.KIND_REQUEST, 0))
-        ended = False
-        while not ended and time.monotonic() - started < 4.0:
-            try:
-                slow.sendall(b"x")
-                slow.settimeout(0.1)
-                ended = slow.recv(1) == b""
-            except TimeoutError:
-                continue
-            except OSError:
-                ended = True
-        took_s = time.monotonic() - started
-    assert ended and took_s < 2.0, f"the trickling connection lived {took_s:.1f} s"
+    lived_s = trickled_connection_lifetime_s(server.port, 1000)
+    assert lived_s is not None and lived_s < 2.0, f"the trickling connection lived {lived_s} s"
 
 
 def test_the_stream_is_offered_only_over_plain_grpc_and_used_only_through_the_same_dial_map():

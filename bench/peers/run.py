@@ -4,10 +4,10 @@ machine, in one run, and one JSON document on stdout.
 Each system runs as three nodes on 127.0.0.1 in a temporary directory (bench/peers/
 servers.py); a peer that is not installed is skipped and named in `skipped`. Every
 figure comes from the same Python load generator (bench/peers/load.py), in rounds that
-alternate which system goes first; within a round each phase (one writer, 16 writers, ...)
-runs on every system back to back before the next phase. Metadata: mqmeta's controller against etcd (one
-write = create a topic / put a key; one linearizable read = the controller's
-configuration / a range read). Messages: mqmeta's brokers (one master, two slaves, acks
+alternate which system goes first; within a round each phase (one writer, 16 writers,
+...) runs on every system back to back before the next phase. Metadata: mqmeta's
+controller against etcd (one write = create a topic / put a key; one linearizable read =
+the controller's configuration / a range read). Messages: mqmeta's brokers (one master, two slaves, acks
 from the whole SyncStateSet) against a RabbitMQ quorum queue and a NATS JetStream R3
 stream. `ratios` are mqmeta ÷ peer.
 """
@@ -127,24 +127,31 @@ def _metadata_clients(name: str, system: Any) -> tuple[Any, Any]:
     return partial(load.EtcdWrite, endpoint), partial(load.EtcdRead, endpoint)
 
 
-def metadata_round(systems: dict[str, Any], order: list[str], args) -> dict[str, Any]:
-    """One round of the metadata phases. Each phase runs on every system back to back (in
-    `order`) before the next phase starts: the two figures a ratio divides are taken
-    seconds apart, not a whole system's phases apart, so a change in the machine's load
-    within a round moves both alike."""
-    clients = {name: _metadata_clients(name, systems[name]) for name in order}
-    phases = {
-        "write_1": lambda write, read: load.drive(write, 1, args.warmup, args.duration),
-        "read_1": lambda write, read: load.drive(read, 1, args.warmup, args.duration),
-        "write_16": lambda write, read: load.drive(write, 16, args.warmup, args.duration),
-        "write_16x32": lambda write, read: load.drive(
-            partial(_batched, write, load.BATCH), 16, args.warmup, args.duration, load.BATCH
-        ),
-    }
+def _side_by_side(order: list[str], phases: dict[str, Any]) -> dict[str, Any]:
+    """{system: {phase: figures}}: each phase (a function of the system's name) runs on
+    every system in `order`, back to back, before the next phase starts: the two figures a
+    ratio divides are taken seconds apart, not a whole system's phases apart, so a change
+    in the machine's load within a round moves both alike."""
     out: dict[str, Any] = {name: {} for name in order}
     for phase, measure in phases.items():
         for name in order:
-            out[name][phase] = measure(*clients[name])
+            out[name][phase] = measure(name)
+    return out
+
+
+def metadata_round(systems: dict[str, Any], order: list[str], args) -> dict[str, Any]:
+    clients = {name: _metadata_clients(name, systems[name]) for name in order}
+    out = _side_by_side(
+        order,
+        {
+            "write_1": lambda name: load.drive(clients[name][0], 1, args.warmup, args.duration),
+            "read_1": lambda name: load.drive(clients[name][1], 1, args.warmup, args.duration),
+            "write_16": lambda name: load.drive(clients[name][0], 16, args.warmup, args.duration),
+            "write_16x32": lambda name: load.drive(
+                partial(_batched, clients[name][0], load.BATCH), 16, args.warmup, args.duration, load.BATCH
+            ),
+        },
+    )
     for name, figures in out.items():
         log(
             f"{name}: write p50 {figures['write_1'].get('p50_ms')} ms, read p50 "
@@ -169,9 +176,17 @@ def _send_client(name: str, system: Any) -> Any:
 
 
 def message_round(systems: dict[str, Any], order: list[str], args) -> dict[str, Any]:
-    """One round of the message phases, each on every system back to back (as
-    metadata_round). RabbitMQ's queue is purged before each of its phases."""
+    """The message phases, side by side (as metadata_round's); RabbitMQ's queue is purged
+    before each of its phases."""
     senders = {name: _send_client(name, systems[name]) for name in order}
+
+    def sends(producers: int) -> Any:
+        def measure(name: str) -> dict[str, Any]:
+            if name == "rabbitmq":
+                load.rabbit_purge(systems[name].amqp_ports[0])
+            return load.drive(senders[name], producers, args.warmup, args.duration)
+
+        return measure
 
     def batched(name: str) -> dict[str, Any]:
         if name == "rabbitmq":
@@ -180,17 +195,7 @@ def message_round(systems: dict[str, Any], order: list[str], args) -> dict[str, 
             partial(_batched, senders[name], load.BATCH), 4, args.warmup, args.duration, load.BATCH
         )
 
-    phases = {
-        "send_1": lambda name: load.drive(senders[name], 1, args.warmup, args.duration),
-        "send_16": lambda name: load.drive(senders[name], 16, args.warmup, args.duration),
-        "send_4x32": batched,
-    }
-    out: dict[str, Any] = {name: {} for name in order}
-    for phase, measure in phases.items():
-        for name in order:
-            if name == "rabbitmq" and phase != "send_4x32":
-                load.rabbit_purge(systems[name].amqp_ports[0])
-            out[name][phase] = measure(name)
+    out = _side_by_side(order, {"send_1": sends(1), "send_16": sends(16), "send_4x32": batched})
     for name, figures in out.items():
         log(
             f"{name}: send p50 {figures['send_1'].get('p50_ms')} ms, 16 producers "
