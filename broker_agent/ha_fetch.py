@@ -98,7 +98,7 @@ def follow(host: BrokerHost, session: int, settings: FetchSettings) -> None:
                     if offer and stream is None and settings.stream and ha_stream.usable(address, offer):
                         stream = _connect(address, offer)
                 else:
-                    handshake, _ = _fetch_once(host, session, settings, stream.fetch, handshake)
+                    handshake = _stream_fetch(host, session, settings, stream)
                 attempts.succeeded()
             except grpc.RpcError as rpc_error:
                 error = from_rpc_error(rpc_error)
@@ -127,6 +127,9 @@ def follow(host: BrokerHost, session: int, settings: FetchSettings) -> None:
                 log.exception("replication from %s failed", address)
                 handshake = True
                 host.stopping.wait(max(ERROR_PAUSE_S, attempts.failed()))
+            if stream is not None and stream.in_flight and handshake:
+                stream.close()  # a fetch sent ahead, its answer never to be read: it connects again
+                stream = None
     finally:
         if stream is not None:
             stream.close()
@@ -148,13 +151,10 @@ def _current(host: BrokerHost, session: int) -> bool:
     return not host.stopping.is_set() and view.fetch_session == session and view.role is Role.SLAVE
 
 
-def _fetch_once(
-    host: BrokerHost, session: int, settings: FetchSettings, call: Fetch, handshake: bool
-) -> tuple[bool, int]:
-    """One fetch over `call` (gRPC's or the stream's); returns whether the next one must
-    handshake again, and the stream port the answer offers (0: none)."""
+def _request(host: BrokerHost, settings: FetchSettings, handshake: bool) -> bpb.HaFetchRequest:
+    """The next fetch: from this slave's log end, which acknowledges everything before it."""
     store, view = host.store, host.view()
-    request = bpb.HaFetchRequest(
+    return bpb.HaFetchRequest(
         cluster=host.cluster,
         broker_name=host.broker_name,
         broker_id=view.broker_id,
@@ -166,19 +166,59 @@ def _fetch_once(
         wait_ms=settings.wait_ms,
         leaving=view.departure is Departure.LEAVING,
     )
-    reply = call(request, settings.wait_ms / 1000 + FETCH_DEADLINE_SLACK_S)
+
+
+def _timeout_s(settings: FetchSettings) -> float:
+    return settings.wait_ms / 1000 + FETCH_DEADLINE_SLACK_S
+
+
+def _fetch_once(
+    host: BrokerHost, session: int, settings: FetchSettings, call: Fetch, handshake: bool
+) -> tuple[bool, int]:
+    """One fetch over gRPC's `call`; returns whether the next one must handshake again,
+    and the stream port the answer offers (0: none)."""
+    reply = call(_request(host, settings, handshake), _timeout_s(settings))
+    return _apply(host, session, settings, reply, None), reply.stream_port
+
+
+def _stream_fetch(host: BrokerHost, session: int, settings: FetchSettings, stream: StreamClient) -> bool:
+    """One fetch over the HA stream (sent now, or already by the last one); returns
+    whether the next one must handshake again (over gRPC)."""
+    if not stream.in_flight:
+        stream.send(_request(host, settings, False), _timeout_s(settings))
+    return _apply(host, session, settings, stream.receive(), stream)
+
+
+def _apply(
+    host: BrokerHost,
+    session: int,
+    settings: FetchSettings,
+    reply: bpb.HaFetchResponse,
+    ahead: StreamClient | None,
+) -> bool:
+    """Applies a fetch's answer; returns whether the next fetch must handshake again. With
+    `ahead` (the HA stream), the next fetch is sent as soon as the answer's bytes are
+    durable: it acknowledges them while this slave finishes with the answer (the master's
+    confirm offset, Replicated), so the master's wait for it is not that much longer."""
     if reply.offset_moved_to_tiered:
         # Not under the host's lock: it downloads; it re-checks the session per append.
         bootstrap_from_tiered(host, settings.tiered_url, reply.min_offset, lambda: _current(host, session))
-        return True, 0  # handshake again from the new end
+        return True  # handshake again from the new end
+    store = host.store
     with host.lock:
         answer = MasterAnswered(
             session, reply.master_epoch, reply.truncate_to, reply.data_offset, reply.data, log_view(store)
         )
         if any(isinstance(effect, Truncate) for effect in host.feed(answer)):
-            return False, reply.stream_port
+            return False
+        if ahead is None or not _current(host, session):
+            host.feed(Replicated(session, reply.confirm_offset, log_view(store)))
+            return False
+        request = _request(host, settings, False)
+    ahead.send(request, _timeout_s(settings))  # the lock let go: a slow socket never holds it
+    with host.lock:
         host.feed(Replicated(session, reply.confirm_offset, log_view(store)))
-    return False, reply.stream_port
+    return False
 
 
 def serve_fetch(

@@ -246,9 +246,10 @@ def _refusal(error: MqmetaError) -> bytes:
 
 class StreamClient:
     """The slave's side: one connection to its master's stream at `address` (HOST:PORT, as
-    dialled: a fault proxy's address in the chaos suite); `fetch` is one round trip, with the
-    timeout the gRPC call would have had. Every failure is StreamBroken (the connection is
-    then closed); a refusal is the typed error the master raised."""
+    dialled: a fault proxy's address in the chaos suite); `fetch` is one round trip (`send`
+    then `receive`), with the timeout the gRPC call would have had. Every failure is
+    StreamBroken (the connection is then closed); a refusal is the typed error the master
+    raised."""
 
     def __init__(self, address: str) -> None:
         self.address = address
@@ -266,18 +267,43 @@ class StreamClient:
         # A master at CONNECTIONS_MAX accepts, then closes: a reset or an end before the
         # first answer is a refusal by a live process, not a master that is gone.
         self._answered = False
+        self.in_flight = False  # a fetch was sent whose answer is not read yet
 
     def fetch(self, request: bpb.HaFetchRequest, timeout_s: float) -> bpb.HaFetchResponse:
+        """One round trip: `send`, then `receive`."""
+        self.send(request, timeout_s)
+        return self.receive()
+
+    def send(self, request: bpb.HaFetchRequest, timeout_s: float) -> None:
+        """Sends a fetch whose answer `receive` reads (the slave sends its next fetch, which
+        acknowledges the bytes it has just made durable, before it finishes with them)."""
+        if self.in_flight:
+            raise ValueError("an HA stream fetch sent before the answer to the last was read")
         try:
             if timeout_s != self._timeout_s:
                 frames.blocking_with_timeouts(self._sock, timeout_s)
                 self._timeout_s = timeout_s
             self._sock.sendall(frames.frame(frames.KIND_REQUEST, request.SerializeToString()))
-            kind, payload = self._reader.read(RESPONSE_BYTES_MAX)
-        except (TimeoutError, BlockingIOError):  # SO_RCVTIMEO, SO_SNDTIMEO
+        except (TimeoutError, BlockingIOError):  # SO_SNDTIMEO
             self.close()
             raise StreamBroken(
-                f"no answer on the HA stream at {self.address} in {timeout_s:.1f} s", False
+                f"the HA stream at {self.address} took no fetch in {timeout_s:.1f} s", False
+            ) from None
+        except OSError as error:
+            self.close()
+            raise StreamBroken(f"the HA stream at {self.address} failed: {error}", self._answered) from None
+        self.in_flight = True
+
+    def receive(self) -> bpb.HaFetchResponse:
+        """The answer to the fetch sent last, within that fetch's timeout."""
+        if not self.in_flight:
+            raise ValueError("no HA stream fetch is waiting for its answer")
+        try:
+            kind, payload = self._reader.read(RESPONSE_BYTES_MAX)
+        except (TimeoutError, BlockingIOError):  # SO_RCVTIMEO
+            self.close()
+            raise StreamBroken(
+                f"no answer on the HA stream at {self.address} in {self._timeout_s:.1f} s", False
             ) from None
         except OSError as error:
             self.close()
@@ -285,6 +311,7 @@ class StreamClient:
         except ValueError as error:
             self.close()
             raise StreamBroken(f"the HA stream at {self.address}: {error}", False) from None
+        self.in_flight = False
         self._answered = True
         if kind == frames.KIND_RESPONSE:
             try:

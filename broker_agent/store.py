@@ -481,7 +481,11 @@ class MessageStore:
             for epoch, start in new_epochs:
                 self.epochs.append(epoch, start)  # the epoch file leads the log
             if records:  # scan_records checked every record's bytes and layout
-                written = self.log.append_verified(data, [r.size for r in records], expected_offset=offset)
+                # Written, indexed, then made durable: the slave acknowledges the bytes (its
+                # next fetch) as soon as the fdatasync returns, with nothing left to do first.
+                written = self.log.append_verified(
+                    data, [r.size for r in records], expected_offset=offset, sync=False
+                )
                 assert written[-1] == records[-1].commit_offset, (written, records)
             end = self.log.max_offset
             self._index.add_batch(records, [r.size for r in records])  # _plan_replicated checked the offsets
@@ -494,7 +498,19 @@ class MessageStore:
                     )
             self._progress.update(consumer_offsets)
             self._maybe_checkpoint()
+            if records:
+                self._sync_replicated()
             return end
+
+    def _sync_replicated(self) -> None:
+        """The fdatasync of a replicated append. A failed one closed the log (CommitLog.sync:
+        its pages' fate is unknown, never retried): an I/O error even when the kernel said
+        ENOSPC, so the broker fences itself rather than go on as if a full disk had refused
+        the write."""
+        try:
+            self.log.sync()
+        except OSError as error:
+            raise OSError(errno.EIO, f"fdatasync of the replicated bytes failed: {error}") from None
 
     def _plan_replicated(
         self, data: bytes, offset: int, records: Iterable[RecordHead]

@@ -1134,3 +1134,28 @@ def test_random_puts_commits_truncations_and_reopens_match_a_model(tmp_path, see
         1 for m in model if m[1] != "offset"
     ), f"seed {seed}"
     store.close()
+
+
+def test_a_replicated_append_is_durable_on_return_and_its_failed_fdatasync_fences(tmp_path, monkeypatch):
+    """A slave's append writes, indexes, then fdatasyncs last (its acknowledgement leaves
+    right after): durable on return. A failed fdatasync closes the log and is an I/O error
+    even when the kernel says ENOSPC: a full disk's refusal (which lets the broker go on)
+    would claim the write undone, and it is not. The failure is injected."""
+    master = new_store(tmp_path / "m")
+    master.begin_epoch(1)
+    fill(master, 1, 3)
+    slave = new_store(tmp_path / "s", fsync=True)
+    end = slave.append_replicated(0, master.read_bytes(0, 1 << 20))
+    assert slave.durable_offset == end == master.max_offset
+    fill(master, 1, 2, start=3)
+
+    def full(fd: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fdatasync", full)
+    with pytest.raises(OSError) as raised:
+        slave.append_replicated(end, master.read_bytes(end, 1 << 20))
+    monkeypatch.undo()
+    assert raised.value.errno == 5, "a failed fdatasync must fence the broker, not refuse as a full disk"
+    assert slave.log_closed and slave.durable_offset == end
+    master.close()

@@ -443,3 +443,54 @@ def test_while_other_writers_wait_the_append_wakes_the_connection_instead(master
     assert isinstance(answer, bpb.HaFetchResponse) and len(answer.data) == end and not pushed
     agent._writers.clear()
     client.close()
+
+
+def test_a_slave_acknowledges_bytes_once_durable_before_it_applies_the_answers_confirm_offset(
+    master, tmp_path, monkeypatch
+):
+    """Over the stream, a slave sends its next fetch (which acknowledges what it holds) as
+    soon as the answer's bytes are durable, then applies the rest of the answer (the
+    master's confirm offset): never before they are durable."""
+    agent, server = master
+    monkeypatch.setattr(ha_fetch, "follow", lambda host, session, settings: None)  # fetched below
+    slave = BrokerAgent(
+        BrokerConfig(
+            cluster="C",
+            broker_name="b",
+            listen="127.0.0.1:2",
+            controllers=["127.0.0.1:1"],
+            data_dir=tmp_path / "b2",
+            fsync=True,
+        )
+    )
+    slave.feed(Registered(2, lease_ms=600_000))
+    slave.apply_replica_info(master_info(epoch=1))
+    session = slave.view().fetch_session
+    settings = ha_fetch.FetchSettings(1 << 20, 5_000)
+    stream = StreamClient(f"127.0.0.1:{server.port}")
+    steps: list[object] = []
+    feed, send = slave.feed, stream.send
+
+    def fed(event):
+        steps.append(type(event).__name__)
+        return feed(event)
+
+    def sent(request, timeout_s):
+        steps.append(("sent", request.fetch_offset, slave.store.durable_offset))
+        send(request, timeout_s)
+
+    monkeypatch.setattr(slave, "feed", fed)
+    monkeypatch.setattr(stream, "send", sent)
+    try:
+        fetching = threading.Thread(
+            target=ha_fetch._stream_fetch, args=(slave, session, settings, stream), daemon=True
+        )
+        fetching.start()
+        wait_for(lambda: agent._parked, TIMEOUT_S, "the slave's fetch parked")
+        _, end, _ = agent.append(lambda e: agent.store.put_messages([Message("T", 0, b"x" * 100)], e, 1))
+        fetching.join(TIMEOUT_S)
+        assert steps == [("sent", 0, 0), "MasterAnswered", ("sent", end, end), "Replicated"]
+        assert stream.in_flight, "the next fetch is out, its answer for the next round to read"
+    finally:
+        stream.close()
+        slave.stop()
