@@ -23,6 +23,7 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -128,6 +129,31 @@ EXIT_BAD_INPUT = 2
 # failed fsync: after one, the kernel may have dropped the pages it could not write).
 EXIT_DISK_FAILED = 3
 DISK_FULL = "DISK_FULL"
+
+
+# A send's answer from the thread on which its last acknowledgement arrived: called with
+# (its results, the epoch) without the lock; it must not block (call_stream.EarlyAnswer).
+Acknowledged = Callable[[list[Any], int], None]
+
+
+@dataclass(eq=False)
+class _Writer:
+    """A writer waiting in wait_acknowledged: the end offset and epoch of its write, and
+    the answer to send once they are acknowledged (taken by _wake_writers)."""
+
+    end: int
+    epoch: int
+    on_acknowledged: Callable[[], None] | None
+
+
+def _told_apart(on_acknowledged: Acknowledged, placed: list[tuple[Any, int]]) -> None:
+    """One caller's share of an acknowledged PlainWrites batch: its results and the epoch."""
+    on_acknowledged([result for result, _ in placed], placed[0][1])
+
+
+def _told_together(on_acknowledged: Callable[[list[Any]], None], results: list[Any], epoch: int) -> None:
+    """A PlainWrites batch's acknowledgement: each message's result with the epoch."""
+    on_acknowledged([(result, epoch) for result in results])
 
 
 # RocketMQ's messageDelayLevel: level 1 first; a remoting consumer's retries wait level 3,
@@ -287,7 +313,10 @@ class BrokerAgent:
         # Writers waiting in wait_acknowledged, each on its own condition of the same lock
         # (-> the end offset it waits for): woken only when their outcome may have changed,
         # not by every append and every other writer's acknowledgement.
-        self._writers: dict[threading.Condition, int] = {}
+        self._writers: dict[threading.Condition, _Writer] = {}
+        # On a thread serving a slave's fetch: the answers of the writes it acknowledged, for
+        # it to send once it lets go of the lock, then wake their writers (_answer_acknowledged)
+        self._answering = threading.local()
         self._writers_seen: tuple[Role, int, int] | None = None  # role, epoch, confirm last woken for
         # Slaves' fetches long-polling for data (ha_fetch.serve_fetch), each on its own
         # condition of the same lock: woken when the log grows or the role or epoch changes,
@@ -353,7 +382,7 @@ class BrokerAgent:
         if request.broker_name != self.config.broker_name:
             raise NotFound(f"this broker serves {self.config.broker_name}, not {request.broker_name}")
         started = time.perf_counter()
-        reply = ha_fetch.serve_fetch(self, request, link)
+        reply = self._answering_acknowledged(partial(ha_fetch.serve_fetch, self, request, link))
         self.fetch_transports[request.broker_id] = True  # after serve_fetch: a replica of this set
         if self.fetch_served is not None and isinstance(reply, bpb.HaFetchResponse):
             self.fetch_served(time.perf_counter() - started, len(reply.data))
@@ -472,9 +501,44 @@ class BrokerAgent:
         if not everyone and seen == self._writers_seen:
             return  # nothing moved (an append): a writer checks its outcome before it waits
         self._writers_seen = seen
-        for condition, end in self._writers.items():
-            if everyone or end <= seen[2]:
+        answers = getattr(self._answering, "due", None)
+        for condition, writer in self._writers.items():
+            if not everyone and writer.end > seen[2]:
+                continue
+            if (
+                answers is not None
+                and writer.on_acknowledged is not None
+                and core.write_outcome(writer.end, writer.epoch) is WriteOutcome.ACKNOWLEDGED
+            ):
+                answers.append((writer.on_acknowledged, condition))  # woken once it is sent
+                writer.on_acknowledged = None
+            else:
                 condition.notify()
+
+    def _answering_acknowledged(self, serve: Callable[[], Any]) -> Any:
+        """Runs `serve` (a slave's fetch, which may acknowledge writes) on this thread, then
+        sends the answers of the writes it acknowledged that have one (a Send on the call
+        stream), without the lock, and only then wakes their writers: the producer hears of
+        its acknowledgement without a hand-off to its writer's thread first, and that thread
+        does not contend for the GIL with this one until the answer is out."""
+        due: list[tuple[Callable[[], None], threading.Condition]] = []
+        self._answering.due = due
+        try:
+            return serve()
+        finally:
+            self._answering.due = None
+            if due:
+                self._answer_acknowledged(due)
+
+    def _answer_acknowledged(self, due: list[tuple[Callable[[], None], threading.Condition]]) -> None:
+        for answer, _ in due:
+            try:
+                answer()
+            except Exception:  # its writer's own answer still goes
+                log.exception("an early answer to an acknowledged write failed")
+        with self.lock:
+            for _, condition in due:
+                condition.notify()  # a writer gone meanwhile (its deadline) no longer listens
 
     def _wake_fetchers(self) -> None:
         """With the lock held: wakes the long-polling fetches when what they wait for may
@@ -1007,29 +1071,40 @@ class BrokerAgent:
         with self.lock:
             return self.core.writable(now or now_ms())
 
-    def send(self, messages: Sequence[MessageFields]) -> tuple[list[Any], int]:
+    def send(
+        self, messages: Sequence[MessageFields], on_acknowledged: Acknowledged | None = None
+    ) -> tuple[list[Any], int]:
         """Appends `messages` and waits for the ack policy: (their results, the epoch).
         Concurrent sends are written together (rmq_writes.PlainWrites: one append, one
         group commit, one replication round, one wait for several producers' sends);
-        replicated copies, which must keep their origin's order, are written alone."""
+        replicated copies, which must keep their origin's order, are written alone.
+        `on_acknowledged(results, epoch)`, when given, may be called first, by the thread
+        on which the last acknowledgement arrived (without the lock): the caller's answer,
+        sent from there (call_stream.EarlyAnswer); it must not block."""
         if not 1 <= len(messages) <= SEND_BATCH_MAX:
             raise InvalidArgument(f"a send carries 1 to {SEND_BATCH_MAX} messages")
         if any(m.properties and not _ORIGIN_PROPERTIES.isdisjoint(m.properties) for m in messages):
-            return self._send_alone(messages)
+            return self._send_alone(messages, on_acknowledged)
         try:
-            placed = self._sends.write(messages)
+            told = None if on_acknowledged is None else partial(_told_apart, on_acknowledged)
+            placed = self._sends.write(messages, told)
         except (InvalidArgument, FailedPrecondition):
             # Refused before anything was written, maybe for another producer's messages
             # written with these: alone, this send gets its own outcome.
-            return self._send_alone(messages)
+            return self._send_alone(messages, on_acknowledged)
         return [result for result, _ in placed], placed[0][1]
 
-    def _send_alone(self, messages: Sequence[MessageFields]) -> tuple[list[Any], int]:
-        return self._write(lambda epoch: self.store.put_messages(messages, epoch, wall_ms()))
+    def _send_alone(
+        self, messages: Sequence[MessageFields], on_acknowledged: Acknowledged | None = None
+    ) -> tuple[list[Any], int]:
+        return self._write(lambda epoch: self.store.put_messages(messages, epoch, wall_ms()), on_acknowledged)
 
-    def _send_together(self, messages: list[Any]) -> list[tuple[Any, int]]:
+    def _send_together(
+        self, messages: list[Any], on_acknowledged: Callable[[list[Any]], None] | None = None
+    ) -> list[tuple[Any, int]]:
         """The write of a PlainWrites batch: each message's result with the epoch."""
-        results, epoch = self._send_alone(messages)
+        told = None if on_acknowledged is None else partial(_told_together, on_acknowledged)
+        results, epoch = self._send_alone(messages, told)
         return [(result, epoch) for result in results]
 
     def commit_consumer_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
@@ -1043,10 +1118,14 @@ class BrokerAgent:
         replicated write; see MessageStore.commit_consumer_progress."""
         self._write(lambda epoch: self.store.commit_consumer_progress(entries, epoch, wall_ms()))
 
-    def _write(self, put: Callable[[int], Any]) -> tuple[Any, int]:
+    def _write(
+        self, put: Callable[[int], Any], on_acknowledged: Acknowledged | None = None
+    ) -> tuple[Any, int]:
         """Appends as master, then waits for the ack policy; the only write path."""
         results, end, epoch = self.append(put)
-        self.wait_acknowledged(end, epoch)
+        self.wait_acknowledged(
+            end, epoch, None if on_acknowledged is None else partial(on_acknowledged, results, epoch)
+        )
         return results, epoch
 
     def append(self, put: Callable[[int], Any]) -> tuple[Any, int, int]:
@@ -1081,19 +1160,25 @@ class BrokerAgent:
             with self.lock:
                 self.feed(Synced(log_view(self.store)))
 
-    def wait_acknowledged(self, end: int, epoch: int) -> None:
+    def wait_acknowledged(
+        self, end: int, epoch: int, on_acknowledged: Callable[[], None] | None = None
+    ) -> None:
         """Blocks until the ack policy holds for everything before `end`: first the
         group commit makes this broker's own bytes durable (outside the agent lock, so
         appends and fetches go on; one fdatasync covers every writer waiting), then the
-        SyncStateSet's acks."""
+        SyncStateSet's acks. `on_acknowledged` may be called, once, by the thread on which
+        the last acknowledgement arrives, before this returns (_answering_acknowledged)."""
         deadline = time.monotonic() + self.config.send_timeout_ms / 1000
         self._sync_written(end)
+        self._await_acks(_Writer(end, epoch, on_acknowledged), deadline)
+
+    def _await_acks(self, writer: _Writer, deadline: float) -> None:
         with self.lock:
             condition = threading.Condition(self._mutex)  # woken by _wake_writers
-            self._writers[condition] = end
+            self._writers[condition] = writer
             try:
                 while True:
-                    outcome = self.core.write_outcome(end, epoch)
+                    outcome = self.core.write_outcome(writer.end, writer.epoch)
                     if outcome is WriteOutcome.ACKNOWLEDGED:
                         return
                     if outcome is WriteOutcome.DEPOSED:

@@ -38,6 +38,14 @@ class _Batch:
         self.done = threading.Event()
         self.results: list[Any] = []
         self.error: BaseException | None = None
+        # (first record, count, on_acknowledged) of each caller that gave one (write)
+        self.told: list[tuple[int, int, Callable[[list[Any]], None]]] = []
+
+    def acknowledged(self, results: list[Any]) -> None:
+        """The write's acknowledgement, before the leader returns: each caller that gave
+        an on_acknowledged hears of its results (they must not block)."""
+        for start, count, on_acknowledged in self.told:
+            on_acknowledged(results[start : start + count])
 
 
 class PlainWrites:
@@ -47,7 +55,7 @@ class PlainWrites:
 
     def __init__(
         self,
-        write: Callable[[list[MessageFields]], list[Any]],
+        write: Callable[..., list[Any]],  # (records) -> results; and on_acknowledged= (write)
         in_flight_max: int,
         records_max: int,
         body_bytes_max: int,
@@ -67,8 +75,13 @@ class PlainWrites:
         self._in_flight = 0
         self.writes = 0  # batches written (for tests and the bench)
 
-    def write(self, records: Sequence[MessageFields]) -> list[Any]:
-        """Writes `records` (with whatever else waits) and returns their results in order."""
+    def write(
+        self, records: Sequence[MessageFields], on_acknowledged: Callable[[list[Any]], None] | None = None
+    ) -> list[Any]:
+        """Writes `records` (with whatever else waits) and returns their results in order.
+        `on_acknowledged(results)`, when given, may be called first, by another thread:
+        the write function is then called with the batch's own hook (`on_acknowledged=`),
+        which it calls once the write is acknowledged, as BrokerAgent.send does."""
         body_bytes = sum(len(record.body) for record in records)
         with self._lock:
             batch = self._waiting[-1] if self._waiting else None
@@ -76,6 +89,8 @@ class PlainWrites:
                 batch = _Batch()
                 self._waiting.append(batch)
             start = len(batch.records)
+            if on_acknowledged is not None:
+                batch.told.append((start, len(records), on_acknowledged))
             batch.records.extend(records)
             batch.body_bytes += body_bytes
             if start == 0:
@@ -123,7 +138,10 @@ class PlainWrites:
         try:
             self.writes += 1
             self._on_write()
-            results = self._write(batch.records)
+            if batch.told:
+                results = self._write(batch.records, on_acknowledged=batch.acknowledged)
+            else:
+                results = self._write(batch.records)
             assert len(results) == len(batch.records), (len(results), len(batch.records))
             batch.results = results
         except BaseException as error:  # every caller of the batch gets it

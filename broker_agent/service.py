@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
 
 from mqmeta.broker_agent import ha_fetch
 from mqmeta.broker_agent.admin import BrokerAdmin
-from mqmeta.broker_agent.agent import BrokerAgent
+from mqmeta.broker_agent.agent import Acknowledged, BrokerAgent
 from mqmeta.broker_agent.metrics import BrokerMetrics
 from mqmeta.broker_agent.origins import ORIGIN_AHEAD
 from mqmeta.broker_agent.status import ha_status
 from mqmeta.broker_agent.store import PutResult
 
+from mqmeta.call_stream import answer_early
 from mqmeta.clock import wall_ms
 from mqmeta.errors import FailedPrecondition, InvalidArgument, NotFound
 from mqmeta.formats.origin import OriginKey
@@ -71,6 +73,12 @@ def send_response(epoch: int, results: Sequence[PutResult]) -> bpb.SendResponse:
     return response
 
 
+def _answer_acknowledged(
+    answer: Callable[[bpb.SendResponse], None], results: Sequence[PutResult], epoch: int
+) -> None:
+    answer(send_response(epoch, results))
+
+
 def _stored(record) -> bpb.StoredMessage:
     return bpb.StoredMessage(
         msg_id=record.msg_id,
@@ -103,21 +111,25 @@ class BrokerServicer(bpb_grpc.BrokerServiceServicer):
         messages = request.messages
         check_sent_messages(messages)
         started = time.perf_counter()
-        results, epoch = self._send_in_origin_order(messages)
+        answer = answer_early(context)  # the call stream's: sent by the thread the last ack arrives on
+        told = None if answer is None else partial(_answer_acknowledged, answer)
+        results, epoch = self._send_in_origin_order(messages, told)
         if self.metrics is not None:
             self.metrics.send_seconds.observe(time.perf_counter() - started)
             self.metrics.messages_in.inc(len(messages))
             self.metrics.bytes_in.inc(sum(len(m.body) for m in messages))
         return send_response(epoch, results)
 
-    def _send_in_origin_order(self, messages: Sequence[MessageFields]) -> tuple[list, int]:
+    def _send_in_origin_order(
+        self, messages: Sequence[MessageFields], on_acknowledged: Acknowledged | None
+    ) -> tuple[list, int]:
         """agent.send; a batch of replicated copies whose predecessor has not arrived yet
         (several batches in flight over a WAN can overtake each other in this server's
         threads) waits for it, a bounded time, instead of failing the whole pipeline."""
         deadline = time.monotonic() + ORIGIN_REORDER_WAIT_MS / 1000
         while True:
             try:
-                return self.agent.send(messages)
+                return self.agent.send(messages, on_acknowledged)
             except FailedPrecondition as error:
                 remaining = deadline - time.monotonic()
                 if error.code != ORIGIN_AHEAD or remaining <= 0:

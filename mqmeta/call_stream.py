@@ -114,14 +114,62 @@ class CallAborted(grpc.RpcError):
         self.trailing = dict(trailing)
 
 
-class CallContext:
-    """What the handlers ask of a grpc.ServicerContext, for a call on the stream."""
+class EarlyAnswer:
+    """A broker's call whose answer another thread may send before the handler returns:
+    a Send's, by the thread that receives the acknowledgement it waits for (the HA
+    stream's), so the producer hears of it without that thread waking the handler's first.
+    `send` writes the answer's frame without blocking (the client waits for this answer:
+    the socket's buffer is empty); what the socket does not take at once, the connection's
+    thread sends once the handler returns, and whatever the handler then answers is dropped.
+    An answer not sent early (nothing taken, or the handler returned first) is the
+    handler's, as for any call."""
 
-    def __init__(self, request_id: str, timeout_s: float, peer: str | Callable[[], str]) -> None:
+    def __init__(self, connection: socket.socket) -> None:
+        self._connection = connection
+        self._lock = threading.Lock()
+        self._closed = False  # answered early, or the handler returned
+        self._rest: bytes | None = None  # of an answer sent early (b"": all of it)
+
+    def send(self, reply: Message) -> None:
+        frame = _answer(reply)
+        with self._lock:
+            if self._closed:
+                return
+            try:
+                sent = self._connection.send(frame, socket.MSG_DONTWAIT)
+            except (
+                OSError
+            ) as error:  # BlockingIOError: nothing taken; otherwise gone: the handler's answer fails too
+                log.debug("an early call stream answer was not sent: %s", error)
+                return
+            self._closed = True
+            self._rest = frame[sent:]
+
+    def close(self) -> bytes | None:
+        """The handler returned: the rest of the answer sent early, or None (none was:
+        the handler's answer is to be sent)."""
+        with self._lock:
+            self._closed = True
+            return self._rest
+
+
+class CallContext:
+    """What the handlers ask of a grpc.ServicerContext, for a call on the stream. `early`:
+    a broker's call (ThreadedCallServer), whose answer another thread may send (see
+    answer_early)."""
+
+    def __init__(
+        self,
+        request_id: str,
+        timeout_s: float,
+        peer: str | Callable[[], str],
+        early: EarlyAnswer | None = None,
+    ) -> None:
         self._metadata: tuple[tuple[str, str], ...] = ((REQUEST_ID_HEADER, request_id),) if request_id else ()
         self._deadline = time.monotonic() + timeout_s
         self._peer = peer
         self._trailing: tuple[tuple[str, str], ...] = ()
+        self.early = early
 
     def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
         return self._metadata
@@ -143,6 +191,13 @@ class CallContext:
     def abort(self, code: grpc.StatusCode, details: str, trailing_metadata: Any = None) -> None:
         """Raises at once, so `await context.abort(...)` (grpc.aio's) works too."""
         raise CallAborted(code, details, tuple(trailing_metadata or self._trailing))
+
+
+def answer_early(context: Any) -> Callable[[Message], None] | None:
+    """How a handler has its answer sent by another thread (EarlyAnswer.send), or None:
+    a gRPC call, or a call on a controller's stream, is answered by its handler only."""
+    early = context.early if isinstance(context, CallContext) else None
+    return None if early is None else early.send
 
 
 @dataclass(frozen=True)
@@ -186,7 +241,12 @@ _Request = tuple[Handler, Message, CallContext]
 
 
 def _prepare(
-    table: Handlers, address: str, kind: int, payload: bytes, peer: str | Callable[[], str]
+    table: Handlers,
+    address: str,
+    kind: int,
+    payload: bytes,
+    peer: str | Callable[[], str],
+    early: EarlyAnswer | None = None,
 ) -> _Request | bytes:
     """The handler, request and context of a request frame, or the KIND_WRONG_SERVER frame
     to answer when it names another server than `address`; ValueError or DecodeError for a
@@ -207,7 +267,7 @@ def _prepare(
     if handler is None:
         raise ValueError(f"a call of {path!r}, which this server does not serve on the call stream")
     request = handler.request_type.FromString(payload[start + address_size :])
-    return handler, request, CallContext(request_id, timeout_ms / 1000, peer)
+    return handler, request, CallContext(request_id, timeout_ms / 1000, peer, early)
 
 
 def _answer(reply: Message) -> bytes:
@@ -266,16 +326,19 @@ class ThreadedCallServer(frames.FrameServer):
         )
 
     def _serve_call(self, kind: int, payload: bytes, connection: socket.socket) -> bytes:
-        prepared = _prepare(self._table, self._address, kind, payload, partial(_peer_of, connection))
+        early = EarlyAnswer(connection)
+        prepared = _prepare(self._table, self._address, kind, payload, partial(_peer_of, connection), early)
         if isinstance(prepared, bytes):
             return prepared
         handler, request, context = prepared
         assert not handler.is_coroutine, f"{handler.name} is a coroutine: serve it with AsyncCallServer"
         self._on_call()
         try:
-            return _answer(handler.call(request, context))
+            answer = _answer(handler.call(request, context))
         except Exception as error:
-            return _refusal_of(handler, error)
+            answer = _refusal_of(handler, error)
+        rest = early.close()
+        return answer if rest is None else rest
 
 
 class AsyncCallServer:

@@ -35,6 +35,7 @@ to happen on demand:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import socket
@@ -879,3 +880,77 @@ def test_a_fresh_connection_gets_the_calls_send_timeout_however_short():
     finally:
         ours.close()
         theirs.close()
+
+
+class EarlyBroker(bpb_grpc.BrokerServiceServicer):
+    """QueryOffset's answer (the offset asked for) is sent by another thread, as the HA
+    stream's thread sends a Send's; the handler then returns another one (-1), which must
+    never reach the client."""
+
+    @rpc
+    def QueryOffset(self, request, context):
+        answer = call_stream.answer_early(context)
+        assert answer is not None, "a broker's call stream lets another thread answer"
+        sender = threading.Thread(target=answer, args=(bpb.QueryOffsetResponse(offset=request.queue_id),))
+        sender.start()
+        sender.join()
+        return bpb.QueryOffsetResponse(offset=-1)
+
+
+def test_an_answer_sent_early_by_another_thread_is_the_calls_and_the_handlers_is_dropped():
+    """A Send's answer may leave from the thread its acknowledgement arrived on: the client
+    gets that one, and the handler's own, returned later, is never read as the answer to
+    the connection's next call."""
+    servicer = EarlyBroker()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    bpb_grpc.add_BrokerServiceServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    stream = ThreadedCallServer(
+        "127.0.0.1", f"127.0.0.1:{port}", call_stream.handlers(servicer, BROKER_SERVICE)
+    )
+    stream.start()
+    cspb_grpc.add_CallStreamServicer_to_server(
+        call_stream.OfferServicer(lambda: stream.port, [BROKER_SERVICE.full_name], f"127.0.0.1:{port}"),
+        server,
+    )
+    server.start()
+    client, _ = _client()
+    try:
+        for queue_id in (1, 2, 3):  # one connection: a stray answer would be the next call's
+            reply = client.call(
+                f"127.0.0.1:{port}",
+                BROKER_SERVICE,
+                "QueryOffset",
+                bpb.QueryOffsetRequest(queue_id=queue_id),
+                2,
+            )
+            assert reply.offset == queue_id
+        assert client.calls["stream"] == 3
+    finally:
+        client.close()
+        server.stop(0)
+        stream.stop()
+    assert call_stream.answer_early(call_stream.CallContext("", 1.0, "peer")) is None, "a controller's call"
+
+
+def test_what_the_socket_does_not_take_of_an_early_answer_is_left_for_the_connections_thread():
+    left, right = socket.socketpair()
+    left.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    try:
+        early = call_stream.EarlyAnswer(left)
+        reply = bpb.PullResponse(messages=[bpb.StoredMessage(body=b"x" * 500_000)])
+        early.send(reply)
+        rest = early.close()
+        assert rest, "the socket took it all: the test needs a reply larger than its buffer"
+        early.send(reply)  # closed: nothing more leaves
+        taken = b""
+        right.setblocking(False)
+        with contextlib.suppress(BlockingIOError):
+            while chunk := right.recv(1 << 20):
+                taken += chunk
+        assert taken + rest == frames.frame(frames.KIND_RESPONSE, reply.SerializeToString())
+        late = call_stream.EarlyAnswer(left)
+        assert late.close() is None, "nothing sent early: the handler's answer goes"
+    finally:
+        left.close()
+        right.close()

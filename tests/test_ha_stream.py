@@ -445,6 +445,41 @@ def test_while_other_writers_wait_the_append_wakes_the_connection_instead(master
     client.close()
 
 
+def test_a_send_is_answered_by_the_thread_its_last_acknowledgement_arrives_on(master):
+    """The stream thread that receives the slave's acknowledgement sends the producer's
+    answer (send's on_acknowledged) and only then wakes the writer: the answer does not
+    wait for a hand-off to the writer's thread."""
+    agent, server = master
+    client = StreamClient(f"127.0.0.1:{server.port}")
+    events: list[str] = []
+    told: list[tuple[str, list, int]] = []
+
+    def on_acknowledged(results: list, epoch: int) -> None:
+        told.append((threading.current_thread().name, results, epoch))
+        events.append("answered")
+
+    returned: list[tuple[list, int]] = []
+
+    def send() -> None:
+        returned.append(agent.send([Message("T", 0, b"x" * 100)], on_acknowledged))
+        events.append("returned")
+
+    poll, outcomes = _park(agent, client, 0, 5_000)
+    writer = threading.Thread(target=send, daemon=True)
+    writer.start()
+    poll.join(TIMEOUT_S)
+    (pushed,) = outcomes
+    assert isinstance(pushed, bpb.HaFetchResponse) and pushed.data
+    end = pushed.data_offset + len(pushed.data)
+    wait_for(lambda: agent._writers, TIMEOUT_S, "the writer waits for its acknowledgement")
+    client.fetch(request(end), TIMEOUT_S)  # acknowledges everything before `end`
+    writer.join(TIMEOUT_S)
+    assert events == ["answered", "returned"], "the writer's thread answered, or before the answer was sent"
+    ((thread, results, epoch),) = told
+    assert thread == "ha-stream" and (results, epoch) == returned[0]
+    client.close()
+
+
 def test_a_slave_acknowledges_bytes_once_durable_before_it_applies_the_answers_confirm_offset(
     master, tmp_path, monkeypatch
 ):
