@@ -417,18 +417,26 @@ class BrokerAgent:
                     parked.link.wake()
             return []
         answers = []
+        reads: dict[tuple[int, int], bytes] = {}
         for parked in list(self._parked):
-            answer = ha_fetch.answer_parked(self, parked)
+            answer = ha_fetch.answer_parked(self, parked, reads)
             if answer is not None:
                 answers.append((parked, answer))
         return answers
 
     def _push(self, answers: list[tuple[ha_fetch.ParkedFetch, bpb.HaFetchResponse]]) -> None:
         """Sends the answers to parked fetches from this (the appending) thread: the slaves
-        have the bytes without a hand-off to their connections' threads."""
+        have the bytes without a hand-off to their connections' threads. One frame serves
+        the slaves whose answers are the same (they asked from the same offset); every
+        slave has its answer before any is counted (fetch_served)."""
+        frame = b""
+        last: bpb.HaFetchResponse | None = None
         for parked, answer in answers:
-            parked.link.push(answer)
-            if self.fetch_served is not None:
+            if last is None or answer != last:
+                frame, last = ha_stream.response_frame(answer), answer
+            parked.link.push(frame)
+        if self.fetch_served is not None:
+            for parked, answer in answers:
                 self.fetch_served(time.perf_counter() - parked.started, len(answer.data))
 
     def request_refresh(self) -> None:

@@ -260,18 +260,29 @@ def serve_fetch(
         return data_reply(host, request, max_bytes)
 
 
-def data_reply(host: BrokerHost, request: bpb.HaFetchRequest, max_bytes: int) -> bpb.HaFetchResponse:
+Reads = dict[tuple[int, int], bytes]  # (offset, size) -> the bytes read there under one lock
+
+
+def data_reply(
+    host: BrokerHost, request: bpb.HaFetchRequest, max_bytes: int, reads: Reads | None = None
+) -> bpb.HaFetchResponse:
     """With the host's lock held: the answer to a fetch the core accepted, from its offset
-    up to the log end (nothing when the log has not grown past it)."""
+    up to the log end (nothing when the log has not grown past it). `reads`: the bytes
+    already read for other fetches under the same lock (the slaves of a set, answered by
+    one append, ask from the same offset: one read serves them all)."""
     store = host.store
     end = store.max_offset
-    # Unchecked here: the slave checks every record's CRC and layout (scan_records)
-    # before it writes any, so a record corrupted on this disk is refused there.
-    data = (
-        store.read_bytes(request.fetch_offset, min(max_bytes, end - request.fetch_offset), check=False)
-        if end > request.fetch_offset
-        else b""
-    )
+    size = min(max_bytes, end - request.fetch_offset)
+    if size <= 0:
+        data = b""
+    elif reads is not None and (request.fetch_offset, size) in reads:
+        data = reads[request.fetch_offset, size]
+    else:
+        # Unchecked here: the slave checks every record's CRC and layout (scan_records)
+        # before it writes any, so a record corrupted on this disk is refused there.
+        data = store.read_bytes(request.fetch_offset, size, check=False)
+        if reads is not None:
+            reads[request.fetch_offset, size] = data
     host.feed(FetchAnswered(now_ms(), request.broker_id, log_view(store)))  # the host's clock
     return _reply(host, request, data_offset=request.fetch_offset, data=data)
 
@@ -306,14 +317,16 @@ class ParkedFetch:
             return self.host.unpark(self)
 
 
-def answer_parked(host: BrokerHost, parked: ParkedFetch) -> bpb.HaFetchResponse | None:
+def answer_parked(
+    host: BrokerHost, parked: ParkedFetch, reads: Reads | None = None
+) -> bpb.HaFetchResponse | None:
     """With the host's lock held, after an append: the answer to `parked` (unparked), or
     None when the log has not grown past its offset or the core would refuse it now (its
     connection's thread, woken by the new role or epoch, answers it)."""
     if host.store.max_offset <= parked.request.fetch_offset or not host.serves(parked.request.master_epoch):
         return None
     host.unpark(parked)
-    return data_reply(host, parked.request, parked.max_bytes)
+    return data_reply(host, parked.request, parked.max_bytes, reads)
 
 
 def _answer(effects: list[Effect]) -> AnswerFetch:

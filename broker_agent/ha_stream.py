@@ -106,8 +106,8 @@ class Link:
         self._rest = b""  # of a pushed answer, for the connection's thread to send
         self._closed = False
 
-    def push(self, response: bpb.HaFetchResponse) -> None:
-        frame = frames.frame(frames.KIND_RESPONSE, response.SerializeToString())
+    def push(self, frame: bytes) -> None:
+        """Sends an answer's frame (response_frame)."""
         with self._lock:
             if self._closed:
                 return
@@ -185,7 +185,7 @@ class StreamServer(frames.FrameServer):
                     connection.sendall(_refusal(error))
                     continue
                 if isinstance(outcome, bpb.HaFetchResponse):
-                    connection.sendall(frames.frame(frames.KIND_RESPONSE, outcome.SerializeToString()))
+                    connection.sendall(response_frame(outcome))
                 else:
                     waiting = outcome
         except (OSError, ValueError, DecodeError) as error:  # gone, silent, or a bad frame: it connects again
@@ -234,10 +234,14 @@ class StreamServer(frames.FrameServer):
                 connection.sendall(_refusal(error))
                 return
             if answer is not None:
-                connection.sendall(frames.frame(frames.KIND_RESPONSE, answer.SerializeToString()))
+                connection.sendall(response_frame(answer))
                 return
             settled = True
         raise ValueError(f"a parked HA stream fetch was woken {AWAIT_ROUNDS_MAX} times")
+
+
+def response_frame(response: bpb.HaFetchResponse) -> bytes:
+    return frames.frame(frames.KIND_RESPONSE, response.SerializeToString())
 
 
 def _refusal(error: MqmetaError) -> bytes:

@@ -529,3 +529,40 @@ def test_a_slave_acknowledges_bytes_once_durable_before_it_applies_the_answers_c
     finally:
         stream.close()
         slave.stop()
+
+
+def test_one_append_reads_and_frames_once_for_slaves_that_ask_from_the_same_offset(master, monkeypatch):
+    agent, server = master
+    reads: list[int] = []
+    framed: list[int] = []
+    read_bytes, response_frame = agent.store.read_bytes, ha_stream.response_frame
+    monkeypatch.setattr(
+        agent.store,
+        "read_bytes",
+        lambda offset, size, check=True: reads.append(offset) or read_bytes(offset, size, check),
+    )
+    monkeypatch.setattr(
+        ha_stream, "response_frame", lambda answer: framed.append(1) or response_frame(answer)
+    )
+    clients = [StreamClient(f"127.0.0.1:{server.port}") for _ in range(2)]
+    polls = []
+    for broker_id, client in zip((2, 3), clients, strict=True):
+        outcomes: list[bpb.HaFetchResponse] = []
+        poll = threading.Thread(
+            target=lambda c=client, b=broker_id, o=outcomes: o.append(
+                c.fetch(request(0, 5_000, broker_id=b), TIMEOUT_S)
+            ),
+            daemon=True,
+        )
+        poll.start()
+        polls.append((poll, outcomes))
+    wait_for(lambda: len(agent._parked) == 2, TIMEOUT_S, "both fetches parked")
+    _, end, _ = agent.append(lambda e: agent.store.put_messages([Message("T", 0, b"x" * 100)], e, 1))
+    answers = []
+    for poll, outcomes in polls:
+        poll.join(TIMEOUT_S)
+        answers.extend(outcomes)
+    assert [len(a.data) for a in answers] == [end, end] and answers[0] == answers[1]
+    assert reads == [0] and framed == [1], "each slave's answer read and framed on its own"
+    for client in clients:
+        client.close()
