@@ -73,6 +73,9 @@ def send_response(epoch: int, results: Sequence[PutResult]) -> bpb.SendResponse:
     return response
 
 
+_ANSWERED = bpb.SendResponse()
+
+
 def _answer_acknowledged(
     answer: Callable[[bpb.SendResponse], None], results: Sequence[PutResult], epoch: int
 ) -> None:
@@ -111,13 +114,15 @@ class BrokerServicer(bpb_grpc.BrokerServiceServicer):
         messages = request.messages
         check_sent_messages(messages)
         started = time.perf_counter()
-        answer = answer_early(context)  # the call stream's: sent by the thread the last ack arrives on
-        told = None if answer is None else partial(_answer_acknowledged, answer)
+        early = answer_early(context)  # the call stream's: sent by the thread the last ack arrives on
+        told = None if early is None else partial(_answer_acknowledged, early.send)
         results, epoch = self._send_in_origin_order(messages, told)
         if self.metrics is not None:
             self.metrics.send_seconds.observe(time.perf_counter() - started)
             self.metrics.messages_in.inc(len(messages))
             self.metrics.bytes_in.inc(sum(len(m.body) for m in messages))
+        if early is not None and early.sent:
+            return _ANSWERED  # dropped: the answer went early
         return send_response(epoch, results)
 
     def _send_in_origin_order(

@@ -145,6 +145,11 @@ class EarlyAnswer:
             self._closed = True
             self._rest = frame[sent:]
 
+    @property
+    def sent(self) -> bool:
+        """Answered early: what the handler returns is dropped (it need not build it)."""
+        return self._rest is not None
+
     def close(self) -> bytes | None:
         """The handler returned: the rest of the answer sent early, or None (none was:
         the handler's answer is to be sent)."""
@@ -193,11 +198,10 @@ class CallContext:
         raise CallAborted(code, details, tuple(trailing_metadata or self._trailing))
 
 
-def answer_early(context: Any) -> Callable[[Message], None] | None:
-    """How a handler has its answer sent by another thread (EarlyAnswer.send), or None:
-    a gRPC call, or a call on a controller's stream, is answered by its handler only."""
-    early = context.early if isinstance(context, CallContext) else None
-    return None if early is None else early.send
+def answer_early(context: Any) -> EarlyAnswer | None:
+    """How a handler has its answer sent by another thread, or None: a gRPC call, or a
+    call on a controller's stream, is answered by its handler only."""
+    return context.early if isinstance(context, CallContext) else None
 
 
 @dataclass(frozen=True)
@@ -334,11 +338,12 @@ class ThreadedCallServer(frames.FrameServer):
         assert not handler.is_coroutine, f"{handler.name} is a coroutine: serve it with AsyncCallServer"
         self._on_call()
         try:
-            answer = _answer(handler.call(request, context))
+            reply = handler.call(request, context)
         except Exception as error:
-            answer = _refusal_of(handler, error)
+            rest = early.close()
+            return _refusal_of(handler, error) if rest is None else rest
         rest = early.close()
-        return answer if rest is None else rest
+        return _answer(reply) if rest is None else rest
 
 
 class AsyncCallServer:

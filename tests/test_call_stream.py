@@ -889,11 +889,12 @@ class EarlyBroker(bpb_grpc.BrokerServiceServicer):
 
     @rpc
     def QueryOffset(self, request, context):
-        answer = call_stream.answer_early(context)
-        assert answer is not None, "a broker's call stream lets another thread answer"
-        sender = threading.Thread(target=answer, args=(bpb.QueryOffsetResponse(offset=request.queue_id),))
+        early = call_stream.answer_early(context)
+        assert early is not None, "a broker's call stream lets another thread answer"
+        sender = threading.Thread(target=early.send, args=(bpb.QueryOffsetResponse(offset=request.queue_id),))
         sender.start()
         sender.join()
+        assert early.sent
         return bpb.QueryOffsetResponse(offset=-1)
 
 
@@ -950,7 +951,7 @@ def test_what_the_socket_does_not_take_of_an_early_answer_is_left_for_the_connec
                 taken += chunk
         assert taken + rest == frames.frame(frames.KIND_RESPONSE, reply.SerializeToString())
         late = call_stream.EarlyAnswer(left)
-        assert late.close() is None, "nothing sent early: the handler's answer goes"
+        assert late.close() is None and not late.sent, "nothing sent early: the handler's answer goes"
     finally:
         left.close()
         right.close()
