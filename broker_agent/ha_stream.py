@@ -10,7 +10,11 @@ pushing bytes, the slave answering with its offset).
 One thread per connection reads the slave's requests and serves them; a fetch with
 nothing to send yet is parked on the master rather than waited for in that thread: the
 thread that appends sends the answer itself (Link.push), so a send's path wakes no
-connection thread on the way out, only on the slave's acknowledgement coming back.
+connection thread on the way out, only on the slave's acknowledgement coming back. The
+slave sends that acknowledgement (its next fetch, StreamClient.send) as soon as the bytes
+are durable, before it finishes with the answer; the connection thread that receives the
+last one a send waits for sends the producer its answer itself (agent._answering_acknowledged,
+call_stream.EarlyAnswer), then wakes the writer.
 
 A request frame carries a serialized HaFetchRequest (slave to master), an answer a
 HaFetchResponse (master to slave), or a refusal (the error's code, a newline, its
@@ -289,13 +293,9 @@ class StreamClient:
                 self._timeout_s = timeout_s
             self._sock.sendall(frames.frame(frames.KIND_REQUEST, request.SerializeToString()))
         except (TimeoutError, BlockingIOError):  # SO_SNDTIMEO
-            self.close()
-            raise StreamBroken(
-                f"the HA stream at {self.address} took no fetch in {timeout_s:.1f} s", False
-            ) from None
+            raise self._broken(f"took no fetch in {timeout_s:.1f} s", False) from None
         except OSError as error:
-            self.close()
-            raise StreamBroken(f"the HA stream at {self.address} failed: {error}", self._answered) from None
+            raise self._broken(f"failed: {error}", self._answered) from None
         self.in_flight = True
 
     def receive(self) -> bpb.HaFetchResponse:
@@ -305,16 +305,11 @@ class StreamClient:
         try:
             kind, payload = self._reader.read(RESPONSE_BYTES_MAX)
         except (TimeoutError, BlockingIOError):  # SO_RCVTIMEO
-            self.close()
-            raise StreamBroken(
-                f"no answer on the HA stream at {self.address} in {self._timeout_s:.1f} s", False
-            ) from None
+            raise self._broken(f"gave no answer in {self._timeout_s:.1f} s", False) from None
         except OSError as error:
-            self.close()
-            raise StreamBroken(f"the HA stream at {self.address} failed: {error}", self._answered) from None
+            raise self._broken(f"failed: {error}", self._answered) from None
         except ValueError as error:
-            self.close()
-            raise StreamBroken(f"the HA stream at {self.address}: {error}", False) from None
+            raise self._broken(str(error), False) from None
         self.in_flight = False
         self._answered = True
         if kind == frames.KIND_RESPONSE:
@@ -330,6 +325,11 @@ class StreamClient:
             raise error_from_code(code, message)
         self.close()
         raise StreamBroken(f"an HA stream frame of kind {kind} from the master", False)
+
+    def _broken(self, what: str, unreachable: bool) -> StreamBroken:
+        """Closes the connection; the error to raise."""
+        self.close()
+        return StreamBroken(f"the HA stream at {self.address} {what}", unreachable)
 
     def close(self) -> None:
         frames.close(self._sock)

@@ -43,6 +43,10 @@ port is gone, or the server is at CONNECTIONS_MAX: not an Offer call before ever
 or the server refused the request as meant for another server; after RETRY_S when a
 connect timed out (the port cannot be reached from here).
 
+A broker's handler may have its answer sent by another thread (EarlyAnswer): a Send's
+answer leaves from the HA stream's thread that receives the slaves' last acknowledgement,
+without a hand-off to the handler's thread first; what the handler then returns is dropped.
+
 A server stops accepting when its gRPC server stops; a call being served gets gRPC's
 grace to write its answer (its client would send it again over gRPC: a write without a
 request id applied twice), the connections waiting for a request are closed at once.

@@ -67,20 +67,26 @@ def master_info(epoch: int) -> cpb.ReplicaInfo:
     )
 
 
-@pytest.fixture
-def master(tmp_path):
-    """Broker 1, master of epoch 1 with SyncStateSet {1, 2}, its HA stream listening."""
+def new_agent(data_dir, broker_id: int) -> BrokerAgent:
+    """Broker `broker_id` of set b, registered, fsyncing, not started (no threads)."""
     agent = BrokerAgent(
         BrokerConfig(
             cluster="C",
             broker_name="b",
-            listen="127.0.0.1:1",
+            listen=f"127.0.0.1:{broker_id}",
             controllers=["127.0.0.1:1"],
-            data_dir=tmp_path / "b1",
+            data_dir=data_dir,
             fsync=True,
         )
     )
-    agent.feed(Registered(1, lease_ms=600_000))
+    agent.feed(Registered(broker_id, lease_ms=600_000))
+    return agent
+
+
+@pytest.fixture
+def master(tmp_path):
+    """Broker 1, master of epoch 1 with SyncStateSet {1, 2}, its HA stream listening."""
+    agent = new_agent(tmp_path / "b1", 1)
     agent.apply_replica_info(master_info(epoch=1))
     agent.feed(HeartbeatAnswered(now_ms(), 1, 1, 1, lease_ms=0))
     server = ha_stream.StreamServer("127.0.0.1", agent._serve_streamed)
@@ -488,17 +494,7 @@ def test_a_slave_acknowledges_bytes_once_durable_before_it_applies_the_answers_c
     master's confirm offset): never before they are durable."""
     agent, server = master
     monkeypatch.setattr(ha_fetch, "follow", lambda host, session, settings: None)  # fetched below
-    slave = BrokerAgent(
-        BrokerConfig(
-            cluster="C",
-            broker_name="b",
-            listen="127.0.0.1:2",
-            controllers=["127.0.0.1:1"],
-            data_dir=tmp_path / "b2",
-            fsync=True,
-        )
-    )
-    slave.feed(Registered(2, lease_ms=600_000))
+    slave = new_agent(tmp_path / "b2", 2)
     slave.apply_replica_info(master_info(epoch=1))
     session = slave.view().fetch_session
     settings = ha_fetch.FetchSettings(1 << 20, 5_000)
