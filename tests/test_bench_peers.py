@@ -8,6 +8,7 @@ first of each phase, and a missing phase is None."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -198,3 +199,23 @@ def test_a_round_runs_each_phase_on_every_system_before_the_next_phase() -> None
     assert calls == [("write_1", "mqmeta"), ("write_1", "etcd"), ("write_16", "mqmeta"), ("write_16", "etcd")]
     assert out["etcd"]["write_16"] == {"phase": "write_16", "system": "etcd"}
     assert list(out) == ["mqmeta", "etcd"] and list(out["mqmeta"]) == ["write_1", "write_16"]
+
+
+def test_ab_ratios_are_medians_of_per_turn_ratios_and_bad_clusters_are_refused(tmp_path: Path) -> None:
+    """bench.peers.ab: a cluster's ratio is the median of its figure divided by the
+    reference's in the same turn (a drifting machine moves both), not a ratio of medians;
+    fewer than two clusters, a name twice or an interpreter that is no executable file end
+    argparse with exit 2."""
+    from bench.peers import ab
+
+    figures = {"new": [1.0, 2.0, 4.0], "old": [2.0, 2.0, 2.0]}
+    summary = ab.paired(figures, "old")
+    assert summary["new"] == {"median": 2.0, "ratio_to_old": 1.0}
+    figures = {"old": [1.0, 3.0, 5.0], "new": [0.9, 2.7, 4.5]}
+    assert ab.paired(figures, "old")["new"]["ratio_to_old"] == 0.9
+    python = sys.executable
+    assert ab.parse_args([f"a={python}", f"b={python}"]).pythons == {"a": python, "b": python}
+    for argv in ([f"a={python}"], [f"a={python}", f"a={python}"], [f"a={python}", "b=/nonexistent/python"]):
+        with pytest.raises(SystemExit) as exit_info:
+            ab.parse_args(argv)
+        assert exit_info.value.code == 2

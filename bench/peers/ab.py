@@ -1,0 +1,121 @@
+"""`python -m bench.peers.ab`: an A/B of mqmeta's sync sends between checkouts, in short turns.
+
+Each NAME=PYTHON starts one mqmeta cluster (3 controllers, a namesrv, 3 brokers) whose
+processes run PYTHON (a checkout's venv); then, `--turns` times, each cluster in turn
+(the order rotating) takes `--producers` closed-loop sync producers of 1 KB messages for
+`--duration` seconds (bench/peers/load.py, after a 0.3 s warm-up). The first NAME is the
+reference: per turn, each cluster's figure (one producer: p50 ms; more: msg/s) is divided
+by the reference's of the same turn, and the median of those ratios is reported, with
+each cluster's median figure and its brokers' CPU per message. Short turns side by side
+follow a machine whose speed drifts: bench.peers.sends, which runs longer phases, measured
+identical code at 0.92 x itself (one producer) and 1.6 x (16). One JSON document on
+stdout; about 1 + turns x clusters x (duration + 1) seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from bench.benchlib import _r, make_log, run_main
+from bench.peers import load
+from bench.peers.run import STARTED, Mqmeta, _send_client, cleanup, machine
+from bench.peers.sends import _cpu_s, _interpreter
+
+log = make_log("peers.ab")
+WATCHDOG_S = 30 * 60
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench.peers.ab", description=__doc__.split("\n\n")[0])
+    parser.add_argument("clusters", nargs="+", metavar="NAME=PYTHON", help="the first is the reference")
+    parser.add_argument("--turns", type=int, default=12, help="turns per cluster (12)")
+    parser.add_argument("--duration", type=float, default=3.0, help="seconds per turn (3)")
+    parser.add_argument("--producers", type=int, default=1, help="sync producers (1: p50; more: msg/s)")
+    args = parser.parse_args(argv)
+    if not 1 <= args.turns <= 100 or not 1 <= args.duration <= 60 or not 1 <= args.producers <= 64:
+        parser.error("--turns is 1 to 100, --duration 1 to 60 seconds and --producers 1 to 64")
+    pairs = [c.partition("=") for c in args.clusters]
+    if len(pairs) < 2 or any(not name or not sep or not python for name, sep, python in pairs):
+        parser.error("give two or more clusters as NAME=PYTHON, e.g. main=.venv/bin/python")
+    if len({name for name, _, _ in pairs}) < len(pairs):
+        parser.error("each cluster needs a name of its own")
+    for _, _, python in pairs:
+        if not os.access(python, os.X_OK):
+            parser.error(f"{python} is no executable file")
+    args.pythons = {name: python for name, _, python in pairs}
+    return args
+
+
+def paired(figures: dict[str, list[float]], reference: str) -> dict[str, dict[str, Any]]:
+    """Each cluster's median figure and the median of its per-turn ratios to `reference`."""
+    return {
+        name: {
+            "median": _r(statistics.median(values)),
+            f"ratio_to_{reference}": _r(
+                statistics.median(v / r for v, r in zip(values, figures[reference], strict=True) if r)
+            ),
+        }
+        for name, values in figures.items()
+    }
+
+
+def run(args: argparse.Namespace, root: Path, result: dict[str, Any]) -> None:
+    result["machine"] = machine()
+    result["parameters"] = {
+        "turns": args.turns,
+        "duration_s": args.duration,
+        "producers": args.producers,
+        "figure": "p50_ms" if args.producers == 1 else "ops_per_s",
+        "clusters": args.pythons,
+    }
+    systems: dict[str, Any] = {}
+    for name, python in args.pythons.items():
+        system = Mqmeta(root, name)
+        STARTED.append(system)
+        with _interpreter(python):
+            system.start()
+        systems[name] = system
+        load.drive(_send_client("mqmeta", system), args.producers, 0.0, 1.0)  # connected, routed
+    figure = result["parameters"]["figure"]
+    figures: dict[str, list[float]] = {name: [] for name in systems}
+    cpu: dict[str, list[float]] = {name: [] for name in systems}
+    names = list(systems)
+    for turn in range(args.turns):
+        for name in names[turn % len(names) :] + names[: turn % len(names)]:
+            pids = list(systems[name].broker_pids().values())
+            before = sum(_cpu_s(pid) for pid in pids)
+            driven = load.drive(_send_client("mqmeta", systems[name]), args.producers, 0.3, args.duration)
+            used_s = sum(_cpu_s(pid) for pid in pids) - before
+            figures[name].append(driven[figure])
+            cpu[name].append(used_s * 1000 / max(1, driven["count"]))
+        log(f"turn {turn + 1}/{args.turns}: " + ", ".join(f"{n} {figures[n][-1]}" for n in names))
+    result["figures"] = figures
+    result["summary"] = paired(figures, names[0])
+    for name in names:
+        result["summary"][name]["broker_cpu_ms_per_message"] = _r(statistics.median(cpu[name]))
+    result["machine"]["load_average_at_end"] = list(os.getloadavg())
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    args.keep = False
+    args.budget_s = WATCHDOG_S
+    root = Path(tempfile.mkdtemp(prefix="mqmeta-ab-"))
+    result: dict[str, Any] = {"benchmark": "bench.peers.ab"}
+    return run_main(
+        args, root, result, lambda t0: run(args, root, result), _no_summary, cleanup, log, watchdog_grace_s=60
+    )
+
+
+def _no_summary(result: dict[str, Any]) -> None:
+    """run() summarizes once every turn is done."""
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
