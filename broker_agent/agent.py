@@ -1096,6 +1096,8 @@ class BrokerAgent:
         try:
             told = None if on_acknowledged is None else partial(_told_apart, on_acknowledged)
             placed = self._sends.write(messages, told)
+        except NotMaster:
+            raise  # every message's outcome alike; after the append (deposed) it is unknown
         except (InvalidArgument, FailedPrecondition):
             # Refused before anything was written, maybe for another producer's messages
             # written with these: alone, this send gets its own outcome.

@@ -51,7 +51,7 @@ from mqmeta.broker_agent.tiered import bootstrap_from_tiered
 from mqmeta import backoff, tls
 from mqmeta.clock import now_ms
 from mqmeta.dialmap import dial
-from mqmeta.errors import FencedEpoch, MqmetaError, NotMaster, Unavailable
+from mqmeta.errors import FailedPrecondition, FencedEpoch, MqmetaError, NotMaster, Unavailable
 from mqmeta.formats.epochs import EpochEntry
 from mqmeta.pb import broker_pb2 as bpb
 from mqmeta.pb import broker_pb2_grpc as bpb_grpc
@@ -92,6 +92,7 @@ def follow(host: BrokerHost, session: int, settings: FetchSettings) -> None:
     attempts = backoff.Attempts(backoff.REPLICA_FETCH)
     try:
         while _current(host, session):
+            pause_s = 0.0
             try:
                 if handshake or stream is None:
                     handshake, offer = _fetch_once(host, session, settings, stub.HaFetch, handshake)
@@ -108,28 +109,26 @@ def follow(host: BrokerHost, session: int, settings: FetchSettings) -> None:
                 elif rpc_error.code() == grpc.StatusCode.UNAVAILABLE:
                     # Refused or reset: the master's process may be gone (the controller checks).
                     host.feed(MasterUnreachable(now_ms(), session))
-                handshake = True
-                host.stopping.wait(attempts.failed())
+                handshake, pause_s = True, attempts.failed()
             except StreamBroken as error:
                 log.debug("the HA stream from %s failed: %s", address, error)
                 stream = None  # closed: the next handshake (over gRPC) offers it again
                 if error.unreachable:
                     host.feed(MasterUnreachable(now_ms(), session))
-                handshake = True
-                host.stopping.wait(attempts.failed())
+                handshake, pause_s = True, attempts.failed()
             except MqmetaError as error:
                 log.warning("replication from %s: %s", address, error)
                 if isinstance(error, NotMaster | FencedEpoch):  # refused on the stream
                     host.request_refresh()
-                handshake = True
-                host.stopping.wait(attempts.failed())
+                handshake, pause_s = True, attempts.failed()
             except Exception:  # e.g. OSError from the store: report, pause, go on
                 log.exception("replication from %s failed", address)
-                handshake = True
-                host.stopping.wait(max(ERROR_PAUSE_S, attempts.failed()))
+                handshake, pause_s = True, max(ERROR_PAUSE_S, attempts.failed())
             if stream is not None and stream.in_flight and handshake:
                 stream.close()  # a fetch sent ahead, its answer never to be read: it connects again
                 stream = None
+            if pause_s:
+                host.stopping.wait(pause_s)
     finally:
         if stream is not None:
             stream.close()
@@ -152,8 +151,14 @@ def _current(host: BrokerHost, session: int) -> bool:
 
 
 def _request(host: BrokerHost, settings: FetchSettings, handshake: bool) -> bpb.HaFetchRequest:
-    """The next fetch: from this slave's log end, which acknowledges everything before it."""
+    """The next fetch: from this slave's log end, which acknowledges everything before it,
+    so never while that end is not durable (a replicated append syncs before it returns)."""
     store, view = host.store, host.view()
+    if store.durable_offset < store.max_offset:
+        raise FailedPrecondition(
+            f"this slave's log is durable to {store.durable_offset}, not to its end {store.max_offset}: "
+            "it acknowledges nothing until it is"
+        )
     return bpb.HaFetchRequest(
         cluster=host.cluster,
         broker_name=host.broker_name,
@@ -215,9 +220,11 @@ def _apply(
             host.feed(Replicated(session, reply.confirm_offset, log_view(store)))
             return False
         request = _request(host, settings, False)
-    ahead.send(request, _timeout_s(settings))  # the lock let go: a slow socket never holds it
-    with host.lock:
-        host.feed(Replicated(session, reply.confirm_offset, log_view(store)))
+    try:
+        ahead.send(request, _timeout_s(settings))  # the lock let go: a slow socket never holds it
+    finally:
+        with host.lock:
+            host.feed(Replicated(session, reply.confirm_offset, log_view(store)))
     return False
 
 

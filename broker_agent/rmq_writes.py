@@ -81,7 +81,7 @@ class PlainWrites:
         """Writes `records` (with whatever else waits) and returns their results in order.
         `on_acknowledged(results)`, when given, may be called first, by another thread:
         the write function is then called with the batch's own hook (`on_acknowledged=`),
-        which it calls once the write is acknowledged, as BrokerAgent.send does."""
+        which it may call once the write is acknowledged, as BrokerAgent.send does."""
         body_bytes = sum(len(record.body) for record in records)
         with self._lock:
             batch = self._waiting[-1] if self._waiting else None

@@ -307,6 +307,8 @@ class MessageStore:
             try:
                 self._write_checkpoint()
             except OSError as error:
+                if self.log.closed:  # its fdatasync failed: the log's pages' fate is unknown
+                    raise OSError(errno.EIO, f"fdatasync before a checkpoint failed: {error}") from None
                 if error.errno != errno.ENOSPC:
                     raise
                 # The records are in the log already (the write must not be refused now);
@@ -497,16 +499,17 @@ class MessageStore:
                         record.topic, record.keys, record.msg_id, record.commit_offset, record.properties
                     )
             self._progress.update(consumer_offsets)
-            self._maybe_checkpoint()
             if records:
                 self._sync_replicated()
+            self._maybe_checkpoint()
             return end
 
     def _sync_replicated(self) -> None:
-        """The fdatasync of a replicated append. A failed one closed the log (CommitLog.sync:
-        its pages' fate is unknown, never retried): an I/O error even when the kernel said
-        ENOSPC, so the broker fences itself rather than go on as if a full disk had refused
-        the write."""
+        """The fdatasync that ends a replicated append. A failed one closed the log
+        (CommitLog.sync: its pages' fate is unknown, never retried): an I/O error even when
+        the kernel said ENOSPC, so the broker fences itself rather than go on as if a full
+        disk had refused the write (which would have undone it: a write that fills the
+        disk, or an fdatasync before a new segment, still is)."""
         try:
             self.log.sync()
         except OSError as error:

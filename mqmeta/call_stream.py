@@ -341,13 +341,17 @@ class ThreadedCallServer(frames.FrameServer):
         handler, request, context = prepared
         assert not handler.is_coroutine, f"{handler.name} is a coroutine: serve it with AsyncCallServer"
         self._on_call()
+        reply: Message | None = None
+        refusal = b""
         try:
             reply = handler.call(request, context)
         except Exception as error:
-            rest = early.close()
-            return _refusal_of(handler, error) if rest is None else rest
-        rest = early.close()
-        return _answer(reply) if rest is None else rest
+            refusal = _refusal_of(handler, error)
+        finally:
+            rest = early.close()  # no early answer after this, whatever the handler did
+        if rest is not None:
+            return rest
+        return refusal or _answer(reply)
 
 
 class AsyncCallServer:

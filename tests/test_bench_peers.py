@@ -208,9 +208,9 @@ def test_ab_ratios_are_medians_of_per_turn_ratios_and_bad_clusters_are_refused(t
     argparse with exit 2."""
     from bench.peers import ab
 
-    figures = {"new": [1.0, 2.0, 4.0], "old": [2.0, 2.0, 2.0]}
+    figures = {"new": [1.0, 2.0, 4.0, None], "old": [2.0, 2.0, 2.0, 2.0]}
     summary = ab.paired(figures, "old")
-    assert summary["new"] == {"median": 2.0, "ratio_to_old": 1.0}
+    assert summary["new"] == {"median": 2.0, "ratio_to_old": 1.0, "turns_without_figure": 1}
     figures = {"old": [1.0, 3.0, 5.0], "new": [0.9, 2.7, 4.5]}
     assert ab.paired(figures, "old")["new"]["ratio_to_old"] == 0.9
     python = sys.executable

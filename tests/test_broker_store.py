@@ -1159,3 +1159,20 @@ def test_a_replicated_append_is_durable_on_return_and_its_failed_fdatasync_fence
     assert raised.value.errno == 5, "a failed fdatasync must fence the broker, not refuse as a full disk"
     assert slave.log_closed and slave.durable_offset == end
     master.close()
+
+
+def test_a_checkpoints_failed_fdatasync_fences_rather_than_skips_the_checkpoint(tmp_path, monkeypatch):
+    """A checkpoint syncs the log first; when that fdatasync fails (ENOSPC included) the
+    log is closed and the write is an I/O error (the broker fences itself), not a skipped
+    checkpoint with a closed log behind it. The failure is injected."""
+    store = new_store(tmp_path, fsync=True, group_commit=True, index_checkpoint_bytes=1)
+    store.begin_epoch(1)
+
+    def full(fd: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fdatasync", full)
+    with pytest.raises(OSError) as raised:
+        store.put_messages([msg(0)], 1, 1)
+    monkeypatch.undo()
+    assert raised.value.errno == 5 and store.log_closed

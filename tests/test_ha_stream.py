@@ -35,7 +35,7 @@ import zlib
 
 import pytest
 from mqmeta.broker_agent import ha_fetch, ha_stream
-from mqmeta.broker_agent.agent import BrokerAgent, BrokerConfig
+from mqmeta.broker_agent.agent import BrokerAgent, BrokerConfig, _Writer
 from mqmeta.broker_agent.core import HeartbeatAnswered, Registered, Stop, Synced, WriteOutcome
 from mqmeta.broker_agent.ha_stream import StreamBroken, StreamClient
 from mqmeta.broker_agent.seams import log_view
@@ -45,7 +45,7 @@ from mqmeta.cluster.wait import wait_for
 
 from mqmeta import dialmap, frames, tls
 from mqmeta.clock import now_ms
-from mqmeta.errors import FencedEpoch, InvalidArgument, NotFound, Unavailable
+from mqmeta.errors import FailedPrecondition, FencedEpoch, InvalidArgument, NotFound, NotMaster, Unavailable
 from mqmeta.formats.records import Message
 from mqmeta.pb import broker_pb2 as bpb
 from mqmeta.pb import controller_pb2 as cpb
@@ -440,7 +440,7 @@ def test_while_other_writers_wait_the_append_wakes_the_connection_instead(master
     pushed: list[int] = []
     push = ha_stream.Link.push
     monkeypatch.setattr(ha_stream.Link, "push", lambda link, answer: pushed.append(1) or push(link, answer))
-    agent._writers[threading.Condition(agent._mutex)] = 1 << 40  # a writer waiting for its acks
+    agent._writers[threading.Condition(agent._mutex)] = _Writer(1 << 40, 1, None)  # waiting for its acks
     client = StreamClient(f"127.0.0.1:{server.port}")
     poll, outcomes = _park(agent, client, 0, 5_000)
     _, end, _ = agent.append(lambda e: agent.store.put_messages([Message("T", 0, b"x" * 100)], e, 1))
@@ -562,3 +562,36 @@ def test_one_append_reads_and_frames_once_for_slaves_that_ask_from_the_same_offs
     assert reads == [0] and framed == [1], "each slave's answer read and framed on its own"
     for client in clients:
         client.close()
+
+
+def test_a_write_deposed_after_its_append_is_not_written_again_alone(master, monkeypatch):
+    """A combined send that fails after its append (the master deposed while it waited:
+    its outcome unknown) is not retried alone, which would write it twice if this broker
+    were master again."""
+    agent, _ = master
+    puts: list[int] = []
+    put_messages = agent.store.put_messages
+    monkeypatch.setattr(agent.store, "put_messages", lambda *a: puts.append(1) or put_messages(*a))
+
+    def deposed(writer, deadline):
+        raise NotMaster("deposed while waiting")
+
+    monkeypatch.setattr(agent, "_await_acks", deposed)
+    with pytest.raises(NotMaster):
+        agent.send([Message("T", 0, b"x" * 100)])
+    assert puts == [1], "written again alone"
+
+
+def test_a_slave_never_asks_from_an_end_that_is_not_durable(master):
+    """A fetch's offset acknowledges everything before it: with bytes written but not yet
+    synced (a failed fdatasync leaves them so), no fetch is asked for at all."""
+    agent, _ = master
+    agent.store.put_messages([Message("T", 0, b"x" * 100)], 1, 1)  # group commit: not synced yet
+    assert agent.store.durable_offset < agent.store.max_offset
+    with pytest.raises(FailedPrecondition, match="acknowledges nothing"):
+        ha_fetch._request(agent, ha_fetch.FetchSettings(1 << 20, 100), False)
+    agent.store.sync()
+    assert (
+        ha_fetch._request(agent, ha_fetch.FetchSettings(1 << 20, 100), False).fetch_offset
+        == agent.store.max_offset
+    )

@@ -40,10 +40,12 @@ class _Log:
         self.in_flight_seen = 0
         self.release = threading.Event()
         self.fail_caller: str | None = None
+        self.told: list[bool] = []  # whether each write was given the batch's on_acknowledged
         self._lock = threading.Lock()
 
-    def write(self, records: list[Message]) -> list[tuple[str, str]]:
+    def write(self, records: list[Message], on_acknowledged=None) -> list[tuple[str, str]]:
         answers = [(r.properties["caller"], r.properties["i"]) for r in records]
+        self.told.append(on_acknowledged is not None)
         with self._lock:
             self.batches.append(answers)
             self.in_flight += 1
@@ -52,6 +54,8 @@ class _Log:
             assert self.release.wait(10)
             if self.fail_caller in {caller for caller, _ in answers}:
                 raise RuntimeError("refused")
+            if on_acknowledged is not None:  # as the agent's write: before it returns
+                on_acknowledged(answers)
             return answers
         finally:
             with self._lock:
@@ -139,3 +143,33 @@ def test_a_batch_that_waited_too_long_is_refused_unwritten() -> None:
         assert first.result(5) == [("0", "0")]
     assert log.batches == [[("0", "0")]], "the refused batch was never written"
     assert not writes._waiting
+
+
+def test_each_caller_that_gives_on_acknowledged_hears_its_own_results_before_its_write_returns() -> None:
+    """A batch of several callers: the write is given the batch's hook only when a caller
+    gave one, and the hook tells each such caller its own records' results, in order."""
+    log = _Log()
+    writes = _writes(log)
+    heard: dict[int, list] = {}
+    with ThreadPoolExecutor(8) as pool:
+        first = pool.submit(writes.write, _records(0))
+        wait_for(lambda: len(log.batches), 5, "the first write in flight")
+        later = [
+            pool.submit(
+                writes.write,
+                _records(caller, count=2),
+                heard.setdefault(caller, []).extend if caller % 2 else None,
+            )
+            for caller in range(1, 5)
+        ]
+        wait_for(
+            lambda: sum(len(b.records) for b in writes._waiting),
+            5,
+            "8 records waiting",
+            until=lambda n: n == 8,
+        )
+        log.release.set()
+        first.result(5)
+        results = [future.result(5) for future in later]
+    assert log.told == [False, True], "the hook goes to a write only when a caller gave one"
+    assert heard == {1: results[0], 3: results[2]} and heard[1] == [("1", "0"), ("1", "1")]

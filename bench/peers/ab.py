@@ -52,17 +52,19 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-def paired(figures: dict[str, list[float]], reference: str) -> dict[str, dict[str, Any]]:
-    """Each cluster's median figure and the median of its per-turn ratios to `reference`."""
-    return {
-        name: {
-            "median": _r(statistics.median(values)),
-            f"ratio_to_{reference}": _r(
-                statistics.median(v / r for v, r in zip(values, figures[reference], strict=True) if r)
-            ),
+def paired(figures: dict[str, list[float | None]], reference: str) -> dict[str, dict[str, Any]]:
+    """Each cluster's median figure and the median of its per-turn ratios to `reference`;
+    a turn without a figure (no send succeeded, or one failed) counts in neither."""
+    summary: dict[str, dict[str, Any]] = {}
+    for name, values in figures.items():
+        measured = [v for v in values if v is not None]
+        ratios = [v / r for v, r in zip(values, figures[reference], strict=True) if v is not None and r]
+        summary[name] = {
+            "median": _r(statistics.median(measured)) if measured else None,
+            f"ratio_to_{reference}": _r(statistics.median(ratios)) if ratios else None,
+            "turns_without_figure": len(values) - len(measured),
         }
-        for name, values in figures.items()
-    }
+    return summary
 
 
 def run(args: argparse.Namespace, root: Path, result: dict[str, Any]) -> None:
@@ -83,7 +85,7 @@ def run(args: argparse.Namespace, root: Path, result: dict[str, Any]) -> None:
         systems[name] = system
         load.drive(_send_client("mqmeta", system), args.producers, 0.0, 1.0)  # connected, routed
     figure = result["parameters"]["figure"]
-    figures: dict[str, list[float]] = {name: [] for name in systems}
+    figures: dict[str, list[float | None]] = {name: [] for name in systems}
     cpu: dict[str, list[float]] = {name: [] for name in systems}
     names = list(systems)
     for turn in range(args.turns):
@@ -92,7 +94,8 @@ def run(args: argparse.Namespace, root: Path, result: dict[str, Any]) -> None:
             before = sum(_cpu_s(pid) for pid in pids)
             driven = load.drive(_send_client("mqmeta", systems[name]), args.producers, 0.3, args.duration)
             used_s = sum(_cpu_s(pid) for pid in pids) - before
-            figures[name].append(driven[figure])
+            failed = sum(driven.get("errors", {}).values())
+            figures[name].append(None if failed else driven.get(figure))  # a turn with errors: no figure
             cpu[name].append(used_s * 1000 / max(1, driven["count"]))
         log(f"turn {turn + 1}/{args.turns}: " + ", ".join(f"{n} {figures[n][-1]}" for n in names))
     result["figures"] = figures
