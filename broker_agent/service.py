@@ -76,9 +76,7 @@ def send_response(epoch: int, results: Sequence[PutResult]) -> bpb.SendResponse:
 _ANSWERED = bpb.SendResponse()
 
 
-def _answer_acknowledged(
-    answer: Callable[[bpb.SendResponse], None], results: Sequence[PutResult], epoch: int
-) -> None:
+def _send_early(answer: Callable[[bpb.SendResponse], None], results: Sequence[PutResult], epoch: int) -> None:
     answer(send_response(epoch, results))
 
 
@@ -115,7 +113,7 @@ class BrokerServicer(bpb_grpc.BrokerServiceServicer):
         check_sent_messages(messages)
         started = time.perf_counter()
         early = answer_early(context)  # the call stream's: sent by the thread the last ack arrives on
-        told = None if early is None else partial(_answer_acknowledged, early.send)
+        told = None if early is None else partial(_send_early, early.send)
         results, epoch = self._send_in_origin_order(messages, told)
         if self.metrics is not None:
             self.metrics.send_seconds.observe(time.perf_counter() - started)

@@ -141,9 +141,7 @@ class EarlyAnswer:
                 return
             try:
                 sent = self._connection.send(frame, socket.MSG_DONTWAIT)
-            except (
-                OSError
-            ) as error:  # BlockingIOError: nothing taken; otherwise gone: the handler's answer fails too
+            except OSError as error:  # nothing taken (BlockingIOError), or gone: the handler's fails too
                 log.debug("an early call stream answer was not sent: %s", error)
                 return
             self._closed = True
