@@ -48,6 +48,7 @@ from mqmeta.cluster.harness import Cluster
 from mqmeta.cluster.ready import wait_brokers_ready, wait_ready
 from mqmeta.cluster.supervisor import ChildExited
 from mqmeta.cluster.wait import WaitTimeout
+from mqmeta.controller.journal import parse_records
 
 from mqmeta.errors import InvalidArgument, MqmetaError
 
@@ -380,7 +381,6 @@ def _fsync_eio(fault: Fault) -> str:
 
 
 # controller/journal.py: an 8-byte magic, then records [length u32][crc u32][index][term][command]
-JOURNAL_RECORD_HEADER_BYTES = 8 + 24
 SEGMENT_BYTES_TO_FLIP_MIN = 4096  # a slave's log this short holds no record to flip below confirm
 
 
@@ -422,12 +422,10 @@ def _flip_guarded_byte(context: FaultContext, node: str) -> str:
     if context.is_controller(node):
         data_dir = cluster.root / cluster.node(node).data_dir
         journal, snapshot = data_dir / "raft.journal", data_dir / "raft.snapshot"
-        head = journal.read_bytes()[:JOURNAL_RECORD_HEADER_BYTES] if journal.exists() else b""
-        if len(head) == JOURNAL_RECORD_HEADER_BYTES:
-            first_end = JOURNAL_RECORD_HEADER_BYTES + int.from_bytes(head[8:12], "little")
-            if journal.stat().st_size > first_end:  # a record follows the first: not a torn tail
-                _flip(journal, 12)  # the first record's checksum
-                return f"{journal.name} (its first record's checksum)"
+        records = parse_records(journal.read_bytes(), str(journal))[0] if journal.exists() else []
+        if len(records) >= 2:  # a record follows the first: not a torn tail (the file ends in zeros)
+            _flip(journal, 12)  # the first record's checksum
+            return f"{journal.name} (its first record's checksum)"
         _flip(snapshot, snapshot.stat().st_size // 2)
         return f"{snapshot.name} (its middle)"
     store = cluster.root / cluster.broker(node).data_dir / "store"

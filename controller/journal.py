@@ -11,6 +11,12 @@ tests/test_durability.py). This journal:
   (fdatasync) before pysyncobj acknowledges anything (configurable); a leader's appends
   may be synced once after it has sent them (`deferred_sync`: its own fsync then runs
   while the followers write theirs; pysyncobj_compat.SendBeforeSync says why it is safe);
+- writes each record over zeros written ahead of it (PREALLOCATE_BYTES at a time, with
+  the record that needs them): an fdatasync of bytes written over a file's existing
+  blocks does not change its size or allocate, so the filesystem commits no metadata
+  for it (on ext4 here, 3 concurrent fdatasyncs of 1 KB: 0.22-0.29 ms over zeros against
+  0.40-0.47 appended). The file therefore ends in zeros: a bad record with nothing but
+  zeros after it is where the log ends, not a torn tail;
 - compacts by writing the kept records to a temp file, fsync, rename;
 - truncates a torn last record at open, and refuses (CorruptData) a bad record that
   has valid data after it;
@@ -49,6 +55,8 @@ log = logging.getLogger(__name__)
 FILE_MAGIC = b"MQMJRNL1"
 RECORD_HEADER = struct.Struct("<IIQQ")
 RECORD_COMMAND_MAX = 256 << 20
+PREALLOCATE_BYTES = 1 << 20  # zeros written past a record that needs more room
+_ZEROS = bytes(PREALLOCATE_BYTES)
 
 Entry = tuple[bytes, int, int]  # command, raft index, term
 
@@ -98,6 +106,8 @@ def parse_records(data: bytes, where: str) -> tuple[list[Entry], list[int], int]
     while pos < len(data):
         bad = _bad_record(data, pos)
         if bad:
+            if _zeros_from(data, pos):
+                break  # the zeros written ahead of the next record
             if _any_good_record_after(data, pos):
                 raise CorruptData(
                     f"{where}: record at byte {pos} is corrupt ({bad}) and valid "
@@ -125,10 +135,16 @@ def _bad_record(data: bytes, pos: int) -> str:
     return ""
 
 
+def _zeros_from(data: bytes, pos: int) -> bool:
+    return data.count(0, pos) == len(data) - pos
+
+
 def _any_good_record_after(data: bytes, pos: int) -> bool:
     # A torn append can only be the last thing in the file: look for any valid record
-    # starting after the bad one (bounded scan: records are small).
-    for start in range(pos + 1, min(len(data), pos + 1 + (1 << 20))):
+    # starting after the bad one (bounded scan: records are small; a record has a
+    # nonzero length, so none starts in the zeros at the end).
+    window = data[pos + 1 : pos + 1 + (1 << 20)].rstrip(b"\0")
+    for start in range(pos + 1, pos + 1 + len(window)):
         if not _bad_record(data, start):
             length = RECORD_HEADER.unpack_from(data, start)[0]
             if length > 0:
@@ -151,12 +167,14 @@ class DurableJournal:
             write_atomically(path, FILE_MAGIC)
         data = path.read_bytes()
         self._entries, self._offsets, end = parse_records(data, str(path))
-        if end < len(data):
+        if end < len(data) and not _zeros_from(data, end):  # a torn last record
             with open(path, "r+b") as f:
                 f.truncate(end)
                 os.fsync(f.fileno())
-        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+            data = data[:end]
+        self._fd = os.open(path, os.O_WRONLY)
         self._end = end
+        self._allocated = len(data)  # the file's size: zeros from _end to it
         self._meta = self._load_meta()
         self._meta_dirty = False
         last_index = self._entries[-1][1] if self._entries else 0
@@ -239,7 +257,13 @@ class DurableJournal:
         command = bytes(command)
         record = _record(command, idx, term)
         with self._disk(f"appending entry {idx} to {self.path.name}", distrust_log=False):
-            if os.write(self._fd, record) != len(record):  # a full disk may take part of it
+            end = self._end + len(record)
+            if end <= self._allocated:
+                written = os.pwrite(self._fd, record, self._end)
+            else:  # zeros ahead for the next records, in the same write
+                written = os.pwritev(self._fd, [record, _ZEROS], self._end)
+                self._allocated = max(self._allocated, self._end + written)
+            if written < len(record):  # a full disk may take part of it
                 raise OSError(errno.ENOSPC, "short write: the disk took part of the record")
         if self.fsync:
             if self._deferring:
@@ -282,7 +306,7 @@ class DurableJournal:
             os.fsync(self._fd)
         del self._entries[entryFrom:]
         del self._offsets[entryFrom:]
-        self._end = cut
+        self._end = self._allocated = cut
 
     def deleteEntriesTo(self, entryTo: int) -> None:  # noqa: N802, N803
         self._rewrite(self._entries[entryTo:])
@@ -293,14 +317,14 @@ class DurableJournal:
         with self._disk(f"compacting {self.path.name}", distrust_log=True):
             write_atomically(self.path, FILE_MAGIC + b"".join(records))
             os.close(self._fd)
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+            self._fd = os.open(self.path, os.O_WRONLY)
         self._entries = list(keep)
         self._offsets = []
         pos = len(FILE_MAGIC)
         for record in records:
             self._offsets.append(pos)
             pos += len(record)
-        self._end = pos
+        self._end = self._allocated = pos
 
     def __getitem__(self, item):
         return self._entries[item]

@@ -2,7 +2,11 @@
 
 Properties checked:
 - what was added is read back after reopening, in order, with index and term;
-- a torn last record (kill -9 or power loss mid-append) is cut off, the rest kept;
+- a torn last record (kill -9 or power loss mid-append) is cut off, the rest kept, also
+  when the zeros written ahead of it follow it;
+- records are written over zeros written ahead of them (the file grows by
+  PREALLOCATE_BYTES at a time, not per record); those zeros are where the log ends,
+  read back without a warning;
 - a corrupt record with valid records after it is refused, never silently dropped;
 - compaction (deleteEntriesTo) and truncation (deleteEntriesFrom) survive reopening;
 - term and vote are durable immediately; a corrupt side file is refused; a commit
@@ -32,6 +36,11 @@ def entries(n: int, start: int = 1, term: int = 1) -> list[tuple[bytes, int, int
     return [(f"cmd-{i}".encode(), i, term) for i in range(start, start + n)]
 
 
+def log_end(path) -> int:
+    """Where the journal's last good record ends (the zeros written ahead follow it)."""
+    return journal_module.parse_records(path.read_bytes(), str(path))[2]
+
+
 def filled(path, items) -> DurableJournal:
     journal = DurableJournal(path)
     for item in items:
@@ -51,7 +60,7 @@ def test_torn_last_record_is_cut_off(tmp_path):
     path = tmp_path / "raft.journal"
     filled(path, entries(5))._destroy()
     data = path.read_bytes()
-    path.write_bytes(data[:-3])  # the last append was torn
+    path.write_bytes(data[: log_end(path) - 3])  # the last append was torn
     journal = DurableJournal(path)
     assert journal[:] == entries(4)
     journal.add(b"next", 5, 2)
@@ -59,11 +68,44 @@ def test_torn_last_record_is_cut_off(tmp_path):
     assert DurableJournal(path)[:] == entries(4) + [(b"next", 5, 2)]
 
 
+def test_records_go_over_zeros_written_ahead_and_those_zeros_end_the_log_quietly(tmp_path, caplog):
+    path = tmp_path / "raft.journal"
+    journal = filled(path, entries(1))
+    size = path.stat().st_size
+    assert size == log_end(path) + journal_module.PREALLOCATE_BYTES
+    for item in entries(50, start=2):
+        journal.add(*item)
+    assert path.stat().st_size == size, "an add within the zeros written ahead does not grow the file"
+    assert path.read_bytes()[log_end(path) :].count(0) == size - log_end(path)
+    # kill -9: nothing closed; the reopened journal ends where the records do, quietly
+    caplog.clear()
+    with caplog.at_level("WARNING", logger=journal_module.__name__):
+        again = DurableJournal(path)
+    assert again[:] == entries(51) and not caplog.records
+    again.add(b"next", 52, 2)
+    assert DurableJournal(path)[:] == entries(51) + [(b"next", 52, 2)]
+    assert path.stat().st_size == size
+
+
+def test_a_torn_record_before_the_zeros_written_ahead_is_cut_off(tmp_path, caplog):
+    path = tmp_path / "raft.journal"
+    filled(path, entries(5))._destroy()
+    end = log_end(path)
+    data = bytearray(path.read_bytes())
+    data[end - 3 : end] = bytes(3)  # the last record's tail never reached the disk
+    path.write_bytes(bytes(data))
+    with caplog.at_level("WARNING", logger=journal_module.__name__):
+        journal = DurableJournal(path)
+    assert journal[:] == entries(4) and "torn last record" in caplog.text
+    journal.add(b"next", 5, 2)
+    assert DurableJournal(path)[:] == entries(4) + [(b"next", 5, 2)]
+
+
 def test_corrupt_record_followed_by_valid_ones_is_refused(tmp_path):
     path = tmp_path / "raft.journal"
     filled(path, entries(5))._destroy()
     data = bytearray(path.read_bytes())
-    data[len(data) // 3] ^= 0x40
+    data[log_end(path) // 3] ^= 0x40
     path.write_bytes(bytes(data))
     with pytest.raises(CorruptData, match="corrupt"):
         DurableJournal(path)
@@ -179,7 +221,8 @@ def failing(code: int):
 
 def test_a_short_write_stops_the_node_and_is_not_counted(tmp_path, monkeypatch, stops):
     journal = filled(tmp_path / "j", entries(2))
-    monkeypatch.setattr(journal_module.os, "write", lambda fd, data: len(data) // 2)
+    monkeypatch.setattr(journal_module.os, "pwrite", lambda fd, data, at: len(data) // 2)
+    monkeypatch.setattr(journal_module.os, "pwritev", lambda fd, buffers, at: len(buffers[0]) // 2)
     with pytest.raises(Stopped):
         journal.add(b"half", 3, 1)
     assert stops == [("appending entry 3 to j", errno.ENOSPC, False)]
@@ -192,7 +235,7 @@ def test_a_short_write_stops_the_node_and_is_not_counted(tmp_path, monkeypatch, 
         ("fdatasync", lambda j: j.add(b"x", 3, 1), True),
         ("fsync", lambda j: j.deleteEntriesFrom(1), True),
         ("fsync", lambda j: j.deleteEntriesTo(1), True),
-        ("write", lambda j: j.add(b"x", 3, 1), False),
+        ("pwrite", lambda j: j.add(b"x", 3, 1), False),
     ],
 )
 def test_a_failed_disk_call_stops_the_node_distrusting_the_log_after_a_failed_sync(
