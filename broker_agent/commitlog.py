@@ -8,16 +8,24 @@ record never spans two segments: a batch that does not fit rolls to a new one.
 Crash safety:
 - an append is one pwrite per segment it touches, then fdatasync; a segment is made
   durable before the next one is created, so only the last segment can end torn;
+- with fsync, records are written over zeros written ahead of them (PREALLOCATE_BYTES
+  at a time, in the write of the record that needs them): an fdatasync of bytes written
+  over a file's existing blocks changes neither its size nor its allocation, so the
+  filesystem commits no metadata for it (on ext4 here, three concurrent fdatasyncs of
+  1 KB: 0.22-0.29 ms over zeros against 0.40-0.47 appended). The last segment therefore
+  ends in zeros, which recovery reads as the log's end, quietly; a full segment is cut to
+  its records before the next one is created, and close() cuts the last one;
 - group commit: an append with sync=False only writes, and `sync` makes everything
   written so far durable with one fdatasync, however many appends wait for it (a
   master's writers each call it; whoever comes while one runs finds its bytes covered
   by the next). `durable_offset` says how far the disk holds the log; a failed
   fdatasync closes the log (the kernel may have dropped the dirty pages, so a retry
   could report success for data that is gone);
-- recovery scans every record (CRC-32 each). In the last segment, a bad record with no
-  valid record after it is a torn tail (an append the crash interrupted: the bytes may
-  be short, zero-filled or half-written, which a checksum cannot tell from a flipped
-  bit) and is cut off with a warning. A bad record anywhere else, or followed by a
+- recovery scans every record (CRC-32 each). In the last segment, zeros from a record
+  boundary to the file's end are the zeros written ahead (no record starts with a zero
+  byte); a bad record with no valid record after it is a torn tail (an append the crash
+  interrupted: the bytes may be short, zero-filled or half-written, which a checksum
+  cannot tell from a flipped bit) and is cut off with a warning. A bad record anywhere else, or followed by a
   valid record, raises CorruptData naming the file and offset: it is never dropped
   silently nor served;
 - truncation deletes the later segments newest first, then cuts the segment holding
@@ -75,16 +83,19 @@ MARK_INTERVAL_BYTES = 4096
 RECENT_STARTS_MAX = 8192
 OPEN_SEGMENTS_MAX = 16
 SCAN_READ_BYTES = 4 << 20  # what a scan of the log (index rebuild, origin replay) reads at once
+PREALLOCATE_BYTES = 1 << 20  # zeros written past an append that needs more room (with fsync)
+_ZEROS = bytes(PREALLOCATE_BYTES)
 _SEGMENT_NAME = re.compile(r"(\d{20})\.log")
 
 
 class _Segment:
-    __slots__ = ("base", "path", "size", "marks", "fd")
+    __slots__ = ("base", "path", "size", "allocated", "marks", "fd")
 
     def __init__(self, base: int, path: Path) -> None:
         self.base = base
         self.path = path
-        self.size = 0
+        self.size = 0  # the records' bytes
+        self.allocated = 0  # the file's size: zeros written ahead from `size` to it
         self.marks: list[int] = []  # commit offsets of some record starts, sorted
         self.fd: int | None = None
 
@@ -235,6 +246,9 @@ class CommitLog:
             try:
                 length = check_record(data, pos, segment.base + pos)
             except (TornRecord, CorruptData) as exc:
+                if last and data.count(0, pos) == len(data) - pos:
+                    segment.allocated = len(data)  # the zeros written ahead
+                    break
                 if last and next_valid_record(data, pos) < 0:
                     log.warning(
                         "%s: cutting off a torn tail of %d bytes at commit offset %d (%s)",
@@ -264,6 +278,7 @@ class CommitLog:
             segment.add_mark(segment.base + pos)
             pos += length
         segment.size = pos
+        segment.allocated = max(segment.allocated, pos)
 
     def _cut_file(self, path: Path, size: int) -> None:
         with open(path, "r+b") as f:
@@ -493,6 +508,11 @@ class CommitLog:
                     self._write(active, data[start : ends[fit - 1]], starts, base, undo, sync)
                     first = fit
                 if first < len(ends):  # durable before the next segment exists
+                    if self.fsync and active.allocated > active.size:  # ends where its records do
+                        os.ftruncate(self._fd(active), active.size)
+                        active.allocated = active.size
+                        os.fdatasync(self._fd(active))  # the new size, with the data
+                        self._durable = active.end
                     if self.fsync and self._durable < active.end:
                         os.fdatasync(self._fd(active))
                         self._durable = active.end
@@ -519,6 +539,11 @@ class CommitLog:
         undo.append((segment, segment.size))
         fd = self._fd(segment)
         written = 0
+        end = segment.size + len(data)
+        if self.fsync and end > segment.allocated:  # zeros ahead, in the same write
+            ahead = min(PREALLOCATE_BYTES, max(0, self.segment_bytes - end))
+            written = os.pwritev(fd, [data, memoryview(_ZEROS)[:ahead]], segment.size)
+            segment.allocated = max(segment.allocated, segment.size + written)
         while written < len(data):
             written += os.pwrite(fd, data[written:], segment.size + written)
         if self.fsync and sync:
@@ -534,6 +559,7 @@ class CommitLog:
             self._recent_starts.clear()
         self._recent_starts.update([base + start for start in starts])
         segment.size += len(data)
+        segment.allocated = max(segment.allocated, segment.size)
 
     def _undo(self, undo: list[tuple[_Segment, int]], created: list[_Segment]) -> None:
         """Puts the files back as they were before a failed append (e.g. disk full)."""
@@ -546,7 +572,7 @@ class CommitLog:
             for segment, size in reversed(undo):
                 if segment in self._segments:
                     os.ftruncate(self._fd(segment), size)
-                    segment.size = size
+                    segment.size = segment.allocated = size
                     segment.cut_marks(segment.base + size)
             self._durable = min(self._durable, self._segments[-1].end)
             self._truncations += 1
@@ -720,7 +746,7 @@ class CommitLog:
             os.ftruncate(fd, offset - segment.base)
             if self.fsync:
                 os.fsync(fd)
-            segment.size = offset - segment.base
+            segment.size = segment.allocated = offset - segment.base
             segment.cut_marks(offset)
             self._recent_starts.clear()  # starts past offset name other bytes once it grows again
             self._durable = min(self._durable, offset)
@@ -745,7 +771,19 @@ class CommitLog:
             return deleted
 
     def close(self) -> None:
+        """Closes every file; the last segment is first cut to its records (a stopped
+        broker's files end where its log does). A cut that fails leaves the zeros, which
+        the next open reads as the end."""
         with self._lock:
+            last = self._segments[-1]
+            if not self._closed and self.fsync and last.allocated > last.size:
+                try:
+                    fd = self._fd(last)
+                    os.ftruncate(fd, last.size)
+                    os.fsync(fd)
+                    last.allocated = last.size
+                except OSError as exc:
+                    log.warning("%s: could not cut the zeros written ahead at close (%s)", last.path, exc)
             for segment in list(self._open.values()):
                 self._close_fd(segment)
             self._closed = True

@@ -430,9 +430,10 @@ def _flip_guarded_byte(context: FaultContext, node: str) -> str:
         return f"{snapshot.name} (its middle)"
     store = cluster.root / cluster.broker(node).data_dir / "store"
     segment = sorted(store.rglob("*.log"))[0]
-    if segment.stat().st_size < SEGMENT_BYTES_TO_FLIP_MIN:  # nothing written yet (a metadata run)
+    written = len(segment.read_bytes().rstrip(b"\0"))  # a last segment ends in zeros written ahead
+    if written < SEGMENT_BYTES_TO_FLIP_MIN:  # nothing written yet (a metadata run)
         return ""
-    position = context.rng.randrange(segment.stat().st_size // 4, segment.stat().st_size // 2)
+    position = context.rng.randrange(written // 4, written // 2)
     _flip(segment, position)
     return f"{segment.name} at byte {position} (below the confirm offset)"
 

@@ -152,7 +152,7 @@ def _add_replica(here: Any, root: Any, inventory: Inventory) -> None:
                 "broker_set": broker_set,
                 "replica": here.name,
                 "base_offset": base,
-                "size": path.stat().st_size,
+                "size": _size_before_zeros(path) if i == len(files) - 1 else path.stat().st_size,
                 "last": i == len(files) - 1,
             }
         )
@@ -167,6 +167,29 @@ def _add_replica(here: Any, root: Any, inventory: Inventory) -> None:
                 "file": _relative(confirm, root),
             }
         )
+
+
+ZERO_TAIL_READ_BYTES = 64 << 10
+
+
+def _size_before_zeros(path: Any) -> int:
+    """A broker's last segment file ends in the zeros it writes ahead of its records: the
+    size up to its last nonzero byte (a bound the last record may pass by its trailing zero
+    bytes; the readers scan to the file's end anyway). A remote file keeps its size."""
+    size = path.stat().st_size
+    if isinstance(path, RemotePath):
+        return size
+    with open(path, "rb") as f:
+        end = size
+        while end > 0:
+            start = max(0, end - ZERO_TAIL_READ_BYTES)
+            f.seek(start)
+            chunk = f.read(end - start)
+            kept = len(chunk.rstrip(b"\0"))
+            if kept or len(chunk) < end - start:
+                return start + kept
+            end = start
+    return 0
 
 
 def _add_tiered(here: Any, root: Any, dirnames: list[str], inventory: Inventory) -> bool:

@@ -4,7 +4,9 @@
 from start to end with no gap: a checksum-valid record, a corrupt region (bad magic,
 impossible length or checksum mismatch, up to the next checksum-valid record), or a
 truncated tail (the buffer ends inside a record and no valid record follows: an append
-that a crash interrupted). The walk is deterministic in the bytes, so the readers of
+that a crash interrupted). Zeros from a record boundary to the end are no piece: a
+broker's last segment ends in the zeros it writes ahead of its records (a record starts
+with its magic, never a zero byte). The walk is deterministic in the bytes, so the readers of
 two offset-range partitions of one file (each walks the file from its start and keeps
 the pieces starting in its range) agree on the boundaries.
 
@@ -89,6 +91,8 @@ def scan(buf: bytes, base: int) -> tuple[list[int], list[Piece]]:
         pos = valid_run(buf, pos, found)
         if pos >= size:
             break
+        if buf[pos] == 0 and buf[-1] == 0 and buf.count(0, pos) == size - pos:
+            break  # zeros to the end: what a broker writes ahead of its records, no piece
         piece = _slow_step(buf, pos, base)
         others.append(piece)
         pos = piece.pos + piece.length

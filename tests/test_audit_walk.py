@@ -2,9 +2,11 @@
 
 Properties checked:
 - on real records with random damage (flipped bytes, cut-out bytes, zero-filled and
-  torn tails) the pieces tile the buffer with no gap or overlap, every piece called
-  valid passes the broker's own `records.check_record` with that length, and every
-  other piece fails it;
+  torn tails) the pieces tile the buffer with no gap or overlap, up to zeros that run to
+  its end from a piece's start (a broker's zeros written ahead: no piece), every piece
+  called valid passes the broker's own `records.check_record` with that length, and
+  every other piece fails it;
+- records followed by a broker's zeros written ahead are those records and nothing else;
 - one flipped byte spoils exactly the record it is in: every other record is still
   found valid at its own position (the walk resynchronises);
 - the reader's vectorized digest of each valid record is `piece_digest`'s, and any
@@ -84,7 +86,27 @@ def test_pieces_tile_the_buffer_and_agree_with_the_broker(flips, cut, tail):
         else:
             with pytest.raises((TornRecord, CorruptData)):
                 check_record(buf, piece.pos, BASE + piece.pos)
-    assert position == len(buf)
+    assert position == len(buf) or buf.count(0, position) == len(buf) - position
+
+
+def test_the_inventory_sizes_a_last_segment_without_the_zeros_written_ahead(tmp_path):
+    from mqmeta.spark.layout import ZERO_TAIL_READ_BYTES, _size_before_zeros
+
+    path = tmp_path / "00000000000001048576.log"
+    for zeros in (0, 10, 3 * ZERO_TAIL_READ_BYTES + 5):
+        path.write_bytes(SEGMENT + bytes(zeros))
+        assert _size_before_zeros(path) == len(SEGMENT), zeros
+    path.write_bytes(bytes(ZERO_TAIL_READ_BYTES + 1))
+    assert _size_before_zeros(path) == 0
+
+
+def test_records_then_the_zeros_a_broker_writes_ahead_are_those_records_alone():
+    found, others = scan(SEGMENT + bytes(4096), BASE)
+    assert len(found) == 60 and others == []
+    torn = SEGMENT[:-5] + bytes(4096)  # the last record's end never reached the disk
+    found, others = scan(torn, BASE)
+    assert len(found) == 59 and [p.status for p in others] == ["garbage"]
+    assert others[0].pos + others[0].length == len(torn)
 
 
 @pytest.mark.parametrize("record", [0, 17, 59])

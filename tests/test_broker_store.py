@@ -15,8 +15,12 @@ Properties checked:
   them; read() returns whole checksummed records within max_bytes (at least one);
   a flipped byte is CorruptData at read (naming file and offset) and at reopen
   (middle of the last segment, or any non-last segment); a torn tail -- short bytes,
-  zeros, or a corrupt last record with nothing valid after it (the documented
-  choice) -- is cut at reopen and appends continue after it; append_raw refuses a
+  a record's start followed by zeros, or a corrupt last record with nothing valid after
+  it (the documented choice) -- is cut at reopen and appends continue after it; with
+  fsync, appends go over zeros written ahead (the file grows by PREALLOCATE_BYTES at a
+  time, not per append), which a reopen after kill -9 reads as the end quietly; a full
+  segment is cut to its records before the next one exists, and close() cuts the last
+  one; append_raw refuses a
   wrong offset, corrupt or partial data and writes nothing then; truncate and
   delete_segments_before survive reopen; a failed write leaves the log unchanged;
 - store: put/get round trip with per-queue offsets; puts need the current epoch;
@@ -41,7 +45,7 @@ import zlib
 from pathlib import Path
 
 import pytest
-from mqmeta.broker_agent import CONSUMER_OFFSET_TOPIC, CommitLog, MessageStore
+from mqmeta.broker_agent import CONSUMER_OFFSET_TOPIC, CommitLog, MessageStore, commitlog
 
 from mqmeta.errors import CorruptData, FailedPrecondition, FencedEpoch, InvalidArgument
 from mqmeta.formats.epochs import EpochFile, consistent_point
@@ -554,7 +558,7 @@ def test_a_corrupt_record_is_cut_at_open_when_the_replica_can_fetch_it_again(tmp
     cut.close()
 
 
-@pytest.mark.parametrize("damage", ["short", "zeros", "flipped_last_record"])
+@pytest.mark.parametrize("damage", ["short", "zeros_torn", "flipped_last_record"])
 def test_torn_tail_is_cut_and_appends_continue(tmp_path, damage, caplog):
     log = CommitLog(tmp_path, segment_bytes=SEGMENT, fsync=True)
     offsets = log.append([record(i, size=300) for i in range(12)])
@@ -564,8 +568,8 @@ def test_torn_tail_is_cut_and_appends_continue(tmp_path, damage, caplog):
     data = last_path.read_bytes()
     if damage == "short":  # the last append was interrupted
         last_path.write_bytes(data[:-7])
-    elif damage == "zeros":  # the file grew but the data never reached the disk
-        last_path.write_bytes(data[: offsets[-1] - base] + b"\x00" * 500)
+    elif damage == "zeros_torn":  # the last record's end never reached the disk
+        last_path.write_bytes(data[: offsets[-1] - base + 40] + b"\x00" * 500)
     else:  # the documented choice: indistinguishable from a half-written last record
         flip(last_path, len(data) - 10)
     reopened = CommitLog(tmp_path, segment_bytes=SEGMENT, fsync=True)
@@ -675,6 +679,41 @@ def _counting_fdatasync(monkeypatch) -> list[int]:
 
     monkeypatch.setattr(os, "fdatasync", counted)
     return calls
+
+
+def test_appends_go_over_zeros_written_ahead_which_end_the_log_quietly_after_a_kill(tmp_path, caplog):
+    log = CommitLog(tmp_path, segment_bytes=64 << 20, fsync=True)
+    path = log.segment_paths()[0]
+    first = log.append([record(0, size=300)])
+    size = path.stat().st_size
+    assert size == log.max_offset + commitlog.PREALLOCATE_BYTES
+    offsets = first + log.append([record(i, size=300) for i in range(1, 40)])
+    assert path.stat().st_size == size, "an append within the zeros written ahead does not grow the file"
+    end = log.max_offset
+    assert path.read_bytes()[end:].count(0) == size - end
+    # kill -9: the log is not closed
+    caplog.clear()
+    with caplog.at_level("WARNING", logger=commitlog.__name__):
+        reopened = CommitLog(tmp_path, segment_bytes=64 << 20, fsync=True)
+    assert reopened.max_offset == end and not caplog.records
+    assert path.stat().st_size == size
+    assert reopened.append([record(99, size=300)]) == [end]
+    assert [reopened.read_record(o).producer_seq for o in offsets[-2:]] == [38, 39]
+    reopened.close()
+    assert path.stat().st_size == reopened.max_offset, "close cuts the zeros written ahead"
+    assert CommitLog(tmp_path, segment_bytes=64 << 20).read_record(end).producer_seq == 99
+
+
+def test_a_full_segment_ends_where_its_records_do_before_the_next_exists(tmp_path):
+    log = CommitLog(tmp_path, segment_bytes=SEGMENT, fsync=True)
+    for i in range(30):  # one append at a time: each leaves zeros ahead in the last segment
+        log.append([record(i, size=300)])
+    paths = log.segment_paths()
+    bases = [int(p.stem) for p in paths]
+    assert len(paths) >= 3
+    for path, base, next_base in zip(paths[:-1], bases, bases[1:], strict=False):
+        assert path.stat().st_size == next_base - base, f"{path.name} holds only its records"
+    assert paths[-1].stat().st_size > log.max_offset - bases[-1], "the last one has zeros ahead"
 
 
 def _append_unsynced(log: CommitLog, records: list[bytes]) -> list[int]:
