@@ -14,6 +14,8 @@ Properties checked:
   (no reset ever arrives: keepalive must notice) it stops answering within
   LOST_WATCH_BOUND_S, and after kill -9 of that node too; it answers again, equal to the
   barrier read, once it has resubscribed to a live node;
+- WatchBatched sends at most one message per pace (WATCH_BATCH_PACE_S) while events keep
+  coming: topics created one write at a time arrive, in order, in fewer messages;
 - stop() is prompt when no controller answers (the whole cluster stopping at once: the loop
   is retrying GetMetadata against gone controllers), and a closed client refuses calls at
   once with FAILED_PRECONDITION instead of retrying them until its deadline.
@@ -128,6 +130,43 @@ def test_the_copy_answers_as_the_barrier_read_and_follows_changes(loaded):
         cache, "Everywhere", _barrier_route(client, "Everywhere"), started, "topics after an unknown kind"
     )
     print("route change -> seen by the copy (s):", {k: round(v, 3) for k, v in seen.items()})
+
+
+def test_watch_batched_paces_its_messages_while_events_keep_coming(loaded):
+    from mqmeta.controller.service import WATCH_BATCH_PACE_S
+
+    cluster, client, _ = loaded
+    names = [f"Paced{i}" for i in range(40)]
+    watcher = ControllerClient(cluster.addresses)
+    stream = watcher.watch(timeout_s=30, batched=True)
+    messages: list[list[str]] = []
+    snapshot = threading.Event()
+
+    def follow() -> None:
+        for message in stream:
+            snapshot.set()
+            messages.append([e.name for e in message.events if e.kind == "topic"])
+            if names[-1] in messages[-1]:
+                return
+
+    thread = threading.Thread(target=follow, daemon=True)
+    thread.start()
+    try:
+        assert snapshot.wait(10), "the stream's snapshot"
+        messages.clear()
+        started = time.monotonic()
+        for name in names:  # one write each: one applied entry, one event, each
+            client.call("CreateTopic", pb.TopicSpec(name=name, cluster="C1"))
+        elapsed_s = time.monotonic() - started
+        thread.join(20)
+        assert not thread.is_alive()
+    finally:
+        stream.cancel()
+        watcher.close()
+    topics = [n for m in messages for n in m]
+    assert topics == names
+    sent = len([m for m in messages if m])
+    assert sent <= elapsed_s / WATCH_BATCH_PACE_S + 2 and sent < len(names), (sent, elapsed_s)
 
 
 def test_watch_batched_sends_watchs_events_in_order_several_per_message(loaded):
