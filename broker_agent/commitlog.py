@@ -508,11 +508,12 @@ class CommitLog:
                     self._write(active, data[start : ends[fit - 1]], starts, base, undo, sync)
                     first = fit
                 if first < len(ends):  # durable before the next segment exists
-                    if self.fsync and active.allocated > active.size:  # ends where its records do
-                        os.ftruncate(self._fd(active), active.size)
+                    if active.allocated > active.size:  # ends where its records do (also a log
+                        os.ftruncate(self._fd(active), active.size)  # written with fsync, reopened without)
                         active.allocated = active.size
-                        os.fdatasync(self._fd(active))  # the new size, with the data
-                        self._durable = active.end
+                        if self.fsync:
+                            os.fdatasync(self._fd(active))  # the new size, with the data
+                            self._durable = active.end
                     if self.fsync and self._durable < active.end:
                         os.fdatasync(self._fd(active))
                         self._durable = active.end
@@ -776,11 +777,12 @@ class CommitLog:
         the next open reads as the end."""
         with self._lock:
             last = self._segments[-1]
-            if not self._closed and self.fsync and last.allocated > last.size:
+            if not self._closed and last.allocated > last.size:
                 try:
                     fd = self._fd(last)
                     os.ftruncate(fd, last.size)
-                    os.fsync(fd)
+                    if self.fsync:
+                        os.fsync(fd)
                     last.allocated = last.size
                 except OSError as exc:
                     log.warning("%s: could not cut the zeros written ahead at close (%s)", last.path, exc)

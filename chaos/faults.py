@@ -48,7 +48,6 @@ from mqmeta.cluster.harness import Cluster
 from mqmeta.cluster.ready import wait_brokers_ready, wait_ready
 from mqmeta.cluster.supervisor import ChildExited
 from mqmeta.cluster.wait import WaitTimeout
-from mqmeta.controller.journal import parse_records
 
 from mqmeta.errors import InvalidArgument, MqmetaError
 
@@ -381,6 +380,7 @@ def _fsync_eio(fault: Fault) -> str:
 
 
 # controller/journal.py: an 8-byte magic, then records [length u32][crc u32][index][term][command]
+JOURNAL_RECORD_HEADER_BYTES = 8 + 24  # the magic, then the first record's header
 SEGMENT_BYTES_TO_FLIP_MIN = 4096  # a slave's log this short holds no record to flip below confirm
 
 
@@ -422,10 +422,14 @@ def _flip_guarded_byte(context: FaultContext, node: str) -> str:
     if context.is_controller(node):
         data_dir = cluster.root / cluster.node(node).data_dir
         journal, snapshot = data_dir / "raft.journal", data_dir / "raft.snapshot"
-        records = parse_records(journal.read_bytes(), str(journal))[0] if journal.exists() else []
-        if len(records) >= 2:  # a record follows the first: not a torn tail (the file ends in zeros)
-            _flip(journal, 12)  # the first record's checksum
-            return f"{journal.name} (its first record's checksum)"
+        data = journal.read_bytes() if journal.exists() else b""
+        if len(data) >= JOURNAL_RECORD_HEADER_BYTES:
+            first_end = JOURNAL_RECORD_HEADER_BYTES + int.from_bytes(data[8:12], "little")
+            # a record follows the first (its length is not zero; the zeros written ahead of
+            # the next record are): then the flip is not a torn tail
+            if any(data[first_end : first_end + 4]):
+                _flip(journal, 12)  # the first record's checksum
+                return f"{journal.name} (its first record's checksum)"
         _flip(snapshot, snapshot.stat().st_size // 2)
         return f"{snapshot.name} (its middle)"
     store = cluster.root / cluster.broker(node).data_dir / "store"

@@ -503,9 +503,9 @@ class ControllerServicer(pb_grpc.ControllerServiceServicer):
         sent_at = -WATCH_BATCH_PACE_S
         while True:  # until the client goes away: the wait below then raises CancelledError
             items = [await queue.get()]
-            if batch_max > 1 and items[-1] is not None:
+            if batch_max > 1 and items[-1] is not None and queue.qsize() < batch_max - 1:
                 wait_s = sent_at + WATCH_BATCH_PACE_S - loop.time()
-                if wait_s > 0:  # one message per pace while events keep coming
+                if wait_s > 0:  # one message per pace while events keep coming, unless one is full
                     await asyncio.sleep(wait_s)
             while len(items) < batch_max and not queue.empty() and items[-1] is not None:
                 items.append(queue.get_nowait())

@@ -69,7 +69,7 @@ def replica_rows(spec: dict[str, Any]) -> Iterator[tuple[Any, ...]]:
         if base >= indexed_offset:
             break
         buf = read_bytes(segment["path"])
-        for piece in walk(buf, base):
+        for piece in walk(buf, base, bool(segment.get("last"))):
             commit_offset = base + piece.pos
             if piece.status != "ok" or commit_offset >= indexed_offset:
                 continue

@@ -131,7 +131,7 @@ class _MessageReader(FileRangeReader):
             return
         spec, buf, lo, hi = ranged
         base = int(spec["base_offset"])
-        found, _ = scan(buf, base)
+        found, _ = scan(buf, base, bool(spec.get("last")))
         for pos in found:
             if not lo <= pos < hi:
                 continue

@@ -108,7 +108,7 @@ class _RecordReader(FileRangeReader):
         if ranged is None:
             return
         spec, buf, lo, hi = ranged
-        found, others = scan(buf, spec["base_offset"])
+        found, others = scan(buf, spec["base_offset"], bool(spec.get("last")))
         valid = np.asarray(found, dtype=np.int64)
         valid = valid[(valid >= lo) & (valid < hi)]
         for first in range(0, len(valid), ARROW_BATCH_ROWS):

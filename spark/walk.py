@@ -4,11 +4,12 @@
 from start to end with no gap: a checksum-valid record, a corrupt region (bad magic,
 impossible length or checksum mismatch, up to the next checksum-valid record), or a
 truncated tail (the buffer ends inside a record and no valid record follows: an append
-that a crash interrupted). Zeros from a record boundary to the end are no piece: a
-broker's last segment ends in the zeros it writes ahead of its records (a record starts
-with its magic, never a zero byte). The walk is deterministic in the bytes, so the readers of
-two offset-range partitions of one file (each walks the file from its start and keeps
-the pieces starting in its range) agree on the boundaries.
+that a crash interrupted). In a replica's last segment (`last`), zeros from a record
+boundary to the end are no piece: it ends in the zeros its broker writes ahead of its
+records (a record starts with its magic, never a zero byte); anywhere else they are.
+The walk is deterministic in the bytes, so the readers of two offset-range partitions of
+one file (each walks the file from its start and keeps the pieces starting in its range)
+agree on the boundaries.
 
 Validity is `mqmeta.formats.records.check_record`'s; runs of valid records are found by
 its tight loop `valid_run` (the one the commit log's bulk check uses too), and every
@@ -81,9 +82,10 @@ def _slow_step(buf: bytes, pos: int, base: int) -> Piece:
     )
 
 
-def scan(buf: bytes, base: int) -> tuple[list[int], list[Piece]]:
+def scan(buf: bytes, base: int, last: bool = False) -> tuple[list[int], list[Piece]]:
     """The walk as columns: the positions of the checksum-valid records, and every other
-    piece (corrupt, garbage, truncated). Together they are exactly `walk`'s pieces."""
+    piece (corrupt, garbage, truncated). Together they are exactly `walk`'s pieces. `last`:
+    the buffer is a replica's last segment, whose zeros to the end are no piece."""
     found: list[int] = []
     others: list[Piece] = []
     pos, size = 0, len(buf)
@@ -91,7 +93,7 @@ def scan(buf: bytes, base: int) -> tuple[list[int], list[Piece]]:
         pos = valid_run(buf, pos, found)
         if pos >= size:
             break
-        if buf[pos] == 0 and buf[-1] == 0 and buf.count(0, pos) == size - pos:
+        if last and buf[pos] == 0 and buf[-1] == 0 and buf.count(0, pos) == size - pos:
             break  # zeros to the end: what a broker writes ahead of its records, no piece
         piece = _slow_step(buf, pos, base)
         others.append(piece)
@@ -99,9 +101,9 @@ def scan(buf: bytes, base: int) -> tuple[list[int], list[Piece]]:
     return found, others
 
 
-def walk(buf: bytes, base: int) -> Iterator[Piece]:
+def walk(buf: bytes, base: int, last: bool = False) -> Iterator[Piece]:
     """`scan`'s pieces one by one, in position order."""
-    found, others = scan(buf, base)
+    found, others = scan(buf, base, last)
     valid = (Piece(at, RECORD_HEAD.unpack_from(buf, at)[1], "ok", "") for at in found)
     return heapq.merge(valid, others)  # both lists are in position order
 

@@ -2,8 +2,9 @@
 
 Properties checked:
 - on real records with random damage (flipped bytes, cut-out bytes, zero-filled and
-  torn tails) the pieces tile the buffer with no gap or overlap, up to zeros that run to
-  its end from a piece's start (a broker's zeros written ahead: no piece), every piece
+  torn tails) the pieces tile the buffer with no gap or overlap (as a replica's last
+  segment: up to zeros that run to its end from a piece's start, a broker's zeros written
+  ahead, which are no piece), every piece
   called valid passes the broker's own `records.check_record` with that length, and
   every other piece fails it;
 - records followed by a broker's zeros written ahead are those records and nothing else;
@@ -86,7 +87,12 @@ def test_pieces_tile_the_buffer_and_agree_with_the_broker(flips, cut, tail):
         else:
             with pytest.raises((TornRecord, CorruptData)):
                 check_record(buf, piece.pos, BASE + piece.pos)
-    assert position == len(buf) or buf.count(0, position) == len(buf) - position
+    assert position == len(buf)
+    # as a replica's last segment: the same pieces up to zeros that run to the end
+    last = list(walk(buf, BASE, last=True))
+    assert last == pieces[: len(last)]
+    end = sum(p.length for p in last)
+    assert end == len(buf) or buf.count(0, end) == len(buf) - end
 
 
 def test_the_inventory_sizes_a_last_segment_without_the_zeros_written_ahead(tmp_path):
@@ -101,10 +107,12 @@ def test_the_inventory_sizes_a_last_segment_without_the_zeros_written_ahead(tmp_
 
 
 def test_records_then_the_zeros_a_broker_writes_ahead_are_those_records_alone():
-    found, others = scan(SEGMENT + bytes(4096), BASE)
+    found, others = scan(SEGMENT + bytes(4096), BASE, last=True)
     assert len(found) == 60 and others == []
+    found, others = scan(SEGMENT + bytes(4096), BASE)  # not a last segment: zeros are a piece
+    assert len(found) == 60 and [p.status for p in others] == ["garbage"]
     torn = SEGMENT[:-5] + bytes(4096)  # the last record's end never reached the disk
-    found, others = scan(torn, BASE)
+    found, others = scan(torn, BASE, last=True)
     assert len(found) == 59 and [p.status for p in others] == ["garbage"]
     assert others[0].pos + others[0].length == len(torn)
 

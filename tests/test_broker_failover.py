@@ -250,8 +250,10 @@ def flip_byte_in_place(path, position: int) -> None:
 
 
 def log_bytes(cluster, name: str) -> bytes:
+    """A broker's log as its segments hold it, without the zeros written ahead of the next
+    record (a running broker's last segment ends in them, however far)."""
     segments = sorted((cluster.root / cluster.broker(name).data_dir / "store").rglob("*.log"))
-    return b"".join(segment.read_bytes() for segment in segments)
+    return b"".join(segment.read_bytes() for segment in segments).rstrip(b"\0")
 
 
 def test_a_corrupt_slave_log_is_found_cut_and_fetched_again(cluster_factory):

@@ -716,6 +716,17 @@ def test_a_full_segment_ends_where_its_records_do_before_the_next_exists(tmp_pat
     assert paths[-1].stat().st_size > log.max_offset - bases[-1], "the last one has zeros ahead"
 
 
+def test_a_log_written_with_fsync_and_reopened_without_still_cuts_a_full_segment(tmp_path):
+    log = CommitLog(tmp_path, segment_bytes=SEGMENT, fsync=True)
+    log.append([record(0, size=300)])  # zeros ahead, to the segment's size
+    del log  # as after kill -9: not closed
+    again = CommitLog(tmp_path, segment_bytes=SEGMENT, fsync=False)
+    offsets = [o for i in range(1, 20) for o in again.append([record(i, size=300)])]
+    assert len(again.segment_paths()) >= 2
+    reopened = CommitLog(tmp_path, segment_bytes=SEGMENT, fsync=False)
+    assert [reopened.read_record(o).producer_seq for o in offsets] == list(range(1, 20))
+
+
 def _append_unsynced(log: CommitLog, records: list[bytes]) -> list[int]:
     return log.append_verified(b"".join(records), [len(r) for r in records], sync=False)
 

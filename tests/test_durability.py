@@ -20,6 +20,7 @@ import threading
 import zlib
 
 import pytest
+from mqmeta.controller.journal import parse_records
 
 from mqmeta.errors import MqmetaError
 from mqmeta.pb import controller_pb2 as pb
@@ -185,7 +186,7 @@ def test_a_damaged_snapshot_or_journal_is_discarded_and_the_node_rejoins(cluster
             cluster.kill(victim)
             data = bytearray(damaged.read_bytes())
             if position is None:  # the first record's command: valid records follow it
-                assert len(data) > 200, "the journal holds records after the snapshot"
+                assert len(parse_records(bytes(data), str(damaged))[0]) >= 2, "records follow the first"
                 position = len(b"MQMJRNL1") + 24 + 2
             data[position] ^= 0xFF
             damaged.write_bytes(bytes(data))

@@ -166,7 +166,7 @@ def test_watch_batched_paces_its_messages_while_events_keep_coming(loaded):
     topics = [n for m in messages for n in m]
     assert topics == names
     sent = len([m for m in messages if m])
-    assert sent <= elapsed_s / WATCH_BATCH_PACE_S + 2 and sent < len(names), (sent, elapsed_s)
+    assert sent <= elapsed_s / WATCH_BATCH_PACE_S + 2, (sent, elapsed_s)
 
 
 def test_watch_batched_sends_watchs_events_in_order_several_per_message(loaded):
