@@ -8,6 +8,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from mqmeta.controller.journal import parse_records
 from mqmeta.controller.state_machine import CONFIG_SCHEMA  # noqa: E402
 
 from bench.benchlib import (
@@ -26,6 +27,7 @@ from bench.metadata_scale.common import (
     topic_name,
 )
 from bench.metadata_scale.fleet import BrokerFleet
+from mqmeta.errors import CorruptData
 
 # Phase: load ---------------------------------------------------------------------------------
 
@@ -152,9 +154,11 @@ def group_ops(sizes: dict[str, int]) -> list[Any]:
 
 
 def journal_bytes(cluster: ScaleCluster, node: str) -> int:
+    """Where the journal's records end (the file goes on with the zeros written ahead)."""
+    path = cluster.data_dirs()[node] / "raft.journal"
     try:
-        return (cluster.data_dirs()[node] / "raft.journal").stat().st_size
-    except OSError:
+        return parse_records(path.read_bytes(), str(path))[2]
+    except (OSError, CorruptData):
         return 0
 
 
