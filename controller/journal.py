@@ -173,6 +173,9 @@ class DurableJournal:
                 os.fsync(f.fileno())
             data = data[:end]
         self._fd = os.open(path, os.O_WRONLY)
+        if fsync:  # what a killed process wrote may still be only in the page cache: synced
+            with self._disk(f"fdatasync of {path.name} at open", distrust_log=True):  # before
+                os.fdatasync(self._fd)  # this node acknowledges any of it (to a leader)
         self._end = end
         self._allocated = len(data)  # the file's size: zeros from _end to it
         self._meta = self._load_meta()

@@ -2,6 +2,7 @@
 
 Properties checked:
 - what was added is read back after reopening, in order, with index and term;
+- what a killed process wrote but did not sync is synced at open, before it is served;
 - a torn last record (kill -9 or power loss mid-append) is cut off, the rest kept, also
   when the zeros written ahead of it follow it;
 - records are written over zeros written ahead of them (the file grows by
@@ -85,6 +86,19 @@ def test_records_go_over_zeros_written_ahead_and_those_zeros_end_the_log_quietly
     again.add(b"next", 52, 2)
     assert DurableJournal(path)[:] == entries(51) + [(b"next", 52, 2)]
     assert path.stat().st_size == size
+
+
+def test_what_a_killed_process_left_unsynced_is_synced_at_open(tmp_path, monkeypatch):
+    path = tmp_path / "raft.journal"
+    journal = filled(path, entries(2))
+    monkeypatch.setattr(journal, "fsync", False)  # as if the process died before its fdatasync
+    journal.add(b"unsynced", 3, 1)
+    synced: list[int] = []
+    real = journal_module.os.fdatasync
+    monkeypatch.setattr(journal_module.os, "fdatasync", lambda fd: synced.append(fd) or real(fd))
+    again = DurableJournal(path)  # kill -9: the old one is not closed
+    assert again[:] == entries(2) + [(b"unsynced", 3, 1)]
+    assert synced == [again._fd], "the journal is synced at open, before it serves any entry"
 
 
 def test_a_torn_record_before_the_zeros_written_ahead_is_cut_off(tmp_path, caplog):
