@@ -64,6 +64,7 @@ from mqmeta.formats.records import (
     peek_length,
     scan_records,
     valid_run,
+    zeros_to_end,
 )
 
 log = logging.getLogger(__name__)
@@ -246,7 +247,7 @@ class CommitLog:
             try:
                 length = check_record(data, pos, segment.base + pos)
             except (TornRecord, CorruptData) as exc:
-                if last and data.count(0, pos) == len(data) - pos:
+                if last and zeros_to_end(data, pos):
                     segment.allocated = len(data)  # the zeros written ahead
                     break
                 if last and next_valid_record(data, pos) < 0:

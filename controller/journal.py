@@ -49,6 +49,7 @@ from mqmeta.controller.snapshot import read_position
 
 from mqmeta.errors import CorruptData
 from mqmeta.formats.atomic import write_atomically
+from mqmeta.formats.records import zeros_to_end
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +107,7 @@ def parse_records(data: bytes, where: str) -> tuple[list[Entry], list[int], int]
     while pos < len(data):
         bad = _bad_record(data, pos)
         if bad:
-            if _zeros_from(data, pos):
+            if zeros_to_end(data, pos):
                 break  # the zeros written ahead of the next record
             if _any_good_record_after(data, pos):
                 raise CorruptData(
@@ -133,10 +134,6 @@ def _bad_record(data: bytes, pos: int) -> str:
     if zlib.crc32(struct.pack("<QQ", index, term) + data[start : start + length]) != crc:
         return "checksum mismatch"
     return ""
-
-
-def _zeros_from(data: bytes, pos: int) -> bool:
-    return data.count(0, pos) == len(data) - pos
 
 
 def _any_good_record_after(data: bytes, pos: int) -> bool:
@@ -167,7 +164,7 @@ class DurableJournal:
             write_atomically(path, FILE_MAGIC)
         data = path.read_bytes()
         self._entries, self._offsets, end = parse_records(data, str(path))
-        if end < len(data) and not _zeros_from(data, end):  # a torn last record
+        if end < len(data) and not zeros_to_end(data, end):  # a torn last record
             with open(path, "r+b") as f:
                 f.truncate(end)
                 os.fsync(f.fileno())

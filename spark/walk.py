@@ -33,6 +33,7 @@ from mqmeta.formats.records import (
     next_valid_record,
     peek_length,
     valid_run,
+    zeros_to_end,
 )
 
 DIGEST_MIX = 0x9E3779B1  # odd: multiplying by it permutes the 32-bit values
@@ -93,7 +94,7 @@ def scan(buf: bytes, base: int, last: bool = False) -> tuple[list[int], list[Pie
         pos = valid_run(buf, pos, found)
         if pos >= size:
             break
-        if last and buf[pos] == 0 and buf[-1] == 0 and buf.count(0, pos) == size - pos:
+        if last and buf[pos] == 0 and zeros_to_end(buf, pos):
             break  # zeros to the end: what a broker writes ahead of its records, no piece
         piece = _slow_step(buf, pos, base)
         others.append(piece)

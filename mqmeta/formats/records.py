@@ -412,6 +412,13 @@ def is_valid_record(buf: bytes | bytearray | memoryview, pos: int) -> bool:
     return True
 
 
+def zeros_to_end(buf: bytes, pos: int) -> bool:
+    """Whether `buf` holds only zero bytes from `pos` on: a log's zeros written ahead of its
+    next record (a commit-log record starts with RECORD_TAG, a journal record with a
+    nonzero length, so neither starts there)."""
+    return buf.count(0, pos) == len(buf) - pos
+
+
 def next_valid_record(buf: bytes, pos: int) -> int:
     """The position of the first checksum-valid record after `pos`; -1 when none: where a
     reader resynchronises after a bad region, or the proof that a bad region is a torn tail."""
