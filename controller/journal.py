@@ -178,7 +178,7 @@ class DurableJournal:
         self._meta = self._load_meta()
         self._meta_dirty = False
         last_index = self._entries[-1][1] if self._entries else 0
-        if self._meta["commit_index"] > last_index:
+        if self._meta["commit_index"] > max(1, last_index):  # 1: where a new journal starts
             log.warning(
                 "%s: commit index %d is past the journal end %d; clamping",
                 self.meta_path,

@@ -157,6 +157,16 @@ def test_commit_index_past_the_end_is_clamped(tmp_path):
     assert DurableJournal(path).getRaftCommitIndex() == 3
 
 
+def test_a_new_journal_opens_without_a_warning(tmp_path, caplog):
+    """A node's first start: commit index 1 (where pysyncobj starts) over no entries is
+    no clamping to warn about; the side file of a journal opened again is not rewritten."""
+    path = tmp_path / "raft.journal"
+    with caplog.at_level("WARNING", logger=journal_module.__name__):
+        DurableJournal(path)._destroy()
+        DurableJournal(path)._destroy()
+    assert not caplog.records and DurableJournal(path).getRaftCommitIndex() == 1
+
+
 def write_snapshot(path, last, previous) -> None:
     with gzip.open(path, "wb") as f:
         syncobj_pickle.dump(({"_state": "opaque"}, last, previous, set()), f)
