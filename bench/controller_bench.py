@@ -20,10 +20,13 @@ raw         pysyncobj baseline, 3 processes with a trivial @replicated counter: 
             and async calls with a window of outstanding calls, from the leader;
 failover    K times: kill -9 the leader, time to the first committed write through the
             survivors (per-call timeout 0.25 s), restart the node from its data, wait
-            until the cluster is healthy.
+            until the cluster is healthy;
+handover    the same with SIGTERM: the leader lets its writes in flight commit and hands
+            leadership to a caught-up follower before it exits (Raft's TimeoutNow).
 
 Targets are compared, never tuned for: seq p50 <= 3 ms; concurrent >= 5000 writes/s and
->= 30% of the raw pysyncobj rate; failover p99 <= 1.5 s. The machine is shared: the
+>= 30% of the raw pysyncobj rate; failover p99 <= 1.5 s; handover p99 below the
+election timeout's minimum (without the hand-over no follower stands sooner). The machine is shared: the
 JSON reports the CPU that other processes used during each measured window.
 
 Every loop is bounded in count and time, everything listens on 127.0.0.1, and every
@@ -53,6 +56,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -918,7 +922,13 @@ def raw_baseline(root: Path, kind: str, secret: str, args: argparse.Namespace) -
 # Failover ---------------------------------------------------------------------------------
 
 
-def failover_round(cluster: Cluster, round_no: int, per_call_timeout_s: float) -> dict[str, Any]:
+def failover_round(
+    cluster: Cluster, round_no: int, per_call_timeout_s: float, stop_signal: int = signal.SIGKILL
+) -> dict[str, Any]:
+    """SIGKILL: the time from the kill to the first write committed through the survivors.
+    SIGTERM (a hand-over): writes go on one after another from before the signal until
+    ten have committed after a survivor names the new leader; the sample is the longest
+    gap between two commits that spans the signal or follows it (the pause writers see)."""
     from mqmeta.client import ControllerClient
     from mqmeta.errors import MqmetaError
 
@@ -928,7 +938,8 @@ def failover_round(cluster: Cluster, round_no: int, per_call_timeout_s: float) -
     attempts = errors = 0
     error_codes: collections.Counter = collections.Counter()
     last_error = ""
-    committed_at = None
+    commits: list[float] = []
+    writes_before = 0 if stop_signal == signal.SIGKILL else 5
     try:
         import grpc
 
@@ -939,29 +950,39 @@ def failover_round(cluster: Cluster, round_no: int, per_call_timeout_s: float) -
         elected: dict[str, Any] = {}
         stop_watch = threading.Event()
         t0 = time.monotonic()
-        proc.kill()
-        watcher = threading.Thread(
-            target=_watch_election, daemon=True, args=(cluster, survivors, leader, t0, elected, stop_watch)
-        )
-        watcher.start()
         for i in range(10_000):
+            if i == writes_before:
+                t0 = time.monotonic()
+                proc.send_signal(stop_signal)
+                watcher = threading.Thread(
+                    target=_watch_election,
+                    daemon=True,
+                    args=(cluster, survivors, leader, t0, elected, stop_watch),
+                )
+                watcher.start()
             if time.monotonic() - t0 > 20.0:
                 break
             attempts += 1
             try:
                 client.update_config(config_request(round_no + i))
-                committed_at = time.monotonic()
-                break
+                commits.append(time.monotonic())
             except MqmetaError as exc:
                 errors += 1
                 last_error = exc.message[:160]
                 error_codes[exc.code] += 1
+            if i >= writes_before and _round_done(commits, t0, stop_signal, elected):
+                break
         proc.wait(timeout=5.0)
         watcher.join(timeout=max(0.1, 12.0 - (time.monotonic() - t0)))
         stop_watch.set()
     finally:
         client.close()
-    sample = None if committed_at is None else committed_at - t0
+    if stop_signal == signal.SIGKILL:
+        after = [c for c in commits if c > t0]
+        sample = after[0] - t0 if after else None
+    else:
+        gaps = [b - a for a, b in zip(commits, commits[1:], strict=False) if b > t0]
+        sample = max(gaps) if gaps and elected else None
     new_leader = cluster.leader_id()
     cluster.restart(leader)
     healthy_s = cluster.wait_healthy(30.0, caught_up=leader)
@@ -979,6 +1000,15 @@ def failover_round(cluster: Cluster, round_no: int, per_call_timeout_s: float) -
     if sample is None:
         out["last_error"] = last_error
     return out
+
+
+def _round_done(commits: list[float], t0: float, stop_signal: int, elected: dict[str, Any]) -> bool:
+    """A kill's round ends at the first commit after it; a hand-over's once ten writes
+    have committed after a survivor named the new leader."""
+    if stop_signal == signal.SIGKILL:
+        return bool(commits) and commits[-1] > t0
+    known = elected.get("at")
+    return known is not None and sum(1 for c in commits if c - t0 > known) >= 10
 
 
 def _watch_election(
@@ -1017,7 +1047,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="short run (< 60 s)")
     p.add_argument("--keep", action="store_true", help="keep the temporary directory")
     p.add_argument(
-        "--only", default="", help="comma list of phases: seq,concurrent,batched,ceiling,raw,failover"
+        "--only",
+        default="",
+        help="comma list of phases: seq,concurrent,batched,ceiling,raw,failover,handover",
     )
     p.add_argument("--modes", default="threads,processes", help="concurrent client modes")
     p.add_argument(
@@ -1069,7 +1101,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args.failover_call_timeout_s = 0.25
     args.budget_s = 58.0 if q else 178.0
     args.raw_confs = args.raw_conf.split(",") if args.raw_conf else ["controller_conf", "pysyncobj_defaults"]
-    phases = {"seq", "concurrent", "batched", "ceiling", "raw", "failover"}
+    phases = {"seq", "concurrent", "batched", "ceiling", "raw", "failover", "handover"}
     args.phases = set(args.only.split(",")) if args.only else phases
     return args
 
@@ -1201,32 +1233,33 @@ def _phase_raw(ctx: _Run) -> None:
         )
 
 
-def _phase_failover(ctx: _Run) -> None:
+def _phase_failover(ctx: _Run, name: str = "failover", stop_signal: int = signal.SIGKILL) -> None:
     args, result, cluster = ctx.args, ctx.result, ctx.cluster
     rounds = []
     samples = []
     for k in range(args.failover_rounds):
         remaining = args.budget_s - (time.monotonic() - ctx.t_begin)
         if remaining < 12.0:
-            log(f"failover: stopping after {k} rounds to stay within the time budget")
-            result["failover_truncated"] = True
+            log(f"{name}: stopping after {k} rounds to stay within the time budget")
+            result[f"{name}_truncated"] = True
             break
         try:
-            r = failover_round(cluster, k, args.failover_call_timeout_s)
+            r = failover_round(cluster, k, args.failover_call_timeout_s, stop_signal)
         except RuntimeError as exc:  # the cluster did not recover: report, stop here
-            result["failover_error"] = str(exc)
-            log(f"failover round {k + 1}: {exc}")
+            result[f"{name}_error"] = str(exc)
+            log(f"{name} round {k + 1}: {exc}")
             break
         rounds.append(r)
         if r["failover_s"] is not None:
             samples.append(r["failover_s"])
         log(
-            f"failover {k + 1}/{args.failover_rounds}: killed {r['killed']}, first commit "
+            f"{name} {k + 1}/{args.failover_rounds}: stopped {r['killed']}, first commit "
             f"after {r['failover_s']} s (leader known after {r['new_leader_known_s']} s), "
             f"new leader {r['new_leader']}, healthy again in "
             f"{r['restart_to_healthy_s']} s"
         )
-    result["failover"] = {
+    result[name] = {
+        "signal": signal.Signals(stop_signal).name,
         "rounds": len(rounds),
         "samples_s": samples,
         "failed_rounds": sum(1 for r in rounds if r["failover_s"] is None),
@@ -1245,6 +1278,7 @@ PHASE_RUNS: dict[str, Callable[[_Run], None]] = {
     "ceiling": _phase_ceiling,
     "raw": _phase_raw,
     "failover": _phase_failover,
+    "handover": partial(_phase_failover, name="handover", stop_signal=signal.SIGTERM),
 }
 
 
@@ -1315,8 +1349,26 @@ def summarize(result: dict[str, Any]) -> None:
         met["failover_p99_le_1_5s"] = (
             fo["p99_s"] is not None and fo["p99_s"] <= 1.5 and fo["failed_rounds"] == 0
         )
+    ho = result.get("handover", {})
+    if ho:
+        election_min_s = _election_min_ms(result.get("cluster", {}).get("raft_settings_overrides", [])) / 1000
+        ho["election_min_s"] = election_min_s
+        met["handover_p99_below_election_min"] = (
+            ho["p99_s"] is not None and ho["p99_s"] < election_min_s and ho["failed_rounds"] == 0
+        )
     result["targets"] = TARGETS
     result["targets_met"] = met
+
+
+def _election_min_ms(overrides: list[str]) -> int:
+    """The cluster's election_min_ms: an override of this run's, else the default."""
+    from mqmeta.controller.raft_node import RaftSettings
+
+    for item in overrides:
+        key, _, value = item.partition("=")
+        if key == "election_min_ms":
+            return int(value)
+    return RaftSettings().election_min_ms
 
 
 CLUSTERS: list[Cluster] = []

@@ -205,6 +205,16 @@ REQUIREMENTS: tuple[Requirement, ...] = (
     # LeadershipTransfer
     Requirement(_SYNCOBJ, "SyncObj", "transferLeadership", ROUTINE, "a stopping leader hands off"),
     Requirement(_SYNCOBJ, "FAIL_REASON", "SUCCESS", ATTRIBUTE, "transferLeadership's answer"),
+    Requirement(
+        _SYNCOBJ, "SyncObj.__init__", "_SyncObj__transferInProgress", USES, "a successor took the request"
+    ),
+    Requirement(_SYNCOBJ, "SyncObj", "_SyncObj__onMessageReceived", ROUTINE, "timeout_now arrives in it"),
+    Requirement(
+        _SYNCOBJ, "SyncObj._onTick", "_SyncObj__raftElectionDeadline", USES, "a stopping node never stands"
+    ),
+    Requirement(
+        _SYNCOBJ, "FAIL_REASON", "NOT_LEADER", ATTRIBUTE, "a stopping leader refuses forwarded writes"
+    ),
     # benchmark profiling (wrap_tick, wrap_transport_send)
     Requirement(_SYNCOBJ, "SyncObj", "_onTick", ROUTINE, "wrap_tick wraps it"),
     Requirement(_SYNCOBJ, "SyncObj._autoTickThread", "_onTick", USES, "every tick runs it"),
@@ -748,17 +758,52 @@ class LeadershipTransfer(SyncObj):
     vote instead of a whole election timeout. pysyncobj's state belongs to its tick
     thread, so another thread only asks (request_leadership_transfer) and the tick does
     it; pysyncobj denies a follower that is not fully caught up, so the tick tries again
-    until it is (or this node is no longer the leader)."""
+    until it is (or this node is no longer the leader).
+
+    From the request on, the node is on its way out (Raft thesis section 3.10): it appends
+    no write a follower forwards (refused as by a non-leader: the follower's caller
+    retries, on the new leader), so its log never gets longer than the successor's, which
+    would then get no vote from it; and once it is a follower it never stands for
+    election again: its election deadline ran out while it led, so pysyncobj would make
+    it stand at once, it could win, and then it exits and the others wait an election
+    timeout."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        # before SyncObj.__init__, which may start the tick thread that reads it
+        # before SyncObj.__init__, which may start the tick thread that reads them
         self._transfer_requested = threading.Event()
+        self._handing_over = False  # set once, by the request: this node is stopping
+        self._asked_to_stand_in_term = -1  # a follower: the term whose leader handed over to it
         super().__init__(*args, **kwargs)
 
     def request_leadership_transfer(self) -> None:
+        self._handing_over = True
         self._transfer_requested.set()
 
+    def elected_by_hand_over(self) -> bool:
+        """A leader: whether its leader of the term before asked it to stand (a hand-over),
+        rather than it stood after its election timeout."""
+        return self.raftCurrentTerm == self._asked_to_stand_in_term + 1
+
+    def _SyncObj__onMessageReceived(self, node: Any, message: Any) -> None:  # noqa: N802 - pysyncobj's name
+        kind = message.get("type") if isinstance(message, dict) else None
+        if kind == "apply_command" and self._handing_over:
+            if "request_id" in message:
+                self._SyncObj__transport.send(
+                    node,
+                    {
+                        "type": "apply_command_response",
+                        "request_id": message["request_id"],
+                        "error": FAIL_REASON.NOT_LEADER,
+                    },
+                )
+            return
+        super()._SyncObj__onMessageReceived(node, message)  # type: ignore[misc]
+        if kind == "timeout_now" and self._SyncObj__transferInProgress:
+            self._asked_to_stand_in_term = self.raftCurrentTerm  # it stands in the next term
+
     def _onTick(self, timeToWait: float = 0.0) -> None:  # noqa: N803 - pysyncobj's name
+        if self._handing_over and not self._isLeader():
+            self._SyncObj__raftElectionDeadline = monotonic_time() + 3600.0  # it never stands again
         if self._transfer_requested.is_set():
             if self._isLeader():
                 self.transferLeadership(None, self._transfer_answered)

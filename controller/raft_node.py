@@ -239,6 +239,15 @@ class ControllerRaft(pysyncobj_compat.RaftFixes):
     def _state_changed(self, old_state: int, new_state: int) -> None:
         if new_state == RAFT_STATE_LEADER:
             self.leader_terms += 1
+            log.info(
+                "Raft leader now (term %d): %s",
+                self.raftCurrentTerm,
+                "the previous leader handed leadership over"
+                if self.elected_by_hand_over()
+                else "elected after an election timeout",
+            )
+        elif old_state == RAFT_STATE_LEADER:
+            log.info("no longer the Raft leader (term %d)", self.raftCurrentTerm)
 
     def _install_state(self, state: ControllerState) -> None:
         """A snapshot was loaded (at start, or received from the leader): readers that

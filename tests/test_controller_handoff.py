@@ -1,11 +1,13 @@
 """SIGTERM on the controller leader hands leadership over before the process stops.
 
 Property checked, with 3 real controller processes whose election timeout is long
-(1.5-2 s, so that an election and a handover cannot be confused): under a loop of
-metadata writes (a retrying client), SIGTERM on the leader makes another node leader and
-writes pause for less than the election timeout (without the handover, the followers
-wait at least election_min_ms before they elect); the old leader exits with status 0 and
-no write fails.
+(1.5-2 s): under a loop of metadata writes (a retrying client), SIGTERM on the leader
+makes another node leader by a hand-over, not by an election after its timeout: the old
+leader logs that it handed leadership over, the new one that the previous leader handed
+it over (it stood for election in the term right after the one whose leader asked it);
+the old leader exits with status 0, no write fails and writes go on on the new leader.
+How long writes pause is timed by `python -m bench.controller_bench --only handover`,
+not here (a loaded machine stalls fdatasync and ticks for longer than a timeout).
 """
 
 from __future__ import annotations
@@ -23,9 +25,9 @@ from tests.support import wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(90)]
 
-ELECTION_MIN_MS = 1500
-SLOW_ELECTIONS = {"election_min_ms": ELECTION_MIN_MS, "election_max_ms": 2000, "leader_fallback_ms": 3000}
-WRITE_PAUSE_MS_MAX = 1000  # below election_min_ms: only a handover can be this quick
+SLOW_ELECTIONS = {"election_min_ms": 1500, "election_max_ms": 2000, "leader_fallback_ms": 3000}
+HANDED = "leadership handed over before stopping"
+TOOK_OVER = "the previous leader handed leadership over"
 WRITES_MAX = 5000
 
 
@@ -80,8 +82,7 @@ def test_sigterm_on_the_leader_hands_leadership_over(tmp_path):
             loop.stop()
         assert new != old
         assert loop.failed == [], loop.failed[:3]
-        pause_ms = loop.longest_pause_ms()
-        print(f"writes paused at most {pause_ms:.0f} ms across the handover")
-        assert pause_ms < WRITE_PAUSE_MS_MAX, (
-            f"writes paused {pause_ms:.0f} ms (election timeout {ELECTION_MIN_MS})"
-        )
+        print(f"writes paused at most {loop.longest_pause_ms():.0f} ms across the handover")
+        old_log, new_log = ((cluster.root / "logs" / f"{n}.log").read_text() for n in (old, new))
+        assert HANDED in old_log, old_log[-2000:]
+        assert TOOK_OVER in new_log, new_log[-2000:]

@@ -18,6 +18,8 @@ Properties checked:
 - NextIndexFix: a stale successful ack does not move the leader's nextIndex backwards,
   so no entry is sent to a follower twice;
 - HeldEntriesFix: a follower sent entries it already holds does not truncate its log;
+- LeadershipTransfer: a leader asked to hand over appends no write a follower forwards
+  (refused as not the leader) and, once a follower, never stands for election again;
 - SnapshotCommitFix: a follower holding a deposed leader's uncommitted entries applies
   none of them when the new leader starts sending it a snapshot;
 - InputFirstFix: a follower that stalled past its election timeout reads the leader's
@@ -654,6 +656,51 @@ def test_a_snapshot_message_commits_no_unmatched_entry(serialized):
         assert follower.getStatus()["commit_idx"] == 1
     finally:
         follower.destroy()
+
+
+class HandingOverLeader(compat.LeadershipTransfer, Counter):
+    pass
+
+
+def test_a_leader_handing_over_appends_no_forwarded_write():
+    """Once asked to hand over, a leader refuses a write its follower forwards (as a
+    non-leader does: the follower's caller retries elsewhere) and its log stays as long
+    as the successor's; the successor takes over by the hand-over."""
+    leader, follower = start_pair(HandingOverLeader, Counter)
+    step = tick_both(leader, follower)
+    try:
+        wait_for(lambda: in_step(leader, follower), 10.0, "a leader and an up-to-date follower", step)
+        log_len = leader.getStatus()["log_len"]
+        answers: list[Any] = []
+        leader.request_leadership_transfer()
+        follower.inc(callback=lambda result, error: answers.append(error))
+        follower.doTick(0.0)  # forwards the write to its leader
+        wait_for(lambda: answers, 5.0, "the forwarded write's answer", step)
+        assert answers == [FAIL_REASON.NOT_LEADER]
+        wait_for(lambda: compat.is_leader(follower), 5.0, "the successor to lead", step)
+        assert follower.getStatus()["log_len"] == log_len + 1  # its term's no-op only
+        assert leader.elected_by_hand_over() is False and not compat.is_leader(leader)
+    finally:
+        stop_pair(leader, follower)
+
+
+def test_a_node_that_handed_over_never_stands_for_election_again():
+    """The old leader's election deadline ran out while it led: without the rule it
+    stands as soon as it is a follower (and, its log as long, could win, and then exit)."""
+    leader, follower = start_pair(HandingOverLeader, Counter)
+    step = tick_both(leader, follower)
+    try:
+        wait_for(lambda: in_step(leader, follower), 10.0, "a leader and an up-to-date follower", step)
+        leader.request_leadership_transfer()
+        wait_for(lambda: compat.is_leader(follower), 5.0, "the successor to lead", step)
+        term = follower.raftCurrentTerm
+        deadline = time.monotonic() + 1.0  # over three of the old leader's election timeouts
+        while time.monotonic() < deadline:
+            leader.doTick(0.01)  # the successor is silent: no heartbeat resets the old leader
+        assert leader.raftCurrentTerm == term and not compat.is_leader(leader)
+        assert leader.getStatus()["state"] == 0  # a follower, not a candidate
+    finally:
+        stop_pair(leader, follower)
 
 
 class TransferFixNode(compat.SnapshotTransferFix, SyncObj):
