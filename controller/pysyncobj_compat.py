@@ -20,11 +20,13 @@ What it provides, applied explicitly:
   serializer may finish after it returns; the journal is compacted only once the checker
   says SUCCESS): REQUIREMENTS names what it relies on;
 - NextIndexFix, HeldEntriesFix, SnapshotCommitFix, SnapshotTransferFix, InputFirstFix, ReadIndex,
-  SendBeforeSync, ProposeInTick, PromptAppendOnConnect and RaftFixes (all):
+  SendBeforeSync, ProposeInTick, PromptAppendOnConnect, PromptElectionFix, LeadershipTransfer
+  and RaftFixes (all):
   SyncObj subclasses to inherit from;
 - DialHookTransport: pysyncobj's TCP transport with a dial hook;
 - AeadTcpConnection: pysyncobj's TCP connection sealing messages between two nodes of this
-  version with AES-GCM (installed by install());
+  version with AES-GCM (installed by install()), on QuietLinkFix: a link quiet both ways
+  is not dropped as dead when it is next used;
 - accessors: raft_journal, entries_from, leader_address, is_leader, read_snapshot_entries;
 - wrap_tick and wrap_transport_send, for the benchmark's profiler only.
 """
@@ -58,6 +60,7 @@ import pysyncobj.version
 from mqmeta.controller import raft_ciphers
 from pysyncobj import FAIL_REASON, SyncObj
 from pysyncobj.monotonic import monotonic as monotonic_time
+from pysyncobj.poller import POLL_EVENT_TYPE
 from pysyncobj.tcp_connection import TcpConnection
 from pysyncobj.transport import CONNECTION_STATE, TCPTransport, TransportNotReadyError
 
@@ -190,6 +193,8 @@ REQUIREMENTS: tuple[Requirement, ...] = (
         _SYNCOBJ, "SyncObj._onTick", "_SyncObj__transport", USES, "InputFirstFix asks if it is ready"
     ),
     Requirement(_TRANSPORT, "TCPTransport", "ready", PROPERTY, "InputFirstFix reads only once connected"),
+    # PromptElectionFix
+    Requirement(_SYNCOBJ, "SyncObj._onTick", "_poller", USES, "a tick ends waiting for input"),
     # CatchUpFix
     Requirement(
         _SYNCOBJ, "SyncObj._onTick", "_SyncObj__raftElectionDeadline", USES, "CatchUpFix holds it off"
@@ -321,6 +326,26 @@ REQUIREMENTS: tuple[Requirement, ...] = (
         "every message received is parsed by it",
     ),
     Requirement(_CONNECTION, "TcpConnection", "_TcpConnection__trySendBuffer", ROUTINE, "a frame is sent"),
+    # QuietLinkFix
+    Requirement(
+        _CONNECTION, "TcpConnection", "_TcpConnection__processConnection", ROUTINE, "bytes in reach it first"
+    ),
+    Requirement(
+        _CONNECTION,
+        "TcpConnection._TcpConnection__processConnection",
+        "_TcpConnection__processConnectionTimeout",
+        USES,
+        "the timeout is checked before the bytes are read",
+    ),
+    Requirement(
+        _CONNECTION,
+        "TcpConnection._TcpConnection__trySendBuffer",
+        "_TcpConnection__processConnectionTimeout",
+        USES,
+        "the timeout is checked on every send",
+    ),
+    Requirement(_CONNECTION, "TcpConnection.__init__", "_TcpConnection__lastReadTime", USES, "the count"),
+    Requirement(_CONNECTION, "TcpConnection.__init__", "_TcpConnection__timeout", USES, "connectionTimeout"),
     Requirement(_CONNECTION, "TcpConnection.__init__", "_TcpConnection__readBuffer", USES, "frames in"),
     Requirement(_CONNECTION, "TcpConnection.__init__", "_TcpConnection__writeBuffer", USES, "frames out"),
     Requirement(_CONNECTION, "TcpConnection.__init__", "sendRandKey", USES, "the peer's handshake key"),
@@ -733,6 +758,28 @@ class InputFirstFix(SyncObj):
     def _onTick(self, timeToWait: float = 0.0) -> None:  # noqa: N803 - pysyncobj's name
         if self._SyncObj__transport.ready:
             self._poller.poll(0)
+        super()._onTick(timeToWait)
+
+
+class PromptElectionFix(SyncObj):
+    """Follower side: a tick that would wait past the election deadline waits only until it.
+
+    pysyncobj 0.3.17 checks the deadline at the start of a tick and then waits for input
+    up to autoTickPeriod (50 ms): a follower whose leader fell silent stood up to 50 ms
+    after its deadline, at the first tick after it. The two followers of a dead leader
+    tick on the same events (their retries to it start together), so two deadlines
+    within one period became two candidacies within a millisecond or two, and a split
+    vote (another 0.3-0.6 s of election timeout), in about one kill -9 in ten. A
+    deadline already passed (a node connected to no one does not stand) leaves the wait
+    as it is: the tick never spins."""
+
+    _SyncObj__raftElectionDeadline: float  # pysyncobj's, set in SyncObj.__init__
+
+    def _onTick(self, timeToWait: float = 0.0) -> None:  # noqa: N803 - pysyncobj's name
+        if timeToWait > 0 and not self._isLeader():
+            left = self._SyncObj__raftElectionDeadline - monotonic_time()
+            if 0 < left < timeToWait:
+                timeToWait = left
         super()._onTick(timeToWait)
 
 
@@ -1359,6 +1406,7 @@ class ReadIndex(SyncObj):
 
 class RaftFixes(
     PromptAppendOnConnect,
+    PromptElectionFix,
     CatchUpFix,
     ReadIndex,
     SendBeforeSync,
@@ -1415,7 +1463,39 @@ def _frame_capable(key: Any) -> bool:
     return isinstance(key, bytes) and key.endswith(FRAME_MARK)
 
 
-class AeadTcpConnection(TcpConnection):
+class QuietLinkFix(TcpConnection):
+    """pysyncobj 0.3.17 drops a connection on which nothing was read for connectionTimeout,
+    and looks only when the connection is next used: when bytes arrive (before reading
+    them: they are lost) or on the next send (which then goes nowhere). The link between
+    two followers carries nothing while they have a leader, so after a second it was
+    dropped by the first message on it, the request_vote of the election after the
+    leader died: the other follower never got it, stood too, and the vote split (a
+    kill -9 failover of 0.9-1.6 s in about one round of ten instead of 0.3-0.5 s). Here
+    bytes that arrive prove the peer alive (the count starts from them), and a send on a
+    link quiet both ways for longer than the timeout starts the count afresh: a peer
+    that sends nothing back for the timeout after that is still dropped, as is one that
+    stops answering a link in use (a leader's heartbeats every 50 ms)."""
+
+    _TcpConnection__lastReadTime: float  # pysyncobj's, set in TcpConnection.__init__
+    _TcpConnection__timeout: float
+    _last_send = 0.0
+
+    def _TcpConnection__processConnection(self, descr: Any, eventType: int) -> None:  # noqa: N802, N803 - pysyncobj's names
+        if eventType & POLL_EVENT_TYPE.READ:
+            self._TcpConnection__lastReadTime = monotonic_time()
+        # by name, not super(): the poller holds this bound method, and a test turns a
+        # connection back into pysyncobj's own class (a node of an older version)
+        TcpConnection._TcpConnection__processConnection(self, descr, eventType)  # type: ignore[attr-defined]
+
+    def _TcpConnection__trySendBuffer(self) -> None:  # noqa: N802 - pysyncobj's name
+        now = monotonic_time()
+        if now - max(self._TcpConnection__lastReadTime, self._last_send) > self._TcpConnection__timeout:
+            self._TcpConnection__lastReadTime = now  # quiet both ways: an answer is due from now
+        self._last_send = now
+        super()._TcpConnection__trySendBuffer()  # type: ignore[misc]
+
+
+class AeadTcpConnection(QuietLinkFix):
     """pysyncobj's TCP connection, sealing each Raft message between two nodes of this
     version with AES-GCM instead of pickle + zlib + Fernet.
 

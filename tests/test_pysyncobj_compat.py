@@ -18,6 +18,8 @@ Properties checked:
 - NextIndexFix: a stale successful ack does not move the leader's nextIndex backwards,
   so no entry is sent to a follower twice;
 - HeldEntriesFix: a follower sent entries it already holds does not truncate its log;
+- PromptElectionFix: a follower stands at its election deadline, not when a tick's wait
+  for input ends;
 - LeadershipTransfer: a leader asked to hand over appends no write a follower forwards
   (refused as not the leader) and, once a follower, never stands for election again;
 - SnapshotCommitFix: a follower holding a deposed leader's uncommitted entries applies
@@ -27,6 +29,9 @@ Properties checked:
 - PromptAppendOnConnect: a restarted follower hears from its leader as soon as they are
   connected, not at the leader's next heartbeat (a stock leader waits for it);
 - DialHookTransport: Raft connects through the dial map, peers keep their identities;
+- QuietLinkFix: a link quiet both ways for longer than the connection timeout carries
+  the next message (pysyncobj's own drops it, and the message, on that send), and a
+  link whose peer stops answering messages sent on it is still dropped;
 - wrap_tick, wrap_transport_send (the benchmark's profiler) see every tick and message;
 - install_prompt_first_tick: a node's tick thread does not sleep 0.1 s between binding
   its port and its first tick (pysyncobj's does);
@@ -58,6 +63,7 @@ from typing import Any
 
 import pysyncobj.journal
 import pysyncobj.pickle
+import pysyncobj.poller
 import pysyncobj.serializer
 import pysyncobj.syncobj
 import pysyncobj.tcp_server
@@ -71,7 +77,7 @@ from mqmeta.controller.journal import FILE_MAGIC, DurableJournal, parse_records
 from mqmeta.controller.raft_node import ControllerRaft, Peer, RaftSettings
 from mqmeta.controller.snapshot import read_position
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, SyncObjException, replicated
-from pysyncobj.tcp_connection import TcpConnection
+from pysyncobj.tcp_connection import CONNECTION_STATE, TcpConnection
 from pysyncobj.transport import TCPTransport
 
 from mqmeta import dialmap
@@ -658,6 +664,31 @@ def test_a_snapshot_message_commits_no_unmatched_entry(serialized):
         follower.destroy()
 
 
+class PromptFollower(compat.PromptElectionFix, Counter):
+    pass
+
+
+def test_a_follower_stands_at_its_election_deadline_not_at_the_end_of_a_wait():
+    """PromptElectionFix: a tick asked to wait up to 2 s for input (pysyncobj waits up to
+    autoTickPeriod, 50 ms for a controller) waits only until the election deadline, so
+    the follower whose leader is silent stands then; pysyncobj's own waits the 2 s."""
+    leader, follower = start_pair(Counter, PromptFollower)
+    step = tick_both(leader, follower)
+    try:
+        wait_for(lambda: in_step(leader, follower), 10.0, "a leader and an up-to-date follower", step)
+        started = compat.monotonic_time()
+        follower._SyncObj__raftElectionDeadline = started + 0.1  # the leader ticks no more from here
+        stood_at = None
+        while stood_at is None and compat.monotonic_time() - started < 6.0:
+            tick_started = compat.monotonic_time()
+            follower.doTick(2.0)
+            if follower.getStatus()["state"] == 1:  # a candidate: it stood at this tick's start
+                stood_at = tick_started - started
+        assert stood_at is not None and stood_at < 0.5, stood_at
+    finally:
+        stop_pair(leader, follower)
+
+
 class HandingOverLeader(compat.LeadershipTransfer, Counter):
     pass
 
@@ -1004,6 +1035,92 @@ def test_the_raft_port_listens_on_its_own_address_only(tmp_path):
     finally:
         node.close()
         reservation.close()
+
+
+# QuietLinkFix: a link quiet both ways is not dropped when next used --------------------------
+
+
+def message_after_a_quiet_spell(
+    connection_class: type, monkeypatch, timeout_s: float = 0.3
+) -> dict[str, Any]:
+    """Two real connections (client and accepted) of `connection_class` on a real poller:
+    one message, then nothing either way for over the connection timeout (two followers
+    under a leader), then a second message (a request_vote)."""
+    monkeypatch.setattr(pysyncobj.tcp_server, "TcpConnection", connection_class)
+    poller = pysyncobj.poller.createPoller("auto")
+    received: list[Any] = []
+    accepted: list[Any] = []
+
+    def on_new(conn) -> None:
+        conn.setOnMessageReceivedCallback(received.append)
+        accepted.append(conn)
+
+    host, port = loopback_addresses(1)[0].rsplit(":", 1)
+    server = pysyncobj.tcp_server.TcpServer(poller, host, int(port), on_new, connectionTimeout=timeout_s)
+    server.bind()
+    client = connection_class(poller, timeout=timeout_s)
+    try:
+        assert client.connect(host, int(port))
+        step = lambda: poller.poll(0.01)  # noqa: E731 - a pump for wait_for
+        wait_for(lambda: accepted and client.state == CONNECTION_STATE.CONNECTED, 5.0, "connected", step)
+        client.send("first")
+        wait_for(lambda: received == ["first"], 5.0, "the first message", step)
+        quiet_until = time.monotonic() + 2 * timeout_s
+        while time.monotonic() < quiet_until:
+            poller.poll(0.01)
+        client.send("after a quiet spell")
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline and len(received) < 2:
+            poller.poll(0.01)
+        return {"received": received, "client": client.state, "accepted": accepted[0].state}
+    finally:
+        client.disconnect()
+        for conn in accepted:
+            conn.disconnect()
+        server.unbind()
+
+
+def test_a_link_quiet_both_ways_carries_the_next_message(monkeypatch):
+    """QuietLinkFix: the second message arrives and both ends stay connected; pysyncobj's
+    own connection drops the link on that send (the message goes nowhere)."""
+    fixed = message_after_a_quiet_spell(compat.QuietLinkFix, monkeypatch)
+    assert fixed == {
+        "received": ["first", "after a quiet spell"],
+        "client": CONNECTION_STATE.CONNECTED,
+        "accepted": CONNECTION_STATE.CONNECTED,
+    }
+    stock = message_after_a_quiet_spell(TcpConnection, monkeypatch)
+    assert stock["received"] == ["first"] and stock["client"] == CONNECTION_STATE.DISCONNECTED
+
+
+def test_a_link_whose_peer_stops_answering_is_still_dropped(monkeypatch):
+    """QuietLinkFix keeps pysyncobj's dead-peer check for a link in use: messages sent
+    every 50 ms with nothing read back for the timeout end the connection."""
+    monkeypatch.setattr(pysyncobj.tcp_server, "TcpConnection", compat.QuietLinkFix)
+    poller = pysyncobj.poller.createPoller("auto")
+    accepted: list[Any] = []
+    host, port = loopback_addresses(1)[0].rsplit(":", 1)
+    server = pysyncobj.tcp_server.TcpServer(poller, host, int(port), accepted.append, connectionTimeout=0.3)
+    server.bind()
+    client = compat.QuietLinkFix(poller, timeout=0.3)
+    try:
+        assert client.connect(host, int(port))
+        wait_for(
+            lambda: accepted and client.state == CONNECTION_STATE.CONNECTED,
+            5.0,
+            "connected",
+            lambda: poller.poll(0.01),
+        )
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline and client.state == CONNECTION_STATE.CONNECTED:
+            client.send("heartbeat")  # the accepted end never answers
+            poller.poll(0.05)
+        assert client.state == CONNECTION_STATE.DISCONNECTED
+    finally:
+        client.disconnect()
+        for conn in accepted:
+            conn.disconnect()
+        server.unbind()
 
 
 # Raft messages sealed as frames (AeadTcpConnection) ----------------------------------------
