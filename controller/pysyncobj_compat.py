@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 import mqmeta.controller.pysyncobj_lazy_crypto  # noqa: F401 - before pysyncobj: its docstring says why
+import pysyncobj.fast_queue
 import pysyncobj.journal
 import pysyncobj.pickle
 import pysyncobj.serializer
@@ -96,13 +97,14 @@ class Requirement:
         return f"{owner}.{self.name}"
 
 
-_SYNCOBJ, _SERIALIZER, _TRANSPORT, _JOURNAL, _TCP_SERVER, _CONNECTION = (
+_SYNCOBJ, _SERIALIZER, _TRANSPORT, _JOURNAL, _TCP_SERVER, _CONNECTION, _FAST_QUEUE = (
     "pysyncobj.syncobj",
     "pysyncobj.serializer",
     "pysyncobj.transport",
     "pysyncobj.journal",
     "pysyncobj.tcp_server",
     "pysyncobj.tcp_connection",
+    "pysyncobj.fast_queue",
 )
 
 REQUIREMENTS: tuple[Requirement, ...] = (
@@ -217,6 +219,8 @@ REQUIREMENTS: tuple[Requirement, ...] = (
     Requirement(
         _SYNCOBJ, "SyncObj._onTick", "_SyncObj__raftElectionDeadline", USES, "a stopping node never stands"
     ),
+    Requirement(_SYNCOBJ, "SyncObj.__init__", "_SyncObj__commandsQueue", USES, "no transfer while queued"),
+    Requirement(_FAST_QUEUE, "FastQueue.__init__", "_FastQueue__queue", USES, "what is queued"),
     Requirement(
         _SYNCOBJ, "FAIL_REASON", "NOT_LEADER", ATTRIBUTE, "a stopping leader refuses forwarded writes"
     ),
@@ -433,6 +437,7 @@ def real_namespace() -> dict[str, Any]:
         _JOURNAL: pysyncobj.journal,
         _TCP_SERVER: pysyncobj.tcp_server,
         _CONNECTION: pysyncobj.tcp_connection,
+        _FAST_QUEUE: pysyncobj.fast_queue,
     }
 
 
@@ -847,16 +852,33 @@ class LeadershipTransfer(SyncObj):
         super()._SyncObj__onMessageReceived(node, message)  # type: ignore[misc]
         if kind == "timeout_now" and self._SyncObj__transferInProgress:
             self._asked_to_stand_in_term = self.raftCurrentTerm  # it stands in the next term
+        self._never_stand_again()  # a vote request may have made it a follower just now
+
+    def _never_stand_again(self) -> None:
+        """Here as well as at a tick's start: a request_vote read within a tick (InputFirstFix
+        reads before pysyncobj decides) that deposes this node and is refused would leave
+        the deadline that ran out while it led for the same tick's election check."""
+        if self._handing_over and not self._isLeader():
+            self._SyncObj__raftElectionDeadline = monotonic_time() + 3600.0
 
     def _onTick(self, timeToWait: float = 0.0) -> None:  # noqa: N803 - pysyncobj's name
-        if self._handing_over and not self._isLeader():
-            self._SyncObj__raftElectionDeadline = monotonic_time() + 3600.0  # it never stands again
-        if self._transfer_requested.is_set():
-            if self._isLeader():
-                self.transferLeadership(None, self._transfer_answered)
-            else:
-                self._transfer_requested.clear()
+        self._never_stand_again()
+        if self._transfer_requested.is_set() and not self._isLeader():
+            self._transfer_requested.clear()
         super()._onTick(timeToWait)
+
+    def _checkCommandsToApply(self) -> None:  # noqa: N802 - pysyncobj's name
+        """The transfer is asked after this tick appended what was queued (writes a
+        follower forwarded before the request among them), and only with nothing left
+        queued: an entry appended after timeout_now went out would make this log longer
+        than the successor's, which then gets no vote from it. pysyncobj picks only a
+        follower that holds every entry, so the tick asks again until one does."""
+        super()._checkCommandsToApply()
+        if self._transfer_requested.is_set() and self._isLeader() and not self._commands_queued():
+            self.transferLeadership(None, self._transfer_answered)
+
+    def _commands_queued(self) -> bool:
+        return bool(self._SyncObj__commandsQueue._FastQueue__queue)
 
     def _transfer_answered(self, result: Any, error: Any) -> None:
         if error == FAIL_REASON.SUCCESS:  # sent: the follower starts its election now
@@ -1472,9 +1494,12 @@ class QuietLinkFix(TcpConnection):
     leader died: the other follower never got it, stood too, and the vote split (a
     kill -9 failover of 0.9-1.6 s in about one round of ten instead of 0.3-0.5 s). Here
     bytes that arrive prove the peer alive (the count starts from them), and a send on a
-    link quiet both ways for longer than the timeout starts the count afresh: a peer
-    that sends nothing back for the timeout after that is still dropped, as is one that
-    stops answering a link in use (a leader's heartbeats every 50 ms)."""
+    link quiet both ways for longer than the timeout starts the count afresh. A link in
+    use (sends closer together than the timeout: a leader's heartbeats every 50 ms) whose
+    peer stops answering is still dropped after the timeout; on a link used more sparsely
+    each send starts the count again, so a dead peer there shows as TCP's error (a reset,
+    a refused connection), not as silence: Raft answers no refused vote, so silence on
+    such a link is no sign of a dead peer."""
 
     _TcpConnection__lastReadTime: float  # pysyncobj's, set in TcpConnection.__init__
     _TcpConnection__timeout: float

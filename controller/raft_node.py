@@ -551,13 +551,18 @@ def _fail(targets: list[Target], error: MqmetaError) -> None:
         _settle(target, error)
 
 
+_NEVER_APPENDED = (FAIL_REASON.QUEUE_FULL, FAIL_REASON.MISSING_LEADER, FAIL_REASON.NOT_LEADER)
+
+
 def _fail_reason_text(error: int) -> str:
     names = {
         FAIL_REASON.QUEUE_FULL: "the Raft queue is full",
         FAIL_REASON.MISSING_LEADER: "there is no Raft leader",
         FAIL_REASON.DISCARDED: "the entry was discarded by a new leader",
-        FAIL_REASON.NOT_LEADER: "the node lost leadership",
+        FAIL_REASON.NOT_LEADER: "the node it was forwarded to is not (or no longer) the leader",
         FAIL_REASON.LEADER_CHANGED: "the leader changed",
     }
     reason = names.get(error, f"pysyncobj failure {error}")
+    if error in _NEVER_APPENDED:  # refused before any log took it
+        return f"the write was not committed: {reason}; nothing was written, retry"
     return f"the write was not committed: {reason}; its outcome may be unknown, retry"

@@ -3,8 +3,9 @@
 Property checked, with 3 real controller processes whose election timeout is long
 (1.5-2 s): under a loop of metadata writes (a retrying client), SIGTERM on the leader
 makes another node leader by a hand-over, not by an election after its timeout: the old
-leader logs that it handed leadership over, the new one that the previous leader handed
-it over (it stood for election in the term right after the one whose leader asked it);
+leader logs that it handed leadership over and never leads again, the new one that the
+previous leader handed it over (its last leadership: it stood for election in the term
+right after the one whose leader asked it);
 the old leader exits with status 0, no write fails and writes go on on the new leader.
 How long writes pause is timed by `python -m bench.controller_bench --only handover`,
 not here (a loaded machine stalls fdatasync and ticks for longer than a timeout).
@@ -28,6 +29,7 @@ pytestmark = [pytest.mark.cluster, pytest.mark.timeout(90)]
 SLOW_ELECTIONS = {"election_min_ms": 1500, "election_max_ms": 2000, "leader_fallback_ms": 3000}
 HANDED = "leadership handed over before stopping"
 TOOK_OVER = "the previous leader handed leadership over"
+LED, STEPPED_DOWN = "Raft leader now", "no longer the Raft leader"
 WRITES_MAX = 5000
 
 
@@ -85,4 +87,7 @@ def test_sigterm_on_the_leader_hands_leadership_over(tmp_path):
         print(f"writes paused at most {loop.longest_pause_ms():.0f} ms across the handover")
         old_log, new_log = ((cluster.root / "logs" / f"{n}.log").read_text() for n in (old, new))
         assert HANDED in old_log, old_log[-2000:]
-        assert TOOK_OVER in new_log, new_log[-2000:]
+        after_stepping_down = old_log.rsplit(STEPPED_DOWN, 1)[-1]
+        assert STEPPED_DOWN in old_log and LED not in after_stepping_down, old_log[-2000:]  # never led again
+        led = [line for line in new_log.splitlines() if LED in line]
+        assert led and TOOK_OVER in led[-1], new_log[-2000:]  # the hand-over made it leader, last

@@ -161,10 +161,13 @@ def test_a_new_journal_opens_without_a_warning(tmp_path, caplog):
     """A node's first start: commit index 1 (where pysyncobj starts) over no entries is
     no clamping to warn about; the side file of a journal opened again is not rewritten."""
     path = tmp_path / "raft.journal"
+    meta = path.with_name(path.name + ".meta")
     with caplog.at_level("WARNING", logger=journal_module.__name__):
         DurableJournal(path)._destroy()
+        written = meta.stat().st_mtime_ns if meta.exists() else None
         DurableJournal(path)._destroy()
     assert not caplog.records and DurableJournal(path).getRaftCommitIndex() == 1
+    assert (meta.stat().st_mtime_ns if meta.exists() else None) == written
 
 
 def write_snapshot(path, last, previous) -> None:

@@ -120,6 +120,29 @@ def test_a_failed_entry_fails_only_its_own_commands() -> None:
         stop(p, raft)
 
 
+@pytest.mark.parametrize(
+    ("reason", "said"),
+    [
+        (FAIL_REASON.NOT_LEADER, "nothing was written, retry"),
+        (FAIL_REASON.MISSING_LEADER, "nothing was written, retry"),
+        (FAIL_REASON.LEADER_CHANGED, "its outcome may be unknown, retry"),
+        (FAIL_REASON.DISCARDED, "its outcome may be unknown, retry"),
+    ],
+)
+def test_a_failed_entry_says_whether_anything_may_have_been_written(reason, said) -> None:
+    """A write refused before any log took it (a leader handing over refuses a forwarded
+    one as NOT_LEADER) is known not to be written; one whose entry was appended is not."""
+    p, raft = proposer(batch_commands_max=3)
+    try:
+        group = p.submit_group(commands(1))
+        raft.wait_entries(1)
+        raft.entries[0][1](None, reason)
+        (outcome,) = group.future.result(timeout=5)
+        assert isinstance(outcome, Unavailable) and said in str(outcome), outcome
+    finally:
+        stop(p, raft)
+
+
 def test_a_full_queue_refuses_the_whole_group_and_queues_none_of_it() -> None:
     p, raft = proposer(inflight_batches_max=1, batch_commands_max=2, queue_commands_max=5)
     try:

@@ -21,7 +21,9 @@ Properties checked:
 - PromptElectionFix: a follower stands at its election deadline, not when a tick's wait
   for input ends;
 - LeadershipTransfer: a leader asked to hand over appends no write a follower forwards
-  (refused as not the leader) and, once a follower, never stands for election again;
+  (refused as not the leader), appends one forwarded before the request ahead of the
+  transfer, and, once a follower, never stands for election again (also when a vote it
+  refuses deposes it within a tick);
 - SnapshotCommitFix: a follower holding a deposed leader's uncommitted entries applies
   none of them when the new leader starts sending it a snapshot;
 - InputFirstFix: a follower that stalled past its election timeout reads the leader's
@@ -697,7 +699,7 @@ def test_a_leader_handing_over_appends_no_forwarded_write():
     """Once asked to hand over, a leader refuses a write its follower forwards (as a
     non-leader does: the follower's caller retries elsewhere) and its log stays as long
     as the successor's; the successor takes over by the hand-over."""
-    leader, follower = start_pair(HandingOverLeader, Counter)
+    leader, follower = start_pair(HandingOverLeader, HandingOverLeader)
     step = tick_both(leader, follower)
     try:
         wait_for(lambda: in_step(leader, follower), 10.0, "a leader and an up-to-date follower", step)
@@ -710,14 +712,77 @@ def test_a_leader_handing_over_appends_no_forwarded_write():
         assert answers == [FAIL_REASON.NOT_LEADER]
         wait_for(lambda: compat.is_leader(follower), 5.0, "the successor to lead", step)
         assert follower.getStatus()["log_len"] == log_len + 1  # its term's no-op only
-        assert leader.elected_by_hand_over() is False and not compat.is_leader(leader)
+        assert follower.elected_by_hand_over() and not compat.is_leader(leader)
+    finally:
+        stop_pair(leader, follower)
+
+
+def test_a_write_forwarded_before_the_request_is_appended_before_the_transfer():
+    """A write a follower forwarded just before the request waits in pysyncobj's queue:
+    it is appended (and committed) before timeout_now goes out, never after it, so the
+    successor holds it when it stands and the old leader grants its vote."""
+    leader, follower = start_pair(HandingOverLeader, HandingOverLeader)
+    step = tick_both(leader, follower)
+    try:
+        wait_for(lambda: in_step(leader, follower), 10.0, "a leader and an up-to-date follower", step)
+        answers: list[Any] = []
+        follower.inc(callback=lambda result, error: answers.append((result, error)))
+        follower.doTick(0.0)  # forwards the write
+        wait_for(
+            lambda: compat.is_leader(leader) and leader._commands_queued(), 5.0, "it queued", leader.doTick
+        )
+        transport = leader._SyncObj__transport
+        real_send = transport.send
+        asked_at: list[int] = []  # the old leader's last index when timeout_now went out
+
+        def send(node, message):
+            if isinstance(message, dict) and message.get("type") == "timeout_now":
+                asked_at.append(leader._SyncObj__getCurrentLogIndex())
+            return real_send(node, message)
+
+        transport.send = send
+        old_term = leader.raftCurrentTerm
+        leader.request_leadership_transfer()
+        wait_for(lambda: compat.is_leader(follower), 5.0, "the successor to lead by the hand-over", step)
+        wait_for(lambda: answers, 5.0, "the forwarded write's answer", step)
+        assert answers == [(1, FAIL_REASON.SUCCESS)] and follower.elected_by_hand_over()
+        after = compat.entries_from(leader, asked_at[0] + 1, 10)
+        assert [term for _, _, term in after if term == old_term] == []  # none of its term after it
+    finally:
+        stop_pair(leader, follower)
+
+
+class StoppingLeaderReadingFirst(compat.LeadershipTransfer, compat.InputFirstFix, Counter):
+    """The controllers' order: LeadershipTransfer's tick runs before InputFirstFix's read."""
+
+
+def test_a_stopping_leader_that_refuses_a_vote_in_its_tick_does_not_stand():
+    """A request_vote read at the start of a tick (InputFirstFix) deposes the stopping
+    leader; refused (its log is longer), it leaves the deadline that ran out while it led,
+    and pysyncobj's election check follows in the same tick: it must not stand."""
+    leader, follower = start_pair(StoppingLeaderReadingFirst, Counter)
+    step = tick_both(leader, follower)
+    try:
+        wait_for(lambda: in_step(leader, follower), 10.0, "a leader and an up-to-date follower", step)
+        leader.inc(callback=lambda result, error: None)
+        leader.doTick(0.0)  # appends and sends an entry the follower will not read in time
+        follower._SyncObj__raftElectionDeadline = 0.0
+        follower.doTick(0.0)  # stands first (pysyncobj decides before it reads), its log shorter
+        term = follower.raftCurrentTerm
+        leader._SyncObj__raftElectionDeadline = 0.0  # it has led for longer than a timeout
+        leader.request_leadership_transfer()
+        time.sleep(0.05)  # the request_vote is in the leader's socket
+        leader.doTick(0.0)
+        assert leader.raftCurrentTerm == term and leader.getStatus()["state"] == 0
     finally:
         stop_pair(leader, follower)
 
 
 def test_a_node_that_handed_over_never_stands_for_election_again():
     """The old leader's election deadline ran out while it led: without the rule it
-    stands as soon as it is a follower (and, its log as long, could win, and then exit)."""
+    stands as soon as it is a follower (and, its log as long, could win, and then exit).
+    Here its vote is granted (pysyncobj then resets its deadline) and the successor falls
+    silent, so the rule at each tick is what keeps it a follower."""
     leader, follower = start_pair(HandingOverLeader, Counter)
     step = tick_both(leader, follower)
     try:
