@@ -1492,7 +1492,7 @@ class QuietLinkFix(TcpConnection):
     two followers carries nothing while they have a leader, so after a second it was
     dropped by the first message on it, the request_vote of the election after the
     leader died: the other follower never got it, stood too, and the vote split (a
-    kill -9 failover of 0.9-1.6 s in about one round of ten instead of 0.3-0.5 s). Here
+    kill -9 failover of 0.87-1.65 s in about one round of ten instead of 0.3-0.5 s). Here
     bytes that arrive prove the peer alive (the count starts from them), and a send on a
     link quiet both ways for longer than the timeout starts the count afresh. A link in
     use (sends closer together than the timeout: a leader's heartbeats every 50 ms) whose
