@@ -355,9 +355,8 @@ class Cluster:
         if not self.args.raft_setting:
             return None
         lines = ["[raft_settings]"]
-        for item in self.args.raft_setting:
-            key, _, value = item.partition("=")
-            lines.append(f"{key.strip()} = {int(value)}")
+        for key, value in raft_overrides(self.args.raft_setting).items():
+            lines.append(f"{key} = {value}")
         path = self.root / "bench-config.toml"
         path.write_text("\n".join(lines) + "\n")
         return path
@@ -949,6 +948,7 @@ def failover_round(
         proc = cluster.supervisor.children[leader]
         elected: dict[str, Any] = {}
         stop_watch = threading.Event()
+        watcher: threading.Thread | None = None
         t0 = time.monotonic()
         for i in range(10_000):
             if i == writes_before:
@@ -972,6 +972,8 @@ def failover_round(
                 error_codes[exc.code] += 1
             if i >= writes_before and _round_done(commits, t0, stop_signal, elected):
                 break
+        if watcher is None:  # the writes before the signal did not finish in time
+            raise RuntimeError(f"{leader}: no writes committed before the signal in 20 s")
         proc.wait(timeout=5.0)
         watcher.join(timeout=max(0.1, 12.0 - (time.monotonic() - t0)))
         stop_watch.set()
@@ -1237,6 +1239,7 @@ def _phase_failover(ctx: _Run, name: str = "failover", stop_signal: int = signal
     args, result, cluster = ctx.args, ctx.result, ctx.cluster
     rounds = []
     samples = []
+    measured = "first commit after" if stop_signal == signal.SIGKILL else "writes paused for"
     for k in range(args.failover_rounds):
         remaining = args.budget_s - (time.monotonic() - ctx.t_begin)
         if remaining < 12.0:
@@ -1253,8 +1256,8 @@ def _phase_failover(ctx: _Run, name: str = "failover", stop_signal: int = signal
         if r["failover_s"] is not None:
             samples.append(r["failover_s"])
         log(
-            f"{name} {k + 1}/{args.failover_rounds}: stopped {r['killed']}, first commit "
-            f"after {r['failover_s']} s (leader known after {r['new_leader_known_s']} s), "
+            f"{name} {k + 1}/{args.failover_rounds}: stopped {r['killed']}, {measured} "
+            f"{r['failover_s']} s (leader known after {r['new_leader_known_s']} s), "
             f"new leader {r['new_leader']}, healthy again in "
             f"{r['restart_to_healthy_s']} s"
         )
@@ -1360,15 +1363,17 @@ def summarize(result: dict[str, Any]) -> None:
     result["targets_met"] = met
 
 
+def raft_overrides(items: list[str]) -> dict[str, int]:
+    """--raft-setting KEY=INT items as RaftSettings overrides."""
+    pairs = (item.partition("=") for item in items)
+    return {key.strip(): int(value) for key, _, value in pairs}
+
+
 def _election_min_ms(overrides: list[str]) -> int:
     """The cluster's election_min_ms: an override of this run's, else the default."""
     from mqmeta.controller.raft_node import RaftSettings
 
-    for item in overrides:
-        key, _, value = item.partition("=")
-        if key == "election_min_ms":
-            return int(value)
-    return RaftSettings().election_min_ms
+    return raft_overrides(overrides).get("election_min_ms", RaftSettings().election_min_ms)
 
 
 CLUSTERS: list[Cluster] = []
