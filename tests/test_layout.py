@@ -79,13 +79,20 @@ def _modules() -> dict[str, Path]:
 
 
 MODULES = _modules()
+# Every module parsed once, here, while pytest collects and no test has started a thread:
+# CPython 3.11.7 keeps the AST constructor's recursion depth in interpreter-wide state
+# (python/cpython#106905), so a parse that overlaps one in another thread (a traceback
+# formatted by a server thread a test left behind parses its source line) fails with
+# "SystemError: AST constructor recursion depth mismatch".
+TEST_MODULES = sorted((ROOT / "tests").rglob("*.py"))
+TREES = {path: ast.parse(path.read_text(), str(path)) for path in [*MODULES.values(), *TEST_MODULES]}
 
 
 def _imports(name: str, path: Path) -> list[tuple[str, str, int]]:
     """(imported module, imported name or "", line) for every import in the module."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     result = []
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in ast.walk(TREES[path]):
         if isinstance(node, ast.Import):
             result += [(_folder_name(alias.name), "", node.lineno) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -188,7 +195,7 @@ def _names_a_test_module(target: str, imported: str) -> bool:
 def test_no_test_module_imports_another():
     assert _names_a_test_module("tests.test_cluster", "topic_names")
     assert _names_a_test_module("tests", "test_cluster") and not _names_a_test_module("tests.support", "")
-    test_modules = sorted((ROOT / "tests").rglob("*.py"))
+    test_modules = TEST_MODULES
     assert len(test_modules) > 20
     problems = [
         f"{path.relative_to(ROOT)}:{line} imports {target}" + (f".{imported}" if imported else "")
@@ -274,9 +281,7 @@ def test_every_command_has_a_cli_module_with_add_parser_and_run():
         if name not in MODULES:
             problems.append(f"{command}: no module {name}")
             continue
-        defined = {
-            n.name for n in ast.parse(MODULES[name].read_text()).body if isinstance(n, ast.FunctionDef)
-        }
+        defined = {n.name for n in TREES[MODULES[name]].body if isinstance(n, ast.FunctionDef)}
         problems += [f"{command}: {name} has no {f}()" for f in ("add_parser", "run") if f not in defined]
     problems += [f"{part}/ has no cli.py" for part in INSTALLED_PARTS if f"{part}.cli" not in MODULES]
     assert not problems, "\n".join(problems)
