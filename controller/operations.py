@@ -201,6 +201,25 @@ class LoopFutures:
                 log.exception("a call posted to the server's loop failed: %r", call)
 
 
+async def await_within(waiter: asyncio.Future, timeout_s: float) -> Any:
+    """`waiter`'s outcome, or TimeoutError once `timeout_s` has passed (`waiter` then holds
+    that TimeoutError: a late outcome finds it done and is dropped, as _deliver and
+    _complete do). asyncio.wait_for, but the caller resumes in the loop turn after the
+    outcome is set, not one turn later: wait_for waits on a second future of its own,
+    which the first one's done-callback completes in a turn between (a loop iteration,
+    with its epoll call, per metadata write and per confirmed read)."""
+    timer = asyncio.get_running_loop().call_later(timeout_s, _time_out, waiter)
+    try:
+        return await waiter
+    finally:
+        timer.cancel()
+
+
+def _time_out(waiter: asyncio.Future) -> None:
+    if not waiter.done():
+        waiter.set_exception(TimeoutError())
+
+
 def _deliver(waiter: asyncio.Future, outcome: Json | MqmetaError) -> None:
     """On the loop: `waiter` gets `outcome`, unless its caller stopped waiting."""
     if waiter.done():
@@ -276,7 +295,7 @@ class ControllerOperations:
         group = self.proposer.submit_group(commands)
         waiter = self._loop_futures(asyncio.get_running_loop()).wrap(group.future)
         try:
-            settled = await asyncio.wait_for(waiter, timeout_s)
+            settled = await await_within(waiter, timeout_s)
         except TimeoutError:
             settled = group.outcomes()  # those committed in time are reported as such
         return _group_outcomes(commands, settled, timeout_s)
@@ -307,7 +326,7 @@ class ControllerOperations:
         post = self._loop_futures(loop).post
         self.proposer.submit_to(command, lambda outcome: post(_deliver, waiter, outcome))
         try:
-            result = await asyncio.wait_for(waiter, timeout_s)
+            result = await await_within(waiter, timeout_s)
         except TimeoutError:
             raise not_committed(command, timeout_s) from None
         if not result.get("ok"):
@@ -328,7 +347,7 @@ class ControllerOperations:
                 return self.state  # the leader's lease: no round, no hand-off to the tick
             waiter = self._loop_futures(asyncio.get_running_loop()).wrap(self.raft.read_index())
             try:
-                await asyncio.wait_for(waiter, min(timeout_s, READ_INDEX_TIMEOUT_S))
+                await await_within(waiter, min(timeout_s, READ_INDEX_TIMEOUT_S))
                 return self.state
             except (ReadNotConfirmed, TimeoutError):
                 pass

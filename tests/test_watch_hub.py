@@ -36,6 +36,8 @@ from mqmeta.controller.operations import (
     ControllerOperations,
     LoopFutures,
     WatchHub,
+    _deliver,
+    await_within,
 )
 from mqmeta.controller.state_machine import ControllerState, apply
 
@@ -263,5 +265,63 @@ def test_results_set_by_another_thread_wake_the_loop_once_per_burst():
         assert isinstance(results[0], RuntimeError)
         assert isinstance(results[1], asyncio.CancelledError)
         assert [r["i"] for r in results[2:]] == list(range(2, 900))
+
+    asyncio.run(main())
+
+
+async def _turns_until_resumed(wait) -> int:
+    """Loop turns between a waiter's result being set and `wait(waiter)` returning it."""
+    loop = asyncio.get_running_loop()
+    waiter = loop.create_future()
+    turns = [0, -1]  # turns counted; the count when the waiting coroutine resumed
+
+    async def waiting() -> None:
+        assert await wait(waiter) == "done"
+        turns[1] = turns[0]
+
+    task = loop.create_task(waiting())
+    for _ in range(3):  # the waiting coroutine is parked on its future
+        await asyncio.sleep(0)
+    _deliver(waiter, "done")
+    while turns[1] < 0 and turns[0] < 10:
+        await asyncio.sleep(0)  # one loop turn
+        turns[0] += 1
+    await task
+    return turns[1]
+
+
+def test_a_write_waiting_within_a_timeout_resumes_in_the_turn_after_its_outcome():
+    """await_within resumes its caller in the loop turn after the outcome is set (a turn
+    sooner than asyncio.wait_for, which a metadata write and a confirmed read used)."""
+
+    async def main():
+        ours = await _turns_until_resumed(lambda w: await_within(w, 5.0))
+        theirs = await _turns_until_resumed(lambda w: asyncio.wait_for(w, 5.0))
+        assert ours < theirs, (ours, theirs)
+        assert ours == await _turns_until_resumed(lambda w: w)  # as soon as a plain await
+
+    asyncio.run(main())
+
+
+def test_a_wait_within_a_timeout_times_out_leaves_no_timer_and_drops_the_late_outcome():
+    async def main():
+        loop = asyncio.get_running_loop()
+        waiter = loop.create_future()
+        started = time.monotonic()
+        with pytest.raises(TimeoutError):
+            await await_within(waiter, 0.05)
+        assert time.monotonic() - started >= 0.05
+        _deliver(waiter, "late")  # the Raft thread's outcome after the caller gave up
+        assert isinstance(waiter.exception(), TimeoutError)
+
+        answered = loop.create_future()
+        loop.call_soon(_deliver, answered, "done")
+        assert await await_within(answered, 30.0) == "done"
+        cancelled = loop.create_task(await_within(loop.create_future(), 30.0))
+        await asyncio.sleep(0)
+        cancelled.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await cancelled
+        assert not [h for h in loop._scheduled if not h.cancelled()], "a timer outlived its wait"  # type: ignore[attr-defined]
 
     asyncio.run(main())
