@@ -219,3 +219,18 @@ def test_ab_ratios_are_medians_of_per_turn_ratios_and_bad_clusters_are_refused(t
         with pytest.raises(SystemExit) as exit_info:
             ab.parse_args(argv)
         assert exit_info.value.code == 2
+
+
+def test_ab_metadata_turns_drive_metadata_writers_of_the_cluster() -> None:
+    """bench.peers.ab --metadata: each turn's clients are CreateTopic writers to that
+    cluster's controllers (bench/peers/load.py's MqmetaWrite), not producers."""
+    import types
+
+    from bench.peers import ab, load
+
+    python = sys.executable
+    args = ab.parse_args([f"a={python}", f"b={python}", "--metadata", "--producers", "16"])
+    assert args.metadata and args.producers == 16
+    factory = ab._client(args, types.SimpleNamespace(addresses=["127.0.0.1:1"]))  # type: ignore[arg-type]
+    assert factory.func is load.MqmetaWrite and factory.args == (["127.0.0.1:1"],)
+    assert not ab.parse_args([f"a={python}", f"b={python}"]).metadata

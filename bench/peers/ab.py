@@ -1,9 +1,12 @@
-"""`python -m bench.peers.ab`: an A/B of mqmeta's sync sends between checkouts, in short turns.
+"""`python -m bench.peers.ab`: an A/B of mqmeta's sync sends (or, with `--metadata`, its
+metadata writes) between checkouts, in short turns.
 
 Each NAME=PYTHON starts one mqmeta cluster (3 controllers, a namesrv, 3 brokers) whose
 processes run PYTHON (a checkout's venv); then, `--turns` times, each cluster in turn
 (the order rotating) takes `--producers` closed-loop sync producers of 1 KB messages for
-`--duration` seconds (bench/peers/load.py, after a 0.3 s warm-up). The first NAME is the
+`--duration` seconds (bench/peers/load.py, after a 0.3 s warm-up); with `--metadata`,
+as many closed-loop writers of CreateTopic calls to the controllers (the peers bench's
+metadata write), and the CPU figure is the controllers' per write. The first NAME is the
 reference: per turn, each cluster's figure (one producer: p50 ms; more: msg/s) is divided
 by the reference's of the same turn, and the median of those ratios is reported, with
 each cluster's median figure and its brokers' CPU per message. Short turns side by side
@@ -19,6 +22,7 @@ import os
 import statistics
 import sys
 import tempfile
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +41,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--turns", type=int, default=12, help="turns per cluster (12)")
     parser.add_argument("--duration", type=float, default=3.0, help="seconds per turn (3)")
     parser.add_argument("--producers", type=int, default=1, help="sync producers (1: p50; more: msg/s)")
+    parser.add_argument(
+        "--metadata",
+        action="store_true",
+        help="metadata writes (CreateTopic) by --producers writers, not sends",
+    )
     args = parser.parse_args(argv)
     if not 1 <= args.turns <= 100 or not 1 <= args.duration <= 60 or not 1 <= args.producers <= 64:
         parser.error("--turns is 1 to 100, --duration 1 to 60 seconds and --producers 1 to 64")
@@ -75,6 +84,7 @@ def run(args: argparse.Namespace, root: Path, result: dict[str, Any]) -> None:
         "producers": args.producers,
         "figure": "p50_ms" if args.producers == 1 else "ops_per_s",
         "clusters": args.pythons,
+        "operation": "metadata write (CreateTopic)" if args.metadata else "1 KB sync send",
     }
     systems: dict[str, Any] = {}
     for name, python in args.pythons.items():
@@ -83,16 +93,17 @@ def run(args: argparse.Namespace, root: Path, result: dict[str, Any]) -> None:
         with _interpreter(python):
             system.start()
         systems[name] = system
-        load.drive(_send_client("mqmeta", system), args.producers, 0.0, 1.0)  # connected, routed
+        load.drive(_client(args, system), args.producers, 0.0, 1.0)  # connected (and routed)
     figure = result["parameters"]["figure"]
     figures: dict[str, list[float | None]] = {name: [] for name in systems}
     cpu: dict[str, list[float]] = {name: [] for name in systems}
     names = list(systems)
     for turn in range(args.turns):
         for name in names[turn % len(names) :] + names[: turn % len(names)]:
-            pids = list(systems[name].broker_pids().values())
+            system = systems[name]
+            pids = list((system.controller_pids() if args.metadata else system.broker_pids()).values())
             before = sum(_cpu_s(pid) for pid in pids)
-            driven = load.drive(_send_client("mqmeta", systems[name]), args.producers, 0.3, args.duration)
+            driven = load.drive(_client(args, system), args.producers, 0.3, args.duration)
             used_s = sum(_cpu_s(pid) for pid in pids) - before
             failed = sum(driven.get("errors", {}).values())
             figures[name].append(None if failed else driven.get(figure))  # a turn with errors: no figure
@@ -100,9 +111,18 @@ def run(args: argparse.Namespace, root: Path, result: dict[str, Any]) -> None:
         log(f"turn {turn + 1}/{args.turns}: " + ", ".join(f"{n} {figures[n][-1]}" for n in names))
     result["figures"] = figures
     result["summary"] = paired(figures, names[0])
+    cpu_figure = "controller_cpu_ms_per_write" if args.metadata else "broker_cpu_ms_per_message"
     for name in names:
-        result["summary"][name]["broker_cpu_ms_per_message"] = _r(statistics.median(cpu[name]))
+        result["summary"][name][cpu_figure] = _r(statistics.median(cpu[name]))
     result["machine"]["load_average_at_end"] = list(os.getloadavg())
+
+
+def _client(args: argparse.Namespace, system: Mqmeta) -> Any:
+    """The load's client factory: a sync producer, or a metadata writer (each writer its
+    own topics, as in the peers bench)."""
+    if args.metadata:
+        return partial(load.MqmetaWrite, system.addresses)
+    return _send_client("mqmeta", system)
 
 
 def main(argv: list[str]) -> int:
