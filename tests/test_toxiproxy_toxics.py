@@ -222,7 +222,15 @@ class _Source:
                 pass
 
     def close(self) -> None:
+        # A close alone leaves a thread blocked in accept() there (Linux does not wake it);
+        # shutdown() does, and the accepting thread ends before the next test.
+        try:
+            self.listener.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
         self.listener.close()
+        self.thread.join(timeout=5.0)
+        assert not self.thread.is_alive(), "the upstream's accepting thread did not end"
 
 
 THROUGHPUT_WARMUP_S = 0.25  # the latency fills up (100 ms) before the window opens
