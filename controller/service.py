@@ -290,12 +290,12 @@ class ControllerServicer(pb_grpc.ControllerServiceServicer):
     # write, the loop's to a pool thread and back, and with 16 writers 16 threads woken).
     @rpc_async
     async def CreateTopic(self, request, context):
-        command = replace(_topic_command(request, "create"), request_id=request_id(context))
+        command = _topic_command(request, "create", request_id(context))
         return topic_pb((await self.core.propose_async(command))["topic"])
 
     @rpc_async
     async def UpdateTopic(self, request, context):
-        command = replace(_topic_command(request, "update"), request_id=request_id(context))
+        command = _topic_command(request, "update", request_id(context))
         return topic_pb((await self.core.propose_async(command))["topic"])
 
     @rpc_async
@@ -314,12 +314,12 @@ class ControllerServicer(pb_grpc.ControllerServiceServicer):
 
     @rpc_async
     async def CreateGroup(self, request, context):
-        command = replace(_group_command(request, "create"), request_id=request_id(context))
+        command = _group_command(request, "create", request_id(context))
         return group_pb((await self.core.propose_async(command))["group"])
 
     @rpc_async
     async def UpdateGroup(self, request, context):
-        command = replace(_group_command(request, "update"), request_id=request_id(context))
+        command = _group_command(request, "update", request_id(context))
         return group_pb((await self.core.propose_async(command))["group"])
 
     @rpc_async
@@ -738,7 +738,7 @@ def replicator_commit_command(request: pb.CommitReplicatorTaskRequest) -> Replic
     )
 
 
-def _topic_command(spec: pb.TopicSpec, mode: str) -> PutTopic:
+def _topic_command(spec: pb.TopicSpec, mode: str, request_id: str | None = None) -> PutTopic:
     return PutTopic(
         mode=mode,
         name=spec.name,
@@ -748,10 +748,11 @@ def _topic_command(spec: pb.TopicSpec, mode: str) -> PutTopic:
         perm=spec.perm,
         message_type=spec.message_type,
         if_queue_count=spec.if_queue_count,
+        request_id=request_id,
     )
 
 
-def _group_command(spec: pb.GroupSpec, mode: str) -> PutGroup:
+def _group_command(spec: pb.GroupSpec, mode: str, request_id: str | None = None) -> PutGroup:
     return PutGroup(
         mode=mode,
         name=spec.name,
@@ -760,6 +761,7 @@ def _group_command(spec: pb.GroupSpec, mode: str) -> PutGroup:
         consume_timestamp_ms=spec.consume_timestamp_ms,
         retry_max_times=spec.retry_max_times,
         retry_policy=spec.retry_policy,
+        request_id=request_id,
     )
 
 
