@@ -197,6 +197,9 @@ REQUIREMENTS: tuple[Requirement, ...] = (
     Requirement(_TRANSPORT, "TCPTransport", "ready", PROPERTY, "InputFirstFix reads only once connected"),
     # PromptElectionFix
     Requirement(_SYNCOBJ, "SyncObj._onTick", "_poller", USES, "a tick ends waiting for input"),
+    Requirement(
+        _SYNCOBJ, "SyncObj._onTick", "_SyncObj__raftElectionDeadline", USES, "the wait ends at the deadline"
+    ),
     # CatchUpFix
     Requirement(
         _SYNCOBJ, "SyncObj._onTick", "_SyncObj__raftElectionDeadline", USES, "CatchUpFix holds it off"
