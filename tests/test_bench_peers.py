@@ -187,6 +187,45 @@ def test_only_metadata_keeps_etcd_alone_and_the_metadata_ratios() -> None:
     assert ratios["send_p50_vs_rabbitmq"] is None and ratios["sends_per_s_16_vs_rabbitmq"] is None
 
 
+def test_ratios_by_round_pair_each_rounds_figures_and_skip_a_round_without_both() -> None:
+    """bench.peers: `ratios_by_round` divides mqmeta's figure by the peer's of the same
+    round and takes the median of those; `ratios` (medians of each system's figures) stays
+    as it was. On a machine that slows down between rounds the two differ: here mqmeta is
+    1.25 × etcd's rate in every round, which only the paired ratio says."""
+
+    def metadata(rate: float) -> dict:
+        return {
+            "write_1": {"p50_ms": 2.0},
+            "read_1": {"p50_ms": 1.0},
+            "write_16": {"ops_per_s": rate},
+            "write_16x32": {"ops_per_s": rate},
+        }
+
+    def messages(p50_ms: float | None) -> dict:
+        send_1 = {"skipped": "not measured"} if p50_ms is None else {"p50_ms": p50_ms}
+        return {"send_1": send_1, "send_16": {}, "send_4x32": {}}
+
+    result: dict = {
+        "metadata_rounds": [
+            {"mqmeta": metadata(500), "etcd": metadata(400)},
+            {"mqmeta": metadata(1000), "etcd": metadata(800)},
+            {"mqmeta": metadata(2000), "etcd": metadata(1600)},
+            {"etcd": metadata(3000)},  # mqmeta's part of this round failed
+        ],
+        "message_rounds": [
+            {"mqmeta": messages(3.0), "rabbitmq": messages(2.0)},
+            {"mqmeta": messages(1.0), "rabbitmq": messages(None)},
+        ],
+    }
+    run.summarize(result)
+    assert result["ratios"]["metadata_writes_per_s_16_vs_etcd"] == 0.833  # 1000 / 1200
+    paired = result["ratios_by_round"]
+    assert paired["metadata_writes_per_s_16_vs_etcd"] == {"median": 1.25, "rounds": [1.25, 1.25, 1.25]}
+    assert paired["metadata_write_p50_vs_etcd"]["median"] == 1.0
+    assert paired["send_p50_vs_rabbitmq"] == {"median": 1.5, "rounds": [1.5]}
+    assert paired["sends_per_s_16_vs_rabbitmq"] == {"median": None, "rounds": []}
+
+
 def test_a_round_runs_each_phase_on_every_system_before_the_next_phase() -> None:
     """bench.peers: within a round the phases go side by side (mqmeta's one writer, then
     etcd's, then 16 writers on each), so the two figures of a ratio are seconds apart."""

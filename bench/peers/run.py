@@ -9,7 +9,11 @@ alternate which system goes first; within a round each phase (one writer, 16 wri
 controller against etcd (one write = create a topic / put a key; one linearizable read =
 the controller's configuration / a range read). Messages: mqmeta's brokers (one master, two slaves, acks
 from the whole SyncStateSet) against a RabbitMQ quorum queue and a NATS JetStream R3
-stream. `ratios` are mqmeta ÷ peer.
+stream. `ratios` are mqmeta ÷ peer: each system's median figure over the rounds, one
+divided by the other. `ratios_by_round` pairs the figures instead: a round's two
+figures of one phase were taken seconds apart, so their ratio is what that round
+measured, and the median of those ratios is less moved by a machine whose speed drifts
+between rounds (the rounds' ratios are listed beside it).
 """
 
 from __future__ import annotations
@@ -473,6 +477,7 @@ def summarize(result: dict[str, Any]) -> None:
         "sends_per_s_4x32_vs_nats": _ratio(m.get("sends_per_s_4x32"), n.get("sends_per_s_4x32")),
         "sends_per_s_16_vs_1_mqmeta": _ratio(m.get("sends_per_s_16"), m.get("sends_per_s_1")),
     }
+    result["ratios_by_round"] = ratios_by_round(result)
     g = figures.get(NO_CALL_STREAM)
     if g:  # the call stream beside gRPC calls, on the same cluster in the same rounds
         result["ratios"].update(
@@ -489,6 +494,35 @@ def summarize(result: dict[str, Any]) -> None:
                 if g.get(key) is not None
             }
         )
+
+
+# (ratio name, rounds, mqmeta's phase, peer, peer's phase, figure)
+_BY_ROUND = (
+    ("metadata_write_p50_vs_etcd", "metadata_rounds", "write_1", "etcd", "write_1", "p50_ms"),
+    ("metadata_read_p50_vs_etcd", "metadata_rounds", "read_1", "etcd", "read_1", "p50_ms"),
+    ("metadata_writes_per_s_16_vs_etcd", "metadata_rounds", "write_16", "etcd", "write_16", "ops_per_s"),
+    ("send_p50_vs_rabbitmq", "message_rounds", "send_1", "rabbitmq", "send_1", "p50_ms"),
+    ("sends_per_s_16_vs_rabbitmq", "message_rounds", "send_16", "rabbitmq", "send_16", "ops_per_s"),
+    ("sends_per_s_4x32_vs_rabbitmq_16", "message_rounds", "send_4x32", "rabbitmq", "send_16", "ops_per_s"),
+    ("sends_per_s_4x32_vs_nats", "message_rounds", "send_4x32", "nats", "send_4x32", "ops_per_s"),
+)
+
+
+def ratios_by_round(result: dict[str, Any]) -> dict[str, Any]:
+    """For each ratio measured in rounds: mqmeta's figure ÷ the peer's in each round that
+    has both, and the median of those."""
+    paired: dict[str, Any] = {}
+    for name, rounds_key, phase, peer, peer_phase, figure in _BY_ROUND:
+        ratios = []
+        for round_ in result.get(rounds_key, []):
+            if "mqmeta" in round_ and peer in round_:
+                ratio = _ratio(
+                    round_["mqmeta"].get(phase, {}).get(figure), round_[peer].get(peer_phase, {}).get(figure)
+                )
+                if ratio is not None:
+                    ratios.append(ratio)
+        paired[name] = {"median": _r(percentile(ratios, 50)) if ratios else None, "rounds": ratios}
+    return paired
 
 
 # Main ---------------------------------------------------------------------------------------
