@@ -100,9 +100,12 @@ def node_launcher(argv: list[str]) -> int:
     parser.add_argument("--profile-out", default="")
     parser.add_argument("--switch-interval", type=float, default=0.0)
     parser.add_argument("--profile-tick", action="store_true")
+    parser.add_argument("--gc-log", default="")
     known = parser.parse_args(opts)
     if known.switch_interval:
         sys.setswitchinterval(known.switch_interval)
+    if known.gc_log:
+        GcPassLog(Path(known.gc_log)).start()
     import mqmeta.controller.server as server_module
 
     if known.grpc_workers:
@@ -124,6 +127,46 @@ def node_launcher(argv: list[str]) -> int:
     from mqmeta.cli import main
 
     return main(mqmeta_args)
+
+
+class GcPassLog:
+    """The garbage collector's passes in this process: how many of each generation, their
+    time, and each pass of 10 ms or more (seconds since start, generation, seconds),
+    written to `out` every second (the node is killed, not asked to exit)."""
+
+    LONG_S = 0.01
+
+    def __init__(self, out: Path) -> None:
+        self.out = out
+        self.started = time.monotonic()
+        self.counts = [0, 0, 0]
+        self.seconds = [0.0, 0.0, 0.0]
+        self.long: list[list[float]] = []
+        self._pass_started = 0.0
+
+    def start(self) -> None:
+        import gc
+
+        gc.callbacks.insert(0, self._on_pass)  # before any other callback's work is timed
+        threading.Thread(target=self._write_every_second, name="gc-pass-log", daemon=True).start()
+
+    def _on_pass(self, phase: str, info: dict[str, Any]) -> None:
+        now = time.perf_counter()
+        if phase == "start":
+            self._pass_started = now
+            return
+        generation, took_s = info["generation"], now - self._pass_started
+        self.counts[generation] += 1
+        self.seconds[generation] += took_s
+        if took_s >= self.LONG_S:
+            self.long.append([round(time.monotonic() - self.started, 2), generation, round(took_s, 4)])
+
+    def _write_every_second(self) -> None:
+        while True:
+            time.sleep(1.0)
+            document = {"counts": self.counts, "seconds": self.seconds, "long": self.long}
+            self.out.with_suffix(".tmp").write_text(json.dumps(document))
+            self.out.with_suffix(".tmp").replace(self.out)
 
 
 class MessageCounter:
@@ -379,6 +422,8 @@ class Cluster:
             wrap += ["--profile-out", str(self.root / f"profile-{node_id}.json")]
         if self.args.profile_tick:
             wrap += ["--profile-tick"]
+        if getattr(self.args, "gc_log", False):
+            wrap += ["--gc-log", str(self.root / f"gc-{node_id}.json")]
         if wrap:
             assert cmd[1:3] == ["-m", "mqmeta.cli"], cmd
             cmd = [cmd[0], "-m", "bench.controller_bench", "_node", *wrap, "--", *cmd[3:]]

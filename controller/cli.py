@@ -155,8 +155,22 @@ def _run_controller(args: argparse.Namespace) -> int:
 
     from mqmeta.rpc import serve_until_signal
 
-    serve_until_signal(start_controller(controller_config(args)))
+    config = controller_config(args)
+    serve_until_signal(_short_full_gc_passes(start_controller(config), config))
     return 0
+
+
+def _short_full_gc_passes(node: RunningNode, config: ControllerConfig) -> RunningNode:
+    """The process's full garbage collections kept short (controller/gc_pauses.py): set
+    up here, for a controller process, not by the node (tests run several in one)."""
+    from mqmeta.controller.gc_pauses import FullPasses
+
+    interval_s = config.raft_settings.gc_thaw_interval_s
+    if interval_s and node.core is not None:
+        passes = FullPasses(node.core.raft.is_leader, interval_s)
+        passes.start()
+        node.closers.append(passes.stop)
+    return node
 
 
 def remoting_proxies(args: argparse.Namespace, remoting: str) -> dict[str, str]:
@@ -191,12 +205,16 @@ def _run_namesrv(args: argparse.Namespace) -> int:
     )
     proxies = remoting_proxies(args, remoting)
     if args.embed_controller:
-        node = start_controller(
-            controller_config(args),
-            namesrv_address=args.listen,
-            remoting_address=remoting,
-            routes=routes,
-            remoting_proxies=proxies,
+        config = controller_config(args)
+        node = _short_full_gc_passes(
+            start_controller(
+                config,
+                namesrv_address=args.listen,
+                remoting_address=remoting,
+                routes=routes,
+                remoting_proxies=proxies,
+            ),
+            config,
         )
     elif args.controllers:
         node = start_namesrv(

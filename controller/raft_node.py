@@ -76,6 +76,7 @@ class RaftSettings:
     journal_fsync: bool = True
     secret: str | None = None
     scrub_interval_s: int = SCRUB_INTERVAL_S_DEFAULT  # the journal and snapshot re-checked (P16)
+    gc_thaw_interval_s: int = 600  # full GC passes examine what is new; 0: the collector as Python runs it
 
     def validate(self) -> None:
         if self.election_min_ms <= 3 * self.heartbeat_ms:
@@ -92,6 +93,8 @@ class RaftSettings:
             )
         if not 1 <= self.scrub_interval_s <= 86_400:
             raise InvalidArgument("scrub_interval_s must be 1 to 86400")
+        if not 0 <= self.gc_thaw_interval_s <= 86_400:
+            raise InvalidArgument("gc_thaw_interval_s must be 0 (off) to 86400")
         for name in ("batch_commands_max", "inflight_batches_max", "queue_commands_max"):
             if getattr(self, name) < 1:
                 raise InvalidArgument(f"{name} must be at least 1")

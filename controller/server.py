@@ -119,6 +119,7 @@ RAFT_SETTINGS_BOUNDS: dict[str, tuple[int, int]] = {
     "queue_commands_max": (1, 10_000_000),
     "proposal_timeout_ms": (1, PROPOSAL_TIMEOUT_MS_MAX),  # mqmeta.timing: brokers' grace
     "scrub_interval_s": (1, 86_400),
+    "gc_thaw_interval_s": (0, 86_400),  # 0: no freezing (controller/gc_pauses.py)
 }
 
 
