@@ -131,14 +131,13 @@ def node_launcher(argv: list[str]) -> int:
 
 class GcPassLog:
     """The garbage collector's passes in this process: how many of each generation, their
-    time, and each pass of 10 ms or more (seconds since start, generation, seconds),
-    written to `out` every second (the node is killed, not asked to exit)."""
+    time, and each pass of 10 ms or more (when it ended, as Unix time; generation;
+    seconds), written to `out` every second (the node is killed, not asked to exit)."""
 
     LONG_S = 0.01
 
     def __init__(self, out: Path) -> None:
         self.out = out
-        self.started = time.monotonic()
         self.counts = [0, 0, 0]
         self.seconds = [0.0, 0.0, 0.0]
         self.long: list[list[float]] = []
@@ -147,7 +146,7 @@ class GcPassLog:
     def start(self) -> None:
         import gc
 
-        gc.callbacks.insert(0, self._on_pass)  # before any other callback's work is timed
+        gc.callbacks.insert(0, self._on_pass)  # first: its "start" is taken before the others run
         threading.Thread(target=self._write_every_second, name="gc-pass-log", daemon=True).start()
 
     def _on_pass(self, phase: str, info: dict[str, Any]) -> None:
@@ -159,7 +158,7 @@ class GcPassLog:
         self.counts[generation] += 1
         self.seconds[generation] += took_s
         if took_s >= self.LONG_S:
-            self.long.append([round(time.monotonic() - self.started, 2), generation, round(took_s, 4)])
+            self.long.append([round(time.time(), 2), generation, round(took_s, 4)])
 
     def _write_every_second(self) -> None:
         while True:

@@ -2,7 +2,8 @@
 """Full garbage-collection passes of controllers whose state grows under writes, and the
 leader changes they cause, with and without freezing what each pass kept.
 
-    .venv/bin/python -m bench.gc_pauses [--seconds 60] [--rounds 1]
+    .venv/bin/python -m bench.gc_pauses [--seconds 60] [--rounds 1] [--variants freeze,off]
+                                        [--thaw-interval-s N]
 
 Three controllers (Raft secret on, default Raft settings, as bench.controller_bench starts
 them) per variant and round, on a fresh data directory: `freeze` (the default,
@@ -14,7 +15,9 @@ logs its collector's passes (bench.controller_bench's --gc-log launcher knob); t
 process asks the first node for the term and leader twice a second. Reported per variant
 and round: writes and writes/s, the term changes seen, and per controller the full
 passes of 10 ms or more (when, how long), the longest, and the collector's time in all.
-The variants alternate which goes first in each round. Prints ONE JSON document on
+The variants alternate which goes first in each round; `--thaw-interval-s` gives the
+`freeze` variant a shorter gc_thaw_interval_s, so that the followers' thaws (their one
+long pass each) fall within the run. Prints ONE JSON document on
 stdout; progress goes to stderr. Every loop is bounded in count and time; every process
 listens on 127.0.0.1 and is stopped on exit.
 """
@@ -42,6 +45,7 @@ log = make_log("gc_pauses")
 
 
 def one_run(root: Path, settings: list[str], seconds: float, clusters: list[Any]) -> dict[str, Any]:
+    """One cluster under the writes; times in the result are seconds since the writes began."""
     from mqmeta.client import ControllerClient
 
     args = argparse.Namespace(
@@ -76,7 +80,7 @@ def one_run(root: Path, settings: list[str], seconds: float, clusters: list[Any]
                         failures[k] += 1
 
         threads = [threading.Thread(target=write, args=(k,), daemon=True) for k in range(CLIENTS)]
-        started = time.monotonic()
+        started, started_unix = time.monotonic(), time.time()
         for thread in threads:
             thread.start()
         terms: list[tuple[float, int, str]] = []
@@ -97,19 +101,19 @@ def one_run(root: Path, settings: list[str], seconds: float, clusters: list[Any]
             "writes_per_s": _r(sum(counts) / elapsed_s, 1),
             "failed_calls": sum(failures),
             "term_changes": [list(t) for t in changes],
-            "controllers": {node: _passes(root / f"gc-{node}.json") for node in cluster.by_id},
+            "controllers": {node: _passes(root / f"gc-{node}.json", started_unix) for node in cluster.by_id},
         }
     finally:
         cluster.stop()
         clusters.remove(cluster)
 
 
-def _passes(path: Path) -> dict[str, Any]:
+def _passes(path: Path, since_unix: float) -> dict[str, Any]:
     try:
         document = json.loads(path.read_text())
     except (OSError, ValueError) as error:
         return {"error": f"no collector log: {error}"}
-    full = [entry for entry in document["long"] if entry[1] == 2]
+    full = [[_r(ended - since_unix, 2), g, took] for ended, g, took in document["long"] if g == 2]
     return {
         "full_passes_10ms_or_more": full,
         "longest_full_pass_s": max((entry[2] for entry in full), default=0.0),
@@ -122,34 +126,43 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=60.0, help="writes per run (60 s)")
     parser.add_argument("--rounds", type=int, default=1, help="rounds, each running every variant (1)")
+    parser.add_argument("--variants", default="freeze,off", help="which to run (freeze,off)")
+    parser.add_argument(
+        "--thaw-interval-s", type=int, default=0, help="the freeze variant's gc_thaw_interval_s (its default)"
+    )
     parser.add_argument("--budget-s", type=float, default=900.0)
     parser.add_argument("--keep", action="store_true")
     args = parser.parse_args(argv)
-    if not 5 <= args.seconds <= 600 or not 1 <= args.rounds <= 10:
-        parser.error("--seconds is 5 to 600 and --rounds 1 to 10")
+    if not 5 <= args.seconds <= 600 or not 1 <= args.rounds <= 10 or not 0 <= args.thaw_interval_s <= 86_400:
+        parser.error("--seconds is 5 to 600, --rounds 1 to 10 and --thaw-interval-s 0 to 86400")
+    names = [name for name in args.variants.split(",") if name]
+    if not names or any(name not in VARIANTS for name in names):
+        parser.error(f"--variants names some of {', '.join(VARIANTS)}")
+    variants = {name: list(VARIANTS[name]) for name in names}
+    if args.thaw_interval_s and "freeze" in variants:
+        variants["freeze"] = [f"gc_thaw_interval_s={args.thaw_interval_s}"]
     root = Path(tempfile.mkdtemp(prefix="gc-pauses-"))
     result: dict[str, Any] = {
         "benchmark": "full GC passes and leader changes under growing state (bench.gc_pauses)",
         "environment": environment(),
-        "settings": {"seconds": args.seconds, "clients": CLIENTS, "variants": VARIANTS},
+        "settings": {"seconds": args.seconds, "clients": CLIENTS, "variants": variants},
         "rows": [],
     }
     clusters: list[Any] = []
 
     def run(t0: float) -> None:
-        names = list(VARIANTS)
         for number in range(1, args.rounds + 1):
             for name in names if number % 2 else names[::-1]:
                 log(f"round {number}: {name}")
                 row = {"variant": name, "round": number}
-                row.update(one_run(root / f"r{number}-{name}", VARIANTS[name], args.seconds, clusters))
+                row.update(one_run(root / f"r{number}-{name}", variants[name], args.seconds, clusters))
                 result["rows"].append(row)
                 longest = {n: c.get("longest_full_pass_s") for n, c in row["controllers"].items()}
                 log(f"  {row['writes_per_s']}/s, term changes {row['term_changes']}, longest {longest}")
 
     def summarize(res: dict[str, Any]) -> None:
         summary: dict[str, Any] = {}
-        for name in VARIANTS:
+        for name in variants:
             rows = [r for r in res["rows"] if r["variant"] == name]
             summary[name] = {
                 "writes_per_s": [r["writes_per_s"] for r in rows],

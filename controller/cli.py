@@ -163,11 +163,12 @@ def _run_controller(args: argparse.Namespace) -> int:
 def _short_full_gc_passes(node: RunningNode, config: ControllerConfig) -> RunningNode:
     """The process's full garbage collections kept short (controller/gc_pauses.py): set
     up here, for a controller process, not by the node (tests run several in one)."""
-    from mqmeta.controller.gc_pauses import FullPasses
+    from mqmeta.controller.gc_pauses import SUPPORTED, FullPasses
 
     interval_s = config.raft_settings.gc_thaw_interval_s
-    if interval_s and node.core is not None:
-        passes = FullPasses(node.core.raft.is_leader, interval_s)
+    if interval_s and node.core is not None and SUPPORTED:
+        raft = node.core.raft
+        passes = FullPasses(lambda: not raft.is_leader() and bool(raft.leader_raft_address()), interval_s)
         passes.start()
         node.closers.append(passes.stop)
     return node

@@ -33,6 +33,7 @@ from __future__ import annotations
 import gc
 import logging
 import random
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -41,15 +42,20 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 THAW_JITTER = 0.2  # each node's interval moves by up to this share: two followers rarely thaw together
+# A middle pass runs about once a second under writes: checking twice as often runs the full
+# pass within half a second of its being due, for a wake-up that costs microseconds.
 FULL_PASS_POLL_S = 0.5
 MIDDLE_PASSES_PER_FULL = 3  # CPython waits for 10 (gc.get_threshold()[2]) and a quarter more
+STOP_JOIN_S = 5.0
+# 3.14's collector is incremental, with other generations and counts: this is for 3.11-3.13.
+SUPPORTED = sys.version_info < (3, 14)
 
 
 class FullPasses:
     """Freezes the survivors of every full pass; on a follower, thaws every interval."""
 
-    def __init__(self, is_leader: Callable[[], bool], thaw_interval_s: float) -> None:
-        self._is_leader = is_leader
+    def __init__(self, may_pause: Callable[[], bool], thaw_interval_s: float) -> None:
+        self._may_pause = may_pause  # a follower that knows its leader (not the leader, not a candidate)
         self._thaw_interval_s = thaw_interval_s
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -58,8 +64,11 @@ class FullPasses:
         self.thaws = 0
 
     def start(self) -> None:
+        """Freezes what is there now (the imports and the state the node has loaded or
+        replayed, in one full pass: the only one over all of it), then keeps passes short."""
         gc.callbacks.append(self._after_pass)
-        self._thread = threading.Thread(target=self._run, name="gc-thaw", daemon=True)
+        gc.collect()
+        self._thread = threading.Thread(target=self._run, name="gc-passes", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
@@ -68,7 +77,7 @@ class FullPasses:
         if self._after_pass in gc.callbacks:
             gc.callbacks.remove(self._after_pass)
         if self._thread is not None:
-            self._thread.join(timeout=5.0)
+            self._thread.join(timeout=STOP_JOIN_S)
         gc.unfreeze()
 
     def _after_pass(self, phase: str, info: dict[str, Any]) -> None:
@@ -77,16 +86,17 @@ class FullPasses:
             self.frozen_passes += 1
 
     def thaw(self) -> bool:
-        """As a follower: every frozen object examined again, in one full pass (whose
-        survivors are frozen again). False, doing nothing, as the leader."""
-        if self._is_leader():
+        """As a follower that knows its leader: every frozen object examined again, in one
+        full pass (whose survivors are frozen again). False, doing nothing, otherwise (the
+        leader, or a candidate whose election the pause would hold up)."""
+        if not self._may_pause():
             return False
         started = time.perf_counter()
         frozen = gc.get_freeze_count()
         gc.unfreeze()
         unreachable = gc.collect()
         self.thaws += 1
-        log.debug(
+        log.info(
             "thawed %d frozen objects: %d unreachable, %.3f s",
             frozen,
             unreachable,
@@ -106,14 +116,19 @@ class FullPasses:
     def _next_thaw(self) -> float:
         return time.monotonic() + self._thaw_interval_s * random.uniform(1 - THAW_JITTER, 1 + THAW_JITTER)
 
+    def turn(self, thaw_at: float) -> float:
+        """One turn of the thread: the thaw when it is due (as the leader, not now: again
+        an interval later), else the full pass when it is due. Returns when to thaw next."""
+        if time.monotonic() < thaw_at:
+            self.pass_if_due()
+            return thaw_at
+        self.thaw()
+        return self._next_thaw()
+
     def _run(self) -> None:
         thaw_at = self._next_thaw()
         while not self._stop.wait(FULL_PASS_POLL_S):
             try:
-                if time.monotonic() >= thaw_at:
-                    self.thaw()  # as the leader, not now: again an interval later
-                    thaw_at = self._next_thaw()
-                else:
-                    self.pass_if_due()
+                thaw_at = self.turn(thaw_at)
             except Exception:  # the node stopping under it: the next turn tries again
                 log.exception("a garbage collection pass of the controller failed")

@@ -190,8 +190,9 @@ def test_only_metadata_keeps_etcd_alone_and_the_metadata_ratios() -> None:
 def test_ratios_by_round_pair_each_rounds_figures_and_skip_a_round_without_both() -> None:
     """bench.peers: `ratios_by_round` divides mqmeta's figure by the peer's of the same
     round and takes the median of those; `ratios` (medians of each system's figures) stays
-    as it was. On a machine that slows down between rounds the two differ: here mqmeta is
-    1.25 × etcd's rate in every round, which only the paired ratio says."""
+    as it was. On a machine whose speed moves between rounds the two differ: here mqmeta
+    is 1.25 × etcd's rate in two rounds of three, which only the paired ratio says; and a
+    round without both systems is left out of the pairs."""
 
     def metadata(rate: float) -> dict:
         return {
@@ -208,7 +209,7 @@ def test_ratios_by_round_pair_each_rounds_figures_and_skip_a_round_without_both(
     result: dict = {
         "metadata_rounds": [
             {"mqmeta": metadata(500), "etcd": metadata(400)},
-            {"mqmeta": metadata(1000), "etcd": metadata(800)},
+            {"mqmeta": metadata(700), "etcd": metadata(800)},
             {"mqmeta": metadata(2000), "etcd": metadata(1600)},
             {"etcd": metadata(3000)},  # mqmeta's part of this round failed
         ],
@@ -218,9 +219,9 @@ def test_ratios_by_round_pair_each_rounds_figures_and_skip_a_round_without_both(
         ],
     }
     run.summarize(result)
-    assert result["ratios"]["metadata_writes_per_s_16_vs_etcd"] == 0.833  # 1000 / 1200
+    assert result["ratios"]["metadata_writes_per_s_16_vs_etcd"] == 0.583  # 700 / 1200
     paired = result["ratios_by_round"]
-    assert paired["metadata_writes_per_s_16_vs_etcd"] == {"median": 1.25, "rounds": [1.25, 1.25, 1.25]}
+    assert paired["metadata_writes_per_s_16_vs_etcd"] == {"median": 1.25, "rounds": [1.25, 0.875, 1.25]}
     assert paired["metadata_write_p50_vs_etcd"]["median"] == 1.0
     assert paired["send_p50_vs_rabbitmq"] == {"median": 1.5, "rounds": [1.5]}
     assert paired["sends_per_s_16_vs_rabbitmq"] == {"median": None, "rounds": []}

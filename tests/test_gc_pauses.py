@@ -1,8 +1,11 @@
-"""controller/gc_pauses.py: what survived a full garbage-collection pass is frozen, so the
-next pass does not examine it again; a full pass runs once MIDDLE_PASSES_PER_FULL middle
-passes ran; a follower's thaw collects a cycle that became garbage while frozen, the
-leader's does nothing; stop() leaves nothing frozen and no callback behind; the
-controller process sets it up only when gc_thaw_interval_s is not 0.
+"""controller/gc_pauses.py: start() freezes what is there; what survived a full
+garbage-collection pass is frozen, so the next pass does not examine it again; a full
+pass runs once MIDDLE_PASSES_PER_FULL middle passes ran; a follower's thaw collects a
+cycle that became garbage while frozen, the leader's (or a candidate's) does nothing;
+the thread's turn thaws when due and otherwise runs the full pass when due; stop()
+leaves nothing frozen and no callback behind; the controller process sets it up only
+when gc_thaw_interval_s is not 0, asking whether it may pause (a follower that knows
+its leader).
 
 The pytest worker's own collector is what these tests drive: each stops what it
 started, which thaws everything again."""
@@ -10,6 +13,7 @@ started, which thaws everything again."""
 from __future__ import annotations
 
 import gc
+import time
 import weakref
 from types import SimpleNamespace
 
@@ -39,7 +43,7 @@ def passes(monkeypatch):
 
     def make(leader: bool) -> FullPasses:
         monkeypatch.setattr(gc_pauses, "FULL_PASS_POLL_S", 3600.0)  # the tests call it themselves
-        made.append(FullPasses(lambda: leader, thaw_interval_s=3600))
+        made.append(FullPasses(lambda: not leader, thaw_interval_s=3600))
         made[-1].start()
         return made[-1]
 
@@ -49,7 +53,9 @@ def passes(monkeypatch):
 
 
 def test_what_survived_a_full_pass_is_frozen_and_not_examined_again(passes):
+    before = [{"value": [i]} for i in range(100)]
     full = passes(leader=True)
+    assert id(before[0]) not in _examined(), "start() froze what was there"
     kept = [{"value": [i]} for i in range(2000)]
     assert id(kept[0]) in _examined()
     gc.collect()
@@ -96,12 +102,24 @@ def test_the_leader_does_not_thaw(passes):
     assert gone() is not None
 
 
+def test_the_threads_turn_thaws_when_due_else_runs_the_full_pass_when_due(passes):
+    leader, follower = passes(leader=True), passes(leader=False)
+    now = time.monotonic()
+    assert leader.turn(now - 1) > now + 3000 and leader.thaws == 0  # not now: an interval later
+    assert follower.turn(now - 1) > now + 3000 and follower.thaws == 1
+    for _ in range(gc_pauses.MIDDLE_PASSES_PER_FULL):
+        gc.collect(1)
+    assert follower.turn(now + 3000) == now + 3000 and follower.early_passes == 1
+
+
 def test_stop_thaws_everything_and_removes_its_callback():
-    full = FullPasses(lambda: True, thaw_interval_s=3600)
-    full.start()
-    gc.collect()
-    assert gc.get_freeze_count() > 0
-    full.stop()
+    full = FullPasses(lambda: False, thaw_interval_s=3600)
+    try:
+        full.start()
+        gc.collect()
+        assert gc.get_freeze_count() > 0
+    finally:
+        full.stop()
     assert gc.get_freeze_count() == 0
     assert full._after_pass not in gc.callbacks
     gc.collect()
@@ -113,11 +131,16 @@ def test_the_controller_process_sets_it_up_unless_the_interval_is_zero(monkeypat
 
     started: list[FullPasses] = []
     monkeypatch.setattr(FullPasses, "start", lambda self: started.append(self))
-    raft = SimpleNamespace(is_leader=lambda: False)
+    raft = SimpleNamespace(is_leader=lambda: False, leader_raft_address=lambda: "127.0.0.1:1")
     node = SimpleNamespace(core=SimpleNamespace(raft=raft), closers=[])
     config = SimpleNamespace(raft_settings=RaftSettings())
     assert cli._short_full_gc_passes(node, config) is node  # type: ignore[arg-type]
     assert len(started) == 1 and node.closers == [started[0].stop]
+    assert started[0]._may_pause(), "a follower that knows its leader"
+    raft.leader_raft_address = lambda: ""
+    assert not started[0]._may_pause(), "a candidate"
+    raft.is_leader = lambda: True
+    assert not started[0]._may_pause(), "the leader"
     off = SimpleNamespace(raft_settings=RaftSettings(gc_thaw_interval_s=0))
     cli._short_full_gc_passes(SimpleNamespace(core=node.core, closers=[]), off)  # type: ignore[arg-type]
     assert len(started) == 1

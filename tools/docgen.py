@@ -408,8 +408,9 @@ RAFT_SETTINGS_MEANINGS = {
     "scrub_interval_s": "how often the background scrub re-reads the Raft journal and snapshot, checking "
     "every checksum (damage found: the node stops, and its restart discards them and re-joins)",
     "gc_thaw_interval_s": "how often a follower has the garbage collector examine every object again; "
-    "between, what survived a full pass is frozen and passes stay short, so the leader's never outlasts "
-    "an election timeout (0: the collector as Python runs it, with passes that grow with the state)",
+    "between, what survived a full pass is frozen and a full pass runs every few seconds, so passes "
+    "examine a few seconds' growth, not the whole state (0: the collector as Python runs it, with passes "
+    "that grow with the state)",
 }
 
 # What each run-time key does (CONFIG_SCHEMA in controller/state_machine.py).

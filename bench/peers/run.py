@@ -509,8 +509,8 @@ _BY_ROUND = (
 
 
 def ratios_by_round(result: dict[str, Any]) -> dict[str, Any]:
-    """For each ratio measured in rounds: mqmeta's figure ÷ the peer's in each round that
-    has both, and the median of those."""
+    """For each ratio of _BY_ROUND (the targets' and the batched ones): mqmeta's figure ÷
+    the peer's in each round that has both, and the median of those."""
     paired: dict[str, Any] = {}
     for name, rounds_key, phase, peer, peer_phase, figure in _BY_ROUND:
         ratios = []
