@@ -60,6 +60,7 @@ def _collect(core: ControllerOperations) -> Iterator[Metric]:
         raft.leader_terms,
     )
     yield from _repair_metrics(core)
+    yield from _collector_metrics()
     yield (
         _liveness(core)
         if leader
@@ -87,6 +88,25 @@ def _liveness(core: ControllerOperations) -> GaugeMetricFamily:
                 [bs["cluster"], bs["broker_name"], str(broker_id)], 1.0 if str(broker_id) in alive else 0.0
             )
     return family
+
+
+def _collector_metrics() -> Iterator[Metric]:
+    """The process's garbage collector (controller/gc_pauses.py): a frozen count that only
+    grows on a node that leads for long is what its full passes no longer examine."""
+    import gc
+
+    from prometheus_client.core import CounterMetricFamily
+
+    yield gauge(
+        PREFIX + "gc_frozen_objects",
+        "objects the garbage collector no longer examines: frozen after a full pass, until a thaw",
+        float(gc.get_freeze_count()),
+    )
+    yield CounterMetricFamily(
+        PREFIX + "gc_full_passes",
+        "full (generation 2) garbage-collection passes of this process",
+        value=gc.get_stats()[2]["collections"],
+    )
 
 
 def _repair_metrics(core: ControllerOperations) -> Iterator[Metric]:

@@ -79,6 +79,15 @@ def metric(cluster: Cluster, node_id: str, name: str) -> float:
     return scrape(cluster.node(node_id).metrics).get((name, ()), 0.0)
 
 
+def test_every_controller_process_freezes_what_its_full_passes_kept(cluster):
+    """controller/gc_pauses.py runs in each real controller process (set up by the CLI,
+    with the default gc_thaw_interval_s): its start froze the process's objects, and the
+    metrics say so."""
+    for node in (n.id for n in cluster.layout.controllers):
+        assert metric(cluster, node, "mqmeta_controller_gc_frozen_objects") > 10_000, node
+        assert metric(cluster, node, "mqmeta_controller_gc_full_passes_total") >= 1, node
+
+
 def test_a_node_that_lost_its_log_neither_votes_nor_stands_until_caught_up(cluster):
     a = cluster.leader_id()
     b, c = [n for n in (n.id for n in cluster.layout.controllers) if n != a]
