@@ -118,7 +118,11 @@ class FullPasses:
 
     def turn(self, thaw_at: float) -> float:
         """One turn of the thread: the thaw when it is due (as the leader, not now: again
-        an interval later), else the full pass when it is due. Returns when to thaw next."""
+        an interval later), else the full pass when it is due; neither while the collector
+        is held off (a snapshot being decoded: controller/snapshot.py). Returns when to
+        thaw next."""
+        if not gc.isenabled():
+            return thaw_at
         if time.monotonic() < thaw_at:
             self.pass_if_due()
             return thaw_at

@@ -3,6 +3,7 @@ time, except the apply latency and the write count, which the Raft apply path re
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -93,8 +94,6 @@ def _liveness(core: ControllerOperations) -> GaugeMetricFamily:
 def _collector_metrics() -> Iterator[Metric]:
     """The process's garbage collector (controller/gc_pauses.py): a frozen count that only
     grows on a node that leads for long is what its full passes no longer examine."""
-    import gc
-
     from prometheus_client.core import CounterMetricFamily
 
     yield gauge(

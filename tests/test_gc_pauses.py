@@ -2,7 +2,8 @@
 garbage-collection pass is frozen, so the next pass does not examine it again; a full
 pass runs once MIDDLE_PASSES_PER_FULL middle passes ran; a follower's thaw collects a
 cycle that became garbage while frozen, the leader's (or a candidate's) does nothing;
-the thread's turn thaws when due and otherwise runs the full pass when due; stop()
+the thread's turn thaws when due and otherwise runs the full pass when due, and does
+neither while the collector is disabled; stop()
 leaves nothing frozen and no callback behind; the controller process sets it up only
 when gc_thaw_interval_s is not 0, asking whether it may pause (a follower that knows
 its leader).
@@ -110,6 +111,13 @@ def test_the_threads_turn_thaws_when_due_else_runs_the_full_pass_when_due(passes
     assert follower.turn(now - 1) >= later and follower.thaws == 1
     for _ in range(gc_pauses.MIDDLE_PASSES_PER_FULL):
         gc.collect(1)
+    gc.disable()  # as a snapshot's decode holds the collector off
+    try:
+        assert follower.turn(now - 1) == now - 1, "held off: no thaw, not even rescheduled"
+        assert follower.turn(now + 3000) == now + 3000 and follower.early_passes == 0
+    finally:
+        gc.enable()
+    assert follower.thaws == 1
     assert follower.turn(now + 3000) == now + 3000 and follower.early_passes == 1
 
 
