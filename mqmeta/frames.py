@@ -224,7 +224,8 @@ def listen(host: str, port: int) -> socket.socket:
 
 class FrameServer:
     """A listening socket and a thread per connection (at most `connections_max`), each
-    reading one request frame at a time and writing `answer`'s frame. A connection silent
+    reading one request frame at a time and writing `answer`'s frame (none when it returns
+    b"": the answer has left already, from another thread). A connection silent
     for `idle_timeout_s`, or whose frame is not all there `frame_timeout_s` after its first
     byte, ends. `name` names the stream in logs and threads.
 
@@ -323,7 +324,9 @@ class FrameServer:
                     if self._stopping.is_set():  # stop() closed it, or is about to: not served
                         break
                     self._serving.add(connection)
-                connection.sendall(self._answer(kind, payload, connection))
+                answer = self._answer(kind, payload, connection)
+                if answer:  # b"": another thread sent all of it (call_stream.EarlyAnswer)
+                    connection.sendall(answer)
                 with self._lock:
                     self._serving.discard(connection)
                     if self._stopping.is_set():

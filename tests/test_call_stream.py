@@ -898,10 +898,20 @@ class EarlyBroker(bpb_grpc.BrokerServiceServicer):
         return bpb.QueryOffsetResponse(offset=-1)
 
 
-def test_an_answer_sent_early_by_another_thread_is_the_calls_and_the_handlers_is_dropped():
+def test_an_answer_sent_early_by_another_thread_is_the_calls_and_the_handlers_is_dropped(monkeypatch):
     """A Send's answer may leave from the thread its acknowledgement arrived on: the client
     gets that one, and the handler's own, returned later, is never read as the answer to
-    the connection's next call."""
+    the connection's next call; the connection's thread then sends nothing (not an empty
+    write: a system call per send on the master)."""
+    sent_by_connections: list[int] = []
+    sendall = socket.socket.sendall
+
+    def counted_sendall(self, data, *args):
+        if threading.current_thread().name == "call-stream":
+            sent_by_connections.append(len(data))
+        return sendall(self, data, *args)
+
+    monkeypatch.setattr(socket.socket, "sendall", counted_sendall)
     servicer = EarlyBroker()
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
     bpb_grpc.add_BrokerServiceServicer_to_server(servicer, server)
@@ -927,6 +937,7 @@ def test_an_answer_sent_early_by_another_thread_is_the_calls_and_the_handlers_is
             )
             assert reply.offset == queue_id
         assert client.calls["stream"] == 3
+        assert sent_by_connections == [], "the connection's thread wrote after an early answer"
     finally:
         client.close()
         server.stop(0)
