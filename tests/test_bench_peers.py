@@ -8,12 +8,14 @@ first of each phase, and a missing phase is None."""
 
 from __future__ import annotations
 
+import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from bench.peers import restart, run, timed_controller
+from bench.peers import load, restart, run, timed_controller
 from bench.peers.load import _strace_calls
 from bench.peers.servers import PEERS, _alive, absent
 
@@ -274,3 +276,57 @@ def test_ab_metadata_turns_drive_metadata_writers_of_the_cluster() -> None:
     factory = ab._client(args, types.SimpleNamespace(addresses=["127.0.0.1:1"]))  # type: ignore[arg-type]
     assert factory.func is load.MqmetaWrite and factory.args == (["127.0.0.1:1"],)
     assert not ab.parse_args([f"a={python}", f"b={python}"]).metadata
+
+
+def test_machine_cpu_per_op_is_the_busy_ticks_of_every_core_over_the_measured_seconds() -> None:
+    """load.machine_cpu: user, nice, system, irq and softirq ticks (not idle, iowait or
+    steal) in ms per operation, with the idle and stolen shares; nothing without two
+    readings or operations. drive() measures it over the seconds it counts (after the
+    warm-up): a client that burns CPU for 2 ms a call costs the machine at least 2 ms a
+    call, and a ratio of it against the peer is in `ratios`."""
+    tick_ms = 1000 / os.sysconf("SC_CLK_TCK")
+    before = [100, 0, 50, 1000, 10, 0, 0, 5]
+    after = [100 + 300, 0, 50 + 100, 1000 + 550, 10 + 30, 0 + 10, 0 + 10, 5 + 0]  # 420 busy of 1000
+    figures = load.machine_cpu(before, after, ops=42)
+    assert figures["machine_cpu_ms_per_op"] == round(420 * tick_ms / 42, 3)
+    assert figures["machine_idle_percent"] == 58.0 and figures["machine_steal_percent"] == 0.0
+    after[7] += 1000  # the hypervisor took as many ticks again
+    stolen = load.machine_cpu(before, after, ops=42)
+    assert stolen["machine_steal_percent"] == 50.0
+    assert stolen["machine_cpu_ms_per_op"] == figures["machine_cpu_ms_per_op"], "steal is not our CPU"
+    assert load.machine_cpu(None, after, 42) == {} and load.machine_cpu(before, before, 42) == {}
+    assert load.machine_cpu(before, after, 0)["machine_cpu_ms_per_op"] is None
+
+    class Burner:
+        def call(self) -> None:
+            end = time.thread_time() + 0.002
+            while time.thread_time() < end:
+                pass
+
+        def close(self) -> None:
+            pass
+
+    measured = load.drive(lambda k: Burner(), 1, 0.2, 1.0)
+    assert measured["count"] > 50, measured
+    assert 2.0 <= measured["machine_cpu_ms_per_op"] < 20.0, measured
+
+    def metadata(cpu_ms: float) -> dict:
+        write_16 = {"ops_per_s": 1000, "machine_cpu_ms_per_op": cpu_ms}
+        return {"write_1": {}, "read_1": {}, "write_16": write_16, "write_16x32": {}}
+
+    def messages(cpu_ms: float) -> dict:
+        return {
+            "send_1": {},
+            "send_16": {"ops_per_s": 1000, "machine_cpu_ms_per_op": cpu_ms},
+            "send_4x32": {},
+        }
+
+    result: dict = {
+        "metadata_rounds": [{"mqmeta": metadata(1.2), "etcd": metadata(0.6)}],
+        "message_rounds": [{"mqmeta": messages(0.7), "rabbitmq": messages(1.0)}],
+    }
+    run.summarize(result)
+    assert result["figures"]["mqmeta"]["send_machine_cpu_ms_per_message_16"] == 0.7
+    assert result["ratios"]["metadata_machine_cpu_per_write_16_vs_etcd"] == 2.0
+    assert result["ratios"]["send_machine_cpu_per_message_16_vs_rabbitmq"] == 0.7
+    assert result["ratios_by_round"]["send_machine_cpu_per_message_16_vs_rabbitmq"]["rounds"] == [0.7]

@@ -6,6 +6,13 @@ failure) and `close()`, made per thread by a factory. `drive()` runs `threads` s
 clients for a bounded time and count, each one call at a time (closed loop), and reports
 latencies and operations per second. Every client is plain Python in this process: the
 same GIL, the same loop, for every system.
+
+`drive()` also reads the machine's CPU time (/proc/stat, every core) over the measured
+seconds: `machine_cpu_ms_per_op`, what the whole machine spent per operation (the system
+driven, this load generator, and whatever else runs: the other systems idle), and the
+share of those seconds the cores were idle or stolen by the hypervisor
+(`machine_idle_percent`, `machine_steal_percent`): a system that leaves cores idle is
+bound by a wait, not by CPU, and steal is the machine's neighbours taking it.
 """
 
 from __future__ import annotations
@@ -74,6 +81,10 @@ def drive(
     workers = [threading.Thread(target=run, args=(k,), daemon=True) for k in range(threads)]
     for worker in workers:
         worker.start()
+    _sleep_until(warm_until)
+    cpu_before = proc_stat()
+    _sleep_until(end_at)
+    cpu_after = proc_stat()
     for worker in workers:
         worker.join(timeout=duration_s + warmup_s + 30)
     for client in clients:
@@ -92,7 +103,48 @@ def drive(
     out["ops_per_s"] = _r(len(every) * per_call / duration_s, 1)
     out["errors"] = dict(error_counts)
     out["hung_threads"] = sum(1 for w in workers if w.is_alive())
+    out.update(machine_cpu(cpu_before, cpu_after, len(every) * per_call))
     return out
+
+
+def _sleep_until(moment: float) -> None:
+    delay = moment - time.monotonic()
+    if delay > 0:
+        time.sleep(delay)
+
+
+# /proc/stat's first line: cpu user nice system idle iowait irq softirq steal ...
+_BUSY_FIELDS = (0, 1, 2, 5, 6)
+_IDLE_FIELDS = (3, 4)
+_STEAL_FIELD = 7
+
+
+def proc_stat() -> list[int] | None:
+    """The machine's CPU time so far, in clock ticks (all cores): /proc/stat's first line
+    (user, nice, system, idle, iowait, irq, softirq, steal); None where there is none."""
+    try:
+        with open("/proc/stat") as stat:
+            fields = stat.readline().split()
+        return [int(value) for value in fields[1:9]] if fields[:1] == ["cpu"] else None
+    except (OSError, ValueError):
+        return None
+
+
+def machine_cpu(before: list[int] | None, after: list[int] | None, ops: int) -> dict[str, Any]:
+    """CPU milliseconds the whole machine spent per operation between two proc_stat()
+    readings, and the percentages of those ticks idle (iowait included) and stolen."""
+    if before is None or after is None or len(before) < 8 or len(after) < 8:
+        return {}
+    spent = [b - a for a, b in zip(before, after, strict=True)]
+    total = sum(spent)
+    if total <= 0:
+        return {}
+    busy_ms = sum(spent[i] for i in _BUSY_FIELDS) * 1000 / os.sysconf("SC_CLK_TCK")
+    return {
+        "machine_cpu_ms_per_op": _r(busy_ms / ops) if ops else None,
+        "machine_idle_percent": _r(100 * sum(spent[i] for i in _IDLE_FIELDS) / total, 1),
+        "machine_steal_percent": _r(100 * spent[_STEAL_FIELD] / total, 1),
+    }
 
 
 def sequential(client: Client, count: int) -> float:

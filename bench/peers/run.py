@@ -430,6 +430,9 @@ def summarize(result: dict[str, Any]) -> None:
                 "metadata_read_p50_ms": _median_over_rounds(meta, system, "read_1", "p50_ms"),
                 "metadata_writes_per_s_16": _median_over_rounds(meta, system, "write_16", "ops_per_s"),
                 "metadata_writes_per_s_16x32": _median_over_rounds(meta, system, "write_16x32", "ops_per_s"),
+                "metadata_machine_cpu_ms_per_write_16": _median_over_rounds(
+                    meta, system, "write_16", "machine_cpu_ms_per_op"
+                ),
             }
     for system in ("mqmeta", NO_CALL_STREAM, "rabbitmq", "nats"):
         if any(system in r for r in msgs):
@@ -439,6 +442,9 @@ def summarize(result: dict[str, Any]) -> None:
                     "sends_per_s_1": _median_over_rounds(msgs, system, "send_1", "ops_per_s"),
                     "sends_per_s_16": _median_over_rounds(msgs, system, "send_16", "ops_per_s"),
                     "sends_per_s_4x32": _median_over_rounds(msgs, system, "send_4x32", "ops_per_s"),
+                    "send_machine_cpu_ms_per_message_16": _median_over_rounds(
+                        msgs, system, "send_16", "machine_cpu_ms_per_op"
+                    ),
                 }
             )
     kills = result.get("kills", {})
@@ -476,6 +482,12 @@ def summarize(result: dict[str, Any]) -> None:
         "sends_per_s_16_vs_nats": _ratio(m.get("sends_per_s_16"), n.get("sends_per_s_16")),
         "sends_per_s_4x32_vs_nats": _ratio(m.get("sends_per_s_4x32"), n.get("sends_per_s_4x32")),
         "sends_per_s_16_vs_1_mqmeta": _ratio(m.get("sends_per_s_16"), m.get("sends_per_s_1")),
+        "metadata_machine_cpu_per_write_16_vs_etcd": _ratio(
+            m.get("metadata_machine_cpu_ms_per_write_16"), e.get("metadata_machine_cpu_ms_per_write_16")
+        ),
+        "send_machine_cpu_per_message_16_vs_rabbitmq": _ratio(
+            m.get("send_machine_cpu_ms_per_message_16"), r.get("send_machine_cpu_ms_per_message_16")
+        ),
     }
     result["ratios_by_round"] = ratios_by_round(result)
     g = figures.get(NO_CALL_STREAM)
@@ -505,6 +517,22 @@ _BY_ROUND = (
     ("sends_per_s_16_vs_rabbitmq", "message_rounds", "send_16", "rabbitmq", "send_16", "ops_per_s"),
     ("sends_per_s_4x32_vs_rabbitmq_16", "message_rounds", "send_4x32", "rabbitmq", "send_16", "ops_per_s"),
     ("sends_per_s_4x32_vs_nats", "message_rounds", "send_4x32", "nats", "send_4x32", "ops_per_s"),
+    (
+        "metadata_machine_cpu_per_write_16_vs_etcd",
+        "metadata_rounds",
+        "write_16",
+        "etcd",
+        "write_16",
+        "machine_cpu_ms_per_op",
+    ),
+    (
+        "send_machine_cpu_per_message_16_vs_rabbitmq",
+        "message_rounds",
+        "send_16",
+        "rabbitmq",
+        "send_16",
+        "machine_cpu_ms_per_op",
+    ),
 )
 
 
