@@ -20,7 +20,7 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import Future
 from typing import Any
 
@@ -55,6 +55,13 @@ SCAN_INTERVAL_S = 0.1
 ELECTIONS_IN_FLIGHT_MAX = 16  # elections the liveness scan runs at once (one thread each)
 WATCH_QUEUE_MAX = 1024
 WATCH_STREAMS_MAX = 10_000  # per node; each is a queue on the event loop, not a thread
+# While a node serves watch streams it confirms, every WATCH_CONFIRM_INTERVAL_S, that it
+# still reaches a leader (WatchHub.confirm_contact: a lease or a ReadIndex round, no log
+# entry); after WATCH_UNCONFIRMED_MAX_S without one it ends its streams, so their watchers
+# follow another node. A node cut off from the others hears of no change: its streams went
+# silent, and a route copy on one answered from what it held when the cut came.
+WATCH_CONFIRM_INTERVAL_S = 1.0
+WATCH_UNCONFIRMED_MAX_S = 3.0  # past any election (election_max_ms 600 by default)
 READ_INDEX_TIMEOUT_S = 1.5  # then the read falls back to a barrier entry (a round fails after 1 s)
 LEADERSHIP_TRANSFER_TIMEOUT_S = 2.0  # a stopping leader waits this long for a successor
 
@@ -86,12 +93,13 @@ class WatchSubscription:
             return False
         return not self.broker_name or event.get("broker_name") == self.broker_name
 
-    def cut_off(self) -> None:
-        """Ends a stream that fell behind: its queue is emptied and ends with None (the
-        client resubscribes and starts again from a snapshot)."""
+    def cut_off(self, error: MqmetaError | None = None) -> None:
+        """Ends the stream: its queue is emptied and ends with None (it fell behind) or
+        with `error` (the reason it ends); the client resubscribes and starts again from a
+        snapshot."""
         while not self.queue.empty():
             self.queue.get_nowait()
-        self.queue.put_nowait(None)
+        self.queue.put_nowait(error)
 
 
 class WatchHub:
@@ -108,10 +116,19 @@ class WatchHub:
         self._bridge: LoopFutures | None = None
         self._encode: Encode = lambda event: event
         self._subscribers: list[WatchSubscription] = []
+        self._confirm: Callable[[], Awaitable[bool]] | None = None
+        self._confirming: asyncio.Task | None = None
 
-    def attach(self, loop: asyncio.AbstractEventLoop, encode: Encode) -> None:
+    def attach(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        encode: Encode,
+        confirm: Callable[[], Awaitable[bool]] | None = None,
+    ) -> None:
+        """`confirm`: whether this node reaches a leader now (None: never checked)."""
         self._bridge = self._bridge_for(loop)
         self._encode = encode
+        self._confirm = confirm
 
     def subscribe(self, cluster: str, broker_name: str) -> WatchSubscription:
         if len(self._subscribers) >= WATCH_STREAMS_MAX:
@@ -121,14 +138,43 @@ class WatchHub:
             )
         subscription = WatchSubscription(cluster, broker_name)
         self._subscribers.append(subscription)
+        if self._confirm is not None and (self._confirming is None or self._confirming.done()):
+            self._confirming = asyncio.get_running_loop().create_task(self.confirm_contact(self._confirm))
         return subscription
 
     def unsubscribe(self, subscription: WatchSubscription) -> None:
         self._subscribers = [s for s in self._subscribers if s is not subscription]
+        if not self._subscribers and self._confirming is not None:
+            self._confirming.cancel()  # no stream left to confirm for (none pending at a stop)
+            self._confirming = None
 
     @property
     def streams(self) -> int:
         return len(self._subscribers)
+
+    async def confirm_contact(self, confirm: Callable[[], Awaitable[bool]]) -> None:
+        """While streams are open: every WATCH_CONFIRM_INTERVAL_S, whether this node still
+        reaches a leader; after WATCH_UNCONFIRMED_MAX_S without, every stream ends with
+        UNAVAILABLE (see WATCH_CONFIRM_INTERVAL_S). One check per node, whatever the number
+        of streams."""
+        loop = asyncio.get_running_loop()
+        confirmed_at = loop.time()
+        while self._subscribers:
+            await asyncio.sleep(WATCH_CONFIRM_INTERVAL_S)
+            if await confirm():
+                confirmed_at = loop.time()
+                continue
+            unconfirmed_s = loop.time() - confirmed_at
+            if unconfirmed_s <= WATCH_UNCONFIRMED_MAX_S or not self._subscribers:
+                continue
+            error = Unavailable(
+                f"this controller node has not reached a leader for {unconfirmed_s:.1f} s "
+                "(cut off from the others?): its watch streams end; watch another node"
+            )
+            log.warning("ending %d watch streams: %s", len(self._subscribers), error.message)
+            for subscription in list(self._subscribers):
+                self.unsubscribe(subscription)
+                subscription.cut_off(error)
 
     def publish(self, index: int, events: list[Json]) -> None:
         bridge = self._bridge
@@ -338,6 +384,18 @@ class ControllerOperations:
         if bridge is None:
             bridge = self._bridges[loop] = LoopFutures(loop)
         return bridge
+
+    async def reaches_leader(self, timeout_s: float = READ_INDEX_TIMEOUT_S) -> bool:
+        """Whether this node reaches a leader of its term now: its own lease as leader, or
+        a ReadIndex round confirmed (a follower's asks the leader). Writes no log entry."""
+        if self.raft.lease_read_index() is not None:
+            return True
+        waiter = self._loop_futures(asyncio.get_running_loop()).wrap(self.raft.read_index())
+        try:
+            await await_within(waiter, timeout_s)
+        except (ReadNotConfirmed, TimeoutError):
+            return False
+        return True
 
     async def read_barrier_async(self, timeout_s: float = 5.0) -> ControllerState:
         """read_barrier() for a coroutine on the server's event loop: no thread waits."""

@@ -206,7 +206,7 @@ def start_controller(
     call_server: list[AsyncServer] = []  # set before setup runs on its loop
 
     async def setup(server: grpc.aio.Server) -> None:
-        core.watch_hub.attach(asyncio.get_running_loop(), watch_event_pb)
+        core.watch_hub.attach(asyncio.get_running_loop(), watch_event_pb, core.reaches_leader)
         servicer = ControllerServicer(core)
         controller_pb2_grpc.add_ControllerServiceServicer_to_server(servicer, server)
         await _serve_call_stream(call_server[0], config, servicer, call_stream_calls.inc, server)

@@ -503,18 +503,21 @@ class ControllerServicer(pb_grpc.ControllerServiceServicer):
         sent_at = -WATCH_BATCH_PACE_S
         while True:  # until the client goes away: the wait below then raises CancelledError
             items = [await queue.get()]
-            if batch_max > 1 and items[-1] is not None and queue.qsize() < batch_max - 1:
+            if batch_max > 1 and isinstance(items[-1], tuple) and queue.qsize() < batch_max - 1:
                 wait_s = sent_at + WATCH_BATCH_PACE_S - loop.time()
                 if wait_s > 0:  # one message per pace while events keep coming, unless one is full
                     await asyncio.sleep(wait_s)
-            while len(items) < batch_max and not queue.empty() and items[-1] is not None:
+            while len(items) < batch_max and not queue.empty() and isinstance(items[-1], tuple):
                 items.append(queue.get_nowait())
-            events = [item[1] for item in items if item is not None and item[0]["index"] > index]
+            ended = not isinstance(items[-1], tuple)  # None (fell behind) or why it ends
+            events = [item[1] for item in items if isinstance(item, tuple) and item[0]["index"] > index]
             if events:
                 yield events
                 sent_at = loop.time()
-            if items[-1] is None:
-                await abort_with_async(context, Unavailable("watch stream fell behind; resubscribe"))
+            if ended:
+                await abort_with_async(
+                    context, items[-1] or Unavailable("watch stream fell behind; resubscribe")
+                )
                 return
 
 

@@ -14,6 +14,10 @@ Properties checked:
   (no reset ever arrives: keepalive must notice) it stops answering within
   LOST_WATCH_BOUND_S, and after kill -9 of that node too; it answers again, equal to the
   barrier read, once it has resubscribed to a live node;
+- a copy whose node is cut off from the other controllers (the copy still reaches it: the
+  stream stays open, and the node hears of no change) answers a change made after the
+  cut within CUT_OFF_BOUND_S: the node ends its streams once it has not reached a leader
+  for WATCH_UNCONFIRMED_MAX_S, and the copy follows another node;
 - WatchBatched sends at most one message per pace (WATCH_BATCH_PACE_S) while events keep
   coming: topics created one write at a time arrive, in order, in fewer messages;
 - stop() is prompt when no controller answers (the whole cluster stopping at once: the loop
@@ -29,7 +33,11 @@ import time
 
 import grpc
 import pytest
+from mqmeta.chaos.net import ProxiedNetwork
+from mqmeta.chaos.toxiproxy import ToxiproxyServer
+from mqmeta.cluster.harness import Cluster
 from mqmeta.cluster.wait import wait_for
+from mqmeta.controller import operations as core_module
 from mqmeta.controller import route_cache
 from mqmeta.controller.route_cache import RouteCache
 
@@ -43,6 +51,16 @@ pytestmark = pytest.mark.timeout(150)
 ROUTE_CHANGE_BOUND_S = 3.0  # a watch delivery, plus one topic reload (TOPIC_RELOAD_INTERVAL_S)
 LOST_WATCH_BOUND_S = (WATCH_KEEPALIVE_MS + WATCH_KEEPALIVE_TIMEOUT_MS) / 1000 + 2.0
 LIVE_TIMEOUT_S = 20.0
+# The node's checks (an interval, the unconfirmed span, a ReadIndex round that fails), the
+# copy's resubscription (maybe to the cut-off node first: its snapshot's barrier fails
+# after READ_INDEX_TIMEOUT_S and a barrier entry's timeout), a load, and slack.
+CUT_OFF_BOUND_S = (
+    core_module.WATCH_CONFIRM_INTERVAL_S
+    + core_module.WATCH_UNCONFIRMED_MAX_S
+    + core_module.READ_INDEX_TIMEOUT_S
+    + 2 * route_cache.RESUBSCRIBE_INTERVAL_S
+    + 10.0
+)
 STOP_BOUND_S = 1.5  # a retried GetMetadata would hold stop() for its 5 s deadline
 
 
@@ -324,6 +342,49 @@ def test_a_copy_that_lost_its_watch_falls_back(loaded):
             for name in ("Everywhere", "Named", "Other"):
                 assert cache.route(name) == _barrier_route(fresh, name), name
     assert cache.stats["subscriptions"] >= 3
+
+
+def test_a_copy_on_a_node_cut_off_from_the_others_follows_another_node(tmp_path):
+    """The copy's node loses its Raft links to both other controllers (ProxiedNetwork: the
+    controllers dial each other through proxies; this process dials them directly, so
+    its stream stays open). A replica registered after the cut reaches the copy within
+    CUT_OFF_BOUND_S. Without the node's check the stream stays open and silent, and the
+    copy answers the route as it was before the cut for as long as the cut lasts."""
+    with (
+        ToxiproxyServer("127.0.0.1:0") as toxiproxy,
+        Cluster(tmp_path / "c") as cluster,
+    ):
+        network = ProxiedNetwork(cluster, toxiproxy.url)
+        network.create()
+        cluster.start()
+        leader_id = cluster.leader_id()
+        leader = cluster.node(leader_id).grpc
+        with ControllerClient([leader]) as client:
+            _register(client, "C1", "bs-a", 0)
+            client.call("CreateTopic", pb.TopicSpec(name="Everywhere", cluster="C1"))
+            cache = RouteCache(ControllerClient(cluster.addresses)).start()
+            try:
+                wait_for(lambda: cache.live, LIVE_TIMEOUT_S, "the route copy to go live")
+                cut_off = next(c.id for c in cluster.layout.controllers if c.grpc == cache.watched)
+                assert cut_off != leader_id
+                others = [c.id for c in cluster.layout.controllers if c.id != cut_off]
+                assert network.cut([(cut_off, other) for other in others]) == 4, "Raft, both ways, to each"
+                started = time.monotonic()
+                _register(client, "C1", "bs-a", 1)  # committed by the two others alone
+                expected = _barrier_route(client, "Everywhere")
+                assert len(expected.brokers[0].addresses) == 2
+                wait_for(
+                    lambda: cache.route("Everywhere"),
+                    CUT_OFF_BOUND_S + 10,
+                    "the copy answering the replica registered after the cut",
+                    until=lambda route: route == expected,
+                )
+                elapsed = time.monotonic() - started
+                assert elapsed <= CUT_OFF_BOUND_S, f"the copy answered the pre-cut route for {elapsed:.1f} s"
+                assert cache.watched != cluster.node(cut_off).grpc
+            finally:
+                cache.stop()
+                cache.client.close()
 
 
 # The topic reload, driven by hand against a scripted controller (no threads, no cluster):

@@ -11,6 +11,10 @@ Properties checked:
   streams that name no cluster either;
 - a stream that falls WATCH_QUEUE_MAX events behind is cut off (its queue ends with
   None), while the others keep everything;
+- while streams are open the node confirms, one check at a time whatever their number,
+  that it reaches a leader; once it has not for WATCH_UNCONFIRMED_MAX_S every stream ends
+  with UNAVAILABLE (a node cut off from the others hears of no change), and not before;
+  with no stream left the checks stop;
 - a liveness storm (every master silent at once) runs at most ELECTIONS_IN_FLIGHT_MAX
   elections at a time; the rest are started by later scans;
 - results that another thread (the Raft thread) sets for many waiting coroutines wake
@@ -40,6 +44,8 @@ from mqmeta.controller.operations import (
     await_within,
 )
 from mqmeta.controller.state_machine import ControllerState, apply
+
+from mqmeta.errors import Unavailable
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -173,6 +179,42 @@ def test_a_stream_that_falls_behind_is_cut_off_and_the_others_are_not():
         assert hub.streams == 1
 
     run_on_loop(body)
+
+
+def test_streams_end_once_the_node_has_not_reached_a_leader_for_a_while(monkeypatch):
+    monkeypatch.setattr(core_module, "WATCH_CONFIRM_INTERVAL_S", 0.02)
+    monkeypatch.setattr(core_module, "WATCH_UNCONFIRMED_MAX_S", 0.3)
+    checks: list[float] = []
+    reaches = [True]
+
+    async def confirm() -> bool:
+        checks.append(time.monotonic())
+        return reaches[0]
+
+    async def main():
+        hub = WatchHub()
+        hub.attach(asyncio.get_running_loop(), lambda event: event, confirm)
+        streams = [hub.subscribe("c", "") for _ in range(20)]
+        await asyncio.sleep(0.5)
+        assert hub.streams == 20 and all(s.queue.empty() for s in streams), "a node that reaches a leader"
+        assert 10 <= len(checks) <= 30, f"one check per interval for all 20 streams: {len(checks)}"
+        reaches[0] = False
+        cut_at = time.monotonic()
+        await asyncio.sleep(0.2)
+        assert hub.streams == 20, "ended before WATCH_UNCONFIRMED_MAX_S"
+        while hub.streams and time.monotonic() < cut_at + 5:
+            await asyncio.sleep(0.01)
+        ended_after = time.monotonic() - cut_at
+        # counted from the last confirmed check, at most one interval before the cut
+        assert hub.streams == 0 and 0.3 - 0.05 <= ended_after < 1.0, ended_after
+        for stream in streams:
+            (item,) = drained(stream)
+            assert isinstance(item, Unavailable) and "not reached a leader" in item.message, item
+        checks_at_end = len(checks)
+        await asyncio.sleep(0.2)
+        assert len(checks) == checks_at_end, "no stream left: no more checks"
+
+    asyncio.run(main())
 
 
 class _Raft:
