@@ -161,7 +161,12 @@ class WatchHub:
         confirmed_at = loop.time()
         while self._subscribers:
             await asyncio.sleep(WATCH_CONFIRM_INTERVAL_S)
-            if await confirm():
+            try:
+                reached = await confirm()
+            except Exception:  # noqa: BLE001 - a node stopping meanwhile: not confirmed, never a dead task
+                log.debug("confirming a leader for the watch streams failed", exc_info=True)
+                reached = False
+            if reached:
                 confirmed_at = loop.time()
                 continue
             unconfirmed_s = loop.time() - confirmed_at

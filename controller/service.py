@@ -515,9 +515,12 @@ class ControllerServicer(pb_grpc.ControllerServiceServicer):
                 yield events
                 sent_at = loop.time()
             if ended:
-                await abort_with_async(
-                    context, items[-1] or Unavailable("watch stream fell behind; resubscribe")
+                why = (
+                    items[-1]
+                    if items[-1] is not None
+                    else Unavailable("watch stream fell behind; resubscribe")
                 )
+                await abort_with_async(context, why)
                 return
 
 
