@@ -33,8 +33,12 @@ When the copy answers, and when it does not (then: the barrier read, as before):
   as it is at that Raft index; an event older than what the copy holds is ignored, since
   the stream may repeat a change already in its opening snapshot);
 - when the stream ends or fails (the controller node died, the stream fell behind, the
-  network broke) the copy is dropped at once and every read falls back until a new
-  stream has loaded everything again (retried every RESUBSCRIBE_INTERVAL_S). A stream
+  network broke, the node has not reached a leader for a few seconds: cut off from the
+  other controllers, it hears of no change; operations.WATCH_UNCONFIRMED_MAX_S) the copy
+  is dropped at once and every read falls back until a new stream has loaded
+  everything again (retried every RESUBSCRIBE_INTERVAL_S). With a majority of the
+  controllers gone no node reaches a leader, so the copy answers nothing, as the
+  barrier reads it falls back to cannot either. A stream
   that is silently cut (a stopped process, a black-holed link: no reset ever arrives)
   is noticed by gRPC keepalive: the stream's channel pings every WATCH_KEEPALIVE_MS and
   fails the stream when a ping is not answered within WATCH_KEEPALIVE_TIMEOUT_MS, so the
