@@ -178,10 +178,21 @@ class CpuMeter:
         return out
 
 
-def machine_busy() -> tuple[float, float] | None:
+def proc_stat() -> list[int] | None:
+    """The machine's CPU time so far, in clock ticks of all cores: the fields of
+    /proc/stat's first line (user, nice, system, idle, iowait, irq, softirq, steal, ...);
+    None where there is none."""
     try:
-        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        with open("/proc/stat") as stat:
+            fields = stat.readline().split()
+        return [int(value) for value in fields[1:]] if fields[:1] == ["cpu"] else None
     except (OSError, ValueError):
+        return None
+
+
+def machine_busy() -> tuple[float, float] | None:
+    fields = proc_stat()
+    if fields is None:
         return None
     idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
     return float(sum(fields) - idle), float(sum(fields))

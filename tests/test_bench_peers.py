@@ -294,6 +294,8 @@ def test_machine_cpu_per_op_is_the_busy_ticks_of_every_core_over_the_measured_se
     stolen = load.machine_cpu(before, after, ops=42)
     assert stolen["machine_steal_percent"] == 50.0
     assert stolen["machine_cpu_ms_per_op"] == figures["machine_cpu_ms_per_op"], "steal is not our CPU"
+    guests = load.machine_cpu([*before, 7, 0], [*after, 7 + 300, 0], ops=42)  # guest ticks: already in user
+    assert guests == load.machine_cpu(before, after, ops=42), guests
     assert load.machine_cpu(None, after, 42) == {} and load.machine_cpu(before, before, 42) == {}
     assert load.machine_cpu(before, after, 0)["machine_cpu_ms_per_op"] is None
 

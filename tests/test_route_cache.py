@@ -368,6 +368,20 @@ def test_a_copy_on_a_node_cut_off_from_the_others_follows_another_node(tmp_path)
                 cut_off = next(c.id for c in cluster.layout.controllers if c.grpc == cache.watched)
                 assert cut_off != leader_id
                 others = [c.id for c in cluster.layout.controllers if c.id != cut_off]
+                # A watcher of our own on that node, open before the cut: it must hear why it ends.
+                watcher = ControllerClient([cache.watched])
+                stream = watcher.watch(target=cache.watched, timeout_s=CUT_OFF_BOUND_S + 20)
+                ended: list[grpc.RpcError] = []
+
+                def follow() -> None:
+                    try:
+                        for _ in stream:
+                            pass
+                    except grpc.RpcError as error:
+                        ended.append(error)
+
+                following = threading.Thread(target=follow, daemon=True)
+                following.start()
                 assert network.cut([(cut_off, other) for other in others]) == 4, "Raft, both ways, to each"
                 started = time.monotonic()
                 _register(client, "C1", "bs-a", 1)  # committed by the two others alone
@@ -382,6 +396,11 @@ def test_a_copy_on_a_node_cut_off_from_the_others_follows_another_node(tmp_path)
                 elapsed = time.monotonic() - started
                 assert elapsed <= CUT_OFF_BOUND_S, f"the copy answered the pre-cut route for {elapsed:.1f} s"
                 assert cache.watched != cluster.node(cut_off).grpc
+                following.join(timeout=CUT_OFF_BOUND_S)
+                assert ended, "our stream on the cut-off node did not end"
+                assert ended[0].code() == grpc.StatusCode.UNAVAILABLE, ended[0]
+                assert "has not reached a leader" in ended[0].details(), ended[0].details()
+                watcher.close()
             finally:
                 cache.stop()
                 cache.client.close()

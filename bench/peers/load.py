@@ -31,7 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from bench.benchlib import _r, latency_summary
+from bench.benchlib import _r, latency_summary, proc_stat
 from bench.peers.servers import NATS_SUBJECT, RABBIT_QUEUE, b64, http_json
 
 CALLS_MAX_PER_THREAD = 200_000
@@ -81,9 +81,9 @@ def drive(
     workers = [threading.Thread(target=run, args=(k,), daemon=True) for k in range(threads)]
     for worker in workers:
         worker.start()
-    _sleep_until(warm_until)
+    time.sleep(max(0.0, warm_until - time.monotonic()))
     cpu_before = proc_stat()
-    _sleep_until(end_at)
+    time.sleep(max(0.0, end_at - time.monotonic()))
     cpu_after = proc_stat()
     for worker in workers:
         worker.join(timeout=duration_s + warmup_s + 30)
@@ -107,35 +107,20 @@ def drive(
     return out
 
 
-def _sleep_until(moment: float) -> None:
-    delay = moment - time.monotonic()
-    if delay > 0:
-        time.sleep(delay)
-
-
-# /proc/stat's first line: cpu user nice system idle iowait irq softirq steal ...
+# benchlib.proc_stat()'s fields: user nice system idle iowait irq softirq steal (then the
+# guests', already counted in user and nice: not summed here)
 _BUSY_FIELDS = (0, 1, 2, 5, 6)
 _IDLE_FIELDS = (3, 4)
 _STEAL_FIELD = 7
 
 
-def proc_stat() -> list[int] | None:
-    """The machine's CPU time so far, in clock ticks (all cores): /proc/stat's first line
-    (user, nice, system, idle, iowait, irq, softirq, steal); None where there is none."""
-    try:
-        with open("/proc/stat") as stat:
-            fields = stat.readline().split()
-        return [int(value) for value in fields[1:9]] if fields[:1] == ["cpu"] else None
-    except (OSError, ValueError):
-        return None
-
-
 def machine_cpu(before: list[int] | None, after: list[int] | None, ops: int) -> dict[str, Any]:
-    """CPU milliseconds the whole machine spent per operation between two proc_stat()
-    readings, and the percentages of those ticks idle (iowait included) and stolen."""
+    """CPU milliseconds the whole machine spent per operation between two
+    benchlib.proc_stat() readings, and the percentages of those ticks idle (iowait
+    included) and stolen."""
     if before is None or after is None or len(before) < 8 or len(after) < 8:
         return {}
-    spent = [b - a for a, b in zip(before, after, strict=True)]
+    spent = [b - a for a, b in zip(before[:8], after[:8], strict=True)]
     total = sum(spent)
     if total <= 0:
         return {}
