@@ -201,6 +201,7 @@ class ControllerRaft(pysyncobj_compat.RaftFixes):
         self._node_id = node_id
         self._journal_path = journal
         self._applied_log = AppliedLog(data_dir / "applied.jsonl", node_id)
+        self._applied_pending: list[Json] = []  # the last entry's record, until _write_applied
         self.history = CommandHistory()  # what this node applied, for the history read
         self._on_events = on_events
         self._state = ControllerState()
@@ -215,6 +216,7 @@ class ControllerRaft(pysyncobj_compat.RaftFixes):
             _syncobj_conf(settings, data_dir, raft_address, self._snapshots, self._state_changed),
             transportClass=_DialingTransport,
         )
+        self.addOnTickCallback(self._write_applied)  # a tick that applied but proposed nothing
         self._scrubber.start()
 
     @property
@@ -231,6 +233,7 @@ class ControllerRaft(pysyncobj_compat.RaftFixes):
         pysyncobj_compat.wake_tick(self)
 
     def _checkCommandsToApply(self) -> None:  # noqa: N802 - pysyncobj's name
+        self._write_applied()
         if self._pump is not None:
             self._proposing_in_tick = True  # ProposeInTick: no wake-up for the tick's own proposals
             try:
@@ -277,7 +280,8 @@ class ControllerRaft(pysyncobj_compat.RaftFixes):
             effects.update(changes)
         types = sorted({c.TYPE for c in commands})
         documents = [_logged(c) for c in commands]  # the line's and the history's
-        self._append_applied(
+        self._write_applied()  # the previous entry's line, if no tick came between
+        self._applied_pending.append(
             {
                 "index": index,
                 "term": term,
@@ -324,10 +328,24 @@ class ControllerRaft(pysyncobj_compat.RaftFixes):
             time.sleep(TRANSFER_POLL_INTERVAL_S)
         return not self.is_leader()
 
-    def _append_applied(self, record: Json) -> None:
-        """Appends to applied.jsonl, or stops the node as a failed journal write does (an
-        exception here would end pysyncobj's tick thread and leave the node hanging). The
-        Raft log holds the entry: the restart replays it and writes the record again."""
+    def _write_applied(self) -> None:
+        """Appends the last applied entry's record to applied.jsonl, if not yet written, or
+        stops the node as a failed journal write does (an exception here would end
+        pysyncobj's tick thread and leave the node hanging). The Raft log holds the entry:
+        the restart replays it and writes the record again.
+
+        The record is made in _apply_entry but written after pysyncobj has called the
+        entry's callbacks (the answers, handed to the event loop), in the same tick
+        (_checkCommandsToApply, an on-tick callback) or before the next entry is applied:
+        the line's encoding and its write are off the write's path, and the loop takes
+        the GIL for the answer at that write's system call instead of at the end of the
+        tick. Nothing is applied between the record and its write, so it holds the state
+        it was made from; a kill -9 between the two loses the line as before (the replay
+        writes it)."""
+        try:
+            record = self._applied_pending.pop()  # atomic: close() may race a last tick
+        except IndexError:
+            return
         try:
             self._applied_log.append(record)
         except OSError as error:
@@ -336,6 +354,7 @@ class ControllerRaft(pysyncobj_compat.RaftFixes):
     def close(self) -> None:
         self._scrubber.stop()
         self.destroy()
+        self._write_applied()
         self._snapshots.close()
         self._applied_log.close()
 

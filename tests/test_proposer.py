@@ -300,3 +300,26 @@ def test_a_command_the_tick_proposes_does_not_wake_the_tick_again(nodes, monkeyp
     assert len(wake_ups) == 1, f"the tick's own proposal woke the tick again: {wake_ups}"
     tick_until(rafts, first.done, "the write to commit")
     assert first.result()["ok"] is False  # no such topic: answered
+
+
+def test_an_entry_is_answered_before_its_applied_line_is_written_and_the_line_in_the_same_tick(
+    nodes, tmp_path: Path
+) -> None:
+    """The applied-entry line is encoded and written after pysyncobj has called the entry's
+    callbacks (the answer goes to the event loop first), and by the end of that tick."""
+    rafts = [node for node, _ in nodes]
+    leader, proposer = nodes[0]
+    tick_until(rafts, lambda: leader.is_leader(), "n0 to lead")
+    warm = proposer.submit(DeleteTopic(name="warm-up"))
+    tick_until(rafts, warm.done, "the first write to commit")
+    applied = tmp_path / "n0" / "applied.jsonl"
+
+    def lines() -> int:
+        return applied.read_text().count("\n")
+
+    before = lines()
+    answered_at: list[int] = []
+    proposer.submit_to(DeleteTopic(name="a"), lambda outcome: answered_at.append(lines()))
+    tick_until(rafts, lambda: answered_at, "the answer")
+    assert answered_at == [before], "the applied line was written before the answer"
+    assert lines() == before + 1, "the tick that answered did not write the applied line"
