@@ -372,16 +372,20 @@ def test_a_copy_on_a_node_cut_off_from_the_others_follows_another_node(tmp_path)
                 watcher = ControllerClient([cache.watched])
                 stream = watcher.watch(target=cache.watched, timeout_s=CUT_OFF_BOUND_S + 20)
                 ended: list[grpc.RpcError] = []
+                opened = threading.Event()  # its first message (bs-a): past the stream's opening barrier
 
                 def follow() -> None:
                     try:
                         for _ in stream:
-                            pass
+                            opened.set()
                     except grpc.RpcError as error:
                         ended.append(error)
 
                 following = threading.Thread(target=follow, daemon=True)
                 following.start()
+                # Cut before that, the stream's own opening read fails instead (DEADLINE_EXCEEDED:
+                # its barrier cannot commit), not the node's check this test is about.
+                assert opened.wait(LIVE_TIMEOUT_S), "our stream on that node sent no first message"
                 assert network.cut([(cut_off, other) for other in others]) == 4, "Raft, both ways, to each"
                 started = time.monotonic()
                 _register(client, "C1", "bs-a", 1)  # committed by the two others alone
