@@ -363,6 +363,7 @@ def test_a_copy_on_a_node_cut_off_from_the_others_follows_another_node(tmp_path)
             _register(client, "C1", "bs-a", 0)
             client.call("CreateTopic", pb.TopicSpec(name="Everywhere", cluster="C1"))
             cache = RouteCache(ControllerClient(cluster.addresses)).start()
+            watcher: ControllerClient | None = None
             try:
                 wait_for(lambda: cache.live, LIVE_TIMEOUT_S, "the route copy to go live")
                 cut_off = next(c.id for c in cluster.layout.controllers if c.grpc == cache.watched)
@@ -404,8 +405,9 @@ def test_a_copy_on_a_node_cut_off_from_the_others_follows_another_node(tmp_path)
                 assert ended, "our stream on the cut-off node did not end"
                 assert ended[0].code() == grpc.StatusCode.UNAVAILABLE, ended[0]
                 assert "has not reached a leader" in ended[0].details(), ended[0].details()
-                watcher.close()
             finally:
+                if watcher is not None:
+                    watcher.close()
                 cache.stop()
                 cache.client.close()
 
