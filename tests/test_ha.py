@@ -391,12 +391,24 @@ def test_all_ack_waits_for_every_member():
     assert core.write_outcome(100, 1) is WriteOutcome.ACKNOWLEDGED
 
 
-def test_in_sync_replicas_policy_counts_copies():
+def test_in_sync_replicas_policy_counts_copies_and_wakes_the_writers_at_each_ack():
+    """With acks from in_sync_replicas copies, the first slave's ack acknowledges the write
+    while the confirm offset (every member's) has not moved: the writers are woken by that
+    ack itself, not by the slowest member's or their wait's poll interval; a fetch that
+    acks nothing new wakes nobody."""
     core = master_core(all_ack_in_sync_state_set=False, in_sync_replicas=2)
     core.handle(Appended(epoch1(100)))
     assert core.write_outcome(100, 1) is WriteOutcome.WAITING, "only the master holds it"
-    core.handle(fetch(3, 100, epoch1(100)))
+    effects = core.handle(fetch(3, 100, epoch1(100)))
     assert core.write_outcome(100, 1) is WriteOutcome.ACKNOWLEDGED, "master + one slave = 2 copies"
+    assert core.confirm_offset == 0, "broker 2 has not acked"
+    assert effects == [WakeWaiters(), AnswerFetch(from_offset=100)]
+    assert core.handle(fetch(3, 100, epoch1(100))) == [AnswerFetch(from_offset=100)], "no new ack"
+    all_ack = master_core()
+    all_ack.handle(Appended(epoch1(100)))
+    assert all_ack.handle(fetch(3, 100, epoch1(100))) == [AnswerFetch(from_offset=100)], (
+        "acks from the whole set: only a higher confirm offset can acknowledge a write"
+    )
 
 
 def test_an_unregistered_fetcher_is_served_but_never_counted():
