@@ -156,6 +156,31 @@ def test_sends_baseline_ratios_are_medians_of_cpu_per_message_and_a_missing_pyth
     assert exit_info.value.code == 2
 
 
+def test_sends_majority_ratios_divide_by_rabbitmq_and_by_the_majority_cluster() -> None:
+    """bench.peers.sends --compare-majority: the majority-acks cluster's medians are divided
+    by RabbitMQ's, and the default (every SyncStateSet member) by the majority's; the
+    majority cluster's brokers get the flags that make 2 of 3 copies an acknowledgement."""
+    from bench.peers import sends
+
+    def phases(p50: float, rate: float) -> dict:
+        return {"send_1": {"p50_ms": p50, "ops_per_s": 100.0}, "send_16": {"ops_per_s": rate}}
+
+    result = {
+        "rounds": [
+            {"mqmeta": phases(a, 800), sends.MAJORITY: phases(b, 1000), "rabbitmq": phases(c, 2000)}
+            for a, b, c in ((2.0, 1.0, 1.6), (3.0, 1.5, 2.0), (1.8, 1.2, 1.5))
+        ]
+    }
+    sends.summarize(result)
+    ratios = result["ratios"]
+    assert ratios["majority_send_p50_vs_rabbitmq"] == 0.75  # 1.2 / 1.6
+    assert ratios["majority_sends_per_s_16_vs_rabbitmq"] == 0.5
+    assert ratios["send_p50_all_vs_majority"] == round(2.0 / 1.2, 3)
+    assert ratios["sends_per_s_16_all_vs_majority"] == 0.8
+    assert sends.parse_args(["--compare-majority"]).compare_majority
+    assert sends.MAJORITY_FLAGS == ["--no-all-ack", "--in-sync-replicas", "2"]
+
+
 def test_only_metadata_keeps_etcd_alone_and_the_metadata_ratios() -> None:
     """bench.peers --only metadata: etcd is the only peer started whatever --peers names,
     an unknown phase is exit 2, and `ratios` keeps the names the issue lists (the message

@@ -5,7 +5,9 @@ three nodes, the same Python load generator (bench/peers/load.py), in rounds tha
 which system goes first: one sync producer (p50) and 16 independent sync producers
 (msg/s), 1 KB each. With `--profile`, py-spy (200 Hz) on the master, both slaves and this
 process while one producer and then 16 send. With `--baseline-python`, a second mqmeta
-cluster run by another interpreter (a checkout to compare with) in the same rounds. One
+cluster run by another interpreter (a checkout to compare with) in the same rounds; with
+`--compare-majority`, a second cluster whose sends are acknowledged once the master and one
+slave hold them (2 of 3, as RabbitMQ's quorum queue confirms), not the whole SyncStateSet. One
 JSON document on stdout; `ratios` are mqmeta ÷ RabbitMQ (and ÷ the baseline), medians
 over the rounds. About 1.5 minutes with the defaults.
 """
@@ -30,6 +32,8 @@ from bench.peers.run import NO_CALL_STREAM, STARTED, Mqmeta, _batched, _send_cli
 from bench.peers.servers import RabbitMQ, absent
 
 log = make_log("peers.sends")
+MAJORITY = "mqmeta-majority"
+MAJORITY_FLAGS = ["--no-all-ack", "--in-sync-replicas", "2"]  # the master and one slave
 WATCHDOG_S = 5 * 60
 
 
@@ -43,6 +47,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         action="store_true",
         help="also a second mqmeta cluster whose slaves fetch over gRPC calls (--no-ha-stream), "
         "in the same rounds: `mqmeta-grpc`",
+    )
+    parser.add_argument(
+        "--compare-majority",
+        action="store_true",
+        help="also a second mqmeta cluster whose master acknowledges a send once it and one "
+        f"slave hold it ({' '.join(MAJORITY_FLAGS)}: 2 of 3, as a RabbitMQ quorum queue "
+        "confirms), in the same rounds: `mqmeta-majority`",
     )
     parser.add_argument(
         "--compare-call-stream",
@@ -204,7 +215,7 @@ def _median_of(rounds: list[dict[str, Any]], system: str, phase: str, key: str, 
 def summarize(result: dict[str, Any]) -> None:
     rounds = result.get("rounds", [])
     summary: dict[str, Any] = {}
-    for system in ("mqmeta", "mqmeta-baseline", "mqmeta-grpc", NO_CALL_STREAM, "rabbitmq"):
+    for system in ("mqmeta", "mqmeta-baseline", "mqmeta-grpc", MAJORITY, NO_CALL_STREAM, "rabbitmq"):
         if rounds and system in rounds[0]:
             summary[system] = {
                 "send_p50_ms": _median(rounds, system, "send_1", "p50_ms"),
@@ -237,6 +248,18 @@ def summarize(result: dict[str, Any]) -> None:
                 f"{key}_vs_baseline": _ratio(m.get(key), b.get(key))
                 for key in b
                 if key.startswith(("send_p50", "sends_per_s", "master_cpu", "slave1_cpu"))
+            }
+        )
+    if MAJORITY in summary:  # the same ack policy as the quorum queue's: what the default's costs
+        a = summary[MAJORITY]
+        result["ratios"].update(
+            {
+                "majority_send_p50_vs_rabbitmq": _ratio(a.get("send_p50_ms"), r.get("send_p50_ms")),
+                "majority_sends_per_s_16_vs_rabbitmq": _ratio(
+                    a.get("sends_per_s_16"), r.get("sends_per_s_16")
+                ),
+                "send_p50_all_vs_majority": _ratio(m.get("send_p50_ms"), a.get("send_p50_ms")),
+                "sends_per_s_16_all_vs_majority": _ratio(m.get("sends_per_s_16"), a.get("sends_per_s_16")),
             }
         )
     if "mqmeta-grpc" in summary:
@@ -286,6 +309,11 @@ def run(args: argparse.Namespace, root: Path, result: dict[str, Any]) -> None:
         STARTED.append(grpc_fetches)
         grpc_fetches.start()
         systems["mqmeta-grpc"] = grpc_fetches
+    if args.compare_majority:
+        majority = Mqmeta(root, MAJORITY, MAJORITY_FLAGS)
+        STARTED.append(majority)
+        majority.start()
+        systems[MAJORITY] = majority
     if args.compare_call_stream:
         systems[NO_CALL_STREAM] = mqmeta  # the same cluster, other clients
     why = "not asked for" if args.no_rabbitmq else absent("rabbitmq")
