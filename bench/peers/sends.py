@@ -250,7 +250,7 @@ def summarize(result: dict[str, Any]) -> None:
                 if key.startswith(("send_p50", "sends_per_s", "master_cpu", "slave1_cpu"))
             }
         )
-    if MAJORITY in summary:  # the same ack policy as the quorum queue's: what the default's costs
+    if MAJORITY in summary:  # the quorum queue's ack policy: what the default's stronger one costs
         a = summary[MAJORITY]
         result["ratios"].update(
             {
