@@ -503,13 +503,24 @@ def start_cluster(root: Path, name: str, flags: list[str], no_tiered: bool = Fal
         "brokers": len(cluster.layout.brokers),
         "controller_config": CONTROLLER_CONFIG,
         "broker_flags": " ".join(flags),
-        "ack_policy": "all SyncStateSet members (default, no --no-all-ack)",
+        "ack_policy": ack_policy(flags),
         "topic": {"name": TOPIC, "queues": QUEUES},
         "message_body_bytes": BODY_BYTES,
         "broker_fsync": True,
     }
     log(f"cluster {name} up in {info['startup_s']} s, master {master}, flags {' '.join(flags)}")
     return cluster, info
+
+
+def ack_policy(flags: list[str]) -> str:
+    """What acknowledges a send on brokers started with `flags` (the last occurrence wins)."""
+    if "--no-all-ack" not in flags:
+        return "all SyncStateSet members (default, no --no-all-ack)"
+    copies = "1"
+    for flag, value in zip(flags, flags[1:], strict=False):
+        if flag == "--in-sync-replicas":
+            copies = value
+    return f"{copies} copies, the master's included (--no-all-ack --in-sync-replicas {copies})"
 
 
 def stop_cluster(cluster) -> None:

@@ -1037,14 +1037,21 @@ def _on_slave_fetch(s: _State, fetch: SlaveFetch) -> list[Effect]:
     effects: list[Effect] = []
     if fetch.broker_id in s.registered_ids:
         progress = s.tracker.slaves.get(fetch.broker_id)
-        acked_before = None if progress is None else progress.acked_offset
+        acked_before = 0 if progress is None else progress.acked_offset
         # what the master can serve is its durable log: caught up means holding all of it
         s.tracker.on_fetch(fetch.broker_id, fetch.fetch_offset, log.durable, fetch.now_ms, fetch.leaving)
-        effects += _recompute_confirm(s, log)
-        if not effects and not s.policy.all_ack_in_sync_state_set and fetch.fetch_offset != acked_before:
-            # Acks from in_sync_replicas copies: this ack may complete writes that the
-            # confirm offset (every member's) does not cover yet; their writers look again
-            # now, not when the slowest member acks or their wait's poll interval ends.
+        confirmed = _recompute_confirm(s, log)  # [] or [NoteConfirm, WakeWaiters]
+        effects += confirmed
+        if (
+            not confirmed
+            and not s.policy.all_ack_in_sync_state_set
+            and fetch.fetch_offset > acked_before
+            and fetch.broker_id in _counted(s)
+        ):
+            # Acks from in_sync_replicas copies: a counted member's higher ack may complete
+            # writes that the confirm offset (every member's) does not cover yet; their
+            # writers look again now, not when the slowest member acks or their wait's poll
+            # interval ends.
             effects.append(WakeWaiters())
     return [*effects, AnswerFetch(from_offset=fetch.fetch_offset)]
 

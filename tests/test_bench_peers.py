@@ -159,7 +159,9 @@ def test_sends_baseline_ratios_are_medians_of_cpu_per_message_and_a_missing_pyth
 def test_sends_majority_ratios_divide_by_rabbitmq_and_by_the_majority_cluster() -> None:
     """bench.peers.sends --compare-majority: the majority-acks cluster's medians are divided
     by RabbitMQ's, and the default (every SyncStateSet member) by the majority's; the
-    majority cluster's brokers get the flags that make 2 of 3 copies an acknowledgement."""
+    majority cluster's brokers get the flags that make 2 of 3 copies an acknowledgement,
+    and its settings in the JSON say so."""
+    from bench import brokerlib
     from bench.peers import sends
 
     def phases(p50: float, rate: float) -> dict:
@@ -179,6 +181,8 @@ def test_sends_majority_ratios_divide_by_rabbitmq_and_by_the_majority_cluster() 
     assert ratios["sends_per_s_16_all_vs_majority"] == 0.8
     assert sends.parse_args(["--compare-majority"]).compare_majority
     assert sends.MAJORITY_FLAGS == ["--no-all-ack", "--in-sync-replicas", "2"]
+    assert brokerlib.ack_policy([*brokerlib.FLAGS, *sends.MAJORITY_FLAGS]).startswith("2 copies")
+    assert brokerlib.ack_policy(brokerlib.FLAGS).startswith("all SyncStateSet members")
 
 
 def test_only_metadata_keeps_etcd_alone_and_the_metadata_ratios() -> None:

@@ -404,6 +404,12 @@ def test_in_sync_replicas_policy_counts_copies_and_wakes_the_writers_at_each_ack
     assert core.confirm_offset == 0, "broker 2 has not acked"
     assert effects == [WakeWaiters(), AnswerFetch(from_offset=100)]
     assert core.handle(fetch(3, 100, epoch1(100))) == [AnswerFetch(from_offset=100)], "no new ack"
+    core.handle(info(1, 1, (1, 2), set_epoch=2, registered=frozenset({1, 2, 3})))  # broker 3 left the set
+    assert core.view().sync_state_set == (1, 2)
+    core.handle(Appended(epoch1(200)))
+    assert core.handle(fetch(3, 200, epoch1(200))) == [AnswerFetch(from_offset=200)], (
+        "a registered slave outside the set acknowledges nothing"
+    )
     all_ack = master_core()
     all_ack.handle(Appended(epoch1(100)))
     assert all_ack.handle(fetch(3, 100, epoch1(100))) == [AnswerFetch(from_offset=100)], (
