@@ -5,6 +5,7 @@ failover round.
 
 from __future__ import annotations
 
+import argparse
 import collections
 import os
 import shutil
@@ -513,13 +514,26 @@ def start_cluster(root: Path, name: str, flags: list[str], no_tiered: bool = Fal
 
 
 def ack_policy(flags: list[str]) -> str:
-    """What acknowledges a send on brokers started with `flags` (the last occurrence wins)."""
-    if "--no-all-ack" not in flags:
+    """What acknowledges a send on brokers started with `flags`, as the broker's own
+    command line reads them."""
+    from mqmeta.broker_agent.cli import add_parser
+
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers())
+    required = [
+        "--broker-name",
+        "b",
+        "--listen",
+        "127.0.0.1:1",
+        "--controllers",
+        "127.0.0.1:1",
+        "--data-dir",
+        "d",
+    ]
+    args = parser.parse_args(["broker", *required, *flags])
+    if not args.no_all_ack:
         return "all SyncStateSet members (default, no --no-all-ack)"
-    copies = "1"
-    for flag, value in zip(flags, flags[1:], strict=False):
-        if flag == "--in-sync-replicas":
-            copies = value
+    copies = args.in_sync_replicas
     return f"{copies} copies, the master's included (--no-all-ack --in-sync-replicas {copies})"
 
 
