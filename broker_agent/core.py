@@ -814,6 +814,16 @@ def _acknowledged(s: _State, end_offset: int) -> bool:
     return holders >= s.policy.in_sync_replicas
 
 
+def _wake_if_more_counted(s: _State, before: set[int]) -> list[Effect]:
+    """Acks from in_sync_replicas copies: a member counted from now on (a SyncStateSet
+    that grew, or a proposal in flight) may already hold writes that wait for one more
+    copy; their writers look again now, not at the next ack or their wait's poll interval
+    (under the default the confirm offset, which only a smaller set can move, wakes them)."""
+    if s.role != Role.MASTER or s.policy.all_ack_in_sync_state_set or _counted(s) <= before:
+        return []
+    return [WakeWaiters()]
+
+
 def _note(s: _State, force: bool = False) -> NoteConfirm:
     acked = tuple(sorted(_acked_offsets(s).items()))
     return NoteConfirm(s.role, s.master_epoch, s.confirm_offset, acked, force)
@@ -866,6 +876,7 @@ def _on_replica_info(s: _State, info: ReplicaInfo) -> list[Effect]:
     calls travel separately, so a late decision must not undo a newer one."""
     if info.master_epoch < max(s.master_epoch, s.newest_master_epoch_seen):
         return []
+    counted_before = _counted(s)
     same_epoch = info.master_epoch == s.newest_master_epoch_seen
     s.newest_master_epoch_seen = info.master_epoch
     # Within one master epoch an info carries no order of its own: the reply to this
@@ -883,7 +894,7 @@ def _on_replica_info(s: _State, info: ReplicaInfo) -> list[Effect]:
         s.sync_state_set_epoch = info.sync_state_set_epoch
     same = info.master_epoch == s.master_epoch and info.master_broker_id == s.master_broker_id
     if same and s.role != Role.FENCED:
-        return _recompute_confirm(s, info.log)
+        return _recompute_confirm(s, info.log) or _wake_if_more_counted(s, counted_before)
     effects = _new_session(s)  # any running fetcher stops
     if s.departure is Departure.HANDING_OFF:  # the successor (or another) was elected
         leave = s.handoff is not None and s.handoff.then_leave
@@ -990,8 +1001,10 @@ def _on_tick(s: _State, tick: Tick) -> list[Effect]:
     )
     if plan is None:
         return effects
+    counted_before = _counted(s)
     s.pending = _PendingChange(tuple(plan), s.sync_state_set_epoch, s.master_epoch)
-    return effects + [ProposeSyncStateSet(s.broker_id, s.master_epoch, s.sync_state_set_epoch, tuple(plan))]
+    propose = ProposeSyncStateSet(s.broker_id, s.master_epoch, s.sync_state_set_epoch, tuple(plan))
+    return effects + [propose, *_wake_if_more_counted(s, counted_before)]
 
 
 def _handoff_grace_over(s: _State, now_ms: int) -> list[Effect]:

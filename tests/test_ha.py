@@ -417,6 +417,36 @@ def test_in_sync_replicas_policy_counts_copies_and_wakes_the_writers_at_each_ack
     )
 
 
+def test_in_sync_replicas_policy_wakes_the_writers_when_a_member_holding_their_write_is_counted():
+    """With acks from in_sync_replicas copies, a slave that already holds a write counts
+    from the moment it is proposed into the set, or adopted into it, and that may
+    complete the write with no ack to come (a caught-up slave's fetch is parked): its
+    writer is woken then, not after its wait's poll interval."""
+    core = master_core(members=(1,), log=epoch1(100), all_ack_in_sync_state_set=False, in_sync_replicas=2)
+    core.handle(fetch(2, 100, epoch1(100), now_ms=10))
+    assert core.write_outcome(100, 1) is WriteOutcome.WAITING, "broker 2 is not in the set"
+    effects = core.handle(Tick(20, epoch1(100)))
+    assert core.write_outcome(100, 1) is WriteOutcome.ACKNOWLEDGED, "the proposed member counts"
+    assert effects == [ProposeSyncStateSet(1, 1, 1, (1, 2)), WakeWaiters()]
+    committed = SyncStateSetChanged(info(1, 1, (1, 2), set_epoch=2, log=epoch1(100)))
+    assert WakeWaiters() not in core.handle(committed), "the committed set counts nobody new"
+
+    adopted = master_core(members=(1,), log=epoch1(100), all_ack_in_sync_state_set=False, in_sync_replicas=2)
+    adopted.handle(fetch(3, 100, epoch1(100), now_ms=10))
+    assert adopted.write_outcome(100, 1) is WriteOutcome.WAITING
+    assert adopted.handle(info(1, 1, (1, 3), set_epoch=2, log=epoch1(100))) == [WakeWaiters()], (
+        "a larger set in the controller's replica info counts broker 3 from now"
+    )
+    assert adopted.write_outcome(100, 1) is WriteOutcome.ACKNOWLEDGED
+    assert adopted.handle(info(1, 1, (1, 3), set_epoch=2, log=epoch1(100))) == [], "the same set again"
+
+    all_ack = master_core(members=(1,), log=epoch1(100))
+    all_ack.handle(fetch(2, 100, epoch1(100), now_ms=10))
+    assert all_ack.handle(Tick(20, epoch1(100))) == [ProposeSyncStateSet(1, 1, 1, (1, 2))], (
+        "acks from the whole set: a larger set never acknowledges more"
+    )
+
+
 def test_an_unregistered_fetcher_is_served_but_never_counted():
     core = master_core(members=(1,))
     core.handle(info(1, 1, (1,), registered=frozenset({1})))
