@@ -49,6 +49,28 @@ def environment() -> dict[str, Any]:
     }
 
 
+def machine() -> dict[str, Any]:
+    """The machine a result was measured on: cores, CPU model, kernel, Python, and the
+    load average when the run started."""
+    import platform
+
+    try:
+        model = next(
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        )
+    except (OSError, StopIteration):
+        model = "unknown"
+    return {
+        "cpus": os.cpu_count(),
+        "cpu_model": model,
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "load_average_at_start": list(os.getloadavg()),
+    }
+
+
 def make_log(tag: str) -> Callable[[str], None]:
     """A progress logger to stderr: `[TAG HH:MM:SS] message`."""
 

@@ -8,29 +8,34 @@ commit log (`CommitLog.append`, fsync on: pwrite then fdatasync) and to a contro
 journal (`DurableJournal.add`: pwrite then fdatasync). Variant `ahead` is the code as it is
 (each record written over zeros written ahead of it, PREALLOCATE_BYTES at a time);
 variant `appended` sets the zeros ahead to none in the child processes, so every append
-extends its file, as before. The variants alternate within each of `--rounds` rounds. Each
-append's wall time is one sample; the JSON has every round's p50 and p99 per variant and
-log, their medians, and the ratio ahead ÷ appended of the medians. Files go in a temporary
-directory under `--dir` (default: the system's temporary directory, the disk the other
-benches use); every loop is bounded by its count.
+extends its file, as before; variant `alone` is `ahead` in one process, nothing else
+syncing: what sharing the disk's cache flushes costs each of three. The variants alternate
+within each of `--rounds` rounds. Each append's wall time is one sample; the JSON has every
+round's p50 and p99 per variant and log, their medians, and the ratios ahead ÷ appended and
+ahead ÷ alone of the medians. Files go in a temporary directory under `--dir` (default: the
+system's temporary directory, the disk the other benches use); every loop is bounded by its
+count.
 """
 
 from __future__ import annotations
 
 import argparse
 import multiprocessing
+import os
 import statistics
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from bench.benchlib import _r, environment, latency_summary, make_log, run_main
+from bench.benchlib import _r, environment, latency_summary, machine, make_log, run_main
 
 log = make_log("fdatasync_ahead")
 PROCESSES = 3
 LOGS = ("commitlog", "journal")
-VARIANTS = ("ahead", "appended")
+VARIANTS = ("ahead", "appended", "alone")
+ZEROS_AHEAD = {"ahead": True, "appended": False, "alone": True}
+PROCESSES_OF = {"ahead": PROCESSES, "appended": PROCESSES, "alone": 1}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -58,7 +63,7 @@ def _appender(kind: str, variant: str, directory: str, appends: int, size: int, 
 
     from mqmeta.formats.records import Message, encode_record
 
-    if variant == "appended":
+    if not ZEROS_AHEAD[variant]:
         commitlog.PREALLOCATE_BYTES = 0
         journal._ZEROS = b""
     body = bytes(range(256)) * (size // 256 + 1)
@@ -87,7 +92,9 @@ def _appender(kind: str, variant: str, directory: str, appends: int, size: int, 
 def _run_once(kind: str, variant: str, root: Path, appends: int, size: int) -> dict[str, Any]:
     context = multiprocessing.get_context("spawn")
     out = context.Queue()
-    directories = [tempfile.mkdtemp(prefix=f"{kind}-{variant}-", dir=root) for _ in range(PROCESSES)]
+    directories = [
+        tempfile.mkdtemp(prefix=f"{kind}-{variant}-", dir=root) for _ in range(PROCESSES_OF[variant])
+    ]
     processes = [
         context.Process(target=_appender, args=(kind, variant, d, appends, size, out)) for d in directories
     ]
@@ -99,17 +106,36 @@ def _run_once(kind: str, variant: str, root: Path, appends: int, size: int) -> d
     return latency_summary(samples)
 
 
+def summarize(done: dict[str, Any]) -> None:
+    """Each variant's median p50 over the rounds, and the ratios of `ahead` to the others."""
+    medians: dict[str, Any] = {}
+    for kind in LOGS:
+        for variant in VARIANTS:
+            p50s = [r[f"{kind}_{variant}"]["p50_ms"] for r in done["rounds"] if f"{kind}_{variant}" in r]
+            if p50s:
+                medians[f"{kind}_{variant}_p50_ms"] = _r(statistics.median(p50s))
+        ahead = medians.get(f"{kind}_ahead_p50_ms")
+        for other in ("appended", "alone"):
+            base = medians.get(f"{kind}_{other}_p50_ms")
+            if ahead and base:
+                medians[f"{kind}_ahead_vs_{other}"] = _r(ahead / base)
+    done["medians"] = medians
+    if "machine" in done:
+        done["machine"]["load_average_at_end"] = list(os.getloadavg())
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     root = Path(tempfile.mkdtemp(prefix="fdatasync-ahead-", dir=args.dir or None))
     result: dict[str, Any] = {
         "benchmark": "bench.fdatasync_ahead",
         "environment": environment(),
+        "machine": machine(),
         "parameters": {
             "appends": args.appends,
             "bytes": args.bytes,
             "rounds": args.rounds,
-            "processes": PROCESSES,
+            "processes": PROCESSES_OF,
         },
         "rounds": [],
     }
@@ -123,18 +149,6 @@ def main(argv: list[str] | None = None) -> int:
                     row[f"{kind}_{variant}"] = _run_once(kind, variant, root, args.appends, args.bytes)
                     log(f"round {k + 1}: {kind} {variant} {row[f'{kind}_{variant}']}")
             result["rounds"].append(row)
-
-    def summarize(done: dict[str, Any]) -> None:
-        medians: dict[str, Any] = {}
-        for kind in LOGS:
-            for variant in VARIANTS:
-                p50s = [r[f"{kind}_{variant}"]["p50_ms"] for r in done["rounds"] if f"{kind}_{variant}" in r]
-                if p50s:
-                    medians[f"{kind}_{variant}_p50_ms"] = _r(statistics.median(p50s))
-            a, b = medians.get(f"{kind}_ahead_p50_ms"), medians.get(f"{kind}_appended_p50_ms")
-            if a and b:
-                medians[f"{kind}_ahead_vs_appended"] = _r(a / b)
-        done["medians"] = medians
 
     return run_main(args, root, result, run, summarize, lambda: None, log, watchdog_grace_s=30.0)
 

@@ -26,9 +26,9 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from bench.benchlib import _r, make_log, run_main
+from bench.benchlib import _r, machine, make_log, run_main
 from bench.peers import load
-from bench.peers.run import STARTED, Mqmeta, _send_client, cleanup, machine
+from bench.peers.run import STARTED, Mqmeta, _send_client, cleanup
 from bench.peers.sends import _cpu_s, _interpreter
 
 log = make_log("peers.ab")

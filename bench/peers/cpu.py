@@ -27,9 +27,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.benchlib import _r, cpu_seconds, make_log, percentile, run_main
+from bench.benchlib import _r, cpu_seconds, machine, make_log, percentile, run_main
 from bench.peers import load
-from bench.peers.run import STARTED, Mqmeta, cleanup, machine
+from bench.peers.run import STARTED, Mqmeta, cleanup
 
 log = make_log("peers.cpu")
 WATCHDOG_S = 10 * 60

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -30,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import brokerlib
-from bench.benchlib import _r, _ratio, make_log, percentile, run_main, seconds_summary
+from bench.benchlib import _r, _ratio, machine, make_log, percentile, run_main, seconds_summary
 from bench.peers import load
 from bench.peers.servers import PEERS, Etcd, Nats, RabbitMQ, absent, b64, http_json
 
@@ -554,24 +553,6 @@ def ratios_by_round(result: dict[str, Any]) -> dict[str, Any]:
 
 
 # Main ---------------------------------------------------------------------------------------
-
-
-def machine() -> dict[str, Any]:
-    try:
-        model = next(
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")
-        )
-    except (OSError, StopIteration):
-        model = "unknown"
-    return {
-        "cpus": os.cpu_count(),
-        "cpu_model": model,
-        "kernel": platform.release(),
-        "python": platform.python_version(),
-        "load_average_at_start": list(os.getloadavg()),
-    }
 
 
 def start_systems(root: Path, wanted: list[str], result: dict[str, Any]) -> dict[str, Any]:

@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from bench import brokerlib
-from bench.benchlib import _ratio, make_log, run_main
+from bench.benchlib import _ratio, machine, make_log, run_main
 from bench.peers import load
-from bench.peers.run import NO_CALL_STREAM, STARTED, Mqmeta, _batched, _send_client, cleanup, machine
+from bench.peers.run import NO_CALL_STREAM, STARTED, Mqmeta, _batched, _send_client, cleanup
 from bench.peers.servers import RabbitMQ, absent
 
 log = make_log("peers.sends")
