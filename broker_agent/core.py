@@ -807,19 +807,35 @@ def _counted(s: _State) -> set[int]:
 
 
 def _acknowledged(s: _State, end_offset: int) -> bool:
+    """Acks from the whole set: the confirm offset covers the write. Acks from
+    in_sync_replicas copies: that many in the set, and while a change is in flight that
+    many in the proposed set too. The controller elects from the set it holds, which may
+    be either: counted over their union, a write held by the master and a member being
+    added alone was lost when the change never committed and a member without it was
+    elected (found by the broker simulation at 2 of 3 copies)."""
     if s.policy.all_ack_in_sync_state_set:
         return s.confirm_offset >= end_offset
     acked = s.tracker.acked()
-    holders = 1 + sum(1 for i in _counted(s) - {s.broker_id} if acked.get(i, 0) >= end_offset)
-    return holders >= s.policy.in_sync_replicas
+
+    def copies(members: Sequence[int]) -> int:
+        return 1 + sum(1 for i in set(members) - {s.broker_id} if acked.get(i, 0) >= end_offset)
+
+    enough = s.policy.in_sync_replicas
+    return copies(s.sync_state_set) >= enough and (s.pending is None or copies(s.pending.members) >= enough)
 
 
-def _wake_if_more_counted(s: _State, before: set[int]) -> list[Effect]:
-    """Acks from in_sync_replicas copies: a member counted from now on (a SyncStateSet
-    that grew, or a proposal in flight) may already hold writes that wait for one more
-    copy; their writers look again now, not at the next ack or their wait's poll interval
-    (under the default the confirm offset, which only a smaller set can move, wakes them)."""
-    if s.role != Role.MASTER or s.policy.all_ack_in_sync_state_set or _counted(s) <= before:
+def _ack_sets(s: _State) -> tuple[tuple[int, ...], tuple[int, ...] | None]:
+    return s.sync_state_set, (s.pending.members if s.pending is not None else None)
+
+
+def _wake_if_ack_sets_changed(
+    s: _State, before: tuple[tuple[int, ...], tuple[int, ...] | None]
+) -> list[Effect]:
+    """Acks from in_sync_replicas copies: when the sets a write needs copies in change (a
+    change committed, refused or adopted), writes may be acknowledged with no ack to come
+    (a caught-up slave's fetch waits for the next append); their writers look again now,
+    not at their wait's poll interval. (Under the default the confirm offset wakes them.)"""
+    if s.role != Role.MASTER or s.policy.all_ack_in_sync_state_set or _ack_sets(s) == before:
         return []
     return [WakeWaiters()]
 
@@ -876,7 +892,7 @@ def _on_replica_info(s: _State, info: ReplicaInfo) -> list[Effect]:
     calls travel separately, so a late decision must not undo a newer one."""
     if info.master_epoch < max(s.master_epoch, s.newest_master_epoch_seen):
         return []
-    counted_before = _counted(s)
+    sets_before = _ack_sets(s)
     same_epoch = info.master_epoch == s.newest_master_epoch_seen
     s.newest_master_epoch_seen = info.master_epoch
     # Within one master epoch an info carries no order of its own: the reply to this
@@ -894,7 +910,7 @@ def _on_replica_info(s: _State, info: ReplicaInfo) -> list[Effect]:
         s.sync_state_set_epoch = info.sync_state_set_epoch
     same = info.master_epoch == s.master_epoch and info.master_broker_id == s.master_broker_id
     if same and s.role != Role.FENCED:
-        return _recompute_confirm(s, info.log) or _wake_if_more_counted(s, counted_before)
+        return _recompute_confirm(s, info.log) or _wake_if_ack_sets_changed(s, sets_before)
     effects = _new_session(s)  # any running fetcher stops
     if s.departure is Departure.HANDING_OFF:  # the successor (or another) was elected
         leave = s.handoff is not None and s.handoff.then_leave
@@ -936,7 +952,7 @@ def _become_master(s: _State, now_ms: int, log: LogView) -> list[Effect]:
 
 def _on_sync_state_set_changed(s: _State, event: SyncStateSetChanged) -> list[Effect]:
     """Adopt the committed set, then stop counting the union: no window in between."""
-    effects = _on_replica_info(s, event.info)
+    effects = _on_replica_info(s, event.info)  # which wakes writers when the sets change
     s.pending = None
     return effects + _recompute_confirm(s, event.info.log)
 
@@ -955,7 +971,8 @@ def _on_sync_state_set_failed(s: _State, event: SyncStateSetFailed) -> list[Effe
     if pending is not None and outcome is ProposalOutcome.REFUSED:
         s.pending = None  # planned again (maybe the same) after a pause: no refusal loop
         s.next_plan_ms = event.now_ms + PROPOSAL_RETRY_INTERVAL_MS
-    elif pending is not None:
+        return [RequestRefresh(), *_wake_if_ack_sets_changed(s, (s.sync_state_set, pending.members))]
+    if pending is not None:
         pending.retry_ms = event.now_ms + PROPOSAL_RETRY_INTERVAL_MS
     return [RequestRefresh()]
 
@@ -1001,10 +1018,8 @@ def _on_tick(s: _State, tick: Tick) -> list[Effect]:
     )
     if plan is None:
         return effects
-    counted_before = _counted(s)
     s.pending = _PendingChange(tuple(plan), s.sync_state_set_epoch, s.master_epoch)
-    propose = ProposeSyncStateSet(s.broker_id, s.master_epoch, s.sync_state_set_epoch, tuple(plan))
-    return effects + [propose, *_wake_if_more_counted(s, counted_before)]
+    return effects + [ProposeSyncStateSet(s.broker_id, s.master_epoch, s.sync_state_set_epoch, tuple(plan))]
 
 
 def _handoff_grace_over(s: _State, now_ms: int) -> list[Effect]:

@@ -417,34 +417,58 @@ def test_in_sync_replicas_policy_counts_copies_and_wakes_the_writers_at_each_ack
     )
 
 
-def test_in_sync_replicas_policy_wakes_the_writers_when_a_member_holding_their_write_is_counted():
-    """With acks from in_sync_replicas copies, a slave that already holds a write counts
-    from the moment it is proposed into the set, or adopted into it, and that may
-    complete the write with no ack to come (a caught-up slave's fetch is parked): its
-    writer is woken then, not after its wait's poll interval."""
-    core = master_core(members=(1,), log=epoch1(100), all_ack_in_sync_state_set=False, in_sync_replicas=2)
-    core.handle(fetch(2, 100, epoch1(100), now_ms=10))
-    assert core.write_outcome(100, 1) is WriteOutcome.WAITING, "broker 2 is not in the set"
-    effects = core.handle(Tick(20, epoch1(100)))
-    assert core.write_outcome(100, 1) is WriteOutcome.ACKNOWLEDGED, "the proposed member counts"
-    assert effects == [ProposeSyncStateSet(1, 1, 1, (1, 2)), WakeWaiters()]
-    committed = SyncStateSetChanged(info(1, 1, (1, 2), set_epoch=2, log=epoch1(100)))
-    assert WakeWaiters() not in core.handle(committed), "the committed set counts nobody new"
+def test_in_sync_replicas_policy_needs_the_copies_in_the_set_and_in_a_proposed_one():
+    """With acks from in_sync_replicas copies, while a SyncStateSet change is in flight a
+    write needs that many copies in the set AND in the proposed set: the controller elects
+    from whichever it holds. Counted over their union, a write held by the master and a
+    member being added was acknowledged, then lost when the change never committed and
+    the member without it was elected (the broker simulation at 2 of 3 copies, seed 30)."""
+    core = master_core(members=(1, 3), log=epoch1(100), all_ack_in_sync_state_set=False, in_sync_replicas=2)
+    core.handle(fetch(3, 100, epoch1(100), now_ms=5))
+    core.handle(fetch(2, 100, epoch1(100), now_ms=10))  # broker 2 catches up: it is proposed
+    assert core.handle(Tick(20, epoch1(100))) == [ProposeSyncStateSet(1, 1, 1, (1, 2, 3))]
+    core.handle(Appended(epoch1(200)))
+    core.handle(fetch(2, 200, epoch1(200), now_ms=30))
+    assert core.write_outcome(200, 1) is WriteOutcome.WAITING, "broker 3, in the set, does not hold it"
+    core.handle(fetch(3, 200, epoch1(200), now_ms=40))
+    assert core.write_outcome(200, 1) is WriteOutcome.ACKNOWLEDGED
+
+
+def test_in_sync_replicas_policy_wakes_the_writers_when_the_sets_they_need_copies_in_change():
+    """A change committed, refused or adopted may acknowledge a write with no ack to come
+    (a caught-up slave's fetch waits for the next append): its writer is woken then, not
+    after its wait's poll interval; under the default the confirm offset wakes them."""
+
+    def proposing() -> BrokerCore:
+        core = master_core(members=(1,), log=epoch1(100), all_ack_in_sync_state_set=False, in_sync_replicas=2)
+        core.handle(fetch(2, 100, epoch1(100), now_ms=10))
+        assert core.handle(Tick(20, epoch1(100))) == [ProposeSyncStateSet(1, 1, 1, (1, 2))], "no wake-up"
+        assert core.write_outcome(100, 1) is WriteOutcome.WAITING, "the set [1] holds one copy"
+        return core
+
+    committed = proposing()
+    effects = committed.handle(SyncStateSetChanged(info(1, 1, (1, 2), set_epoch=2, log=epoch1(100))))
+    assert WakeWaiters() in effects and committed.write_outcome(100, 1) is WriteOutcome.ACKNOWLEDGED
+    refused = proposing()
+    assert refused.handle(SyncStateSetFailed(30, ProposalOutcome.REFUSED)) == [
+        RequestRefresh(),
+        WakeWaiters(),
+    ]
+    uncertain = proposing()
+    assert uncertain.handle(SyncStateSetFailed(30)) == [RequestRefresh()], "still in flight: nothing changed"
 
     adopted = master_core(members=(1,), log=epoch1(100), all_ack_in_sync_state_set=False, in_sync_replicas=2)
     adopted.handle(fetch(3, 100, epoch1(100), now_ms=10))
-    assert adopted.write_outcome(100, 1) is WriteOutcome.WAITING
     assert adopted.handle(info(1, 1, (1, 3), set_epoch=2, log=epoch1(100))) == [WakeWaiters()], (
-        "a larger set in the controller's replica info counts broker 3 from now"
+        "a larger set in the controller's replica info"
     )
     assert adopted.write_outcome(100, 1) is WriteOutcome.ACKNOWLEDGED
     assert adopted.handle(info(1, 1, (1, 3), set_epoch=2, log=epoch1(100))) == [], "the same set again"
 
     all_ack = master_core(members=(1,), log=epoch1(100))
     all_ack.handle(fetch(2, 100, epoch1(100), now_ms=10))
-    assert all_ack.handle(Tick(20, epoch1(100))) == [ProposeSyncStateSet(1, 1, 1, (1, 2))], (
-        "acks from the whole set: a larger set never acknowledges more"
-    )
+    all_ack.handle(Tick(20, epoch1(100)))
+    assert all_ack.handle(SyncStateSetFailed(30, ProposalOutcome.REFUSED)) == [RequestRefresh()]
 
 
 def test_an_unregistered_fetcher_is_served_but_never_counted():
