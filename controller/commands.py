@@ -75,6 +75,9 @@ class RegisterBroker:
     check_code: str
     broker_id: int = 0  # 0: the set's next id, or the id this check code already holds
     election_priority: int = 0
+    # A broker's process that has just started (a broker sends True; older entries lack it):
+    # if the controller names it master, its epoch ends and the next begins (_register_broker).
+    new_process: bool | None = None
     now_ms: int | None = None
 
 

@@ -629,6 +629,7 @@ def register_command(request: pb.RegisterBrokerRequest) -> RegisterBroker:
         check_code=request.check_code,
         address=request.address,
         election_priority=request.election_priority,
+        new_process=True,  # a broker registers once per process (again only when cleaned)
     )
 
 

@@ -443,11 +443,22 @@ def _register_broker(state: ControllerState, command: RegisterBroker, index: int
                 f"broker id {broker_id} of {cluster}/{broker_name} belongs to another broker "
                 "(check code differs); register with broker id 0 to get a new one",
             )
+    if command.new_process is not None and not isinstance(command.new_process, bool):
+        raise error_from_code(
+            "INVALID_ARGUMENT", f"new_process must be true or false, not {command.new_process!r}"
+        )
     before = replicas.get(str(broker_id))
     replicas[str(broker_id)] = {"address": address, "check_code": check_code, "election_priority": priority}
     bs["next_broker_id"] = max(bs["next_broker_id"], broker_id + 1)
     events = []
-    if before != replicas[str(broker_id)]:
+    if command.new_process and bs["master_broker_id"] == broker_id and bs["master_epoch"] > 0:
+        # The master's process restarted before another was elected: it stays master, in a
+        # new epoch. A power loss may have taken bytes its earlier process served to slaves;
+        # in the old epoch it would write other bytes at those offsets, a divergence no epoch
+        # comparison finds once a later epoch has begun (a slave away all that time).
+        bs["master_epoch"] += 1
+        events.append(_broker_set_event("role", bs))
+    elif before != replicas[str(broker_id)]:
         events.append(_broker_set_event("broker", bs))
     result = {"ok": True, "broker_id": broker_id, "replica_info": replica_view(bs)}
     return Applied(result, events, {key: bs})

@@ -119,6 +119,14 @@ SIM_SEEDS = range(int(os.environ.get("MQMETA_SIM_SEEDS", "40")))
 SIM_STEPS = int(os.environ.get("MQMETA_SIM_STEPS", "3000"))
 SETTLE_STEPS_MAX = 4000
 PLANTED_BUG_SEEDS_MAX = 30  # each planted bug must be caught within this many seeds
+# A broker registers as a new process, so a master that restarts before another is elected
+# begins a new epoch (controller/state_machine.py _register_broker); False: controllers of
+# a version before that, where it re-adopts its epoch (core._untrusted_cut's case).
+REGISTER_AS_NEW_PROCESS = True
+# Seeds that left a slave diverged inside one epoch while a restarted master re-adopted it
+# (B1 at a later handshake): a slave away for the whole re-adopted run kept bytes a power
+# loss took from the master, and a later epoch's master could not tell.
+READOPTION_DIVERGENCE_SEEDS = (271, 279, 298)
 
 # Time: the defaults scaled down 10x, their relations kept -------------------------------
 HEARTBEAT_INTERVAL_MS = 100
@@ -469,6 +477,8 @@ class SimController:
             "check_code": f"slot-{slot}",
             "broker_id": body["broker_id"],
         }
+        if REGISTER_AS_NEW_PROCESS:
+            command["new_process"] = True  # controller/service.py register_command
         result = self.apply(command)
         _, epoch, max_offset = self.seen.get(result["broker_id"], (0, 0, 0))
         self.seen[result["broker_id"]] = (self.now(), epoch, max_offset)
@@ -1324,6 +1334,15 @@ def test_simulated_broker_set_keeps_its_invariants(seed):
 HANDOFF_COUNTS: list[tuple[int, int]] = []
 
 
+@pytest.mark.parametrize("seed", READOPTION_DIVERGENCE_SEEDS)
+def test_a_restarted_master_begins_a_new_epoch_and_no_slave_keeps_bytes_it_lost(seed):
+    """These seeds failed B1 while a master that restarted before another was elected
+    re-adopted its epoch; registering as a new process ends that epoch."""
+    sim = Simulation(seed)
+    sim.run()
+    assert sim.acks > 50
+
+
 def test_the_seeds_hand_off():
     """The seeds above exercised handoffs (this runs after them, in file order)."""
     if len(HANDOFF_COUNTS) < len(SIM_SEEDS):
@@ -1401,6 +1420,8 @@ PLANTED_BUGS: dict[str, tuple[Any, str, Callable[..., Any], str]] = {
         "above the consistent point",
     ),
 }
+# what else a planted bug needs to be reachable: controllers whose restarted master re-adopts
+PLANTED_BUG_SETTINGS = {"a re-adopted epoch trusts every slave": {"REGISTER_AS_NEW_PROCESS": False}}
 
 
 @pytest.fixture(params=list(PLANTED_BUGS))
@@ -1408,6 +1429,8 @@ def planted_bug(request, monkeypatch) -> tuple[str, str]:
     """Puts one bug back into the core; returns its name and what must catch it."""
     owner, attribute, buggy, expected = PLANTED_BUGS[request.param]
     monkeypatch.setattr(owner, attribute, buggy)
+    for name, value in PLANTED_BUG_SETTINGS.get(request.param, {}).items():
+        monkeypatch.setitem(globals(), name, value)
     return request.param, expected
 
 

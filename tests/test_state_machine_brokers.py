@@ -120,6 +120,34 @@ def test_register_does_not_touch_roles():
     assert info["master_broker_id"] == 1 and info["master_address"] == "10.0.0.100:10911"
 
 
+def test_a_restarted_master_registering_as_a_new_process_begins_a_new_epoch():
+    """A master's process that restarts before another is elected stays master, in a new
+    epoch (its set and set epoch kept): a power loss may have taken bytes its earlier
+    process served, which it must not write again differently inside the old epoch.
+    A slave's new process, a registration without the flag (an older broker, or an entry
+    written before it existed) and the master's next registration of the same process
+    change no role."""
+    ctl = with_master((1, 2))
+    master, epoch, members, set_epoch = roles(ctl)
+    ctl.register(2, new_process=True)
+    ctl.register(master)
+    assert roles(ctl) == (master, epoch, members, set_epoch)
+    info = ctl.run(
+        "register_broker",
+        cluster=CLUSTER,
+        broker_name=NAME,
+        address=f"10.0.0.{master}:10911",
+        check_code=f"check-{master}",
+        new_process=True,
+    )["replica_info"]
+    assert roles(ctl) == (master, epoch + 1, members, set_epoch)
+    assert info["master_broker_id"] == master and info["master_epoch"] == epoch + 1
+    assert [e["kind"] for e in ctl.last_events] == ["role"], "the broker set's watchers hear of it"
+    alone = registered(1)
+    alone.register(1, new_process=True)
+    assert roles(alone)[:2] == (0, 0), "no master yet: nothing to renew"
+
+
 NEWLINE_CASES = [
     (
         "register_broker",
@@ -198,6 +226,8 @@ GOOD_REGISTRATION = {
         ("election_priority", -1),
         ("election_priority", 1_000_001),
         ("election_priority", 1.5),
+        ("new_process", "yes"),
+        ("new_process", 1),
     ],
 )
 def test_register_rejects_malformed_arguments(field, value):
