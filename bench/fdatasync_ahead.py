@@ -9,12 +9,12 @@ journal (`DurableJournal.add`: pwrite then fdatasync). Variant `ahead` is the co
 (each record written over zeros written ahead of it, PREALLOCATE_BYTES at a time);
 variant `appended` sets the zeros ahead to none in the child processes, so every append
 extends its file, as before; variant `alone` is `ahead` in one process, nothing else
-syncing: what sharing the disk's cache flushes costs each of three. The variants alternate
-within each of `--rounds` rounds. Each append's wall time is one sample; the JSON has every
-round's p50 and p99 per variant and log, their medians, and the ratios ahead ÷ appended and
-ahead ÷ alone of the medians. Files go in a temporary directory under `--dir` (default: the
-system's temporary directory, the disk the other benches use); every loop is bounded by its
-count.
+syncing: what sharing the disk's cache flushes costs each of three. The variants take
+turns going first, one round each, over `--rounds` rounds. Each append's wall time is one
+sample; the JSON has every round's p50 and p99 per variant and log, their medians, and the
+ratios ahead ÷ appended and ahead ÷ alone of the medians. Files go in a temporary
+directory under `--dir` (default: the system's temporary directory, the disk the other
+benches use); every loop is bounded by its count.
 """
 
 from __future__ import annotations
@@ -142,7 +142,9 @@ def main(argv: list[str] | None = None) -> int:
 
     def run(_t0: float) -> None:
         for k in range(args.rounds):
-            order = VARIANTS if k % 2 == 0 else VARIANTS[::-1]
+            order = (
+                VARIANTS[k % len(VARIANTS) :] + VARIANTS[: k % len(VARIANTS)]
+            )  # rotated: each goes first in turn
             row: dict[str, Any] = {}
             for kind in LOGS:
                 for variant in order:

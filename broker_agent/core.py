@@ -10,9 +10,10 @@ report a revoked lease, wake waiters, answer or refuse a slave's fetch. etcd raf
 `Ready` is the model: the core says what to do, the application does the I/O.
 
 What it holds: the role (Role), the master epoch and who the master is, the
-SyncStateSet and its epoch, a SyncStateSet change in flight (counted as the union
-with the current set until its outcome is definitive, RocketMQ #5663;
-sent again while unknown, never dropped on a timer), the confirm offset,
+SyncStateSet and its epoch, a SyncStateSet change in flight (the confirm offset waits
+for the union with the current set until its outcome is definitive, RocketMQ #5663, and
+acks from in_sync_replicas copies need that many in each; sent again while unknown,
+never dropped on a timer), the confirm offset,
 the master lease (ha.Lease: why it makes a dual master impossible is written there)
 and the slaves' progress (ha.SyncStateTracker: when to shrink or expand the set).
 
@@ -537,9 +538,10 @@ class RoleView:
 
 @dataclass
 class _PendingChange:
-    """A SyncStateSet proposal in flight: counted together with the current set until its
-    outcome is definitive (never dropped on a timer: a proposal that timed out may commit
-    at any later time, and its members must count from the moment they were proposed)."""
+    """A SyncStateSet proposal in flight: counted with the current set until its outcome is
+    definitive (the union for the confirm offset, each set for in_sync_replicas copies;
+    never dropped on a timer: a proposal that timed out may commit at any later time, and
+    its members must count from the moment they were proposed)."""
 
     members: tuple[int, ...]
     base_epoch: int  # the SyncStateSet epoch it was proposed against
@@ -969,9 +971,10 @@ def _on_sync_state_set_failed(s: _State, event: SyncStateSetFailed) -> list[Effe
         only_copy = pending is None or pending.attempts == 1
         outcome = ProposalOutcome.REFUSED if only_copy else ProposalOutcome.UNCERTAIN
     if pending is not None and outcome is ProposalOutcome.REFUSED:
+        sets_before = _ack_sets(s)
         s.pending = None  # planned again (maybe the same) after a pause: no refusal loop
         s.next_plan_ms = event.now_ms + PROPOSAL_RETRY_INTERVAL_MS
-        return [RequestRefresh(), *_wake_if_ack_sets_changed(s, (s.sync_state_set, pending.members))]
+        return [RequestRefresh(), *_wake_if_ack_sets_changed(s, sets_before)]
     if pending is not None:
         pending.retry_ms = event.now_ms + PROPOSAL_RETRY_INTERVAL_MS
     return [RequestRefresh()]

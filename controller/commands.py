@@ -8,7 +8,9 @@ who is alive, its term: controller/operations.py) with `dataclasses.replace`.
 JSON stays the Raft encoding, behind one pair of functions: `encode_entry` writes an
 entry (a batch of commands, group commit) as {"version": 2, "commands": [...]}, or as
 version 3 when a command carries a `request_id` (an admin write's, P16: a node that
-does not know request ids refuses to read the entry rather than apply it differently);
+does not know request ids refuses to read the entry rather than apply it differently),
+or version 4 when a registration carries `new_process` (for the same reason: a node of
+an earlier version would refuse the registration that newer nodes apply);
 `decode_entry` reads those and version 1, the bare list of command dicts that nodes wrote
 before commands were typed (a journal or a snapshot's tail written then still replays).
 A command's JSON is its fields plus "type"; a field that is None is left out (version 1
@@ -31,6 +33,7 @@ Json = dict[str, Any]
 
 ENCODING_VERSION = 2  # 1: a bare JSON list of command dicts (before typed commands)
 ENCODING_VERSION_REQUEST_IDS = 3  # 2, with admin writes that carry a request_id
+ENCODING_VERSION_NEW_PROCESS = 4  # 3, with registrations that carry new_process
 REQUEST_ID_CHARS_MAX = 64
 
 
@@ -75,8 +78,9 @@ class RegisterBroker:
     check_code: str
     broker_id: int = 0  # 0: the set's next id, or the id this check code already holds
     election_priority: int = 0
-    # A broker's process that has just started (a broker sends True; older entries lack it):
-    # if the controller names it master, its epoch ends and the next begins (_register_broker).
+    # The first registration of a broker's process (RegisterBrokerRequest.new_process; None
+    # when it is not, or the broker or the entry is older): if that broker is the set's
+    # master, its epoch ends and the next begins (state_machine._register_broker).
     new_process: bool | None = None
     now_ms: int | None = None
 
@@ -340,9 +344,15 @@ def command_from_json(document: Any) -> Command:
 
 
 def encode_entry(commands: Sequence[Command]) -> str:
-    """One Raft entry's payload: version 2, or 3 when a command carries a request id."""
+    """One Raft entry's payload: version 2; 3 when a command carries a request id; 4 when
+    a registration carries new_process (the earliest version every command can be read in)."""
     documents = [command_json(c) for c in commands]
-    version = ENCODING_VERSION_REQUEST_IDS if any("request_id" in d for d in documents) else ENCODING_VERSION
+    if any("new_process" in d for d in documents):
+        version = ENCODING_VERSION_NEW_PROCESS
+    elif any("request_id" in d for d in documents):
+        version = ENCODING_VERSION_REQUEST_IDS
+    else:
+        version = ENCODING_VERSION
     return json.dumps({"version": version, "commands": documents}, separators=(",", ":"))
 
 
@@ -355,10 +365,11 @@ def decode_entry(payload: str) -> list[Command]:
     if isinstance(document, dict) and document.get("version") in (
         ENCODING_VERSION,
         ENCODING_VERSION_REQUEST_IDS,
+        ENCODING_VERSION_NEW_PROCESS,
     ):
         return [command_from_json(c) for c in document["commands"]]
     version = document.get("version") if isinstance(document, dict) else None
     raise UnknownEncoding(
         f"a Raft entry in encoding version {version!r}: this node reads versions 1 to "
-        f"{ENCODING_VERSION_REQUEST_IDS}; upgrade it before the node that wrote the entry"
+        f"{ENCODING_VERSION_NEW_PROCESS}; upgrade it before the node that wrote the entry"
     )

@@ -629,7 +629,7 @@ def register_command(request: pb.RegisterBrokerRequest) -> RegisterBroker:
         check_code=request.check_code,
         address=request.address,
         election_priority=request.election_priority,
-        new_process=True,  # a broker registers once per process (again only when cleaned)
+        new_process=True if request.new_process else None,  # False: an older broker, or not its first
     )
 
 

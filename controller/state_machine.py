@@ -419,6 +419,10 @@ def _register_broker(state: ControllerState, command: RegisterBroker, index: int
         )
     priority = validate_int("election_priority", command.election_priority, 0, 1_000_000)
     requested = validate_int("broker_id", command.broker_id, 0, REQUEST_INT_MAX)
+    if command.new_process is not None and not isinstance(command.new_process, bool):
+        raise error_from_code(
+            "INVALID_ARGUMENT", f"new_process must be true or false, not {command.new_process!r}"
+        )
     key = broker_set_key(cluster, broker_name)
     bs = json_copy(state.get(key)) or {
         "cluster": cluster,
@@ -443,10 +447,6 @@ def _register_broker(state: ControllerState, command: RegisterBroker, index: int
                 f"broker id {broker_id} of {cluster}/{broker_name} belongs to another broker "
                 "(check code differs); register with broker id 0 to get a new one",
             )
-    if command.new_process is not None and not isinstance(command.new_process, bool):
-        raise error_from_code(
-            "INVALID_ARGUMENT", f"new_process must be true or false, not {command.new_process!r}"
-        )
     before = replicas.get(str(broker_id))
     replicas[str(broker_id)] = {"address": address, "check_code": check_code, "election_priority": priority}
     bs["next_broker_id"] = max(bs["next_broker_id"], broker_id + 1)

@@ -82,6 +82,18 @@ def test_an_entry_encoded_now_decodes_to_the_same_commands_with_its_version():
     assert decode_entry(payload) == batch
 
 
+def test_a_registration_as_a_new_process_is_written_in_version_4():
+    """A node of an earlier version cannot decode `new_process` and would refuse the
+    registration that newer nodes apply (their states would part): the entry is written in
+    version 4, which such a node refuses to read at all (UnknownEncoding: it stops)."""
+    first = RegisterBroker("c", "b", "10.0.0.1:10911", "k", 1, new_process=True)
+    again = RegisterBroker("c", "b", "10.0.0.1:10911", "k", 1)
+    assert json.loads(encode_entry([again]))["version"] == commands.ENCODING_VERSION
+    payload = encode_entry([again, first])
+    assert json.loads(payload)["version"] == commands.ENCODING_VERSION_NEW_PROCESS == 4
+    assert decode_entry(payload) == [again, first]
+
+
 @pytest.mark.parametrize("payload", ['{"version": 99, "commands": []}', '{"commands": []}', '"text"'])
 def test_an_entry_in_an_unknown_encoding_is_refused(payload):
     with pytest.raises(UnknownEncoding, match="encoding version"):

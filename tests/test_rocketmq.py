@@ -49,7 +49,7 @@ from mqmeta.errors import AlreadyExists
 from mqmeta.pb import controller_pb2 as cpb
 from tests.support import wait_for
 from tests.support.prometheus import delta, scrape
-from tests.support.rmq_client import client
+from tests.support.rmq_client import client, main_thread_on_client_loop
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(120)]
 
@@ -111,6 +111,11 @@ def message(topic: str, body: str, tag: str = "", keys: tuple[str, ...] = (), **
 def started(kind, *args, **kwargs):
     c = kind(*args, **kwargs)
     c.startup()
+    # The 5.1.2 client creates a later client's Telemetry stream on the calling thread, which
+    # has no event loop once another module in this xdist worker ran asyncio.run() (CI,
+    # 2026-12-04: the second push consumer "failed to receive initial settings"): the
+    # client's own I/O loop becomes the main thread's (tests/support/rmq_client.py).
+    main_thread_on_client_loop()
     return c
 
 

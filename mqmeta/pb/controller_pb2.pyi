@@ -61,20 +61,22 @@ class ReplicaInfo(_message.Message):
     def __init__(self, cluster: _Optional[str] = ..., broker_name: _Optional[str] = ..., master_broker_id: _Optional[int] = ..., master_address: _Optional[str] = ..., master_epoch: _Optional[int] = ..., sync_state_set: _Optional[_Iterable[int]] = ..., sync_state_set_epoch: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[Replica, _Mapping]]] = ...) -> None: ...
 
 class RegisterBrokerRequest(_message.Message):
-    __slots__ = ("cluster", "broker_name", "broker_id", "check_code", "address", "election_priority")
+    __slots__ = ("cluster", "broker_name", "broker_id", "check_code", "address", "election_priority", "new_process")
     CLUSTER_FIELD_NUMBER: _ClassVar[int]
     BROKER_NAME_FIELD_NUMBER: _ClassVar[int]
     BROKER_ID_FIELD_NUMBER: _ClassVar[int]
     CHECK_CODE_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     ELECTION_PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    NEW_PROCESS_FIELD_NUMBER: _ClassVar[int]
     cluster: str
     broker_name: str
     broker_id: int
     check_code: str
     address: str
     election_priority: int
-    def __init__(self, cluster: _Optional[str] = ..., broker_name: _Optional[str] = ..., broker_id: _Optional[int] = ..., check_code: _Optional[str] = ..., address: _Optional[str] = ..., election_priority: _Optional[int] = ...) -> None: ...
+    new_process: bool
+    def __init__(self, cluster: _Optional[str] = ..., broker_name: _Optional[str] = ..., broker_id: _Optional[int] = ..., check_code: _Optional[str] = ..., address: _Optional[str] = ..., election_priority: _Optional[int] = ..., new_process: _Optional[bool] = ...) -> None: ...
 
 class RegisterBrokerResponse(_message.Message):
     __slots__ = ("broker_id", "replica_info")
