@@ -317,7 +317,7 @@ class BrokerAgent:
         # On a thread serving a slave's fetch: the answers of the writes it acknowledged, for
         # it to send once it lets go of the lock, then wake their writers (_answer_acknowledged)
         self._answering = threading.local()
-        self._registered_once = False  # RegisterBrokerRequest.new_process until a registration commits
+        self._registered_once = False  # RegisterBrokerRequest.new_process until a registration is answered
         self._writers_seen: tuple[Role, int, int] | None = None  # role, epoch, confirm last woken for
         # Slaves' fetches long-polling for data (ha_fetch.serve_fetch), each on its own
         # condition of the same lock: woken when the log grows or the role or epoch changes,
@@ -787,10 +787,9 @@ class BrokerAgent:
         self.heartbeat_interval_ms = int(
             config.get("broker_heartbeat_interval_ms", BROKER_HEARTBEAT_INTERVAL_MS_DEFAULT)
         )
-        with self.lock:  # the watch thread applies events once the core has an id: none in between
+        with self.lock:  # the watch thread applies events once the core has an id: none older
             self.feed(Registered(reply.broker_id, int(config.get("lease_ms", LEASE_MS_DEFAULT))))
-            if reply.replica_info.master_broker_id:  # an older event would re-adopt the old epoch
-                self.feed(self._replica_info_event(reply.replica_info))
+            self.feed(self._replica_info_event(reply.replica_info))  # than this, which would re-adopt
         log.info(
             "registered %s/%s as broker %d", self.config.cluster, self.config.broker_name, reply.broker_id
         )

@@ -4,7 +4,7 @@ A master change is a bump of the broker set's master epoch in the controllers' r
 log (`applied.jsonl`: every election, and the clearing of a dead master, bumps it; a
 re-election of the same broker at a new epoch counts too, since its clients had to move,
 and so does the registration of a master whose process restarted before another was
-elected, which starts a new epoch: a kill or power loss of that master excuses it).
+elected, which starts a new epoch: the kill or disk fault that stopped it excuses it).
 It is *excused* when, at its time, an injected fault touched the master the set had when
 that fault started — killed or suspended it, or cut any of its links (partitions, rings,
 bridges) — from the fault's start until GRACE_AFTER_FAULT_MS after its heal. Every other

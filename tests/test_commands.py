@@ -31,7 +31,10 @@ from mqmeta.controller.commands import (
     encode_entry,
 )
 from mqmeta.controller.raft_node import ControllerRaft, Peer, RaftSettings
+from mqmeta.controller.service import register_command
 from mqmeta.controller.state_machine import ControllerState, apply
+
+from mqmeta.pb import controller_pb2 as cpb
 
 FIXTURE = Path(__file__).parent / "fixtures" / "raft_log_v1"
 
@@ -92,6 +95,17 @@ def test_a_registration_as_a_new_process_is_written_in_version_4():
     payload = encode_entry([again, first])
     assert json.loads(payload)["version"] == commands.ENCODING_VERSION_NEW_PROCESS == 4
     assert decode_entry(payload) == [again, first]
+
+
+def test_a_request_says_new_process_only_when_it_is_true():
+    """proto3 cannot tell false from unset: false (an older broker, or not its first
+    registration) leaves the field out of the command, so the entry stays version 2."""
+    fields = dict(cluster="c", broker_name="b", check_code="k", address="10.0.0.1:10911")
+    assert register_command(cpb.RegisterBrokerRequest(**fields)).new_process is None
+    assert register_command(cpb.RegisterBrokerRequest(**fields, new_process=False)).new_process is None
+    first = register_command(cpb.RegisterBrokerRequest(**fields, new_process=True))
+    assert first.new_process is True
+    assert json.loads(encode_entry([first]))["version"] == commands.ENCODING_VERSION_NEW_PROCESS
 
 
 @pytest.mark.parametrize("payload", ['{"version": 99, "commands": []}', '{"commands": []}', '"text"'])

@@ -103,6 +103,7 @@ from mqmeta.errors import (
     FencedEpoch,
     InvalidArgument,
     MqmetaError,
+    NotFound,
     NotMaster,
     ResourceExhausted,
     Unavailable,
@@ -1148,6 +1149,42 @@ def test_a_refused_first_election_is_asked_again_until_the_set_has_a_master(agen
             until=lambda role: role == Role.MASTER,
         )
         assert a.controller.elections == 2
+    finally:
+        a.stopping.set()
+        loop.join(timeout=5)
+
+
+class _ForgettingController(_RefusingFirstElection):
+    """A controller that records each registration and answers the first heartbeat
+    NOT_FOUND (the broker set was cleaned), so the broker registers again in one process."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.registrations: list[cpb.RegisterBrokerRequest] = []
+        self.heartbeats = 0
+
+    def register_broker(self, request: cpb.RegisterBrokerRequest) -> cpb.RegisterBrokerResponse:
+        self.registrations.append(request)
+        return cpb.RegisterBrokerResponse(broker_id=1, replica_info=replica_info(1, 1, [1]))
+
+    def heartbeat(self, request: cpb.HeartbeatRequest) -> cpb.HeartbeatResponse:
+        self.heartbeats += 1
+        if self.heartbeats == 1:
+            raise NotFound("broker set C/b is not registered")
+        return cpb.HeartbeatResponse(master_broker_id=1, master_epoch=1, sync_state_set_epoch=1)
+
+
+def test_only_a_processs_first_registration_says_it_is_a_new_process(agent):
+    """The controller gives the set's master a new epoch when its registration says it is
+    a new process (a restart): the agent says so once; registering again in the same
+    process (after NOT_FOUND) does not, so it changes no role."""
+    a = agent()
+    a.controller = _ForgettingController()
+    loop = threading.Thread(target=a._controller_loop, daemon=True)
+    loop.start()
+    try:
+        wait_for(lambda: len(a.controller.registrations), 10, "a second registration", until=lambda n: n >= 2)
+        assert [r.new_process for r in a.controller.registrations[:2]] == [True, False]
     finally:
         a.stopping.set()
         loop.join(timeout=5)
