@@ -120,10 +120,6 @@ SIM_SEEDS = range(int(os.environ.get("MQMETA_SIM_SEEDS", "40")))
 SIM_STEPS = int(os.environ.get("MQMETA_SIM_STEPS", "3000"))
 SETTLE_STEPS_MAX = 4000
 PLANTED_BUG_SEEDS_MAX = 30  # each planted bug must be caught within this many seeds
-# A broker registers as a new process, so a master that restarts before another is elected
-# begins a new epoch (controller/state_machine.py _register_broker); False: controllers of
-# a version before that, where it re-adopts its epoch (core._untrusted_cut's case).
-REGISTER_AS_NEW_PROCESS = True
 # Seeds that left a slave diverged inside one epoch while a restarted master re-adopted it
 # (B1 at a later handshake): a slave away for the whole re-adopted run kept bytes a power
 # loss took from the master, and a later epoch's master could not tell.
@@ -480,7 +476,7 @@ class SimController:
             "check_code": f"slot-{slot}",
             "broker_id": body["broker_id"],
         }
-        if REGISTER_AS_NEW_PROCESS and body["new_process"]:
+        if self.sim.new_epoch_on_restart and body["new_process"]:
             command["new_process"] = True  # controller/service.py register_command
         before = self.broker_set()
         epoch_before = before["master_epoch"] if before is not None else 0
@@ -990,9 +986,20 @@ class SimBroker:
 
 # The simulation ------------------------------------------------------------------------------
 class Simulation:
-    def __init__(self, seed: int, steps: int = SIM_STEPS, policy: AckPolicy | None = None) -> None:
+    def __init__(
+        self,
+        seed: int,
+        steps: int = SIM_STEPS,
+        policy: AckPolicy | None = None,
+        new_epoch_on_restart: bool = True,
+    ) -> None:
+        """`new_epoch_on_restart`: a broker's first registration says it is a new process,
+        so a master that restarts before another is elected begins a new epoch
+        (controller/state_machine.py _register_broker); False: controllers or brokers of a
+        version before that, where it re-adopts its epoch (core._untrusted_cut's case)."""
         self.seed = seed
         self.policy = policy or AckPolicy()
+        self.new_epoch_on_restart = new_epoch_on_restart
         self.steps = steps
         self.rng = random.Random(seed)
         self.intensity = self.rng.choice(INTENSITIES)
@@ -1334,6 +1341,19 @@ def test_simulated_broker_set_acknowledging_at_2_of_3_copies_keeps_its_invariant
     assert sim.masters >= 1, f"seed={seed}: no master was ever elected"
 
 
+@pytest.mark.parametrize("seed", READOPTION_DIVERGENCE_SEEDS)
+def test_a_restarted_master_begins_a_new_epoch_and_no_slave_keeps_bytes_it_lost(seed):
+    """These seeds failed B1 while a master that restarted before another was elected
+    re-adopted its epoch; registering as a new process ends that epoch. Each still fails
+    when it re-adopts (so the seed still reaches the case under test)."""
+    sim = Simulation(seed)
+    sim.run()
+    assert sim.acks > 50
+    assert sim.renewals >= 1, f"seed={seed}: no master restarted before another was elected"
+    with pytest.raises(Violation, match="above the consistent point"):
+        Simulation(seed, new_epoch_on_restart=False).run()
+
+
 @pytest.mark.parametrize("seed", SIM_SEEDS)
 def test_simulated_broker_set_keeps_its_invariants(seed):
     sim = Simulation(seed)
@@ -1344,16 +1364,6 @@ def test_simulated_broker_set_keeps_its_invariants(seed):
 
 
 HANDOFF_COUNTS: list[tuple[int, int]] = []
-
-
-@pytest.mark.parametrize("seed", READOPTION_DIVERGENCE_SEEDS)
-def test_a_restarted_master_begins_a_new_epoch_and_no_slave_keeps_bytes_it_lost(seed):
-    """These seeds failed B1 while a master that restarted before another was elected
-    re-adopted its epoch; registering as a new process ends that epoch."""
-    sim = Simulation(seed)
-    sim.run()
-    assert sim.acks > 50
-    assert sim.renewals >= 1, f"seed={seed}: no master restarted before another was elected"
 
 
 def test_the_seeds_hand_off():
@@ -1404,92 +1414,88 @@ def untrusted_never_cut(s: Any, fetch: Any) -> int | None:
     return None
 
 
-def copies_over_the_union(s: Any, end_offset: int) -> bool:
-    """Acks from in_sync_replicas copies counted over the union of the set and a proposed
-    one (as before 2026-12-04): a proposal that never commits leaves a write on members the
-    controller will not elect."""
-    if s.policy.all_ack_in_sync_state_set:
-        return bool(s.confirm_offset >= end_offset)
-    acked = s.tracker.acked()
-    others = core_module._counted(s) - {s.broker_id}
-    return 1 + sum(1 for i in others if acked.get(i, 0) >= end_offset) >= s.policy.in_sync_replicas
+def copies_counted_in(members: Callable[[Any], set[int]]) -> Callable[[Any, int], bool]:
+    """core._acknowledged with in_sync_replicas copies counted in `members(state)` alone."""
+
+    def acknowledged(s: Any, end_offset: int) -> bool:
+        if s.policy.all_ack_in_sync_state_set:
+            return bool(s.confirm_offset >= end_offset)
+        acked = s.tracker.acked()
+        others = members(s) - {s.broker_id}
+        return 1 + sum(1 for i in others if acked.get(i, 0) >= end_offset) >= s.policy.in_sync_replicas
+
+    return acknowledged
 
 
-def copies_in_the_set_only(s: Any, end_offset: int) -> bool:
-    """Acks from in_sync_replicas copies counted in the master's set alone, as if no change
-    were in flight: a shrink the controller has committed may leave out a holder."""
-    if s.policy.all_ack_in_sync_state_set:
-        return bool(s.confirm_offset >= end_offset)
-    acked = s.tracker.acked()
-    others = set(s.sync_state_set) - {s.broker_id}
-    return 1 + sum(1 for i in others if acked.get(i, 0) >= end_offset) >= s.policy.in_sync_replicas
+# as before 2026-12-04: a proposal that never commits leaves a write on members the
+# controller will not elect
+copies_over_the_union = copies_counted_in(lambda s: core_module._counted(s))
+# as if no change were in flight: a shrink the controller has committed may leave out a holder
+copies_in_the_set_only = copies_counted_in(lambda s: set(s.sync_state_set))
 
 
-# name -> (where, what, the buggy variant, what the simulation must report)
-
-PLANTED_BUGS: dict[str, tuple[Any, str, Callable[..., Any], str]] = {
+# name -> (where, what, the buggy variant, what the simulation must report, and the
+# Simulation options that make it reachable)
+PLANTED_BUGS: dict[str, tuple[Any, str, Callable[..., Any], str, dict[str, Any]]] = {
     "confirm offset without the pending union": (
         core_module,
         "counted_members",
         counted_members_without_the_pending_union,
         "does not hold what master",
+        {},
     ),
     "truncation above the consistent point": (
         core_module,
         "truncation_point",
         truncation_point_ignoring_the_master_end,
         "above the consistent point",
+        {},
     ),
-    "no master lease": (Lease, "valid", lease_always_valid, "may write"),
+    "no master lease": (Lease, "valid", lease_always_valid, "may write", {}),
     "confirm counts unsynced bytes": (
         LogView,
         "durable",
         property(confirm_counting_unsynced_bytes),
         "its log is durable only up to",
+        {},
     ),
     "a re-adopted epoch trusts every slave": (
         core_module,
         "_untrusted_cut",
         untrusted_never_cut,
         "above the consistent point",
+        {"new_epoch_on_restart": False},  # only a re-adopting master needs the cut
     ),
-}
-PLANTED_BUGS["copies counted over the union (2 of 3)"] = (
-    core_module,
-    "_acknowledged",
-    copies_over_the_union,
-    "acknowledged a write ending at",
-)
-PLANTED_BUGS["copies counted in the set only (2 of 3)"] = (
-    core_module,
-    "_acknowledged",
-    copies_in_the_set_only,
-    "acknowledged a write ending at",
-)
-# what else a planted bug needs to be reachable: controllers whose restarted master
-# re-adopts its epoch; acknowledgements at 2 of 3 copies
-PLANTED_BUG_SETTINGS = {"a re-adopted epoch trusts every slave": {"REGISTER_AS_NEW_PROCESS": False}}
-PLANTED_BUG_POLICIES = {
-    "copies counted over the union (2 of 3)": AT_2_OF_3,
-    "copies counted in the set only (2 of 3)": AT_2_OF_3,
+    "copies counted over the union (2 of 3)": (
+        core_module,
+        "_acknowledged",
+        copies_over_the_union,
+        "acknowledged a write ending at",
+        {"policy": AT_2_OF_3},
+    ),
+    "copies counted in the set only (2 of 3)": (
+        core_module,
+        "_acknowledged",
+        copies_in_the_set_only,
+        "acknowledged a write ending at",
+        {"policy": AT_2_OF_3},
+    ),
 }
 
 
 @pytest.fixture(params=list(PLANTED_BUGS))
-def planted_bug(request, monkeypatch) -> tuple[str, str, AckPolicy | None]:
+def planted_bug(request, monkeypatch) -> tuple[str, str, dict[str, Any]]:
     """Puts one bug back into the core; returns its name, what must catch it, and the
-    acknowledgement policy it needs."""
-    owner, attribute, buggy, expected = PLANTED_BUGS[request.param]
+    Simulation options it needs."""
+    owner, attribute, buggy, expected, options = PLANTED_BUGS[request.param]
     monkeypatch.setattr(owner, attribute, buggy)
-    for name, value in PLANTED_BUG_SETTINGS.get(request.param, {}).items():
-        monkeypatch.setitem(globals(), name, value)
-    return request.param, expected, PLANTED_BUG_POLICIES.get(request.param)
+    return request.param, expected, options
 
 
 def test_the_simulation_catches_a_planted_bug(planted_bug):
-    name, expected, policy = planted_bug
+    name, expected, options = planted_bug
     for seed in range(PLANTED_BUG_SEEDS_MAX):
-        sim = Simulation(seed, policy=policy)
+        sim = Simulation(seed, **options)
         try:
             sim.run()
         except Violation as violation:
