@@ -43,6 +43,7 @@ from mqmeta.broker_agent.core import (
     ElectSuccessor,
     Event,
     Fence,
+    FetchAnswered,
     HandoffFailed,
     HandoffStart,
     HandoffTick,
@@ -405,40 +406,40 @@ class BrokerAgent:
         """With the lock held: would a fetch of a slave following `master_epoch` be answered?"""
         return self.core.serves_fetch(master_epoch)
 
-    def _answer_parked(self) -> list[tuple[ha_fetch.ParkedFetch, bpb.HaFetchResponse]]:
-        """With the lock held, after an append: the answers to the parked fetches the log
-        has grown for, to push once the lock is let go (_push). While other writers wait
-        for their acknowledgements (concurrent producers), the connections' threads are
-        woken instead: by the time one runs, it answers with those writers' appends too,
-        one replication round for several sends, where a push would carry this one alone."""
+    def _push_parked(self) -> list[tuple[ha_fetch.ParkedFetch, int]]:
+        """With the lock held, right after an append: answers the parked fetches the log has
+        grown for from this (the appending) thread, so the slaves have the bytes without a
+        hand-off to their connections' threads, and before this broker's own bookkeeping
+        of the append (append feeds Appended and FetchAnswered once they are sent). A push
+        never blocks (Link.push), so it may hold the lock. One read and one frame serve the
+        slaves whose answers are the same (they asked from the same offset), and all are
+        built before the first is sent. Returns each fetch pushed with its bytes of data.
+
+        While other writers wait for their acknowledgements (concurrent producers), the
+        connections' threads are woken instead: by the time one runs, it answers with those
+        writers' appends too, one replication round for several sends, where a push would
+        carry this one alone."""
         if self._writers:
             for parked in self._parked:
                 if not parked.woken:
                     parked.woken = True
                     parked.link.wake()
             return []
-        answers = []
-        reads: dict[tuple[int, int], bytes] = {}
+        answers: list[tuple[ha_fetch.ParkedFetch, bpb.HaFetchResponse, bytes]] = []
+        built: dict[tuple[int, int, bool, int], tuple[bpb.HaFetchResponse, bytes] | None] = {}
         for parked in list(self._parked):
-            answer = ha_fetch.answer_parked(self, parked, reads)
-            if answer is not None:
-                answers.append((parked, answer))
-        return answers
-
-    def _push(self, answers: list[tuple[ha_fetch.ParkedFetch, bpb.HaFetchResponse]]) -> None:
-        """Sends the answers to parked fetches from this (the appending) thread: the slaves
-        have the bytes without a hand-off to their connections' threads. One frame serves
-        the slaves whose answers are the same (they asked from the same offset); every
-        slave has its answer before any is counted (fetch_served)."""
-        frame = b""
-        last: bpb.HaFetchResponse | None = None
-        for parked, answer in answers:
-            if last is None or answer != last:
-                frame, last = ha_stream.response_frame(answer), answer
+            request = parked.request
+            key = (request.fetch_offset, parked.max_bytes, request.handshake, request.master_epoch)
+            if key not in built:
+                answer = ha_fetch.answer_parked(self, parked)
+                built[key] = None if answer is None else (answer, ha_stream.response_frame(answer))
+            elif built[key] is not None:  # the same fetch as one answered above: the same answer
+                self.unpark(parked)
+            if (answered := built[key]) is not None:
+                answers.append((parked, *answered))
+        for parked, _, frame in answers:
             parked.link.push(frame)
-        if self.fetch_served is not None:
-            for parked, answer in answers:
-                self.fetch_served(time.perf_counter() - parked.started, len(answer.data))
+        return [(parked, len(answer.data)) for parked, answer, _ in answers]
 
     def request_refresh(self) -> None:
         self._refresh_needed.set()
@@ -1155,10 +1156,16 @@ class BrokerAgent:
             except OSError as error:
                 raise self._disk_error(error) from None
             end = self.store.max_offset
-            self.feed(Appended(log_view(self.store)))  # also wakes the slaves' long-polling fetches
-            answers = self._answer_parked() if self._parked else []
-        if answers:  # once the lock is let go: a slow socket never holds it
-            self._push(answers)
+            pushed = self._push_parked() if self._parked else []
+            view = log_view(self.store)
+            self.feed(Appended(view))  # also wakes the slaves' long-polling fetches (over gRPC)
+            if pushed:
+                now = now_ms()
+                for parked, _ in pushed:
+                    self.feed(FetchAnswered(now, parked.request.broker_id, view))
+        if pushed and self.fetch_served is not None:
+            for parked, size in pushed:
+                self.fetch_served(time.perf_counter() - parked.started, size)
         return results, end, epoch
 
     def _sync_written(self, end: int | None = None) -> None:

@@ -40,6 +40,7 @@ from mqmeta.broker_agent.core import (
     MasterAnswered,
     MasterUnreachable,
     Replicated,
+    RoleView,
     SlaveFetch,
     Truncate,
 )
@@ -145,15 +146,18 @@ def _connect(address: str, port: int) -> StreamClient | None:
         return None
 
 
-def _current(host: BrokerHost, session: int) -> bool:
-    view = host.view()
+def _current(host: BrokerHost, session: int, view: RoleView | None = None) -> bool:
+    view = host.view() if view is None else view
     return not host.stopping.is_set() and view.fetch_session == session and view.role is Role.SLAVE
 
 
-def _request(host: BrokerHost, settings: FetchSettings, handshake: bool) -> bpb.HaFetchRequest:
+def _request(
+    host: BrokerHost, settings: FetchSettings, handshake: bool, view: RoleView | None = None
+) -> bpb.HaFetchRequest:
     """The next fetch: from this slave's log end, which acknowledges everything before it,
-    so never while that end is not durable (a replicated append syncs before it returns)."""
-    store, view = host.store, host.view()
+    so never while that end is not durable (a replicated append syncs before it returns).
+    `view`: the host's, when the caller holds its lock and has just read it."""
+    store, view = host.store, host.view() if view is None else view
     if store.durable_offset < store.max_offset:
         raise FailedPrecondition(
             f"this slave's log is durable to {store.durable_offset}, not to its end {store.max_offset}: "
@@ -216,10 +220,11 @@ def _apply(
         )
         if any(isinstance(effect, Truncate) for effect in host.feed(answer)):
             return False
-        if ahead is None or not _current(host, session):
+        view = host.view()
+        if ahead is None or not _current(host, session, view):
             host.feed(Replicated(session, reply.confirm_offset, log_view(store)))
             return False
-        request = _request(host, settings, False)
+        request = _request(host, settings, False, view)
     try:
         ahead.send(request, _timeout_s(settings))  # the lock let go: a slow socket never holds it
     finally:
@@ -245,7 +250,7 @@ def serve_fetch(
             request.master_epoch,
             request.fetch_offset,
             request.handshake,
-            tuple((e.epoch, e.start_offset) for e in request.epoch_entries),
+            tuple((e.epoch, e.start_offset) for e in request.epoch_entries) if request.epoch_entries else (),
             log_view(store),
             request.leaving,
         )
@@ -267,30 +272,26 @@ def serve_fetch(
         return data_reply(host, request, max_bytes)
 
 
-Reads = dict[tuple[int, int], bytes]  # (offset, size) -> the bytes read there under one lock
-
-
 def data_reply(
-    host: BrokerHost, request: bpb.HaFetchRequest, max_bytes: int, reads: Reads | None = None
+    host: BrokerHost,
+    request: bpb.HaFetchRequest,
+    max_bytes: int,
+    answered: bool = True,
 ) -> bpb.HaFetchResponse:
     """With the host's lock held: the answer to a fetch the core accepted, from its offset
-    up to the log end (nothing when the log has not grown past it). `reads`: the bytes
-    already read for other fetches under the same lock (the slaves of a set, answered by
-    one append, ask from the same offset: one read serves them all)."""
+    up to the log end (nothing when the log has not grown past it). `answered`: the core
+    hears of the answer (FetchAnswered) now; False: the caller feeds it once it is sent."""
     store = host.store
     end = store.max_offset
     size = min(max_bytes, end - request.fetch_offset)
     if size <= 0:
         data = b""
-    elif reads is not None and (request.fetch_offset, size) in reads:
-        data = reads[request.fetch_offset, size]
     else:
         # Unchecked here: the slave checks every record's CRC and layout (scan_records)
         # before it writes any, so a record corrupted on this disk is refused there.
         data = store.read_bytes(request.fetch_offset, size, check=False)
-        if reads is not None:
-            reads[request.fetch_offset, size] = data
-    host.feed(FetchAnswered(now_ms(), request.broker_id, log_view(store)))  # the host's clock
+    if answered:
+        host.feed(FetchAnswered(now_ms(), request.broker_id, log_view(store)))  # the host's clock
     return _reply(host, request, data_offset=request.fetch_offset, data=data)
 
 
@@ -324,16 +325,15 @@ class ParkedFetch:
             return self.host.unpark(self)
 
 
-def answer_parked(
-    host: BrokerHost, parked: ParkedFetch, reads: Reads | None = None
-) -> bpb.HaFetchResponse | None:
+def answer_parked(host: BrokerHost, parked: ParkedFetch) -> bpb.HaFetchResponse | None:
     """With the host's lock held, after an append: the answer to `parked` (unparked), or
     None when the log has not grown past its offset or the core would refuse it now (its
-    connection's thread, woken by the new role or epoch, answers it)."""
+    connection's thread, woken by the new role or epoch, answers it). The caller sends it,
+    then feeds FetchAnswered (the appending thread pushes first: agent._push_parked)."""
     if host.store.max_offset <= parked.request.fetch_offset or not host.serves(parked.request.master_epoch):
         return None
     host.unpark(parked)
-    return data_reply(host, parked.request, parked.max_bytes, reads)
+    return data_reply(host, parked.request, parked.max_bytes, answered=False)
 
 
 def _answer(effects: list[Effect]) -> AnswerFetch:

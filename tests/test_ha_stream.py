@@ -12,8 +12,9 @@ Properties checked (a real master agent, its stream server on loopback, no contr
 - stop() returns only once no connection's thread still serves a fetch; a refused fetch
   records no transport for its broker id; --ha-stream-port with --no-ha-stream is refused;
 - a streamed fetch with nothing to send is parked: the append answers it from its own
-  thread (before any fsync), the connection's thread when its wait ends (empty) or when a
-  new epoch wakes it (the refusal, at once); an answer larger than the socket takes at
+  thread (before any fsync, and before the core hears of the append and the answer), the
+  connection's thread when its wait ends (empty) or when a new epoch wakes it (the
+  refusal, at once); an answer larger than the socket takes at
   once is finished by the connection's thread, whole; while other writers wait for their
   acknowledgements an append wakes the connection's thread instead of pushing;
 - a master that stops answering ends the fetch at its timeout (the sockets block with
@@ -384,6 +385,29 @@ def test_the_append_answers_a_parked_fetch_from_its_own_thread(master, monkeypat
     assert isinstance(answer, bpb.HaFetchResponse) and len(answer.data) == end and not agent._parked
     assert agent.store.durable_offset == 0, "answered before the master's fsync"
     assert client.fetch(request(end), TIMEOUT_S).data == b"", "the connection serves on after a push"
+    client.close()
+
+
+def test_the_append_pushes_before_its_own_bookkeeping_and_the_core_still_hears_of_the_answer(
+    master, monkeypatch
+):
+    """The append pushes a parked fetch's answer before it feeds the core its own bookkeeping
+    of the append (Appended, FetchAnswered), so the slave starts on the bytes sooner; the
+    core still hears of the answer: the slave's progress holds the log's durable end and
+    the time it was answered (what later says it was caught up)."""
+    agent, server = master
+    client = StreamClient(f"127.0.0.1:{server.port}")
+    poll, _ = _park(agent, client, 0, 5_000)
+    progress = agent.core._state.tracker.slaves[2]
+    order: list[str] = []
+    feed, push = agent.feed, ha_stream.Link.push
+    monkeypatch.setattr(agent, "feed", lambda event: order.append(type(event).__name__) or feed(event))
+    monkeypatch.setattr(ha_stream.Link, "push", lambda link, frame: order.append("push") or push(link, frame))
+    before_ms = now_ms()
+    agent.append(lambda e: agent.store.put_messages([Message("T", 0, b"x" * 100)], e, 1))
+    poll.join(TIMEOUT_S)
+    assert order == ["push", "Appended", "FetchAnswered"], order
+    assert progress.sent_max_offset == agent.store.durable_offset == 0 and progress.sent_ms >= before_ms
     client.close()
 
 
