@@ -473,8 +473,9 @@ class BrokerAgent:
                     )
                     self.store.truncate(offset)
                 case AppendReplicated(offset=offset, data=data):
-                    # fsynced (the next fetch acknowledges it); epoch entries follow from the records
-                    self.store.append_replicated(offset, data)
+                    # Epoch entries follow from the records. Not yet durable: the fetch loop
+                    # syncs (sync_replicated) right before its next fetch acknowledges them.
+                    self.store.append_replicated(offset, data, sync=False)
                 case NoteConfirm():
                     self._note_confirm(effect)
                 case RequestRefresh():
@@ -563,6 +564,13 @@ class BrokerAgent:
         self._fetchers_seen = seen
         for condition in self._fetchers:
             condition.notify()
+
+    def sync_replicated(self) -> int:
+        """With the lock held: makes the replicated appends durable (seams.BrokerHost)."""
+        try:
+            return self.store.sync_replicated()
+        except OSError as error:
+            raise self._disk_error(error) from None
 
     def wait_for_append(self, timeout_s: float) -> None:
         """With the lock held: waits (releasing it) until the log grows, the role or epoch

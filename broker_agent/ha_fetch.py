@@ -152,13 +152,18 @@ def _current(host: BrokerHost, session: int, view: RoleView | None = None) -> bo
 
 
 def _request(
-    host: BrokerHost, settings: FetchSettings, handshake: bool, view: RoleView | None = None
+    host: BrokerHost,
+    settings: FetchSettings,
+    handshake: bool,
+    view: RoleView | None = None,
+    syncing: bool = False,
 ) -> bpb.HaFetchRequest:
     """The next fetch: from this slave's log end, which acknowledges everything before it,
-    so never while that end is not durable (a replicated append syncs before it returns).
-    `view`: the host's, when the caller holds its lock and has just read it."""
+    so never while that end is not durable. `view`: the host's, when the caller holds its
+    lock and has just read it. `syncing`: the caller holds the lock and makes the log
+    durable before it sends this fetch (_apply), so its end need not be durable yet."""
     store, view = host.store, host.view() if view is None else view
-    if store.durable_offset < store.max_offset:
+    if not syncing and store.durable_offset < store.max_offset:
         raise FailedPrecondition(
             f"this slave's log is durable to {store.durable_offset}, not to its end {store.max_offset}: "
             "it acknowledges nothing until it is"
@@ -205,10 +210,12 @@ def _apply(
     reply: bpb.HaFetchResponse,
     ahead: StreamClient | None,
 ) -> bool:
-    """Applies a fetch's answer; returns whether the next fetch must handshake again. With
-    `ahead` (the HA stream), the next fetch is sent as soon as the answer's bytes are
-    durable: it acknowledges them while this slave finishes with the answer (the master's
-    confirm offset, Replicated), so the master's wait for it is not that much longer."""
+    """Applies a fetch's answer; returns whether the next fetch must handshake again. The
+    answer's bytes are appended, then made durable (sync_replicated) once all else the
+    next fetch needs is done, under the host's lock. With `ahead` (the HA stream), that
+    fetch is sent as soon as the fdatasync returns: it acknowledges them while this slave
+    finishes with the answer (the master's confirm offset, Replicated), so the master's
+    wait for it is not that much longer."""
     if reply.offset_moved_to_tiered:
         # Not under the host's lock: it downloads; it re-checks the session per append.
         bootstrap_from_tiered(host, settings.tiered_url, reply.min_offset, lambda: _current(host, session))
@@ -221,10 +228,17 @@ def _apply(
         if any(isinstance(effect, Truncate) for effect in host.feed(answer)):
             return False
         view = host.view()
-        if ahead is None or not _current(host, session, view):
+        current = ahead is not None and _current(host, session, view)
+        request = _request(host, settings, False, view, syncing=True) if current else None
+        durable = host.sync_replicated()
+        if request is None or ahead is None:
             host.feed(Replicated(session, reply.confirm_offset, log_view(store)))
             return False
-        request = _request(host, settings, False, view)
+        if durable < request.fetch_offset:  # nothing else writes a slave's log: never seen
+            raise FailedPrecondition(
+                f"this slave's log is durable to {durable}, not to {request.fetch_offset}: "
+                "it acknowledges nothing until it is"
+            )
     try:
         ahead.send(request, _timeout_s(settings))  # the lock let go: a slow socket never holds it
     finally:

@@ -44,6 +44,12 @@ class BrokerHost(Protocol):
         refusal last); returns the effects, e.g. the answer to a slave's fetch."""
         ...
 
+    def sync_replicated(self) -> int:
+        """With the lock held: makes the bytes this slave has appended durable (its next
+        fetch acknowledges them) and returns how far its log is durable; a failed fdatasync
+        ends the broker as a failed append's does."""
+        ...
+
     def wait_for_append(self, timeout_s: float) -> None:
         """With the lock held: waits (releasing it) until the log grows, the role or the
         epoch changes, or `timeout_s` passes."""

@@ -466,10 +466,12 @@ class MessageStore:
             self._progress.update(progress)
             return results
 
-    def append_replicated(self, offset: int, data: bytes) -> int:
+    def append_replicated(self, offset: int, data: bytes, sync: bool = True) -> int:
         """A slave's append of bytes read from its master at `offset` (which must be this
         store's max_offset); indexes them and returns the new max_offset. Nothing is
-        written unless every record is valid and continues this store's epochs and queues."""
+        written unless every record is valid and continues this store's epochs and queues.
+        Durable on return; with sync=False only once sync_replicated() returns (the slave's
+        fetch loop syncs right before its next fetch acknowledges the bytes)."""
         if len(data) > APPEND_BYTES_MAX:
             raise InvalidArgument(f"{len(data)} bytes in one append; the limit is {APPEND_BYTES_MAX}")
         records = scan_records(data, offset)
@@ -499,19 +501,24 @@ class MessageStore:
                         record.topic, record.keys, record.msg_id, record.commit_offset, record.properties
                     )
             self._progress.update(consumer_offsets)
-            if records:
+            if records and sync:
                 self._sync_replicated()
-            self._maybe_checkpoint()
+            self._maybe_checkpoint()  # syncs first (_write_checkpoint)
             return end
 
-    def _sync_replicated(self) -> None:
+    def sync_replicated(self) -> int:
+        """Makes every replicated append durable (append_replicated with sync=False) and
+        returns how far the log is durable; see _sync_replicated for a failure."""
+        return self._sync_replicated()
+
+    def _sync_replicated(self) -> int:
         """The fdatasync that ends a replicated append. A failed one closed the log
         (CommitLog.sync: its pages' fate is unknown, never retried): an I/O error even when
         the kernel said ENOSPC, so the broker fences itself rather than go on as if a full
         disk had refused the write (which would have undone it: a write that fills the
         disk, or an fdatasync before a new segment, still is)."""
         try:
-            self.log.sync()
+            return self.log.sync()
         except OSError as error:
             raise OSError(errno.EIO, f"fdatasync of the replicated bytes failed: {error}") from None
 

@@ -1186,16 +1186,24 @@ def test_random_puts_commits_truncations_and_reopens_match_a_model(tmp_path, see
     store.close()
 
 
-def test_a_replicated_append_is_durable_on_return_and_its_failed_fdatasync_fences(tmp_path, monkeypatch):
-    """A slave's append writes, indexes, then fdatasyncs last (its acknowledgement leaves
-    right after): durable on return. A failed fdatasync closes the log and is an I/O error
-    even when the kernel says ENOSPC: a full disk's refusal (which lets the broker go on)
-    would claim the write undone, and it is not. The failure is injected."""
+@pytest.mark.parametrize("deferred", [False, True], ids=["synced", "deferred"])
+def test_a_replicated_append_is_durable_on_return_and_its_failed_fdatasync_fences(
+    tmp_path, monkeypatch, deferred
+):
+    """A slave's append writes, indexes, then fdatasyncs last: durable on return; with
+    sync=False (the fetch loop's, which builds its next fetch first) not until
+    sync_replicated returns, which says how far the log is durable. A failed fdatasync
+    closes the log and is an I/O error even when the kernel says ENOSPC: a full disk's
+    refusal (which lets the broker go on) would claim the write undone, and it is not.
+    The failure is injected."""
     master = new_store(tmp_path / "m")
     master.begin_epoch(1)
     fill(master, 1, 3)
     slave = new_store(tmp_path / "s", fsync=True)
-    end = slave.append_replicated(0, master.read_bytes(0, 1 << 20))
+    end = slave.append_replicated(0, master.read_bytes(0, 1 << 20), sync=not deferred)
+    if deferred:
+        assert slave.durable_offset == 0 < end, "synced before the caller asked"
+        assert slave.sync_replicated() == slave.durable_offset == end
     assert slave.durable_offset == end == master.max_offset
     fill(master, 1, 2, start=3)
 
@@ -1204,7 +1212,8 @@ def test_a_replicated_append_is_durable_on_return_and_its_failed_fdatasync_fence
 
     monkeypatch.setattr(os, "fdatasync", full)
     with pytest.raises(OSError) as raised:
-        slave.append_replicated(end, master.read_bytes(end, 1 << 20))
+        slave.append_replicated(end, master.read_bytes(end, 1 << 20), sync=not deferred)
+        slave.sync_replicated()
     monkeypatch.undo()
     assert raised.value.errno == 5, "a failed fdatasync must fence the broker, not refuse as a full disk"
     assert slave.log_closed and slave.durable_offset == end

@@ -26,6 +26,7 @@ Properties checked (a real master agent, its stream server on loopback, no contr
 
 from __future__ import annotations
 
+import os
 import socket
 import struct
 import subprocess
@@ -35,9 +36,11 @@ import time
 import zlib
 
 import pytest
+from mqmeta.broker_agent import agent as agent_module
 from mqmeta.broker_agent import ha_fetch, ha_stream
 from mqmeta.broker_agent.agent import BrokerAgent, BrokerConfig, _Writer
 from mqmeta.broker_agent.core import HeartbeatAnswered, Registered, Stop, Synced, WriteOutcome
+from mqmeta.broker_agent.ha import Role
 from mqmeta.broker_agent.ha_stream import StreamBroken, StreamClient
 from mqmeta.broker_agent.seams import log_view
 from mqmeta.broker_agent.status import ha_status
@@ -546,6 +549,50 @@ def test_a_slave_acknowledges_bytes_once_durable_before_it_applies_the_answers_c
         fetching.join(TIMEOUT_S)
         assert steps == [("sent", 0, 0), "MasterAnswered", ("sent", end, end), "Replicated"]
         assert stream.in_flight, "the next fetch is out, its answer for the next round to read"
+    finally:
+        stream.close()
+        slave.stop()
+
+
+def test_a_slaves_fdatasync_is_the_last_step_before_its_acknowledgement(master, tmp_path, monkeypatch):
+    """The slave builds the fetch that acknowledges an answer's bytes (it reads its role
+    view) before it makes them durable, so nothing but letting go of the lock comes
+    between its fdatasync's return and that fetch leaving; the fetch asks from the
+    durable end. A failed fdatasync fences the slave (the failure is injected)."""
+    agent, server = master
+    monkeypatch.setattr(ha_fetch, "follow", lambda host, session, settings: None)  # fetched below
+    slave = new_agent(tmp_path / "b2", 2)
+    slave.apply_replica_info(master_info(epoch=1))
+    session = slave.view().fetch_session
+    settings = ha_fetch.FetchSettings(1 << 20, 5_000)
+    stream = StreamClient(f"127.0.0.1:{server.port}")
+    steps: list[object] = []
+    view, fdatasync, send = slave.view, os.fdatasync, stream.send
+    monkeypatch.setattr(slave, "view", lambda: steps.append("view") or view())
+    monkeypatch.setattr(os, "fdatasync", lambda fd: steps.append("fdatasync") or fdatasync(fd))
+
+    def sent(request, timeout_s):
+        steps.append(("sent", request.fetch_offset, slave.store.durable_offset))
+        send(request, timeout_s)
+
+    monkeypatch.setattr(stream, "send", sent)
+    exits: list[int] = []
+    monkeypatch.setattr(agent_module, "exit_at_once", exits.append)  # the process would end here
+    try:
+        stream.send(ha_fetch._request(slave, settings, False), TIMEOUT_S)
+        wait_for(lambda: agent._parked, TIMEOUT_S, "the slave's fetch parked")
+        steps.clear()
+        _, end, _ = agent.append(lambda e: agent.store.put_messages([Message("T", 0, b"x" * 100)], e, 1))
+        ha_fetch._stream_fetch(slave, session, settings, stream)
+        assert steps[-2:] == ["fdatasync", ("sent", end, end)], steps
+        assert "view" in steps and steps.index("view") < steps.index("fdatasync")
+
+        _, end, _ = agent.append(lambda e: agent.store.put_messages([Message("T", 0, b"y" * 100)], e, 1))
+        monkeypatch.setattr(os, "fdatasync", lambda fd: (_ for _ in ()).throw(OSError(5, "I/O error")))
+        with pytest.raises(Unavailable, match="fenced"):
+            ha_fetch._stream_fetch(slave, session, settings, stream)
+        assert slave.view().role == Role.FENCED and slave.store.durable_offset < end
+        wait_for(lambda: exits == [agent_module.EXIT_DISK_FAILED], TIMEOUT_S, "the slave to exit")
     finally:
         stream.close()
         slave.stop()
