@@ -286,10 +286,40 @@ def test_ab_ratios_are_medians_of_per_turn_ratios_and_bad_clusters_are_refused(t
     assert ab.paired(figures, "old")["new"]["ratio_to_old"] == 0.9
     python = sys.executable
     assert ab.parse_args([f"a={python}", f"b={python}"]).pythons == {"a": python, "b": python}
-    for argv in ([f"a={python}"], [f"a={python}", f"a={python}"], [f"a={python}", "b=/nonexistent/python"]):
+    assert ab.parse_args([f"a={python}", f"b={python}", "--each", "2"]).copies == {
+        "a": ["a", "a-2"],
+        "b": ["b", "b-2"],
+    }
+    for argv in (
+        [f"a={python}"],
+        [f"a={python}", f"a={python}"],
+        [f"a={python}", "b=/nonexistent/python"],
+        [f"a={python}", f"a-2={python}", "--each", "2"],  # a's second copy is a-2
+        [f"a={python}", f"b={python}", "--each", "5"],
+    ):
         with pytest.raises(SystemExit) as exit_info:
             ab.parse_args(argv)
         assert exit_info.value.code == 2
+
+
+def test_ab_pools_each_names_copies_per_turn_and_gives_their_spread() -> None:
+    """bench.peers.ab --each: a NAME's figure in a turn is the mean of its copies'; its
+    ratio is the median over turns of that divided by the reference NAME's; `within` is
+    the median of each later copy divided by the first (identical code). A turn where a
+    copy has no figure counts in neither."""
+    from bench.peers import ab
+
+    copies = {"old": ["old", "old-2"], "new": ["new", "new-2"]}
+    figures = {
+        "old": [2.0, 1.0, 2.0, 2.0],
+        "old-2": [1.0, 1.0, 2.0, None],
+        "new": [1.0, 1.0, 1.0, 1.0],
+        "new-2": [2.0, 0.5, 1.5, 1.0],
+    }
+    out = ab.pooled(figures, copies, "old")
+    assert out["old"] == {"ratio_to_old": 1.0, "within": 1.0}  # 0.5, 1.0, 1.0 of old
+    # new / old by turn: 1.5/1.5, 0.75/1.0, 1.25/2.0 (the fourth lacks old-2): 0.75
+    assert out["new"] == {"ratio_to_old": 0.75, "within": 1.25}  # of 2.0, 0.5, 1.5, 1.0
 
 
 def test_ab_metadata_turns_drive_metadata_writers_of_the_cluster() -> None:
