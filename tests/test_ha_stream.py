@@ -513,6 +513,25 @@ def test_a_send_is_answered_by_the_thread_its_last_acknowledgement_arrives_on(ma
     client.close()
 
 
+def _streaming_slave(monkeypatch, tmp_path, server, steps: list[object]):
+    """Broker 2, a slave of the master fixture's set that fetches only when the test says
+    (no fetch loop), and its HA stream to that master; each fetch it sends is recorded in
+    `steps` as ("sent", its offset, the slave's durable end then). Returns (slave, its
+    fetch session, fetch settings, stream)."""
+    monkeypatch.setattr(ha_fetch, "follow", lambda host, session, settings: None)
+    slave = new_agent(tmp_path / "b2", 2)
+    slave.apply_replica_info(master_info(epoch=1))
+    stream = StreamClient(f"127.0.0.1:{server.port}")
+    send = stream.send
+
+    def sent(request, timeout_s):
+        steps.append(("sent", request.fetch_offset, slave.store.durable_offset))
+        send(request, timeout_s)
+
+    monkeypatch.setattr(stream, "send", sent)
+    return slave, slave.view().fetch_session, ha_fetch.FetchSettings(1 << 20, 5_000), stream
+
+
 def test_a_slave_acknowledges_bytes_once_durable_before_it_applies_the_answers_confirm_offset(
     master, tmp_path, monkeypatch
 ):
@@ -520,25 +539,10 @@ def test_a_slave_acknowledges_bytes_once_durable_before_it_applies_the_answers_c
     soon as the answer's bytes are durable, then applies the rest of the answer (the
     master's confirm offset): never before they are durable."""
     agent, server = master
-    monkeypatch.setattr(ha_fetch, "follow", lambda host, session, settings: None)  # fetched below
-    slave = new_agent(tmp_path / "b2", 2)
-    slave.apply_replica_info(master_info(epoch=1))
-    session = slave.view().fetch_session
-    settings = ha_fetch.FetchSettings(1 << 20, 5_000)
-    stream = StreamClient(f"127.0.0.1:{server.port}")
     steps: list[object] = []
-    feed, send = slave.feed, stream.send
-
-    def fed(event):
-        steps.append(type(event).__name__)
-        return feed(event)
-
-    def sent(request, timeout_s):
-        steps.append(("sent", request.fetch_offset, slave.store.durable_offset))
-        send(request, timeout_s)
-
-    monkeypatch.setattr(slave, "feed", fed)
-    monkeypatch.setattr(stream, "send", sent)
+    slave, session, settings, stream = _streaming_slave(monkeypatch, tmp_path, server, steps)
+    feed = slave.feed
+    monkeypatch.setattr(slave, "feed", lambda event: steps.append(type(event).__name__) or feed(event))
     try:
         fetching = threading.Thread(
             target=ha_fetch._stream_fetch, args=(slave, session, settings, stream), daemon=True
@@ -560,22 +564,11 @@ def test_a_slaves_fdatasync_is_the_last_step_before_its_acknowledgement(master, 
     between its fdatasync's return and that fetch leaving; the fetch asks from the
     durable end. A failed fdatasync fences the slave (the failure is injected)."""
     agent, server = master
-    monkeypatch.setattr(ha_fetch, "follow", lambda host, session, settings: None)  # fetched below
-    slave = new_agent(tmp_path / "b2", 2)
-    slave.apply_replica_info(master_info(epoch=1))
-    session = slave.view().fetch_session
-    settings = ha_fetch.FetchSettings(1 << 20, 5_000)
-    stream = StreamClient(f"127.0.0.1:{server.port}")
     steps: list[object] = []
-    view, fdatasync, send = slave.view, os.fdatasync, stream.send
+    slave, session, settings, stream = _streaming_slave(monkeypatch, tmp_path, server, steps)
+    view, fdatasync = slave.view, os.fdatasync
     monkeypatch.setattr(slave, "view", lambda: steps.append("view") or view())
     monkeypatch.setattr(os, "fdatasync", lambda fd: steps.append("fdatasync") or fdatasync(fd))
-
-    def sent(request, timeout_s):
-        steps.append(("sent", request.fetch_offset, slave.store.durable_offset))
-        send(request, timeout_s)
-
-    monkeypatch.setattr(stream, "send", sent)
     exits: list[int] = []
     monkeypatch.setattr(agent_module, "exit_at_once", exits.append)  # the process would end here
     try:
