@@ -600,6 +600,7 @@ WRITE_PATH_FUNCS = [
     "CommitLog.read (broker_agent/commitlog.py)",
     "_fetch_once (broker_agent/ha_fetch.py)",
     "MessageStore.append_replicated (broker_agent/store.py)",
+    "MessageStore.sync_replicated (broker_agent/store.py)",
     "scan_records (formats/records.py)",
     "valid_run (formats/records.py)",
     "MessageStore._plan_replicated (broker_agent/store.py)",

@@ -107,6 +107,8 @@ from mqmeta.timing import (
 
 log = logging.getLogger(__name__)
 
+PUSH_UNDER_LOCK_BYTES = 64 << 10  # an append's answers to parked fetches up to this: pushed under the lock
+
 SEND_BATCH_MAX = 1024
 # Concurrent sends written together (send): one write in flight, the sends that arrive
 # meanwhile go in the next; a send whose bodies alone pass the bound goes alone.
@@ -406,14 +408,12 @@ class BrokerAgent:
         """With the lock held: would a fetch of a slave following `master_epoch` be answered?"""
         return self.core.serves_fetch(master_epoch)
 
-    def _push_parked(self) -> list[tuple[ha_fetch.ParkedFetch, int]]:
-        """With the lock held, right after an append: answers the parked fetches the log has
-        grown for from this (the appending) thread, so the slaves have the bytes without a
-        hand-off to their connections' threads, and before this broker's own bookkeeping
-        of the append (append feeds Appended and FetchAnswered once they are sent). A push
-        never blocks (Link.push), so it may hold the lock. One read and one frame serve the
-        slaves whose answers are the same (they asked from the same offset), and all are
-        built before the first is sent. Returns each fetch pushed with its bytes of data.
+    def _answer_parked(self) -> list[tuple[ha_fetch.ParkedFetch, bpb.HaFetchResponse]]:
+        """With the lock held, right after an append: the answers to the parked fetches the
+        log has grown for (unparked), for this (the appending) thread to push (_push), so
+        the slaves have the bytes without a hand-off to their connections' threads. Fetches
+        alike (the same offset, size limit, handshake and epoch) get the same answer, one
+        read for all.
 
         While other writers wait for their acknowledgements (concurrent producers), the
         connections' threads are woken instead: by the time one runs, it answers with those
@@ -425,21 +425,29 @@ class BrokerAgent:
                     parked.woken = True
                     parked.link.wake()
             return []
-        answers: list[tuple[ha_fetch.ParkedFetch, bpb.HaFetchResponse, bytes]] = []
-        built: dict[tuple[int, int, bool, int], tuple[bpb.HaFetchResponse, bytes] | None] = {}
+        answers = []
+        built: dict[tuple[int, int, bool, int], bpb.HaFetchResponse | None] = {}
         for parked in list(self._parked):
             request = parked.request
             key = (request.fetch_offset, parked.max_bytes, request.handshake, request.master_epoch)
             if key not in built:
-                answer = ha_fetch.answer_parked(self, parked)
-                built[key] = None if answer is None else (answer, ha_stream.response_frame(answer))
+                built[key] = ha_fetch.answer_parked(self, parked)
             elif built[key] is not None:  # the same fetch as one answered above: the same answer
                 self.unpark(parked)
-            if (answered := built[key]) is not None:
-                answers.append((parked, *answered))
-        for parked, _, frame in answers:
-            parked.link.push(frame)
-        return [(parked, len(answer.data)) for parked, answer, _ in answers]
+            if (answer := built[key]) is not None:
+                answers.append((parked, answer))
+        return answers
+
+    @staticmethod
+    def _push(answers: list[tuple[ha_fetch.ParkedFetch, bpb.HaFetchResponse]]) -> None:
+        """Sends the answers (_answer_parked) without blocking (Link.push): one frame for the
+        fetches answered alike, every frame built before the first is sent."""
+        frames: dict[int, bytes] = {}  # by the answer's identity: the answers alike are one object
+        for _, answer in answers:
+            if id(answer) not in frames:
+                frames[id(answer)] = ha_stream.response_frame(answer)
+        for parked, answer in answers:
+            parked.link.push(frames[id(answer)])
 
     def request_refresh(self) -> None:
         self._refresh_needed.set()
@@ -1164,16 +1172,28 @@ class BrokerAgent:
             except OSError as error:
                 raise self._disk_error(error) from None
             end = self.store.max_offset
-            pushed = self._push_parked() if self._parked else []
-            view = log_view(self.store)
-            self.feed(Appended(view))  # also wakes the slaves' long-polling fetches (over gRPC)
-            if pushed:
-                now = now_ms()
-                for parked, _ in pushed:
-                    self.feed(FetchAnswered(now, parked.request.broker_id, view))
-        if pushed and self.fetch_served is not None:
-            for parked, size in pushed:
-                self.fetch_served(time.perf_counter() - parked.started, size)
+            answers: list[tuple[ha_fetch.ParkedFetch, bpb.HaFetchResponse]] = []
+            early = True
+            try:
+                answers = self._answer_parked() if self._parked else []
+                # Small answers leave now, before this broker's bookkeeping of the append
+                # (their confirm offset is the one before Appended: at most one answer
+                # behind); larger ones are framed and sent once the lock is let go (their
+                # CRC and copy would hold it), as every answer was before.
+                early = sum(len(a.data) for _, a in answers) <= PUSH_UNDER_LOCK_BYTES
+                if answers and early:
+                    self._push(answers)
+            finally:
+                view = log_view(self.store)
+                self.feed(Appended(view))  # also wakes the slaves' long-polling fetches (over gRPC)
+            now = now_ms()
+            for parked, _ in answers:
+                self.feed(FetchAnswered(now, parked.request.broker_id, view))
+        if answers and not early:
+            self._push(answers)
+        if answers and self.fetch_served is not None:
+            for parked, answer in answers:
+                self.fetch_served(time.perf_counter() - parked.started, len(answer.data))
         return results, end, epoch
 
     def _sync_written(self, end: int | None = None) -> None:

@@ -33,6 +33,7 @@ import grpc
 from mqmeta.broker_agent import ha_stream
 from mqmeta.broker_agent.core import (
     AnswerFetch,
+    AppendReplicated,
     Departure,
     Effect,
     FetchAnswered,
@@ -225,13 +226,16 @@ def _apply(
         answer = MasterAnswered(
             session, reply.master_epoch, reply.truncate_to, reply.data_offset, reply.data, log_view(store)
         )
-        if any(isinstance(effect, Truncate) for effect in host.feed(answer)):
+        effects = host.feed(answer)
+        if any(isinstance(effect, Truncate) for effect in effects):
             return False
         view = host.view()
         current = ahead is not None and _current(host, session, view)
         request = _request(host, settings, False, view, syncing=True) if current else None
-        durable = host.sync_replicated()
-        if request is None or ahead is None:
+        frame = b"" if request is None else ha_stream.request_frame(request)
+        appended = any(isinstance(effect, AppendReplicated) for effect in effects)
+        durable = host.sync_replicated() if appended else store.durable_offset
+        if request is None or ahead is None:  # (ahead is None: then so is request)
             host.feed(Replicated(session, reply.confirm_offset, log_view(store)))
             return False
         if durable < request.fetch_offset:  # nothing else writes a slave's log: never seen
@@ -240,7 +244,8 @@ def _apply(
                 "it acknowledges nothing until it is"
             )
     try:
-        ahead.send(request, _timeout_s(settings))  # the lock let go: a slow socket never holds it
+        # The lock let go (a slow socket never holds it); the fetch was framed before the sync.
+        ahead.send(request, _timeout_s(settings), frame)
     finally:
         with host.lock:
             host.feed(Replicated(session, reply.confirm_offset, log_view(store)))
@@ -290,11 +295,11 @@ def data_reply(
     host: BrokerHost,
     request: bpb.HaFetchRequest,
     max_bytes: int,
-    answered: bool = True,
+    feed_answered: bool = True,
 ) -> bpb.HaFetchResponse:
     """With the host's lock held: the answer to a fetch the core accepted, from its offset
-    up to the log end (nothing when the log has not grown past it). `answered`: the core
-    hears of the answer (FetchAnswered) now; False: the caller feeds it once it is sent."""
+    up to the log end (nothing when the log has not grown past it). `feed_answered`: the
+    core hears of the answer (FetchAnswered) now; False: the caller feeds it (agent.append)."""
     store = host.store
     end = store.max_offset
     size = min(max_bytes, end - request.fetch_offset)
@@ -304,7 +309,7 @@ def data_reply(
         # Unchecked here: the slave checks every record's CRC and layout (scan_records)
         # before it writes any, so a record corrupted on this disk is refused there.
         data = store.read_bytes(request.fetch_offset, size, check=False)
-    if answered:
+    if feed_answered:
         host.feed(FetchAnswered(now_ms(), request.broker_id, log_view(store)))  # the host's clock
     return _reply(host, request, data_offset=request.fetch_offset, data=data)
 
@@ -342,12 +347,12 @@ class ParkedFetch:
 def answer_parked(host: BrokerHost, parked: ParkedFetch) -> bpb.HaFetchResponse | None:
     """With the host's lock held, after an append: the answer to `parked` (unparked), or
     None when the log has not grown past its offset or the core would refuse it now (its
-    connection's thread, woken by the new role or epoch, answers it). The caller sends it,
-    then feeds FetchAnswered (the appending thread pushes first: agent._push_parked)."""
+    connection's thread, woken by the new role or epoch, answers it). The caller sends it
+    and feeds FetchAnswered (agent.append, which pushes small answers first)."""
     if host.store.max_offset <= parked.request.fetch_offset or not host.serves(parked.request.master_epoch):
         return None
     host.unpark(parked)
-    return data_reply(host, parked.request, parked.max_bytes, answered=False)
+    return data_reply(host, parked.request, parked.max_bytes, feed_answered=False)
 
 
 def _answer(effects: list[Effect]) -> AnswerFetch:

@@ -248,6 +248,10 @@ def response_frame(response: bpb.HaFetchResponse) -> bytes:
     return frames.frame(frames.KIND_RESPONSE, response.SerializeToString())
 
 
+def request_frame(request: bpb.HaFetchRequest) -> bytes:
+    return frames.frame(frames.KIND_REQUEST, request.SerializeToString())
+
+
 def _refusal(error: MqmetaError) -> bytes:
     return frames.frame(frames.KIND_REFUSAL, f"{error.code}\n{error}".encode())
 
@@ -282,16 +286,17 @@ class StreamClient:
         self.send(request, timeout_s)
         return self.receive()
 
-    def send(self, request: bpb.HaFetchRequest, timeout_s: float) -> None:
+    def send(self, request: bpb.HaFetchRequest, timeout_s: float, frame: bytes = b"") -> None:
         """Sends a fetch whose answer `receive` reads (the slave sends its next fetch, which
-        acknowledges the bytes it has just made durable, before it finishes with them)."""
+        acknowledges the bytes it has just made durable, before it finishes with them).
+        `frame`: the request already framed (request_frame), if it was."""
         if self.in_flight:
             raise ValueError("an HA stream fetch sent before the answer to the last was read")
         try:
             if timeout_s != self._timeout_s:
                 frames.blocking_with_timeouts(self._sock, timeout_s)
                 self._timeout_s = timeout_s
-            self._sock.sendall(frames.frame(frames.KIND_REQUEST, request.SerializeToString()))
+            self._sock.sendall(frame or request_frame(request))
         except (TimeoutError, BlockingIOError):  # SO_SNDTIMEO
             raise self._broken(f"took no fetch in {timeout_s:.1f} s", False) from None
         except OSError as error:

@@ -485,8 +485,8 @@ class MessageStore:
             for epoch, start in new_epochs:
                 self.epochs.append(epoch, start)  # the epoch file leads the log
             if records:  # scan_records checked every record's bytes and layout
-                # Written, indexed, then made durable: the slave acknowledges the bytes (its
-                # next fetch) as soon as the fdatasync returns, with nothing left to do first.
+                # Written, indexed, then made durable (here, or by sync_replicated once the
+                # fetch loop has built the fetch that acknowledges them).
                 written = self.log.append_verified(
                     data, [r.size for r in records], expected_offset=offset, sync=False
                 )

@@ -1187,7 +1187,7 @@ def test_random_puts_commits_truncations_and_reopens_match_a_model(tmp_path, see
 
 
 @pytest.mark.parametrize("deferred", [False, True], ids=["synced", "deferred"])
-def test_a_replicated_append_is_durable_on_return_and_its_failed_fdatasync_fences(
+def test_a_replicated_append_is_durable_once_synced_and_its_failed_fdatasync_fences(
     tmp_path, monkeypatch, deferred
 ):
     """A slave's append writes, indexes, then fdatasyncs last: durable on return; with

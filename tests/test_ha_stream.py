@@ -17,6 +17,12 @@ Properties checked (a real master agent, its stream server on loopback, no contr
   refusal, at once); an answer larger than the socket takes at
   once is finished by the connection's thread, whole; while other writers wait for their
   acknowledgements an append wakes the connection's thread instead of pushing;
+- the append pushes a small answer before the core hears of the append and the answer,
+  a larger one after; parked fetches share an answer only when they ask alike;
+- a slave acknowledges an answer's bytes (its next fetch) only once they are durable,
+  before it applies the rest of the answer; it builds and frames that fetch before its
+  fdatasync, which is the last step before the fetch leaves, and a failed fdatasync
+  fences it;
 - a master that stops answering ends the fetch at its timeout (the sockets block with
   kernel timeouts), not as an unreachable master;
 - the stream is offered only where gRPC is plain and unauthenticated; a dial map that
@@ -352,19 +358,29 @@ def test_a_silent_master_ends_the_fetch_at_its_timeout_as_no_unreachable_master(
     assert not silent.value.unreachable
 
 
-def _park(agent: BrokerAgent, client: StreamClient, offset: int, wait_ms: int, max_bytes: int = 1 << 20):
-    """A streamed fetch from `offset`, in a thread, parked on the master: (thread, outcomes)."""
+def _park(
+    agent: BrokerAgent,
+    client: StreamClient,
+    offset: int,
+    wait_ms: int,
+    max_bytes: int = 1 << 20,
+    broker_id: int = 2,
+):
+    """A streamed fetch from `offset`, in a thread, parked on the master (one more than
+    were parked before): (thread, outcomes)."""
     outcomes: list[object] = []
+    parked = len(agent._parked)
 
     def fetch() -> None:
         try:
-            outcomes.append(client.fetch(request(offset, wait_ms, max_bytes=max_bytes), TIMEOUT_S))
+            asked = request(offset, wait_ms, max_bytes=max_bytes, broker_id=broker_id)
+            outcomes.append(client.fetch(asked, TIMEOUT_S))
         except Exception as error:  # the test looks at it
             outcomes.append(error)
 
     poll = threading.Thread(target=fetch, daemon=True)
     poll.start()
-    wait_for(lambda: agent._parked, TIMEOUT_S, "the streamed fetch parked")
+    wait_for(lambda: len(agent._parked) > parked, TIMEOUT_S, "the streamed fetch parked")
     return poll, outcomes
 
 
@@ -391,27 +407,56 @@ def test_the_append_answers_a_parked_fetch_from_its_own_thread(master, monkeypat
     client.close()
 
 
+@pytest.mark.parametrize("body_bytes", [100, agent_module.PUSH_UNDER_LOCK_BYTES + 1], ids=["small", "large"])
 def test_the_append_pushes_before_its_own_bookkeeping_and_the_core_still_hears_of_the_answer(
-    master, monkeypatch
+    master, monkeypatch, body_bytes
 ):
-    """The append pushes a parked fetch's answer before it feeds the core its own bookkeeping
-    of the append (Appended, FetchAnswered), so the slave starts on the bytes sooner; the
-    core still hears of the answer: the slave's progress holds the log's durable end and
-    the time it was answered (what later says it was caught up)."""
+    """The append pushes a parked fetch's small answer before it feeds the core its own
+    bookkeeping of the append (Appended, FetchAnswered), so the slave starts on the bytes
+    sooner; a larger answer (its frame's CRC and copy would hold the lock) after, once the
+    lock is let go. The core hears of the answer either way: the slave's progress holds
+    the log's durable end as of the answer and the time it was answered (what later says
+    it was caught up)."""
     agent, server = master
+    agent.append(lambda e: agent.store.put_messages([Message("T", 0, b"a" * 10)], e, 1))
+    durable = agent.store.sync()
+    agent.feed(Synced(log_view(agent.store)))
     client = StreamClient(f"127.0.0.1:{server.port}")
-    poll, _ = _park(agent, client, 0, 5_000)
+    poll, outcomes = _park(agent, client, durable, 5_000)
     progress = agent.core._state.tracker.slaves[2]
     order: list[str] = []
     feed, push = agent.feed, ha_stream.Link.push
     monkeypatch.setattr(agent, "feed", lambda event: order.append(type(event).__name__) or feed(event))
     monkeypatch.setattr(ha_stream.Link, "push", lambda link, frame: order.append("push") or push(link, frame))
     before_ms = now_ms()
-    agent.append(lambda e: agent.store.put_messages([Message("T", 0, b"x" * 100)], e, 1))
+    agent.append(lambda e: agent.store.put_messages([Message("T", 0, b"x" * body_bytes)], e, 1))
     poll.join(TIMEOUT_S)
-    assert order == ["push", "Appended", "FetchAnswered"], order
-    assert progress.sent_max_offset == agent.store.durable_offset == 0 and progress.sent_ms >= before_ms
+    if body_bytes <= agent_module.PUSH_UNDER_LOCK_BYTES:
+        assert order == ["push", "Appended", "FetchAnswered"], order
+    else:
+        assert order == ["Appended", "FetchAnswered", "push"], order
+    (answer,) = outcomes
+    assert isinstance(answer, bpb.HaFetchResponse) and answer.data_offset == durable > 0
+    assert progress.sent_max_offset == agent.store.durable_offset == durable and progress.sent_ms >= before_ms
     client.close()
+
+
+def test_fetches_that_differ_in_their_size_limit_get_answers_of_their_own(master):
+    """Parked fetches share an answer only when they ask alike: a smaller size limit gets
+    the first record only (a record is never cut), the larger one both."""
+    agent, server = master
+    clients = [StreamClient(f"127.0.0.1:{server.port}") for _ in range(2)]
+    polls = [
+        _park(agent, client, 0, 5_000, max_bytes=size, broker_id=broker_id)
+        for client, size, broker_id in zip(clients, (100, 1 << 20), (2, 3), strict=True)
+    ]
+    _, end, _ = agent.append(lambda e: agent.store.put_messages([Message("T", 0, b"x" * 150)] * 2, e, 1))
+    for poll, _ in polls:
+        poll.join(TIMEOUT_S)
+    (small,), (large,) = (outcomes for _, outcomes in polls)
+    assert len(large.data) == end and 0 < len(small.data) < end, (len(small.data), len(large.data), end)
+    for client in clients:
+        client.close()
 
 
 def test_a_parked_fetch_is_answered_empty_when_its_wait_ends(master):
@@ -524,9 +569,9 @@ def _streaming_slave(monkeypatch, tmp_path, server, steps: list[object]):
     stream = StreamClient(f"127.0.0.1:{server.port}")
     send = stream.send
 
-    def sent(request, timeout_s):
+    def sent(request, timeout_s, frame=b""):
         steps.append(("sent", request.fetch_offset, slave.store.durable_offset))
-        send(request, timeout_s)
+        send(request, timeout_s, frame)
 
     monkeypatch.setattr(stream, "send", sent)
     return slave, slave.view().fetch_session, ha_fetch.FetchSettings(1 << 20, 5_000), stream
@@ -559,16 +604,18 @@ def test_a_slave_acknowledges_bytes_once_durable_before_it_applies_the_answers_c
 
 
 def test_a_slaves_fdatasync_is_the_last_step_before_its_acknowledgement(master, tmp_path, monkeypatch):
-    """The slave builds the fetch that acknowledges an answer's bytes (it reads its role
-    view) before it makes them durable, so nothing but letting go of the lock comes
-    between its fdatasync's return and that fetch leaving; the fetch asks from the
-    durable end. A failed fdatasync fences the slave (the failure is injected)."""
+    """The slave builds and frames the fetch that acknowledges an answer's bytes (it reads
+    its role view) before it makes them durable, so only letting go of the lock and the
+    socket's write come between its fdatasync's return and that fetch leaving; the fetch
+    asks from the log's end, which the fdatasync made durable. A failed fdatasync fences
+    the slave (the failure is injected)."""
     agent, server = master
     steps: list[object] = []
     slave, session, settings, stream = _streaming_slave(monkeypatch, tmp_path, server, steps)
-    view, fdatasync = slave.view, os.fdatasync
+    view, fdatasync, framed = slave.view, os.fdatasync, ha_stream.request_frame
     monkeypatch.setattr(slave, "view", lambda: steps.append("view") or view())
     monkeypatch.setattr(os, "fdatasync", lambda fd: steps.append("fdatasync") or fdatasync(fd))
+    monkeypatch.setattr(ha_stream, "request_frame", lambda request: steps.append("framed") or framed(request))
     exits: list[int] = []
     monkeypatch.setattr(agent_module, "exit_at_once", exits.append)  # the process would end here
     try:
@@ -577,7 +624,7 @@ def test_a_slaves_fdatasync_is_the_last_step_before_its_acknowledgement(master, 
         steps.clear()
         _, end, _ = agent.append(lambda e: agent.store.put_messages([Message("T", 0, b"x" * 100)], e, 1))
         ha_fetch._stream_fetch(slave, session, settings, stream)
-        assert steps[-2:] == ["fdatasync", ("sent", end, end)], steps
+        assert steps[-3:] == ["framed", "fdatasync", ("sent", end, end)], steps
         assert "view" in steps and steps.index("view") < steps.index("fdatasync")
 
         _, end, _ = agent.append(lambda e: agent.store.put_messages([Message("T", 0, b"y" * 100)], e, 1))

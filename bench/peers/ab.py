@@ -1,17 +1,18 @@
 """`python -m bench.peers.ab`: an A/B of mqmeta's sync sends (or, with `--metadata`, its
 metadata writes) between checkouts, in short turns.
 
-Each NAME=PYTHON starts one mqmeta cluster (3 controllers, a namesrv, 3 brokers) whose
-processes run PYTHON (a checkout's venv); then, `--turns` times, each cluster in turn
-(the order rotating) takes `--producers` closed-loop sync producers of 1 KB messages for
-`--duration` seconds (bench/peers/load.py, after a 0.3 s warm-up); with `--metadata`,
-as many closed-loop writers of CreateTopic calls to the controllers (the peers bench's
-metadata write), and the CPU figure is the controllers' per write. The first NAME is the
-reference: per turn, each cluster's figure (one producer: p50 ms; more: msg/s) is divided
-by the reference's of the same turn, and the median of those ratios is reported, with
-each cluster's median figure and its brokers' CPU per message. Short turns side by side
-follow a machine whose speed drifts: bench.peers.sends, which runs longer phases, measured
-identical code at 0.92 x itself (one producer) and 1.6 x (16).
+Each NAME=PYTHON starts one mqmeta cluster (3 controllers, a namesrv, 3 brokers; with
+`--each N`, N of them: see below) whose processes run PYTHON (a checkout's venv); then,
+`--turns` times, each cluster in turn (the order rotating) takes `--producers`
+closed-loop sync producers of 1 KB messages for `--duration` seconds
+(bench/peers/load.py, after a 0.3 s warm-up); with `--metadata`, as many closed-loop
+writers of CreateTopic calls to the controllers (the peers bench's metadata write), and
+the CPU figure is the controllers' per write. The first NAME is the reference: per turn,
+each cluster's figure (one producer: p50 ms; more: msg/s) is divided by the reference's
+of the same turn, and the median of those ratios is reported, with each cluster's median
+figure and its brokers' CPU per message. Short turns side by side follow a machine whose
+speed drifts: bench.peers.sends, which runs longer phases, measured identical code at
+0.92 x itself (one producer) and 1.6 x (16).
 
 Turns do not average out what differs between two clusters of the same code (which broker
 is master, where their processes and files landed): identical clusters have differed by
