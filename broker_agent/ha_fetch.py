@@ -165,10 +165,7 @@ def _request(
     durable before it sends this fetch (_apply), so its end need not be durable yet."""
     store, view = host.store, host.view() if view is None else view
     if not syncing and store.durable_offset < store.max_offset:
-        raise FailedPrecondition(
-            f"this slave's log is durable to {store.durable_offset}, not to its end {store.max_offset}: "
-            "it acknowledges nothing until it is"
-        )
+        raise _not_durable(store.durable_offset, store.max_offset)
     return bpb.HaFetchRequest(
         cluster=host.cluster,
         broker_name=host.broker_name,
@@ -180,6 +177,13 @@ def _request(
         max_bytes=settings.max_bytes,
         wait_ms=settings.wait_ms,
         leaving=view.departure is Departure.LEAVING,
+    )
+
+
+def _not_durable(durable: int, end: int) -> FailedPrecondition:
+    """The refusal to send a fetch from `end`, which would acknowledge bytes not yet durable."""
+    return FailedPrecondition(
+        f"this slave's log is durable to {durable}, not to its end {end}: it acknowledges nothing until it is"
     )
 
 
@@ -239,10 +243,7 @@ def _apply(
             host.feed(Replicated(session, reply.confirm_offset, log_view(store)))
             return False
         if durable < request.fetch_offset:  # nothing else writes a slave's log: never seen
-            raise FailedPrecondition(
-                f"this slave's log is durable to {durable}, not to {request.fetch_offset}: "
-                "it acknowledges nothing until it is"
-            )
+            raise _not_durable(durable, request.fetch_offset)
     try:
         # The lock let go (a slow socket never holds it); the fetch was framed before the sync.
         ahead.send(request, _timeout_s(settings), frame)

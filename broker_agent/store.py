@@ -502,17 +502,13 @@ class MessageStore:
                     )
             self._progress.update(consumer_offsets)
             if records and sync:
-                self._sync_replicated()
+                self.sync_replicated()
             self._maybe_checkpoint()  # syncs first (_write_checkpoint)
             return end
 
     def sync_replicated(self) -> int:
-        """Makes every replicated append durable (append_replicated with sync=False) and
-        returns how far the log is durable; see _sync_replicated for a failure."""
-        return self._sync_replicated()
-
-    def _sync_replicated(self) -> int:
-        """The fdatasync that ends a replicated append. A failed one closed the log
+        """The fdatasync that ends a replicated append (in append_replicated, or after it
+        with sync=False); returns how far the log is durable. A failed one closed the log
         (CommitLog.sync: its pages' fate is unknown, never retried): an I/O error even when
         the kernel said ENOSPC, so the broker fences itself rather than go on as if a full
         disk had refused the write (which would have undone it: a write that fills the
