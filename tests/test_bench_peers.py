@@ -9,13 +9,14 @@ first of each phase, and a missing phase is None."""
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from bench.peers import load, restart, run, timed_controller
+from bench.peers import load, placement, restart, run, timed_controller
 from bench.peers.load import _strace_calls
 from bench.peers.servers import PEERS, _alive, absent
 
@@ -256,6 +257,78 @@ def test_ratios_by_round_pair_each_rounds_figures_and_skip_a_round_without_both(
     assert paired["metadata_write_p50_vs_etcd"]["median"] == 1.0
     assert paired["send_p50_vs_rabbitmq"] == {"median": 1.5, "rounds": [1.5]}
     assert paired["sends_per_s_16_vs_rabbitmq"] == {"median": None, "rounds": []}
+
+
+def test_the_placed_phase_gives_its_own_ratio_beside_the_headline_one() -> None:
+    """bench.peers: the one-producer phase with the nodes placed alike (`send_1_placed`)
+    has its own figure and ratio, medians over the rounds and paired by round, and leaves
+    `send_p50_vs_rabbitmq` to `send_1`; a round that skipped it (one CPU) or predates it
+    is left out of its pairs."""
+
+    def messages(p50_ms: float, placed_ms: float | None) -> dict:
+        out = {"send_1": {"p50_ms": p50_ms}, "send_16": {}, "send_4x32": {}}
+        if placed_ms is not None:
+            out["send_1_placed"] = {"p50_ms": placed_ms}
+        return out
+
+    result: dict = {
+        "message_rounds": [
+            {"mqmeta": messages(1.2, 1.0), "rabbitmq": messages(1.0, 1.0)},
+            {"mqmeta": messages(1.3, 0.9), "rabbitmq": messages(1.1, 1.0)},
+            {
+                "mqmeta": messages(1.1, None),
+                "rabbitmq": {**messages(1.0, None), "send_1_placed": {"skipped": "one CPU"}},
+            },
+        ],
+    }
+    run.summarize(result)
+    assert result["figures"]["mqmeta"]["send_p50_ms_placed_alike"] == 0.95
+    assert result["ratios"]["send_p50_vs_rabbitmq_placed_alike"] == 0.95
+    assert result["ratios"]["send_p50_vs_rabbitmq"] == 1.2
+    assert result["ratios_by_round"]["send_p50_vs_rabbitmq_placed_alike"] == {
+        "median": 0.95,
+        "rounds": [1.0, 0.9],
+    }
+
+
+def _affinities(pid: int) -> list[set[int]]:
+    return [os.sched_getaffinity(tid) for tid in placement.threads_of(pid)]
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="placing needs two CPUs")
+def test_placed_pins_every_thread_of_each_node_and_the_generator_then_puts_them_back() -> None:
+    """placement.placed: each node's every thread on its CPU (the leader first: 0, 1, 0
+    with two), this thread and the threads it starts on the next (1), and afterwards every
+    one of them back on all CPUs."""
+    import threading
+
+    cpus = placement.usable_cpus()
+    code = "import threading, time; threading.Thread(target=time.sleep, args=(60,)).start(); time.sleep(60)"
+    nodes = [subprocess.Popen([sys.executable, "-c", code]) for _ in range(3)]
+    try:
+        deadline = time.monotonic() + 10
+        while any(len(placement.threads_of(n.pid)) < 2 for n in nodes) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        expected, generator = placement.layout(cpus)
+        assert [c.pop() for c in expected] == [cpus[0], cpus[1], cpus[0 if len(cpus) == 2 else 2]]
+        seen: list[set[int]] = []
+        with placement.placed([n.pid for n in nodes]):
+            for node, cpu in zip(nodes, [cpus[0], cpus[1], cpus[2 % len(cpus)]], strict=True):
+                assert _affinities(node.pid) == [{cpu}, {cpu}]
+            started = threading.Thread(target=lambda: seen.append(os.sched_getaffinity(0)))
+            started.start()
+            started.join()
+            assert os.sched_getaffinity(0) == generator == {cpus[3 % len(cpus)]}
+        assert seen == [generator]
+        assert os.sched_getaffinity(0) == set(cpus)
+        for node in nodes:
+            assert _affinities(node.pid) == [set(cpus), set(cpus)]
+    finally:
+        for node in nodes:
+            node.kill()
+            node.wait()
+    with pytest.raises(ValueError, match="at least 2 CPUs"):
+        placement.layout([0])
 
 
 def test_a_round_runs_each_phase_on_every_system_before_the_next_phase() -> None:

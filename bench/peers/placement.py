@@ -1,0 +1,67 @@
+"""Every system's nodes placed alike on the CPUs, for one phase of bench.peers.
+
+On this machine kind (a VM with two vCPUs) the kernel mostly runs a woken process on the
+CPU of the one that woke it, after it, even while the other vCPU is idle: a send's
+processes then run one after another, and how much that costs a system depends on how
+many processes and hand-offs its send takes. `placed` pins each system the same way for
+the length of a phase: the node that leads (mqmeta's master, the RabbitMQ node leading
+the quorum queue) on the first CPU, the other two on the next ones in turn, the load
+generator on the fourth (with two CPUs: 0, 1, 0 and 1), every thread of each process,
+and puts every CPU back afterwards. Threads started meanwhile inherit their creator's
+CPUs. Not how any system is deployed: a figure beside the kernel's own placement, which
+stays the headline.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+LAYOUT = (
+    "the leading node (mqmeta's master, the node leading RabbitMQ's quorum queue) on CPU 0, "
+    "the other two on CPUs 1 and 2, the load generator on CPU 3, each modulo the CPUs "
+    "(two here: 0, 1, 0 and 1); every thread, for that phase only"
+)
+
+
+def usable_cpus() -> list[int]:
+    return sorted(os.sched_getaffinity(0))
+
+
+def layout(cpus: Sequence[int], nodes: int = 3) -> tuple[list[set[int]], set[int]]:
+    """(each node's CPUs, the load generator's): node i on cpus[i % n], the generator on
+    cpus[nodes % n]."""
+    if len(cpus) < 2:
+        raise ValueError(f"placing nodes needs at least 2 CPUs, not {len(cpus)}")
+    return [{cpus[i % len(cpus)]} for i in range(nodes)], {cpus[nodes % len(cpus)]}
+
+
+def threads_of(pid: int) -> list[int]:
+    return [int(task.name) for task in Path(f"/proc/{pid}/task").iterdir()]
+
+
+def pin(pid: int, cpus: set[int]) -> None:
+    """Every thread of `pid` on `cpus` (a thread gone meanwhile is skipped)."""
+    for tid in threads_of(pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.sched_setaffinity(tid, cpus)
+
+
+@contextlib.contextmanager
+def placed(node_pids: Sequence[int]) -> Iterator[None]:
+    """The nodes (leader first) and the calling thread (the load generator's threads start
+    from it) pinned per `layout`, every one back on all usable CPUs afterwards."""
+    everywhere = set(usable_cpus())
+    nodes, generator = layout(sorted(everywhere), len(node_pids))
+    try:
+        for pid, cpus in zip(node_pids, nodes, strict=True):
+            pin(pid, cpus)
+        os.sched_setaffinity(0, generator)
+        yield
+    finally:
+        os.sched_setaffinity(0, everywhere)
+        for pid in node_pids:
+            with contextlib.suppress(FileNotFoundError):
+                pin(pid, everywhere)
