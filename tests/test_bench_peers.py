@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -298,32 +299,37 @@ def _affinities(pid: int) -> list[set[int]]:
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="placing needs two CPUs")
 def test_placed_pins_every_thread_of_each_node_and_the_generator_then_puts_them_back() -> None:
     """placement.placed: each node's every thread on its CPU (the leader first: 0, 1, 0
-    with two), this thread and the threads it starts on the next (1), and afterwards every
-    one of them back on all CPUs."""
-    import threading
-
+    with two), this thread and the threads it starts on the next (1); afterwards, also
+    after an error inside, every one of them back on all CPUs, a thread the phase started
+    and left running included."""
     cpus = placement.usable_cpus()
     code = "import threading, time; threading.Thread(target=time.sleep, args=(60,)).start(); time.sleep(60)"
     nodes = [subprocess.Popen([sys.executable, "-c", code]) for _ in range(3)]
+    stop = threading.Event()
     try:
         deadline = time.monotonic() + 10
-        while any(len(placement.threads_of(n.pid)) < 2 for n in nodes) and time.monotonic() < deadline:
+        while any(len(placement.threads_of(n.pid)) < 2 for n in nodes):
+            assert time.monotonic() < deadline, "the child processes did not start their threads"
             time.sleep(0.02)
         expected, generator = placement.layout(cpus)
-        assert [c.pop() for c in expected] == [cpus[0], cpus[1], cpus[0 if len(cpus) == 2 else 2]]
+        places = [cpus[0], cpus[1], cpus[2 % len(cpus)]]
+        assert expected == [{cpu} for cpu in places] and generator == {cpus[3 % len(cpus)]}
         seen: list[set[int]] = []
-        with placement.placed([n.pid for n in nodes]):
-            for node, cpu in zip(nodes, [cpus[0], cpus[1], cpus[2 % len(cpus)]], strict=True):
-                assert _affinities(node.pid) == [{cpu}, {cpu}]
-            started = threading.Thread(target=lambda: seen.append(os.sched_getaffinity(0)))
-            started.start()
-            started.join()
-            assert os.sched_getaffinity(0) == generator == {cpus[3 % len(cpus)]}
+        left_running = threading.Thread(target=lambda: seen.append(os.sched_getaffinity(0)) or stop.wait(30))
+        with pytest.raises(RuntimeError, match="inside"), placement.placed([n.pid for n in nodes]):
+            for node, cpu in zip(nodes, places, strict=True):
+                affinities = _affinities(node.pid)
+                assert len(affinities) >= 2 and all(a == {cpu} for a in affinities)
+            left_running.start()
+            assert os.sched_getaffinity(0) == generator
+            raise RuntimeError("an error inside the phase")
         assert seen == [generator]
         assert os.sched_getaffinity(0) == set(cpus)
+        assert os.sched_getaffinity(left_running.native_id) == set(cpus)
         for node in nodes:
-            assert _affinities(node.pid) == [set(cpus), set(cpus)]
+            assert all(a == set(cpus) for a in _affinities(node.pid))
     finally:
+        stop.set()
         for node in nodes:
             node.kill()
             node.wait()

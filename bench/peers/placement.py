@@ -7,9 +7,10 @@ many processes and hand-offs its send takes. `placed` pins each system the same 
 the length of a phase: the node that leads (mqmeta's master, the RabbitMQ node leading
 the quorum queue) on the first CPU, the other two on the next ones in turn, the load
 generator on the fourth (with two CPUs: 0, 1, 0 and 1), every thread of each process,
-and puts every CPU back afterwards. Threads started meanwhile inherit their creator's
-CPUs. Not how any system is deployed: a figure beside the kernel's own placement, which
-stays the headline.
+and afterwards puts every CPU back for every thread of the nodes and of this process,
+those started meanwhile included (a thread inherits its creator's CPUs). Not how any
+system is deployed: a figure beside the kernel's own placement, which stays the
+headline. With more than two CPUs each node gets one of its own: another experiment.
 """
 
 from __future__ import annotations
@@ -42,17 +43,32 @@ def threads_of(pid: int) -> list[int]:
     return [int(task.name) for task in Path(f"/proc/{pid}/task").iterdir()]
 
 
+PIN_ROUNDS_MAX = 20  # listings of a process's threads until no new one appears
+
+
 def pin(pid: int, cpus: set[int]) -> None:
-    """Every thread of `pid` on `cpus` (a thread gone meanwhile is skipped)."""
-    for tid in threads_of(pid):
-        with contextlib.suppress(ProcessLookupError):
-            os.sched_setaffinity(tid, cpus)
+    """Every thread of `pid` on `cpus`, listed again until a listing finds no thread it
+    has not pinned (one may start another meanwhile); a thread or process gone meanwhile
+    is skipped."""
+    done: set[int] = set()
+    for _ in range(PIN_ROUNDS_MAX):
+        try:
+            tids = set(threads_of(pid)) - done
+        except FileNotFoundError:  # the process ended
+            return
+        if not tids:
+            return
+        for tid in tids:
+            with contextlib.suppress(ProcessLookupError):
+                os.sched_setaffinity(tid, cpus)
+        done |= tids
 
 
 @contextlib.contextmanager
 def placed(node_pids: Sequence[int]) -> Iterator[None]:
     """The nodes (leader first) and the calling thread (the load generator's threads start
-    from it) pinned per `layout`, every one back on all usable CPUs afterwards."""
+    from it) pinned per `layout`; afterwards, also after an error, every thread of the
+    nodes and of this process back on all the CPUs this thread could use before."""
     everywhere = set(usable_cpus())
     nodes, generator = layout(sorted(everywhere), len(node_pids))
     try:
@@ -61,7 +77,6 @@ def placed(node_pids: Sequence[int]) -> Iterator[None]:
         os.sched_setaffinity(0, generator)
         yield
     finally:
-        os.sched_setaffinity(0, everywhere)
+        pin(os.getpid(), everywhere)  # this thread and any the phase started (a hung worker)
         for pid in node_pids:
-            with contextlib.suppress(FileNotFoundError):
-                pin(pid, everywhere)
+            pin(pid, everywhere)
