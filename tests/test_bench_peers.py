@@ -96,6 +96,16 @@ def test_sends_ratios_are_medians_over_rounds_and_bad_flags_are_refused() -> Non
     assert result["summary"]["mqmeta"]["send_p50_ms"] == 4.0
     assert result["ratios"]["send_p50_vs_rabbitmq"] == 2.667
     assert result["ratios"]["sends_per_s_16_vs_rabbitmq"] == 0.222
+    assert "send_p50_vs_rabbitmq_placed_alike" not in result["ratios"]  # not asked for
+    for k, (placed_m, placed_r) in enumerate([(1.0, 1.1), (0.9, 1.0), (2.0, 1.2)]):
+        result["rounds"][k]["mqmeta"]["send_1_placed"] = {"p50_ms": placed_m}
+        result["rounds"][k]["rabbitmq"]["send_1_placed"] = {"p50_ms": placed_r}
+    del result["rounds"][2]["rabbitmq"]["send_1_placed"]  # skipped there: left out of its median
+    sends.summarize(result)
+    assert result["summary"]["mqmeta"]["send_p50_ms_placed_alike"] == 1.0
+    assert result["ratios"]["send_p50_vs_rabbitmq_placed_alike"] == 0.909  # 1.0 / 1.1
+    assert result["ratios"]["send_p50_vs_rabbitmq"] == 2.667
+    assert sends.parse_args(["--placed-alike"]).placed_alike
     with pytest.raises(SystemExit) as exit_info:
         sends.parse_args(["--rounds", "0"])
     assert exit_info.value.code == 2

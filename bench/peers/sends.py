@@ -7,9 +7,11 @@ which system goes first: one sync producer (p50) and 16 independent sync produce
 process while one producer and then 16 send. With `--baseline-python`, a second mqmeta
 cluster run by another interpreter (a checkout to compare with) in the same rounds; with
 `--compare-majority`, a second cluster whose sends are acknowledged once the master and one
-slave hold them (2 of 3, as RabbitMQ's quorum queue confirms), not the whole SyncStateSet. One
-JSON document on stdout; `ratios` are mqmeta ÷ RabbitMQ (and ÷ the baseline), medians
-over the rounds. About 1.5 minutes with the defaults.
+slave hold them (2 of 3, as RabbitMQ's quorum queue confirms), not the whole SyncStateSet; with
+`--placed-alike`, one producer again with each cluster's brokers and RabbitMQ's nodes pinned
+alike (bench/peers/placement.py), as bench.peers does in every run. One JSON document on
+stdout; `ratios` are mqmeta ÷ RabbitMQ (and ÷ the baseline), medians over the rounds.
+About 1.5 minutes with the defaults.
 """
 
 from __future__ import annotations
@@ -27,8 +29,8 @@ from typing import Any
 
 from bench import brokerlib
 from bench.benchlib import _ratio, machine, make_log, run_main
-from bench.peers import load
-from bench.peers.run import NO_CALL_STREAM, STARTED, Mqmeta, _batched, _send_client, cleanup
+from bench.peers import load, placement
+from bench.peers.run import NO_CALL_STREAM, STARTED, Mqmeta, _batched, _leader_first, _send_client, cleanup
 from bench.peers.servers import RabbitMQ, absent
 
 log = make_log("peers.sends")
@@ -79,6 +81,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         default=0,
         help="then N rounds of kill -9 of the mqmeta master, each timed to the first send "
         "a new master acknowledges (brokerlib.failover_round; 0 = none)",
+    )
+    parser.add_argument(
+        "--placed-alike",
+        action="store_true",
+        help="also one producer with each cluster's brokers and RabbitMQ's nodes pinned alike "
+        "(bench/peers/placement.py): `send_p50_vs_rabbitmq_placed_alike`",
     )
     parser.add_argument("--profile", action="store_true", help="py-spy on the brokers (needs py-spy)")
     parser.add_argument("--root", default="", help="where the clusters live (default: a temp dir)")
@@ -155,7 +163,9 @@ def _drive_with_cpu(system: Any, send: Any, threads: int, duration_s: float) -> 
     return figures
 
 
-def _round(systems: dict[str, Any], order: list[str], duration_s: float, batched: bool) -> dict[str, Any]:
+def _round(
+    systems: dict[str, Any], order: list[str], duration_s: float, batched: bool, placed: bool = False
+) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name in order:
         send = _send_client(name, systems[name])
@@ -163,6 +173,13 @@ def _round(systems: dict[str, Any], order: list[str], duration_s: float, batched
             "send_1": _drive_with_cpu(systems[name], send, 1, duration_s),
             "send_16": _drive_with_cpu(systems[name], send, 16, duration_s),
         }
+        if placed:
+            nodes = _leader_first(name, systems[name])
+            if isinstance(nodes, str):
+                out[name]["send_1_placed"] = {"skipped": nodes}
+            else:
+                with placement.placed(nodes):
+                    out[name]["send_1_placed"] = _drive_with_cpu(systems[name], send, 1, duration_s)
         if batched and name != "rabbitmq":  # pika's blocking channel confirms one publish at a time
             batches = partial(_batched, send, load.BATCH)
             out[name]["send_4x32"] = load.drive(batches, 4, 1.0, duration_s, load.BATCH)
@@ -203,7 +220,7 @@ def _kills(system: Mqmeta, kills: int) -> dict[str, Any]:
 
 
 def _median(rounds: list[dict[str, Any]], system: str, phase: str, key: str) -> float | None:
-    values = sorted(r[system][phase][key] for r in rounds if r[system][phase].get(key) is not None)
+    values = sorted(r[system][phase][key] for r in rounds if r[system].get(phase, {}).get(key) is not None)
     return values[len(values) // 2] if values else None
 
 
@@ -227,6 +244,9 @@ def summarize(result: dict[str, Any]) -> None:
                     cpu = _median_of(rounds, system, phase, "cpu_ms_per_message", who)
                     if cpu is not None:
                         summary[system][f"{who}_cpu_ms_per_message_{phase[5:]}"] = cpu
+            placed = _median(rounds, system, "send_1_placed", "p50_ms")
+            if placed is not None:
+                summary[system]["send_p50_ms_placed_alike"] = placed
             if "send_4x32" in rounds[0][system]:
                 summary[system]["sends_per_s_4x32"] = _median(rounds, system, "send_4x32", "ops_per_s")
     result["summary"] = summary
@@ -236,6 +256,10 @@ def summarize(result: dict[str, Any]) -> None:
         "sends_per_s_16_vs_rabbitmq": _ratio(m.get("sends_per_s_16"), r.get("sends_per_s_16")),
         "sends_per_s_16_vs_1_mqmeta": _ratio(m.get("sends_per_s_16"), m.get("sends_per_s_1")),
     }
+    if m.get("send_p50_ms_placed_alike") is not None:
+        result["ratios"]["send_p50_vs_rabbitmq_placed_alike"] = _ratio(
+            m.get("send_p50_ms_placed_alike"), r.get("send_p50_ms_placed_alike")
+        )
     if m.get("sends_per_s_4x32") is not None:  # as bench.peers: batched beside RabbitMQ's 16 producers
         result["ratios"]["sends_per_s_4x32_vs_rabbitmq_16"] = _ratio(
             m.get("sends_per_s_4x32"), r.get("sends_per_s_16")
@@ -293,6 +317,8 @@ def _compare_call_stream(result: dict[str, Any], summary: dict[str, Any]) -> Non
 def run(args: argparse.Namespace, root: Path, result: dict[str, Any]) -> None:
     result["machine"] = machine()
     result["parameters"] = {"rounds": args.rounds, "duration_s": args.duration, "body_bytes": load.BODY_BYTES}
+    if args.placed_alike:
+        result["parameters"]["placement"] = placement.LAYOUT
     mqmeta = Mqmeta(root)
     STARTED.append(mqmeta)
     mqmeta.start()
@@ -329,7 +355,7 @@ def run(args: argparse.Namespace, root: Path, result: dict[str, Any]) -> None:
     result["rounds"] = []
     for k in range(args.rounds):
         order = names[k % len(names) :] + names[: k % len(names)]
-        result["rounds"].append(_round(systems, order, args.duration, args.batched))
+        result["rounds"].append(_round(systems, order, args.duration, args.batched, args.placed_alike))
         summarize(result)
     if args.kills:
         result["kills"] = _kills(mqmeta, args.kills)
