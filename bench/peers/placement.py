@@ -1,16 +1,17 @@
 """Every system's nodes placed alike on the CPUs, for one phase of bench.peers.
 
-On this machine kind (a VM with two vCPUs) the kernel mostly runs a woken process on the
-CPU of the one that woke it, after it, even while the other vCPU is idle: a send's
-processes then run one after another, and how much that costs a system depends on how
-many processes and hand-offs its send takes. `placed` pins each system the same way for
-the length of a phase: the node that leads (mqmeta's master, the RabbitMQ node leading
-the quorum queue) on the first CPU, the other two on the next ones in turn, the load
-generator on the fourth (with two CPUs: 0, 1, 0 and 1), every thread of each process,
-and afterwards puts every CPU back for every thread of the nodes and of this process,
-those started meanwhile included (a thread inherits its creator's CPUs). Not how any
-system is deployed: a figure beside the kernel's own placement, which stays the
-headline. With more than two CPUs each node gets one of its own: another experiment.
+On this machine kind (a VM with two vCPUs) a woken process mostly starts only once the
+one that woke it blocks, or once a halted vCPU comes back (docs/benchmarks.md,
+2026-12-05): a send's processes then run largely one after another, and how much that
+costs a system depends on how many processes and hand-offs its send takes. `placed`
+pins each system the same way for the length of a phase: the node that leads (mqmeta's
+master, the RabbitMQ node leading the quorum queue) on the first CPU, the other two on
+the next ones in turn, the load generator on the fourth (with two CPUs: 0, 1, 0 and 1),
+every thread of each process, and afterwards puts every CPU back for every thread of
+the nodes and of this process, those started meanwhile included (a thread inherits its
+creator's CPUs). Not how any system is deployed: a figure beside the kernel's own
+placement, which stays the headline. With more than two CPUs each node gets one of its
+own: another experiment.
 """
 
 from __future__ import annotations
