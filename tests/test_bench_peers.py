@@ -300,6 +300,9 @@ def test_the_placed_phase_gives_its_own_ratio_beside_the_headline_one() -> None:
         "median": 0.95,
         "rounds": [1.0, 0.9],
     }
+    # a system the phase leaves out is not measured, and says why
+    skipped = run.placed_alike("nats", object(), lambda: pytest.fail("measured unplaced"))
+    assert set(skipped) == {"skipped"} and skipped["skipped"]
 
 
 def _affinities(pid: int) -> list[set[int]]:

@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -204,16 +205,14 @@ def message_round(systems: dict[str, Any], order: list[str], args) -> dict[str, 
             partial(_batched, senders[name], load.BATCH), 4, args.warmup, args.duration, load.BATCH
         )
 
-    def placed_alike(name: str) -> dict[str, Any]:
-        nodes = _leader_first(name, systems[name])
-        if isinstance(nodes, str):
-            return {"skipped": nodes}
-        with placement.placed(nodes):
-            return sends(1)(name)
-
     out = _side_by_side(
         order,
-        {"send_1": sends(1), "send_1_placed": placed_alike, "send_16": sends(16), "send_4x32": batched},
+        {
+            "send_1": sends(1),
+            "send_1_placed": lambda name: placed_alike(name, systems[name], lambda: sends(1)(name)),
+            "send_16": sends(16),
+            "send_4x32": batched,
+        },
     )
     for name, figures in out.items():
         log(
@@ -222,6 +221,16 @@ def message_round(systems: dict[str, Any], order: list[str], args) -> dict[str, 
             f"{figures['send_16']['ops_per_s']}/s, 4x32 {figures['send_4x32'].get('ops_per_s')}/s"
         )
     return out
+
+
+def placed_alike(name: str, system: Any, measure: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """`measure()` with the system's nodes placed alike (placement.placed), or why it was
+    left out ({"skipped": ...})."""
+    nodes = _leader_first(name, system)
+    if isinstance(nodes, str):
+        return {"skipped": nodes}
+    with placement.placed(nodes):
+        return measure()
 
 
 def _leader_first(name: str, system: Any) -> list[int] | str:

@@ -30,7 +30,7 @@ from typing import Any
 from bench import brokerlib
 from bench.benchlib import _ratio, machine, make_log, run_main
 from bench.peers import load, placement
-from bench.peers.run import NO_CALL_STREAM, STARTED, Mqmeta, _batched, _leader_first, _send_client, cleanup
+from bench.peers.run import NO_CALL_STREAM, STARTED, Mqmeta, _batched, _send_client, cleanup, placed_alike
 from bench.peers.servers import RabbitMQ, absent
 
 log = make_log("peers.sends")
@@ -174,12 +174,9 @@ def _round(
             "send_16": _drive_with_cpu(systems[name], send, 16, duration_s),
         }
         if placed:
-            nodes = _leader_first(name, systems[name])
-            if isinstance(nodes, str):
-                out[name]["send_1_placed"] = {"skipped": nodes}
-            else:
-                with placement.placed(nodes):
-                    out[name]["send_1_placed"] = _drive_with_cpu(systems[name], send, 1, duration_s)
+            out[name]["send_1_placed"] = placed_alike(
+                name, systems[name], partial(_drive_with_cpu, systems[name], send, 1, duration_s)
+            )
         if batched and name != "rabbitmq":  # pika's blocking channel confirms one publish at a time
             batches = partial(_batched, send, load.BATCH)
             out[name]["send_4x32"] = load.drive(batches, 4, 1.0, duration_s, load.BATCH)
