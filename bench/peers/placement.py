@@ -12,12 +12,23 @@ the nodes and of this process, those started meanwhile included (a thread inheri
 creator's CPUs). Not how any system is deployed: a figure beside the kernel's own
 placement, which stays the headline. With more than two CPUs each node gets one of its
 own: another experiment.
+
+`awake` changes the kernel's placement another way, without pinning any system: one
+spinning process per CPU at SCHED_IDLE, the lowest policy, which runs only when nothing
+else wants that CPU. No vCPU halts while it runs, and a CPU that runs only a spinner
+counts as idle when the kernel places a woken process: in the pipe test of
+docs/benchmarks.md the woken process then started on the other vCPU every time (on its
+waker's every time without), any real work taking the CPU from the spinner. Not how any
+system is deployed either (it burns every idle cycle); RabbitMQ's nodes run without
+Erlang's own scheduler busy-waiting here (servers.py), so neither system spins by itself.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import subprocess
+import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -81,3 +92,47 @@ def placed(node_pids: Sequence[int]) -> Iterator[None]:
         pin(os.getpid(), everywhere)  # this thread and any the phase started (a hung worker)
         for pid in node_pids:
             pin(pid, everywhere)
+
+
+AWAKE = (
+    "one process per CPU, pinned to it, SCHED_IDLE (it runs only when nothing else wants the CPU), "
+    "spinning for that phase only: no vCPU halts"
+)
+AWAKE_S_MAX = 120.0  # a spinner ends on its own by then, whatever happens to this process
+_SPIN = """
+import os, sys, time
+cpu, seconds = int(sys.argv[1]), float(sys.argv[2])
+os.sched_setaffinity(0, {cpu})
+os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+print("spinning", flush=True)
+end = time.monotonic() + seconds
+while time.monotonic() < end:
+    pass
+"""
+
+
+@contextlib.contextmanager
+def awake(max_s: float = AWAKE_S_MAX) -> Iterator[list[int]]:
+    """One spinner per usable CPU (see AWAKE) for the length of the block, each ending on
+    its own after `max_s`; yields their pids once every one is spinning at SCHED_IDLE;
+    afterwards, also after an error, each is stopped by its pid."""
+    spinners: list[subprocess.Popen[str]] = []
+    try:
+        for cpu in usable_cpus():
+            spinners.append(
+                subprocess.Popen(
+                    [sys.executable, "-c", _SPIN, str(cpu), str(max_s)], stdout=subprocess.PIPE, text=True
+                )
+            )
+        for spinner in spinners:
+            assert spinner.stdout is not None
+            if spinner.stdout.readline().strip() != "spinning":  # it could not pin or lower itself
+                raise RuntimeError(f"a spinner ended before it spun (exit {spinner.wait(10)})")
+        yield [spinner.pid for spinner in spinners]
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+        for spinner in spinners:
+            spinner.wait(10)
+            if spinner.stdout is not None:
+                spinner.stdout.close()

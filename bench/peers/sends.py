@@ -9,7 +9,9 @@ cluster run by another interpreter (a checkout to compare with) in the same roun
 `--compare-majority`, a second cluster whose sends are acknowledged once the master and one
 slave hold them (2 of 3, as RabbitMQ's quorum queue confirms), not the whole SyncStateSet; with
 `--placed-alike`, one producer again with each cluster's brokers and RabbitMQ's nodes pinned
-alike (bench/peers/placement.py), as bench.peers does in every run. One JSON document on
+alike (bench/peers/placement.py), as bench.peers does in every run; with `--cpus-awake`,
+one producer again while a SCHED_IDLE spinner on every CPU keeps each vCPU from halting
+(placement.awake), every system placed by the kernel. One JSON document on
 stdout; `ratios` are mqmeta ÷ RabbitMQ (and ÷ the baseline), medians over the rounds.
 About 1.5 minutes with the defaults.
 """
@@ -36,7 +38,7 @@ from bench.peers.servers import RabbitMQ, absent
 log = make_log("peers.sends")
 MAJORITY = "mqmeta-majority"
 MAJORITY_FLAGS = ["--no-all-ack", "--in-sync-replicas", "2"]  # the master and one slave
-WATCHDOG_S = 5 * 60
+WATCHDOG_S = 8 * 60
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -87,6 +89,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         action="store_true",
         help="also one producer with each cluster's brokers and RabbitMQ's nodes pinned alike "
         "(bench/peers/placement.py): `send_p50_vs_rabbitmq_placed_alike`",
+    )
+    parser.add_argument(
+        "--cpus-awake",
+        action="store_true",
+        help="also one producer with no vCPU left to halt: one SCHED_IDLE spinner per CPU, "
+        "which yields it to any real work (placement.awake): `send_p50_vs_rabbitmq_cpus_awake`",
     )
     parser.add_argument("--profile", action="store_true", help="py-spy on the brokers (needs py-spy)")
     parser.add_argument("--root", default="", help="where the clusters live (default: a temp dir)")
@@ -164,7 +172,12 @@ def _drive_with_cpu(system: Any, send: Any, threads: int, duration_s: float) -> 
 
 
 def _round(
-    systems: dict[str, Any], order: list[str], duration_s: float, batched: bool, placed: bool = False
+    systems: dict[str, Any],
+    order: list[str],
+    duration_s: float,
+    batched: bool,
+    placed: bool = False,
+    awake: bool = False,
 ) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name in order:
@@ -177,6 +190,9 @@ def _round(
             out[name]["send_1_placed"] = placed_alike(
                 name, systems[name], partial(_drive_with_cpu, systems[name], send, 1, duration_s)
             )
+        if awake:
+            with placement.awake(duration_s + 60):
+                out[name]["send_1_awake"] = _drive_with_cpu(systems[name], send, 1, duration_s)
         if batched and name != "rabbitmq":  # pika's blocking channel confirms one publish at a time
             batches = partial(_batched, send, load.BATCH)
             out[name]["send_4x32"] = load.drive(batches, 4, 1.0, duration_s, load.BATCH)
@@ -241,9 +257,10 @@ def summarize(result: dict[str, Any]) -> None:
                     cpu = _median_of(rounds, system, phase, "cpu_ms_per_message", who)
                     if cpu is not None:
                         summary[system][f"{who}_cpu_ms_per_message_{phase[5:]}"] = cpu
-            placed = _median(rounds, system, "send_1_placed", "p50_ms")
-            if placed is not None:
-                summary[system]["send_p50_ms_placed_alike"] = placed
+            for phase, figure in (("send_1_placed", "placed_alike"), ("send_1_awake", "cpus_awake")):
+                p50 = _median(rounds, system, phase, "p50_ms")
+                if p50 is not None:
+                    summary[system][f"send_p50_ms_{figure}"] = p50
             if "send_4x32" in rounds[0][system]:
                 summary[system]["sends_per_s_4x32"] = _median(rounds, system, "send_4x32", "ops_per_s")
     result["summary"] = summary
@@ -253,10 +270,11 @@ def summarize(result: dict[str, Any]) -> None:
         "sends_per_s_16_vs_rabbitmq": _ratio(m.get("sends_per_s_16"), r.get("sends_per_s_16")),
         "sends_per_s_16_vs_1_mqmeta": _ratio(m.get("sends_per_s_16"), m.get("sends_per_s_1")),
     }
-    if m.get("send_p50_ms_placed_alike") is not None:
-        result["ratios"]["send_p50_vs_rabbitmq_placed_alike"] = _ratio(
-            m.get("send_p50_ms_placed_alike"), r.get("send_p50_ms_placed_alike")
-        )
+    for figure in ("placed_alike", "cpus_awake"):
+        if m.get(f"send_p50_ms_{figure}") is not None:
+            result["ratios"][f"send_p50_vs_rabbitmq_{figure}"] = _ratio(
+                m.get(f"send_p50_ms_{figure}"), r.get(f"send_p50_ms_{figure}")
+            )
     if m.get("sends_per_s_4x32") is not None:  # as bench.peers: batched beside RabbitMQ's 16 producers
         result["ratios"]["sends_per_s_4x32_vs_rabbitmq_16"] = _ratio(
             m.get("sends_per_s_4x32"), r.get("sends_per_s_16")
@@ -316,6 +334,8 @@ def run(args: argparse.Namespace, root: Path, result: dict[str, Any]) -> None:
     result["parameters"] = {"rounds": args.rounds, "duration_s": args.duration, "body_bytes": load.BODY_BYTES}
     if args.placed_alike:
         result["parameters"]["placement"] = placement.LAYOUT
+    if args.cpus_awake:
+        result["parameters"]["cpus_awake"] = placement.AWAKE
     mqmeta = Mqmeta(root)
     STARTED.append(mqmeta)
     mqmeta.start()
@@ -352,7 +372,9 @@ def run(args: argparse.Namespace, root: Path, result: dict[str, Any]) -> None:
     result["rounds"] = []
     for k in range(args.rounds):
         order = names[k % len(names) :] + names[: k % len(names)]
-        result["rounds"].append(_round(systems, order, args.duration, args.batched, args.placed_alike))
+        result["rounds"].append(
+            _round(systems, order, args.duration, args.batched, args.placed_alike, args.cpus_awake)
+        )
         summarize(result)
     if args.kills:
         result["kills"] = _kills(mqmeta, args.kills)
