@@ -361,23 +361,40 @@ def test_placed_pins_every_thread_of_each_node_and_the_generator_then_puts_them_
 
 def test_awake_spins_one_idle_process_per_cpu_then_stops_each() -> None:
     """placement.awake: one spinner per usable CPU, pinned to it and at SCHED_IDLE (any
-    real work takes the CPU from it) before the block runs; afterwards, also after an
-    error inside, every spinner has ended."""
+    real work takes the CPU from it), each spinning before the block runs; afterwards,
+    also after an error inside, every spinner has ended."""
     cpus = placement.usable_cpus()
     with pytest.raises(RuntimeError, match="inside"), placement.awake(max_s=60) as pids:
-        assert len(pids) == len(cpus)
+        assert len(pids) == len(cpus) and set(pids) <= placement.RUNNING
         assert sorted(cpu for pid in pids for cpu in os.sched_getaffinity(pid)) == cpus
         assert all(os.sched_getscheduler(pid) == os.SCHED_IDLE for pid in pids)
-        spun = [_cpu_ticks(pid) for pid in pids]
-        time.sleep(0.3)
-        assert all(_cpu_ticks(pid) > before for pid, before in zip(pids, spun, strict=True))
+        ran = [_run_ns(pid) for pid in pids]
+        deadline = time.monotonic() + 10  # at SCHED_IDLE they run only on a CPU nothing else wants
+        while not all(_run_ns(pid) > before for pid, before in zip(pids, ran, strict=True)):
+            assert time.monotonic() < deadline, "a spinner did not run"
+            time.sleep(0.05)
         raise RuntimeError("an error inside the phase")
     assert not any(_alive(pid) for pid in pids), pids
+    assert not placement.RUNNING
 
 
-def _cpu_ticks(pid: int) -> int:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return int(fields[11]) + int(fields[12])  # utime + stime
+def test_a_phase_without_every_vcpu_awake_is_left_out_and_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    """bench.peers.sends: the awake phase's figures, or {"skipped": why} when a spinner
+    ended before the phase did (it then did not run with every vCPU awake) or never
+    started spinning; no spinner is left running either way."""
+    from bench.peers import sends
+
+    assert sends.awake_phase(lambda: {"p50_ms": 1.0}, max_s=30) == {"p50_ms": 1.0}
+    ended = sends.awake_phase(lambda: time.sleep(2.0) or {"p50_ms": 1.0}, max_s=0.5)
+    assert "ended before the phase did" in ended["skipped"], ended
+    monkeypatch.setattr(placement, "_SPIN", "import sys; sys.exit(3)")
+    never = sends.awake_phase(lambda: pytest.fail("measured without spinners"), max_s=30)
+    assert "did not start spinning" in never["skipped"] and "exit code 3" in never["skipped"], never
+    assert not placement.RUNNING
+
+
+def _run_ns(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/schedstat").read_text().split()[0])  # time on a CPU, ns
 
 
 def test_a_round_runs_each_phase_on_every_system_before_the_next_phase() -> None:

@@ -16,9 +16,9 @@ own: another experiment.
 `awake` changes the kernel's placement another way, without pinning any system: one
 spinning process per CPU at SCHED_IDLE, the lowest policy, which runs only when nothing
 else wants that CPU. No vCPU halts while it runs, and a CPU that runs only a spinner
-counts as idle when the kernel places a woken process: in the pipe test of
-docs/benchmarks.md the woken process then started on the other vCPU every time (on its
-waker's every time without), any real work taking the CPU from the spinner. Not how any
+counts as idle when the kernel places a woken process: in a variant of the pipe test of
+docs/benchmarks.md the woken process then started on the other vCPU in all 300 rounds (on
+its waker's in all 300 without), any real work taking the CPU from the spinner. Not how any
 system is deployed either (it burns every idle cycle); RabbitMQ's nodes run without
 Erlang's own scheduler busy-waiting here (servers.py), so neither system spins by itself.
 """
@@ -27,8 +27,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -111,28 +114,72 @@ while time.monotonic() < end:
 """
 
 
+class SpinnerError(RuntimeError):
+    """A spinner did not start spinning, or ended before the phase did: that phase did not
+    run with every vCPU awake."""
+
+
+RUNNING: set[int] = set()  # the spinners' pids until stopped (stop_spinners: a watchdog's cleanup)
+SPIN_START_S = 10.0  # for every spinner to say it spins
+
+
 @contextlib.contextmanager
 def awake(max_s: float = AWAKE_S_MAX) -> Iterator[list[int]]:
     """One spinner per usable CPU (see AWAKE) for the length of the block, each ending on
-    its own after `max_s`; yields their pids once every one is spinning at SCHED_IDLE;
-    afterwards, also after an error, each is stopped by its pid."""
+    its own after `max_s`; yields their pids once every one is spinning at SCHED_IDLE.
+    SpinnerError when one did not start within SPIN_START_S, or ended before the block
+    did. Afterwards, also after an error, each is stopped by its pid."""
     spinners: list[subprocess.Popen[str]] = []
     try:
         for cpu in usable_cpus():
-            spinners.append(
-                subprocess.Popen(
-                    [sys.executable, "-c", _SPIN, str(cpu), str(max_s)], stdout=subprocess.PIPE, text=True
-                )
+            spinner = subprocess.Popen(
+                [sys.executable, "-c", _SPIN, str(cpu), str(max_s)], stdout=subprocess.PIPE, text=True
             )
+            spinners.append(spinner)
+            RUNNING.add(spinner.pid)
+        deadline = time.monotonic() + SPIN_START_S
         for spinner in spinners:
-            assert spinner.stdout is not None
-            if spinner.stdout.readline().strip() != "spinning":  # it could not pin or lower itself
-                raise RuntimeError(f"a spinner ended before it spun (exit {spinner.wait(10)})")
+            _await_spinning(spinner, deadline)
         yield [spinner.pid for spinner in spinners]
+        ended = [spinner.pid for spinner in spinners if spinner.poll() is not None]
+        if ended:
+            raise SpinnerError(f"spinners {ended} ended before the phase did (each spins at most {max_s} s)")
     finally:
-        for spinner in spinners:
-            spinner.kill()
-        for spinner in spinners:
+        _stop(spinners)
+
+
+def _await_spinning(spinner: subprocess.Popen[str], deadline: float) -> None:
+    assert spinner.stdout is not None
+    ready, _, _ = select.select([spinner.stdout], [], [], max(0.0, deadline - time.monotonic()))
+    line = spinner.stdout.readline() if ready else None
+    if line is not None and line.strip() == "spinning":
+        return
+    if line == "":  # its end of output: it exited (it could not pin or lower itself)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            spinner.wait(2)
+    raise SpinnerError(
+        f"spinner {spinner.pid} did not start spinning within {SPIN_START_S:.0f} s "
+        f"(exit code {spinner.poll()})"
+    )
+
+
+def _stop(spinners: list[subprocess.Popen[str]]) -> None:
+    for spinner in spinners:
+        spinner.kill()
+    for spinner in spinners:
+        try:
             spinner.wait(10)
+        except subprocess.TimeoutExpired:  # killed, not yet gone: it ends without a CPU to spin on
+            pass
+        finally:
+            RUNNING.discard(spinner.pid)
             if spinner.stdout is not None:
                 spinner.stdout.close()
+
+
+def stop_spinners() -> None:
+    """Kills every spinner still running (a watchdog's exit skips awake's own cleanup)."""
+    for pid in list(RUNNING):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    RUNNING.clear()

@@ -725,6 +725,7 @@ def cleanup() -> None:
         except Exception as exc:  # keep stopping the others
             log(f"stopping {system.name}: {exc!r}")
     STARTED.clear()
+    placement.stop_spinners()
     brokerlib.cleanup()
 
 

@@ -24,7 +24,7 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -38,7 +38,7 @@ from bench.peers.servers import RabbitMQ, absent
 log = make_log("peers.sends")
 MAJORITY = "mqmeta-majority"
 MAJORITY_FLAGS = ["--no-all-ack", "--in-sync-replicas", "2"]  # the master and one slave
-WATCHDOG_S = 8 * 60
+WATCHDOG_S = 5 * 60  # more per round for --placed-alike and --cpus-awake (main)
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -191,14 +191,25 @@ def _round(
                 name, systems[name], partial(_drive_with_cpu, systems[name], send, 1, duration_s)
             )
         if awake:
-            with placement.awake(duration_s + 60):
-                out[name]["send_1_awake"] = _drive_with_cpu(systems[name], send, 1, duration_s)
+            measure = partial(_drive_with_cpu, systems[name], send, 1, duration_s)
+            out[name]["send_1_awake"] = awake_phase(measure, duration_s + 60)
         if batched and name != "rabbitmq":  # pika's blocking channel confirms one publish at a time
             batches = partial(_batched, send, load.BATCH)
             out[name]["send_4x32"] = load.drive(batches, 4, 1.0, duration_s, load.BATCH)
         one, sixteen = out[name]["send_1"], out[name]["send_16"]
         log(f"{name}: p50 {one.get('p50_ms')} ms, 16 producers {sixteen['ops_per_s']}/s")
     return out
+
+
+def awake_phase(measure: Callable[[], dict[str, Any]], max_s: float) -> dict[str, Any]:
+    """`measure()` with every vCPU kept awake (placement.awake, each spinner ending on its
+    own after `max_s`), or why it was left out ({"skipped": ...}): a spinner that did not
+    start, or ended before the phase did."""
+    try:
+        with placement.awake(max_s):
+            return measure()
+    except placement.SpinnerError as exc:
+        return {"skipped": str(exc)}
 
 
 def _profile(system: Mqmeta, root: Path, duration_s: float) -> dict[str, Any]:
@@ -386,7 +397,8 @@ def run(args: argparse.Namespace, root: Path, result: dict[str, Any]) -> None:
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     args.keep = bool(args.root)
-    args.budget_s = WATCHDOG_S
+    extra_phases = int(args.placed_alike) + int(args.cpus_awake)
+    args.budget_s = WATCHDOG_S + args.rounds * extra_phases * 2 * (args.duration + 10)  # two systems
     root = Path(args.root) if args.keep else Path(tempfile.mkdtemp(prefix="mqmeta-sends-"))
     result: dict[str, Any] = {"benchmark": "bench.peers.sends"}
     return run_main(
