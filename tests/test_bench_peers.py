@@ -393,6 +393,29 @@ def test_a_phase_without_every_vcpu_awake_is_left_out_and_says_why(monkeypatch: 
     assert not placement.RUNNING
 
 
+def test_a_round_measures_the_awake_phase_while_the_spinners_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """bench.peers.sends: with `awake`, each system's round measures one producer a second
+    time, and that measurement runs while every CPU's spinner does (none before or after)."""
+    from bench.peers import sends
+
+    calls: list[tuple[str, int, int]] = []  # (system, producers, spinners running)
+
+    def drive(system: str, send: object, threads: int, duration_s: float) -> dict:
+        calls.append((system, threads, len(placement.RUNNING)))
+        return {"p50_ms": 1.0, "ops_per_s": 10.0}
+
+    monkeypatch.setattr(sends, "_send_client", lambda name, system: name)
+    monkeypatch.setattr(sends, "_drive_with_cpu", drive)
+    out = sends._round(
+        {"mqmeta": "mqmeta", "rabbitmq": "rabbitmq"}, ["mqmeta", "rabbitmq"], 1.0, False, awake=True
+    )
+    cpus = len(placement.usable_cpus())
+    assert calls == [(s, n, k) for s in ("mqmeta", "rabbitmq") for n, k in ((1, 0), (16, 0), (1, cpus))]
+    assert all(out[s]["send_1_awake"] == {"p50_ms": 1.0, "ops_per_s": 10.0} for s in out)
+    assert "send_1_awake" not in sends._round({"mqmeta": "mqmeta"}, ["mqmeta"], 1.0, False)["mqmeta"]
+    assert not placement.RUNNING
+
+
 def _run_ns(pid: int) -> int:
     return int(Path(f"/proc/{pid}/schedstat").read_text().split()[0])  # time on a CPU, ns
 
